@@ -1,0 +1,1 @@
+"""The embedded engine: paged KV cache, token-budget scheduler, model runners."""

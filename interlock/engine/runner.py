@@ -1,0 +1,74 @@
+"""The seam between the scheduler (policy, pure Python) and a model runner (compute).
+
+The scheduler decides; the runner computes. Per step the core calls
+``runner.execute(SchedulerOutput) -> RunnerOutput``. The runner never decides policy and the
+scheduler never imports torch.
+
+Positions: a ``ScheduledRequest`` feeds ``token_ids`` at positions
+``start_pos .. start_pos + len(token_ids) - 1``. Its KV goes into the slots of
+``block_table`` (slot of position p: ``block_table[p // block_size]``, offset ``p % block_size``).
+KV of positions ``< start_pos`` is already in those blocks (prefix hit, earlier chunk, or
+transferred from another worker).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from interlock.protocol import SamplingParams, TokenLogprobs
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    request_id: str
+    token_ids: Sequence[int]
+    """Tokens to compute this step."""
+    start_pos: int
+    """num_computed_tokens before this step."""
+    block_table: Sequence[int]
+    """All blocks of the request, in order; covers at least start_pos + len(token_ids)."""
+    sampling: SamplingParams
+    do_sample: bool
+    """True when this chunk ends at the last known token: sample the next one."""
+    num_output_tokens: int = 0
+    """Output tokens generated so far (for per-request seeded generators)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    scheduled: Sequence[ScheduledRequest]
+    finished_request_ids: Sequence[str] = ()
+    """Requests that ended (finished, aborted, preempted) since the last step: drop their state."""
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.scheduled)
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    sampled: dict[str, int] = field(default_factory=dict)
+    """request_id -> next token, for every scheduled request with do_sample."""
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    """Only for requests whose sampling asks for logprobs."""
+
+
+class ModelRunner(Protocol):
+    block_size: int
+    num_blocks: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    kv_block_nbytes: int
+    """Bytes of one block's KV across all layers (K and V), as exported."""
+
+    def execute(self, batch: SchedulerOutput) -> RunnerOutput: ...
+
+    def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
+        """Copy the KV of ``block_ids`` into ``out`` (len(block_ids) * kv_block_nbytes bytes)."""
+        ...
+
+    def import_blocks(self, block_ids: Sequence[int], data: memoryview) -> None:
+        """Copy exported KV ``data`` into ``block_ids`` of this runner's cache."""
+        ...

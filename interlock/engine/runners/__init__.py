@@ -1,0 +1,1 @@
+"""Model runners: ``torch`` (real PyTorch, paged KV) and ``mock`` (deterministic, timed)."""

@@ -1,0 +1,97 @@
+"""One error tree for the whole project.
+
+Two families, because callers treat them differently:
+
+* ``RequestError``: the request itself is wrong or was ended (bad input, too long, unknown
+  model, aborted). It is the client's business; the system is healthy. Maps to 4xx.
+* ``ServiceError``: the system could not serve a valid request (no worker, overloaded, engine
+  or transport fault). Maps to 5xx; may be retried elsewhere.
+
+Each class carries the HTTP status and the OpenAI error ``type`` it maps to, so the frontend
+never guesses.
+"""
+
+from __future__ import annotations
+
+
+class InterlockError(Exception):
+    status: int = 500
+    error_type: str = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class ConfigError(InterlockError):
+    """A configuration value or deployment file is invalid. Raised at start-up, never per request."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+
+# ---- request errors (client side) ----
+class RequestError(InterlockError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class InvalidRequest(RequestError):
+    """Malformed body, wrong type, bad sampling parameter."""
+
+
+class PromptTooLong(RequestError):
+    """Prompt (plus max_tokens) exceeds the model's context length."""
+
+
+class ModelNotFound(RequestError):
+    status = 404
+    error_type = "not_found_error"
+
+
+class RequestAborted(RequestError):
+    """The request was cancelled (client gone or explicit abort)."""
+
+    status = 499
+    error_type = "aborted"
+
+
+# ---- service errors (server side) ----
+class ServiceError(InterlockError):
+    status = 500
+    error_type = "internal_error"
+
+
+class ServiceUnavailable(ServiceError):
+    """No worker can take the request now; the client should retry after ``retry_after`` s."""
+
+    status = 503
+    error_type = "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NoWorkers(ServiceUnavailable):
+    pass
+
+
+class Overloaded(ServiceUnavailable):
+    pass
+
+
+class EngineError(ServiceError):
+    """The engine failed while running a valid request."""
+
+
+class TransportError(ServiceError):
+    """A request-plane, event-plane or KV-transfer fault (peer gone, timeout, broken stream)."""
+
+    status = 502
+    error_type = "transport_error"
+
+
+class TransferError(TransportError):
+    """A KV transfer failed or was aborted."""

@@ -1,0 +1,35 @@
+"""Wire types: frozen msgspec structs that cross process boundaries. No state, no I/O."""
+
+from interlock.protocol.discovery import InstanceInfo
+from interlock.protocol.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
+    LoadReport,
+)
+from interlock.protocol.generate import (
+    ErrorInfo,
+    GenerateOutput,
+    GenerateRequest,
+    KVTransferParams,
+    TokenLogprobs,
+)
+from interlock.protocol.sampling import SamplingParams
+
+__all__ = [
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "ErrorInfo",
+    "GenerateOutput",
+    "GenerateRequest",
+    "InstanceInfo",
+    "KVEvent",
+    "KVEventBatch",
+    "KVTransferParams",
+    "LoadReport",
+    "SamplingParams",
+    "TokenLogprobs",
+]

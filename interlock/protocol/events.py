@@ -1,0 +1,59 @@
+"""KV events and load reports published by workers on the event plane (wire types).
+
+Modelled on vLLM's KV events: a worker publishes one ``KVEventBatch`` per engine step that had
+changes, with a per-worker sequence number so subscribers can detect gaps and ask for a re-sync.
+Block hashes are ``interlock.kvhash`` hashes.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class BlockStored(msgspec.Struct, frozen=True, tag="stored", kw_only=True):
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    """Hash of the block before the first one here; None for a sequence's first block."""
+    token_ids: tuple[int, ...] = ()
+    block_size: int = 16
+
+
+class BlockRemoved(msgspec.Struct, frozen=True, tag="removed", kw_only=True):
+    block_hashes: tuple[int, ...]
+
+
+class AllBlocksCleared(msgspec.Struct, frozen=True, tag="cleared"):
+    pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KVEventBatch(msgspec.Struct, frozen=True, kw_only=True):
+    instance_id: str
+    seq: int
+    """Per-instance, starts at 0, +1 per batch. A snapshot (re-sync) batch has ``snapshot=True``."""
+    timestamp: float
+    events: tuple[KVEvent, ...]
+    snapshot: bool = False
+    """True: the events describe the worker's whole cache (after an AllBlocksCleared)."""
+
+
+class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
+    instance_id: str
+    timestamp: float
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    queued_prefill_tokens: int
+    """Prompt tokens admitted or waiting that are not yet computed."""
+    step_time_s: float
+    """Duration of the last engine step."""
+    tokens_computed: int
+    """Tokens computed in the last step (prefill + decode)."""
+    prefill_tokens_per_s: float = 0.0
+    """Measured prefill speed (moving average), 0 if not yet measured."""
+    decode_step_s: float = 0.0
+    """Measured time of one decode step at the current batch (moving average)."""
+    draining: bool = False

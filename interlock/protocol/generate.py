@@ -1,0 +1,67 @@
+"""Generate request and streamed outputs between frontend/router and workers (wire types).
+
+Token counters (used with these exact names everywhere):
+  num_prompt_tokens  tokens in the prompt
+  num_cached_tokens  prompt tokens served from the prefix cache (or from a remote prefill)
+  token_ids          in a GenerateOutput: the *new* tokens of this chunk only
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from interlock.protocol.sampling import SamplingParams
+
+
+class KVTransferParams(msgspec.Struct, frozen=True, kw_only=True):
+    """Disaggregation hand-off. ``do_remote_decode``: this worker prefills only and keeps the
+    blocks for a remote puller; ``do_remote_prefill``: this worker receives the prompt's KV from
+    ``source`` instead of computing it."""
+
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    transfer_id: str = ""
+    source_instance: str = ""
+    source_address: str = ""
+    source_block_ids: tuple[int, ...] = ()
+    num_computed_tokens: int = 0
+    first_token_id: int | None = None
+
+
+class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    token_ids: tuple[int, ...]
+    sampling: SamplingParams = SamplingParams()
+    model: str = ""
+    priority: int = 0
+    kv_transfer: KVTransferParams | None = None
+
+
+class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    """(token_id, logprob) of the top-N alternatives, best first."""
+
+
+class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
+    type: str
+    """Name of the interlock.errors class, so the receiver can re-raise the same error."""
+    message: str
+    status: int = 500
+
+
+class GenerateOutput(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+    finish_reason: str | None = None
+    """None while running; then "stop" (EOS/stop token), "length", "abort" or "error"."""
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: ErrorInfo | None = None
+    kv_transfer: KVTransferParams | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

