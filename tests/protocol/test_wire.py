@@ -1,0 +1,39 @@
+import msgspec
+import pytest
+
+import interlock.protocol as p
+from interlock.errors import InvalidRequest
+
+
+def test_public_api_is_pinned():
+    assert sorted(p.__all__) == sorted(
+        [
+            "AllBlocksCleared", "BlockRemoved", "BlockStored", "ErrorInfo", "GenerateOutput",
+            "GenerateRequest", "InstanceInfo", "KVEvent", "KVEventBatch", "KVTransferParams",
+            "LoadReport", "SamplingParams", "TokenLogprobs",
+        ]
+    )
+
+
+def test_generate_round_trip():
+    req = p.GenerateRequest(request_id="r1", token_ids=(1, 2, 3), sampling=p.SamplingParams(seed=7))
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=p.GenerateRequest) == req
+
+
+def test_event_batch_round_trip_keeps_tags():
+    batch = p.KVEventBatch(
+        instance_id="w", seq=3, timestamp=1.0,
+        events=(p.AllBlocksCleared(), p.BlockStored(block_hashes=(1, 2), parent_block_hash=None),
+                p.BlockRemoved(block_hashes=(2,))),
+    )
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(batch), type=p.KVEventBatch) == batch
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"max_tokens": 0}, {"temperature": -1}, {"top_p": 0}, {"top_k": -5}, {"min_p": 2},
+     {"logprobs": 50}, {"min_tokens": 100, "max_tokens": 10}],
+)
+def test_bad_sampling_is_invalid_request(kwargs):
+    with pytest.raises(InvalidRequest):
+        p.SamplingParams(**kwargs).validate()
