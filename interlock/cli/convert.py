@@ -1,0 +1,34 @@
+"""``interlock convert MODEL``: resolve a model name, GGUF file or folder into a local HF folder.
+
+Converting is what every worker would do at its first start; running it ahead of time keeps
+the first start fast. Prints the folder on stdout (progress goes to stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from interlock.errors import ConfigError
+from interlock.model_store import DEFAULT_MODEL, resolve_model
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="interlock convert",
+        description="Convert a model (a known name, a .gguf file or a HF folder) into a local folder.",
+    )
+    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"default: {DEFAULT_MODEL}")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        folder = resolve_model(args.model, progress=not args.quiet)
+    except ConfigError as exc:
+        print(f"interlock convert: {exc.message}", file=sys.stderr)
+        return 2
+    print(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

