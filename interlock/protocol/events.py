@@ -57,3 +57,20 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     decode_step_s: float = 0.0
     """Measured time of one decode step at the current batch (moving average)."""
     draining: bool = False
+
+
+class RouterLoadEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """Dispatch-time load one router shares with the others (several frontends side by side):
+    ``kind`` is "route" (request sent to ``instance_id``), "first_token" (its prefill is done)
+    or "finish" (it ended). Lets routers count each other's in-flight work before the next
+    LoadReport."""
+
+    router_id: str
+    instance_id: str
+    request_id: str
+    kind: str
+    timestamp: float
+    prefill_tokens: int = 0
+    """Uncached prompt tokens this request adds to the worker's prefill queue."""
+    kv_tokens: int = 0
+    """KV tokens the request will hold (prompt + expected output)."""
