@@ -1,0 +1,307 @@
+"""The engine core: a synchronous step loop, schedule -> execute -> update.
+
+``EngineCore`` owns the block pool, the KV cache manager, the scheduler and a model runner.
+Everything a client can do goes through four calls: ``add_request`` (never raises: a bad
+request becomes an error output at the next step), ``abort``, ``step`` and ``has_unfinished``.
+Each step drains the pool's KV events once and measures load, so the shell around the core
+(async engine, worker) only publishes.
+
+Disaggregation hooks (KV never blocks the step: the caller moves bytes, the core copies):
+  * prefill side: a request with ``kv_transfer.do_remote_decode`` stops after its first token
+    and keeps its blocks; its final output carries ``kv_transfer`` (block ids, first token).
+    ``export_request_kv`` copies them out; ``release_request_kv`` (or a timeout) frees them.
+  * decode side: ``add_remote_request`` allocates blocks and parks the request in
+    WAITING_FOR_REMOTE_KV; ``finish_remote_kv(id, data)`` imports the bytes (None: compute the
+    prompt locally instead). The prefill's first token is this request's first output token.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from interlock.engine.block_pool import BlockPool
+from interlock.engine.clock import Clock, RealClock
+from interlock.engine.config import EngineConfig
+from interlock.engine.kv_cache_manager import KVCacheManager, cdiv
+from interlock.engine.request import Request
+from interlock.engine.runner import ModelRunner, RunnerOutput, SchedulerOutput
+from interlock.engine.scheduler import Scheduler
+from interlock.errors import EngineError, InterlockError, InvalidRequest
+from interlock.protocol import ErrorInfo, GenerateOutput, GenerateRequest, KVEvent, LoadReport
+
+log = logging.getLogger(__name__)
+
+_EMA = 0.2
+"""Weight of the newest step in the moving averages of prefill speed and decode step time."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    outputs: list[GenerateOutput]
+    kv_events: list[KVEvent]
+    load: LoadReport
+    step_time_s: float
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    if isinstance(exc, InterlockError):
+        return ErrorInfo(type=type(exc).__name__, message=exc.message, status=exc.status)
+    return ErrorInfo(type="EngineError", message=f"{type(exc).__name__}: {exc}", status=500)
+
+
+class EngineCore:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: ModelRunner,
+        *,
+        clock: Clock | None = None,
+        instance_id: str = "",
+        kv_hold_timeout_s: float = 30.0,
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.clock: Clock = clock or RealClock()
+        self.instance_id = instance_id
+        self.kv_hold_timeout_s = kv_hold_timeout_s
+        self.block_size = runner.block_size
+        self.pool = BlockPool(
+            runner.num_blocks, runner.block_size, enable_caching=config.cache.enable_prefix_caching
+        )
+        self.kv = KVCacheManager(self.pool, watermark=config.cache.watermark)
+        self.scheduler = Scheduler(config.scheduler, self.kv, eos_token_ids=runner.eos_token_ids)
+        self._arrivals = 0
+        self._errors: list[GenerateOutput] = []
+        self._deadlines: dict[str, float] = {}
+        """Held (prefill-only) and parked (remote prefill) requests: when to give up on them."""
+        self._prefill_tps = 0.0
+        self._decode_step_s = 0.0
+        self._load: LoadReport = self._load_report(0.0, 0)
+        self._runner_error = ErrorInfo(type="EngineError", message="model runner failed")
+
+    # ---- requests ----
+    def add_request(self, req: GenerateRequest) -> None:
+        """Queue ``req``; a bad one yields an error output at the next step, never an exception."""
+        try:
+            self.scheduler.add_request(self._make_request(req))
+        except Exception as exc:  # noqa: BLE001 - one bad request must never stop the loop
+            self._reject(req.request_id, req, exc)
+
+    def add_remote_request(self, req: GenerateRequest) -> None:
+        """Queue a request whose prompt KV comes from another worker (``do_remote_prefill``)."""
+        try:
+            if req.kv_transfer is None or not req.kv_transfer.do_remote_prefill:
+                raise InvalidRequest("add_remote_request needs kv_transfer.do_remote_prefill")
+            request = self._make_request(req)
+            first = req.kv_transfer.first_token_id
+            if first is not None:
+                request.append_output(first)
+            self.scheduler.add_request(request)
+        except Exception as exc:  # noqa: BLE001
+            self._reject(req.request_id, req, exc)
+
+    def _make_request(self, req: GenerateRequest) -> Request:
+        if not req.request_id:
+            raise InvalidRequest("request_id must not be empty", param="request_id")
+        if not req.token_ids:
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        if min(req.token_ids) < 0 or max(req.token_ids) >= self.runner.vocab_size:
+            raise InvalidRequest(
+                f"token ids must be in [0, {self.runner.vocab_size})", param="prompt"
+            )
+        req.sampling.validate()
+        self._arrivals += 1
+        return Request.from_generate(req, block_size=self.block_size, arrival=self._arrivals)
+
+    def _reject(self, request_id: str, req: GenerateRequest, exc: Exception) -> None:
+        if not isinstance(exc, InterlockError):
+            log.exception("rejecting request %s", request_id)
+        self._errors.append(
+            GenerateOutput(
+                request_id=request_id,
+                finish_reason="error",
+                num_prompt_tokens=len(req.token_ids),
+                error=error_info(exc),
+            )
+        )
+
+    def abort(self, request_id: str) -> bool:
+        """End a request wherever it is (its ``abort`` output comes with the next step)."""
+        self._deadlines.pop(request_id, None)
+        return self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        """Some request is not finished yet (or an output is still to be delivered)."""
+        return self.scheduler.has_unfinished() or bool(self._errors)
+
+    def has_work(self) -> bool:
+        """A step now could make progress (parked requests waiting for KV need none)."""
+        s = self.scheduler
+        return bool(s.waiting or s.running or s.newly_parked or self._errors) or s.has_pending()
+
+    def next_deadline(self) -> float | None:
+        """Clock time of the next held/parked KV timeout, if any."""
+        return min(self._deadlines.values(), default=None)
+
+    # ---- the step ----
+    def step(self) -> StepResult:
+        t0 = self.clock.now()
+        self._import_stashed_kv()
+        self._expire(t0)
+        batch = self.scheduler.schedule()
+        outputs, self._errors = self._errors, []
+        step_time = 0.0
+        if batch.scheduled:
+            result, step_time = self._execute(batch, t0)
+            if result is None:
+                outputs += self.scheduler.fail(batch, self._runner_error)
+            else:
+                outputs += self.scheduler.update(batch, result)
+        else:
+            outputs += self.scheduler.update(batch, RunnerOutput())
+        self._track_holds(outputs)
+        self._observe(batch, step_time)
+        self._load = self._load_report(step_time, batch.num_batched_tokens)
+        return StepResult(outputs, self.pool.take_events(), self._load, step_time)
+
+    def _execute(self, batch: SchedulerOutput, t0: float) -> tuple[RunnerOutput | None, float]:
+        try:
+            result = self.runner.execute(batch)
+        except Exception as exc:  # noqa: BLE001 - fail the batch, keep the engine
+            log.exception("runner failed on a batch of %d requests", len(batch.scheduled))
+            self._runner_error = error_info(EngineError(f"model runner failed: {exc}"))
+            return None, self.clock.now() - t0
+        # A simulated runner reports its modelled time; a real one is measured.
+        modelled = getattr(self.runner, "last_step_time_s", None)
+        return result, modelled if modelled is not None else self.clock.now() - t0
+
+    def _observe(self, batch: SchedulerOutput, step_time: float) -> None:
+        if not batch.scheduled or step_time <= 0:
+            return
+        prefill = sum(
+            len(s.token_ids) for s in batch.scheduled if len(s.token_ids) > 1 or s.num_output_tokens == 0
+        )
+        if prefill:
+            tps = prefill / step_time
+            self._prefill_tps = tps if not self._prefill_tps else _ema(self._prefill_tps, tps)
+        else:
+            d = self._decode_step_s
+            self._decode_step_s = step_time if not d else _ema(d, step_time)
+
+    def _load_report(self, step_time: float, tokens: int) -> LoadReport:
+        s = self.scheduler
+        return LoadReport(
+            instance_id=self.instance_id,
+            timestamp=self.clock.now(),
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_blocks_used=self.pool.num_used_blocks,
+            kv_blocks_total=self.pool.num_blocks,
+            queued_prefill_tokens=s.queued_prefill_tokens(),
+            step_time_s=step_time,
+            tokens_computed=tokens,
+            prefill_tokens_per_s=self._prefill_tps,
+            decode_step_s=self._decode_step_s,
+        )
+
+    @property
+    def load(self) -> LoadReport:
+        """Load figures as of the last step."""
+        return self._load
+
+    # ---- KV export (prefill side) ----
+    def export_request_kv(self, request_id: str) -> tuple[list[int], bytes]:
+        """Copy the prompt KV of a held prefill-only request into one contiguous buffer."""
+        req = self.scheduler.held.get(request_id)
+        if req is None:
+            raise InvalidRequest(f"no KV held for request {request_id!r}", param="request_id")
+        n = cdiv(req.num_prompt_tokens, self.block_size)
+        blocks = list(self.kv.block_table(request_id)[:n])
+        buf = bytearray(n * self.runner.kv_block_nbytes)
+        self.runner.export_blocks(blocks, memoryview(buf))
+        return blocks, bytes(buf)
+
+    def release_request_kv(self, request_id: str) -> bool:
+        """The remote decoder has the KV (or gave up): free the held blocks."""
+        self._deadlines.pop(request_id, None)
+        return self.scheduler.release_held(request_id)
+
+    # ---- KV import (decode side) ----
+    def finish_remote_kv(self, request_id: str, data: bytes | memoryview | None) -> bool:
+        """Import the prompt KV of a parked request (None: compute it locally instead).
+
+        May be called before blocks were allocated; the data then waits on the request and is
+        imported at the start of the step that finds it parked. Returns False if unknown.
+        """
+        req = self.scheduler.requests.get(request_id)
+        if req is None or not req.remote_prefill:
+            return False
+        self._deadlines.pop(request_id, None)
+        if request_id not in self.scheduler.remote_parked:
+            req.remote_kv_data = data if data is not None else b""
+            return True
+        self._import(req, data)
+        return True
+
+    def _import(self, req: Request, data: bytes | memoryview | None) -> None:
+        n = cdiv(req.num_prompt_tokens, self.block_size)
+        computed = 0
+        if data is not None and len(data) == n * self.runner.kv_block_nbytes:
+            blocks = self.kv.block_table(req.request_id)[:n]
+            self.runner.import_blocks(blocks, memoryview(data))
+            computed = min(req.num_prompt_tokens, req.num_tokens - 1)
+        elif data:
+            log.warning("KV for %s has the wrong size; computing it locally", req.request_id)
+        self.scheduler.resume_remote(req.request_id, computed)
+
+    def _import_stashed_kv(self) -> None:
+        s = self.scheduler
+        if not s.newly_parked:
+            return
+        parked, s.newly_parked = s.newly_parked, []
+        deadline = self.clock.now() + self.kv_hold_timeout_s
+        for rid in parked:
+            req = s.remote_parked.get(rid)
+            if req is None:
+                continue
+            if req.remote_kv_data is None:
+                self._deadlines[rid] = deadline
+            else:
+                data, req.remote_kv_data = req.remote_kv_data, None
+                self._import(req, data or None)
+
+    def _expire(self, now: float) -> None:
+        """Free held KV nobody pulled; compute locally KV that never arrived."""
+        if not self._deadlines:
+            return
+        expired = [rid for rid, t in self._deadlines.items() if t <= now]
+        for rid in expired:
+            del self._deadlines[rid]
+            if self.scheduler.release_held(rid):
+                log.warning("KV of %s was never pulled; freed", rid)
+            elif rid in self.scheduler.remote_parked:
+                log.warning("KV for %s never arrived; computing it locally", rid)
+                self.scheduler.resume_remote(rid, 0)
+
+    def _track_holds(self, outputs: list[GenerateOutput]) -> None:
+        now = self.clock.now()
+        for out in outputs:
+            if out.kv_transfer is not None:
+                self._deadlines[out.request_id] = now + self.kv_hold_timeout_s
+
+    # ---- maintenance ----
+    def kv_snapshot(self) -> list[KVEvent]:
+        """Events describing the whole prefix cache now (router re-sync)."""
+        return self.pool.snapshot()
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()
+        s = self.scheduler
+        live = len(s.requests) + len(s.held)
+        if self.kv.num_requests > live:
+            raise AssertionError("engine: blocks held by a request that no longer exists")
+
+
+def _ema(old: float, new: float) -> float:
+    return (1 - _EMA) * old + _EMA * new

@@ -1,0 +1,46 @@
+"""Build a runner and an engine from an ``EngineConfig`` (the one place that picks runners)."""
+
+from __future__ import annotations
+
+from interlock.engine.clock import Clock
+from interlock.engine.config import EngineConfig
+from interlock.engine.core import EngineCore
+from interlock.engine.runner import ModelRunner
+from interlock.engine.runners.mock import MockRunner
+from interlock.engine.timing import TimingModel
+from interlock.errors import ConfigError
+
+MOCK_DEFAULT_BLOCKS = 8192
+"""Mock pool size when the config leaves ``num_blocks`` unset (its KV is 4 bytes a token)."""
+
+
+def build_runner(
+    config: EngineConfig, *, clock: Clock | None = None, speedup: float = 1.0
+) -> ModelRunner:
+    """``mock``: a MockRunner (``clock``/``speedup`` set its timing); ``torch``: the real model."""
+    kind = config.model.runner
+    if kind == "mock":
+        return MockRunner(
+            num_blocks=config.cache.num_blocks or MOCK_DEFAULT_BLOCKS,
+            block_size=config.cache.block_size,
+            timing=TimingModel(speedup=speedup),
+            clock=clock,
+        )
+    if kind == "torch":
+        # Imported here so that the mock path never loads torch.
+        from interlock.engine.runners.torch_runner import TorchRunner
+
+        runner: ModelRunner = TorchRunner.from_config(config)
+        return runner
+    raise ConfigError(f"unknown runner {kind!r} (expected 'torch' or 'mock')")
+
+
+def build_engine(
+    config: EngineConfig,
+    *,
+    clock: Clock | None = None,
+    speedup: float = 1.0,
+    instance_id: str = "",
+) -> EngineCore:
+    runner = build_runner(config, clock=clock, speedup=speedup)
+    return EngineCore(config, runner, clock=clock, instance_id=instance_id)

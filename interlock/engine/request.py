@@ -1,0 +1,152 @@
+"""The engine's mutable view of one request, built from a wire ``GenerateRequest`` at the edge.
+
+Token counters (these exact names, everywhere in the engine):
+
+  prompt_token_ids     the prompt, as received (immutable tuple)
+  output_token_ids     tokens generated so far (list, grows by one per sampled step)
+  all_token_ids        prompt + output: the sequence whose KV the engine computes
+  num_tokens           len(all_token_ids)
+  num_computed_tokens  leading tokens of all_token_ids whose KV is in the request's blocks; the
+                       scheduler hands out ``num_tokens - num_computed_tokens`` tokens of budget
+                       until they catch up (prefill, chunked prefill, decode are all this one rule)
+  num_cached_tokens    prompt tokens served from the prefix cache (or a remote prefill) at the
+                       first admission; reported in outputs, never changed by preemption
+  num_emitted_tokens   output tokens already sent in a GenerateOutput
+  block_hashes         kvhash chain over the full blocks of all_token_ids, extended as tokens
+                       arrive (never recomputed from scratch)
+"""
+
+from __future__ import annotations
+
+import enum
+
+from interlock import kvhash
+from interlock.protocol import GenerateRequest, KVTransferParams, SamplingParams, TokenLogprobs
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    WAITING_FOR_REMOTE_KV = 2
+    PREEMPTED = 3
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH = 5
+    FINISHED_ABORTED = 6
+    FINISHED_ERROR = 7
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+FINISH_REASONS: dict[RequestStatus, str] = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+
+
+class Request:
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "output_token_ids",
+        "all_token_ids",
+        "sampling",
+        "priority",
+        "arrival",
+        "kv_transfer",
+        "block_size",
+        "block_hashes",
+        "num_computed_tokens",
+        "num_cached_tokens",
+        "num_emitted_tokens",
+        "status",
+        "admitted",
+        "pending_logprobs",
+        "remote_kv_data",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: tuple[int, ...],
+        sampling: SamplingParams,
+        *,
+        block_size: int,
+        priority: int = 0,
+        arrival: int = 0,
+        kv_transfer: KVTransferParams | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.sampling = sampling
+        self.priority = priority
+        self.arrival = arrival
+        """Admission order (a counter); ties in priority go to the older request."""
+        self.kv_transfer = kv_transfer
+        self.block_size = block_size
+        self.block_hashes: list[int] = kvhash.hash_blocks(prompt_token_ids, block_size)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.num_emitted_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.admitted = False
+        """True once it first ran (num_cached_tokens is fixed then)."""
+        self.pending_logprobs: list[TokenLogprobs] = []
+        self.remote_kv_data: bytes | memoryview | None = None
+        """KV handed over for a remote prefill before blocks were allocated for it."""
+
+    @classmethod
+    def from_generate(cls, req: GenerateRequest, *, block_size: int, arrival: int) -> Request:
+        return cls(
+            req.request_id,
+            tuple(req.token_ids),
+            req.sampling,
+            block_size=block_size,
+            priority=req.priority,
+            arrival=arrival,
+            kv_transfer=req.kv_transfer,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def remote_decode(self) -> bool:
+        """This worker prefills only and keeps the KV for a remote decoder."""
+        return self.kv_transfer is not None and self.kv_transfer.do_remote_decode
+
+    @property
+    def remote_prefill(self) -> bool:
+        """The prompt's KV comes from another worker instead of being computed here."""
+        return self.kv_transfer is not None and self.kv_transfer.do_remote_prefill
+
+    def append_output(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        toks = self.all_token_ids
+        toks.append(token_id)
+        bs = self.block_size
+        if len(toks) % bs == 0:
+            parent = self.block_hashes[-1] if self.block_hashes else kvhash.ROOT_PARENT
+            self.block_hashes.append(kvhash.hash_block(parent, toks[-bs:]))
+
+    def take_new_tokens(self) -> tuple[int, ...]:
+        """Output tokens not yet emitted; marks them emitted."""
+        new = tuple(self.output_token_ids[self.num_emitted_tokens :])
+        self.num_emitted_tokens = len(self.output_token_ids)
+        return new
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, out={len(self.output_token_ids)})"
+        )

@@ -1,0 +1,131 @@
+"""A deterministic model runner for tests and simulation: no model, real paged "KV".
+
+Its KV cache is an int32 array with one slot per (block, offset) that stores the token id
+computed at that position. The next token is a hash of the last ``context`` tokens *read back
+from the KV cache* and the position, mod ``vocab_size``. So:
+
+  * the same prompt gives the same output regardless of batching, chunking, prefix hits,
+    preemption or where its KV was computed (aggregated and disaggregated runs compare);
+  * a wrong block table, a lost block or a broken KV transfer changes the output, so tests of
+    those paths are real tests; export/import copy actual bytes.
+
+Each step's time comes from ``timing.TimingModel``; it is recorded in ``last_step_time_s`` and
+slept only on a real-time clock (a simulation advances its virtual clock itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from interlock.engine.clock import Clock
+from interlock.engine.runner import RunnerOutput, ScheduledRequest, SchedulerOutput
+from interlock.engine.timing import TimingModel
+from interlock.protocol import TokenLogprobs
+
+_MASK = (1 << 64) - 1
+
+
+def mock_next_token(context: Sequence[int], position: int, vocab_size: int) -> int:
+    """The mock model: a 64-bit mix of the last tokens and the position of the next token."""
+    h = (position * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _MASK
+    for t in context:
+        h = ((h ^ int(t)) * 0xBF58476D1CE4E5B9) & _MASK
+        h ^= h >> 31
+    return h % vocab_size
+
+
+class MockRunner:
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        block_size: int = 16,
+        vocab_size: int = 49152,
+        eos_token_ids: tuple[int, ...] = (2,),
+        context: int = 4,
+        timing: TimingModel | None = TimingModel(),
+        clock: Clock | None = None,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.kv_block_nbytes = block_size * 4
+        self.context = context
+        self.timing = timing
+        self.clock = clock
+        self.kv = np.full((num_blocks, block_size), -1, dtype=np.int32)
+        self._flat = self.kv.reshape(-1)
+        self.last_step_time_s = 0.0
+        self.steps = 0
+
+    def execute(self, batch: SchedulerOutput) -> RunnerOutput:
+        out = RunnerOutput()
+        prefill_tokens = num_decodes = kv_tokens = 0
+        for s in batch.scheduled:
+            n = len(s.token_ids)
+            self._write(s)
+            kv_tokens += s.start_pos + n
+            if n == 1 and s.num_output_tokens > 0:
+                num_decodes += 1
+            else:
+                prefill_tokens += n
+            if s.do_sample:
+                token = self._next_token(s.block_table, s.start_pos + n)
+                out.sampled[s.request_id] = token
+                if s.sampling.logprobs is not None:
+                    top = ((token, 0.0),) * min(s.sampling.logprobs, 1)
+                    out.logprobs[s.request_id] = TokenLogprobs(token, 0.0, top)
+        self.steps += 1
+        self._account_time(prefill_tokens, num_decodes, kv_tokens)
+        return out
+
+    def _account_time(self, prefill_tokens: int, num_decodes: int, kv_tokens: int) -> None:
+        if self.timing is None:
+            self.last_step_time_s = 0.0
+            return
+        usage = kv_tokens / (self.num_blocks * self.block_size)
+        self.last_step_time_s = self.timing.step_s(prefill_tokens, num_decodes, usage)
+        if self.clock is not None and self.clock.realtime:
+            self.clock.sleep(self.last_step_time_s)
+
+    def _write(self, s: ScheduledRequest) -> None:
+        bs, table, start = self.block_size, s.block_table, s.start_pos
+        n = len(s.token_ids)
+        if n <= 8:
+            flat = self._flat
+            for i, t in enumerate(s.token_ids):
+                p = start + i
+                flat[table[p // bs] * bs + p % bs] = t
+            return
+        pos = np.arange(start, start + n)
+        slots = np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs
+        self._flat[slots] = np.asarray(s.token_ids, dtype=np.int32)
+
+    def _next_token(self, table: Sequence[int], end: int) -> int:
+        bs, flat = self.block_size, self._flat
+        ctx = [int(flat[table[p // bs] * bs + p % bs]) for p in range(max(0, end - self.context), end)]
+        return mock_next_token(ctx, end, self.vocab_size)
+
+    def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
+        dst = np.frombuffer(out, dtype=np.int32).reshape(len(block_ids), self.block_size)
+        dst[:] = self.kv[np.asarray(block_ids, dtype=np.int64)]
+
+    def import_blocks(self, block_ids: Sequence[int], data: memoryview) -> None:
+        src = np.frombuffer(data, dtype=np.int32).reshape(len(block_ids), self.block_size)
+        self.kv[np.asarray(block_ids, dtype=np.int64)] = src
+
+
+def reference_output(
+    prompt: Sequence[int], max_tokens: int, *, vocab_size: int = 49152, context: int = 4
+) -> list[int]:
+    """What the mock generates for ``prompt`` (no stop tokens): the oracle for tests."""
+    seq = list(prompt)
+    out: list[int] = []
+    for _ in range(max_tokens):
+        t = mock_next_token(seq[-context:], len(seq), vocab_size)
+        seq.append(t)
+        out.append(t)
+    return out

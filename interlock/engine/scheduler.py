@@ -1,0 +1,366 @@
+"""Token-budget scheduler (vLLM v1 style): one rule instead of prefill and decode phases.
+
+Each step has a budget of ``max_num_batched_tokens``. Every request owes
+``num_tokens - num_computed_tokens`` tokens of compute; the scheduler pays running requests
+first (in admission order), then admits waiting ones while budget, sequence slots and blocks
+last. A prompt larger than the remaining budget is cut into chunks (chunked prefill); a prefix
+hit simply starts a request with ``num_computed_tokens > 0``; a decode is a debt of one token;
+KV that arrives from another worker sets ``num_computed_tokens`` without any compute.
+
+When a running request needs a block and the pool is empty, the newest (lowest-priority)
+not-yet-scheduled running request is preempted by recompute: its blocks are freed and it goes
+back to the front of the queue with ``num_computed_tokens = 0`` (its outputs are kept, so it
+recomputes prompt + outputs and continues exactly where it was). Admission keeps
+``watermark`` blocks free so that running requests are rarely preempted. A request parked in
+``WAITING_FOR_REMOTE_KV`` holds blocks but no batch slot and no budget.
+
+``schedule()`` returns pure data; ``update()`` applies what the runner computed and sampled,
+checks stop conditions and returns the outputs of this step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from interlock.engine.config import SchedulerConfig
+from interlock.engine.kv_cache_manager import KVCacheManager, cdiv
+from interlock.engine.request import FINISH_REASONS, Request, RequestStatus
+from interlock.engine.runner import RunnerOutput, ScheduledRequest, SchedulerOutput
+from interlock.errors import InvalidRequest, PromptTooLong
+from interlock.protocol import ErrorInfo, GenerateOutput, KVTransferParams
+
+RS = RequestStatus
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        *,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_num_seqs = config.max_num_seqs
+        self.max_model_len = config.max_model_len
+        self.chunked_prefill = config.enable_chunked_prefill
+        self.kv = kv
+        self.block_size = kv.block_size
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.requests: dict[str, Request] = {}
+        """Every live request: waiting, running or parked for remote KV."""
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.remote_parked: dict[str, Request] = {}
+        """WAITING_FOR_REMOTE_KV: blocks allocated, KV not yet imported."""
+        self.newly_parked: list[str] = []
+        """Parked since the owner last looked (it may hold KV data for them already)."""
+        self.held: dict[str, Request] = {}
+        """Finished prefill-only requests whose blocks wait for a remote decoder to pull them."""
+        self.num_waiting_tokens = 0
+        """Sum of ``num_tokens - num_computed_tokens`` over the waiting queue."""
+        self._finished_ids: list[str] = []
+        self._pending: list[GenerateOutput] = []
+
+    # ---- admission and removal ----
+    def add_request(self, req: Request) -> None:
+        """Queue a request; PromptTooLong if it could never run (costs nothing then)."""
+        if req.request_id in self.requests or req.request_id in self.held:
+            raise InvalidRequest(f"duplicate request id {req.request_id!r}", param="request_id")
+        total = req.num_prompt_tokens + req.sampling.max_tokens
+        if total > self.max_model_len:
+            raise PromptTooLong(
+                f"prompt ({req.num_prompt_tokens} tokens) plus max_tokens "
+                f"({req.sampling.max_tokens}) exceeds the context length of {self.max_model_len}",
+                param="max_tokens",
+            )
+        if cdiv(total, self.block_size) > self.kv.pool.num_blocks:
+            raise PromptTooLong(
+                f"prompt plus max_tokens needs {cdiv(total, self.block_size)} KV blocks, "
+                f"the pool has {self.kv.pool.num_blocks}",
+                param="max_tokens",
+            )
+        self.requests[req.request_id] = req
+        self._enqueue(req)
+
+    def _enqueue(self, req: Request, *, front: bool = False) -> None:
+        if front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
+        self.num_waiting_tokens += req.num_tokens - req.num_computed_tokens
+
+    def _dequeue_head(self) -> Request:
+        req = self.waiting.popleft()
+        self.num_waiting_tokens -= req.num_tokens - req.num_computed_tokens
+        return req
+
+    def abort(self, request_id: str) -> bool:
+        """End a request wherever it is; its final output (``abort``) comes with the next update."""
+        held = self.held.pop(request_id, None)
+        if held is not None:
+            self.kv.free(request_id)
+            return True
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        self._remove(req)
+        self._finish(req, RS.FINISHED_ABORTED)
+        self._pending.append(self._output(req))
+        return True
+
+    def _remove(self, req: Request) -> None:
+        """Take a live request out of whichever queue it is in."""
+        if req.status == RS.RUNNING:
+            self.running.remove(req)
+        elif req.status == RS.WAITING_FOR_REMOTE_KV:
+            del self.remote_parked[req.request_id]
+        else:
+            self.waiting.remove(req)
+            self.num_waiting_tokens -= req.num_tokens - req.num_computed_tokens
+
+    def _finish(self, req: Request, status: RequestStatus, *, keep_blocks: bool = False) -> None:
+        req.status = status
+        del self.requests[req.request_id]
+        if keep_blocks:
+            self.held[req.request_id] = req
+        else:
+            self.kv.free(req.request_id)
+        self._finished_ids.append(req.request_id)
+
+    def release_held(self, request_id: str) -> bool:
+        """Free the blocks of a prefill-only request once its KV was pulled (or given up)."""
+        if self.held.pop(request_id, None) is None:
+            return False
+        self.kv.free(request_id)
+        return True
+
+    # ---- remote prefill (KV arrives from another worker) ----
+    def resume_remote(self, request_id: str, num_computed_tokens: int) -> Request:
+        """KV for a parked request is in its blocks (or not: ``num_computed_tokens = 0``)."""
+        req = self.remote_parked.pop(request_id)
+        req.num_computed_tokens = num_computed_tokens
+        if not req.admitted:
+            req.num_cached_tokens = min(num_computed_tokens, req.num_prompt_tokens)
+        req.status = RS.WAITING
+        self.kv.cache_full_blocks(req)
+        self._enqueue(req, front=True)
+        return req
+
+    # ---- the step ----
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        budget, preempted = self._schedule_running(scheduled, budget)
+        if not preempted:
+            self._schedule_waiting(scheduled, budget)
+        finished: tuple[str, ...] = ()
+        if scheduled and self._finished_ids:
+            finished, self._finished_ids = tuple(self._finished_ids), []
+        return SchedulerOutput(scheduled=scheduled, finished_request_ids=finished)
+
+    def _schedule_running(self, scheduled: list[ScheduledRequest], budget: int) -> tuple[int, bool]:
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while self.kv.allocate_slots(req, n) is None:
+                victim = max(running[i:], key=lambda r: (r.priority, r.arrival))
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if req.status != RS.RUNNING:
+                continue  # preempted itself; running[i] is now the next request
+            scheduled.append(self._scheduled(req, n))
+            budget -= n
+            i += 1
+        return budget, preempted
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req.request_id)
+        req.status = RS.PREEMPTED
+        req.num_computed_tokens = 0
+        self._finished_ids.append(req.request_id)
+        self._enqueue(req, front=True)
+
+    def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> None:
+        waiting = self.waiting
+        while waiting and budget > 0:
+            req = waiting[0]
+            if req.remote_prefill and not req.admitted and not self.kv.has_blocks(req.request_id):
+                if not self._park_remote(req):
+                    return
+                continue
+            if len(self.running) >= self.max_num_seqs:
+                return
+            n = self._admit(req, budget)
+            if n == 0:
+                return
+            scheduled.append(self._scheduled(req, n))
+            budget -= n
+
+    def _admit(self, req: Request, budget: int) -> int:
+        """Give the head of the queue blocks and a slot; returns tokens scheduled (0: cannot)."""
+        kv = self.kv
+        if kv.has_blocks(req.request_id):
+            hits: list[int] = []
+            computed = req.num_computed_tokens
+        else:
+            hits, computed = kv.get_computed_blocks(req)
+        n = req.num_tokens - computed
+        if n > budget:
+            if not self.chunked_prefill:
+                return 0
+            n = budget
+        # With nothing running there is nobody to protect: skip the watermark (no starvation).
+        new = kv.allocate_slots(
+            req, n, hits, num_computed_tokens=computed, watermark=bool(self.running)
+        )
+        if new is None:
+            return 0
+        self._dequeue_head()
+        req.num_computed_tokens = computed
+        if not req.admitted:
+            req.admitted = True
+            req.num_cached_tokens = computed
+        req.status = RS.RUNNING
+        self.running.append(req)
+        return n
+
+    def _park_remote(self, req: Request) -> bool:
+        """Allocate blocks for the prompt whose KV another worker computes; no slot, no budget."""
+        new = self.kv.allocate_slots(
+            req, req.num_prompt_tokens, num_computed_tokens=0, watermark=bool(self.running)
+        )
+        if new is None:
+            return False
+        self._dequeue_head()
+        req.status = RS.WAITING_FOR_REMOTE_KV
+        self.remote_parked[req.request_id] = req
+        self.newly_parked.append(req.request_id)
+        return True
+
+    def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
+        start = req.num_computed_tokens
+        return ScheduledRequest(
+            request_id=req.request_id,
+            token_ids=req.all_token_ids[start : start + n],
+            start_pos=start,
+            block_table=self.kv.block_table(req.request_id),
+            sampling=req.sampling,
+            do_sample=start + n == req.num_tokens,
+            num_output_tokens=len(req.output_token_ids),
+        )
+
+    # ---- after the runner ----
+    def update(self, batch: SchedulerOutput, result: RunnerOutput) -> list[GenerateOutput]:
+        outputs, self._pending = self._pending, []
+        any_finished = False
+        for s in batch.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is None or req.status != RS.RUNNING:
+                continue
+            req.num_computed_tokens += len(s.token_ids)
+            self.kv.cache_full_blocks(req)
+            if not s.do_sample:
+                continue
+            token = result.sampled[s.request_id]
+            req.append_output(token)
+            lp = result.logprobs.get(s.request_id)
+            if lp is not None:
+                req.pending_logprobs.append(lp)
+            status = self._stop_status(req, token)
+            if status is not None:
+                any_finished = True
+                self._finish(req, status, keep_blocks=self._keeps_kv(req, status))
+            outputs.append(self._output(req))
+        if any_finished:
+            self.running = [r for r in self.running if r.status == RS.RUNNING]
+        return outputs
+
+    def fail(self, batch: SchedulerOutput, error: ErrorInfo) -> list[GenerateOutput]:
+        """The runner failed on this batch: end its requests with ``error``, keep the rest."""
+        outputs, self._pending = self._pending, []
+        for s in batch.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is None:
+                continue
+            self._remove(req)
+            self._finish(req, RS.FINISHED_ERROR)
+            outputs.append(self._output(req, error=error))
+        return outputs
+
+    def _stop_status(self, req: Request, token: int) -> RequestStatus | None:
+        sp = req.sampling
+        n_out = len(req.output_token_ids)
+        if n_out >= sp.min_tokens and (
+            (token in self.eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids
+        ):
+            return RS.FINISHED_STOPPED
+        if n_out >= sp.max_tokens or req.num_tokens >= self.max_model_len:
+            return RS.FINISHED_LENGTH
+        if req.remote_decode:
+            return RS.FINISHED_LENGTH  # prefill-only: the remote decoder continues
+        return None
+
+    def _keeps_kv(self, req: Request, status: RequestStatus) -> bool:
+        """A prefill-only request keeps its blocks if a remote decoder still has work to do."""
+        return (
+            req.remote_decode
+            and status == RS.FINISHED_LENGTH
+            and len(req.output_token_ids) < req.sampling.max_tokens
+        )
+
+    def _output(self, req: Request, *, error: ErrorInfo | None = None) -> GenerateOutput:
+        logprobs = None
+        if req.pending_logprobs:
+            logprobs, req.pending_logprobs = tuple(req.pending_logprobs), []
+        return GenerateOutput(
+            request_id=req.request_id,
+            token_ids=req.take_new_tokens(),
+            logprobs=logprobs,
+            finish_reason=FINISH_REASONS.get(req.status),
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_cached_tokens=req.num_cached_tokens,
+            error=error,
+            kv_transfer=self._transfer_params(req) if req.request_id in self.held else None,
+        )
+
+    def _transfer_params(self, req: Request) -> KVTransferParams:
+        kt = req.kv_transfer
+        n_blocks = cdiv(req.num_prompt_tokens, self.block_size)
+        return KVTransferParams(
+            do_remote_prefill=True,
+            transfer_id=(kt.transfer_id if kt is not None and kt.transfer_id else req.request_id),
+            source_block_ids=tuple(self.kv.block_table(req.request_id)[:n_blocks]),
+            num_computed_tokens=req.num_prompt_tokens,
+            first_token_id=req.output_token_ids[0],
+        )
+
+    # ---- figures ----
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.remote_parked)
+
+    def queued_prefill_tokens(self) -> int:
+        """Prompt tokens admitted or waiting that are not yet computed."""
+        running = sum(
+            r.num_prompt_tokens - r.num_computed_tokens
+            for r in self.running
+            if r.num_computed_tokens < r.num_prompt_tokens
+        )
+        return self.num_waiting_tokens + running
+
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests) or bool(self._pending)
