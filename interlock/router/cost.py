@@ -1,0 +1,102 @@
+"""The ``kv`` routing cost: estimated seconds until the request's first token, per worker.
+
+Pure functions over per-worker vectors (numpy), no state. For worker ``w``::
+
+    uncached_w = max(prompt_tokens - overlap_w * block_size, 1)    # prefix hits are free
+    work_w     = queued_prefill_w + uncached_w                      # tokens ahead of our 1st token
+    ttft_w     = work_w / prefill_tps_w                             # prefill time at its measured speed
+               + ceil(work_w / chunk_tokens) * decode_step_s_w * [decoding_w > 0]
+                                                                    # decode share of every mixed step
+               + decode_weight * decode_tokens * decode_step_s_w    # optional: the decode phase too
+
+Why seconds instead of Dynamo's weighted block counts: a cache hit is worth exactly the prefill
+time it saves on *that* worker, and a queue costs exactly the time to drain it, so hits and load
+trade off in one unit without a tuning knob, and a slow or busy worker is priced as such.
+
+Pressure: above ``kv_watermark`` of KV usage the cost is multiplied by
+``1 + kv_penalty * (usage - watermark) / (1 - watermark)`` (a worker near full would evict the
+very prefixes that made it attractive, or preempt).
+
+Choice: argmin; costs within ``tie_tolerance`` of the best are ties, broken towards the worker
+with the fewest in-flight requests (never the busiest), then by rotation. With a softmax
+temperature > 0 the worker is sampled with probability ``exp(-normalised_cost / T)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from interlock.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class CostParams:
+    block_size: int = 16
+    chunk_tokens: int = 8192
+    """Prefill tokens per engine step (the workers' max_num_batched_tokens)."""
+    kv_watermark: float = 0.7
+    kv_penalty: float = 4.0
+    decode_weight: float = 0.0
+    """Weight of this request's own decode time (0: pure TTFT)."""
+    temperature: float = 0.0
+    tie_tolerance_s: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.chunk_tokens < 1:
+            raise ConfigError("block_size and chunk_tokens must be positive")
+        if not 0.0 < self.kv_watermark <= 1.0:
+            raise ConfigError("kv_watermark must be in (0, 1]")
+        if self.temperature < 0 or self.kv_penalty < 0 or self.decode_weight < 0:
+            raise ConfigError("temperature, kv_penalty and decode_weight must be >= 0")
+
+
+def ttft_costs(
+    params: CostParams,
+    *,
+    prompt_tokens: int,
+    overlap_blocks: np.ndarray,
+    queued_prefill: np.ndarray,
+    prefill_tps: np.ndarray,
+    decode_step_s: np.ndarray,
+    decoding: np.ndarray,
+    kv_usage: np.ndarray,
+    decode_tokens: int = 0,
+) -> np.ndarray:
+    """Estimated seconds to first token on each worker (see module docstring)."""
+    uncached = np.maximum(prompt_tokens - overlap_blocks * params.block_size, 1)
+    work = queued_prefill + uncached
+    cost = work / prefill_tps
+    cost += np.ceil(work / params.chunk_tokens) * decode_step_s * (decoding > 0)
+    if params.decode_weight and decode_tokens:
+        cost += params.decode_weight * decode_tokens * decode_step_s
+    over = np.clip(kv_usage - params.kv_watermark, 0.0, None) / max(1.0 - params.kv_watermark, 1e-9)
+    return cost * (1.0 + params.kv_penalty * over)
+
+
+def choose(
+    costs: np.ndarray,
+    eligible: np.ndarray,
+    busy: np.ndarray,
+    *,
+    tolerance: float,
+    temperature: float = 0.0,
+    rng: np.random.Generator | None = None,
+    rotation: int = 0,
+) -> int:
+    """Index of the chosen worker among ``eligible`` (a bool vector with at least one True)."""
+    idx = np.flatnonzero(eligible)
+    c = costs[idx]
+    if temperature > 0 and len(idx) > 1:
+        span = float(c.max() - c.min()) or 1.0
+        logits = -(c - c.min()) / span / temperature
+        p = np.exp(logits - logits.max())
+        gen = rng or np.random.default_rng()
+        return int(idx[gen.choice(len(idx), p=p / p.sum())])
+    tied = idx[c <= c.min() + tolerance]
+    if len(tied) > 1:
+        b = busy[tied]
+        tied = tied[b == b.min()]
+    return int(tied[rotation % len(tied)])
+

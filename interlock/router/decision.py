@@ -1,0 +1,87 @@
+"""What the router decided and why (``Decision``), and its counters (``RouterMetrics``).
+
+A decision renders two ways: ``header()`` is short enough for a debug response header
+(``x-interlock-route``), ``log_line()`` carries the best few candidates' costs for the logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    worker_id: str
+    cost_s: float
+    """Estimated seconds to first token (``kv`` policy), or the policy's own score."""
+    overlap_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    request_id: str
+    worker_id: str
+    reason: str
+    """Policy that picked the worker: kv, round-robin, random, least-loaded, power-of-two,
+    session, route_key, route_key-spill, direct (a ``+queued`` suffix if it waited)."""
+    overlap_blocks: int
+    prompt_tokens: int
+    block_size: int
+    candidates: tuple[Candidate, ...] = ()
+    """Best few workers, best first (kv policy only)."""
+    decision_s: float = 0.0
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the router expects the worker to serve from its cache."""
+        return min(self.overlap_blocks * self.block_size, self.prompt_tokens)
+
+    def header(self) -> str:
+        parts = [f"worker={self.worker_id}", f"reason={self.reason}",
+                 f"overlap={self.overlap_blocks}"]
+        if self.candidates:
+            parts.append(f"cost={self.candidates[0].cost_s:.4f}")
+        return "; ".join(parts)
+
+    def log_line(self) -> str:
+        cands = " ".join(
+            f"{c.worker_id}:{c.cost_s:.4f}s/{c.overlap_blocks}b" for c in self.candidates
+        )
+        return (
+            f"route {self.request_id} -> {self.worker_id} reason={self.reason} "
+            f"overlap={self.overlap_blocks}b cached~{self.cached_tokens}/{self.prompt_tokens}tok "
+            f"took={self.decision_s * 1e6:.0f}us best=[{cands}]"
+        )
+
+
+@dataclass(slots=True)
+class RouterMetrics:
+    decisions: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    predicted_cached_tokens: int = 0
+    overlap_blocks: int = 0
+    decision_s_total: float = 0.0
+    decision_s_max: float = 0.0
+    queued: int = 0
+    rejected: int = 0
+    resyncs_requested: int = 0
+    duplicate_batches: int = 0
+
+    def record(self, d: Decision) -> None:
+        self.decisions += 1
+        self.by_reason[d.reason] = self.by_reason.get(d.reason, 0) + 1
+        self.prompt_tokens += d.prompt_tokens
+        self.predicted_cached_tokens += d.cached_tokens
+        self.overlap_blocks += d.overlap_blocks
+        self.decision_s_total += d.decision_s
+        self.decision_s_max = max(self.decision_s_max, d.decision_s)
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of prompt tokens the router expected to be cached where it sent them."""
+        return self.predicted_cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def mean_decision_s(self) -> float:
+        return self.decision_s_total / self.decisions if self.decisions else 0.0

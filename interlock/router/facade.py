@@ -1,0 +1,321 @@
+"""``Router``: the decision-making part of the router, with no I/O (the async glue in
+``interlock.router.service`` feeds it events, load reports and requests).
+
+Per request: compute the prompt's block hashes, find the eligible workers, apply the overlays
+(direct pin, session affinity, route-key subset), pick with the base policy, count the
+dispatch at once (``LoadTracker``), and return a ``Decision`` that explains itself. When every
+eligible worker is over its busy threshold the request waits in a bounded priority queue
+(``route`` returns a ``Pending``); the glue calls ``dispatch_queued`` after each finish or load
+report to route whatever can go now.
+
+Time is read through the ``clock`` callable so the trace-replay simulator can drive the router
+on a virtual clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from interlock.errors import ConfigError, NoWorkers, Overloaded
+from interlock.kvhash import hash_blocks
+from interlock.protocol.discovery import InstanceInfo
+from interlock.protocol.events import KVEventBatch, LoadReport, RouterLoadEvent
+from interlock.router.admission import AdmissionQueue, Pending, RequestMeta
+from interlock.router.cost import CostParams, choose, ttft_costs
+from interlock.router.decision import Candidate, Decision, RouterMetrics
+from interlock.router.indexer import ApplyResult, KvIndexer
+from interlock.router.load import LoadTracker
+from interlock.router.policies import (
+    POLICIES,
+    SessionTable,
+    pick_simple,
+    rendezvous_subset,
+    should_spill,
+)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    policy: str = "kv"
+    block_size: int = 16
+    cost: CostParams = field(default_factory=CostParams)
+    session_ttl_s: float = 600.0
+    route_key_subset: int = 2
+    spill_factor: float = 1.5
+    max_inflight_per_worker: int = 0
+    """Busy threshold in in-flight requests (0: no limit, never queue on count)."""
+    busy_kv_usage: float = 0.98
+    """A worker at or above this KV usage is busy."""
+    queue_capacity: int = 1024
+    retry_after_s: float = 1.0
+    approx_ttl_s: float = 120.0
+    num_candidates: int = 3
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown router policy {self.policy!r}; choose from {POLICIES}")
+        if self.block_size < 1 or self.route_key_subset < 1 or self.queue_capacity < 0:
+            raise ConfigError("block_size, route_key_subset must be positive, queue_capacity >= 0")
+        if self.cost.block_size != self.block_size:
+            object.__setattr__(self, "cost", replace(self.cost, block_size=self.block_size))
+
+
+@dataclass(slots=True)
+class _WorkerState:
+    info: InstanceInfo
+    slot: int
+    healthy: bool = True
+    draining: bool = False
+
+
+class Router:
+    def __init__(self, config: RouterConfig | None = None, *, router_id: str = "local",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config or RouterConfig()
+        self.router_id = router_id
+        self.clock = clock
+        self.indexer = KvIndexer(approx_ttl_s=self.config.approx_ttl_s)
+        self.load = LoadTracker(router_id)
+        self.queue = AdmissionQueue(self.config.queue_capacity, self.config.retry_after_s)
+        self.sessions = SessionTable(self.config.session_ttl_s)
+        self.metrics = RouterMetrics()
+        self._workers: dict[str, _WorkerState] = {}
+        self._slot_ids: dict[int, str] = {}
+        self._eligible_cache: dict[str | None, np.ndarray] = {}
+        self._rng = np.random.default_rng(self.config.seed)
+        self._rotation = 0
+        self._routed: dict[str, str] = {}
+        """request id -> worker id, for requests in flight."""
+
+    # ---- membership and health ----
+    def add_worker(self, info: InstanceInfo) -> None:
+        if info.block_size != self.config.block_size:
+            raise ConfigError(
+                f"worker {info.instance_id} uses block_size {info.block_size}, "
+                f"router expects {self.config.block_size}"
+            )
+        if info.instance_id in self._workers:
+            self.remove_worker(info.instance_id)
+        slot = self.indexer.add_worker(info.instance_id, publishes_events=info.publishes_kv_events)
+        self.load.add_worker(slot, kv_blocks_total=info.kv_blocks_total, block_size=info.block_size)
+        self._workers[info.instance_id] = _WorkerState(info, slot)
+        self._slot_ids[slot] = info.instance_id
+        self._eligible_cache.clear()
+
+    def remove_worker(self, instance_id: str) -> None:
+        w = self._workers.pop(instance_id, None)
+        if w is None:
+            return
+        self.indexer.remove_worker(instance_id)
+        self.load.remove_worker(w.slot)
+        self.sessions.forget_worker(instance_id)
+        del self._slot_ids[w.slot]
+        for rid in [r for r, wid in self._routed.items() if wid == instance_id]:
+            del self._routed[rid]
+        self._eligible_cache.clear()
+
+    def set_health(self, instance_id: str, healthy: bool) -> None:
+        w = self._workers.get(instance_id)
+        if w is not None and w.healthy != healthy:
+            w.healthy = healthy
+            self._eligible_cache.clear()
+
+    def workers(self) -> list[str]:
+        return list(self._workers)
+
+    # ---- inputs from the planes ----
+    def apply_events(self, batch: KVEventBatch) -> ApplyResult:
+        """Apply a worker's KV events. On GAP the glue should ask that worker for a snapshot
+        (``needs_resync`` lists who still needs one)."""
+        res = self.indexer.apply(batch)
+        if res is ApplyResult.GAP:
+            self.metrics.resyncs_requested += 1
+        elif res is ApplyResult.DUPLICATE:
+            self.metrics.duplicate_batches += 1
+        return res
+
+    def needs_resync(self) -> list[str]:
+        return self.indexer.needs_resync()
+
+    def apply_load(self, report: LoadReport) -> None:
+        w = self._workers.get(report.instance_id)
+        if w is None:
+            return
+        self.load.apply_report(w.slot, report)
+        if w.draining != report.draining:
+            w.draining = report.draining
+            self._eligible_cache.clear()
+
+    def apply_remote_load(self, ev: RouterLoadEvent) -> None:
+        """Dispatch-time load shared by another router."""
+        w = self._workers.get(ev.instance_id)
+        self.load.apply_remote(ev, w.slot if w else None)
+
+    def drain_shared(self) -> list[RouterLoadEvent]:
+        """This router's dispatch events for the other routers (the glue publishes them)."""
+        out, self.load.outbox = self.load.outbox, []
+        return out
+
+    # ---- request lifecycle ----
+    def block_hashes(self, token_ids: Sequence[int]) -> list[int]:
+        return hash_blocks(token_ids, self.config.block_size)
+
+    def route(self, meta: RequestMeta, *, token_ids: Sequence[int] | None = None,
+              block_hashes: Sequence[int] | None = None) -> Decision | Pending:
+        """Decide now, or queue when every eligible worker is busy (raises ``Overloaded``
+        when the queue is full, ``NoWorkers`` when no worker could ever take it)."""
+        hashes = block_hashes if block_hashes is not None else self.block_hashes(token_ids or ())
+        now = self.clock()
+        eligible = self._eligible(meta.role)
+        if meta.worker_id is not None:
+            return self._commit(self._direct(meta, hashes, eligible), meta, hashes, now)
+        if not eligible.any():
+            raise NoWorkers("no healthy worker available", retry_after=self.config.retry_after_s)
+        open_ = eligible & ~self._busy_mask()
+        if not open_.any():
+            self.metrics.queued += 1
+            try:
+                return self.queue.push(meta, hashes, now)
+            except Overloaded:
+                self.metrics.rejected += 1
+                raise
+        return self._commit(self._decide(meta, hashes, open_, now), meta, hashes, now)
+
+    def dispatch_queued(self) -> list[Decision]:
+        """Route queued requests, best priority first, while some worker has room."""
+        out: list[Decision] = []
+        while (p := self.queue.peek()) is not None:
+            open_ = self._eligible(p.meta.role) & ~self._busy_mask()
+            if not open_.any():
+                break
+            self.queue.pop()
+            now = self.clock()
+            d = self._decide(p.meta, p.hashes, open_, now, suffix="+queued")
+            out.append(self._commit(d, p.meta, p.hashes, now))
+        return out
+
+    def cancel(self, request_id: str) -> None:
+        """Client gone: drop it from the queue, or release its dispatched load."""
+        if not self.queue.cancel(request_id):
+            self.on_finish(request_id)
+
+    def on_first_token(self, request_id: str) -> None:
+        self.load.on_first_token(request_id, now=self.clock())
+
+    def on_finish(self, request_id: str) -> None:
+        self.load.on_finish(request_id, now=self.clock())
+        self._routed.pop(request_id, None)
+
+    # ---- internals ----
+    def _eligible(self, role: str | None) -> np.ndarray:
+        cached = self._eligible_cache.get(role)
+        if cached is not None:
+            return cached
+        mask = np.zeros(self.indexer.num_slots, dtype=bool)
+        for w in self._workers.values():
+            if w.healthy and not w.draining and (role is None or w.info.role in (role, "both")):
+                mask[w.slot] = True
+        self._eligible_cache[role] = mask
+        return mask
+
+    def _busy_mask(self) -> np.ndarray:
+        n = self.indexer.num_slots
+        busy = self.load.kv_usage()[:n] >= self.config.busy_kv_usage
+        if self.config.max_inflight_per_worker:
+            busy |= self.load.busy()[:n] >= self.config.max_inflight_per_worker
+        return busy
+
+    def _direct(self, meta: RequestMeta, hashes: Sequence[int], eligible: np.ndarray) -> Decision:
+        w = self._workers.get(meta.worker_id or "")
+        if w is None or not eligible[w.slot]:
+            raise NoWorkers(f"worker {meta.worker_id!r} is not available",
+                            retry_after=self.config.retry_after_s)
+        ov = int(self.indexer.overlaps(hashes)[w.slot]) if hashes else 0
+        return self._decision(meta, w.info.instance_id, "direct", ov)
+
+    def _decide(self, meta: RequestMeta, hashes: Sequence[int], open_: np.ndarray, now: float,
+                suffix: str = "") -> Decision:
+        t0 = time.perf_counter()
+        self.indexer.expire(now)
+        self._rotation += 1
+        if meta.session_id is not None:
+            wid = self.sessions.get(meta.session_id, now)
+            w = self._workers.get(wid) if wid else None
+            if w is not None and open_[w.slot]:
+                ov = int(self.indexer.overlaps(hashes)[w.slot]) if hashes else 0
+                return self._decision(meta, w.info.instance_id, "session" + suffix, ov, t0=t0)
+        reason = self.config.policy
+        mask = open_
+        if meta.route_key is not None:
+            mask, reason = self._route_key_mask(meta.route_key, open_)
+        d = self._pick(meta, hashes, mask, reason + suffix, t0)
+        if meta.session_id is not None:
+            self.sessions.put(meta.session_id, d.worker_id, now)
+        return d
+
+    def _route_key_mask(self, key: str, open_: np.ndarray) -> tuple[np.ndarray, str]:
+        ids = [wid for wid, w in self._workers.items() if open_[w.slot]]
+        subset = rendezvous_subset(key, ids, self.config.route_key_subset)
+        mask = np.zeros_like(open_)
+        for wid in subset:
+            mask[self._workers[wid].slot] = True
+        busy = self.load.busy()[: len(open_)]
+        if should_spill(busy[mask], busy[open_], self.config.spill_factor):
+            return open_, "route_key-spill"
+        return mask, "route_key"
+
+    def _pick(self, meta: RequestMeta, hashes: Sequence[int], mask: np.ndarray, reason: str,
+              t0: float) -> Decision:
+        n = len(mask)
+        busy = self.load.busy()[:n]
+        queued = self.load.queued_prefill()[:n]
+        policy = self.config.policy
+        if policy != "kv":
+            slot = pick_simple(policy, mask, busy, queued, self._rng, self._rotation)
+            ov = int(self.indexer.overlaps(hashes, n)[slot]) if hashes else 0
+            return self._decision(meta, self._slot_ids[slot], reason, ov, t0=t0)
+        overlaps = self.indexer.overlaps(hashes, n) if hashes else np.zeros(n, dtype=np.int32)
+        costs = ttft_costs(
+            self.config.cost,
+            prompt_tokens=meta.prompt_tokens,
+            overlap_blocks=overlaps,
+            queued_prefill=queued,
+            prefill_tps=self.load.prefill_tps[:n],
+            decode_step_s=self.load.decode_step_s[:n],
+            decoding=self.load.decoding[:n],
+            kv_usage=self.load.kv_usage()[:n],
+            decode_tokens=meta.max_tokens,
+        )
+        slot = choose(costs, mask, busy, tolerance=self.config.cost.tie_tolerance_s,
+                      temperature=self.config.cost.temperature, rng=self._rng,
+                      rotation=self._rotation)
+        return self._decision(meta, self._slot_ids[slot], reason, int(overlaps[slot]), t0=t0,
+                              candidates=self._candidates(costs, overlaps, mask))
+
+    def _candidates(self, costs: np.ndarray, overlaps: np.ndarray, mask: np.ndarray
+                    ) -> tuple[Candidate, ...]:
+        k = self.config.num_candidates
+        idx = np.flatnonzero(mask)
+        best = idx[np.argsort(costs[idx], kind="stable")[:k]]
+        return tuple(Candidate(self._slot_ids[int(s)], float(costs[s]), int(overlaps[s])) for s in best)
+
+    def _decision(self, meta: RequestMeta, worker_id: str, reason: str, overlap: int, *,
+                  t0: float | None = None, candidates: tuple[Candidate, ...] = ()) -> Decision:
+        took = time.perf_counter() - t0 if t0 is not None else 0.0
+        return Decision(meta.request_id, worker_id, reason, overlap, meta.prompt_tokens,
+                        self.config.block_size, candidates, took)
+
+    def _commit(self, d: Decision, meta: RequestMeta, hashes: Sequence[int], now: float) -> Decision:
+        w = self._workers[d.worker_id]
+        prefill = max(meta.prompt_tokens - d.cached_tokens, 1)
+        self.load.on_route(meta.request_id, w.slot, d.worker_id, prefill_tokens=prefill,
+                           kv_tokens=meta.prompt_tokens + meta.max_tokens, now=now)
+        self.indexer.record_routed(d.worker_id, hashes, now)
+        self._routed[meta.request_id] = d.worker_id
+        self.metrics.record(d)
+        return d

@@ -1,0 +1,257 @@
+"""Which worker holds which cached KV blocks: the router's prefix index.
+
+Idea: block hashes (``interlock.kvhash``) are chained, so a hash names a whole prefix and a flat
+map ``hash -> workers holding it`` is a radix tree in disguise. Each worker gets a slot, and the
+holders of a block are one Python ``int`` used as a bitmask over slots: a lookup walks the
+request's hash chain AND-ing masks, so the cost is one dict probe and one big-int AND per block
+whatever the number of workers. Per-worker overlap (longest cached prefix, in blocks) is the
+sum of the nested masks, unpacked with numpy.
+
+Two sources of truth, chosen per worker automatically:
+
+* **events**: the worker publishes ``KVEventBatch`` messages. Sequence numbers are checked per
+  worker: a batch at or below the last applied one is a duplicate (ignored); a batch past the
+  next expected one means batches were lost, so the worker is flagged ``needs_resync`` (the glue
+  asks it for a snapshot: a ``snapshot=True`` batch that starts with ``AllBlocksCleared``). A
+  worker that says it publishes events starts flagged, so joining and router start-up re-sync.
+* **approx**: a worker that publishes nothing (``publishes_kv_events=False``, or no batch seen
+  yet) is predicted from the router's own decisions: the blocks of each request routed to it
+  are assumed cached for ``approx_ttl_s``. The first batch from a worker switches it to events
+  for good and drops the predictions.
+
+Invariants (``check_integrity``): a slot's bit is set in ``holders[h]`` iff ``h`` is in that
+slot's block set; no mask is zero; approximate entries exist only for approx workers.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from interlock.protocol.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+
+class ApplyResult(enum.Enum):
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    """Seq at or below the last applied one: ignored."""
+    GAP = "gap"
+    """Batches were lost: applied best-effort, worker flagged for a snapshot."""
+    UNKNOWN_WORKER = "unknown_worker"
+
+
+@dataclass(slots=True)
+class _Worker:
+    instance_id: str
+    slot: int
+    publishes_events: bool
+    blocks: set[int] = field(default_factory=set)
+    last_seq: int = -1
+    events_seen: bool = False
+    needs_resync: bool = False
+    approx_expiry: dict[int, float] = field(default_factory=dict)
+    """Approx mode: block hash -> time its prediction expires."""
+
+
+class KvIndexer:
+    """Prefix index over all workers. Pure data structure: no I/O, time passed in."""
+
+    def __init__(self, *, approx_ttl_s: float = 120.0) -> None:
+        self.approx_ttl_s = approx_ttl_s
+        self._holders: dict[int, int] = {}
+        self._workers: dict[str, _Worker] = {}
+        self._by_slot: dict[int, _Worker] = {}
+        self._free_slots: list[int] = []
+        self._next_slot = 0
+        self._expiries: deque[tuple[float, int, tuple[int, ...]]] = deque()
+        self.events_applied = 0
+        """Block-level events applied (stored or removed hashes), for metrics."""
+
+    # ---- membership ----
+    def add_worker(self, instance_id: str, *, publishes_events: bool = True) -> int:
+        """Register (or re-register, dropping its blocks) a worker; returns its slot."""
+        if instance_id in self._workers:
+            self.remove_worker(instance_id)
+        slot = self._free_slots.pop() if self._free_slots else self._alloc_slot()
+        w = _Worker(instance_id, slot, publishes_events, needs_resync=publishes_events)
+        self._workers[instance_id] = w
+        self._by_slot[slot] = w
+        return slot
+
+    def _alloc_slot(self) -> int:
+        self._next_slot += 1
+        return self._next_slot - 1
+
+    def remove_worker(self, instance_id: str) -> None:
+        w = self._workers.pop(instance_id, None)
+        if w is None:
+            return
+        self._clear(w)
+        del self._by_slot[w.slot]
+        self._free_slots.append(w.slot)
+
+    def slot_of(self, instance_id: str) -> int:
+        return self._workers[instance_id].slot
+
+    @property
+    def num_slots(self) -> int:
+        """Upper bound on slot numbers (array length for per-slot vectors)."""
+        return self._next_slot
+
+    def workers(self) -> list[str]:
+        return list(self._workers)
+
+    def mode(self, instance_id: str) -> str:
+        """"events" or "approx"."""
+        return "events" if self._workers[instance_id].events_seen else "approx"
+
+    def needs_resync(self) -> list[str]:
+        """Workers whose index may be wrong until they send a snapshot."""
+        return [w.instance_id for w in self._workers.values() if w.needs_resync]
+
+    def num_blocks(self, instance_id: str | None = None) -> int:
+        if instance_id is None:
+            return sum(len(w.blocks) for w in self._workers.values())
+        return len(self._workers[instance_id].blocks)
+
+    def blocks_of(self, instance_id: str) -> frozenset[int]:
+        return frozenset(self._workers[instance_id].blocks)
+
+    # ---- events ----
+    def apply(self, batch: KVEventBatch) -> ApplyResult:
+        w = self._workers.get(batch.instance_id)
+        if w is None:
+            return ApplyResult.UNKNOWN_WORKER
+        if not w.events_seen:
+            # First batch: the worker publishes after all; predictions are dropped.
+            w.events_seen = True
+            self._clear(w)
+        if batch.snapshot:
+            self._clear(w)
+            w.needs_resync = False
+            w.last_seq = batch.seq
+            self._apply_events(w, batch.events)
+            return ApplyResult.APPLIED
+        if batch.seq <= w.last_seq:
+            return ApplyResult.DUPLICATE
+        result = ApplyResult.APPLIED
+        if batch.seq != w.last_seq + 1 and w.last_seq >= 0:
+            w.needs_resync = True
+            result = ApplyResult.GAP
+        w.last_seq = batch.seq
+        self._apply_events(w, batch.events)
+        return result
+
+    def _apply_events(self, w: _Worker, events: Iterable[object]) -> None:
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                self._store(w, ev.block_hashes)
+            elif isinstance(ev, BlockRemoved):
+                self._remove(w, ev.block_hashes)
+            elif isinstance(ev, AllBlocksCleared):
+                self._clear(w)
+
+    def _store(self, w: _Worker, hashes: Sequence[int]) -> None:
+        bit = 1 << w.slot
+        holders = self._holders
+        blocks = w.blocks
+        for h in hashes:
+            holders[h] = holders.get(h, 0) | bit
+            blocks.add(h)
+        self.events_applied += len(hashes)
+
+    def _remove(self, w: _Worker, hashes: Sequence[int]) -> None:
+        mask = ~(1 << w.slot)
+        holders = self._holders
+        blocks = w.blocks
+        for h in hashes:
+            if h in blocks:
+                blocks.discard(h)
+                m = holders[h] & mask
+                if m:
+                    holders[h] = m
+                else:
+                    del holders[h]
+        self.events_applied += len(hashes)
+
+    def _clear(self, w: _Worker) -> None:
+        self._remove(w, list(w.blocks))
+        w.approx_expiry.clear()
+
+    # ---- approximate mode ----
+    def record_routed(self, instance_id: str, hashes: Sequence[int], now: float) -> None:
+        """Approx workers: assume the routed request's blocks are cached until now + TTL."""
+        w = self._workers.get(instance_id)
+        if w is None or w.events_seen or not hashes:
+            return
+        expiry = now + self.approx_ttl_s
+        hs = tuple(hashes)
+        for h in hs:
+            w.approx_expiry[h] = expiry
+        self._store(w, hs)
+        self._expiries.append((expiry, w.slot, hs))
+
+    def expire(self, now: float) -> None:
+        """Drop approximate predictions whose TTL has passed (entries refreshed later stay)."""
+        q = self._expiries
+        while q and q[0][0] <= now:
+            expiry, slot, hs = q.popleft()
+            w = self._by_slot.get(slot)
+            if w is None or w.events_seen:
+                continue
+            gone = [h for h in hs if w.approx_expiry.get(h, float("inf")) <= now]
+            for h in gone:
+                del w.approx_expiry[h]
+            self._remove(w, gone)
+
+    # ---- lookup ----
+    def overlap_masks(self, hashes: Sequence[int]) -> list[tuple[int, int]]:
+        """Runs ``(mask, n)``: the workers in ``mask`` hold the first blocks for ``n`` more
+        positions. Masks are nested (each a subset of the previous)."""
+        holders = self._holders
+        runs: list[tuple[int, int]] = []
+        cur = -1
+        n = 0
+        for h in hashes:
+            m = holders.get(h, 0) & cur
+            if m != cur:
+                if n:
+                    runs.append((cur, n))
+                if not m:
+                    return runs
+                cur, n = m, 0
+            n += 1
+        if n and cur > 0:
+            runs.append((cur, n))
+        return runs
+
+    def overlaps(self, hashes: Sequence[int], num_slots: int | None = None) -> np.ndarray:
+        """Per slot: number of leading blocks of ``hashes`` that slot holds (int32 vector)."""
+        size = self._next_slot if num_slots is None else num_slots
+        out = np.zeros(size, dtype=np.int32)
+        nbytes = (size + 7) // 8
+        for mask, n in self.overlap_masks(hashes):
+            bits = np.unpackbits(
+                np.frombuffer(mask.to_bytes(nbytes, "little"), dtype=np.uint8), bitorder="little"
+            )[:size]
+            out += bits.astype(np.int32) * n
+        return out
+
+    def overlap_by_worker(self, hashes: Sequence[int]) -> dict[str, int]:
+        """Per worker id: leading blocks held (only workers with at least one)."""
+        ov = self.overlaps(hashes)
+        return {w.instance_id: int(ov[w.slot]) for w in self._workers.values() if ov[w.slot]}
+
+    # ---- checks ----
+    def check_integrity(self) -> None:
+        seen: dict[int, int] = {}
+        for w in self._workers.values():
+            bit = 1 << w.slot
+            for h in w.blocks:
+                seen[h] = seen.get(h, 0) | bit
+            assert not (w.events_seen and w.approx_expiry), w.instance_id
+        assert seen == self._holders, "holders out of step with per-worker block sets"
