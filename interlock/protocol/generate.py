@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.transfer import TransferDescriptor
 
 
 class KVTransferParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,6 +27,8 @@ class KVTransferParams(msgspec.Struct, frozen=True, kw_only=True):
     source_block_ids: tuple[int, ...] = ()
     num_computed_tokens: int = 0
     first_token_id: int | None = None
+    descriptor: TransferDescriptor | None = None
+    """Where the staged KV payload can be pulled from (set by the prefill worker)."""
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,95 @@
+"""The KV-transfer interface: start, poll, abort, on both sides, never blocking the caller.
+
+A transfer moves one contiguous payload (N blocks x ``kv_block_nbytes``) from a source worker
+to a destination worker. The destination *pulls*:
+
+* source: ``agent.create_source(nbytes)`` -> ``SourceTransfer``; the engine exports the blocks
+  into ``src.buffer`` and calls ``src.publish()`` -> ``TransferDescriptor``, then polls once per
+  step (or not at all: the agent's housekeeping ends it on time either way).
+* destination: ``agent.pull(descriptor)`` -> ``DestTransfer``; polled once per step; on DONE the
+  engine imports ``dst.payload`` into its own blocks and calls ``dst.release()``.
+
+Every transfer ends in exactly one terminal state on each side, DONE or FAILED (with a reason),
+and every buffer is freed when it does: after an abort on either side, a timeout, or a peer that
+died, the other side reaches FAILED within a bounded time (the timeout at worst).
+
+Threading: I/O runs on the agent's background threads; ``poll``/``abort``/``release`` only read
+or flip state under a short lock and return at once.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+from interlock.protocol.transfer import TransferDescriptor
+
+DEFAULT_TIMEOUT_S = 30.0
+"""How long a source keeps a published payload, and a destination waits for one."""
+
+TRANSPORTS = ("inproc", "shm", "tcp")
+
+
+class TransferState(enum.Enum):
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class TransferStatus:
+    state: TransferState
+    reason: str = ""
+    """Why it FAILED (empty otherwise)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.state is not TransferState.PENDING
+
+
+PENDING = TransferStatus(TransferState.PENDING)
+DONE = TransferStatus(TransferState.DONE)
+
+
+def failed(reason: str) -> TransferStatus:
+    return TransferStatus(TransferState.FAILED, reason)
+
+
+class SourceTransfer(Protocol):
+    transfer_id: str
+
+    @property
+    def buffer(self) -> memoryview:
+        """Writable payload to export the blocks into, before ``publish``."""
+        ...
+
+    def publish(self) -> TransferDescriptor:
+        """The payload is complete: serve it until a destination has it or the timeout."""
+        ...
+
+    def poll(self) -> TransferStatus: ...
+
+    def abort(self, reason: str = "aborted by source") -> None: ...
+
+
+class DestTransfer(Protocol):
+    transfer_id: str
+    transport: str
+    """"inproc", "shm" or "tcp"."""
+    finished_event: threading.Event
+    """Set on DONE or FAILED, for callers that may block (link checks, tests); the engine polls."""
+
+    def poll(self) -> TransferStatus: ...
+
+    @property
+    def payload(self) -> memoryview:
+        """The received bytes; valid after DONE until ``release``."""
+        ...
+
+    def release(self) -> None:
+        """The payload is imported: free it and tell the source (DONE). Idempotent."""
+        ...
+
+    def abort(self, reason: str = "aborted by destination") -> None: ...

@@ -1,0 +1,148 @@
+"""The source side of a transfer: one staged payload, served once, then freed.
+
+The same object serves whichever transport the destination picks: in-process (hands the payload
+view over), shared memory (the destination maps the staging file; the state lives in the file's
+header) or TCP (the agent's server sends from the payload). State changes happen under a short
+lock from the engine thread (poll/abort) and the agent's threads (claims, completions,
+housekeeping); the lock is never held across I/O.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from interlock.protocol.transfer import TransferDescriptor
+from interlock.transfer import staging as stg
+from interlock.transfer.base import DONE, PENDING, TransferState, TransferStatus, failed
+
+
+@dataclass(frozen=True, slots=True)
+class AgentIdentity:
+    agent_id: str
+    host_id: str
+    pid: int
+    tcp_address: str
+
+
+class Source:
+    """A ``SourceTransfer``. Created by ``TransferAgent.create_source``."""
+
+    def __init__(
+        self,
+        transfer_id: str,
+        staging: stg.Staging,
+        identity: AgentIdentity,
+        timeout_s: float,
+        on_finish: Callable[[Source], None],
+    ) -> None:
+        self.transfer_id = transfer_id
+        self._staging = staging
+        self._identity = identity
+        self._timeout_s = timeout_s
+        self._on_finish = on_finish
+        self._lock = threading.Lock()
+        self._status = PENDING
+        self._deadline = time.monotonic() + timeout_s
+        self._published = False
+        self._claimed_by = ""
+        self._conn: socket.socket | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self._staging.nbytes
+
+    @property
+    def buffer(self) -> memoryview:
+        if self._published:
+            raise RuntimeError("payload already published")
+        return self._staging.payload
+
+    def publish(self) -> TransferDescriptor:
+        with self._lock:
+            if self._status.finished:
+                raise RuntimeError(f"transfer {self.transfer_id} already ended: {self._status.reason}")
+            self._published = True
+            self._deadline = time.monotonic() + self._timeout_s
+            self._staging.set_word(stg.W_SRC_STATE, stg.SRC_READY)
+        ident = self._identity
+        return TransferDescriptor(
+            transfer_id=self.transfer_id,
+            nbytes=self._staging.nbytes,
+            agent_id=ident.agent_id,
+            host_id=ident.host_id,
+            pid=ident.pid,
+            shm_name=self._staging.name,
+            tcp_address=ident.tcp_address,
+            expires_at=time.time() + self._timeout_s,
+        )
+
+    def remaining_s(self) -> float:
+        return self._deadline - time.monotonic()
+
+    def poll(self) -> TransferStatus:
+        with self._lock:
+            if not self._status.finished:
+                self._check_locked()
+            return self._status
+
+    def abort(self, reason: str = "aborted by source") -> None:
+        with self._lock:
+            self._finish_locked(failed(reason))
+
+    # ---- called by transports ----
+    def claim(self, transport: str, conn: socket.socket | None = None) -> memoryview | str:
+        """Hand the payload to one destination; a reason string when it cannot be had."""
+        with self._lock:
+            if self._status.finished:
+                return self._status.reason or "transfer already completed"
+            if not self._published:
+                return "transfer not published"
+            if self._claimed_by or self._staging.word(stg.W_DEST_STATE) != stg.DEST_NONE:
+                return "transfer already claimed"
+            self._claimed_by = transport
+            self._conn = conn
+            return self._staging.payload
+
+    def complete(self) -> None:
+        with self._lock:
+            self._finish_locked(DONE)
+
+    def fail(self, reason: str) -> None:
+        with self._lock:
+            self._finish_locked(failed(reason))
+
+    # ---- internals ----
+    def _check_locked(self) -> None:
+        dest_state = self._staging.word(stg.W_DEST_STATE) if self._published else stg.DEST_NONE
+        if dest_state == stg.DEST_DONE:
+            self._finish_locked(DONE)
+        elif dest_state == stg.DEST_ABORTED:
+            self._finish_locked(failed("aborted by destination"))
+        elif dest_state == stg.DEST_CLAIMED and not stg.pid_alive(self._staging.word(stg.W_DEST_PID)):
+            self._finish_locked(failed("destination process died"))
+        elif time.monotonic() > self._deadline:
+            self._finish_locked(failed(f"timeout after {self._timeout_s:g} s"))
+
+    def _finish_locked(self, status: TransferStatus) -> None:
+        if self._status.finished:
+            return
+        self._status = status
+        if status.state is TransferState.FAILED:
+            self._staging.set_word(stg.W_SRC_STATE, stg.SRC_ABORTED)
+        if self._conn is not None:
+            _shutdown(self._conn)
+            self._conn = None
+        self._staging.release()
+        self._on_finish(self)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    """Wake a thread blocked in send/recv on ``sock``; it then closes it."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
