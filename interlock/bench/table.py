@@ -1,0 +1,71 @@
+"""Plain-text tables for the terminal: one run's summary, or several runs side by side."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from interlock.bench.stats import Dist, Summary
+
+LATENCIES = (("TTFT (ms)", "ttft_ms"), ("ITL (ms)", "itl_ms"), ("inter-chunk (ms)", "icl_ms"), ("E2E (ms)", "e2e_ms"))
+TOKENS = (("input tokens", "input_tokens"), ("output tokens", "output_tokens"))
+STATS = ("mean", "p50", "p90", "p99", "max")
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def _grid(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _errors(s: Summary) -> str:
+    return ", ".join(f"{k}={v}" for k, v in s.errors.items()) or "none"
+
+
+def summary_table(s: Summary, title: str = "") -> str:
+    rows: list[list[str]] = [["metric", *STATS]]
+    for name, attr in LATENCIES + TOKENS:
+        d: Dist = getattr(s, attr)
+        rows.append([name, *(_fmt(getattr(d, st)) for st in STATS)])
+    lines = [title] if title else []
+    lines += [
+        _grid(rows),
+        f"requests {s.ok}/{s.requests} ok in {s.duration_s:.2f} s; errors: {_errors(s)}",
+        f"throughput {s.request_throughput:.2f} req/s, {s.output_throughput:.1f} output tok/s, "
+        f"{s.total_token_throughput:.1f} total tok/s",
+    ]
+    if s.goodput is not None:
+        lines.append(f"goodput {s.goodput:.2f} req/s ({_fmt((s.good_fraction or 0) * 100)}% of requests met the targets)")
+    if s.stream_usage_mismatch:
+        lines.append(f"note: {s.stream_usage_mismatch} requests streamed a chunk count != usage tokens (multi-token chunks)")
+    return "\n".join(lines)
+
+
+def compare_table(labels: Sequence[str], summaries: Sequence[Summary]) -> str:
+    rows: list[list[str]] = [["metric", *labels]]
+
+    def add(name: str, values: Sequence[str]) -> None:
+        rows.append([name, *values])
+
+    add("requests ok/total", [f"{s.ok}/{s.requests}" for s in summaries])
+    add("errors", [_errors(s) for s in summaries])
+    add("duration (s)", [_fmt(s.duration_s, 2) for s in summaries])
+    add("req/s", [_fmt(s.request_throughput, 2) for s in summaries])
+    add("output tok/s", [_fmt(s.output_throughput) for s in summaries])
+    add("goodput (req/s)", [_fmt(s.goodput, 2) for s in summaries])
+    for name, attr in LATENCIES:
+        for st in ("mean", "p50", "p90", "p99"):
+            add(f"{name.split(' (')[0]} {st} (ms)", [_fmt(getattr(getattr(s, attr), st)) for s in summaries])
+    add("output tokens mean", [_fmt(s.output_tokens.mean) for s in summaries])
+    return _grid(rows)
