@@ -1,0 +1,36 @@
+"""``python -m interlock.frontend --model-path DIR``: the frontend over a FakeBackend.
+
+For measuring the frontend's own overhead (the model time is ``--token-delay-ms``); the real
+deployment starts the frontend through ``interlock frontend`` / ``interlock serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from interlock.frontend.app import run_frontend
+from interlock.frontend.backend import ModelEntry
+from interlock.frontend.fake import FakeBackend, FakeScript
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m interlock.frontend", description=__doc__)
+    parser.add_argument("--model-path", required=True, help="folder with tokenizer.json")
+    parser.add_argument("--model-name", default="fake")
+    parser.add_argument("--context-length", type=int, default=2048)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--token-delay-ms", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    backend = FakeBackend(
+        [ModelEntry(args.model_name, args.model_path, args.context_length)],
+        FakeScript(token_delay_s=args.token_delay_ms / 1000),
+        keep_history=False,
+    )
+    run_frontend(backend, args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""The OpenAI-compatible HTTP application (aiohttp) and helpers to run it.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+``GET /health`` (503 while no model is servable), ``GET /live`` and ``GET /metrics``.
+
+Every failure becomes an OpenAI-style JSON error with the status its ``interlock.errors`` class
+carries (503s with ``Retry-After``); a failure only ever ends its own request. The handler is
+thin: parsing, prompt preparation and output assembly live in pure modules; this file wires them
+to the backend and the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from time import perf_counter
+
+import msgspec
+from aiohttp import web
+
+from interlock.errors import InterlockError, InvalidRequest, ServiceError, ServiceUnavailable
+from interlock.frontend.assembler import OutputAssembler
+from interlock.frontend.backend import HEADER_REQUEST_ID, Backend, RequestContext, header_context
+from interlock.frontend.catalog import ModelCatalog
+from interlock.frontend.config import FrontendConfig
+from interlock.frontend.generation import Generation, collect, stream_sse
+from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics
+from interlock.frontend.prepare import chat_prompt_ids, completion_prompt_ids, sampling_params
+from interlock.frontend.responses import ChatFormatter, CompletionFormatter, error_body
+from interlock.frontend.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_chat,
+    parse_completion,
+    stop_strings,
+)
+from interlock.protocol import GenerateRequest
+
+log = logging.getLogger(__name__)
+_encode = msgspec.json.Encoder().encode
+
+
+class Frontend:
+    """The handlers, bound to one backend."""
+
+    def __init__(self, backend: Backend, config: FrontendConfig) -> None:
+        self.backend = backend
+        self.config = config
+        self.catalog = ModelCatalog(backend)
+        self.metrics = FrontendMetrics()
+        self.created = int(time.time())
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._guarded(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._guarded(request, "completions")
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [
+            {"id": e.name, "object": "model", "created": self.created, "owned_by": "interlock", "max_model_len": e.context_length}
+            for e in self.catalog.entries()
+        ]
+        return _json({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        names = [e.name for e in self.catalog.entries()]
+        if not names:
+            return _json({"status": "unavailable", "models": []}, status=503, headers={"Retry-After": "1"})
+        return _json({"status": "ok", "models": names})
+
+    async def live(self, request: web.Request) -> web.Response:
+        return _json({"status": "ok"})
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _guarded(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        status = 499  # stays so if the client leaves and the handler is cancelled
+        self.metrics.in_flight.inc()
+        try:
+            resp = await self._generate(request, endpoint)
+            status = resp.status
+            return resp
+        except InterlockError as exc:
+            status = exc.status
+            return error_response(exc)
+        except Exception:
+            log.exception("unexpected error serving %s", request.path)
+            status = 500
+            return error_response(ServiceError("internal server error"))
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.requests.inc((endpoint, str(status)))
+
+    async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        started = perf_counter()
+        body = await request.read()
+        req = parse_chat(body) if endpoint == "chat" else parse_completion(body)
+        entry = self.catalog.find(req.model)
+        tok = await self.catalog.tokenizer(entry)
+        if isinstance(req, ChatCompletionRequest):
+            prompt_ids = chat_prompt_ids(req, tok)
+        else:
+            prompt_ids = completion_prompt_ids(req, tok)
+        sampling = sampling_params(req, prompt_len=len(prompt_ids), entry=entry, eos_token_ids=tok.eos_token_ids)
+        ctx = self._context(request, endpoint)
+        generate_request = GenerateRequest(
+            request_id=ctx.request_id,
+            token_ids=tuple(prompt_ids),
+            sampling=sampling,
+            model=entry.name,
+            priority=ctx.priority if req.priority is None else req.priority,
+        )
+        formatter_cls = ChatFormatter if endpoint == "chat" else CompletionFormatter
+        gen = Generation(
+            stream=self.backend.generate(generate_request, ctx),
+            ctx=ctx,
+            assembler=OutputAssembler(tok, prompt_ids, stop=stop_strings(req), skip_special_tokens=req.skip_special_tokens),
+            formatter=formatter_cls(ctx.request_id, entry.name, int(time.time()), tok),
+            model=entry.name,
+            metrics=self.metrics,
+            started=started,
+        )
+        ctx.response_headers.setdefault(HEADER_REQUEST_ID, ctx.request_id)
+        try:
+            first = await gen.next_output()
+            if req.stream:
+                return await stream_sse(request, gen, first, _include_usage(req))
+            return await collect(gen, first)
+        finally:
+            await gen.close()
+
+    def _context(self, request: web.Request, endpoint: str) -> RequestContext:
+        prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
+        request_id = request.headers.get(HEADER_REQUEST_ID) or f"{prefix}-{uuid.uuid4().hex}"
+        try:
+            return header_context(
+                request.headers,
+                request_id=request_id,
+                endpoint=endpoint,
+                route_key_header=self.config.route_key_header,
+            )
+        except ValueError:
+            raise InvalidRequest("the x-priority header must be an integer", param="x-priority") from None
+
+
+def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.Application:
+    """The aiohttp application serving ``backend``. Run it with ``handler_cancellation=True`` on
+    the AppRunner (as ``serve_frontend`` does) so a client disconnect aborts its request."""
+    config = config or FrontendConfig()
+    frontend = Frontend(backend, config)
+    app = web.Application(client_max_size=config.max_body_bytes)
+    app[FRONTEND_KEY] = frontend
+    app.add_routes(
+        [
+            web.post("/v1/chat/completions", frontend.chat),
+            web.post("/v1/completions", frontend.completions),
+            web.get("/v1/models", frontend.models),
+            web.get("/health", frontend.health),
+            web.get("/live", frontend.live),
+            web.get("/metrics", frontend.metrics_text),
+        ]
+    )
+    return app
+
+
+FRONTEND_KEY = web.AppKey("interlock_frontend", Frontend)
+
+
+@dataclass
+class FrontendServer:
+    """A running frontend; ``await close()`` to stop it."""
+
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def serve_frontend(
+    backend: Backend, host: str = "127.0.0.1", port: int = 8000, *, config: FrontendConfig | None = None
+) -> FrontendServer:
+    """Start serving on ``host:port`` (port 0: an ephemeral port) in the running event loop."""
+    config = config or FrontendConfig()
+    runner = web.AppRunner(
+        build_app(backend, config=config), handler_cancellation=config.handler_cancellation, access_log=None
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    bound_port = runner.addresses[0][1]
+    return FrontendServer(runner=runner, host=host, port=bound_port)
+
+
+def run_frontend(
+    backend: Backend, host: str = "0.0.0.0", port: int = 8000, *, config: FrontendConfig | None = None
+) -> None:
+    """Serve until interrupted, on uvloop (the standalone entry point)."""
+    import uvloop
+
+    async def main() -> None:
+        server = await serve_frontend(backend, host, port, config=config)
+        log.info("frontend listening on %s", server.url)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.close()
+
+    try:
+        uvloop.run(main())
+    except KeyboardInterrupt:
+        pass
+
+
+def error_response(exc: InterlockError) -> web.Response:
+    headers = {}
+    if isinstance(exc, ServiceUnavailable):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    return _json(error_body(exc), status=exc.status, headers=headers)
+
+
+def _json(payload: object, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=_encode(payload), status=status, content_type="application/json", headers=headers)
+
+
+def _include_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:
+    return req.stream_options is not None and req.stream_options.include_usage

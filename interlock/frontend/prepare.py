@@ -1,0 +1,114 @@
+"""From a parsed OpenAI request to a ``GenerateRequest``: prompt tokens and sampling parameters.
+
+Pure functions (no I/O). The context-length rule: the prompt plus ``max_tokens`` must fit in the
+model's context. When the client did not set ``max_tokens`` the server picks it: everything that
+fits for chat, the OpenAI default (16) for completions, clamped to what fits.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from interlock.errors import InvalidRequest, PromptTooLong
+from interlock.frontend.backend import ModelEntry
+from interlock.frontend.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_messages,
+    completion_prompt,
+)
+from interlock.frontend.tokenizer import ModelTokenizer
+from interlock.protocol import SamplingParams
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+def chat_prompt_ids(req: ChatCompletionRequest, tok: ModelTokenizer) -> list[int]:
+    if tok.chat_template is None:
+        raise InvalidRequest(f"model {req.model!r} has no chat template; use /v1/completions", param="model")
+    text = tok.chat_template.render(chat_messages(req), add_generation_prompt=req.add_generation_prompt)
+    # The template already wrote the special tokens (BOS, turn markers): add none.
+    return tok.encode(text, add_special_tokens=False)
+
+
+def completion_prompt_ids(req: CompletionRequest, tok: ModelTokenizer) -> list[int]:
+    prompt = completion_prompt(req)
+    if isinstance(prompt, str):
+        return tok.encode(prompt, add_special_tokens=True)
+    vocab = tok.vocab_size
+    if any(t >= vocab for t in prompt):
+        raise InvalidRequest(f"prompt token ids must be below the vocabulary size {vocab}", param="prompt")
+    return prompt
+
+
+def sampling_params(
+    req: ChatCompletionRequest | CompletionRequest,
+    *,
+    prompt_len: int,
+    entry: ModelEntry,
+    eos_token_ids: tuple[int, ...],
+) -> SamplingParams:
+    """Validated SamplingParams whose max_tokens fits the context (PromptTooLong otherwise)."""
+    requested, param = _requested_max_tokens(req)
+    params = SamplingParams(
+        max_tokens=requested if requested is not None else 1,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=0 if req.top_k is None else req.top_k,
+        min_p=0.0 if req.min_p is None else req.min_p,
+        seed=req.seed,
+        stop_token_ids=_stop_ids(req, eos_token_ids),
+        ignore_eos=req.ignore_eos,
+        min_tokens=0 if requested is None else req.min_tokens,
+        logprobs=_logprobs(req),
+    )
+    params.validate()
+    max_tokens = fit_max_tokens(requested, prompt_len=prompt_len, entry=entry, param=param, default=_default(req))
+    params = msgspec.structs.replace(params, max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens))
+    params.validate()
+    return params
+
+
+def fit_max_tokens(
+    requested: int | None, *, prompt_len: int, entry: ModelEntry, param: str, default: int | None
+) -> int:
+    limit = entry.context_length
+    room = limit - prompt_len
+    if requested is None:
+        if room < 1:
+            raise PromptTooLong(
+                f"This model's maximum context length is {limit} tokens. However, your prompt is "
+                f"{prompt_len} tokens, which leaves no room for a completion.",
+                param="messages" if param == "max_completion_tokens" else "prompt",
+            )
+        return room if default is None else min(default, room)
+    if prompt_len + requested > limit:
+        raise PromptTooLong(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} in the "
+            f"completion). Please reduce the length of the prompt or of {param}.",
+            param=param,
+        )
+    return requested
+
+
+def _requested_max_tokens(req: ChatCompletionRequest | CompletionRequest) -> tuple[int | None, str]:
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        return req.max_completion_tokens, "max_completion_tokens"
+    return req.max_tokens, "max_tokens"
+
+
+def _default(req: ChatCompletionRequest | CompletionRequest) -> int | None:
+    return COMPLETIONS_DEFAULT_MAX_TOKENS if isinstance(req, CompletionRequest) else None
+
+
+def _stop_ids(req: ChatCompletionRequest | CompletionRequest, eos: tuple[int, ...]) -> tuple[int, ...]:
+    # EOS is spelled out to the engine as a stop token unless the client asked to ignore it.
+    extra = tuple(req.stop_token_ids or ())
+    return tuple(dict.fromkeys(extra + (() if req.ignore_eos else eos)))
+
+
+def _logprobs(req: ChatCompletionRequest | CompletionRequest) -> int | None:
+    if isinstance(req, ChatCompletionRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs

@@ -1,0 +1,165 @@
+"""OpenAI response shapes: chat.completion(.chunk), text_completion, usage, logprobs, errors.
+
+One formatter per request knows its id, model and creation time. Streaming chunks are SSE events
+(``data: {...}\\n\\n``). The common chunk (text only) is the hot path of the whole frontend, so it
+is built from bytes prepared once per request around the JSON-encoded text; other chunks are
+encoded from dicts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from interlock.errors import InterlockError, ModelNotFound, PromptTooLong
+from interlock.frontend.assembler import Delta, OutputAssembler
+from interlock.frontend.tokenizer import ModelTokenizer
+from interlock.protocol import TokenLogprobs
+
+DONE = b"data: [DONE]\n\n"
+_encode = msgspec.json.Encoder().encode
+
+
+def sse(payload: Any) -> bytes:
+    return b"data: " + _encode(payload) + b"\n\n"
+
+
+def usage(a: OutputAssembler) -> dict[str, Any]:
+    return {
+        "prompt_tokens": a.prompt_tokens,
+        "completion_tokens": a.completion_tokens,
+        "total_tokens": a.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": a.cached_tokens},
+    }
+
+
+def error_body(exc: InterlockError) -> dict[str, Any]:
+    return {"error": {"message": exc.message, "type": exc.error_type, "param": exc.param, "code": error_code(exc)}}
+
+
+def error_code(exc: InterlockError) -> str:
+    if isinstance(exc, PromptTooLong):
+        return "context_length_exceeded"
+    if isinstance(exc, ModelNotFound):
+        return "model_not_found"
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+
+
+class _Formatter:
+    object_name = ""
+    chunk_object = ""
+
+    def __init__(self, request_id: str, model: str, created: int, tokenizer: ModelTokenizer) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.created = created
+        self._tok = tokenizer
+        self._head = {"id": request_id, "object": self.chunk_object, "created": created, "model": model}
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return sse({**self._head, "choices": choices, **extra})
+
+    def usage_chunk(self, a: OutputAssembler) -> bytes:
+        return self._chunk([], usage=usage(a))
+
+    def _token(self, token_id: int) -> tuple[str, bytes]:
+        raw = self._tok.token_bytes(token_id)
+        return raw.decode("utf-8", errors="replace"), raw
+
+
+class ChatFormatter(_Formatter):
+    object_name = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(self, request_id: str, model: str, created: int, tokenizer: ModelTokenizer) -> None:
+        super().__init__(request_id, model, created, tokenizer)
+        head = _encode({**self._head, "choices": None})[: -len(b"null}")]
+        self._text_prefix = b"data: " + head + b'[{"index":0,"delta":{"content":'
+        self._text_suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        self._sent_role = False
+
+    def chunk(self, delta: Delta) -> bytes:
+        if self._sent_role and delta.logprobs is None and delta.finish_reason is None:
+            return self._text_prefix + _encode(delta.text) + self._text_suffix
+        body: dict[str, Any] = {}
+        if not self._sent_role:
+            body["role"] = "assistant"
+            self._sent_role = True
+        if delta.text or "role" in body:
+            body["content"] = delta.text
+        choice = {
+            "index": 0,
+            "delta": body,
+            "logprobs": self._logprobs(delta.logprobs),
+            "finish_reason": delta.finish_reason,
+        }
+        return self._chunk([choice])
+
+    def response(self, text: str, logprobs: Sequence[TokenLogprobs] | None, a: OutputAssembler) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": self._logprobs(logprobs),
+            "finish_reason": a.finish_reason,
+        }
+        head = {**self._head, "object": self.object_name}
+        return {**head, "choices": [choice], "usage": usage(a)}
+
+    def _logprobs(self, logprobs: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:
+        if logprobs is None:
+            return None
+        return {"content": [self._entry(lp) for lp in logprobs]}
+
+    def _entry(self, lp: TokenLogprobs) -> dict[str, Any]:
+        text, raw = self._token(lp.token_id)
+        return {"token": text, "logprob": lp.logprob, "bytes": list(raw), "top_logprobs": self._top(lp)}
+
+    def _top(self, lp: TokenLogprobs) -> list[dict[str, Any]]:
+        top = []
+        for token_id, logprob in lp.top:
+            text, raw = self._token(token_id)
+            top.append({"token": text, "logprob": logprob, "bytes": list(raw)})
+        return top
+
+
+class CompletionFormatter(_Formatter):
+    object_name = "text_completion"
+    chunk_object = "text_completion"
+
+    def __init__(self, request_id: str, model: str, created: int, tokenizer: ModelTokenizer) -> None:
+        super().__init__(request_id, model, created, tokenizer)
+        head = _encode({**self._head, "choices": None})[: -len(b"null}")]
+        self._text_prefix = b"data: " + head + b'[{"index":0,"text":'
+        self._text_suffix = b',"logprobs":null,"finish_reason":null}]}\n\n'
+        self._text_offset = 0
+
+    def chunk(self, delta: Delta) -> bytes:
+        if delta.logprobs is None and delta.finish_reason is None:
+            return self._text_prefix + _encode(delta.text) + self._text_suffix
+        choice = {
+            "index": 0,
+            "text": delta.text,
+            "logprobs": self._logprobs(delta.logprobs),
+            "finish_reason": delta.finish_reason,
+        }
+        return self._chunk([choice])
+
+    def response(self, text: str, logprobs: Sequence[TokenLogprobs] | None, a: OutputAssembler) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "logprobs": self._logprobs(logprobs), "finish_reason": a.finish_reason}
+        return {**self._head, "choices": [choice], "usage": usage(a)}
+
+    def _logprobs(self, logprobs: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:
+        if logprobs is None:
+            return None
+        tokens, token_logprobs, tops, offsets = [], [], [], []
+        for lp in logprobs:
+            text, _ = self._token(lp.token_id)
+            tokens.append(text)
+            token_logprobs.append(lp.logprob)
+            tops.append({self._token(t)[0]: v for t, v in lp.top})
+            offsets.append(self._text_offset)
+            self._text_offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}

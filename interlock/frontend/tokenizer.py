@@ -1,0 +1,132 @@
+"""A model's tokenizer, read from its folder: fast (Rust) tokenizer, special tokens, stop ids.
+
+Only the ``tokenizers`` library is used (no transformers import on the request path): it reads
+``tokenizer.json`` directly, and ``tokenizer_config.json`` / ``generation_config.json`` are plain
+JSON. Loaded once per folder and cached; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from interlock.errors import ConfigError
+from interlock.frontend.templates import ChatTemplate, load_chat_template_source
+
+_CACHE_LOCK = threading.Lock()
+
+
+class ModelTokenizer:
+    def __init__(self, model_path: Path) -> None:
+        tokenizer_file = model_path / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise ConfigError(f"{model_path} has no tokenizer.json")
+        self.model_path = model_path
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        config = _read_json(model_path / "tokenizer_config.json")
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        self.eos_token_ids = self._eos_ids(model_path)
+        self._byte_decoder = _byte_level_decoder() if _is_byte_level(self.tokenizer) else None
+        source = load_chat_template_source(model_path, config)
+        specials = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        self.chat_template = ChatTemplate(source, special_tokens=specials) if source else None
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for (for logprobs' ``bytes``)."""
+        return _token_bytes(self, token_id)
+
+    def _eos_ids(self, model_path: Path) -> tuple[int, ...]:
+        # generation_config.json lists every id that ends a turn; tokenizer_config names one.
+        ids: list[int] = []
+        for name in ("generation_config.json", "config.json"):
+            value = _read_json(model_path / name).get("eos_token_id")
+            ids.extend([value] if isinstance(value, int) else value if isinstance(value, list) else [])
+        if self.eos_token is not None:
+            token_id = self.tokenizer.token_to_id(self.eos_token)
+            if token_id is not None:
+                ids.append(token_id)
+        return tuple(dict.fromkeys(ids))
+
+
+def load_tokenizer(model_path: str | Path) -> ModelTokenizer:
+    """The cached tokenizer of a model folder (loaded once per process)."""
+    with _CACHE_LOCK:  # loads run in worker threads; load each folder once
+        return _load(str(Path(model_path).resolve()))
+
+
+@lru_cache(maxsize=32)
+def _load(model_path: str) -> ModelTokenizer:
+    return ModelTokenizer(Path(model_path))
+
+
+@lru_cache(maxsize=1 << 16)
+def _token_bytes(tok: ModelTokenizer, token_id: int) -> bytes:
+    piece = tok.tokenizer.id_to_token(token_id)
+    if piece is None:
+        return b""
+    if tok._byte_decoder is not None and token_id not in _special_ids(tok):
+        try:
+            return bytes(tok._byte_decoder[ch] for ch in piece)
+        except KeyError:  # an added token written in plain text
+            return piece.encode()
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # sentencepiece byte
+        return bytes([int(piece[3:5], 16)])
+    return tok.tokenizer.decode([token_id], skip_special_tokens=False).encode()
+
+
+@lru_cache(maxsize=32)
+def _special_ids(tok: ModelTokenizer) -> frozenset[int]:
+    return frozenset(
+        token_id for token_id, added in tok.tokenizer.get_added_tokens_decoder().items() if added.special
+    )
+
+
+def _is_byte_level(tokenizer: Tokenizer) -> bool:
+    decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+    return decoder.get("type") == "ByteLevel"
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-ins for bytes, reversed: character -> byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # {"content": "<|im_end|>", ...}
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+    return value if isinstance(value, dict) else {}
