@@ -1,1 +1,38 @@
-"""Runtime planes: naming, discovery, request plane, event plane (in-process and NATS)."""
+"""Runtime planes: naming, discovery, request plane, event plane (in-process and NATS).
+
+Start here: ``rt = await connect_runtime(nats_url_or_None, RuntimeConfig(...))`` gives a
+``Runtime`` with ``rt.discovery``, ``rt.requests`` and ``rt.events``; the contracts are in
+``interlock.runtime.interfaces``.
+"""
+
+from interlock.runtime.config import RuntimeConfig
+from interlock.runtime.inproc import InProcRegistry
+from interlock.runtime.interfaces import (
+    Discovery,
+    DiscoveryEvent,
+    EventPlane,
+    Handler,
+    RequestContext,
+    RequestPlane,
+)
+from interlock.runtime.naming import EndpointName, subject_matches
+from interlock.runtime.nats_server import NatsServer
+from interlock.runtime.runtime import Runtime, connect_runtime
+from interlock.runtime.subscription import Subscription
+
+__all__ = [
+    "Discovery",
+    "DiscoveryEvent",
+    "EndpointName",
+    "EventPlane",
+    "Handler",
+    "InProcRegistry",
+    "NatsServer",
+    "RequestContext",
+    "RequestPlane",
+    "Runtime",
+    "RuntimeConfig",
+    "Subscription",
+    "connect_runtime",
+    "subject_matches",
+]

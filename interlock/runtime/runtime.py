@@ -1,0 +1,114 @@
+"""The Runtime bundle and its one factory, ``connect_runtime``.
+
+``connect_runtime(None)`` gives the in-process planes (one shared registry per process, or
+the one passed in); ``connect_runtime("nats://...")`` gives NATS discovery and events with the
+direct TCP request plane (or NATS request/reply with ``request_plane="nats"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import nats
+from nats.aio.client import Client as NatsClient
+
+from interlock.errors import TransportError
+from interlock.runtime.config import RuntimeConfig
+from interlock.runtime.inproc import InProcDiscovery, InProcEventPlane, InProcRegistry, InProcRequestPlane
+from interlock.runtime.interfaces import Discovery, EventPlane, RequestPlane
+from interlock.runtime.nats_discovery import NatsDiscovery
+from interlock.runtime.nats_events import NatsEventPlane
+from interlock.runtime.nats_requests import NatsRequestPlane
+from interlock.runtime.tcp import TcpRequestPlane
+
+_default_registry: InProcRegistry | None = None
+
+
+def default_registry() -> InProcRegistry:
+    """The registry every in-process runtime of this process shares unless given another."""
+    global _default_registry
+    if _default_registry is None:
+        _default_registry = InProcRegistry()
+    return _default_registry
+
+
+@dataclass
+class Runtime:
+    discovery: Discovery
+    requests: RequestPlane
+    events: EventPlane
+    config: RuntimeConfig
+    _extra_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list, repr=False)
+    _closed: bool = field(default=False, repr=False)
+
+    async def close(self) -> None:
+        """Unregister, stop serving (cancelling in-flight calls), drop subscriptions, disconnect.
+        To drain first, ``discovery.unregister`` and wait for your in-flight calls yourself."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.discovery.close()
+        await self.requests.close()
+        await self.events.close()
+        for close in self._extra_close:
+            await close()
+
+    async def __aenter__(self) -> Runtime:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+async def connect_runtime(
+    nats_url: str | None,
+    config: RuntimeConfig | None = None,
+    *,
+    registry: InProcRegistry | None = None,
+    name: str = "interlock",
+) -> Runtime:
+    """NATS-backed runtime when ``nats_url`` is given, else the in-process one."""
+    config = config or RuntimeConfig()
+    if nats_url is None:
+        registry = registry or default_registry()
+        return Runtime(
+            InProcDiscovery(registry, config),
+            InProcRequestPlane(registry),
+            InProcEventPlane(registry),
+            config,
+        )
+    nc = await _connect_nats(nats_url, config, name)
+    discovery = NatsDiscovery(nc, config)
+    await discovery.start()
+    requests: RequestPlane
+    requests = NatsRequestPlane(nc, config) if config.request_plane == "nats" else TcpRequestPlane(config)
+
+    async def disconnect() -> None:
+        if not nc.is_closed:
+            try:
+                await nc.flush(timeout=max(1, round(config.connect_timeout)))  # the bye goes out
+            except Exception:
+                pass  # server already gone: nothing left to deliver
+            await nc.close()
+
+    return Runtime(discovery, requests, NatsEventPlane(nc), config, [disconnect])
+
+
+async def _connect_nats(url: str, config: RuntimeConfig, name: str) -> NatsClient:
+    async def quiet(exc: Exception) -> None:
+        pass  # reconnects are handled by nats-py; leases ride through short outages
+
+    try:
+        return await nats.connect(
+            url,
+            name=name,
+            connect_timeout=max(1, round(config.connect_timeout)),
+            allow_reconnect=True,
+            error_cb=quiet,
+        )
+    except Exception as exc:  # nats-py raises several unrelated types for "cannot connect"
+        raise TransportError(f"cannot connect to NATS at {url}: {exc}") from None

@@ -1,0 +1,123 @@
+"""Client side of the TCP request plane: one connection per server, many calls on it.
+
+Liveness: while a connection has calls in flight it pings every ``keepalive_interval``; the
+server answers at connection level whatever its handlers are doing, so hearing nothing for
+``peer_timeout`` means the peer is dead or wedged, and every call on it fails with
+TransportError. A dropped connection (peer process killed) fails them at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from interlock.errors import TransportError
+from interlock.runtime.frames import Cancel, Data, End, Fail, Frame, FramedProtocol, Open, Ping, Pong
+from interlock.runtime.remote import remote_error
+
+Item = bytes | Exception | None
+"""A call's queue carries chunks, then None (clean end) or the error that ends it."""
+
+
+class ClientConnection(FramedProtocol):
+    def __init__(self, peer: str, keepalive_interval: float, peer_timeout: float) -> None:
+        super().__init__()
+        self.peer = peer
+        self.closed = False
+        self._keepalive_interval = keepalive_interval
+        self._peer_timeout = peer_timeout
+        self._calls: dict[int, asyncio.Queue[Item]] = {}
+        self._pings: dict[int, asyncio.Future[bool]] = {}
+        self._ids = itertools.count(1)
+        self._loop = asyncio.get_running_loop()
+        self._last_heard = self._loop.time()
+        self._keepalive: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._keepalive = asyncio.create_task(self._watch_peer())
+
+    def open(self, key: str, payload: bytes) -> tuple[int, asyncio.Queue[Item]]:
+        if self.closed:
+            raise TransportError(f"connection to {self.peer} is closed")
+        if not self._calls and not self._pings:
+            self._last_heard = self._loop.time()  # silence while idle is not a fault
+        sid = next(self._ids)
+        queue: asyncio.Queue[Item] = asyncio.Queue()
+        self._calls[sid] = queue
+        self.send(Open(sid, key, payload))
+        return sid, queue
+
+    def cancel(self, sid: int) -> None:
+        if self._calls.pop(sid, None) is not None and not self.closed:
+            self.send(Cancel(sid))
+
+    async def ping(self, key: str, timeout: float) -> bool:
+        if self.closed:
+            raise TransportError(f"connection to {self.peer} is closed")
+        nonce = next(self._ids)
+        future = self._loop.create_future()
+        self._pings[nonce] = future
+        self.send(Ping(nonce, key))
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise TransportError(f"no answer from {self.peer} within {timeout} s") from None
+        finally:
+            self._pings.pop(nonce, None)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_heard = self._loop.time()
+        super().data_received(data)
+
+    def frame_received(self, frame: Frame) -> None:
+        kind = type(frame)
+        if kind is Data:
+            queue = self._calls.get(frame.stream_id)  # type: ignore[union-attr]
+            if queue is not None:
+                queue.put_nowait(frame.payload)  # type: ignore[union-attr]
+        elif kind is End:
+            queue = self._calls.pop(frame.stream_id, None)  # type: ignore[union-attr]
+            if queue is not None:
+                queue.put_nowait(None)
+        elif kind is Fail:
+            assert isinstance(frame, Fail)
+            queue = self._calls.pop(frame.stream_id, None)
+            if queue is not None:
+                queue.put_nowait(remote_error(frame.type, frame.message))
+        elif kind is Pong:
+            assert isinstance(frame, Pong)
+            future = self._pings.get(frame.nonce)
+            if future is not None and not future.done():
+                future.set_result(frame.ok)
+        else:
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.fail(f"connection to {self.peer} lost")
+
+    def fail(self, reason: str) -> None:
+        """End every call on this connection with TransportError and drop the socket."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        for queue in self._calls.values():
+            queue.put_nowait(TransportError(reason))
+        self._calls.clear()
+        for future in self._pings.values():
+            if not future.done():
+                future.set_exception(TransportError(reason))
+        self.abort()
+
+    async def _watch_peer(self) -> None:
+        while True:
+            await asyncio.sleep(self._keepalive_interval)
+            if not self._calls and not self._pings:
+                continue
+            if self._loop.time() - self._last_heard > self._peer_timeout:
+                self.fail(f"{self.peer} silent for more than {self._peer_timeout} s")
+                return
+            self.send(Ping(0, ""))

@@ -1,0 +1,91 @@
+"""Server side of the TCP request plane: one listening socket, many handlers by key.
+
+Each accepted connection runs every call it carries as its own task. A ``Cancel`` frame or
+the connection dropping (client process gone) cancels the call's task, which cancels the
+handler's generator at its current ``await``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from interlock.runtime.frames import Cancel, Data, End, Fail, Frame, FramedProtocol, Open, Ping, Pong
+from interlock.runtime.interfaces import Handler, RequestContext
+from interlock.runtime.remote import run_handler
+
+
+class TcpServer:
+    def __init__(self) -> None:
+        self.handlers: dict[str, Handler] = {}
+        self.connections: set[ServerConnection] = set()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self, host: str) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: ServerConnection(self), host, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    @property
+    def started(self) -> bool:
+        return self._server is not None
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.abort()  # connection_lost cancels its calls; clients see the drop
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+
+class ServerConnection(FramedProtocol):
+    def __init__(self, server: TcpServer) -> None:
+        super().__init__()
+        self._server = server
+        self._calls: dict[int, asyncio.Task[None]] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._server.connections.add(self)
+
+    def frame_received(self, frame: Frame) -> None:
+        if type(frame) is Open:
+            self._open(frame)
+        elif type(frame) is Cancel:
+            task = self._calls.get(frame.stream_id)
+            if task is not None:
+                task.cancel()
+        elif type(frame) is Ping:
+            self.send(Pong(frame.nonce, not frame.key or frame.key in self._server.handlers))
+        else:
+            self.abort()  # a client never sends anything else: protocol error
+
+    def _open(self, frame: Open) -> None:
+        sid = frame.stream_id
+        handler = self._server.handlers.get(frame.key)
+        if handler is None:
+            self.send(Fail(sid, "TransportError", f"no handler for {frame.key!r}"))
+            return
+
+        async def send(chunk: bytes) -> None:
+            self.send(Data(sid, chunk))
+            await self.drain()
+
+        async def end() -> None:
+            self.send(End(sid))
+
+        async def fail(type_name: str, message: str) -> None:
+            self.send(Fail(sid, type_name, message))
+
+        ctx = RequestContext(frame.key, sid)
+        task = asyncio.create_task(run_handler(handler, frame.payload, ctx, send, end, fail))
+        self._calls[sid] = task
+        task.add_done_callback(lambda _: self._calls.pop(sid, None))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._server.connections.discard(self)
+        for task in self._calls.values():
+            task.cancel()
