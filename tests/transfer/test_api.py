@@ -1,0 +1,8 @@
+import interlock.transfer as t
+
+
+def test_public_api_is_pinned():
+    assert sorted(t.__all__) == [
+        "DEFAULT_TIMEOUT_S", "DestTransfer", "LinkStats", "SourceTransfer", "TRANSPORTS",
+        "TransferAgent", "TransferDescriptor", "TransferState", "TransferStatus", "measure_link",
+    ]
