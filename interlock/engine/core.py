@@ -147,9 +147,9 @@ class EngineCore:
     # ---- the step ----
     def step(self) -> StepResult:
         t0 = self.clock.now()
-        self._import_stashed_kv()
         self._expire(t0)
         batch = self.scheduler.schedule()
+        self._import_stashed_kv()
         outputs, self._errors = self._errors, []
         step_time = 0.0
         if batch.scheduled:
@@ -232,7 +232,7 @@ class EngineCore:
         """Import the prompt KV of a parked request (None: compute it locally instead).
 
         May be called before blocks were allocated; the data then waits on the request and is
-        imported at the start of the step that finds it parked. Returns False if unknown.
+        imported in the step that parks it. Returns False if the request is unknown.
         """
         req = self.scheduler.requests.get(request_id)
         if req is None or not req.remote_prefill:

@@ -1,8 +1,9 @@
 """A deterministic model runner for tests and simulation: no model, real paged "KV".
 
 Its KV cache is an int32 array with one slot per (block, offset) that stores the token id
-computed at that position. The next token is a hash of the last ``context`` tokens *read back
-from the KV cache* and the position, mod ``vocab_size``. So:
+computed at that position. The next token is a hash of a few tokens *read back from the KV
+cache* (the first, the middle one and the last ``context``) and the position, mod
+``vocab_size``. So:
 
   * the same prompt gives the same output regardless of batching, chunking, prefix hits,
     preemption or where its KV was computed (aggregated and disaggregated runs compare);
@@ -25,6 +26,11 @@ from interlock.engine.timing import TimingModel
 from interlock.protocol import TokenLogprobs
 
 _MASK = (1 << 64) - 1
+
+
+def context_positions(end: int, context: int) -> list[int]:
+    """Positions the mock model reads to predict the token at ``end`` (O(1) of them)."""
+    return [0, end // 2, *range(max(0, end - context), end)]
 
 
 def mock_next_token(context: Sequence[int], position: int, vocab_size: int) -> int:
@@ -106,7 +112,7 @@ class MockRunner:
 
     def _next_token(self, table: Sequence[int], end: int) -> int:
         bs, flat = self.block_size, self._flat
-        ctx = [int(flat[table[p // bs] * bs + p % bs]) for p in range(max(0, end - self.context), end)]
+        ctx = [int(flat[table[p // bs] * bs + p % bs]) for p in context_positions(end, self.context)]
         return mock_next_token(ctx, end, self.vocab_size)
 
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
@@ -125,7 +131,7 @@ def reference_output(
     seq = list(prompt)
     out: list[int] = []
     for _ in range(max_tokens):
-        t = mock_next_token(seq[-context:], len(seq), vocab_size)
+        t = mock_next_token([seq[p] for p in context_positions(len(seq), context)], len(seq), vocab_size)
         seq.append(t)
         out.append(t)
     return out

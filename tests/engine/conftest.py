@@ -1,0 +1,91 @@
+"""Small engines on the mock runner and a virtual clock, built per test (they are cheap)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import pytest
+
+from interlock.engine.clock import VirtualClock
+from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from interlock.engine.core import EngineCore
+from interlock.engine.runners.mock import MockRunner
+from interlock.protocol import GenerateOutput, GenerateRequest, SamplingParams
+
+VOCAB = 1000
+EOS = 2
+
+
+def make_config(
+    *,
+    num_blocks: int = 64,
+    block_size: int = 4,
+    max_num_batched_tokens: int = 64,
+    max_num_seqs: int = 16,
+    max_model_len: int = 256,
+    watermark: float = 0.0,
+    prefix_caching: bool = True,
+    chunked: bool = True,
+) -> EngineConfig:
+    return EngineConfig(
+        model=ModelConfig(runner="mock"),
+        cache=CacheConfig(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            watermark=watermark,
+            enable_prefix_caching=prefix_caching,
+        ),
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=chunked,
+        ),
+    )
+
+
+def make_engine(clock: VirtualClock | None = None, **kw: object) -> EngineCore:
+    config = make_config(**kw)  # type: ignore[arg-type]
+    runner = MockRunner(
+        num_blocks=config.cache.num_blocks or 64,
+        block_size=config.cache.block_size,
+        vocab_size=VOCAB,
+        eos_token_ids=(EOS,),
+    )
+    return EngineCore(config, runner, clock=clock or VirtualClock())
+
+
+def request(
+    rid: str, prompt: Iterable[int], max_tokens: int = 8, **sampling: object
+) -> GenerateRequest:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)  # type: ignore[arg-type]
+    return GenerateRequest(request_id=rid, token_ids=tuple(prompt), sampling=params)
+
+
+def run_to_end(
+    engine: EngineCore,
+    *,
+    max_steps: int = 10_000,
+    each_step: Callable[[int], None] | None = None,
+) -> dict[str, list[GenerateOutput]]:
+    """Step until nothing is unfinished; returns every output per request, integrity checked."""
+    outs: dict[str, list[GenerateOutput]] = {}
+    for i in range(max_steps):
+        if not engine.has_unfinished():
+            return outs
+        if each_step is not None:
+            each_step(i)
+        res = engine.step()
+        engine.check_integrity()
+        for o in res.outputs:
+            outs.setdefault(o.request_id, []).append(o)
+    raise AssertionError("engine did not finish")
+
+
+def tokens(outs: list[GenerateOutput]) -> list[int]:
+    return [t for o in outs for t in o.token_ids]
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()

@@ -1,0 +1,177 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from interlock.engine.block_pool import BlockPool
+from interlock.engine.config import SchedulerConfig
+from interlock.engine.kv_cache_manager import KVCacheManager
+from interlock.engine.request import Request, RequestStatus
+from interlock.engine.runners.mock import MockRunner, reference_output
+from interlock.engine.scheduler import Scheduler
+from interlock.errors import InvalidRequest, PromptTooLong
+from interlock.protocol import GenerateOutput, KVTransferParams, SamplingParams
+from tests.engine.conftest import VOCAB, make_engine, request, run_to_end, tokens
+
+BS = 4
+
+
+class Rig:
+    """Scheduler + mock runner driven by hand, one step at a time."""
+
+    def __init__(
+        self, *, num_blocks: int = 32, budget: int = 16, max_seqs: int = 8, watermark: float = 0.0
+    ) -> None:
+        self.kv = KVCacheManager(BlockPool(num_blocks, BS), watermark=watermark)
+        config = SchedulerConfig(
+            max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=512
+        )
+        self.sched = Scheduler(config, self.kv)
+        self.runner = MockRunner(num_blocks=num_blocks, block_size=BS, vocab_size=VOCAB, timing=None)
+        self.n = 0
+
+    def add(self, rid: str, prompt: list[int], max_tokens: int = 4, **kw: object) -> Request:
+        self.n += 1
+        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        req = Request(rid, tuple(prompt), sp, block_size=BS, arrival=self.n, **kw)  # type: ignore[arg-type]
+        self.sched.add_request(req)
+        return req
+
+    def step(self) -> tuple[dict[str, int], list[GenerateOutput]]:
+        batch = self.sched.schedule()
+        sizes = {s.request_id: len(s.token_ids) for s in batch.scheduled}
+        assert sum(sizes.values()) <= self.sched.max_num_batched_tokens
+        assert len(sizes) <= self.sched.max_num_seqs
+        outs = self.sched.update(batch, self.runner.execute(batch))
+        self.kv.check_integrity()
+        return sizes, outs
+
+
+def test_chunked_prefill_chunk_sizes() -> None:
+    rig = Rig(budget=8)
+    rig.add("a", list(range(20)))
+    assert [rig.step()[0] for _ in range(4)] == [{"a": 8}, {"a": 8}, {"a": 4}, {"a": 1}]
+
+
+def test_continuous_batching_admits_while_others_decode() -> None:
+    rig = Rig(budget=8)
+    rig.add("a", list(range(6)))
+    assert rig.step()[0] == {"a": 6}
+    rig.add("b", list(range(10, 30)))
+    # a decodes one token, b gets the rest of the budget as a prefill chunk.
+    assert rig.step()[0] == {"a": 1, "b": 7}
+    assert rig.step()[0] == {"a": 1, "b": 7}
+    assert rig.step()[0] == {"a": 1, "b": 6}
+
+
+def test_max_num_seqs_limits_the_batch() -> None:
+    rig = Rig(budget=64, max_seqs=2)
+    for i in range(3):
+        rig.add(f"r{i}", [i + 1] * 3)
+    assert set(rig.step()[0]) == {"r0", "r1"}
+    assert rig.sched.num_waiting == 1
+
+
+def test_prefix_hit_starts_with_computed_tokens() -> None:
+    rig = Rig(budget=64)
+    prompt = list(range(50, 61))  # 11 tokens: two full blocks
+    rig.add("a", prompt)
+    while rig.sched.has_unfinished():
+        rig.step()
+    rig.add("b", prompt + [7, 8])
+    sizes, outs = rig.step()
+    assert sizes == {"b": 5}  # 13 tokens, 8 from cache
+    assert outs[0].num_cached_tokens == 8
+    rig.add("c", prompt[:8])  # whole prompt cached: the last block is recomputed
+    sizes, outs = rig.step()
+    by_id = {o.request_id: o for o in outs}
+    assert sizes["c"] == 4 and by_id["c"].num_cached_tokens == 4
+
+
+def test_prefix_hits_give_the_same_tokens() -> None:
+    engine = make_engine(block_size=4)
+    prompt = list(range(100, 130))
+    engine.add_request(request("a", prompt, 10))
+    first = run_to_end(engine)["a"]
+    engine.add_request(request("b", prompt, 10))
+    second = run_to_end(engine)["b"]
+    assert tokens(first) == tokens(second) == reference_output(prompt, 10, vocab_size=VOCAB)
+    assert first[0].num_cached_tokens == 0 and second[0].num_cached_tokens == 28
+
+
+def _run_batch(num_blocks: int, budget: int, seed: int = 0) -> tuple[dict[str, list[int]], int]:
+    rng = random.Random(seed)
+    engine = make_engine(num_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=8)
+    prompts = {f"r{i}": [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 30))] for i in range(12)}
+    for rid, p in prompts.items():
+        engine.add_request(request(rid, p, 16))
+    preemptions = 0
+
+    def count(_: int) -> None:
+        nonlocal preemptions
+        preemptions += sum(r.status == RequestStatus.PREEMPTED for r in engine.scheduler.waiting)
+
+    outs = run_to_end(engine, each_step=count)
+    return {rid: tokens(o) for rid, o in outs.items()}, preemptions
+
+
+def test_preemption_by_recompute_gives_the_same_outputs() -> None:
+    big, big_preempted = _run_batch(num_blocks=256, budget=64)
+    tiny, tiny_preempted = _run_batch(num_blocks=12, budget=64)
+    assert big_preempted == 0 and tiny_preempted > 0
+    assert tiny == big
+
+
+def test_preemption_takes_the_newest_request() -> None:
+    rig = Rig(num_blocks=4, budget=64)
+    rig.add("old", [1] * 7, max_tokens=8)  # 2 blocks now, up to 4
+    rig.add("new", [2] * 7, max_tokens=8)
+    rig.step()
+    rig.step()
+    rig.step()  # both need a third block: only "new" can lose
+    assert rig.sched.waiting[0].request_id == "new"
+    assert rig.sched.waiting[0].status == RequestStatus.PREEMPTED
+    assert [r.request_id for r in rig.sched.running] == ["old"]
+
+
+def test_watermark_keeps_headroom_at_admission() -> None:
+    rig = Rig(num_blocks=10, budget=64, watermark=0.3)  # 3 blocks kept free
+    rig.add("a", [1] * 15, max_tokens=2)  # nothing running: admitted (4 blocks)
+    rig.step()
+    rig.add("b", [2] * 12, max_tokens=2)  # 3 more blocks would leave 3: ok
+    rig.add("c", [3] * 4, max_tokens=2)  # 1 more would leave 2 < 3: waits
+    sizes, _ = rig.step()
+    assert set(sizes) == {"a", "b"} and rig.sched.waiting[0].request_id == "c"
+
+
+def test_remote_kv_waiting_holds_blocks_but_no_slot() -> None:
+    rig = Rig(num_blocks=32, budget=64, max_seqs=1)
+    kt = KVTransferParams(do_remote_prefill=True)
+    rig.add("remote", list(range(10)), kv_transfer=kt)
+    rig.add("local", [5] * 5)
+    sizes, _ = rig.step()
+    assert sizes == {"local": 5}
+    assert rig.sched.remote_parked["remote"].status == RequestStatus.WAITING_FOR_REMOTE_KV
+    assert len(rig.kv.block_table("remote")) == 3
+    assert rig.sched.num_running == 1
+
+
+def test_too_long_and_never_fitting_requests_are_rejected() -> None:
+    rig = Rig(num_blocks=4)
+    with pytest.raises(PromptTooLong):
+        rig.add("long", [1] * 500, max_tokens=20)
+    with pytest.raises(PromptTooLong):
+        rig.add("big", [1] * 14, max_tokens=4)  # 18 tokens: 5 blocks > 4
+    rig.add("ok", [1] * 12, max_tokens=4)
+    with pytest.raises(InvalidRequest):
+        rig.add("ok", [1], max_tokens=1)
+    assert rig.sched.num_waiting == 1 and rig.kv.pool.num_used_blocks == 0
+
+
+def test_no_chunking_without_chunked_prefill() -> None:
+    engine = make_engine(max_num_batched_tokens=256, max_model_len=256, chunked=False)
+    engine.add_request(request("a", list(range(200)), 4))
+    engine.add_request(request("b", list(range(100)), 4))
+    first = engine.step()
+    assert first.load.tokens_computed == 200  # b does not fit in the rest of the budget
