@@ -16,7 +16,9 @@ import yaml
 from interlock.errors import ConfigError
 
 ROLES = ("both", "prefill", "decode")
-POLICIES = ("kv", "round-robin", "random", "least-loaded", "power-of-two", "session", "route-key", "direct")
+POLICIES = ("kv", "round-robin", "random", "least-loaded", "power-of-two")
+"""Base policies. Session affinity, route keys and direct pins are per-request overlays
+(headers), on top of whichever base policy is chosen."""
 TRANSFERS = ("auto", "inproc", "shm", "tcp", "none")
 
 
@@ -59,7 +61,7 @@ class ExecutionGroup:
 class Routing:
     policy: str = "kv"
     route_key: str | None = None
-    """HTTP header whose value picks a consistent subset of workers (policy route-key)."""
+    """HTTP header whose value picks a consistent subset of workers (e.g. x-business-line)."""
     fallback_to_local: bool = True
     preempt_enabled: bool = True
     kv_usage_watermark: float = 0.7
@@ -133,7 +135,7 @@ def _coerce(typ: Any, value: Any, where: str) -> Any:
     return float(value) if base == "float" else value
 
 
-def _validate(d: Deployment) -> None:
+def validate_deployment(d: Deployment) -> None:
     cp = d.control_plane
     if not 0 < cp.listen_port < 65536:
         raise ConfigError(f"control-plane.listen_port: {cp.listen_port} is not a valid port")
@@ -159,8 +161,8 @@ def _validate(d: Deployment) -> None:
     r = d.routing
     if r.policy not in POLICIES:
         raise ConfigError(f"routing.policy: {r.policy!r} is not one of {', '.join(POLICIES)}")
-    if r.policy == "route-key" and not r.route_key:
-        raise ConfigError("routing.route_key: required when routing.policy is route-key")
+    if r.route_key is not None and not r.route_key.strip():
+        raise ConfigError("routing.route_key: must be a header name")
     if not 0.0 < r.kv_usage_watermark <= 1.0:
         raise ConfigError("routing.kv_usage_watermark: must be in (0, 1]")
     if d.metrics.export_interval <= 0:
@@ -201,7 +203,7 @@ def parse_deployment(raw: Any) -> Deployment:
             groups = value if isinstance(value, list) else [value]
             kwargs[name] = tuple(_build(ExecutionGroup, g, str(key)) for g in groups)
     d = Deployment(**kwargs)
-    _validate(d)
+    validate_deployment(d)
     return d
 
 
@@ -220,5 +222,5 @@ def load_deployment(path: str | Path) -> Deployment:
 
 __all__ = [
     "ControlPlane", "Deployment", "ExecutionGroup", "Metrics", "NodeGroup", "Routing",
-    "load_deployment", "parse_deployment",
+    "load_deployment", "parse_deployment", "validate_deployment",
 ]

@@ -33,7 +33,7 @@ def test_empty_file_gives_defaults():
         ({"execution-group": {"nodes": [{"count": "2"}]}}, "execution-group.nodes[0].count"),
         ({"execution-group": {"nodes": [{"kv_cache_transfer": "rdma"}]}}, "kv_cache_transfer"),
         ({"metrics": {"figures": ["ttft", "vibes"]}}, "metrics.figures"),
-        ({"routing": {"policy": "route-key"}}, "routing.route_key"),
+        ({"routing": {"route_key": " "}}, "routing.route_key"),
     ],
 )
 def test_bad_values_are_rejected_naming_the_key(raw, named):
@@ -50,3 +50,10 @@ def test_missing_file_is_a_clear_error(tmp_path):
 def test_hyphenated_keys_accepted():
     d = parse_deployment({"control-plane": {"heartbeat-interval": 0.5, "heartbeat-timeout": 2}})
     assert d.control_plane.heartbeat_interval == 0.5 and d.control_plane.heartbeat_timeout == 2.0
+
+
+def test_policies_match_the_router():
+    from interlock.deploy import POLICIES
+    from interlock.router.policies import POLICIES as ROUTER_POLICIES
+
+    assert POLICIES == ROUTER_POLICIES

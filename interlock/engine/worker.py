@@ -1,0 +1,183 @@
+"""A worker: one engine behind the runtime planes.
+
+The worker is a thin shell (no decisions): it registers an ``InstanceInfo`` in discovery, serves
+``generate`` on the request plane (msgpack ``GenerateRequest`` in, one msgpack
+``GenerateOutput`` per chunk out), publishes the engine's KV events (numbered batches) and load
+reports on the event plane, answers re-sync requests with a snapshot of its cache, and drains on
+shutdown: unregister first so routers stop sending, refuse new calls, let in-flight requests
+finish within a grace period, abort the rest.
+
+Subject names come from ``interlock.protocol.subjects``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+
+from interlock.engine.async_engine import AsyncEngine
+from interlock.protocol import GenerateRequest, InstanceInfo, KVEvent, KVEventBatch, LoadReport, subjects
+from interlock.runtime.interfaces import Discovery, EventPlane, RequestContext, RequestPlane
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    load_interval_s: float = 0.05
+    """Most frequent load report; an idle worker reports every ``idle_report_s``."""
+    idle_report_s: float = 1.0
+    drain_grace_s: float = 30.0
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_request = msgspec.msgpack.Decoder(GenerateRequest).decode
+
+
+class Worker:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        info: InstanceInfo,
+        *,
+        discovery: Discovery,
+        requests: RequestPlane,
+        events: EventPlane,
+        options: WorkerOptions = WorkerOptions(),
+    ) -> None:
+        self.engine = engine
+        self.info = info
+        self._discovery = discovery
+        self._requests = requests
+        self._events = events
+        self._options = options
+        self._seq = 0
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._outbox: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._address = ""
+        self._last_load = 0.0
+        self._draining = False
+
+    @property
+    def instance_id(self) -> str:
+        return self.info.instance_id
+
+    # ---- lifecycle ----
+    async def start(self) -> InstanceInfo:
+        loop = asyncio.get_running_loop()
+        self.engine.set_sink(_ThreadSafeSink(self, loop))
+        self._address = await self._requests.serve(
+            self.info.endpoint, self._handle, instance_id=self.instance_id
+        )
+        self.info = msgspec.structs.replace(self.info, address=self._address)
+        resync = await self._events.subscribe(subjects.resync(self.instance_id))
+        self._tasks = [
+            asyncio.create_task(self._publisher(), name="worker-publisher"),
+            asyncio.create_task(self._resync_loop(resync), name="worker-resync"),
+        ]
+        await self._discovery.register(self.info)
+        self.publish_snapshot()
+        log.info("worker %s serving %s at %s", self.instance_id, self.info.model, self._address)
+        return self.info
+
+    async def drain(self, grace_s: float | None = None) -> None:
+        """Leave discovery, refuse new calls, finish in-flight requests (abort after grace)."""
+        if self._draining:
+            return
+        self._draining = True
+        grace = self._options.drain_grace_s if grace_s is None else grace_s
+        await self._discovery.unregister(self.instance_id)
+        await self._requests.unserve(self._address)
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace)
+        except TimeoutError:
+            log.warning("drain grace of %.1fs over: aborting %d requests", grace, self._in_flight)
+        await self.close()
+
+    async def close(self) -> None:
+        await self.engine.shutdown()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        await self._requests.unserve(self._address)
+
+    # ---- request plane ----
+    async def _handle(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+        req = _decode_request(payload)
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            stream = self.engine.generate(req)
+            async with contextlib.aclosing(stream):
+                async for out in stream:
+                    yield _encode(out)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    # ---- event plane ----
+    def publish_kv(self, events: list[KVEvent], *, snapshot: bool = False) -> None:
+        batch = KVEventBatch(
+            instance_id=self.instance_id, seq=self._seq, timestamp=time.time(),
+            events=tuple(events), snapshot=snapshot,
+        )
+        self._seq += 1
+        self._outbox.put_nowait((subjects.kv(self.instance_id), _encode(batch)))
+
+    def publish_load(self, load: LoadReport, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_load < self._options.load_interval_s:
+            return
+        self._last_load = now
+        if self._draining:
+            load = msgspec.structs.replace(load, draining=True)
+        load = msgspec.structs.replace(load, instance_id=self.instance_id)
+        self._outbox.put_nowait((subjects.load(self.instance_id), _encode(load)))
+
+    def publish_snapshot(self) -> None:
+        self.publish_kv(self.engine.kv_snapshot(), snapshot=True)
+
+    async def _publisher(self) -> None:
+        while True:
+            try:
+                subject, payload = await asyncio.wait_for(
+                    self._outbox.get(), self._options.idle_report_s
+                )
+            except TimeoutError:
+                self.publish_load(self.engine.load(), force=True)
+                continue
+            try:
+                await self._events.publish(subject, payload)
+            except Exception:  # noqa: BLE001 - a lost event is recovered by re-sync
+                log.warning("event publish failed on %s", subject, exc_info=True)
+
+    async def _resync_loop(self, subscription: AsyncIterator[tuple[str, bytes]]) -> None:
+        async for _subject, _payload in subscription:
+            self.publish_snapshot()
+
+
+class _ThreadSafeSink:
+    """Receives the engine thread's events and hands them to the worker's event loop."""
+
+    def __init__(self, worker: Worker, loop: asyncio.AbstractEventLoop) -> None:
+        self._worker = worker
+        self._loop = loop
+
+    def on_kv_events(self, events: list[KVEvent]) -> None:
+        if events:
+            self._loop.call_soon_threadsafe(self._worker.publish_kv, events)
+
+    def on_load(self, load: LoadReport) -> None:
+        self._loop.call_soon_threadsafe(self._worker.publish_load, load)

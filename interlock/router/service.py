@@ -1,0 +1,321 @@
+"""The router's async glue: planes in, decisions out (the frontend's ``Backend``).
+
+No decisions are made here: ``Router`` (one per served model) decides; this shell keeps it fed
+(discovery -> workers, event plane -> KV events and load reports, other routers' dispatch
+load), asks workers for a snapshot when their event stream has a gap or they (re)join, waits
+queued requests out, and streams each request to its worker over the request plane.
+
+A request that fails to reach its worker before any output (worker died, connection refused)
+is routed again to another worker, so a killed worker loses no request that it had not started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+
+from interlock.errors import ModelNotFound, NoWorkers, TransportError
+from interlock.protocol import (
+    GenerateOutput,
+    GenerateRequest,
+    InstanceInfo,
+    KVEventBatch,
+    LoadReport,
+    subjects,
+)
+from interlock.protocol.events import RouterLoadEvent
+from interlock.router.admission import Pending, RequestMeta
+from interlock.router.decision import Decision
+from interlock.router.facade import Router, RouterConfig
+from interlock.router.indexer import ApplyResult
+from interlock.runtime.interfaces import Discovery, EventPlane, RequestPlane
+
+log = logging.getLogger(__name__)
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_output = msgspec.msgpack.Decoder(GenerateOutput).decode
+_decode_batch = msgspec.msgpack.Decoder(KVEventBatch).decode
+_decode_load = msgspec.msgpack.Decoder(LoadReport).decode
+_decode_router_load = msgspec.msgpack.Decoder(RouterLoadEvent).decode
+
+EXPLAIN_HEADER = "x-interlock-route"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the frontend needs of a served model (mirrors ``frontend.backend.ModelEntry``)."""
+
+    name: str
+    model_path: str
+    context_length: int
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    max_attempts: int = 3
+    """Workers tried for a request that fails before its first output."""
+    queue_timeout_s: float = 30.0
+    """How long a queued request waits for a worker before a 503."""
+    share_load: bool = True
+    """Publish dispatch-time load for other routers, and apply theirs."""
+
+
+class RouterService:
+    def __init__(
+        self,
+        *,
+        discovery: Discovery,
+        requests: RequestPlane,
+        events: EventPlane,
+        config: RouterConfig | None = None,
+        options: ServiceOptions = ServiceOptions(),
+        router_id: str | None = None,
+    ) -> None:
+        self._discovery = discovery
+        self._requests = requests
+        self._events = events
+        self._config = config or RouterConfig()
+        self._options = options
+        self.router_id = router_id or uuid.uuid4().hex[:12]
+        self.routers: dict[str, Router] = {}
+        self._instances: dict[str, InstanceInfo] = {}
+        self._waiters: dict[str, asyncio.Future[Decision]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._changed = asyncio.Event()
+
+    # ---- lifecycle ----
+    async def start(self) -> None:
+        kv = await self._events.subscribe(subjects.KV_ALL)
+        load = await self._events.subscribe(subjects.LOAD_ALL)
+        loops = [self._watch(), self._on_kv(kv), self._on_load(load)]
+        if self._options.share_load:
+            shared = await self._events.subscribe(subjects.ROUTER_LOAD_ALL)
+            loops.append(self._on_router_load(shared))
+        self._tasks = [asyncio.create_task(c) for c in loops]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(NoWorkers("router shutting down"))
+
+    async def wait_for_workers(self, count: int, timeout_s: float) -> int:
+        """Wait until ``count`` workers are known (or the timeout); return how many are."""
+        deadline = time.monotonic() + timeout_s
+        while len(self._instances) < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+        return len(self._instances)
+
+    # ---- Backend ----
+    def models(self) -> list[ModelInfo]:
+        seen: dict[str, ModelInfo] = {}
+        for info in self._instances.values():
+            if info.role != "prefill" and info.model not in seen:
+                seen[info.model] = ModelInfo(info.model, info.model_path, info.context_length)
+        return sorted(seen.values(), key=lambda m: m.name)
+
+    def instances(self) -> list[InstanceInfo]:
+        return sorted(self._instances.values(), key=lambda i: i.instance_id)
+
+    async def generate(self, request: GenerateRequest, ctx: object) -> AsyncIterator[GenerateOutput]:
+        router = self.routers.get(request.model)
+        if router is None:
+            raise ModelNotFound(f"The model '{request.model}' does not exist")
+        meta = RequestMeta(
+            request_id=request.request_id,
+            prompt_tokens=len(request.token_ids),
+            max_tokens=request.sampling.max_tokens,
+            priority=request.priority or int(getattr(ctx, "priority", 0) or 0),
+            session_id=getattr(ctx, "session_id", None),
+            route_key=getattr(ctx, "route_key", None),
+            worker_id=getattr(ctx, "worker_id", None),
+        )
+        hashes = router.block_hashes(request.token_ids)
+        payload = _encode(request)
+        tried: set[str] = set()
+        for attempt in range(self._options.max_attempts):
+            decision = await self._route(router, meta, hashes)
+            if attempt == 0 and getattr(ctx, "explain", False):
+                ctx.response_headers[EXPLAIN_HEADER] = decision.header()  # type: ignore[attr-defined]
+            log.debug(decision.log_line())
+            self._share(router)
+            tried.add(decision.worker_id)
+            started = False
+            try:
+                async for out in self._stream(router, decision, payload):
+                    started = True
+                    yield out
+                return
+            except TransportError as exc:
+                if started or attempt + 1 == self._options.max_attempts:
+                    raise
+                log.warning("worker %s failed before output (%s): routing %s again",
+                            decision.worker_id, exc.message, request.request_id)
+                router.set_health(decision.worker_id, False)
+            finally:
+                self._finish(router, request.request_id)
+        raise NoWorkers("no worker could take the request")  # pragma: no cover
+
+    # ---- per request ----
+    async def _route(self, router: Router, meta: RequestMeta, hashes: list[int]) -> Decision:
+        d = router.route(meta, block_hashes=hashes)
+        if isinstance(d, Pending):
+            fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+            self._waiters[meta.request_id] = fut
+            try:
+                return await asyncio.wait_for(fut, self._options.queue_timeout_s)
+            except TimeoutError:
+                router.cancel(meta.request_id)
+                raise NoWorkers("timed out waiting for a free worker", retry_after=1.0) from None
+            finally:
+                self._waiters.pop(meta.request_id, None)
+        return d
+
+    async def _stream(self, router: Router, d: Decision, payload: bytes) -> AsyncIterator[GenerateOutput]:
+        info = self._instances.get(d.worker_id)
+        if info is None:
+            raise TransportError(f"worker {d.worker_id} left")
+        first = True
+        stream = self._requests.stream(info.address, payload)
+        async with contextlib.aclosing(stream):
+            async for chunk in stream:
+                out = _decode_output(chunk)
+                if first and (out.token_ids or out.finished):
+                    first = False
+                    router.on_first_token(d.request_id)
+                    self._share(router)
+                yield out
+                if out.finished:
+                    return
+
+    def _finish(self, router: Router, request_id: str) -> None:
+        router.cancel(request_id)
+        self._share(router)
+        self._dispatch(router)
+
+    def _dispatch(self, router: Router) -> None:
+        for d in router.dispatch_queued():
+            fut = self._waiters.get(d.request_id)
+            if fut is not None and not fut.done():
+                fut.set_result(d)
+            else:
+                router.on_finish(d.request_id)
+
+    def _share(self, router: Router) -> None:
+        events = router.drain_shared()
+        if not events or not self._options.share_load:
+            return
+        subject = subjects.router_load(self.router_id)
+        for ev in events:
+            asyncio.ensure_future(self._publish(subject, _encode(ev)))
+
+    async def _publish(self, subject: str, payload: bytes) -> None:
+        try:
+            await self._events.publish(subject, payload)
+        except Exception:  # noqa: BLE001 - shared load is advisory
+            log.debug("publish to %s failed", subject, exc_info=True)
+
+    # ---- plane listeners ----
+    async def _watch(self) -> None:
+        watch = self._discovery.watch(subjects.GENERATE_ENDPOINT)
+        async with contextlib.aclosing(watch):
+            async for ev in watch:
+                if ev.kind == "added":
+                    self._add(ev.instance)
+                else:
+                    self._remove(ev.instance.instance_id)
+                self._changed.set()
+
+    def _router_for(self, info: InstanceInfo) -> Router:
+        router = self.routers.get(info.model)
+        if router is None:
+            from dataclasses import replace
+
+            cfg = replace(self._config, block_size=info.block_size)
+            router = Router(cfg, router_id=self.router_id)
+            self.routers[info.model] = router
+        return router
+
+    def _add(self, info: InstanceInfo) -> None:
+        old = self._instances.get(info.instance_id)
+        if old is not None and old.model != info.model:
+            self._remove(info.instance_id)
+        try:
+            self._router_for(info).add_worker(info)
+        except Exception:  # noqa: BLE001 - a misconfigured worker must not stop routing
+            log.exception("cannot add worker %s", info.instance_id)
+            return
+        self._instances[info.instance_id] = info
+        log.info("worker %s joined (%s, %s)", info.instance_id, info.model, info.role)
+        if info.publishes_kv_events:
+            asyncio.ensure_future(self._publish(subjects.resync(info.instance_id), b""))
+
+    def _remove(self, instance_id: str) -> None:
+        info = self._instances.pop(instance_id, None)
+        if info is None:
+            return
+        router = self.routers.get(info.model)
+        if router is not None:
+            router.remove_worker(instance_id)
+            if not router.workers():
+                del self.routers[info.model]
+            else:
+                self._dispatch(router)
+        log.info("worker %s left", instance_id)
+
+    async def _on_kv(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:
+        async for _subject, payload in sub:
+            try:
+                batch = _decode_batch(payload)
+            except msgspec.DecodeError:
+                continue
+            info = self._instances.get(batch.instance_id)
+            router = self.routers.get(info.model) if info else None
+            if router is None:
+                continue
+            if router.apply_events(batch) is ApplyResult.GAP:
+                await self._publish(subjects.resync(batch.instance_id), b"")
+
+    async def _on_load(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:
+        async for _subject, payload in sub:
+            try:
+                report = _decode_load(payload)
+            except msgspec.DecodeError:
+                continue
+            info = self._instances.get(report.instance_id)
+            router = self.routers.get(info.model) if info else None
+            if router is None:
+                continue
+            router.set_health(report.instance_id, True)
+            router.apply_load(report)
+            self._dispatch(router)
+
+    async def _on_router_load(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:
+        async for _subject, payload in sub:
+            try:
+                ev = _decode_router_load(payload)
+            except msgspec.DecodeError:
+                continue
+            if ev.router_id == self.router_id:
+                continue
+            info = self._instances.get(ev.instance_id)
+            router = self.routers.get(info.model) if info else None
+            if router is not None:
+                router.apply_remote_load(ev)
