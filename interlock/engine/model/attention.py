@@ -1,0 +1,96 @@
+"""Attention over the paged KV cache, with one batched call for all decode tokens.
+
+A step's tokens are laid out decode-first: rows ``0 .. num_decode - 1`` are requests computing
+one token each, the rest are prefill chunks (``PrefillSpan``). Every layer first writes the
+step's K and V into their slots, then attends:
+
+* decode: all requests at once. Their blocks are gathered with one ``index_select`` into
+  ``[kv_heads, batch, tokens, head_dim]`` (block tables padded to the longest request, the
+  padding masked by an additive ``-inf`` bias), and attention is two batched matmuls with the
+  query heads of each KV head grouped together. This is the trap in FACTS.md: on CPU, bf16
+  ``scaled_dot_product_attention`` for one query token is ~10x slower than this.
+* prefill: ``scaled_dot_product_attention`` per chunk (it is fast for many query tokens). A
+  chunk starting at position 0 attends to its own K/V directly; a later chunk (chunked
+  prefill, prefix hit) gathers its blocks and uses an explicit causal mask offset by the
+  tokens already in the cache.
+
+Scores come out in the model dtype and are softmaxed in fp32, as Hugging Face's eager path
+does; the 1/sqrt(head_dim) scale is already folded into the q weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PrefillSpan:
+    start: int
+    """First row of this chunk in the step's flattened tokens."""
+    end: int
+    start_pos: int
+    """Tokens of this request already in the cache before this chunk."""
+    block_table: torch.Tensor | None
+    """The request's blocks covering ``start_pos + end - start`` tokens; None when start_pos == 0."""
+    mask: torch.Tensor | None
+    """[chunk, context] bool, True where a query may attend; None when start_pos == 0."""
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor
+    """[num_tokens] cache slot of each token: block * block_size + offset."""
+    num_decode: int
+    decode_block_table: torch.Tensor | None
+    """[num_decode * max_blocks] flattened, padded block tables of the decode rows."""
+    decode_bias: torch.Tensor | None
+    """[num_decode, 1, max_blocks * block_size] fp32: 0 for real context, -inf for padding."""
+    prefills: tuple[PrefillSpan, ...]
+
+
+def write_kv(
+    slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store ``k``/``v`` ([N, kv_heads, D]) into a layer's ``[2, kv_heads, slots, D]`` view."""
+    slots[0].index_copy_(1, slot_mapping, k.transpose(0, 1))
+    slots[1].index_copy_(1, slot_mapping, v.transpose(0, 1))
+
+
+def decode_attention(
+    q: torch.Tensor, blocks: torch.Tensor, meta: AttentionMetadata
+) -> torch.Tensor:
+    """q: [B, heads, D]; blocks: a layer's ``[2, kv_heads, num_blocks, block_size, D]``."""
+    assert meta.decode_block_table is not None and meta.decode_bias is not None
+    batch, heads, dim = q.shape
+    kv_heads = blocks.shape[1]
+    kv = blocks.index_select(2, meta.decode_block_table).view(2, kv_heads, batch, -1, dim)
+    grouped = q.view(batch, kv_heads, heads // kv_heads, dim).transpose(0, 1)
+    scores = torch.matmul(grouped, kv[0].transpose(-1, -2))  # [kv_heads, B, group, T]
+    probs = torch.softmax(torch.add(scores, meta.decode_bias), dim=-1).to(q.dtype)
+    out = torch.matmul(probs, kv[1])  # [kv_heads, B, group, D]
+    return out.transpose(0, 1).reshape(batch, heads * dim)
+
+
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor, span: PrefillSpan
+) -> torch.Tensor:
+    """q: [n, heads, D], k/v: [n, kv_heads, D] of this chunk (already written to the cache)."""
+    n, heads, dim = q.shape
+    query = q.transpose(0, 1).unsqueeze(0)
+    if span.block_table is None:
+        key, value = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+        out = F.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=1.0, enable_gqa=True
+        )
+    else:
+        assert span.mask is not None
+        context = span.start_pos + n
+        kv = blocks.index_select(2, span.block_table).flatten(2, 3)[:, :, :context]
+        out = F.scaled_dot_product_attention(
+            query, kv[0].unsqueeze(0), kv[1].unsqueeze(0), attn_mask=span.mask, scale=1.0,
+            enable_gqa=True,
+        )
+    return out.squeeze(0).transpose(0, 1).reshape(n, heads * dim)

@@ -1,0 +1,102 @@
+"""Turn a step's chunks (tokens, start position, block table) into the model's input tensors.
+
+Chunks of exactly one token go first and share the batched decode attention, whatever their
+origin (a decode step, the last prompt token after a prefix hit); longer chunks follow as
+prefill spans. ``last_rows[i]`` is the row of chunk i's last token, for picking its logits.
+Everything is built from Python lists and turned into tensors once per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from interlock.engine.model.attention import AttentionMetadata, PrefillSpan
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceChunk:
+    token_ids: Sequence[int]
+    start_pos: int
+    block_table: Sequence[int]
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    last_rows: list[int]
+    """For chunk i (in the caller's order): row of its last token in the flattened batch."""
+
+
+def build_input(chunks: Sequence[SequenceChunk], block_size: int, device: torch.device) -> ModelInput:
+    order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) != 1)
+    num_decode = sum(1 for c in chunks if len(c.token_ids) == 1)
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    last_rows = [0] * len(chunks)
+    for i in order:
+        chunk = chunks[i]
+        table = chunk.block_table
+        for pos in range(chunk.start_pos, chunk.start_pos + len(chunk.token_ids)):
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+        ids.extend(chunk.token_ids)
+        last_rows[i] = len(ids) - 1
+    decode = [chunks[i] for i in order[:num_decode]]
+    table, bias = _decode_tables(decode, block_size, device)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        num_decode=num_decode,
+        decode_block_table=table,
+        decode_bias=bias,
+        prefills=_prefill_spans([chunks[i] for i in order[num_decode:]], num_decode, block_size, device),
+    )
+    return ModelInput(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        meta=meta,
+        last_rows=last_rows,
+    )
+
+
+def _decode_tables(
+    decode: Sequence[SequenceChunk], block_size: int, device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if not decode:
+        return None, None
+    lengths = [c.start_pos + 1 for c in decode]
+    max_blocks = (max(lengths) + block_size - 1) // block_size
+    flat: list[int] = []
+    for chunk, length in zip(decode, lengths, strict=True):
+        used = list(chunk.block_table[: (length + block_size - 1) // block_size])
+        # Padding points at the request's own first block: a valid index, masked out below.
+        flat.extend(used + [used[0]] * (max_blocks - len(used)))
+    context = torch.arange(max_blocks * block_size, device=device)
+    lens = torch.tensor(lengths, device=device).unsqueeze(1)
+    bias = torch.zeros(len(decode), 1, max_blocks * block_size, device=device)
+    bias.masked_fill_((context.unsqueeze(0) >= lens).unsqueeze(1), float("-inf"))
+    return torch.tensor(flat, dtype=torch.long, device=device), bias
+
+
+def _prefill_spans(
+    prefill: Sequence[SequenceChunk], first_row: int, block_size: int, device: torch.device
+) -> tuple[PrefillSpan, ...]:
+    spans = []
+    row = first_row
+    for chunk in prefill:
+        n = len(chunk.token_ids)
+        table = mask = None
+        if chunk.start_pos:
+            context = chunk.start_pos + n
+            blocks = list(chunk.block_table[: (context + block_size - 1) // block_size])
+            table = torch.tensor(blocks, dtype=torch.long, device=device)
+            query_pos = torch.arange(chunk.start_pos, context, device=device).unsqueeze(1)
+            mask = torch.arange(context, device=device).unsqueeze(0) <= query_pos
+        spans.append(PrefillSpan(row, row + n, chunk.start_pos, table, mask))
+        row += n
+    return tuple(spans)

@@ -1,0 +1,101 @@
+"""The Llama-family forward pass in plain PyTorch, over a flat batch of tokens.
+
+All tokens of a step (decode tokens of many requests and prefill chunks) go through the
+linear layers as one ``[num_tokens, hidden]`` matrix; only attention looks at requests (see
+``attention.py``). Logits are computed for the rows that sample only: for a 512-token prompt
+that skips 511 rows of the largest matmul.
+
+The per-layer Python is kept to a straight line of large kernels (fused QKV, fused gate/up,
+one rotary call for q and k together) because on two CPU cores the per-kernel overhead across
+30 layers is what limits decode at large batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from interlock.engine.model.attention import (
+    AttentionMetadata,
+    decode_attention,
+    prefill_attention,
+    write_kv,
+)
+from interlock.engine.model.config import ModelArchConfig
+from interlock.engine.model.kv_cache import PagedKVCache
+from interlock.engine.model.rope import RotaryTable, apply_rotary
+from interlock.engine.model.weights import LayerWeights, ModelWeights, load_weights
+
+
+class LlamaModel:
+    def __init__(
+        self, config: ModelArchConfig, weights: ModelWeights, max_len: int, device: torch.device
+    ) -> None:
+        self.config = config
+        self.weights = weights
+        self.dtype = weights.embed.dtype
+        self.device = device
+        self.rope = RotaryTable(config, max_len, device)
+
+    @classmethod
+    def load(
+        cls, folder: Path, dtype: torch.dtype, device: torch.device, max_len: int | None = None
+    ) -> LlamaModel:
+        config = ModelArchConfig.from_folder(folder)
+        weights = load_weights(folder, config, dtype, device)
+        return cls(config, weights, max_len or config.max_position_embeddings, device)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        cache: PagedKVCache,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run the step's tokens; return fp32 logits ``[len(logits_indices), vocab]``."""
+        cos, sin = self.rope.lookup(positions, self.dtype)
+        h = F.embedding(input_ids, self.weights.embed)
+        for i, layer in enumerate(self.weights.layers):
+            x = self._norm(h, layer.input_norm)
+            h = h + self._attention(x, layer, cos, sin, meta, cache.slots[i], cache.blocks[i])
+            x = self._norm(h, layer.post_norm)
+            h = h + self._mlp(x, layer)
+        last = self._norm(h.index_select(0, logits_indices), self.weights.norm)
+        return F.linear(last, self.weights.lm_head).float()
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
+
+    def _attention(
+        self,
+        x: torch.Tensor,
+        layer: LayerWeights,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        slots: torch.Tensor,
+        blocks: torch.Tensor,
+    ) -> torch.Tensor:
+        c = self.config
+        n = x.shape[0]
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        qk = apply_rotary(qkv[:, : c.q_size + c.kv_size].view(n, -1, c.head_dim), cos, sin)
+        q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
+        v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
+        write_kv(slots, k, v, meta.slot_mapping)
+        parts = []
+        if meta.num_decode:
+            parts.append(decode_attention(q[: meta.num_decode], blocks, meta))
+        for span in meta.prefills:
+            rows = slice(span.start, span.end)
+            parts.append(prefill_attention(q[rows], k[rows], v[rows], blocks, span))
+        attn = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return F.linear(attn, layer.o)
+
+    def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate).mul_(up), layer.down)

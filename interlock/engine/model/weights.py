@@ -1,0 +1,107 @@
+"""Load a Llama-family checkpoint from safetensors into fused, ready-to-multiply tensors.
+
+Fusions done once here so that every step runs fewer, larger matmuls:
+
+* q, k and v projections -> one ``qkv`` weight (and bias for Qwen2);
+* gate and up projections -> one ``gate_up`` weight;
+* the attention scale 1/sqrt(head_dim) is folded into the q rows, so attention never
+  multiplies scores (exact in bf16 when head_dim is a power of four, e.g. 64).
+
+Tied embeddings share one tensor between the embedding and the output head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from interlock.engine.model.config import ModelArchConfig
+from interlock.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    """[q_size + 2 * kv_size, hidden]; the q rows are pre-scaled by 1/sqrt(head_dim)."""
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    """[2 * intermediate, hidden]: gate rows first, then up rows."""
+    down: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    embed: torch.Tensor
+    layers: tuple[LayerWeights, ...]
+    norm: torch.Tensor
+    lm_head: torch.Tensor
+
+
+class _Checkpoint:
+    """All tensors of a folder's ``*.safetensors`` files, read lazily by name."""
+
+    def __init__(self, folder: Path) -> None:
+        self._where: dict[str, Path] = {}
+        for file in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as fh:
+                self._where.update(dict.fromkeys(fh.keys(), file))
+        if not self._where:
+            raise ConfigError(f"{folder} has no *.safetensors weights")
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if name not in self._where:
+            raise ConfigError(f"checkpoint has no tensor {name!r}")
+        with safe_open(str(self._where[name]), framework="pt") as fh:
+            return fh.get_tensor(name).to(device=device, dtype=dtype).contiguous()
+
+
+def load_weights(
+    folder: Path, config: ModelArchConfig, dtype: torch.dtype, device: torch.device
+) -> ModelWeights:
+    ckpt = _Checkpoint(folder)
+    embed = ckpt.get("model.embed_tokens.weight", dtype, device)
+    tied = config.tie_word_embeddings or not ckpt.has("lm_head.weight")
+    return ModelWeights(
+        embed=embed,
+        layers=tuple(_layer(ckpt, config, i, dtype, device) for i in range(config.num_layers)),
+        norm=ckpt.get("model.norm.weight", dtype, device),
+        lm_head=embed if tied else ckpt.get("lm_head.weight", dtype, device),
+    )
+
+
+def _layer(
+    ckpt: _Checkpoint, config: ModelArchConfig, i: int, dtype: torch.dtype, device: torch.device
+) -> LayerWeights:
+    p = f"model.layers.{i}."
+
+    def get(name: str) -> torch.Tensor:
+        # fp32 while fusing so that the q scaling rounds once, at the final cast.
+        return ckpt.get(p + name, torch.float32, device)
+
+    scale = 1.0 / math.sqrt(config.head_dim)
+    qkv = torch.cat([get("self_attn.q_proj.weight") * scale, get("self_attn.k_proj.weight"),
+                     get("self_attn.v_proj.weight")])
+    bias = None
+    if config.qkv_bias:
+        bias = torch.cat([get("self_attn.q_proj.bias") * scale, get("self_attn.k_proj.bias"),
+                          get("self_attn.v_proj.bias")]).to(dtype)
+    gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
+    return LayerWeights(
+        input_norm=get("input_layernorm.weight").to(dtype),
+        qkv=qkv.to(dtype).contiguous(),
+        qkv_bias=bias,
+        o=get("self_attn.o_proj.weight").to(dtype),
+        post_norm=get("post_attention_layernorm.weight").to(dtype),
+        gate_up=gate_up.to(dtype).contiguous(),
+        down=get("mlp.down_proj.weight").to(dtype),
+    )
