@@ -1,0 +1,111 @@
+"""The replay report: what one replay measured, and its text rendering."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from interlock.sim.worker import SimSeq
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    policy: str
+    num_requests: int
+    num_completed: int
+    hit_ratio: float
+    """Prompt tokens served from the worker's prefix cache / all prompt tokens."""
+    upper_bound: float
+    """The same with one infinite cache (every earlier prefix reusable)."""
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    itl_p99_ms: float
+    """Inter-token latency over all output tokens (token-weighted step times)."""
+    tpot_mean_ms: float
+    """Mean over requests of (finish - first token) / (output tokens - 1)."""
+    requests_per_s: float
+    output_tokens_per_s: float
+    duration_s: float
+    """Virtual time from the first arrival to the last finish."""
+    inflight_imbalance: float
+    """Busiest worker's time-averaged in-flight requests / the mean over workers."""
+    requests_imbalance: float
+    """Most requests routed to one worker / the mean."""
+    decision_p50_us: float
+    decision_p99_us: float
+    wall_s: float
+
+    @property
+    def hit_vs_upper(self) -> float:
+        return self.hit_ratio / self.upper_bound if self.upper_bound else 0.0
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return asdict(self)
+
+    def render(self) -> str:
+        return "\n".join([
+            f"policy              {self.policy}",
+            f"requests            {self.num_completed}/{self.num_requests} completed",
+            f"prefix hit ratio    {self.hit_ratio:.3f}  (infinite-cache bound {self.upper_bound:.3f}, "
+            f"{100 * self.hit_vs_upper:.0f}% of it)",
+            f"TTFT p50 / p99      {self.ttft_p50_ms:,.0f} / {self.ttft_p99_ms:,.0f} ms",
+            f"ITL p50 / p99       {self.itl_p50_ms:.1f} / {self.itl_p99_ms:.1f} ms "
+            f"(mean TPOT {self.tpot_mean_ms:.1f} ms)",
+            f"throughput          {self.requests_per_s:.2f} req/s, {self.output_tokens_per_s:,.0f} output tok/s "
+            f"over {self.duration_s:,.1f} s virtual",
+            f"load imbalance      in-flight max/mean {self.inflight_imbalance:.2f}, "
+            f"requests max/mean {self.requests_imbalance:.2f}",
+            f"router decision     p50 {self.decision_p50_us:.0f} us, p99 {self.decision_p99_us:.0f} us",
+            f"replay wall time    {self.wall_s:.1f} s",
+        ])
+
+
+def pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q)) if len(a) else 0.0
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    if len(values) == 0:
+        return 0.0
+    order = np.argsort(values)
+    v, w = values[order], weights[order]
+    cum = np.cumsum(w)
+    return float(v[np.searchsorted(cum, q / 100.0 * cum[-1])])
+
+
+def build_report(*, policy: str, done: Sequence[SimSeq], upper_bound: float, itl_s: np.ndarray,
+                 itl_w: np.ndarray, inflight_area: dict[str, float], duration_s: float,
+                 per_worker_requests: dict[str, int], decision_s: np.ndarray, wall_s: float,
+                 num_submitted: int) -> ReplayReport:
+    ttft = np.asarray([s.first_token_s - s.arrival_s for s in done]) * 1000.0
+    multi = [s for s in done if s.req.output_tokens > 1]
+    tpot = [(s.finish_s - s.first_token_s) / (s.req.output_tokens - 1) * 1000.0 for s in multi]
+    prompt = sum(s.req.prompt_tokens for s in done)
+    hits = sum(s.hit_tokens for s in done)
+    out_tokens = sum(s.req.output_tokens for s in done)
+    areas = np.asarray(list(inflight_area.values()))
+    counts = np.asarray(list(per_worker_requests.values()), dtype=float)
+    dur = max(duration_s, 1e-9)
+    return ReplayReport(
+        policy=policy,
+        num_requests=num_submitted,
+        num_completed=len(done),
+        hit_ratio=hits / prompt if prompt else 0.0,
+        upper_bound=upper_bound,
+        ttft_p50_ms=pct(ttft, 50),
+        ttft_p99_ms=pct(ttft, 99),
+        itl_p50_ms=weighted_percentile(itl_s, itl_w, 50) * 1000.0,
+        itl_p99_ms=weighted_percentile(itl_s, itl_w, 99) * 1000.0,
+        tpot_mean_ms=float(np.mean(tpot)) if tpot else 0.0,
+        requests_per_s=len(done) / dur,
+        output_tokens_per_s=out_tokens / dur,
+        duration_s=duration_s,
+        inflight_imbalance=float(areas.max() / areas.mean()) if areas.mean() > 0 else 1.0,
+        requests_imbalance=float(counts.max() / counts.mean()) if counts.mean() > 0 else 1.0,
+        decision_p50_us=pct(decision_s, 50) * 1e6,
+        decision_p99_us=pct(decision_s, 99) * 1e6,
+        wall_s=wall_s,
+    )
