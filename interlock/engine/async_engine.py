@@ -1,0 +1,242 @@
+"""asyncio at the edge, a synchronous step loop inside: the engine's client.
+
+One dedicated thread owns the ``EngineCore`` and runs its step loop (the model runner releases
+the GIL while it computes). Clients on an event loop talk to that thread only through a command
+queue (add, abort, any call on the core) and get their outputs through one asyncio queue per
+request, fed with ``loop.call_soon_threadsafe``. A client that goes away (generator closed or
+cancelled) becomes an explicit abort, executed before the next step. The thread sleeps on a
+condition variable when there is nothing to do, and wakes for a command or a KV timeout.
+
+After each step the loop hands the step's KV events and load report to a ``KVEventSink`` (the
+publisher seam), on the event loop that started the engine, so sinks may use asyncio freely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol, TypeVar
+
+from interlock.engine.core import EngineCore, StepResult, error_info
+from interlock.errors import EngineError, InvalidRequest, ServiceUnavailable
+from interlock.protocol import GenerateOutput, GenerateRequest, KVEvent, LoadReport
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_IDLE_WAIT_S = 0.005
+"""Pause after a step that could schedule nothing (e.g. waiting for blocks held for transfer)."""
+_MAX_WAIT_S = 1.0
+
+
+class KVEventSink(Protocol):
+    """Where a worker publishes what its engine did; called on the engine's event loop."""
+
+    def on_kv_events(self, events: list[KVEvent]) -> None: ...
+
+    def on_load(self, load: LoadReport) -> None: ...
+
+
+class NullKVEventSink:
+    def on_kv_events(self, events: list[KVEvent]) -> None:
+        pass
+
+    def on_load(self, load: LoadReport) -> None:
+        pass
+
+
+_Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[GenerateOutput]"]
+
+
+class AsyncEngine:
+    def __init__(self, core: EngineCore, *, sink: KVEventSink | None = None) -> None:
+        self.core = core
+        self._sink: KVEventSink = sink or NullKVEventSink()
+        self._cv = threading.Condition()
+        self._commands: deque[Callable[[], None]] = deque()
+        self._streams: dict[str, _Stream] = {}
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._load = core.load
+
+    # ---- lifecycle ----
+    def start(self) -> None:
+        """Start the step thread; call from the event loop that should receive sink calls."""
+        if self._thread is not None:
+            return
+        if self._stopping:
+            raise ServiceUnavailable("the engine is shut down")
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="interlock-engine", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        """Stop the loop, wait for the thread, end every open stream with an error."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+            streams, self._streams = dict(self._streams), {}
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        err = error_info(ServiceUnavailable("the engine shut down"))
+        for rid, (loop, q) in streams.items():
+            out = GenerateOutput(request_id=rid, finish_reason="abort", error=err)
+            _deliver(loop, q, out)
+
+    def load(self) -> LoadReport:
+        """Load figures of the latest step."""
+        return self._load
+
+    # ---- client calls ----
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateOutput]:
+        """Stream the outputs of ``req`` until a finished one; closing the stream aborts it.
+
+        A request with ``kv_transfer.do_remote_prefill`` is parked until its KV is handed over
+        with ``call(lambda core: core.finish_remote_kv(request_id, data))``.
+        """
+        self.start()
+        rid = req.request_id
+        q: asyncio.Queue[GenerateOutput] = asyncio.Queue()
+        with self._cv:
+            duplicate = rid in self._streams
+            if not duplicate:
+                self._streams[rid] = (asyncio.get_running_loop(), q)
+        if duplicate:
+            err = error_info(InvalidRequest(f"duplicate request id {rid!r}", param="request_id"))
+            yield GenerateOutput(request_id=rid, finish_reason="error", error=err)
+            return
+        remote = req.kv_transfer is not None and req.kv_transfer.do_remote_prefill
+        add = self.core.add_remote_request if remote else self.core.add_request
+        self._submit(lambda: add(req))
+        finished = False
+        try:
+            while not finished:
+                out = await q.get()
+                finished = out.finished
+                yield out
+        finally:
+            with self._cv:
+                self._streams.pop(rid, None)
+            if not finished:
+                self.abort(rid)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (its stream, if still open, gets a final ``abort`` output)."""
+        self._submit(lambda: self.core.abort(request_id))
+
+    async def call(self, fn: Callable[[EngineCore], T]) -> T:
+        """Run ``fn(core)`` on the engine thread between two steps and return its result."""
+        self.start()
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn(self.core))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(exc)
+
+        self._submit(run)
+        return await asyncio.wrap_future(fut)
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        with self._cv:
+            if self._stopping:
+                return
+            self._commands.append(command)
+            self._cv.notify()
+
+    # ---- the engine thread ----
+    def _run(self) -> None:
+        core = self.core
+        while True:
+            commands = self._wait_for_work()
+            if commands is None:
+                return
+            for command in commands:
+                try:
+                    command()
+                except Exception:  # noqa: BLE001 - one bad command never stops the loop
+                    log.exception("engine command failed")
+            if not core.has_work() and not self._deadline_passed():
+                continue
+            try:
+                result = core.step()
+            except Exception as exc:  # noqa: BLE001 - an engine bug: fail requests, keep going
+                log.exception("engine step failed")
+                self._fail_all(exc)
+                continue
+            self._publish(result)
+            if not result.outputs and result.load.tokens_computed == 0:
+                with self._cv:  # blocked (no blocks, no slot): do not spin
+                    if not self._commands and not self._stopping:
+                        self._cv.wait(_IDLE_WAIT_S)
+
+    def _wait_for_work(self) -> list[Callable[[], None]] | None:
+        """Commands to run now, after sleeping while idle; None when stopping."""
+        with self._cv:
+            while not self._stopping and not self._commands and not self.core.has_work():
+                if self._deadline_passed():
+                    break
+                self._cv.wait(self._idle_timeout())
+            if self._stopping:
+                return None
+            commands = list(self._commands)
+            self._commands.clear()
+            return commands
+
+    def _idle_timeout(self) -> float:
+        deadline = self.core.next_deadline()
+        if deadline is None:
+            return _MAX_WAIT_S
+        return min(_MAX_WAIT_S, max(0.0, deadline - self.core.clock.now()))
+
+    def _deadline_passed(self) -> bool:
+        deadline = self.core.next_deadline()
+        return deadline is not None and deadline <= self.core.clock.now()
+
+    def _publish(self, result: StepResult) -> None:
+        self._load = result.load
+        with self._cv:
+            streams = [(self._streams.get(o.request_id), o) for o in result.outputs]
+        for stream, out in streams:
+            if stream is not None:
+                _deliver(stream[0], stream[1], out)
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            if result.kv_events:
+                loop.call_soon_threadsafe(self._sink_call, self._sink.on_kv_events, result.kv_events)
+            loop.call_soon_threadsafe(self._sink_call, self._sink.on_load, result.load)
+        except RuntimeError:  # the loop is closed: nobody to publish to
+            pass
+
+    @staticmethod
+    def _sink_call(fn: Callable[[T], None], arg: T) -> None:
+        try:
+            fn(arg)
+        except Exception:  # noqa: BLE001 - a publisher fault must not reach the engine
+            log.exception("KV event sink failed")
+
+    def _fail_all(self, exc: Exception) -> None:
+        err = error_info(EngineError(f"engine step failed: {exc}"))
+        with self._cv:
+            streams = dict(self._streams)
+        for rid, (loop, q) in streams.items():
+            try:
+                self.core.abort(rid)
+            except Exception:  # noqa: BLE001
+                log.exception("abort after a failed step failed")
+            _deliver(loop, q, GenerateOutput(request_id=rid, finish_reason="error", error=err))
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, q: asyncio.Queue[GenerateOutput], out: GenerateOutput) -> None:
+    try:
+        loop.call_soon_threadsafe(q.put_nowait, out)
+    except RuntimeError:  # the client's loop is closed
+        pass
