@@ -59,9 +59,10 @@ class _Dest:
         self.finished_event.set()
 
     def _fail(self, reason: str) -> bool:
-        """FAILED unless already ended; True when this call ended it."""
+        """FAILED unless already failed or released; True when this call ended it. A DONE
+        payload not yet released can still be given up (the request went away meanwhile)."""
         with self._lock:
-            if self._status.finished:
+            if self._released or self._status.state is TransferState.FAILED:
                 return False
             self._status = failed(reason)
             self._payload = None

@@ -46,8 +46,8 @@ class Peer:
             self.proc.kill()
         self.proc.join(timeout=10)
 
-    def stop(self) -> None:
-        if self.proc.is_alive():
+    def stop(self, *, graceful: bool = False) -> None:
+        if graceful and self.proc.is_alive():
             try:
                 self.conn.send(("exit",))
             except OSError:
@@ -69,7 +69,7 @@ def remote() -> Iterator[Peer]:
     peer = Peer(peers.agent_peer)
     assert peer.recv()[0] == "ready"
     yield peer
-    peer.stop()
+    peer.stop(graceful=True)
 
 
 @pytest.fixture
