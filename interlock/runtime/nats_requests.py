@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -31,6 +32,8 @@ from interlock.runtime.remote import remote_error, run_handler
 
 SCHEME = "nats-rp://"
 _Item = bytes | Exception | None
+_NO_RESPONDERS = TransportError("no responders")
+_RETRY_DELAYS = (0.0, 0.01, 0.05)
 
 
 @dataclass(slots=True)
@@ -84,6 +87,7 @@ class NatsRequestPlane:
         sub = self._served.pop(_parse(address)[1], None)
         if sub is not None:
             await sub.unsubscribe()
+            await self._nc.flush()  # callers after this must get no-responders, not silence
 
     async def _on_request(self, key: str, handler: Handler, msg: Msg) -> None:
         reply = msg.reply
@@ -121,55 +125,51 @@ class NatsRequestPlane:
             self._fail_silent_calls()
 
     # ---- client side ----
-    async def stream(self, address: str, payload: bytes) -> AsyncIterator[bytes]:
+    def stream(self, address: str, payload: bytes) -> AsyncIterator[bytes]:
         plane_id, key = _parse(address)
+        return self._call(plane_id, key, b"R" + payload)
+
+    async def ping(self, address: str, timeout: float | None = None) -> float:
+        plane_id, key = _parse(address)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            async with asyncio.timeout(timeout or self._config.connect_timeout):
+                async with aclosing(self._call(plane_id, key, b"P")) as replies:
+                    async for _ in replies:
+                        pass
+        except TimeoutError:
+            raise TransportError(f"no answer from {address}") from None
+        return loop.time() - start
+
+    async def _call(self, plane_id: str, key: str, body: bytes) -> AsyncIterator[bytes]:
         await self._ensure_inbox()
         reply = f"{self._inbox}.{next(self._ids)}"
-        call = _Call(last_heard=asyncio.get_running_loop().time())
-        self._calls[reply] = call
+        call = self._calls[reply] = _Call(last_heard=asyncio.get_running_loop().time())
+        subject = _subject(plane_id, key)
         finished = False
         try:
-            await self._nc.publish(_subject(plane_id, key), b"R" + payload, reply=reply)
-            while True:
+            await self._nc.publish(subject, body, reply=reply)
+            for attempt in range(1, 1_000_000):
                 item = await call.queue.get()
                 if type(item) is bytes:
                     yield item
                 elif item is None:
                     finished = True
                     return
+                elif item is _NO_RESPONDERS and attempt <= len(_RETRY_DELAYS):
+                    # nats-server occasionally answers no-responders for a subscription made
+                    # just before (seen about 1 in 100 right after flush); retrying is safe
+                    # because nothing was delivered.
+                    await asyncio.sleep(_RETRY_DELAYS[attempt - 1])
+                    await self._nc.publish(subject, body, reply=reply)
                 else:
                     finished = True
-                    raise item  # type: ignore[misc]
+                    raise TransportError(f"nobody serves {subject}") if item is _NO_RESPONDERS else item  # type: ignore[misc]
         finally:
             self._calls.pop(reply, None)
             if not finished and not self._nc.is_closed:
                 await self._nc.publish(_subject(plane_id, "_cancel"), reply.encode())
-
-    async def ping(self, address: str, timeout: float | None = None) -> float:
-        plane_id, key = _parse(address)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        stream = self._ping_stream(_subject(plane_id, key))
-        try:
-            await asyncio.wait_for(anext(stream), timeout or self._config.connect_timeout)
-        except TimeoutError:
-            raise TransportError(f"no answer from {address}") from None
-        finally:
-            await stream.aclose()
-        return loop.time() - start
-
-    async def _ping_stream(self, subject: str) -> AsyncIterator[bytes]:
-        await self._ensure_inbox()
-        reply = f"{self._inbox}.{next(self._ids)}"
-        call = self._calls[reply] = _Call(last_heard=asyncio.get_running_loop().time())
-        try:
-            await self._nc.publish(subject, b"P", reply=reply)
-            item = await call.queue.get()
-            if isinstance(item, Exception):
-                raise item
-            yield b""
-        finally:
-            self._calls.pop(reply, None)
 
     async def _ensure_inbox(self) -> None:
         if not self._inbox:
@@ -193,7 +193,7 @@ class NatsRequestPlane:
             type_name, message = msgspec.msgpack.decode(data[1:])
             call.queue.put_nowait(remote_error(type_name, message))
         elif not data and msg.headers and msg.headers.get("Status") == "503":
-            call.queue.put_nowait(TransportError(f"nobody serves {msg.subject}"))
+            call.queue.put_nowait(_NO_RESPONDERS)
 
     def _fail_silent_calls(self) -> None:
         now = asyncio.get_running_loop().time()
