@@ -81,6 +81,20 @@ async def run_load(endpoint: Endpoint, plan: LoadPlan, bounds: Bounds, *, progre
     return RunResult(plan.label, plan.load, started_at, duration, records)
 
 
+async def warm_up(endpoint: Endpoint, plan: LoadPlan, n: int) -> list[RequestRecord]:
+    """Send ``n`` requests one after another before a run, not counted in it.
+
+    The first requests of a process pay one-off costs on both sides (connection set-up, lazy
+    imports, a server's first-step compilation): measured on loopback, tens of milliseconds.
+    """
+    records = []
+    async with aiohttp.ClientSession() as session:
+        for i in range(n):
+            body, _ = _Run.build(endpoint, plan, i)
+            records.append(await send_request(session, endpoint, body, RequestRecord(index=i, start_s=0.0)))
+    return records
+
+
 class _Run:
     def __init__(
         self,
@@ -155,9 +169,13 @@ class _Run:
             if cap is not None:
                 cap.release()
 
+    @staticmethod
+    def build(endpoint: Endpoint, plan: LoadPlan, index: int) -> tuple[bytes, Prompt]:
+        prompt = plan.prompt(index)
+        return request_body(endpoint, prompt), prompt
+
     def _build(self, index: int) -> tuple[bytes, Prompt]:
-        prompt = self.plan.prompt(index)
-        return request_body(self.endpoint, prompt), prompt
+        return self.build(self.endpoint, self.plan, index)
 
     async def _one(self, index: int, scheduled: float | None, body: bytes, prompt: Prompt) -> None:
         record = RequestRecord(

@@ -19,7 +19,7 @@ import aiohttp
 
 from interlock.bench.client import Endpoint
 from interlock.bench.lengths import LengthDist
-from interlock.bench.loadgen import Bounds, LoadPlan, RunResult, run_load
+from interlock.bench.loadgen import Bounds, LoadPlan, RunResult, run_load, warm_up
 from interlock.bench.plans import concurrency_plan, rate_plan, trace_plan
 from interlock.bench.plots import PlotRun, report_png
 from interlock.bench.prompts import SyntheticSpec
@@ -76,6 +76,7 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=300.0, help="send no request after this many seconds")
     p.add_argument("--grace", type=float, default=30.0, help="seconds in-flight requests get after --duration")
     p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--warmup", type=int, default=1, help="untimed requests sent one by one before each run")
     p.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos")
     p.add_argument("--extra-body", type=json.loads, default={}, help="JSON merged into every request")
     p.add_argument("--goodput", nargs="*", help="targets in ms, e.g. ttft=500 itl=50 e2e=5000")
@@ -148,6 +149,9 @@ async def _run_all(args: argparse.Namespace, argv: list[str]) -> int:
     }
     runs: list[RunResult] = []
     for plan in _plans(args, vocab):
+        for w in await warm_up(endpoint, plan, args.warmup):
+            if not w.ok:
+                print(f"warm-up request failed: {w.error} {w.error_detail or ''}", file=sys.stderr)
         run = await run_load(endpoint, plan, bounds, progress=not args.no_progress)
         runs.append(run)
         print(summary_table(summarize(run.records, run.duration_s, targets), title=f"== {plan.label} =="))
