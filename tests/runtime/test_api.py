@@ -1,0 +1,24 @@
+"""The public API of interlock.runtime is pinned: changing it is a deliberate act."""
+
+import interlock.runtime
+
+
+def test_public_names() -> None:
+    assert sorted(interlock.runtime.__all__) == [
+        "Discovery",
+        "DiscoveryEvent",
+        "EndpointName",
+        "EventPlane",
+        "Handler",
+        "InProcRegistry",
+        "NatsServer",
+        "RequestContext",
+        "RequestPlane",
+        "Runtime",
+        "RuntimeConfig",
+        "Subscription",
+        "connect_runtime",
+        "subject_matches",
+    ]
+    for name in interlock.runtime.__all__:
+        assert getattr(interlock.runtime, name) is not None

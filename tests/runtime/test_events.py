@@ -1,0 +1,53 @@
+"""Event-plane behaviour, the same for every implementation (see conftest.make_runtime)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from interlock.runtime import EndpointName, Subscription
+
+from .conftest import MakeRuntime
+
+pytestmark = pytest.mark.anyio
+
+
+async def take(sub: Subscription, n: int) -> list[tuple[str, bytes]]:
+    with anyio.fail_after(2):
+        return [await anext(sub) for _ in range(n)]
+
+
+async def test_publish_reaches_exact_and_wildcard_subscribers(
+    make_runtime: MakeRuntime, namespace: str
+) -> None:
+    worker, router = await make_runtime(), await make_runtime()
+    name = EndpointName(namespace, "worker", "generate")
+    exact = await router.events.subscribe(name.subject("kv", "w1"))
+    any_worker = await router.events.subscribe(name.subject("kv", "*"))
+    everything = await router.events.subscribe(name.subject(">"))
+    await worker.events.publish(name.subject("kv", "w1"), b"a")
+    await worker.events.publish(name.subject("kv", "w2"), b"b")
+    await worker.events.publish(name.subject("load", "w1"), b"c")
+    assert await take(exact, 1) == [(name.subject("kv", "w1"), b"a")]
+    assert await take(any_worker, 2) == [(name.subject("kv", "w1"), b"a"), (name.subject("kv", "w2"), b"b")]
+    assert [payload for _, payload in await take(everything, 3)] == [b"a", b"b", b"c"]
+
+
+async def test_order_is_kept_per_publisher(make_runtime: MakeRuntime, namespace: str) -> None:
+    worker, router = await make_runtime(), await make_runtime()
+    subject = EndpointName(namespace, "worker", "generate").subject("kv", "w1")
+    sub = await router.events.subscribe(subject)
+    for i in range(200):
+        await worker.events.publish(subject, b"%d" % i)
+    assert [payload for _, payload in await take(sub, 200)] == [b"%d" % i for i in range(200)]
+
+
+async def test_close_ends_iteration_and_delivery(make_runtime: MakeRuntime, namespace: str) -> None:
+    worker, router = await make_runtime(), await make_runtime()
+    subject = EndpointName(namespace, "worker", "generate").subject("load", "w1")
+    async with await router.events.subscribe(subject) as sub:
+        await worker.events.publish(subject, b"x")
+        assert await take(sub, 1) == [(subject, b"x")]
+    await worker.events.publish(subject, b"y")
+    with anyio.fail_after(1):
+        assert [item async for item in sub] == []
