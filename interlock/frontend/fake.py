@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from interlock.errors import InterlockError
@@ -55,7 +55,7 @@ class FakeBackend:
     def script_for(self, request: GenerateRequest, ctx: RequestContext) -> FakeScript:
         return self.script if isinstance(self.script, FakeScript) else self.script(request, ctx)
 
-    async def generate(self, request: GenerateRequest, ctx: RequestContext) -> AsyncIterator[GenerateOutput]:
+    async def generate(self, request: GenerateRequest, ctx: RequestContext) -> AsyncGenerator[GenerateOutput, None]:
         script = self.script_for(request, ctx)
         if self.keep_history:
             self.requests.append(request)
