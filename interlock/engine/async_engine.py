@@ -18,7 +18,7 @@ import concurrent.futures
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Protocol, TypeVar
 
 from interlock.engine.core import EngineCore, StepResult, error_info
@@ -57,12 +57,14 @@ class AsyncEngine:
         self.core = core
         self._sink: KVEventSink = sink or NullKVEventSink()
         self._cv = threading.Condition()
-        self._commands: deque[Callable[[], None]] = deque()
+        self._commands: deque[Callable[[], object]] = deque()
         self._streams: dict[str, _Stream] = {}
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._load = core.load
+        self._dirty = False
+        """A step ran since the last idle integrity check."""
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -93,7 +95,7 @@ class AsyncEngine:
         return self._load
 
     # ---- client calls ----
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateOutput]:
+    async def generate(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
         """Stream the outputs of ``req`` until a finished one; closing the stream aborts it.
 
         A request with ``kv_transfer.do_remote_prefill`` is parked until its KV is handed over
@@ -103,12 +105,15 @@ class AsyncEngine:
         rid = req.request_id
         q: asyncio.Queue[GenerateOutput] = asyncio.Queue()
         with self._cv:
-            duplicate = rid in self._streams
-            if not duplicate:
+            refused: Exception | None = None
+            if self._stopping:
+                refused = ServiceUnavailable("the engine is shut down")
+            elif rid in self._streams:
+                refused = InvalidRequest(f"duplicate request id {rid!r}", param="request_id")
+            else:
                 self._streams[rid] = (asyncio.get_running_loop(), q)
-        if duplicate:
-            err = error_info(InvalidRequest(f"duplicate request id {rid!r}", param="request_id"))
-            yield GenerateOutput(request_id=rid, finish_reason="error", error=err)
+        if refused is not None:
+            yield GenerateOutput(request_id=rid, finish_reason="error", error=error_info(refused))
             return
         remote = req.kv_transfer is not None and req.kv_transfer.do_remote_prefill
         add = self.core.add_remote_request if remote else self.core.add_request
@@ -143,7 +148,7 @@ class AsyncEngine:
         self._submit(run)
         return await asyncio.wrap_future(fut)
 
-    def _submit(self, command: Callable[[], None]) -> None:
+    def _submit(self, command: Callable[[], object]) -> None:
         with self._cv:
             if self._stopping:
                 return
@@ -170,24 +175,39 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self._fail_all(exc)
                 continue
+            self._dirty = True
             self._publish(result)
             if not result.outputs and result.load.tokens_computed == 0:
                 with self._cv:  # blocked (no blocks, no slot): do not spin
                     if not self._commands and not self._stopping:
                         self._cv.wait(_IDLE_WAIT_S)
 
-    def _wait_for_work(self) -> list[Callable[[], None]] | None:
+    def _wait_for_work(self) -> list[Callable[[], object]] | None:
         """Commands to run now, after sleeping while idle; None when stopping."""
         with self._cv:
+            checked = False
             while not self._stopping and not self._commands and not self.core.has_work():
                 if self._deadline_passed():
                     break
+                if not checked:  # going idle: a cheap moment to verify the pool
+                    checked = True
+                    self._check_integrity()
+                    continue
                 self._cv.wait(self._idle_timeout())
             if self._stopping:
                 return None
             commands = list(self._commands)
             self._commands.clear()
             return commands
+
+    def _check_integrity(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        try:
+            self.core.check_integrity()
+        except AssertionError:
+            log.exception("engine state is inconsistent")
 
     def _idle_timeout(self) -> float:
         deadline = self.core.next_deadline()

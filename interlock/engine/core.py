@@ -291,6 +291,10 @@ class EngineCore:
                 self._deadlines[out.request_id] = now + self.kv_hold_timeout_s
 
     # ---- maintenance ----
+    def reset_prefix_cache(self) -> None:
+        """Forget all cached prefixes (an AllBlocksCleared event goes out with the next step)."""
+        self.pool.reset_prefix_cache()
+
     def kv_snapshot(self) -> list[KVEvent]:
         """Events describing the whole prefix cache now (router re-sync)."""
         return self.pool.snapshot()

@@ -73,7 +73,9 @@ class KVCacheManager:
         blocks = self._blocks.get(rid)
         computed = req.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
         have = (len(blocks) if blocks else 0) + len(computed_blocks)
-        need = cdiv(computed + num_new_tokens, self.block_size) - have
+        need = -(-(computed + num_new_tokens) // self.block_size) - have
+        if need <= 0 and blocks is not None and not computed_blocks:
+            return []  # the common decode step: the last block still has room
         pool = self.pool
         # Hits sitting in cached-free count as free now but stop being free once touched.
         revived = sum(1 for b in computed_blocks if pool.ref_cnt[b] == 0)

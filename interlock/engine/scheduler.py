@@ -7,8 +7,9 @@ last. A prompt larger than the remaining budget is cut into chunks (chunked pref
 hit simply starts a request with ``num_computed_tokens > 0``; a decode is a debt of one token;
 KV that arrives from another worker sets ``num_computed_tokens`` without any compute.
 
-When a running request needs a block and the pool is empty, the newest (lowest-priority)
-not-yet-scheduled running request is preempted by recompute: its blocks are freed and it goes
+The waiting queue is first come, first served. When a running request needs a block and the
+pool is empty, the lowest-priority (largest ``priority`` value, then newest) running request not
+yet scheduled in this step is preempted by recompute: its blocks are freed and it goes
 back to the front of the queue with ``num_computed_tokens = 0`` (its outputs are kept, so it
 recomputes prompt + outputs and continues exactly where it was). Admission keeps
 ``watermark`` blocks free so that running requests are rarely preempted. A request parked in
@@ -260,19 +261,20 @@ class Scheduler:
     def update(self, batch: SchedulerOutput, result: RunnerOutput) -> list[GenerateOutput]:
         outputs, self._pending = self._pending, []
         any_finished = False
+        requests, sampled, logprobs = self.requests, result.sampled, result.logprobs
+        cache_full_blocks = self.kv.cache_full_blocks
         for s in batch.scheduled:
-            req = self.requests.get(s.request_id)
+            req = requests.get(s.request_id)
             if req is None or req.status != RS.RUNNING:
                 continue
             req.num_computed_tokens += len(s.token_ids)
-            self.kv.cache_full_blocks(req)
+            cache_full_blocks(req)
             if not s.do_sample:
                 continue
-            token = result.sampled[s.request_id]
+            token = sampled[s.request_id]
             req.append_output(token)
-            lp = result.logprobs.get(s.request_id)
-            if lp is not None:
-                req.pending_logprobs.append(lp)
+            if logprobs and s.request_id in logprobs:
+                req.pending_logprobs.append(logprobs[s.request_id])
             status = self._stop_status(req, token)
             if status is not None:
                 any_finished = True

@@ -148,6 +148,8 @@ def test_shutdown_ends_open_streams() -> None:
         await engine.shutdown()
         rest = [o async for o in agen]
         assert rest[-1].finish_reason == "abort" and rest[-1].error is not None
+        late = await _collect(engine, "b", PROMPT, 4)
+        assert late[-1].error is not None and late[-1].error.type == "ServiceUnavailable"
 
     _run(body)
 

@@ -40,10 +40,11 @@ def test_max_tokens_finishes_with_length() -> None:
 def test_eos_stops_unless_ignored_or_before_min_tokens() -> None:
     eos = REF[3]
     assert REF.index(eos) == 3
-    sp = {"max_tokens": 12, "ignore_eos": False}
-    r = GenerateRequest(request_id="a", token_ids=tuple(PROMPT), sampling=SamplingParams(**sp))
+    sp = SamplingParams(max_tokens=12, ignore_eos=False)
+    r = GenerateRequest(request_id="a", token_ids=tuple(PROMPT), sampling=sp)
     assert _final(_engine_with_eos(eos), r) == (REF[:4], "stop")
-    r = GenerateRequest(request_id="b", token_ids=tuple(PROMPT), sampling=SamplingParams(**sp, min_tokens=5))
+    sp = SamplingParams(max_tokens=12, ignore_eos=False, min_tokens=5)
+    r = GenerateRequest(request_id="b", token_ids=tuple(PROMPT), sampling=sp)
     assert _final(_engine_with_eos(eos), r) == (REF, "length")
     assert _final(_engine_with_eos(eos), request("c", PROMPT, 12)) == (REF, "length")  # ignore_eos
 
@@ -97,7 +98,8 @@ def test_runner_failure_fails_the_batch_and_the_engine_goes_on() -> None:
     engine = EngineCore(make_config(), runner, clock=VirtualClock())
     engine.add_request(request("bad", [13, 14]))
     outs = run_to_end(engine)
-    assert outs["bad"][-1].finish_reason == "error" and outs["bad"][-1].error.type == "EngineError"
+    err = outs["bad"][-1].error
+    assert outs["bad"][-1].finish_reason == "error" and err is not None and err.type == "EngineError"
     engine.add_request(request("good", PROMPT, 12))
     assert tokens(run_to_end(engine)["good"]) == REF
 

@@ -16,6 +16,7 @@ slept only on a real-time clock (a simulation advances its virtual clock itself)
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,12 +35,12 @@ def context_positions(end: int, context: int) -> list[int]:
 
 
 def mock_next_token(context: Sequence[int], position: int, vocab_size: int) -> int:
-    """The mock model: a 64-bit mix of the last tokens and the position of the next token."""
-    h = (position * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _MASK
-    for t in context:
-        h = ((h ^ int(t)) * 0xBF58476D1CE4E5B9) & _MASK
-        h ^= h >> 31
-    return h % vocab_size
+    """The mock model: a hash of the context tokens and the position of the next token.
+
+    Python's hash of a tuple of ints is deterministic (no per-process seed, unlike str), and
+    fast; the final mix spreads it over the vocabulary."""
+    h = (hash((position, *context)) * 0x9E3779B97F4A7C15) & _MASK
+    return (h >> 17) % vocab_size
 
 
 class MockRunner:
@@ -62,8 +63,10 @@ class MockRunner:
         self.context = context
         self.timing = timing
         self.clock = clock
-        self.kv = np.full((num_blocks, block_size), -1, dtype=np.int32)
-        self._flat = self.kv.reshape(-1)
+        # One buffer, two views: array.array for fast scalar access in the per-token paths,
+        # numpy for bulk copies (export/import, long chunks).
+        self._flat = array("i", [-1]) * (num_blocks * block_size)
+        self.kv = np.frombuffer(self._flat, dtype=np.int32).reshape(num_blocks, block_size)
         self.last_step_time_s = 0.0
         self.steps = 0
 
@@ -100,6 +103,9 @@ class MockRunner:
     def _write(self, s: ScheduledRequest) -> None:
         bs, table, start = self.block_size, s.block_table, s.start_pos
         n = len(s.token_ids)
+        if n == 1:  # decode: the hot path
+            self._flat[table[start // bs] * bs + start % bs] = s.token_ids[0]
+            return
         if n <= 8:
             flat = self._flat
             for i, t in enumerate(s.token_ids):
@@ -108,11 +114,11 @@ class MockRunner:
             return
         pos = np.arange(start, start + n)
         slots = np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs
-        self._flat[slots] = np.asarray(s.token_ids, dtype=np.int32)
+        self.kv.reshape(-1)[slots] = np.asarray(s.token_ids, dtype=np.int32)
 
     def _next_token(self, table: Sequence[int], end: int) -> int:
         bs, flat = self.block_size, self._flat
-        ctx = [int(flat[table[p // bs] * bs + p % bs]) for p in context_positions(end, self.context)]
+        ctx = [flat[table[p // bs] * bs + p % bs] for p in context_positions(end, self.context)]
         return mock_next_token(ctx, end, self.vocab_size)
 
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
