@@ -224,3 +224,18 @@ def test_unpulled_kv_and_missing_kv_time_out() -> None:
     decode.step()
     clock.advance(decode.kv_hold_timeout_s + 1)
     assert tokens(run_to_end(decode)["d"]) == REF
+
+
+def test_factory_builds_a_mock_engine_and_refuses_unknown_runners() -> None:
+    from dataclasses import replace
+
+    from interlock.engine.factory import build_engine, build_runner
+    from interlock.errors import ConfigError
+
+    config = make_config(num_blocks=32)
+    engine = build_engine(config, clock=VirtualClock(), speedup=100.0)
+    assert isinstance(engine.runner, MockRunner) and engine.pool.num_blocks == 32
+    engine.add_request(request("a", PROMPT, 3))
+    assert len(tokens(run_to_end(engine)["a"])) == 3
+    with pytest.raises(ConfigError):
+        build_runner(replace(config, model=replace(config.model, runner="nope")))

@@ -3,6 +3,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from interlock.engine.block_pool import BlockPool
 from interlock.engine.config import SchedulerConfig
@@ -175,3 +177,35 @@ def test_no_chunking_without_chunked_prefill() -> None:
     engine.add_request(request("b", list(range(100)), 4))
     first = engine.step()
     assert first.load.tokens_computed == 200  # b does not fit in the rest of the budget
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    num_blocks=st.integers(8, 40),
+    budget=st.sampled_from([1, 3, 8, 64]),
+    max_seqs=st.integers(1, 6),
+    watermark=st.sampled_from([0.0, 0.1]),
+)
+def test_any_schedule_gives_the_reference_outputs(
+    seed: int, num_blocks: int, budget: int, max_seqs: int, watermark: float
+) -> None:
+    """Whatever the pool, budget, slots and prefix sharing: every request gets exactly what the
+    model generates for it alone."""
+    rng = random.Random(seed)
+    engine = make_engine(
+        num_blocks=num_blocks,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_seqs,
+        watermark=watermark,
+    )
+    shared = [rng.randrange(VOCAB) for _ in range(9)]
+    prompts: dict[str, list[int]] = {}
+    for i in range(8):
+        own = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 14))]
+        prompts[f"r{i}"] = (shared[: rng.randrange(10)] + own)[: 4 * num_blocks - 8]
+        engine.add_request(request(f"r{i}", prompts[f"r{i}"], 8))
+    outs = run_to_end(engine)
+    for rid, p in prompts.items():
+        assert tokens(outs[rid]) == reference_output(p, 8, vocab_size=VOCAB), rid
+    assert engine.pool.num_used_blocks == 0
