@@ -184,15 +184,12 @@ class AsyncEngine:
 
     def _wait_for_work(self) -> list[Callable[[], object]] | None:
         """Commands to run now, after sleeping while idle; None when stopping."""
+        if self._dirty and not self.core.has_work():
+            self._check_integrity()  # going idle: a cheap moment to verify the pool
         with self._cv:
-            checked = False
             while not self._stopping and not self._commands and not self.core.has_work():
                 if self._deadline_passed():
                     break
-                if not checked:  # going idle: a cheap moment to verify the pool
-                    checked = True
-                    self._check_integrity()
-                    continue
                 self._cv.wait(self._idle_timeout())
             if self._stopping:
                 return None
@@ -201,8 +198,6 @@ class AsyncEngine:
             return commands
 
     def _check_integrity(self) -> None:
-        if not self._dirty:
-            return
         self._dirty = False
         try:
             self.core.check_integrity()
