@@ -2,7 +2,7 @@
 
 Token counters (these exact names, everywhere in the engine):
 
-  prompt_token_ids     the prompt, as received (immutable tuple)
+  prompt_token_ids     the prompt, as received (immutable tuple); num_prompt_tokens its length
   output_token_ids     tokens generated so far (list, grows by one per sampled step)
   all_token_ids        prompt + output: the sequence whose KV the engine computes
   num_tokens           len(all_token_ids)
@@ -51,6 +51,7 @@ class Request:
     __slots__ = (
         "request_id",
         "prompt_token_ids",
+        "num_prompt_tokens",
         "output_token_ids",
         "all_token_ids",
         "sampling",
@@ -81,6 +82,7 @@ class Request:
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
+        self.num_prompt_tokens = len(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.sampling = sampling
@@ -115,10 +117,6 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
 
     @property
     def remote_decode(self) -> bool:

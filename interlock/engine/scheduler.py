@@ -354,12 +354,12 @@ class Scheduler:
 
     def queued_prefill_tokens(self) -> int:
         """Prompt tokens admitted or waiting that are not yet computed."""
-        running = sum(
-            r.num_prompt_tokens - r.num_computed_tokens
-            for r in self.running
-            if r.num_computed_tokens < r.num_prompt_tokens
-        )
-        return self.num_waiting_tokens + running
+        total = self.num_waiting_tokens
+        for r in self.running:
+            left = r.num_prompt_tokens - r.num_computed_tokens
+            if left > 0:
+                total += left
+        return total
 
     def has_pending(self) -> bool:
         return bool(self._pending)
