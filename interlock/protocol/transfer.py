@@ -23,6 +23,8 @@ class TransferDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     """Source process id (liveness checks on the same host)."""
     shm_name: str = ""
     """File under /dev/shm holding the payload; empty when the source staged in private memory."""
+    shm_generation: int = 0
+    """Which use of that (reused) file holds this payload."""
     tcp_address: str = ""
     """``host:port`` of the source agent's TCP server; empty when it has none."""
     expires_at: float = 0.0

@@ -25,6 +25,7 @@ from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import staging as stg
 from interlock.transfer.base import DEFAULT_TIMEOUT_S, TRANSPORTS, DestTransfer
 from interlock.transfer.dest import InprocDest, ShmDest
+from interlock.transfer.pool import AttachCache, RecvPool, SegmentPool
 from interlock.transfer.source import AgentIdentity, Source
 from interlock.transfer.tcp import TcpDest, TcpServer
 
@@ -54,12 +55,16 @@ class TransferAgent:
         port: int = 0,
         advertise_host: str | None = None,
         use_shm: bool = True,
+        pool_bytes: int = 1 << 30,
         tick_s: float = 0.2,
         sweep_s: float = 10.0,
     ) -> None:
         self.agent_id = uuid.uuid4().hex
         self.host_id = host_id()
         self._use_shm = use_shm and stg.shm_available()
+        self._segments = SegmentPool(pool_bytes, shared=self._use_shm)
+        self._recv_buffers = RecvPool(pool_bytes)
+        self._attached = AttachCache(pool_bytes)
         self._sources: dict[str, Source] = {}
         self._lock = threading.Lock()
         self._sweep_s = sweep_s
@@ -86,15 +91,13 @@ class TransferAgent:
         if self._closed:
             raise TransferError("transfer agent is closed")
         tid = transfer_id or uuid.uuid4().hex
+        if self._lookup(tid) is not None:
+            raise TransferError(f"duplicate transfer id {tid}")
         try:
-            staging = stg.Staging.create(nbytes, shared=self._use_shm)
+            source = Source(tid, nbytes, self._segments, self._identity, timeout_s, self._forget)
         except OSError as e:
             raise TransferError(f"cannot stage {nbytes} bytes: {e}") from e
-        source = Source(tid, staging, self._identity, timeout_s, self._forget)
         with self._lock:
-            if tid in self._sources:
-                staging.release()
-                raise TransferError(f"duplicate transfer id {tid}")
             self._sources[tid] = source
         return source
 
@@ -118,8 +121,8 @@ class TransferAgent:
             agent = _AGENTS.get(descriptor.agent_id)
             return InprocDest(descriptor, agent._lookup(descriptor.transfer_id) if agent else None)
         if kind == "shm":
-            return ShmDest(descriptor)
-        return TcpDest(descriptor, timeout_s)
+            return ShmDest(descriptor, self._attached)
+        return TcpDest(descriptor, timeout_s, self._recv_buffers)
 
     def num_live_sources(self) -> int:
         with self._lock:
@@ -136,6 +139,9 @@ class TransferAgent:
         for source in sources:
             source.abort("transfer agent closed")
         self._server.close()
+        self._segments.close()
+        self._recv_buffers.close()
+        self._attached.close()
 
     def __enter__(self) -> TransferAgent:
         return self
@@ -161,6 +167,7 @@ class TransferAgent:
             sources = list(self._sources.values())
         for source in sources:
             source.poll()
+        self._attached.prune()
         now = time.monotonic()
         if self._use_shm and now >= self._next_sweep:
             self._next_sweep = now + self._sweep_s

@@ -14,6 +14,7 @@ import threading
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import staging as stg
 from interlock.transfer.base import DONE, PENDING, TransferState, TransferStatus, failed
+from interlock.transfer.pool import AttachCache
 from interlock.transfer.source import Source
 
 
@@ -104,37 +105,45 @@ class InprocDest(_Dest):
 
 
 class ShmDest(_Dest):
-    """Maps the source's /dev/shm staging file and marks it claimed in the header."""
+    """Maps the source's /dev/shm staging file (through the agent's cache of mappings) and
+    marks the use claimed in its header; ``release`` marks it done and the source recycles it."""
 
     transport = "shm"
 
-    def __init__(self, descriptor: TransferDescriptor) -> None:
+    def __init__(self, descriptor: TransferDescriptor, cache: AttachCache) -> None:
         super().__init__(descriptor)
+        self._cache = cache
         self._staging: stg.Staging | None = None
+        self._claimed = False
         try:
-            staging = stg.Staging.attach(descriptor.shm_name, descriptor.nbytes)
+            staging = cache.get(descriptor.shm_name)
         except (OSError, ValueError) as e:
             self._fail(f"shared memory segment unavailable: {e}")
             return
         self._staging = staging
-        reason = self._claim(staging, descriptor.pid)
-        if reason:
-            self._fail(reason)
+        view = self._claim(staging, descriptor)
+        if isinstance(view, str):
+            self._fail(view)
         else:
-            self._succeed(staging.payload)
+            self._claimed = True
+            self._succeed(view)
 
     @staticmethod
-    def _claim(staging: stg.Staging, source_pid: int) -> str:
+    def _claim(staging: stg.Staging, desc: TransferDescriptor) -> memoryview | str:
+        view = staging.view_of(desc.nbytes, desc.shm_generation)
+        if isinstance(view, str):
+            return view
         if staging.word(stg.W_SRC_STATE) != stg.SRC_READY:
             return "aborted by source"
         if staging.word(stg.W_DEST_STATE) != stg.DEST_NONE:
             return "transfer already claimed"
-        if not stg.pid_alive(source_pid):
+        if not stg.pid_alive(desc.pid):
             # A dead worker's payload is void: the router has given up on it already.
+            staging.unlink()
             return "source process died"
         staging.set_word(stg.W_DEST_PID, os.getpid())
         staging.set_word(stg.W_DEST_STATE, stg.DEST_CLAIMED)
-        return ""
+        return view
 
     def _on_release(self) -> None:
         self._drop(stg.DEST_DONE)
@@ -144,7 +153,9 @@ class ShmDest(_Dest):
 
     def _drop(self, dest_state: int) -> None:
         staging, self._staging = self._staging, None
-        if staging is not None:
-            if staging.word(stg.W_DEST_PID) == os.getpid():
-                staging.set_word(stg.W_DEST_STATE, dest_state)
-            staging.release(unlink=True)
+        if staging is None:
+            return
+        if self._claimed:
+            staging.set_word(stg.W_DEST_STATE, dest_state)
+        if not self._cache.caching:
+            staging.release(unlink=False)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import staging as stg
 from interlock.transfer.base import DONE, PENDING, TransferState, TransferStatus, failed
+from interlock.transfer.pool import SegmentPool
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,13 +35,17 @@ class Source:
     def __init__(
         self,
         transfer_id: str,
-        staging: stg.Staging,
+        nbytes: int,
+        pool: SegmentPool,
         identity: AgentIdentity,
         timeout_s: float,
         on_finish: Callable[[Source], None],
     ) -> None:
         self.transfer_id = transfer_id
-        self._staging = staging
+        self._pool = pool
+        self._nbytes = nbytes
+        self._staging = pool.take(nbytes)
+        self._generation = self._staging.prepare(nbytes)
         self._identity = identity
         self._timeout_s = timeout_s
         self._on_finish = on_finish
@@ -53,12 +58,12 @@ class Source:
 
     @property
     def nbytes(self) -> int:
-        return self._staging.nbytes
+        return self._nbytes
 
     @property
     def buffer(self) -> memoryview:
-        if self._published:
-            raise RuntimeError("payload already published")
+        if self._published or self._status.finished:
+            raise RuntimeError(f"transfer {self.transfer_id} already published or ended")
         return self._staging.payload
 
     def publish(self) -> TransferDescriptor:
@@ -71,11 +76,12 @@ class Source:
         ident = self._identity
         return TransferDescriptor(
             transfer_id=self.transfer_id,
-            nbytes=self._staging.nbytes,
+            nbytes=self._nbytes,
             agent_id=ident.agent_id,
             host_id=ident.host_id,
             pid=ident.pid,
             shm_name=self._staging.name,
+            shm_generation=self._generation,
             tcp_address=ident.tcp_address,
             expires_at=time.time() + self._timeout_s,
         )
@@ -136,7 +142,10 @@ class Source:
         if self._conn is not None:
             _shutdown(self._conn)
             self._conn = None
-        self._staging.release()
+        if status.state is TransferState.DONE or not self._published:
+            self._pool.give(self._staging)  # nobody else reads it any more: reuse it
+        else:
+            self._staging.release()  # a destination may still be reading: let it go
         self._on_finish(self)
 
 

@@ -22,6 +22,7 @@ from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import frames as fr
 from interlock.transfer.base import TransferStatus
 from interlock.transfer.dest import _Dest
+from interlock.transfer.pool import RecvPool
 from interlock.transfer.source import Source, _shutdown
 
 CONTROL_TIMEOUT_S = 30.0
@@ -123,12 +124,14 @@ class TcpServer:
 
 
 class TcpDest(_Dest):
-    """Pulls one payload on its own thread into a buffer it allocates."""
+    """Pulls one payload on its own thread into a buffer from the agent's receive pool."""
 
     transport = "tcp"
 
-    def __init__(self, descriptor: TransferDescriptor, timeout_s: float) -> None:
+    def __init__(self, descriptor: TransferDescriptor, timeout_s: float, pool: RecvPool) -> None:
         super().__init__(descriptor)
+        self._pool = pool
+        self._buf: bytearray | None = None
         self._timeout_s = timeout_s
         self._deadline = time.monotonic() + timeout_s
         self._sock: socket.socket | None = None
@@ -140,7 +143,14 @@ class TcpDest(_Dest):
             self._fail(f"timeout after {self._timeout_s:g} s")
         return self._status
 
+    def _on_release(self) -> None:
+        buf, self._buf = self._buf, None
+        if buf is not None:
+            self._pool.give(buf)
+
     def _on_fail(self, reason: str) -> None:
+        # A buffer the thread may still be writing into never goes back to the pool.
+        self._buf = None
         sock = self._sock
         if sock is not None:
             _shutdown(sock)
@@ -170,8 +180,10 @@ class TcpDest(_Dest):
             if not isinstance(reply, fr.Ready) or reply.nbytes != self.descriptor.nbytes:
                 self._fail(f"unexpected reply {reply!r}")
                 return
-            view = memoryview(bytearray(reply.nbytes))
+            buf = self._pool.take(reply.nbytes)
+            view = memoryview(buf)[: reply.nbytes]
             fr.recv_exact(sock, view)
+            self._buf = buf
             fr.send_frame(sock, fr.Ack())
             self._succeed(view)
         finally:

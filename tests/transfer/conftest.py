@@ -59,7 +59,8 @@ class Peer:
 
 @pytest.fixture(scope="session")
 def agent() -> Iterator[TransferAgent]:
-    with TransferAgent(tick_s=0.05) as a:
+    """Without buffer reuse, so every ended transfer must have unlinked its segment."""
+    with TransferAgent(tick_s=0.05, pool_bytes=0) as a:
         yield a
 
 

@@ -28,13 +28,13 @@ def digest(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def agent_peer(conn: Connection) -> None:
+def agent_peer(conn: Connection, pool_bytes: int = 0) -> None:
     """Obeys ("offer", nbytes, seed, timeout_s), ("status", tid, wait_s),
     ("pull", descriptor, transport, hold), ("segments",), ("exit",)."""
     import os
 
     held = []
-    with TransferAgent() as agent:
+    with TransferAgent(pool_bytes=pool_bytes) as agent:
         sources = {}
         conn.send(("ready", agent.tcp_address, os.getpid()))
         while True:

@@ -18,12 +18,17 @@ def test_shared_buffer_round_trip_through_header():
     src = stg.Staging.create(5000, shared=True)
     try:
         assert src.shared and src.name in stg.list_segments(os.getpid())
-        src.payload[:] = bytes(range(256)) * 19 + bytes(136)
-        dst = stg.Staging.attach(src.name, 5000)
-        assert bytes(dst.payload) == bytes(src.payload)
+        gen = src.prepare(4999)
+        src.payload[:] = bytes(range(256)) * 19 + bytes(135)
+        dst = stg.Staging.attach(src.name)
+        assert bytes(dst.view_of(4999, gen)) == bytes(src.payload)
         dst.set_word(stg.W_DEST_STATE, stg.DEST_DONE)
         assert src.word(stg.W_DEST_STATE) == stg.DEST_DONE
         assert src.word(stg.W_SRC_PID) == os.getpid()
+        gen2 = src.prepare(10)  # reuse: a new generation, destination state reset
+        assert gen2 != gen and src.word(stg.W_DEST_STATE) == stg.DEST_NONE
+        assert isinstance(dst.view_of(4999, gen), str)  # the old use is gone
+        assert len(dst.view_of(10, gen2)) == 10
         dst.release(unlink=False)
     finally:
         src.release()
@@ -31,21 +36,18 @@ def test_shared_buffer_round_trip_through_header():
     src.release()  # idempotent
 
 
-def test_attach_rejects_wrong_size_and_foreign_names():
+def test_attach_rejects_foreign_names_and_missing_files():
     src = stg.Staging.create(10, shared=True)
-    try:
-        with pytest.raises(ValueError):
-            stg.Staging.attach(src.name, 11)
-        with pytest.raises(ValueError):
-            stg.Staging.attach("../etc/passwd", 10)
-    finally:
-        src.release()
+    src.release()
+    with pytest.raises(ValueError):
+        stg.Staging.attach("../etc/passwd")
     with pytest.raises(FileNotFoundError):
-        stg.Staging.attach(src.name, 10)
+        stg.Staging.attach(src.name)
 
 
 def test_private_buffer_when_not_shared():
     st = stg.Staging.create(0, shared=False)
+    st.prepare(0)
     assert not st.shared and len(st.payload) == 0
     st.release()
 

@@ -1,0 +1,155 @@
+"""KV-transfer bandwidth: 64 MiB of KV blocks between two processes, against raw baselines.
+
+One run, interleaved rounds (so machine noise hits every column alike), median of ``--runs``:
+
+* raw memcpy      numpy copy of the same bytes between two prefaulted arrays, one process
+* raw socket      ``sendall`` of the same bytes on a kept-open loopback connection into a
+                  prefaulted buffer with ``recv_into``, two processes
+* shm / tcp       the transfer itself: the source worker has staged the blocks (exported) and
+                  published; timed on the destination from ``pull`` until the bytes are in
+                  memory it owns (shm: the one copy out of the shared pages into the destination
+                  array, i.e. the import; tcp: received into its buffer) and released
+* e2e shm / tcp   source KV array -> destination KV array: export + transfer + import, timed on
+                  the destination including the request to the source
+
+GB/s is 1e9 bytes per second. Usage: ``python benchmarks/transfer_bw.py [--runs 7] [--mib 64]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import platform
+import socket
+import statistics
+import time
+from multiprocessing.connection import Connection
+
+import msgspec
+import numpy as np
+
+from interlock.protocol.transfer import TransferDescriptor
+from interlock.transfer import TransferAgent, TransferState
+
+BLOCK_NBYTES = 30 * 2 * 3 * 64 * 16 * 2
+"""One SmolLM2-135M KV block in bf16: 30 layers x (K, V) x 3 KV heads x 64 dims x 16 tokens."""
+
+
+def source_process(conn: Connection, nbytes: int) -> None:
+    kv = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    with TransferAgent() as agent, socket.create_server(("127.0.0.1", 0)) as raw_server:
+        conn.send(raw_server.getsockname()[1])
+        raw, _ = raw_server.accept()
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sources = []
+        while (cmd := conn.recv()) != "exit":
+            if cmd == "raw":
+                raw.recv(1)
+                raw.sendall(memoryview(kv))
+                continue
+            src = agent.create_source(nbytes)
+            np.copyto(np.frombuffer(src.buffer, np.uint8), kv)  # the export: the source's one copy
+            sources.append(src)
+            conn.send(msgspec.msgpack.encode(src.publish()))
+            sources = [s for s in sources if not s.poll().finished]
+        raw.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=7)
+    args = ap.parse_args()
+    nblocks = max(1, (args.mib << 20) // BLOCK_NBYTES)
+    nbytes = nblocks * BLOCK_NBYTES
+    ctx = mp.get_context("spawn")
+    conn, child_conn = ctx.Pipe()
+    child = ctx.Process(target=source_process, args=(child_conn, nbytes), daemon=True)
+    child.start()
+    try:
+        times = run_all(conn, nbytes, args.runs)
+    finally:
+        conn.send("exit")
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    report(times, nbytes, nblocks, args.runs)
+
+
+def run_all(conn: Connection, nbytes: int, runs: int) -> dict[str, list[float]]:
+    raw = socket.create_connection(("127.0.0.1", conn.recv()))
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    kv_src = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
+    kv_dst = np.ones(nbytes, np.uint8)
+    sink = memoryview(bytearray(b"\1" * nbytes))
+    times: dict[str, list[float]] = {k: [] for k in ("memcpy", "socket", "shm", "tcp", "e2e shm", "e2e tcp")}
+    with TransferAgent() as agent:
+        for i in range(runs + 1):  # the first round warms up and is dropped
+            sample = {
+                "memcpy": _timed(lambda: np.copyto(kv_dst, kv_src)),
+                "socket": _raw_socket(conn, raw, sink),
+                "shm": _transfer(conn, agent, "shm", kv_dst, staged=True),
+                "tcp": _transfer(conn, agent, "tcp", kv_dst, staged=True),
+                "e2e shm": _transfer(conn, agent, "shm", kv_dst, staged=False),
+                "e2e tcp": _transfer(conn, agent, "tcp", kv_dst, staged=False),
+            }
+            if i:
+                for k, v in sample.items():
+                    times[k].append(v)
+    raw.close()
+    return times
+
+
+def _timed(fn) -> float:  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _raw_socket(conn: Connection, raw: socket.socket, sink: memoryview) -> float:
+    conn.send("raw")
+    t0 = time.perf_counter()
+    raw.sendall(b"g")
+    got = 0
+    while got < len(sink):
+        got += raw.recv_into(sink[got:])
+    return time.perf_counter() - t0
+
+
+def _transfer(conn: Connection, agent: TransferAgent, transport: str, kv_dst: np.ndarray, *, staged: bool) -> float:
+    t0 = time.perf_counter()
+    conn.send("offer")
+    desc = msgspec.msgpack.decode(conn.recv(), type=TransferDescriptor)
+    if staged:
+        t0 = time.perf_counter()
+    dst = agent.pull(desc, transport=transport, timeout_s=30)
+    dst.finished_event.wait(30)
+    if dst.poll().state is not TransferState.DONE:
+        raise RuntimeError(f"{transport} transfer failed: {dst.poll().reason}")
+    if staged and transport == "tcp":
+        elapsed = time.perf_counter() - t0  # received into memory the destination owns
+        np.copyto(kv_dst, np.frombuffer(dst.payload, np.uint8))
+    else:
+        np.copyto(kv_dst, np.frombuffer(dst.payload, np.uint8))  # the import
+        elapsed = time.perf_counter() - t0
+    dst.release()
+    return elapsed
+
+
+def report(times: dict[str, list[float]], nbytes: int, nblocks: int, runs: int) -> None:
+    gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
+    raw_of = {"memcpy": "memcpy", "socket": "socket", "shm": "memcpy", "tcp": "socket",
+              "e2e shm": "memcpy", "e2e tcp": "socket"}
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
+          f"{platform.python_version()}, {nblocks} blocks x {BLOCK_NBYTES} B = {nbytes / 2**20:.1f} MiB, "
+          f"median of {runs}")
+    print("| path | GB/s (median) | min..max GB/s | vs raw |")
+    print("|---|---|---|---|")
+    for k, v in times.items():
+        lo, hi = nbytes / max(v) / 1e9, nbytes / min(v) / 1e9
+        ratio = "" if raw_of[k] == k else f"{gbps[k] / gbps[raw_of[k]]:.0%} of raw {raw_of[k]}"
+        print(f"| {k} | {gbps[k]:.2f} | {lo:.2f}..{hi:.2f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
