@@ -110,7 +110,9 @@ class TcpServer:
             return
         assert source is not None
         try:
-            conn.settimeout(max(0.001, source.remaining_s()))
+            # Blocking from here: no poll() per send. The source's deadline (housekeeping) or an
+            # abort shuts the socket down, which ends a stalled send at once.
+            conn.settimeout(None)
             fr.send_frame(conn, fr.Ready(len(claim)))
             conn.sendall(claim)
             ack = fr.recv_frame(conn)
@@ -182,6 +184,7 @@ class TcpDest(_Dest):
                 return
             buf = self._pool.take(reply.nbytes)
             view = memoryview(buf)[: reply.nbytes]
+            sock.settimeout(None)  # as on the server: ``poll`` past the deadline shuts it down
             fr.recv_exact(sock, view)
             self._buf = buf
             fr.send_frame(sock, fr.Ack())
