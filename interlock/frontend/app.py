@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import signal
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import msgspec
 from aiohttp import web
 
 from interlock.errors import InterlockError, InvalidRequest, ServiceError, ServiceUnavailable
-from interlock.frontend.assembler import OutputAssembler
+from interlock.frontend.assembler import OutputAssembler, error_from_info
 from interlock.frontend.backend import HEADER_REQUEST_ID, Backend, RequestContext, header_context
 from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.config import FrontendConfig
@@ -42,6 +43,10 @@ from interlock.protocol import GenerateRequest
 
 log = logging.getLogger(__name__)
 _encode = msgspec.json.Encoder().encode
+
+
+class BodyTooLarge(InvalidRequest):
+    status = 413
 
 
 class Frontend:
@@ -99,7 +104,10 @@ class Frontend:
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         started = perf_counter()
-        body = await request.read()
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BodyTooLarge(f"request body larger than {self.config.max_body_bytes} bytes") from None
         req = parse_chat(body) if endpoint == "chat" else parse_completion(body)
         entry = self.catalog.find(req.model)
         tok = await self.catalog.tokenizer(entry)
@@ -129,6 +137,8 @@ class Frontend:
         ctx.response_headers.setdefault(HEADER_REQUEST_ID, ctx.request_id)
         try:
             first = await gen.next_output()
+            if first.error is not None or first.finish_reason == "error":
+                raise error_from_info(first.error)  # still before any byte: give it its status
             if req.stream:
                 return await stream_sse(request, gen, first, _include_usage(req))
             return await collect(gen, first)
@@ -206,21 +216,22 @@ async def serve_frontend(
 def run_frontend(
     backend: Backend, host: str = "0.0.0.0", port: int = 8000, *, config: FrontendConfig | None = None
 ) -> None:
-    """Serve until interrupted, on uvloop (the standalone entry point)."""
+    """Serve on uvloop until SIGINT or SIGTERM (the standalone entry point)."""
     import uvloop
 
     async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         server = await serve_frontend(backend, host, port, config=config)
         log.info("frontend listening on %s", server.url)
         try:
-            await asyncio.Event().wait()
+            await stop.wait()
         finally:
             await server.close()
 
-    try:
-        uvloop.run(main())
-    except KeyboardInterrupt:
-        pass
+    uvloop.run(main())
 
 
 def error_response(exc: InterlockError) -> web.Response:

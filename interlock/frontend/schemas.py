@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from interlock.errors import InvalidRequest
+from interlock.protocol.sampling import MAX_TOP_LOGPROBS
 
 
 class StreamOptions(msgspec.Struct, frozen=True):
@@ -99,6 +100,8 @@ def parse_completion(body: bytes) -> CompletionRequest:
         raise InvalidRequest("best_of must be 1", param="best_of")
     if req.suffix:
         raise InvalidRequest("suffix is not supported", param="suffix")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
     _check_common(req)
     return req
 

@@ -213,6 +213,11 @@ def test_malformed_json_and_wrong_types_are_400(http: httpx.Client) -> None:
     assert error_of(r, 400)["type"] == "invalid_request_error"
 
 
+def test_body_too_large_is_413(http: httpx.Client) -> None:
+    r = http.post("/v1/completions", content=b"x" * (33 * 1024 * 1024), headers={"content-type": "application/json"})
+    assert error_of(r, 413)["type"] == "invalid_request_error"
+
+
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="nope", messages=USER)
