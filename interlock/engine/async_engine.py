@@ -115,9 +115,7 @@ class AsyncEngine:
         if refused is not None:
             yield GenerateOutput(request_id=rid, finish_reason="error", error=error_info(refused))
             return
-        remote = req.kv_transfer is not None and req.kv_transfer.do_remote_prefill
-        add = self.core.add_remote_request if remote else self.core.add_request
-        self._submit(lambda: add(req))
+        self._submit(lambda: self.core.add_request(req))
         finished = False
         try:
             while not finished:

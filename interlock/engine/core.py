@@ -82,7 +82,12 @@ class EngineCore:
 
     # ---- requests ----
     def add_request(self, req: GenerateRequest) -> None:
-        """Queue ``req``; a bad one yields an error output at the next step, never an exception."""
+        """Queue ``req``; a bad one yields an error output at the next step, never an exception.
+
+        A request with ``kv_transfer.do_remote_prefill`` goes to ``add_remote_request``."""
+        if req.kv_transfer is not None and req.kv_transfer.do_remote_prefill:
+            self.add_remote_request(req)
+            return
         try:
             self.scheduler.add_request(self._make_request(req))
         except Exception as exc:  # noqa: BLE001 - one bad request must never stop the loop
@@ -235,7 +240,7 @@ class EngineCore:
         imported in the step that parks it. Returns False if the request is unknown.
         """
         req = self.scheduler.requests.get(request_id)
-        if req is None or not req.remote_prefill:
+        if req is None or not req.awaiting_kv:
             return False
         self._deadlines.pop(request_id, None)
         if request_id not in self.scheduler.remote_parked:

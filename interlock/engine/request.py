@@ -65,6 +65,7 @@ class Request:
         "num_emitted_tokens",
         "status",
         "admitted",
+        "awaiting_kv",
         "pending_logprobs",
         "remote_kv_data",
     )
@@ -98,6 +99,8 @@ class Request:
         self.status = RequestStatus.WAITING
         self.admitted = False
         """True once it first ran (num_cached_tokens is fixed then)."""
+        self.awaiting_kv = kv_transfer is not None and kv_transfer.do_remote_prefill
+        """Its prompt KV is still to come from another worker (cleared once imported or given up)."""
         self.pending_logprobs: list[TokenLogprobs] = []
         self.remote_kv_data: bytes | memoryview | None = None
         """KV handed over for a remote prefill before blocks were allocated for it."""

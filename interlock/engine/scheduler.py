@@ -62,6 +62,7 @@ class Scheduler:
         """Sum of ``num_tokens - num_computed_tokens`` over the waiting queue."""
         self._finished_ids: list[str] = []
         self._pending: list[GenerateOutput] = []
+        self._reclaims_left = 0
 
     # ---- admission and removal ----
     def add_request(self, req: Request) -> None:
@@ -140,6 +141,7 @@ class Scheduler:
     def resume_remote(self, request_id: str, num_computed_tokens: int) -> Request:
         """KV for a parked request is in its blocks (or not: ``num_computed_tokens = 0``)."""
         req = self.remote_parked.pop(request_id)
+        req.awaiting_kv = False
         req.num_computed_tokens = num_computed_tokens
         if not req.admitted:
             req.num_cached_tokens = min(num_computed_tokens, req.num_prompt_tokens)
@@ -151,6 +153,7 @@ class Scheduler:
     # ---- the step ----
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
+        self._reclaims_left = len(self.requests)
         scheduled: list[ScheduledRequest] = []
         budget, preempted = self._schedule_running(scheduled, budget)
         if not preempted:
@@ -192,20 +195,48 @@ class Scheduler:
         waiting = self.waiting
         while waiting and budget > 0:
             req = waiting[0]
-            if req.remote_prefill and not req.admitted and not self.kv.has_blocks(req.request_id):
-                if not self._park_remote(req):
+            if req.awaiting_kv and not self.kv.has_blocks(req.request_id):
+                if not self._park_remote(req) and not self._reclaim(req):
                     return
                 continue
             if len(self.running) >= self.max_num_seqs:
                 return
             n = self._admit(req, budget)
-            if n == 0:
+            if n is None and self._reclaim(req):
+                continue
+            if not n:
                 return
             scheduled.append(self._scheduled(req, n))
             budget -= n
 
-    def _admit(self, req: Request, budget: int) -> int:
-        """Give the head of the queue blocks and a slot; returns tokens scheduled (0: cannot)."""
+    def _reclaim(self, head: Request) -> bool:
+        """Nothing runs, yet the head cannot get blocks: they are all held by queued requests
+        (parked for remote KV, or KV imported but not yet admitted). Take them from the newest
+        such request so the queue moves; it re-parks (or recomputes) later. False: none."""
+        if self.running or self._reclaims_left <= 0:
+            return False
+        # Only newer requests give way to older ones, so reclaiming cannot cycle.
+        holders = [r for r in self.remote_parked.values() if r.arrival > head.arrival]
+        holders += [
+            r for r in self.waiting if r.arrival > head.arrival and self.kv.has_blocks(r.request_id)
+        ]
+        if not holders:
+            return False
+        self._reclaims_left -= 1
+        victim = max(holders, key=lambda r: r.arrival)
+        self.kv.free(victim.request_id)
+        if victim.status == RS.WAITING_FOR_REMOTE_KV:
+            del self.remote_parked[victim.request_id]
+            victim.status = RS.WAITING
+            self._enqueue(victim)
+        else:
+            self.num_waiting_tokens += victim.num_computed_tokens
+            victim.num_computed_tokens = 0
+        return True
+
+    def _admit(self, req: Request, budget: int) -> int | None:
+        """Give the head of the queue blocks and a slot; returns tokens scheduled (0: not
+        within the budget, None: no blocks)."""
         kv = self.kv
         if kv.has_blocks(req.request_id):
             hits: list[int] = []
@@ -222,7 +253,7 @@ class Scheduler:
             req, n, hits, num_computed_tokens=computed, watermark=bool(self.running)
         )
         if new is None:
-            return 0
+            return None
         self._dequeue_head()
         req.num_computed_tokens = computed
         if not req.admitted:

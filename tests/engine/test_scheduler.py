@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -209,3 +210,25 @@ def test_any_schedule_gives_the_reference_outputs(
     for rid, p in prompts.items():
         assert tokens(outs[rid]) == reference_output(p, 8, vocab_size=VOCAB), rid
     assert engine.pool.num_used_blocks == 0
+
+
+def test_queued_requests_holding_all_blocks_give_way_to_older_ones() -> None:
+    """Two requests parked for remote KV fill the pool; when the older one's KV comes it needs
+    one more block and nothing runs that could be preempted: the newer one gives its blocks
+    back, re-parks later, and both finish."""
+    engine = make_engine(num_blocks=6)
+    kt = KVTransferParams(do_remote_prefill=True, first_token_id=5)
+    for rid in ("old", "new"):
+        engine.add_request(msgspec.structs.replace(request(rid, list(range(1, 13)), 4), kv_transfer=kt))
+    engine.step()
+    assert set(engine.scheduler.remote_parked) == {"old", "new"} and engine.pool.num_free_blocks == 0
+    assert engine.finish_remote_kv("old", None)  # KV lost: recompute 13 tokens, 4 blocks
+    outs: dict[str, list[GenerateOutput]] = {}
+    for _ in range(20):
+        for o in engine.step().outputs:
+            outs.setdefault(o.request_id, []).append(o)
+        engine.check_integrity()
+    assert outs["old"][-1].finish_reason == "length" and len(tokens(outs["old"])) == 4
+    assert "new" in engine.scheduler.remote_parked  # parked again once blocks were free
+    assert engine.finish_remote_kv("new", None)
+    assert len(tokens(run_to_end(engine)["new"])) == 4
