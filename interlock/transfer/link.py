@@ -5,7 +5,7 @@ stages a probe payload of ``num_blocks`` x ``block_nbytes`` (like a real KV expo
 agent pulls it over the transport it would pick for a real transfer (or a forced one); the
 clock runs from the pull until the bytes sit in memory this side owns (for shared memory and
 in-process that includes the one copy out of the source's pages). The median over repeats
-makes a ``LinkStats``, which the disaggregation cost model turns into a transfer time.
+(after one warm-up round) makes a ``LinkStats``, which the disaggregation cost model turns into a transfer time.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def measure_link(
     try:
         with ControlClient(peer_address, timeout_s) as ctl:
             rtt = statistics.median(ctl.ping() for _ in range(max(1, pings)))
-            runs = [_timed_pull(agent, ctl, nbytes, sink, transport, timeout_s) for _ in range(max(1, repeats))]
+            # One unrecorded round first: it pays for first-touch pages on both sides.
+            runs = [_timed_pull(agent, ctl, nbytes, sink, transport, timeout_s) for _ in range(1 + max(1, repeats))][1:]
     except (OSError, ValueError) as e:
         raise TransferError(f"link check to {peer_address} failed: {e}") from e
     return LinkStats(

@@ -89,6 +89,7 @@ class TcpServer:
                 if isinstance(frame, fr.Ping):
                     fr.send_frame(conn, fr.Pong())
                 elif isinstance(frame, fr.Probe):
+                    self._tick()  # recycle the previous probe's buffer first, as a busy engine would
                     fr.send_frame(conn, fr.ProbeOffer(self._probe(frame.nbytes, frame.timeout_s)))
                 elif isinstance(frame, fr.Pull):
                     self._send_payload(conn, frame.transfer_id)

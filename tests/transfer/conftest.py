@@ -23,6 +23,8 @@ class Peer:
         self.proc = _ctx.Process(target=target, args=(child, *args), daemon=True)
         self.proc.start()
         child.close()
+        self.address = ""
+        """The peer agent's TCP address, when it is one."""
 
     @property
     def pid(self) -> int:
@@ -68,7 +70,8 @@ def agent() -> Iterator[TransferAgent]:
 def remote() -> Iterator[Peer]:
     """One long-lived agent in another process."""
     peer = Peer(peers.agent_peer)
-    assert peer.recv()[0] == "ready"
+    ready, peer.address, _ = peer.recv()
+    assert ready == "ready"
     yield peer
     peer.stop(graceful=True)
 
