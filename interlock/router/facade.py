@@ -54,6 +54,8 @@ class RouterConfig:
     retry_after_s: float = 1.0
     approx_ttl_s: float = 120.0
     num_candidates: int = 3
+    report_lag_s: float = 0.0
+    """A load report received at t is taken to include requests routed before t - lag."""
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -80,7 +82,7 @@ class Router:
         self.router_id = router_id
         self.clock = clock
         self.indexer = KvIndexer(approx_ttl_s=self.config.approx_ttl_s)
-        self.load = LoadTracker(router_id)
+        self.load = LoadTracker(router_id, report_lag_s=self.config.report_lag_s)
         self.queue = AdmissionQueue(self.config.queue_capacity, self.config.retry_after_s)
         self.sessions = SessionTable(self.config.session_ttl_s)
         self.metrics = RouterMetrics()
@@ -146,7 +148,7 @@ class Router:
         w = self._workers.get(report.instance_id)
         if w is None:
             return
-        self.load.apply_report(w.slot, report)
+        self.load.apply_report(w.slot, report, self.clock())
         if w.draining != report.draining:
             w.draining = report.draining
             self._eligible_cache.clear()
@@ -154,7 +156,7 @@ class Router:
     def apply_remote_load(self, ev: RouterLoadEvent) -> None:
         """Dispatch-time load shared by another router."""
         w = self._workers.get(ev.instance_id)
-        self.load.apply_remote(ev, w.slot if w else None)
+        self.load.apply_remote(ev, w.slot if w else None, self.clock())
 
     def drain_shared(self) -> list[RouterLoadEvent]:
         """This router's dispatch events for the other routers (the glue publishes them)."""

@@ -8,9 +8,11 @@ prefill part is done; at the end everything is released. Other routers (several 
 by side) share the same three moments as ``RouterLoadEvent`` messages; they are counted the
 same way under their router id.
 
-Merging with a ``LoadReport``: the report is the truth about what the worker has received, the
-dispatch count is the truth about what is on its way; the merged queue is the larger of the two
-(each one can only miss work, never invent it). Speeds (prefill tokens/s, decode step time)
+Merging with a ``LoadReport``: the report is the truth about what the worker had received
+(including how far a long prompt's chunked prefill has got), so the queue ahead of a new request
+is the last report's queue plus the prefill dispatched since that report arrived ("fresh"
+dispatches; a report received at t covers requests routed before t - ``report_lag_s``).
+Before any report that is just the dispatch count. Speeds (prefill tokens/s, decode step time)
 come only from reports, with defaults until the first one.
 
 State is kept in numpy vectors indexed by the indexer's worker slot so the cost function runs
@@ -37,14 +39,20 @@ class _Dispatched:
     instance_id: str
     prefill_tokens: int
     kv_tokens: int
+    routed_at: float
     prefill_done: bool = False
+    fresh: bool = True
+    """Not yet covered by a load report from its worker."""
 
 
 class LoadTracker:
     """Dispatch-time load plus the latest report, per worker slot."""
 
-    def __init__(self, router_id: str = "local", capacity: int = 64) -> None:
+    def __init__(self, router_id: str = "local", capacity: int = 64, report_lag_s: float = 0.0) -> None:
         self.router_id = router_id
+        self.report_lag_s = report_lag_s
+        """A report received at t covers requests routed before t - report_lag_s."""
+        self._fresh: dict[int, list[tuple[str, str]]] = {}
         self._inflight: dict[tuple[str, str], _Dispatched] = {}
         n = capacity
         self.dispatched_prefill = np.zeros(n)
@@ -54,6 +62,8 @@ class LoadTracker:
         self.inflight = np.zeros(n)
         self.decoding = np.zeros(n)
         self.reported_prefill = np.zeros(n)
+        self.fresh_prefill = np.zeros(n)
+        """Prefill dispatched since the worker's last report (not in reported_prefill yet)."""
         self.reported_running = np.zeros(n)
         self.kv_used_frac = np.zeros(n)
         self.kv_tokens_total = np.zeros(n)
@@ -66,8 +76,10 @@ class LoadTracker:
     # ---- membership ----
     def add_worker(self, slot: int, *, kv_blocks_total: int = 0, block_size: int = 16) -> None:
         self._grow(slot + 1)
+        self._fresh[slot] = []
         for arr in (self.dispatched_prefill, self.dispatched_kv, self.inflight, self.decoding,
-                    self.reported_prefill, self.reported_running, self.kv_used_frac):
+                    self.reported_prefill, self.reported_running, self.kv_used_frac,
+                    self.fresh_prefill):
             arr[slot] = 0.0
         self.kv_tokens_total[slot] = kv_blocks_total * block_size
         self.prefill_tps[slot] = DEFAULT_PREFILL_TPS
@@ -85,7 +97,8 @@ class LoadTracker:
             return
         new = max(n, 2 * size)
         for name in ("dispatched_prefill", "dispatched_kv", "inflight", "decoding",
-                     "reported_prefill", "reported_running", "kv_used_frac", "kv_tokens_total"):
+                     "reported_prefill", "reported_running", "kv_used_frac", "kv_tokens_total",
+                     "fresh_prefill"):
             arr = getattr(self, name)
             setattr(self, name, np.concatenate([arr, np.zeros(new - size)]))
         self.prefill_tps = np.concatenate([self.prefill_tps, np.full(new - size, DEFAULT_PREFILL_TPS)])
@@ -100,8 +113,10 @@ class LoadTracker:
         rid = router_id or self.router_id
         if (rid, request_id) in self._inflight:
             return
-        self._inflight[(rid, request_id)] = _Dispatched(slot, instance_id, prefill_tokens, kv_tokens)
+        self._inflight[(rid, request_id)] = _Dispatched(slot, instance_id, prefill_tokens, kv_tokens, now)
+        self._fresh.setdefault(slot, []).append((rid, request_id))
         self.dispatched_prefill[slot] += prefill_tokens
+        self.fresh_prefill[slot] += prefill_tokens
         self.dispatched_kv[slot] += kv_tokens
         self.inflight[slot] += 1
         if router_id is None:
@@ -116,6 +131,7 @@ class LoadTracker:
             return
         d.prefill_done = True
         self.dispatched_prefill[d.slot] -= d.prefill_tokens
+        self._unfresh(d)
         self.decoding[d.slot] += 1
         if router_id is None:
             self._share(request_id, d.instance_id, "first_token", now)
@@ -128,22 +144,29 @@ class LoadTracker:
             self.decoding[d.slot] -= 1
         else:
             self.dispatched_prefill[d.slot] -= d.prefill_tokens
+            self._unfresh(d)
         self.dispatched_kv[d.slot] -= d.kv_tokens
         self.inflight[d.slot] -= 1
         if router_id is None:
             self._share(request_id, d.instance_id, "finish", now)
 
+    def _unfresh(self, d: _Dispatched) -> None:
+        if d.fresh:
+            d.fresh = False
+            self.fresh_prefill[d.slot] -= d.prefill_tokens
+
     def _share(self, request_id: str, instance_id: str, kind: str, now: float) -> None:
         self.outbox.append(RouterLoadEvent(router_id=self.router_id, instance_id=instance_id,
                                            request_id=request_id, kind=kind, timestamp=now))
 
-    def apply_remote(self, ev: RouterLoadEvent, slot: int | None) -> None:
-        """Count another router's dispatch. ``slot`` is None when the worker is unknown here."""
+    def apply_remote(self, ev: RouterLoadEvent, slot: int | None, now: float) -> None:
+        """Count another router's dispatch, received at ``now``. ``slot`` is None when the
+        worker is unknown here."""
         if ev.router_id == self.router_id:
             return
         if ev.kind == "route" and slot is not None:
             self.on_route(ev.request_id, slot, ev.instance_id, prefill_tokens=ev.prefill_tokens,
-                          kv_tokens=ev.kv_tokens, now=ev.timestamp, router_id=ev.router_id)
+                          kv_tokens=ev.kv_tokens, now=now, router_id=ev.router_id)
         elif ev.kind == "first_token":
             self.on_first_token(ev.request_id, router_id=ev.router_id)
         elif ev.kind == "finish":
@@ -158,11 +181,23 @@ class LoadTracker:
         return (self.router_id, request_id) in self._inflight
 
     # ---- reports ----
-    def apply_report(self, slot: int, r: LoadReport) -> None:
+    def apply_report(self, slot: int, r: LoadReport, now: float) -> None:
+        """A worker's report, received at ``now`` (router clock: worker clocks may differ)."""
         if r.timestamp < self.report_time[slot]:
             return  # reordered: an older view than the one we have
         self.report_time[slot] = r.timestamp
         self.reported_prefill[slot] = r.queued_prefill_tokens
+        covered_before = now - self.report_lag_s
+        fresh = self._fresh.setdefault(slot, [])
+        i = 0
+        for key in fresh:
+            d = self._inflight.get(key)
+            if d is not None and d.routed_at >= covered_before:
+                break
+            if d is not None:
+                self._unfresh(d)
+            i += 1
+        del fresh[:i]
         self.reported_running[slot] = r.num_running + r.num_waiting
         if r.kv_blocks_total:
             self.kv_used_frac[slot] = r.kv_blocks_used / r.kv_blocks_total
@@ -173,7 +208,8 @@ class LoadTracker:
 
     # ---- merged view ----
     def queued_prefill(self) -> np.ndarray:
-        return np.maximum(self.dispatched_prefill, self.reported_prefill)
+        """Prompt tokens ahead of a new request: the last report plus what was sent since."""
+        return self.reported_prefill + self.fresh_prefill
 
     def kv_usage(self) -> np.ndarray:
         """Fraction of KV in use: reported, or dispatched footprint if that is larger."""

@@ -89,6 +89,7 @@ class RouterService:
         self._waiters: dict[str, asyncio.Future[Decision]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
+        self._reports: dict[str, LoadReport] = {}
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -172,6 +173,36 @@ class RouterService:
             finally:
                 self._finish(router, request.request_id)
         raise NoWorkers("no worker could take the request")  # pragma: no cover
+
+    def prometheus_text(self) -> str:
+        """Workers' last load reports and the routers' counters, in Prometheus text format."""
+        lines: list[str] = []
+        per_worker = (
+            ("kv_blocks_used", "KV blocks in use (last report)", lambda r: r.kv_blocks_used),
+            ("kv_blocks_total", "KV blocks in the pool", lambda r: r.kv_blocks_total),
+            ("running_requests", "Requests running (last report)", lambda r: r.num_running),
+            ("waiting_requests", "Requests waiting (last report)", lambda r: r.num_waiting),
+        )
+        for name, help_, get in per_worker:
+            lines += [f"# HELP interlock_worker_{name} {help_}", f"# TYPE interlock_worker_{name} gauge"]
+            for wid, r in sorted(self._reports.items()):
+                model = self._instances[wid].model if wid in self._instances else ""
+                lines.append(f'interlock_worker_{name}{{worker="{wid}",model="{model}"}} {get(r)}')
+        counters = (
+            ("decisions_total", "Routing decisions", lambda m: m.decisions),
+            ("prompt_tokens_total", "Prompt tokens routed", lambda m: m.prompt_tokens),
+            ("predicted_cached_tokens_total", "Prompt tokens expected from cache where routed",
+             lambda m: m.predicted_cached_tokens),
+            ("queued_total", "Requests that waited for a free worker", lambda m: m.queued),
+            ("rejected_total", "Requests rejected with 503 (queue full)", lambda m: m.rejected),
+            ("resyncs_total", "KV index re-syncs requested", lambda m: m.resyncs_requested),
+            ("decision_seconds_total", "Time spent deciding", lambda m: m.decision_s_total),
+        )
+        for name, help_, get in counters:
+            lines += [f"# HELP interlock_router_{name} {help_}", f"# TYPE interlock_router_{name} counter"]
+            for model, router in sorted(self.routers.items()):
+                lines.append(f'interlock_router_{name}{{model="{model}"}} {get(router.metrics)}')
+        return "\n".join(lines) + "\n"
 
     # ---- per request ----
     async def _route(self, router: Router, meta: RequestMeta, hashes: list[int]) -> Decision:
@@ -269,6 +300,7 @@ class RouterService:
 
     def _remove(self, instance_id: str) -> None:
         info = self._instances.pop(instance_id, None)
+        self._reports.pop(instance_id, None)
         if info is None:
             return
         router = self.routers.get(info.model)
@@ -305,6 +337,7 @@ class RouterService:
                 continue
             router.set_health(report.instance_id, True)
             router.apply_load(report)
+            self._reports[report.instance_id] = report
             self._dispatch(router)
 
     async def _on_router_load(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:

@@ -352,7 +352,8 @@ class SimWorker:
     def snapshot(self, now: float) -> KVEventBatch:
         """The whole cache as a re-sync batch."""
         hashes = tuple(h for h in (*self.cached, *self.lru) if h >= 0)
-        return KVEventBatch(instance_id=self.instance_id, seq=self._event_seq, timestamp=now,
+        # A snapshot carries the seq of the last batch it includes; live batches go on from +1.
+        return KVEventBatch(instance_id=self.instance_id, seq=self._event_seq - 1, timestamp=now,
                             events=(AllBlocksCleared(), BlockStored(block_hashes=hashes,
                                                                     parent_block_hash=None)),
                             snapshot=True)
