@@ -78,7 +78,6 @@ class EngineCore:
         self._prefill_tps = 0.0
         self._decode_step_s = 0.0
         self._load: LoadReport = self._load_report(0.0, 0)
-        self._runner_error = ErrorInfo(type="EngineError", message="model runner failed")
 
     # ---- requests ----
     def add_request(self, req: GenerateRequest) -> None:
@@ -101,6 +100,8 @@ class EngineCore:
             request = self._make_request(req)
             first = req.kv_transfer.first_token_id
             if first is not None:
+                if not 0 <= first < self.runner.vocab_size:
+                    raise InvalidRequest("kv_transfer.first_token_id out of range", param="kv_transfer")
                 request.append_output(first)
             self.scheduler.add_request(request)
         except Exception as exc:  # noqa: BLE001
@@ -159,8 +160,8 @@ class EngineCore:
         step_time = 0.0
         if batch.scheduled:
             result, step_time = self._execute(batch, t0)
-            if result is None:
-                outputs += self.scheduler.fail(batch, self._runner_error)
+            if isinstance(result, ErrorInfo):
+                outputs += self.scheduler.fail(batch, result)
             else:
                 outputs += self.scheduler.update(batch, result)
         else:
@@ -170,13 +171,12 @@ class EngineCore:
         self._load = self._load_report(step_time, batch.num_batched_tokens)
         return StepResult(outputs, self.pool.take_events(), self._load, step_time)
 
-    def _execute(self, batch: SchedulerOutput, t0: float) -> tuple[RunnerOutput | None, float]:
+    def _execute(self, batch: SchedulerOutput, t0: float) -> tuple[RunnerOutput | ErrorInfo, float]:
         try:
             result = self.runner.execute(batch)
         except Exception as exc:  # noqa: BLE001 - fail the batch, keep the engine
             log.exception("runner failed on a batch of %d requests", len(batch.scheduled))
-            self._runner_error = error_info(EngineError(f"model runner failed: {exc}"))
-            return None, self.clock.now() - t0
+            return error_info(EngineError(f"model runner failed: {exc}")), self.clock.now() - t0
         # A simulated runner reports its modelled time; a real one is measured.
         modelled = getattr(self.runner, "last_step_time_s", None)
         return result, modelled if modelled is not None else self.clock.now() - t0
