@@ -92,6 +92,11 @@ class KVCacheManager:
         blocks.extend(new)
         return new
 
+    def allocate_for_remote(self, req: Request, *, watermark: bool) -> list[int] | None:
+        """Blocks for the whole prompt of a request whose KV another worker computed (no prefix
+        lookup: the transfer fills every block). None if the pool cannot give them now."""
+        return self.allocate_slots(req, req.num_prompt_tokens, num_computed_tokens=0, watermark=watermark)
+
     def cache_full_blocks(self, req: Request) -> None:
         """Offer the blocks that became full of computed KV to the prefix cache."""
         rid = req.request_id

@@ -265,10 +265,7 @@ class Scheduler:
 
     def _park_remote(self, req: Request) -> bool:
         """Allocate blocks for the prompt whose KV another worker computes; no slot, no budget."""
-        new = self.kv.allocate_slots(
-            req, req.num_prompt_tokens, num_computed_tokens=0, watermark=bool(self.running)
-        )
-        if new is None:
+        if self.kv.allocate_for_remote(req, watermark=bool(self.running)) is None:
             return False
         self._dequeue_head()
         req.status = RS.WAITING_FOR_REMOTE_KV

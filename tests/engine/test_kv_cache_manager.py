@@ -86,3 +86,13 @@ def test_cached_hits_in_free_queue_count_against_free_space() -> None:
     assert kv.allocate_slots(b, 5, hits, num_computed_tokens=n) is None  # needs 2 more, 1 left
     assert kv.allocate_slots(b, 4, hits, num_computed_tokens=n) is not None
     kv.check_integrity()
+
+
+def test_allocate_for_remote_covers_the_prompt() -> None:
+    pool = BlockPool(4, BS)
+    kv = KVCacheManager(pool, watermark=0.25)
+    req = _req("r", list(range(10)))
+    assert kv.allocate_for_remote(req, watermark=True) is not None
+    assert len(kv.block_table("r")) == 3
+    assert kv.allocate_for_remote(_req("s", [1]), watermark=True) is None  # watermark: 1 kept
+    kv.check_integrity()
