@@ -12,6 +12,7 @@ from interlock.transfer.base import (
     TransferState,
     TransferStatus,
 )
+from interlock.transfer.kv import import_when_done, stage_blocks
 from interlock.transfer.link import LinkStats, measure_link
 
 __all__ = [
@@ -24,5 +25,7 @@ __all__ = [
     "TransferDescriptor",
     "TransferState",
     "TransferStatus",
+    "import_when_done",
     "measure_link",
+    "stage_blocks",
 ]
