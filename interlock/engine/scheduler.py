@@ -82,6 +82,12 @@ class Scheduler:
                 f"the pool has {self.kv.pool.num_blocks}",
                 param="max_tokens",
             )
+        if req.output_token_ids:  # a remote prefill's first token may already end it
+            status = self._stop_status(req, req.output_token_ids[-1])
+            if status is not None:
+                req.status = status
+                self._pending.append(self._output(req))
+                return
         self.requests[req.request_id] = req
         self._enqueue(req)
 

@@ -239,3 +239,13 @@ def test_factory_builds_a_mock_engine_and_refuses_unknown_runners() -> None:
     assert len(tokens(run_to_end(engine)["a"])) == 3
     with pytest.raises(ConfigError):
         build_runner(replace(config, model=replace(config.model, runner="nope")))
+
+
+def test_remote_request_already_finished_by_its_first_token() -> None:
+    decode = make_engine()
+    kt = KVTransferParams(do_remote_prefill=True, first_token_id=REF[0])
+    sp = SamplingParams(max_tokens=1, ignore_eos=True)
+    decode.add_request(GenerateRequest(request_id="d", token_ids=tuple(PROMPT), sampling=sp, kv_transfer=kt))
+    outs = run_to_end(decode)["d"]
+    assert [(o.token_ids, o.finish_reason) for o in outs] == [((REF[0],), "length")]
+    assert decode.pool.num_used_blocks == 0
