@@ -181,5 +181,5 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.pool.num_free_blocks == self.pool.num_blocks
 
 
-PoolMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+PoolMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
 TestPoolMachine = PoolMachine.TestCase
