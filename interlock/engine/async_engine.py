@@ -214,11 +214,18 @@ class AsyncEngine:
 
     def _publish(self, result: StepResult) -> None:
         self._load = result.load
+        # One wake-up per client loop per step, not one per output.
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[GenerateOutput], GenerateOutput]]] = {}
         with self._cv:
-            streams = [(self._streams.get(o.request_id), o) for o in result.outputs]
-        for stream, out in streams:
-            if stream is not None:
-                _deliver(stream[0], stream[1], out)
+            for out in result.outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    batches.setdefault(stream[0], []).append((stream[1], out))
+        for client_loop, items in batches.items():
+            try:
+                client_loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the client's loop is closed
+                pass
         loop = self._loop
         if loop is None:
             return
@@ -253,3 +260,8 @@ def _deliver(loop: asyncio.AbstractEventLoop, q: asyncio.Queue[GenerateOutput], 
         loop.call_soon_threadsafe(q.put_nowait, out)
     except RuntimeError:  # the client's loop is closed
         pass
+
+
+def _put_all(items: list[tuple[asyncio.Queue[GenerateOutput], GenerateOutput]]) -> None:
+    for q, out in items:
+        q.put_nowait(out)
