@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from interlock.engine.clock import Clock
+from interlock.engine.clock import Clock, RealClock
 from interlock.engine.config import EngineConfig
 from interlock.engine.core import EngineCore
 from interlock.engine.runner import ModelRunner
@@ -17,14 +17,15 @@ MOCK_DEFAULT_BLOCKS = 8192
 def build_runner(
     config: EngineConfig, *, clock: Clock | None = None, speedup: float = 1.0
 ) -> ModelRunner:
-    """``mock``: a MockRunner (``clock``/``speedup`` set its timing); ``torch``: the real model."""
+    """``mock``: a MockRunner that sleeps its modelled step time (divided by ``speedup``) on a
+    real clock, or only records it on a ``VirtualClock``; ``torch``: the real model."""
     kind = config.model.runner
     if kind == "mock":
         return MockRunner(
             num_blocks=config.cache.num_blocks or MOCK_DEFAULT_BLOCKS,
             block_size=config.cache.block_size,
             timing=TimingModel(speedup=speedup),
-            clock=clock,
+            clock=clock or RealClock(),
         )
     if kind == "torch":
         # Imported here so that the mock path never loads torch.
