@@ -20,20 +20,20 @@ import torch
 from safetensors import safe_open
 
 from interlock.engine.model.config import ModelArchConfig
+from interlock.engine.model.linear import Linear
 from interlock.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor
-    """[q_size + 2 * kv_size, hidden]; the q rows are pre-scaled by 1/sqrt(head_dim)."""
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    qkv: Linear
+    """[q_size + 2 * kv_size, hidden] (+ bias for Qwen2); q rows pre-scaled by 1/sqrt(head_dim)."""
+    o: Linear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
+    gate_up: Linear
     """[2 * intermediate, hidden]: gate rows first, then up rows."""
-    down: torch.Tensor
+    down: Linear
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class ModelWeights:
     embed: torch.Tensor
     layers: tuple[LayerWeights, ...]
     norm: torch.Tensor
-    lm_head: torch.Tensor
+    lm_head: Linear
 
 
 class _Checkpoint:
@@ -75,7 +75,7 @@ def load_weights(
         embed=embed,
         layers=tuple(_layer(ckpt, config, i, dtype, device) for i in range(config.num_layers)),
         norm=ckpt.get("model.norm.weight", dtype, device),
-        lm_head=embed if tied else ckpt.get("lm_head.weight", dtype, device),
+        lm_head=Linear(embed if tied else ckpt.get("lm_head.weight", dtype, device)),
     )
 
 
@@ -98,10 +98,9 @@ def _layer(
     gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
     return LayerWeights(
         input_norm=get("input_layernorm.weight").to(dtype),
-        qkv=qkv.to(dtype).contiguous(),
-        qkv_bias=bias,
-        o=get("self_attn.o_proj.weight").to(dtype),
+        qkv=Linear(qkv.to(dtype).contiguous(), bias),
+        o=Linear(get("self_attn.o_proj.weight").to(dtype)),
         post_norm=get("post_attention_layernorm.weight").to(dtype),
-        gate_up=gate_up.to(dtype).contiguous(),
-        down=get("mlp.down_proj.weight").to(dtype),
+        gate_up=Linear(gate_up.to(dtype).contiguous()),
+        down=Linear(get("mlp.down_proj.weight").to(dtype)),
     )

@@ -1,0 +1,156 @@
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p, seeds, min_tokens, logprobs.
+
+One call handles every row that samples in a step. Greedy rows take the argmax; the others go
+through one vectorised pipeline (temperature -> top-k/top-p on sorted logits -> min-p ->
+softmax) and draw with the exponential race ``argmax(p / E)``, ``E ~ Exp(1)``, which picks
+token i with probability p_i.
+
+Reproducibility: a row with a seed draws its noise from a generator seeded with
+``mix(seed, num_output_tokens)``. The draw for the n-th output token therefore depends on the
+request alone, never on what else shares the batch, nor on whether the request was preempted
+and recomputed. Unseeded rows share the sampler's generator.
+
+Logprobs are of the model's raw distribution (before temperature and truncation), as in
+vLLM's default. Parameters are validated at the edge (SamplingParams.validate); here bad
+values are clamped to safe ones so that one request can never break the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from interlock.protocol import SamplingParams, TokenLogprobs
+
+_MASK = float("-inf")
+_GOLDEN = 0x9E3779B97F4A7C15
+_U64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingRow:
+    params: SamplingParams
+    num_output_tokens: int
+    """Output tokens the request had before this one (for seeds and min_tokens)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+def seed_for_step(seed: int, step: int) -> int:
+    """A generator seed for a request's ``step``-th output token (mixed, in torch's range)."""
+    return ((seed & _U64) ^ ((step + 1) * _GOLDEN)) & (_U64 >> 1)
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: Sequence[int], seed: int = 0, device: torch.device | None = None) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.device = device or torch.device("cpu")
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self._row_generator = torch.Generator(device=self.device)
+
+    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
+        """``logits``: fp32 ``[len(rows), vocab]``. Returns one token (and logprobs) per row."""
+        raw = logits
+        logits = self._mask_stops(logits.clone(), rows)
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, row in enumerate(rows) if not _greedy(row.params)]
+        if random_rows:
+            index = torch.tensor(random_rows, device=logits.device)
+            picked = self._sample(logits.index_select(0, index), [rows[i] for i in random_rows])
+            tokens.index_copy_(0, index, picked)
+        token_list = tokens.tolist()
+        return SampleResult(token_list, _logprobs(raw, rows, token_list))
+
+    def _mask_stops(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """Before min_tokens, stop tokens may not be sampled."""
+        for i, row in enumerate(rows):
+            p = row.params
+            if row.num_output_tokens < p.min_tokens:
+                stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+                ids = [t for t in stops if 0 <= t < logits.shape[-1]]
+                if ids:
+                    logits[i, ids] = _MASK
+        return logits
+
+    def _sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        temps = torch.tensor([_clamp(r.params.temperature, 1e-5, 100.0) for r in rows], device=logits.device)
+        logits = logits / temps.unsqueeze(1)
+        logits = _top_k_top_p(logits, rows)
+        probs = torch.softmax(logits, dim=-1)
+        probs = _min_p(probs, rows)
+        noise = self._noise(rows, probs.shape[-1])
+        tokens = probs.div_(noise).argmax(dim=-1)
+        # A row whose probabilities are all NaN (bad logits) falls back to its argmax.
+        bad = torch.isnan(probs).all(dim=-1)
+        return torch.where(bad, logits.argmax(dim=-1), tokens)
+
+    def _noise(self, rows: Sequence[SamplingRow], vocab: int) -> torch.Tensor:
+        noise = torch.empty(len(rows), vocab, device=self.device)
+        noise.exponential_(generator=self.generator)
+        for i, row in enumerate(rows):
+            if row.params.seed is not None:
+                self._row_generator.manual_seed(seed_for_step(row.params.seed, row.num_output_tokens))
+                noise[i].exponential_(generator=self._row_generator)
+        return noise
+
+
+def _greedy(params: SamplingParams) -> bool:
+    t = params.temperature
+    return not (t == t) or t <= 1e-5  # NaN counts as greedy
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return low if not (value == value) else min(max(value, low), high)
+
+
+def _top_k_top_p(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    top_k = [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
+    top_p = [_clamp(r.params.top_p, 1e-6, 1.0) for r in rows]
+    if all(k == vocab for k in top_k) and all(p >= 1.0 for p in top_p):
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    drop = rank >= torch.tensor(top_k, device=logits.device).unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, _MASK)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it
+    # already does. The first token is always kept.
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop = mass_before >= torch.tensor(top_p, device=logits.device).unsqueeze(1)
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, _MASK)
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _min_p(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    min_p = [_clamp(r.params.min_p, 0.0, 1.0) for r in rows]
+    if not any(min_p):
+        return probs
+    threshold = probs.amax(dim=-1, keepdim=True) * torch.tensor(min_p, device=probs.device).unsqueeze(1)
+    return probs.masked_fill(probs < threshold, 0.0)
+
+
+def _logprobs(
+    raw: torch.Tensor, rows: Sequence[SamplingRow], tokens: list[int]
+) -> list[TokenLogprobs | None]:
+    wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+    out: list[TokenLogprobs | None] = [None] * len(rows)
+    if not wanted:
+        return out
+    logp = torch.log_softmax(raw.index_select(0, torch.tensor(wanted, device=raw.device)), dim=-1)
+    top_n = max(max(0, rows[i].params.logprobs or 0) for i in wanted)
+    top_values, top_ids = logp.topk(min(top_n, logp.shape[-1]), dim=-1)
+    chosen = logp.gather(1, torch.tensor([[tokens[i]] for i in wanted], device=raw.device))
+    for j, i in enumerate(wanted):
+        n = max(0, rows[i].params.logprobs or 0)
+        top = tuple(zip(top_ids[j, :n].tolist(), top_values[j, :n].tolist(), strict=True))
+        out[i] = TokenLogprobs(tokens[i], float(chosen[j, 0]), top)
+    return out
