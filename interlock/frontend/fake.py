@@ -13,7 +13,6 @@ import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from interlock.errors import InterlockError
 from interlock.frontend.backend import ModelEntry, RequestContext
 from interlock.protocol import GenerateOutput, GenerateRequest, TokenLogprobs
 
@@ -28,8 +27,9 @@ class FakeScript:
     first_token_delay_s: float = 0.0
     tokens_per_output: int = 1
     cached_tokens: int = 0
-    error: InterlockError | None = None
-    """Raised after ``error_after`` tokens were emitted (0: before the first output)."""
+    error: Exception | None = None
+    """Raised after ``error_after`` tokens were emitted (0: before the first output); normally an
+    ``interlock.errors`` class, any other exception stands for a bug in the backend."""
     error_after: int = 0
     response_headers: tuple[tuple[str, str], ...] = ()
 

@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 
 from interlock.errors import ConfigError
 from interlock.frontend.templates import ChatTemplate, load_chat_template_source
@@ -99,8 +99,7 @@ def _special_ids(tok: ModelTokenizer) -> frozenset[int]:
 
 
 def _is_byte_level(tokenizer: Tokenizer) -> bool:
-    decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
-    return decoder.get("type") == "ByteLevel"
+    return isinstance(tokenizer.decoder, decoders.ByteLevel)
 
 
 def _byte_level_decoder() -> dict[str, int]:

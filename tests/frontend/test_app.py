@@ -259,6 +259,16 @@ def test_error_after_streaming_started_is_an_sse_event(client: openai.OpenAI, ht
     assert error_of(r2, 500)["message"] == "died mid-way"
 
 
+def test_unexpected_backend_exception_is_a_500_or_an_sse_error(http: httpx.Client, served: Served) -> None:
+    headers = served.script(key(), FakeScript(error=RuntimeError("bug"), error_after=2))
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "x"}, headers=headers)
+    assert error_of(r, 500)["message"] == "internal server error"
+    with http.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True}, headers=headers) as r:
+        events = [line for line in r.iter_lines() if line]
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["type"] == "internal_error"
+    assert events[-1] == "data: [DONE]"
+
+
 def test_errors_do_not_affect_other_requests(client: openai.OpenAI, served: Served) -> None:
     slow = served.script(key(), FakeScript(token_ids=tuple(range(300, 340)), token_delay_s=0.01))
     failing = served.script(key(), FakeScript(error=EngineError("boom")))
