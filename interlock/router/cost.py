@@ -4,20 +4,25 @@ Pure functions over per-worker vectors (numpy), no state. For worker ``w``::
 
     uncached_w = max(prompt_tokens - overlap_w * block_size, 1)    # prefix hits are free
     work_w     = queued_prefill_w + uncached_w                      # tokens ahead of our 1st token
-    ttft_w     = (work_w + miss_weight * uncached_w) / prefill_tps_w
-                                                                    # prefill time at its measured speed
-               + ceil(work_w / chunk_tokens) * decode_step_s_w * [decoding_w > 0]
-                                                                    # decode share of every mixed step
+    ttft_w     = (work_w + miss_weight * uncached_w) * per_token_s_w
+               + ceil(work_w / chunk_tokens) * step_overhead_s_w    # per-step cost, decodes included
                + decode_weight * decode_tokens * decode_step_s_w    # optional: the decode phase too
+
+``per_token_s`` and ``step_overhead_s`` are each worker's measured speed, a line fitted to its
+load reports (``speed.StepTimeFit``).
 
 Why seconds instead of Dynamo's weighted block counts: a cache hit is worth exactly the prefill
 time it saves on *that* worker, and a queue costs exactly the time to drain it, so hits and load
 trade off in one unit without a tuning knob, and a slow or busy worker is priced as such.
 
 ``miss_weight`` (default 1) charges a miss a second time: the prefill it adds also delays every
-later request on that worker, which a pure TTFT estimate ignores. On the Mooncake conversation
-trace (BENCHMARKS.md) it raised the hit ratio from 78% to 88% of the infinite-cache bound at
-the same TTFT p99.
+later request on that worker, which a pure TTFT estimate ignores (on the Mooncake conversation
+trace it moved the hit ratio from about 80% to about 89% of the infinite-cache bound at the
+same TTFT p99). ``decode_weight`` (default 0.2) adds a fifth of the request's own decode time
+at the worker's measured decode-step time: a pure TTFT cost keeps sending requests behind a
+shared system prompt to the few workers that already cache it, where the decodes pile up (in
+the 8-worker herding test, busiest worker 1.9x the mean in-flight at 60 req/s without it,
+1.01x with it, at the same hit ratio).
 
 Pressure: above ``kv_watermark`` of KV usage the cost is multiplied by
 ``1 + kv_penalty * (usage - watermark) / (1 - watermark)`` (a worker near full would evict the
@@ -47,7 +52,7 @@ class CostParams:
     miss_weight: float = 1.0
     """Extra weight on this request's own uncached prefill: the work a miss adds to the whole
     system (it delays later requests too), beyond this request's TTFT."""
-    decode_weight: float = 0.0
+    decode_weight: float = 0.2
     """Weight of this request's own decode time (0: pure TTFT)."""
     temperature: float = 0.0
     tie_tolerance_s: float = 1e-3
@@ -67,17 +72,17 @@ def ttft_costs(
     prompt_tokens: int,
     overlap_blocks: np.ndarray,
     queued_prefill: np.ndarray,
-    prefill_tps: np.ndarray,
+    per_token_s: np.ndarray,
+    step_overhead_s: np.ndarray,
     decode_step_s: np.ndarray,
-    decoding: np.ndarray,
     kv_usage: np.ndarray,
     decode_tokens: int = 0,
 ) -> np.ndarray:
     """Estimated seconds to first token on each worker (see module docstring)."""
     uncached = np.maximum(prompt_tokens - overlap_blocks * params.block_size, 1)
     work = queued_prefill + uncached
-    cost = (work + params.miss_weight * uncached) / prefill_tps
-    cost += np.ceil(work / params.chunk_tokens) * decode_step_s * (decoding > 0)
+    cost = (work + params.miss_weight * uncached) * per_token_s
+    cost += np.ceil(work / params.chunk_tokens) * step_overhead_s
     if params.decode_weight and decode_tokens:
         cost += params.decode_weight * decode_tokens * decode_step_s
     over = np.clip(kv_usage - params.kv_watermark, 0.0, None) / max(1.0 - params.kv_watermark, 1e-9)

@@ -282,14 +282,15 @@ class Router:
             ov = int(self.indexer.overlaps(hashes, n)[slot]) if hashes else 0
             return self._decision(meta, self._slot_ids[slot], reason, ov, t0=t0)
         overlaps = self.indexer.overlaps(hashes, n) if hashes else np.zeros(n, dtype=np.int32)
+        overhead, per_token = self.load.speeds()
         costs = ttft_costs(
             self.config.cost,
             prompt_tokens=meta.prompt_tokens,
             overlap_blocks=overlaps,
             queued_prefill=queued,
-            prefill_tps=self.load.prefill_tps[:n],
+            per_token_s=per_token[:n],
+            step_overhead_s=overhead[:n],
             decode_step_s=self.load.decode_step_s[:n],
-            decoding=self.load.decoding[:n],
             kv_usage=self.load.kv_usage()[:n],
             decode_tokens=meta.max_tokens,
         )

@@ -26,11 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from interlock.protocol.events import LoadReport, RouterLoadEvent
+from interlock.router.speed import StepTimeFit
 
 DEFAULT_PREFILL_TPS = 10_000.0
-"""Assumed prefill speed (tokens/s) before a worker's first report. Only ratios between workers
-matter to the decision, so a shared default is harmless."""
+"""Assumed prefill speed (tokens/s) before any worker has reported one."""
 DEFAULT_DECODE_STEP_S = 0.02
+DEFAULT_STEP_OVERHEAD_S = 0.02
 
 
 @dataclass(slots=True)
@@ -70,6 +71,9 @@ class LoadTracker:
         self.prefill_tps = np.full(n, DEFAULT_PREFILL_TPS)
         self.decode_step_s = np.full(n, DEFAULT_DECODE_STEP_S)
         self.report_time = np.full(n, -np.inf)
+        self._fits: dict[int, StepTimeFit] = {}
+        self._fitted: dict[int, tuple[float, float]] = {}
+        self._speeds: tuple[np.ndarray, np.ndarray] | None = None
         self.outbox: list[RouterLoadEvent] = []
         """Events for other routers; the glue drains and publishes them."""
 
@@ -85,6 +89,9 @@ class LoadTracker:
         self.prefill_tps[slot] = DEFAULT_PREFILL_TPS
         self.decode_step_s[slot] = DEFAULT_DECODE_STEP_S
         self.report_time[slot] = -np.inf
+        self._fits[slot] = StepTimeFit()
+        self._fitted.pop(slot, None)
+        self._speeds = None
 
     def remove_worker(self, slot: int) -> None:
         for key in [k for k, d in self._inflight.items() if d.slot == slot]:
@@ -203,10 +210,36 @@ class LoadTracker:
             self.kv_used_frac[slot] = r.kv_blocks_used / r.kv_blocks_total
         if r.prefill_tokens_per_s > 0:
             self.prefill_tps[slot] = r.prefill_tokens_per_s
+            self._speeds = None
+        if r.step_time_s > 0 and r.tokens_computed > r.num_running:
+            # A step that computed prompt tokens (a decode-only step computes one per running
+            # request and has no prefill overhead, so it would bend the line).
+            fit = self._fits.setdefault(slot, StepTimeFit())
+            fit.add(r.tokens_computed, r.step_time_s)
+            est = fit.estimate()
+            if est is not None:
+                self._fitted[slot] = est
+                self._speeds = None
         if r.decode_step_s > 0:
             self.decode_step_s[slot] = r.decode_step_s
 
     # ---- merged view ----
+    def speeds(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(step_overhead_s, per_token_s)`` per slot: the worker's own fitted line, else the
+        fleet's median line, else its reported tokens/s with the default overhead."""
+        if self._speeds is None:
+            overhead = np.full(len(self.inflight), DEFAULT_STEP_OVERHEAD_S)
+            per_token = 1.0 / self.prefill_tps
+            if self._fitted:
+                fits = np.asarray(list(self._fitted.values()))
+                overhead[:] = np.median(fits[:, 0])
+                if len(self._fitted) < len(self._fits):
+                    per_token = np.full(len(self.inflight), np.median(fits[:, 1]))
+                for slot, (a, b) in self._fitted.items():
+                    overhead[slot], per_token[slot] = a, b
+            self._speeds = (overhead, per_token)
+        return self._speeds
+
     def queued_prefill(self) -> np.ndarray:
         """Prompt tokens ahead of a new request: the last report plus what was sent since."""
         return self.reported_prefill + self.fresh_prefill

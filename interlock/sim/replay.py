@@ -65,6 +65,8 @@ class _Driver(WorkerSink):
                 publishes_kv_events=cfg.publish_events))
         for wid in self.router.needs_resync():
             self.router.apply_events(self.workers[wid].snapshot(0.0))
+        for w in self.workers.values():
+            self.router.apply_load(w.load_report(0.0))  # a worker reports once when it starts
         self.heap: list[tuple[float, int, str, int]] = []
         self._tie = 0
         self.done: list[SimSeq] = []

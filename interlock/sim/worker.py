@@ -336,17 +336,19 @@ class SimWorker:
                                              timestamp=now, events=tuple(self._events)))
             self._event_seq += 1
             self._events = []
-        self.sink.load(self.load_report(now))
+        tokens = sum(t for _, t in st.chunks) + st.decodes
+        self.sink.load(self.load_report(now, (st.end - st.start) / st.k, tokens))
 
-    def load_report(self, now: float) -> LoadReport:
+    def load_report(self, now: float, step_s: float = 0.0, tokens: int = 0) -> LoadReport:
         u = self.decode_ctx / self._kv_tokens_total
         tps = self._prefill_tok / self._prefill_time if self._prefill_time else 0.0
         return LoadReport(
             instance_id=self.instance_id, timestamp=now, num_running=len(self.prefilling)
             + self.num_decoding, num_waiting=len(self.waiting), kv_blocks_used=self.used,
             kv_blocks_total=self.num_blocks, queued_prefill_tokens=max(self.queued_prefill, 0),
-            step_time_s=0.0, tokens_computed=0, prefill_tokens_per_s=tps,
-            decode_step_s=self.timing.step_s(0, 1, u) if self.num_decoding else 0.0,
+            step_time_s=step_s, tokens_computed=tokens, prefill_tokens_per_s=tps,
+            # What the engine's decode-step average converges to at this KV usage.
+            decode_step_s=self.timing.step_s(0, 1, u),
         )
 
     def snapshot(self, now: float) -> KVEventBatch:

@@ -1,0 +1,62 @@
+"""``interlock replay TRACE``: replay a Mooncake-format trace in virtual time against simulated
+workers behind the router, and print the report.
+
+Offline only for now: replay against running worker processes (online) is not implemented.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+
+from interlock.router import POLICIES, RouterConfig
+from interlock.router.cost import CostParams
+from interlock.sim import ReplayConfig, TraceHasher, load_mooncake, mooncake_requests, replay
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="interlock replay", description=__doc__)
+    p.add_argument("trace", help="Mooncake-format JSONL trace")
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--policy", choices=POLICIES, default="kv")
+    p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
+    p.add_argument("--blocks-per-worker", type=int, default=61_000)
+    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--trace-block-size", type=int, default=512)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--engine-speedup", type=float, default=1.0, help="divide step times by this")
+    p.add_argument("--no-kv-events", action="store_true",
+                   help="workers publish no KV events (router predicts their caches)")
+    p.add_argument("--miss-weight", type=float, default=CostParams.miss_weight)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    records = load_mooncake(args.trace, limit=args.limit)
+    hasher = TraceHasher(args.block_size, args.trace_block_size)
+    requests = mooncake_requests(records, block_size=args.block_size, speedup=args.speedup,
+                                 hasher=hasher)
+    cost = replace(CostParams(), miss_weight=args.miss_weight, temperature=args.temperature)
+    cfg = ReplayConfig(
+        num_workers=args.workers, num_blocks=args.blocks_per_worker, block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        engine_speedup=args.engine_speedup, publish_events=not args.no_kv_events,
+        router=RouterConfig(policy=args.policy, block_size=args.block_size, cost=cost,
+                            seed=0),
+    )
+    report = replay(requests, cfg)
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=2)
+        print()
+    else:
+        print(f"trace {args.trace}: {len(requests)} requests, arrivals x{args.speedup}, "
+              f"{args.workers} workers x {args.blocks_per_worker} blocks of {args.block_size}")
+        print(report.render())
+    return 0
