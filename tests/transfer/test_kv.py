@@ -32,3 +32,16 @@ def test_failed_export_aborts_the_source(agent):
     with pytest.raises(IndexError):
         stage_blocks(agent, runner, [7])
     assert agent.num_live_sources() == 0
+
+
+def test_nothing_is_imported_while_pending(agent):
+    decode = MockRunner(num_blocks=4, timing=None)
+
+    class Pending:
+        def poll(self):
+            from interlock.transfer.base import PENDING
+
+            return PENDING
+
+    assert import_when_done(Pending(), decode, [0]).state is TransferState.PENDING  # type: ignore[arg-type]
+    assert (decode.kv == -1).all()
