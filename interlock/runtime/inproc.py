@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from interlock.errors import TransportError
 from interlock.protocol import InstanceInfo
+from interlock.runtime.channel import Channel
 from interlock.runtime.config import RuntimeConfig
 from interlock.runtime.interfaces import DiscoveryEvent, Handler, RequestContext
 from interlock.runtime.leases import LeaseTable
@@ -21,9 +22,6 @@ from interlock.runtime.remote import remote_error, run_handler
 from interlock.runtime.subscription import Subscription
 
 SCHEME = "inproc://"
-
-_Item = bytes | Exception | None
-"""What a call's queue carries: a chunk, the error that ends it, or None for a clean end."""
 
 
 class InProcRegistry:
@@ -85,7 +83,7 @@ class InProcRequestPlane:
     def __init__(self, registry: InProcRegistry) -> None:
         self._registry = registry
         self._keys: set[str] = set()
-        self._calls: dict[asyncio.Task[None], asyncio.Queue[_Item]] = {}
+        self._calls: dict[asyncio.Task[None], Channel] = {}
 
     async def serve(
         self, endpoint: EndpointName | str, handler: Handler, *, instance_id: str | None = None
@@ -135,21 +133,21 @@ class InProcRequestPlane:
             await self.unserve(SCHEME + key)
         for task, queue in list(self._calls.items()):
             task.cancel()
-            queue.put_nowait(TransportError("server closed"))
+            queue.put(TransportError("server closed"))
 
     def _start(
         self, handler: Handler, payload: bytes, ctx: RequestContext
-    ) -> tuple[asyncio.Queue[_Item], asyncio.Task[None]]:
-        queue: asyncio.Queue[_Item] = asyncio.Queue()
+    ) -> tuple[Channel, asyncio.Task[None]]:
+        queue = Channel()
 
         async def send(chunk: bytes) -> None:
-            queue.put_nowait(chunk)
+            queue.put(chunk)
 
         async def end() -> None:
-            queue.put_nowait(None)
+            queue.put(None)
 
         async def fail(type_name: str, message: str) -> None:
-            queue.put_nowait(remote_error(type_name, message))
+            queue.put(remote_error(type_name, message))
 
         task = asyncio.create_task(run_handler(handler, payload, ctx, send, end, fail))
         self._calls[task] = queue

@@ -25,20 +25,20 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
 from interlock.errors import TransportError
+from interlock.runtime.channel import Channel
 from interlock.runtime.config import RuntimeConfig
 from interlock.runtime.interfaces import Handler, RequestContext
 from interlock.runtime.naming import SUBJECT_PREFIX, EndpointName
 from interlock.runtime.remote import remote_error, run_handler
 
 SCHEME = "nats-rp://"
-_Item = bytes | Exception | None
 _NO_RESPONDERS = TransportError("no responders")
 _RETRY_DELAYS = (0.0, 0.01, 0.05)
 
 
 @dataclass(slots=True)
 class _Call:
-    queue: asyncio.Queue[_Item] = field(default_factory=asyncio.Queue)
+    queue: Channel = field(default_factory=Channel)
     last_heard: float = 0.0
 
 
@@ -186,21 +186,21 @@ class NatsRequestPlane:
         data = msg.data
         kind = data[:1]
         if kind == b"D":
-            call.queue.put_nowait(data[1:])
+            call.queue.put(data[1:])
         elif kind in (b"E", b"P"):
-            call.queue.put_nowait(None)
+            call.queue.put(None)
         elif kind == b"X":
             type_name, message = msgspec.msgpack.decode(data[1:])
-            call.queue.put_nowait(remote_error(type_name, message))
+            call.queue.put(remote_error(type_name, message))
         elif not data and msg.headers and msg.headers.get("Status") == "503":
-            call.queue.put_nowait(_NO_RESPONDERS)
+            call.queue.put(_NO_RESPONDERS)
 
     def _fail_silent_calls(self) -> None:
         now = asyncio.get_running_loop().time()
         for reply, call in list(self._calls.items()):
             if now - call.last_heard > self._config.peer_timeout:
                 del self._calls[reply]
-                call.queue.put_nowait(TransportError("server silent past peer_timeout"))
+                call.queue.put(TransportError("server silent past peer_timeout"))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -216,5 +216,5 @@ class NatsRequestPlane:
         self._served.clear()
         self._control.clear()
         for call in self._calls.values():
-            call.queue.put_nowait(TransportError("request plane closed"))
+            call.queue.put(TransportError("request plane closed"))
         self._calls.clear()

@@ -57,11 +57,11 @@ class TcpRequestPlane:
     async def stream(self, address: str, payload: bytes) -> AsyncIterator[bytes]:
         host, port, key = parse_address(address)
         conn = await self._connection(host, port)
-        sid, queue = conn.open(key, payload)
+        sid, channel = conn.open(key, payload)
         finished = False
         try:
             while True:
-                item = await queue.get()
+                item = await channel.get()
                 if type(item) is bytes:
                     yield item
                 elif item is None:

@@ -12,11 +12,9 @@ import asyncio
 import itertools
 
 from interlock.errors import TransportError
+from interlock.runtime.channel import Channel
 from interlock.runtime.frames import Cancel, Data, End, Fail, Frame, FramedProtocol, Open, Ping, Pong
 from interlock.runtime.remote import remote_error
-
-Item = bytes | Exception | None
-"""A call's queue carries chunks, then None (clean end) or the error that ends it."""
 
 
 class ClientConnection(FramedProtocol):
@@ -26,7 +24,7 @@ class ClientConnection(FramedProtocol):
         self.closed = False
         self._keepalive_interval = keepalive_interval
         self._peer_timeout = peer_timeout
-        self._calls: dict[int, asyncio.Queue[Item]] = {}
+        self._calls: dict[int, Channel] = {}
         self._pings: dict[int, asyncio.Future[bool]] = {}
         self._ids = itertools.count(1)
         self._loop = asyncio.get_running_loop()
@@ -37,16 +35,15 @@ class ClientConnection(FramedProtocol):
         super().connection_made(transport)
         self._keepalive = asyncio.create_task(self._watch_peer())
 
-    def open(self, key: str, payload: bytes) -> tuple[int, asyncio.Queue[Item]]:
+    def open(self, key: str, payload: bytes) -> tuple[int, Channel]:
         if self.closed:
             raise TransportError(f"connection to {self.peer} is closed")
         if not self._calls and not self._pings:
             self._last_heard = self._loop.time()  # silence while idle is not a fault
         sid = next(self._ids)
-        queue: asyncio.Queue[Item] = asyncio.Queue()
-        self._calls[sid] = queue
+        channel = self._calls[sid] = Channel()
         self.send(Open(sid, key, payload))
-        return sid, queue
+        return sid, channel
 
     def cancel(self, sid: int) -> None:
         if self._calls.pop(sid, None) is not None and not self.closed:
@@ -75,16 +72,16 @@ class ClientConnection(FramedProtocol):
         if kind is Data:
             queue = self._calls.get(frame.stream_id)  # type: ignore[union-attr]
             if queue is not None:
-                queue.put_nowait(frame.payload)  # type: ignore[union-attr]
+                queue.put(frame.payload)  # type: ignore[union-attr]
         elif kind is End:
             queue = self._calls.pop(frame.stream_id, None)  # type: ignore[union-attr]
             if queue is not None:
-                queue.put_nowait(None)
+                queue.put(None)
         elif kind is Fail:
             assert isinstance(frame, Fail)
             queue = self._calls.pop(frame.stream_id, None)
             if queue is not None:
-                queue.put_nowait(remote_error(frame.type, frame.message))
+                queue.put(remote_error(frame.type, frame.message))
         elif kind is Pong:
             assert isinstance(frame, Pong)
             future = self._pings.get(frame.nonce)
@@ -105,7 +102,7 @@ class ClientConnection(FramedProtocol):
         if self._keepalive is not None:
             self._keepalive.cancel()
         for queue in self._calls.values():
-            queue.put_nowait(TransportError(reason))
+            queue.put(TransportError(reason))
         self._calls.clear()
         for future in self._pings.values():
             if not future.done():
