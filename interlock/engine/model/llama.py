@@ -64,6 +64,8 @@ class LlamaModel:
             h = h + self._attention(x, layer, cos, sin, meta, cache.slots[i], cache.blocks[i])
             x = self._norm(h, layer.post_norm)
             h = h + self._mlp(x, layer)
+        if not logits_indices.numel():
+            return torch.empty(0, self.config.vocab_size, device=self.device)
         last = self._norm(h.index_select(0, logits_indices), self.weights.norm)
         return self.weights.lm_head(last).float()
 

@@ -1,0 +1,122 @@
+"""The real model runner: a Llama-family model in PyTorch over a paged KV cache.
+
+Per step it turns the scheduler's chunks into one flat batch (``model.batch``), runs the
+forward pass (which writes every computed token's K/V into the slots of its block table),
+and samples one token for each request whose chunk ends at its last known token. It holds no
+per-request state: everything a step needs is in the ``SchedulerOutput`` (block tables,
+start positions, and the output count that seeds per-request sampling), so preemption,
+prefix hits and imported KV need nothing from the runner.
+
+Runs on CPU (bf16 by default) and, unchanged, on CUDA (``device="cuda"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from interlock.engine.config import EngineConfig
+from interlock.engine.model import LlamaModel, PagedKVCache, SequenceChunk, blocks_for_budget, build_input
+from interlock.engine.runner import RunnerOutput, SchedulerOutput
+from interlock.engine.sampler import Sampler, SamplingRow
+from interlock.env import get_env
+from interlock.errors import ConfigError
+from interlock.model_store import resolve_model
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
+          "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
+
+
+class TorchRunner:
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        num_blocks: int,
+        block_size: int = 16,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.device = model.device
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.vocab_size = model.config.vocab_size
+        self.eos_token_ids = model.config.eos_token_ids
+        self.cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, model.device)
+        self.kv_block_nbytes = self.cache.block_nbytes
+        self.sampler = Sampler(self.eos_token_ids, seed=seed, device=model.device)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> TorchRunner:
+        folder = resolve_model(config.model.model)
+        return cls.from_folder(
+            folder,
+            device=config.model.device,
+            dtype=config.model.dtype,
+            max_model_len=config.scheduler.max_model_len,
+            block_size=config.cache.block_size,
+            num_blocks=config.cache.num_blocks,
+            kv_cache_gib=config.cache.kv_cache_gib,
+            seed=config.model.seed,
+            num_threads=config.model.num_threads or get_env().num_threads,
+        )
+
+    @classmethod
+    def from_folder(
+        cls,
+        folder: Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "bfloat16",
+        max_model_len: int = 2048,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_cache_gib: float = 1.0,
+        seed: int = 0,
+        num_threads: int = 0,
+    ) -> TorchRunner:
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype {dtype!r} is not supported (one of {', '.join(DTYPES)})")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r} requested but no CUDA device is available")
+        if num_threads > 0:
+            torch.set_num_threads(num_threads)
+        torch_dtype = DTYPES[dtype]
+        model = LlamaModel.load(folder, torch_dtype, torch.device(device), max_len=max_model_len)
+        if max_model_len > model.config.max_position_embeddings:
+            raise ConfigError(
+                f"max_model_len {max_model_len} exceeds the model's "
+                f"max_position_embeddings {model.config.max_position_embeddings}"
+            )
+        if num_blocks is None:
+            num_blocks = blocks_for_budget(model.config, block_size, torch_dtype, kv_cache_gib)
+        return cls(model, num_blocks=num_blocks, block_size=block_size, seed=seed)
+
+    @torch.inference_mode()
+    def execute(self, batch: SchedulerOutput) -> RunnerOutput:
+        scheduled = [r for r in batch.scheduled if len(r.token_ids)]
+        if not scheduled:
+            return RunnerOutput()
+        chunks = [SequenceChunk(r.token_ids, r.start_pos, r.block_table) for r in scheduled]
+        inputs = build_input(chunks, self.block_size, self.device)
+        sampling = [i for i, r in enumerate(scheduled) if r.do_sample]
+        rows = torch.tensor([inputs.last_rows[i] for i in sampling], dtype=torch.long, device=self.device)
+        logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.cache, rows)
+        if not sampling:
+            return RunnerOutput()
+        requests = [scheduled[i] for i in sampling]
+        result = self.sampler(logits, [SamplingRow(r.sampling, r.num_output_tokens) for r in requests])
+        output = RunnerOutput()
+        for request, token, logprobs in zip(requests, result.token_ids, result.logprobs, strict=True):
+            output.sampled[request.request_id] = token
+            if logprobs is not None:
+                output.logprobs[request.request_id] = logprobs
+        return output
+
+    def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
+        self.cache.export_blocks(block_ids, out)
+
+    def import_blocks(self, block_ids: Sequence[int], data: memoryview) -> None:
+        self.cache.import_blocks(block_ids, data)
