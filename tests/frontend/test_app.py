@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -299,10 +300,17 @@ def test_client_disconnect_mid_stream_aborts(http: httpx.Client, served: Served)
 
 
 def test_client_disconnect_while_waiting_non_streaming_aborts(served: Served) -> None:
-    headers = {**served.script(key(), FakeScript(token_delay_s=0.02)), "x-request-id": key()}
-    with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=served.url, timeout=0.3) as short:
-        short.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1000}, headers=headers)
-    assert wait_for(lambda: headers["x-request-id"] in served.backend.aborted)
+    request_id = key()
+    served.script(request_id, FakeScript(token_delay_s=0.02))
+    body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1000}).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nx-route-key: {request_id}\r\nx-request-id: {request_id}\r\n\r\n"
+    )
+    with socket.create_connection((served.server.host, served.server.port), timeout=10) as sock:
+        sock.sendall(head.encode() + body)
+        assert wait_for(lambda: any(r.request_id == request_id for r in served.backend.requests))
+    assert wait_for(lambda: request_id in served.backend.aborted)
 
 
 # ---- operational endpoints ----
