@@ -30,7 +30,7 @@ from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.config import FrontendConfig
 from interlock.frontend.generation import Generation, collect, stream_sse
 from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics
-from interlock.frontend.prepare import chat_prompt_ids, completion_prompt_ids, sampling_params
+from interlock.frontend.prepare import prompt_ids, sampling_params
 from interlock.frontend.responses import ChatFormatter, CompletionFormatter, error_body
 from interlock.frontend.schemas import (
     ChatCompletionRequest,
@@ -111,15 +111,12 @@ class Frontend:
         req = parse_chat(body) if endpoint == "chat" else parse_completion(body)
         entry = self.catalog.find(req.model)
         tok = await self.catalog.tokenizer(entry)
-        if isinstance(req, ChatCompletionRequest):
-            prompt_ids = chat_prompt_ids(req, tok)
-        else:
-            prompt_ids = completion_prompt_ids(req, tok)
-        sampling = sampling_params(req, prompt_len=len(prompt_ids), entry=entry, eos_token_ids=tok.eos_token_ids)
+        ids = await prompt_ids(req, tok)
+        sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
         ctx = self._context(request, endpoint)
         generate_request = GenerateRequest(
             request_id=ctx.request_id,
-            token_ids=tuple(prompt_ids),
+            token_ids=tuple(ids),
             sampling=sampling,
             model=entry.name,
             priority=ctx.priority if req.priority is None else req.priority,
@@ -128,7 +125,7 @@ class Frontend:
         gen = Generation(
             stream=self.backend.generate(generate_request, ctx),
             ctx=ctx,
-            assembler=OutputAssembler(tok, prompt_ids, stop=stop_strings(req), skip_special_tokens=req.skip_special_tokens),
+            assembler=OutputAssembler(tok, ids, stop=stop_strings(req), skip_special_tokens=req.skip_special_tokens),
             formatter=formatter_cls(ctx.request_id, entry.name, int(time.time()), tok),
             model=entry.name,
             metrics=self.metrics,

@@ -1,6 +1,7 @@
 """From a parsed OpenAI request to a ``GenerateRequest``: prompt tokens and sampling parameters.
 
-Pure functions (no I/O). The context-length rule: the prompt plus ``max_tokens`` must fit in the
+Pure functions, but for ``prompt_ids``, which may encode a long prompt in a worker thread. The
+context-length rule: the prompt plus ``max_tokens`` must fit in the
 model's context. When the client did not set ``max_tokens`` the server picks it: everything that
 fits for chat, the OpenAI default (16) for completions, clamped to what fits.
 """
@@ -23,22 +24,28 @@ from interlock.protocol import SamplingParams
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
-def chat_prompt_ids(req: ChatCompletionRequest, tok: ModelTokenizer) -> list[int]:
-    if tok.chat_template is None:
-        raise InvalidRequest(f"model {req.model!r} has no chat template; use /v1/completions", param="model")
-    text = tok.chat_template.render(chat_messages(req), add_generation_prompt=req.add_generation_prompt)
-    # The template already wrote the special tokens (BOS, turn markers): add none.
-    return tok.encode(text, add_special_tokens=False)
-
-
-def completion_prompt_ids(req: CompletionRequest, tok: ModelTokenizer) -> list[int]:
+async def prompt_ids(req: ChatCompletionRequest | CompletionRequest, tok: ModelTokenizer) -> list[int]:
+    """The prompt's token ids (long texts are encoded off the event loop)."""
+    if isinstance(req, ChatCompletionRequest):
+        # The template already wrote the special tokens (BOS, turn markers): add none.
+        return await tok.encode_async(chat_prompt_text(req, tok), add_special_tokens=False)
     prompt = completion_prompt(req)
     if isinstance(prompt, str):
-        return tok.encode(prompt, add_special_tokens=True)
-    vocab = tok.vocab_size
-    if any(t >= vocab for t in prompt):
-        raise InvalidRequest(f"prompt token ids must be below the vocabulary size {vocab}", param="prompt")
+        return await tok.encode_async(prompt, add_special_tokens=True)
+    check_token_ids(prompt, tok)
     return prompt
+
+
+def chat_prompt_text(req: ChatCompletionRequest, tok: ModelTokenizer) -> str:
+    if tok.chat_template is None:
+        raise InvalidRequest(f"model {req.model!r} has no chat template; use /v1/completions", param="model")
+    return tok.chat_template.render(chat_messages(req), add_generation_prompt=req.add_generation_prompt)
+
+
+def check_token_ids(ids: list[int], tok: ModelTokenizer) -> None:
+    vocab = tok.vocab_size
+    if any(t >= vocab for t in ids):
+        raise InvalidRequest(f"prompt token ids must be below the vocabulary size {vocab}", param="prompt")
 
 
 def sampling_params(

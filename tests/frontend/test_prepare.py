@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from interlock.errors import InvalidRequest, PromptTooLong
 from interlock.frontend.backend import ModelEntry
-from interlock.frontend.prepare import (
-    chat_prompt_ids,
-    completion_prompt_ids,
-    sampling_params,
-)
+from interlock.frontend.prepare import prompt_ids, sampling_params
 from interlock.frontend.schemas import parse_chat, parse_completion
 from interlock.frontend.tokenizer import ModelTokenizer
 
@@ -67,8 +64,10 @@ def test_bad_sampling_values_are_invalid_requests() -> None:
 
 
 def test_prompt_ids(tok: ModelTokenizer) -> None:
-    ids = chat_prompt_ids(chat(), tok)
+    ids = asyncio.run(prompt_ids(chat(), tok))
     assert tok.decode(ids, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
-    assert completion_prompt_ids(completion(prompt=[5, 6]), tok) == [5, 6]
+    assert ids[0] == tok.tokenizer.token_to_id("<|im_start|>")  # the template's, not a second BOS
+    assert asyncio.run(prompt_ids(completion(prompt=[5, 6]), tok)) == [5, 6]
+    assert asyncio.run(prompt_ids(completion(prompt="Hi there"), tok)) == tok.encode("Hi there", add_special_tokens=True)
     with pytest.raises(InvalidRequest, match="vocabulary"):
-        completion_prompt_ids(completion(prompt=[10**7]), tok)
+        asyncio.run(prompt_ids(completion(prompt=[10**7]), tok))

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
 from interlock.errors import ConfigError
-from interlock.frontend.tokenizer import ModelTokenizer, load_tokenizer
+from interlock.frontend.tokenizer import LONG_TEXT_CHARS, ModelTokenizer, load_tokenizer
 
 
 def test_loaded_once_per_folder(smol_path: Path, tok: ModelTokenizer) -> None:
@@ -25,6 +26,13 @@ def test_token_bytes_rebuild_multibyte_text(tok: ModelTokenizer) -> None:
     ids = tok.encode("naïve 日本 😀", add_special_tokens=False)
     assert b"".join(tok.token_bytes(i) for i in ids) == "naïve 日本 😀".encode()
     assert tok.token_bytes(tok.eos_token_ids[0]) == b"<|im_end|>"
+
+
+def test_long_texts_encode_off_the_loop_to_the_same_ids(tok: ModelTokenizer) -> None:
+    text = "Ünïcode and <|im_start|> special tokens, " * (LONG_TEXT_CHARS // 20)
+    assert len(text) > LONG_TEXT_CHARS
+    for special in (False, True):
+        assert asyncio.run(tok.encode_async(text, add_special_tokens=special)) == tok.encode(text, add_special_tokens=special)
 
 
 def test_eos_ids_from_generation_config(tmp_path: Path, smol_path: Path) -> None:
