@@ -52,7 +52,8 @@ class _Worker:
     slot: int
     publishes_events: bool
     blocks: set[int] = field(default_factory=set)
-    last_seq: int = -1
+    last_seq: int | None = None
+    """Last applied batch's seq; None until the first batch or snapshot."""
     events_seen: bool = False
     needs_resync: bool = False
     approx_expiry: dict[int, float] = field(default_factory=dict)
@@ -138,10 +139,10 @@ class KvIndexer:
             w.last_seq = batch.seq
             self._apply_events(w, batch.events)
             return ApplyResult.APPLIED
-        if batch.seq <= w.last_seq:
+        if w.last_seq is not None and batch.seq <= w.last_seq:
             return ApplyResult.DUPLICATE
         result = ApplyResult.APPLIED
-        if batch.seq != w.last_seq + 1 and w.last_seq >= 0:
+        if w.last_seq is not None and batch.seq != w.last_seq + 1:
             w.needs_resync = True
             result = ApplyResult.GAP
         w.last_seq = batch.seq

@@ -1,0 +1,28 @@
+import pytest
+
+from interlock.errors import Overloaded
+from interlock.router.admission import AdmissionQueue, RequestMeta
+
+
+def meta(rid: str, priority: int = 0) -> RequestMeta:
+    return RequestMeta(request_id=rid, prompt_tokens=10, priority=priority)
+
+
+def test_higher_priority_first_then_fifo_and_bounded() -> None:
+    q = AdmissionQueue(capacity=3, retry_after_s=2.5)
+    q.push(meta("a"), (), 0.0)
+    q.push(meta("b", priority=5), (), 0.0)
+    q.push(meta("c"), (), 0.0)
+    with pytest.raises(Overloaded) as exc:
+        q.push(meta("d", priority=9), (), 0.0)
+    assert exc.value.retry_after == 2.5 and exc.value.status == 503
+    assert [q.pop().meta.request_id for _ in range(3)] == ["b", "a", "c"]
+    assert q.peek() is None
+
+
+def test_cancelled_requests_are_skipped() -> None:
+    q = AdmissionQueue()
+    q.push(meta("a"), (), 0.0)
+    q.push(meta("b"), (), 0.0)
+    assert q.cancel("a") and not q.cancel("zzz")
+    assert len(q) == 1 and q.pop().meta.request_id == "b"

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from interlock.errors import ConfigError
+from interlock.router.cost import CostParams, choose, ttft_costs
+
+
+def costs(params: CostParams, **over) -> np.ndarray:
+    n = 3
+    kw = dict(prompt_tokens=1000, overlap_blocks=np.zeros(n), queued_prefill=np.zeros(n),
+              per_token_s=np.full(n, 1e-4), step_overhead_s=np.full(n, 0.01),
+              decode_step_s=np.full(n, 0.02), kv_usage=np.zeros(n), decode_tokens=0)
+    kw.update(over)
+    return ttft_costs(params, **kw)
+
+
+def test_cost_is_seconds_of_prefill_ahead_plus_step_overheads() -> None:
+    p = CostParams(block_size=100, chunk_tokens=500, miss_weight=0.0, decode_weight=0.0)
+    c = costs(p, overlap_blocks=np.array([0, 5, 10]), queued_prefill=np.array([0, 0, 2000]))
+    # uncached 1000 / 500 / 1 (at least one token), plus 2 / 1 / 5 steps of 10 ms
+    assert np.allclose(c, [0.1 + 0.02, 0.05 + 0.01, (2000 + 1) * 1e-4 + 0.05])
+
+
+def test_miss_weight_and_decode_weight() -> None:
+    p = CostParams(block_size=100, miss_weight=1.0, decode_weight=0.5)
+    c = costs(p, overlap_blocks=np.array([0, 5, 0]), decode_tokens=10,
+              decode_step_s=np.array([0.02, 0.02, 0.04]))
+    assert np.allclose(c, [0.2 + 0.01 + 0.1, 0.1 + 0.01 + 0.1, 0.2 + 0.01 + 0.2])
+
+
+def test_kv_usage_above_watermark_raises_cost() -> None:
+    p = CostParams(kv_watermark=0.7, kv_penalty=4.0)
+    c = costs(p, kv_usage=np.array([0.5, 0.85, 1.0]))
+    assert c[0] < c[1] < c[2]
+    assert np.isclose(c[1], c[0] * 3.0) and np.isclose(c[2], c[0] * 5.0)
+
+
+def test_choose_breaks_ties_away_from_the_busiest_and_respects_eligibility() -> None:
+    c = np.array([1.0, 1.0005, 1.0, 2.0])
+    busy = np.array([5, 1, 3, 0])
+    elig = np.array([True, True, True, True])
+    assert choose(c, elig, busy, tolerance=1e-3) == 1
+    assert choose(c, np.array([True, False, True, True]), busy, tolerance=1e-3) == 2
+    assert choose(c, np.array([False, False, False, True]), busy, tolerance=1e-3) == 3
+
+
+def test_temperature_samples_cheap_workers_more_often() -> None:
+    rng = np.random.default_rng(0)
+    c = np.array([0.1, 0.2, 1.0])
+    picks = [choose(c, np.ones(3, bool), np.zeros(3), tolerance=0, temperature=0.3, rng=rng)
+             for _ in range(500)]
+    counts = np.bincount(picks, minlength=3)
+    assert counts[0] > counts[1] > counts[2] > 0
+
+
+def test_params_are_validated() -> None:
+    with pytest.raises(ConfigError):
+        CostParams(kv_watermark=0.0)
+    with pytest.raises(ConfigError):
+        CostParams(temperature=-1)

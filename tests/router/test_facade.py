@@ -1,0 +1,202 @@
+from __future__ import annotations
+
+import pytest
+
+import interlock.router as router_pkg
+from interlock.errors import ConfigError, NoWorkers, Overloaded
+from interlock.protocol.discovery import InstanceInfo
+from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
+from interlock.router import Decision, Pending, RequestMeta, Router, RouterConfig
+
+BS = 4
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(n: int = 4, events: bool = True, **cfg) -> tuple[Router, Clock]:
+    clock = Clock()
+    r = Router(RouterConfig(block_size=BS, seed=0, **cfg), clock=clock)
+    for i in range(n):
+        r.add_worker(info(f"w{i}", events))
+    for wid in r.needs_resync():
+        r.apply_events(KVEventBatch(instance_id=wid, seq=-1, timestamp=0.0, events=(),
+                                    snapshot=True))
+    return r, clock
+
+
+def info(wid: str, events: bool = True, role: str = "both") -> InstanceInfo:
+    return InstanceInfo(instance_id=wid, endpoint="ns.worker.generate", model="m", block_size=BS,
+                        kv_blocks_total=100_000, publishes_kv_events=events, role=role)
+
+
+def cache(r: Router, wid: str, tokens: list[int], seq: int = 0) -> None:
+    r.apply_events(KVEventBatch(instance_id=wid, seq=seq, timestamp=0.0, events=(
+        BlockStored(block_hashes=tuple(r.block_hashes(tokens)), parent_block_hash=None),)))
+
+
+def req(rid: str, n: int = 400, **kw) -> RequestMeta:
+    return RequestMeta(request_id=rid, prompt_tokens=n, **kw)
+
+
+def route(r: Router, rid: str, tokens: list[int], **kw) -> Decision:
+    d = r.route(req(rid, len(tokens), **kw), token_ids=tokens)
+    assert isinstance(d, Decision)
+    return d
+
+
+PROMPT = list(range(400))
+
+
+def test_public_api_is_pinned() -> None:
+    assert sorted(router_pkg.__all__) == sorted([
+        "POLICIES", "AdmissionQueue", "ApplyResult", "Candidate", "CostParams", "Decision",
+        "KvIndexer", "LoadTracker", "Pending", "RequestMeta", "Router", "RouterConfig",
+        "RouterMetrics"])
+
+
+def test_kv_goes_where_the_prefix_is_and_explains_itself() -> None:
+    r, _ = make()
+    cache(r, "w2", PROMPT[:320])
+    d = route(r, "a", PROMPT)
+    assert d.worker_id == "w2" and d.reason == "kv" and d.overlap_blocks == 80
+    assert d.cached_tokens == 320 and d.candidates[0].worker_id == "w2"
+    assert d.header().startswith("worker=w2; reason=kv; overlap=80; cost=")
+    assert "route a -> w2" in d.log_line() and "w2:" in d.log_line()
+    assert r.metrics.decisions == 1 and r.metrics.hit_rate == 0.8
+
+
+def test_a_burst_spreads_before_any_load_report() -> None:
+    r, _ = make(4)
+    picks = [route(r, f"r{i}", [i] * 400).worker_id for i in range(4)]
+    assert sorted(picks) == ["w0", "w1", "w2", "w3"]
+
+
+def test_a_cached_worker_is_left_once_its_queue_costs_more_than_the_hit() -> None:
+    r, _ = make(2)
+    cache(r, "w0", PROMPT[:320])
+    picks = [route(r, f"r{i}", PROMPT[:320] + [1000 + i] * 80).worker_id for i in range(20)]
+    assert picks[:3] == ["w0"] * 3 and "w1" in picks
+    r.on_first_token("r0")
+    r.on_finish("r0")
+    assert r.load.inflight.sum() == 19
+
+
+def test_unhealthy_and_draining_workers_get_nothing() -> None:
+    r, _ = make(3)
+    cache(r, "w0", PROMPT)
+    r.set_health("w0", False)
+    r.apply_load(LoadReport(instance_id="w1", timestamp=1.0, num_running=0, num_waiting=0,
+                            kv_blocks_used=0, kv_blocks_total=1000, queued_prefill_tokens=0,
+                            step_time_s=0.0, tokens_computed=0, draining=True))
+    assert {route(r, f"r{i}", PROMPT).worker_id for i in range(5)} == {"w2"}
+    r.set_health("w2", False)
+    with pytest.raises(NoWorkers):
+        r.route(req("x"), token_ids=PROMPT)
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "random", "least-loaded", "power-of-two"])
+def test_simple_policies_use_every_worker(policy: str) -> None:
+    r, _ = make(4, policy=policy)
+    picks = [route(r, f"r{i}", PROMPT).worker_id for i in range(40)]
+    assert set(picks) == {"w0", "w1", "w2", "w3"}
+    assert {d.reason for d in [route(r, "z", PROMPT)]} == {policy}
+
+
+def test_least_loaded_follows_in_flight_counts() -> None:
+    r, _ = make(3, policy="least-loaded")
+    first = [route(r, f"r{i}", PROMPT).worker_id for i in range(3)]
+    assert sorted(first) == ["w0", "w1", "w2"]
+    r.on_finish("r1")
+    assert route(r, "next", PROMPT).worker_id == first[1]
+
+
+def test_direct_pins_a_worker() -> None:
+    r, _ = make(3)
+    cache(r, "w0", PROMPT)
+    d = route(r, "a", PROMPT, worker_id="w2")
+    assert d.worker_id == "w2" and d.reason == "direct"
+    with pytest.raises(NoWorkers):
+        r.route(req("b", worker_id="nope"), token_ids=PROMPT)
+
+
+def test_session_affinity_sticks_until_ttl() -> None:
+    r, clock = make(3, session_ttl_s=60.0)
+    first = route(r, "a", [7] * 400, session_id="s").worker_id
+    cache(r, "w0" if first != "w0" else "w1", PROMPT)  # a better cache elsewhere
+    d = route(r, "b", PROMPT, session_id="s")
+    assert d.worker_id == first and d.reason == "session"
+    clock.t = 200.0
+    assert route(r, "c", PROMPT, session_id="s").reason == "kv"
+
+
+def test_route_key_keeps_a_subset_and_spills_over() -> None:
+    r, _ = make(6, route_key_subset=2, spill_factor=1.5)
+    picks = [route(r, f"r{i}", [i] * 400, route_key="team-a") for i in range(4)]
+    subset = {d.worker_id for d in picks}
+    assert len(subset) == 2 and {d.reason for d in picks} == {"route_key"}
+    spilled = [route(r, f"s{i}", [100 + i] * 400, route_key="team-a") for i in range(20)]
+    assert any(d.reason == "route_key-spill" for d in spilled)
+    assert {d.worker_id for d in spilled} - subset
+
+
+def test_queue_when_all_busy_then_dispatch_reject_past_capacity() -> None:
+    r, _ = make(2, max_inflight_per_worker=1, queue_capacity=2)
+    route(r, "a", PROMPT)
+    route(r, "b", PROMPT)
+    p = r.route(req("c"), token_ids=PROMPT)
+    assert isinstance(p, Pending)
+    r.route(req("d", priority=3), token_ids=PROMPT)
+    with pytest.raises(Overloaded):
+        r.route(req("e"), token_ids=PROMPT)
+    assert r.metrics.rejected == 1
+    r.on_finish("a")
+    out = r.dispatch_queued()
+    assert [d.request_id for d in out] == ["d"] and out[0].reason == "kv+queued"
+    r.cancel("c")
+    r.on_finish("b")
+    assert r.dispatch_queued() == []
+
+
+def test_workers_without_events_are_predicted_from_routing() -> None:
+    r, _ = make(3, events=False)
+    assert r.needs_resync() == []
+    first = route(r, "a", PROMPT).worker_id
+    r.on_first_token("a")
+    r.on_finish("a")
+    d = route(r, "b", PROMPT)
+    assert d.worker_id == first and d.overlap_blocks == 100
+
+
+def test_two_routers_share_dispatch_load() -> None:
+    r1, _ = make(2)
+    r2 = Router(RouterConfig(block_size=BS), router_id="r2")
+    for i in range(2):
+        r2.add_worker(info(f"w{i}"))
+    d1 = route(r1, "a", [1] * 4000)
+    for ev in r1.drain_shared():
+        r2.apply_remote_load(ev)
+    d2 = r2.route(req("b", 4000), token_ids=[2] * 4000)
+    assert d2.worker_id != d1.worker_id
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ConfigError):
+        RouterConfig(policy="fastest")
+    r, _ = make(1)
+    with pytest.raises(ConfigError):
+        r.add_worker(InstanceInfo(instance_id="odd", endpoint="e", model="m", block_size=16))
+
+
+def test_removed_worker_takes_its_blocks_and_sessions() -> None:
+    r, _ = make(2)
+    cache(r, "w0", PROMPT)
+    route(r, "a", PROMPT, session_id="s")
+    r.remove_worker("w0")
+    d = route(r, "b", PROMPT, session_id="s")
+    assert d.worker_id == "w1" and d.overlap_blocks == 0

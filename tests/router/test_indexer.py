@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from interlock.protocol.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from interlock.router.indexer import ApplyResult, KvIndexer
+
+
+def stored(*hashes: int) -> BlockStored:
+    return BlockStored(block_hashes=tuple(hashes), parent_block_hash=None)
+
+
+def batch(wid: str, seq: int, *events, snapshot: bool = False) -> KVEventBatch:
+    return KVEventBatch(instance_id=wid, seq=seq, timestamp=0.0, events=tuple(events),
+                        snapshot=snapshot)
+
+
+def snapshot(wid: str, seq: int, hashes: set[int]) -> KVEventBatch:
+    return batch(wid, seq, AllBlocksCleared(), stored(*sorted(hashes)), snapshot=True)
+
+
+def test_overlap_is_longest_cached_prefix_per_worker() -> None:
+    ix = KvIndexer()
+    ix.add_worker("a")
+    ix.add_worker("b")
+    ix.apply(batch("a", 0, stored(1, 2, 3)))
+    ix.apply(batch("b", 0, stored(1, 2), stored(4)))
+    assert ix.overlap_by_worker([1, 2, 3, 4]) == {"a": 3, "b": 2}
+    assert ix.overlap_by_worker([2, 3]) == {"a": 2, "b": 1}
+    assert ix.overlap_by_worker([9, 1]) == {}
+    ix.check_integrity()
+
+
+def test_removed_and_cleared_blocks_leave_the_index() -> None:
+    ix = KvIndexer()
+    ix.add_worker("a")
+    ix.apply(batch("a", 0, stored(1, 2, 3)))
+    ix.apply(batch("a", 1, BlockRemoved(block_hashes=(2,))))
+    assert ix.overlap_by_worker([1, 2, 3]) == {"a": 1}
+    ix.apply(batch("a", 2, AllBlocksCleared()))
+    assert ix.num_blocks("a") == 0
+    ix.check_integrity()
+
+
+def test_removing_a_worker_drops_its_blocks_and_frees_its_slot() -> None:
+    ix = KvIndexer()
+    ix.add_worker("a")
+    ix.add_worker("b")
+    ix.apply(batch("a", 0, stored(1, 2)))
+    ix.apply(batch("b", 0, stored(1)))
+    slot_a = ix.slot_of("a")
+    ix.remove_worker("a")
+    assert ix.overlap_by_worker([1, 2]) == {"b": 1}
+    assert ix.add_worker("c") == slot_a
+    assert ix.overlap_by_worker([1, 2]) == {"b": 1}
+    ix.check_integrity()
+
+
+def test_duplicates_ignored_gap_flags_resync_snapshot_clears_it() -> None:
+    ix = KvIndexer()
+    ix.add_worker("a")
+    assert ix.needs_resync() == ["a"]  # joining: ask for a snapshot
+    assert ix.apply(snapshot("a", -1, set())) is ApplyResult.APPLIED
+    assert ix.needs_resync() == []
+    assert ix.apply(batch("a", 0, stored(1))) is ApplyResult.APPLIED
+    assert ix.apply(batch("a", 0, stored(1))) is ApplyResult.DUPLICATE
+    assert ix.apply(batch("a", 2, stored(3))) is ApplyResult.GAP
+    assert ix.needs_resync() == ["a"]
+    ix.apply(snapshot("a", 2, {1, 2, 3}))
+    assert ix.needs_resync() == []
+    assert ix.overlap_by_worker([1, 2, 3]) == {"a": 3}
+    assert ix.apply(batch("a", 9)) is ApplyResult.GAP
+    assert ix.apply(batch("zzz", 0)) is ApplyResult.UNKNOWN_WORKER
+
+
+def test_approx_mode_predicts_from_routing_with_ttl_then_switches_to_events() -> None:
+    ix = KvIndexer(approx_ttl_s=10.0)
+    ix.add_worker("quiet", publishes_events=False)
+    assert ix.mode("quiet") == "approx" and ix.needs_resync() == []
+    ix.record_routed("quiet", [1, 2, 3], now=0.0)
+    assert ix.overlap_by_worker([1, 2, 3, 4]) == {"quiet": 3}
+    ix.record_routed("quiet", [1, 2], now=5.0)  # refreshes 1 and 2 only
+    ix.expire(11.0)
+    assert ix.overlap_by_worker([1, 2, 3]) == {"quiet": 2}
+    ix.expire(16.0)
+    assert ix.overlap_by_worker([1, 2, 3]) == {}
+    ix.record_routed("quiet", [7], now=20.0)
+    ix.apply(batch("quiet", 0, stored(5)))  # it publishes after all
+    assert ix.mode("quiet") == "events"
+    assert ix.overlap_by_worker([7]) == {} and ix.overlap_by_worker([5]) == {"quiet": 1}
+    ix.record_routed("quiet", [8], now=21.0)  # ignored once events flow
+    assert ix.overlap_by_worker([8]) == {}
+    ix.check_integrity()
+
+
+def test_overlap_vector_handles_many_workers() -> None:
+    ix = KvIndexer()
+    for i in range(300):
+        ix.add_worker(f"w{i}")
+        ix.apply(batch(f"w{i}", 0, stored(*range(i % 7 + 1))))
+    ov = ix.overlaps(list(range(10)))
+    assert [int(ov[ix.slot_of(f"w{i}")]) for i in range(300)] == [i % 7 + 1 for i in range(300)]
+
+
+# ---- property: the index tracks a worker's true cache through drops and duplicates ----
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("store"), st.lists(st.integers(0, 40), min_size=1, max_size=5)),
+        st.tuples(st.just("remove"), st.lists(st.integers(0, 40), min_size=1, max_size=5)),
+        st.tuples(st.just("clear"), st.just([])),
+    ),
+    min_size=1,
+    max_size=40,
+)
+fates = st.lists(st.sampled_from(["deliver", "deliver", "deliver", "drop", "dup"]),
+                 min_size=40, max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops_a=ops, ops_b=ops, fates=fates)
+def test_index_matches_truth_after_resync_whatever_is_lost(ops_a, ops_b, fates) -> None:
+    ix = KvIndexer()
+    truth: dict[str, set[int]] = {"a": set(), "b": set()}
+    seqs = {"a": 0, "b": 0}
+    lost = {"a": False, "b": False}
+    for wid in truth:
+        ix.add_worker(wid)
+        ix.apply(snapshot(wid, -1, set()))
+    for i, (wid, (kind, hashes)) in enumerate(
+        [("a", o) for o in ops_a] + [("b", o) for o in ops_b]
+    ):
+        if kind == "store":
+            truth[wid] |= set(hashes)
+            ev = stored(*hashes)
+        elif kind == "remove":
+            truth[wid] -= set(hashes)
+            ev = BlockRemoved(block_hashes=tuple(hashes))
+        else:
+            truth[wid].clear()
+            ev = AllBlocksCleared()
+        b = batch(wid, seqs[wid], ev)
+        seqs[wid] += 1
+        fate = fates[i % len(fates)]
+        if fate == "drop":
+            lost[wid] = True
+            continue
+        result = ix.apply(b)
+        if fate == "dup":
+            assert ix.apply(b) is ApplyResult.DUPLICATE
+        if lost[wid]:
+            assert wid in ix.needs_resync()  # the gap was noticed on the next delivered batch
+        else:
+            assert result is ApplyResult.APPLIED
+            assert ix.blocks_of(wid) == truth[wid]
+        ix.check_integrity()
+    for wid in truth:
+        if wid in ix.needs_resync() or lost[wid]:
+            ix.apply(snapshot(wid, seqs[wid] - 1, truth[wid]))
+        assert ix.blocks_of(wid) == truth[wid]
+        assert wid not in ix.needs_resync()
+    ix.check_integrity()

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+from interlock.protocol.events import LoadReport, RouterLoadEvent
+from interlock.router.load import DEFAULT_PREFILL_TPS, LoadTracker
+
+
+def report(slot_id: str = "w0", *, t: float = 1.0, queued: int = 0, running: int = 0,
+           step_s: float = 0.0, tokens: int = 0, tps: float = 0.0) -> LoadReport:
+    return LoadReport(instance_id=slot_id, timestamp=t, num_running=running, num_waiting=0,
+                      kv_blocks_used=10, kv_blocks_total=100, queued_prefill_tokens=queued,
+                      step_time_s=step_s, tokens_computed=tokens, prefill_tokens_per_s=tps)
+
+
+def tracker() -> LoadTracker:
+    lt = LoadTracker("r1", capacity=2)
+    for slot in range(3):  # grows past the initial capacity
+        lt.add_worker(slot, kv_blocks_total=100, block_size=10)
+    return lt
+
+
+def test_dispatch_accounting_route_first_token_finish() -> None:
+    lt = tracker()
+    lt.on_route("a", 1, "w1", prefill_tokens=300, kv_tokens=400, now=0.0)
+    lt.on_route("b", 1, "w1", prefill_tokens=100, kv_tokens=200, now=0.0)
+    assert lt.queued_prefill()[1] == 400 and lt.inflight[1] == 2
+    assert lt.kv_usage()[1] == 0.6  # 600 of 1000 KV tokens
+    lt.on_first_token("a")
+    assert lt.queued_prefill()[1] == 100 and lt.decoding[1] == 1
+    lt.on_finish("a")
+    lt.on_finish("b")  # finished before its first token (aborted)
+    assert lt.queued_prefill()[1] == 0 and lt.inflight[1] == 0 and lt.decoding[1] == 0
+    assert [e.kind for e in lt.outbox] == ["route", "route", "first_token", "finish", "finish"]
+    assert {e.instance_id for e in lt.outbox} == {"w1"}
+
+
+def test_report_covers_earlier_dispatches_only() -> None:
+    lt = tracker()
+    lt.on_route("a", 0, "w0", prefill_tokens=1000, kv_tokens=1000, now=1.0)
+    lt.apply_report(0, report(queued=600), now=2.0)  # a's prefill is under way: 600 left
+    lt.on_route("b", 0, "w0", prefill_tokens=50, kv_tokens=50, now=3.0)
+    assert lt.queued_prefill()[0] == 650
+    lt.on_first_token("b")  # fresh work done before the next report
+    assert lt.queued_prefill()[0] == 600
+    lt.apply_report(0, report(t=0.5, queued=9999), now=4.0)  # older than what we have: ignored
+    assert lt.queued_prefill()[0] == 600
+
+
+def test_reports_fit_a_speed_line_and_unfitted_workers_use_the_fleet_median() -> None:
+    lt = tracker()
+    overhead, per_token = lt.speeds()
+    assert per_token[0] == 1 / DEFAULT_PREFILL_TPS
+    for i, tokens in enumerate([100, 4000, 800, 8000, 2000, 300]):
+        lt.apply_report(0, report(t=i, step_s=0.01 + tokens * 2e-5, tokens=tokens, running=1),
+                        now=float(i))
+    overhead, per_token = lt.speeds()
+    assert abs(overhead[0] - 0.01) < 1e-6 and abs(per_token[0] - 2e-5) < 1e-9
+    assert abs(per_token[2] - 2e-5) < 1e-9  # no fit of its own yet
+
+
+def test_remote_router_load_is_counted_and_forgotten() -> None:
+    lt = tracker()
+    ev = RouterLoadEvent(router_id="r2", instance_id="w2", request_id="x", kind="route",
+                         timestamp=0.0, prefill_tokens=500, kv_tokens=500)
+    lt.apply_remote(ev, 2, now=0.0)
+    lt.apply_remote(ev, 2, now=0.0)  # duplicate delivery counts once
+    assert lt.queued_prefill()[2] == 500 and lt.inflight[2] == 1
+    lt.apply_remote(RouterLoadEvent(router_id="r1", instance_id="w2", request_id="y",
+                                    kind="route", timestamp=0.0, prefill_tokens=7), 2, now=0.0)
+    assert lt.inflight[2] == 1  # our own echo is ignored
+    lt.forget_router("r2")
+    assert lt.queued_prefill()[2] == 0 and lt.inflight[2] == 0
+    assert lt.outbox == []  # remote work is never re-shared
