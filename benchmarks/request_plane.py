@@ -43,7 +43,10 @@ from interlock.runtime import (  # noqa: E402
 
 ENDPOINT = EndpointName("bench", "worker", "generate")
 TOKENS = 16
-CHUNKS = [msgspec.msgpack.encode(GenerateOutput(request_id="cmpl-0123456789", token_ids=(1000 + i,))) for i in range(TOKENS)]
+CHUNKS = [
+    msgspec.msgpack.encode(GenerateOutput(request_id="cmpl-0123456789", token_ids=(1000 + i,)))
+    for i in range(TOKENS)
+]
 
 
 async def handler(payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
@@ -150,7 +153,10 @@ def main() -> None:
     with NatsServer() as nats_server:
         for plane in args.planes.split(","):
             r = run_plane(nats_server.url, plane, args)
-            print(f"{plane:6} {args.loop:8} {r['rps']:12.0f} {r['p50_ms']:7.2f}ms {r['p99_ms']:7.2f}ms", flush=True)
+            print(
+                f"{plane:6} {args.loop:8} {r['rps']:12.0f} {r['p50_ms']:7.2f}ms {r['p99_ms']:7.2f}ms",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

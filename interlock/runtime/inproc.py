@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from interlock.errors import TransportError
 from interlock.protocol import InstanceInfo
@@ -54,7 +54,7 @@ class InProcDiscovery:
     async def instances(self, endpoint: EndpointName | str) -> list[InstanceInfo]:
         return self._registry.leases.instances(str(EndpointName.of(endpoint)))
 
-    def watch(self, endpoint: EndpointName | str | None = None) -> AsyncIterator[DiscoveryEvent]:
+    def watch(self, endpoint: EndpointName | str | None = None) -> AsyncGenerator[DiscoveryEvent, None]:
         name = None if endpoint is None else str(EndpointName.of(endpoint))
         return self._registry.leases.watch(name, owner=self)
 
@@ -100,7 +100,7 @@ class InProcRequestPlane:
         if entry is not None and entry[0] is self:
             del self._registry.handlers[key]
 
-    async def stream(self, address: str, payload: bytes) -> AsyncIterator[bytes]:
+    async def stream(self, address: str, payload: bytes) -> AsyncGenerator[bytes, None]:
         entry = self._registry.handlers.get(_key_of(address))
         if entry is None:
             raise TransportError(f"no handler at {address}")

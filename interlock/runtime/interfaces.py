@@ -18,7 +18,7 @@ implementation (in-process, or NATS + TCP). Contracts every implementation keeps
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -61,7 +61,7 @@ class Discovery(Protocol):
         """Live instances serving ``endpoint``, sorted by instance_id."""
         ...
 
-    def watch(self, endpoint: EndpointName | str | None = None) -> AsyncIterator[DiscoveryEvent]:
+    def watch(self, endpoint: EndpointName | str | None = None) -> AsyncGenerator[DiscoveryEvent, None]:
         """Current instances as ``added``, then every change; ``None`` watches all endpoints.
         Close it (``aclose``/``aclosing``) when done."""
         ...
@@ -82,7 +82,7 @@ class RequestPlane(Protocol):
         """Refuse new calls to ``address``; calls in flight carry on."""
         ...
 
-    def stream(self, address: str, payload: bytes) -> AsyncIterator[bytes]:
+    def stream(self, address: str, payload: bytes) -> AsyncGenerator[bytes, None]:
         """Call the handler at ``address``; iterate its chunks. ``aclose`` it to cancel."""
         ...
 

@@ -9,7 +9,7 @@ its last heartbeat (no polling loop, no clock skew between hosts: only local tim
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from interlock.protocol import InstanceInfo
@@ -61,7 +61,7 @@ class LeaseTable:
         found = [lease.info for lease in self._leases.values() if lease.info.endpoint == endpoint]
         return sorted(found, key=lambda info: info.instance_id)
 
-    async def watch(self, endpoint: str | None, owner: object = None) -> AsyncIterator[DiscoveryEvent]:
+    async def watch(self, endpoint: str | None, owner: object = None) -> AsyncGenerator[DiscoveryEvent, None]:
         """Yield the current instances as ``added``, then changes, until the table closes or
         ``end_watches(owner)`` is called."""
         watcher = _Watcher(endpoint, owner)

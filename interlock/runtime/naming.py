@@ -20,9 +20,7 @@ SUBJECT_PREFIX = "interlock"
 def check_token(value: str, what: str) -> str:
     """Return ``value`` if it is a valid name token, else raise ConfigError naming ``what``."""
     if not _TOKEN.match(value):
-        raise ConfigError(
-            f"invalid {what} {value!r}: use 1-64 letters, digits, '_' or '-'", param=what
-        )
+        raise ConfigError(f"invalid {what} {value!r}: use 1-64 letters, digits, '_' or '-'", param=what)
     return value
 
 

@@ -21,7 +21,7 @@ own lease timeout. How it works:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import msgspec
 from nats.aio.client import Client as NatsClient
@@ -91,7 +91,7 @@ class NatsDiscovery:
     async def instances(self, endpoint: EndpointName | str) -> list[InstanceInfo]:
         return self._table.instances(str(EndpointName.of(endpoint)))
 
-    def watch(self, endpoint: EndpointName | str | None = None) -> AsyncIterator[DiscoveryEvent]:
+    def watch(self, endpoint: EndpointName | str | None = None) -> AsyncGenerator[DiscoveryEvent, None]:
         name = None if endpoint is None else str(EndpointName.of(endpoint))
         return self._table.watch(name)
 

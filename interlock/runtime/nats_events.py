@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
 
 from interlock.runtime.subscription import Subscription
 
@@ -17,7 +18,7 @@ class NatsEventPlane:
         await self._nc.publish(subject, payload)
 
     async def subscribe(self, subject: str) -> Subscription:
-        nats_subs = []
+        nats_subs: list[NatsSubscription] = []
 
         async def on_close() -> None:
             for nats_sub in nats_subs:

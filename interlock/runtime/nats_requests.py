@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import partial
@@ -125,7 +125,7 @@ class NatsRequestPlane:
             self._fail_silent_calls()
 
     # ---- client side ----
-    def stream(self, address: str, payload: bytes) -> AsyncIterator[bytes]:
+    def stream(self, address: str, payload: bytes) -> AsyncGenerator[bytes, None]:
         plane_id, key = _parse(address)
         return self._call(plane_id, key, b"R" + payload)
 
@@ -142,7 +142,7 @@ class NatsRequestPlane:
             raise TransportError(f"no answer from {address}") from None
         return loop.time() - start
 
-    async def _call(self, plane_id: str, key: str, body: bytes) -> AsyncIterator[bytes]:
+    async def _call(self, plane_id: str, key: str, body: bytes) -> AsyncGenerator[bytes, None]:
         await self._ensure_inbox()
         reply = f"{self._inbox}.{next(self._ids)}"
         call = self._calls[reply] = _Call(last_heard=asyncio.get_running_loop().time())

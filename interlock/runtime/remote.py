@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from contextlib import aclosing
 
 import interlock.errors as errors_module
 from interlock.errors import InterlockError, TransportError
@@ -44,13 +43,18 @@ async def run_handler(
 ) -> None:
     """Drive ``handler`` to completion, forwarding chunks with ``send``.
 
-    Cancellation of the calling task (client gone) propagates into the handler through
-    ``aclosing``, even when the task is parked in ``send`` behind backpressure.
+    Cancellation of the calling task (client gone) reaches the handler's generator through
+    ``aclose``, even when the task is parked in ``send`` behind backpressure.
     """
+    chunks = handler(payload, ctx)
     try:
-        async with aclosing(handler(payload, ctx)) as chunks:
+        try:
             async for chunk in chunks:
                 await send(chunk)
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # any handler failure goes to the client, never kills the server

@@ -10,7 +10,7 @@ Address form: ``tcp://HOST:PORT/KEY`` where KEY is the handler key of ``Endpoint
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from interlock.errors import TransportError
 from interlock.runtime.config import RuntimeConfig
@@ -54,7 +54,7 @@ class TcpRequestPlane:
     async def unserve(self, address: str) -> None:
         self._server.handlers.pop(parse_address(address)[2], None)
 
-    async def stream(self, address: str, payload: bytes) -> AsyncIterator[bytes]:
+    async def stream(self, address: str, payload: bytes) -> AsyncGenerator[bytes, None]:
         host, port, key = parse_address(address)
         conn = await self._connection(host, port)
         sid, channel = conn.open(key, payload)

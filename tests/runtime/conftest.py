@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -52,7 +53,7 @@ async def make_runtime(request: pytest.FixtureRequest, anyio_backend: str) -> As
             runtime = await connect_runtime(None, FAST, registry=registry)
         else:
             server: NatsServer = request.getfixturevalue("nats_server")
-            config = RuntimeConfig(**{**_fields(FAST), "request_plane": impl.split("+")[1]})
+            config = replace(FAST, request_plane=impl.split("+")[1])  # type: ignore[arg-type]
             runtime = await connect_runtime(server.url, config)
         made.append(runtime)
         return runtime
@@ -61,7 +62,3 @@ async def make_runtime(request: pytest.FixtureRequest, anyio_backend: str) -> As
     for runtime in made:
         await runtime.close()
     registry.leases.close()
-
-
-def _fields(config: RuntimeConfig) -> dict[str, object]:
-    return {name: getattr(config, name) for name in config.__slots__}  # type: ignore[attr-defined]

@@ -45,15 +45,15 @@ async def test_register_is_seen_by_another_client(make_runtime: MakeRuntime, nam
     assert found[1] == info(namespace, "w1")
 
 
-async def test_newcomer_sees_existing_instances_on_connect(
-    make_runtime: MakeRuntime, namespace: str
-) -> None:
+async def test_newcomer_sees_existing_instances_on_connect(make_runtime: MakeRuntime, namespace: str) -> None:
     worker = await make_runtime()
     await worker.discovery.register(info(namespace, "w1"))
     await anyio.sleep(0.05)  # let the registration reach the server before the newcomer asks
     frontend = await make_runtime()
     # No waiting for a heartbeat: the start-up query answered already.
-    assert [i.instance_id for i in await frontend.discovery.instances(f"{namespace}.worker.generate")] == ["w1"]
+    assert [i.instance_id for i in await frontend.discovery.instances(f"{namespace}.worker.generate")] == [
+        "w1"
+    ]
 
 
 async def test_watch_yields_snapshot_then_changes(make_runtime: MakeRuntime, namespace: str) -> None:

@@ -11,29 +11,38 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import aclosing
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
 import pytest
 
 from interlock.errors import TransportError
-from interlock.runtime import NatsServer, RuntimeConfig, connect_runtime
+from interlock.runtime import NatsServer, connect_runtime
 
 from .conftest import FAST
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
+StartWorker = Callable[[str, str], "subprocess.Popen[str]"]
 
 
 @pytest.fixture
-def start_worker(nats_server: NatsServer) -> Iterator[object]:
+def start_worker(nats_server: NatsServer) -> Iterator[StartWorker]:
     processes: list[subprocess.Popen[str]] = []
 
     def start(namespace: str, request_plane: str) -> subprocess.Popen[str]:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        args = [sys.executable, "-m", "tests.runtime.worker_process", nats_server.url, namespace, request_plane]
+        args = [
+            sys.executable,
+            "-m",
+            "tests.runtime.worker_process",
+            nats_server.url,
+            namespace,
+            request_plane,
+        ]
         process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
         processes.append(process)
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
@@ -47,10 +56,10 @@ def start_worker(nats_server: NatsServer) -> Iterator[object]:
 
 @pytest.mark.parametrize("request_plane", ["tcp", "nats"])
 async def test_killed_worker_leaves_discovery_and_fails_its_stream(
-    nats_server: NatsServer, start_worker, namespace: str, request_plane: str  # type: ignore[no-untyped-def]
+    nats_server: NatsServer, start_worker: StartWorker, namespace: str, request_plane: str
 ) -> None:
     worker = start_worker(namespace, request_plane)
-    config = RuntimeConfig(**{**{n: getattr(FAST, n) for n in FAST.__slots__}, "request_plane": request_plane})  # type: ignore[attr-defined, arg-type]
+    config = replace(FAST, request_plane=request_plane)  # type: ignore[arg-type]
     async with await connect_runtime(nats_server.url, config) as client:
         endpoint = f"{namespace}.worker.generate"
         [instance] = await client.discovery.instances(endpoint)

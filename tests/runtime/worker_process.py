@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from interlock.protocol import InstanceInfo
-from interlock.runtime import EndpointName, RequestContext, RuntimeConfig, connect_runtime
+from interlock.runtime import EndpointName, RequestContext, connect_runtime
 
 from .conftest import FAST
 
@@ -23,9 +24,7 @@ async def tokens(payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
 
 
 async def main(nats_url: str, namespace: str, request_plane: str) -> None:
-    fields = {name: getattr(FAST, name) for name in FAST.__slots__}  # type: ignore[attr-defined]
-    config = RuntimeConfig(**{**fields, "request_plane": request_plane})  # type: ignore[arg-type]
-    runtime = await connect_runtime(nats_url, config)
+    runtime = await connect_runtime(nats_url, replace(FAST, request_plane=request_plane))  # type: ignore[arg-type]
     name = EndpointName(namespace, "worker", "generate")
     address = await runtime.requests.serve(name, tokens, instance_id="w1")
     await runtime.discovery.register(
