@@ -114,12 +114,10 @@ class Frontend:
         ids = await prompt_ids(req, tok)
         sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
         ctx = self._context(request, endpoint)
+        if req.priority is not None:  # the body's priority (vLLM's extension) beats the header
+            ctx.priority = req.priority
         generate_request = GenerateRequest(
-            request_id=ctx.request_id,
-            token_ids=tuple(ids),
-            sampling=sampling,
-            model=entry.name,
-            priority=ctx.priority if req.priority is None else req.priority,
+            request_id=ctx.request_id, token_ids=tuple(ids), sampling=sampling, model=entry.name, priority=ctx.priority
         )
         formatter_cls = ChatFormatter if endpoint == "chat" else CompletionFormatter
         gen = Generation(

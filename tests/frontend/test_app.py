@@ -192,7 +192,9 @@ def test_routing_headers_and_response_headers(http: httpx.Client, served: Served
     assert r.headers["x-request-id"] == "my-id" and r.json()["id"] == "my-id"
     ctx = served.backend.contexts[-1]
     assert (ctx.session_id, ctx.route_key, ctx.explain, ctx.endpoint) == ("s1", "explained", True, "chat")
-    assert served.backend.requests[-1].priority == 3
+    assert served.backend.requests[-1].priority == 3 and ctx.priority == 3
+    http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}, headers={"x-priority": "-2"})
+    assert served.backend.requests[-1].priority == served.backend.contexts[-1].priority == -2
 
 
 # ---- errors ----
