@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from interlock.engine.timing import TimingModel
+from interlock.protocol.events import BlockRemoved, BlockStored, KVEventBatch
+from interlock.sim.trace import SimRequest
+from interlock.sim.worker import SimSeq, SimWorker, WorkerSink
+
+
+class Sink(WorkerSink):
+    def __init__(self) -> None:
+        self.first: dict[str, float] = {}
+        self.done: dict[str, SimSeq] = {}
+        self.batches: list[KVEventBatch] = []
+
+    def first_token(self, worker, seq, t) -> None:
+        self.first[seq.req.request_id] = t
+
+    def finished(self, worker, seq, t) -> None:
+        self.done[seq.req.request_id] = seq
+
+    def kv_events(self, batch) -> None:
+        self.batches.append(batch)
+
+
+def run(w: SimWorker, arrivals: list[tuple[float, SimRequest]]) -> float:
+    """Drive one worker: arrivals at the given times, steps in between."""
+    now, end = 0.0, None
+    pending = sorted(arrivals, key=lambda a: a[0])
+    while pending or end is not None:
+        if end is not None and (not pending or end <= pending[0][0]):
+            now = end
+            w.finish_step(now)
+            end = w.start_step(now)
+        else:
+            now, req = pending.pop(0)
+            w.enqueue(req, now)
+            end = w.start_step(now) if w.step is None else (w.cut(now) or end)
+        w.check_integrity()
+    return now
+
+
+def req(rid: str, blocks: tuple[int, ...], prompt: int, out: int = 3) -> SimRequest:
+    return SimRequest(rid, 0.0, prompt, out, blocks)
+
+
+def test_second_request_hits_the_prefix_and_events_are_published() -> None:
+    sink = Sink()
+    w = SimWorker("w", num_blocks=100, block_size=16, sink=sink)
+    run(w, [(0.0, req("a", (1, 2, 3, 4), 64)), (1.0, req("b", (1, 2, 3, 9), 64))])
+    assert sink.done["a"].hit_tokens == 0 and sink.done["b"].hit_tokens == 48
+    stored = [h for b in sink.batches for e in b.events if isinstance(e, BlockStored)
+              for h in e.block_hashes]
+    assert stored == [1, 2, 3, 4, 9]
+    assert [b.seq for b in sink.batches] == list(range(len(sink.batches)))
+    # TTFT of "a" is one prefill step of 64 tokens: the timing model, exactly
+    assert abs(sink.first["a"] - TimingModel().step_s(64, 0, 64 / 1600)) < 1e-12
+
+
+def test_lru_evicts_old_prefixes_and_publishes_removals() -> None:
+    sink = Sink()
+    w = SimWorker("w", num_blocks=8, block_size=16, sink=sink)
+    run(w, [(0.0, req("a", (1, 2, 3), 50, out=1)), (1.0, req("b", (4, 5, 6), 50, out=1)),
+            (2.0, req("c", (7, 8, 9), 50, out=1)), (3.0, req("d", (1, 2, 3), 50, out=1))])
+    removed = [h for b in sink.batches for e in b.events if isinstance(e, BlockRemoved)
+               for h in e.block_hashes]
+    # a request's tail goes first, so "a"'s first block outlives its others
+    assert removed[:2] == [3, 2] and sink.done["d"].hit_tokens == 16
+    snap = w.snapshot(4.0)
+    assert snap.snapshot and snap.seq == len(sink.batches) - 1
+
+
+def test_decode_macro_steps_match_step_by_step_time() -> None:
+    timing = TimingModel()
+    w = SimWorker("w", num_blocks=1000, block_size=16, timing=timing, sink=Sink())
+    ctx, n, k = 5000, 7, 40
+    by_step = sum(timing.step_s(0, n, (ctx + i * n) / 16000) for i in range(k))
+    assert abs(w._decode_span(ctx, n, k) - by_step) < 1e-9
+
+
+def test_an_arrival_cuts_a_decode_macro_step() -> None:
+    sink = Sink()
+    w = SimWorker("w", num_blocks=1000, block_size=16, sink=sink)
+    run(w, [(0.0, req("long", (1,), 20, out=2000)), (1.0, req("late", (2,), 20, out=2))])
+    # "late" starts at the first step boundary after its arrival, not after "long" ends
+    assert sink.first["late"] - 1.0 < 0.05
+    assert sink.done["long"].finish_s > sink.done["late"].finish_s
