@@ -67,7 +67,13 @@ class Frontend:
 
     async def models(self, request: web.Request) -> web.Response:
         data = [
-            {"id": e.name, "object": "model", "created": self.created, "owned_by": "interlock", "max_model_len": e.context_length}
+            {
+                "id": e.name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "interlock",
+                "max_model_len": e.context_length,
+            }
             for e in self.catalog.entries()
         ]
         return _json({"object": "list", "data": data})
@@ -117,13 +123,19 @@ class Frontend:
         if req.priority is not None:  # the body's priority (vLLM's extension) beats the header
             ctx.priority = req.priority
         generate_request = GenerateRequest(
-            request_id=ctx.request_id, token_ids=tuple(ids), sampling=sampling, model=entry.name, priority=ctx.priority
+            request_id=ctx.request_id,
+            token_ids=tuple(ids),
+            sampling=sampling,
+            model=entry.name,
+            priority=ctx.priority,
         )
         formatter_cls = ChatFormatter if endpoint == "chat" else CompletionFormatter
         gen = Generation(
             stream=self.backend.generate(generate_request, ctx),
             ctx=ctx,
-            assembler=OutputAssembler(tok, ids, stop=stop_strings(req), skip_special_tokens=req.skip_special_tokens),
+            assembler=OutputAssembler(
+                tok, ids, stop=stop_strings(req), skip_special_tokens=req.skip_special_tokens
+            ),
             formatter=formatter_cls(ctx.request_id, entry.name, int(time.time()), tok),
             model=entry.name,
             metrics=self.metrics,
@@ -237,7 +249,9 @@ def error_response(exc: InterlockError) -> web.Response:
 
 
 def _json(payload: object, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=_encode(payload), status=status, content_type="application/json", headers=headers)
+    return web.Response(
+        body=_encode(payload), status=status, content_type="application/json", headers=headers
+    )
 
 
 def _include_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:

@@ -55,7 +55,9 @@ class FakeBackend:
     def script_for(self, request: GenerateRequest, ctx: RequestContext) -> FakeScript:
         return self.script if isinstance(self.script, FakeScript) else self.script(request, ctx)
 
-    async def generate(self, request: GenerateRequest, ctx: RequestContext) -> AsyncGenerator[GenerateOutput, None]:
+    async def generate(
+        self, request: GenerateRequest, ctx: RequestContext
+    ) -> AsyncGenerator[GenerateOutput, None]:
         script = self.script_for(request, ctx)
         if self.keep_history:
             self.requests.append(request)
@@ -131,6 +133,4 @@ def _fake_logprobs(chunk: Sequence[int], n: int | None) -> tuple[TokenLogprobs, 
     if n is None:
         return None
     # The sampled token is the best alternative; the others are its neighbours, each less likely.
-    return tuple(
-        TokenLogprobs(t, -0.25, tuple((t + i, -0.25 - i) for i in range(n))) for t in chunk
-    )
+    return tuple(TokenLogprobs(t, -0.25, tuple((t + i, -0.25 - i) for i in range(n))) for t in chunk)

@@ -86,7 +86,9 @@ class SSEResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-async def stream_sse(request: web.Request, gen: Generation, first: GenerateOutput, include_usage: bool) -> web.StreamResponse:
+async def stream_sse(
+    request: web.Request, gen: Generation, first: GenerateOutput, include_usage: bool
+) -> web.StreamResponse:
     resp = SSEResponse(headers={**SSE_HEADERS, **gen.ctx.response_headers})
     await resp.prepare(request)
     out = first

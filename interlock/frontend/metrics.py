@@ -65,7 +65,11 @@ class Histogram(_Metric):
     kind = "histogram"
 
     def __init__(
-        self, name: str, help_text: str, labelnames: Sequence[str] = (), buckets: Sequence[float] = LATENCY_BUCKETS
+        self,
+        name: str,
+        help_text: str,
+        labelnames: Sequence[str] = (),
+        buckets: Sequence[float] = LATENCY_BUCKETS,
     ) -> None:
         super().__init__(name, help_text, labelnames)
         self.buckets = tuple(sorted(buckets))
@@ -100,14 +104,19 @@ class FrontendMetrics:
 
     def __init__(self) -> None:
         self.requests = Counter(
-            "interlock_http_requests_total", "HTTP requests by endpoint and status code.", ("endpoint", "status")
+            "interlock_http_requests_total",
+            "HTTP requests by endpoint and status code.",
+            ("endpoint", "status"),
         )
         self.in_flight = Gauge("interlock_requests_in_flight", "Generation requests being served now.")
         self.ttft = Histogram(
             "interlock_time_to_first_token_seconds", "Time from request arrival to first token.", ("model",)
         )
         self.itl = Histogram(
-            "interlock_inter_token_latency_seconds", "Time between consecutive output tokens.", ("model",), ITL_BUCKETS
+            "interlock_inter_token_latency_seconds",
+            "Time between consecutive output tokens.",
+            ("model",),
+            ITL_BUCKETS,
         )
         self.e2e = Histogram(
             "interlock_request_duration_seconds", "Time from request arrival to the last token.", ("model",)

@@ -70,8 +70,12 @@ def sampling_params(
         logprobs=_logprobs(req),
     )
     params.validate()
-    max_tokens = fit_max_tokens(requested, prompt_len=prompt_len, entry=entry, param=param, default=_default(req))
-    params = msgspec.structs.replace(params, max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens))
+    max_tokens = fit_max_tokens(
+        requested, prompt_len=prompt_len, entry=entry, param=param, default=_default(req)
+    )
+    params = msgspec.structs.replace(
+        params, max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens)
+    )
     params.validate()
     return params
 

@@ -37,7 +37,9 @@ def usage(a: OutputAssembler) -> dict[str, Any]:
 
 
 def error_body(exc: InterlockError) -> dict[str, Any]:
-    return {"error": {"message": exc.message, "type": exc.error_type, "param": exc.param, "code": error_code(exc)}}
+    return {
+        "error": {"message": exc.message, "type": exc.error_type, "param": exc.param, "code": error_code(exc)}
+    }
 
 
 def error_code(exc: InterlockError) -> str:
@@ -98,7 +100,9 @@ class ChatFormatter(_Formatter):
         }
         return self._chunk([choice])
 
-    def response(self, text: str, logprobs: Sequence[TokenLogprobs] | None, a: OutputAssembler) -> dict[str, Any]:
+    def response(
+        self, text: str, logprobs: Sequence[TokenLogprobs] | None, a: OutputAssembler
+    ) -> dict[str, Any]:
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
@@ -147,8 +151,15 @@ class CompletionFormatter(_Formatter):
         }
         return self._chunk([choice])
 
-    def response(self, text: str, logprobs: Sequence[TokenLogprobs] | None, a: OutputAssembler) -> dict[str, Any]:
-        choice = {"index": 0, "text": text, "logprobs": self._logprobs(logprobs), "finish_reason": a.finish_reason}
+    def response(
+        self, text: str, logprobs: Sequence[TokenLogprobs] | None, a: OutputAssembler
+    ) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": self._logprobs(logprobs),
+            "finish_reason": a.finish_reason,
+        }
         return {**self._head, "choices": [choice], "usage": usage(a)}
 
     def _logprobs(self, logprobs: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:
@@ -162,4 +173,9 @@ class CompletionFormatter(_Formatter):
             tops.append({self._token(t)[0]: v for t, v in lp.top})
             offsets.append(self._text_offset)
             self._text_offset += len(text)
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }

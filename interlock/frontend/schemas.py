@@ -124,9 +124,7 @@ def completion_prompt(req: CompletionRequest) -> str | list[int]:
         return list(prompt)
     if prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise InvalidRequest("only one prompt per request is supported", param="prompt")
-    raise InvalidRequest(
-        "prompt must be a string or a list of non-negative token ids", param="prompt"
-    )
+    raise InvalidRequest("prompt must be a string or a list of non-negative token ids", param="prompt")
 
 
 def stop_strings(req: _Sampling) -> tuple[str, ...]:

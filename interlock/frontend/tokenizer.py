@@ -51,7 +51,9 @@ class ModelTokenizer:
         """
         if len(text) < LONG_TEXT_CHARS:
             return self.encode(text, add_special_tokens=add_special_tokens)
-        batch = await asyncio.to_thread(self.tokenizer.encode_batch, [text], add_special_tokens=add_special_tokens)
+        batch = await asyncio.to_thread(
+            self.tokenizer.encode_batch, [text], add_special_tokens=add_special_tokens
+        )
         return batch[0].ids
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:

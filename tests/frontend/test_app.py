@@ -52,7 +52,9 @@ def scripted(served: Served, tok: ModelTokenizer, text: str, **fields: object) -
 
 
 # ---- happy paths ----
-def test_chat_non_streaming_text_usage_and_cached_tokens(client: openai.OpenAI, served: Served, tok: ModelTokenizer) -> None:
+def test_chat_non_streaming_text_usage_and_cached_tokens(
+    client: openai.OpenAI, served: Served, tok: ModelTokenizer
+) -> None:
     headers = scripted(served, tok, "Héllo, wörld 😀!", cached_tokens=3)
     r = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=50, extra_headers=headers)
     choice = r.choices[0]
@@ -62,15 +64,26 @@ def test_chat_non_streaming_text_usage_and_cached_tokens(client: openai.OpenAI, 
     prompt_len = len(served.backend.requests[-1].token_ids)
     n = len(tok.encode("Héllo, wörld 😀!", add_special_tokens=False))
     assert r.usage is not None
-    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (prompt_len, n, prompt_len + n)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (
+        prompt_len,
+        n,
+        prompt_len + n,
+    )
     assert r.usage.prompt_tokens_details is not None and r.usage.prompt_tokens_details.cached_tokens == 3
 
 
-def test_chat_streaming_role_first_then_deltas_then_usage(client: openai.OpenAI, served: Served, tok: ModelTokenizer) -> None:
+def test_chat_streaming_role_first_then_deltas_then_usage(
+    client: openai.OpenAI, served: Served, tok: ModelTokenizer
+) -> None:
     headers = scripted(served, tok, "one two three four five")
     chunks = list(
         client.chat.completions.create(
-            model=MODEL, messages=USER, max_tokens=3, stream=True, stream_options={"include_usage": True}, extra_headers=headers
+            model=MODEL,
+            messages=USER,
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers=headers,
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -91,10 +104,16 @@ def test_completions_streaming_and_not(client: openai.OpenAI, served: Served, to
     headers = scripted(served, tok, " the end")
     r = client.completions.create(model=MODEL, prompt="Once upon a time", extra_headers=headers)
     assert r.object == "text_completion" and r.choices[0].text == " the end"
-    assert r.usage is not None and r.usage.prompt_tokens == len(tok.encode("Once upon a time", add_special_tokens=True))
+    assert r.usage is not None and r.usage.prompt_tokens == len(
+        tok.encode("Once upon a time", add_special_tokens=True)
+    )
     chunks = list(
         client.completions.create(
-            model=MODEL, prompt=[1, 2, 3], stream=True, stream_options={"include_usage": True}, extra_headers=headers
+            model=MODEL,
+            prompt=[1, 2, 3],
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers=headers,
         )
     )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == " the end"
@@ -110,12 +129,20 @@ def test_completions_default_max_tokens_is_16(client: openai.OpenAI, served: Ser
 
 # ---- stop strings ----
 @pytest.mark.parametrize("stream", [False, True])
-def test_stop_string_split_across_tokens(client: openai.OpenAI, served: Served, tok: ModelTokenizer, stream: bool) -> None:
+def test_stop_string_split_across_tokens(
+    client: openai.OpenAI, served: Served, tok: ModelTokenizer, stream: bool
+) -> None:
     text = "Hello world, and more"
     ids = tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids[:1]) == "Hello"  # so "o wor" spans the first two tokens
     headers = scripted(served, tok, text)
-    kwargs = {"model": MODEL, "messages": USER, "max_tokens": 30, "stop": ["o wor", "zzz"], "extra_headers": headers}
+    kwargs = {
+        "model": MODEL,
+        "messages": USER,
+        "max_tokens": 30,
+        "stop": ["o wor", "zzz"],
+        "extra_headers": headers,
+    }
     if stream:
         chunks = list(client.chat.completions.create(stream=True, **kwargs))  # type: ignore[call-overload]
         content = "".join(c.choices[0].delta.content or "" for c in chunks)
@@ -138,14 +165,22 @@ def test_stop_string_in_completions(client: openai.OpenAI, served: Served, tok: 
 # ---- logprobs, seed, sampling ----
 def test_chat_logprobs_shape(client: openai.OpenAI, served: Served, tok: ModelTokenizer) -> None:
     headers = scripted(served, tok, "Hi there")
-    r = client.chat.completions.create(model=MODEL, messages=USER, logprobs=True, top_logprobs=2, extra_headers=headers)
+    r = client.chat.completions.create(
+        model=MODEL, messages=USER, logprobs=True, top_logprobs=2, extra_headers=headers
+    )
     entries = r.choices[0].logprobs.content  # type: ignore[union-attr]
     assert entries is not None and "".join(e.token for e in entries) == "Hi there"
     first = entries[0]
     assert first.logprob == -0.25 and bytes(first.bytes or []) == first.token.encode()
     assert len(first.top_logprobs) == 2 and first.top_logprobs[0].token == first.token
-    chunks = list(client.chat.completions.create(model=MODEL, messages=USER, logprobs=True, stream=True, extra_headers=headers))
-    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=USER, logprobs=True, stream=True, extra_headers=headers
+        )
+    )
+    streamed = [
+        e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []
+    ]
     assert [e.token for e in streamed] == [e.token for e in entries]
     assert all(e.top_logprobs == [] for e in streamed)
 
@@ -160,11 +195,24 @@ def test_completions_logprobs_shape(client: openai.OpenAI, served: Served, tok: 
 
 
 def test_sampling_and_seed_reach_the_backend(client: openai.OpenAI, served: Served) -> None:
-    kwargs = {"model": MODEL, "messages": USER, "max_tokens": 8, "seed": 1234, "temperature": 0.7, "top_p": 0.9}
+    kwargs = {
+        "model": MODEL,
+        "messages": USER,
+        "max_tokens": 8,
+        "seed": 1234,
+        "temperature": 0.7,
+        "top_p": 0.9,
+    }
     extra = {"top_k": 5, "min_p": 0.05, "ignore_eos": True}
     a = client.chat.completions.create(extra_body=extra, **kwargs)  # type: ignore[call-overload]
     sampling = served.backend.requests[-1].sampling
-    assert (sampling.seed, sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == (1234, 0.7, 0.9, 5, 0.05)
+    assert (sampling.seed, sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == (
+        1234,
+        0.7,
+        0.9,
+        5,
+        0.05,
+    )
     assert sampling.ignore_eos and sampling.max_tokens == 8 and sampling.stop_token_ids == ()
     b = client.chat.completions.create(extra_body=extra, **kwargs)  # type: ignore[call-overload]
     assert a.choices[0].message.content == b.choices[0].message.content  # same seed, same output
@@ -174,7 +222,9 @@ def test_two_models_side_by_side(client: openai.OpenAI, served: Served) -> None:
     listed = {m.id: m for m in client.models.list().data}
     assert set(listed) == {MODEL, SMALL_MODEL}
     for name in (MODEL, SMALL_MODEL):
-        r = client.chat.completions.create(model=name, messages=[{"role": "system", "content": "s"}, *USER], max_tokens=2)
+        r = client.chat.completions.create(
+            model=name, messages=[{"role": "system", "content": "s"}, *USER], max_tokens=2
+        )
         assert r.model == name and served.backend.requests[-1].model == name
     r = client.chat.completions.create(model=SMALL_MODEL, messages=USER)  # no max_tokens: clamped to fit
     prompt = len(served.backend.requests[-1].token_ids)
@@ -186,14 +236,21 @@ def test_routing_headers_and_response_headers(http: httpx.Client, served: Served
     r = http.post(
         "/v1/chat/completions",
         json={"model": MODEL, "messages": USER, "max_tokens": 2, "priority": 3},
-        headers={"x-route-key": "explained", "x-session-id": "s1", "x-interlock-explain": "1", "x-request-id": "my-id"},
+        headers={
+            "x-route-key": "explained",
+            "x-session-id": "s1",
+            "x-interlock-explain": "1",
+            "x-request-id": "my-id",
+        },
     )
     assert r.status_code == 200 and r.headers["x-interlock-route"] == "worker-1"
     assert r.headers["x-request-id"] == "my-id" and r.json()["id"] == "my-id"
     ctx = served.backend.contexts[-1]
     assert (ctx.session_id, ctx.route_key, ctx.explain, ctx.endpoint) == ("s1", "explained", True, "chat")
     assert served.backend.requests[-1].priority == 3 and ctx.priority == 3
-    http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}, headers={"x-priority": "-2"})
+    http.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}, headers={"x-priority": "-2"}
+    )
     assert served.backend.requests[-1].priority == served.backend.contexts[-1].priority == -2
 
 
@@ -206,18 +263,26 @@ def error_of(r: httpx.Response, status: int) -> dict[str, object]:
 
 
 def test_malformed_json_and_wrong_types_are_400(http: httpx.Client) -> None:
-    r = http.post("/v1/chat/completions", content=b'{"model": "smol", "messages": [', headers={"content-type": "application/json"})
+    r = http.post(
+        "/v1/chat/completions",
+        content=b'{"model": "smol", "messages": [',
+        headers={"content-type": "application/json"},
+    )
     assert "malformed JSON" in str(error_of(r, 400)["message"])
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": "many"})
     assert error_of(r, 400)["param"] == "max_tokens"
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "n": 3})
     assert error_of(r, 400)["param"] == "n"
-    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": USER}, headers={"x-priority": "high"})
+    r = http.post(
+        "/v1/chat/completions", json={"model": MODEL, "messages": USER}, headers={"x-priority": "high"}
+    )
     assert error_of(r, 400)["type"] == "invalid_request_error"
 
 
 def test_body_too_large_is_413(http: httpx.Client) -> None:
-    r = http.post("/v1/completions", content=b"x" * (33 * 1024 * 1024), headers={"content-type": "application/json"})
+    r = http.post(
+        "/v1/completions", content=b"x" * (33 * 1024 * 1024), headers={"content-type": "application/json"}
+    )
     assert error_of(r, 413)["type"] == "invalid_request_error"
 
 
@@ -237,21 +302,33 @@ def test_prompt_over_context_is_400_with_the_limit(client: openai.OpenAI, http: 
 
 @pytest.mark.parametrize(
     ("error", "status"),
-    [(NoWorkers("no worker serves this model", retry_after=2.5), 503), (Overloaded("all workers are busy"), 503), (EngineError("kaboom"), 500)],
+    [
+        (NoWorkers("no worker serves this model", retry_after=2.5), 503),
+        (Overloaded("all workers are busy"), 503),
+        (EngineError("kaboom"), 500),
+    ],
 )
 @pytest.mark.parametrize("stream", [False, True])
-def test_backend_errors_before_first_token(http: httpx.Client, served: Served, error: Exception, status: int, stream: bool) -> None:
+def test_backend_errors_before_first_token(
+    http: httpx.Client, served: Served, error: Exception, status: int, stream: bool
+) -> None:
     headers = served.script(key(), FakeScript(error=error))  # type: ignore[arg-type]
-    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "stream": stream}, headers=headers)
+    r = http.post(
+        "/v1/chat/completions", json={"model": MODEL, "messages": USER, "stream": stream}, headers=headers
+    )
     body = error_of(r, status)
     assert body["message"] == str(error)
     if status == 503:
         assert r.headers["retry-after"] == ("3" if isinstance(error, NoWorkers) else "1")
 
 
-def test_error_after_streaming_started_is_an_sse_event(client: openai.OpenAI, http: httpx.Client, served: Served) -> None:
+def test_error_after_streaming_started_is_an_sse_event(
+    client: openai.OpenAI, http: httpx.Client, served: Served
+) -> None:
     headers = served.script(key(), FakeScript(error=EngineError("died mid-way"), error_after=2))
-    with http.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True}, headers=headers) as r:
+    with http.stream(
+        "POST", "/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True}, headers=headers
+    ) as r:
         assert r.status_code == 200
         events = [line for line in r.iter_lines() if line]
     assert json.loads(events[-2].removeprefix("data: "))["error"]["message"] == "died mid-way"
@@ -266,7 +343,9 @@ def test_unexpected_backend_exception_is_a_500_or_an_sse_error(http: httpx.Clien
     headers = served.script(key(), FakeScript(error=RuntimeError("bug"), error_after=2))
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "x"}, headers=headers)
     assert error_of(r, 500)["message"] == "internal server error"
-    with http.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True}, headers=headers) as r:
+    with http.stream(
+        "POST", "/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True}, headers=headers
+    ) as r:
         events = [line for line in r.iter_lines() if line]
     assert json.loads(events[-2].removeprefix("data: "))["error"]["type"] == "internal_error"
     assert events[-1] == "data: [DONE]"
@@ -335,10 +414,17 @@ def test_metrics_parse_as_prometheus_text(http: httpx.Client, client: openai.Ope
     r = http.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
-    requests = {(s.labels["endpoint"], s.labels["status"]): s.value for s in families["interlock_http_requests"].samples}
+    requests = {
+        (s.labels["endpoint"], s.labels["status"]): s.value
+        for s in families["interlock_http_requests"].samples
+    }
     assert requests[("completions", "200")] >= 1 and requests[("chat", "404")] >= 1
     assert families["interlock_requests_in_flight"].samples[0].value >= 0
-    ttft = {s.name: s.value for s in families["interlock_time_to_first_token_seconds"].samples if s.labels["model"] == MODEL}
+    ttft = {
+        s.name: s.value
+        for s in families["interlock_time_to_first_token_seconds"].samples
+        if s.labels["model"] == MODEL
+    }
     assert ttft["interlock_time_to_first_token_seconds_count"] >= 1
     for name in ("interlock_inter_token_latency_seconds", "interlock_request_duration_seconds"):
         assert families[name].type == "histogram"

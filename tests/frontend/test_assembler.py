@@ -11,7 +11,9 @@ from interlock.protocol import ErrorInfo, GenerateOutput
 
 
 def out(ids: list[int], finish: str | None = None, cached: int = 0) -> GenerateOutput:
-    return GenerateOutput(request_id="r", token_ids=tuple(ids), finish_reason=finish, num_cached_tokens=cached)
+    return GenerateOutput(
+        request_id="r", token_ids=tuple(ids), finish_reason=finish, num_cached_tokens=cached
+    )
 
 
 def test_counts_text_and_finish(tok: ModelTokenizer) -> None:
@@ -19,7 +21,12 @@ def test_counts_text_and_finish(tok: ModelTokenizer) -> None:
     a = OutputAssembler(tok, [1, 2, 3])
     texts = [a.push(out(ids[:2], cached=2)).text, a.push(out(ids[2:], "length")).text]
     assert "".join(texts) == "Hello there, friend"
-    assert (a.prompt_tokens, a.completion_tokens, a.cached_tokens, a.finish_reason) == (3, len(ids), 2, "length")
+    assert (a.prompt_tokens, a.completion_tokens, a.cached_tokens, a.finish_reason) == (
+        3,
+        len(ids),
+        2,
+        "length",
+    )
 
 
 def test_stop_string_sets_stop_and_drops_the_rest(tok: ModelTokenizer) -> None:
@@ -33,6 +40,10 @@ def test_stop_string_sets_stop_and_drops_the_rest(tok: ModelTokenizer) -> None:
 def test_error_chunks_raise_the_named_error(tok: ModelTokenizer) -> None:
     a = OutputAssembler(tok, [])
     with pytest.raises(NoWorkers, match="gone"):
-        a.push(GenerateOutput(request_id="r", finish_reason="error", error=ErrorInfo(type="NoWorkers", message="gone")))
+        a.push(
+            GenerateOutput(
+                request_id="r", finish_reason="error", error=ErrorInfo(type="NoWorkers", message="gone")
+            )
+        )
     assert isinstance(error_from_info(ErrorInfo(type="NoSuchError", message="x")), EngineError)
     assert isinstance(error_from_info(None), EngineError)

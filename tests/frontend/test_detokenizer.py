@@ -11,7 +11,8 @@ from interlock.frontend.tokenizer import ModelTokenizer
 # Assigned characters but U+FFFD itself (surrogates are not encodable as UTF-8; the tokenizer's
 # byte vocabulary cannot spell some unassigned code points, a loss in encoding, not decoding).
 TEXT = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs", "Cn", "Co"), blacklist_characters="\ufffd"), max_size=40
+    alphabet=st.characters(blacklist_categories=("Cs", "Cn", "Co"), blacklist_characters="\ufffd"),
+    max_size=40,
 )
 
 

@@ -16,7 +16,9 @@ ENTRY = ModelEntry("m", "/x", 128)
 
 def request(max_tokens: int = 4, seed: int | None = None, **sampling: object) -> GenerateRequest:
     return GenerateRequest(
-        request_id=f"r{max_tokens}{seed}", token_ids=(1, 2, 3), sampling=SamplingParams(max_tokens=max_tokens, seed=seed, **sampling)  # type: ignore[arg-type]
+        request_id=f"r{max_tokens}{seed}",
+        token_ids=(1, 2, 3),
+        sampling=SamplingParams(max_tokens=max_tokens, seed=seed, **sampling),  # type: ignore[arg-type]
     )
 
 
@@ -40,7 +42,9 @@ def test_deterministic_per_prompt_and_seed() -> None:
 
 
 def test_script_tokens_stop_ids_and_chunks() -> None:
-    backend = FakeBackend([ENTRY], FakeScript(token_ids=(5, 6, 7, 8, 9), tokens_per_output=2, cached_tokens=2))
+    backend = FakeBackend(
+        [ENTRY], FakeScript(token_ids=(5, 6, 7, 8, 9), tokens_per_output=2, cached_tokens=2)
+    )
     outs = collect(backend, request(max_tokens=10, stop_token_ids=(7,)))
     assert [o.token_ids for o in outs] == [(5, 6), (7,)]
     assert outs[-1].finish_reason == "stop" and outs[-1].num_cached_tokens == 2

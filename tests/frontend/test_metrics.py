@@ -16,7 +16,10 @@ def test_histogram_buckets_are_cumulative() -> None:
     h.observe(0.05, ("a",))
     h.observe(0.5, ("a",), count=2)
     h.observe(5.0, ("a",))
-    samples = {(s.name, s.labels.get("le")): s.value for s in families("\n".join(h.render()) + "\n")["t_seconds"].samples}  # type: ignore[attr-defined]
+    samples = {
+        (s.name, s.labels.get("le")): s.value
+        for s in families("\n".join(h.render()) + "\n")["t_seconds"].samples
+    }  # type: ignore[attr-defined]
     assert samples[("t_seconds_bucket", "0.1")] == 1
     assert samples[("t_seconds_bucket", "1.0")] == 3
     assert samples[("t_seconds_bucket", "+Inf")] == 4

@@ -17,7 +17,9 @@ ENTRY = ModelEntry("m", "/nowhere", 100)
 
 
 def chat(**fields: object):  # type: ignore[no-untyped-def]
-    return parse_chat(json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}).encode())
+    return parse_chat(
+        json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}).encode()
+    )
 
 
 def completion(**fields: object):  # type: ignore[no-untyped-def]
@@ -26,7 +28,16 @@ def completion(**fields: object):  # type: ignore[no-untyped-def]
 
 def test_sampling_fields_map_through() -> None:
     params = sampling_params(
-        chat(temperature=0, top_p=0.5, top_k=4, min_p=0.1, seed=3, logprobs=True, top_logprobs=2, stop_token_ids=[9]),
+        chat(
+            temperature=0,
+            top_p=0.5,
+            top_k=4,
+            min_p=0.1,
+            seed=3,
+            logprobs=True,
+            top_logprobs=2,
+            stop_token_ids=[9],
+        ),
         prompt_len=10,
         entry=ENTRY,
         eos_token_ids=(2,),
@@ -57,7 +68,11 @@ def test_over_the_context_names_the_limit() -> None:
 
 
 def test_bad_sampling_values_are_invalid_requests() -> None:
-    for fields, param in (({"max_tokens": 0}, "max_tokens"), ({"top_p": 0}, "top_p"), ({"temperature": -1}, "temperature")):
+    for fields, param in (
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"top_p": 0}, "top_p"),
+        ({"temperature": -1}, "temperature"),
+    ):
         with pytest.raises(InvalidRequest) as info:
             sampling_params(chat(**fields), prompt_len=1, entry=ENTRY, eos_token_ids=())
         assert info.value.param == param
@@ -68,6 +83,8 @@ def test_prompt_ids(tok: ModelTokenizer) -> None:
     assert tok.decode(ids, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
     assert ids[0] == tok.tokenizer.token_to_id("<|im_start|>")  # the template's, not a second BOS
     assert asyncio.run(prompt_ids(completion(prompt=[5, 6]), tok)) == [5, 6]
-    assert asyncio.run(prompt_ids(completion(prompt="Hi there"), tok)) == tok.encode("Hi there", add_special_tokens=True)
+    assert asyncio.run(prompt_ids(completion(prompt="Hi there"), tok)) == tok.encode(
+        "Hi there", add_special_tokens=True
+    )
     with pytest.raises(InvalidRequest, match="vocabulary"):
         asyncio.run(prompt_ids(completion(prompt=[10**7]), tok))

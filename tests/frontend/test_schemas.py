@@ -24,7 +24,9 @@ def test_chat_fields_and_unknown_fields_ignored() -> None:
     req = parse_chat(
         body(
             model="m",
-            messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+            messages=[
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+            ],
             max_completion_tokens=5,
             stop="x",
             stream=True,
@@ -52,7 +54,10 @@ def test_chat_fields_and_unknown_fields_ignored() -> None:
         (body(model="m", messages=[{"role": "user", "content": "x"}], temperature="hot"), "temperature"),
         (body(model="m", messages=[{"role": "user", "content": "x"}], n=2), "n"),
         (body(model="m", messages=[{"role": "user", "content": "x"}], top_logprobs=2), "top_logprobs"),
-        (body(model="m", messages=[{"role": "user", "content": "x"}], presence_penalty=0.5), "presence_penalty"),
+        (
+            body(model="m", messages=[{"role": "user", "content": "x"}], presence_penalty=0.5),
+            "presence_penalty",
+        ),
         (body(model="m", messages=[]), "messages"),
     ],
 )
@@ -63,7 +68,9 @@ def test_chat_rejections_name_the_field(raw: bytes, param: str | None) -> None:
 
 
 def test_image_parts_are_refused() -> None:
-    req = parse_chat(body(model="m", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]))
+    req = parse_chat(
+        body(model="m", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
+    )
     with pytest.raises(InvalidRequest, match="only text"):
         chat_messages(req)
 

@@ -32,7 +32,9 @@ def test_long_texts_encode_off_the_loop_to_the_same_ids(tok: ModelTokenizer) -> 
     text = "Ünïcode and <|im_start|> special tokens, " * (LONG_TEXT_CHARS // 20)
     assert len(text) > LONG_TEXT_CHARS
     for special in (False, True):
-        assert asyncio.run(tok.encode_async(text, add_special_tokens=special)) == tok.encode(text, add_special_tokens=special)
+        assert asyncio.run(tok.encode_async(text, add_special_tokens=special)) == tok.encode(
+            text, add_special_tokens=special
+        )
 
 
 def test_eos_ids_from_generation_config(tmp_path: Path, smol_path: Path) -> None:
