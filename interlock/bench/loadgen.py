@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -81,12 +81,14 @@ async def run_load(endpoint: Endpoint, plan: LoadPlan, bounds: Bounds, *, progre
     return RunResult(plan.label, plan.load, started_at, duration, records)
 
 
-async def warm_up(endpoint: Endpoint, plan: LoadPlan, n: int) -> list[RequestRecord]:
-    """Send ``n`` requests one after another before a run, not counted in it.
+async def warm_up(endpoint: Endpoint, plan: LoadPlan, n: int, timeout_s: float) -> list[RequestRecord]:
+    """Send ``n`` requests one after another before a run, not counted in it, each given at
+    most ``timeout_s``.
 
     The first requests of a process pay one-off costs on both sides (connection set-up, lazy
     imports, a server's first-step compilation): measured on loopback, tens of milliseconds.
     """
+    endpoint = replace(endpoint, request_timeout_s=min(endpoint.request_timeout_s, timeout_s))
     records = []
     async with aiohttp.ClientSession() as session:
         for i in range(n):

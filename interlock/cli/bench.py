@@ -149,7 +149,9 @@ async def _run_all(args: argparse.Namespace, argv: list[str]) -> int:
     }
     runs: list[RunResult] = []
     for plan in _plans(args, vocab):
-        for w in await warm_up(endpoint, plan, args.warmup):
+        for w in await warm_up(endpoint, plan, args.warmup, timeout_s=args.duration + args.grace):
+            if w.error in ("connect_error", "timeout"):
+                raise ConfigError(f"warm-up request to {endpoint.path} failed: {w.error} {w.error_detail or ''}")
             if not w.ok:
                 print(f"warm-up request failed: {w.error} {w.error_detail or ''}", file=sys.stderr)
         run = await run_load(endpoint, plan, bounds, progress=not args.no_progress)

@@ -78,3 +78,9 @@ def test_bad_options_exit_2(server_url: str, capsys: pytest.CaptureFixture[str])
 
 def test_parse_targets() -> None:
     assert parse_targets(["ttft=200", "tpot:40,e2e=9000"]) == Targets(200, 40, 9000)
+
+
+def test_unreachable_endpoint_fails_fast(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--url", "http://127.0.0.1:9", "--model", "m", "--concurrency", "1", "--no-progress"]
+    assert main(argv) == 2
+    assert "connect_error" in capsys.readouterr().err
