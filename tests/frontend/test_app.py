@@ -192,6 +192,12 @@ def test_completions_logprobs_shape(client: openai.OpenAI, served: Served, tok: 
     assert lp is not None and lp.tokens == ["Hi", " there"]
     assert lp.token_logprobs == [-0.25, -0.25] and lp.text_offset == [0, 2]
     assert lp.top_logprobs == [{"Hi": -0.25}, {" there": -0.25}]
+    chunks = list(
+        client.completions.create(model=MODEL, prompt="x", logprobs=0, stream=True, extra_headers=headers)
+    )
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert [t for s in streamed for t in s.tokens or []] == ["Hi", " there"]
+    assert [o for s in streamed for o in s.text_offset or []] == [0, 2]
 
 
 def test_sampling_and_seed_reach_the_backend(client: openai.OpenAI, served: Served) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from interlock.errors import EngineError, NoWorkers
 from interlock.frontend.assembler import OutputAssembler, error_from_info
@@ -47,3 +49,25 @@ def test_error_chunks_raise_the_named_error(tok: ModelTokenizer) -> None:
         )
     assert isinstance(error_from_info(ErrorInfo(type="NoSuchError", message="x")), EngineError)
     assert isinstance(error_from_info(None), EngineError)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    text=st.text(alphabet="ab cé日😀\n", min_size=1, max_size=30),
+    stop=st.text(alphabet="ab cé日😀\n", min_size=1, max_size=4),
+    chunk=st.integers(min_value=1, max_value=3),
+)
+def test_stream_equals_text_cut_at_first_stop(tok: ModelTokenizer, text: str, stop: str, chunk: int) -> None:
+    ids = tok.encode(text, add_special_tokens=False)
+    a = OutputAssembler(tok, [], stop=[stop])
+    pieces = []
+    for i in range(0, len(ids), chunk):
+        last = i + chunk >= len(ids)
+        delta = a.push(out(ids[i : i + chunk], "length" if last else None))
+        pieces.append(delta.text)
+        if delta.finish_reason is not None:
+            break
+    cut = text.find(stop)
+    assert "".join(pieces) == (text if cut < 0 else text[:cut])
+    assert a.finish_reason == ("length" if cut < 0 else "stop")
+    assert all("\ufffd" not in p for p in pieces)
