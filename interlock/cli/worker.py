@@ -97,15 +97,12 @@ def resolve_spec(a: argparse.Namespace) -> WorkerSpec:
 
 async def start_worker(spec: WorkerSpec, runtime, *, drain_grace_s: float = 30.0):  # type: ignore[no-untyped-def]
     """Build the engine and a Worker on ``runtime``; return the started Worker."""
-    from interlock.engine.async_engine import AsyncEngine
     from interlock.engine.factory import build_engine
     from interlock.engine.worker import Worker, WorkerOptions
 
     core = await asyncio.to_thread(
         build_engine, spec.engine, instance_id=spec.instance_id, speedup=spec.speedup
     )
-    engine = AsyncEngine(core)
-    engine.start()
     info = InstanceInfo(
         instance_id=spec.instance_id,
         endpoint=subjects.GENERATE_ENDPOINT,
@@ -116,7 +113,7 @@ async def start_worker(spec: WorkerSpec, runtime, *, drain_grace_s: float = 30.0
         kv_blocks_total=core.pool.num_blocks,
         context_length=spec.engine.scheduler.max_model_len,
     )
-    worker = Worker(engine, info, discovery=runtime.discovery, requests=runtime.requests,
+    worker = Worker(core, info, discovery=runtime.discovery, requests=runtime.requests,
                     events=runtime.events, options=WorkerOptions(drain_grace_s=drain_grace_s))
     await worker.start()
     return worker

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import msgspec
 
 from interlock.engine.async_engine import AsyncEngine
+from interlock.engine.core import EngineCore
 from interlock.protocol import GenerateRequest, InstanceInfo, KVEvent, KVEventBatch, LoadReport, subjects
 from interlock.runtime.interfaces import Discovery, EventPlane, RequestContext, RequestPlane
 
@@ -42,7 +43,7 @@ _decode_request = msgspec.msgpack.Decoder(GenerateRequest).decode
 class Worker:
     def __init__(
         self,
-        engine: AsyncEngine,
+        core: EngineCore,
         info: InstanceInfo,
         *,
         discovery: Discovery,
@@ -50,7 +51,7 @@ class Worker:
         events: EventPlane,
         options: WorkerOptions = WorkerOptions(),
     ) -> None:
-        self.engine = engine
+        self.engine = AsyncEngine(core, sink=self)
         self.info = info
         self._discovery = discovery
         self._requests = requests
@@ -72,8 +73,7 @@ class Worker:
 
     # ---- lifecycle ----
     async def start(self) -> InstanceInfo:
-        loop = asyncio.get_running_loop()
-        self.engine.set_sink(_ThreadSafeSink(self, loop))
+        self.engine.start()
         self._address = await self._requests.serve(
             self.info.endpoint, self._handle, instance_id=self.instance_id
         )
@@ -84,7 +84,7 @@ class Worker:
             asyncio.create_task(self._resync_loop(resync), name="worker-resync"),
         ]
         await self._discovery.register(self.info)
-        self.publish_snapshot()
+        await self.publish_snapshot()
         log.info("worker %s serving %s at %s", self.instance_id, self.info.model, self._address)
         return self.info
 
@@ -146,8 +146,19 @@ class Worker:
         load = msgspec.structs.replace(load, instance_id=self.instance_id)
         self._outbox.put_nowait((subjects.load(self.instance_id), _encode(load)))
 
-    def publish_snapshot(self) -> None:
-        self.publish_kv(self.engine.kv_snapshot(), snapshot=True)
+    async def publish_snapshot(self) -> None:
+        """Publish the whole cache as one ``snapshot`` batch, in order with the step events
+        (taken on the engine thread between steps; earlier steps' events are queued first)."""
+        events = await self.engine.call(lambda core: core.kv_snapshot())
+        self.publish_kv(events, snapshot=True)
+
+    # KVEventSink: the async engine calls these on this event loop after each step.
+    def on_kv_events(self, events: list[KVEvent]) -> None:
+        if events:
+            self.publish_kv(events)
+
+    def on_load(self, load: LoadReport) -> None:
+        self.publish_load(load)
 
     async def _publisher(self) -> None:
         while True:
@@ -165,19 +176,4 @@ class Worker:
 
     async def _resync_loop(self, subscription: AsyncIterator[tuple[str, bytes]]) -> None:
         async for _subject, _payload in subscription:
-            self.publish_snapshot()
-
-
-class _ThreadSafeSink:
-    """Receives the engine thread's events and hands them to the worker's event loop."""
-
-    def __init__(self, worker: Worker, loop: asyncio.AbstractEventLoop) -> None:
-        self._worker = worker
-        self._loop = loop
-
-    def on_kv_events(self, events: list[KVEvent]) -> None:
-        if events:
-            self._loop.call_soon_threadsafe(self._worker.publish_kv, events)
-
-    def on_load(self, load: LoadReport) -> None:
-        self._loop.call_soon_threadsafe(self._worker.publish_load, load)
+            await self.publish_snapshot()
