@@ -24,6 +24,9 @@ class ServiceBackend:
     def generate(self, request: GenerateRequest, ctx: RequestContext) -> AsyncIterator[GenerateOutput]:
         return self.service.generate(request, ctx)
 
+    def prometheus_text(self) -> str:
+        return self.service.prometheus_text()
+
 
 def router_config(routing: Routing, *, max_inflight_per_worker: int = 0) -> RouterConfig:
     from interlock.router.cost import CostParams

@@ -88,7 +88,11 @@ class Frontend:
         return _json({"status": "ok"})
 
     async def metrics_text(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+        text = self.metrics.render()
+        extra = getattr(self.backend, "prometheus_text", None)  # router/worker figures, if any
+        if extra is not None:
+            text += extra()
+        return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _guarded(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         status = 499  # stays so if the client leaves and the handler is cancelled
