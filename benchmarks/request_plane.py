@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from interlock.protocol import GenerateOutput, InstanceInfo  # noqa: E402
 from interlock.runtime import (  # noqa: E402
     EndpointName,
+    InProcRegistry,
     NatsServer,
     RequestContext,
     Runtime,
@@ -61,12 +62,16 @@ def use_loop(name: str) -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def serve(nats_url: str, plane: str) -> None:
-    runtime = await connect_runtime(nats_url, RuntimeConfig(request_plane=plane))  # type: ignore[arg-type]
+async def start_server(runtime: Runtime) -> None:
     address = await runtime.requests.serve(ENDPOINT, handler, instance_id="w1")
     await runtime.discovery.register(
         InstanceInfo(instance_id="w1", endpoint=str(ENDPOINT), model="m", address=address)
     )
+
+
+async def serve(nats_url: str, plane: str) -> None:
+    runtime = await connect_runtime(nats_url, RuntimeConfig(request_plane=plane))  # type: ignore[arg-type]
+    await start_server(runtime)
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until parent closes
     await runtime.close()
@@ -100,13 +105,12 @@ async def throughput(runtime: Runtime, address: str, concurrency: int, seconds: 
     return done / (time.perf_counter() - start)
 
 
-async def measure(nats_url: str, plane: str, args: argparse.Namespace) -> dict[str, float]:
-    async with await connect_runtime(nats_url, RuntimeConfig(request_plane=plane)) as runtime:  # type: ignore[arg-type]
-        [instance] = await runtime.discovery.instances(ENDPOINT)
-        await latency(runtime, instance.address, 200)  # warm-up: connections, caches
-        await throughput(runtime, instance.address, args.concurrency, 1.0)
-        lat = sorted(await latency(runtime, instance.address, args.requests))
-        rps = await throughput(runtime, instance.address, args.concurrency, args.seconds)
+async def measure(runtime: Runtime, args: argparse.Namespace) -> dict[str, float]:
+    [instance] = await runtime.discovery.instances(ENDPOINT)
+    await latency(runtime, instance.address, 200)  # warm-up: connections, caches
+    await throughput(runtime, instance.address, args.concurrency, 1.0)
+    lat = sorted(await latency(runtime, instance.address, args.requests))
+    rps = await throughput(runtime, instance.address, args.concurrency, args.seconds)
     return {
         "rps": rps,
         "p50_ms": statistics.median(lat) * 1e3,
@@ -114,7 +118,24 @@ async def measure(nats_url: str, plane: str, args: argparse.Namespace) -> dict[s
     }
 
 
+async def measure_over_nats(nats_url: str, plane: str, args: argparse.Namespace) -> dict[str, float]:
+    async with await connect_runtime(nats_url, RuntimeConfig(request_plane=plane)) as runtime:  # type: ignore[arg-type]
+        return await measure(runtime, args)
+
+
+async def measure_in_process(args: argparse.Namespace) -> dict[str, float]:
+    """Reference: server and client in this process (``interlock serve --single-process``)."""
+    registry = InProcRegistry()
+    async with await connect_runtime(None, registry=registry) as server:
+        await start_server(server)
+        async with await connect_runtime(None, registry=registry) as client:
+            return await measure(client, args)
+
+
 def run_plane(nats_url: str, plane: str, args: argparse.Namespace) -> dict[str, float]:
+    if plane == "inproc":
+        use_loop(args.loop)
+        return asyncio.run(measure_in_process(args))
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve", plane, "--nats-url", nats_url, "--loop", args.loop],
         stdin=subprocess.PIPE,
@@ -125,7 +146,7 @@ def run_plane(nats_url: str, plane: str, args: argparse.Namespace) -> dict[str, 
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         use_loop(args.loop)
-        return asyncio.run(measure(nats_url, plane, args))
+        return asyncio.run(measure_over_nats(nats_url, plane, args))
     finally:
         assert server.stdin is not None
         server.stdin.close()
@@ -137,7 +158,7 @@ def run_plane(nats_url: str, plane: str, args: argparse.Namespace) -> dict[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--planes", default="tcp,nats")
+    parser.add_argument("--planes", default="tcp,nats,inproc")
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="uvloop")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=1000, help="sequential calls for latency")
