@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP application (aiohttp) and helpers to run it.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{model}]``,
 ``GET /health`` (503 while no model is servable), ``GET /live`` and ``GET /metrics``.
 
 Every failure becomes an OpenAI-style JSON error with the status its ``interlock.errors`` class
@@ -25,7 +25,7 @@ from aiohttp import web
 
 from interlock.errors import InterlockError, InvalidRequest, ServiceError, ServiceUnavailable
 from interlock.frontend.assembler import OutputAssembler, error_from_info
-from interlock.frontend.backend import HEADER_REQUEST_ID, Backend, RequestContext, header_context
+from interlock.frontend.backend import HEADER_REQUEST_ID, Backend, ModelEntry, RequestContext, header_context
 from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.config import FrontendConfig
 from interlock.frontend.generation import Generation, collect, stream_sse
@@ -66,17 +66,22 @@ class Frontend:
         return await self._guarded(request, "completions")
 
     async def models(self, request: web.Request) -> web.Response:
-        data = [
-            {
-                "id": e.name,
-                "object": "model",
-                "created": self.created,
-                "owned_by": "interlock",
-                "max_model_len": e.context_length,
-            }
-            for e in self.catalog.entries()
-        ]
-        return _json({"object": "list", "data": data})
+        return _json({"object": "list", "data": [self._model_card(e) for e in self.catalog.entries()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        try:
+            return _json(self._model_card(self.catalog.find(request.match_info["model"])))
+        except InterlockError as exc:
+            return error_response(exc)
+
+    def _model_card(self, entry: ModelEntry) -> dict[str, object]:
+        return {
+            "id": entry.name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "interlock",
+            "max_model_len": entry.context_length,
+        }
 
     async def health(self, request: web.Request) -> web.Response:
         names = [e.name for e in self.catalog.entries()]
@@ -182,6 +187,7 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
             web.post("/v1/chat/completions", frontend.chat),
             web.post("/v1/completions", frontend.completions),
             web.get("/v1/models", frontend.models),
+            web.get("/v1/models/{model}", frontend.model),
             web.get("/health", frontend.health),
             web.get("/live", frontend.live),
             web.get("/metrics", frontend.metrics_text),

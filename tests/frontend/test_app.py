@@ -227,6 +227,9 @@ def test_sampling_and_seed_reach_the_backend(client: openai.OpenAI, served: Serv
 def test_two_models_side_by_side(client: openai.OpenAI, served: Served) -> None:
     listed = {m.id: m for m in client.models.list().data}
     assert set(listed) == {MODEL, SMALL_MODEL}
+    assert client.models.retrieve(SMALL_MODEL).id == SMALL_MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
     for name in (MODEL, SMALL_MODEL):
         r = client.chat.completions.create(
             model=name, messages=[{"role": "system", "content": "s"}, *USER], max_tokens=2
