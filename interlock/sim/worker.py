@@ -2,7 +2,7 @@
 the mock step-time model (``interlock.engine.timing``), advanced by events, not per token.
 
 Why not the real ``EngineCore`` with the mock runner: it is exact but steps one token of every
-running request per Python call, and the conversation trace has 6 M output tokens across
+running request per Python call, and the conversation trace has 4 M output tokens across
 hundreds of thousands of steps; replaying one hour must take seconds. So this model keeps only
 what decides hits and latencies, with the same rules as the engine (vLLM v1 style):
 
