@@ -55,7 +55,7 @@ def shared_prefix_requests(spec: SharedPrefixSpec) -> list[SimRequest]:
                 arrival_s=t + turn * spec.think_time_s,
                 prompt_tokens=len(tokens),
                 output_tokens=spec.output_tokens,
-                block_hashes=tuple(hash_blocks(tokens, spec.block_size)),
+                block_hashes=tuple(hash_blocks(tokens.tolist(), spec.block_size)),
                 session_id=f"s{session}" if spec.turns > 1 else None,
             ))
             answer = rng.integers(0, VOCAB_SIZE, spec.output_tokens, dtype=np.uint32)

@@ -19,6 +19,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -95,7 +96,8 @@ class TraceHasher:
             hs = []
             bs = self.block_size
             for i in range(self.trace_block_size // bs):
-                parent = hash_block(parent, toks[i * bs : (i + 1) * bs])
+                # kvhash accepts any integer array; numpy slices avoid a list per block
+                parent = hash_block(parent, cast(Sequence[int], toks[i * bs : (i + 1) * bs]))
                 hs.append(parent)
             got = self._memo[hash_id] = tuple(hs)
         return got
