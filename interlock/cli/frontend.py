@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 
+from interlock.cli.runner import run_command
 from interlock.cli.serving import ServiceBackend, router_config
 from interlock.deploy import Routing
 from interlock.env import get_env
@@ -68,15 +68,4 @@ async def _run(a: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
-    logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        return asyncio.run(_run(a))
-    except ConfigError as e:
-        print(f"interlock frontend: {e.message}")
-        return 2
+    return run_command("interlock frontend", _run(a), log_level=a.log_level)

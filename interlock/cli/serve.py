@@ -21,6 +21,7 @@ import sys
 from dataclasses import replace
 
 from interlock.cli.procs import Child, python_module_argv
+from interlock.cli.runner import run_command
 from interlock.cli.serving import ServiceBackend, router_config
 from interlock.cli.worker import WorkerSpec, add_engine_args, engine_config_from_args, start_worker
 from interlock.deploy import (
@@ -231,15 +232,4 @@ async def _until_stopped(stop: asyncio.Event, children: list[Child]) -> None:
 
 def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
-    logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        return asyncio.run(_serve(a))
-    except ConfigError as e:
-        print(f"interlock serve: {e.message}", file=sys.stderr)
-        return 2
+    return run_command("interlock serve", _serve(a), log_level=a.log_level)

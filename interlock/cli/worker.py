@@ -16,6 +16,7 @@ import signal
 import uuid
 from dataclasses import dataclass
 
+from interlock.cli.runner import run_command
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.env import get_env
 from interlock.errors import ConfigError
@@ -145,15 +146,4 @@ async def _run(a: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
-    logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        return asyncio.run(_run(a))
-    except ConfigError as e:
-        print(f"interlock worker: {e.message}")
-        return 2
+    return run_command("interlock worker", _run(a), log_level=a.log_level)
