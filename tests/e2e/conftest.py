@@ -91,7 +91,7 @@ def start_serve(*args: str, timeout_s: float = 300.0) -> Served:
 FAST_LEASES = ("--heartbeat-interval", "0.25", "--heartbeat-timeout", "2.0")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def two_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """Two workers of SmolLM2 plus one more under a second name: two models side by side."""
     cfg = tmp_path_factory.mktemp("deploy") / "cluster.yaml"
