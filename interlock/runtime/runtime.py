@@ -7,6 +7,8 @@ direct TCP request plane (or NATS request/reply with ``request_plane="nats"``).
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -23,15 +25,21 @@ from interlock.runtime.nats_events import NatsEventPlane
 from interlock.runtime.nats_requests import NatsRequestPlane
 from interlock.runtime.tcp import TcpRequestPlane
 
-_default_registry: InProcRegistry | None = None
+_default_registries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, InProcRegistry] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def default_registry() -> InProcRegistry:
-    """The registry every in-process runtime of this process shares unless given another."""
-    global _default_registry
-    if _default_registry is None:
-        _default_registry = InProcRegistry()
-    return _default_registry
+    """The registry every in-process runtime on this event loop shares unless given another.
+
+    One per loop, because its timers and queues belong to a loop: a second ``asyncio.run`` (the
+    next test) starts from an empty registry instead of inheriting dead leases."""
+    loop = asyncio.get_running_loop()
+    registry = _default_registries.get(loop)
+    if registry is None:
+        registry = _default_registries[loop] = InProcRegistry()
+    return registry
 
 
 @dataclass
@@ -100,15 +108,22 @@ async def connect_runtime(
 
 async def _connect_nats(url: str, config: RuntimeConfig, name: str) -> NatsClient:
     async def quiet(exc: Exception) -> None:
-        pass  # reconnects are handled by nats-py; leases ride through short outages
+        pass  # nats-py reports every reconnect attempt here; leases ride through short outages
 
     try:
-        return await nats.connect(
+        # nats-py retries a failed *first* connect like a reconnect (60 attempts 2 s apart by
+        # default, whatever allow_reconnect says); a worker given a wrong URL must fail fast.
+        nc = await nats.connect(
             url,
             name=name,
             connect_timeout=max(1, round(config.connect_timeout)),
-            allow_reconnect=True,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.1,
             error_cb=quiet,
         )
     except Exception as exc:  # nats-py raises several unrelated types for "cannot connect"
         raise TransportError(f"cannot connect to NATS at {url}: {exc}") from None
+    # Once connected, ride through server restarts for as long as it takes.
+    nc.options["max_reconnect_attempts"] = -1
+    nc.options["reconnect_time_wait"] = 1.0
+    return nc
