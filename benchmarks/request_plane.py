@@ -8,10 +8,18 @@ stream at concurrency 1. Both planes run behind the same runtime API, discovery 
     .venv/bin/python benchmarks/request_plane.py            # both planes, uvloop
     .venv/bin/python benchmarks/request_plane.py --loop asyncio --planes tcp
 
-Figures measured on the 2-core development box (shared, so ±20%), in docs/design.md:
+Figures on the 2-core development box (shared with other jobs, load 3-5, so ±30%;
+2026-12-02, three runs each; the table and the reasoning are in docs/design.md):
 
-    plane  loop     req/s @64   p50 @1   p99 @1
-    (filled in by the run recorded in docs/design.md, "Runtime planes")
+    plane   loop     req/s @64        p50 @1         p99 @1
+    tcp     uvloop   10,400-13,700    0.09-0.10 ms   0.22-2.5 ms
+    tcp     asyncio   5,600-11,200    0.12-0.15 ms   0.31-5.6 ms
+    nats    uvloop    4,400-4,900     0.35-0.46 ms   0.9-5.2 ms
+    nats    asyncio   2,600-5,700     0.44-0.50 ms   1.0-4.6 ms
+    inproc  uvloop   31,600-35,100    0.01-0.02 ms   0.03-0.07 ms
+
+Direct TCP wins (about 2.3x the requests/s, a quarter of the p50), so it is the default
+request plane; NATS carries discovery and events.
 """
 
 from __future__ import annotations
