@@ -61,20 +61,21 @@ class NatsRequestPlane:
         self._served: dict[str, NatsSubscription] = {}
         self._serving: dict[str, asyncio.Task[None]] = {}
         self._control: list[NatsSubscription] = []
+        self._cancels: NatsSubscription | None = None
         self._calls: dict[str, _Call] = {}
         self._inbox = ""
         self._ids = itertools.count(1)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._keepalive_task: asyncio.Task[None] | None = None
 
     # ---- server side ----
     async def serve(
         self, endpoint: EndpointName | str, handler: Handler, *, instance_id: str | None = None
     ) -> str:
         key = EndpointName.of(endpoint).key(instance_id)
-        if not self._control:
-            cancel_subject = _subject(self._id, "_cancel")
-            self._control.append(await self._nc.subscribe(cancel_subject, cb=self._on_cancel))
-            self._tasks.append(asyncio.create_task(self._keepalive()))
+        if self._cancels is None:
+            self._cancels = await self._nc.subscribe(_subject(self._id, "_cancel"), cb=self._on_cancel)
+            self._control.append(self._cancels)
+        self._start_keepalive()
         if key in self._served:
             await self._served.pop(key).unsubscribe()
         self._served[key] = await self._nc.subscribe(
@@ -175,8 +176,12 @@ class NatsRequestPlane:
         if not self._inbox:
             self._inbox = self._nc.new_inbox()
             self._control.append(await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply))
-            if not self._tasks:
-                self._tasks.append(asyncio.create_task(self._keepalive()))
+        self._start_keepalive()
+
+    def _start_keepalive(self) -> None:
+        """One task does both sides' timing: keepalives for calls served, expiry for calls made."""
+        if self._keepalive_task is None:
+            self._keepalive_task = asyncio.create_task(self._keepalive())
 
     async def _on_reply(self, msg: Msg) -> None:
         call = self._calls.get(msg.subject)
@@ -203,8 +208,8 @@ class NatsRequestPlane:
                 call.queue.put(TransportError("server silent past peer_timeout"))
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        if self._keepalive_task is not None:
+            self._keepalive_task.cancel()
         closing = msgspec.msgpack.encode(("TransportError", "server closed"))
         for reply, task in list(self._serving.items()):
             task.cancel()

@@ -152,3 +152,17 @@ async def test_server_close_fails_calls_in_flight(make_runtime: MakeRuntime, nam
                     await server.requests.close()
     with anyio.fail_after(1):
         await handler.cancelled.wait()
+
+
+async def test_a_plane_that_called_first_still_serves_cancellably(
+    make_runtime: MakeRuntime, namespace: str
+) -> None:
+    a, b = await pair(make_runtime)
+    echo_address = await b.requests.serve(f"{namespace}.worker.echo", echo)
+    assert await collect(a, echo_address, b"1") == [b"0"]  # a is a client first
+    handler = Endless()
+    address = await a.requests.serve(f"{namespace}.worker.generate", handler)
+    async with aclosing(b.requests.stream(address, b"")) as chunks:
+        assert await anext(chunks) == b"tok"
+    with anyio.fail_after(1):
+        await handler.cancelled.wait()
