@@ -290,7 +290,7 @@ class Router:
             queued_prefill=queued,
             per_token_s=per_token[:n],
             step_overhead_s=overhead[:n],
-            decode_step_s=self.load.decode_step_s[:n],
+            decode_step_s=self.load.decode_step()[:n],
             kv_usage=self.load.kv_usage()[:n],
             decode_tokens=meta.max_tokens,
         )

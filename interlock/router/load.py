@@ -74,6 +74,8 @@ class LoadTracker:
         self._fits: dict[int, StepTimeFit] = {}
         self._fitted: dict[int, tuple[float, float]] = {}
         self._speeds: tuple[np.ndarray, np.ndarray] | None = None
+        self._decode_fit = StepTimeFit(decay=0.99)
+        """Fleet-wide line: decode step seconds against KV usage (0..1)."""
         self.outbox: list[RouterLoadEvent] = []
         """Events for other routers; the glue drains and publishes them."""
 
@@ -222,6 +224,8 @@ class LoadTracker:
                 self._speeds = None
         if r.decode_step_s > 0:
             self.decode_step_s[slot] = r.decode_step_s
+            if r.kv_blocks_total:
+                self._decode_fit.add(r.kv_blocks_used / r.kv_blocks_total, r.decode_step_s)
 
     # ---- merged view ----
     def speeds(self) -> tuple[np.ndarray, np.ndarray]:
@@ -243,6 +247,18 @@ class LoadTracker:
     def queued_prefill(self) -> np.ndarray:
         """Prompt tokens ahead of a new request: the last report plus what was sent since."""
         return self.reported_prefill + self.fresh_prefill
+
+    def decode_step(self) -> np.ndarray:
+        """Expected decode step seconds per slot. Decode time grows with the KV a worker holds,
+        and a worker's own decode-step average is noisy and stale (it only moves when it
+        decodes), so once the fleet's reports span a range of KV usage, the estimate is the
+        fleet's line (step time against usage) at each worker's current usage, dispatches
+        included; until then each worker's last reported average."""
+        fit = self._decode_fit.estimate(min_spread_tokens=0.01)
+        if fit is None:
+            return self.decode_step_s
+        base, slope = fit
+        return base + slope * self.kv_usage()
 
     def kv_usage(self) -> np.ndarray:
         """Fraction of KV in use: reported, or dispatched footprint if that is larger."""

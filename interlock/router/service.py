@@ -33,6 +33,8 @@ from interlock.protocol import (
 from interlock.protocol.events import RouterLoadEvent
 from interlock.router.admission import Pending, RequestMeta
 from interlock.router.decision import Decision
+from interlock.router.disagg import DisaggConfig
+from interlock.router.disagg_flow import DisaggFlow
 from interlock.router.facade import Router, RouterConfig
 from interlock.router.indexer import ApplyResult
 from interlock.runtime.interfaces import Discovery, EventPlane, RequestPlane
@@ -77,6 +79,7 @@ class RouterService:
         config: RouterConfig | None = None,
         options: ServiceOptions = ServiceOptions(),
         router_id: str | None = None,
+        disagg: DisaggConfig | None = None,
     ) -> None:
         self._discovery = discovery
         self._requests = requests
@@ -90,12 +93,16 @@ class RouterService:
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._reports: dict[str, LoadReport] = {}
+        self.disagg = DisaggFlow(self, disagg) if disagg is not None else None
+        """Disaggregated prefill/decode (``router.disagg_flow``); None: aggregated only."""
 
     # ---- lifecycle ----
     async def start(self) -> None:
         kv = await self._events.subscribe(subjects.KV_ALL)
         load = await self._events.subscribe(subjects.LOAD_ALL)
         loops = [self._watch(), self._on_kv(kv), self._on_load(load)]
+        if self.disagg is not None:
+            loops.append(self.disagg.link_loop())
         if self._options.share_load:
             shared = await self._events.subscribe(subjects.ROUTER_LOAD_ALL)
             loops.append(self._on_router_load(shared))
@@ -149,6 +156,10 @@ class RouterService:
             worker_id=getattr(ctx, "worker_id", None),
         )
         hashes = router.block_hashes(request.token_ids)
+        if self.disagg is not None and self.disagg.active(router, request):
+            async for out in self.disagg.generate(router, request, meta, hashes):
+                yield out
+            return
         payload = _encode(request)
         tried: set[str] = set()
         for attempt in range(self._options.max_attempts):
@@ -202,6 +213,8 @@ class RouterService:
             lines += [f"# HELP interlock_router_{name} {help_}", f"# TYPE interlock_router_{name} counter"]
             for model, router in sorted(self.routers.items()):
                 lines.append(f'interlock_router_{name}{{model="{model}"}} {get(router.metrics)}')
+        if self.disagg is not None:
+            lines += self.disagg.prometheus_lines()
         return "\n".join(lines) + "\n"
 
     # ---- per request ----

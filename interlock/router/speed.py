@@ -10,7 +10,8 @@ every worker of the same speed.
 
 Least squares with exponential forgetting (``decay`` per report), so the fit follows a worker
 whose speed changes. A fit needs a spread of step sizes; until then ``estimate`` is None and
-the caller falls back to the fleet's median fit, then to defaults.
+the caller falls back to the fleet's median fit, then to defaults. The same fit serves for
+decode step time against KV usage, pooled over the fleet (``LoadTracker.decode_step``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class StepTimeFit:
         self.sty = self.sty * d + tokens * step_s
 
     def estimate(self, min_spread_tokens: float = 64.0) -> tuple[float, float] | None:
-        """``(overhead_s, per_token_s)``, or None while the step sizes seen are too alike."""
+        """``(intercept, slope)`` (``(overhead_s, per_token_s)`` for step times), or None while
+        the x values seen are too alike (standard deviation under ``min_spread_tokens``)."""
         if self.n < 3:
             return None
         mt, my = self.st / self.n, self.sy / self.n

@@ -24,9 +24,12 @@ from interlock.engine.timing import TimingModel
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import KVEventBatch, LoadReport
 from interlock.router import Decision, RequestMeta, Router, RouterConfig
+from interlock.sim.engine_worker import EngineWorker
 from interlock.sim.report import ReplayReport, build_report
 from interlock.sim.trace import SimRequest, infinite_cache_hit_ratio
 from interlock.sim.worker import SimSeq, SimWorker, WorkerSink
+
+Worker = SimWorker | EngineWorker
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class ReplayConfig:
     publish_events: bool = True
     """False: workers publish no KV events (the router predicts their caches)."""
     router: RouterConfig = field(default_factory=RouterConfig)
+    backend: str = "fast"
+    """"fast": ``SimWorker``; "engine": the real ``EngineCore`` + ``MockRunner`` (exact, slow;
+    requests need ``token_ids``)."""
 
 
 class _Driver(WorkerSink):
@@ -51,10 +57,11 @@ class _Driver(WorkerSink):
         self.now = 0.0
         rcfg = replace(cfg.router, block_size=cfg.block_size)
         self.router = Router(rcfg, clock=lambda: self.now)
-        self.workers: dict[str, SimWorker] = {}
+        self.workers: dict[str, Worker] = {}
         for i in range(cfg.num_workers):
             wid = f"w{i}"
-            self.workers[wid] = SimWorker(
+            make = EngineWorker if cfg.backend == "engine" else SimWorker
+            self.workers[wid] = make(
                 wid, num_blocks=cfg.num_blocks, block_size=cfg.block_size,
                 max_num_batched_tokens=cfg.max_num_batched_tokens,
                 max_num_seqs=cfg.max_num_seqs, timing=TimingModel(cfg.engine_speedup),
@@ -77,10 +84,11 @@ class _Driver(WorkerSink):
         self.decisions: list[Decision] = []
 
     # ---- sink ----
-    def first_token(self, worker: SimWorker, seq: SimSeq, t: float) -> None:
+    def first_token(self, worker: object, seq: SimSeq, t: float) -> None:
         self.router.on_first_token(seq.req.request_id)
 
-    def finished(self, worker: SimWorker, seq: SimSeq, t: float) -> None:
+    def finished(self, worker: object, seq: SimSeq, t: float) -> None:
+        assert isinstance(worker, SimWorker | EngineWorker)
         self._account(worker, t, -1)
         self.router.on_finish(seq.req.request_id)
         self.done.append(seq)
@@ -96,12 +104,12 @@ class _Driver(WorkerSink):
         self.itl_w.append(tokens)
 
     # ---- loop ----
-    def _account(self, w: SimWorker, t: float, delta: int) -> None:
+    def _account(self, w: Worker, t: float, delta: int) -> None:
         wid = w.instance_id
         self.inflight_area[wid] += (t - self._last_change[wid]) * w.num_inflight
         self._last_change[wid] = t
 
-    def _schedule(self, w: SimWorker, end: float | None) -> None:
+    def _schedule(self, w: Worker, end: float | None) -> None:
         if end is not None:
             self._tie += 1
             heapq.heappush(self.heap, (end, self._tie, w.instance_id, w.version))

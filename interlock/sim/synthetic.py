@@ -32,6 +32,8 @@ class SharedPrefixSpec:
     """Session starts per second (Poisson)."""
     block_size: int = 64
     seed: int = 0
+    keep_tokens: bool = False
+    """Keep each prompt's token ids (for the engine backend of the replay)."""
 
 
 def shared_prefix_requests(spec: SharedPrefixSpec) -> list[SimRequest]:
@@ -57,6 +59,7 @@ def shared_prefix_requests(spec: SharedPrefixSpec) -> list[SimRequest]:
                 output_tokens=spec.output_tokens,
                 block_hashes=tuple(hash_blocks(tokens.tolist(), spec.block_size)),
                 session_id=f"s{session}" if spec.turns > 1 else None,
+                token_ids=tuple(tokens.tolist()) if spec.keep_tokens else None,
             ))
             answer = rng.integers(0, VOCAB_SIZE, spec.output_tokens, dtype=np.uint32)
             tokens = np.concatenate([tokens, answer])

@@ -39,6 +39,8 @@ class SimRequest:
     """kvhash of each full block of the prompt, at the replay's block size."""
     session_id: str | None = None
     priority: int = 0
+    token_ids: tuple[int, ...] | None = None
+    """The prompt itself; only kept when a replay needs real tokens (the engine backend)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +118,15 @@ class TraceHasher:
 
 
 def mooncake_requests(records: Sequence[MooncakeRecord], *, block_size: int = 64,
-                      speedup: float = 1.0, hasher: TraceHasher | None = None) -> list[SimRequest]:
+                      speedup: float = 1.0, hasher: TraceHasher | None = None,
+                      with_tokens: bool = False) -> list[SimRequest]:
     """Trace records as ``SimRequest``s, arrivals divided by ``speedup``."""
     hasher = hasher or TraceHasher(block_size)
     t0 = records[0].timestamp_ms if records else 0.0
     return [
         SimRequest(f"r{i}", (r.timestamp_ms - t0) / 1000.0 / speedup, r.input_length,
-                   max(r.output_length, 1), hasher.hashes(r))
+                   max(r.output_length, 1), hasher.hashes(r),
+                   token_ids=tuple(record_token_ids(r).tolist()) if with_tokens else None)
         for i, r in enumerate(records)
     ]
 

@@ -1,0 +1,275 @@
+"""The router's disaggregated path: decode worker, maybe a prefill worker, one client stream.
+
+Per request (``DisaggFlow.generate``):
+  1. route to a decode worker (role "decode" or "both"), and tentatively to a prefill worker
+     (role "prefill"; the ``kv`` policy prefers the one holding the prefix);
+  2. ``disagg.choose`` decides remote or local from the workers' last load reports, the KV
+     index's overlaps and the link's last check; the reason is logged and counted;
+  3. remote: the prefill worker computes the prompt and the first token, stages the KV and
+     answers with a descriptor. The client gets that first token at once. The decode worker
+     then gets the request with ``do_remote_prefill`` + descriptor, pulls the KV into blocks
+     it allocated, and streams the rest. Its first chunk repeats the first token (the engine
+     counts it as its first output), so that token is dropped here: never a duplicate;
+  4. a prefill that fails (worker died, error, no descriptor) falls back to a local prefill
+     on the decode worker; a decode worker that fails before its first chunk is replaced by
+     another (the pull may still work; if not, that worker computes the prompt).
+
+Link checks: a background loop asks each decode worker (control call ``measure_link``) to
+measure its link to each prefill worker's transfer agent, when a pair first appears and every
+``link_check_interval_s`` after; a failed check keeps requests local on that pair until a
+later check passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from interlock.errors import NoWorkers, ServiceUnavailable, TransportError
+from interlock.protocol import GenerateOutput, GenerateRequest, InstanceInfo, KVTransferParams
+from interlock.protocol.control import ControlReply, ControlRequest
+from interlock.router.admission import Pending, RequestMeta
+from interlock.router.decision import Decision
+from interlock.router.disagg import (
+    STAY_REASONS,
+    DisaggChoice,
+    DisaggConfig,
+    LinkEstimate,
+    WorkerEstimate,
+    choose,
+)
+from interlock.router.facade import Router
+from interlock.runtime.interfaces import RequestPlane
+
+if TYPE_CHECKING:
+    from interlock.router.service import RouterService
+
+log = logging.getLogger(__name__)
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_reply = msgspec.msgpack.Decoder(ControlReply).decode
+
+PREFILL_SUFFIX = "#prefill"
+"""Router-side id of a request's prefill leg (its load is tracked apart from the decode's)."""
+
+
+async def control_call(requests: RequestPlane, address: str, req: ControlRequest) -> ControlReply:
+    """One control call to a worker (``InstanceInfo.metadata["control_address"]``)."""
+    stream = requests.stream(address, _encode(req))
+    async with contextlib.aclosing(stream):
+        async for chunk in stream:
+            return _decode_reply(chunk)
+    raise TransportError(f"no control reply from {address}")
+
+
+class DisaggFlow:
+    def __init__(self, service: RouterService, config: DisaggConfig) -> None:
+        self.svc = service
+        self.config = config
+        self.links: dict[tuple[str, str], tuple[LinkEstimate, float]] = {}
+        """(prefill id, decode id) -> (last check, when)."""
+        self.choices: dict[str, int] = {}
+        self.fallbacks: dict[str, int] = {}
+        """Remote prefills that ended local anyway, by cause."""
+
+    # ---- which path ----
+    def active(self, router: Router, request: GenerateRequest) -> bool:
+        """This request takes the disaggregated path: its model has prefill workers."""
+        if request.kv_transfer is not None or not self.config.enabled:
+            return False
+        return self.config.enforce or any(
+            self.svc._instances[w].role == "prefill" for w in router.workers() if w in self.svc._instances
+        )
+
+    # ---- per request ----
+    async def generate(self, router: Router, request: GenerateRequest, meta: RequestMeta,
+                       hashes: list[int]) -> AsyncIterator[GenerateOutput]:
+        rid = request.request_id
+        d = await self.svc._route(router, replace(meta, role="decode"), hashes)
+        p = self._tentative_prefill(router, meta, hashes, d.worker_id)
+        choice = self._choose(request, d, p)
+        self._count(self.choices, choice.reason)
+        log.info(choice.log_line(rid))
+        try:
+            if not choice.remote:
+                if p is not None:
+                    self.svc._finish(router, p.request_id)
+                if self.config.enforce and choice.reason in STAY_REASONS:
+                    raise NoWorkers(f"disaggregation enforced but {choice.reason}", retry_after=1.0)
+                async for out in self._decode(router, d, request, tried={d.worker_id}):
+                    yield out
+                return
+            assert p is not None
+            async for out in self._remote(router, request, d, p):
+                yield out
+        finally:
+            self.svc._finish(router, rid)
+
+    def _tentative_prefill(self, router: Router, meta: RequestMeta, hashes: list[int],
+                           decode_id: str) -> Decision | None:
+        pmeta = replace(meta, request_id=meta.request_id + PREFILL_SUFFIX, role="prefill",
+                        session_id=None, worker_id=None)
+        try:
+            p = router.route(pmeta, block_hashes=hashes)
+        except ServiceUnavailable:
+            return None
+        if isinstance(p, Pending) or p.worker_id == decode_id or not self._has_agent(p.worker_id):
+            self.svc._finish(router, pmeta.request_id)
+            return None
+        return p
+
+    def _has_agent(self, worker_id: str) -> bool:
+        info = self.svc._instances.get(worker_id)
+        return info is not None and "kv_transfer_address" in info.metadata
+
+    def _choose(self, request: GenerateRequest, d: Decision, p: Decision | None) -> DisaggChoice:
+        info = self.svc._instances.get(d.worker_id)
+        block_size = d.block_size
+        blocks = math.ceil(len(request.token_ids) / block_size)
+        nbytes = int(info.metadata.get("kv_block_nbytes", "0")) if info is not None else 0
+        link = self.links.get((p.worker_id, d.worker_id)) if p is not None else None
+        return choose(
+            prompt_tokens=len(request.token_ids), kv_bytes=blocks * nbytes, blocks_needed=blocks,
+            decode=self._estimate(d), prefill=self._estimate(p) if p is not None else None,
+            link=link[0] if link is not None else None, config=self.config,
+        )
+
+    def _estimate(self, d: Decision) -> WorkerEstimate:
+        r = self.svc._reports.get(d.worker_id)
+        info = self.svc._instances.get(d.worker_id)
+        if r is None:
+            total = info.kv_blocks_total if info is not None else 0
+            return WorkerEstimate(d.worker_id, cached_tokens=d.cached_tokens, free_blocks=total)
+        return WorkerEstimate(
+            d.worker_id, queued_prefill_tokens=r.queued_prefill_tokens,
+            prefill_tokens_per_s=r.prefill_tokens_per_s, cached_tokens=d.cached_tokens,
+            free_blocks=r.kv_blocks_total - r.kv_blocks_used, num_running=r.num_running,
+            decode_step_s=r.decode_step_s,
+        )
+
+    async def _remote(self, router: Router, request: GenerateRequest, d: Decision,
+                      p: Decision) -> AsyncIterator[GenerateOutput]:
+        final = await self._prefill(router, request, p)
+        if final is None or final.kv_transfer is None and final.error is not None:
+            self._count(self.fallbacks, "prefill_failed")
+            async for out in self._decode(router, d, request, tried={d.worker_id}):
+                yield out
+            return
+        if final.kv_transfer is None:  # finished at its first token (EOS or max_tokens 1)
+            yield final
+            return
+        if final.kv_transfer.descriptor is None:
+            self._count(self.fallbacks, "not_staged")
+        yield replace_output(final, finish_reason=None, kv_transfer=None)
+        kt = msgspec.structs.replace(final.kv_transfer, do_remote_decode=False, do_remote_prefill=True)
+        decode_req = msgspec.structs.replace(request, kv_transfer=kt)
+        async for out in self._decode(router, d, decode_req, tried={d.worker_id}, skip_first=True):
+            yield out
+
+    async def _prefill(self, router: Router, request: GenerateRequest,
+                       p: Decision) -> GenerateOutput | None:
+        """The prefill leg's final output, or None when the prefill worker failed."""
+        req = msgspec.structs.replace(request, kv_transfer=KVTransferParams(do_remote_decode=True))
+        final: GenerateOutput | None = None
+        try:
+            async for out in self.svc._stream(router, p, _encode(req)):
+                if out.finished:
+                    final = out
+        except TransportError as exc:
+            log.warning("prefill worker %s failed (%s): prefilling %s locally",
+                        p.worker_id, exc.message, request.request_id)
+            router.set_health(p.worker_id, False)
+        finally:
+            self.svc._finish(router, p.request_id)
+        return final
+
+    async def _decode(self, router: Router, d: Decision, request: GenerateRequest, *,
+                      tried: set[str], skip_first: bool = False) -> AsyncIterator[GenerateOutput]:
+        """Stream from the decode worker; one that fails before its first chunk is replaced."""
+        payload = _encode(request)
+        for attempt in range(self.svc._options.max_attempts):
+            started = False
+            try:
+                async for out in self.svc._stream(router, d, payload):
+                    if skip_first and not started and out.token_ids:
+                        out = _drop_first_token(out)
+                    started = True
+                    yield out
+                return
+            except TransportError as exc:
+                if started or attempt + 1 == self.svc._options.max_attempts:
+                    raise
+                log.warning("decode worker %s failed before output (%s): routing %s again",
+                            d.worker_id, exc.message, request.request_id)
+                router.set_health(d.worker_id, False)
+            self.svc._finish(router, request.request_id)
+            meta = RequestMeta(request_id=request.request_id, prompt_tokens=len(request.token_ids),
+                               max_tokens=request.sampling.max_tokens, role="decode")
+            d = await self.svc._route(router, meta, router.block_hashes(request.token_ids))
+            tried.add(d.worker_id)
+
+    # ---- link checks ----
+    async def link_loop(self, tick_s: float = 1.0) -> None:
+        while True:
+            for prefill, decode in self._pairs():
+                key = (prefill.instance_id, decode.instance_id)
+                last = self.links.get(key)
+                if last is None or time.monotonic() - last[1] >= self.config.link_check_interval_s:
+                    self.links[key] = (await self._check(prefill, decode), time.monotonic())
+            await asyncio.sleep(tick_s)
+
+    def _pairs(self) -> list[tuple[InstanceInfo, InstanceInfo]]:
+        infos = list(self.svc._instances.values())
+        return [(p, d) for p in infos if p.role == "prefill" and "kv_transfer_address" in p.metadata
+                for d in infos if d.role != "prefill" and d.model == p.model
+                and "control_address" in d.metadata]
+
+    async def _check(self, prefill: InstanceInfo, decode: InstanceInfo) -> LinkEstimate:
+        req = ControlRequest(op="measure_link", peer_address=prefill.metadata["kv_transfer_address"])
+        try:
+            reply = await asyncio.wait_for(
+                control_call(self.svc._requests, decode.metadata["control_address"], req), 30.0)
+        except Exception as exc:  # noqa: BLE001 - a failed check is a result
+            reply = ControlReply(ok=False, error=str(exc))
+        if not reply.ok or reply.bandwidth_bytes_per_s <= 0:
+            log.warning("link %s -> %s failed its check: %s", prefill.instance_id,
+                        decode.instance_id, reply.error)
+            self._count(self.fallbacks, "link_check_failed")
+            return LinkEstimate(self.config.default_bandwidth_bytes_per_s, self.config.default_rtt_s, ok=False)
+        log.info("link %s -> %s: %.2f GB/s, rtt %.2f ms (%s)", prefill.instance_id, decode.instance_id,
+                 reply.bandwidth_bytes_per_s / 1e9, reply.rtt_s * 1e3, reply.transport)
+        return LinkEstimate(reply.bandwidth_bytes_per_s, reply.rtt_s)
+
+    # ---- metrics ----
+    @staticmethod
+    def _count(table: dict[str, int], key: str) -> None:
+        table[key] = table.get(key, 0) + 1
+
+    def prometheus_lines(self) -> list[str]:
+        lines = ["# HELP interlock_disagg_choices_total Prefill placement decisions, by reason",
+                 "# TYPE interlock_disagg_choices_total counter"]
+        lines += [f'interlock_disagg_choices_total{{reason="{r}"}} {n}' for r, n in sorted(self.choices.items())]
+        lines += ["# HELP interlock_disagg_fallbacks_total Remote prefills that ended local, by cause",
+                  "# TYPE interlock_disagg_fallbacks_total counter"]
+        lines += [f'interlock_disagg_fallbacks_total{{cause="{c}"}} {n}' for c, n in sorted(self.fallbacks.items())]
+        return lines
+
+
+def replace_output(out: GenerateOutput, **changes: object) -> GenerateOutput:
+    return msgspec.structs.replace(out, **changes)
+
+
+def _drop_first_token(out: GenerateOutput) -> GenerateOutput:
+    """The decode worker's first chunk starts with the prefill's first token: already sent."""
+    logprobs = out.logprobs
+    if logprobs is not None and len(logprobs) == len(out.token_ids):
+        logprobs = logprobs[1:]
+    return msgspec.structs.replace(out, token_ids=out.token_ids[1:], logprobs=logprobs)
