@@ -20,6 +20,8 @@ class RuntimeConfig:
     """Seconds a streaming call may hear nothing from its server (not even a keepalive)."""
     host: str = "127.0.0.1"
     """Interface the TCP request plane binds to ("0.0.0.0" to serve other hosts)."""
+    port: int = 0
+    """TCP request-plane port; 0 lets the OS pick a free one (it is advertised either way)."""
     advertise_host: str | None = None
     """Host put into advertised addresses; defaults to ``host``."""
     request_plane: Literal["tcp", "nats"] = "tcp"
@@ -33,6 +35,8 @@ class RuntimeConfig:
                 raise ConfigError(f"{name} must be positive", param=name)
         if self.lease_timeout <= self.heartbeat_interval:
             raise ConfigError("lease_timeout must exceed heartbeat_interval", param="lease_timeout")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("port must be in 0..65535", param="port")
         if self.request_plane not in ("tcp", "nats"):
             raise ConfigError("request_plane must be 'tcp' or 'nats'", param="request_plane")
         if self.discovery_sync_s < 0:

@@ -106,11 +106,11 @@ class InProcRequestPlane:
             raise TransportError(f"no handler at {address}")
         server, handler = entry
         ctx = RequestContext(key=_key_of(address), stream_id=next(self._registry.stream_ids))
-        queue, task = server._start(handler, payload, ctx)
+        channel, task = server._start(handler, payload, ctx)
         finished = False
         try:
             while True:
-                item = await queue.get()
+                item = await channel.get()
                 if type(item) is bytes:
                     yield item
                 elif item is None:
@@ -131,28 +131,28 @@ class InProcRequestPlane:
     async def close(self) -> None:
         for key in list(self._keys):
             await self.unserve(SCHEME + key)
-        for task, queue in list(self._calls.items()):
+        for task, channel in list(self._calls.items()):
             task.cancel()
-            queue.put(TransportError("server closed"))
+            channel.put(TransportError("server closed"))
 
     def _start(
         self, handler: Handler, payload: bytes, ctx: RequestContext
     ) -> tuple[Channel, asyncio.Task[None]]:
-        queue = Channel()
+        channel = Channel()
 
         async def send(chunk: bytes) -> None:
-            queue.put(chunk)
+            channel.put(chunk)
 
         async def end() -> None:
-            queue.put(None)
+            channel.put(None)
 
         async def fail(type_name: str, message: str) -> None:
-            queue.put(remote_error(type_name, message))
+            channel.put(remote_error(type_name, message))
 
         task = asyncio.create_task(run_handler(handler, payload, ctx, send, end, fail))
-        self._calls[task] = queue
+        self._calls[task] = channel
         task.add_done_callback(self._calls.pop)
-        return queue, task
+        return channel, task
 
 
 class InProcEventPlane:

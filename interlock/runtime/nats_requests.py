@@ -38,7 +38,7 @@ _RETRY_DELAYS = (0.0, 0.01, 0.05)
 
 @dataclass(slots=True)
 class _Call:
-    queue: Channel = field(default_factory=Channel)
+    channel: Channel = field(default_factory=Channel)
     last_heard: float = 0.0
 
 
@@ -152,7 +152,7 @@ class NatsRequestPlane:
         try:
             await self._nc.publish(subject, body, reply=reply)
             for attempt in range(1, 1_000_000):
-                item = await call.queue.get()
+                item = await call.channel.get()
                 if type(item) is bytes:
                     yield item
                 elif item is None:
@@ -191,21 +191,21 @@ class NatsRequestPlane:
         data = msg.data
         kind = data[:1]
         if kind == b"D":
-            call.queue.put(data[1:])
+            call.channel.put(data[1:])
         elif kind in (b"E", b"P"):
-            call.queue.put(None)
+            call.channel.put(None)
         elif kind == b"X":
             type_name, message = msgspec.msgpack.decode(data[1:])
-            call.queue.put(remote_error(type_name, message))
+            call.channel.put(remote_error(type_name, message))
         elif not data and msg.headers and msg.headers.get("Status") == "503":
-            call.queue.put(_NO_RESPONDERS)
+            call.channel.put(_NO_RESPONDERS)
 
     def _fail_silent_calls(self) -> None:
         now = asyncio.get_running_loop().time()
         for reply, call in list(self._calls.items()):
             if now - call.last_heard > self._config.peer_timeout:
                 del self._calls[reply]
-                call.queue.put(TransportError("server silent past peer_timeout"))
+                call.channel.put(TransportError("server silent past peer_timeout"))
 
     async def close(self) -> None:
         if self._keepalive_task is not None:
@@ -221,5 +221,5 @@ class NatsRequestPlane:
         self._served.clear()
         self._control.clear()
         for call in self._calls.values():
-            call.queue.put(TransportError("request plane closed"))
+            call.channel.put(TransportError("request plane closed"))
         self._calls.clear()

@@ -43,7 +43,7 @@ class TcpRequestPlane:
         self, endpoint: EndpointName | str, handler: Handler, *, instance_id: str | None = None
     ) -> str:
         if not self._server.started:
-            await self._server.start(self._config.host)
+            await self._server.start(self._config.host, self._config.port)
         key = EndpointName.of(endpoint).key(instance_id)
         self._server.handlers[key] = handler
         host = self._config.advertise_host or self._config.host

@@ -70,18 +70,18 @@ class ClientConnection(FramedProtocol):
     def frame_received(self, frame: Frame) -> None:
         kind = type(frame)
         if kind is Data:
-            queue = self._calls.get(frame.stream_id)  # type: ignore[union-attr]
-            if queue is not None:
-                queue.put(frame.payload)  # type: ignore[union-attr]
+            channel = self._calls.get(frame.stream_id)  # type: ignore[union-attr]
+            if channel is not None:
+                channel.put(frame.payload)  # type: ignore[union-attr]
         elif kind is End:
-            queue = self._calls.pop(frame.stream_id, None)  # type: ignore[union-attr]
-            if queue is not None:
-                queue.put(None)
+            channel = self._calls.pop(frame.stream_id, None)  # type: ignore[union-attr]
+            if channel is not None:
+                channel.put(None)
         elif kind is Fail:
             assert isinstance(frame, Fail)
-            queue = self._calls.pop(frame.stream_id, None)
-            if queue is not None:
-                queue.put(remote_error(frame.type, frame.message))
+            channel = self._calls.pop(frame.stream_id, None)
+            if channel is not None:
+                channel.put(remote_error(frame.type, frame.message))
         elif kind is Pong:
             assert isinstance(frame, Pong)
             future = self._pings.get(frame.nonce)
@@ -101,8 +101,8 @@ class ClientConnection(FramedProtocol):
         self.closed = True
         if self._keepalive is not None:
             self._keepalive.cancel()
-        for queue in self._calls.values():
-            queue.put(TransportError(reason))
+        for channel in self._calls.values():
+            channel.put(TransportError(reason))
         self._calls.clear()
         for future in self._pings.values():
             if not future.done():

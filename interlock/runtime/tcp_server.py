@@ -21,9 +21,9 @@ class TcpServer:
         self._server: asyncio.Server | None = None
         self.port = 0
 
-    async def start(self, host: str) -> None:
+    async def start(self, host: str, port: int = 0) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: ServerConnection(self), host, 0)
+        self._server = await loop.create_server(lambda: ServerConnection(self), host, port)
         self.port = self._server.sockets[0].getsockname()[1]
 
     @property

@@ -66,3 +66,20 @@ async def test_silent_peer_times_out(anyio_backend: str) -> None:
     finally:
         await plane.close()
         server.close()
+
+
+async def test_fixed_port(anyio_backend: str) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    plane = TcpRequestPlane(RuntimeConfig(port=port))
+    try:
+
+        async def handler(payload: bytes, ctx: object):  # type: ignore[no-untyped-def]
+            yield payload
+
+        address = await plane.serve("ns.worker.generate", handler)
+        assert parse_address(address)[1] == port
+        assert [c async for c in plane.stream(address, b"hi")] == [b"hi"]
+    finally:
+        await plane.close()
