@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--miss-weight", type=float, default=CostParams.miss_weight)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--backend", choices=("fast", "engine"), default="fast",
+                   help="fast: the event-driven worker model; engine: the real EngineCore with "
+                   "the mock runner (exact, one Python step per token: small traces only)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
@@ -42,12 +45,13 @@ def main(argv: list[str]) -> int:
     records = load_mooncake(args.trace, limit=args.limit)
     hasher = TraceHasher(args.block_size, args.trace_block_size)
     requests = mooncake_requests(records, block_size=args.block_size, speedup=args.speedup,
-                                 hasher=hasher)
+                                 hasher=hasher, with_tokens=args.backend == "engine")
     cost = replace(CostParams(), miss_weight=args.miss_weight, temperature=args.temperature)
     cfg = ReplayConfig(
         num_workers=args.workers, num_blocks=args.blocks_per_worker, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         engine_speedup=args.engine_speedup, publish_events=not args.no_kv_events,
+        backend=args.backend,
         router=RouterConfig(policy=args.policy, block_size=args.block_size, cost=cost,
                             seed=0),
     )
