@@ -134,7 +134,7 @@ def worker_argv(spec: WorkerSpec, nats_url: str, cp: ControlPlane, drain_grace: 
 async def _serve(a: argparse.Namespace) -> int:
     from interlock.frontend.app import serve_frontend
     from interlock.frontend.config import FrontendConfig
-    from interlock.router.service import RouterService
+    from interlock.router.service import RouterService, ServiceOptions
     from interlock.runtime import NatsServer, RuntimeConfig, connect_runtime
 
     d = deployment_from_args(a)
@@ -159,6 +159,7 @@ async def _serve(a: argparse.Namespace) -> int:
     service = RouterService(
         discovery=runtime.discovery, requests=runtime.requests, events=runtime.events,
         config=router_config(d.routing, max_inflight_per_worker=0),
+        options=ServiceOptions(health_check_s=cp.heartbeat_interval if cp.health_checks else None),
     )
     try:
         await service.start()
@@ -222,12 +223,18 @@ async def _wait_ready(service, count: int, children: list[Child], stop: asyncio.
 
 
 async def _until_stopped(stop: asyncio.Event, children: list[Child]) -> None:
+    """Serve until SIGINT/SIGTERM. Workers that exit are reported, not restarted: the frontend
+    keeps answering (503 while a model has no worker) and workers may join from elsewhere."""
+    reported: set[str] = set()
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
-        if children and not any(c.alive for c in children):
-            log.error("every worker has exited; stopping")
-            return
+        for c in children:
+            if not c.alive and c.name not in reported:
+                reported.add(c.name)
+                code = c.process.returncode if c.process else None
+                log.error("%s exited with code %s; %d of %d local workers left", c.name, code,
+                          sum(x.alive for x in children), len(children))
 
 
 def main(argv: list[str]) -> int:

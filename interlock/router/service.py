@@ -67,6 +67,9 @@ class ServiceOptions:
     """How long a queued request waits for a worker before a 503."""
     share_load: bool = True
     """Publish dispatch-time load for other routers, and apply theirs."""
+    health_check_s: float | None = None
+    """Ping every worker this often; one that does not answer gets no requests until it does
+    (None: rely on discovery leases and request failures alone)."""
 
 
 class RouterService:
@@ -93,6 +96,7 @@ class RouterService:
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._reports: dict[str, LoadReport] = {}
+        self._known_models: dict[str, ModelInfo] = {}
         self.disagg = DisaggFlow(self, disagg) if disagg is not None else None
         """Disaggregated prefill/decode (``router.disagg_flow``); None: aggregated only."""
 
@@ -106,6 +110,8 @@ class RouterService:
         if self._options.share_load:
             shared = await self._events.subscribe(subjects.ROUTER_LOAD_ALL)
             loops.append(self._on_router_load(shared))
+        if self._options.health_check_s:
+            loops.append(self._health_checks(self._options.health_check_s))
         self._tasks = [asyncio.create_task(c) for c in loops]
 
     async def close(self) -> None:
@@ -133,11 +139,9 @@ class RouterService:
 
     # ---- Backend ----
     def models(self) -> list[ModelInfo]:
-        seen: dict[str, ModelInfo] = {}
-        for info in self._instances.values():
-            if info.role != "prefill" and info.model not in seen:
-                seen[info.model] = ModelInfo(info.model, info.model_path, info.context_length)
-        return sorted(seen.values(), key=lambda m: m.name)
+        """Every model a worker has served since start: one whose workers are all gone stays
+        listed, so its requests get 503 + Retry-After (not 404) until a worker comes back."""
+        return sorted(self._known_models.values(), key=lambda m: m.name)
 
     def instances(self) -> list[InstanceInfo]:
         return sorted(self._instances.values(), key=lambda i: i.instance_id)
@@ -145,6 +149,8 @@ class RouterService:
     async def generate(self, request: GenerateRequest, ctx: object) -> AsyncIterator[GenerateOutput]:
         router = self.routers.get(request.model)
         if router is None:
+            if request.model in self._known_models:
+                raise NoWorkers(f"no worker is serving '{request.model}' right now", retry_after=1.0)
             raise ModelNotFound(f"The model '{request.model}' does not exist")
         meta = RequestMeta(
             request_id=request.request_id,
@@ -307,6 +313,8 @@ class RouterService:
             log.exception("cannot add worker %s", info.instance_id)
             return
         self._instances[info.instance_id] = info
+        if info.role != "prefill":
+            self._known_models[info.model] = ModelInfo(info.model, info.model_path, info.context_length)
         log.info("worker %s joined (%s, %s)", info.instance_id, info.model, info.role)
         if info.publishes_kv_events:
             asyncio.ensure_future(self._publish(subjects.resync(info.instance_id), b""))
@@ -324,6 +332,22 @@ class RouterService:
             else:
                 self._dispatch(router)
         log.info("worker %s left", instance_id)
+
+    async def _health_checks(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            infos = list(self._instances.values())
+            results = await asyncio.gather(
+                *(self._requests.ping(i.address, timeout=interval_s) for i in infos),
+                return_exceptions=True,
+            )
+            for info, result in zip(infos, results, strict=True):
+                router = self.routers.get(info.model)
+                if router is not None:
+                    healthy = not isinstance(result, BaseException)
+                    if not healthy:
+                        log.warning("worker %s failed its health check: %s", info.instance_id, result)
+                    router.set_health(info.instance_id, healthy)
 
     async def _on_kv(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:
         async for _subject, payload in sub:

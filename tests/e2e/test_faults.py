@@ -91,3 +91,12 @@ def test_sigterm_drains_in_flight_then_sigkill_leaves_discovery(three_workers: S
         r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
         assert r.choices[0].text
     assert _registered(served) == {left[1]}
+
+    # With no worker left the model is still known: 503 with Retry-After, not 404.
+    os.kill(_pid_of(served, left[1]), signal.SIGKILL)
+    assert _wait_until(lambda: not _registered(served), 6)
+    r = httpx.post(served.base_url + "/completions", timeout=30,
+                   json={"model": MODEL, "prompt": "Hello", "max_tokens": 3})
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["message"]
+    assert httpx.get(served.url + "/live", timeout=10).status_code == 200
