@@ -55,6 +55,9 @@ class RouterConfig:
     approx_ttl_s: float = 120.0
     num_candidates: int = 3
     report_lag_s: float = 0.0
+    share_load: bool = False
+    """Several routers side by side: keep dispatch events for ``drain_shared`` (the glue must
+    then drain and publish them, or they pile up)."""
     """A load report received at t is taken to include requests routed before t - lag."""
     seed: int | None = None
 
@@ -82,7 +85,8 @@ class Router:
         self.router_id = router_id
         self.clock = clock
         self.indexer = KvIndexer(approx_ttl_s=self.config.approx_ttl_s)
-        self.load = LoadTracker(router_id, report_lag_s=self.config.report_lag_s)
+        self.load = LoadTracker(router_id, report_lag_s=self.config.report_lag_s,
+                                share=self.config.share_load)
         self.queue = AdmissionQueue(self.config.queue_capacity, self.config.retry_after_s)
         self.sessions = SessionTable(self.config.session_ttl_s)
         self.metrics = RouterMetrics()

@@ -49,8 +49,11 @@ class _Dispatched:
 class LoadTracker:
     """Dispatch-time load plus the latest report, per worker slot."""
 
-    def __init__(self, router_id: str = "local", capacity: int = 64, report_lag_s: float = 0.0) -> None:
+    def __init__(self, router_id: str = "local", capacity: int = 64, report_lag_s: float = 0.0,
+                 share: bool = True) -> None:
         self.router_id = router_id
+        self.share = share
+        """Record this router's dispatches in ``outbox`` for other routers (off: nothing kept)."""
         self.report_lag_s = report_lag_s
         """A report received at t covers requests routed before t - report_lag_s."""
         self._fresh: dict[int, list[tuple[str, str]]] = {}
@@ -128,7 +131,7 @@ class LoadTracker:
         self.fresh_prefill[slot] += prefill_tokens
         self.dispatched_kv[slot] += kv_tokens
         self.inflight[slot] += 1
-        if router_id is None:
+        if router_id is None and self.share:
             self.outbox.append(RouterLoadEvent(
                 router_id=rid, instance_id=instance_id, request_id=request_id, kind="route",
                 timestamp=now, prefill_tokens=prefill_tokens, kv_tokens=kv_tokens))
@@ -165,6 +168,8 @@ class LoadTracker:
             self.fresh_prefill[d.slot] -= d.prefill_tokens
 
     def _share(self, request_id: str, instance_id: str, kind: str, now: float) -> None:
+        if not self.share:
+            return
         self.outbox.append(RouterLoadEvent(router_id=self.router_id, instance_id=instance_id,
                                            request_id=request_id, kind=kind, timestamp=now))
 
