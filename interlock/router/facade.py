@@ -55,9 +55,9 @@ class RouterConfig:
     approx_ttl_s: float = 120.0
     num_candidates: int = 3
     report_lag_s: float = 0.0
-    share_load: bool = False
-    """Several routers side by side: keep dispatch events for ``drain_shared`` (the glue must
-    then drain and publish them, or they pile up)."""
+    share_load: bool = True
+    """Keep dispatch events for ``drain_shared`` (several routers side by side). Whoever drives
+    the router must then drain them; turn it off for a router nobody drains."""
     """A load report received at t is taken to include requests routed before t - lag."""
     seed: int | None = None
 

@@ -14,8 +14,9 @@ Two sources of truth, chosen per worker automatically:
   next expected one means batches were lost, so the worker is flagged ``needs_resync`` (the glue
   asks it for a snapshot: a ``snapshot=True`` batch that starts with ``AllBlocksCleared``). A
   worker that says it publishes events starts flagged, so joining and router start-up re-sync.
-  A snapshot carries the seq of the last live batch it includes (-1 if none); live batches
-  continue from that seq + 1.
+  Live batches after a snapshot continue from the snapshot's seq + 1 (a snapshot may take a
+  seq of its own, as the engine worker's does, or repeat that of the last live batch it
+  includes, -1 if none, as the simulator's does).
 * **approx**: a worker that publishes nothing (``publishes_kv_events=False``, or no batch seen
   yet) is predicted from the router's own decisions: the blocks of each request routed to it
   are assumed cached for ``approx_ttl_s``. The first batch from a worker switches it to events

@@ -55,7 +55,7 @@ class _Driver(WorkerSink):
     def __init__(self, cfg: ReplayConfig) -> None:
         self.cfg = cfg
         self.now = 0.0
-        rcfg = replace(cfg.router, block_size=cfg.block_size)
+        rcfg = replace(cfg.router, block_size=cfg.block_size, share_load=False)
         self.router = Router(rcfg, clock=lambda: self.now)
         self.workers: dict[str, Worker] = {}
         for i in range(cfg.num_workers):

@@ -72,7 +72,7 @@ def test_kv_goes_where_the_prefix_is_and_explains_itself() -> None:
 
 
 def test_a_burst_spreads_before_any_load_report() -> None:
-    r, _ = make(4)
+    r, _ = make(4, share_load=False)
     picks = [route(r, f"r{i}", [i] * 400).worker_id for i in range(4)]
     assert sorted(picks) == ["w0", "w1", "w2", "w3"]
     assert r.drain_shared() == []  # a lone router keeps no events for others
@@ -175,8 +175,8 @@ def test_workers_without_events_are_predicted_from_routing() -> None:
 
 
 def test_two_routers_share_dispatch_load() -> None:
-    r1, _ = make(2, share_load=True)
-    r2 = Router(RouterConfig(block_size=BS, share_load=True), router_id="r2")
+    r1, _ = make(2)
+    r2 = Router(RouterConfig(block_size=BS), router_id="r2")
     for i in range(2):
         r2.add_worker(info(f"w{i}"))
     d1 = route(r1, "a", [1] * 4000)
