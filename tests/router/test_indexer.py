@@ -160,3 +160,13 @@ def test_index_matches_truth_after_resync_whatever_is_lost(ops_a, ops_b, fates) 
         assert ix.blocks_of(wid) == truth[wid]
         assert wid not in ix.needs_resync()
     ix.check_integrity()
+
+
+def test_a_snapshot_with_a_seq_of_its_own_then_live_batches_from_the_next() -> None:
+    ix = KvIndexer()
+    ix.add_worker("a")
+    ix.apply(batch("a", 0, stored(1)))
+    assert ix.apply(batch("a", 2, stored(2))) is ApplyResult.GAP
+    ix.apply(snapshot("a", 3, {1, 2, 7}))  # the engine worker's snapshot takes seq 3
+    assert ix.apply(batch("a", 4, BlockRemoved(block_hashes=(7,)))) is ApplyResult.APPLIED
+    assert ix.blocks_of("a") == {1, 2} and ix.needs_resync() == []
