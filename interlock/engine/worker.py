@@ -23,8 +23,11 @@ import msgspec
 
 from interlock.engine.async_engine import AsyncEngine
 from interlock.engine.core import EngineCore
+from interlock.engine.disagg import KVHandoff
 from interlock.protocol import GenerateRequest, InstanceInfo, KVEvent, KVEventBatch, LoadReport, subjects
+from interlock.protocol.control import CONTROL_ENDPOINT
 from interlock.runtime.interfaces import Discovery, EventPlane, RequestContext, RequestPlane
+from interlock.transfer import TransferAgent
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +53,12 @@ class Worker:
         requests: RequestPlane,
         events: EventPlane,
         options: WorkerOptions = WorkerOptions(),
+        transfer: TransferAgent | None = None,
     ) -> None:
         self.engine = AsyncEngine(core, sink=self)
+        self.handoff = KVHandoff(self.engine, transfer) if transfer is not None else None
+        """Disaggregation: stages prefill KV and pulls remote KV (None: no transfer agent)."""
+        self._control_address = ""
         self.info = info
         self._discovery = discovery
         self._requests = requests
@@ -78,6 +85,7 @@ class Worker:
             self.info.endpoint, self._handle, instance_id=self.instance_id
         )
         self.info = msgspec.structs.replace(self.info, address=self._address)
+        await self._serve_control()
         resync = await self._events.subscribe(subjects.resync(self.instance_id))
         self._tasks = [
             asyncio.create_task(self._publisher(), name="worker-publisher"),
@@ -103,10 +111,17 @@ class Worker:
         await self.close()
 
     async def close(self) -> None:
+        if self.handoff is not None:
+            await self.handoff.close()
+        if self._control_address:
+            await self._requests.unserve(self._control_address)
         await self.engine.shutdown()
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
+            # Cancel until done: Python 3.11's wait_for swallows a cancel that lands as its
+            # inner get() completes (the publisher would then run forever).
+            while not task.done():
+                task.cancel()
+                await asyncio.wait([task], timeout=0.1)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
@@ -118,7 +133,7 @@ class Worker:
         self._in_flight += 1
         self._idle.clear()
         try:
-            stream = self.engine.generate(req)
+            stream = self.handoff.generate(req) if self.handoff is not None else self.engine.generate(req)
             async with contextlib.aclosing(stream):
                 async for out in stream:
                     yield _encode(out)
@@ -126,6 +141,37 @@ class Worker:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
+
+    # ---- control (role change, pool check, link check) ----
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def _serve_control(self) -> None:
+        from interlock.engine.control import WorkerControl
+
+        self._control_address = await self._requests.serve(
+            CONTROL_ENDPOINT, WorkerControl(self).handle, instance_id=self.instance_id
+        )
+        meta = dict(self.info.metadata, control_address=self._control_address)
+        if self.handoff is not None:
+            meta["kv_transfer_address"] = self.handoff.agent.tcp_address
+            meta["kv_block_nbytes"] = str(self.engine.core.runner.kv_block_nbytes)
+        self.info = msgspec.structs.replace(self.info, metadata=meta)
+
+    async def set_role(self, role: str, *, grace_s: float = 30.0) -> None:
+        """Leave discovery, finish what is in flight (abort after ``grace_s``), come back as
+        ``role``. Routers see the worker leave and re-join with the new role."""
+        if role == self.info.role or self._draining:
+            return
+        await self._discovery.unregister(self.instance_id)
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        except TimeoutError:
+            log.warning("role change: %d requests still running after %.1fs", self._in_flight, grace_s)
+        self.info = msgspec.structs.replace(self.info, role=role)
+        await self._discovery.register(self.info)
+        log.info("worker %s now serves as %s", self.instance_id, role)
 
     # ---- event plane ----
     def publish_kv(self, events: list[KVEvent], *, snapshot: bool = False) -> None:

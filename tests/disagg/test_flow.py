@@ -1,0 +1,140 @@
+"""The disaggregated path end to end in one process, on mock runners (fast, exact oracle)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from interlock.engine.runners.mock import reference_output
+from interlock.errors import NoWorkers
+from interlock.protocol.control import ControlRequest
+from interlock.router.disagg import DisaggConfig
+from tests.disagg.cluster import cluster, eventually, mock_engine, tokens
+from tests.engine.conftest import VOCAB
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return [3 + (seed * 7919 + i * 104729) % (VOCAB - 3) for i in range(n)]
+
+
+def test_remote_prefill_streams_the_reference_tokens_once() -> None:
+    async def main() -> None:
+        async with cluster() as c:
+            await c.add_worker("p", "prefill", mock_engine())
+            await c.add_worker("d", "decode", mock_engine())
+            await c.wait_for(2)
+            for i, n in enumerate((5, 40, 77)):
+                p = prompt(i, n)
+                outs = await c.generate(f"r{i}", p, 6)
+                assert tokens(outs) == reference_output(p, 6, vocab_size=VOCAB)
+                assert outs[-1].finish_reason == "length"
+            assert c.service.disagg is not None
+            assert c.service.disagg.choices == {"enforced": 3}
+            assert c.workers["d"].handoff.counters.pulled == 3  # type: ignore[union-attr]
+            assert c.workers["d"].handoff.counters.transports == {"inproc": 3}  # type: ignore[union-attr]
+            for wid in ("p", "d"):
+                st = await c.control(wid, ControlRequest(op="check_integrity"))
+                assert st.ok and st.kv_blocks_used == 0, st
+
+    asyncio.run(main())
+
+
+def test_auto_choice_stays_local_without_queue_and_counts_the_reason() -> None:
+    """Both idle and equally fast: the transfer only adds time, so the decode worker prefills."""
+
+    async def main() -> None:
+        async with cluster(DisaggConfig()) as c:
+            await c.add_worker("p", "prefill", mock_engine())
+            await c.add_worker("d", "decode", mock_engine())
+            await c.wait_for(2)
+            p = prompt(1, 30)
+            assert tokens(await c.generate("a", p, 4)) == reference_output(p, 4, vocab_size=VOCAB)
+            assert c.service.disagg is not None
+            assert c.service.disagg.choices == {"local_faster": 1}
+            assert 'interlock_disagg_choices_total{reason="local_faster"} 1' in c.service.prometheus_text()
+
+    asyncio.run(main())
+
+
+def test_no_prefill_worker_falls_back_or_fails_when_enforced() -> None:
+    async def main() -> None:
+        async with cluster(DisaggConfig(enforce=True)) as c:
+            await c.add_worker("d", "decode", mock_engine())
+            await c.wait_for(1)
+            try:
+                await c.generate("a", prompt(2, 9), 3)
+            except NoWorkers as exc:
+                assert "no_prefill_worker" in exc.message
+            else:
+                raise AssertionError("enforced disaggregation served a request locally")
+        async with cluster(DisaggConfig()) as c:
+            await c.add_worker("d", "both", mock_engine())
+            await c.wait_for(1)
+            p = prompt(2, 9)
+            assert tokens(await c.generate("a", p, 3)) == reference_output(p, 3, vocab_size=VOCAB)
+
+    asyncio.run(main())
+
+
+def test_prefill_worker_without_staging_falls_back_to_local_prefill() -> None:
+    """A prefill worker that cannot stage (no agent on the decode side to pull with) still
+    gives the first token; the decode worker computes the prompt itself, no duplicate."""
+
+    async def main() -> None:
+        async with cluster() as c:
+            await c.add_worker("p", "prefill", mock_engine())
+            await c.add_worker("d", "decode", mock_engine())
+            await c.wait_for(2)
+            c.agents["p"].close()  # staging now fails: the output carries no descriptor
+            p = prompt(3, 21)
+            assert tokens(await c.generate("a", p, 5)) == reference_output(p, 5, vocab_size=VOCAB)
+            assert c.service.disagg is not None and c.service.disagg.fallbacks == {"not_staged": 1}
+            for wid in ("p", "d"):
+                st = await c.control(wid, ControlRequest(op="check_integrity"))
+                assert st.ok and st.kv_blocks_used == 0, st
+
+    asyncio.run(main())
+
+
+def test_prefill_worker_gone_falls_back_to_local_prefill() -> None:
+    async def main() -> None:
+        async with cluster() as c:
+            await c.add_worker("p", "prefill", mock_engine())
+            await c.add_worker("d", "decode", mock_engine())
+            await c.wait_for(2)
+            # The router still believes in "p", but its endpoint is gone.
+            await c.workers["p"]._requests.unserve(c.workers["p"]._address)
+            p = prompt(4, 13)
+            assert tokens(await c.generate("a", p, 5)) == reference_output(p, 5, vocab_size=VOCAB)
+            assert c.service.disagg is not None and c.service.disagg.fallbacks == {"prefill_failed": 1}
+
+    asyncio.run(main())
+
+
+def test_role_change_by_control_call() -> None:
+    async def main() -> None:
+        async with cluster(DisaggConfig()) as c:
+            await c.add_worker("a", "both", mock_engine())
+            await c.wait_for(1)
+            reply = await c.control("a", ControlRequest(op="set_role", role="prefill", grace_s=1.0))
+            assert reply.ok and reply.role == "prefill"
+            await eventually(lambda: c.service._instances.get("a") is not None
+                             and c.service._instances["a"].role == "prefill")
+            bad = await c.control("a", ControlRequest(op="set_role", role="boss"))
+            assert not bad.ok and "unknown role" in bad.error
+
+    asyncio.run(main())
+
+
+def test_decode_worker_measures_its_link_to_the_prefill_worker() -> None:
+    async def main() -> None:
+        async with cluster() as c:
+            await c.add_worker("p", "prefill", mock_engine())
+            await c.add_worker("d", "decode", mock_engine())
+            await c.wait_for(2)
+            flow = c.service.disagg
+            assert flow is not None
+            await eventually(lambda: ("p", "d") in flow.links, timeout_s=10.0)
+            link, _ = flow.links[("p", "d")]
+            assert link.ok and link.bandwidth_bytes_per_s > 0 and link.rtt_s > 0
+
+    asyncio.run(main())
