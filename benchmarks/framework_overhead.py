@@ -1,0 +1,533 @@
+"""Framework overhead: Interlock against Dynamo 1.6.1, model time close to zero.
+
+Both systems serve the same converted SmolLM2 folder (same tokenizer) from two mock workers
+that take ~0 model time (``--speedup 1000`` / ``--speedup-ratio 1000``), so what is measured is
+the framework: HTTP, templating and tokenization, routing, the request plane, detokenization
+and SSE. Per system, one run measures
+
+* requests/s at concurrency 64 (and its p50/p99),
+* p50/p99 latency at concurrency 1,
+
+each with keep-alive connections and with a new connection per request, for streaming chat
+completions with a short prompt and ``max_tokens=16`` (``ignore_eos``, so exactly 16 tokens,
+checked through the usage chunk before the load starts); and the frontend process's RSS when
+idle (after the warm-up requests) and its peak (``VmHWM``) at the end.
+
+The load generator is one lean raw-asyncio HTTP/1.1 client on uvloop, identical for every
+system; it shares the machine's cores with the servers, so it does as little as possible per
+chunk (one buffer append, a suffix check). Every process is started here in its own session
+and killed at the end, also on error or Ctrl-C.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/framework_overhead.py
+    PYTHONPATH=. .venv/bin/python benchmarks/framework_overhead.py --systems interlock --rounds 2
+
+Dynamo must be installed in /tmp/dynamo-venv as in /work/shared/anchors/dynamo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+INTERLOCK = str(ROOT / ".venv" / "bin" / "interlock")
+DYNAMO_PY = "/tmp/dynamo-venv/bin/python"
+PROMPT = "Hello! Tell me a short fact about the sea."
+MAX_TOKENS = 16
+MIB = 1024 * 1024
+
+
+# ---------------------------------------------------------------- processes
+
+
+@dataclass
+class System:
+    """A running system: its process groups, the frontend's pid and the HTTP port."""
+
+    name: str
+    port: int
+    frontend_pid: int
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+    cleanup_dirs: list[str] = field(default_factory=list)
+
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.1, deadline - time.monotonic()))
+        for p in self.procs:  # whatever is left in each group, also grandchildren
+            _signal_group(p, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(5)
+        for d in self.cleanup_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def tail(self, n: int = 30) -> str:
+        out = []
+        for log in self.logs:
+            with contextlib.suppress(OSError):
+                out.append(f"--- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-n:]))
+        return "\n".join(out)
+
+
+def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, sig)  # start_new_session: the group id is the leader's pid
+
+
+def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as f:
+        return subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def free_port(below: int | None = None) -> int:
+    """A free loopback port (``below``: under that number; Dynamo reads its system port as i16)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", random.randrange(20000, below) if below else 0))
+            except OSError:
+                continue
+            port = int(s.getsockname()[1])
+        if below is None or port < below:
+            return port
+    raise RuntimeError("no free port")
+
+
+def start_interlock(single_process: bool, model: str, logdir: Path) -> System:
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           "INTERLOCK_LOG_LEVEL": "WARNING"}
+    argv = [INTERLOCK, "serve", "--runner", "mock", "--speedup", "1000", "--workers", "2",
+            "--model", model, "--port", str(port), "--log-level", "WARNING"]
+    name = "interlock"
+    if single_process:
+        argv.append("--single-process")
+        name = "interlock --single-process"
+    log = logdir / f"{name.replace(' ', '').replace('-', '_')}.log"
+    p = _spawn(argv, env, log)
+    return System(name, port, p.pid, [p], [log])
+
+
+def start_dynamo(model: str, served_name: str, logdir: Path, router_mode: str) -> System:
+    kv_dir = tempfile.mkdtemp(prefix="dynamo-kv-")
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": kv_dir,
+           "DYN_REQUEST_PLANE": "tcp", "DYN_EVENT_PLANE": "zmq", "DYN_TCP_RPC_HOST": "127.0.0.1",
+           "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1", "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+           "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_LOG": "warn"}
+    env.pop("PYTHONPATH", None)
+    sys_ = System("dynamo 1.6.1", port, 0, cleanup_dirs=[kv_dir])
+    try:
+        for i in range(2):
+            log = logdir / f"dynamo_mocker{i}.log"
+            p = _spawn([DYNAMO_PY, "-m", "dynamo.mocker", "--model-path", model, "--model-name", served_name,
+                        "--speedup-ratio", "1000"], {**env, "DYN_SYSTEM_PORT": str(free_port(below=32768))}, log)
+            sys_.procs.append(p)
+            sys_.logs.append(log)
+        log = logdir / "dynamo_frontend.log"
+        p = _spawn([DYNAMO_PY, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
+                    "--router-mode", router_mode], env, log)
+        sys_.procs.append(p)
+        sys_.logs.append(log)
+        sys_.frontend_pid = p.pid
+    except BaseException:
+        sys_.stop()
+        raise
+    return sys_
+
+
+def group_pids(system: System) -> list[int]:
+    """Every live process in the system's process groups (workers, nats-server included)."""
+    groups = {p.pid for p in system.procs}
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int(_stat_fields(int(entry.name))[2]) in groups:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name: state is [0], pgrp [2], utime [11], stime [12]."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of ``pids`` so far."""
+    ticks = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            f = _stat_fields(pid)
+            ticks += int(f[11]) + int(f[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of ``pid`` in MiB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) / 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+# ---------------------------------------------------------------- the load generator
+
+
+class _Response(asyncio.Protocol):
+    """Collects one HTTP/1.1 response at a time; done when its body is complete."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[bytes] | None = None
+        self.header_end = -1
+        self.length = -1  # content length, or -1 for chunked
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def expect(self) -> asyncio.Future[bytes]:
+        self.buf = bytearray()
+        self.header_end = -1
+        self.waiter = asyncio.get_running_loop().create_future()
+        return self.waiter
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        if self.header_end < 0:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.header_end = end + 4
+            self.length = -1
+            for line in bytes(buf[:end]).lower().split(b"\r\n"):
+                if line.startswith(b"content-length:"):
+                    self.length = int(line[15:])
+        if self.length >= 0:
+            done = len(buf) - self.header_end >= self.length
+        else:
+            done = buf.endswith(b"\r\n0\r\n\r\n") or (len(buf) - self.header_end == 5 and buf.endswith(b"0\r\n\r\n"))
+        if done and self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(bytes(buf))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError(f"connection lost: {exc}"))
+
+
+@dataclass
+class PhaseResult:
+    latencies: list[float]
+    elapsed: float
+    errors: int
+    chunks: tuple[int, int]
+    cpu_ms: tuple[float, float] = (0.0, 0.0)
+    """Server CPU milliseconds per request: (frontend process, all server processes)."""
+
+    @property
+    def rps(self) -> float:
+        return len(self.latencies) / self.elapsed if self.elapsed else 0.0
+
+    def pct(self, q: float) -> float:
+        xs = sorted(self.latencies)
+        if not xs:
+            return float("nan")
+        pos = (len(xs) - 1) * q
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return (xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)) * 1000
+
+
+def request_bytes(port: int, model: str, *, usage: bool = False) -> bytes:
+    body: dict[str, object] = {
+        "model": model, "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True,
+    }
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Length: {len(raw)}\r\n\r\n")
+    return head.encode() + raw
+
+
+async def _connect(port: int) -> _Response:
+    loop = asyncio.get_running_loop()
+    _, proto = await loop.create_connection(_Response, "127.0.0.1", port)
+    return proto
+
+
+async def one_request(port: int, payload: bytes) -> bytes:
+    conn = await _connect(port)
+    try:
+        fut = conn.expect()
+        assert conn.transport is not None
+        conn.transport.write(payload)
+        return await asyncio.wait_for(fut, 30)
+    finally:
+        assert conn.transport is not None
+        conn.transport.close()
+
+
+async def run_phase(port: int, payload: bytes, *, concurrency: int, requests: int, max_seconds: float,
+                    keep_alive: bool) -> PhaseResult:
+    """``concurrency`` closed-loop users until ``requests`` are done or ``max_seconds`` passed."""
+    latencies: list[float] = []
+    errors = 0
+    chunks = [1 << 30, 0]
+    left = requests
+    clock = time.perf_counter
+    start = clock()
+    stop_at = start + max_seconds
+
+    async def user() -> None:
+        nonlocal left, errors
+        conn: _Response | None = None
+        while left > 0 and clock() < stop_at:
+            left -= 1
+            t0 = clock()
+            try:
+                if conn is None or conn.lost.done():
+                    conn = await _connect(port)
+                fut = conn.expect()
+                assert conn.transport is not None
+                conn.transport.write(payload)
+                body = await asyncio.wait_for(fut, 30)
+            except (OSError, ConnectionError, TimeoutError):
+                errors += 1
+                conn = None
+                continue
+            t1 = clock()
+            if not body.startswith(b"HTTP/1.1 200"):
+                errors += 1
+            else:
+                latencies.append(t1 - t0)
+                n = body.count(b"data: ")
+                chunks[0] = min(chunks[0], n)
+                chunks[1] = max(chunks[1], n)
+            if not keep_alive:
+                assert conn.transport is not None
+                conn.transport.close()
+                conn = None
+        if conn is not None and conn.transport is not None:
+            conn.transport.close()
+
+    await asyncio.gather(*(user() for _ in range(concurrency)))
+    return PhaseResult(latencies, clock() - start, errors, (chunks[0], chunks[1]))
+
+
+# ---------------------------------------------------------------- one system
+
+
+async def wait_ready(system: System, model: str, timeout_s: float) -> None:
+    """Until a streamed request with usage returns exactly MAX_TOKENS completion tokens."""
+    deadline = time.monotonic() + timeout_s
+    payload = request_bytes(system.port, model, usage=True)
+    last = ""
+    while time.monotonic() < deadline:
+        if not system.alive():
+            raise RuntimeError(f"{system.name} exited during start-up\n{system.tail()}")
+        try:
+            body = await one_request(system.port, payload)
+        except (OSError, ConnectionError, TimeoutError) as exc:
+            last = repr(exc)
+            await asyncio.sleep(0.5)
+            continue
+        if body.startswith(b"HTTP/1.1 200"):
+            tokens = _usage_tokens(body)
+            if tokens != MAX_TOKENS:
+                raise RuntimeError(f"{system.name}: {tokens} completion tokens, expected {MAX_TOKENS}")
+            return
+        last = body[:300].decode(errors="replace")
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"{system.name} not ready after {timeout_s:.0f}s: {last}\n{system.tail()}")
+
+
+def _usage_tokens(body: bytes) -> int | None:
+    for line in body.split(b"\n"):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            usage = json.loads(line[6:]).get("usage")
+            if usage:
+                return int(usage["completion_tokens"])
+    return None
+
+
+@dataclass
+class Row:
+    system: str
+    phases: dict[str, PhaseResult]
+    rss_idle: float
+    rss_peak: float
+
+
+PHASES = (  # name, concurrency, keep-alive
+    ("c64 keep-alive", 64, True),
+    ("c64 new conn", 64, False),
+    ("c1 keep-alive", 1, True),
+    ("c1 new conn", 1, False),
+)
+
+
+async def measure(system: System, model: str, a: argparse.Namespace, log: Callable[[str], None]) -> Row:
+    await wait_ready(system, model, a.ready_timeout)
+    payload = request_bytes(system.port, model)
+    await run_phase(system.port, payload, concurrency=4, requests=40, max_seconds=10, keep_alive=True)
+    await asyncio.sleep(1.0)
+    idle = rss_mib(system.frontend_pid)[0]
+    await run_phase(system.port, payload, concurrency=64, requests=a.warmup, max_seconds=10, keep_alive=True)
+    phases: dict[str, PhaseResult] = {}
+    pids = group_pids(system)
+    for name, conc, keep in PHASES:
+        n = a.requests if conc > 1 else a.c1_requests
+        cpu0 = cpu_seconds([system.frontend_pid]), cpu_seconds(pids)
+        r = await run_phase(system.port, payload, concurrency=conc, requests=n, max_seconds=a.max_seconds,
+                            keep_alive=keep)
+        done = max(1, len(r.latencies))
+        r.cpu_ms = ((cpu_seconds([system.frontend_pid]) - cpu0[0]) * 1000 / done,
+                    (cpu_seconds(pids) - cpu0[1]) * 1000 / done)
+        phases[name] = r
+        log(f"  {system.name:28s} {name:15s} {r.rps:7.1f} req/s  p50 {r.pct(0.5):7.2f} ms  "
+            f"p99 {r.pct(0.99):7.2f} ms  cpu/req fe {r.cpu_ms[0]:.2f} all {r.cpu_ms[1]:.2f} ms  "
+            f"n={len(r.latencies)} err={r.errors} chunks={r.chunks}")
+    peak = rss_mib(system.frontend_pid)[1]
+    return Row(system.name, phases, idle, peak)
+
+
+# ---------------------------------------------------------------- report
+
+
+def table(rows: list[Row]) -> str:
+    head = ("| system | req/s c=64 keep-alive | req/s c=64 new conn | p50 / p99 ms c=1 keep-alive "
+            "| p50 / p99 ms c=1 new conn | frontend RSS idle / peak MiB "
+            "| server CPU ms/request c=64 keep-alive (frontend / all) |")
+    lines = [head, "|" + "---|" * 7]
+    for r in rows:
+        p = r.phases
+        lines.append(
+            f"| {r.system} | {p['c64 keep-alive'].rps:.0f} | {p['c64 new conn'].rps:.0f} "
+            f"| {p['c1 keep-alive'].pct(0.5):.1f} / {p['c1 keep-alive'].pct(0.99):.1f} "
+            f"| {p['c1 new conn'].pct(0.5):.1f} / {p['c1 new conn'].pct(0.99):.1f} "
+            f"| {r.rss_idle:.0f} / {r.rss_peak:.0f} "
+            f"| {p['c64 keep-alive'].cpu_ms[0]:.2f} / {p['c64 keep-alive'].cpu_ms[1]:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    return f"{os.cpu_count()} vCPU ({cpu}), {mem:.0f} GiB, Python {platform.python_version()}"
+
+
+@contextlib.contextmanager
+def running(start: Callable[[], System]) -> Iterator[System]:
+    system = start()
+    try:
+        yield system
+    finally:
+        system.stop()
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--systems", default="interlock,interlock-single,dynamo",
+                   help="comma-separated: interlock, interlock-single, dynamo")
+    p.add_argument("--rounds", type=int, default=1, help="measure every system this many times, interleaved")
+    p.add_argument("--requests", type=int, default=3000, help="requests per c=64 phase")
+    p.add_argument("--c1-requests", type=int, default=300, help="requests per c=1 phase")
+    p.add_argument("--warmup", type=int, default=500, help="c=64 warm-up requests")
+    p.add_argument("--max-seconds", type=float, default=20.0, help="cap per phase")
+    p.add_argument("--ready-timeout", type=float, default=180.0)
+    p.add_argument("--dynamo-router-mode", default="kv", help="Interlock's default policy is kv too")
+    p.add_argument("--model", default=None, help="HF folder (default: the converted SmolLM2)")
+    p.add_argument("--logdir", default=None, help="server logs (default: a temporary folder)")
+    return p.parse_args()
+
+
+async def main_async(a: argparse.Namespace) -> list[Row]:
+    from interlock.model_store import resolve_model, served_model_name
+
+    model_dir = a.model or str(resolve_model("smollm2"))
+    served = served_model_name(model_dir)
+    logdir = Path(a.logdir or tempfile.mkdtemp(prefix="overhead-logs-"))
+    logdir.mkdir(parents=True, exist_ok=True)
+    starters: dict[str, Callable[[], System]] = {
+        "interlock": lambda: start_interlock(False, model_dir, logdir),
+        "interlock-single": lambda: start_interlock(True, model_dir, logdir),
+        "dynamo": lambda: start_dynamo(model_dir, served, logdir, a.dynamo_router_mode),
+    }
+    names = [s.strip() for s in a.systems.split(",") if s.strip()]
+    unknown = set(names) - set(starters)
+    if unknown:
+        raise SystemExit(f"unknown systems: {sorted(unknown)}")
+    if "dynamo" in names and not Path(DYNAMO_PY).exists():
+        raise SystemExit(f"{DYNAMO_PY} missing: install Dynamo as in /work/shared/anchors/dynamo.md")
+    print(f"model {model_dir} served as {served}; logs in {logdir}", flush=True)
+    rows: list[Row] = []
+    for rnd in range(a.rounds):
+        for name in names:
+            print(f"round {rnd + 1}: {name}", flush=True)
+            with running(starters[name]) as system:
+                rows.append(await measure(system, served, a, lambda s: print(s, flush=True)))
+    return rows
+
+
+def main() -> None:
+    a = parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # runs the finally blocks that stop every process
+
+    signal.signal(signal.SIGTERM, interrupted)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rows = asyncio.run(main_async(a))
+    print()
+    print(f"{started}; {machine()}; load {os.getloadavg()[0]:.1f}")
+    print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
