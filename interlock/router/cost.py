@@ -85,8 +85,10 @@ def ttft_costs(
     cost += np.ceil(work / params.chunk_tokens) * step_overhead_s
     if params.decode_weight and decode_tokens:
         cost += params.decode_weight * decode_tokens * decode_step_s
-    over = np.clip(kv_usage - params.kv_watermark, 0.0, None) / max(1.0 - params.kv_watermark, 1e-9)
-    return cost * (1.0 + params.kv_penalty * over)
+    if params.kv_penalty and kv_usage.max() > params.kv_watermark:
+        over = np.maximum(kv_usage - params.kv_watermark, 0.0) / max(1.0 - params.kv_watermark, 1e-9)
+        cost *= 1.0 + params.kv_penalty * over
+    return cost
 
 
 def choose(

@@ -308,7 +308,11 @@ class Router:
                     ) -> tuple[Candidate, ...]:
         k = self.config.num_candidates
         idx = np.flatnonzero(mask)
-        best = idx[np.argsort(costs[idx], kind="stable")[:k]]
+        c = costs[idx]
+        if len(idx) > k:
+            part = np.argpartition(c, k)[:k]
+            idx, c = idx[part], c[part]
+        best = idx[np.argsort(c, kind="stable")]
         return tuple(Candidate(self._slot_ids[int(s)], float(costs[s]), int(overlaps[s])) for s in best)
 
     def _decision(self, meta: RequestMeta, worker_id: str, reason: str, overlap: int, *,

@@ -71,6 +71,8 @@ class LoadTracker:
         self.reported_running = np.zeros(n)
         self.kv_used_frac = np.zeros(n)
         self.kv_tokens_total = np.zeros(n)
+        self.inv_kv_tokens = np.zeros(n)
+        """1 / kv_tokens_total (0 when unknown), so usage is one multiply per decision."""
         self.prefill_tps = np.full(n, DEFAULT_PREFILL_TPS)
         self.decode_step_s = np.full(n, DEFAULT_DECODE_STEP_S)
         self.report_time = np.full(n, -np.inf)
@@ -91,6 +93,7 @@ class LoadTracker:
                     self.fresh_prefill):
             arr[slot] = 0.0
         self.kv_tokens_total[slot] = kv_blocks_total * block_size
+        self.inv_kv_tokens[slot] = 1.0 / (kv_blocks_total * block_size) if kv_blocks_total else 0.0
         self.prefill_tps[slot] = DEFAULT_PREFILL_TPS
         self.decode_step_s[slot] = DEFAULT_DECODE_STEP_S
         self.report_time[slot] = -np.inf
@@ -110,6 +113,7 @@ class LoadTracker:
         new = max(n, 2 * size)
         for name in ("dispatched_prefill", "dispatched_kv", "inflight", "decoding",
                      "reported_prefill", "reported_running", "kv_used_frac", "kv_tokens_total",
+                     "inv_kv_tokens",
                      "fresh_prefill"):
             arr = getattr(self, name)
             setattr(self, name, np.concatenate([arr, np.zeros(new - size)]))
@@ -267,9 +271,7 @@ class LoadTracker:
 
     def kv_usage(self) -> np.ndarray:
         """Fraction of KV in use: reported, or dispatched footprint if that is larger."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            disp = np.where(self.kv_tokens_total > 0, self.dispatched_kv / self.kv_tokens_total, 0.0)
-        return np.maximum(self.kv_used_frac, disp)
+        return np.maximum(self.kv_used_frac, self.dispatched_kv * self.inv_kv_tokens)
 
     def busy(self) -> np.ndarray:
         """In-flight requests per slot: dispatched, or reported if larger."""
