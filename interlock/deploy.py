@@ -63,6 +63,12 @@ class Routing:
     route_key: str | None = None
     """HTTP header whose value picks a consistent subset of workers (e.g. x-business-line)."""
     fallback_to_local: bool = True
+    """Disaggregation: a request that cannot be prefilled remotely is prefilled on its decode
+    worker (False: it fails with 503, like ``enforce_disagg``)."""
+    enforce_disagg: bool = False
+    """Prefill every request remotely when prefill workers exist (no per-request choice)."""
+    max_remote_kv_bytes: int = 1 << 30
+    """Requests with more KV than this are prefilled where they decode."""
     preempt_enabled: bool = True
     kv_usage_watermark: float = 0.7
     queue_size: int = 256

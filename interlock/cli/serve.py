@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout", type=float, default=None)
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for workers")
     p.add_argument("--drain-grace", type=float, default=30.0)
+    p.add_argument("--enforce-disagg", action="store_true",
+                   help="prefill every request on a prefill worker; 503 when one cannot be")
     p.add_argument("--log-level", default=get_env().log_level)
     add_engine_args(p)
     return p
@@ -80,6 +82,8 @@ def deployment_from_args(a: argparse.Namespace) -> Deployment:
         heartbeat_timeout=a.heartbeat_timeout or cp.heartbeat_timeout,
     )
     routing = replace(d.routing, policy=a.policy) if a.policy else d.routing
+    if getattr(a, "enforce_disagg", False):
+        routing = replace(routing, enforce_disagg=True)
     d = replace(d, control_plane=cp, routing=routing)
     validate_deployment(d)
     return d
@@ -105,7 +109,8 @@ def worker_specs(d: Deployment, a: argparse.Namespace) -> list[tuple[WorkerSpec,
                 })
                 spec = WorkerSpec(engine=engine_config_from_args(ns, path), served_name=name,
                                   model_path=path, role=node.node_role,
-                                  instance_id=f"w{len(specs)}-{os.getpid():x}", speedup=a.speedup)
+                                  instance_id=f"w{len(specs)}-{os.getpid():x}", speedup=a.speedup,
+                                  kv_transfer=node.kv_cache_transfer)
                 specs.append((spec, node))
     return specs
 
@@ -123,6 +128,7 @@ def worker_argv(spec: WorkerSpec, nats_url: str, cp: ControlPlane, drain_grace: 
         "--max-model-len", str(e.scheduler.max_model_len), "--threads", str(e.model.num_threads),
         "--speedup", str(spec.speedup), "--heartbeat-interval", str(cp.heartbeat_interval),
         "--heartbeat-timeout", str(cp.heartbeat_timeout), "--drain-grace", str(drain_grace),
+        "--kv-transfer", spec.kv_transfer,
     ]
     if e.cache.num_blocks is not None:
         argv += ["--num-blocks", str(e.cache.num_blocks)]
@@ -160,6 +166,7 @@ async def _serve(a: argparse.Namespace) -> int:
         discovery=runtime.discovery, requests=runtime.requests, events=runtime.events,
         config=router_config(d.routing, max_inflight_per_worker=0),
         options=ServiceOptions(health_check_s=cp.heartbeat_interval if cp.health_checks else None),
+        disagg=disagg_config(d),
     )
     try:
         await service.start()
@@ -195,6 +202,19 @@ async def _serve(a: argparse.Namespace) -> int:
         await runtime.close()
         if nats is not None:
             nats.stop()
+
+
+def disagg_config(d: Deployment):  # type: ignore[no-untyped-def]
+    """Disaggregation settings when some worker has a prefill or decode role, else None."""
+    from interlock.router.disagg import DisaggConfig
+
+    nodes = [n for g in d.execution_groups for n in g.nodes]
+    if all(n.node_role == "both" for n in nodes):
+        return None
+    r = d.routing
+    return DisaggConfig(enforce=r.enforce_disagg or not r.fallback_to_local,
+                        max_kv_bytes=r.max_remote_kv_bytes,
+                        chunk_tokens=min(n.max_num_batched_tokens for n in nodes))
 
 
 async def _wait_ready(service, count: int, children: list[Child], stop: asyncio.Event,  # type: ignore[no-untyped-def]

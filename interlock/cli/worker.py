@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-host", default=None, help="host other machines reach this worker at")
     p.add_argument("--host", default="127.0.0.1", help="interface the request plane binds to")
     p.add_argument("--drain-grace", type=float, default=30.0)
+    p.add_argument("--kv-transfer", choices=("auto", "inproc", "shm", "tcp", "none"), default="auto",
+                   help="KV transfer for disaggregated serving: auto picks per peer (in-process, "
+                        "shared memory, TCP); tcp never stages in /dev/shm; none: no transfer agent")
+    p.add_argument("--kv-transfer-port", type=int, default=0, help="TCP port of the transfer agent")
     p.add_argument("--log-level", default=get_env().log_level)
     return p
 
@@ -80,6 +84,12 @@ class WorkerSpec:
     role: str
     instance_id: str
     speedup: float = 1.0
+    kv_transfer: str = "auto"
+    """``auto``/``inproc``/``shm``: a transfer agent staging in /dev/shm; ``tcp``: private
+    staging (peers pull over TCP); ``none``: no agent (this worker cannot disaggregate)."""
+    kv_transfer_port: int = 0
+    host: str = "127.0.0.1"
+    advertise_host: str | None = None
 
 
 def resolve_spec(a: argparse.Namespace) -> WorkerSpec:
@@ -93,7 +103,21 @@ def resolve_spec(a: argparse.Namespace) -> WorkerSpec:
         role=a.role,
         instance_id=a.instance_id or uuid.uuid4().hex[:12],
         speedup=a.speedup,
+        kv_transfer=a.kv_transfer,
+        kv_transfer_port=a.kv_transfer_port,
+        host=a.host,
+        advertise_host=a.advertise_host,
     )
+
+
+def transfer_agent(spec: WorkerSpec):  # type: ignore[no-untyped-def]
+    """The worker's KV-transfer agent, or None (``--kv-transfer none``)."""
+    if spec.kv_transfer == "none":
+        return None
+    from interlock.transfer import TransferAgent
+
+    return TransferAgent(host=spec.host, port=spec.kv_transfer_port, advertise_host=spec.advertise_host,
+                         use_shm=spec.kv_transfer != "tcp")
 
 
 async def start_worker(spec: WorkerSpec, runtime, *, drain_grace_s: float = 30.0):  # type: ignore[no-untyped-def]
@@ -115,7 +139,8 @@ async def start_worker(spec: WorkerSpec, runtime, *, drain_grace_s: float = 30.0
         context_length=spec.engine.scheduler.max_model_len,
     )
     worker = Worker(core, info, discovery=runtime.discovery, requests=runtime.requests,
-                    events=runtime.events, options=WorkerOptions(drain_grace_s=drain_grace_s))
+                    events=runtime.events, options=WorkerOptions(drain_grace_s=drain_grace_s),
+                    transfer=transfer_agent(spec))
     await worker.start()
     return worker
 

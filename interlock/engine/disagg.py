@@ -1,0 +1,195 @@
+"""Worker side of disaggregated serving: stage a prefill's KV, pull it into a decode's blocks.
+
+Prefill side (``kv_transfer.do_remote_decode``): the engine stops the request after its first
+token and holds its blocks; on that final output this module exports the blocks into a staged
+payload (``stage_blocks``, on the engine thread between steps), frees the blocks at once and
+adds the payload's ``TransferDescriptor`` to the output. The payload lives in the transfer
+agent until the decode worker has pulled it, or until its timeout.
+
+Decode side (``kv_transfer.do_remote_prefill`` with a descriptor): the engine parks the request
+with its blocks allocated (no batch slot); this module starts the pull at once, and one poller
+task per worker polls every pending pull (a poll never blocks). A finished pull is handed to
+the engine thread, which imports the bytes into the parked request's blocks
+(``finish_remote_kv``) and then releases the payload; a failed pull, or no descriptor, makes
+the engine compute the prompt locally (``finish_remote_kv(id, None)``). A request that ends
+first (client gone, abort) aborts its pull, which frees the source's payload too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from interlock.engine.async_engine import AsyncEngine
+from interlock.engine.core import EngineCore
+from interlock.protocol import GenerateOutput, GenerateRequest, KVTransferParams
+from interlock.transfer import DestTransfer, TransferAgent, TransferState, stage_blocks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Pull:
+    request_id: str
+    dst: DestTransfer | None
+    """None: nothing to pull (the prefill side could not stage); compute locally."""
+
+
+@dataclass(slots=True)
+class HandoffCounters:
+    staged: int = 0
+    stage_failed: int = 0
+    pulled: int = 0
+    pull_failed: int = 0
+    pulls_abandoned: int = 0
+    transports: dict[str, int] = field(default_factory=dict)
+
+
+class KVHandoff:
+    """Moves prompt KV between this worker's engine and its peers' (one per worker; owns and
+    closes the transfer agent)."""
+
+    def __init__(self, engine: AsyncEngine, agent: TransferAgent, *, timeout_s: float = 30.0,
+                 poll_interval_s: float = 0.002) -> None:
+        self.engine = engine
+        self.agent = agent
+        self.timeout_s = timeout_s
+        self.poll_interval_s = poll_interval_s
+        self.counters = HandoffCounters()
+        self._pulls: dict[str, _Pull] = {}
+        self._wake = asyncio.Event()
+        self._poller: asyncio.Task[None] | None = None
+
+    def num_pending(self) -> int:
+        return len(self._pulls)
+
+    def generate(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
+        kt = req.kv_transfer
+        if kt is not None and kt.do_remote_decode:
+            return self._prefill(req)
+        if kt is not None and kt.do_remote_prefill:
+            return self._decode(req)
+        return self.engine.generate(req)
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        for pull in self._pulls.values():
+            if pull.dst is not None:
+                pull.dst.abort("worker closing")
+        self._pulls.clear()
+        self.agent.close()  # the worker owns its agent: staged payloads go with it
+
+    # ---- prefill side ----
+    async def _prefill(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
+        stream = self.engine.generate(req)
+        async with contextlib.aclosing(stream):
+            async for out in stream:
+                if out.kv_transfer is not None:
+                    out = await self._stage(out, out.kv_transfer)
+                yield out
+
+    async def _stage(self, out: GenerateOutput, kt: KVTransferParams) -> GenerateOutput:
+        rid, blocks, agent, timeout = out.request_id, kt.source_block_ids, self.agent, self.timeout_s
+
+        def stage(core: EngineCore) -> KVTransferParams:
+            try:
+                _src, desc = stage_blocks(agent, core.runner, blocks, timeout_s=timeout)
+            finally:
+                core.release_request_kv(rid)  # the payload holds the KV now
+            return msgspec.structs.replace(kt, descriptor=desc, source_instance=core.instance_id)
+
+        try:
+            staged = await self.engine.call(stage)
+        except Exception:  # noqa: BLE001 - the decode side then computes the prompt itself
+            log.warning("staging the KV of %s failed", rid, exc_info=True)
+            self.counters.stage_failed += 1
+            return msgspec.structs.replace(out, kv_transfer=msgspec.structs.replace(kt, descriptor=None))
+        self.counters.staged += 1
+        return msgspec.structs.replace(out, kv_transfer=staged)
+
+    # ---- decode side ----
+    async def _decode(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
+        rid = req.request_id
+        self._pulls[rid] = _Pull(rid, self._start_pull(req))
+        self._ensure_poller()
+        stream = self.engine.generate(req)
+        try:
+            async with contextlib.aclosing(stream):
+                async for out in stream:
+                    yield out
+        finally:
+            pull = self._pulls.pop(rid, None)
+            if pull is not None and pull.dst is not None:
+                pull.dst.abort("request ended before its KV arrived")
+                self.counters.pulls_abandoned += 1
+
+    def _start_pull(self, req: GenerateRequest) -> DestTransfer | None:
+        desc = req.kv_transfer.descriptor if req.kv_transfer is not None else None
+        if desc is None:
+            return None
+        try:
+            return self.agent.pull(desc, timeout_s=self.timeout_s)
+        except Exception:  # noqa: BLE001 - no transport reaches it: compute locally
+            log.warning("cannot pull the KV of %s", req.request_id, exc_info=True)
+            return None
+
+    def _ensure_poller(self) -> None:
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll_loop(), name="kv-handoff-poller")
+        self._wake.set()
+
+    async def _poll_loop(self) -> None:
+        while True:
+            if not self._pulls:
+                self._wake.clear()
+                await self._wake.wait()
+            for pull in list(self._pulls.values()):
+                await self._poll_one(pull)
+            await asyncio.sleep(self.poll_interval_s)
+
+    async def _poll_one(self, pull: _Pull) -> None:
+        dst = pull.dst
+        state = dst.poll().state if dst is not None else TransferState.FAILED
+        if state is TransferState.PENDING:
+            return
+        data = dst.payload if dst is not None and state is TransferState.DONE else None
+        rid = pull.request_id
+        try:
+            handed = await self.engine.call(lambda core: _hand_over(core, rid, data))
+        except Exception:  # noqa: BLE001 - import failed: the engine computes the prompt
+            log.exception("importing the KV of %s failed", rid)
+            await self.engine.call(lambda core: core.finish_remote_kv(rid, None))
+            handed, data = True, None
+        if not handed or self._pulls.get(rid) is not pull:
+            return
+        del self._pulls[rid]
+        if dst is not None:
+            dst.release() if data is not None else dst.abort("pull failed")
+            self.counters.transports[dst.transport] = self.counters.transports.get(dst.transport, 0) + 1
+        if data is not None:
+            self.counters.pulled += 1
+        else:
+            self.counters.pull_failed += 1
+
+
+def _hand_over(core: EngineCore, request_id: str, data: memoryview | None) -> bool:
+    """On the engine thread: import ``data`` into the parked request (None: compute locally).
+    False while the request is not ready for it yet (not added, or its blocks not allocated)."""
+    req = core.scheduler.requests.get(request_id)
+    if req is None:
+        return False
+    if not req.awaiting_kv:
+        return True  # the engine gave up waiting and computes the prompt itself
+    if data is not None and request_id not in core.scheduler.remote_parked:
+        return False
+    core.finish_remote_kv(request_id, data)
+    return True
