@@ -171,8 +171,14 @@ def child(engine: str, plan_file: str, folder: str, threads: int) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_child(engine: str, plan_file: str, folder: str, threads: int, timeout: float) -> dict[str, float] | str:
+def run_child(
+    engine: str, plan_file: str, folder: str, threads: int, timeout: float, omp_passive: bool
+) -> dict[str, float] | str:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
+    if omp_passive:
+        # On a machine shared with other busy processes, OpenMP spin-waiting made two torch
+        # threads 10-20x slower than one; passive waiting removes most of that.
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
     python = sys.executable
     if engine == "vllm":
         python = str(VLLM_VENV / "bin" / "python")
@@ -273,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="per engine, seconds")
     parser.add_argument("--setup-vllm", action="store_true", help=f"create {VLLM_VENV} and exit")
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
+    parser.add_argument("--omp-passive", action="store_true",
+                        help="OMP_WAIT_POLICY=PASSIVE for every engine (use on a busy shared machine)")
     opts = parser.parse_args(args)
     if opts.setup_vllm:
         setup_vllm()
@@ -283,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     folder = str(resolve_model(opts.model))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(make_plan(opts.quick), fh)
-    results = {e: run_child(e, fh.name, folder, opts.threads, opts.timeout) for e in opts.engines.split(",")}
+    results = {
+        e: run_child(e, fh.name, folder, opts.threads, opts.timeout, opts.omp_passive)
+        for e in opts.engines.split(",")
+    }
     os.unlink(fh.name)
     rendered = table(results)
     print(rendered)

@@ -48,12 +48,12 @@ def build_input(chunks: Sequence[SequenceChunk], block_size: int, device: torch.
         ids.extend(chunk.token_ids)
         last_rows[i] = len(ids) - 1
     decode = [chunks[i] for i in order[:num_decode]]
-    table, bias = _decode_tables(decode, block_size, device)
+    decode_table, decode_bias = _decode_tables(decode, block_size, device)
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
         num_decode=num_decode,
-        decode_block_table=table,
-        decode_bias=bias,
+        decode_block_table=decode_table,
+        decode_bias=decode_bias,
         prefills=_prefill_spans([chunks[i] for i in order[num_decode:]], num_decode, block_size, device),
     )
     return ModelInput(

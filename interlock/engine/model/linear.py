@@ -23,6 +23,7 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        assert self.weight is not None
         return F.linear(x, self.weight, self.bias)
 
 
