@@ -11,12 +11,13 @@ from interlock.router import RouterConfig
 from interlock.sim import ReplayConfig, SharedPrefixSpec, replay, shared_prefix_requests
 
 
-@pytest.fixture(scope="module")
-def herd_workload():
-    # 8 workers, one shared 2,000-token system prompt, high load (RR TTFT is already queueing)
+@pytest.fixture(scope="module", params=[60.0, 120.0])
+def herd_workload(request):
+    # 8 workers, one shared 2,000-token system prompt, high load (at 120 req/s round-robin's
+    # TTFT is already queueing)
     spec = SharedPrefixSpec(num_requests=1500, num_groups=1, system_tokens=2000,
-                            suffix_tokens=200, output_tokens=100, rate=120.0, block_size=64,
-                            seed=1)
+                            suffix_tokens=200, output_tokens=100, rate=request.param,
+                            block_size=64, seed=1)
     return shared_prefix_requests(spec)
 
 
