@@ -55,7 +55,9 @@ class _Driver(WorkerSink):
     def __init__(self, cfg: ReplayConfig) -> None:
         self.cfg = cfg
         self.now = 0.0
-        rcfg = replace(cfg.router, block_size=cfg.block_size, share_load=False)
+        # The router prices prefill in steps of the workers' token budget.
+        cost = replace(cfg.router.cost, chunk_tokens=cfg.max_num_batched_tokens)
+        rcfg = replace(cfg.router, block_size=cfg.block_size, share_load=False, cost=cost)
         self.router = Router(rcfg, clock=lambda: self.now)
         self.workers: dict[str, Worker] = {}
         for i in range(cfg.num_workers):
