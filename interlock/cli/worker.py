@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV transfer for disaggregated serving: auto picks per peer (in-process, "
                         "shared memory, TCP); tcp never stages in /dev/shm; none: no transfer agent")
     p.add_argument("--kv-transfer-port", type=int, default=0, help="TCP port of the transfer agent")
+    p.add_argument("--kv-transfer-timeout", type=float, default=30.0,
+                   help="seconds a staged KV payload waits to be pulled (and a pull may take)")
     p.add_argument("--log-level", default=get_env().log_level)
     return p
 
@@ -88,6 +90,7 @@ class WorkerSpec:
     """``auto``/``inproc``/``shm``: a transfer agent staging in /dev/shm; ``tcp``: private
     staging (peers pull over TCP); ``none``: no agent (this worker cannot disaggregate)."""
     kv_transfer_port: int = 0
+    kv_transfer_timeout_s: float = 30.0
     host: str = "127.0.0.1"
     advertise_host: str | None = None
 
@@ -105,6 +108,7 @@ def resolve_spec(a: argparse.Namespace) -> WorkerSpec:
         speedup=a.speedup,
         kv_transfer=a.kv_transfer,
         kv_transfer_port=a.kv_transfer_port,
+        kv_transfer_timeout_s=a.kv_transfer_timeout,
         host=a.host,
         advertise_host=a.advertise_host,
     )
@@ -139,7 +143,8 @@ async def start_worker(spec: WorkerSpec, runtime, *, drain_grace_s: float = 30.0
         context_length=spec.engine.scheduler.max_model_len,
     )
     worker = Worker(core, info, discovery=runtime.discovery, requests=runtime.requests,
-                    events=runtime.events, options=WorkerOptions(drain_grace_s=drain_grace_s),
+                    events=runtime.events, options=WorkerOptions(drain_grace_s=drain_grace_s,
+                                                              kv_transfer_timeout_s=spec.kv_transfer_timeout_s),
                     transfer=transfer_agent(spec))
     await worker.start()
     return worker

@@ -68,11 +68,13 @@ class WorkerControl:
     async def _status(self) -> ControlReply:
         w = self.worker
         used, total, err = await w.engine.call(pool_figures)
-        live = 0
+        live, transports = 0, {}
         if w.handoff is not None:
             live = w.handoff.num_pending() + w.handoff.agent.num_live_sources()
+            transports = dict(w.handoff.counters.transports)
         return ControlReply(ok=not err, role=w.info.role, kv_blocks_used=used, kv_blocks_total=total,
-                            in_flight=w.in_flight, integrity_error=err, live_transfers=live)
+                            in_flight=w.in_flight, integrity_error=err, live_transfers=live,
+                            pulls_by_transport=transports)
 
     async def _measure(self, peer: str) -> ControlReply:
         handoff = self.worker.handoff

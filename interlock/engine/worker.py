@@ -37,6 +37,8 @@ class WorkerOptions:
     """Most frequent load report; an idle worker reports every ``idle_report_s``."""
     idle_report_s: float = 1.0
     drain_grace_s: float = 30.0
+    kv_transfer_timeout_s: float = 30.0
+    """Disaggregation: how long a staged KV payload waits to be pulled, and a pull to finish."""
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -56,7 +58,8 @@ class Worker:
         transfer: TransferAgent | None = None,
     ) -> None:
         self.engine = AsyncEngine(core, sink=self)
-        self.handoff = KVHandoff(self.engine, transfer) if transfer is not None else None
+        self.handoff = (KVHandoff(self.engine, transfer, timeout_s=options.kv_transfer_timeout_s)
+                        if transfer is not None else None)
         """Disaggregation: stages prefill KV and pulls remote KV (None: no transfer agent)."""
         self._control_address = ""
         self.info = info

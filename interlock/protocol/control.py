@@ -36,6 +36,8 @@ class ControlReply(msgspec.Struct, frozen=True, kw_only=True):
     """``check_integrity``: empty when the block pool passed."""
     live_transfers: int = 0
     """KV payloads this worker still stages or pulls."""
+    pulls_by_transport: dict[str, int] = {}
+    """KV pulls this worker completed or failed, by transport (inproc, shm, tcp)."""
     bandwidth_bytes_per_s: float = 0.0
     rtt_s: float = 0.0
     transport: str = ""
