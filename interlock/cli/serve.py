@@ -164,7 +164,8 @@ async def _serve(a: argparse.Namespace) -> int:
     server = None
     service = RouterService(
         discovery=runtime.discovery, requests=runtime.requests, events=runtime.events,
-        config=router_config(d.routing, max_inflight_per_worker=0),
+        config=router_config(d.routing, chunk_tokens=min(
+            n.max_num_batched_tokens for g in d.execution_groups for n in g.nodes)),
         options=ServiceOptions(health_check_s=cp.heartbeat_interval if cp.health_checks else None),
         disagg=disagg_config(d),
     )

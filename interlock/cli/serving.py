@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from interlock.deploy import Routing
 from interlock.frontend.backend import ModelEntry, RequestContext
@@ -28,22 +27,15 @@ class ServiceBackend:
         return self.service.prometheus_text()
 
 
-def router_config(routing: Routing, *, max_inflight_per_worker: int = 0) -> RouterConfig:
+def router_config(
+    routing: Routing, *, max_inflight_per_worker: int = 0, chunk_tokens: int = 2048
+) -> RouterConfig:
+    """``chunk_tokens``: the workers' max_num_batched_tokens (prefill tokens per step)."""
     from interlock.router.cost import CostParams
 
     return RouterConfig(
         policy=routing.policy,
-        cost=CostParams(kv_watermark=routing.kv_usage_watermark),
+        cost=CostParams(kv_watermark=routing.kv_usage_watermark, chunk_tokens=chunk_tokens),
         queue_capacity=routing.queue_size,
         max_inflight_per_worker=max_inflight_per_worker,
     )
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
