@@ -1,5 +1,5 @@
 """1,000 requests through 2 prefill + 2 decode worker processes (mock runner) with random
-cancellations and one prefill worker SIGKILLed mid-run: every request completes or ends with a
+cancellations, one prefill worker SIGKILLed a third of the way and one decode worker two thirds: every request completes or ends with a
 clean error, and every live worker's block pool is intact with no block left in use."""
 
 from __future__ import annotations
@@ -50,6 +50,11 @@ async def one(c: ProcCluster, i: int, rng: random.Random, model: str) -> str:
     return "ok"
 
 
+def flow_summary(c: ProcCluster) -> str:
+    flow = c.service.disagg
+    return f"choices={flow.choices} fallbacks={flow.fallbacks}" if flow is not None else ""
+
+
 def test_thousand_requests_cancellations_and_a_killed_prefill_worker() -> None:
     async def main() -> None:
         async with proc_cluster(DisaggConfig(enforce=True), block_size=16) as c:
@@ -68,16 +73,19 @@ def test_thousand_requests_cancellations_and_a_killed_prefill_worker() -> None:
                     done += 1
                     if done == N // 3:
                         c.kill("p1")
+                    if done == 2 * N // 3:
+                        c.kill("d1")  # a decode worker too: its streams end with a clean error
                     return r
 
             results = await asyncio.gather(*(run(i) for i in range(N)))
             assert len(results) == N
+            print({r: results.count(r) for r in sorted(set(results))}, flow_summary(c))
             assert results.count("ok") > N // 2, {r: results.count(r) for r in set(results)}
             flow = c.service.disagg
             assert flow is not None and flow.choices.get("enforced", 0) > N // 2
             assert flow.fallbacks.get("prefill_failed", 0) >= 1  # the kill hit requests in flight
             pulls: dict[str, int] = {}
-            for wid in ("p0", "d0", "d1"):
+            for wid in ("p0", "d0"):
                 for _ in range(100):  # staged payloads nobody pulled time out (3 s)
                     st = await c.control(wid, ControlRequest(op="check_integrity"))
                     if st.kv_blocks_used == 0 and st.live_transfers == 0:
@@ -87,6 +95,6 @@ def test_thousand_requests_cancellations_and_a_killed_prefill_worker() -> None:
                 assert st.kv_blocks_used == 0 and st.live_transfers == 0, st
                 for t, k in st.pulls_by_transport.items():
                     pulls[t] = pulls.get(t, 0) + k
-            assert pulls.get("shm", 0) > N // 2, pulls
+            assert pulls.get("shm", 0) > N // 3, pulls
 
     asyncio.run(main())
