@@ -22,6 +22,7 @@ from interlock.engine.model import (
     SequenceChunk,
     build_input,
 )
+from interlock.engine.model.attention import causal_matmul_attention
 from interlock.engine.model.rope import inverse_frequencies
 from interlock.errors import ConfigError
 from interlock.model_store import resolve_model
@@ -110,6 +111,20 @@ def test_bf16_is_as_accurate_as_transformers_bf16(folder: Path) -> None:
     our_error = (logits[1] - exact).abs().max()
     their_error = (theirs - exact).abs().max()
     assert our_error <= 1.5 * their_error, (our_error, their_error)
+
+
+@pytest.mark.parametrize(("start_pos", "n"), [(0, 300), (37, 130), (5, 1)])
+def test_chunked_matmul_attention_equals_sdpa(start_pos: int, n: int) -> None:
+    gen = torch.Generator().manual_seed(start_pos)
+    q = torch.randn(n, 6, 16, generator=gen)
+    key, value = torch.randn(2, 2, start_pos + n, 16, generator=gen)
+    allowed = torch.arange(start_pos + n) <= torch.arange(start_pos, start_pos + n).unsqueeze(1)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), key.repeat_interleave(3, 0), value.repeat_interleave(3, 0),
+        attn_mask=allowed, scale=1.0,
+    ).transpose(0, 1).reshape(n, 6 * 16)
+    got = causal_matmul_attention(q, key, value, start_pos, chunk=64)
+    assert torch.allclose(got, expected, atol=1e-5)
 
 
 # ---- small random models: Qwen2 (q/k/v bias, untied head) and Llama 3 RoPE scaling ----

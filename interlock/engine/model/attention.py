@@ -9,10 +9,10 @@ step's K and V into their slots, then attends:
   padding masked by an additive ``-inf`` bias), and attention is two batched matmuls with the
   query heads of each KV head grouped together. This is the trap in FACTS.md: on CPU, bf16
   ``scaled_dot_product_attention`` for one query token is ~10x slower than this.
-* prefill: ``scaled_dot_product_attention`` per chunk (it is fast for many query tokens). A
-  chunk starting at position 0 attends to its own K/V directly; a later chunk (chunked
-  prefill, prefix hit) gathers its blocks and uses an explicit causal mask offset by the
-  tokens already in the cache.
+* prefill: per chunk. A chunk starting at position 0 attends to its own K/V directly; a
+  later chunk (chunked prefill, prefix hit) gathers its blocks, with the causal mask offset
+  by the tokens already in the cache. On CPU in bf16 it is ``causal_matmul_attention``
+  (bf16 matmuls over query chunks); elsewhere ``scaled_dot_product_attention``.
 
 Scores come out in the model dtype and are softmaxed in fp32, as Hugging Face's eager path
 does; the 1/sqrt(head_dim) scale is already folded into the q weights.
@@ -81,18 +81,49 @@ def prefill_attention(
 ) -> torch.Tensor:
     """q: [n, heads, D], k/v: [n, kv_heads, D] of this chunk (already written to the cache)."""
     n, heads, dim = q.shape
-    query = q.transpose(0, 1).unsqueeze(0)
     if span.block_table is None:
-        key, value = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-        out = F.scaled_dot_product_attention(
-            query, key, value, is_causal=True, scale=1.0, enable_gqa=True
-        )
+        key, value = k.transpose(0, 1), v.transpose(0, 1)
     else:
-        assert span.mask is not None
         context = span.start_pos + n
         kv = blocks.index_select(2, span.block_table).flatten(2, 3)[:, :, :context]
-        out = F.scaled_dot_product_attention(
-            query, kv[0].unsqueeze(0), kv[1].unsqueeze(0), attn_mask=span.mask, scale=1.0,
-            enable_gqa=True,
-        )
+        key, value = kv[0], kv[1]
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        return causal_matmul_attention(q, key, value, span.start_pos)
+    mask = None if span.mask is None else span.mask
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0),
+        attn_mask=mask, is_causal=mask is None, scale=1.0, enable_gqa=True,
+    )
     return out.squeeze(0).transpose(0, 1).reshape(n, heads * dim)
+
+
+def causal_matmul_attention(
+    q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, start_pos: int, chunk: int = 128
+) -> torch.Tensor:
+    """Causal attention as bf16 matmuls over query chunks (CPU prefill).
+
+    q: [n, heads, D] at positions ``start_pos ..``; key/value: [kv_heads, start_pos + n, D].
+    Each chunk of 128 queries multiplies only the keys it can see, so the work is close to
+    causal-half, and the matmuls run at oneDNN's bf16 speed; on two cores this was 25% faster
+    than ``scaled_dot_product_attention`` for a 512-token prompt. Scores come out in bf16 and
+    are softmaxed in fp32, as in Hugging Face's eager attention.
+    """
+    n, heads, dim = q.shape
+    kv_heads = key.shape[0]
+    group = heads // kv_heads
+    grouped = q.view(n, kv_heads, group, dim).permute(1, 2, 0, 3)  # [kv_heads, group, n, D]
+    keys_t = key.transpose(1, 2)  # [kv_heads, D, context]
+    out = torch.empty(kv_heads, group, n, dim, dtype=q.dtype, device=q.device)
+    future = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu_(1)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        rows, end = e - s, start_pos + e
+        queries = grouped[:, :, s:e].reshape(kv_heads, group * rows, dim)
+        scores = torch.matmul(queries, keys_t[:, :, :end]).view(kv_heads, group, rows, end)
+        # Only the last ``rows`` keys (this chunk's own tokens) can lie in a query's future.
+        scores[..., end - rows :].masked_fill_(future[:rows, :rows], float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out[:, :, s:e] = torch.matmul(probs.view(kv_heads, group * rows, end), value[:, :end]).view(
+            kv_heads, group, rows, dim
+        )
+    return out.permute(2, 0, 1, 3).reshape(n, heads * dim)
