@@ -58,7 +58,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
         """``logits``: fp32 ``[len(rows), vocab]``. Returns one token (and logprobs) per row."""
         raw = logits
-        logits = self._mask_stops(logits.clone(), rows)
+        logits = self._mask_stops(logits, rows)
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, row in enumerate(rows) if not _greedy(row.params)]
         if random_rows:
@@ -69,15 +69,17 @@ class Sampler:
         return SampleResult(token_list, _logprobs(raw, rows, token_list))
 
     def _mask_stops(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-        """Before min_tokens, stop tokens may not be sampled."""
+        """Before min_tokens, stop tokens may not be sampled (on a copy: ``raw`` stays intact)."""
+        masked = logits
         for i, row in enumerate(rows):
             p = row.params
             if row.num_output_tokens < p.min_tokens:
                 stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
                 ids = [t for t in stops if 0 <= t < logits.shape[-1]]
                 if ids:
-                    logits[i, ids] = _MASK
-        return logits
+                    masked = logits.clone() if masked is logits else masked
+                    masked[i, ids] = _MASK
+        return masked
 
     def _sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         temps = torch.tensor([_clamp(r.params.temperature, 1e-5, 100.0) for r in rows], device=logits.device)
