@@ -181,7 +181,8 @@ class RouterService:
             decision = await self._route(router, meta, hashes)
             if attempt == 0 and getattr(ctx, "explain", False):
                 ctx.response_headers[EXPLAIN_HEADER] = decision.header()  # type: ignore[attr-defined]
-            log.debug(decision.log_line())
+            if log.isEnabledFor(logging.DEBUG):  # the line lists every candidate: build it only if shown
+                log.debug(decision.log_line())
             self._share(router)
             tried.add(decision.worker_id)
             started = False
