@@ -1,0 +1,69 @@
+"""The identity test over worker processes: shared memory, then TCP.
+
+Two ``interlock worker`` processes (SmolLM2, fp32, one thread, 64-token prefill budget) over a
+private nats-server. Phase 1: A prefills (staging in /dev/shm), B decodes -> every pull is
+shared memory. Phase 2: roles swapped by control calls, B (``--kv-transfer tcp``: it stages in
+private memory) prefills and A decodes -> every pull is TCP. Both phases must equal the
+aggregated engine's greedy tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from interlock.protocol import GenerateRequest, SamplingParams
+from interlock.protocol.control import ControlRequest
+from interlock.router.disagg import DisaggConfig
+from tests.disagg.procs import ProcCluster, proc_cluster
+from tests.disagg.test_identity import BUDGET, MAX_TOKENS
+
+pytestmark = pytest.mark.slow
+
+TORCH = ("--runner", "torch", "--dtype", "float32", "--threads", "1", "--block-size", "16",
+         "--num-blocks", "256", "--max-num-batched-tokens", str(BUDGET), "--max-model-len", "1024")
+
+
+async def run_all(c: ProcCluster, prompts: list[list[int]], tag: str) -> list[list[int]]:
+    model = c.service.models()[0].name
+    got = []
+    for i, p in enumerate(prompts):
+        req = GenerateRequest(request_id=f"{tag}{i}", token_ids=tuple(p), model=model,
+                              sampling=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
+        stream = c.service.generate(req, object())
+        async with contextlib.aclosing(stream):
+            got.append([t async for out in stream for t in out.token_ids])
+    return got
+
+
+async def wait_role(c: ProcCluster, wid: str, role: str) -> None:
+    for _ in range(200):
+        info = c.service._instances.get(wid)
+        if info is not None and info.role == role:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{wid} never re-joined as {role}")
+
+
+def test_disaggregated_equals_aggregated_over_shm_and_tcp(expected: list[list[int]],
+                                                          prompts: list[list[int]]) -> None:
+    async def main() -> None:
+        async with proc_cluster(DisaggConfig(enforce=True), block_size=16) as c:
+            c.spawn("a", "prefill", *TORCH, "--kv-transfer", "auto")
+            c.spawn("b", "decode", *TORCH, "--kv-transfer", "tcp")
+            await c.wait_for(2, timeout_s=180.0)
+            assert await run_all(c, prompts, "shm") == expected
+            assert (await c.control("b", ControlRequest(op="status"))).pulls_by_transport == {"shm": len(prompts)}
+
+            for wid, role in (("a", "decode"), ("b", "prefill")):
+                assert (await c.control(wid, ControlRequest(op="set_role", role=role))).ok
+                await wait_role(c, wid, role)
+            assert await run_all(c, prompts, "tcp") == expected
+            assert (await c.control("a", ControlRequest(op="status"))).pulls_by_transport == {"tcp": len(prompts)}
+            for wid in ("a", "b"):
+                st = await c.control(wid, ControlRequest(op="check_integrity"))
+                assert st.ok and st.kv_blocks_used == 0, st
+
+    asyncio.run(main())
