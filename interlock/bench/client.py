@@ -69,6 +69,8 @@ class RequestRecord:
     output_tokens_stream: int = 0
     output_tokens_usage: int | None = None
     prompt_tokens_usage: int | None = None
+    cached_tokens_usage: int | None = None
+    """``usage.prompt_tokens_details.cached_tokens``: prompt tokens the server found in its cache."""
     error: str | None = None
     error_detail: str | None = None
 
@@ -179,4 +181,5 @@ def _on_event(event: Any, api: Api, record: RequestRecord, t: float) -> bool:
     if usage:
         record.output_tokens_usage = usage.get("completion_tokens")
         record.prompt_tokens_usage = usage.get("prompt_tokens")
+        record.cached_tokens_usage = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     return True

@@ -45,6 +45,7 @@ class Received:
     """``time.perf_counter()`` when the request arrived."""
     path: str
     body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -88,7 +89,7 @@ class FakeOpenAIServer:
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         arrived = time.perf_counter()
         body = await request.json()
-        self.received.append(Received(arrived, request.path, body))
+        self.received.append(Received(arrived, request.path, body, dict(request.headers)))
         k = len(self.received)
         if (status := self._fault(k)) is not None:
             return web.json_response({"error": {"message": "injected fault", "type": "fake", "code": status}}, status=status)
@@ -157,7 +158,8 @@ def _usage(body: dict[str, Any], n: int) -> dict[str, int]:
     else:
         text = prompt if isinstance(prompt, str) else " ".join(str(m.get("content", "")) for m in body.get("messages", ()))
         prompt_tokens = len(text.split())
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 async def _send(resp: web.StreamResponse, event: dict[str, Any]) -> None:

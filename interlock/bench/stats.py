@@ -107,6 +107,8 @@ class Summary:
     output_tokens: Dist
     stream_usage_mismatch: int
     """Successful requests whose chunk count differs from the usage count (multi-token chunks)."""
+    cached_fraction: float | None = None
+    """Share of prompt tokens the server reported as cached (None when it reports nothing)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,7 +140,15 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, targets: Targ
         stream_usage_mismatch=sum(
             r.output_tokens_usage is not None and r.output_tokens_usage != r.output_tokens_stream for r in ok
         ),
+        cached_fraction=_cached_fraction(ok),
     )
+
+
+def _cached_fraction(ok: Sequence[RequestRecord]) -> float | None:
+    reported = [r for r in ok if r.cached_tokens_usage is not None and r.prompt_tokens_usage]
+    if not reported:
+        return None
+    return sum(r.cached_tokens_usage or 0 for r in reported) / sum(r.prompt_tokens_usage or 0 for r in reported)
 
 
 def throughput_series(

@@ -47,6 +47,8 @@ def summary_table(s: Summary, title: str = "") -> str:
     ]
     if s.goodput is not None:
         lines.append(f"goodput {s.goodput:.2f} req/s ({_fmt((s.good_fraction or 0) * 100)}% of requests met the targets)")
+    if s.cached_fraction is not None:
+        lines.append(f"prompt tokens the server reported cached: {s.cached_fraction * 100:.1f}%")
     if s.stream_usage_mismatch:
         lines.append(f"note: {s.stream_usage_mismatch} requests streamed a chunk count != usage tokens (multi-token chunks)")
     return "\n".join(lines)
@@ -68,4 +70,5 @@ def compare_table(labels: Sequence[str], summaries: Sequence[Summary]) -> str:
         for st in ("mean", "p50", "p90", "p99"):
             add(f"{name.split(' (')[0]} {st} (ms)", [_fmt(getattr(getattr(s, attr), st)) for s in summaries])
     add("output tokens mean", [_fmt(s.output_tokens.mean) for s in summaries])
+    add("cached prompt %", [_fmt(None if s.cached_fraction is None else s.cached_fraction * 100) for s in summaries])
     return _grid(rows)

@@ -71,7 +71,9 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=LengthDist.parse, default=LengthDist.parse("128"))
     p.add_argument("--prefix-len", type=int, default=0, help="tokens of shared prefix per group")
     p.add_argument("--prefix-groups", type=int, default=0, help="number of shared-prefix groups")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="prompt seed; a rerun with the same seed sends the same prompts, which a server "
+                   "with a prefix cache answers from cache: change it for cold prompts")
     p.add_argument("--num-requests", type=int, default=100, help="at most this many requests per run")
     p.add_argument("--duration", type=float, default=300.0, help="send no request after this many seconds")
     p.add_argument("--grace", type=float, default=30.0, help="seconds in-flight requests get after --duration")

@@ -2,7 +2,7 @@
 
 Tolerance: the fake sends each chunk at an absolute time (arrival + offset), so a measured
 TTFT should sit a little above the injected one (loopback HTTP, event-loop wake-ups). On this
-shared 2-core machine we allow +25 ms / -2 ms on TTFT, and 15% on the mean ITL.
+shared 2-core machine (load average 5-10 from other work) we allow +50 ms / -2 ms on TTFT, and 15% on the mean ITL.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ def test_ttft_and_itl_match_injected(api: str) -> None:
 
     for r in with_server(FakeTiming(ttft_s=TTFT, itl_s=ITL), body):
         assert r.ok, r.error_detail
-        assert r.ttft_s is not None and TTFT - 0.002 <= r.ttft_s <= TTFT + 0.025  # role chunk not counted
+        assert r.ttft_s is not None and TTFT - 0.002 <= r.ttft_s <= TTFT + 0.05  # role chunk not counted
         assert r.output_tokens_stream == r.output_tokens_usage == N
-        assert r.prompt_tokens_usage == 3
+        assert r.prompt_tokens_usage == 3 and r.cached_tokens_usage == 0
         itl = request_itl_s(r)
         assert itl is not None and abs(itl - ITL) <= 0.15 * ITL
         gaps = chunk_gaps_s(r)

@@ -1,6 +1,6 @@
 """Pacing and bounds of the load generator, against the fake server.
 
-Throughput tolerance 15%: in a closed loop each of C workers finishes a request every
+Throughput tolerance -25%/+5% (a loaded machine only slows the loop down): in a closed loop each of C workers finishes a request every
 ttft + (N - 1) * itl plus a few ms of loopback overhead per request.
 """
 
@@ -31,8 +31,8 @@ def test_closed_loop_throughput_matches_injected() -> None:
     s = summarize(run.records, run.duration_s)
     assert s.ok == s.requests == 24 and s.errors == {}
     expected = c * n / (ttft + (n - 1) * itl)  # tokens per second
-    assert 0.85 * expected <= s.output_throughput <= 1.05 * expected
-    assert abs(s.ttft_ms.p50 - 50) <= 15 and abs(s.itl_ms.p50 - 10) <= 1.5
+    assert 0.75 * expected <= s.output_throughput <= 1.05 * expected
+    assert -2 <= s.ttft_ms.p50 - 50 <= 30 and abs(s.itl_ms.p50 - 10) <= 1.5
     assert [r.index for r in run.records] == list(range(24))
 
 
@@ -44,9 +44,9 @@ def test_constant_rate_sends_on_schedule() -> None:
 
     run, arrivals = with_server(FakeTiming(ttft_s=0.01, itl_s=0.001), body)
     for k, t in enumerate(arrivals):
-        assert abs((t - arrivals[0]) - k * 0.05) <= 0.02
+        assert abs((t - arrivals[0]) - k * 0.05) <= 0.04
     for r in run.records:
-        assert r.scheduled_s is not None and 0 <= r.start_s - r.scheduled_s <= 0.02
+        assert r.scheduled_s is not None and 0 <= r.start_s - r.scheduled_s <= 0.04
 
 
 def test_duration_bound_stops_sending_and_cancels_after_grace() -> None:

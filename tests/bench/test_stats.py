@@ -57,3 +57,11 @@ def test_throughput_series_integrates_to_total_tokens() -> None:
     xs, ys = throughput_series(RECORDS, duration_s=5.0, bins=10)
     width = xs[1] - xs[0]
     assert sum(y * width for y in ys) == pytest.approx(31)
+
+
+def test_cached_fraction_from_usage() -> None:
+    a, b = rec(0, 0.1, 0.2, 5), rec(1, 0.1, 0.2, 5)
+    a.prompt_tokens_usage, a.cached_tokens_usage = 100, 64
+    b.prompt_tokens_usage, b.cached_tokens_usage = 300, 0
+    assert summarize([a, b], 1.0).cached_fraction == pytest.approx(0.16)
+    assert summarize(RECORDS, 1.0).cached_fraction is None
