@@ -151,7 +151,7 @@ class FakeOpenAIServer:
                 "choices": [choice], "usage": _usage(body, n)}
 
 
-def _usage(body: dict[str, Any], n: int) -> dict[str, int]:
+def _usage(body: dict[str, Any], n: int) -> dict[str, Any]:
     prompt = body.get("prompt")
     if isinstance(prompt, list):
         prompt_tokens = len(prompt)
