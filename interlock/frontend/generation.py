@@ -2,13 +2,16 @@
 
 The backend's first output is awaited before any byte is sent, so an error raised before the
 first token (no worker, overloaded, engine failure) still gets its own HTTP status. After the
-headers are out, an error becomes an SSE error event followed by ``[DONE]``. Each output chunk is
-one socket write: the first carries the HTTP headers too, the last the finish chunk, the usage
-chunk, ``[DONE]`` and the end of the chunked body.
+headers are out, an error becomes an SSE error event followed by ``[DONE]``. The first write
+carries the HTTP headers too, the last the finish chunk, the usage chunk, ``[DONE]`` and the end
+of the chunked body. In between, the chunks of one event-loop turn leave in one socket write
+(``Coalescer``): under load a stream's outputs arrive several at a time (the workers run ahead
+of the frontend), and one write per token was the frontend's largest cost.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,7 +19,7 @@ from time import perf_counter
 from typing import Any
 
 import msgspec
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from interlock.errors import EngineError, InterlockError, ServiceError
 from interlock.frontend.assembler import OutputAssembler
@@ -86,29 +89,81 @@ class SSEResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
+class Coalescer:
+    """SSE bytes of one chunked HTTP/1.1 response, written once per event-loop turn.
+
+    ``add`` only buffers and schedules ``flush`` for the end of the turn, so the chunks a stream
+    gets without waiting leave in one write (one HTTP chunk), and a lone chunk leaves as soon as
+    the stream waits for its next output. Written straight to the transport, after aiohttp has
+    sent the headers (the response's first write goes through aiohttp) and before its
+    ``write_eof`` (which ``flush`` precedes). There is no drain: what a slow client has not read
+    stays in the transport's buffer, bounded by the response's size (``max_tokens``)."""
+
+    __slots__ = ("_transport", "_parts", "_scheduled")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._parts: list[bytes] = []
+        self._scheduled = False
+
+    def add(self, data: bytes) -> None:
+        if self._transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        self._parts.append(data)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if not self._parts or self._transport.is_closing():
+            self._parts.clear()
+            return
+        data = b"".join(self._parts)
+        self._parts.clear()
+        self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+
 async def stream_sse(
     request: web.Request, gen: Generation, first: GenerateOutput, include_usage: bool
 ) -> web.StreamResponse:
     resp = SSEResponse(headers={**SSE_HEADERS, **gen.ctx.response_headers})
+    chunked = request.version >= HttpVersion11
+    if chunked:
+        resp.enable_chunked_encoding()  # the framing Coalescer writes
     await resp.prepare(request)
+    coalescer: Coalescer | None = None
     out = first
     try:
         while True:
             delta = gen.assembler.push(out)
             if delta.finish_reason is not None:
                 tail = gen.formatter.usage_chunk(gen.assembler) if include_usage else b""
+                if coalescer is not None:
+                    coalescer.flush()
                 await resp.write_eof(gen.formatter.chunk(delta) + tail + DONE)
                 gen.finish_metrics()
                 return resp
             if delta.text or delta.logprobs is not None:
-                await resp.write(gen.formatter.chunk(delta))
+                data = gen.formatter.chunk(delta)
+                if coalescer is not None:
+                    coalescer.add(data)
+                else:
+                    await resp.write(data)  # the headers go with it
+                    transport = request.transport
+                    if chunked and transport is not None:
+                        coalescer = Coalescer(transport)  # type: ignore[arg-type]  # uvloop's
             out = await gen.next_output()
     except ConnectionResetError:
         pass  # the client went away; closing the stream aborts the request
     except InterlockError as exc:
+        if coalescer is not None:
+            coalescer.flush()
         await resp.write_eof(sse(error_body(exc)) + DONE)
     except Exception:  # the headers are out: a new response cannot be sent, so report in-band
         log.exception("unexpected error while streaming %s", gen.ctx.request_id)
+        if coalescer is not None:
+            coalescer.flush()
         await resp.write_eof(sse(error_body(ServiceError("internal server error"))) + DONE)
     return resp
 
