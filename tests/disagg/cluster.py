@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from interlock.engine.clock import RealClock
 from interlock.engine.core import EngineCore
 from interlock.engine.runners.mock import MockRunner
-from interlock.engine.worker import Worker
+from interlock.engine.worker import Worker, WorkerOptions
 from interlock.protocol import GenerateOutput, GenerateRequest, InstanceInfo, SamplingParams, subjects
 from interlock.protocol.control import ControlReply, ControlRequest
 from interlock.router.disagg import DisaggConfig
@@ -43,12 +43,14 @@ class Cluster:
     workers: dict[str, Worker] = field(default_factory=dict)
     agents: dict[str, TransferAgent] = field(default_factory=dict)
 
-    async def add_worker(self, wid: str, role: str, core: EngineCore, *, agent: bool = True) -> Worker:
+    async def add_worker(self, wid: str, role: str, core: EngineCore, *, agent: bool = True,
+                         transfer_timeout_s: float = 30.0) -> Worker:
         info = InstanceInfo(instance_id=wid, endpoint=subjects.GENERATE_ENDPOINT, model=MODEL, role=role,
                             block_size=core.block_size, kv_blocks_total=core.pool.num_blocks)
         ta = TransferAgent() if agent else None
         w = Worker(core, info, discovery=self.runtime.discovery, requests=self.runtime.requests,
-                   events=self.runtime.events, transfer=ta)
+                   events=self.runtime.events, transfer=ta,
+                   options=WorkerOptions(kv_transfer_timeout_s=transfer_timeout_s))
         await w.start()
         self.workers[wid] = w
         if ta is not None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from interlock.engine.runners.mock import reference_output
 from interlock.errors import NoWorkers
+from interlock.protocol import GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlRequest
 from interlock.router.disagg import DisaggConfig
-from tests.disagg.cluster import cluster, eventually, mock_engine, tokens
+from tests.disagg.cluster import MODEL, cluster, eventually, mock_engine, tokens
 from tests.engine.conftest import VOCAB
 
 
@@ -136,5 +138,39 @@ def test_decode_worker_measures_its_link_to_the_prefill_worker() -> None:
             await eventually(lambda: ("p", "d") in flow.links, timeout_s=10.0)
             link, _ = flow.links[("p", "d")]
             assert link.ok and link.bandwidth_bytes_per_s > 0 and link.rtt_s > 0
+
+    asyncio.run(main())
+
+
+def test_cancellations_at_every_stage_leave_no_block_and_no_payload() -> None:
+    """Clients that leave before the first token, right after it (the transfer in flight) or
+    mid-decode: both pools end intact and empty, and no staged payload or pull outlives its
+    short timeout."""
+
+    async def main() -> None:
+        async with cluster() as c:
+            await c.add_worker("p", "prefill", mock_engine(), transfer_timeout_s=1.0)
+            await c.add_worker("d", "decode", mock_engine(), transfer_timeout_s=1.0)
+            await c.wait_for(2)
+
+            async def one(i: int) -> None:
+                req = GenerateRequest(request_id=f"c{i}", token_ids=tuple(prompt(i, 10 + i % 50)),
+                                      model=MODEL, sampling=SamplingParams(max_tokens=6, ignore_eos=True))
+                stream = c.service.generate(req, object())
+                seen = 0
+                async with contextlib.aclosing(stream):
+                    async for out in stream:
+                        seen += len(out.token_ids)
+                        if seen >= i % 4:  # 0: before the first token is consumed, 1: at it, ...
+                            return
+
+            await asyncio.gather(*(one(i) for i in range(120)))
+            for wid in ("p", "d"):
+                for _ in range(100):
+                    st = await c.control(wid, ControlRequest(op="check_integrity"))
+                    if st.kv_blocks_used == 0 and st.live_transfers == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                assert st.ok and st.kv_blocks_used == 0 and st.live_transfers == 0, st
 
     asyncio.run(main())
