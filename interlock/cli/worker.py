@@ -16,6 +16,8 @@ import signal
 import uuid
 from dataclasses import dataclass
 
+import msgspec
+
 from interlock.cli.runner import run_command
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.env import get_env
@@ -174,6 +176,48 @@ async def _run(a: argparse.Namespace) -> int:
     return 0
 
 
+def build_control_parser() -> argparse.ArgumentParser:
+    from interlock.protocol.control import OPS
+
+    p = argparse.ArgumentParser(prog="interlock worker control",
+                                description="Send a control call to a running worker.")
+    p.add_argument("op", choices=OPS)
+    p.add_argument("--instance-id", required=True)
+    p.add_argument("--nats-url", default=get_env().nats_url, help="NATS server (required)")
+    p.add_argument("--role", default="", help="set_role: prefill, decode or both")
+    p.add_argument("--peer", default="", help="measure_link: the peer's transfer agent HOST:PORT")
+    p.add_argument("--grace", type=float, default=30.0, help="set_role: seconds to finish in-flight work")
+    p.add_argument("--log-level", default=get_env().log_level)
+    return p
+
+
+async def _control(a: argparse.Namespace) -> int:
+    """``interlock worker control set_role --role decode --instance-id w1``: one reply as JSON."""
+    import json
+
+    from interlock.protocol.control import ControlRequest
+    from interlock.router.disagg_flow import control_call
+    from interlock.runtime import connect_runtime
+
+    if not a.nats_url:
+        raise ConfigError("--nats-url is required (or set INTERLOCK_NATS_URL)")
+    runtime = await connect_runtime(a.nats_url)
+    try:
+        infos = {i.instance_id: i for i in await runtime.discovery.instances(subjects.GENERATE_ENDPOINT)}
+        info = infos.get(a.instance_id)
+        if info is None or "control_address" not in info.metadata:
+            raise ConfigError(f"no worker {a.instance_id!r} with a control endpoint (known: {sorted(infos)})")
+        req = ControlRequest(op=a.op, role=a.role, peer_address=a.peer, grace_s=a.grace)
+        reply = await control_call(runtime.requests, info.metadata["control_address"], req)
+    finally:
+        await runtime.close()
+    print(json.dumps(msgspec.to_builtins(reply)))
+    return 0 if reply.ok else 1
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["control"]:
+        c = build_control_parser().parse_args(argv[1:])
+        return run_command("interlock worker control", _control(c), log_level=c.log_level)
     a = build_parser().parse_args(argv)
     return run_command("interlock worker", _run(a), log_level=a.log_level)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
+import sys
 
 import pytest
 
@@ -96,5 +98,12 @@ def test_thousand_requests_cancellations_and_a_killed_prefill_worker() -> None:
                 for t, k in st.pulls_by_transport.items():
                     pulls[t] = pulls.get(t, 0) + k
             assert pulls.get("shm", 0) > N // 3, pulls
+            # The same call from the command line.
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "interlock.cli.main", "worker", "control", "check_integrity",
+                "--instance-id", "d0", "--nats-url", c.nats.url, stdout=asyncio.subprocess.PIPE)
+            out, _ = await asyncio.wait_for(proc.communicate(), 60)
+            reply = json.loads(out)
+            assert proc.returncode == 0 and reply["ok"] and reply["kv_blocks_used"] == 0, reply
 
     asyncio.run(main())
