@@ -96,8 +96,9 @@ class Coalescer:
     gets without waiting leave in one write (one HTTP chunk), and a lone chunk leaves as soon as
     the stream waits for its next output. Written straight to the transport, after aiohttp has
     sent the headers (the response's first write goes through aiohttp) and before its
-    ``write_eof`` (which ``flush`` precedes). There is no drain: what a slow client has not read
-    stays in the transport's buffer, bounded by the response's size (``max_tokens``)."""
+    ``write_eof``. There is no drain: what a slow client has not read
+    stays in the transport's buffer, bounded by the response's size (``max_tokens``). At the end
+    ``take`` hands what is pending to ``write_eof``, so it leaves with the end of the body."""
 
     __slots__ = ("_transport", "_parts", "_scheduled")
 
@@ -116,12 +117,15 @@ class Coalescer:
 
     def flush(self) -> None:
         self._scheduled = False
-        if not self._parts or self._transport.is_closing():
-            self._parts.clear()
-            return
+        data = self.take()
+        if data and not self._transport.is_closing():
+            self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def take(self) -> bytes:
+        """What is pending, now no longer pending."""
         data = b"".join(self._parts)
         self._parts.clear()
-        self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return data
 
 
 async def stream_sse(
@@ -139,9 +143,8 @@ async def stream_sse(
             delta = gen.assembler.push(out)
             if delta.finish_reason is not None:
                 tail = gen.formatter.usage_chunk(gen.assembler) if include_usage else b""
-                if coalescer is not None:
-                    coalescer.flush()
-                await resp.write_eof(gen.formatter.chunk(delta) + tail + DONE)
+                pending = coalescer.take() if coalescer is not None else b""
+                await resp.write_eof(pending + gen.formatter.chunk(delta) + tail + DONE)
                 gen.finish_metrics()
                 return resp
             if delta.text or delta.logprobs is not None:
@@ -157,14 +160,12 @@ async def stream_sse(
     except ConnectionResetError:
         pass  # the client went away; closing the stream aborts the request
     except InterlockError as exc:
-        if coalescer is not None:
-            coalescer.flush()
-        await resp.write_eof(sse(error_body(exc)) + DONE)
+        pending = coalescer.take() if coalescer is not None else b""
+        await resp.write_eof(pending + sse(error_body(exc)) + DONE)
     except Exception:  # the headers are out: a new response cannot be sent, so report in-band
         log.exception("unexpected error while streaming %s", gen.ctx.request_id)
-        if coalescer is not None:
-            coalescer.flush()
-        await resp.write_eof(sse(error_body(ServiceError("internal server error"))) + DONE)
+        pending = coalescer.take() if coalescer is not None else b""
+        await resp.write_eof(pending + sse(error_body(ServiceError("internal server error"))) + DONE)
     return resp
 
 
