@@ -11,7 +11,7 @@ Injected faults, by the request's 1-based arrival number ``k``: ``fail_every=((n
 answers status ``status`` when ``n`` divides ``k`` (first match wins); ``stream_error_every``
 sends an error event mid-stream; ``drop_every`` closes the connection mid-stream.
 
-Tests and the cross-check use it; run it alone with ``python -m interlock.bench.fake_server``.
+Tests and the cross-check use it; run it alone with ``interlock bench fake-server --port 8000``.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ async def _sleep_until(t: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m interlock.bench.fake_server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="interlock bench fake-server", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--model", default="fake-model")

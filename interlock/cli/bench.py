@@ -1,4 +1,5 @@
-"""``interlock bench``: load-test an OpenAI-compatible endpoint; ``interlock bench compare`` runs.
+"""``interlock bench``: load-test an OpenAI-compatible endpoint; ``interlock bench compare`` runs;
+``interlock bench fake-server`` starts the fake server with injected delays.
 
 Load modes (exactly one): ``--concurrency N`` (closed loop), ``--rate R`` (open loop, Poisson or
 constant arrivals) or ``--trace FILE`` (Mooncake trace replay). A comma list (``--rate 1,2,4``)
@@ -203,6 +204,10 @@ def main(argv: list[str]) -> int:
     try:
         if argv and argv[0] == "compare":
             return _compare(argv[1:])
+        if argv and argv[0] == "fake-server":
+            from interlock.bench import fake_server
+
+            return fake_server.main(argv[1:])
         args = run_parser().parse_args(argv)
         return _event_loop_run(_run_all(args, argv))
     except ConfigError as exc:
