@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from interlock.errors import NoWorkers, ServiceUnavailable, TransportError
+from interlock.errors import NoWorkers, ServiceError, ServiceUnavailable, TransportError
 from interlock.protocol import GenerateOutput, GenerateRequest, InstanceInfo, KVTransferParams
 from interlock.protocol.control import ControlReply, ControlRequest
 from interlock.router.admission import Pending, RequestMeta
@@ -183,10 +183,11 @@ class DisaggFlow:
             async for out in self.svc._stream(router, p, _encode(req)):
                 if out.finished:
                     final = out
-        except TransportError as exc:
+        except ServiceError as exc:  # gone, draining, engine fault: not the request's fault
             log.warning("prefill worker %s failed (%s): prefilling %s locally",
                         p.worker_id, exc.message, request.request_id)
-            router.set_health(p.worker_id, False)
+            if isinstance(exc, TransportError):
+                router.set_health(p.worker_id, False)
         finally:
             self.svc._finish(router, p.request_id)
         return final
