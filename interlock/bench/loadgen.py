@@ -161,6 +161,9 @@ class _Run:
                 await asyncio.sleep(delay)
             if cap is not None:
                 await cap.acquire()
+                if time.perf_counter() >= self.deadline:  # waited for a slot past the end
+                    cap.release()
+                    break
             self._spawn(self._capped(cap, self._one(index, offsets[index], body, prompt)))
 
     @staticmethod

@@ -13,6 +13,7 @@ readers; tools that load a file recompute it from ``requests``, the single sourc
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,15 @@ def _record_json(r: RequestRecord) -> dict[str, Any]:
     return d
 
 
+def _finite(value: Any) -> Any:
+    """NaN (an empty distribution) becomes null: the file stays strict JSON for other tools."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
 def save(path: str | Path, meta: dict[str, Any], runs: list[RunResult], targets: Targets) -> None:
     doc = {
         "format": FORMAT,
@@ -53,14 +63,14 @@ def save(path: str | Path, meta: dict[str, Any], runs: list[RunResult], targets:
                 "load": run.load,
                 "started_at": run.started_at,
                 "duration_s": run.duration_s,
-                "summary": summarize(run.records, run.duration_s, targets).to_json(),
+                "summary": _finite(summarize(run.records, run.duration_s, targets).to_json()),
                 "requests": [_record_json(r) for r in run.records],
             }
             for run in runs
         ],
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, allow_nan=True))
+    Path(path).write_text(json.dumps(doc, allow_nan=False))
 
 
 def load(path: str | Path) -> BenchFile:

@@ -67,3 +67,14 @@ def test_request_count_bound() -> None:
 
     run = with_server(FakeTiming(ttft_s=0.0, itl_s=0.0), body)
     assert len(run.records) == 7 and all(r.ok for r in run.records)
+
+
+def test_capped_open_loop_never_exceeds_the_cap() -> None:
+    async def body(server: FakeOpenAIServer) -> RunResult:
+        plan = rate_plan(SPEC, WordVocab(), 1000.0, 12, "constant", max_concurrency=2)
+        return await run_load(Endpoint(server.url, "fake-model"), plan, Bounds(12, 30.0))
+
+    run = with_server(FakeTiming(ttft_s=0.02, itl_s=0.002), body)
+    assert len(run.records) == 12 and all(r.ok for r in run.records)
+    spans = [(r.start_s, r.start_s + (r.e2e_s or 0.0)) for r in run.records]
+    assert max(sum(s <= t < e for s, e in spans) for t, _ in spans) <= 2

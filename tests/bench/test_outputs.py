@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib.image
+import pytest
 
 from interlock.bench.loadgen import RunResult
 from interlock.bench.plots import PlotRun, report_png
@@ -35,3 +37,10 @@ def test_sweep_report_png(tmp_path: Path) -> None:
     ]
     report_png(tmp_path / "sweep.png", runs, "interlock bench: http://x (m), 2026-01-01")
     _png_ok(tmp_path / "sweep.png")
+
+
+def test_results_file_is_strict_json_with_failed_runs(tmp_path: Path) -> None:
+    failed = [r for r in RECORDS if not r.ok]
+    save(tmp_path / "f.json", {}, [RunResult("x", {}, "", 1.0, failed)], Targets())
+    doc = json.loads((tmp_path / "f.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+    assert doc["runs"][0]["summary"]["ttft_ms"]["p50"] is None
