@@ -79,6 +79,9 @@ class DisaggFlow:
         self.choices: dict[str, int] = {}
         self.fallbacks: dict[str, int] = {}
         """Remote prefills that ended local anyway, by cause."""
+        self.pending: dict[str, int] = {}
+        """Worker id -> prompt tokens this router sent there whose prefill has not ended: load
+        reports lag by a step (seconds on a CPU), so a burst would otherwise all look idle."""
 
     # ---- which path ----
     def active(self, router: Router, request: GenerateRequest) -> bool:
@@ -142,14 +145,31 @@ class DisaggFlow:
             link=link[0] if link is not None else None, config=self.config,
         )
 
+    def _hold(self, worker_id: str, tokens: int) -> int:
+        tokens = max(tokens, 1)
+        self.pending[worker_id] = self.pending.get(worker_id, 0) + tokens
+        return tokens
+
+    def _release(self, worker_id: str, tokens: int) -> int:
+        """Returns 0 (what is still held), so ``held = self._release(...)`` is idempotent."""
+        if tokens:
+            left = self.pending.get(worker_id, 0) - tokens
+            if left > 0:
+                self.pending[worker_id] = left
+            else:
+                self.pending.pop(worker_id, None)
+        return 0
+
     def _estimate(self, d: Decision) -> WorkerEstimate:
         r = self.svc._reports.get(d.worker_id)
         info = self.svc._instances.get(d.worker_id)
+        pending = self.pending.get(d.worker_id, 0)
         if r is None:
             total = info.kv_blocks_total if info is not None else 0
-            return WorkerEstimate(d.worker_id, cached_tokens=d.cached_tokens, free_blocks=total)
+            return WorkerEstimate(d.worker_id, queued_prefill_tokens=pending, cached_tokens=d.cached_tokens,
+                                  free_blocks=total)
         return WorkerEstimate(
-            d.worker_id, queued_prefill_tokens=r.queued_prefill_tokens,
+            d.worker_id, queued_prefill_tokens=max(r.queued_prefill_tokens, pending),
             prefill_tokens_per_s=r.prefill_tokens_per_s, cached_tokens=d.cached_tokens,
             free_blocks=r.kv_blocks_total - r.kv_blocks_used, num_running=r.num_running,
             decode_step_s=r.decode_step_s,
@@ -179,6 +199,7 @@ class DisaggFlow:
         """The prefill leg's final output, or None when the prefill worker failed."""
         req = msgspec.structs.replace(request, kv_transfer=KVTransferParams(do_remote_decode=True))
         final: GenerateOutput | None = None
+        uncached = self._hold(p.worker_id, len(request.token_ids) - p.cached_tokens)
         try:
             async for out in self.svc._stream(router, p, _encode(req)):
                 if out.finished:
@@ -189,6 +210,7 @@ class DisaggFlow:
             if isinstance(exc, TransportError):
                 router.set_health(p.worker_id, False)
         finally:
+            self._release(p.worker_id, uncached)
             self.svc._finish(router, p.request_id)
         return final
 
@@ -198,10 +220,13 @@ class DisaggFlow:
         payload = _encode(request)
         for attempt in range(self.svc._options.max_attempts):
             started = False
+            held = 0 if skip_first else self._hold(d.worker_id, len(request.token_ids) - d.cached_tokens)
             try:
                 async for out in self.svc._stream(router, d, payload):
                     if skip_first and not started and out.token_ids:
                         out = _drop_first_token(out)
+                    if not started:
+                        held = self._release(d.worker_id, held)
                     started = True
                     yield out
                 return
@@ -211,6 +236,8 @@ class DisaggFlow:
                 log.warning("decode worker %s failed before output (%s): routing %s again",
                             d.worker_id, exc.message, request.request_id)
                 router.set_health(d.worker_id, False)
+            finally:
+                self._release(d.worker_id, held)
             self.svc._finish(router, request.request_id)
             meta = RequestMeta(request_id=request.request_id, prompt_tokens=len(request.token_ids),
                                max_tokens=request.sampling.max_tokens, role="decode")

@@ -165,6 +165,7 @@ def test_cancellations_at_every_stage_leave_no_block_and_no_payload() -> None:
                             return
 
             await asyncio.gather(*(one(i) for i in range(120)))
+            assert c.service.disagg is not None and c.service.disagg.pending == {}
             for wid in ("p", "d"):
                 for _ in range(100):
                     st = await c.control(wid, ControlRequest(op="check_integrity"))
