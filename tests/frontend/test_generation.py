@@ -1,0 +1,68 @@
+"""The SSE write coalescer: one HTTP chunk per event-loop turn, nothing written after the end."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from interlock.frontend.generation import Coalescer
+
+
+class RecordingTransport:
+    """The two transport calls the coalescer makes, recorded."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closing = False
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+
+def test_chunks_of_one_turn_leave_in_one_http_chunk() -> None:
+    async def scenario() -> list[bytes]:
+        t = RecordingTransport()
+        c = Coalescer(t)  # type: ignore[arg-type]
+        c.add(b"data: a\n\n")
+        c.add(b"data: bc\n\n")
+        assert t.writes == []  # nothing before the turn ends
+        await asyncio.sleep(0)
+        c.add(b"data: d\n\n")
+        await asyncio.sleep(0)
+        return t.writes
+
+    assert asyncio.run(scenario()) == [
+        b"13\r\ndata: a\n\ndata: bc\n\n\r\n",
+        b"9\r\ndata: d\n\n\r\n",
+    ]
+
+
+def test_take_hands_over_what_is_pending_and_the_flush_then_writes_nothing() -> None:
+    async def scenario() -> tuple[bytes, list[bytes]]:
+        t = RecordingTransport()
+        c = Coalescer(t)  # type: ignore[arg-type]
+        c.add(b"x")
+        c.add(b"y")
+        taken = c.take()
+        await asyncio.sleep(0)
+        return taken, t.writes
+
+    assert asyncio.run(scenario()) == (b"xy", [])
+
+
+def test_a_closed_connection_stops_the_stream() -> None:
+    async def scenario() -> None:
+        t = RecordingTransport()
+        c = Coalescer(t)  # type: ignore[arg-type]
+        c.add(b"x")
+        t.closing = True
+        await asyncio.sleep(0)  # the pending chunk is dropped, not written to a closing socket
+        assert t.writes == []
+        with pytest.raises(ConnectionResetError):
+            c.add(b"y")
+
+    asyncio.run(scenario())
