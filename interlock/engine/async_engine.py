@@ -54,7 +54,7 @@ class NullKVEventSink:
         pass
 
 
-_Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[GenerateOutput]"]
+_Stream = tuple[asyncio.AbstractEventLoop, "_Outputs"]
 
 
 class AsyncEngine:
@@ -108,7 +108,7 @@ class AsyncEngine:
         """
         self.start()
         rid = req.request_id
-        q: asyncio.Queue[GenerateOutput] = asyncio.Queue()
+        q = _Outputs()
         with self._cv:
             refused: Exception | None = None
             if self._stopping:
@@ -231,7 +231,7 @@ class AsyncEngine:
     def _publish(self, result: StepResult) -> None:
         self._load = result.load
         # One wake-up per client loop per step, not one per output.
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[GenerateOutput], GenerateOutput]]] = {}
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Outputs, GenerateOutput]]] = {}
         with self._cv:
             for out in result.outputs:
                 stream = self._streams.get(out.request_id)
@@ -254,7 +254,7 @@ class AsyncEngine:
 
     def _on_step(
         self,
-        items: list[tuple[asyncio.Queue[GenerateOutput], GenerateOutput]] | None,
+        items: list[tuple[_Outputs, GenerateOutput]] | None,
         kv_events: list[KVEvent],
         load: LoadReport,
     ) -> None:
@@ -284,6 +284,35 @@ class AsyncEngine:
             _deliver(loop, q, GenerateOutput(request_id=rid, finish_reason="error", error=err))
 
 
+class _Outputs:
+    """One stream's outputs on its client's loop: a deque and at most one waiting future.
+
+    Lighter than ``asyncio.Queue`` (the same idea as ``runtime.channel``), and the reader takes
+    every output that arrived in one loop turn without suspending in between."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[GenerateOutput] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, out: GenerateOutput) -> None:
+        self._items.append(out)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> GenerateOutput:
+        items = self._items
+        while not items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return items.popleft()
+
+
 def _precise_sleeps() -> None:
     """Give the engine thread a 1 µs timer slack (Linux; the default is 50 µs).
 
@@ -298,13 +327,13 @@ def _precise_sleeps() -> None:
         pass
 
 
-def _deliver(loop: asyncio.AbstractEventLoop, q: asyncio.Queue[GenerateOutput], out: GenerateOutput) -> None:
+def _deliver(loop: asyncio.AbstractEventLoop, q: _Outputs, out: GenerateOutput) -> None:
     try:
         loop.call_soon_threadsafe(q.put_nowait, out)
     except RuntimeError:  # the client's loop is closed
         pass
 
 
-def _put_all(items: list[tuple[asyncio.Queue[GenerateOutput], GenerateOutput]]) -> None:
+def _put_all(items: list[tuple[_Outputs, GenerateOutput]]) -> None:
     for q, out in items:
         q.put_nowait(out)
