@@ -17,6 +17,7 @@ from interlock.errors import InterlockError
 from interlock.protocol import GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlRequest
 from interlock.router.disagg import DisaggConfig
+from interlock.transfer.staging import list_segments, sweep_orphans
 from tests.disagg.procs import ProcCluster, proc_cluster
 
 pytestmark = pytest.mark.slow
@@ -67,6 +68,7 @@ def test_thousand_requests_cancellations_and_a_killed_prefill_worker() -> None:
             rng = random.Random(6)
             sem = asyncio.Semaphore(CONCURRENCY)
             done = 0
+            killed: list[int] = []
 
             async def run(i: int) -> str:
                 nonlocal done
@@ -74,6 +76,7 @@ def test_thousand_requests_cancellations_and_a_killed_prefill_worker() -> None:
                     r = await one(c, i, rng, model)
                     done += 1
                     if done == N // 3:
+                        killed.append(c.procs["p1"].pid)
                         c.kill("p1")
                     if done == 2 * N // 3:
                         c.kill("d1")  # a decode worker too: its streams end with a clean error
@@ -105,5 +108,8 @@ def test_thousand_requests_cancellations_and_a_killed_prefill_worker() -> None:
             out, _ = await asyncio.wait_for(proc.communicate(), 60)
             reply = json.loads(out)
             assert proc.returncode == 0 and reply["ok"] and reply["kv_blocks_used"] == 0, reply
+            # The killed prefill worker's staged payloads: any agent's sweep unlinks them.
+            sweep_orphans()
+            assert not list_segments(killed[0])
 
     asyncio.run(main())
