@@ -138,7 +138,7 @@ def _coerce(typ: Any, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: expected {base}, got a boolean")
     if not isinstance(value, want):
         raise ConfigError(f"{where}: expected {base}, got {type(value).__name__} {value!r}")
-    return float(value) if base == "float" else value
+    return float(value) if base == "float" else value  # type: ignore[arg-type]  # checked above
 
 
 def validate_deployment(d: Deployment) -> None:

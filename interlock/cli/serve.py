@@ -233,7 +233,8 @@ async def _wait_ready(service, count: int, children: list[Child], stop: asyncio.
             return True
         dead = [c for c in children if not c.alive]
         if dead:
-            print(f"interlock serve: {dead[0].name} exited with code {dead[0].process.returncode} "
+            code = dead[0].process.returncode if dead[0].process else None
+            print(f"interlock serve: {dead[0].name} exited with code {code} "
                   "before it was ready (see its log above)", file=sys.stderr, flush=True)
             return False
         if stop.is_set() or loop.time() > deadline:
