@@ -26,8 +26,11 @@ from typing import Protocol, TypeVar
 from interlock.engine.core import EngineCore, StepResult, error_info
 from interlock.errors import EngineError, InvalidRequest, ServiceUnavailable
 from interlock.protocol import GenerateOutput, GenerateRequest, KVEvent, LoadReport
+from interlock.runtime.channel import Channel
 
 log = logging.getLogger(__name__)
+_Outputs = Channel[GenerateOutput]
+"""One stream's outputs on its client's loop (the reader takes a whole turn's arrivals at once)."""
 T = TypeVar("T")
 
 _IDLE_WAIT_S = 0.005
@@ -54,7 +57,7 @@ class NullKVEventSink:
         pass
 
 
-_Stream = tuple[asyncio.AbstractEventLoop, "_Outputs"]
+_Stream = tuple[asyncio.AbstractEventLoop, _Outputs]
 
 
 class AsyncEngine:
@@ -284,35 +287,6 @@ class AsyncEngine:
             _deliver(loop, q, GenerateOutput(request_id=rid, finish_reason="error", error=err))
 
 
-class _Outputs:
-    """One stream's outputs on its client's loop: a deque and at most one waiting future.
-
-    Lighter than ``asyncio.Queue`` (the same idea as ``runtime.channel``), and the reader takes
-    every output that arrived in one loop turn without suspending in between."""
-
-    __slots__ = ("_items", "_waiter")
-
-    def __init__(self) -> None:
-        self._items: deque[GenerateOutput] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-
-    def put_nowait(self, out: GenerateOutput) -> None:
-        self._items.append(out)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def get(self) -> GenerateOutput:
-        items = self._items
-        while not items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return items.popleft()
-
-
 def _precise_sleeps() -> None:
     """Give the engine thread a 1 µs timer slack (Linux; the default is 50 µs).
 
@@ -329,11 +303,11 @@ def _precise_sleeps() -> None:
 
 def _deliver(loop: asyncio.AbstractEventLoop, q: _Outputs, out: GenerateOutput) -> None:
     try:
-        loop.call_soon_threadsafe(q.put_nowait, out)
+        loop.call_soon_threadsafe(q.put, out)
     except RuntimeError:  # the client's loop is closed
         pass
 
 
 def _put_all(items: list[tuple[_Outputs, GenerateOutput]]) -> None:
     for q, out in items:
-        q.put_nowait(out)
+        q.put(out)

@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator
 
 from interlock.errors import TransportError
 from interlock.protocol import InstanceInfo
-from interlock.runtime.channel import Channel
+from interlock.runtime.channel import Channel, Item
 from interlock.runtime.config import RuntimeConfig
 from interlock.runtime.interfaces import DiscoveryEvent, Handler, RequestContext
 from interlock.runtime.leases import LeaseTable
@@ -83,7 +83,7 @@ class InProcRequestPlane:
     def __init__(self, registry: InProcRegistry) -> None:
         self._registry = registry
         self._keys: set[str] = set()
-        self._calls: dict[asyncio.Task[None], Channel] = {}
+        self._calls: dict[asyncio.Task[None], Channel[Item]] = {}
 
     async def serve(
         self, endpoint: EndpointName | str, handler: Handler, *, instance_id: str | None = None
@@ -137,8 +137,8 @@ class InProcRequestPlane:
 
     def _start(
         self, handler: Handler, payload: bytes, ctx: RequestContext
-    ) -> tuple[Channel, asyncio.Task[None]]:
-        channel = Channel()
+    ) -> tuple[Channel[Item], asyncio.Task[None]]:
+        channel = Channel[Item]()
 
         async def send(chunk: bytes) -> None:
             channel.put(chunk)

@@ -25,7 +25,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
 from interlock.errors import TransportError
-from interlock.runtime.channel import Channel
+from interlock.runtime.channel import Channel, Item
 from interlock.runtime.config import RuntimeConfig
 from interlock.runtime.interfaces import Handler, RequestContext
 from interlock.runtime.naming import SUBJECT_PREFIX, EndpointName
@@ -38,7 +38,7 @@ _RETRY_DELAYS = (0.0, 0.01, 0.05)
 
 @dataclass(slots=True)
 class _Call:
-    channel: Channel = field(default_factory=Channel)
+    channel: Channel[Item] = field(default_factory=Channel)
     last_heard: float = 0.0
 
 

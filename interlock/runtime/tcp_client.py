@@ -12,7 +12,7 @@ import asyncio
 import itertools
 
 from interlock.errors import TransportError
-from interlock.runtime.channel import Channel
+from interlock.runtime.channel import Channel, Item
 from interlock.runtime.frames import Cancel, Data, End, Fail, Frame, FramedProtocol, Open, Ping, Pong
 from interlock.runtime.remote import remote_error
 
@@ -24,7 +24,7 @@ class ClientConnection(FramedProtocol):
         self.closed = False
         self._keepalive_interval = keepalive_interval
         self._peer_timeout = peer_timeout
-        self._calls: dict[int, Channel] = {}
+        self._calls: dict[int, Channel[Item]] = {}
         self._pings: dict[int, asyncio.Future[bool]] = {}
         self._ids = itertools.count(1)
         self._loop = asyncio.get_running_loop()
@@ -35,13 +35,13 @@ class ClientConnection(FramedProtocol):
         super().connection_made(transport)
         self._keepalive = asyncio.create_task(self._watch_peer())
 
-    def open(self, key: str, payload: bytes) -> tuple[int, Channel]:
+    def open(self, key: str, payload: bytes) -> tuple[int, Channel[Item]]:
         if self.closed:
             raise TransportError(f"connection to {self.peer} is closed")
         if not self._calls and not self._pings:
             self._last_heard = self._loop.time()  # silence while idle is not a fault
         sid = next(self._ids)
-        channel = self._calls[sid] = Channel()
+        channel = self._calls[sid] = Channel[Item]()
         self.send(Open(sid, key, payload))
         return sid, channel
 
