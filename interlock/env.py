@@ -18,6 +18,9 @@ class Env:
     """INTERLOCK_NUM_THREADS: torch intra-op threads; 0 means all cores."""
     nats_url: str | None
     """INTERLOCK_NATS_URL: default NATS server for workers and frontends."""
+    omp_wait_policy: str
+    """OMP_WAIT_POLICY handed to worker processes, default PASSIVE: spinning OpenMP threads
+    starve the other workers sharing the cores (10-20x slower on a busy 2-core machine)."""
 
 
 @cache
@@ -28,4 +31,5 @@ def get_env() -> Env:
         log_level=os.environ.get("INTERLOCK_LOG_LEVEL", "INFO").upper(),
         num_threads=int(os.environ.get("INTERLOCK_NUM_THREADS", "0") or 0),
         nats_url=os.environ.get("INTERLOCK_NATS_URL") or None,
+        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY") or "PASSIVE",
     )

@@ -180,7 +180,7 @@ async def _serve(a: argparse.Namespace) -> int:
                 child = Child(f"worker-{i}", worker_argv(spec, url, cp, a.drain_grace),
                               env={"PYTHONUNBUFFERED": "1",
                                    # spinning OpenMP threads starve co-located workers
-                                   "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")})
+                                   "OMP_WAIT_POLICY": get_env().omp_wait_policy})
                 await child.start()
                 children.append(child)
         fe_cfg = FrontendConfig(route_key_header=d.routing.route_key or FrontendConfig().route_key_header)
