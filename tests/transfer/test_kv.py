@@ -29,9 +29,10 @@ def test_blocks_move_between_runners(agent, other, transport):
 
 def test_failed_export_aborts_the_source(agent):
     runner = MockRunner(num_blocks=4, timing=None)
+    before = agent.num_live_sources()  # the agent is shared: earlier tests' sources may still live
     with pytest.raises(IndexError):
         stage_blocks(agent, runner, [7])
-    assert agent.num_live_sources() == 0
+    assert agent.num_live_sources() <= before
 
 
 def test_nothing_is_imported_while_pending(agent):
