@@ -349,6 +349,10 @@ class RouterService:
                 self._dispatch(router)
         log.info("worker %s left", instance_id)
 
+    def _router_of(self, instance_id: str) -> Router | None:
+        info = self._instances.get(instance_id)
+        return self.routers.get(info.model) if info else None
+
     async def _health_checks(self, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
@@ -371,8 +375,7 @@ class RouterService:
                 batch = _decode_batch(payload)
             except msgspec.DecodeError:
                 continue
-            info = self._instances.get(batch.instance_id)
-            router = self.routers.get(info.model) if info else None
+            router = self._router_of(batch.instance_id)
             if router is None:
                 continue
             if router.apply_events(batch) is ApplyResult.GAP:
@@ -384,11 +387,11 @@ class RouterService:
                 report = _decode_load(payload)
             except msgspec.DecodeError:
                 continue
-            info = self._instances.get(report.instance_id)
-            router = self.routers.get(info.model) if info else None
+            router = self._router_of(report.instance_id)
             if router is None:
                 continue
-            router.set_health(report.instance_id, True)
+            if not self._options.health_check_s:  # else the pings alone decide health
+                router.set_health(report.instance_id, True)
             router.apply_load(report)
             self._reports[report.instance_id] = report
             self._dispatch(router)
@@ -405,7 +408,6 @@ class RouterService:
             for ev in decoded if isinstance(decoded, list) else (decoded,):
                 if ev.router_id == self.router_id:
                     continue
-                info = self._instances.get(ev.instance_id)
-                router = self.routers.get(info.model) if info else None
+                router = self._router_of(ev.instance_id)
                 if router is not None:
                     router.apply_remote_load(ev)
