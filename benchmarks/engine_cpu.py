@@ -171,14 +171,23 @@ def child(engine: str, plan_file: str, folder: str, threads: int) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+OMP_SETTINGS = {
+    "default": {},
+    # On a machine shared with other busy processes, OpenMP spin-waiting made two torch
+    # threads 10-20x slower than one; passive waiting removes most of that.
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+    # What Interlock's worker processes get (interlock.env: gomp_spincount).
+    "spin": {"GOMP_SPINCOUNT": "10000"},
+}
+
+
 def run_child(
-    engine: str, plan_file: str, folder: str, threads: int, timeout: float, omp_passive: bool
+    engine: str, plan_file: str, folder: str, threads: int, timeout: float, omp: str
 ) -> dict[str, float] | str:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
-    if omp_passive:
-        # On a machine shared with other busy processes, OpenMP spin-waiting made two torch
-        # threads 10-20x slower than one; passive waiting removes most of that.
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        env.pop(name, None)
+    env.update(OMP_SETTINGS[omp])
     python = sys.executable
     if engine == "vllm":
         python = str(VLLM_VENV / "bin" / "python")
@@ -279,8 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="per engine, seconds")
     parser.add_argument("--setup-vllm", action="store_true", help=f"create {VLLM_VENV} and exit")
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
-    parser.add_argument("--omp-passive", action="store_true",
-                        help="OMP_WAIT_POLICY=PASSIVE for every engine (use on a busy shared machine)")
+    parser.add_argument("--omp", choices=sorted(OMP_SETTINGS), default="default",
+                        help="OpenMP waiting for every engine: as shipped (default), passive (use on "
+                        "a busy shared machine), or spin (GOMP_SPINCOUNT=10000, as Interlock's workers)")
+    parser.add_argument("--omp-passive", action="store_const", dest="omp", const="passive",
+                        help="same as --omp passive")
     opts = parser.parse_args(args)
     if opts.setup_vllm:
         setup_vllm()
@@ -292,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(make_plan(opts.quick), fh)
     results = {
-        e: run_child(e, fh.name, folder, opts.threads, opts.timeout, opts.omp_passive)
+        e: run_child(e, fh.name, folder, opts.threads, opts.timeout, opts.omp)
         for e in opts.engines.split(",")
     }
     os.unlink(fh.name)

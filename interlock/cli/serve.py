@@ -177,10 +177,7 @@ async def _serve(a: argparse.Namespace) -> int:
         else:
             assert url is not None
             for i, (spec, _node) in enumerate(specs):
-                child = Child(f"worker-{i}", worker_argv(spec, url, cp, a.drain_grace),
-                              env={"PYTHONUNBUFFERED": "1",
-                                   # spinning OpenMP threads starve co-located workers
-                                   "OMP_WAIT_POLICY": get_env().omp_wait_policy})
+                child = Child(f"worker-{i}", worker_argv(spec, url, cp, a.drain_grace), env=_worker_env())
                 await child.start()
                 children.append(child)
         fe_cfg = FrontendConfig(route_key_header=d.routing.route_key or FrontendConfig().route_key_header)
@@ -264,3 +261,12 @@ async def _until_stopped(stop: asyncio.Event, children: list[Child]) -> None:
 def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
     return run_command("interlock serve", _serve(a), log_level=a.log_level)
+
+
+def _worker_env() -> dict[str, str]:
+    # Short OpenMP spinning: fast between a step's kernels, asleep between steps, so workers
+    # sharing cores do not starve each other (see Env.gomp_spincount).
+    env = {"PYTHONUNBUFFERED": "1", "GOMP_SPINCOUNT": get_env().gomp_spincount}
+    if get_env().omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = get_env().omp_wait_policy
+    return env

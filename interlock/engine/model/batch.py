@@ -47,6 +47,7 @@ def build_input(chunks: Sequence[SequenceChunk], block_size: int, device: torch.
             slots.append(table[pos // block_size] * block_size + pos % block_size)
         ids.extend(chunk.token_ids)
         last_rows[i] = len(ids) - 1
+    seq_info, block_tables = _sequence_tables([chunks[i] for i in order], block_size, device)
     decode = [chunks[i] for i in order[:num_decode]]
     decode_table, decode_bias = _decode_tables(decode, block_size, device)
     meta = AttentionMetadata(
@@ -55,12 +56,33 @@ def build_input(chunks: Sequence[SequenceChunk], block_size: int, device: torch.
         decode_block_table=decode_table,
         decode_bias=decode_bias,
         prefills=_prefill_spans([chunks[i] for i in order[num_decode:]], num_decode, block_size, device),
+        seq_info=seq_info,
+        block_tables=block_tables,
     )
     return ModelInput(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         meta=meta,
         last_rows=last_rows,
+    )
+
+
+def _sequence_tables(
+    ordered: Sequence[SequenceChunk], block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    info: list[list[int]] = []
+    tables: list[list[int]] = []
+    row = 0
+    for chunk in ordered:
+        n = len(chunk.token_ids)
+        info.append([row, n, chunk.start_pos])
+        tables.append(list(chunk.block_table[: (chunk.start_pos + n + block_size - 1) // block_size]))
+        row += n
+    width = max((len(t) for t in tables), default=0)
+    padded = [t + [0] * (width - len(t)) for t in tables]
+    return (
+        torch.tensor(info, dtype=torch.long, device=device).view(len(info), 3),
+        torch.tensor(padded, dtype=torch.long, device=device).view(len(padded), width),
     )
 
 

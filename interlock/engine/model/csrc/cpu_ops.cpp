@@ -1,0 +1,481 @@
+// Fused bf16 kernels for the CPU forward pass (AVX-512 with the BF16 extension).
+//
+// Why: on two cores the forward pass of a 135M model is dominated, after the linear layers,
+// by many small element-wise kernels and by attention written as gather + matmul + softmax
+// + matmul, each reading and writing the whole tensor again. These kernels do each of those
+// in one pass:
+//
+// * rms_norm / add_rms_norm: the residual add and Hugging Face's RMSNorm recipe (fp32
+//   statistics, round to bf16, then scale by the bf16 weight) in one read of the row;
+// * rope_write_kv: rotary embedding of q and k in place, and the store of k and v into
+//   their cache slots;
+// * silu_mul: SwiGLU's silu(gate) * up;
+// * paged_attention: one kernel for decode, prefill, chunked prefill and prefix hits. Each
+//   query token attends to its sequence's keys in the paged cache up to its own position,
+//   block by block with an online softmax (flash-attention style), so no gathered copy of
+//   the KV and no score matrix is ever written to memory. Work items are (sequence, kv head,
+//   tile of up to 16 query tokens); the query heads sharing a kv head form the rows of a
+//   tile, so K and V are read once per tile. Dot products use AVX-512 BF16
+//   (vdpbf16ps, fp32 accumulation): K is re-laid out per 16-key chunk into dword pairs
+//   (two consecutive head dims) so one instruction yields 16 scores, and V into token
+//   pairs so one instruction adds two tokens' weighted values into 16 head dims.
+//   Scores, softmax and the running output are fp32; probabilities are rounded to bf16
+//   for the value product (as Hugging Face's eager attention does).
+//
+// Registered as torch.ops.interlock.*; the Python side checks shapes and dtypes before
+// calling, these kernels assume them.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using bf16 = uint16_t;
+
+inline __m512 load_bf16(const bf16* p) {
+  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline void store_bf16(bf16* p, __m512 v) {
+  __m256bh packed = _mm512_cvtneps_pbh(v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)packed);
+}
+
+inline float bf16_to_float(bf16 v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+// Round to nearest even, as torch does (inputs here are finite).
+inline bf16 float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<bf16>(bits >> 16);
+}
+
+inline __m512 round_bf16(__m512 v) {
+  __m256bh packed = _mm512_cvtneps_pbh(v);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)packed), 16));
+}
+
+// exp for x <= 0 (and -inf), relative error ~1e-7.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Rows per thread so that each gets at least ~64k elements: below that, waking the other
+// OpenMP thread (asleep under OMP_WAIT_POLICY=PASSIVE) costs more than the work.
+inline int64_t grain(int64_t row_elements) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, row_elements)); }
+
+const bf16* cptr(const at::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); }
+bf16* mptr(const at::Tensor& t) { return reinterpret_cast<bf16*>(t.data_ptr()); }
+
+// ---------------------------------------------------------------- RMSNorm
+
+// out = w * bf16(x * rsqrt(mean(x^2) + eps)), x already rounded to bf16 values.
+inline void norm_row(const float* x, const bf16* w, bf16* out, int64_t d, float eps) {
+  __m512 sq = _mm512_setzero_ps();
+  for (int64_t i = 0; i < d; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    sq = _mm512_fmadd_ps(v, v, sq);
+  }
+  float inv = 1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(d) + eps);
+  __m512 vinv = _mm512_set1_ps(inv);
+  for (int64_t i = 0; i < d; i += 16) {
+    __m512 y = round_bf16(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv));
+    store_bf16(out + i, _mm512_mul_ps(y, load_bf16(w + i)));
+  }
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  const int64_t n = x.size(0), d = x.size(1);
+  at::Tensor out = at::empty({n, d}, x.options());
+  const bf16* px = cptr(x);
+  const bf16* pw = cptr(w);
+  bf16* po = mptr(out);
+  at::parallel_for(0, n, grain(d), [&](int64_t begin, int64_t end) {
+    std::vector<float> row(d);
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t i = 0; i < d; i += 16) _mm512_storeu_ps(row.data() + i, load_bf16(px + r * d + i));
+      norm_row(row.data(), pw, po + r * d, d, static_cast<float>(eps));
+    }
+  });
+  return out;
+}
+
+// h = bf16(h + delta) in place; returns the norm of the new h.
+at::Tensor add_rms_norm(at::Tensor h, const at::Tensor& delta, const at::Tensor& w, double eps) {
+  const int64_t n = h.size(0), d = h.size(1);
+  at::Tensor out = at::empty({n, d}, h.options());
+  bf16* ph = mptr(h);
+  const bf16* pd = cptr(delta);
+  const bf16* pw = cptr(w);
+  bf16* po = mptr(out);
+  at::parallel_for(0, n, grain(d), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      bf16* hr = ph + r * d;
+      __m512 sq = _mm512_setzero_ps();
+      for (int64_t i = 0; i < d; i += 16) {
+        __m512 s = round_bf16(_mm512_add_ps(load_bf16(hr + i), load_bf16(pd + r * d + i)));
+        store_bf16(hr + i, s);
+        sq = _mm512_fmadd_ps(s, s, sq);
+      }
+      const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(d) + static_cast<float>(eps)));
+      for (int64_t i = 0; i < d; i += 16) {
+        __m512 y = round_bf16(_mm512_mul_ps(load_bf16(hr + i), inv));
+        store_bf16(po + r * d + i, _mm512_mul_ps(y, load_bf16(pw + i)));
+      }
+    }
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------- SwiGLU
+
+at::Tensor silu_mul(const at::Tensor& x) {
+  const int64_t n = x.size(0), d = x.size(1) / 2;
+  at::Tensor out = at::empty({n, d}, x.options());
+  const bf16* px = cptr(x);
+  bf16* po = mptr(out);
+  at::parallel_for(0, n, grain(2 * d), [&](int64_t begin, int64_t end) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t r = begin; r < end; ++r) {
+      const bf16* g = px + r * 2 * d;
+      const bf16* u = g + d;
+      for (int64_t i = 0; i < d; i += 16) {
+        __m512 gv = load_bf16(g + i);
+        __m512 neg = _mm512_sub_ps(_mm512_setzero_ps(), gv);
+        // silu(g) = g / (1 + exp(-g)); exp_ps takes x <= 0, so use exp(-|g|) and fold.
+        __m512 e = exp_ps(_mm512_min_ps(neg, gv));          // exp(-|g|)
+        __mmask16 pos = _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_GE_OQ);
+        // g >= 0: g / (1 + e);  g < 0: g * e / (1 + e)
+        __m512 den = _mm512_add_ps(one, e);
+        __m512 num = _mm512_mask_blend_ps(pos, _mm512_mul_ps(gv, e), gv);
+        __m512 silu = round_bf16(_mm512_div_ps(num, den));
+        store_bf16(po + r * d + i, _mm512_mul_ps(silu, load_bf16(u + i)));
+      }
+    }
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------- RoPE + KV write
+
+// qkv: [n, (heads + 2 * kv_heads) * D] rows (row stride given); q and k rotated in place,
+// k and v stored at their slots of kv: [2, kv_heads, num_slots, D].
+void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
+                   const at::Tensor& sin_signed, at::Tensor kv, const at::Tensor& slots,
+                   int64_t num_heads, int64_t num_kv_heads) {
+  const int64_t n = qkv.size(0), stride = qkv.stride(0);
+  const int64_t dim = cos.size(1), half = dim / 2;
+  const int64_t num_slots = kv.size(2);
+  bf16* pq = mptr(qkv);
+  bf16* pkv = mptr(kv);
+  const int64_t* ppos = positions.data_ptr<int64_t>();
+  const int64_t* pslot = slots.data_ptr<int64_t>();
+  const float* pcos = cos.data_ptr<float>();
+  const float* psin = sin_signed.data_ptr<float>();
+  const int64_t rotated = num_heads + num_kv_heads;
+  const int64_t max_pos = cos.size(0);
+  for (int64_t t = 0; t < n; ++t) {
+    TORCH_CHECK(ppos[t] >= 0 && ppos[t] < max_pos, "position ", ppos[t], " outside the rotary table");
+    TORCH_CHECK(pslot[t] >= 0 && pslot[t] < num_slots, "slot ", pslot[t], " outside the cache");
+  }
+  at::parallel_for(0, n, grain(stride), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = pcos + ppos[t] * dim;
+      const float* s = psin + ppos[t] * dim;
+      bf16* row = pq + t * stride;
+      for (int64_t h = 0; h < rotated; ++h) {
+        bf16* x = row + h * dim;
+        for (int64_t i = 0; i < half; i += 16) {
+          __m512 lo = load_bf16(x + i), hi = load_bf16(x + half + i);
+          __m512 new_lo = _mm512_fmadd_ps(hi, _mm512_loadu_ps(s + i), _mm512_mul_ps(lo, _mm512_loadu_ps(c + i)));
+          __m512 new_hi = _mm512_fmadd_ps(lo, _mm512_loadu_ps(s + half + i), _mm512_mul_ps(hi, _mm512_loadu_ps(c + half + i)));
+          store_bf16(x + i, new_lo);
+          store_bf16(x + half + i, new_hi);
+        }
+      }
+      const int64_t slot = pslot[t];
+      for (int64_t h = 0; h < num_kv_heads; ++h) {
+        std::memcpy(pkv + (h * num_slots + slot) * dim, row + (num_heads + h) * dim, dim * 2);
+        std::memcpy(pkv + ((num_kv_heads + h) * num_slots + slot) * dim,
+                    row + (num_heads + num_kv_heads + h) * dim, dim * 2);
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------- paged attention
+
+constexpr int kChunk = 16;     // keys per softmax step (one zmm of scores)
+constexpr int kTileTokens = 16;  // query tokens per work item
+constexpr int kPrefetchChunks = 2;  // chunks of keys and values requested ahead
+
+struct WorkItem {
+  int32_t seq, head, tok_begin, tok_end;
+  int64_t cost;
+};
+
+// Transpose a 16x16 matrix of dwords: row j of src (stride in dwords) -> column j of dst.
+inline void transpose16(const uint32_t* src, int64_t stride, uint32_t* dst) {
+  __m512i r[16], a[16], b[16];
+  for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(src + j * stride);
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // b[4i + k], 128-bit lane L: rows 4i..4i+3 at dword 4L + k.
+  for (int i = 0; i < 4; ++i) {
+    b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+  }
+  // A 4x4 transpose of 128-bit lanes for each k.
+  for (int k = 0; k < 4; ++k) {
+    __m512i t0 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0x44);
+    __m512i t1 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0xEE);
+    __m512i t2 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0x44);
+    __m512i t3 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0xEE);
+    _mm512_store_si512(dst + (0 + k) * 16, _mm512_shuffle_i32x4(t0, t2, 0x88));
+    _mm512_store_si512(dst + (4 + k) * 16, _mm512_shuffle_i32x4(t0, t2, 0xDD));
+    _mm512_store_si512(dst + (8 + k) * 16, _mm512_shuffle_i32x4(t1, t3, 0x88));
+    _mm512_store_si512(dst + (12 + k) * 16, _mm512_shuffle_i32x4(t1, t3, 0xDD));
+  }
+}
+
+// K chunk [16 tokens][D] -> kt[D/2][16] dwords (dim pairs of each token).
+template <int D>
+inline void transpose_keys(const bf16* k, uint32_t* kt) {
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(k);
+  for (int t = 0; t < D / 32; ++t) transpose16(src + 16 * t, D / 2, kt + 16 * t * kChunk);
+}
+
+// V chunk [16 tokens][D] -> vt[8 token pairs][D] dwords, with dims in the order
+// unpacklo/unpackhi produce (restored when the output is written).
+template <int D>
+inline void interleave_values(const bf16* v, __m512i* vt) {
+  constexpr int Z = D / 32;  // zmm of 32 bf16 per token row
+  for (int jp = 0; jp < kChunk / 2; ++jp) {
+    const bf16* a = v + (2 * jp) * D;
+    const bf16* b = a + D;
+    for (int z = 0; z < Z; ++z) {
+      __m512i ra = _mm512_loadu_si512(a + 32 * z);
+      __m512i rb = _mm512_loadu_si512(b + 32 * z);
+      vt[jp * 2 * Z + 2 * z] = _mm512_unpacklo_epi16(ra, rb);
+      vt[jp * 2 * Z + 2 * z + 1] = _mm512_unpackhi_epi16(ra, rb);
+    }
+  }
+}
+
+// Position in the output of accumulator lane l of accumulator a (see interleave_values).
+inline int out_dim(int a, int l) {
+  int z = a / 2, hi = a % 2, lane128 = l / 4, k = l % 4;
+  return 32 * z + 8 * lane128 + 4 * hi + k;
+}
+
+template <int D>
+void attend_tile(const bf16* q_base, int64_t q_row_stride, int group, int tok_begin, int tok_end,
+                 int64_t start_pos, const bf16* k_cache, const bf16* v_cache, const int64_t* table,
+                 int64_t block_size, bf16* out_base, int64_t out_row_stride) {
+  constexpr int P = D / 2;        // dword pairs per row
+  constexpr int A = D / 16;       // fp32 accumulators per row
+  const int tokens = tok_end - tok_begin;
+  const int rows = tokens * group;
+  alignas(64) uint32_t qd[kTileTokens * 8][P];
+  alignas(64) float acc[kTileTokens * 8][D];
+  alignas(64) float scores[kTileTokens * 8][kChunk];
+  alignas(64) bf16 probs[kTileTokens * 8][kChunk];
+  alignas(64) uint32_t kt[P * kChunk];
+  alignas(64) __m512i vt[(kChunk / 2) * A];
+  float m[kTileTokens * 8], l[kTileTokens * 8];
+  int64_t qpos[kTileTokens * 8];
+  for (int r = 0; r < rows; ++r) {
+    int t = tok_begin + r / group, g = r % group;
+    std::memcpy(qd[r], q_base + t * q_row_stride + g * D, D * 2);
+    std::fill(acc[r], acc[r] + D, 0.0f);
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.0f;
+    qpos[r] = start_pos + t;
+  }
+  const int64_t last_pos = start_pos + tok_end - 1;
+  for (int64_t key0 = 0; key0 <= last_pos; key0 += kChunk) {
+    const int64_t block = table[key0 / block_size];
+    const int64_t offset = (block * block_size + key0 % block_size) * D;
+    // Blocks are scattered in memory, which defeats the hardware prefetcher: ask for the
+    // next chunk's keys and values while this one is computed.
+    for (int ahead = 1; ahead <= kPrefetchChunks; ++ahead) {
+      const int64_t next = key0 + ahead * kChunk;
+      if (next > last_pos) break;
+      const int64_t next_offset = (table[next / block_size] * block_size + next % block_size) * D;
+      const char* nk = reinterpret_cast<const char*>(k_cache + next_offset);
+      const char* nv = reinterpret_cast<const char*>(v_cache + next_offset);
+      if (key0 != 0 && ahead < kPrefetchChunks) continue;  // asked for in an earlier chunk
+      for (int line = 0; line < kChunk * D * 2; line += 64) {
+        _mm_prefetch(nk + line, _MM_HINT_T0);
+        _mm_prefetch(nv + line, _MM_HINT_T0);
+      }
+    }
+    transpose_keys<D>(k_cache + offset, kt);
+    interleave_values<D>(v_cache + offset, vt);
+    // scores = q . k for every row (rows in fours share the loads of kt).
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+      const int nr = std::min(4, rows - r0);
+      __m512 s[4][2];
+      for (int i = 0; i < 4; ++i) s[i][0] = s[i][1] = _mm512_setzero_ps();
+      for (int p = 0; p < P; p += 2) {
+        __m512i k0 = _mm512_load_si512(kt + p * kChunk);
+        __m512i k1 = _mm512_load_si512(kt + (p + 1) * kChunk);
+        for (int i = 0; i < nr; ++i) {
+          s[i][0] = _mm512_dpbf16_ps(s[i][0], (__m512bh)k0, (__m512bh)_mm512_set1_epi32(qd[r0 + i][p]));
+          s[i][1] = _mm512_dpbf16_ps(s[i][1], (__m512bh)k1, (__m512bh)_mm512_set1_epi32(qd[r0 + i][p + 1]));
+        }
+      }
+      for (int i = 0; i < nr; ++i) _mm512_store_ps(scores[r0 + i], _mm512_add_ps(s[i][0], s[i][1]));
+    }
+    // Online softmax: running max m, running sum l, accumulators rescaled when m grows.
+    for (int r = 0; r < rows; ++r) {
+      const int64_t visible = qpos[r] - key0 + 1;  // keys of this chunk the row may see
+      if (visible <= 0) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(probs[r]), _mm256_setzero_si256());
+        continue;
+      }
+      const __mmask16 mask = visible >= kChunk ? 0xFFFF : static_cast<__mmask16>((1u << visible) - 1);
+      __m512 sv = _mm512_load_ps(scores[r]);
+      const float mx = _mm512_mask_reduce_max_ps(mask, sv);
+      const float m_new = std::max(m[r], mx);
+      __m512 p = _mm512_maskz_mov_ps(mask, exp_ps(_mm512_sub_ps(sv, _mm512_set1_ps(m_new))));
+      __m256bh pb = _mm512_cvtneps_pbh(p);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(probs[r]), (__m256i)pb);
+      if (m_new > m[r]) {
+        const float alpha = std::exp(m[r] - m_new);  // 0 on the first chunk (m = -inf)
+        const __m512 va = _mm512_set1_ps(alpha);
+        for (int a = 0; a < A; ++a) _mm512_store_ps(acc[r] + 16 * a, _mm512_mul_ps(_mm512_load_ps(acc[r] + 16 * a), va));
+        l[r] *= alpha;
+        m[r] = m_new;
+      }
+      // Sum what the value product will use: the bf16-rounded probabilities.
+      l[r] += _mm512_reduce_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)pb), 16)));
+    }
+    // acc += probs . V (two tokens per instruction).
+    for (int r = 0; r < rows; ++r) {
+      if (qpos[r] < key0) continue;
+      const uint32_t* pp = reinterpret_cast<const uint32_t*>(probs[r]);
+      __m512 va[A];
+      for (int a = 0; a < A; ++a) va[a] = _mm512_load_ps(acc[r] + 16 * a);
+      for (int jp = 0; jp < kChunk / 2; ++jp) {
+        const __m512bh pj = (__m512bh)_mm512_set1_epi32(pp[jp]);
+        for (int a = 0; a < A; ++a) va[a] = _mm512_dpbf16_ps(va[a], (__m512bh)vt[jp * A + a], pj);
+      }
+      for (int a = 0; a < A; ++a) _mm512_store_ps(acc[r] + 16 * a, va[a]);
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    int t = tok_begin + r / group, g = r % group;
+    bf16* o = out_base + t * out_row_stride + g * D;
+    const float inv = 1.0f / l[r];
+    for (int a = 0; a < A; ++a)
+      for (int lane = 0; lane < 16; ++lane) o[out_dim(a, lane)] = float_to_bf16(acc[r][16 * a + lane] * inv);
+  }
+}
+
+// q: [n, >= heads * D] rows of the qkv tensor (q first); kv: [2, kv_heads, num_blocks, bs, D];
+// seq_info: [S, 3] int64 (first row in q, query tokens, tokens already cached before them);
+// block_tables: [S, max_blocks] int64; out: [n, heads * D].
+template <int D>
+void paged_attention_impl(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& seq_info,
+                          const at::Tensor& block_tables, int64_t num_heads, int64_t num_kv_heads,
+                          at::Tensor& out) {
+  const int64_t num_blocks = kv.size(2), block_size = kv.size(3);
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t S = seq_info.size(0), max_blocks = block_tables.size(1);
+  const int64_t* info = seq_info.data_ptr<int64_t>();
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  std::vector<WorkItem> items;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t first = info[s * 3], len = info[s * 3 + 1], start = info[s * 3 + 2];
+    TORCH_CHECK(first >= 0 && len >= 0 && first + len <= q.size(0) && start >= 0, "bad sequence info");
+    const int64_t used = (start + len + block_size - 1) / block_size;
+    TORCH_CHECK(used <= max_blocks, "block table too short");
+    for (int64_t b = 0; b < used; ++b) {
+      const int64_t id = tables[s * max_blocks + b];
+      TORCH_CHECK(id >= 0 && id < num_blocks, "block id ", id, " outside the cache");
+    }
+    for (int64_t t = 0; t < len; t += kTileTokens) {
+      const int64_t e = std::min(len, t + kTileTokens);
+      for (int64_t h = 0; h < num_kv_heads; ++h)
+        items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(h), static_cast<int32_t>(t),
+                         static_cast<int32_t>(e), (start + e) * (e - t)});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+  const bf16* pq = cptr(q);
+  const bf16* pkv = cptr(kv);
+  bf16* po = mptr(out);
+  const int64_t q_stride = q.stride(0), o_stride = out.stride(0);
+  const int64_t head_stride = num_blocks * block_size * D;  // one kv head's blocks
+  const int64_t count = static_cast<int64_t>(items.size());
+  const int threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t i = 0; i < count; ++i) {
+    const WorkItem& w = items[i];
+    const int64_t first = info[w.seq * 3];
+    const bf16* k_cache = pkv + w.head * head_stride;
+    const bf16* v_cache = pkv + (num_kv_heads + w.head) * head_stride;
+    attend_tile<D>(pq + first * q_stride + w.head * group * D, q_stride, static_cast<int>(group),
+                   w.tok_begin, w.tok_end, info[w.seq * 3 + 2], k_cache, v_cache,
+                   tables + w.seq * max_blocks, block_size, po + first * o_stride + w.head * group * D,
+                   o_stride);
+  }
+}
+
+void paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& seq_info,
+                     const at::Tensor& block_tables, int64_t num_heads, int64_t num_kv_heads,
+                     at::Tensor out) {
+  TORCH_CHECK(num_heads / num_kv_heads <= 8, "at most 8 query heads per kv head");
+  TORCH_CHECK(kv.size(3) % kChunk == 0, "block size must be a multiple of 16");
+  switch (kv.size(4)) {
+    case 64: paged_attention_impl<64>(q, kv, seq_info, block_tables, num_heads, num_kv_heads, out); break;
+    case 128: paged_attention_impl<128>(q, kv, seq_info, block_tables, num_heads, num_kv_heads, out); break;
+    default: TORCH_CHECK(false, "head_dim must be 64 or 128");
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(interlock, m) {
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
+  m.def("add_rms_norm(Tensor(a!) h, Tensor delta, Tensor w, float eps) -> Tensor", &add_rms_norm);
+  m.def("silu_mul(Tensor x) -> Tensor", &silu_mul);
+  m.def("rope_write_kv(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin_signed, Tensor(b!) kv, "
+        "Tensor slots, int num_heads, int num_kv_heads) -> ()", &rope_write_kv);
+  m.def("paged_attention(Tensor q, Tensor kv, Tensor seq_info, Tensor block_tables, int num_heads, "
+        "int num_kv_heads, Tensor(a!) out) -> ()", &paged_attention);
+}

@@ -1,0 +1,164 @@
+"""The fused bf16 CPU kernels against the plain PyTorch functions they replace.
+
+Element-wise kernels (RMSNorm, residual add, SwiGLU) are bit-identical to PyTorch's bf16
+recipe; rotary embedding is computed in fp32 and rounded once (within one bf16 rounding of
+PyTorch's); paged attention is compared with an fp32 softmax(QK^T)V over the gathered
+blocks, within bf16 rounding of the inputs. The model-level tests run the same steps through
+the fused and the plain path. Skipped, with the reason, on a CPU without AVX-512 BF16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from interlock.engine.model import LlamaModel, PagedKVCache, SequenceChunk, build_input, cpu_ops
+from interlock.engine.model.rope import apply_rotary
+from interlock.model_store import resolve_model
+
+BF16 = torch.bfloat16
+pytestmark = pytest.mark.skipif(
+    not cpu_ops.cpu_supports_bf16_kernels(), reason="this CPU has no AVX-512 BF16; the plain path is used"
+)
+
+
+@pytest.fixture(scope="module")
+def ops() -> object:
+    loaded = cpu_ops.load()
+    assert loaded is not None, "the CPU supports the kernels, so they must build and load"
+    return loaded
+
+
+def _norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(BF16)
+
+
+def test_norms_and_swiglu_are_bit_identical_to_pytorch(ops: object) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x, h, delta = (torch.randn(37, 576, generator=gen).to(BF16) for _ in range(3))
+    w = torch.randn(576, generator=gen).to(BF16)
+    assert torch.equal(ops.rms_norm(x, w, 1e-5), _norm(x, w))  # type: ignore[attr-defined]
+    residual = h.clone()
+    out = ops.add_rms_norm(residual, delta, w, 1e-5)  # type: ignore[attr-defined]
+    assert torch.equal(residual, h + delta) and torch.equal(out, _norm(h + delta, w))
+    gate_up = (torch.randn(9, 2 * 1536, generator=gen) * 4).to(BF16)
+    expected = torch.nn.functional.silu(gate_up[:, :1536]) * gate_up[:, 1536:]
+    assert torch.equal(ops.silu_mul(gate_up), expected)  # type: ignore[attr-defined]
+
+
+def test_rope_rotates_q_and_k_in_place_and_stores_k_and_v(ops: object) -> None:
+    heads, kv_heads, dim, n = 9, 3, 64, 20
+    gen = torch.Generator().manual_seed(1)
+    cos, sin = torch.randn(2, 600, dim, generator=gen)
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=gen).to(BF16)
+    positions = torch.randint(0, 600, (n,), generator=gen)
+    slots = torch.randperm(256, generator=gen)[:n]
+    cache = torch.zeros(2, kv_heads, 256, dim, dtype=BF16)
+    expected = apply_rotary(qkv[:, : (heads + kv_heads) * dim].view(n, -1, dim).float(),
+                            cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+    values = qkv[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim).clone()
+    ops.rope_write_kv(qkv, positions, cos, sin, cache, slots, heads, kv_heads)  # type: ignore[attr-defined]
+    rotated = qkv[:, : (heads + kv_heads) * dim].view(n, -1, dim).float()
+    # One bf16 rounding of the result (relative 2^-8), with slack for the input's magnitude.
+    assert ((rotated - expected).abs() <= expected.abs() * 2**-8 + 1e-2).all()
+    assert torch.equal(cache[0][:, slots].transpose(0, 1), qkv[:, heads * dim : (heads + kv_heads) * dim].view(n, kv_heads, dim))
+    assert torch.equal(cache[1][:, slots].transpose(0, 1), values)
+
+
+def _reference(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, start: int) -> torch.Tensor:
+    n, heads, dim = q.shape
+    group = heads // key.shape[0]
+    k, v = key.float().repeat_interleave(group, 0), value.float().repeat_interleave(group, 0)
+    scores = torch.einsum("nhd,hcd->hnc", q.float(), k)
+    allowed = torch.arange(key.shape[1]) <= torch.arange(start, start + n).unsqueeze(1)
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    return torch.einsum("hnc,hcd->nhd", probs, v).reshape(n, heads * dim)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "block_size"),
+    [(9, 3, 64, 16), (4, 4, 64, 32), (16, 2, 128, 16)],
+)
+@pytest.mark.parametrize(
+    ("lengths", "starts"),
+    [([1, 1, 1, 1], [0, 15, 16, 200]), ([300], [0]), ([130, 1, 20, 17], [37, 5, 0, 16])],
+)
+def test_paged_attention_matches_softmax_attention_over_the_blocks(
+    ops: object, heads: int, kv_heads: int, dim: int, block_size: int, lengths: list[int], starts: list[int]
+) -> None:
+    """Decode rows, a long prompt, chunks after a prefix, block boundaries, in one call."""
+    gen = torch.Generator().manual_seed(len(lengths) * dim + block_size)
+    num_blocks = 64
+    cache = torch.randn(2, kv_heads, num_blocks, block_size, dim, generator=gen).to(BF16)
+    total = sum(lengths)
+    qkv = torch.randn(total, (heads + 2 * kv_heads) * dim, generator=gen).to(BF16)
+    q = qkv[:, : heads * dim].view(total, heads, dim)
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    width = max((s + n + block_size - 1) // block_size for n, s in zip(lengths, starts, strict=True))
+    info, tables, expected, row = [], [], [], 0
+    for n, start in zip(lengths, starts, strict=True):
+        count = (start + n + block_size - 1) // block_size
+        blocks, free = free[:count], free[count:]
+        info.append([row, n, start])
+        tables.append(blocks + [0] * (width - count))
+        kv = cache[:, :, blocks].reshape(2, kv_heads, count * block_size, dim)[:, :, : start + n]
+        expected.append(_reference(q[row : row + n], kv[0], kv[1], start))
+        row += n
+    out = torch.empty(total, heads * dim, dtype=BF16)
+    ops.paged_attention(qkv, cache, torch.tensor(info), torch.tensor(tables), heads, kv_heads, out)  # type: ignore[attr-defined]
+    reference = torch.cat(expected)
+    # bf16 output (relative 2^-8) plus bf16 probabilities in the value product.
+    assert (out.float() - reference).abs().max() < 0.02 * max(1.0, float(reference.abs().max()))
+
+
+def test_out_of_range_inputs_raise_instead_of_reading_stray_memory(ops: object) -> None:
+    cache = torch.zeros(2, 3, 4, 16, 64, dtype=BF16)
+    qkv = torch.zeros(2, 15 * 64, dtype=BF16)
+    out = torch.empty(2, 9 * 64, dtype=BF16)
+    with pytest.raises(RuntimeError, match="block id"):
+        ops.paged_attention(qkv, cache, torch.tensor([[0, 2, 0]]), torch.tensor([[7]]), 9, 3, out)  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="block table"):
+        ops.paged_attention(qkv, cache, torch.tensor([[0, 2, 30]]), torch.tensor([[0]]), 9, 3, out)  # type: ignore[attr-defined]
+    cos = torch.zeros(8, 64)
+    with pytest.raises(RuntimeError, match="position"):
+        ops.rope_write_kv(qkv, torch.tensor([0, 8]), cos, cos, cache.view(2, 3, 64, 64), torch.tensor([0, 1]), 9, 3)  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="slot"):
+        ops.rope_write_kv(qkv, torch.tensor([0, 1]), cos, cos, cache.view(2, 3, 64, 64), torch.tensor([0, 64]), 9, 3)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def models(ops: object) -> tuple[LlamaModel, LlamaModel]:
+    folder = resolve_model("smollm2", progress=False)
+    fused = LlamaModel.load(folder, BF16, torch.device("cpu"), 512)
+    plain = LlamaModel.load(folder, BF16, torch.device("cpu"), 512)
+    plain.ops = None
+    assert fused.ops is not None
+    return fused, plain
+
+
+def _logits(model: LlamaModel, steps: list[list[SequenceChunk]]) -> list[torch.Tensor]:
+    cache = PagedKVCache(model.config, 32, 16, BF16, torch.device("cpu"))
+    out = []
+    for chunks in steps:
+        inputs = build_input(chunks, 16, torch.device("cpu"))
+        rows = torch.tensor(inputs.last_rows)
+        out.append(model.forward(inputs.input_ids, inputs.positions, inputs.meta, cache, rows))
+    return out
+
+
+def test_fused_path_computes_what_the_plain_path_computes(models: tuple[LlamaModel, LlamaModel]) -> None:
+    """A prompt in two chunks beside a short one, then decode steps of both together."""
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randint(0, 49152, (70,), generator=gen).tolist()
+    b = torch.randint(0, 49152, (21,), generator=gen).tolist()
+    ta, tb = list(range(0, 6)), list(range(6, 8))
+    steps = [
+        [SequenceChunk(a[:40], 0, ta), SequenceChunk(b[:20], 0, tb)],
+        [SequenceChunk(b[20:], 20, tb), SequenceChunk(a[40:], 40, ta)],
+        *[[SequenceChunk([a[i % 70]], 70 + i, ta), SequenceChunk([b[i % 21]], 21 + i, tb)] for i in range(5)],
+    ]
+    fused, plain = models
+    for got, expected in zip(_logits(fused, steps), _logits(plain, steps), strict=True):
+        assert (got - expected).abs().max() < 0.05 * expected.abs().max()
+        assert torch.equal(got.argmax(-1), expected.argmax(-1))
