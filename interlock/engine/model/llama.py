@@ -38,22 +38,25 @@ from interlock.engine.model.weights import LayerWeights, ModelWeights, load_weig
 
 class LlamaModel:
     def __init__(
-        self, config: ModelArchConfig, weights: ModelWeights, max_len: int, device: torch.device
+        self, config: ModelArchConfig, weights: ModelWeights, max_len: int, device: torch.device,
+        *, fused: bool = True,
     ) -> None:
         self.config = config
         self.weights = weights
         self.dtype = weights.embed.dtype
         self.device = device
         self.rope = RotaryTable(config, max_len, device)
-        self.ops = self._fused_ops()
+        self.ops = self._fused_ops() if fused else None
 
     @classmethod
     def load(
-        cls, folder: Path, dtype: torch.dtype, device: torch.device, max_len: int | None = None
+        cls, folder: Path, dtype: torch.dtype, device: torch.device, max_len: int | None = None,
+        *, fused: bool = True,
     ) -> LlamaModel:
+        """``fused=False``: the plain PyTorch path even where the fused CPU kernels run."""
         config = ModelArchConfig.from_folder(folder)
-        weights = load_weights(folder, config, dtype, device)
-        return cls(config, weights, max_len or config.max_position_embeddings, device)
+        weights = load_weights(folder, config, dtype, device, fused=fused)
+        return cls(config, weights, max_len or config.max_position_embeddings, device, fused=fused)
 
     @torch.inference_mode()
     def forward(

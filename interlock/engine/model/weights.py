@@ -66,21 +66,22 @@ class _Checkpoint:
 
 
 def load_weights(
-    folder: Path, config: ModelArchConfig, dtype: torch.dtype, device: torch.device
+    folder: Path, config: ModelArchConfig, dtype: torch.dtype, device: torch.device, *, fused: bool = True
 ) -> ModelWeights:
+    """``fused=False`` keeps every linear layer off the fused CPU kernels (tests compare)."""
     ckpt = _Checkpoint(folder)
     embed = ckpt.get("model.embed_tokens.weight", dtype, device)
     tied = config.tie_word_embeddings or not ckpt.has("lm_head.weight")
     return ModelWeights(
         embed=embed,
-        layers=tuple(_layer(ckpt, config, i, dtype, device) for i in range(config.num_layers)),
+        layers=tuple(_layer(ckpt, config, i, dtype, device, fused) for i in range(config.num_layers)),
         norm=ckpt.get("model.norm.weight", dtype, device),
-        lm_head=Linear(embed if tied else ckpt.get("lm_head.weight", dtype, device)),
+        lm_head=Linear(embed if tied else ckpt.get("lm_head.weight", dtype, device), fused=False),
     )
 
 
 def _layer(
-    ckpt: _Checkpoint, config: ModelArchConfig, i: int, dtype: torch.dtype, device: torch.device
+    ckpt: _Checkpoint, config: ModelArchConfig, i: int, dtype: torch.dtype, device: torch.device, fused: bool
 ) -> LayerWeights:
     p = f"model.layers.{i}."
 
@@ -98,9 +99,9 @@ def _layer(
     gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
     return LayerWeights(
         input_norm=get("input_layernorm.weight").to(dtype),
-        qkv=Linear(qkv.to(dtype).contiguous(), bias),
-        o=Linear(get("self_attn.o_proj.weight").to(dtype)),
+        qkv=Linear(qkv.to(dtype).contiguous(), bias, fused=fused),
+        o=Linear(get("self_attn.o_proj.weight").to(dtype), fused=fused),
         post_norm=get("post_attention_layernorm.weight").to(dtype),
-        gate_up=Linear(gate_up.to(dtype).contiguous()),
-        down=Linear(get("mlp.down_proj.weight").to(dtype)),
+        gate_up=Linear(gate_up.to(dtype).contiguous(), fused=fused),
+        down=Linear(get("mlp.down_proj.weight").to(dtype), fused=fused),
     )

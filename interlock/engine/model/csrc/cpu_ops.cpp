@@ -232,6 +232,96 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor
   });
 }
 
+// ---------------------------------------------------------------- small-batch linear
+
+// Decode steps multiply a few rows by every weight of the model, so they stream all weights
+// from memory each step; oneDNN reached 15-35 GB/s there. This kernel reads weights packed
+// once at load time as [N/16][K/2][16] dwords: 16 output features side by side, each dword
+// two consecutive input features. One vdpbf16ps then adds two inputs' products into 16
+// outputs, the weights stream through contiguously, and up to kLinRows rows share each load.
+
+constexpr int kLinRows = 8;
+
+at::Tensor pack_linear_weight(const at::Tensor& w) {
+  const int64_t n = w.size(0), k = w.size(1);
+  TORCH_CHECK(n % 16 == 0 && k % 2 == 0, "weight shape must be [16a, 2b]");
+  at::Tensor out = at::empty({n / 16, k / 2, 16}, w.options().dtype(at::kInt));
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(w.data_ptr());
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out.data_ptr());
+  const int64_t pairs = k / 2;
+  at::parallel_for(0, n / 16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b)
+      for (int64_t p = 0; p < pairs; ++p)
+        for (int j = 0; j < 16; ++j) dst[(b * pairs + p) * 16 + j] = src[(b * 16 + j) * pairs + p];
+  });
+  return out;
+}
+
+template <int R>
+inline void linear_tile(const uint32_t* x, int64_t x_pairs_stride, const uint32_t* w0, const uint32_t* w1,
+                        int64_t pairs, float* out0, float* out1, int64_t out_stride) {
+  __m512 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m512bh a = (__m512bh)_mm512_load_si512(w0 + p * 16);
+    const __m512bh b = (__m512bh)_mm512_load_si512(w1 + p * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(x[r * x_pairs_stride + p]);
+      acc0[r] = _mm512_dpbf16_ps(acc0[r], a, xv);
+      acc1[r] = _mm512_dpbf16_ps(acc1[r], b, xv);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(out0 + r * out_stride, acc0[r]);
+    _mm512_storeu_ps(out1 + r * out_stride, acc1[r]);
+  }
+}
+
+// x: [M, K] bf16 contiguous; wp: pack_linear_weight(W) of W [N, K]; returns x @ W^T (+ bias).
+at::Tensor linear_small(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias) {
+  const int64_t m = x.size(0), k = x.size(1), blocks = wp.size(0), pairs = wp.size(1);
+  TORCH_CHECK(pairs * 2 == k, "input features do not match the packed weight");
+  const int64_t n = blocks * 16;
+  at::Tensor out = at::empty({m, n}, x.options());
+  const uint32_t* px = reinterpret_cast<const uint32_t*>(x.data_ptr());
+  const uint32_t* pw = reinterpret_cast<const uint32_t*>(wp.data_ptr());
+  const bf16* pb = bias.has_value() ? cptr(*bias) : nullptr;
+  bf16* po = mptr(out);
+  // Pairs of 16-feature blocks per task; each thread streams a contiguous run of the weight.
+  at::parallel_for(0, (blocks + 1) / 2, 4, [&](int64_t begin, int64_t end) {
+    alignas(64) float tmp[kLinRows][32];
+    for (int64_t bp = begin; bp < end; ++bp) {
+      const int64_t b0 = 2 * bp, b1 = std::min(b0 + 1, blocks - 1);
+      const uint32_t* w0 = pw + b0 * pairs * 16;
+      const uint32_t* w1 = pw + b1 * pairs * 16;
+      for (int64_t r0 = 0; r0 < m; r0 += kLinRows) {
+        const int64_t rows = std::min<int64_t>(kLinRows, m - r0);
+        const uint32_t* xr = px + r0 * pairs;
+        switch (rows) {
+          case 8: linear_tile<8>(xr, pairs, w0, w1, pairs, tmp[0], tmp[0] + 16, 32); break;
+          case 7: linear_tile<7>(xr, pairs, w0, w1, pairs, tmp[0], tmp[0] + 16, 32); break;
+          case 6: linear_tile<6>(xr, pairs, w0, w1, pairs, tmp[0], tmp[0] + 16, 32); break;
+          case 5: linear_tile<5>(xr, pairs, w0, w1, pairs, tmp[0], tmp[0] + 16, 32); break;
+          case 4: linear_tile<4>(xr, pairs, w0, w1, pairs, tmp[0], tmp[0] + 16, 32); break;
+          case 3: linear_tile<3>(xr, pairs, w0, w1, pairs, tmp[0], tmp[0] + 16, 32); break;
+          case 2: linear_tile<2>(xr, pairs, w0, w1, pairs, tmp[0], tmp[0] + 16, 32); break;
+          default: linear_tile<1>(xr, pairs, w0, w1, pairs, tmp[0], tmp[0] + 16, 32); break;
+        }
+        const int width = b1 == b0 ? 16 : 32;
+        for (int64_t r = 0; r < rows; ++r) {
+          bf16* o = po + (r0 + r) * n + b0 * 16;
+          for (int c = 0; c < width; c += 16) {
+            __m512 v = _mm512_load_ps(tmp[r] + c);
+            if (pb != nullptr) v = _mm512_add_ps(v, load_bf16(pb + b0 * 16 + c));
+            store_bf16(o + c, v);
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
 // ---------------------------------------------------------------- paged attention
 
 constexpr int kChunk = 16;     // keys per softmax step (one zmm of scores)
@@ -471,6 +561,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tensor
 }  // namespace
 
 TORCH_LIBRARY(interlock, m) {
+  m.def("pack_linear_weight(Tensor w) -> Tensor", &pack_linear_weight);
+  m.def("linear_small(Tensor x, Tensor wp, Tensor? bias) -> Tensor", &linear_small);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
   m.def("add_rms_norm(Tensor(a!) h, Tensor delta, Tensor w, float eps) -> Tensor", &add_rms_norm);
   m.def("silu_mul(Tensor x) -> Tensor", &silu_mul);
