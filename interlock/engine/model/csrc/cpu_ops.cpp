@@ -496,6 +496,122 @@ void attend_tile(const bf16* q_base, int64_t q_row_stride, int group, int tok_be
   }
 }
 
+// The same attention for tiles of 16 rows and more (prompt tokens), with the scores of 16 rows
+// held transposed: score vector j holds key j for 16 rows. Then the rows' queries are
+// transposed once per work item instead of every key chunk, keys are read in their stored
+// layout, and the online softmax is element-wise across 16 rows (no horizontal max or sum
+// per row and chunk), which is where the row-wise version above spent most of its time on
+// long prompts.
+template <int D>
+void attend_tile_wide(const bf16* q_base, int64_t q_row_stride, int group, int tok_begin, int tok_end,
+                      int64_t start_pos, const bf16* k_cache, const bf16* v_cache, const int64_t* table,
+                      int64_t block_size, bf16* out_base, int64_t out_row_stride) {
+  constexpr int P = D / 2;
+  constexpr int A = D / 16;
+  constexpr int kMaxRows = kTileTokens * 8;
+  const int rows = (tok_end - tok_begin) * group;
+  const int groups = (rows + 15) / 16;
+  alignas(64) uint32_t qt[kMaxRows / 16][P][16];
+  alignas(64) float acc[kMaxRows][D];
+  alignas(64) uint32_t pairs[kMaxRows / 16][kChunk / 2][16];
+  alignas(64) float alpha_rows[16];
+  alignas(64) int32_t qpos[kMaxRows];
+  alignas(64) __m512i vt[(kChunk / 2) * A];
+  __m512 m[kMaxRows / 16], l[kMaxRows / 16];
+  // Rows past the last real one repeat it (their results are dropped), so every lane sees key 0.
+  for (int r = 0; r < groups * 16; ++r) {
+    const int real = std::min(r, rows - 1);
+    const int t = tok_begin + real / group, g = real % group;
+    const uint32_t* qrow = reinterpret_cast<const uint32_t*>(q_base + t * q_row_stride + g * D);
+    for (int p = 0; p < P; ++p) qt[r / 16][p][r % 16] = qrow[p];
+    qpos[r] = static_cast<int32_t>(start_pos + t);
+    std::fill(acc[r], acc[r] + D, 0.0f);
+  }
+  for (int gi = 0; gi < groups; ++gi) {
+    m[gi] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    l[gi] = _mm512_setzero_ps();
+  }
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                               23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const int64_t last_pos = start_pos + tok_end - 1;
+  for (int64_t key0 = 0; key0 <= last_pos; key0 += kChunk) {
+    const int64_t offset = (table[key0 / block_size] * block_size + key0 % block_size) * D;
+    if (key0 + kChunk <= last_pos) {
+      const int64_t next = key0 + kChunk;
+      const int64_t next_offset = (table[next / block_size] * block_size + next % block_size) * D;
+      const char* nk = reinterpret_cast<const char*>(k_cache + next_offset);
+      const char* nv = reinterpret_cast<const char*>(v_cache + next_offset);
+      for (int line = 0; line < kChunk * D * 2; line += 64) {
+        _mm_prefetch(nk + line, _MM_HINT_T0);
+        _mm_prefetch(nv + line, _MM_HINT_T0);
+      }
+    }
+    const uint32_t* kd = reinterpret_cast<const uint32_t*>(k_cache + offset);
+    interleave_values<D>(v_cache + offset, vt);
+    for (int gi = 0; gi < groups; ++gi) {
+      if (qpos[gi * 16 + 15] < key0) continue;  // no row of this group sees this chunk
+      __m512 s[kChunk];
+      for (int j = 0; j < kChunk; ++j) s[j] = _mm512_setzero_ps();
+      for (int p = 0; p < P; ++p) {
+        const __m512bh qv = (__m512bh)_mm512_load_si512(qt[gi][p]);
+        for (int j = 0; j < kChunk; ++j)
+          s[j] = _mm512_dpbf16_ps(s[j], qv, (__m512bh)_mm512_set1_epi32(kd[j * P + p]));
+      }
+      const __m512i posv = _mm512_load_si512(qpos + gi * 16);
+      const bool diagonal = qpos[gi * 16] < key0 + kChunk - 1;  // some row cannot see every key
+      __mmask16 visible[kChunk];
+      __m512 mx = neg_inf;
+      for (int j = 0; j < kChunk; ++j) {
+        visible[j] = diagonal ? _mm512_cmp_epi32_mask(posv, _mm512_set1_epi32(static_cast<int32_t>(key0 + j)), _MM_CMPINT_NLT)
+                              : static_cast<__mmask16>(0xFFFF);
+        mx = _mm512_mask_max_ps(mx, visible[j], mx, s[j]);
+      }
+      const __m512 m_new = _mm512_max_ps(m[gi], mx);
+      const __m512 alpha = exp_ps(_mm512_sub_ps(m[gi], m_new));  // 0 where m was -inf
+      __m512 sum = _mm512_setzero_ps();
+      for (int jp = 0; jp < kChunk / 2; ++jp) {
+        __m512 p0 = _mm512_maskz_mov_ps(visible[2 * jp], exp_ps(_mm512_sub_ps(s[2 * jp], m_new)));
+        __m512 p1 = _mm512_maskz_mov_ps(visible[2 * jp + 1], exp_ps(_mm512_sub_ps(s[2 * jp + 1], m_new)));
+        const __m512i packed = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);  // words 0-15 p0, 16-31 p1
+        _mm512_store_si512(pairs[gi][jp], _mm512_permutexvar_epi16(interleave, packed));
+        // Sum what the value product uses: the bf16-rounded probabilities.
+        sum = _mm512_add_ps(sum, _mm512_add_ps(round_bf16(p0), round_bf16(p1)));
+      }
+      l[gi] = _mm512_fmadd_ps(l[gi], alpha, sum);
+      m[gi] = m_new;
+      if (_mm512_cmp_ps_mask(alpha, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ)) {
+        _mm512_store_ps(alpha_rows, alpha);
+        for (int i = 0; i < 16; ++i) {
+          if (alpha_rows[i] == 1.0f) continue;
+          const __m512 va = _mm512_set1_ps(alpha_rows[i]);
+          float* row = acc[gi * 16 + i];
+          for (int a = 0; a < A; ++a) _mm512_store_ps(row + 16 * a, _mm512_mul_ps(_mm512_load_ps(row + 16 * a), va));
+        }
+      }
+      for (int i = 0; i < 16; ++i) {
+        float* row = acc[gi * 16 + i];
+        __m512 va[A];
+        for (int a = 0; a < A; ++a) va[a] = _mm512_load_ps(row + 16 * a);
+        for (int jp = 0; jp < kChunk / 2; ++jp) {
+          const __m512bh pj = (__m512bh)_mm512_set1_epi32(pairs[gi][jp][i]);
+          for (int a = 0; a < A; ++a) va[a] = _mm512_dpbf16_ps(va[a], (__m512bh)vt[jp * A + a], pj);
+        }
+        for (int a = 0; a < A; ++a) _mm512_store_ps(row + 16 * a, va[a]);
+      }
+    }
+  }
+  alignas(64) float l_rows[kMaxRows];
+  for (int gi = 0; gi < groups; ++gi) _mm512_store_ps(l_rows + gi * 16, l[gi]);
+  for (int r = 0; r < rows; ++r) {
+    const int t = tok_begin + r / group, g = r % group;
+    bf16* o = out_base + t * out_row_stride + g * D;
+    const float inv = 1.0f / l_rows[r];
+    for (int a = 0; a < A; ++a)
+      for (int lane = 0; lane < 16; ++lane) o[out_dim(a, lane)] = float_to_bf16(acc[r][16 * a + lane] * inv);
+  }
+}
+
 // q: [n, >= heads * D] rows of the qkv tensor (q first); kv: [2, kv_heads, num_blocks, bs, D];
 // seq_info: [S, 3] int64 (first row in q, query tokens, tokens already cached before them);
 // block_tables: [S, max_blocks] int64; out: [n, heads * D].
@@ -539,10 +655,10 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& kv, const at::T
     const int64_t first = info[w.seq * 3];
     const bf16* k_cache = pkv + w.head * head_stride;
     const bf16* v_cache = pkv + (num_kv_heads + w.head) * head_stride;
-    attend_tile<D>(pq + first * q_stride + w.head * group * D, q_stride, static_cast<int>(group),
-                   w.tok_begin, w.tok_end, info[w.seq * 3 + 2], k_cache, v_cache,
-                   tables + w.seq * max_blocks, block_size, po + first * o_stride + w.head * group * D,
-                   o_stride);
+    const auto tile = (w.tok_end - w.tok_begin) * group >= 16 ? attend_tile_wide<D> : attend_tile<D>;
+    tile(pq + first * q_stride + w.head * group * D, q_stride, static_cast<int>(group),
+         w.tok_begin, w.tok_end, info[w.seq * 3 + 2], k_cache, v_cache,
+         tables + w.seq * max_blocks, block_size, po + first * o_stride + w.head * group * D, o_stride);
   }
 }
 
