@@ -394,10 +394,48 @@ inline int out_dim(int a, int l) {
   return 32 * z + 8 * lane128 + 4 * hi + k;
 }
 
+// One kv head's keys and values of one sequence, in 16-key chunks (a chunk never spans blocks).
+template <int D>
+struct PagedKV {
+  const bf16* k;
+  const bf16* v;
+  const int64_t* table;
+  int64_t block_size;
+
+  int64_t offset(int64_t key) const { return (table[key / block_size] * block_size + key % block_size) * D; }
+
+  // Blocks are scattered in memory, which defeats the hardware prefetcher: while chunk key0 is
+  // computed, ask for the one kPrefetchChunks ahead (and at the start for those before it).
+  void prefetch_ahead(int64_t key0, int64_t last_pos) const {
+    for (int ahead = key0 == 0 ? 1 : kPrefetchChunks; ahead <= kPrefetchChunks; ++ahead) {
+      const int64_t next = key0 + ahead * kChunk;
+      if (next > last_pos) return;
+      const char* nk = reinterpret_cast<const char*>(k + offset(next));
+      const char* nv = reinterpret_cast<const char*>(v + offset(next));
+      for (int line = 0; line < kChunk * D * 2; line += 64) {
+        _mm_prefetch(nk + line, _MM_HINT_T0);
+        _mm_prefetch(nv + line, _MM_HINT_T0);
+      }
+    }
+  }
+};
+
+// acc / l, in head-dim order, into each row's slot of the output.
+template <int D>
+void write_rows(const float (*acc)[D], const float* l, int rows, int group, int tok_begin, bf16* out_base,
+                int64_t out_row_stride) {
+  for (int r = 0; r < rows; ++r) {
+    const int t = tok_begin + r / group, g = r % group;
+    bf16* o = out_base + t * out_row_stride + g * D;
+    const float inv = 1.0f / l[r];
+    for (int a = 0; a < D / 16; ++a)
+      for (int lane = 0; lane < 16; ++lane) o[out_dim(a, lane)] = float_to_bf16(acc[r][16 * a + lane] * inv);
+  }
+}
+
 template <int D>
 void attend_tile(const bf16* q_base, int64_t q_row_stride, int group, int tok_begin, int tok_end,
-                 int64_t start_pos, const bf16* k_cache, const bf16* v_cache, const int64_t* table,
-                 int64_t block_size, bf16* out_base, int64_t out_row_stride) {
+                 int64_t start_pos, const PagedKV<D>& kv, bf16* out_base, int64_t out_row_stride) {
   constexpr int P = D / 2;        // dword pairs per row
   constexpr int A = D / 16;       // fp32 accumulators per row
   const int tokens = tok_end - tok_begin;
@@ -420,24 +458,10 @@ void attend_tile(const bf16* q_base, int64_t q_row_stride, int group, int tok_be
   }
   const int64_t last_pos = start_pos + tok_end - 1;
   for (int64_t key0 = 0; key0 <= last_pos; key0 += kChunk) {
-    const int64_t block = table[key0 / block_size];
-    const int64_t offset = (block * block_size + key0 % block_size) * D;
-    // Blocks are scattered in memory, which defeats the hardware prefetcher: ask for the
-    // next chunk's keys and values while this one is computed.
-    for (int ahead = 1; ahead <= kPrefetchChunks; ++ahead) {
-      const int64_t next = key0 + ahead * kChunk;
-      if (next > last_pos) break;
-      const int64_t next_offset = (table[next / block_size] * block_size + next % block_size) * D;
-      const char* nk = reinterpret_cast<const char*>(k_cache + next_offset);
-      const char* nv = reinterpret_cast<const char*>(v_cache + next_offset);
-      if (key0 != 0 && ahead < kPrefetchChunks) continue;  // asked for in an earlier chunk
-      for (int line = 0; line < kChunk * D * 2; line += 64) {
-        _mm_prefetch(nk + line, _MM_HINT_T0);
-        _mm_prefetch(nv + line, _MM_HINT_T0);
-      }
-    }
-    transpose_keys<D>(k_cache + offset, kt);
-    interleave_values<D>(v_cache + offset, vt);
+    const int64_t offset = kv.offset(key0);
+    kv.prefetch_ahead(key0, last_pos);
+    transpose_keys<D>(kv.k + offset, kt);
+    interleave_values<D>(kv.v + offset, vt);
     // scores = q . k for every row (rows in fours share the loads of kt).
     for (int r0 = 0; r0 < rows; r0 += 4) {
       const int nr = std::min(4, rows - r0);
@@ -490,13 +514,7 @@ void attend_tile(const bf16* q_base, int64_t q_row_stride, int group, int tok_be
       for (int a = 0; a < A; ++a) _mm512_store_ps(acc[r] + 16 * a, va[a]);
     }
   }
-  for (int r = 0; r < rows; ++r) {
-    int t = tok_begin + r / group, g = r % group;
-    bf16* o = out_base + t * out_row_stride + g * D;
-    const float inv = 1.0f / l[r];
-    for (int a = 0; a < A; ++a)
-      for (int lane = 0; lane < 16; ++lane) o[out_dim(a, lane)] = float_to_bf16(acc[r][16 * a + lane] * inv);
-  }
+  write_rows<D>(acc, l, rows, group, tok_begin, out_base, out_row_stride);
 }
 
 // The same attention for tiles of 16 rows and more (prompt tokens), with the scores of 16 rows
@@ -507,8 +525,7 @@ void attend_tile(const bf16* q_base, int64_t q_row_stride, int group, int tok_be
 // long prompts.
 template <int D>
 void attend_tile_wide(const bf16* q_base, int64_t q_row_stride, int group, int tok_begin, int tok_end,
-                      int64_t start_pos, const bf16* k_cache, const bf16* v_cache, const int64_t* table,
-                      int64_t block_size, bf16* out_base, int64_t out_row_stride) {
+                      int64_t start_pos, const PagedKV<D>& kv, bf16* out_base, int64_t out_row_stride) {
   constexpr int P = D / 2;
   constexpr int A = D / 16;
   constexpr int kMaxRows = kTileTokens * 8;
@@ -539,19 +556,10 @@ void attend_tile_wide(const bf16* q_base, int64_t q_row_stride, int group, int t
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const int64_t last_pos = start_pos + tok_end - 1;
   for (int64_t key0 = 0; key0 <= last_pos; key0 += kChunk) {
-    const int64_t offset = (table[key0 / block_size] * block_size + key0 % block_size) * D;
-    if (key0 + kChunk <= last_pos) {
-      const int64_t next = key0 + kChunk;
-      const int64_t next_offset = (table[next / block_size] * block_size + next % block_size) * D;
-      const char* nk = reinterpret_cast<const char*>(k_cache + next_offset);
-      const char* nv = reinterpret_cast<const char*>(v_cache + next_offset);
-      for (int line = 0; line < kChunk * D * 2; line += 64) {
-        _mm_prefetch(nk + line, _MM_HINT_T0);
-        _mm_prefetch(nv + line, _MM_HINT_T0);
-      }
-    }
-    const uint32_t* kd = reinterpret_cast<const uint32_t*>(k_cache + offset);
-    interleave_values<D>(v_cache + offset, vt);
+    const int64_t offset = kv.offset(key0);
+    kv.prefetch_ahead(key0, last_pos);
+    const uint32_t* kd = reinterpret_cast<const uint32_t*>(kv.k + offset);
+    interleave_values<D>(kv.v + offset, vt);
     for (int gi = 0; gi < groups; ++gi) {
       if (qpos[gi * 16 + 15] < key0) continue;  // no row of this group sees this chunk
       __m512 s[kChunk];
@@ -606,13 +614,7 @@ void attend_tile_wide(const bf16* q_base, int64_t q_row_stride, int group, int t
   }
   alignas(64) float l_rows[kMaxRows];
   for (int gi = 0; gi < groups; ++gi) _mm512_store_ps(l_rows + gi * 16, l[gi]);
-  for (int r = 0; r < rows; ++r) {
-    const int t = tok_begin + r / group, g = r % group;
-    bf16* o = out_base + t * out_row_stride + g * D;
-    const float inv = 1.0f / l_rows[r];
-    for (int a = 0; a < A; ++a)
-      for (int lane = 0; lane < 16; ++lane) o[out_dim(a, lane)] = float_to_bf16(acc[r][16 * a + lane] * inv);
-  }
+  write_rows<D>(acc, l_rows, rows, group, tok_begin, out_base, out_row_stride);
 }
 
 // q: [n, >= heads * D] rows of the qkv tensor (q first); kv: [2, kv_heads, num_blocks, bs, D];
@@ -656,12 +658,11 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& kv, const at::T
   for (int64_t i = 0; i < count; ++i) {
     const WorkItem& w = items[i];
     const int64_t first = info[w.seq * 3];
-    const bf16* k_cache = pkv + w.head * head_stride;
-    const bf16* v_cache = pkv + (num_kv_heads + w.head) * head_stride;
+    const PagedKV<D> kv_head{pkv + w.head * head_stride, pkv + (num_kv_heads + w.head) * head_stride,
+                             tables + w.seq * max_blocks, block_size};
     const auto tile = (w.tok_end - w.tok_begin) * group >= 16 ? attend_tile_wide<D> : attend_tile<D>;
-    tile(pq + first * q_stride + w.head * group * D, q_stride, static_cast<int>(group),
-         w.tok_begin, w.tok_end, info[w.seq * 3 + 2], k_cache, v_cache,
-         tables + w.seq * max_blocks, block_size, po + first * o_stride + w.head * group * D, o_stride);
+    tile(pq + first * q_stride + w.head * group * D, q_stride, static_cast<int>(group), w.tok_begin,
+         w.tok_end, info[w.seq * 3 + 2], kv_head, po + first * o_stride + w.head * group * D, o_stride);
   }
 }
 
