@@ -290,10 +290,17 @@ at::Tensor linear_small(const at::Tensor& x, const at::Tensor& wp, const c10::op
   const uint32_t* pw = reinterpret_cast<const uint32_t*>(wp.data_ptr());
   const bf16* pb = bias.has_value() ? cptr(*bias) : nullptr;
   bf16* po = mptr(out);
-  // Pairs of 16-feature blocks per task; each thread streams a contiguous run of the weight.
-  at::parallel_for(0, (blocks + 1) / 2, 4, [&](int64_t begin, int64_t end) {
+  // Tasks are pairs of 16-feature blocks, handed out four at a time (a 150-400 KB run of the
+  // weight) rather than split in halves up front: on two cores shared with the server's other
+  // threads, a thread that loses its core for a while then does less instead of holding up
+  // the whole call.
+  const int64_t tasks = (blocks + 1) / 2;
+  const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, tasks / 4)));
+#pragma omp parallel num_threads(threads)
+  {
     alignas(64) float tmp[kLinRows][32];
-    for (int64_t bp = begin; bp < end; ++bp) {
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t bp = 0; bp < tasks; ++bp) {
       const int64_t b0 = 2 * bp, b1 = std::min(b0 + 1, blocks - 1);
       const uint32_t* w0 = pw + b0 * pairs * 16;
       const uint32_t* w1 = pw + b1 * pairs * 16;
@@ -321,7 +328,7 @@ at::Tensor linear_small(const at::Tensor& x, const at::Tensor& wp, const c10::op
         }
       }
     }
-  });
+  }
   return out;
 }
 
