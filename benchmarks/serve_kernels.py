@@ -53,27 +53,32 @@ def main() -> None:
         port = free_port()
         proc = serve(port, kernels)
         try:
-            out = work / f"kernels-{int(kernels)}.json"
-            subprocess.run([PY, "-m", "interlock.cli.main", "bench", "--url", f"http://127.0.0.1:{port}",
-                            "--concurrency", args.concurrency, "--num-requests", str(args.requests),
-                            "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-                            "--api", "completions", "--tokenizer", tokenizer, "--prompt-as", "ids",
-                            "--warmup", "2", "--out", str(out), "--no-plot", "--no-progress"],
-                           cwd=ROOT, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                           stdout=subprocess.DEVNULL)
-            for run in json.loads(out.read_text())["runs"]:
-                s = run["summary"]
-                rows.append(("fused kernels" if kernels else "plain PyTorch", run["load"]["concurrency"],
-                             s["ok"], s["requests"], s["ttft_ms"], s["itl_ms"], s["output_throughput"]))
+            # One bench run per level, each with its own prompts: a sweep in one run would send
+            # the same prompts again and measure prefix-cache hits instead of prefills.
+            for level, conc in enumerate(args.concurrency.split(",")):
+                out = work / f"kernels-{int(kernels)}-c{conc}.json"
+                subprocess.run([PY, "-m", "interlock.cli.main", "bench", "--url", f"http://127.0.0.1:{port}",
+                                "--concurrency", conc, "--num-requests", str(args.requests),
+                                "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+                                "--api", "completions", "--tokenizer", tokenizer, "--prompt-as", "ids",
+                                "--seed", str(100 + level), "--warmup", "2", "--out", str(out), "--no-plot",
+                                "--no-progress"],
+                               cwd=ROOT, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                               stdout=subprocess.DEVNULL)
+                for run in json.loads(out.read_text())["runs"]:
+                    s = run["summary"]
+                    rows.append(("fused kernels" if kernels else "plain PyTorch", run["load"]["concurrency"],
+                                 s["ok"], s["requests"], s["ttft_ms"], s["itl_ms"], s["output_throughput"],
+                                 s.get("cached_fraction") or 0.0))
         finally:
             stop(proc)
     print(f"\n1 worker, {args.input_len}-token prompts, {args.output_len} output tokens, "
           f"{args.requests} requests per level; ms")
-    print("| engine path | concurrency | ok | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | output tok/s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, conc, ok, total, ttft, itl, tput in rows:
+    print("| engine path | concurrency | ok | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | output tok/s | cached |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, conc, ok, total, ttft, itl, tput, cached in rows:
         print(f"| {name} | {conc} | {ok}/{total} | {ttft['p50']:.0f} | {ttft['p99']:.0f} | {itl['p50']:.1f} "
-              f"| {itl['p99']:.1f} | {tput:.1f} |")
+              f"| {itl['p99']:.1f} | {tput:.1f} | {cached:.0%} |")
 
 
 if __name__ == "__main__":
