@@ -94,13 +94,15 @@ class Sampler:
         return torch.where(bad, logits.argmax(dim=-1), tokens)
 
     def _noise(self, rows: Sequence[SamplingRow], vocab: int) -> torch.Tensor:
-        noise = torch.empty(len(rows), vocab, device=self.device)
-        noise.exponential_(generator=self.generator)
+        # Exp(1) as -log(U): on CPU ``exponential_`` took ~0.85 ms per 49k-token row, rand + log
+        # ~0.15 ms (8 rows: 6.7 against ~1.2 ms, a fifth of a decode step). A U of exactly 0
+        # gives infinite noise, which only rules that one token out of that draw.
+        noise = torch.rand(len(rows), vocab, device=self.device, generator=self.generator)
         for i, row in enumerate(rows):
             if row.params.seed is not None:
                 self._row_generator.manual_seed(seed_for_step(row.params.seed, row.num_output_tokens))
-                noise[i].exponential_(generator=self._row_generator)
-        return noise
+                noise[i] = torch.rand(vocab, device=self.device, generator=self._row_generator)
+        return noise.log_().neg_()
 
 
 def _greedy(params: SamplingParams) -> bool:
