@@ -159,7 +159,7 @@ def _logits(model: LlamaModel, steps: list[list[SequenceChunk]], block_size: int
     cache = PagedKVCache(model.config, 512 // block_size, block_size, BF16, torch.device("cpu"))
     out = []
     for chunks in steps:
-        inputs = build_input(chunks, block_size, torch.device("cpu"))
+        inputs = build_input(chunks, block_size, torch.device("cpu"), fused=model.fused_attention(block_size))
         rows = torch.tensor(inputs.last_rows)
         out.append(model.forward(inputs.input_ids, inputs.positions, inputs.meta, cache, rows))
     return out

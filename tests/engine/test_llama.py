@@ -50,7 +50,7 @@ def _reference_logits(folder: Path, dtype: torch.dtype, tokens: list[int]) -> to
 
 
 def _step(model: LlamaModel, cache: PagedKVCache, chunks: list[SequenceChunk]) -> torch.Tensor:
-    inputs = build_input(chunks, BLOCK, torch.device("cpu"))
+    inputs = build_input(chunks, BLOCK, torch.device("cpu"), fused=model.fused_attention(BLOCK))
     rows = torch.tensor(inputs.last_rows)
     return model.forward(inputs.input_ids, inputs.positions, inputs.meta, cache, rows)
 

@@ -49,11 +49,12 @@ class AttentionMetadata:
     decode_bias: torch.Tensor | None
     """[num_decode, 1, max_blocks * block_size] fp32: 0 for real context, -inf for padding."""
     prefills: tuple[PrefillSpan, ...]
-    seq_info: torch.Tensor
-    """[sequences, 3] int64 in row order: first row, query tokens, tokens cached before them
-    (what the fused CPU kernel reads; the PyTorch path uses the fields above)."""
-    block_tables: torch.Tensor
-    """[sequences, max_blocks] int64, each row the sequence's blocks, padded with 0."""
+    seq_info: torch.Tensor | None
+    """For the fused CPU kernel only (None for the PyTorch path, which reads the fields above;
+    those are None/empty here): [sequences, 3] int64 in row order: first row, query tokens,
+    tokens cached before them."""
+    block_tables: torch.Tensor | None
+    """For the fused CPU kernel only: [sequences, max_blocks] int64, padded with 0."""
 
 
 def write_kv(

@@ -32,7 +32,11 @@ class ModelInput:
     """For chunk i (in the caller's order): row of its last token in the flattened batch."""
 
 
-def build_input(chunks: Sequence[SequenceChunk], block_size: int, device: torch.device) -> ModelInput:
+def build_input(
+    chunks: Sequence[SequenceChunk], block_size: int, device: torch.device, *, fused: bool
+) -> ModelInput:
+    """``fused``: metadata for the fused attention kernel (``LlamaModel.fused_attention``),
+    else for the plain PyTorch attention; each step builds only the kind its model reads."""
     order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) != 1)
     num_decode = sum(1 for c in chunks if len(c.token_ids) == 1)
     ids: list[int] = []
@@ -47,18 +51,14 @@ def build_input(chunks: Sequence[SequenceChunk], block_size: int, device: torch.
             slots.append(table[pos // block_size] * block_size + pos % block_size)
         ids.extend(chunk.token_ids)
         last_rows[i] = len(ids) - 1
-    seq_info, block_tables = _sequence_tables([chunks[i] for i in order], block_size, device)
-    decode = [chunks[i] for i in order[:num_decode]]
-    decode_table, decode_bias = _decode_tables(decode, block_size, device)
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-        num_decode=num_decode,
-        decode_block_table=decode_table,
-        decode_bias=decode_bias,
-        prefills=_prefill_spans([chunks[i] for i in order[num_decode:]], num_decode, block_size, device),
-        seq_info=seq_info,
-        block_tables=block_tables,
-    )
+    slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)
+    if fused:
+        seq_info, block_tables = _sequence_tables([chunks[i] for i in order], block_size, device)
+        meta = AttentionMetadata(slot_mapping, num_decode, None, None, (), seq_info, block_tables)
+    else:
+        decode_table, decode_bias = _decode_tables([chunks[i] for i in order[:num_decode]], block_size, device)
+        prefills = _prefill_spans([chunks[i] for i in order[num_decode:]], num_decode, block_size, device)
+        meta = AttentionMetadata(slot_mapping, num_decode, decode_table, decode_bias, prefills, None, None)
     return ModelInput(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),

@@ -2,11 +2,11 @@
 
 ``load()`` returns the ops, or None where they cannot be used: no AVX-512 BF16 in the CPU,
 no C++ compiler, a failed build, or ``INTERLOCK_CPU_KERNELS=0``. The model then runs its
-plain PyTorch path, which computes the same function. The build (about a minute on two
-cores) happens on first use; ``scripts/setup.sh`` runs it ahead (``python -m
-interlock.engine.model.cpu_ops``) so that no server or test waits for a compiler. The build
-folder is keyed by a hash of the source, the compiler flags and the torch version, so an
-edited kernel or a new torch is rebuilt, never mixed up.
+plain PyTorch path, which computes the same function. The build (about 15 s on two cores)
+happens on first use; ``scripts/setup.sh`` runs it ahead (``cpu_ops.main()``) so that no
+server or test waits for a compiler. The build folder is keyed by a hash of the source, the
+compiler flags, torch's and Python's versions, so an edited kernel or a new torch is rebuilt,
+never mixed up.
 """
 
 from __future__ import annotations

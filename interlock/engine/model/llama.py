@@ -69,8 +69,10 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Run the step's tokens; return fp32 logits ``[len(logits_indices), vocab]``."""
         h = F.embedding(input_ids, self.weights.embed)
-        if self.ops is not None and cache.block_size % 16 == 0 and input_ids.numel():
-            h = self._fused_layers(h, positions, meta, cache)
+        if meta.seq_info is not None:
+            assert self.fused_attention(cache.block_size), "fused metadata for a model without the kernels"
+            if input_ids.numel():
+                h = self._fused_layers(h, positions, meta, cache)
         else:
             cos, sin = self.rope.lookup(positions, self.dtype)
             for i, layer in enumerate(self.weights.layers):
@@ -82,6 +84,11 @@ class LlamaModel:
             return torch.empty(0, self.config.vocab_size, device=self.device)
         last = self._norm(h.index_select(0, logits_indices), self.weights.norm)
         return self.weights.lm_head(last).float()
+
+    def fused_attention(self, block_size: int) -> bool:
+        """Whether steps over a cache of ``block_size`` run the fused kernels (then
+        ``build_input(..., fused=True)``)."""
+        return self.ops is not None and block_size % 16 == 0
 
     def _fused_ops(self) -> object | None:
         c = self.config

@@ -45,6 +45,7 @@ class TorchRunner:
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = model.config.eos_token_ids
         self.cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, model.device)
+        self.fused = model.fused_attention(block_size)
         self.kv_block_nbytes = self.cache.block_nbytes
         self.sampler = Sampler(self.eos_token_ids, seed=seed, device=model.device)
 
@@ -100,7 +101,7 @@ class TorchRunner:
         if not scheduled:
             return RunnerOutput()
         chunks = [SequenceChunk(r.token_ids, r.start_pos, r.block_table) for r in scheduled]
-        inputs = build_input(chunks, self.block_size, self.device)
+        inputs = build_input(chunks, self.block_size, self.device, fused=self.fused)
         sampling = [i for i, r in enumerate(scheduled) if r.do_sample]
         rows = torch.tensor([inputs.last_rows[i] for i in sampling], dtype=torch.long, device=self.device)
         logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.cache, rows)
