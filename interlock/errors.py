@@ -93,5 +93,12 @@ class TransportError(ServiceError):
     error_type = "transport_error"
 
 
+class WorkerFailed(ServiceError):
+    """The workers serving a request kept failing mid-stream past its migration limit."""
+
+    status = 502
+    error_type = "worker_failed"
+
+
 class TransferError(TransportError):
     """A KV transfer failed or was aborted."""

@@ -13,7 +13,7 @@ import asyncio
 import signal
 
 from interlock.cli.runner import run_command
-from interlock.cli.serving import ServiceBackend, router_config
+from interlock.cli.serving import add_dispatch_args, dispatch_options, router_config
 from interlock.deploy import Routing
 from interlock.env import get_env
 from interlock.errors import ConfigError
@@ -29,13 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval", type=float, default=1.0)
     p.add_argument("--heartbeat-timeout", type=float, default=5.0)
     p.add_argument("--log-level", default=get_env().log_level)
+    add_dispatch_args(p)
     return p
 
 
 async def _run(a: argparse.Namespace) -> int:
     from interlock.frontend.app import serve_frontend
     from interlock.frontend.config import FrontendConfig
-    from interlock.router.service import RouterService
+    from interlock.router.service import RouterService, ServiceOptions
     from interlock.runtime import RuntimeConfig, connect_runtime
 
     if not a.nats_url:
@@ -48,14 +49,15 @@ async def _run(a: argparse.Namespace) -> int:
         a.nats_url, RuntimeConfig(heartbeat_interval=a.heartbeat_interval, lease_timeout=a.heartbeat_timeout)
     )
     service = RouterService(discovery=runtime.discovery, requests=runtime.requests,
-                            events=runtime.events, config=router_config(routing))
+                            events=runtime.events, config=router_config(routing),
+                            options=ServiceOptions(dispatch=dispatch_options(a)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
     cfg = FrontendConfig(route_key_header=a.route_key_header) if a.route_key_header else FrontendConfig()
-    server = await serve_frontend(ServiceBackend(service), a.host, a.port, config=cfg)
+    server = await serve_frontend(service, a.host, a.port, config=cfg)
     print(f"frontend at {server.url}/v1 (policy {a.policy}, nats {a.nats_url})", flush=True)
     try:
         await stop.wait()

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from interlock.cli.procs import Child, python_module_argv
 from interlock.cli.runner import run_command
-from interlock.cli.serving import ServiceBackend, router_config
+from interlock.cli.serving import add_dispatch_args, dispatch_options, router_config
 from interlock.cli.worker import WorkerSpec, add_engine_args, engine_config_from_args, start_worker
 from interlock.deploy import (
     ControlPlane,
@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefill every request on a prefill worker; 503 when one cannot be")
     p.add_argument("--log-level", default=get_env().log_level)
     add_engine_args(p)
+    add_dispatch_args(p)
     return p
 
 
@@ -166,7 +167,8 @@ async def _serve(a: argparse.Namespace) -> int:
         discovery=runtime.discovery, requests=runtime.requests, events=runtime.events,
         config=router_config(d.routing, chunk_tokens=min(
             n.max_num_batched_tokens for g in d.execution_groups for n in g.nodes)),
-        options=ServiceOptions(health_check_s=cp.heartbeat_interval if cp.health_checks else None),
+        options=ServiceOptions(health_check_s=cp.heartbeat_interval if cp.health_checks else None,
+                               dispatch=dispatch_options(a)),
         disagg=disagg_config(d),
     )
     try:
@@ -181,7 +183,7 @@ async def _serve(a: argparse.Namespace) -> int:
                 await child.start()
                 children.append(child)
         fe_cfg = FrontendConfig(route_key_header=d.routing.route_key or FrontendConfig().route_key_header)
-        server = await serve_frontend(ServiceBackend(service), cp.listen_host, cp.listen_port, config=fe_cfg)
+        server = await serve_frontend(service, cp.listen_host, cp.listen_port, config=fe_cfg)
         if not await _wait_ready(service, len(specs), children, stop, a.ready_timeout):
             return 1
         names = ", ".join(m.name for m in service.models())

@@ -1,30 +1,30 @@
-"""What ``serve`` and ``frontend`` share: the router service behind the HTTP frontend."""
+"""What ``serve`` and ``frontend`` share: router settings and the dispatcher's flags.
+
+The router service itself is the frontend's backend (it implements ``frontend.backend.Backend``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import argparse
 
 from interlock.deploy import Routing
-from interlock.frontend.backend import ModelEntry, RequestContext
-from interlock.protocol import GenerateOutput, GenerateRequest
+from interlock.router.dispatcher import DispatchOptions
 from interlock.router.facade import RouterConfig
-from interlock.router.service import RouterService
 
 
-class ServiceBackend:
-    """Adapts ``RouterService`` to the frontend's ``Backend`` protocol."""
+def add_dispatch_args(p: argparse.ArgumentParser) -> None:
+    """Flags of the router's dispatcher (retries, migration, stall timeouts)."""
+    d = DispatchOptions()
+    p.add_argument("--migration-limit", type=int, default=d.migration_limit,
+                   help="times a request whose worker fails mid-stream moves to another worker "
+                        "(0: off; the client gets the error)")
+    p.add_argument("--stall-timeout", type=float, default=d.stall_floor_s,
+                   help="seconds without a token (once the first is out) after which a stream "
+                        "counts as stalled and migrates; raised on workers with slow steps")
 
-    def __init__(self, service: RouterService) -> None:
-        self.service = service
 
-    def models(self) -> list[ModelEntry]:
-        return [ModelEntry(m.name, m.model_path, m.context_length) for m in self.service.models()]
-
-    def generate(self, request: GenerateRequest, ctx: RequestContext) -> AsyncIterator[GenerateOutput]:
-        return self.service.generate(request, ctx)
-
-    def prometheus_text(self) -> str:
-        return self.service.prometheus_text()
+def dispatch_options(a: argparse.Namespace) -> DispatchOptions:
+    return DispatchOptions(migration_limit=a.migration_limit, stall_floor_s=a.stall_timeout)
 
 
 def router_config(

@@ -117,8 +117,18 @@ class EngineCore:
                 f"token ids must be in [0, {self.runner.vocab_size})", param="prompt"
             )
         req.sampling.validate()
+        resume = req.resume_token_ids
+        if resume and (min(resume) < 0 or max(resume) >= self.runner.vocab_size):
+            raise InvalidRequest(f"resume token ids must be in [0, {self.runner.vocab_size})",
+                                 param="resume_token_ids")
+        if len(resume) > req.sampling.max_tokens:
+            raise InvalidRequest("more resume tokens than max_tokens", param="resume_token_ids")
         self._arrivals += 1
-        return Request.from_generate(req, block_size=self.block_size, arrival=self._arrivals)
+        request = Request.from_generate(req, block_size=self.block_size, arrival=self._arrivals)
+        for token in resume:  # computed again like a preempted request's outputs, never re-sent
+            request.append_output(token)
+        request.num_emitted_tokens = len(resume)
+        return request
 
     def _reject(self, request_id: str, req: GenerateRequest, exc: Exception) -> None:
         if not isinstance(exc, InterlockError):

@@ -85,8 +85,13 @@ class Frontend:
 
     async def health(self, request: web.Request) -> web.Response:
         names = [e.name for e in self.catalog.entries()]
-        if not names:
-            return _json({"status": "unavailable", "models": []}, status=503, headers={"Retry-After": "1"})
+        check = getattr(self.backend, "health", None)  # optional: see Backend's docstring
+        problems: list[str] = list(check()) if check is not None else []
+        if not names and not problems:
+            problems = ["no model is being served"]
+        if problems:
+            return _json({"status": "unavailable", "models": names, "problems": problems},
+                         status=503, headers={"Retry-After": "1"})
         return _json({"status": "ok", "models": names})
 
     async def live(self, request: web.Request) -> web.Response:

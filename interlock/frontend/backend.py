@@ -13,18 +13,21 @@ Contract of ``Backend.generate``:
 * the iterator being closed (``aclose``) or cancelled before that means the client went away or a
   stop string matched: the backend must abort the request on its worker.
 
-``RequestContext`` carries the HTTP headers the router cares about, and a dict where the backend
-may put headers for the response (for example an explain header); they are sent with the
-response, so the backend sets them before its first output.
+``ModelEntry`` and ``RequestContext`` live in ``interlock.protocol.routing`` (the router service
+implements this protocol without importing the frontend).
+
+``health`` (optional) lists what keeps the backend from serving fully: a served model with no
+live worker, a local worker in a crash loop. Empty means healthy; ``/health`` answers 503 with
+the reasons otherwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from interlock.protocol import GenerateOutput, GenerateRequest
+from interlock.protocol.routing import ModelEntry, RequestContext
 
 # Request headers read into RequestContext (lower case; aiohttp matches case-insensitively).
 HEADER_REQUEST_ID = "x-request-id"
@@ -32,33 +35,8 @@ HEADER_SESSION_ID = "x-session-id"
 HEADER_ROUTE_KEY = "x-route-key"
 HEADER_PRIORITY = "x-priority"
 HEADER_EXPLAIN = "x-interlock-explain"
-
-
-@dataclass(frozen=True, slots=True)
-class ModelEntry:
-    """One model the backend can serve right now."""
-
-    name: str
-    """What clients put in ``model``."""
-    model_path: str
-    """Local folder with ``tokenizer.json`` and ``tokenizer_config.json`` (chat template)."""
-    context_length: int
-
-
-@dataclass(slots=True)
-class RequestContext:
-    """Per-request routing hints from the HTTP headers, and response headers from the backend."""
-
-    request_id: str
-    endpoint: str
-    """"chat" or "completions"."""
-    session_id: str | None = None
-    route_key: str | None = None
-    priority: int = 0
-    explain: bool = False
-    """The client asked for the routing decision to be explained (in a response header)."""
-    response_headers: dict[str, str] = field(default_factory=dict)
-    """Filled by the backend; sent with the HTTP response."""
+HEADER_WORKER_ID = "x-worker-id"
+"""Direct routing: serve the request on this worker (an operator's or a test's pin)."""
 
 
 class Backend(Protocol):
@@ -86,5 +64,6 @@ def header_context(
         session_id=headers.get(HEADER_SESSION_ID),
         route_key=headers.get(route_key_header),
         priority=int(priority) if priority else 0,
+        worker_id=headers.get(HEADER_WORKER_ID),
         explain=truthy(headers.get(HEADER_EXPLAIN)),
     )

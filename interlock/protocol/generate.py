@@ -38,6 +38,11 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: str = ""
     priority: int = 0
     kv_transfer: KVTransferParams | None = None
+    resume_token_ids: tuple[int, ...] = ()
+    """Migration: output tokens an earlier worker already generated (and the client already has).
+    This worker continues after them as if it had generated them itself: they count against
+    ``max_tokens`` and ``min_tokens``, a seeded draw for output token i still uses (seed, i),
+    and only the tokens after them are streamed back. ``num_prompt_tokens`` stays the prompt's."""
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):

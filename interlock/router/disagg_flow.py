@@ -11,8 +11,12 @@ Per request (``DisaggFlow.generate``):
      it allocated, and streams the rest. Its first chunk repeats the first token (the engine
      counts it as its first output), so that token is dropped here: never a duplicate;
   4. a prefill that fails (worker died, error, no descriptor) falls back to a local prefill
-     on the decode worker; a decode worker that fails before its first chunk is replaced by
-     another (the pull may still work; if not, that worker computes the prompt).
+     on the decode worker. The decode leg belongs to the dispatcher (``router.dispatcher``),
+     like any other leg: a decode worker that fails is replaced, and one that dies mid-stream
+     is migrated, the first token included.
+
+``prepare`` runs steps 1–3 up to the hand-over and returns the first token (if the prefill
+worker produced it) and the decode ``Leg``.
 
 Link checks: a background loop asks each decode worker (control call ``measure_link``) to
 measure its link to each prefill worker's transfer agent, when a pair first appears and every
@@ -27,7 +31,6 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -46,6 +49,7 @@ from interlock.router.disagg import (
     WorkerEstimate,
     choose,
 )
+from interlock.router.dispatcher import Leg
 from interlock.router.facade import Router
 from interlock.runtime.interfaces import RequestPlane
 
@@ -88,33 +92,54 @@ class DisaggFlow:
         """This request takes the disaggregated path: its model has prefill workers."""
         if request.kv_transfer is not None or not self.config.enabled:
             return False
-        return self.config.enforce or any(
-            self.svc._instances[w].role == "prefill" for w in router.workers() if w in self.svc._instances
-        )
+        if self.config.enforce:
+            return True
+        for w in router.workers():
+            info = self.svc.instance(w)
+            if info is not None and info.role == "prefill":
+                return True
+        return False
 
     # ---- per request ----
-    async def generate(self, router: Router, request: GenerateRequest, meta: RequestMeta,
-                       hashes: list[int]) -> AsyncIterator[GenerateOutput]:
+    async def prepare(self, router: Router, request: GenerateRequest, meta: RequestMeta,
+                      hashes: list[int]) -> tuple[GenerateOutput | None, Leg | None]:
+        """Place the prefill and run it if remote: (first output or None, decode leg or None
+        when the request already finished at its first token)."""
         rid = request.request_id
-        d = await self.svc._route(router, replace(meta, role="decode"), hashes)
-        p = self._tentative_prefill(router, meta, hashes, d.worker_id)
-        choice = self._choose(request, d, p)
-        self._count(self.choices, choice.reason)
-        log.info(choice.log_line(rid))
+        dispatcher = self.svc.dispatcher
+        d = await dispatcher.route(router, replace(meta, role="decode"), hashes)
         try:
+            p = self._tentative_prefill(router, meta, hashes, d.worker_id)
+            choice = self._choose(request, d, p)
+            self._count(self.choices, choice.reason)
+            log.info(choice.log_line(rid))
             if not choice.remote:
                 if p is not None:
-                    self.svc._finish(router, p.request_id)
+                    dispatcher.finish(router, p.request_id)
                 if self.config.enforce and choice.reason in STAY_REASONS:
                     raise NoWorkers(f"disaggregation enforced but {choice.reason}", retry_after=1.0)
-                async for out in self._decode(router, d, request, tried={d.worker_id}):
-                    yield out
-                return
+                return None, self._local(d, request)
             assert p is not None
-            async for out in self._remote(router, request, d, p):
-                yield out
-        finally:
-            self.svc._finish(router, rid)
+            final = await self._prefill(router, request, p)
+        except BaseException:
+            dispatcher.finish(router, rid)
+            raise
+        if final is None or final.kv_transfer is None and final.error is not None:
+            self._count(self.fallbacks, "prefill_failed")
+            return None, self._local(d, request)
+        if final.kv_transfer is None:  # finished at its first token (EOS or max_tokens 1)
+            dispatcher.finish(router, rid)
+            return final, None
+        if final.kv_transfer.descriptor is None:
+            self._count(self.fallbacks, "not_staged")
+        kt = msgspec.structs.replace(final.kv_transfer, do_remote_decode=False, do_remote_prefill=True)
+        decode_req = msgspec.structs.replace(request, kv_transfer=kt)
+        first = msgspec.structs.replace(final, finish_reason=None, kv_transfer=None)
+        return first, Leg(d, decode_req, skip_first=True)
+
+    def _local(self, d: Decision, request: GenerateRequest) -> Leg:
+        """The decode worker prefills itself; its prompt tokens count as pending there."""
+        return Leg(d, request, held_tokens=self.hold(d.worker_id, len(request.token_ids) - d.cached_tokens))
 
     def _tentative_prefill(self, router: Router, meta: RequestMeta, hashes: list[int],
                            decode_id: str) -> Decision | None:
@@ -125,16 +150,16 @@ class DisaggFlow:
         except ServiceUnavailable:
             return None
         if isinstance(p, Pending) or p.worker_id == decode_id or not self._has_agent(p.worker_id):
-            self.svc._finish(router, pmeta.request_id)
+            self.svc.dispatcher.finish(router, pmeta.request_id)
             return None
         return p
 
     def _has_agent(self, worker_id: str) -> bool:
-        info = self.svc._instances.get(worker_id)
+        info = self.svc.instance(worker_id)
         return info is not None and "kv_transfer_address" in info.metadata
 
     def _choose(self, request: GenerateRequest, d: Decision, p: Decision | None) -> DisaggChoice:
-        info = self.svc._instances.get(d.worker_id)
+        info = self.svc.instance(d.worker_id)
         block_size = d.block_size
         blocks = math.ceil(len(request.token_ids) / block_size)
         nbytes = int(info.metadata.get("kv_block_nbytes", "0")) if info is not None else 0
@@ -145,13 +170,13 @@ class DisaggFlow:
             link=link[0] if link is not None else None, config=self.config,
         )
 
-    def _hold(self, worker_id: str, tokens: int) -> int:
+    def hold(self, worker_id: str, tokens: int) -> int:
         tokens = max(tokens, 1)
         self.pending[worker_id] = self.pending.get(worker_id, 0) + tokens
         return tokens
 
-    def _release(self, worker_id: str, tokens: int) -> int:
-        """Returns 0 (what is still held), so ``held = self._release(...)`` is idempotent."""
+    def release(self, worker_id: str, tokens: int) -> int:
+        """Returns 0 (what is still held), so ``held = self.release(...)`` is idempotent."""
         if tokens:
             left = self.pending.get(worker_id, 0) - tokens
             if left > 0:
@@ -161,8 +186,8 @@ class DisaggFlow:
         return 0
 
     def _estimate(self, d: Decision) -> WorkerEstimate:
-        r = self.svc._reports.get(d.worker_id)
-        info = self.svc._instances.get(d.worker_id)
+        r = self.svc.report(d.worker_id)
+        info = self.svc.instance(d.worker_id)
         pending = self.pending.get(d.worker_id, 0)
         if r is None:
             total = info.kv_blocks_total if info is not None else 0
@@ -175,33 +200,14 @@ class DisaggFlow:
             decode_step_s=r.decode_step_s,
         )
 
-    async def _remote(self, router: Router, request: GenerateRequest, d: Decision,
-                      p: Decision) -> AsyncIterator[GenerateOutput]:
-        final = await self._prefill(router, request, p)
-        if final is None or final.kv_transfer is None and final.error is not None:
-            self._count(self.fallbacks, "prefill_failed")
-            async for out in self._decode(router, d, request, tried={d.worker_id}):
-                yield out
-            return
-        if final.kv_transfer is None:  # finished at its first token (EOS or max_tokens 1)
-            yield final
-            return
-        if final.kv_transfer.descriptor is None:
-            self._count(self.fallbacks, "not_staged")
-        yield replace_output(final, finish_reason=None, kv_transfer=None)
-        kt = msgspec.structs.replace(final.kv_transfer, do_remote_decode=False, do_remote_prefill=True)
-        decode_req = msgspec.structs.replace(request, kv_transfer=kt)
-        async for out in self._decode(router, d, decode_req, tried={d.worker_id}, skip_first=True):
-            yield out
-
     async def _prefill(self, router: Router, request: GenerateRequest,
                        p: Decision) -> GenerateOutput | None:
         """The prefill leg's final output, or None when the prefill worker failed."""
         req = msgspec.structs.replace(request, kv_transfer=KVTransferParams(do_remote_decode=True))
         final: GenerateOutput | None = None
-        uncached = self._hold(p.worker_id, len(request.token_ids) - p.cached_tokens)
+        uncached = self.hold(p.worker_id, len(request.token_ids) - p.cached_tokens)
         try:
-            async for out in self.svc._stream(router, p, _encode(req)):
+            async for out in self.svc.dispatcher.stream(router, p, req):
                 if out.finished:
                     final = out
         except ServiceError as exc:  # gone, draining, engine fault: not the request's fault
@@ -210,39 +216,8 @@ class DisaggFlow:
             if isinstance(exc, TransportError):
                 router.set_health(p.worker_id, False)
         finally:
-            self._release(p.worker_id, uncached)
-            self.svc._finish(router, p.request_id)
+            self.release(p.worker_id, uncached)
         return final
-
-    async def _decode(self, router: Router, d: Decision, request: GenerateRequest, *,
-                      tried: set[str], skip_first: bool = False) -> AsyncIterator[GenerateOutput]:
-        """Stream from the decode worker; one that fails before its first chunk is replaced."""
-        payload = _encode(request)
-        for attempt in range(self.svc._options.max_attempts):
-            started = False
-            held = 0 if skip_first else self._hold(d.worker_id, len(request.token_ids) - d.cached_tokens)
-            try:
-                async for out in self.svc._stream(router, d, payload):
-                    if skip_first and not started and out.token_ids:
-                        out = _drop_first_token(out)
-                    if not started:
-                        held = self._release(d.worker_id, held)
-                    started = True
-                    yield out
-                return
-            except TransportError as exc:
-                if started or attempt + 1 == self.svc._options.max_attempts:
-                    raise
-                log.warning("decode worker %s failed before output (%s): routing %s again",
-                            d.worker_id, exc.message, request.request_id)
-                router.set_health(d.worker_id, False)
-            finally:
-                self._release(d.worker_id, held)
-            self.svc._finish(router, request.request_id)
-            meta = RequestMeta(request_id=request.request_id, prompt_tokens=len(request.token_ids),
-                               max_tokens=request.sampling.max_tokens, role="decode")
-            d = await self.svc._route(router, meta, router.block_hashes(request.token_ids))
-            tried.add(d.worker_id)
 
     # ---- link checks ----
     async def link_loop(self, tick_s: float = 1.0) -> None:
@@ -255,7 +230,7 @@ class DisaggFlow:
             await asyncio.sleep(tick_s)
 
     def _pairs(self) -> list[tuple[InstanceInfo, InstanceInfo]]:
-        infos = list(self.svc._instances.values())
+        infos = self.svc.instances()
         return [(p, d) for p in infos if p.role == "prefill" and "kv_transfer_address" in p.metadata
                 for d in infos if d.role != "prefill" and d.model == p.model
                 and "control_address" in d.metadata]
@@ -264,7 +239,7 @@ class DisaggFlow:
         req = ControlRequest(op="measure_link", peer_address=prefill.metadata["kv_transfer_address"])
         try:
             reply = await asyncio.wait_for(
-                control_call(self.svc._requests, decode.metadata["control_address"], req), 30.0)
+                control_call(self.svc.requests, decode.metadata["control_address"], req), 30.0)
         except Exception as exc:  # noqa: BLE001 - a failed check is a result
             reply = ControlReply(ok=False, error=str(exc))
         if not reply.ok or reply.bandwidth_bytes_per_s <= 0:
@@ -291,13 +266,3 @@ class DisaggFlow:
         return lines
 
 
-def replace_output(out: GenerateOutput, **changes: object) -> GenerateOutput:
-    return msgspec.structs.replace(out, **changes)
-
-
-def _drop_first_token(out: GenerateOutput) -> GenerateOutput:
-    """The decode worker's first chunk starts with the prefill's first token: already sent."""
-    logprobs = out.logprobs
-    if logprobs is not None and len(logprobs) == len(out.token_ids):
-        logprobs = logprobs[1:]
-    return msgspec.structs.replace(out, token_ids=out.token_ids[1:], logprobs=logprobs)

@@ -75,6 +75,9 @@ class _WorkerState:
     info: InstanceInfo
     slot: int
     healthy: bool = True
+    """Last health signal (load report, ping, stream failure)."""
+    blocked: bool = False
+    """Held out by its circuit breaker (``router.breaker``), whatever its health says."""
     draining: bool = False
 
 
@@ -130,6 +133,16 @@ class Router:
         if w is not None and w.healthy != healthy:
             w.healthy = healthy
             self._eligible_cache.clear()
+
+    def set_blocked(self, instance_id: str, blocked: bool) -> None:
+        w = self._workers.get(instance_id)
+        if w is not None and w.blocked != blocked:
+            w.blocked = blocked
+            self._eligible_cache.clear()
+
+    def is_eligible(self, instance_id: str) -> bool:
+        w = self._workers.get(instance_id)
+        return w is not None and w.healthy and not w.blocked and not w.draining
 
     def workers(self) -> list[str]:
         return list(self._workers)
@@ -224,7 +237,7 @@ class Router:
             return cached
         mask = np.zeros(self.indexer.num_slots, dtype=bool)
         for w in self._workers.values():
-            if w.healthy and not w.draining and (role is None or w.info.role in (role, "both")):
+            if w.healthy and not w.blocked and not w.draining and (role is None or w.info.role in (role, "both")):
                 mask[w.slot] = True
         self._eligible_cache[role] = mask
         return mask

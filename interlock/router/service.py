@@ -1,12 +1,10 @@
-"""The router's async glue: planes in, decisions out (the frontend's ``Backend``).
+"""The router's async glue: planes in, decisions out. Implements the frontend's ``Backend``.
 
 No decisions are made here: ``Router`` (one per served model) decides; this shell keeps it fed
 (discovery -> workers, event plane -> KV events and load reports, other routers' dispatch
-load), asks workers for a snapshot when their event stream has a gap or they (re)join, waits
-queued requests out, and streams each request to its worker over the request plane.
-
-A request that fails to reach its worker before any output (worker died, connection refused)
-is routed again to another worker, so a killed worker loses no request that it had not started.
+load) and asks workers for a snapshot when their event stream has a gap or they (re)join.
+Each request's life (route, stream, retry, migrate, finish) belongs to the ``Dispatcher``
+(``router.dispatcher``), for the aggregated and the disaggregated path alike.
 """
 
 from __future__ import annotations
@@ -16,12 +14,12 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import msgspec
 
-from interlock.errors import ModelNotFound, NoWorkers, TransportError
+from interlock.errors import ModelNotFound, NoWorkers
 from interlock.protocol import (
     GenerateOutput,
     GenerateRequest,
@@ -31,10 +29,11 @@ from interlock.protocol import (
     subjects,
 )
 from interlock.protocol.events import RouterLoadEvent
-from interlock.router.admission import Pending, RequestMeta
-from interlock.router.decision import Decision
+from interlock.protocol.routing import ModelEntry, RequestContext
+from interlock.router.breaker import BreakerConfig, Breakers
 from interlock.router.disagg import DisaggConfig
 from interlock.router.disagg_flow import DisaggFlow
+from interlock.router.dispatcher import EXPLAIN_HEADER, Dispatcher, DispatchOptions
 from interlock.router.facade import Router, RouterConfig
 from interlock.router.indexer import ApplyResult
 from interlock.runtime.interfaces import Discovery, EventPlane, RequestPlane
@@ -42,7 +41,6 @@ from interlock.runtime.interfaces import Discovery, EventPlane, RequestPlane
 log = logging.getLogger(__name__)
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode_output = msgspec.msgpack.Decoder(GenerateOutput).decode
 _decode_batch = msgspec.msgpack.Decoder(KVEventBatch).decode
 _decode_load = msgspec.msgpack.Decoder(LoadReport).decode
 _decode_router_load = msgspec.msgpack.Decoder(list[RouterLoadEvent] | RouterLoadEvent).decode
@@ -51,24 +49,14 @@ SHARE_INTERVAL_S = 0.01
 """Dispatch load for other routers leaves in one message per this interval (not one per event:
 three NATS messages per request, each echoed back, were a fifth of the frontend's time)."""
 
-EXPLAIN_HEADER = "x-interlock-route"
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    """What the frontend needs of a served model (mirrors ``frontend.backend.ModelEntry``)."""
-
-    name: str
-    model_path: str
-    context_length: int
+__all__ = ["EXPLAIN_HEADER", "RouterService", "ServiceOptions"]
 
 
 @dataclass(frozen=True)
 class ServiceOptions:
-    max_attempts: int = 3
-    """Workers tried for a request that fails before its first output."""
-    queue_timeout_s: float = 30.0
-    """How long a queued request waits for a worker before a 503."""
+    dispatch: DispatchOptions = DispatchOptions()
+    """Retries, migration, stall timeouts, queue timeout (``router.dispatcher``)."""
+    breaker: BreakerConfig = BreakerConfig()
     share_load: bool = True
     """Publish dispatch-time load for other routers, and apply theirs."""
     health_check_s: float | None = None
@@ -96,21 +84,25 @@ class RouterService:
         self.router_id = router_id or uuid.uuid4().hex[:12]
         self.routers: dict[str, Router] = {}
         self._instances: dict[str, InstanceInfo] = {}
-        self._waiters: dict[str, asyncio.Future[Decision]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._reports: dict[str, LoadReport] = {}
-        self._known_models: dict[str, ModelInfo] = {}
+        self._known_models: dict[str, ModelEntry] = {}
         self._shared_out: list[RouterLoadEvent] = []
         self._share_timer: asyncio.TimerHandle | None = None
+        self.requests = requests
+        """The request plane (streams to workers, control calls)."""
+        self.dispatcher = Dispatcher(self, options.dispatch, Breakers(options.breaker))
         self.disagg = DisaggFlow(self, disagg) if disagg is not None else None
         """Disaggregated prefill/decode (``router.disagg_flow``); None: aggregated only."""
+        self.extra_health: list[Callable[[], list[str]]] = []
+        """More sources of ``health`` problems (``serve`` adds its process supervisor)."""
 
     # ---- lifecycle ----
     async def start(self) -> None:
         kv = await self._events.subscribe(subjects.KV_ALL)
         load = await self._events.subscribe(subjects.LOAD_ALL)
-        loops = [self._watch(), self._on_kv(kv), self._on_load(load)]
+        loops = [self._watch(), self._on_kv(kv), self._on_load(load), self._ticks()]
         if self.disagg is not None:
             loops.append(self.disagg.link_loop())
         if self._options.share_load:
@@ -130,9 +122,7 @@ class RouterService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
-        for fut in self._waiters.values():
-            if not fut.done():
-                fut.set_exception(NoWorkers("router shutting down"))
+        self.dispatcher.close()
 
     async def wait_for_workers(self, count: int, timeout_s: float) -> int:
         """Wait until ``count`` workers are known (or the timeout); return how many are."""
@@ -147,59 +137,38 @@ class RouterService:
         return len(self._instances)
 
     # ---- Backend ----
-    def models(self) -> list[ModelInfo]:
+    def models(self) -> list[ModelEntry]:
         """Every model a worker has served since start: one whose workers are all gone stays
         listed, so its requests get 503 + Retry-After (not 404) until a worker comes back."""
         return sorted(self._known_models.values(), key=lambda m: m.name)
 
+    def health(self) -> list[str]:
+        """Problems that keep a served model from being served (empty: healthy)."""
+        problems = [f"model '{m}' has no live worker" for m in sorted(self._known_models)
+                    if m not in self.routers or not any(
+                        self.routers[m].is_eligible(w) for w in self.routers[m].workers())]
+        for source in self.extra_health:
+            problems += source()
+        return problems
+
     def instances(self) -> list[InstanceInfo]:
         return sorted(self._instances.values(), key=lambda i: i.instance_id)
 
-    async def generate(self, request: GenerateRequest, ctx: object) -> AsyncIterator[GenerateOutput]:
+    def instance(self, instance_id: str) -> InstanceInfo | None:
+        return self._instances.get(instance_id)
+
+    def report(self, instance_id: str) -> LoadReport | None:
+        """The worker's last load report."""
+        return self._reports.get(instance_id)
+
+    def generate(self, request: GenerateRequest, ctx: RequestContext | None = None
+                 ) -> AsyncIterator[GenerateOutput]:
         router = self.routers.get(request.model)
         if router is None:
             if request.model in self._known_models:
                 raise NoWorkers(f"no worker is serving '{request.model}' right now", retry_after=1.0)
             raise ModelNotFound(f"The model '{request.model}' does not exist")
-        meta = RequestMeta(
-            request_id=request.request_id,
-            prompt_tokens=len(request.token_ids),
-            max_tokens=request.sampling.max_tokens,
-            priority=request.priority or int(getattr(ctx, "priority", 0) or 0),
-            session_id=getattr(ctx, "session_id", None),
-            route_key=getattr(ctx, "route_key", None),
-            worker_id=getattr(ctx, "worker_id", None),
-        )
-        hashes = router.block_hashes(request.token_ids)
-        if self.disagg is not None and self.disagg.active(router, request):
-            async for out in self.disagg.generate(router, request, meta, hashes):
-                yield out
-            return
-        payload = _encode(request)
-        tried: set[str] = set()
-        for attempt in range(self._options.max_attempts):
-            decision = await self._route(router, meta, hashes)
-            if attempt == 0 and getattr(ctx, "explain", False):
-                ctx.response_headers[EXPLAIN_HEADER] = decision.header()  # type: ignore[attr-defined]
-            if log.isEnabledFor(logging.DEBUG):  # the line lists every candidate: build it only if shown
-                log.debug(decision.log_line())
-            self._share(router)
-            tried.add(decision.worker_id)
-            started = False
-            try:
-                async for out in self._stream(router, decision, payload):
-                    started = True
-                    yield out
-                return
-            except TransportError as exc:
-                if started or attempt + 1 == self._options.max_attempts:
-                    raise
-                log.warning("worker %s failed before output (%s): routing %s again",
-                            decision.worker_id, exc.message, request.request_id)
-                router.set_health(decision.worker_id, False)
-            finally:
-                self._finish(router, request.request_id)
-        raise NoWorkers("no worker could take the request")  # pragma: no cover
+        return self.dispatcher.generate(router, request, ctx)
 
     def prometheus_text(self) -> str:
         """Workers' last load reports and the routers' counters, in Prometheus text format."""
@@ -229,56 +198,13 @@ class RouterService:
             lines += [f"# HELP interlock_router_{name} {help_}", f"# TYPE interlock_router_{name} counter"]
             for model, router in sorted(self.routers.items()):
                 lines.append(f'interlock_router_{name}{{model="{model}"}} {get(router.metrics)}')
+        lines += self.dispatcher.prometheus_lines()
         if self.disagg is not None:
             lines += self.disagg.prometheus_lines()
         return "\n".join(lines) + "\n"
 
-    # ---- per request ----
-    async def _route(self, router: Router, meta: RequestMeta, hashes: list[int]) -> Decision:
-        d = router.route(meta, block_hashes=hashes)
-        if isinstance(d, Pending):
-            fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
-            self._waiters[meta.request_id] = fut
-            try:
-                return await asyncio.wait_for(fut, self._options.queue_timeout_s)
-            except TimeoutError:
-                router.cancel(meta.request_id)
-                raise NoWorkers("timed out waiting for a free worker", retry_after=1.0) from None
-            finally:
-                self._waiters.pop(meta.request_id, None)
-        return d
-
-    async def _stream(self, router: Router, d: Decision, payload: bytes) -> AsyncIterator[GenerateOutput]:
-        info = self._instances.get(d.worker_id)
-        if info is None:
-            raise TransportError(f"worker {d.worker_id} left")
-        first = True
-        stream = self._requests.stream(info.address, payload)
-        async with contextlib.aclosing(stream):
-            async for chunk in stream:
-                out = _decode_output(chunk)
-                if first and (out.token_ids or out.finished):
-                    first = False
-                    router.on_first_token(d.request_id)
-                    self._share(router)
-                yield out
-                if out.finished:
-                    return
-
-    def _finish(self, router: Router, request_id: str) -> None:
-        router.cancel(request_id)
-        self._share(router)
-        self._dispatch(router)
-
-    def _dispatch(self, router: Router) -> None:
-        for d in router.dispatch_queued():
-            fut = self._waiters.get(d.request_id)
-            if fut is not None and not fut.done():
-                fut.set_result(d)
-            else:
-                router.on_finish(d.request_id)
-
-    def _share(self, router: Router) -> None:
+    def share(self, router: Router) -> None:
+        """Queue this router's dispatch events for the other routers (sent every few ms)."""
         events = router.drain_shared()
         if not events or not self._options.share_load:
             return
@@ -330,7 +256,7 @@ class RouterService:
             return
         self._instances[info.instance_id] = info
         if info.role != "prefill":
-            self._known_models[info.model] = ModelInfo(info.model, info.model_path, info.context_length)
+            self._known_models[info.model] = ModelEntry(info.model, info.model_path, info.context_length)
         log.info("worker %s joined (%s, %s)", info.instance_id, info.model, info.role)
         if info.publishes_kv_events:
             asyncio.ensure_future(self._publish(subjects.resync(info.instance_id), b""))
@@ -346,12 +272,19 @@ class RouterService:
             if not router.workers():
                 del self.routers[info.model]
             else:
-                self._dispatch(router)
+                self.dispatcher.dispatch_queued(router)
+        self.dispatcher.worker_left(instance_id)
         log.info("worker %s left", instance_id)
 
     def _router_of(self, instance_id: str) -> Router | None:
         info = self._instances.get(instance_id)
         return self.routers.get(info.model) if info else None
+
+    async def _ticks(self, interval_s: float = 0.5) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self.dispatcher.tick({wid: self.routers[i.model] for wid, i in self._instances.items()
+                                  if i.model in self.routers})
 
     async def _health_checks(self, interval_s: float) -> None:
         while True:
@@ -394,7 +327,7 @@ class RouterService:
                 router.set_health(report.instance_id, True)
             router.apply_load(report)
             self._reports[report.instance_id] = report
-            self._dispatch(router)
+            self.dispatcher.dispatch_queued(router)
 
     async def _on_router_load(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:
         own = subjects.router_load(self.router_id)

@@ -63,7 +63,7 @@ class Cluster:
     async def generate(self, rid: str, prompt: list[int], max_tokens: int) -> list[GenerateOutput]:
         req = GenerateRequest(request_id=rid, token_ids=tuple(prompt), model=MODEL,
                               sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0))
-        stream = self.service.generate(req, object())
+        stream = self.service.generate(req)
         async with contextlib.aclosing(stream):
             return [out async for out in stream]
 

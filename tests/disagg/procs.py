@@ -49,7 +49,7 @@ class ProcCluster:
         proc.wait(10)
 
     async def control(self, wid: str, req: ControlRequest) -> ControlReply:
-        info = self.service._instances[wid]
+        info = self.service.instance(wid)
         return await control_call(self.runtime.requests, info.metadata["control_address"], req)
 
     def stop_all(self) -> None:

@@ -32,7 +32,7 @@ async def run_all(c: ProcCluster, prompts: list[list[int]], tag: str) -> list[li
     for i, p in enumerate(prompts):
         req = GenerateRequest(request_id=f"{tag}{i}", token_ids=tuple(p), model=model,
                               sampling=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
-        stream = c.service.generate(req, object())
+        stream = c.service.generate(req)
         async with contextlib.aclosing(stream):
             got.append([t async for out in stream for t in out.token_ids])
     return got
@@ -40,7 +40,7 @@ async def run_all(c: ProcCluster, prompts: list[list[int]], tag: str) -> list[li
 
 async def wait_role(c: ProcCluster, wid: str, role: str) -> None:
     for _ in range(200):
-        info = c.service._instances.get(wid)
+        info = c.service.instance(wid)
         if info is not None and info.role == role:
             return
         await asyncio.sleep(0.05)

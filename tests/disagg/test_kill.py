@@ -38,7 +38,7 @@ async def one(c: ProcCluster, i: int, rng: random.Random, model: str) -> str:
                                                   ignore_eos=True))
     cancel_after = rng.randint(0, 3) if rng.random() < 0.2 else None
     got: list[int] = []
-    stream = c.service.generate(req, object())
+    stream = c.service.generate(req)
     try:
         async with contextlib.aclosing(stream):
             async for out in stream:

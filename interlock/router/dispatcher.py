@@ -1,0 +1,405 @@
+"""One owner for a request's life: route, stream, retry, migrate, finish — for every path.
+
+A request is served in *legs*: one leg is one stream from one worker. The first leg goes where
+the router decides (for a disaggregated request, ``DisaggFlow.prepare`` first runs the prefill
+leg and hands over the decode leg). When a leg breaks, the dispatcher starts another:
+
+* before the client got any token, the same request is routed again (``max_attempts`` workers
+  in all): nothing was sent, so nothing has to be stitched;
+* after it, the request *migrates* (``migration_limit`` times at most; 0 turns it off): the
+  prompt plus every token already sent goes to another worker as ``resume_token_ids``, routed
+  KV-aware on prompt + tokens, so a worker holding that prefix is preferred. The new worker
+  recomputes that KV and continues as if it had generated those tokens itself (same seeded
+  draws, same token budget), and streams only what comes after them. The client's stream
+  continues: same id, no gap in tokens or logprobs, stop strings still matched by the frontend
+  across the seam, usage counted once.
+
+A leg breaks when its stream fails (connection lost, a peer silent past the request plane's
+``peer_timeout``), when its worker leaves discovery, when the worker ends it with ``abort``
+(drain, shutdown: the client did not ask) or with a service error, or when no token arrives
+for longer than the stall timeout: ``max(stall_floor_s, stall_steps x the worker's last decode
+step time)`` once the first token is out (a hung or SIGSTOPped engine; before the first token a
+queue or a long prefill is no sign of a fault, so only ``first_token_timeout_s`` applies, off by
+default). Each break counts against the worker's circuit breaker (``router.breaker``).
+
+Legs are interrupted through ``asyncio.timeout`` around each wait for the next chunk: a timer
+fires for a stall, and ``worker_left`` fires it at once; no task or queue per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from interlock.errors import (
+    InterlockError,
+    NoWorkers,
+    ServiceError,
+    TransportError,
+    WorkerFailed,
+)
+from interlock.protocol import GenerateOutput, GenerateRequest
+from interlock.protocol.routing import RequestContext
+from interlock.router.admission import Pending, RequestMeta
+from interlock.router.breaker import Breakers
+from interlock.router.decision import Decision
+from interlock.router.facade import Router
+
+if TYPE_CHECKING:
+    from interlock.router.service import RouterService
+
+log = logging.getLogger(__name__)
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_output = msgspec.msgpack.Decoder(GenerateOutput).decode
+
+EXPLAIN_HEADER = "x-interlock-route"
+
+
+@dataclass(frozen=True)
+class DispatchOptions:
+    max_attempts: int = 3
+    """Workers tried for a request that fails before its first token."""
+    migration_limit: int = 3
+    """Migrations per request once tokens were sent (0: a broken stream fails the request)."""
+    queue_timeout_s: float = 30.0
+    """How long a queued request waits for a worker before a 503."""
+    stall_floor_s: float = 10.0
+    stall_steps: float = 50.0
+    """Stall timeout after the first token: max(stall_floor_s, stall_steps x decode step time)."""
+    first_token_timeout_s: float | None = None
+    """Stall timeout before the first token (None: none; transport liveness still applies)."""
+
+    def __post_init__(self) -> None:
+        from interlock.errors import ConfigError
+
+        if self.max_attempts < 1:
+            raise ConfigError("max_attempts must be at least 1", param="max_attempts")
+        if self.migration_limit < 0:
+            raise ConfigError("migration_limit must be >= 0", param="migration_limit")
+        if self.stall_floor_s <= 0 or self.stall_steps <= 0:
+            raise ConfigError("stall timeouts must be positive", param="stall_floor_s")
+
+
+@dataclass
+class DispatchMetrics:
+    retries: int = 0
+    """Requests routed again after a failure before their first token."""
+    migrations: int = 0
+    migrations_exhausted: int = 0
+    stalls: int = 0
+    worker_aborts: int = 0
+    recovery_s_total: float = 0.0
+    """Seconds from each break to the client's next token, summed over migrations."""
+
+
+class LegBroken(TransportError):
+    """A leg ended without finishing its request, through no fault of the request."""
+
+
+@dataclass(slots=True, eq=False)
+class _Watch:
+    """One live leg: lets ``worker_left`` break it while it waits for a chunk."""
+
+    worker_id: str
+    broken: InterlockError | None = None
+    timeout: asyncio.Timeout | None = None
+
+    def break_(self, exc: InterlockError) -> None:
+        self.broken = exc
+        if self.timeout is not None:
+            self.timeout.reschedule(asyncio.get_running_loop().time())
+
+
+@dataclass(slots=True)
+class Leg:
+    """What the next stream is: where, what to send, and how its output joins the response."""
+
+    decision: Decision
+    request: GenerateRequest
+    skip_first: bool = False
+    """The worker repeats a token the client already has (a disaggregated decode's first chunk)."""
+    held_tokens: int = 0
+    """Prompt tokens the disaggregated flow counts as pending on this worker until it starts."""
+
+
+@dataclass(slots=True)
+class _Progress:
+    tokens: list[int] = field(default_factory=list)
+    broke_at: float = 0.0
+
+
+class Dispatcher:
+    def __init__(self, service: RouterService, options: DispatchOptions = DispatchOptions(),
+                 breakers: Breakers | None = None) -> None:
+        self.svc = service
+        self.options = options
+        self.breakers = breakers or Breakers()
+        self.metrics = DispatchMetrics()
+        self._waiters: dict[str, asyncio.Future[Decision]] = {}
+        self._watches: dict[str, set[_Watch]] = {}
+
+    # ---- the request's life ----
+    async def generate(self, router: Router, request: GenerateRequest,
+                       ctx: RequestContext | None) -> AsyncIterator[GenerateOutput]:
+        rid = request.request_id
+        meta = RequestMeta(
+            request_id=rid,
+            prompt_tokens=len(request.token_ids),
+            max_tokens=request.sampling.max_tokens,
+            priority=request.priority or (ctx.priority if ctx is not None else 0),
+            session_id=ctx.session_id if ctx is not None else None,
+            route_key=ctx.route_key if ctx is not None else None,
+            worker_id=ctx.worker_id if ctx is not None else None,
+        )
+        hashes = router.block_hashes(request.token_ids)
+        progress = _Progress()
+        disagg = self.svc.disagg
+        role: str | None = None
+        leg: Leg | None
+        first: GenerateOutput | None = None
+        if disagg is not None and disagg.active(router, request):
+            role = "decode"
+            first, leg = await disagg.prepare(router, request, meta, hashes)
+        else:
+            leg = Leg(await self.route(router, meta, hashes), request)
+        if ctx is not None and ctx.explain and leg is not None:
+            ctx.response_headers[EXPLAIN_HEADER] = leg.decision.header()
+        if first is not None:  # the prefill worker's first token
+            progress.tokens += first.token_ids
+            try:
+                yield first
+            except BaseException:  # closed before the decode leg started: release what it holds
+                if leg is not None:
+                    self._release_unstarted(router, leg)
+                raise
+        if leg is None:
+            return
+        attempts = migrations = 0
+        while True:
+            d = leg.decision
+            try:
+                async for out in self._leg(router, leg):
+                    if progress.broke_at:
+                        self.metrics.recovery_s_total += time.monotonic() - progress.broke_at
+                        progress.broke_at = 0.0
+                    progress.tokens += out.token_ids
+                    yield out
+                return
+            except ServiceError as exc:  # LegBroken too; a RequestError is the client's
+                self._worker_failed(router, d.worker_id, exc)
+                if not progress.tokens and not leg.skip_first:
+                    attempts += 1
+                    if attempts >= self.options.max_attempts:
+                        raise
+                    self.metrics.retries += 1
+                    log.warning("worker %s failed before output (%s): routing %s again",
+                                d.worker_id, exc.message, rid)
+                    retry_meta = replace(meta, role=role, worker_id=None)
+                    leg = Leg(await self.route(router, retry_meta, hashes), leg.request,
+                              held_tokens=leg.held_tokens)
+                    continue
+                if migrations >= self.options.migration_limit:
+                    self.metrics.migrations_exhausted += 1
+                    if self.options.migration_limit == 0:
+                        raise
+                    raise WorkerFailed(
+                        f"the request's worker failed {migrations + 1} times; giving up "
+                        f"(migration limit {self.options.migration_limit})") from exc
+                migrations += 1
+                progress.broke_at = progress.broke_at or time.monotonic()
+                leg = await self._migrate(router, request, meta, role, progress.tokens, migrations)
+                self.metrics.migrations += 1
+                log.warning("migrating request %s from worker %s to %s after %d tokens (%s)",
+                            rid, d.worker_id, leg.decision.worker_id, len(progress.tokens), exc.message)
+
+    def _release_unstarted(self, router: Router, leg: Leg) -> None:
+        disagg = self.svc.disagg
+        if leg.held_tokens and disagg is not None:
+            disagg.release(leg.decision.worker_id, leg.held_tokens)
+        self.finish(router, leg.decision.request_id)
+
+    async def _migrate(self, router: Router, request: GenerateRequest, meta: RequestMeta,
+                       role: str | None, tokens: Sequence[int], n: int) -> Leg:
+        cont = msgspec.structs.replace(
+            request, request_id=f"{request.request_id}~{n}", kv_transfer=None,
+            resume_token_ids=tuple(tokens))
+        all_ids = (*request.token_ids, *tokens)
+        cmeta = replace(meta, request_id=cont.request_id, prompt_tokens=len(all_ids),
+                        max_tokens=max(request.sampling.max_tokens - len(tokens), 1),
+                        role=role, worker_id=None)
+        return Leg(await self.route(router, cmeta, router.block_hashes(all_ids)), cont)
+
+    # ---- one leg ----
+    async def _leg(self, router: Router, leg: Leg) -> AsyncIterator[GenerateOutput]:
+        """Stream one leg to its end; raise ``LegBroken`` (or the plane's error) if it breaks."""
+        d = leg.decision
+        disagg = self.svc.disagg
+        held = leg.held_tokens
+        watch = _Watch(d.worker_id)
+        self._watches.setdefault(d.worker_id, set()).add(watch)
+        try:
+            info = self.svc.instance(d.worker_id)
+            if info is None:
+                raise LegBroken(f"worker {d.worker_id} left")
+            stream = self.svc.requests.stream(info.address, _encode(leg.request))
+            first = True
+            skip = leg.skip_first
+            async with contextlib.aclosing(stream):
+                it = aiter(stream)
+                while True:
+                    chunk = await self._next(it, watch, d.worker_id, first)
+                    out = _decode_output(chunk)
+                    if out.finish_reason == "abort" or (out.error is not None and out.error.status >= 500):
+                        if out.finish_reason == "abort":
+                            self.metrics.worker_aborts += 1
+                        raise LegBroken(f"worker {d.worker_id} ended the request "
+                                        f"({out.error.message if out.error else 'aborted'})")
+                    if skip and out.token_ids:
+                        skip = False
+                        out = _drop_first_token(out)
+                    if first and (out.token_ids or out.finished):
+                        first = False
+                        if held and disagg is not None:
+                            held = disagg.release(d.worker_id, held)
+                        router.on_first_token(d.request_id)
+                        self.svc.share(router)
+                        if self.breakers.success(d.worker_id):
+                            router.set_blocked(d.worker_id, False)
+                            log.info("worker %s passed its probe: routed again", d.worker_id)
+                    yield out
+                    if out.finished:
+                        return
+        finally:
+            self._watches[d.worker_id].discard(watch)
+            if not self._watches[d.worker_id]:
+                del self._watches[d.worker_id]
+            if held and disagg is not None:
+                disagg.release(d.worker_id, held)
+            self.finish(router, d.request_id)
+
+    async def _next(self, it: AsyncIterator[bytes], watch: _Watch, worker_id: str, first: bool) -> bytes:
+        if watch.broken is not None:
+            raise LegBroken(watch.broken.message)
+        limit = self._stall_timeout(worker_id, first)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(None if limit is None else loop.time() + limit) as t:
+                watch.timeout = t
+                return await anext(it)
+        except TimeoutError:
+            if watch.broken is not None:
+                raise LegBroken(watch.broken.message) from None
+            self.metrics.stalls += 1
+            raise LegBroken(f"worker {worker_id} sent nothing for {limit:.1f} s") from None
+        except StopAsyncIteration:
+            raise LegBroken(f"worker {worker_id} ended the stream without a finish") from None
+        finally:
+            watch.timeout = None
+
+    def _stall_timeout(self, worker_id: str, first: bool) -> float | None:
+        o = self.options
+        if first:
+            return o.first_token_timeout_s
+        report = self.svc.report(worker_id)
+        step = report.decode_step_s if report is not None else 0.0
+        return max(o.stall_floor_s, o.stall_steps * step)
+
+    def _worker_failed(self, router: Router, worker_id: str, exc: InterlockError) -> None:
+        router.set_health(worker_id, False)  # until its next load report or health check
+        if self.breakers.failure(worker_id, time.monotonic()):
+            router.set_blocked(worker_id, True)
+            log.warning("worker %s: circuit breaker open for %.1f s after repeated failures (%s)",
+                        worker_id, self.breakers.cooldown_s(worker_id), exc.message)
+
+    def worker_left(self, worker_id: str) -> None:
+        """Break every leg streaming from a worker that left discovery."""
+        for watch in list(self._watches.get(worker_id, ())):
+            watch.break_(LegBroken(f"worker {worker_id} left"))
+        self.breakers.forget(worker_id)
+
+    def tick(self, router_of: dict[str, Router]) -> None:
+        """Half-open breakers whose cool-down ended (called about once a second)."""
+        for wid in self.breakers.tick(time.monotonic()):
+            router = router_of.get(wid)
+            if router is not None:
+                router.set_blocked(wid, False)
+                log.info("worker %s: cool-down over, next request is its probe", wid)
+
+    # ---- routing (also used by the disaggregated flow) ----
+    async def route(self, router: Router, meta: RequestMeta, hashes: list[int]) -> Decision:
+        d = router.route(meta, block_hashes=hashes)
+        if isinstance(d, Pending):
+            fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+            self._waiters[meta.request_id] = fut
+            try:
+                d = await asyncio.wait_for(fut, self.options.queue_timeout_s)
+            except TimeoutError:
+                router.cancel(meta.request_id)
+                raise NoWorkers("timed out waiting for a free worker", retry_after=1.0) from None
+            finally:
+                self._waiters.pop(meta.request_id, None)
+        if self.breakers.dispatched(d.worker_id):
+            router.set_blocked(d.worker_id, True)  # the probe: nothing else until it answers
+        if log.isEnabledFor(logging.DEBUG):  # the line lists every candidate: build it only if shown
+            log.debug(d.log_line())
+        self.svc.share(router)
+        return d
+
+    async def stream(self, router: Router, d: Decision, request: GenerateRequest
+                     ) -> AsyncIterator[GenerateOutput]:
+        """One leg, as is (the disaggregated prefill leg): no retry, no migration."""
+        async for out in self._leg(router, Leg(d, request)):
+            yield out
+
+    def finish(self, router: Router, request_id: str) -> None:
+        router.cancel(request_id)
+        self.svc.share(router)
+        self.dispatch_queued(router)
+
+    def dispatch_queued(self, router: Router) -> None:
+        for d in router.dispatch_queued():
+            fut = self._waiters.get(d.request_id)
+            if fut is not None and not fut.done():
+                fut.set_result(d)
+            else:
+                router.on_finish(d.request_id)
+
+    def close(self) -> None:
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(NoWorkers("router shutting down"))
+
+    def prometheus_lines(self) -> list[str]:
+        m = self.metrics
+        rows = (
+            ("retries_total", "Requests routed again after a failure before their first token", m.retries),
+            ("migrations_total", "Requests moved to another worker mid-stream", m.migrations),
+            ("migrations_exhausted_total", "Requests failed after their migration limit",
+             m.migrations_exhausted),
+            ("stalls_total", "Streams broken for sending nothing past the stall timeout", m.stalls),
+            ("worker_aborts_total", "Streams a worker ended with abort (drain, shutdown)", m.worker_aborts),
+            ("migration_recovery_seconds_total", "Seconds from a break to the next token, summed",
+             m.recovery_s_total),
+            ("breaker_opened_total", "Times a worker's circuit breaker opened", self.breakers.opened_total),
+        )
+        lines: list[str] = []
+        for name, help_, value in rows:
+            lines += [f"# HELP interlock_router_{name} {help_}", f"# TYPE interlock_router_{name} counter",
+                      f"interlock_router_{name} {value}"]
+        return lines
+
+
+def _drop_first_token(out: GenerateOutput) -> GenerateOutput:
+    """A disaggregated decode's first chunk starts with the prefill's first token: already sent."""
+    logprobs = out.logprobs
+    if logprobs is not None and len(logprobs) == len(out.token_ids):
+        logprobs = logprobs[1:]
+    return msgspec.structs.replace(out, token_ids=out.token_ids[1:], logprobs=logprobs)

@@ -1,0 +1,280 @@
+"""The dispatcher keeps a request alive across worker failures (in-process planes, mock engines
+on the real clock, so a stream is still running when its worker goes).
+
+The mock model's next token is a hash of the KV it reads back, so a migrated request whose KV
+is recomputed elsewhere continues with exactly the tokens an undisturbed one gets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from interlock.engine.clock import RealClock
+from interlock.engine.core import EngineCore
+from interlock.engine.runners.mock import MockRunner
+from interlock.engine.timing import TimingModel
+from interlock.engine.worker import Worker
+from interlock.errors import TransportError, WorkerFailed
+from interlock.protocol import GenerateOutput, GenerateRequest, InstanceInfo, SamplingParams, subjects
+from interlock.protocol.routing import RequestContext
+from interlock.router.breaker import BreakerConfig
+from interlock.router.disagg import DisaggConfig
+from interlock.router.dispatcher import DispatchOptions
+from interlock.router.facade import RouterConfig
+from interlock.router.service import RouterService, ServiceOptions
+from interlock.runtime import connect_runtime
+from interlock.runtime.runtime import Runtime
+from tests.engine.conftest import EOS, VOCAB, make_config
+
+MODEL = "m"
+BLOCK = 4
+
+
+def engine(speedup: float = 20.0) -> EngineCore:
+    config = make_config(num_blocks=256, block_size=BLOCK, max_num_batched_tokens=32)
+    runner = MockRunner(num_blocks=256, block_size=BLOCK, vocab_size=VOCAB, eos_token_ids=(EOS,),
+                        timing=TimingModel(speedup=speedup), clock=RealClock())
+    return EngineCore(config, runner, clock=RealClock())
+
+
+class Fleet:
+    def __init__(self, runtime: Runtime, service: RouterService) -> None:
+        self.runtime = runtime
+        self.service = service
+        self.workers: dict[str, Worker] = {}
+
+    async def add(self, wid: str, role: str = "both", speedup: float = 20.0) -> Worker:
+        core = engine(speedup)
+        info = InstanceInfo(instance_id=wid, endpoint=subjects.GENERATE_ENDPOINT, model=MODEL, role=role,
+                            block_size=BLOCK, kv_blocks_total=core.pool.num_blocks)
+        w = Worker(core, info, discovery=self.runtime.discovery, requests=self.runtime.requests,
+                   events=self.runtime.events)
+        await w.start()
+        self.workers[wid] = w
+        assert await self.service.wait_for_workers(len(self.workers), 5.0) == len(self.workers)
+        return w
+
+    async def kill(self, wid: str) -> None:
+        """Gone at once: its streams break; it leaves discovery."""
+        w = self.workers.pop(wid)
+        await self.runtime.discovery.unregister(wid)
+        await w.close()
+
+
+@contextlib.asynccontextmanager
+async def fleet(options: DispatchOptions = DispatchOptions(), *,
+                breaker: BreakerConfig = BreakerConfig()) -> AsyncIterator[Fleet]:
+    runtime = await connect_runtime(None)
+    service = RouterService(discovery=runtime.discovery, requests=runtime.requests, events=runtime.events,
+                            config=RouterConfig(block_size=BLOCK),
+                            options=ServiceOptions(dispatch=options, breaker=breaker))
+    await service.start()
+    f = Fleet(runtime, service)
+    try:
+        yield f
+    finally:
+        for w in list(f.workers.values()):
+            await w.close()
+        await service.close()
+        await runtime.close()
+
+
+def request(rid: str, max_tokens: int = 60, **sampling: object) -> GenerateRequest:
+    return GenerateRequest(request_id=rid, token_ids=tuple(range(10, 31)), model=MODEL,
+                           sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                                                   **sampling))  # type: ignore[arg-type]
+
+
+async def collect(f: Fleet, req: GenerateRequest, *, pin: str | None = None, after: int = 0,
+                  action: object = None) -> list[GenerateOutput]:
+    """Stream ``req``; once ``after`` tokens are in, await ``action(worker_id)``."""
+    ctx = RequestContext(request_id=req.request_id, endpoint="completions", worker_id=pin, explain=True)
+    outs: list[GenerateOutput] = []
+    done = False
+    stream = f.service.generate(req, ctx)
+    async with contextlib.aclosing(stream):
+        async for out in stream:
+            outs.append(out)
+            if action is not None and not done and sum(len(o.token_ids) for o in outs) >= after:
+                done = True
+                worker = ctx.response_headers["x-interlock-route"].split(";")[0].split("=")[-1]
+                await action(worker)  # type: ignore[operator]
+    return outs
+
+
+def toks(outs: list[GenerateOutput]) -> list[int]:
+    return [t for o in outs for t in o.token_ids]
+
+
+def test_explain_header_names_the_worker() -> None:
+    async def main() -> None:
+        async with fleet() as f:
+            await f.add("a")
+            seen: list[str] = []
+
+            async def note(worker: str) -> None:
+                seen.append(worker)
+
+            await collect(f, request("r", 4), pin="a", after=1, action=note)
+            assert seen == ["a"]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("logprobs", [None, 2])
+def test_a_killed_worker_s_stream_continues_elsewhere_unchanged(logprobs: int | None) -> None:
+    async def main() -> None:
+        async with fleet() as f:
+            await f.add("a")
+            await f.add("b")
+            reference = await collect(f, request("ref", logprobs=logprobs), pin="b")
+            outs = await collect(f, request("r", logprobs=logprobs), pin="a", after=7, action=f.kill)
+            assert toks(outs) == toks(reference) and len(toks(outs)) == 60
+            assert outs[-1].finish_reason == "length" and outs[-1].num_prompt_tokens == 21
+            if logprobs is not None:
+                lp = [x for o in outs for x in (o.logprobs or ())]
+                assert [x.token_id for x in lp] == toks(reference)
+            m = f.service.dispatcher.metrics
+            assert m.migrations == 1 and m.migrations_exhausted == 0
+            assert "interlock_router_migrations_total 1" in f.service.prometheus_text()
+
+    asyncio.run(main())
+
+
+def test_migration_limit_zero_fails_the_request() -> None:
+    async def main() -> None:
+        async with fleet(DispatchOptions(migration_limit=0)) as f:
+            await f.add("a")
+            await f.add("b")
+            with pytest.raises(TransportError):
+                await collect(f, request("r"), pin="a", after=5, action=f.kill)
+
+    asyncio.run(main())
+
+
+def test_the_limit_is_per_request_and_its_error_is_clear() -> None:
+    async def main() -> None:
+        async with fleet(DispatchOptions(migration_limit=1)) as f:
+            for wid in ("a", "b", "c"):
+                await f.add(wid)
+            kills = 0
+
+            async def kill_every_worker(worker: str) -> None:
+                nonlocal kills
+                kills += 1
+                await f.kill(worker)
+
+            req = request("r", 200)
+            ctx = RequestContext(request_id="r", endpoint="completions", worker_id="a", explain=True)
+            stream = f.service.generate(req, ctx)
+            got = 0
+            with pytest.raises(WorkerFailed, match="migration limit 1"):
+                async with contextlib.aclosing(stream):
+                    async for out in stream:
+                        got += len(out.token_ids)
+                        if got >= 5 * (kills + 1):  # kill whichever worker serves it now
+                            wid = next(iter(f.service.dispatcher._watches))
+                            await kill_every_worker(wid)
+            assert kills == 2
+
+    asyncio.run(main())
+
+
+def test_a_stalled_worker_is_left_after_the_stall_timeout() -> None:
+    async def main() -> None:
+        async with fleet(DispatchOptions(stall_floor_s=0.3, stall_steps=1.0)) as f:
+            a = await f.add("a", speedup=1.0)  # ~7 ms steps: still streaming when it hangs
+            await f.add("b")
+            reference = await collect(f, request("ref"), pin="b")
+
+            async def hang(worker: str) -> None:  # the next step takes ~1.5 s
+                a.engine.core.runner.timing = TimingModel(speedup=0.005)
+
+            outs = await collect(f, request("r"), pin="a", after=5, action=hang)
+            assert toks(outs) == toks(reference)
+            assert f.service.dispatcher.metrics.stalls == 1
+            a.engine.core.runner.timing = TimingModel(speedup=20.0)
+
+    asyncio.run(main())
+
+
+def test_a_draining_worker_hands_its_requests_over() -> None:
+    async def main() -> None:
+        async with fleet() as f:
+            a = await f.add("a", speedup=1.0)
+            await f.add("b")
+            reference = await collect(f, request("ref"), pin="b")
+
+            async def drain(worker: str) -> None:
+                asyncio.ensure_future(a.drain(grace_s=0.05))
+
+            outs = await collect(f, request("r"), pin="a", after=5, action=drain)
+            assert toks(outs) == toks(reference)
+            assert f.service.dispatcher.metrics.migrations == 1
+            f.workers.pop("a")
+
+    asyncio.run(main())
+
+
+def test_repeated_failures_open_the_breaker_then_a_probe_closes_it() -> None:
+    async def main() -> None:
+        cfg = BreakerConfig(failures=2, window_s=30.0, cooldown_s=0.5, incident_s=0.0)
+        async with fleet(breaker=cfg) as f:
+            await f.add("a")
+            await f.add("b")
+            svc = f.service
+            router = svc.routers[MODEL]
+            svc.dispatcher._worker_failed(router, "a", TransportError("x"))
+            assert router.is_eligible("a") is False  # unhealthy until its next report
+            svc.dispatcher._worker_failed(router, "a", TransportError("y"))
+            assert svc.dispatcher.breakers.blocked("a")
+            await asyncio.sleep(0.2)  # a load report makes it healthy, the breaker still holds it
+            assert not router.is_eligible("a")
+            deadline = asyncio.get_running_loop().time() + 5
+            while not router.is_eligible("a"):
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)
+            outs = await collect(f, request("probe", 4), pin="a")  # the probe passes
+            assert len(toks(outs)) == 4 and not svc.dispatcher.breakers.blocked("a")
+
+    asyncio.run(main())
+
+
+def test_disaggregated_decode_worker_killed_mid_stream() -> None:
+    async def main() -> None:
+        runtime = await connect_runtime(None)
+        from interlock.transfer import TransferAgent
+
+        service = RouterService(discovery=runtime.discovery, requests=runtime.requests, events=runtime.events,
+                                config=RouterConfig(block_size=BLOCK), disagg=DisaggConfig(enforce=True))
+        await service.start()
+        f = Fleet(runtime, service)
+        agents = []
+        try:
+            for wid, role in (("p", "prefill"), ("d1", "decode"), ("d2", "decode")):
+                core = engine()
+                info = InstanceInfo(instance_id=wid, endpoint=subjects.GENERATE_ENDPOINT, model=MODEL,
+                                    role=role, block_size=BLOCK, kv_blocks_total=core.pool.num_blocks)
+                agents.append(TransferAgent())
+                w = Worker(core, info, discovery=runtime.discovery, requests=runtime.requests,
+                           events=runtime.events, transfer=agents[-1])
+                await w.start()
+                f.workers[wid] = w
+            assert await service.wait_for_workers(3, 5.0) == 3
+            reference = await collect(f, request("ref"), pin="d2")
+            outs = await collect(f, request("r"), pin="d1", after=6, action=f.kill)
+            assert toks(outs) == toks(reference) and len(toks(outs)) == 60
+            assert service.dispatcher.metrics.migrations == 1
+            assert service.disagg is not None and not service.disagg.pending
+        finally:
+            for w in list(f.workers.values()):
+                await w.close()
+            for ag in agents:
+                ag.close()
+            await service.close()
+            await runtime.close()
+
+    asyncio.run(main())
