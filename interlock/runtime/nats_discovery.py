@@ -31,11 +31,11 @@ import logging
 from collections.abc import AsyncGenerator
 
 import msgspec
-from nats.errors import Error as NatsError
-from nats.errors import OutboundBufferLimitError
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
+from nats.errors import Error as NatsError
+from nats.errors import OutboundBufferLimitError
 
 from interlock.protocol import InstanceInfo
 from interlock.runtime.config import RuntimeConfig

@@ -32,7 +32,9 @@ RECOVERY_S = 5.0
 
 
 def info(instance_id: str) -> InstanceInfo:
-    return InstanceInfo(instance_id=instance_id, endpoint=ENDPOINT, model="m", address=f"tcp://h:1/{instance_id}")
+    return InstanceInfo(
+        instance_id=instance_id, endpoint=ENDPOINT, model="m", address=f"tcp://h:1/{instance_id}"
+    )
 
 
 @pytest.fixture
@@ -86,7 +88,10 @@ async def ids(runtime: Runtime) -> list[str]:
 async def test_watchers_keep_instances_through_an_outage_and_resync_after(
     server: NatsServer, anyio_backend: str
 ) -> None:
-    async with await connect_runtime(server.url, FAST) as worker, await connect_runtime(server.url, FAST) as router:
+    async with (
+        await connect_runtime(server.url, FAST) as worker,
+        await connect_runtime(server.url, FAST) as router,
+    ):
         await worker.discovery.register(info("w1"))
         watch = Watch(router)
         await watch.wait_for(DiscoveryEvent("added", info("w1")), timeout=2)
@@ -159,7 +164,10 @@ async def test_tcp_stream_in_flight_survives_the_outage(server: NatsServer, anyi
             await asyncio.sleep(0.05)
             yield b"%d" % i
 
-    async with await connect_runtime(server.url, FAST) as worker, await connect_runtime(server.url, FAST) as frontend:
+    async with (
+        await connect_runtime(server.url, FAST) as worker,
+        await connect_runtime(server.url, FAST) as frontend,
+    ):
         address = await worker.requests.serve(ENDPOINT, slow, instance_id="w1")
         received: list[bytes] = []
         with anyio.fail_after(10):
