@@ -16,17 +16,26 @@ own lease timeout. How it works:
 * Core NATS delivers at most once, and nats-server was seen to drop ~2% of the first messages
   sent to a subscription made a moment before (even after a flush). Heartbeats repair a missed
   announcement within one interval, and the start-up query is sent twice.
+* The server restarting (or the link dropping) is our silence, not theirs: while disconnected
+  the table's expiry is suspended and no heartbeats are sent (buffered ones would be stale). On
+  reconnect every lease gets a fresh ttl, our own instances are announced at once and the
+  start-up query is sent again; each instance heard from again then reaches watchers as a new
+  ``added``, even if unchanged, because what they derived from events (a router's KV index)
+  missed whatever was published in the outage. Instances not heard from expire a ttl later.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator
 
 import msgspec
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
+from nats.errors import Error as NatsError
+from nats.errors import OutboundBufferLimitError
 
 from interlock.protocol import InstanceInfo
 from interlock.runtime.config import RuntimeConfig
@@ -37,6 +46,8 @@ from interlock.runtime.naming import SUBJECT_PREFIX, EndpointName, check_token
 ANNOUNCE = f"{SUBJECT_PREFIX}.discovery.announce"
 BYE = f"{SUBJECT_PREFIX}.discovery.bye"
 QUERY = f"{SUBJECT_PREFIX}.discovery.query"
+
+log = logging.getLogger(__name__)
 
 
 class Announcement(msgspec.Struct, frozen=True, array_like=True):
@@ -58,18 +69,27 @@ class NatsDiscovery:
         self._heartbeats: dict[str, asyncio.Task[None]] = {}
         self._subs: list[NatsSubscription] = []
         self._answering: NatsSubscription | None = None
+        self._inbox = self._nc.new_inbox()
+        self._rejoin: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Subscribe to announcements, then ask who is alive and wait for the answers."""
         self._subs.append(await self._nc.subscribe(ANNOUNCE, cb=self._on_announce))
         self._subs.append(await self._nc.subscribe(BYE, cb=self._on_bye))
-        inbox = self._nc.new_inbox()
-        self._subs.append(await self._nc.subscribe(inbox, cb=self._on_announce))
-        # Asked twice: nats-server can drop a reply sent to a just-made subscription.
-        for _ in range(2):
-            await self._nc.publish(QUERY, b"", reply=inbox)
-            await self._nc.flush()
-            await asyncio.sleep(self._config.discovery_sync_s / 2)
+        self._subs.append(await self._nc.subscribe(self._inbox, cb=self._on_announce))
+        await self._ask()
+
+    def connection_lost(self) -> None:
+        """The NATS link dropped: stop expiring leases until it is back."""
+        self._table.suspend()
+
+    def connection_restored(self) -> None:
+        """The link is back (subscriptions already replayed): re-arm leases, re-announce our
+        own instances and ask who is alive, in the background."""
+        self._table.resume()
+        if self._rejoin is not None:
+            self._rejoin.cancel()
+        self._rejoin = asyncio.create_task(self._announce_and_ask(), name="discovery-rejoin")
 
     async def register(self, info: InstanceInfo) -> None:
         EndpointName.parse(info.endpoint)
@@ -85,7 +105,10 @@ class NatsDiscovery:
     async def unregister(self, instance_id: str) -> None:
         self._stop_heartbeat(instance_id)
         if self._own.pop(instance_id, None) is not None:
-            await self._nc.publish(BYE, instance_id.encode())
+            try:
+                await self._nc.publish(BYE, instance_id.encode())
+            except OutboundBufferLimitError:
+                pass  # in an outage: the others expire it a ttl after they reconnect
         self._table.remove(instance_id)
 
     async def instances(self, endpoint: EndpointName | str) -> list[InstanceInfo]:
@@ -102,6 +125,8 @@ class NatsDiscovery:
         self._own.clear()
 
     async def close(self) -> None:
+        if self._rejoin is not None:
+            self._rejoin.cancel()
         for instance_id in list(self._own):
             await self.unregister(instance_id)
         for sub in self._subs + ([self._answering] if self._answering else []):
@@ -110,12 +135,33 @@ class NatsDiscovery:
         self._answering = None
         self._table.close()
 
+    async def _ask(self) -> None:
+        """Ask who is alive and wait ``discovery_sync_s`` for the answers."""
+        # Asked twice: nats-server can drop a reply sent to a just-made subscription.
+        for _ in range(2):
+            await self._nc.publish(QUERY, b"", reply=self._inbox)
+            await self._nc.flush()
+            await asyncio.sleep(self._config.discovery_sync_s / 2)
+
+    async def _announce_and_ask(self) -> None:
+        try:
+            for info in list(self._own.values()):
+                await self._announce(info, ANNOUNCE)
+            await self._ask()
+        except NatsError:
+            pass  # dropped again meanwhile: the next reconnect starts this over
+
     async def _heartbeat(self, info: InstanceInfo) -> None:
         while True:
             await asyncio.sleep(self._config.heartbeat_interval)
-            await self._announce(info, ANNOUNCE)
+            try:
+                await self._announce(info, ANNOUNCE)
+            except NatsError:  # a heartbeat that dies leaves the instance to expire everywhere
+                log.warning("heartbeat of %s failed", info.instance_id, exc_info=True)
 
     async def _announce(self, info: InstanceInfo, subject: str) -> None:
+        if not self._nc.is_connected:
+            return  # buffered, it would arrive stale; the reconnect announces afresh
         await self._nc.publish(subject, _encoder.encode(Announcement(info, self._config.lease_timeout)))
 
     def _stop_heartbeat(self, instance_id: str) -> None:

@@ -1,10 +1,17 @@
-"""Event plane over NATS subjects: KV events and load reports, fire-and-forget."""
+"""Event plane over NATS subjects: KV events and load reports, fire-and-forget.
+
+While the NATS link is down, publishes are buffered by nats-py up to ``PENDING_BYTES`` and then
+dropped (counted in ``dropped``) rather than raised: they would be stale when the link returns,
+and subscribers re-sync anyway (discovery re-announces every instance after a reconnect).
+Subscriptions made before or during an outage are replayed by nats-py on reconnect.
+"""
 
 from __future__ import annotations
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
+from nats.errors import OutboundBufferLimitError
 
 from interlock.runtime.subscription import Subscription
 
@@ -13,9 +20,14 @@ class NatsEventPlane:
     def __init__(self, nc: NatsClient) -> None:
         self._nc = nc
         self._own: list[Subscription] = []
+        self.dropped = 0
+        """Publishes refused because the outage buffer was full."""
 
     async def publish(self, subject: str, payload: bytes) -> None:
-        await self._nc.publish(subject, payload)
+        try:
+            await self._nc.publish(subject, payload)
+        except OutboundBufferLimitError:
+            self.dropped += 1
 
     async def subscribe(self, subject: str) -> Subscription:
         nats_subs: list[NatsSubscription] = []
@@ -31,8 +43,10 @@ class NatsEventPlane:
 
         nats_subs.append(await self._nc.subscribe(subject, cb=on_msg))
         # The interest must reach the server before we return, or an immediate publish from
-        # another connection could be missed.
-        await self._nc.flush()
+        # another connection could be missed. (Disconnected, there is nothing to wait for: the
+        # reconnect replays it, and flush would only wait out its timeout.)
+        if self._nc.is_connected:
+            await self._nc.flush()
         self._own.append(sub)
         return sub
 

@@ -4,6 +4,10 @@
 free loopback port (the OS picks it; the server reports it in a ports file, so there is no
 pick-then-bind race), and is stopped when the context exits, at interpreter exit, and — on
 Linux — when this process dies, via PR_SET_PDEATHSIG, so it is never left running.
+
+A supervisor (``interlock serve``) watches ``alive`` and calls ``restart()`` when the server
+died: the new one listens on the same port, so clients reconnect to the URL they already have.
+One temporary directory (ports file, log) lives from ``start`` to ``stop``, across restarts.
 """
 
 from __future__ import annotations
@@ -63,8 +67,45 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
+    @property
+    def alive(self) -> bool:
+        """Started and not exited (reaps the process if it has)."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The current server process, if started (it may have exited: see ``alive``)."""
+        return self._process.pid if self._process is not None else None
+
     def start(self) -> NatsServer:
+        if self._process is not None:
+            raise RuntimeError("NatsServer already started; restart() replaces it")
         self._dir = tempfile.TemporaryDirectory(prefix="interlock-nats-")
+        atexit.register(self.stop)
+        self._spawn()
+        return self
+
+    def restart(self) -> NatsServer:
+        """Start a new server on the same port, stopping the old one first if it still runs.
+
+        TransportError if it cannot start (the port was taken meanwhile, say). Call it from a
+        long-lived thread (the main one): the child's PR_SET_PDEATHSIG fires when the *thread*
+        that forked it exits, so a pool thread that is later retired would take it down."""
+        if self._dir is None:
+            return self.start()
+        self._end_process()
+        self._spawn()
+        return self
+
+    def stop(self) -> None:
+        self._end_process()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+        atexit.unregister(self.stop)
+
+    def _spawn(self) -> None:
+        assert self._dir is not None
         args = [str(find_binary()), "-a", self.host, "-p", str(self.port)]
         args += ["--ports_file_dir", self._dir.name, "-l", str(Path(self._dir.name) / "log")]
         self._process = subprocess.Popen(
@@ -74,15 +115,13 @@ class NatsServer:
             stderr=subprocess.DEVNULL,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
-        atexit.register(self.stop)
         try:
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
-        return self
 
-    def stop(self) -> None:
+    def _end_process(self) -> None:
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.terminate()
@@ -91,10 +130,6 @@ class NatsServer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if self._dir is not None:
-            self._dir.cleanup()
-            self._dir = None
-        atexit.unregister(self.stop)
 
     def _wait_ready(self) -> None:
         assert self._process is not None and self._dir is not None

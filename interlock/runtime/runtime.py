@@ -13,13 +13,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
-import nats
-from nats.aio.client import Client as NatsClient
-
-from interlock.errors import TransportError
 from interlock.runtime.config import RuntimeConfig
 from interlock.runtime.inproc import InProcDiscovery, InProcEventPlane, InProcRegistry, InProcRequestPlane
 from interlock.runtime.interfaces import Discovery, EventPlane, RequestPlane
+from interlock.runtime.nats_connection import ConnectionEvents, connect_nats
 from interlock.runtime.nats_discovery import NatsDiscovery
 from interlock.runtime.nats_events import NatsEventPlane
 from interlock.runtime.nats_requests import NatsRequestPlane
@@ -89,8 +86,11 @@ async def connect_runtime(
             InProcEventPlane(registry),
             config,
         )
-    nc = await _connect_nats(nats_url, config, name)
+    link = ConnectionEvents()
+    nc = await connect_nats(nats_url, config, name, link)
     discovery = NatsDiscovery(nc, config)
+    link.on_lost(discovery.connection_lost)
+    link.on_restored(discovery.connection_restored)
     await discovery.start()
     requests: RequestPlane
     requests = NatsRequestPlane(nc, config) if config.request_plane == "nats" else TcpRequestPlane(config)
@@ -98,32 +98,10 @@ async def connect_runtime(
     async def disconnect() -> None:
         if not nc.is_closed:
             try:
-                await nc.flush(timeout=max(1, round(config.connect_timeout)))  # the bye goes out
+                if nc.is_connected:  # reconnecting, it would only wait out the timeout
+                    await nc.flush(timeout=max(1, round(config.connect_timeout)))  # the bye goes out
             except Exception:
                 pass  # server already gone: nothing left to deliver
             await nc.close()
 
     return Runtime(discovery, requests, NatsEventPlane(nc), config, [disconnect])
-
-
-async def _connect_nats(url: str, config: RuntimeConfig, name: str) -> NatsClient:
-    async def quiet(exc: Exception) -> None:
-        pass  # nats-py reports every reconnect attempt here; leases ride through short outages
-
-    try:
-        # nats-py retries a failed *first* connect like a reconnect (60 attempts 2 s apart by
-        # default, whatever allow_reconnect says); a worker given a wrong URL must fail fast.
-        nc = await nats.connect(
-            url,
-            name=name,
-            connect_timeout=max(1, round(config.connect_timeout)),
-            max_reconnect_attempts=1,
-            reconnect_time_wait=0.1,
-            error_cb=quiet,
-        )
-    except Exception as exc:  # nats-py raises several unrelated types for "cannot connect"
-        raise TransportError(f"cannot connect to NATS at {url}: {exc}") from None
-    # Once connected, ride through server restarts for as long as it takes.
-    nc.options["max_reconnect_attempts"] = -1
-    nc.options["reconnect_time_wait"] = 1.0
-    return nc

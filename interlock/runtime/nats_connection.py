@@ -1,0 +1,100 @@
+"""One NATS connection per runtime, and how it rides through server restarts.
+
+After the first connect succeeds, nats-py reconnects forever and replays our subscriptions; the
+planes only need to hear when the link drops and comes back (discovery pauses its leases and
+re-announces, see ``nats_discovery``). nats-py takes those callbacks at connect time, before
+the planes exist, so ``ConnectionEvents`` collects listeners and the callbacks fan out to them.
+
+Reconnect timing: the first attempt is immediate, then the wait doubles from
+``RECONNECT_WAIT_MIN_S`` to ``RECONNECT_WAIT_MAX_S`` (the cap bounds how late a restarted server
+is noticed; at most two attempts a second while it stays down is no busy loop). nats-py has no
+backoff of its own, so failed attempts (reported to ``error_cb``) grow the wait it reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import nats
+from nats.aio.client import Client as NatsClient
+
+from interlock.errors import TransportError
+from interlock.runtime.config import RuntimeConfig
+
+RECONNECT_WAIT_MIN_S = 0.1
+RECONNECT_WAIT_MAX_S = 0.5
+PENDING_BYTES = 1 << 20
+"""Publishes buffered while disconnected; past this they are refused (the event plane drops
+them). Bounded because what piles up in an outage is stale once subscribers re-sync."""
+PING_INTERVAL_S = 5
+"""A server that vanished without closing the socket (host down, partition) is noticed after
+``MAX_OUTSTANDING_PINGS`` unanswered pings: 10-15 s, instead of nats-py's 4-6 min default."""
+MAX_OUTSTANDING_PINGS = 2
+
+
+class ConnectionEvents:
+    """Listeners for the link to the NATS server going down and coming back. Synchronous:
+    a listener that needs I/O starts a task."""
+
+    def __init__(self) -> None:
+        self._lost: list[Callable[[], None]] = []
+        self._restored: list[Callable[[], None]] = []
+
+    def on_lost(self, listener: Callable[[], None]) -> None:
+        self._lost.append(listener)
+
+    def on_restored(self, listener: Callable[[], None]) -> None:
+        self._restored.append(listener)
+
+    def lost(self) -> None:
+        for listener in self._lost:
+            listener()
+
+    def restored(self) -> None:
+        for listener in self._restored:
+            listener()
+
+
+async def connect_nats(url: str, config: RuntimeConfig, name: str, events: ConnectionEvents) -> NatsClient:
+    """Connect once (TransportError fast if the server is not there), then reconnect forever."""
+    connected: list[NatsClient] = []  # the callbacks are made before the client exists
+
+    def set_wait(seconds: float) -> None:
+        if connected:
+            connected[0].options["reconnect_time_wait"] = seconds
+
+    async def on_error(exc: Exception) -> None:
+        # Mostly failed reconnect attempts: back off. Other errors (slow consumer) also land
+        # here; the wait they grow only matters after the next disconnect, which resets it.
+        if connected:
+            set_wait(min(RECONNECT_WAIT_MAX_S, connected[0].options["reconnect_time_wait"] * 2))
+
+    async def on_disconnected() -> None:
+        set_wait(RECONNECT_WAIT_MIN_S)
+        events.lost()
+
+    async def on_reconnected() -> None:
+        events.restored()
+
+    try:
+        # nats-py retries a failed *first* connect like a reconnect (60 attempts 2 s apart by
+        # default, whatever allow_reconnect says); a worker given a wrong URL must fail fast.
+        nc = await nats.connect(
+            url,
+            name=name,
+            connect_timeout=max(1, round(config.connect_timeout)),
+            max_reconnect_attempts=1,
+            reconnect_time_wait=RECONNECT_WAIT_MIN_S,  # type: ignore[arg-type]  # int in its hints, any number works
+            ping_interval=PING_INTERVAL_S,
+            max_outstanding_pings=MAX_OUTSTANDING_PINGS,
+            pending_size=PENDING_BYTES,
+            error_cb=on_error,
+            disconnected_cb=on_disconnected,
+            reconnected_cb=on_reconnected,
+        )
+    except Exception as exc:  # nats-py raises several unrelated types for "cannot connect"
+        raise TransportError(f"cannot connect to NATS at {url}: {exc}") from None
+    connected.append(nc)
+    # Once connected, ride through server restarts for as long as it takes.
+    nc.options["max_reconnect_attempts"] = -1
+    return nc
