@@ -154,16 +154,19 @@ def problem(name: str, phase: Phase, history: History, now: float, backoff: Back
     return head
 
 
-def startup_failure(histories: Mapping[str, History]) -> str | None:
+def startup_failure(histories: Mapping[str, History], policy: RestartPolicy = RestartPolicy.ON_FAILURE) -> str | None:
     """Why serve should give up before its workers were ever all ready, or None to keep waiting.
 
     Restarting cannot fix a configuration error (exit code 2, the code every interlock command
     uses for one), and when every worker has failed at least once before serving anything the
     cause is almost certainly shared (model, device, flags): looping on it would hide the error
     behind a "waiting for workers" line. A single worker failing while others come up is the
-    case restarts are for, so that one keeps waiting (up to ``--ready-timeout``).
+    case restarts are for, so that one keeps waiting (up to ``--ready-timeout``). Without
+    restarts, any worker that failed can never become ready.
     """
     for name, h in histories.items():
+        if policy is RestartPolicy.NEVER and h.total_failures > 0:
+            return f"{name} exited with {describe_exit(h.last.code if h.last else None)} before it was ready"
         if h.last is not None and h.last.code == CONFIG_ERROR_EXIT:
             return f"{name} exited with code {CONFIG_ERROR_EXIT} (a configuration error) before it was ready"
     if histories and all(h.total_failures > 0 for h in histories.values()):

@@ -108,6 +108,8 @@ def test_startup_gives_up_on_a_config_error_or_when_every_worker_failed() -> Non
         "every worker exited before it was ready (worker-0: signal 9 (SIGKILL), worker-1: signal 9 (SIGKILL))"
     assert startup_failure({"worker-0": History(), "worker-1": config}) == \
         "worker-1 exited with code 2 (a configuration error) before it was ready"
+    assert startup_failure({"worker-0": History(), "worker-1": failed}, RestartPolicy.NEVER) == \
+        "worker-1 exited with signal 9 (SIGKILL) before it was ready"
 
 
 FAST = Backoff(initial_s=0.1, factor=2.0, cap_s=0.4, loop_window_s=10.0, loop_exits=3)
