@@ -160,8 +160,14 @@ async def _serve(a: argparse.Namespace) -> int:
     local_workers = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        # Ctrl-C reaches the workers too (one process group): their exits are not failures.
+        supervisor.stop_restarting()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
 
     url = None if a.single_process else cp.nats_url
     if not a.single_process and url is None:

@@ -226,9 +226,13 @@ class Supervisor:
     def history(self, name: str) -> History:
         return self._watched[name].history
 
+    def stop_restarting(self) -> None:
+        """From now on exits are expected (serve is stopping): no restart, no report."""
+        self._closing.set()
+
     async def close(self) -> None:
         """Stop watching and cancel pending restarts; the processes themselves are left to the caller."""
-        self._closing.set()
+        self.stop_restarting()
         tasks = [w.task for w in self._watched.values() if w.task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
 
