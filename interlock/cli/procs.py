@@ -2,7 +2,8 @@
 
 Each child gets PR_SET_PDEATHSIG (it dies with its parent on Linux, even after a SIGKILL of the
 parent), its own output prefixed in ours, and on stop a SIGTERM (the worker drains) followed by
-a SIGKILL after the grace period.
+a SIGKILL after the grace period. Both kinds here (``Child``, ``NatsProcess``) can be started
+again after they exit, which is what ``cli.supervisor`` does with them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
+
+from interlock.runtime.nats_server import NatsServer
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,13 @@ class Child:
         )
         self._pump = asyncio.create_task(self._relay())
 
+    async def wait(self) -> int:
+        """Until this run exits (its output relayed to the end); its returncode."""
+        assert self.process is not None
+        code = await self.process.wait()
+        await self._finish_pump()
+        return code
+
     async def _relay(self) -> None:
         assert self.process and self.process.stdout
         prefix = f"[{self.name}] ".encode()
@@ -73,12 +83,70 @@ class Child:
                 log.warning("%s did not stop within %.0fs: killing it", self.name, grace_s)
                 proc.kill()
                 await proc.wait()
+        await self._finish_pump()
+        return proc.returncode
+
+    async def _finish_pump(self) -> None:
+        # A grandchild that inherited the pipe could hold it open: relay for a moment, not forever.
         if self._pump is not None:
             try:
-                await asyncio.wait_for(self._pump, 1.0)
+                await asyncio.wait_for(asyncio.shield(self._pump), 1.0)
             except TimeoutError:
                 self._pump.cancel()
-        return proc.returncode
+
+
+class NatsProcess:
+    """The private nats-server, restartable on the same address: clients reconnect to one URL.
+
+    The first start picks a free port (unless one is given); every later start reuses it.
+    """
+
+    name = "nats-server"
+
+    def __init__(self, host: str = "127.0.0.1", port: int = -1, poll_s: float = 0.2) -> None:
+        self.host = host
+        self.port = port
+        self.poll_s = poll_s
+        self.server: NatsServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        proc = self.server._process if self.server else None
+        return proc.pid if proc else None
+
+    def returncode(self) -> int | None:
+        """None while running (or never started)."""
+        proc = self.server._process if self.server else None
+        return proc.poll() if proc else None
+
+    async def start(self) -> None:
+        old, self.server = self.server, None
+        if old is not None:
+            old.stop()  # the dead one's temporary folder
+        server = NatsServer(host=self.host, port=self.port)
+        # Started on the event loop's own thread, though it blocks it for the ~30 ms the port
+        # takes to accept: PR_SET_PDEATHSIG fires when the *thread* that forked the server ends,
+        # and a worker thread of asyncio.to_thread may retire long before serve does.
+        self.server = server.start()
+        self.port = server.port
+
+    async def wait(self) -> int:
+        # A Popen, not an asyncio process: poll it. A fraction of a second is nothing next to the
+        # clients' reconnect delays.
+        while (code := self.returncode()) is None:
+            await asyncio.sleep(self.poll_s)
+        return code
+
+    async def stop(self, grace_s: float = 5.0) -> int | None:
+        server, self.server = self.server, None
+        proc = server._process if server else None
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+        return proc.returncode if proc else None
 
 
 def python_module_argv(module: str, *args: str) -> list[str]:

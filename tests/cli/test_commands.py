@@ -39,3 +39,8 @@ def test_bad_deployment_file_names_the_key(tmp_path) -> None:
 def test_worker_needs_a_nats_url() -> None:
     r = run("worker", "--runner", "mock")
     assert r.returncode == 2 and "--nats-url is required" in r.stderr
+
+
+def test_serve_restart_policy_is_never_or_on_failure() -> None:
+    r = run("serve", "--restart-policy", "sometimes")
+    assert r.returncode == 2 and "invalid choice: 'sometimes'" in r.stderr

@@ -20,7 +20,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def three_workers() -> Served:
-    served = start_serve("--workers", "3", "--max-model-len", "1024", "--num-blocks", "256", *FAST_LEASES)
+    # Workers that die here must stay dead (what discovery and routing do then is the subject);
+    # restarts are tested in tests/cli/test_serve_restarts.py.
+    served = start_serve("--workers", "3", "--max-model-len", "1024", "--num-blocks", "256", *FAST_LEASES,
+                         "--restart-policy", "never")
     yield served
     served.stop()
 

@@ -1,0 +1,104 @@
+"""``interlock serve --runner mock`` restarts a SIGKILLed worker and its SIGKILLed nats-server."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import FAST_LEASES, Served, start_serve
+
+pytestmark = pytest.mark.slow
+
+MOCK = ("--runner", "mock", "--workers", "2", "--max-model-len", "1024", "--num-blocks", "256",
+        "--drain-grace", "2", *FAST_LEASES)
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    s = start_serve(*MOCK, timeout_s=120)
+    yield s
+    s.stop()
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+def children(served: Served, marker: bytes) -> list[int]:
+    """Live (not zombie) children of serve whose command line contains ``marker``."""
+    found = []
+    for task in Path(f"/proc/{served.process.pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if marker in cmd and state != "Z":
+                found.append(int(pid))
+    return sorted(found)
+
+
+def registered(served: Served) -> set[str]:
+    text = httpx.get(served.url + "/metrics", timeout=10).text
+    return {line.split('worker="', 1)[1].split('"', 1)[0]
+            for line in text.splitlines() if line.startswith("interlock_worker_kv_blocks_total{")}
+
+
+def log(served: Served) -> str:
+    return "".join(served.lines)
+
+
+def test_a_killed_worker_is_restarted_and_serves_again(served: Served) -> None:
+    assert wait_until(lambda: len(registered(served)) == 2, 10)
+    before = children(served, b"worker")
+    assert len(before) == 2
+    victim = before[0]
+    os.kill(victim, signal.SIGKILL)
+    assert wait_until(lambda: len(children(served, b"worker")) == 2 and victim not in children(served, b"worker"),
+                      15), log(served)[-3000:]
+    [name] = re.findall(r"(worker-\d) exited with signal 9 \(SIGKILL\); restart 1 in 0.5 s", log(served))
+    new = (set(children(served, b"worker")) - set(before)).pop()
+    assert wait_until(lambda: f"{name} restarted (pid {new})" in log(served), 5)
+    ready = re.compile(rf"\[{name}\] worker w\d+-\w+ ready:")
+    assert wait_until(lambda: len(ready.findall(log(served))) == 2, 30)  # once at start, once now
+    assert wait_until(lambda: len(registered(served)) == 2, 10), log(served)[-3000:]
+    for i in range(4):
+        r = httpx.post(served.base_url + "/completions", timeout=30,
+                       json={"model": MODEL, "prompt": f"Hello {i}", "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"]
+
+
+def test_a_killed_nats_server_comes_back_on_the_same_port(served: Served) -> None:
+    [ready] = [ln for ln in served.lines if "Interlock serving" in ln]
+    port = int(ready.rsplit(":", 1)[1].rstrip(")\n"))
+    [nats] = children(served, b"nats-server")
+    os.kill(nats, signal.SIGKILL)
+
+    def back() -> bool:
+        pids = children(served, b"nats-server")
+        if len(pids) != 1 or pids[0] == nats:
+            return False
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    assert wait_until(back, 15), log(served)[-3000:]
+    assert "nats-server exited with signal 9 (SIGKILL); restart 1 in 0.5 s" in log(served)
+    assert wait_until(lambda: "nats-server restarted (pid" in log(served), 5)
+    assert served.process.poll() is None
