@@ -247,6 +247,10 @@ class RouterService:
 
     def _add(self, info: InstanceInfo) -> None:
         old = self._instances.get(info.instance_id)
+        if old == info:  # heard again after a NATS outage: keep its load and sessions, resync KV
+            if info.publishes_kv_events:
+                asyncio.ensure_future(self._publish(subjects.resync(info.instance_id), b""))
+            return
         if old is not None and old.model != info.model:
             self._remove(info.instance_id)
         try:
