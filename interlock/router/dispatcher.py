@@ -203,6 +203,7 @@ class Dispatcher:
                     log.warning("worker %s failed before output (%s): routing %s again",
                                 d.worker_id, exc.message, rid)
                     retry_meta = replace(meta, role=role, worker_id=None)
+                    router = await self._router_again(router, request.model)
                     leg = Leg(await self.route(router, retry_meta, hashes), leg.request,
                               held_tokens=leg.held_tokens)
                     continue
@@ -215,10 +216,19 @@ class Dispatcher:
                         f"(migration limit {self.options.migration_limit})") from exc
                 migrations += 1
                 progress.broke_at = progress.broke_at or time.monotonic()
+                router = await self._router_again(router, request.model)
                 leg = await self._migrate(router, request, meta, role, progress.tokens, migrations)
                 self.metrics.migrations += 1
                 log.warning("migrating request %s from worker %s to %s after %d tokens (%s)",
                             rid, d.worker_id, leg.decision.worker_id, len(progress.tokens), exc.message)
+
+    async def _router_again(self, router: Router, model: str) -> Router:
+        """The router to route the next leg with, once some worker can take it (the router
+        object is replaced if every worker left in between); NoWorkers after the queue timeout."""
+        ready = await self.svc.router_when_ready(model, self.options.queue_timeout_s)
+        if ready is None:
+            raise NoWorkers(f"no worker is serving '{model}' right now", retry_after=1.0)
+        return ready
 
     def _release_unstarted(self, router: Router, leg: Leg) -> None:
         disagg = self.svc.disagg

@@ -136,6 +136,23 @@ class RouterService:
                 await asyncio.wait_for(self._changed.wait(), left)
         return len(self._instances)
 
+    async def router_when_ready(self, model: str, timeout_s: float) -> Router | None:
+        """The model's router once it has an eligible worker (None after ``timeout_s``): a
+        request between legs waits out a moment with no worker (one restarting, a lease that
+        lapsed while its worker was busy) instead of failing."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            router = self.routers.get(model)
+            if router is not None and any(router.is_eligible(w) for w in router.workers()):
+                return router
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(left, 0.25))
+
     # ---- Backend ----
     def models(self) -> list[ModelEntry]:
         """Every model a worker has served since start: one whose workers are all gone stays
