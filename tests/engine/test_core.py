@@ -249,3 +249,42 @@ def test_remote_request_already_finished_by_its_first_token() -> None:
     outs = run_to_end(decode)["d"]
     assert [(o.token_ids, o.finish_reason) for o in outs] == [((REF[0],), "length")]
     assert decode.pool.num_used_blocks == 0
+
+
+# ---- migration: continuing a request another worker started ----
+def _resumed(rid: str, done: int, max_tokens: int = 12, **sampling: object) -> GenerateRequest:
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)  # type: ignore[arg-type]
+    return GenerateRequest(request_id=rid, token_ids=tuple(PROMPT), sampling=sp,
+                           resume_token_ids=tuple(REF[:done]))
+
+
+@pytest.mark.parametrize("done", [1, 5, 11])
+def test_a_resumed_request_streams_only_what_comes_after(done: int) -> None:
+    engine = make_engine()
+    engine.add_request(_resumed("r", done))
+    outs = run_to_end(engine)["r"]
+    assert tokens(outs) == REF[done:]
+    assert outs[-1].finish_reason == "length" and outs[-1].num_prompt_tokens == len(PROMPT)
+    assert engine.pool.num_used_blocks == 0 or engine.pool.check_integrity() is None
+
+
+def test_resume_tokens_count_against_the_budget_and_min_tokens() -> None:
+    engine = make_engine()
+    engine.add_request(_resumed("full", 12))  # nothing left to generate: finished at once
+    outs = run_to_end(engine)["full"]
+    assert tokens(outs) == [] and outs[-1].finish_reason == "length"
+    eos = REF[7]
+    for min_tokens, want in ((8, (REF[6:8], "stop")), (9, (REF[6:], "length"))):  # EOS is the 8th token
+        sp = SamplingParams(max_tokens=12, min_tokens=min_tokens)
+        r = GenerateRequest(request_id="m", token_ids=tuple(PROMPT), sampling=sp, resume_token_ids=tuple(REF[:6]))
+        assert _final(_engine_with_eos(eos), r) == want
+
+
+def test_bad_resume_tokens_are_refused() -> None:
+    engine = make_engine()
+    engine.add_request(_resumed("many", 5, max_tokens=4))
+    engine.add_request(GenerateRequest(request_id="range", token_ids=tuple(PROMPT),
+                                       resume_token_ids=(VOCAB + 1,)))
+    outs = run_to_end(engine)
+    for rid in ("many", "range"):
+        assert outs[rid][-1].error is not None and outs[rid][-1].error.status == 400
