@@ -29,6 +29,7 @@ from interlock.frontend.backend import HEADER_REQUEST_ID, Backend, ModelEntry, R
 from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.config import FrontendConfig
 from interlock.frontend.generation import Generation, collect, stream_sse
+from interlock.frontend.limits import MAX_PRIORITY, MIN_PRIORITY, check_prompt_chars, check_prompt_tokens
 from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics
 from interlock.frontend.prepare import prompt_ids, sampling_params
 from interlock.frontend.responses import ChatFormatter, CompletionFormatter, error_body
@@ -37,6 +38,7 @@ from interlock.frontend.schemas import (
     CompletionRequest,
     parse_chat,
     parse_completion,
+    prompt_chars,
     stop_strings,
 )
 from interlock.protocol import GenerateRequest
@@ -119,18 +121,20 @@ class Frontend:
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         started = perf_counter()
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise BodyTooLarge(f"request body larger than {self.config.max_body_bytes} bytes") from None
-        req = parse_chat(body) if endpoint == "chat" else parse_completion(body)
-        entry = self.catalog.find(req.model)
-        tok = await self.catalog.tokenizer(entry)
-        ids = await prompt_ids(req, tok)
-        sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
+        cfg = self.config
+        req = await self._read_request(request, endpoint)
         ctx = self._context(request, endpoint)
         if req.priority is not None:  # the body's priority (vLLM's extension) beats the header
             ctx.priority = req.priority
+        log.debug(
+            "request %s: client id %s, user %s",
+            ctx.request_id, request.headers.get(HEADER_REQUEST_ID), req.user,
+        )
+        entry = self.catalog.find(req.model)
+        tok = await self.catalog.tokenizer(entry)
+        ids = await prompt_ids(req, tok, max_chars=cfg.max_prompt_chars)
+        check_prompt_tokens(len(ids), cfg.max_prompt_tokens, param=prompt_chars(req)[1])
+        sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
         generate_request = GenerateRequest(
             request_id=ctx.request_id,
             token_ids=tuple(ids),
@@ -150,7 +154,10 @@ class Frontend:
             metrics=self.metrics,
             started=started,
         )
-        ctx.response_headers.setdefault(HEADER_REQUEST_ID, ctx.request_id)
+        # The client's own id comes back as it was sent; the server's id is the body's ``id``.
+        ctx.response_headers.setdefault(
+            HEADER_REQUEST_ID, request.headers.get(HEADER_REQUEST_ID) or ctx.request_id
+        )
         try:
             first = await gen.next_output()
             if first.error is not None or first.finish_reason == "error":
@@ -161,18 +168,42 @@ class Frontend:
         finally:
             await gen.close()
 
-    def _context(self, request: web.Request, endpoint: str) -> RequestContext:
-        prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
-        request_id = request.headers.get(HEADER_REQUEST_ID) or f"{prefix}-{uuid.uuid4().hex}"
+    async def _read_request(
+        self, request: web.Request, endpoint: str
+    ) -> ChatCompletionRequest | CompletionRequest:
+        """The parsed body, refused if over a size limit before it costs anything more."""
+        cfg = self.config
         try:
-            return header_context(
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BodyTooLarge(f"request body larger than {cfg.max_body_bytes} bytes") from None
+        if endpoint == "chat":
+            req: ChatCompletionRequest | CompletionRequest = parse_chat(body, max_depth=cfg.max_json_depth)
+        else:
+            req = parse_completion(body, max_depth=cfg.max_json_depth)
+        size, prompt_field = prompt_chars(req)
+        check_prompt_chars(size, cfg.max_prompt_chars, param=prompt_field)
+        return req
+
+    def _context(self, request: web.Request, endpoint: str) -> RequestContext:
+        # Always the server's own id: a client's x-request-id is only echoed and logged, so two
+        # clients (or one retrying) sending the same id never collide inside the system.
+        prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
+        try:
+            ctx = header_context(
                 request.headers,
-                request_id=request_id,
+                request_id=f"{prefix}-{uuid.uuid4().hex}",
                 endpoint=endpoint,
                 route_key_header=self.config.route_key_header,
             )
         except ValueError:
-            raise InvalidRequest("the x-priority header must be an integer", param="x-priority") from None
+            ctx = None
+        if ctx is None or not MIN_PRIORITY <= ctx.priority <= MAX_PRIORITY:
+            raise InvalidRequest(
+                f"the x-priority header must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}",
+                param="x-priority",
+            )
+        return ctx
 
 
 def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.Application:
