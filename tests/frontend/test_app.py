@@ -470,3 +470,21 @@ def test_metrics_parse_as_prometheus_text(http: httpx.Client, client: openai.Ope
     completion = {s.labels["model"]: s.value for s in families["interlock_completion_tokens"].samples}
     assert completion[MODEL] >= 4
     assert "interlock_prompt_tokens_cached" in families and "interlock_prompt_tokens" in families
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"no_such_option": 1}, "no_such_option"),
+    ],
+)
+def test_options_this_server_cannot_honour_are_refused(
+    client: openai.OpenAI, extra: dict[str, object], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=USER, extra_body=extra)
+    body = info.value.body
+    assert isinstance(body, dict) and body["param"] == param and body["type"] == "invalid_request_error"
