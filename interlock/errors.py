@@ -50,6 +50,12 @@ class LimitExceeded(RequestError):
     tokens, JSON nesting); the message names the limit."""
 
 
+class RequestTimeout(RequestError):
+    """The client did not send its whole request in time."""
+
+    status = 408
+
+
 class Unauthorized(RequestError):
     """No API key, or one the server does not know."""
 

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import math
 import signal
+import ssl
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,11 +24,19 @@ from time import perf_counter
 import msgspec
 from aiohttp import web
 
-from interlock.errors import InterlockError, InvalidRequest, ServiceError, ServiceUnavailable
+from interlock.errors import (
+    ConfigError,
+    InterlockError,
+    InvalidRequest,
+    RequestTimeout,
+    ServiceError,
+    ServiceUnavailable,
+)
 from interlock.frontend.assembler import OutputAssembler, error_from_info
 from interlock.frontend.backend import HEADER_REQUEST_ID, Backend, ModelEntry, RequestContext, header_context
 from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.config import FrontendConfig
+from interlock.frontend.connections import ConnectionTracker
 from interlock.frontend.generation import Generation, collect, stream_sse
 from interlock.frontend.limits import MAX_PRIORITY, MIN_PRIORITY, check_prompt_chars, check_prompt_tokens
 from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics
@@ -174,9 +183,12 @@ class Frontend:
         """The parsed body, refused if over a size limit before it costs anything more."""
         cfg = self.config
         try:
-            body = await request.read()
+            async with asyncio.timeout(cfg.body_timeout_s):
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise BodyTooLarge(f"request body larger than {cfg.max_body_bytes} bytes") from None
+        except TimeoutError:
+            raise RequestTimeout(f"the request body did not arrive within {cfg.body_timeout_s} s") from None
         if endpoint == "chat":
             req: ChatCompletionRequest | CompletionRequest = parse_chat(body, max_depth=cfg.max_json_depth)
         else:
@@ -211,8 +223,10 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
     the AppRunner (as ``serve_frontend`` does) so a client disconnect aborts its request."""
     config = config or FrontendConfig()
     frontend = Frontend(backend, config)
-    app = web.Application(client_max_size=config.max_body_bytes)
+    connections = ConnectionTracker()
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[connections.middleware])
     app[FRONTEND_KEY] = frontend
+    app[CONNECTIONS_KEY] = connections
     app.add_routes(
         [
             web.post("/v1/chat/completions", frontend.chat),
@@ -228,6 +242,7 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
 
 
 FRONTEND_KEY = web.AppKey("interlock_frontend", Frontend)
+CONNECTIONS_KEY = web.AppKey("interlock_connections", ConnectionTracker)
 
 
 @dataclass
@@ -235,15 +250,19 @@ class FrontendServer:
     """A running frontend; ``await close()`` to stop it."""
 
     runner: web.AppRunner
+    listener: asyncio.Server
     host: str
     port: int
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     async def close(self) -> None:
-        await self.runner.cleanup()
+        self.listener.close()
+        await self.runner.cleanup()  # closes the open connections
+        await self.listener.wait_closed()
 
 
 async def serve_frontend(
@@ -251,14 +270,35 @@ async def serve_frontend(
 ) -> FrontendServer:
     """Start serving on ``host:port`` (port 0: an ephemeral port) in the running event loop."""
     config = config or FrontendConfig()
+    app = build_app(backend, config=config)
     runner = web.AppRunner(
-        build_app(backend, config=config), handler_cancellation=config.handler_cancellation, access_log=None
+        app,
+        handler_cancellation=config.handler_cancellation,
+        access_log=None,
+        keepalive_timeout=config.idle_timeout_s,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
-    await site.start()
-    bound_port = runner.addresses[0][1]
-    return FrontendServer(runner=runner, host=host, port=bound_port)
+    assert runner.server is not None
+    # Our own listener rather than a TCPSite: its protocol factory enforces the connection cap.
+    factory = app[CONNECTIONS_KEY].capped(runner.server, config.max_connections)
+    ssl_context = _ssl_context(config)
+    listener = await asyncio.get_running_loop().create_server(
+        factory, host, port, backlog=1024, ssl=ssl_context
+    )
+    bound_port = listener.sockets[0].getsockname()[1]
+    scheme = "https" if ssl_context else "http"
+    return FrontendServer(runner=runner, listener=listener, host=host, port=bound_port, scheme=scheme)
+
+
+def _ssl_context(config: FrontendConfig) -> ssl.SSLContext | None:
+    if config.ssl_certfile is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS certificate or key: {exc}") from exc
+    return context
 
 
 def run_frontend(

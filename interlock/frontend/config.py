@@ -22,6 +22,17 @@ class FrontendConfig:
     """Largest prompt in tokens; None: only the model's context length bounds it."""
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     """Deepest nesting of arrays/objects accepted in a request body."""
+    idle_timeout_s: float = 75.0
+    """An open connection without a complete request head is closed after this long: idle
+    between requests (keep-alive), or sending its headers too slowly."""
+    body_timeout_s: float = 60.0
+    """Time to receive a request's whole body once its head arrived (408 beyond)."""
+    max_connections: int = 4096
+    """Open connections at most; at the cap the oldest one with no request in flight is closed
+    to make room (a 503 when all are busy)."""
+    ssl_certfile: str | None = None
+    """Serve HTTPS with this certificate chain (PEM) and ``ssl_keyfile``."""
+    ssl_keyfile: str | None = None
     handler_cancellation: bool = True
     """Cancel a request's handler when its client disconnects, so the backend aborts at once
     (used by ``serve_frontend``; pass it to your own ``AppRunner`` if you build one)."""
@@ -37,3 +48,10 @@ class FrontendConfig:
             raise ConfigError("max_prompt_tokens must be at least 1 (or None)")
         if self.max_json_depth < 2:
             raise ConfigError("max_json_depth must be at least 2")
+        for name in ("idle_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.max_connections < 1:
+            raise ConfigError("max_connections must be at least 1")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ConfigError("ssl_certfile and ssl_keyfile go together")
