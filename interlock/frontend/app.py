@@ -18,6 +18,7 @@ import signal
 import ssl
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -28,11 +29,14 @@ from interlock.errors import (
     ConfigError,
     InterlockError,
     InvalidRequest,
+    RateLimited,
     RequestTimeout,
     ServiceError,
     ServiceUnavailable,
+    Unauthorized,
 )
 from interlock.frontend.assembler import OutputAssembler, error_from_info
+from interlock.frontend.auth import Auth
 from interlock.frontend.backend import HEADER_REQUEST_ID, Backend, ModelEntry, RequestContext, header_context
 from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.config import FrontendConfig
@@ -67,6 +71,7 @@ class Frontend:
         self.backend = backend
         self.config = config
         self.catalog = ModelCatalog(backend)
+        self.auth = Auth(config.auth)
         self.metrics = FrontendMetrics()
         self.created = int(time.time())
 
@@ -143,6 +148,7 @@ class Frontend:
         tok = await self.catalog.tokenizer(entry)
         ids = await prompt_ids(req, tok, max_chars=cfg.max_prompt_chars)
         check_prompt_tokens(len(ids), cfg.max_prompt_tokens, param=prompt_chars(req)[1])
+        self.auth.admit_tokens(request, len(ids))
         sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
         generate_request = GenerateRequest(
             request_id=ctx.request_id,
@@ -176,6 +182,7 @@ class Frontend:
             return await collect(gen, first)
         finally:
             await gen.close()
+            self.auth.charge_tokens(request, gen.assembler.completion_tokens)
 
     async def _read_request(
         self, request: web.Request, endpoint: str
@@ -224,7 +231,10 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
     config = config or FrontendConfig()
     frontend = Frontend(backend, config)
     connections = ConnectionTracker()
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[connections.middleware])
+    app = web.Application(
+        client_max_size=config.max_body_bytes,
+        middlewares=[connections.middleware, _errors_middleware, frontend.auth.middleware],
+    )
     app[FRONTEND_KEY] = frontend
     app[CONNECTIONS_KEY] = connections
     app.add_routes(
@@ -322,10 +332,23 @@ def run_frontend(
     uvloop.run(main())
 
 
+@web.middleware
+async def _errors_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Errors raised outside a handler's own guard (authentication, rate limits) as JSON."""
+    try:
+        return await handler(request)
+    except InterlockError as exc:
+        return error_response(exc)
+
+
 def error_response(exc: InterlockError) -> web.Response:
     headers = {}
-    if isinstance(exc, ServiceUnavailable):
+    if isinstance(exc, (ServiceUnavailable, RateLimited)):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
     return _json(error_body(exc), status=exc.status, headers=headers)
 
 

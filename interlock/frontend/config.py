@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from interlock.errors import ConfigError
+from interlock.frontend.auth import AuthConfig
 from interlock.frontend.backend import HEADER_ROUTE_KEY
 from interlock.frontend.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_PROMPT_CHARS
 
@@ -33,6 +34,8 @@ class FrontendConfig:
     ssl_certfile: str | None = None
     """Serve HTTPS with this certificate chain (PEM) and ``ssl_keyfile``."""
     ssl_keyfile: str | None = None
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    """API keys, the paths open without one, and per-key rate limits."""
     handler_cancellation: bool = True
     """Cancel a request's handler when its client disconnects, so the backend aborts at once
     (used by ``serve_frontend``; pass it to your own ``AppRunner`` if you build one)."""

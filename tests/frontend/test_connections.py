@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -152,3 +155,20 @@ def test_many_requests_reuse_connections_under_the_cap(capped: Served) -> None:
     for t in threads:
         t.join(20)
     assert errors == []
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_tls(smol_path: Path, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )
+    config = FrontendConfig(ssl_certfile=str(cert), ssl_keyfile=str(key))
+    with serving(smol_path, config) as tls:
+        assert tls.url.startswith("https://")
+        with httpx.Client(base_url=tls.url, verify=ssl.create_default_context(cafile=str(cert))) as http:
+            assert http.get("/live").status_code == 200
+        with pytest.raises(httpx.TransportError), httpx.Client(base_url=tls.url.replace("https", "http")) as plain:
+            plain.get("/live")
