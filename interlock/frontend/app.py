@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP application (aiohttp) and helpers to run it.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{model}]``,
-``GET /health`` (503 while no model is servable), ``GET /live`` and ``GET /metrics``.
+``GET /health`` (503 while no model is servable), ``GET /live``, ``GET /metrics`` and
+``GET /openapi.json``. With API keys configured, every path but the open ones (by default
+/health, /live and /metrics) needs ``Authorization: Bearer <key>``.
 
 Every failure becomes an OpenAI-style JSON error with the status its ``interlock.errors`` class
 carries (503s with ``Retry-After``); a failure only ever ends its own request. The handler is
@@ -12,6 +14,7 @@ to the backend and the socket.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import math
 import signal
@@ -44,6 +47,7 @@ from interlock.frontend.connections import ConnectionTracker
 from interlock.frontend.generation import Generation, collect, stream_sse
 from interlock.frontend.limits import MAX_PRIORITY, MIN_PRIORITY, check_prompt_chars, check_prompt_tokens
 from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics
+from interlock.frontend.openapi import openapi_document
 from interlock.frontend.prepare import prompt_ids, sampling_params
 from interlock.frontend.responses import ChatFormatter, CompletionFormatter, error_body
 from interlock.frontend.schemas import (
@@ -104,6 +108,9 @@ class Frontend:
         if not names:
             return _json({"status": "unavailable", "models": []}, status=503, headers={"Retry-After": "1"})
         return _json({"status": "ok", "models": names})
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return _json(openapi_document(_version()))
 
     async def live(self, request: web.Request) -> web.Response:
         return _json({"status": "ok"})
@@ -246,6 +253,7 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
             web.get("/health", frontend.health),
             web.get("/live", frontend.live),
             web.get("/metrics", frontend.metrics_text),
+            web.get("/openapi.json", frontend.openapi),
         ]
     )
     return app
@@ -356,6 +364,13 @@ def _json(payload: object, *, status: int = 200, headers: dict[str, str] | None 
     return web.Response(
         body=_encode(payload), status=status, content_type="application/json", headers=headers
     )
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("interlock")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
 
 
 def _include_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:
