@@ -26,6 +26,8 @@ class Env:
     step that saves a wake-up per kernel (PASSIVE, no spinning, was 10-30% slower on an idle
     machine); between steps it sleeps, so workers sharing cores do not starve each other
     (torch's default, long spinning, was 10-20x slower on a busy 2-core machine)."""
+    api_keys: tuple[str, ...]
+    """INTERLOCK_API_KEYS: comma-separated API keys the frontend accepts (beside --api-key)."""
     cpu_kernels: bool
     """INTERLOCK_CPU_KERNELS: use the compiled fused bf16 CPU kernels where the CPU has
     AVX-512 BF16 (default 1); 0 keeps the plain PyTorch path."""
@@ -41,5 +43,6 @@ def get_env() -> Env:
         nats_url=os.environ.get("INTERLOCK_NATS_URL") or None,
         omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", ""),
         gomp_spincount=os.environ.get("GOMP_SPINCOUNT") or "10000",
+        api_keys=tuple(k.strip() for k in os.environ.get("INTERLOCK_API_KEYS", "").split(",") if k.strip()),
         cpu_kernels=os.environ.get("INTERLOCK_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off"),
     )

@@ -45,6 +45,35 @@ class PromptTooLong(RequestError):
     """Prompt (plus max_tokens) exceeds the model's context length."""
 
 
+class LimitExceeded(RequestError):
+    """The request is over one of the server's configured size limits (prompt characters or
+    tokens, JSON nesting); the message names the limit."""
+
+
+class RequestTimeout(RequestError):
+    """The client did not send its whole request in time."""
+
+    status = 408
+
+
+class Unauthorized(RequestError):
+    """No API key, or one the server does not know."""
+
+    status = 401
+    error_type = "authentication_error"
+
+
+class RateLimited(RequestError):
+    """The API key used up its requests or tokens for this minute; retry after ``retry_after`` s."""
+
+    status = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class ModelNotFound(RequestError):
     status = 404
     error_type = "not_found_error"

@@ -12,7 +12,13 @@ kind of thing: a Hugging Face folder with ``config.json``, ``model.safetensors``
 
 Conversion happens once per cache: it writes into a temporary folder beside the target and
 renames it into place, under a file lock, so two workers starting together convert once and
-a crash never leaves a half-written folder that looks complete. Nothing is downloaded.
+a crash never leaves a half-written folder that looks complete; the temporary folders a killed
+conversion left behind are removed by the next conversion of that name. Nothing is downloaded.
+
+A GGUF's file name becomes a folder name, so it is sanitised first: a file called ``...gguf``
+once named its output ``..`` and the "incomplete leftover" clean-up removed the whole cache.
+Nothing outside ``<cache>/models/<safe name>`` (and this name's own temporary folders) is ever
+removed.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from interlock.env import get_env
@@ -38,33 +46,84 @@ SMOLLM2_GGUF = f"{SMOLLM2_NAME}.Q4_1.gguf"
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_MAX_NAME = 128
+
 __all__ = [
     "DEFAULT_MODEL",
     "SUPPORTED_ARCHITECTURES",
+    "ModelStore",
     "resolve_model",
+    "safe_model_name",
     "served_model_name",
     "validate_hf_folder",
 ]
 
 
 def resolve_model(name_or_path: str, *, progress: bool = True) -> Path:
-    """Return a local Hugging Face folder for ``name_or_path``, converting a GGUF once if needed.
+    """Return a local Hugging Face folder for ``name_or_path``, converting a GGUF once if needed
+    (into the cache of ``INTERLOCK_CACHE_DIR``; see ``ModelStore``)."""
+    return ModelStore(get_env().cache_dir).resolve(name_or_path, progress=progress)
 
-    Raises ConfigError when the name is unknown, the path does not exist or the folder holds an
-    unsupported architecture.
-    """
-    if name_or_path.strip().lower() in SMOLLM2_ALIASES:
-        return _converted(_smollm2_gguf(), SMOLLM2_NAME, progress=progress)
-    path = Path(name_or_path).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return _converted(path.resolve(), path.stem, progress=progress)
-    if path.is_dir():
-        validate_hf_folder(path)
-        return path.resolve()
-    raise ConfigError(
-        f"model {name_or_path!r} is neither a known name ({DEFAULT_MODEL!r}), a .gguf file, "
-        "nor a local Hugging Face folder"
-    )
+
+Converter = Callable[[Path, Path, bool], None]
+"""``convert(gguf, out_dir, progress)``: write a complete HF folder into ``out_dir``."""
+
+
+@dataclass(frozen=True)
+class ModelStore:
+    """The converted models under ``cache_dir/models``. ``convert`` is the GGUF converter (the
+    transformers one; tests pass a fast fake)."""
+
+    cache_dir: Path
+    convert: Converter | None = None
+
+    def resolve(self, name_or_path: str, *, progress: bool = True) -> Path:
+        """Raises ConfigError when the name is unknown, the path does not exist or the folder
+        holds an unsupported architecture."""
+        if name_or_path.strip().lower() in SMOLLM2_ALIASES:
+            return self._converted(_smollm2_gguf(), SMOLLM2_NAME, progress=progress)
+        path = Path(name_or_path).expanduser()
+        if path.is_file() and path.suffix == ".gguf":
+            return self._converted(path.resolve(), safe_model_name(path.stem), progress=progress)
+        if path.is_dir():
+            validate_hf_folder(path)
+            return path.resolve()
+        raise ConfigError(
+            f"model {name_or_path!r} is neither a known name ({DEFAULT_MODEL!r}), a .gguf file, "
+            "nor a local Hugging Face folder"
+        )
+
+    @property
+    def models_dir(self) -> Path:
+        models = self.cache_dir / "models"
+        models.mkdir(parents=True, exist_ok=True)
+        return models
+
+    def _converted(self, gguf: Path, name: str, *, progress: bool) -> Path:
+        models = self.models_dir
+        target = models / name
+        if _is_complete(target):
+            return target
+        with _file_lock(models / f".{name}.lock"):
+            if _is_complete(target):  # another process converted it while we waited
+                return target
+            for leftover in _temp_dirs(models, name):  # a killed conversion's; we hold the lock
+                shutil.rmtree(leftover, ignore_errors=True)
+            tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(name), dir=models))
+            try:
+                (self.convert or _convert_gguf)(gguf, tmp, progress)
+                _remove_model_dir(models, target)  # an incomplete leftover from an older crash
+                os.replace(tmp, target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+
+def safe_model_name(stem: str) -> str:
+    """A folder name for a model: letters, digits, ``._-`` only, never hidden, ``.`` or ``..``."""
+    name = _UNSAFE.sub("_", stem).lstrip(".-")[:_MAX_NAME]
+    return name or "model"
 
 
 def served_model_name(path: Path | str) -> str:
@@ -103,28 +162,25 @@ def _smollm2_gguf() -> Path:
     return gguf
 
 
-def _models_dir() -> Path:
-    models = get_env().cache_dir / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    return models
+def _temp_prefix(name: str) -> str:
+    return f".{name}.tmp-"
 
 
-def _converted(gguf: Path, name: str, *, progress: bool) -> Path:
-    target = _models_dir() / name
-    if _is_complete(target):
-        return target
-    with _file_lock(target.with_name(f".{name}.lock")):
-        if _is_complete(target):  # another process converted it while we waited
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
-        try:
-            _convert_gguf(gguf, tmp, progress=progress)
-            if target.exists():  # an incomplete leftover from an older crash
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+def _temp_dirs(models: Path, name: str) -> list[Path]:
+    # Exactly mkdtemp's shape (8 random characters), so another name's folders never match.
+    pattern = re.compile(re.escape(_temp_prefix(name)) + r"[a-z0-9_]{8}")
+    return [p for p in models.iterdir() if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+
+
+def _remove_model_dir(models: Path, target: Path) -> None:
+    """Remove ``target`` if it is a model folder directly inside ``models``; anything else is a
+    bug, and removing it could reach the whole cache or beyond."""
+    if target.parent != models or target.name != safe_model_name(target.name):
+        raise ConfigError(f"refusing to remove {target}: not a model folder of {models}")
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    elif target.exists():
+        shutil.rmtree(target)
 
 
 def _is_complete(folder: Path) -> bool:
@@ -141,7 +197,7 @@ def _file_lock(lock_path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _convert_gguf(gguf: Path, out: Path, *, progress: bool) -> None:
+def _convert_gguf(gguf: Path, out: Path, progress: bool) -> None:
     """Dequantize ``gguf`` with transformers and save it as a bf16 Hugging Face folder."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub, even by accident
     import torch

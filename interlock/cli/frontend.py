@@ -1,6 +1,6 @@
 """``interlock frontend``: the HTTP frontend and router, joining workers over NATS.
 
-    interlock frontend --port 8000 --nats-url nats://HOST:4222 [--policy kv]
+    interlock frontend --port 8000 --nats-url nats://HOST:4222 [--policy kv] [--api-key KEY]
 
 Several frontends can run side by side on one deployment: their routers share dispatch-time
 load over the event plane.
@@ -17,6 +17,7 @@ from interlock.cli.serving import add_dispatch_args, dispatch_options, router_co
 from interlock.deploy import Routing
 from interlock.env import get_env
 from interlock.errors import ConfigError
+from interlock.frontend.flags import add_frontend_args, frontend_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout", type=float, default=5.0)
     p.add_argument("--log-level", default=get_env().log_level)
     add_dispatch_args(p)
+    add_frontend_args(p)
     return p
 
 
@@ -56,9 +58,11 @@ async def _run(a: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
-    cfg = FrontendConfig(route_key_header=a.route_key_header) if a.route_key_header else FrontendConfig()
+    base = FrontendConfig(route_key_header=a.route_key_header) if a.route_key_header else FrontendConfig()
+    cfg = frontend_config(a, env_api_keys=get_env().api_keys, base=base)
     server = await serve_frontend(service, a.host, a.port, config=cfg)
-    print(f"frontend at {server.url}/v1 (policy {a.policy}, nats {a.nats_url})", flush=True)
+    keys = f", {len(cfg.auth.api_keys)} API keys" if cfg.auth.api_keys else ""
+    print(f"frontend at {server.url}/v1 (policy {a.policy}, nats {a.nats_url}{keys})", flush=True)
     try:
         await stop.wait()
     finally:

@@ -37,6 +37,7 @@ from interlock.deploy import (
 )
 from interlock.env import get_env
 from interlock.errors import ConfigError
+from interlock.frontend.flags import add_frontend_args, frontend_config
 
 log = logging.getLogger("interlock.serve")
 
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=get_env().log_level)
     add_engine_args(p)
     add_dispatch_args(p)
+    add_frontend_args(p)
     return p
 
 
@@ -199,7 +201,8 @@ async def _serve(a: argparse.Namespace) -> int:
                 await child.start()
                 children.append(child)
                 supervisor.watch(child)
-        fe_cfg = FrontendConfig(route_key_header=d.routing.route_key or FrontendConfig().route_key_header)
+        base = FrontendConfig(route_key_header=d.routing.route_key or FrontendConfig().route_key_header)
+        fe_cfg = frontend_config(a, env_api_keys=get_env().api_keys, base=base)
         service.extra_health.append(supervisor.problems)  # /health: crash loops, a down nats-server
         server = await serve_frontend(service, cp.listen_host, cp.listen_port, config=fe_cfg)
         if not await _wait_ready(service, len(specs), children, supervisor, stop, a.ready_timeout):

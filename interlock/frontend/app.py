@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP application (aiohttp) and helpers to run it.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{model}]``,
-``GET /health`` (503 while no model is servable), ``GET /live`` and ``GET /metrics``.
+``GET /health`` (503 while no model is servable), ``GET /live``, ``GET /metrics`` and
+``GET /openapi.json``. With API keys configured, every path but the open ones (by default
+/health, /live and /metrics) needs ``Authorization: Bearer <key>``.
 
 Every failure becomes an OpenAI-style JSON error with the status its ``interlock.errors`` class
 carries (503s with ``Retry-After``); a failure only ever ends its own request. The handler is
@@ -12,24 +14,40 @@ to the backend and the socket.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import math
 import signal
+import ssl
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter
 
 import msgspec
 from aiohttp import web
 
-from interlock.errors import InterlockError, InvalidRequest, ServiceError, ServiceUnavailable
+from interlock.errors import (
+    ConfigError,
+    InterlockError,
+    InvalidRequest,
+    RateLimited,
+    RequestTimeout,
+    ServiceError,
+    ServiceUnavailable,
+    Unauthorized,
+)
 from interlock.frontend.assembler import OutputAssembler, error_from_info
+from interlock.frontend.auth import Auth
 from interlock.frontend.backend import HEADER_REQUEST_ID, Backend, ModelEntry, RequestContext, header_context
 from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.config import FrontendConfig
+from interlock.frontend.connections import ConnectionTracker
 from interlock.frontend.generation import Generation, collect, stream_sse
+from interlock.frontend.limits import MAX_PRIORITY, MIN_PRIORITY, check_prompt_chars, check_prompt_tokens
 from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics
+from interlock.frontend.openapi import openapi_document
 from interlock.frontend.prepare import prompt_ids, sampling_params
 from interlock.frontend.responses import ChatFormatter, CompletionFormatter, error_body
 from interlock.frontend.schemas import (
@@ -37,6 +55,7 @@ from interlock.frontend.schemas import (
     CompletionRequest,
     parse_chat,
     parse_completion,
+    prompt_chars,
     stop_strings,
 )
 from interlock.protocol import GenerateRequest
@@ -56,6 +75,7 @@ class Frontend:
         self.backend = backend
         self.config = config
         self.catalog = ModelCatalog(backend)
+        self.auth = Auth(config.auth)
         self.metrics = FrontendMetrics()
         self.created = int(time.time())
 
@@ -94,6 +114,9 @@ class Frontend:
                          status=503, headers={"Retry-After": "1"})
         return _json({"status": "ok", "models": names})
 
+    async def openapi(self, request: web.Request) -> web.Response:
+        return _json(openapi_document(_version()))
+
     async def live(self, request: web.Request) -> web.Response:
         return _json({"status": "ok"})
 
@@ -124,18 +147,21 @@ class Frontend:
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         started = perf_counter()
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise BodyTooLarge(f"request body larger than {self.config.max_body_bytes} bytes") from None
-        req = parse_chat(body) if endpoint == "chat" else parse_completion(body)
-        entry = self.catalog.find(req.model)
-        tok = await self.catalog.tokenizer(entry)
-        ids = await prompt_ids(req, tok)
-        sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
+        cfg = self.config
+        req = await self._read_request(request, endpoint)
         ctx = self._context(request, endpoint)
         if req.priority is not None:  # the body's priority (vLLM's extension) beats the header
             ctx.priority = req.priority
+        log.debug(
+            "request %s: client id %s, user %s",
+            ctx.request_id, request.headers.get(HEADER_REQUEST_ID), req.user,
+        )
+        entry = self.catalog.find(req.model)
+        tok = await self.catalog.tokenizer(entry)
+        ids = await prompt_ids(req, tok, max_chars=cfg.max_prompt_chars)
+        check_prompt_tokens(len(ids), cfg.max_prompt_tokens, param=prompt_chars(req)[1])
+        self.auth.admit_tokens(request, len(ids))
+        sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
         generate_request = GenerateRequest(
             request_id=ctx.request_id,
             token_ids=tuple(ids),
@@ -155,7 +181,10 @@ class Frontend:
             metrics=self.metrics,
             started=started,
         )
-        ctx.response_headers.setdefault(HEADER_REQUEST_ID, ctx.request_id)
+        # The client's own id comes back as it was sent; the server's id is the body's ``id``.
+        ctx.response_headers.setdefault(
+            HEADER_REQUEST_ID, request.headers.get(HEADER_REQUEST_ID) or ctx.request_id
+        )
         try:
             first = await gen.next_output()
             if first.error is not None or first.finish_reason == "error":
@@ -165,19 +194,47 @@ class Frontend:
             return await collect(gen, first)
         finally:
             await gen.close()
+            self.auth.charge_tokens(request, gen.assembler.completion_tokens)
+
+    async def _read_request(
+        self, request: web.Request, endpoint: str
+    ) -> ChatCompletionRequest | CompletionRequest:
+        """The parsed body, refused if over a size limit before it costs anything more."""
+        cfg = self.config
+        try:
+            async with asyncio.timeout(cfg.body_timeout_s):
+                body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BodyTooLarge(f"request body larger than {cfg.max_body_bytes} bytes") from None
+        except TimeoutError:
+            raise RequestTimeout(f"the request body did not arrive within {cfg.body_timeout_s} s") from None
+        if endpoint == "chat":
+            req: ChatCompletionRequest | CompletionRequest = parse_chat(body, max_depth=cfg.max_json_depth)
+        else:
+            req = parse_completion(body, max_depth=cfg.max_json_depth)
+        size, prompt_field = prompt_chars(req)
+        check_prompt_chars(size, cfg.max_prompt_chars, param=prompt_field)
+        return req
 
     def _context(self, request: web.Request, endpoint: str) -> RequestContext:
+        # Always the server's own id: a client's x-request-id is only echoed and logged, so two
+        # clients (or one retrying) sending the same id never collide inside the system.
         prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
-        request_id = request.headers.get(HEADER_REQUEST_ID) or f"{prefix}-{uuid.uuid4().hex}"
         try:
-            return header_context(
+            ctx = header_context(
                 request.headers,
-                request_id=request_id,
+                request_id=f"{prefix}-{uuid.uuid4().hex}",
                 endpoint=endpoint,
                 route_key_header=self.config.route_key_header,
             )
         except ValueError:
-            raise InvalidRequest("the x-priority header must be an integer", param="x-priority") from None
+            ctx = None
+        if ctx is None or not MIN_PRIORITY <= ctx.priority <= MAX_PRIORITY:
+            raise InvalidRequest(
+                f"the x-priority header must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}",
+                param="x-priority",
+            )
+        return ctx
 
 
 def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.Application:
@@ -185,8 +242,13 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
     the AppRunner (as ``serve_frontend`` does) so a client disconnect aborts its request."""
     config = config or FrontendConfig()
     frontend = Frontend(backend, config)
-    app = web.Application(client_max_size=config.max_body_bytes)
+    connections = ConnectionTracker()
+    app = web.Application(
+        client_max_size=config.max_body_bytes,
+        middlewares=[connections.middleware, _errors_middleware, frontend.auth.middleware],
+    )
     app[FRONTEND_KEY] = frontend
+    app[CONNECTIONS_KEY] = connections
     app.add_routes(
         [
             web.post("/v1/chat/completions", frontend.chat),
@@ -196,12 +258,14 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
             web.get("/health", frontend.health),
             web.get("/live", frontend.live),
             web.get("/metrics", frontend.metrics_text),
+            web.get("/openapi.json", frontend.openapi),
         ]
     )
     return app
 
 
 FRONTEND_KEY = web.AppKey("interlock_frontend", Frontend)
+CONNECTIONS_KEY = web.AppKey("interlock_connections", ConnectionTracker)
 
 
 @dataclass
@@ -209,15 +273,19 @@ class FrontendServer:
     """A running frontend; ``await close()`` to stop it."""
 
     runner: web.AppRunner
+    listener: asyncio.Server
     host: str
     port: int
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     async def close(self) -> None:
-        await self.runner.cleanup()
+        self.listener.close()
+        await self.runner.cleanup()  # closes the open connections
+        await self.listener.wait_closed()
 
 
 async def serve_frontend(
@@ -225,14 +293,35 @@ async def serve_frontend(
 ) -> FrontendServer:
     """Start serving on ``host:port`` (port 0: an ephemeral port) in the running event loop."""
     config = config or FrontendConfig()
+    app = build_app(backend, config=config)
     runner = web.AppRunner(
-        build_app(backend, config=config), handler_cancellation=config.handler_cancellation, access_log=None
+        app,
+        handler_cancellation=config.handler_cancellation,
+        access_log=None,
+        keepalive_timeout=config.idle_timeout_s,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
-    await site.start()
-    bound_port = runner.addresses[0][1]
-    return FrontendServer(runner=runner, host=host, port=bound_port)
+    assert runner.server is not None
+    # Our own listener rather than a TCPSite: its protocol factory enforces the connection cap.
+    factory = app[CONNECTIONS_KEY].capped(runner.server, config.max_connections)
+    ssl_context = _ssl_context(config)
+    listener = await asyncio.get_running_loop().create_server(
+        factory, host, port, backlog=1024, ssl=ssl_context
+    )
+    bound_port = listener.sockets[0].getsockname()[1]
+    scheme = "https" if ssl_context else "http"
+    return FrontendServer(runner=runner, listener=listener, host=host, port=bound_port, scheme=scheme)
+
+
+def _ssl_context(config: FrontendConfig) -> ssl.SSLContext | None:
+    if config.ssl_certfile is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS certificate or key: {exc}") from exc
+    return context
 
 
 def run_frontend(
@@ -256,10 +345,23 @@ def run_frontend(
     uvloop.run(main())
 
 
+@web.middleware
+async def _errors_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Errors raised outside a handler's own guard (authentication, rate limits) as JSON."""
+    try:
+        return await handler(request)
+    except InterlockError as exc:
+        return error_response(exc)
+
+
 def error_response(exc: InterlockError) -> web.Response:
     headers = {}
-    if isinstance(exc, ServiceUnavailable):
+    if isinstance(exc, (ServiceUnavailable, RateLimited)):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
     return _json(error_body(exc), status=exc.status, headers=headers)
 
 
@@ -267,6 +369,13 @@ def _json(payload: object, *, status: int = 200, headers: dict[str, str] | None 
     return web.Response(
         body=_encode(payload), status=status, content_type="application/json", headers=headers
     )
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("interlock")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
 
 
 def _include_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:

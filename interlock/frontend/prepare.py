@@ -12,6 +12,7 @@ import msgspec
 
 from interlock.errors import InvalidRequest, PromptTooLong
 from interlock.frontend.backend import ModelEntry
+from interlock.frontend.limits import check_prompt_chars
 from interlock.frontend.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -24,11 +25,17 @@ from interlock.protocol import SamplingParams
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
-async def prompt_ids(req: ChatCompletionRequest | CompletionRequest, tok: ModelTokenizer) -> list[int]:
-    """The prompt's token ids (long texts are encoded off the event loop)."""
+async def prompt_ids(
+    req: ChatCompletionRequest | CompletionRequest, tok: ModelTokenizer, *, max_chars: int | None = None
+) -> list[int]:
+    """The prompt's token ids (long texts are encoded off the event loop). A rendered chat
+    prompt longer than ``max_chars`` is refused before it is encoded."""
     if isinstance(req, ChatCompletionRequest):
+        text = chat_prompt_text(req, tok)
+        if max_chars is not None:
+            check_prompt_chars(len(text), max_chars, param="messages")
         # The template already wrote the special tokens (BOS, turn markers): add none.
-        return await tok.encode_async(chat_prompt_text(req, tok), add_special_tokens=False)
+        return await tok.encode_async(text, add_special_tokens=False)
     prompt = completion_prompt(req)
     if isinstance(prompt, str):
         return await tok.encode_async(prompt, add_special_tokens=True)

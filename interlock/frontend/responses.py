@@ -8,17 +8,29 @@ encoded from dicts.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
-from interlock.errors import InterlockError, ModelNotFound, PromptTooLong
+from interlock.errors import (
+    EngineError,
+    InterlockError,
+    ModelNotFound,
+    NoWorkers,
+    Overloaded,
+    PromptTooLong,
+    RequestError,
+    ServiceUnavailable,
+    TransportError,
+)
 from interlock.frontend.assembler import Delta, OutputAssembler
 from interlock.frontend.tokenizer import ModelTokenizer
 from interlock.protocol import TokenLogprobs
 
+log = logging.getLogger(__name__)
 DONE = b"data: [DONE]\n\n"
 _encode = msgspec.json.Encoder().encode
 
@@ -36,10 +48,37 @@ def usage(a: OutputAssembler) -> dict[str, Any]:
     }
 
 
+# What a client reads when the server failed. The real message of a service fault names
+# internal addresses, paths and peers ("connection to 10.0.0.7:4222 lost"): it goes to the log,
+# and the client gets the fault's kind. Most specific class first.
+_CLIENT_MESSAGES: tuple[tuple[type[InterlockError], str], ...] = (
+    (NoWorkers, "no worker is serving this model right now; retry later"),
+    (Overloaded, "the server is overloaded; retry later"),
+    (ServiceUnavailable, "the service is unavailable; retry later"),
+    (TransportError, "a connection inside the service failed while serving the request"),
+    (EngineError, "the engine failed while running the request"),
+)
+
+
 def error_body(exc: InterlockError) -> dict[str, Any]:
     return {
-        "error": {"message": exc.message, "type": exc.error_type, "param": exc.param, "code": error_code(exc)}
+        "error": {
+            "message": client_message(exc),
+            "type": exc.error_type,
+            "param": exc.param,
+            "code": error_code(exc),
+        }
     }
+
+
+def client_message(exc: InterlockError) -> str:
+    """``exc``'s message if it is about the request, a generic one (the real one logged) if not."""
+    if isinstance(exc, RequestError):
+        return exc.message
+    message = next((m for cls, m in _CLIENT_MESSAGES if isinstance(exc, cls)), "internal server error")
+    if exc.message != message:
+        log.warning("%s shown to the client as %r: %s", type(exc).__name__, message, exc.message)
+    return message
 
 
 def error_code(exc: InterlockError) -> str:

@@ -8,6 +8,7 @@ What a request gets from the fake is chosen by its ``x-route-key`` header: tests
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 from interlock.frontend import (
     FakeBackend,
     FakeScript,
+    FrontendConfig,
     FrontendServer,
     ModelEntry,
     RequestContext,
@@ -62,8 +64,9 @@ class Served:
         return {"x-route-key": key}
 
 
-@pytest.fixture(scope="session")
-def served(smol_path: Path) -> Iterator[Served]:
+@contextlib.contextmanager
+def serving(smol_path: Path, config: FrontendConfig | None = None) -> Iterator[Served]:
+    """A frontend over a FakeBackend on an ephemeral loopback port, in a background thread."""
     scripts: dict[str, FakeScript] = {}
 
     def pick(request: GenerateRequest, ctx: RequestContext) -> FakeScript:
@@ -76,7 +79,8 @@ def served(smol_path: Path) -> Iterator[Served]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    server = asyncio.run_coroutine_threadsafe(serve_frontend(backend, "127.0.0.1", 0), loop).result(30)
+    start = serve_frontend(backend, "127.0.0.1", 0, config=config)
+    server = asyncio.run_coroutine_threadsafe(start, loop).result(30)
     try:
         yield Served(server, backend, scripts)
     finally:
@@ -84,3 +88,9 @@ def served(smol_path: Path) -> Iterator[Served]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+@pytest.fixture(scope="session")
+def served(smol_path: Path) -> Iterator[Served]:
+    with serving(smol_path) as s:
+        yield s

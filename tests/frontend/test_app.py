@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -15,8 +16,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
-from interlock.errors import EngineError, NoWorkers, Overloaded
+from interlock.errors import EngineError, NoWorkers, Overloaded, TransportError
 from interlock.frontend import FakeScript
+from interlock.frontend.responses import client_message
 from interlock.frontend.tokenizer import ModelTokenizer
 from tests.frontend.conftest import MODEL, SMALL_CONTEXT, SMALL_MODEL, Served
 
@@ -253,7 +255,9 @@ def test_routing_headers_and_response_headers(http: httpx.Client, served: Served
         },
     )
     assert r.status_code == 200 and r.headers["x-interlock-route"] == "worker-1"
-    assert r.headers["x-request-id"] == "my-id" and r.json()["id"] == "my-id"
+    # The client's id is echoed; the server keeps its own (the body's id) for everything inside.
+    assert r.headers["x-request-id"] == "my-id" and r.json()["id"].startswith("chatcmpl-")
+    assert served.backend.requests[-1].request_id == r.json()["id"]
     ctx = served.backend.contexts[-1]
     assert (ctx.session_id, ctx.route_key, ctx.explain, ctx.endpoint) == ("s1", "explained", True, "chat")
     assert served.backend.requests[-1].priority == 3 and ctx.priority == 3
@@ -326,7 +330,8 @@ def test_backend_errors_before_first_token(
         "/v1/chat/completions", json={"model": MODEL, "messages": USER, "stream": stream}, headers=headers
     )
     body = error_of(r, status)
-    assert body["message"] == str(error)
+    assert body["message"] == client_message(error)  # type: ignore[arg-type]
+    assert str(error) not in str(body["message"])  # the internal message stays in the log
     if status == 503:
         assert r.headers["retry-after"] == ("3" if isinstance(error, NoWorkers) else "1")
 
@@ -340,12 +345,31 @@ def test_error_after_streaming_started_is_an_sse_event(
     ) as r:
         assert r.status_code == 200
         events = [line for line in r.iter_lines() if line]
-    assert json.loads(events[-2].removeprefix("data: "))["error"]["message"] == "died mid-way"
+    engine_failed = "the engine failed while running the request"
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["message"] == engine_failed
     assert events[-1] == "data: [DONE]"
-    with pytest.raises(openai.APIError, match="died mid-way"):
+    with pytest.raises(openai.APIError, match=engine_failed):
         list(client.completions.create(model=MODEL, prompt="x", stream=True, extra_headers=headers))
     r2 = http.post("/v1/completions", json={"model": MODEL, "prompt": "x"}, headers=headers)
-    assert error_of(r2, 500)["message"] == "died mid-way"
+    assert error_of(r2, 500)["message"] == engine_failed
+
+
+@pytest.mark.parametrize("error_after", [0, 2])
+def test_internal_addresses_never_reach_the_client(
+    http: httpx.Client, served: Served, caplog: pytest.LogCaptureFixture, error_after: int
+) -> None:
+    secret = "connection to 127.0.0.1:37083 lost"
+    headers = served.script(key(), FakeScript(error=TransportError(secret), error_after=error_after))
+    with caplog.at_level(logging.WARNING, logger="interlock.frontend"):
+        r = http.post("/v1/completions", json={"model": MODEL, "prompt": "x"}, headers=headers)
+        with http.stream(
+            "POST", "/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True}, headers=headers
+        ) as streamed:
+            text = streamed.read().decode()
+    assert error_of(r, 502)["type"] == "transport_error"
+    assert "127.0.0.1" not in r.text and "37083" not in r.text
+    assert "transport_error" in text and "127.0.0.1" not in text and "37083" not in text
+    assert secret in caplog.text  # kept for the operator
 
 
 def test_unexpected_backend_exception_is_a_500_or_an_sse_error(http: httpx.Client, served: Served) -> None:
@@ -380,13 +404,19 @@ def test_errors_do_not_affect_other_requests(client: openai.OpenAI, served: Serv
     assert results == ["length"]
 
 
+def server_id(served: Served, route_key: str) -> str | None:
+    """The server's id of the request sent with ``route_key`` (None until the backend has it)."""
+    return next((c.request_id for c in served.backend.contexts if c.route_key == route_key), None)
+
+
 def test_client_disconnect_mid_stream_aborts(http: httpx.Client, served: Served) -> None:
-    headers = {**served.script(key(), FakeScript(token_delay_s=0.02)), "x-request-id": key()}
+    route_key = key()
+    headers = served.script(route_key, FakeScript(token_delay_s=0.02))
     body = {"model": MODEL, "messages": USER, "max_tokens": 1000, "stream": True}
     with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
-    assert wait_for(lambda: headers["x-request-id"] in served.backend.aborted)
+    assert wait_for(lambda: server_id(served, route_key) in served.backend.aborted)
 
 
 def test_client_disconnect_while_waiting_non_streaming_aborts(served: Served) -> None:
@@ -395,12 +425,12 @@ def test_client_disconnect_while_waiting_non_streaming_aborts(served: Served) ->
     body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1000}).encode()
     head = (
         f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nx-route-key: {request_id}\r\nx-request-id: {request_id}\r\n\r\n"
+        f"Content-Length: {len(body)}\r\nx-route-key: {request_id}\r\n\r\n"
     )
     with socket.create_connection((served.server.host, served.server.port), timeout=10) as sock:
         sock.sendall(head.encode() + body)
-        assert wait_for(lambda: any(r.request_id == request_id for r in served.backend.requests))
-    assert wait_for(lambda: request_id in served.backend.aborted)
+        assert wait_for(lambda: server_id(served, request_id) is not None)
+    assert wait_for(lambda: server_id(served, request_id) in served.backend.aborted)
 
 
 # ---- operational endpoints ----
@@ -440,3 +470,21 @@ def test_metrics_parse_as_prometheus_text(http: httpx.Client, client: openai.Ope
     completion = {s.labels["model"]: s.value for s in families["interlock_completion_tokens"].samples}
     assert completion[MODEL] >= 4
     assert "interlock_prompt_tokens_cached" in families and "interlock_prompt_tokens" in families
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"no_such_option": 1}, "no_such_option"),
+    ],
+)
+def test_options_this_server_cannot_honour_are_refused(
+    client: openai.OpenAI, extra: dict[str, object], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=USER, extra_body=extra)
+    body = info.value.body
+    assert isinstance(body, dict) and body["param"] == param and body["type"] == "invalid_request_error"

@@ -1,0 +1,62 @@
+"""Size limits a request must meet before it costs the server anything else.
+
+Tokenizing is the expensive step a hostile body can reach: a 30 MB prompt with no whitespace
+is one "word" to a BPE tokenizer, which took the frontend to 4 GiB and ~40 s of CPU before
+the context-length check could refuse it. So the prompt's size in characters is checked right
+after the JSON is decoded (and the rendered chat template again before it is encoded), and its
+size in tokens right after encoding. Nesting depth is checked on the few fields whose JSON
+shape is free (``Any``); every other field has a fixed type, so msgspec refuses deep nesting
+there at the first level that does not match.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from interlock.errors import LimitExceeded
+
+DEFAULT_MAX_PROMPT_CHARS = 1_000_000
+DEFAULT_MAX_JSON_DEPTH = 32
+# A priority travels as a plain int to the router and engines (and over NATS as msgpack, which
+# cannot carry 2**64); 32 bits are more than any scheduling policy needs.
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
+
+
+def check_prompt_chars(size: int, max_chars: int, *, param: str) -> None:
+    """Refuse a prompt of more than ``max_chars`` characters (token ids count one each)."""
+    if size > max_chars:
+        raise LimitExceeded(
+            f"the prompt is {size} characters; this server accepts at most {max_chars} (max_prompt_chars)",
+            param=param,
+        )
+
+
+def check_prompt_tokens(n_tokens: int, max_tokens: int | None, *, param: str) -> None:
+    if max_tokens is not None and n_tokens > max_tokens:
+        raise LimitExceeded(
+            f"the prompt is {n_tokens} tokens; this server accepts at most {max_tokens} (max_prompt_tokens)",
+            param=param,
+        )
+
+
+def check_depth(value: Any, max_depth: int, *, param: str) -> None:
+    """Refuse a decoded JSON value nested deeper than ``max_depth`` arrays/objects."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict, msgspec.Struct)):
+            depth += 1
+            if depth > max_depth:
+                raise depth_error(max_depth, param=param)
+            children = item.values() if isinstance(item, dict) else (
+                msgspec.structs.astuple(item) if isinstance(item, msgspec.Struct) else item
+            )
+            stack.extend((child, depth) for child in children if isinstance(child, (list, dict, msgspec.Struct)))
+
+
+def depth_error(max_depth: int, *, param: str | None) -> LimitExceeded:
+    return LimitExceeded(
+        f"the JSON body is nested more than {max_depth} levels deep (max_json_depth)", param=param
+    )

@@ -1,0 +1,114 @@
+"""The OpenAPI 3.1 document of the HTTP API, served at ``/openapi.json``.
+
+Request bodies are generated from the same msgspec structs that decode them, so the document
+cannot drift from what the server accepts (unknown fields show as ``additionalProperties:
+false``). Response bodies are the OpenAI shapes, described by name only.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import msgspec
+
+from interlock.frontend.schemas import ChatCompletionRequest, CompletionRequest
+
+_REF = "#/components/schemas/{name}"
+_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+            "required": ["message", "type", "param", "code"],
+        }
+    },
+    "required": ["error"],
+}
+_ERRORS = {
+    "400": "invalid request, or over a size limit",
+    "401": "missing or unknown API key",
+    "404": "unknown model",
+    "408": "the body did not arrive in time",
+    "413": "body too large",
+    "429": "rate limit of the API key reached (see Retry-After)",
+    "503": "no worker can take the request now (see Retry-After)",
+}
+
+
+@cache
+def openapi_document(version: str) -> dict[str, Any]:
+    (chat, completion), components = msgspec.json.schema_components(
+        [ChatCompletionRequest, CompletionRequest], ref_template=_REF
+    )
+    components["Error"] = _ERROR
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Interlock OpenAI-compatible API", "version": version},
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/chat/completions": {"post": _generate("Create a chat completion", chat, "chat.completion")},
+            "/v1/completions": {"post": _generate("Create a text completion", completion, "text_completion")},
+            "/v1/models": {"get": _get("List the models served now", "list of model cards")},
+            "/v1/models/{model}": {
+                "get": {
+                    **_get("One model card", "model card", errors=("401", "404")),
+                    "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                }
+            },
+            "/health": {"get": _get("Ready to serve: 503 while no model is servable", "status", open_=True)},
+            "/live": {"get": _get("The process is up", "status", open_=True)},
+            "/metrics": {"get": _get("Prometheus metrics", "text exposition format", open_=True, text=True)},
+            "/openapi.json": {"get": _get("This document", "OpenAPI document")},
+        },
+    }
+
+
+def _generate(summary: str, body: dict[str, Any], object_name: str) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+        "responses": {
+            "200": {
+                "description": f"a {object_name} object, or with stream=true a text/event-stream of chunks",
+                "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {}},
+            },
+            **_error_responses(_ERRORS),
+        },
+    }
+
+
+def _get(
+    summary: str, description: str, *, errors: tuple[str, ...] = ("401",), open_: bool = False, text: bool = False
+) -> dict[str, Any]:
+    media = "text/plain" if text else "application/json"
+    op: dict[str, Any] = {
+        "summary": summary,
+        "responses": {
+            "200": {"description": description, "content": {media: {}}},
+            **_error_responses({k: _ERRORS[k] for k in errors if not open_}),
+        },
+    }
+    if open_:
+        op["security"] = []  # open by default (configurable)
+    return op
+
+
+def _error_responses(errors: dict[str, str]) -> dict[str, Any]:
+    return {
+        status: {
+            "description": text,
+            "content": {"application/json": {"schema": {"$ref": _REF.format(name="Error")}}},
+        }
+        for status, text in errors.items()
+    }
