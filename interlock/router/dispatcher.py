@@ -206,6 +206,8 @@ class Dispatcher:
                     router = await self._router_again(router, request.model)
                     leg = Leg(await self.route(router, retry_meta, hashes), leg.request,
                               held_tokens=leg.held_tokens)
+                    if ctx is not None and ctx.explain:  # nothing sent yet: name the new worker
+                        ctx.response_headers[EXPLAIN_HEADER] = leg.decision.header()
                     continue
                 if migrations >= self.options.migration_limit:
                     self.metrics.migrations_exhausted += 1
