@@ -104,6 +104,8 @@ class Result:
     started: float = 0.0
     first_token_at: float = 0.0
     ended: float = 0.0
+    stamps: list[float] = field(default_factory=list)
+    """When each chunk with tokens arrived."""
 
     @property
     def worker(self) -> str:
@@ -111,9 +113,11 @@ class Result:
 
 
 async def stream(c: openai.AsyncOpenAI, prompt: str, max_tokens: int, *,
-                 headers: dict[str, str] | None = None, on_token: Callable[[int], None] | None = None) -> Result:
-    """One streaming completion; every token counted through its logprobs entry."""
-    r = Result(started=time.monotonic())
+                 headers: dict[str, str] | None = None, into: Result | None = None) -> Result:
+    """One streaming completion; every token counted through its logprobs entry (``into``, when
+    given, is filled as the stream goes: another task may watch it)."""
+    r = into if into is not None else Result()
+    r.started = time.monotonic()
     raw = await c.completions.with_raw_response.create(
         model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True, logprobs=0,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
@@ -130,8 +134,7 @@ async def stream(c: openai.AsyncOpenAI, prompt: str, max_tokens: int, *,
             r.finish = choice.finish_reason or r.finish
             if r.tokens and not r.first_token_at:
                 r.first_token_at = time.monotonic()
-            if on_token is not None:
-                on_token(r.tokens)
+            r.stamps.append(time.monotonic())
     r.ended = time.monotonic()
     return r
 
@@ -232,3 +235,61 @@ async def _chaos(served: Served) -> None:
     for i, r in zip(sample, again, strict=True):
         assert r.text == results[i].text, f"request {i} differs from an unbroken run"
     await check_pools(served, expected=3)
+
+
+# ---- 2. a worker SIGSTOPped mid-stream ----
+STALL_S = 2.0
+
+
+@pytest.mark.parametrize("lease_s", [2.0, 30.0], ids=["lease-expires", "stall-timer"])
+def test_a_stopped_worker_stream_moves_on_and_the_worker_rejoins_after_sigcont(lease_s: float) -> None:
+    """With a 2 s lease the stopped worker also leaves discovery (and must come back); with a
+    30 s one only the dispatcher's stall timer can notice it."""
+    # speedup 0.5: about 25 ms a token, so 200 tokens last about 5 s
+    served = start_serve(*MOCK, "--workers", "2", "--speedup", "0.5", "--stall-timeout", str(STALL_S),
+                         "--heartbeat-timeout", str(lease_s), timeout_s=120)
+    try:
+        asyncio.run(_sigstop(served, stall_detects=lease_s > STALL_S + 5))
+    finally:
+        for pid in children(served, b"worker"):
+            os.kill(pid, signal.SIGCONT)  # a stopped worker would not drain
+        served.stop()
+
+
+async def _sigstop(served: Served, *, stall_detects: bool) -> None:
+    assert await wait_for(lambda: len(instance_ids(served)) == 2, 10)
+    c = client(served)
+    r = Result()
+    task = asyncio.create_task(stream(c, "stop me", 200, into=r))
+    assert await wait_for(lambda: r.tokens >= 20 or task.done(), 30)
+    victim = r.worker
+    pid = worker_pid(served, victim)
+    os.kill(pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    await task
+    assert_whole(r, 200)
+    gaps = [b - a for a, b in zip(r.stamps, r.stamps[1:], strict=False)]
+    print(f"stopped {victim}; longest silence in the stream {max(gaps):.2f} s")
+    assert STALL_S - 1.0 < max(gaps) < STALL_S + 3.0
+    assert counter(served, "interlock_router_migrations_total") == 1
+    if stall_detects:
+        assert counter(served, "interlock_router_stalls_total") == 1
+
+    # SIGCONT: the worker rejoins; a request pinned to it is served by it again.
+    os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            pinned = await stream(c, "pinned", 30, headers={"x-worker-id": victim})
+            break
+        except openai.APIError as exc:
+            assert time.monotonic() < deadline, f"pinned request still failing: {exc}"
+            await asyncio.sleep(0.5)
+    print(f"pinned request served {time.monotonic() - stopped_at:.2f} s after SIGSTOP")
+    assert_whole(pinned, 30)
+    assert pinned.worker == victim
+    for i in range(3):
+        again = await stream(c, f"pinned {i}", 30, headers={"x-worker-id": victim})
+        assert_whole(again, 30)
+        assert again.worker == victim
+    await check_pools(served, expected=2)
