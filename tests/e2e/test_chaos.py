@@ -18,7 +18,7 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,8 +29,8 @@ import pytest
 from interlock.protocol.control import ControlRequest
 from interlock.protocol.subjects import GENERATE_ENDPOINT
 from interlock.router.disagg_flow import control_call
-from interlock.runtime import RuntimeConfig, connect_runtime
-from tests.e2e.conftest import FAST_LEASES, Served, start_serve
+from interlock.runtime import NatsServer, RuntimeConfig, connect_runtime
+from tests.e2e.conftest import FAST_LEASES, Served, free_port, start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -104,6 +104,7 @@ class Result:
     started: float = 0.0
     first_token_at: float = 0.0
     ended: float = 0.0
+    error: str = ""
     stamps: list[float] = field(default_factory=list)
     """When each chunk with tokens arrived."""
 
@@ -293,3 +294,93 @@ async def _sigstop(served: Served, *, stall_detects: bool) -> None:
         assert_whole(again, 30)
         assert again.worker == victim
     await check_pools(served, expected=2)
+
+
+# ---- 3. the nats-server killed and restarted under load ----
+RECOVERY_S = 5.0
+"""The requirement: new requests are served again within 5 s of the kill."""
+LOOPS = 8
+
+
+def test_serves_own_nats_server_killed_under_load() -> None:
+    served = start_serve(*MOCK, "--workers", "2", timeout_s=120)
+    try:
+        [old] = children(served, b"nats-server")
+
+        async def kill() -> None:
+            os.kill(old, signal.SIGKILL)  # serve restarts it on the same port (backoff 0.5 s)
+
+        asyncio.run(_nats_outage(served, kill))
+        assert "nats-server exited with signal 9 (SIGKILL); restart 1 in 0.5 s" in "".join(served.lines)
+        assert children(served, b"nats-server") not in ([], [old])
+    finally:
+        served.stop()
+
+
+def test_an_external_nats_server_killed_and_restarted_under_load() -> None:
+    with NatsServer(port=free_port()) as nats:
+        served = start_serve(*MOCK, "--workers", "2", "--nats-url", nats.url, timeout_s=120)
+        try:
+            async def kill() -> None:
+                assert nats.pid is not None
+                os.kill(nats.pid, signal.SIGKILL)
+                await asyncio.sleep(1.0)
+                nats.restart()  # on this (the main) thread: see NatsServer.restart
+
+            asyncio.run(_nats_outage(served, kill))
+        finally:
+            served.stop()
+
+
+async def _nats_outage(served: Served, kill: Callable[[], Awaitable[None]]) -> None:
+    assert await wait_for(lambda: len(instance_ids(served)) == 2, 10)
+    c = client(served, timeout_s=30)
+    results: list[Result] = []
+    stop = asyncio.Event()
+
+    async def loop(k: int) -> None:
+        i = 0
+        while not stop.is_set():
+            r = Result()
+            results.append(r)
+            try:
+                await stream(c, f"loop {k} request {i}", 60, into=r)
+                assert_whole(r, 60)
+            except Exception as exc:  # noqa: BLE001 - collected, asserted below
+                r.error = f"{type(exc).__name__}: {exc}"
+                r.ended = time.monotonic()
+                await asyncio.sleep(0.1)
+            i += 1
+
+    loops = [asyncio.create_task(loop(k)) for k in range(LOOPS)]
+    await asyncio.sleep(3.0)
+    killed_at = time.monotonic()
+    await kill()
+    await asyncio.sleep(RECOVERY_S + 3.0)
+    stop.set()
+    await asyncio.gather(*loops)
+
+    streaming = [r for r in results if r.first_token_at and r.first_token_at < killed_at < r.ended]
+    new_ok = [r.ended - killed_at for r in results if r.started > killed_at and not r.error]
+    failed = [r for r in results if r.error]
+    recovery = min(new_ok, default=float("inf"))
+    print(f"{len(results)} requests, {len(streaming)} streaming at the kill, {len(failed)} failed; "
+          f"first new request completed {recovery:.2f} s after the kill")
+    assert streaming
+    assert not [r.error for r in streaming if r.error]
+    assert recovery < RECOVERY_S
+    late = [r.error for r in failed if r.started > killed_at + RECOVERY_S]
+    assert not late, late[:5]
+
+    # The workers are back in discovery on the new server, their pools intact.
+    assert await wait_for(lambda: httpx.get(served.url + "/health", timeout=5).status_code == 200, 10)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            await check_pools(served, expected=2)
+            print(f"both workers in discovery again {time.monotonic() - killed_at:.2f} s after the kill")
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
