@@ -161,7 +161,7 @@ async def check_pools(served: Served, expected: int) -> None:
 
 
 # ---- 1. workers SIGKILLed under load ----
-REQUESTS = int(os.environ.get("INTERLOCK_CHAOS_REQUESTS", "1000"))
+REQUESTS = 1000
 CONCURRENCY = 32
 KILL_EVERY_S = 2.5
 
@@ -229,9 +229,11 @@ async def _chaos(served: Served) -> None:
         "".join(served.lines)[-3000:]
     # The streams whose worker was killed under them continued exactly where they broke: the
     # text of each is what an unbroken run of the same request gives (the mock is deterministic).
+    # Taken by the client's clock, this is a superset: a busy client reads the end of a stream
+    # some time after its worker sent it.
     broken = [i for i, r in results.items()
               if any(w == r.worker and r.started < t < r.ended for w, t in killed_at)]
-    print(f"migrations {migrations:.0f}; {len(broken)} streams had their worker killed under them")
+    print(f"migrations {migrations:.0f}; {len(broken)} streams in flight (client's clock) when their worker was killed")
     assert broken
     sample = broken[:100]
     again = await asyncio.gather(*(stream(c, *jobs[i]) for i in sample))
