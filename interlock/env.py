@@ -28,6 +28,9 @@ class Env:
     (torch's default, long spinning, was 10-20x slower on a busy 2-core machine)."""
     api_keys: tuple[str, ...]
     """INTERLOCK_API_KEYS: comma-separated API keys the frontend accepts (beside --api-key)."""
+    linear_kernel: str
+    """INTERLOCK_LINEAR_KERNEL: "auto" (default: each layer's kernel per row count, measured once
+    on this machine), or "small", "onednn", "torch" everywhere."""
     cpu_kernels: bool
     """INTERLOCK_CPU_KERNELS: use the compiled fused bf16 CPU kernels where the CPU has
     AVX-512 BF16 (default 1); 0 keeps the plain PyTorch path."""
@@ -44,5 +47,6 @@ def get_env() -> Env:
         omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", ""),
         gomp_spincount=os.environ.get("GOMP_SPINCOUNT") or "10000",
         api_keys=tuple(k.strip() for k in os.environ.get("INTERLOCK_API_KEYS", "").split(",") if k.strip()),
+        linear_kernel=os.environ.get("INTERLOCK_LINEAR_KERNEL", "auto").strip().lower() or "auto",
         cpu_kernels=os.environ.get("INTERLOCK_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off"),
     )

@@ -1,4 +1,6 @@
 """``interlock doctor link``: bandwidth and round-trip time of KV-transfer links.
+``interlock doctor kernels``: which kernel each linear layer of a model uses per row count on
+this machine, with the timings it was chosen from (measured now if not cached).
 
 Without ``--peer`` it starts a second local process and measures every transport between the
 two (in-process within this one; shared memory and TCP to the other), which is what a
@@ -38,11 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
     link.add_argument("--repeats", type=int, default=5)
     link.add_argument("--timeout", type=float, default=30.0)
     link.add_argument("--json", action="store_true", help="one JSON object per link instead of a table")
+    kernels = sub.add_parser("kernels", help="the linear kernel chosen per row count on this machine")
+    kernels.add_argument("--model", default="smollm2", help="model name or folder (default smollm2)")
+    kernels.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    kernels.add_argument("--max-rows", type=int, default=2048, help="largest row count measured")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.check == "kernels":
+        return _kernels(args)
     agent = TransferAgent(host=args.host, port=args.port, advertise_host=args.advertise_host)
     try:
         if args.serve:
@@ -50,6 +58,25 @@ def main(argv: list[str] | None = None) -> int:
         return _check(agent, args)
     finally:
         agent.close()
+
+
+def _kernels(args: argparse.Namespace) -> int:
+    import torch
+
+    from interlock.engine.model.config import ModelArchConfig
+    from interlock.engine.model.llama import linear_table
+    from interlock.model_store import resolve_model
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    config = ModelArchConfig.from_folder(resolve_model(args.model))
+    table = linear_table(config, torch.bfloat16, torch.device("cpu"), fused=True, kernel="auto",
+                         max_rows=args.max_rows)
+    if table is None:
+        print("no choice to make here: the fused CPU kernels are not available (oneDNN for every layer)")
+        return 0
+    print(table.describe())
+    return 0
 
 
 def _serve(agent: TransferAgent) -> int:

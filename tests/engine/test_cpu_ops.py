@@ -187,3 +187,31 @@ def test_fused_path_computes_what_the_plain_path_computes(
         # Greedy picks agree up to near-ties: our pick scores within 1% of the plain best.
         picked = expected.gather(1, got.argmax(-1, keepdim=True)).squeeze(1)
         assert (expected.max(-1).values - picked).max() <= 0.01 * scale
+
+
+@pytest.mark.parametrize("kernel", ["small", "onednn", "torch"])
+def test_every_linear_kernel_forced_through_the_whole_model(
+    models: tuple[LlamaModel, LlamaModel], kernel: str
+) -> None:
+    """What the measured choice may pick for any row range, forced everywhere: the same logits
+    as the plain path within bf16 drift, the same greedy picks up to near-ties."""
+    folder = resolve_model("smollm2", progress=False)
+    forced = LlamaModel.load(folder, BF16, torch.device("cpu"), 512, linear_kernel=kernel)
+    assert {forced.weights.layers[0].qkv.kernel_for(r) for r in (1, 64)} == {kernel}
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randint(0, 49152, (40,), generator=gen).tolist()
+    steps = [[SequenceChunk(a, 0, [0, 1, 2])], *[[SequenceChunk([a[i]], 40 + i, [0, 1, 2])] for i in range(3)]]
+    _fused, plain = models
+    for got, expected in zip(_logits(forced, steps), _logits(plain, steps), strict=True):
+        scale = float(expected.abs().max())
+        assert (got - expected).abs().max() < 0.05 * scale
+        picked = expected.gather(1, got.argmax(-1, keepdim=True)).squeeze(1)
+        assert (expected.max(-1).values - picked).max() <= 0.01 * scale
+
+
+def test_an_unknown_linear_kernel_is_refused() -> None:
+    from interlock.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="linear kernel"):
+        LlamaModel.load(resolve_model("smollm2", progress=False), BF16, torch.device("cpu"), 512,
+                        linear_kernel="amx")

@@ -1,42 +1,82 @@
-"""A linear layer whose weight is pre-packed once, for the fastest CPU kernel available.
+"""A linear layer whose weight is packed once for each kernel it may use, chosen per row count.
 
-Three ways, chosen at load time:
+Three kernels (``kernel_choice.IMPLS``); which one serves a call depends on the call's number of
+rows, by the layer's ``LinearPlan`` (measured on this machine, see ``kernel_choice``):
 
-* ``cpu_ops.linear_small`` (bf16, CPU with AVX-512 BF16, weight shape [16a, 2b]): weights
-  packed as 16 output features side by side in input-feature pairs (see ``csrc/cpu_ops.cpp``).
-  On this machine it was 1.5-3x faster than oneDNN for the few rows of a decode step and
-  as fast at 512 rows, for the layers' weights. Not for the output head: at 49,152 features
-  oneDNN stayed ahead from 8 rows up, so the model asks for it with ``fused=False``.
-* oneDNN with the weight re-laid out once (what inductor's weight freezing does):
+* ``small``: ``cpu_ops.linear_small`` (bf16, CPU with AVX-512 BF16, weight shape [16a, 2b]):
+  weights packed as 16 output features side by side in input-feature pairs (see
+  ``csrc/cpu_ops.cpp``). On an AMD Zen it was 1.5-3x faster than oneDNN for the few rows of a
+  decode step and as fast at 512 rows.
+* ``onednn``: oneDNN with the weight re-laid out once (what inductor's weight freezing does):
   ``F.linear`` re-lays out a bf16 weight on every call; packing once halved the time of a
-  one-row matmul and saved 10-25% at 32 rows, bit-identical. Verified on a sample at load.
-* ``F.linear`` for everything else (fp32, CUDA, a torch without the op).
+  one-row matmul and saved 10-25% at 32 rows, bit-identical. Verified on a sample at load. On a
+  CPU with AMX this is the kernel that uses the tiles.
+* ``torch``: ``F.linear`` on the plain weight (also what fp32, CUDA, or a missing op get).
+
+Without a plan a layer uses ``small`` where it can, else ``onednn``, else ``torch``. A layer
+keeps only the packings its plan uses (two when it switches kernels between row ranges).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from interlock.engine.model import cpu_ops
+from interlock.engine.model.kernel_choice import LinearPlan
 
 
 class Linear:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, fused: bool = True) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, fused: bool = True,
+                 plan: LinearPlan | None = None) -> None:
         self.bias = bias
         self.ops: Any = _fused_ops(weight) if fused else None
-        self.small = None if self.ops is None else self.ops.pack_linear_weight(weight)
-        self.packed = None if self.small is not None else _pack(weight, bias)
-        # Keep one copy only: a packed one replaces the plain weight.
-        self.weight = weight if self.packed is None and self.small is None else None
+        if plan is None:
+            plan = LinearPlan.only("small" if self.ops is not None else "onednn")
+        used = plan.used
+        self.small = self.ops.pack_linear_weight(weight) if self.ops is not None and "small" in used else None
+        self.packed = _pack(weight, bias) if "onednn" in used or self.small is None and "small" in used else None
+        # The plain weight only where a call may need it: the plan says torch, or a packing failed.
+        needs_plain = "torch" in used or (self.small is None and self.packed is None)
+        self.weight = weight if needs_plain else None
+        self.plan = plan
+        self._rows = -1
+        self._fn: Callable[[torch.Tensor], torch.Tensor] = self._torch
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small is not None and x.is_contiguous():
-            return self.ops.linear_small(x, self.small, self.bias)  # type: ignore[no-any-return]
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        rows = x.shape[0]
+        if rows != self._rows:
+            self._fn = self._kernel(self.plan.impl_for(rows))
+            self._rows = rows
+        return self._fn(x)
+
+    def kernel_for(self, rows: int) -> str:
+        """The kernel that actually serves ``rows`` rows here (after fallbacks)."""
+        fn = self._kernel(self.plan.impl_for(rows))
+        names: dict[object, str] = {self._small: "small", self._onednn: "onednn"}
+        return names.get(fn, "torch")
+
+    def _kernel(self, impl: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        if impl == "small" and self.small is not None:
+            return self._small
+        if impl in ("small", "onednn") and self.packed is not None:
+            return self._onednn
+        if self.small is not None and self.weight is None and self.packed is None:
+            return self._small
+        return self._torch
+
+    def _small(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_contiguous():
+            return self._torch(x)
+        return self.ops.linear_small(x, self.small, self.bias)  # type: ignore[no-any-return]
+
+    def _onednn(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def _torch(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.plain_weight(), self.bias)
 
     def plain_weight(self) -> torch.Tensor:
@@ -46,6 +86,18 @@ class Linear:
         # [N/16, K/2, 16] dwords -> [N, K] bf16 (a rare path: non-contiguous input).
         blocks, pairs, _ = self.small.shape
         return self.small.permute(0, 2, 1).reshape(blocks * 16, pairs).contiguous().view(torch.bfloat16)
+
+
+def candidates(shape: tuple[int, int], dtype: torch.dtype = torch.bfloat16
+               ) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Each kernel usable here for a random weight of ``shape`` (what ``kernel_choice`` times)."""
+    weight = (torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 0.02).to(dtype)
+    out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+    for impl in ("small", "onednn", "torch"):
+        lin = Linear(weight, fused=True, plan=LinearPlan.only(impl))
+        if lin.kernel_for(1) == impl:
+            out[impl] = lin
+    return out
 
 
 def _fused_ops(weight: torch.Tensor) -> Any:

@@ -31,9 +31,36 @@ from interlock.engine.model.attention import (
     write_kv,
 )
 from interlock.engine.model.config import ModelArchConfig
+from interlock.engine.model.kernel_choice import IMPLS, KernelTable, LinearPlan, load_or_measure, machine_key
 from interlock.engine.model.kv_cache import PagedKVCache
 from interlock.engine.model.rope import RotaryTable, apply_rotary
 from interlock.engine.model.weights import LayerWeights, ModelWeights, load_weights
+from interlock.env import get_env
+from interlock.errors import ConfigError
+
+
+def layer_shapes(config: ModelArchConfig) -> list[tuple[int, int]]:
+    """(out, in) of each linear weight of a layer: qkv, o, gate_up, down."""
+    c = config
+    return [(c.q_size + 2 * c.kv_size, c.hidden_size), (c.hidden_size, c.q_size),
+            (2 * c.intermediate_size, c.hidden_size), (c.hidden_size, c.intermediate_size)]
+
+
+def linear_table(config: ModelArchConfig, dtype: torch.dtype, device: torch.device, *, fused: bool,
+                 kernel: str, max_rows: int) -> KernelTable | None:
+    """The layers' kernel table: measured (or read from the cache) where there is a choice."""
+    if kernel not in ("auto", *IMPLS):
+        raise ConfigError(f"linear kernel {kernel!r} is not one of auto, {', '.join(IMPLS)}")
+    if kernel != "auto":
+        plan = LinearPlan.only(kernel)
+        return KernelTable("forced", {s: plan for s in layer_shapes(config)}, {})
+    if not fused or device.type != "cpu" or dtype != torch.bfloat16 or cpu_ops.load() is None:
+        return None  # today's single choice: small where it exists, else oneDNN
+    from interlock.engine.model.linear import candidates
+
+    machine = machine_key([f"cpu_ops={cpu_ops.build_dir().name}"])
+    return load_or_measure(layer_shapes(config), candidates, max_rows=max_rows,
+                           cache_dir=get_env().cache_dir, machine=machine)
 
 
 class LlamaModel:
@@ -51,11 +78,16 @@ class LlamaModel:
     @classmethod
     def load(
         cls, folder: Path, dtype: torch.dtype, device: torch.device, max_len: int | None = None,
-        *, fused: bool = True,
+        *, fused: bool = True, linear_kernel: str = "auto", max_rows: int = 2048,
     ) -> LlamaModel:
-        """``fused=False``: the plain PyTorch path even where the fused CPU kernels run."""
+        """``fused=False``: the plain PyTorch path even where the fused CPU kernels run.
+
+        ``linear_kernel``: "auto" picks each layer's kernel per row count by measurement on this
+        machine (``kernel_choice``; measured once for up to ``max_rows`` rows, then cached);
+        "small", "onednn" or "torch" forces one everywhere (tests, comparisons)."""
         config = ModelArchConfig.from_folder(folder)
-        weights = load_weights(folder, config, dtype, device, fused=fused)
+        table = linear_table(config, dtype, device, fused=fused, kernel=linear_kernel, max_rows=max_rows)
+        weights = load_weights(folder, config, dtype, device, fused=fused, table=table)
         return cls(config, weights, max_len or config.max_position_embeddings, device, fused=fused)
 
     @torch.inference_mode()

@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 
 from interlock.engine.model.config import ModelArchConfig
+from interlock.engine.model.kernel_choice import KernelTable
 from interlock.engine.model.linear import Linear
 from interlock.errors import ConfigError
 
@@ -66,22 +67,25 @@ class _Checkpoint:
 
 
 def load_weights(
-    folder: Path, config: ModelArchConfig, dtype: torch.dtype, device: torch.device, *, fused: bool = True
+    folder: Path, config: ModelArchConfig, dtype: torch.dtype, device: torch.device, *, fused: bool = True,
+    table: KernelTable | None = None,
 ) -> ModelWeights:
-    """``fused=False`` keeps every linear layer off the fused CPU kernels (tests compare)."""
+    """``fused=False`` keeps every linear layer off the fused CPU kernels (tests compare);
+    ``table`` gives each layer weight's kernel per row count (None: the default choice)."""
     ckpt = _Checkpoint(folder)
     embed = ckpt.get("model.embed_tokens.weight", dtype, device)
     tied = config.tie_word_embeddings or not ckpt.has("lm_head.weight")
     return ModelWeights(
         embed=embed,
-        layers=tuple(_layer(ckpt, config, i, dtype, device, fused) for i in range(config.num_layers)),
+        layers=tuple(_layer(ckpt, config, i, dtype, device, fused, table) for i in range(config.num_layers)),
         norm=ckpt.get("model.norm.weight", dtype, device),
         lm_head=Linear(embed if tied else ckpt.get("lm_head.weight", dtype, device), fused=False),
     )
 
 
 def _layer(
-    ckpt: _Checkpoint, config: ModelArchConfig, i: int, dtype: torch.dtype, device: torch.device, fused: bool
+    ckpt: _Checkpoint, config: ModelArchConfig, i: int, dtype: torch.dtype, device: torch.device, fused: bool,
+    table: KernelTable | None,
 ) -> LayerWeights:
     p = f"model.layers.{i}."
 
@@ -97,11 +101,16 @@ def _layer(
         bias = torch.cat([get("self_attn.q_proj.bias") * scale, get("self_attn.k_proj.bias"),
                           get("self_attn.v_proj.bias")]).to(dtype)
     gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
+
+    def linear(weight: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
+        plan = table.plan((weight.shape[0], weight.shape[1])) if table is not None else None
+        return Linear(weight, b, fused=fused, plan=plan)
+
     return LayerWeights(
         input_norm=get("input_layernorm.weight").to(dtype),
-        qkv=Linear(qkv.to(dtype).contiguous(), bias, fused=fused),
-        o=Linear(get("self_attn.o_proj.weight").to(dtype), fused=fused),
+        qkv=linear(qkv.to(dtype).contiguous(), bias),
+        o=linear(get("self_attn.o_proj.weight").to(dtype)),
         post_norm=get("post_attention_layernorm.weight").to(dtype),
-        gate_up=Linear(gate_up.to(dtype).contiguous(), fused=fused),
-        down=Linear(get("mlp.down_proj.weight").to(dtype), fused=fused),
+        gate_up=linear(gate_up.to(dtype).contiguous()),
+        down=linear(get("mlp.down_proj.weight").to(dtype)),
     )

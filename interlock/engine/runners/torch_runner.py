@@ -62,6 +62,7 @@ class TorchRunner:
             kv_cache_gib=config.cache.kv_cache_gib,
             seed=config.model.seed,
             num_threads=config.model.num_threads or get_env().num_threads,
+            max_rows=config.scheduler.max_num_batched_tokens,
         )
 
     @classmethod
@@ -77,6 +78,7 @@ class TorchRunner:
         kv_cache_gib: float = 1.0,
         seed: int = 0,
         num_threads: int = 0,
+        max_rows: int = 2048,
     ) -> TorchRunner:
         if dtype not in DTYPES:
             raise ConfigError(f"dtype {dtype!r} is not supported (one of {', '.join(DTYPES)})")
@@ -85,7 +87,8 @@ class TorchRunner:
         if num_threads > 0:
             torch.set_num_threads(num_threads)
         torch_dtype = DTYPES[dtype]
-        model = LlamaModel.load(folder, torch_dtype, torch.device(device), max_len=max_model_len)
+        model = LlamaModel.load(folder, torch_dtype, torch.device(device), max_len=max_model_len,
+                                linear_kernel=get_env().linear_kernel, max_rows=max_rows)
         if max_model_len > model.config.max_position_embeddings:
             raise ConfigError(
                 f"max_model_len {max_model_len} exceeds the model's "
