@@ -6,14 +6,12 @@ import os
 import re
 import signal
 import socket
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import FAST_LEASES, Served, start_serve
+from tests.e2e.conftest import FAST_LEASES, Served, children, start_serve, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -29,28 +27,8 @@ def served() -> Iterator[Served]:
     s.stop()
 
 
-def wait_until(cond: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
 
 
-def children(served: Served, marker: bytes) -> list[int]:
-    """Live (not zombie) children of serve whose command line contains ``marker``."""
-    found = []
-    for task in Path(f"/proc/{served.process.pid}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if marker in cmd and state != "Z":
-                found.append(int(pid))
-    return sorted(found)
 
 
 def registered(served: Served) -> set[str]:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +89,31 @@ def start_serve(*args: str, timeout_s: float = 300.0) -> Served:
 
 
 FAST_LEASES = ("--heartbeat-interval", "0.25", "--heartbeat-timeout", "2.0")
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``cond`` every 0.1 s for up to ``timeout_s``; its last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+def children(served: Served, marker: bytes) -> list[int]:
+    """Live (not zombie) children of serve whose command line contains ``marker``."""
+    found = []
+    for task in Path(f"/proc/{served.process.pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if marker in cmd and state != "Z":
+                found.append(int(pid))
+    return sorted(found)
 
 
 @pytest.fixture(scope="module")

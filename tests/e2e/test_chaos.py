@@ -21,7 +21,6 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import openai
@@ -31,7 +30,7 @@ from interlock.protocol.control import ControlRequest
 from interlock.protocol.subjects import GENERATE_ENDPOINT
 from interlock.router.disagg_flow import control_call
 from interlock.runtime import NatsServer, RuntimeConfig, connect_runtime
-from tests.e2e.conftest import FAST_LEASES, Served, free_port, start_serve
+from tests.e2e.conftest import FAST_LEASES, Served, children, free_port, start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -41,19 +40,6 @@ MOCK = ("--runner", "mock", "--max-model-len", "1024", "--num-blocks", "512", "-
 
 
 # ---- helpers ----
-def children(served: Served, marker: bytes) -> list[int]:
-    """Live (not zombie) children of serve whose command line contains ``marker``."""
-    found = []
-    for task in Path(f"/proc/{served.process.pid}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if marker in cmd and state != "Z":
-                found.append(int(pid))
-    return sorted(found)
 
 
 def worker_pid(served: Served, instance_id: str) -> int:
