@@ -19,9 +19,11 @@ from interlock.errors import LimitExceeded
 
 DEFAULT_MAX_PROMPT_CHARS = 1_000_000
 DEFAULT_MAX_JSON_DEPTH = 32
-# A priority travels as a plain int to the router and engines (and over NATS as msgpack, which
-# cannot carry 2**64); 32 bits are more than any scheduling policy needs.
+# Integers travel to the router and engines as plain ints, over NATS as msgpack, which cannot
+# carry 2**64 (JSON and msgspec's decoder can). Fields with no other bound are held to 32 bits
+# at the edge: more than any scheduling policy, vocabulary or top-k needs.
 MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
+MAX_INT32 = 2**31 - 1
 
 
 def check_prompt_chars(size: int, max_chars: int, *, param: str) -> None:

@@ -18,12 +18,15 @@ import msgspec
 from interlock.errors import InvalidRequest
 from interlock.frontend.limits import (
     DEFAULT_MAX_JSON_DEPTH,
+    MAX_INT32,
     MAX_PRIORITY,
     MIN_PRIORITY,
     check_depth,
     depth_error,
 )
 from interlock.protocol.sampling import MAX_TOP_LOGPROBS
+
+MAX_STOP_STRINGS = 16
 
 
 class StreamOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -48,10 +51,10 @@ class _Sampling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     model: str
     max_tokens: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Annotated[int, msgspec.Meta(ge=0, le=MAX_INT32)]] | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Annotated[int, msgspec.Meta(le=MAX_INT32)] | None = None  # must fit msgpack (limits.py)
     min_p: float | None = None
     seed: int | None = None
     n: int | None = None
@@ -188,8 +191,8 @@ def _check_common(req: _Sampling) -> None:
             raise InvalidRequest(f"{name} is not supported", param=name)
     if req.stream_options is not None and not req.stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
-    if req.stop is not None and not isinstance(req.stop, str) and len(req.stop) > 16:
-        raise InvalidRequest("at most 16 stop strings are supported", param="stop")
+    if req.stop is not None and not isinstance(req.stop, str) and len(req.stop) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings are supported", param="stop")
 
 
 def _message_dict(message: ChatMessage, index: int) -> dict[str, Any]:

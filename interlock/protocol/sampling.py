@@ -7,6 +7,7 @@ import msgspec
 from interlock.errors import InvalidRequest
 
 MAX_TOP_LOGPROBS = 20
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what an int64 or uint64 seed can hold
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,5 +48,5 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             raise InvalidRequest(
                 f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs"
             )
-        if self.seed is not None and not (-(2**63) <= self.seed < 2**64):
+        if self.seed is not None and not (MIN_SEED <= self.seed <= MAX_SEED):
             raise InvalidRequest("seed out of range", param="seed")

@@ -6,6 +6,7 @@ import httpx
 
 from interlock.frontend.app import build_app
 from interlock.frontend.fake import FakeBackend
+from interlock.frontend.openapi import openapi_document
 from tests.frontend.conftest import Served
 
 
@@ -26,3 +27,15 @@ def test_openapi_document_covers_every_route(served: Served) -> None:
     assert chat["additionalProperties"] is False and {"model", "messages"} <= set(chat["required"])
     assert "prompt" in schemas["CompletionRequest"]["properties"]
     assert doc["paths"]["/health"]["get"]["security"] == []
+
+
+def test_the_document_carries_the_checks_made_after_decoding() -> None:
+    # Those a schema-valid body could otherwise break: schemathesis sends such bodies.
+    schemas = openapi_document("0")["components"]["schemas"]
+    chat, completion = schemas["ChatCompletionRequest"]["properties"], schemas["CompletionRequest"]["properties"]
+    assert chat["messages"]["minItems"] == 1 and chat["n"]["enum"] == [1, None]
+    assert chat["top_k"]["anyOf"][0]["maximum"] == 2**31 - 1 and chat["top_k"]["minimum"] == -1
+    assert completion["stop_token_ids"]["anyOf"][0]["items"] == {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+    assert completion["prompt"]["anyOf"][0] == {"type": "string", "minLength": 1}
+    assert schemas["ContentPart"]["required"] == ["type", "text"]
+    assert {"if", "then"} <= set(schemas["CompletionRequest"]["allOf"][0])

@@ -152,6 +152,25 @@ def test_completion_unsupported_options() -> None:
         assert info.value.param == param
 
 
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"top_k": 2**64}, "top_k"),
+        ({"top_k": 2**31}, "top_k"),
+        ({"stop_token_ids": [1, 2**70]}, "stop_token_ids"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ],
+)
+def test_integers_msgpack_cannot_carry_are_refused(fields: dict[str, object], param: str) -> None:
+    # Found by the schemathesis run: top_k = 6.7e35 got through and failed the dispatcher's
+    # msgpack encode (a 500).
+    for parse, extra in ((parse_completion, {"prompt": "p"}), (parse_chat, {"messages": [{"role": "user"}]})):
+        with pytest.raises(InvalidRequest) as info:
+            parse(body(model="m", **extra, **fields))
+        assert info.value.param is not None and info.value.param.startswith(param)
+
+
 # ---- every field either shapes the output or is refused ----
 # For each field of each request struct (nested ones included): a body that sets it, and the
 # body it is compared with. Setting it must change what the backend receives or what the client
