@@ -12,9 +12,11 @@ exactly ``max_tokens`` is a failure, as is a non-200 status, an error event or a
 ``[DONE]``), the arrival time of every token event and the end-to-end latency.
 
 * **migrated** requests: for Interlock those whose first worker (``x-interlock-route``, asked for
-  with ``x-interlock-explain: 1``) is the killed one; for Dynamo, which names no worker, those
-  whose largest token gap after the kill exceeds ``--gap-threshold`` (the same rule is printed for
-  Interlock as a cross-check).
+  with ``x-interlock-explain: 1``) is the killed one; for Dynamo, which names no worker, the k
+  requests with the largest token gap after the kill, k = the "migration retry" lines in its
+  frontend's log (a gap threshold alone also catches requests on the surviving worker, which
+  stall for the re-prefill of the migrated ones; requests whose gap exceeds ``--gap-threshold``
+  are printed per run as a cross-check).
 * **recovery** of a migrated request: the largest gap between two consecutive tokens the client
   saw whose later token arrived after the kill (the stall the migration caused; "kill to next
   token" is printed per run too, but tokens already in flight at the kill make it too small).
@@ -164,6 +166,9 @@ class Result:
         worker produced before the kill may still arrive after it (they were in flight), so
         "kill to next token" alone can miss the stall."""
         return max((b - a for a, b in zip(self.times, self.times[1:], strict=False) if b > t), default=0.0)
+
+    def next_after(self, t: float) -> float | None:
+        return next((x for x in self.times if x > t), None)
 
 
 def request_bytes(port: int, model: str, index: int, max_tokens: int) -> bytes:
@@ -464,6 +469,9 @@ async def main_async(a: argparse.Namespace) -> tuple[list[Rep], list[str]]:
             with running(start) as system:
                 r = await measure(system, spec, served, a)
             hits = log_hits(system, MIGRATION_LOG[name.split("-")[0]])
+            if name == "dynamo":  # its log counts the migrations; the largest gaps say which ones
+                r.migrated = sorted(r.killed, key=lambda x: (not x.ok, x.gap_after(r.kill_time)))[-hits:] \
+                    if hits else r.migrated_by_gap
             reps.append(r)
             print(f"rep {rep + 1} ({time.monotonic() - t0:.0f} s):" + rep_line(r, hits)[1:], flush=True)
             for log in system.logs:  # the next repetition starts new ones
