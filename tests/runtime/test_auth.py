@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import anyio
+import msgspec
+import nats
 import pytest
 
-from interlock.errors import AuthError, TransportError
-from interlock.runtime import RuntimeConfig
+from interlock.errors import AuthError, ConfigError, TransportError
+from interlock.protocol import InstanceInfo, LoadReport, subjects
+from interlock.runtime import NatsAuth, NatsServer, RuntimeConfig, connect_runtime, generate_auth
 from interlock.runtime.frames import Open, _encoder
 from interlock.runtime.tcp import TcpRequestPlane
 
@@ -161,3 +166,99 @@ async def test_a_control_call_without_the_secret_is_refused(anyio_backend: str) 
         await requests.close()
         await runtime.close()
         registry.leases.close()
+
+
+# ---- NATS with credentials ----
+
+@pytest.fixture(scope="module")
+def authed() -> Iterator[NatsServer]:
+    with NatsServer(auth=generate_auth()) as server:
+        yield server
+
+
+def _fast(server: NatsServer | None = None) -> RuntimeConfig:
+    return replace(CFG, discovery_sync_s=0.05, nats_auth=server.auth if server and server.auth else NatsAuth())
+
+
+async def test_only_clients_with_the_credentials_get_in(authed: NatsServer, anyio_backend: str) -> None:
+    assert authed.auth is not None and authed.auth.password is not None
+    with anyio.fail_after(5):
+        for attempt in (NatsAuth(), NatsAuth(user="interlock", password="guess"), NatsAuth(token="guess")):
+            with pytest.raises(AuthError, match="refused our credentials"):
+                await connect_runtime(authed.url, replace(CFG, nats_auth=attempt))
+        runtime = await connect_runtime(authed.url, _fast(authed))
+        await runtime.close()
+
+
+async def test_unauthenticated_clients_can_neither_listen_nor_speak(authed: NatsServer, anyio_backend: str) -> None:
+    """The attacks seen without credentials: read prompts off ``interlock.kv.>``, register a
+    fake worker, publish a forged 'draining' load report. None gets past the server."""
+    real = await connect_runtime(authed.url, _fast(authed))
+    try:
+        heard = await real.events.subscribe(subjects.LOAD_ALL)
+        for attempt in ({}, {"user": "interlock", "password": "guess"}):
+            with anyio.fail_after(5), pytest.raises(Exception, match="(?i)authorization|no servers"):
+                await nats.connect(authed.url, max_reconnect_attempts=1, allow_reconnect=False,
+                                   connect_timeout=1, **attempt)  # type: ignore[arg-type]
+        with anyio.fail_after(5), pytest.raises(AuthError):
+            await connect_runtime(authed.url, _fast())  # a fake worker: cannot even connect
+        forged = LoadReport(instance_id="w1", timestamp=0.0, num_running=0, num_waiting=0, kv_blocks_used=0,
+                            kv_blocks_total=1, queued_prefill_tokens=0, step_time_s=0.0, tokens_computed=0,
+                            draining=True)
+        await real.events.publish(subjects.load("w1"), msgspec.msgpack.encode(forged))  # the real path works
+        with anyio.fail_after(2):
+            subject, _ = await heard.__anext__()
+        assert subject == subjects.load("w1")
+    finally:
+        await real.close()
+
+
+async def test_registration_and_events_flow_between_authenticated_peers(
+    authed: NatsServer, anyio_backend: str
+) -> None:
+    a = await connect_runtime(authed.url, _fast(authed))
+    b = await connect_runtime(authed.url, _fast(authed))
+    try:
+        info = InstanceInfo(instance_id="w1", endpoint="ns.worker.generate", model="m", address="tcp://h:1/k")
+        await a.discovery.register(info)
+        with anyio.fail_after(3):
+            while not await b.discovery.instances("ns.worker.generate"):
+                await asyncio.sleep(0.02)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_restarted_server_takes_the_same_credentials(anyio_backend: str) -> None:
+    with NatsServer(auth=generate_auth()) as server:
+        runtime = await connect_runtime(server.url, _fast(server))
+        try:
+            sub = await runtime.events.subscribe("interlock.t.x")
+            await asyncio.to_thread(server.restart)
+            with anyio.fail_after(10):
+                while True:  # published until the reconnected subscription hears one
+                    await runtime.events.publish("interlock.t.x", b"after")
+                    with anyio.move_on_after(0.2):
+                        assert (await sub.__anext__())[1] == b"after"
+                        break
+        finally:
+            await runtime.close()
+
+
+def test_credentials_stay_off_the_command_line_and_out_of_reach(authed: NatsServer) -> None:
+    assert authed.auth is not None and authed.auth.password is not None and authed.pid is not None
+    argv = Path(f"/proc/{authed.pid}/cmdline").read_bytes()
+    assert authed.auth.password.encode() not in argv
+    conf = Path(argv.split(b"\0-c\0", 1)[1].split(b"\0", 1)[0].decode())
+    assert conf.stat().st_mode & 0o777 == 0o600
+    assert authed.auth.password not in repr(authed.auth) and "cluster" not in repr(WITH_SECRET).lower()
+
+
+def test_nats_auth_is_validated() -> None:
+    for bad in ({"user": "u"}, {"password": "p"}, {"user": "u", "password": "p", "token": "t"},
+                {"token": "t", "creds_file": "x.creds"}, {"tls_cert": "c.pem"}):
+        with pytest.raises(ConfigError):
+            NatsAuth(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="cluster secret"):
+        RuntimeConfig(cluster_secret=b"short")
+    assert NatsAuth(tls_ca="ca.pem").tls and not NatsAuth(token="t").tls
