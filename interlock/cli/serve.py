@@ -10,9 +10,11 @@ one; workers on other machines join with ``interlock worker --nats-url nats://HO
 Local workers and the private nats-server that exit unexpectedly are restarted with backoff
 (``--restart-policy``, see ``cli.supervisor``); the nats-server comes back on the same port.
 
-The private nats-server takes only clients with the credentials generated for it, and a
-cluster secret (generated unless ``--cluster-secret-file``/INTERLOCK_CLUSTER_SECRET gives one)
-guards the request plane and KV transfers; both reach the workers in their environment.
+The private nats-server takes only clients with the login generated for it (or the one given
+with ``--nats-user``/INTERLOCK_NATS_USER..., so that ``interlock worker control`` can log in
+too), and a cluster secret (generated unless ``--cluster-secret-file``/INTERLOCK_CLUSTER_SECRET
+gives one) guards the request plane and KV transfers; both reach the workers in their
+environment.
 """
 
 from __future__ import annotations
@@ -187,7 +189,8 @@ async def _serve(a: argparse.Namespace) -> int:
     url = None if a.single_process else cp.nats_url
     secret, auth = cluster_secret(a), nats_auth(a)
     if not a.single_process and url is None:
-        auth = generate_auth()
+        given = auth.password is not None or auth.token is not None  # to reach it from outside too
+        auth = replace(auth, tls_ca=None, tls_cert=None, tls_key=None) if given else generate_auth()
         secret = secret or new_cluster_secret()
         nats = NatsProcess(auth=auth)
         await nats.start()
