@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -34,6 +34,14 @@ class Env:
     cpu_kernels: bool
     """INTERLOCK_CPU_KERNELS: use the compiled fused bf16 CPU kernels where the CPU has
     AVX-512 BF16 (default 1); 0 keeps the plain PyTorch path."""
+    cluster_secret: bytes | None = field(default=None, repr=False)
+    """INTERLOCK_CLUSTER_SECRET: shared by every process of a deployment; request-plane and
+    KV-transfer peers prove they know it (``serve`` hands its children one it generated)."""
+    nats_user: str | None = None
+    """INTERLOCK_NATS_USER (with INTERLOCK_NATS_PASSWORD): NATS login."""
+    nats_password: str | None = field(default=None, repr=False)
+    nats_token: str | None = field(default=None, repr=False)
+    """INTERLOCK_NATS_TOKEN: NATS token login."""
 
 
 @cache
@@ -49,4 +57,15 @@ def get_env() -> Env:
         api_keys=tuple(k.strip() for k in os.environ.get("INTERLOCK_API_KEYS", "").split(",") if k.strip()),
         linear_kernel=os.environ.get("INTERLOCK_LINEAR_KERNEL", "auto").strip().lower() or "auto",
         cpu_kernels=os.environ.get("INTERLOCK_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off"),
+        cluster_secret=os.environ.get("INTERLOCK_CLUSTER_SECRET", "").strip().encode() or None,
+        nats_user=os.environ.get("INTERLOCK_NATS_USER") or None,
+        nats_password=os.environ.get("INTERLOCK_NATS_PASSWORD") or None,
+        nats_token=os.environ.get("INTERLOCK_NATS_TOKEN") or None,
     )
+
+
+CLUSTER_SECRET_VAR = "INTERLOCK_CLUSTER_SECRET"
+NATS_USER_VAR = "INTERLOCK_NATS_USER"
+NATS_PASSWORD_VAR = "INTERLOCK_NATS_PASSWORD"
+NATS_TOKEN_VAR = "INTERLOCK_NATS_TOKEN"
+"""Names a parent uses to hand these to its children (``serve`` -> ``worker``)."""

@@ -131,3 +131,9 @@ class WorkerFailed(ServiceError):
 
 class TransferError(TransportError):
     """A KV transfer failed or was aborted."""
+
+
+class AuthError(TransportError):
+    """A peer failed the cluster-secret handshake, or a server refused our credentials."""
+
+    error_type = "auth_error"

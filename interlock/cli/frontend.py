@@ -13,6 +13,7 @@ import asyncio
 import signal
 
 from interlock.cli.runner import run_command
+from interlock.cli.security import add_security_args, cluster_secret, nats_auth
 from interlock.cli.serving import add_dispatch_args, dispatch_options, router_config
 from interlock.deploy import Routing
 from interlock.env import get_env
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=get_env().log_level)
     add_dispatch_args(p)
     add_frontend_args(p)
+    add_security_args(p)
     return p
 
 
@@ -48,7 +50,8 @@ async def _run(a: argparse.Namespace) -> int:
 
     validate_deployment(Deployment(routing=routing))
     runtime = await connect_runtime(
-        a.nats_url, RuntimeConfig(heartbeat_interval=a.heartbeat_interval, lease_timeout=a.heartbeat_timeout)
+        a.nats_url, RuntimeConfig(heartbeat_interval=a.heartbeat_interval, lease_timeout=a.heartbeat_timeout,
+                                  cluster_secret=cluster_secret(a), nats_auth=nats_auth(a))
     )
     service = RouterService(discovery=runtime.discovery, requests=runtime.requests,
                             events=runtime.events, config=router_config(routing),

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from interlock.runtime.config import NatsAuth
 from interlock.runtime.nats_server import NatsServer
 
 log = logging.getLogger(__name__)
@@ -98,12 +99,16 @@ class Child:
 class NatsProcess:
     """The private nats-server, restartable on the same address: clients reconnect to one URL.
 
-    The first start picks a free port (unless one is given); every later start reuses it.
+    The first start picks a free port (unless one is given); every later start reuses it, and
+    the same credentials (``auth``), so clients log in again as they did.
     """
 
     name = "nats-server"
 
-    def __init__(self, host: str = "127.0.0.1", port: int = -1, poll_s: float = 0.2) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = -1, poll_s: float = 0.2, auth: NatsAuth | None = None
+    ) -> None:
+        self.auth = auth
         self.host = host
         self.port = port
         self.poll_s = poll_s
@@ -127,7 +132,7 @@ class NatsProcess:
         old, self.server = self.server, None
         if old is not None:
             old.stop()  # the dead one's temporary folder
-        server = NatsServer(host=self.host, port=self.port)
+        server = NatsServer(host=self.host, port=self.port, auth=self.auth)
         # Started on the event loop's own thread, though it blocks it for the ~30 ms the port
         # takes to accept: PR_SET_PDEATHSIG fires when the *thread* that forked the server ends,
         # and a worker thread of asyncio.to_thread may retire long before serve does.

@@ -9,6 +9,12 @@ and stops it on exit. Workers are child processes (``interlock worker``) that di
 one; workers on other machines join with ``interlock worker --nats-url nats://HOST:PORT``.
 Local workers and the private nats-server that exit unexpectedly are restarted with backoff
 (``--restart-policy``, see ``cli.supervisor``); the nats-server comes back on the same port.
+
+The private nats-server takes only clients with the login generated for it (or the one given
+with ``--nats-user``/INTERLOCK_NATS_USER..., so that ``interlock worker control`` can log in
+too), and a cluster secret (generated unless ``--cluster-secret-file``/INTERLOCK_CLUSTER_SECRET
+gives one) guards the request plane and KV transfers; both reach the workers in their
+environment.
 """
 
 from __future__ import annotations
@@ -24,6 +30,14 @@ from dataclasses import replace
 
 from interlock.cli.procs import Child, NatsProcess, python_module_argv
 from interlock.cli.runner import run_command
+from interlock.cli.security import (
+    add_security_args,
+    child_argv,
+    child_env,
+    cluster_secret,
+    nats_auth,
+    new_cluster_secret,
+)
 from interlock.cli.serving import add_dispatch_args, dispatch_options, router_config
 from interlock.cli.supervisor import RestartPolicy, Supervisor, startup_failure
 from interlock.cli.worker import WorkerSpec, add_engine_args, engine_config_from_args, start_worker
@@ -65,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(p)
     add_dispatch_args(p)
     add_frontend_args(p)
+    add_security_args(p)
     return p
 
 
@@ -151,12 +166,11 @@ async def _serve(a: argparse.Namespace) -> int:
     from interlock.frontend.app import serve_frontend
     from interlock.frontend.config import FrontendConfig
     from interlock.router.service import RouterService, ServiceOptions
-    from interlock.runtime import RuntimeConfig, connect_runtime
+    from interlock.runtime import RuntimeConfig, connect_runtime, generate_auth
 
     d = deployment_from_args(a)
     cp = d.control_plane
     specs = await asyncio.to_thread(worker_specs, d, a)
-    rt_cfg = RuntimeConfig(heartbeat_interval=cp.heartbeat_interval, lease_timeout=cp.heartbeat_timeout)
     nats: NatsProcess | None = None
     children: list[Child] = []
     supervisor = Supervisor(RestartPolicy(a.restart_policy))
@@ -173,12 +187,18 @@ async def _serve(a: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, on_signal)
 
     url = None if a.single_process else cp.nats_url
+    secret, auth = cluster_secret(a), nats_auth(a)
     if not a.single_process and url is None:
-        nats = NatsProcess()
+        given = auth.password is not None or auth.token is not None  # to reach it from outside too
+        auth = replace(auth, tls_ca=None, tls_cert=None, tls_key=None) if given else generate_auth()
+        secret = secret or new_cluster_secret()
+        nats = NatsProcess(auth=auth)
         await nats.start()
         supervisor.watch(nats)
         url = nats.url
         log.info("started nats-server at %s", url)
+    rt_cfg = RuntimeConfig(heartbeat_interval=cp.heartbeat_interval, lease_timeout=cp.heartbeat_timeout,
+                           cluster_secret=secret, nats_auth=auth)
     runtime = await connect_runtime(url, rt_cfg)
     server = None
     service = RouterService(
@@ -197,7 +217,8 @@ async def _serve(a: argparse.Namespace) -> int:
         else:
             assert url is not None
             for i, (spec, _node) in enumerate(specs):
-                child = Child(f"worker-{i}", worker_argv(spec, url, cp, a.drain_grace), env=_worker_env())
+                child = Child(f"worker-{i}", worker_argv(spec, url, cp, a.drain_grace) + child_argv(auth),
+                              env={**_worker_env(), **child_env(secret, auth)})
                 await child.start()
                 children.append(child)
                 supervisor.watch(child)

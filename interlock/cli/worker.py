@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import msgspec
 
 from interlock.cli.runner import run_command
+from interlock.cli.security import add_security_args, cluster_secret, nats_auth
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.env import get_env
 from interlock.errors import ConfigError
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-transfer-timeout", type=float, default=30.0,
                    help="seconds a staged KV payload waits to be pulled (and a pull may take)")
     p.add_argument("--log-level", default=get_env().log_level)
+    add_security_args(p)
     return p
 
 
@@ -116,14 +118,14 @@ def resolve_spec(a: argparse.Namespace) -> WorkerSpec:
     )
 
 
-def transfer_agent(spec: WorkerSpec):  # type: ignore[no-untyped-def]
+def transfer_agent(spec: WorkerSpec, cluster_secret: bytes | None = None):  # type: ignore[no-untyped-def]
     """The worker's KV-transfer agent, or None (``--kv-transfer none``)."""
     if spec.kv_transfer == "none":
         return None
     from interlock.transfer import TransferAgent
 
     return TransferAgent(host=spec.host, port=spec.kv_transfer_port, advertise_host=spec.advertise_host,
-                         use_shm=spec.kv_transfer != "tcp")
+                         use_shm=spec.kv_transfer != "tcp", cluster_secret=cluster_secret)
 
 
 async def start_worker(spec: WorkerSpec, runtime, *, drain_grace_s: float = 30.0):  # type: ignore[no-untyped-def]
@@ -147,7 +149,7 @@ async def start_worker(spec: WorkerSpec, runtime, *, drain_grace_s: float = 30.0
     worker = Worker(core, info, discovery=runtime.discovery, requests=runtime.requests,
                     events=runtime.events, options=WorkerOptions(drain_grace_s=drain_grace_s,
                                                               kv_transfer_timeout_s=spec.kv_transfer_timeout_s),
-                    transfer=transfer_agent(spec))
+                    transfer=transfer_agent(spec, runtime.config.cluster_secret))
     await worker.start()
     return worker
 
@@ -159,7 +161,8 @@ async def _run(a: argparse.Namespace) -> int:
         raise ConfigError("--nats-url is required (or set INTERLOCK_NATS_URL)")
     spec = resolve_spec(a)
     cfg = RuntimeConfig(heartbeat_interval=a.heartbeat_interval, lease_timeout=a.heartbeat_timeout,
-                        host=a.host, advertise_host=a.advertise_host)
+                        host=a.host, advertise_host=a.advertise_host,
+                        cluster_secret=cluster_secret(a), nats_auth=nats_auth(a))
     runtime = await connect_runtime(a.nats_url, cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -188,6 +191,7 @@ def build_control_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", default="", help="measure_link: the peer's transfer agent HOST:PORT")
     p.add_argument("--grace", type=float, default=30.0, help="set_role: seconds to finish in-flight work")
     p.add_argument("--log-level", default=get_env().log_level)
+    add_security_args(p)
     return p
 
 
@@ -197,11 +201,12 @@ async def _control(a: argparse.Namespace) -> int:
 
     from interlock.protocol.control import ControlRequest
     from interlock.router.disagg_flow import control_call
-    from interlock.runtime import connect_runtime
+    from interlock.runtime import RuntimeConfig, connect_runtime
 
     if not a.nats_url:
         raise ConfigError("--nats-url is required (or set INTERLOCK_NATS_URL)")
-    runtime = await connect_runtime(a.nats_url)
+    runtime = await connect_runtime(a.nats_url, RuntimeConfig(cluster_secret=cluster_secret(a),
+                                                              nats_auth=nats_auth(a)))
     try:
         infos = {i.instance_id: i for i in await runtime.discovery.instances(subjects.GENERATE_ENDPOINT)}
         info = infos.get(a.instance_id)

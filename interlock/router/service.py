@@ -28,6 +28,7 @@ from interlock.protocol import (
     LoadReport,
     subjects,
 )
+from interlock.protocol.discovery import instance_problem
 from interlock.protocol.events import RouterLoadEvent
 from interlock.protocol.routing import ModelEntry, RequestContext
 from interlock.router.breaker import BreakerConfig, Breakers
@@ -155,8 +156,10 @@ class RouterService:
 
     # ---- Backend ----
     def models(self) -> list[ModelEntry]:
-        """Every model a worker has served since start: one whose workers are all gone stays
-        listed, so its requests get 503 + Retry-After (not 404) until a worker comes back."""
+        """Every model a valid worker has served since start: one whose workers are all gone
+        stays listed, so its requests get 503 + Retry-After (not 404) until a worker comes back.
+        Its card comes from the live workers (the smallest context length among them), or,
+        with none live, from the last ones; a refused registration never shapes it."""
         return sorted(self._known_models.values(), key=lambda m: m.name)
 
     def health(self) -> list[str]:
@@ -263,6 +266,10 @@ class RouterService:
         return router
 
     def _add(self, info: InstanceInfo) -> None:
+        problem = instance_problem(info)
+        if problem is not None:
+            log.warning("refused registration of worker %r: %s", info.instance_id[:64], problem)
+            return
         old = self._instances.get(info.instance_id)
         if old == info:  # heard again after a NATS outage: keep its load and sessions, resync KV
             if info.publishes_kv_events:
@@ -276,8 +283,7 @@ class RouterService:
             log.exception("cannot add worker %s", info.instance_id)
             return
         self._instances[info.instance_id] = info
-        if info.role != "prefill":
-            self._known_models[info.model] = ModelEntry(info.model, info.model_path, info.context_length)
+        self._update_model(info.model)
         log.info("worker %s joined (%s, %s)", info.instance_id, info.model, info.role)
         if info.publishes_kv_events:
             asyncio.ensure_future(self._publish(subjects.resync(info.instance_id), b""))
@@ -295,7 +301,16 @@ class RouterService:
             else:
                 self.dispatcher.dispatch_queued(router)
         self.dispatcher.worker_left(instance_id)
+        self._update_model(info.model)
         log.info("worker %s left", instance_id)
+
+    def _update_model(self, model: str) -> None:
+        """Re-derive the model's card from its live workers that take requests (not prefill
+        only); with none, the last card stays (503, not 404)."""
+        live = sorted((i for i in self._instances.values() if i.model == model and i.role != "prefill"),
+                      key=lambda i: i.instance_id)
+        if live:
+            self._known_models[model] = ModelEntry(model, live[0].model_path, min(i.context_length for i in live))
 
     def _router_of(self, instance_id: str) -> Router | None:
         info = self._instances.get(instance_id)
@@ -324,11 +339,13 @@ class RouterService:
                     router.set_health(info.instance_id, healthy)
 
     async def _on_kv(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:
-        async for _subject, payload in sub:
+        async for subject, payload in sub:
             try:
                 batch = _decode_batch(payload)
             except msgspec.DecodeError:
                 continue
+            if subject != subjects.kv(batch.instance_id):
+                continue  # one worker's subject speaking for another: forged or confused
             router = self._router_of(batch.instance_id)
             if router is None:
                 continue
@@ -336,10 +353,12 @@ class RouterService:
                 await self._publish(subjects.resync(batch.instance_id), b"")
 
     async def _on_load(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:
-        async for _subject, payload in sub:
+        async for subject, payload in sub:
             try:
                 report = _decode_load(payload)
             except msgspec.DecodeError:
+                continue
+            if subject != subjects.load(report.instance_id):
                 continue
             router = self._router_of(report.instance_id)
             if router is None:

@@ -5,7 +5,7 @@ Start here: ``rt = await connect_runtime(nats_url_or_None, RuntimeConfig(...))``
 ``interlock.runtime.interfaces``.
 """
 
-from interlock.runtime.config import RuntimeConfig
+from interlock.runtime.config import NatsAuth, RuntimeConfig
 from interlock.runtime.inproc import InProcRegistry
 from interlock.runtime.interfaces import (
     Discovery,
@@ -16,7 +16,7 @@ from interlock.runtime.interfaces import (
     RequestPlane,
 )
 from interlock.runtime.naming import EndpointName, subject_matches
-from interlock.runtime.nats_server import NatsServer
+from interlock.runtime.nats_server import NatsServer, generate_auth
 from interlock.runtime.runtime import Runtime, connect_runtime
 from interlock.runtime.subscription import Subscription
 
@@ -27,6 +27,7 @@ __all__ = [
     "EventPlane",
     "Handler",
     "InProcRegistry",
+    "NatsAuth",
     "NatsServer",
     "RequestContext",
     "RequestPlane",
@@ -34,5 +35,6 @@ __all__ = [
     "RuntimeConfig",
     "Subscription",
     "connect_runtime",
+    "generate_auth",
     "subject_matches",
 ]

@@ -2,10 +2,42 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from interlock.errors import ConfigError
+from interlock.protocol.handshake import MIN_SECRET_BYTES
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NatsAuth:
+    """How to authenticate to the NATS server (at most one of user/password, token, creds
+    file), and TLS. Secrets are kept out of ``repr``."""
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    creds_file: str | None = None
+    """A NATS ``.creds`` file (JWT + NKey seed), for servers run in operator mode."""
+    tls_ca: str | None = None
+    """CA bundle that signed the server's certificate; giving it (or a client cert) turns TLS on."""
+    tls_cert: str | None = None
+    """Client certificate (PEM), for servers that verify clients (``verify: true``)."""
+    tls_key: str | None = None
+
+    def __post_init__(self) -> None:
+        modes = [self.user is not None or self.password is not None, self.token is not None,
+                 self.creds_file is not None]
+        if sum(modes) > 1:
+            raise ConfigError("give one of NATS user/password, token or creds file", param="nats_auth")
+        if (self.user is None) != (self.password is None):
+            raise ConfigError("NATS user and password go together", param="nats_auth")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("NATS TLS cert and key go together", param="nats_auth")
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_ca is not None or self.tls_cert is not None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +60,11 @@ class RuntimeConfig:
     """Transport for token streams when running over NATS (see docs/design.md for why TCP)."""
     discovery_sync_s: float = 0.1
     """NATS: how long connect waits for live instances to answer the start-up query."""
+    cluster_secret: bytes | None = field(default=None, repr=False)
+    """Shared by every process of a deployment: TCP request-plane peers prove they know it
+    (``protocol.handshake``) before any request. None: no handshake (loopback use)."""
+    nats_auth: NatsAuth = field(default_factory=lambda: NatsAuth())
+    """Credentials and TLS for the NATS server."""
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "lease_timeout", "connect_timeout", "peer_timeout"):
@@ -41,6 +78,8 @@ class RuntimeConfig:
             raise ConfigError("request_plane must be 'tcp' or 'nats'", param="request_plane")
         if self.discovery_sync_s < 0:
             raise ConfigError("discovery_sync_s must be >= 0", param="discovery_sync_s")
+        if self.cluster_secret is not None and len(self.cluster_secret) < MIN_SECRET_BYTES:
+            raise ConfigError(f"cluster secret must be at least {MIN_SECRET_BYTES} bytes", param="cluster_secret")
 
     @property
     def keepalive_interval(self) -> float:

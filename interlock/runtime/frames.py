@@ -59,11 +59,16 @@ _decoder = msgspec.msgpack.Decoder(Frame)
 
 
 class FramedProtocol(asyncio.Protocol):
-    """Splits the byte stream into frames for ``frame_received``; ``send`` queues a frame."""
+    """Splits the byte stream into frames for ``frame_received``; ``send`` queues a frame.
+
+    A connection may open with a preamble of fixed-size messages (the cluster handshake,
+    ``protocol.handshake``): while ``expect_preamble(n)`` is pending, the next ``n`` bytes go
+    to ``preamble_received`` and no frame is decoded."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self._inbuf = bytearray()
+        self._preamble: int | None = None
         self._outbuf = bytearray()
         self._flush_pending = False
         self._writable = asyncio.Event()
@@ -73,6 +78,10 @@ class FramedProtocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
+        if self._preamble is not None:
+            data = self._take_preamble(data)
+            if not data:
+                return
         buf = self._inbuf
         buf += data
         pos, size = 0, len(buf)
@@ -93,6 +102,36 @@ class FramedProtocol(asyncio.Protocol):
 
     def frame_received(self, frame: Frame) -> None:
         raise NotImplementedError
+
+    def expect_preamble(self, size: int) -> None:
+        """The next ``size`` bytes are one preamble message, not frames."""
+        self._preamble = size
+
+    def preamble_received(self, message: bytes) -> None:
+        raise NotImplementedError
+
+    def send_raw(self, data: bytes) -> None:
+        """Write preamble bytes at once (no frame is ever queued before the preamble ends)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _take_preamble(self, data: bytes) -> bytes:
+        """Feed preamble messages; what follows the last one (frames) is returned."""
+        buf = self._inbuf
+        buf += data
+        while self._preamble is not None and len(buf) >= self._preamble:
+            message = bytes(buf[: self._preamble])
+            del buf[: self._preamble]
+            self._preamble = None
+            self.preamble_received(message)
+            if self.transport is None or self.transport.is_closing():
+                buf.clear()
+                return b""
+        if self._preamble is not None:
+            return b""
+        rest = bytes(buf)
+        buf.clear()
+        return rest
 
     def send(self, frame: Frame) -> None:
         out = self._outbuf

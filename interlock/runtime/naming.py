@@ -7,12 +7,11 @@ never assembled by hand elsewhere. Each part is a NATS-safe token (letters, digi
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from interlock.errors import ConfigError
+from interlock.protocol.discovery import NAME_TOKEN as _TOKEN
 
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 SUBJECT_PREFIX = "interlock"
 """First token of every subject Interlock publishes on, so it can share a NATS server."""
 

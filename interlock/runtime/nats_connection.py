@@ -13,13 +13,15 @@ backoff of its own, so failed attempts (reported to ``error_cb``) grow the wait 
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
 
-from interlock.errors import TransportError
-from interlock.runtime.config import RuntimeConfig
+from interlock.errors import AuthError, ConfigError, TransportError
+from interlock.runtime.config import NatsAuth, RuntimeConfig
 
 RECONNECT_WAIT_MIN_S = 0.1
 RECONNECT_WAIT_MAX_S = 0.5
@@ -55,9 +57,30 @@ class ConnectionEvents:
             listener()
 
 
+def auth_options(auth: NatsAuth) -> dict[str, Any]:
+    """nats-py ``connect`` keywords for these credentials and TLS settings."""
+    options: dict[str, Any] = {}
+    if auth.user is not None:
+        options.update(user=auth.user, password=auth.password)
+    if auth.token is not None:
+        options["token"] = auth.token
+    if auth.creds_file is not None:
+        options["user_credentials"] = auth.creds_file
+    if auth.tls:
+        try:
+            context = ssl.create_default_context(cafile=auth.tls_ca)
+            if auth.tls_cert is not None:
+                context.load_cert_chain(auth.tls_cert, auth.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"NATS TLS files: {exc}", param="nats_auth") from None
+        options["tls"] = context
+    return options
+
+
 async def connect_nats(url: str, config: RuntimeConfig, name: str, events: ConnectionEvents) -> NatsClient:
     """Connect once (TransportError fast if the server is not there), then reconnect forever."""
     connected: list[NatsClient] = []  # the callbacks are made before the client exists
+    first_errors: list[Exception] = []  # why the first connect failed (nats-py hides it)
 
     def set_wait(seconds: float) -> None:
         if connected:
@@ -68,6 +91,8 @@ async def connect_nats(url: str, config: RuntimeConfig, name: str, events: Conne
         # here; the wait they grow only matters after the next disconnect, which resets it.
         if connected:
             set_wait(min(RECONNECT_WAIT_MAX_S, connected[0].options["reconnect_time_wait"] * 2))
+        else:
+            first_errors.append(exc)
 
     async def on_disconnected() -> None:
         set_wait(RECONNECT_WAIT_MIN_S)
@@ -91,8 +116,12 @@ async def connect_nats(url: str, config: RuntimeConfig, name: str, events: Conne
             error_cb=on_error,
             disconnected_cb=on_disconnected,
             reconnected_cb=on_reconnected,
+            **auth_options(config.nats_auth),
         )
     except Exception as exc:  # nats-py raises several unrelated types for "cannot connect"
+        refused = [e for e in (exc, *first_errors) if "authorization" in str(e).lower()]
+        if refused:
+            raise AuthError(f"NATS at {url} refused our credentials ({refused[0]})") from None
         raise TransportError(f"cannot connect to NATS at {url}: {exc}") from None
     connected.append(nc)
     # Once connected, ride through server restarts for as long as it takes.

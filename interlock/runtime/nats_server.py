@@ -8,6 +8,10 @@ Linux — when this process dies, via PR_SET_PDEATHSIG, so it is never left runn
 A supervisor (``interlock serve``) watches ``alive`` and calls ``restart()`` when the server
 died: the new one listens on the same port, so clients reconnect to the URL they already have.
 One temporary directory (ports file, log) lives from ``start`` to ``stop``, across restarts.
+
+With ``auth`` (``generate_auth()``: user ``interlock`` and a random password) the server takes
+only clients that log in: the credentials go in a 0600 config file in that directory, never on
+the command line (``ps`` shows every argv), and a restart reads the same file.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import atexit
 import ctypes
 import json
+import os
+import secrets
 import shutil
 import signal
 import socket
@@ -27,6 +33,12 @@ from pathlib import Path
 from types import TracebackType
 
 from interlock.errors import ConfigError, TransportError
+from interlock.runtime.config import NatsAuth
+
+
+def generate_auth() -> NatsAuth:
+    """Fresh credentials for a private server (256 random bits)."""
+    return NatsAuth(user="interlock", password=secrets.token_urlsafe(32))
 
 
 def find_binary() -> Path:
@@ -55,7 +67,13 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 class NatsServer:
     """``with NatsServer() as server: connect_runtime(server.url)``."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = -1, start_timeout: float = 10.0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = -1, start_timeout: float = 10.0, auth: NatsAuth | None = None
+    ) -> None:
+        if auth is not None and (auth.creds_file is not None or auth.tls):
+            raise ConfigError("a private nats-server takes a user/password or a token, not creds or TLS")
+        self.auth = auth
+        """What clients must present (None: anyone may connect)."""
         self.host = host
         self.port = port
         """-1: any free port, read back after start."""
@@ -108,6 +126,8 @@ class NatsServer:
         assert self._dir is not None
         args = [str(find_binary()), "-a", self.host, "-p", str(self.port)]
         args += ["--ports_file_dir", self._dir.name, "-l", str(Path(self._dir.name) / "log")]
+        if self.auth is not None:
+            args += ["-c", str(_write_config(Path(self._dir.name), self.auth))]
         self._process = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
@@ -152,6 +172,19 @@ class NatsServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _write_config(folder: Path, auth: NatsAuth) -> Path:
+    if auth.token is not None:
+        body = f"authorization {{\n  token: {json.dumps(auth.token)}\n}}\n"
+    else:
+        body = (f"authorization {{\n  user: {json.dumps(auth.user)}\n"
+                f"  password: {json.dumps(auth.password)}\n}}\n")
+    path = folder / "auth.conf"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(body)
+    return path
 
 
 def _client_port(ports_file: Path) -> int:

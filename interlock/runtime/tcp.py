@@ -10,9 +10,11 @@ Address form: ``tcp://HOST:PORT/KEY`` where KEY is the handler key of ``Endpoint
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator
 
 from interlock.errors import TransportError
+from interlock.protocol.handshake import is_loopback
 from interlock.runtime.config import RuntimeConfig
 from interlock.runtime.interfaces import Handler
 from interlock.runtime.naming import EndpointName
@@ -20,6 +22,8 @@ from interlock.runtime.tcp_client import ClientConnection
 from interlock.runtime.tcp_server import TcpServer
 
 SCHEME = "tcp://"
+
+log = logging.getLogger(__name__)
 
 
 def parse_address(address: str) -> tuple[str, int, str]:
@@ -36,13 +40,16 @@ def parse_address(address: str) -> tuple[str, int, str]:
 class TcpRequestPlane:
     def __init__(self, config: RuntimeConfig) -> None:
         self._config = config
-        self._server = TcpServer()
+        self._server = TcpServer(config.cluster_secret, handshake_timeout=config.connect_timeout)
         self._connections: dict[tuple[str, int], asyncio.Future[ClientConnection]] = {}
 
     async def serve(
         self, endpoint: EndpointName | str, handler: Handler, *, instance_id: str | None = None
     ) -> str:
         if not self._server.started:
+            if self._config.cluster_secret is None and not is_loopback(self._config.host):
+                log.warning("request plane listens on %s without a cluster secret: anyone who "
+                            "reaches it can send requests (set INTERLOCK_CLUSTER_SECRET)", self._config.host)
             await self._server.start(self._config.host, self._config.port)
         key = EndpointName.of(endpoint).key(instance_id)
         self._server.handlers[key] = handler
@@ -114,12 +121,19 @@ class TcpRequestPlane:
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: ClientConnection(peer, cfg.keepalive_interval, cfg.peer_timeout), host, port
+                    lambda: ClientConnection(peer, cfg.keepalive_interval, cfg.peer_timeout, cfg.cluster_secret),
+                    host,
+                    port,
                 ),
                 cfg.connect_timeout,
             )
         except (OSError, TimeoutError) as exc:
             raise TransportError(f"cannot connect to {peer}: {exc or 'timeout'}") from None
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.ready), cfg.connect_timeout)
+        except TimeoutError:
+            conn.fail(f"no handshake from {peer} within {cfg.connect_timeout} s")
+            raise TransportError(f"no handshake from {peer} within {cfg.connect_timeout} s") from None
         return conn
 
 

@@ -4,6 +4,9 @@ Liveness: while a connection has calls in flight it pings every ``keepalive_inte
 server answers at connection level whatever its handlers are doing, so hearing nothing for
 ``peer_timeout`` means the peer is dead or wedged, and every call on it fails with
 TransportError. A dropped connection (peer process killed) fails them at once.
+
+With a cluster secret the connection is ``ready`` only once the server has proved it knows the
+secret and we have answered (``protocol.handshake``); no call is sent before.
 """
 
 from __future__ import annotations
@@ -11,14 +14,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from interlock.errors import TransportError
+from interlock.errors import AuthError, TransportError
+from interlock.protocol.handshake import CHALLENGE_SIZE, ClientHandshake
 from interlock.runtime.channel import Channel, Item
 from interlock.runtime.frames import Cancel, Data, End, Fail, Frame, FramedProtocol, Open, Ping, Pong
 from interlock.runtime.remote import remote_error
 
 
 class ClientConnection(FramedProtocol):
-    def __init__(self, peer: str, keepalive_interval: float, peer_timeout: float) -> None:
+    def __init__(
+        self, peer: str, keepalive_interval: float, peer_timeout: float, secret: bytes | None = None
+    ) -> None:
         super().__init__()
         self.peer = peer
         self.closed = False
@@ -30,10 +36,27 @@ class ClientConnection(FramedProtocol):
         self._loop = asyncio.get_running_loop()
         self._last_heard = self._loop.time()
         self._keepalive: asyncio.Task[None] | None = None
+        self._handshake = ClientHandshake(secret) if secret is not None else None
+        self.ready: asyncio.Future[None] = self._loop.create_future()
+        """Done when calls may be sent (the handshake passed); a TransportError if it failed."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._keepalive = asyncio.create_task(self._watch_peer())
+        if self._handshake is None:
+            self.ready.set_result(None)
+            return
+        self.send_raw(self._handshake.hello())
+        self.expect_preamble(CHALLENGE_SIZE)
+
+    def preamble_received(self, message: bytes) -> None:
+        assert self._handshake is not None
+        try:
+            self.send_raw(self._handshake.answer(message))
+        except AuthError as exc:
+            self.fail(f"{self.peer}: {exc}", AuthError)
+            return
+        self.ready.set_result(None)
 
     def open(self, key: str, payload: bytes) -> tuple[int, Channel[Item]]:
         if self.closed:
@@ -94,11 +117,14 @@ class ClientConnection(FramedProtocol):
         super().connection_lost(exc)
         self.fail(f"connection to {self.peer} lost")
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, error: type[TransportError] = TransportError) -> None:
         """End every call on this connection with TransportError and drop the socket."""
         if self.closed:
             return
         self.closed = True
+        if not self.ready.done():
+            self.ready.set_exception(error(reason))
+            self.ready.exception()  # retrieved here: nobody may be waiting any more
         if self._keepalive is not None:
             self._keepalive.cancel()
         for channel in self._calls.values():

@@ -12,6 +12,7 @@ The agent's server thread also does housekeeping every ``tick_s``: it polls ever
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -21,6 +22,7 @@ import weakref
 from pathlib import Path
 
 from interlock.errors import TransferError
+from interlock.protocol.handshake import is_loopback
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import staging as stg
 from interlock.transfer.base import DEFAULT_TIMEOUT_S, TRANSPORTS, DestTransfer
@@ -28,6 +30,8 @@ from interlock.transfer.dest import InprocDest, ShmDest
 from interlock.transfer.pool import AttachCache, RecvPool, SegmentPool
 from interlock.transfer.source import AgentIdentity, Source
 from interlock.transfer.tcp import TcpDest, TcpServer
+
+log = logging.getLogger(__name__)
 
 _AGENTS: weakref.WeakValueDictionary[str, TransferAgent] = weakref.WeakValueDictionary()
 """Live agents of this process, by id: how an in-process pull finds its source."""
@@ -58,7 +62,10 @@ class TransferAgent:
         pool_bytes: int = 1 << 30,
         tick_s: float = 0.2,
         sweep_s: float = 10.0,
+        cluster_secret: bytes | None = None,
     ) -> None:
+        """``cluster_secret``: TCP peers (pulls, link checks) must pass the handshake on it
+        (``protocol.handshake``); None: anyone who reaches the port may pull a staged payload."""
         self.agent_id = uuid.uuid4().hex
         self.host_id = host_id()
         self._use_shm = use_shm and stg.shm_available()
@@ -70,10 +77,15 @@ class TransferAgent:
         self._sweep_s = sweep_s
         self._next_sweep = 0.0
         self._closed = False
+        self.cluster_secret = cluster_secret
         self._housekeep()
+        if cluster_secret is None and not is_loopback(host):
+            log.warning("KV transfer agent listens on %s without a cluster secret: anyone who "
+                        "reaches it can pull staged KV (set INTERLOCK_CLUSTER_SECRET)", host)
         self._server = TcpServer(
             host=host, port=port, advertise_host=advertise_host or host,
             lookup=self._lookup, probe=self._probe, tick=self._housekeep, tick_s=tick_s,
+            secret=cluster_secret,
         )
         self._identity = AgentIdentity(self.agent_id, self.host_id, os.getpid(), self._server.address)
         _AGENTS[self.agent_id] = self
@@ -122,7 +134,7 @@ class TransferAgent:
             return InprocDest(descriptor, agent._lookup(descriptor.transfer_id) if agent else None)
         if kind == "shm":
             return ShmDest(descriptor, self._attached)
-        return TcpDest(descriptor, timeout_s, self._recv_buffers)
+        return TcpDest(descriptor, timeout_s, self._recv_buffers, self.cluster_secret)
 
     def num_live_sources(self) -> int:
         with self._lock:

@@ -14,7 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from interlock.errors import TransferError
+from interlock.errors import AuthError, TransferError
 from interlock.transfer.agent import TransferAgent
 from interlock.transfer.base import TransferState
 from interlock.transfer.tcp import ControlClient
@@ -49,11 +49,11 @@ def measure_link(
     nbytes = block_nbytes * num_blocks
     sink = bytearray(nbytes)
     try:
-        with ControlClient(peer_address, timeout_s) as ctl:
+        with ControlClient(peer_address, timeout_s, agent.cluster_secret) as ctl:
             rtt = statistics.median(ctl.ping() for _ in range(max(1, pings)))
             # One unrecorded round first: it pays for first-touch pages on both sides.
             runs = [_timed_pull(agent, ctl, nbytes, sink, transport, timeout_s) for _ in range(1 + max(1, repeats))][1:]
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, AuthError) as e:
         raise TransferError(f"link check to {peer_address} failed: {e}") from e
     return LinkStats(
         bandwidth_bytes_per_s=nbytes / max(statistics.median(s for s, _ in runs), 1e-9),

@@ -7,10 +7,15 @@ the engine thread only flips state. A connection carries control frames (``frame
 a pull, exactly one payload: ``Pull(id)`` -> ``Ready(n)`` + n bytes -> ``Ack``. The source is
 DONE on the Ack; a broken connection fails both sides at once (a SIGKILLed process's sockets
 are closed by its kernel), and a stalled peer hits the transfer's deadline.
+
+With a cluster secret every connection opens with the mutual handshake (``protocol.handshake``)
+before its first frame: a peer without the secret can neither pull a payload (someone's prompt,
+in KV form) nor pose as a source.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -18,6 +23,14 @@ from collections.abc import Callable
 
 import msgspec
 
+from interlock.errors import AuthError
+from interlock.protocol.handshake import (
+    CHALLENGE_SIZE,
+    HELLO_SIZE,
+    RESPONSE_SIZE,
+    ClientHandshake,
+    ServerHandshake,
+)
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import frames as fr
 from interlock.transfer.base import TransferStatus
@@ -27,6 +40,34 @@ from interlock.transfer.source import Source, _shutdown
 
 CONTROL_TIMEOUT_S = 30.0
 """An idle control connection is dropped after this long."""
+HANDSHAKE_TIMEOUT_S = 5.0
+"""A connection that has not passed the handshake after this long is dropped."""
+
+log = logging.getLogger(__name__)
+
+
+def _recv(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray(size)
+    fr.recv_exact(sock, memoryview(buf))
+    return bytes(buf)
+
+
+def client_handshake(sock: socket.socket, secret: bytes | None) -> None:
+    """Prove we know the secret and check the server does; AuthError if it does not."""
+    if secret is None:
+        return
+    hs = ClientHandshake(secret)
+    sock.sendall(hs.hello())
+    sock.sendall(hs.answer(_recv(sock, CHALLENGE_SIZE)))
+
+
+def server_handshake(sock: socket.socket, secret: bytes | None) -> None:
+    """Check the client knows the secret (AuthError if not), proving we do."""
+    if secret is None:
+        return
+    hs = ServerHandshake(secret)
+    sock.sendall(hs.challenge(_recv(sock, HELLO_SIZE)))
+    hs.verify(_recv(sock, RESPONSE_SIZE))
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -47,8 +88,12 @@ class TcpServer:
         probe: Callable[[int, float], TransferDescriptor],
         tick: Callable[[], None],
         tick_s: float = 0.2,
+        secret: bytes | None = None,
     ) -> None:
         self._lookup, self._probe, self._tick = lookup, probe, tick
+        self._secret = secret
+        self.refused = 0
+        """Connections dropped because they failed the handshake."""
         self._listener = socket.create_server((host, port))
         self._listener.settimeout(tick_s)
         self.address = f"{advertise_host}:{self._listener.getsockname()[1]}"
@@ -84,6 +129,13 @@ class TcpServer:
     def _serve(self, conn: socket.socket) -> None:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(HANDSHAKE_TIMEOUT_S)
+            try:
+                server_handshake(conn, self._secret)
+            except (AuthError, OSError, ValueError) as e:
+                self.refused += 1
+                log.warning("KV transfer: refused connection from %s: %s", _peer(conn), e or type(e).__name__)
+                return
             conn.settimeout(CONTROL_TIMEOUT_S)
             while (frame := fr.recv_frame(conn)) is not None:
                 if isinstance(frame, fr.Ping):
@@ -131,8 +183,11 @@ class TcpDest(_Dest):
 
     transport = "tcp"
 
-    def __init__(self, descriptor: TransferDescriptor, timeout_s: float, pool: RecvPool) -> None:
+    def __init__(
+        self, descriptor: TransferDescriptor, timeout_s: float, pool: RecvPool, secret: bytes | None = None
+    ) -> None:
         super().__init__(descriptor)
+        self._secret = secret
         self._pool = pool
         self._buf: bytearray | None = None
         self._timeout_s = timeout_s
@@ -161,6 +216,8 @@ class TcpDest(_Dest):
     def _run(self) -> None:
         try:
             self._pull()
+        except AuthError as e:
+            self._fail(str(e))
         except (OSError, ValueError, msgspec.DecodeError) as e:
             self._fail(f"source disconnected: {e or type(e).__name__}")
 
@@ -175,6 +232,7 @@ class TcpDest(_Dest):
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(max(0.001, self._deadline - time.monotonic()))
+            client_handshake(sock, self._secret)
             fr.send_frame(sock, fr.Pull(self.transfer_id))
             reply = fr.recv_frame(sock)
             if isinstance(reply, fr.Refused):
@@ -198,9 +256,14 @@ class TcpDest(_Dest):
 class ControlClient:
     """A blocking control connection to an agent's server, for link checks."""
 
-    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 10.0, secret: bytes | None = None) -> None:
         self._sock = socket.create_connection(split_address(address), timeout=timeout_s)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client_handshake(self._sock, secret)
+        except BaseException:
+            self._sock.close()
+            raise
 
     def ping(self) -> float:
         """One round trip, in seconds."""
@@ -225,3 +288,10 @@ class ControlClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _peer(conn: socket.socket) -> object:
+    try:
+        return conn.getpeername()
+    except OSError:
+        return "?"

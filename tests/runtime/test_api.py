@@ -11,6 +11,7 @@ def test_public_names() -> None:
         "EventPlane",
         "Handler",
         "InProcRegistry",
+        "NatsAuth",
         "NatsServer",
         "RequestContext",
         "RequestPlane",
@@ -18,6 +19,7 @@ def test_public_names() -> None:
         "RuntimeConfig",
         "Subscription",
         "connect_runtime",
+        "generate_auth",
         "subject_matches",
     ]
     for name in interlock.runtime.__all__:

@@ -1,0 +1,92 @@
+"""Flags for the authenticated planes, shared by ``serve``, ``worker`` and ``frontend``.
+
+Secrets never go on a command line (``ps`` shows every argv): they come from files named by a
+flag, or from the environment (``INTERLOCK_CLUSTER_SECRET``, ``INTERLOCK_NATS_USER`` /
+``INTERLOCK_NATS_PASSWORD``, ``INTERLOCK_NATS_TOKEN``), which is how ``serve`` hands the ones it
+generated to its workers. A flag wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+from pathlib import Path
+
+from interlock.env import (
+    CLUSTER_SECRET_VAR,
+    NATS_PASSWORD_VAR,
+    NATS_TOKEN_VAR,
+    NATS_USER_VAR,
+    get_env,
+)
+from interlock.errors import ConfigError
+from interlock.runtime.config import NatsAuth
+
+
+def add_security_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("authenticated planes")
+    g.add_argument("--cluster-secret-file", default=None,
+                   help="file holding the deployment's shared secret (else INTERLOCK_CLUSTER_SECRET): "
+                        "request-plane and KV-transfer peers must prove they know it")
+    g.add_argument("--nats-user", default=None, help="NATS user (password from --nats-password-file "
+                                                     "or INTERLOCK_NATS_PASSWORD)")
+    g.add_argument("--nats-password-file", default=None, help="file holding the NATS password")
+    g.add_argument("--nats-token-file", default=None, help="file holding a NATS token (else INTERLOCK_NATS_TOKEN)")
+    g.add_argument("--nats-creds", default=None, help="NATS .creds file (JWT + NKey seed)")
+    g.add_argument("--nats-tls-ca", default=None, help="CA bundle for the NATS server's certificate (turns TLS on)")
+    g.add_argument("--nats-tls-cert", default=None, help="client certificate for NATS (PEM)")
+    g.add_argument("--nats-tls-key", default=None, help="client key for NATS (PEM)")
+
+
+def _read(path: str, what: str) -> str:
+    try:
+        text = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} file {path}: {exc.strerror}") from None
+    if not text:
+        raise ConfigError(f"the {what} file {path} is empty")
+    return text
+
+
+def cluster_secret(a: argparse.Namespace) -> bytes | None:
+    if a.cluster_secret_file:
+        return _read(a.cluster_secret_file, "cluster secret").encode()
+    return get_env().cluster_secret
+
+
+def new_cluster_secret() -> bytes:
+    return secrets.token_urlsafe(32).encode()
+
+
+def nats_auth(a: argparse.Namespace) -> NatsAuth:
+    """Login and TLS from the flags; the login from the environment when no flag gives one."""
+    env = get_env()
+    user, password, token = env.nats_user, env.nats_password, env.nats_token
+    if a.nats_user or a.nats_password_file or a.nats_token_file or a.nats_creds:
+        user = a.nats_user
+        password = _read(a.nats_password_file, "NATS password") if a.nats_password_file else (
+            env.nats_password if a.nats_user else None)
+        token = _read(a.nats_token_file, "NATS token") if a.nats_token_file else None
+    return NatsAuth(user=user, password=password, token=token, creds_file=a.nats_creds,
+                    tls_ca=a.nats_tls_ca, tls_cert=a.nats_tls_cert, tls_key=a.nats_tls_key)
+
+
+def child_env(secret: bytes | None, auth: NatsAuth) -> dict[str, str]:
+    """Environment that hands these to a child process (never its argv). Every variable is
+    set, empty when unused, so nothing conflicting leaks in from the parent's environment."""
+    return {
+        CLUSTER_SECRET_VAR: secret.decode() if secret is not None else "",
+        NATS_USER_VAR: auth.user or "",
+        NATS_PASSWORD_VAR: auth.password or "",
+        NATS_TOKEN_VAR: auth.token or "",
+    }
+
+
+def child_argv(auth: NatsAuth) -> list[str]:
+    """Flags naming files (not secrets themselves) a child needs to reach NATS."""
+    argv: list[str] = []
+    for flag, value in (("--nats-creds", auth.creds_file), ("--nats-tls-ca", auth.tls_ca),
+                        ("--nats-tls-cert", auth.tls_cert), ("--nats-tls-key", auth.tls_key)):
+        if value is not None:
+            argv += [flag, value]
+    return argv
