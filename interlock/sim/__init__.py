@@ -1,6 +1,7 @@
 """Trace replay and workload simulation in virtual time: traces (Mooncake format, synthetic
 shared-prefix workloads), a fast simulated worker, and the replay loop behind a real Router."""
 
+from interlock.sim.bounds import infinite_cache_hit_ratio, pooled_cache_hit_ratio
 from interlock.sim.replay import ReplayConfig, replay
 from interlock.sim.report import ReplayReport
 from interlock.sim.synthetic import SharedPrefixSpec, shared_prefix_requests
@@ -8,7 +9,6 @@ from interlock.sim.trace import (
     MooncakeRecord,
     SimRequest,
     TraceHasher,
-    infinite_cache_hit_ratio,
     load_mooncake,
     mooncake_requests,
 )
@@ -25,6 +25,7 @@ __all__ = [
     "infinite_cache_hit_ratio",
     "load_mooncake",
     "mooncake_requests",
+    "pooled_cache_hit_ratio",
     "replay",
     "shared_prefix_requests",
 ]

@@ -16,7 +16,7 @@ the kvhash of each of its sub-blocks is a function of the id alone.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -129,20 +129,3 @@ def mooncake_requests(records: Sequence[MooncakeRecord], *, block_size: int = 64
                    token_ids=tuple(record_token_ids(r).tolist()) if with_tokens else None)
         for i, r in enumerate(records)
     ]
-
-
-def infinite_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int) -> float:
-    """Share of prompt tokens an infinite cache could serve: blocks seen in any earlier request
-    (arrival order), at least one token of each prompt always computed."""
-    seen: set[int] = set()
-    hit = total = 0
-    for r in sorted(requests, key=lambda r: r.arrival_s):
-        n = 0
-        for h in r.block_hashes:
-            if h not in seen:
-                break
-            n += 1
-        hit += min(n * block_size, r.prompt_tokens - 1)
-        total += r.prompt_tokens
-        seen.update(r.block_hashes)
-    return hit / total if total else 0.0

@@ -5,9 +5,7 @@ from pathlib import Path
 
 from interlock.kvhash import hash_blocks
 from interlock.sim.trace import (
-    SimRequest,
     TraceHasher,
-    infinite_cache_hit_ratio,
     load_mooncake,
     mooncake_requests,
     record_token_ids,
@@ -43,10 +41,3 @@ def test_memoised_hashes_equal_hashing_the_expanded_tokens(tmp_path: Path) -> No
         assert list(hasher.hashes(rec)) == hash_blocks(tokens, 64)
     a, b = (hasher.hashes(r) for r in recs[:2])
     assert a[:16] == b[:16] and a[16] != b[16]  # ids 0, 1 shared: 1024 tokens = 16 blocks
-
-
-def test_infinite_cache_bound() -> None:
-    reqs = [SimRequest("a", 0.0, 100, 1, (1, 2, 3)), SimRequest("b", 1.0, 100, 1, (1, 2, 9)),
-            SimRequest("c", 2.0, 100, 1, (1, 2, 3))]
-    # b reuses 2 blocks (20 tokens), c reuses 3 blocks (30 tokens), at block size 10
-    assert infinite_cache_hit_ratio(reqs, 10) == 50 / 300
