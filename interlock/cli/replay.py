@@ -11,9 +11,10 @@ import json
 import sys
 from dataclasses import replace
 
+from interlock.mooncake import load_mooncake
 from interlock.router import POLICIES, RouterConfig
 from interlock.router.cost import CostParams
-from interlock.sim import ReplayConfig, TraceHasher, load_mooncake, mooncake_requests, replay
+from interlock.sim import ReplayConfig, TraceHasher, mooncake_requests, replay
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="Mooncake-format JSONL trace")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--policy", choices=POLICIES, default="kv")
-    p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
+    p.add_argument("--speedup", type=float, default=1.0, help="arrival speed-up: divide inter-arrival times by this")
     p.add_argument("--blocks-per-worker", type=int, default=61_000)
     p.add_argument("--block-size", type=int, default=64)
     p.add_argument("--trace-block-size", type=int, default=512)
