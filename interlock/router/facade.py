@@ -211,7 +211,8 @@ class Router:
         return self._commit(self._decide(meta, hashes, open_, now), meta, hashes, now)
 
     def dispatch_queued(self) -> list[Decision]:
-        """Route queued requests, best priority first, while some worker has room."""
+        """Route queued requests, most important (lowest priority value) first, while some worker
+        has room."""
         out: list[Decision] = []
         while (p := self.queue.peek()) is not None:
             open_ = self._eligible(p.meta.role) & ~self._busy_mask()
