@@ -20,8 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from interlock.mooncake import load_mooncake
 from interlock.router import RouterConfig
-from interlock.sim import ReplayConfig, TraceHasher, load_mooncake, mooncake_requests, replay
+from interlock.sim import ReplayConfig, TraceHasher, mooncake_requests, replay
 
 TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
 DYNAMO_SCRIPT = """

@@ -39,7 +39,9 @@ class NodeGroup:
     count: int = 1
     max_batch_size: int = 64
     queue_depth_threshold: int = 32
-    """Waiting requests above which the worker counts as busy for routing."""
+    """Waiting requests above which the worker counts as busy for routing: the router then
+    queues new requests (its admission queue, ``routing.queue_size``) instead of sending them.
+    Each worker registers it (``InstanceInfo.queue_depth_threshold``)."""
     kv_cache_transfer: str = "auto"
     max_num_batched_tokens: int = 2048
     kv_cache_gib: float = 1.0
@@ -69,7 +71,11 @@ class Routing:
     """Prefill every request remotely when prefill workers exist (no per-request choice)."""
     max_remote_kv_bytes: int = 1 << 30
     """Requests with more KV than this are prefilled where they decode."""
-    preempt_enabled: bool = True
+    preempt_enabled: bool = False
+    """Workers let a more important waiting request (lower ``priority``, see
+    ``interlock.protocol.generate``) preempt a less important running one when KV blocks or
+    batch slots run out (``interlock worker --preempt-enabled``). Off: nothing running is
+    preempted for priority."""
     kv_usage_watermark: float = 0.7
     queue_size: int = 256
 

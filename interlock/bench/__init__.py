@@ -1,7 +1,7 @@
 """``interlock bench``: a load generator and report tool for any OpenAI-compatible endpoint.
 
 It talks HTTP only (aiohttp), so it measures Interlock, vLLM or Dynamo the same way. Pieces:
-prompts (``vocab``, ``lengths``, ``prompts``, ``trace``), pacing (``schedule``, ``plans``,
+prompts (``vocab``, ``lengths``, ``prompts``, ``trace``; traces load with ``interlock.mooncake``), pacing (``schedule``, ``plans``,
 ``loadgen``), one timed request (``client``), numbers (``stats``), outputs (``results``,
 ``table``, ``plots``, ``progress``) and a fake server with injected delays (``fake_server``).
 """
@@ -18,7 +18,7 @@ from interlock.bench.results import load as load_results
 from interlock.bench.results import save as save_results
 from interlock.bench.schedule import arrival_offsets
 from interlock.bench.stats import Dist, Summary, Targets, summarize, throughput_series
-from interlock.bench.trace import TraceEntry, TracePrompts, hash_block, load_trace, send_offsets
+from interlock.bench.trace import TracePrompts
 from interlock.bench.vocab import TokenizerVocab, Vocab, WordVocab, load_vocab
 
 __all__ = [
@@ -38,22 +38,18 @@ __all__ = [
     "SyntheticSpec",
     "Targets",
     "TokenizerVocab",
-    "TraceEntry",
     "TracePrompts",
     "Vocab",
     "WordVocab",
     "arrival_offsets",
     "concurrency_plan",
-    "hash_block",
     "load_results",
-    "load_trace",
     "load_vocab",
     "rate_plan",
     "report_png",
     "request_body",
     "run_load",
     "save_results",
-    "send_offsets",
     "send_request",
     "summarize",
     "synthetic_prompt",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from interlock import mooncake
 from interlock.bench.loadgen import LoadPlan
 from interlock.bench.prompts import SyntheticSpec, synthetic_prompt
 from interlock.bench.schedule import Arrival, arrival_offsets
-from interlock.bench.trace import TraceEntry, TracePrompts, send_offsets
+from interlock.bench.trace import TracePrompts
 from interlock.bench.vocab import Vocab
 from interlock.errors import ConfigError
+from interlock.mooncake import TRACE_BLOCK_SIZE, MooncakeRecord
 
 
 def concurrency_plan(spec: SyntheticSpec, vocab: Vocab, concurrency: int, max_requests: int) -> LoadPlan:
@@ -41,21 +43,22 @@ def rate_plan(
 
 
 def trace_plan(
-    entries: list[TraceEntry],
+    records: list[MooncakeRecord],
     vocab: Vocab,
-    time_scale: float = 1.0,
-    block_size: int = 512,
+    speedup: float = 1.0,
+    block_size: int = TRACE_BLOCK_SIZE,
     max_concurrency: int | None = None,
     source: str = "trace",
 ) -> LoadPlan:
+    """Replay ``records`` at an arrival speed-up of ×``speedup`` (``mooncake.arrival_offsets``)."""
     prompts = TracePrompts(vocab, block_size)
     return LoadPlan(
-        label=f"trace x{time_scale:g}",
-        load={"mode": "trace", "trace": source, "time_scale": time_scale, "block_size": block_size,
+        label=f"trace x{speedup:g}",
+        load={"mode": "trace", "trace": source, "speedup": speedup, "block_size": block_size,
               "max_concurrency": max_concurrency},
-        prompt=lambda i: prompts.prompt(entries[i], i),
-        count=len(entries),
-        offsets=send_offsets(entries, time_scale),
+        prompt=lambda i: prompts.prompt(records[i], i),
+        count=len(records),
+        offsets=mooncake.arrival_offsets(records, speedup),
         concurrency=max_concurrency,
     )
 

@@ -1,7 +1,7 @@
 """Deterministic token blocks and their text: with a real tokenizer (exact) or without (approximate).
 
-A prompt is built from blocks, each named by a string key (``"hash:17"`` for a trace hash id,
-``"prefix:2"`` for a shared-prefix group). A block is drawn from a seeded RNG over a *pool* of
+A synthetic prompt is built from blocks, each named by a string key (``"prefix:2"`` for a
+shared-prefix group; trace prompts index the pool instead, see ``interlock.mooncake``). A block is drawn from a seeded RNG over a *pool* of
 token ids, so the same key gives the same ids, and the same text, in every process and run.
 
 Exactness: the pool holds only tokens whose text is a space followed by letters (``" word"``)
@@ -44,6 +44,8 @@ COMMON_WORDS = (
 class Vocab(Protocol):
     exact: bool
     """True when lengths are token-exact (a real tokenizer built the pool)."""
+    pool: Sequence[int]
+    """The token ids prompts are drawn from (trace blocks index into it)."""
 
     def block(self, key: str, n: int) -> list[int]: ...
 
@@ -59,10 +61,10 @@ class WordVocab:
 
     def __init__(self) -> None:
         self._words = tuple(dict.fromkeys(COMMON_WORDS))
-        self._pool = range(len(self._words))
+        self.pool: Sequence[int] = range(len(self._words))
 
     def block(self, key: str, n: int) -> list[int]:
-        return random.Random(key).choices(self._pool, k=n)
+        return random.Random(key).choices(self.pool, k=n)
 
     def text(self, ids: Sequence[int]) -> str:
         return "".join(" " + self._words[i] for i in ids)
@@ -85,9 +87,9 @@ class TokenizerVocab:
         if not path.is_file():
             raise ConfigError(f"no tokenizer.json at {folder}")
         self._tok = Tokenizer.from_file(str(path))
-        self._pool = self._word_pool()
-        if len(self._pool) < 50:
-            raise ConfigError(f"tokenizer {folder} has too few plain word tokens ({len(self._pool)})")
+        self.pool: Sequence[int] = self._word_pool()
+        if len(self.pool) < 50:
+            raise ConfigError(f"tokenizer {folder} has too few plain word tokens ({len(self.pool)})")
 
     def _word_pool(self) -> list[int]:
         candidates: list[tuple[int, str]] = []
@@ -101,7 +103,7 @@ class TokenizerVocab:
         return [tid for (tid, _), enc in zip(candidates, encoded, strict=True) if enc.ids == [tid]]
 
     def block(self, key: str, n: int) -> list[int]:
-        return random.Random(key).choices(self._pool, k=n)
+        return random.Random(key).choices(self.pool, k=n)
 
     def text(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)

@@ -27,9 +27,9 @@ from interlock.bench.prompts import SyntheticSpec
 from interlock.bench.results import BenchFile, load, save
 from interlock.bench.stats import Targets, summarize
 from interlock.bench.table import compare_table, summary_table
-from interlock.bench.trace import load_trace
 from interlock.bench.vocab import Vocab, load_vocab
 from interlock.errors import ConfigError
+from interlock.mooncake import TRACE_BLOCK_SIZE, load_mooncake
 
 
 def _floats(text: str) -> list[float]:
@@ -64,9 +64,10 @@ def run_parser() -> argparse.ArgumentParser:
     load_mode.add_argument("--trace", help="Mooncake trace (JSONL) to replay")
     p.add_argument("--arrival", choices=("poisson", "constant"), default="poisson")
     p.add_argument("--max-concurrency", type=int, help="cap on requests in flight (rate and trace modes)")
-    p.add_argument("--time-scale", type=_floats, default=[1.0],
-                   help="multiply trace timestamps by this (0.5 = twice as fast; comma list: sweep)")
-    p.add_argument("--block-size", type=int, default=512, help="tokens per trace hash id")
+    p.add_argument("--speedup", type=_floats, default=[1.0],
+                   help="trace arrival speed-up: divide inter-arrival times by this (2 = twice as "
+                        "fast, as in interlock replay; comma list: sweep)")
+    p.add_argument("--block-size", type=int, default=TRACE_BLOCK_SIZE, help="tokens per trace hash id")
     p.add_argument("--input-len", type=LengthDist.parse, default=LengthDist.parse("256"),
                    help="N, uniform:LO:HI or normal:MEAN:STD")
     p.add_argument("--output-len", type=LengthDist.parse, default=LengthDist.parse("128"))
@@ -111,10 +112,10 @@ async def _first_model(url: str) -> str:
 def _plans(args: argparse.Namespace, vocab: Vocab) -> list[LoadPlan]:
     n = args.num_requests
     if args.trace:
-        entries = load_trace(args.trace, limit=n)
+        records = load_mooncake(args.trace, limit=n)
         return [
-            trace_plan(entries, vocab, scale, args.block_size, args.max_concurrency, source=str(args.trace))
-            for scale in args.time_scale
+            trace_plan(records, vocab, speedup, args.block_size, args.max_concurrency, source=str(args.trace))
+            for speedup in args.speedup
         ]
     spec = SyntheticSpec(args.input_len, args.output_len, args.prefix_len, args.prefix_groups, args.seed)
     spec.validate()

@@ -11,9 +11,10 @@ import json
 import sys
 from dataclasses import replace
 
+from interlock.mooncake import load_mooncake
 from interlock.router import POLICIES, RouterConfig
 from interlock.router.cost import CostParams
-from interlock.sim import ReplayConfig, TraceHasher, load_mooncake, mooncake_requests, replay
+from interlock.sim import ReplayConfig, TraceHasher, mooncake_requests, replay
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="Mooncake-format JSONL trace")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--policy", choices=POLICIES, default="kv")
-    p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
+    p.add_argument("--speedup", type=float, default=1.0, help="arrival speed-up: divide inter-arrival times by this")
     p.add_argument("--blocks-per-worker", type=int, default=61_000)
     p.add_argument("--block-size", type=int, default=64)
     p.add_argument("--trace-block-size", type=int, default=512)
@@ -30,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-speedup", type=float, default=1.0, help="divide step times by this")
     p.add_argument("--no-kv-events", action="store_true",
                    help="workers publish no KV events (router predicts their caches)")
+    p.add_argument("--queue-capacity", type=int, default=RouterConfig.queue_capacity,
+                   help="router admission queue; past it requests are rejected (503), and counted")
+    p.add_argument("--queue-depth-threshold", type=int, default=0,
+                   help="a worker with more requests waiting is busy for routing (0: never)")
     p.add_argument("--miss-weight", type=float, default=CostParams.miss_weight)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
@@ -51,9 +56,9 @@ def main(argv: list[str]) -> int:
         num_workers=args.workers, num_blocks=args.blocks_per_worker, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         engine_speedup=args.engine_speedup, publish_events=not args.no_kv_events,
-        backend=args.backend,
+        backend=args.backend, queue_depth_threshold=args.queue_depth_threshold,
         router=RouterConfig(policy=args.policy, block_size=args.block_size, cost=cost,
-                            seed=0),
+                            queue_capacity=args.queue_capacity, seed=0),
     )
     report = replay(requests, cfg)
     if args.json:

@@ -109,6 +109,8 @@ def deployment_from_args(a: argparse.Namespace) -> Deployment:
     routing = replace(d.routing, policy=a.policy) if a.policy else d.routing
     if getattr(a, "enforce_disagg", False):
         routing = replace(routing, enforce_disagg=True)
+    if a.preempt_enabled is not None:
+        routing = replace(routing, preempt_enabled=a.preempt_enabled)
     d = replace(d, control_plane=cp, routing=routing)
     validate_deployment(d)
     return d
@@ -130,12 +132,13 @@ def worker_specs(d: Deployment, a: argparse.Namespace) -> list[tuple[WorkerSpec,
                     "max_model_len": g.max_model_len, "max_num_seqs": node.max_batch_size,
                     "max_num_batched_tokens": node.max_num_batched_tokens,
                     "kv_cache_gib": node.kv_cache_gib, "num_blocks": node.num_blocks,
-                    "threads": threads,
+                    "threads": threads, "preempt_enabled": d.routing.preempt_enabled,
                 })
                 spec = WorkerSpec(engine=engine_config_from_args(ns, path), served_name=name,
                                   model_path=path, role=node.node_role,
                                   instance_id=f"w{len(specs)}-{os.getpid():x}", speedup=a.speedup,
-                                  kv_transfer=node.kv_cache_transfer)
+                                  kv_transfer=node.kv_cache_transfer,
+                                  queue_depth_threshold=node.queue_depth_threshold)
                 specs.append((spec, node))
     return specs
 
@@ -154,6 +157,8 @@ def worker_argv(spec: WorkerSpec, nats_url: str, cp: ControlPlane, drain_grace: 
         "--speedup", str(spec.speedup), "--heartbeat-interval", str(cp.heartbeat_interval),
         "--heartbeat-timeout", str(cp.heartbeat_timeout), "--drain-grace", str(drain_grace),
         "--kv-transfer", spec.kv_transfer,
+        "--queue-depth-threshold", str(spec.queue_depth_threshold),
+        "--preempt-enabled" if e.scheduler.preempt_enabled else "--no-preempt-enabled",
     ]
     if e.cache.num_blocks is not None:
         argv += ["--num-blocks", str(e.cache.num_blocks)]

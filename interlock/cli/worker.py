@@ -43,6 +43,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
     g.add_argument("--max-model-len", type=int, default=2048)
     g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--preempt-enabled", action=argparse.BooleanOptionalAction, default=None,
+                   help="a more important waiting request (lower priority) may preempt a less "
+                        "important running one (default: off; serve -f: routing.preempt_enabled)")
     g.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     g.add_argument("--speedup", type=float, default=1.0, help="mock runner: divide model time by this")
 
@@ -54,7 +57,8 @@ def engine_config_from_args(a: argparse.Namespace, model_path: str) -> EngineCon
         cache=CacheConfig(block_size=a.block_size, num_blocks=a.num_blocks,
                           kv_cache_gib=a.kv_cache_gib, enable_prefix_caching=not a.no_prefix_caching),
         scheduler=SchedulerConfig(max_num_batched_tokens=a.max_num_batched_tokens,
-                                  max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len),
+                                  max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
+                                  preempt_enabled=bool(a.preempt_enabled)),
     )
 
 
@@ -72,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-transfer", choices=("auto", "inproc", "shm", "tcp", "none"), default="auto",
                    help="KV transfer for disaggregated serving: auto picks per peer (in-process, "
                         "shared memory, TCP); tcp never stages in /dev/shm; none: no transfer agent")
+    p.add_argument("--queue-depth-threshold", type=int, default=0,
+                   help="routers count this worker busy while more requests wait in its queue (0: never)")
     p.add_argument("--kv-transfer-port", type=int, default=0, help="TCP port of the transfer agent")
     p.add_argument("--kv-transfer-timeout", type=float, default=30.0,
                    help="seconds a staged KV payload waits to be pulled (and a pull may take)")
@@ -97,6 +103,8 @@ class WorkerSpec:
     kv_transfer_timeout_s: float = 30.0
     host: str = "127.0.0.1"
     advertise_host: str | None = None
+    queue_depth_threshold: int = 0
+    """Registered in ``InstanceInfo``: routers count the worker busy past this queue (0: never)."""
 
 
 def resolve_spec(a: argparse.Namespace) -> WorkerSpec:
@@ -115,6 +123,22 @@ def resolve_spec(a: argparse.Namespace) -> WorkerSpec:
         kv_transfer_timeout_s=a.kv_transfer_timeout,
         host=a.host,
         advertise_host=a.advertise_host,
+        queue_depth_threshold=a.queue_depth_threshold,
+    )
+
+
+def worker_info(spec: WorkerSpec, *, block_size: int, kv_blocks_total: int) -> InstanceInfo:
+    """What the worker registers in discovery (the engine gives its block figures)."""
+    return InstanceInfo(
+        instance_id=spec.instance_id,
+        endpoint=subjects.GENERATE_ENDPOINT,
+        model=spec.served_name,
+        model_path=spec.model_path,
+        role=spec.role,
+        block_size=block_size,
+        kv_blocks_total=kv_blocks_total,
+        context_length=spec.engine.scheduler.max_model_len,
+        queue_depth_threshold=spec.queue_depth_threshold,
     )
 
 
@@ -136,16 +160,7 @@ async def start_worker(spec: WorkerSpec, runtime, *, drain_grace_s: float = 30.0
     core = await asyncio.to_thread(
         build_engine, spec.engine, instance_id=spec.instance_id, speedup=spec.speedup
     )
-    info = InstanceInfo(
-        instance_id=spec.instance_id,
-        endpoint=subjects.GENERATE_ENDPOINT,
-        model=spec.served_name,
-        model_path=spec.model_path,
-        role=spec.role,
-        block_size=core.block_size,
-        kv_blocks_total=core.pool.num_blocks,
-        context_length=spec.engine.scheduler.max_model_len,
-    )
+    info = worker_info(spec, block_size=core.block_size, kv_blocks_total=core.pool.num_blocks)
     worker = Worker(core, info, discovery=runtime.discovery, requests=runtime.requests,
                     events=runtime.events, options=WorkerOptions(drain_grace_s=drain_grace_s,
                                                               kv_transfer_timeout_s=spec.kv_transfer_timeout_s),

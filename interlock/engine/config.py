@@ -32,6 +32,10 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
+    preempt_enabled: bool = False
+    """A more important waiting request (``interlock.protocol.generate``: lower ``priority``
+    first) may take the blocks or the batch slot of a less important running one, which is
+    preempted by recompute. Off: nothing running is preempted for priority."""
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:

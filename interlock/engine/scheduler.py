@@ -7,11 +7,16 @@ last. A prompt larger than the remaining budget is cut into chunks (chunked pref
 hit simply starts a request with ``num_computed_tokens > 0``; a decode is a debt of one token;
 KV that arrives from another worker sets ``num_computed_tokens`` without any compute.
 
-The waiting queue is first come, first served. When a running request needs a block and the
-pool is empty, the lowest-priority (largest ``priority`` value, then newest) running request not
-yet scheduled in this step is preempted by recompute: its blocks are freed and it goes
-back to the front of the queue with ``num_computed_tokens = 0`` (its outputs are kept, so it
-recomputes prompt + outputs and continues exactly where it was). Admission keeps
+The waiting queue is ordered by priority, then arrival (the meaning of ``priority`` is defined
+once, in ``interlock.protocol.generate``: lower values are served first). When a running request
+needs a block and the pool is empty, the least important (largest ``priority`` value, then
+newest) running request not yet scheduled in this step is preempted by recompute: its blocks are
+freed and it goes back to the waiting queue with ``num_computed_tokens = 0`` (its outputs are
+kept, so it recomputes prompt + outputs and continues exactly where it was; being older than
+the requests queued behind it, it keeps its place among those of its priority). With
+``preempt_enabled``, a waiting request that cannot get blocks or a batch slot also preempts the
+least important running request that is strictly less important than itself (giving back the
+budget it had this step); without it nothing running is preempted for priority. Admission keeps
 ``watermark`` blocks free so that running requests are rarely preempted. A request parked in
 ``WAITING_FOR_REMOTE_KV`` holds blocks but no batch slot and no budget.
 
@@ -21,6 +26,7 @@ checks stop conditions and returns the outputs of this step.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 from interlock.engine.config import SchedulerConfig
@@ -45,12 +51,14 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_model_len = config.max_model_len
         self.chunked_prefill = config.enable_chunked_prefill
+        self.preempt_enabled = config.preempt_enabled
         self.kv = kv
         self.block_size = kv.block_size
         self.eos_token_ids = frozenset(eos_token_ids)
         self.requests: dict[str, Request] = {}
         """Every live request: waiting, running or parked for remote KV."""
         self.waiting: deque[Request] = deque()
+        """Ordered by ``_order`` (priority, then arrival)."""
         self.running: list[Request] = []
         self.remote_parked: dict[str, Request] = {}
         """WAITING_FOR_REMOTE_KV: blocks allocated, KV not yet imported."""
@@ -91,11 +99,12 @@ class Scheduler:
         self.requests[req.request_id] = req
         self._enqueue(req)
 
-    def _enqueue(self, req: Request, *, front: bool = False) -> None:
-        if front:
-            self.waiting.appendleft(req)
+    def _enqueue(self, req: Request) -> None:
+        waiting = self.waiting
+        if not waiting or _order(waiting[-1]) <= _order(req):
+            waiting.append(req)  # the usual case: a new arrival of the lowest priority so far
         else:
-            self.waiting.append(req)
+            waiting.insert(bisect.bisect_right(waiting, _order(req), key=_order), req)
         self.num_waiting_tokens += req.num_tokens - req.num_computed_tokens
 
     def _dequeue_head(self) -> Request:
@@ -153,7 +162,7 @@ class Scheduler:
             req.num_cached_tokens = min(num_computed_tokens, req.num_prompt_tokens)
         req.status = RS.WAITING
         self.kv.cache_full_blocks(req)
-        self._enqueue(req, front=True)
+        self._enqueue(req)
         return req
 
     # ---- the step ----
@@ -177,7 +186,7 @@ class Scheduler:
             req = running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             while self.kv.allocate_slots(req, n) is None:
-                victim = max(running[i:], key=lambda r: (r.priority, r.arrival))
+                victim = max(running[i:], key=_order)
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
@@ -195,7 +204,7 @@ class Scheduler:
         req.status = RS.PREEMPTED
         req.num_computed_tokens = 0
         self._finished_ids.append(req.request_id)
-        self._enqueue(req, front=True)
+        self._enqueue(req)
 
     def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> None:
         waiting = self.waiting
@@ -206,14 +215,40 @@ class Scheduler:
                     return
                 continue
             if len(self.running) >= self.max_num_seqs:
-                return
-            n = self._admit(req, budget)
-            if n is None and self._reclaim(req):
+                freed = self._preempt_for(req, scheduled)
+                if freed is None:
+                    return
+                budget += freed
                 continue
+            n = self._admit(req, budget)
+            if n is None:
+                if self._reclaim(req):
+                    continue
+                freed = self._preempt_for(req, scheduled)
+                if freed is not None:
+                    budget += freed
+                    continue
             if not n:
                 return
             scheduled.append(self._scheduled(req, n))
             budget -= n
+
+    def _preempt_for(self, head: Request, scheduled: list[ScheduledRequest]) -> int | None:
+        """``preempt_enabled``: preempt the least important running request if ``head`` is more
+        important; returns the budget it had in this step (0 if none), None when nothing is."""
+        if not self.preempt_enabled or not self.running:
+            return None
+        victim = max(self.running, key=_order)
+        if victim.priority <= head.priority:
+            return None
+        freed = 0
+        for k, s in enumerate(scheduled):
+            if s.request_id == victim.request_id:
+                freed = len(s.token_ids)
+                del scheduled[k]
+                break
+        self._preempt(victim)
+        return freed
 
     def _reclaim(self, head: Request) -> bool:
         """Nothing runs, yet the head cannot get blocks: they are all held by queued requests
@@ -400,3 +435,8 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._pending)
+
+
+def _order(req: Request) -> tuple[int, int]:
+    """Service order: priority (lower first), then arrival (older first)."""
+    return (req.priority, req.arrival)

@@ -33,6 +33,9 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True):
     kv_blocks_total: int = 0
     context_length: int = 2048
     publishes_kv_events: bool = True
+    queue_depth_threshold: int = 0
+    """The router counts this worker busy while more requests than this wait in its queue (its
+    reported ``num_waiting``, plus what was sent since that report); 0: no threshold."""
     metadata: dict[str, str] = {}
 
 

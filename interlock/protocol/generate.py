@@ -4,6 +4,14 @@ Token counters (used with these exact names everywhere):
   num_prompt_tokens  tokens in the prompt
   num_cached_tokens  prompt tokens served from the prefix cache (or from a remote prefill)
   token_ids          in a GenerateOutput: the *new* tokens of this chunk only
+
+Priority (the one definition; vLLM's convention): an integer, default 0, and a *lower* value is
+*more important*. Clients set it with ``priority`` in the request body (vLLM's extension) or the
+``x-priority`` header (the body wins). The router's admission queue dispatches lower values
+first, then first come first served; an engine's waiting queue orders by priority, then arrival;
+when an engine must preempt a running request it takes the least important (largest value), then
+the newest; and with ``preempt_enabled`` a waiting request may preempt a running one only when it
+is strictly more important.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     sampling: SamplingParams = SamplingParams()
     model: str = ""
     priority: int = 0
+    """Lower is more important (see the module docstring)."""
     kv_transfer: KVTransferParams | None = None
     resume_token_ids: tuple[int, ...] = ()
     """Migration: output tokens an earlier worker already generated (and the client already has).

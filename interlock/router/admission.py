@@ -1,6 +1,7 @@
 """Bounded priority queue for requests that arrive while every worker is busy.
 
-Higher ``priority`` first, first-come first within a priority. Past ``capacity`` a new request
+Lower ``priority`` value first (the meaning of priority is defined once, in
+``interlock.protocol.generate``), first-come first within a priority. Past ``capacity`` a new request
 is rejected with ``Overloaded`` (503 + Retry-After) rather than queued without bound: a queue
 longer than a few service times only converts overload into timeouts.
 """
@@ -24,6 +25,7 @@ class RequestMeta:
     max_tokens: int = 0
     """Expected output tokens (max_tokens), 0 if unknown."""
     priority: int = 0
+    """Lower is served first (``interlock.protocol.generate``)."""
     session_id: str | None = None
     route_key: str | None = None
     worker_id: str | None = None
@@ -58,7 +60,7 @@ class AdmissionQueue:
                 f"all workers busy and {len(self._ids)} requests already waiting",
                 retry_after=self.retry_after_s,
             )
-        p = Pending((-meta.priority, next(self._counter)), meta, hashes, now)
+        p = Pending((meta.priority, next(self._counter)), meta, hashes, now)
         heapq.heappush(self._heap, p)
         self._ids.add(meta.request_id)
         return p

@@ -4,7 +4,8 @@
 Per request: compute the prompt's block hashes, find the eligible workers, apply the overlays
 (direct pin, session affinity, route-key subset), pick with the base policy, count the
 dispatch at once (``LoadTracker``), and return a ``Decision`` that explains itself. When every
-eligible worker is over its busy threshold the request waits in a bounded priority queue
+eligible worker is over its busy threshold (KV usage, requests in flight, or the queue depth the
+worker registered) the request waits in a bounded priority queue
 (``route`` returns a ``Pending``); the glue calls ``dispatch_queued`` after each finish or load
 report to route whatever can go now.
 
@@ -96,6 +97,8 @@ class Router:
         self._workers: dict[str, _WorkerState] = {}
         self._slot_ids: dict[int, str] = {}
         self._eligible_cache: dict[str | None, np.ndarray] = {}
+        self._queue_limit = np.zeros(0)
+        """Per slot: ``InstanceInfo.queue_depth_threshold``, +inf where none."""
         self._rng = np.random.default_rng(self.config.seed)
         self._rotation = 0
         self._routed: dict[str, str] = {}
@@ -114,6 +117,7 @@ class Router:
         self.load.add_worker(slot, kv_blocks_total=info.kv_blocks_total, block_size=info.block_size)
         self._workers[info.instance_id] = _WorkerState(info, slot)
         self._slot_ids[slot] = info.instance_id
+        self._set_queue_limit(slot, info.queue_depth_threshold)
         self._eligible_cache.clear()
 
     def remove_worker(self, instance_id: str) -> None:
@@ -124,6 +128,7 @@ class Router:
         self.load.remove_worker(w.slot)
         self.sessions.forget_worker(instance_id)
         del self._slot_ids[w.slot]
+        self._set_queue_limit(w.slot, 0)
         for rid in [r for r, wid in self._routed.items() if wid == instance_id]:
             del self._routed[rid]
         self._eligible_cache.clear()
@@ -206,7 +211,8 @@ class Router:
         return self._commit(self._decide(meta, hashes, open_, now), meta, hashes, now)
 
     def dispatch_queued(self) -> list[Decision]:
-        """Route queued requests, best priority first, while some worker has room."""
+        """Route queued requests, most important (lowest priority value) first, while some worker
+        has room."""
         out: list[Decision] = []
         while (p := self.queue.peek()) is not None:
             open_ = self._eligible(p.meta.role) & ~self._busy_mask()
@@ -242,11 +248,24 @@ class Router:
         self._eligible_cache[role] = mask
         return mask
 
+    def _set_queue_limit(self, slot: int, threshold: int) -> None:
+        if slot >= len(self._queue_limit):
+            grown = np.full(max(slot + 1, 2 * len(self._queue_limit)), np.inf)
+            grown[: len(self._queue_limit)] = self._queue_limit
+            self._queue_limit = grown
+        self._queue_limit[slot] = threshold if threshold > 0 else np.inf
+
     def _busy_mask(self) -> np.ndarray:
+        """Busy: KV usage at ``busy_kv_usage``, ``max_inflight_per_worker`` in flight, or more
+        requests waiting in its queue than the worker's ``queue_depth_threshold``."""
         n = self.indexer.num_slots
         busy = self.load.kv_usage()[:n] >= self.config.busy_kv_usage
         if self.config.max_inflight_per_worker:
             busy |= self.load.busy()[:n] >= self.config.max_inflight_per_worker
+        limit = self._queue_limit[:n]
+        if len(limit) < n:
+            limit = np.concatenate([limit, np.full(n - len(limit), np.inf)])
+        busy |= self.load.queue_depth()[:n] > limit
         return busy
 
     def _direct(self, meta: RequestMeta, hashes: Sequence[int], eligible: np.ndarray) -> Decision:

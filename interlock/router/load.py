@@ -68,6 +68,9 @@ class LoadTracker:
         self.reported_prefill = np.zeros(n)
         self.fresh_prefill = np.zeros(n)
         """Prefill dispatched since the worker's last report (not in reported_prefill yet)."""
+        self.fresh_count = np.zeros(n)
+        """Requests dispatched since the worker's last report (the ones behind fresh_prefill)."""
+        self.reported_waiting = np.zeros(n)
         self.reported_running = np.zeros(n)
         self.kv_used_frac = np.zeros(n)
         self.kv_tokens_total = np.zeros(n)
@@ -90,7 +93,7 @@ class LoadTracker:
         self._fresh[slot] = []
         for arr in (self.dispatched_prefill, self.dispatched_kv, self.inflight, self.decoding,
                     self.reported_prefill, self.reported_running, self.kv_used_frac,
-                    self.fresh_prefill):
+                    self.fresh_prefill, self.fresh_count, self.reported_waiting):
             arr[slot] = 0.0
         self.kv_tokens_total[slot] = kv_blocks_total * block_size
         self.inv_kv_tokens[slot] = 1.0 / (kv_blocks_total * block_size) if kv_blocks_total else 0.0
@@ -114,7 +117,7 @@ class LoadTracker:
         for name in ("dispatched_prefill", "dispatched_kv", "inflight", "decoding",
                      "reported_prefill", "reported_running", "kv_used_frac", "kv_tokens_total",
                      "inv_kv_tokens",
-                     "fresh_prefill"):
+                     "fresh_prefill", "fresh_count", "reported_waiting"):
             arr = getattr(self, name)
             setattr(self, name, np.concatenate([arr, np.zeros(new - size)]))
         self.prefill_tps = np.concatenate([self.prefill_tps, np.full(new - size, DEFAULT_PREFILL_TPS)])
@@ -133,6 +136,7 @@ class LoadTracker:
         self._fresh.setdefault(slot, []).append((rid, request_id))
         self.dispatched_prefill[slot] += prefill_tokens
         self.fresh_prefill[slot] += prefill_tokens
+        self.fresh_count[slot] += 1
         self.dispatched_kv[slot] += kv_tokens
         self.inflight[slot] += 1
         if router_id is None and self.share:
@@ -170,6 +174,7 @@ class LoadTracker:
         if d.fresh:
             d.fresh = False
             self.fresh_prefill[d.slot] -= d.prefill_tokens
+            self.fresh_count[d.slot] -= 1
 
     def _share(self, request_id: str, instance_id: str, kind: str, now: float) -> None:
         if not self.share:
@@ -217,6 +222,7 @@ class LoadTracker:
             i += 1
         del fresh[:i]
         self.reported_running[slot] = r.num_running + r.num_waiting
+        self.reported_waiting[slot] = r.num_waiting
         if r.kv_blocks_total:
             self.kv_used_frac[slot] = r.kv_blocks_used / r.kv_blocks_total
         if r.prefill_tokens_per_s > 0:
@@ -256,6 +262,11 @@ class LoadTracker:
     def queued_prefill(self) -> np.ndarray:
         """Prompt tokens ahead of a new request: the last report plus what was sent since."""
         return self.reported_prefill + self.fresh_prefill
+
+    def queue_depth(self) -> np.ndarray:
+        """Requests waiting at each worker: the last report's queue plus what was sent since
+        (an upper bound: some of those may have started running already)."""
+        return self.reported_waiting + self.fresh_count
 
     def decode_step(self) -> np.ndarray:
         """Expected decode step seconds per slot. Decode time grows with the KV a worker holds,

@@ -5,9 +5,12 @@ spot, with the router's clock set to virtual time) and worker step ends. A worke
 and load reports reach the router at the end of each step (no transport delay), its first
 tokens and finishes update the router's dispatch accounting, exactly as the async glue does
 with real processes. Requests the router queues (every worker busy) are dispatched after each
-finish.
+finish. A request the router refuses (its admission queue full: ``Overloaded``; no worker
+could take it: ``NoWorkers``) is counted as rejected, with the reason, as a deployment would
+answer 503; a replay past overload finishes and reports them next to the rest.
 
 The report compares the prefix-cache hit ratio with the trace's infinite-cache upper bound and
+the pooled-cache bound (one LRU cache as large as all workers together, ``sim.bounds``), and
 gives TTFT and ITL percentiles, throughput, and per-worker load imbalance.
 """
 
@@ -21,12 +24,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from interlock.engine.timing import TimingModel
+from interlock.errors import NoWorkers, Overloaded
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import KVEventBatch, LoadReport
 from interlock.router import Decision, RequestMeta, Router, RouterConfig
+from interlock.sim.bounds import infinite_cache_hit_ratio, pooled_cache_hit_ratio
 from interlock.sim.engine_worker import EngineWorker
 from interlock.sim.report import ReplayReport, build_report
-from interlock.sim.trace import SimRequest, infinite_cache_hit_ratio
+from interlock.sim.trace import SimRequest
 from interlock.sim.worker import SimSeq, SimWorker, WorkerSink
 
 Worker = SimWorker | EngineWorker
@@ -46,9 +51,14 @@ class ReplayConfig:
     publish_events: bool = True
     """False: workers publish no KV events (the router predicts their caches)."""
     router: RouterConfig = field(default_factory=RouterConfig)
+    queue_depth_threshold: int = 0
+    """Each worker registers it (``InstanceInfo``): busy for routing past this many waiting."""
     backend: str = "fast"
     """"fast": ``SimWorker``; "engine": the real ``EngineCore`` + ``MockRunner`` (exact, slow;
     requests need ``token_ids``)."""
+
+
+REJECT_REASONS: dict[type[Exception], str] = {Overloaded: "queue full", NoWorkers: "no worker"}
 
 
 class _Driver(WorkerSink):
@@ -71,7 +81,8 @@ class _Driver(WorkerSink):
             self.router.add_worker(InstanceInfo(
                 instance_id=wid, endpoint="sim.worker.generate", model="sim",
                 block_size=cfg.block_size, kv_blocks_total=cfg.num_blocks,
-                publishes_kv_events=cfg.publish_events))
+                publishes_kv_events=cfg.publish_events,
+                queue_depth_threshold=cfg.queue_depth_threshold))
         for wid in self.router.needs_resync():
             self.router.apply_events(self.workers[wid].snapshot(0.0))
         for w in self.workers.values():
@@ -84,6 +95,8 @@ class _Driver(WorkerSink):
         self.inflight_area = dict.fromkeys(self.workers, 0.0)
         self._last_change = dict.fromkeys(self.workers, 0.0)
         self.decisions: list[Decision] = []
+        self.rejected: dict[str, int] = {}
+        """Requests the router refused, by reason."""
 
     # ---- sink ----
     def first_token(self, worker: object, seq: SimSeq, t: float) -> None:
@@ -129,7 +142,12 @@ class _Driver(WorkerSink):
         meta = RequestMeta(request_id=req.request_id, prompt_tokens=req.prompt_tokens,
                            max_tokens=req.output_tokens, session_id=req.session_id,
                            priority=req.priority)
-        d = self.router.route(meta, block_hashes=req.block_hashes)
+        try:
+            d = self.router.route(meta, block_hashes=req.block_hashes)
+        except (Overloaded, NoWorkers) as e:
+            reason = REJECT_REASONS[type(e)]
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
+            return
         if isinstance(d, Decision):
             self.decisions.append(d)
             self._send(req, d.worker_id)
@@ -173,13 +191,14 @@ def replay(requests: Sequence[SimRequest], cfg: ReplayConfig | None = None) -> R
     drv.run(reqs)
     wall = time.perf_counter() - t0
     upper = infinite_cache_hit_ratio(reqs, cfg.block_size)
+    pooled = pooled_cache_hit_ratio(reqs, cfg.block_size, cfg.num_workers * cfg.num_blocks)
     per_worker_reqs = {wid: 0 for wid in drv.workers}
     for d in drv.decisions:
         per_worker_reqs[d.worker_id] += 1
     return build_report(
-        policy=cfg.router.policy, done=drv.done, upper_bound=upper,
+        policy=cfg.router.policy, done=drv.done, upper_bound=upper, pooled_bound=pooled,
         itl_s=np.asarray(drv.itl_s), itl_w=np.asarray(drv.itl_w),
         inflight_area=drv.inflight_area, duration_s=drv.now, per_worker_requests=per_worker_reqs,
         decision_s=np.asarray([d.decision_s for d in drv.decisions]), wall_s=wall,
-        num_submitted=len(reqs),
+        num_submitted=len(reqs), rejected=drv.rejected,
     )

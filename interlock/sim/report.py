@@ -15,10 +15,16 @@ class ReplayReport:
     policy: str
     num_requests: int
     num_completed: int
+    num_rejected: int
+    """Refused by the router (a deployment's 503): see ``rejected``."""
+    rejected: dict[str, int]
+    """Rejections by reason ("queue full": the admission queue was at capacity)."""
     hit_ratio: float
     """Prompt tokens served from the worker's prefix cache / all prompt tokens."""
     upper_bound: float
     """The same with one infinite cache (every earlier prefix reusable)."""
+    pooled_bound: float
+    """The same with one shared LRU cache as large as all workers' caches together."""
     ttft_p50_ms: float
     ttft_p99_ms: float
     itl_p50_ms: float
@@ -42,15 +48,16 @@ class ReplayReport:
     def hit_vs_upper(self) -> float:
         return self.hit_ratio / self.upper_bound if self.upper_bound else 0.0
 
-    def to_dict(self) -> dict[str, float | int | str]:
+    def to_dict(self) -> dict[str, float | int | str | dict[str, int]]:
         return asdict(self)
 
     def render(self) -> str:
         return "\n".join([
             f"policy              {self.policy}",
-            f"requests            {self.num_completed}/{self.num_requests} completed",
-            f"prefix hit ratio    {self.hit_ratio:.3f}  (infinite-cache bound {self.upper_bound:.3f}, "
-            f"{100 * self.hit_vs_upper:.0f}% of it)",
+            f"requests            {self.num_completed}/{self.num_requests} completed, "
+            f"{self.num_rejected} rejected (503){self._reasons()}",
+            f"prefix hit ratio    {self.hit_ratio:.3f}  (pooled-cache bound {self.pooled_bound:.3f}, "
+            f"infinite-cache bound {self.upper_bound:.3f}, {100 * self.hit_vs_upper:.0f}% of it)",
             f"TTFT p50 / p99      {self.ttft_p50_ms:,.0f} / {self.ttft_p99_ms:,.0f} ms",
             f"ITL p50 / p99       {self.itl_p50_ms:.1f} / {self.itl_p99_ms:.1f} ms "
             f"(mean TPOT {self.tpot_mean_ms:.1f} ms)",
@@ -61,6 +68,12 @@ class ReplayReport:
             f"router decision     p50 {self.decision_p50_us:.0f} us, p99 {self.decision_p99_us:.0f} us",
             f"replay wall time    {self.wall_s:.1f} s",
         ])
+
+
+    def _reasons(self) -> str:
+        if not self.rejected:
+            return ""
+        return ": " + ", ".join(f"{why} {n}" for why, n in sorted(self.rejected.items()))
 
 
 def pct(a: np.ndarray, q: float) -> float:
@@ -76,10 +89,11 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> fl
     return float(v[np.searchsorted(cum, q / 100.0 * cum[-1])])
 
 
-def build_report(*, policy: str, done: Sequence[SimSeq], upper_bound: float, itl_s: np.ndarray,
+def build_report(*, policy: str, done: Sequence[SimSeq], upper_bound: float, pooled_bound: float,
+                 itl_s: np.ndarray,
                  itl_w: np.ndarray, inflight_area: dict[str, float], duration_s: float,
                  per_worker_requests: dict[str, int], decision_s: np.ndarray, wall_s: float,
-                 num_submitted: int) -> ReplayReport:
+                 num_submitted: int, rejected: dict[str, int] | None = None) -> ReplayReport:
     ttft = np.asarray([s.first_token_s - s.arrival_s for s in done]) * 1000.0
     multi = [s for s in done if s.req.output_tokens > 1]
     tpot = [(s.finish_s - s.first_token_s) / (s.req.output_tokens - 1) * 1000.0 for s in multi]
@@ -93,8 +107,11 @@ def build_report(*, policy: str, done: Sequence[SimSeq], upper_bound: float, itl
         policy=policy,
         num_requests=num_submitted,
         num_completed=len(done),
+        num_rejected=sum((rejected or {}).values()),
+        rejected=dict(rejected or {}),
         hit_ratio=hits / prompt if prompt else 0.0,
         upper_bound=upper_bound,
+        pooled_bound=pooled_bound,
         ttft_p50_ms=pct(ttft, 50),
         ttft_p99_ms=pct(ttft, 99),
         itl_p50_ms=weighted_percentile(itl_s, itl_w, 50) * 1000.0,

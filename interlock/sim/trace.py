@@ -1,12 +1,9 @@
-"""Request traces for replay: the Mooncake format, and the common ``SimRequest`` shape.
+"""Request traces for replay: the common ``SimRequest`` shape, and Mooncake traces as requests.
 
-Mooncake trace lines are ``{"timestamp": ms, "input_length": n, "output_length": m,
-"hash_ids": [...]}`` with one id per 512-token block (the last one partial); equal ids mean
-equal prefixes. Raw text is not published, so each hash id is expanded into 512 deterministic
-token ids (a 64-bit mix of the id and the position, mod the vocabulary): equal ids give equal
-tokens, different ids different tokens. The simulator's workers and the router then hash those
-tokens with ``interlock.kvhash`` at their own block size (64 here, as in Dynamo's replay), like
-a real deployment would.
+Loading, arrival speed-up and the expansion of hash ids into tokens are ``interlock.mooncake``'s
+(shared with ``interlock bench``); here the token indices are token ids over ``VOCAB_SIZE``, and
+the simulator's workers and the router hash them with ``interlock.kvhash`` at their own block
+size (64 here, as in Dynamo's replay), like a real deployment would.
 
 Hashing every request's tokens is the slow part of loading a trace (145 M tokens for the
 conversation trace), so ``TraceHasher`` memoises: an id always has the same predecessor, hence
@@ -15,17 +12,19 @@ the kvhash of each of its sub-blocks is a function of the id alone.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import cast
 
-import numpy as np
+from interlock.kvhash import ROOT_PARENT, hash_block, hash_blocks
+from interlock.mooncake import (
+    TRACE_BLOCK_SIZE,
+    MooncakeRecord,
+    arrival_offsets,
+    block_indices,
+    prompt_indices,
+)
 
-from interlock.kvhash import ROOT_PARENT, hash_block
-
-TRACE_BLOCK_SIZE = 512
 VOCAB_SIZE = 49152
 
 
@@ -43,44 +42,6 @@ class SimRequest:
     """The prompt itself; only kept when a replay needs real tokens (the engine backend)."""
 
 
-@dataclass(frozen=True, slots=True)
-class MooncakeRecord:
-    timestamp_ms: float
-    input_length: int
-    output_length: int
-    hash_ids: tuple[int, ...]
-
-
-def load_mooncake(path: str | Path, limit: int | None = None) -> list[MooncakeRecord]:
-    out: list[MooncakeRecord] = []
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            d = json.loads(line)
-            out.append(MooncakeRecord(float(d["timestamp"]), int(d["input_length"]),
-                                      int(d["output_length"]), tuple(d["hash_ids"])))
-            if limit is not None and len(out) >= limit:
-                break
-    return out
-
-
-def hash_id_tokens(hash_id: int, n: int = TRACE_BLOCK_SIZE, vocab_size: int = VOCAB_SIZE) -> np.ndarray:
-    """The first ``n`` deterministic token ids of trace block ``hash_id`` (splitmix64 mix)."""
-    with np.errstate(over="ignore"):
-        x = np.arange(n, dtype=np.uint64) + np.uint64(hash_id) * np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return (x % np.uint64(vocab_size)).astype(np.uint32)
-
-
-def record_token_ids(rec: MooncakeRecord, trace_block_size: int = TRACE_BLOCK_SIZE) -> np.ndarray:
-    """The full prompt of a trace record (for online replay against real processes)."""
-    parts = [hash_id_tokens(h, trace_block_size) for h in rec.hash_ids]
-    return np.concatenate(parts)[: rec.input_length] if parts else np.zeros(0, np.uint32)
-
-
 class TraceHasher:
     """kvhash chains of trace records at ``block_size``, memoised per trace hash id."""
 
@@ -94,7 +55,7 @@ class TraceHasher:
     def _sub_hashes(self, hash_id: int, parent: int) -> tuple[int, ...]:
         got = self._memo.get(hash_id)
         if got is None:
-            toks = hash_id_tokens(hash_id, self.trace_block_size)
+            toks = block_indices(hash_id, VOCAB_SIZE, self.trace_block_size)
             hs = []
             bs = self.block_size
             for i in range(self.trace_block_size // bs):
@@ -104,8 +65,13 @@ class TraceHasher:
             got = self._memo[hash_id] = tuple(hs)
         return got
 
-    def hashes(self, rec: MooncakeRecord) -> tuple[int, ...]:
+    def hashes(self, rec: MooncakeRecord, index: int = 0) -> tuple[int, ...]:
+        """The prompt's block hashes (``index``: the record's number, for a prompt longer than
+        its hash ids, whose padding is unique to it)."""
         n_full = rec.input_length // self.block_size
+        if len(rec.hash_ids) * self.trace_block_size < n_full * self.block_size:
+            tokens = prompt_indices(rec, index, VOCAB_SIZE, self.trace_block_size)
+            return tuple(hash_blocks(cast(Sequence[int], tokens), self.block_size))
         out: list[int] = []
         parent = ROOT_PARENT
         for hid in rec.hash_ids:
@@ -120,29 +86,11 @@ class TraceHasher:
 def mooncake_requests(records: Sequence[MooncakeRecord], *, block_size: int = 64,
                       speedup: float = 1.0, hasher: TraceHasher | None = None,
                       with_tokens: bool = False) -> list[SimRequest]:
-    """Trace records as ``SimRequest``s, arrivals divided by ``speedup``."""
+    """Trace records as ``SimRequest``s, arrivals at ×``speedup`` (``mooncake.arrival_offsets``)."""
     hasher = hasher or TraceHasher(block_size)
-    t0 = records[0].timestamp_ms if records else 0.0
+    tbs = hasher.trace_block_size
     return [
-        SimRequest(f"r{i}", (r.timestamp_ms - t0) / 1000.0 / speedup, r.input_length,
-                   max(r.output_length, 1), hasher.hashes(r),
-                   token_ids=tuple(record_token_ids(r).tolist()) if with_tokens else None)
-        for i, r in enumerate(records)
+        SimRequest(f"r{i}", t, r.input_length, max(r.output_length, 1), hasher.hashes(r, i),
+                   token_ids=tuple(prompt_indices(r, i, VOCAB_SIZE, tbs).tolist()) if with_tokens else None)
+        for i, (r, t) in enumerate(zip(records, arrival_offsets(records, speedup), strict=True))
     ]
-
-
-def infinite_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int) -> float:
-    """Share of prompt tokens an infinite cache could serve: blocks seen in any earlier request
-    (arrival order), at least one token of each prompt always computed."""
-    seen: set[int] = set()
-    hit = total = 0
-    for r in sorted(requests, key=lambda r: r.arrival_s):
-        n = 0
-        for h in r.block_hashes:
-            if h not in seen:
-                break
-            n += 1
-        hit += min(n * block_size, r.prompt_tokens - 1)
-        total += r.prompt_tokens
-        seen.update(r.block_hashes)
-    return hit / total if total else 0.0

@@ -4,6 +4,6 @@ import interlock.bench
 def test_public_api_is_pinned() -> None:
     assert sorted(interlock.bench.__all__) == interlock.bench.__all__
     assert {"Endpoint", "run_load", "LoadPlan", "Bounds", "summarize", "Targets", "FakeOpenAIServer",
-            "load_trace", "hash_block", "report_png"} <= set(interlock.bench.__all__)
+            "TracePrompts", "trace_plan", "report_png"} <= set(interlock.bench.__all__)
     for name in interlock.bench.__all__:
         assert hasattr(interlock.bench, name)

@@ -60,14 +60,14 @@ def test_sweep_trace_and_compare(server_url: str, tmp_path: Path, tokenizer_dir:
     trace.write_text("\n".join(json.dumps(r) for r in ROWS))
     replay = tmp_path / "replay.json"
     rc = main([*common, "--api", "completions", "--tokenizer", str(tokenizer_dir), "--prompt-as", "ids",
-               "--trace", str(trace), "--time-scale", "0.1", "--out", str(replay), "--no-plot"])
+               "--trace", str(trace), "--speedup", "10", "--out", str(replay), "--no-plot"])
     assert rc == 0
     assert [r.input_tokens for r in load(replay).runs[0].records] == [row["input_length"] for row in ROWS]
 
     png = tmp_path / "cmp.png"
     assert main(["compare", str(sweep), str(replay), "--png", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "sweep:c=1" in out and "replay:trace x0.1" in out and "TTFT p99 (ms)" in out
+    assert "sweep:c=1" in out and "replay:trace x10" in out and "TTFT p99 (ms)" in out
     _png_ok(png)
 
 

@@ -9,9 +9,9 @@ from interlock.bench.client import Endpoint
 from interlock.bench.fake_server import FakeOpenAIServer, FakeTiming
 from interlock.bench.loadgen import Bounds, RunResult, run_load
 from interlock.bench.plans import trace_plan
-from interlock.bench.trace import TraceEntry, TracePrompts, hash_block, load_trace, send_offsets
+from interlock.bench.trace import TracePrompts
 from interlock.bench.vocab import TokenizerVocab, WordVocab
-from interlock.errors import ConfigError
+from interlock.mooncake import arrival_offsets, block_indices, load_mooncake, prompt_indices
 
 from .conftest import with_server
 
@@ -31,52 +31,41 @@ def trace_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_load_and_scale(trace_file: Path) -> None:
-    entries = load_trace(trace_file)
-    assert entries[1] == TraceEntry(1100.0, 1100, 2, (0, 1, 2))
-    assert send_offsets(entries, 0.5) == pytest.approx([0.0, 0.05, 0.15, 0.3, 0.35])
-    assert len(load_trace(trace_file, limit=2)) == 2
-
-
-def test_bad_trace_line(tmp_path: Path) -> None:
-    path = tmp_path / "bad.jsonl"
-    path.write_text('{"timestamp": 0}\n')
-    with pytest.raises(ConfigError, match="bad.jsonl:1"):
-        load_trace(path)
-
-
-def test_identical_hash_ids_give_identical_blocks(tokenizer_dir: Path) -> None:
-    a, b = TokenizerVocab(tokenizer_dir), TokenizerVocab(tokenizer_dir)
-    assert hash_block(a, 17) == hash_block(b, 17) and len(hash_block(a, 17)) == 512
-    assert hash_block(a, 17) != hash_block(a, 18)
-    assert hash_block(WordVocab(), 5) == hash_block(WordVocab(), 5)
+def test_prompts_are_the_shared_expansion_over_the_vocab_pool(trace_file: Path) -> None:
+    vocab = WordVocab()
+    records = load_mooncake(trace_file)
+    p = TracePrompts(vocab).prompt(records[1], 1)
+    pool = list(vocab.pool)
+    assert list(p.token_ids or ()) == [] and p.input_tokens == 1100 and p.max_tokens == 2
+    assert p.text == vocab.text([pool[i] for i in prompt_indices(records[1], 1, len(pool))])
 
 
 def test_prompts_share_prefixes_by_hash_id(trace_file: Path, tokenizer_dir: Path) -> None:
     vocab = TokenizerVocab(tokenizer_dir)
-    entries = load_trace(trace_file)
+    records = load_mooncake(trace_file)
     prompts = TracePrompts(vocab)
-    p = [prompts.prompt(e, i) for i, e in enumerate(entries)]
+    p = [prompts.prompt(e, i) for i, e in enumerate(records)]
     ids = [list(x.token_ids or ()) for x in p]
-    assert [len(x) for x in ids] == [e.input_length for e in entries]
+    assert [len(x) for x in ids] == [e.input_length for e in records]
     assert ids[0] == ids[1][:700]  # blocks 0, 1 shared; request 0's second block is partial
     assert ids[0][:512] == ids[2][:512] and ids[4] == ids[0][:300]
     assert ids[2][512:] != ids[0][512:600]
-    assert ids[3] == hash_block(vocab, 4)[:100]
+    assert ids[3] == [list(vocab.pool)[i] for i in block_indices(4, len(vocab.pool))[:100]]
     assert vocab.encode(p[1].text) == ids[1]  # the text form carries the same tokens
 
 
-def test_replay_sends_at_scaled_times_and_shares_prefix_on_the_wire(trace_file: Path, tokenizer_dir: Path) -> None:
+def test_replay_sends_at_sped_up_times_and_shares_prefix_on_the_wire(trace_file: Path, tokenizer_dir: Path) -> None:
     vocab = TokenizerVocab(tokenizer_dir)
-    entries = load_trace(trace_file)
+    records = load_mooncake(trace_file)
 
     async def body(server: FakeOpenAIServer) -> tuple[RunResult, list[float], list[list[int]]]:
         endpoint = Endpoint(server.url, "fake-model", api="completions", send_token_ids=True)
-        run = await run_load(endpoint, trace_plan(entries, vocab, time_scale=2.0), Bounds(100, 30.0))
+        run = await run_load(endpoint, trace_plan(records, vocab, speedup=0.5), Bounds(100, 30.0))
         return run, [r.t for r in server.received], [r.body["prompt"] for r in server.received]
 
     run, arrivals, sent = with_server(FakeTiming(ttft_s=0.005, itl_s=0.002), body)
-    expected = send_offsets(entries, 2.0)  # 0, 0.2, 0.6, 1.2, 1.4 s
+    expected = arrival_offsets(records, 0.5)  # x0.5: 0, 0.2, 0.6, 1.2, 1.4 s
+    assert expected == pytest.approx([0.0, 0.2, 0.6, 1.2, 1.4])
     assert all(r.ok for r in run.records) and len(arrivals) == 5
     for t, want in zip(arrivals, expected, strict=True):
         # stated tolerance: 80 ms, for event-loop stalls on a loaded 2-core machine (load 5-10)

@@ -26,6 +26,7 @@ def make_config(
     watermark: float = 0.0,
     prefix_caching: bool = True,
     chunked: bool = True,
+    preempt: bool = False,
 ) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(runner="mock"),
@@ -40,6 +41,7 @@ def make_config(
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             enable_chunked_prefill=chunked,
+            preempt_enabled=preempt,
         ),
     )
 
@@ -56,10 +58,10 @@ def make_engine(clock: VirtualClock | None = None, **kw: object) -> EngineCore:
 
 
 def request(
-    rid: str, prompt: Iterable[int], max_tokens: int = 8, **sampling: object
+    rid: str, prompt: Iterable[int], max_tokens: int = 8, *, priority: int = 0, **sampling: object
 ) -> GenerateRequest:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)  # type: ignore[arg-type]
-    return GenerateRequest(request_id=rid, token_ids=tuple(prompt), sampling=params)
+    return GenerateRequest(request_id=rid, token_ids=tuple(prompt), sampling=params, priority=priority)
 
 
 def run_to_end(

@@ -24,11 +24,13 @@ class Rig:
     """Scheduler + mock runner driven by hand, one step at a time."""
 
     def __init__(
-        self, *, num_blocks: int = 32, budget: int = 16, max_seqs: int = 8, watermark: float = 0.0
+        self, *, num_blocks: int = 32, budget: int = 16, max_seqs: int = 8, watermark: float = 0.0,
+        preempt: bool = False,
     ) -> None:
         self.kv = KVCacheManager(BlockPool(num_blocks, BS), watermark=watermark)
         config = SchedulerConfig(
-            max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=512
+            max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=512,
+            preempt_enabled=preempt,
         )
         self.sched = Scheduler(config, self.kv)
         self.runner = MockRunner(num_blocks=num_blocks, block_size=BS, vocab_size=VOCAB, timing=None)
@@ -136,6 +138,94 @@ def test_preemption_takes_the_newest_request() -> None:
     assert rig.sched.waiting[0].request_id == "new"
     assert rig.sched.waiting[0].status == RequestStatus.PREEMPTED
     assert [r.request_id for r in rig.sched.running] == ["old"]
+
+
+def test_waiting_queue_serves_lower_priority_values_first_then_older() -> None:
+    rig = Rig(max_seqs=1, budget=64)
+    rig.add("running", [9] * 4, max_tokens=8)
+    rig.step()
+    for rid, prio in (("p5-old", 5), ("p0", 0), ("p5-new", 5), ("p-3", -3)):
+        rig.add(rid, [1] * 4, priority=prio)
+    assert [r.request_id for r in rig.sched.waiting] == ["p-3", "p0", "p5-old", "p5-new"]
+
+
+def test_preempted_request_keeps_its_place_among_its_priority() -> None:
+    rig = Rig(num_blocks=4, budget=64)
+    rig.add("old", [1] * 7, max_tokens=8, priority=1)
+    rig.add("new", [2] * 7, max_tokens=8, priority=1)
+    for _ in range(3):
+        rig.step()  # "new" preempted for a block
+    rig.add("newest", [3] * 3, priority=1)
+    rig.add("urgent", [4] * 3, priority=0)
+    assert [r.request_id for r in rig.sched.waiting] == ["urgent", "new", "newest"]
+
+
+def _full_engine(preempt: bool, *, max_seqs: int = 1, num_blocks: int = 32, steps: int = 2) -> Rig:
+    rig = Rig(max_seqs=max_seqs, num_blocks=num_blocks, budget=64, preempt=preempt)
+    rig.add("bulk", [1] * 11, max_tokens=9, priority=5)
+    for _ in range(steps):
+        rig.step()
+    return rig
+
+
+def test_with_preempt_enabled_a_more_important_request_takes_the_slot() -> None:
+    rig = _full_engine(True)
+    rig.add("urgent", [2] * 6, priority=0)
+    sizes, _ = rig.step()
+    assert sizes == {"urgent": 6}
+    assert [r.request_id for r in rig.sched.waiting] == ["bulk"]
+    assert rig.sched.waiting[0].status == RequestStatus.PREEMPTED
+
+
+def test_with_preempt_enabled_a_less_important_request_never_preempts() -> None:
+    rig = _full_engine(True)
+    rig.add("background", [2] * 6, priority=9)
+    rig.add("peer", [3] * 6, priority=5)  # equal priority does not preempt either
+    sizes, _ = rig.step()
+    assert sizes == {"bulk": 1}
+    assert [r.request_id for r in rig.sched.waiting] == ["peer", "background"]
+
+
+def test_without_preempt_enabled_nothing_is_preempted_for_priority() -> None:
+    rig = _full_engine(False)
+    rig.add("urgent", [2] * 6, priority=0)
+    sizes, _ = rig.step()
+    assert sizes == {"bulk": 1}
+    assert [r.request_id for r in rig.sched.waiting] == ["urgent"]
+    assert [r.request_id for r in rig.sched.running] == ["bulk"]
+
+
+def test_with_preempt_enabled_a_more_important_request_takes_blocks() -> None:
+    # 5 blocks of 4, "bulk" holds 4 after 13 tokens: "urgent" needs 2.
+    rig = _full_engine(True, max_seqs=4, num_blocks=5, steps=3)
+    assert len(rig.kv.block_table("bulk")) == 4
+    rig.add("urgent", [2] * 6, priority=0)
+    sizes, _ = rig.step()
+    assert sizes == {"urgent": 6}  # bulk's decode token this step was given back
+    assert [r.request_id for r in rig.sched.waiting] == ["bulk"]
+    off = _full_engine(False, max_seqs=4, num_blocks=5, steps=3)
+    off.add("urgent", [2] * 6, priority=0)
+    assert off.step()[0] == {"bulk": 1}
+
+
+def test_priority_preemption_in_the_engine_keeps_outputs_and_finishes_urgent_first() -> None:
+    engine = make_engine(num_blocks=12, max_num_batched_tokens=32, max_num_seqs=2, preempt=True)
+    prompts = {f"bulk{i}": [10 + i] * 12 for i in range(2)}
+    for rid, p in prompts.items():
+        engine.add_request(request(rid, p, 20, priority=1))
+    early = [o for _ in range(3) for o in engine.step().outputs]
+    prompts["urgent"] = [7] * 12
+    engine.add_request(request("urgent", prompts["urgent"], 4, priority=0))
+    finished: list[str] = []
+
+    def watch(_: int) -> None:
+        finished.extend(rid for rid in prompts if rid not in finished and rid not in engine.scheduler.requests)
+
+    outs = run_to_end(engine, each_step=watch)
+    watch(0)
+    assert finished[0] == "urgent"
+    for rid, p in prompts.items():
+        assert tokens([o for o in early if o.request_id == rid] + outs[rid]) == reference_output(p, 4 if rid == "urgent" else 20, vocab_size=VOCAB)
 
 
 def test_watermark_keeps_headroom_at_admission() -> None:

@@ -8,10 +8,10 @@ def meta(rid: str, priority: int = 0) -> RequestMeta:
     return RequestMeta(request_id=rid, prompt_tokens=10, priority=priority)
 
 
-def test_higher_priority_first_then_fifo_and_bounded() -> None:
+def test_lower_priority_value_first_then_fifo_and_bounded() -> None:
     q = AdmissionQueue(capacity=3, retry_after_s=2.5)
     q.push(meta("a"), (), 0.0)
-    q.push(meta("b", priority=5), (), 0.0)
+    q.push(meta("b", priority=-5), (), 0.0)
     q.push(meta("c"), (), 0.0)
     with pytest.raises(Overloaded) as exc:
         q.push(meta("d", priority=9), (), 0.0)

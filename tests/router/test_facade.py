@@ -30,9 +30,10 @@ def make(n: int = 4, events: bool = True, **cfg) -> tuple[Router, Clock]:
     return r, clock
 
 
-def info(wid: str, events: bool = True, role: str = "both") -> InstanceInfo:
+def info(wid: str, events: bool = True, role: str = "both", queue_depth_threshold: int = 0) -> InstanceInfo:
     return InstanceInfo(instance_id=wid, endpoint="ns.worker.generate", model="m", block_size=BS,
-                        kv_blocks_total=100_000, publishes_kv_events=events, role=role)
+                        kv_blocks_total=100_000, publishes_kv_events=events, role=role,
+                        queue_depth_threshold=queue_depth_threshold)
 
 
 def cache(r: Router, wid: str, tokens: list[int], seq: int = 0) -> None:
@@ -152,7 +153,7 @@ def test_queue_when_all_busy_then_dispatch_reject_past_capacity() -> None:
     route(r, "b", PROMPT)
     p = r.route(req("c"), token_ids=PROMPT)
     assert isinstance(p, Pending)
-    r.route(req("d", priority=3), token_ids=PROMPT)
+    r.route(req("d", priority=-3), token_ids=PROMPT)  # lower value: served first
     with pytest.raises(Overloaded):
         r.route(req("e"), token_ids=PROMPT)
     assert r.metrics.rejected == 1
@@ -162,6 +163,30 @@ def test_queue_when_all_busy_then_dispatch_reject_past_capacity() -> None:
     r.cancel("c")
     r.on_finish("b")
     assert r.dispatch_queued() == []
+
+
+def waiting(wid: str, n: int, t: float) -> LoadReport:
+    return LoadReport(instance_id=wid, timestamp=t, num_running=4, num_waiting=n, kv_blocks_used=0,
+                      kv_blocks_total=100_000, queued_prefill_tokens=0, step_time_s=0.0,
+                      tokens_computed=0)
+
+
+@pytest.mark.parametrize("threshold", [0, 2])
+def test_queue_depth_threshold_marks_a_worker_busy(threshold: int) -> None:
+    r = Router(RouterConfig(block_size=BS, seed=0, policy="round-robin"), clock=Clock())
+    for wid in ("w0", "w1"):
+        r.add_worker(info(wid, queue_depth_threshold=threshold))
+    r.apply_load(waiting("w0", 3, 1.0))
+    r.apply_load(waiting("w1", 0, 1.0))
+    picks = [r.route(req(f"a{i}"), token_ids=PROMPT) for i in range(4)]
+    if not threshold:  # the queue depth changes nothing
+        assert sorted(d.worker_id for d in picks if isinstance(d, Decision)) == ["w0", "w0", "w1", "w1"]
+        return
+    # w0 waits on 3 > 2; w1 takes requests until its queue (0 reported + sent since) passes 2
+    assert [d.worker_id if isinstance(d, Decision) else "queued" for d in picks] == [
+        "w1", "w1", "w1", "queued"]
+    r.apply_load(waiting("w0", 1, 2.0))
+    assert [d.worker_id for d in r.dispatch_queued()] == ["w0"]
 
 
 def test_workers_without_events_are_predicted_from_routing() -> None:

@@ -55,7 +55,7 @@ def test_session_affinity_overlays_any_policy() -> None:
     rr = run(shared_prefix_requests(spec), "round-robin", num_blocks=600)
     assert rr.hit_ratio >= 0.95 * rr.upper_bound  # every turn back on its session's worker
     text = rr.render()
-    assert "prefix hit ratio" in text and "TTFT p50 / p99" in text
+    assert "prefix hit ratio" in text and "TTFT p50 / p99" in text and "pooled-cache bound" in text
 
 
 def test_cli_replay_prints_a_report(tmp_path: Path, capsys) -> None:
@@ -68,6 +68,36 @@ def test_cli_replay_prints_a_report(tmp_path: Path, capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     assert out["num_completed"] == 60 and out["policy"] == "kv"
     assert 0 < out["hit_ratio"] <= out["upper_bound"]
+    assert out["num_rejected"] == 0 and out["rejected"] == {}
+    assert 0 < out["pooled_bound"] <= out["upper_bound"]
+    # the same trace at x50 on tiny workers with a 4-request router queue: rejections, no crash
+    assert replay_main([str(trace), "--workers", "1", "--speedup", "50", "--blocks-per-worker", "60",
+                        "--queue-capacity", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "rejected (503): queue full" in text
+
+
+def test_replay_past_overload_finishes_and_reports_rejections(capsys) -> None:
+    # 2 small workers (about 3 requests of 4,200 tokens each) and a burst of 300 requests
+    spec = SharedPrefixSpec(num_requests=300, num_groups=1, system_tokens=2000,
+                            suffix_tokens=2000, output_tokens=50, rate=2000.0, seed=3)
+    cfg = ReplayConfig(num_workers=2, num_blocks=200, router=RouterConfig(queue_capacity=16, seed=0))
+    rep = replay(shared_prefix_requests(spec), cfg)
+    assert rep.num_rejected > 200 and rep.rejected == {"queue full": rep.num_rejected}
+    assert rep.num_completed + rep.num_rejected == rep.num_requests == 300
+    assert f"{rep.num_rejected} rejected (503): queue full {rep.num_rejected}" in rep.render()
+    assert json.loads(json.dumps(rep.to_dict()))["rejected"] == {"queue full": rep.num_rejected}
+
+
+def test_queue_depth_threshold_changes_replay_routing() -> None:
+    spec = SharedPrefixSpec(num_requests=200, num_groups=1, system_tokens=256,
+                            suffix_tokens=256, output_tokens=50, rate=400.0, seed=3)
+    reqs = shared_prefix_requests(spec)
+    base = ReplayConfig(num_workers=2, num_blocks=4000, max_num_seqs=4,
+                        router=RouterConfig(policy="round-robin", queue_capacity=50, seed=0))
+    free, bounded = replay(reqs, base), replay(reqs, replace(base, queue_depth_threshold=2))
+    assert free.num_rejected == 0  # the workers queue everything themselves
+    assert bounded.num_rejected > 0  # past 2 waiting per worker the router queues, then refuses
 
 
 def test_fast_workers_agree_with_the_real_engine_core() -> None:

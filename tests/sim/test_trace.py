@@ -4,14 +4,8 @@ import json
 from pathlib import Path
 
 from interlock.kvhash import hash_blocks
-from interlock.sim.trace import (
-    SimRequest,
-    TraceHasher,
-    infinite_cache_hit_ratio,
-    load_mooncake,
-    mooncake_requests,
-    record_token_ids,
-)
+from interlock.mooncake import MooncakeRecord, load_mooncake, prompt_indices
+from interlock.sim.trace import VOCAB_SIZE, TraceHasher, mooncake_requests
 
 
 def write_trace(path: Path) -> Path:
@@ -24,29 +18,25 @@ def write_trace(path: Path) -> Path:
     return path
 
 
-def test_load_and_convert(tmp_path: Path) -> None:
+def test_records_become_requests(tmp_path: Path) -> None:
     recs = load_mooncake(write_trace(tmp_path / "t.jsonl"))
-    assert len(recs) == 3 and recs[1].hash_ids == (0, 1, 3)
     reqs = mooncake_requests(recs, block_size=64, speedup=2.0)
     assert [r.arrival_s for r in reqs] == [0.0, 1.5, 1.5]
     assert [len(r.block_hashes) for r in reqs] == [1100 // 64, 1500 // 64, 200 // 64]
     assert reqs[1].output_tokens == 1  # at least one output token
-    assert load_mooncake(tmp_path / "t.jsonl", limit=2)[-1].hash_ids == (0, 1, 3)
+    with_tokens = mooncake_requests(recs, block_size=64, with_tokens=True)
+    assert [len(r.token_ids or ()) for r in with_tokens] == [1100, 1500, 200]
 
 
 def test_memoised_hashes_equal_hashing_the_expanded_tokens(tmp_path: Path) -> None:
     recs = load_mooncake(write_trace(tmp_path / "t.jsonl"))
+    # and a prompt longer than its hash ids: padded with tokens of its own
+    recs.append(MooncakeRecord(0.0, 1200, 1, (0,)))
     hasher = TraceHasher(64)
-    for rec in recs:
-        tokens = record_token_ids(rec)
+    for i, rec in enumerate(recs):
+        tokens = prompt_indices(rec, i, VOCAB_SIZE)
         assert len(tokens) == rec.input_length
-        assert list(hasher.hashes(rec)) == hash_blocks(tokens, 64)
-    a, b = (hasher.hashes(r) for r in recs[:2])
+        assert list(hasher.hashes(rec, i)) == hash_blocks(tokens, 64)
+    a, b, _, padded = (hasher.hashes(r, i) for i, r in enumerate(recs))
     assert a[:16] == b[:16] and a[16] != b[16]  # ids 0, 1 shared: 1024 tokens = 16 blocks
-
-
-def test_infinite_cache_bound() -> None:
-    reqs = [SimRequest("a", 0.0, 100, 1, (1, 2, 3)), SimRequest("b", 1.0, 100, 1, (1, 2, 9)),
-            SimRequest("c", 2.0, 100, 1, (1, 2, 3))]
-    # b reuses 2 blocks (20 tokens), c reuses 3 blocks (30 tokens), at block size 10
-    assert infinite_cache_hit_ratio(reqs, 10) == 50 / 300
+    assert padded[:8] == a[:8] and padded[8] != a[8] and len(padded) == 1200 // 64
