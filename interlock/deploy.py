@@ -1,51 +1,94 @@
-"""Deployment files for ``interlock serve -f cluster.yaml``: typed, frozen, validated once.
+"""Deployments: typed, frozen, validated once, whether they come from a file, flags or Python.
 
-Every section and key is known; an unknown key or a bad value is rejected with a message that
-names it (``routing.policy: 'fastest' is not one of ...``). Defaults give a one-machine
-deployment of the default model with two aggregated workers.
+    control-plane: {listen_port: 8000, heartbeat_interval: 5s, health_check_enabled: true}
+    execution-group:
+      nodes:
+        - {node_role: prefill, gpu_count: 2, max_batch_size: 32, queue_depth_threshold: 24}
+        - {node_role: decode, gpu_count: 4, max_batch_size: 64, kv_cache_transfer: true, cache_transport: tcp}
+    routing: {policy: least-loaded, route_key: x-business-line, fallback_to_local: true, preempt_enabled: false}
+    metrics: {export_interval: 10s, collect_queue_depth: true, collect_gpu_utilization: true, collect_kv_cache_miss: true}
+
+Every section and key is known and acts; an unknown key or a bad value is refused with a
+message naming it (``routing.policy: 'fastest' is not one of ...``). Durations take units
+(``5s``, ``500ms``, ``2m``; a plain number is seconds). Older key names are aliases
+(``count`` for ``gpu_count``, ``health_checks`` for ``health_check_enabled``,
+``kv_cache_transfer: tcp`` for ``kv_cache_transfer: true, cache_transport: tcp``, ...).
+
+A *device* is what one worker process drives: ``gpu_count: 4`` starts four workers of the
+group, one per device (until tensor parallelism groups several devices under one worker).
+With ``device: cuda`` the workers on one machine get ``cuda:0``, ``cuda:1``, ... in order;
+on ``cpu`` a device is a worker process with an equal share of the machine's cores
+(``threads``, default cores / workers) and its own KV pool (``kv_cache_gib`` or ``num_blocks``).
+
+``interlock.cluster`` turns a ``Deployment`` into running processes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import re
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from interlock.errors import ConfigError
+from interlock.names import POLICIES, ROLES, RUNNERS, TRANSPORTS, policy_name
 
-ROLES = ("both", "prefill", "decode")
-POLICIES = ("kv", "round-robin", "random", "least-loaded", "power-of-two")
-"""Base policies. Session affinity, route keys and direct pins are per-request overlays
-(headers), on top of whichever base policy is chosen."""
-TRANSFERS = ("auto", "inproc", "shm", "tcp", "none")
+METRIC_FAMILIES = ("requests", "ttft", "itl", "e2e", "tokens", "kv", "queue_depth",
+                   "gpu_utilization", "kv_cache_miss")
+"""Families of figures on ``/metrics`` (see ``interlock.frontend.metrics.FAMILIES`` for the
+metric names in each); ``metrics.figures`` lists those exported."""
+_FAMILY_ALIASES = {"load": "queue_depth"}
 
 
 @dataclass(frozen=True)
 class ControlPlane:
     listen_host: str = "127.0.0.1"
+    """Interface the HTTP frontend listens on."""
     listen_port: int = 8000
     heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 5.0
-    health_checks: bool = True
+    """Seconds between lease renewals of every process in discovery."""
+    heartbeat_timeout: float | None = None
+    """A process silent this long leaves discovery; None: five heartbeat intervals."""
+    health_check_enabled: bool = True
+    """Routers ping every worker each ``heartbeat_interval``; one that does not answer gets no
+    requests until it does. Off: only leases and request failures take a worker out."""
     nats_url: str | None = None
-    """None: ``serve`` starts its own nats-server."""
+    """None: ``serve`` starts its own nats-server (loopback, private login)."""
+
+    @property
+    def lease_timeout(self) -> float:
+        return self.heartbeat_timeout if self.heartbeat_timeout is not None else 5 * self.heartbeat_interval
 
 
 @dataclass(frozen=True)
 class NodeGroup:
     node_role: str = "both"
-    count: int = 1
+    gpu_count: int = 1
+    """Devices of this group: one worker process per device (module docstring)."""
     max_batch_size: int = 64
+    """Requests one worker runs at once (its scheduler's ``max_num_seqs``)."""
     queue_depth_threshold: int = 32
     """Waiting requests above which the worker counts as busy for routing: the router then
     queues new requests (its admission queue, ``routing.queue_size``) instead of sending them.
     Each worker registers it (``InstanceInfo.queue_depth_threshold``)."""
-    kv_cache_transfer: str = "auto"
+    kv_cache_transfer: bool = True
+    """Workers of this group run a KV transfer agent (needed to hand KV to, or take it from,
+    another worker: disaggregation). False: they can only serve aggregated."""
+    cache_transport: str = "auto"
+    """How a worker pulls KV from a peer: ``auto`` picks per peer (in-process, shared memory on
+    one host, else TCP); ``shm``/``tcp``/``inproc`` force one (a pull the forced transport cannot
+    make fails, and the worker computes the prompt itself). ``tcp`` also never stages KV in
+    /dev/shm."""
     max_num_batched_tokens: int = 2048
     kv_cache_gib: float = 1.0
     num_blocks: int | None = None
+
+    @property
+    def transfer(self) -> str:
+        """The worker's transfer setting: ``none`` or the transport."""
+        return self.cache_transport if self.kv_cache_transfer else "none"
 
 
 @dataclass(frozen=True)
@@ -54,9 +97,26 @@ class ExecutionGroup:
     served_model_name: str | None = None
     runner: str = "torch"
     device: str = "cpu"
+    dtype: str = "bfloat16"
     block_size: int = 16
-    max_model_len: int = 2048
-    nodes: tuple[NodeGroup, ...] = (NodeGroup(count=2),)
+    max_model_len: int | None = None
+    """None: the model's own context length (``max_position_embeddings``)."""
+    enable_prefix_caching: bool = True
+    threads: int = 0
+    """torch threads per worker; 0: the machine's cores shared equally among its workers."""
+    speedup: float = 1.0
+    """Mock runner only: its modelled step times are divided by this."""
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    """Only 1 until tensor / pipeline parallelism exist (anything else is refused)."""
+    max_replicas: int | None = None
+    """Most workers this group may have at once: ``RunningCluster.add_worker`` refuses more
+    (the planner scales within it). None: no bound."""
+    nodes: tuple[NodeGroup, ...] = (NodeGroup(gpu_count=2),)
+
+    @property
+    def num_workers(self) -> int:
+        return sum(n.gpu_count for n in self.nodes)
 
 
 @dataclass(frozen=True)
@@ -82,8 +142,21 @@ class Routing:
 
 @dataclass(frozen=True)
 class Metrics:
-    export_interval: float = 5.0
-    figures: tuple[str, ...] = ("requests", "ttft", "itl", "e2e", "tokens", "kv", "load")
+    export_interval: float = 1.0
+    """Workers publish their load and figures at least this often (and after engine steps,
+    at most every 50 ms, while busy)."""
+    figures: tuple[str, ...] = METRIC_FAMILIES
+    collect_queue_depth: bool = True
+    collect_gpu_utilization: bool = True
+    collect_kv_cache_miss: bool = True
+
+    @property
+    def families(self) -> frozenset[str]:
+        """Families exported on ``/metrics``: ``figures`` less those switched off."""
+        off = {name for name, on in (("queue_depth", self.collect_queue_depth),
+                                     ("gpu_utilization", self.collect_gpu_utilization),
+                                     ("kv_cache_miss", self.collect_kv_cache_miss)) if not on}
+        return frozenset(_FAMILY_ALIASES.get(f, f) for f in self.figures) - off
 
 
 @dataclass(frozen=True)
@@ -95,10 +168,38 @@ class Deployment:
 
     @property
     def num_workers(self) -> int:
-        return sum(n.count for g in self.execution_groups for n in g.nodes)
+        return sum(g.num_workers for g in self.execution_groups)
+
+    @property
+    def nodes(self) -> tuple[NodeGroup, ...]:
+        return tuple(n for g in self.execution_groups for n in g.nodes)
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(n.node_role != "both" for n in self.nodes)
 
 
-_METRIC_FIGURES = set(Metrics().figures)
+_ALIASES: dict[type, dict[str, str]] = {
+    ControlPlane: {"health_checks": "health_check_enabled", "host": "listen_host", "port": "listen_port"},
+    NodeGroup: {"count": "gpu_count", "role": "node_role", "max_num_seqs": "max_batch_size"},
+    Routing: {"router_mode": "policy"},
+}
+"""Older or ecosystem names of keys (Dynamo's ``router_mode``, vLLM's ``max_num_seqs``)."""
+_DURATIONS = {"heartbeat_interval", "heartbeat_timeout", "export_interval"}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: Any, where: str) -> float:
+    """Seconds from ``5s``, ``500ms``, ``2m``, ``1h`` or a plain number of seconds."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a duration (5s, 500ms, 2m or seconds), got a boolean")
+    if isinstance(value, int | float):
+        return float(value)
+    m = _DURATION.match(str(value))
+    if m is None:
+        raise ConfigError(f"{where}: expected a duration (5s, 500ms, 2m or seconds), got {value!r}")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
 def _build(cls: type, raw: Any, where: str) -> Any:
@@ -107,18 +208,41 @@ def _build(cls: type, raw: Any, where: str) -> Any:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
-    known = {f.name.replace("_", "-"): f for f in fields(cls)} | {f.name: f for f in fields(cls)}
+    by_name = {f.name: f for f in fields(cls)}
+    aliases = _ALIASES.get(cls, {})
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
-        f = known.get(str(key))
+        name = str(key).replace("-", "_")
+        name = aliases.get(name, name)
+        f = by_name.get(name)
         if f is None:
-            names = ", ".join(sorted(x.name for x in fields(cls)))
+            names = ", ".join(sorted(by_name))
             raise ConfigError(f"{where}.{key}: unknown key (known: {names})")
-        kwargs[f.name] = _coerce(f.type, value, f"{where}.{key}")
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # pragma: no cover - defensive
-        raise ConfigError(f"{where}: {e}") from None
+        if name in kwargs:
+            raise ConfigError(f"{where}.{key}: given twice (as {name} and an alias)")
+        if cls is NodeGroup and name == "kv_cache_transfer" and isinstance(value, str):
+            kwargs.update(_legacy_transfer(value, raw, f"{where}.{key}"))
+            continue
+        if cls is Routing and name == "policy" and isinstance(value, str):
+            value = policy_name(value)
+        if name in _DURATIONS and value is not None:
+            kwargs[name] = parse_duration(value, f"{where}.{key}")
+            continue
+        kwargs[name] = _coerce(f.type, value, f"{where}.{key}")
+    return cls(**kwargs)
+
+
+def _legacy_transfer(value: str, raw: dict[Any, Any], where: str) -> dict[str, Any]:
+    """``kv_cache_transfer: none|auto|shm|tcp|inproc`` (before it was a switch)."""
+    if value == "none":
+        return {"kv_cache_transfer": False}
+    if value not in TRANSPORTS:
+        raise ConfigError(f"{where}: expected true or false (or a transport: {', '.join(TRANSPORTS)}), "
+                          f"got {value!r}")
+    given = raw.get("cache_transport", raw.get("cache-transport"))
+    if given is not None and given != value:
+        raise ConfigError(f"{where}: {value!r} contradicts cache_transport {given!r}")
+    return {"kv_cache_transfer": True, "cache_transport": value}
 
 
 def _coerce(typ: Any, value: Any, where: str) -> Any:
@@ -138,8 +262,8 @@ def _coerce(typ: Any, value: Any, where: str) -> Any:
         "int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)
     }
     want = checks.get(base)
-    if want is None:
-        return value
+    if want is None:  # pragma: no cover - every field type is listed above
+        raise ConfigError(f"{where}: unsupported type {t}")
     if isinstance(value, bool) and base != "bool":
         raise ConfigError(f"{where}: expected {base}, got a boolean")
     if not isinstance(value, want):
@@ -147,43 +271,63 @@ def _coerce(typ: Any, value: Any, where: str) -> Any:
     return float(value) if base == "float" else value  # type: ignore[arg-type]  # checked above
 
 
+def _one_of(value: str, choices: tuple[str, ...], where: str) -> None:
+    if value not in choices:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}")
+
+
 def validate_deployment(d: Deployment) -> None:
     cp = d.control_plane
-    if not 0 < cp.listen_port < 65536:
+    if not 0 <= cp.listen_port < 65536:
         raise ConfigError(f"control-plane.listen_port: {cp.listen_port} is not a valid port")
-    if cp.heartbeat_interval <= 0 or cp.heartbeat_timeout <= cp.heartbeat_interval:
+    if cp.heartbeat_interval <= 0 or cp.lease_timeout <= cp.heartbeat_interval:
         raise ConfigError("control-plane.heartbeat_timeout must be greater than heartbeat_interval > 0")
     for gi, g in enumerate(d.execution_groups):
-        if g.runner not in ("torch", "mock"):
-            raise ConfigError(f"execution-group.runner: {g.runner!r} is not one of torch, mock")
-        if g.block_size < 1 or g.max_model_len < 1:
-            raise ConfigError("execution-group.block_size and max_model_len must be positive")
-        for i, n in enumerate(g.nodes):
-            where = f"execution-group.nodes[{i}]" if gi == 0 else f"execution-groups[{gi}].nodes[{i}]"
-            if n.node_role not in ROLES:
-                raise ConfigError(f"{where}.node_role: {n.node_role!r} is not one of {', '.join(ROLES)}")
-            if n.count < 0:
-                raise ConfigError(f"{where}.count: must be >= 0")
-            if n.max_batch_size < 1 or n.queue_depth_threshold < 1:
-                raise ConfigError(f"{where}: max_batch_size and queue_depth_threshold must be >= 1")
-            if n.kv_cache_transfer not in TRANSFERS:
-                raise ConfigError(
-                    f"{where}.kv_cache_transfer: {n.kv_cache_transfer!r} is not one of {', '.join(TRANSFERS)}"
-                )
+        at = "execution-group" if gi == 0 else f"execution-groups[{gi}]"
+        _validate_group(g, at)
     r = d.routing
-    if r.policy not in POLICIES:
-        raise ConfigError(f"routing.policy: {r.policy!r} is not one of {', '.join(POLICIES)}")
+    _one_of(r.policy, POLICIES, "routing.policy")
     if r.route_key is not None and not r.route_key.strip():
         raise ConfigError("routing.route_key: must be a header name")
     if not 0.0 < r.kv_usage_watermark <= 1.0:
         raise ConfigError("routing.kv_usage_watermark: must be in (0, 1]")
+    if r.queue_size < 0 or r.max_remote_kv_bytes < 0:
+        raise ConfigError("routing.queue_size and max_remote_kv_bytes must be >= 0")
     if d.metrics.export_interval <= 0:
         raise ConfigError("metrics.export_interval: must be positive")
-    unknown = set(d.metrics.figures) - _METRIC_FIGURES
+    known = set(METRIC_FAMILIES) | set(_FAMILY_ALIASES)
+    unknown = set(d.metrics.figures) - known
     if unknown:
-        raise ConfigError(f"metrics.figures: unknown {sorted(unknown)} (known: {sorted(_METRIC_FIGURES)})")
-    if d.num_workers < 1:
-        raise ConfigError("execution-group.nodes: at least one worker is needed")
+        raise ConfigError(f"metrics.figures: unknown {sorted(unknown)} (known: {', '.join(METRIC_FAMILIES)})")
+
+
+def _validate_group(g: ExecutionGroup, at: str) -> None:
+    _one_of(g.runner, RUNNERS, f"{at}.runner")
+    if g.block_size < 1 or (g.max_model_len is not None and g.max_model_len < 1):
+        raise ConfigError(f"{at}: block_size and max_model_len must be positive")
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(g, key) != 1:
+            raise ConfigError(f"{at}.{key}: {getattr(g, key)} is not supported yet (only 1: one "
+                              "device per worker)")
+    if g.speedup <= 0 or (g.speedup != 1.0 and g.runner != "mock"):
+        raise ConfigError(f"{at}.speedup: only the mock runner takes one, and it must be positive")
+    if g.threads < 0:
+        raise ConfigError(f"{at}.threads: must be >= 0")
+    if g.max_replicas is not None and g.max_replicas < g.num_workers:
+        raise ConfigError(f"{at}.max_replicas: {g.max_replicas} is fewer than the {g.num_workers} "
+                          "workers its nodes start")
+    for i, n in enumerate(g.nodes):
+        where = f"{at}.nodes[{i}]"
+        _one_of(n.node_role, ROLES, f"{where}.node_role")
+        if n.gpu_count < 0:
+            raise ConfigError(f"{where}.gpu_count: must be >= 0")
+        if n.max_batch_size < 1 or n.queue_depth_threshold < 1 or n.max_num_batched_tokens < 1:
+            raise ConfigError(f"{where}: max_batch_size, queue_depth_threshold and "
+                              "max_num_batched_tokens must be >= 1")
+        _one_of(n.cache_transport, TRANSPORTS, f"{where}.cache_transport")
+        if n.node_role != "both" and not n.kv_cache_transfer:
+            raise ConfigError(f"{where}.kv_cache_transfer: a {n.node_role} worker needs it (KV "
+                              "moves between prefill and decode workers)")
 
 
 _SECTIONS = {
@@ -193,6 +337,7 @@ _SECTIONS = {
     "routing": "routing",
     "metrics": "metrics",
 }
+_SECTION_TYPES: dict[str, type] = {"control_plane": ControlPlane, "routing": Routing, "metrics": Metrics}
 
 
 def parse_deployment(raw: Any) -> Deployment:
@@ -204,18 +349,17 @@ def parse_deployment(raw: Any) -> Deployment:
     for key, value in raw.items():
         name = _SECTIONS.get(str(key).replace("_", "-"))
         if name is None:
-            raise ConfigError(f"{key}: unknown section (known: {', '.join(sorted(set(_SECTIONS) - {'execution-groups'}))})")
-        if name == "control_plane":
-            kwargs[name] = _build(ControlPlane, value, "control-plane")
-        elif name == "routing":
-            kwargs[name] = _build(Routing, value, "routing")
-        elif name == "metrics":
-            kwargs[name] = _build(Metrics, value, "metrics")
+            known = ", ".join(sorted(set(_SECTIONS) - {"execution-groups"}))
+            raise ConfigError(f"{key}: unknown section (known: {known})")
+        if name in _SECTION_TYPES:
+            kwargs[name] = _build(_SECTION_TYPES[name], value, str(key))
         else:
             groups = value if isinstance(value, list) else [value]
             kwargs[name] = tuple(_build(ExecutionGroup, g, str(key)) for g in groups)
     d = Deployment(**kwargs)
     validate_deployment(d)
+    if d.num_workers < 1:
+        raise ConfigError("execution-group.nodes: at least one worker (gpu_count) is needed")
     return d
 
 
@@ -232,7 +376,13 @@ def load_deployment(path: str | Path) -> Deployment:
     return parse_deployment(raw)
 
 
+def with_group(d: Deployment, **changes: Any) -> Deployment:
+    """``d`` with ``changes`` applied to every execution group (flags that override a file)."""
+    return replace(d, execution_groups=tuple(replace(g, **changes) for g in d.execution_groups))
+
+
 __all__ = [
-    "ControlPlane", "Deployment", "ExecutionGroup", "Metrics", "NodeGroup", "Routing",
-    "load_deployment", "parse_deployment", "validate_deployment",
+    "METRIC_FAMILIES", "ControlPlane", "Deployment", "ExecutionGroup", "Metrics", "NodeGroup",
+    "Routing", "load_deployment", "parse_deployment", "parse_duration", "validate_deployment",
+    "with_group",
 ]

@@ -69,3 +69,9 @@ NATS_USER_VAR = "INTERLOCK_NATS_USER"
 NATS_PASSWORD_VAR = "INTERLOCK_NATS_PASSWORD"
 NATS_TOKEN_VAR = "INTERLOCK_NATS_TOKEN"
 """Names a parent uses to hand these to its children (``serve`` -> ``worker``)."""
+
+
+@cache
+def flag_environment() -> dict[str, str]:
+    """Every ``INTERLOCK_*`` variable, for command-line flags' defaults (``cli.flags``)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("INTERLOCK_")}

@@ -131,6 +131,23 @@ def served_model_name(path: Path | str) -> str:
     return Path(path).name
 
 
+DEFAULT_CONTEXT_LENGTH = 2048
+"""For a model folder whose config.json names none (as transformers assumes for Llama)."""
+
+
+def context_length(path: Path | str) -> int:
+    """The model's own context length (``max_position_embeddings`` of its config.json)."""
+    config_file = Path(path) / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {config_file}: {exc}") from exc
+    value = config.get("max_position_embeddings", DEFAULT_CONTEXT_LENGTH)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{config_file}: max_position_embeddings {value!r} is not a positive integer")
+    return value
+
+
 def validate_hf_folder(path: Path) -> None:
     """Raise ConfigError unless ``path`` is a loadable folder of a supported architecture."""
     config_file = path / "config.json"

@@ -1,43 +1,94 @@
-from dataclasses import replace
+"""Deployment files: the design documents' file as written, durations, aliases, refusals by name.
+What each key does to the running system is in ``tests/cluster/test_spec.py``."""
+
 from pathlib import Path
 
 import pytest
 
-from interlock.deploy import Deployment, load_deployment, parse_deployment
+from interlock.deploy import Deployment, load_deployment, parse_deployment, parse_duration
 from interlock.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cluster.yaml"
 
 
-def test_example_file_loads():
+def test_the_seed_file_loads_as_written():
     d = load_deployment(EXAMPLE)
-    assert d.control_plane.listen_port == 8000
-    assert d.routing.policy == "kv" and d.routing.route_key == "x-business-line"
-    assert d.execution_groups[0].nodes[0].max_batch_size == 32
-    assert d.num_workers == 2
-    assert d.metrics.figures == ("requests", "ttft", "itl", "tokens", "kv")
+    cp = d.control_plane
+    assert (cp.listen_port, cp.heartbeat_interval, cp.lease_timeout, cp.health_check_enabled) == (8000, 5.0, 25.0, True)
+    prefill, decode = d.execution_groups[0].nodes
+    assert (prefill.node_role, prefill.gpu_count, prefill.max_batch_size, prefill.queue_depth_threshold) == (
+        "prefill", 2, 32, 24)
+    assert (decode.node_role, decode.gpu_count, decode.transfer) == ("decode", 4, "tcp")
+    assert d.routing.policy == "least-loaded" and d.routing.route_key == "x-business-line"
+    assert d.metrics.export_interval == 10.0
+    assert d.num_workers == 6 and d.disaggregated
 
 
 def test_empty_file_gives_defaults():
     assert parse_deployment(None) == Deployment()
 
 
+@pytest.mark.parametrize(("text", "seconds"), [("5s", 5.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0),
+                                               (3, 3.0), (0.25, 0.25), ("1.5", 1.5), (".5s", 0.5)])
+def test_durations_take_units(text, seconds):
+    assert parse_duration(text, "x") == seconds
+
+
+@pytest.mark.parametrize("bad", ["5 parsecs", "s", "", True, "-1s"])
+def test_bad_durations_name_the_key(bad):
+    with pytest.raises(ConfigError, match="metrics.export_interval: expected a duration"):
+        parse_deployment({"metrics": {"export_interval": bad}})
+
+
+def test_older_names_are_aliases():
+    old = parse_deployment({
+        "control-plane": {"health_checks": False, "heartbeat-interval": 0.5, "heartbeat-timeout": 2},
+        "execution-group": {"nodes": [{"count": 3, "kv_cache_transfer": "tcp", "max_num_seqs": 8}]},
+        "routing": {"router_mode": "round_robin"},
+        "metrics": {"figures": ["ttft", "load"]},
+    })
+    new = parse_deployment({
+        "control-plane": {"health_check_enabled": False, "heartbeat_interval": "500ms", "heartbeat_timeout": "2s"},
+        "execution-group": {"nodes": [{"gpu_count": 3, "kv_cache_transfer": True, "cache_transport": "tcp",
+                                       "max_batch_size": 8}]},
+        "routing": {"policy": "round-robin"},
+        "metrics": {"figures": ["ttft", "queue_depth"]},
+    })
+    assert old.control_plane == new.control_plane and old.execution_groups == new.execution_groups
+    assert old.routing == new.routing and old.metrics.families == new.metrics.families
+    assert parse_deployment({"execution-group": {"nodes": [{"kv_cache_transfer": "none"}]}}).nodes[0].transfer == "none"
+
+
 @pytest.mark.parametrize(
     ("raw", "named"),
     [
-        ({"routing": {"polcy": "kv"}}, "routing.polcy"),
-        ({"routing": {"policy": "fastest"}}, "routing.policy"),
-        ({"bogus": {}}, "bogus"),
+        ({"routing": {"polcy": "kv"}}, "routing.polcy: unknown key"),
+        ({"routing": {"policy": "fastest"}}, "routing.policy: 'fastest' is not one of kv, round-robin"),
+        ({"bogus": {}}, "bogus: unknown section"),
         ({"control-plane": {"listen_port": 70000}}, "control-plane.listen_port"),
-        ({"control-plane": {"health_checks": "yes"}}, "control-plane.health_checks"),
+        ({"control-plane": {"health_check_enabled": "yes"}}, "control-plane.health_check_enabled: expected bool"),
+        ({"control-plane": {"heartbeat_interval": "5s", "heartbeat_timeout": "2s"}}, "heartbeat_timeout must be greater"),
         ({"execution-group": {"nodes": [{"node_role": "gpu"}]}}, "execution-group.nodes[0].node_role"),
-        ({"execution-group": {"nodes": [{"count": "2"}]}}, "execution-group.nodes[0].count"),
-        ({"execution-group": {"nodes": [{"kv_cache_transfer": "rdma"}]}}, "kv_cache_transfer"),
-        ({"metrics": {"figures": ["ttft", "vibes"]}}, "metrics.figures"),
+        ({"execution-group": {"nodes": [{"gpu_count": "2"}]}}, "execution-group.nodes[0].gpu_count: expected int"),
+        ({"execution-group": {"nodes": [{"kv_cache_transfer": "rdma"}]}},
+         "kv_cache_transfer: expected true or false (or a transport: auto, inproc, shm, tcp), got 'rdma'"),
+        ({"execution-group": {"nodes": [{"cache_transport": "rdma"}]}},
+         "execution-group.nodes[0].cache_transport: 'rdma' is not one of auto, inproc, shm, tcp"),
+        ({"execution-group": {"nodes": [{"kv_cache_transfer": "tcp", "cache_transport": "shm"}]}}, "contradicts"),
+        ({"execution-group": {"nodes": [{"count": 1, "gpu_count": 2}]}}, "given twice"),
+        ({"execution-group": {"nodes": [{"node_role": "decode", "kv_cache_transfer": False}]}},
+         "nodes[0].kv_cache_transfer: a decode worker needs it"),
+        ({"execution-group": {"tensor_parallel_size": 2}}, "execution-group.tensor_parallel_size: 2 is not supported"),
+        ({"execution-group": {"pipeline_parallel_size": 2}}, "pipeline_parallel_size: 2 is not supported"),
+        ({"execution-group": {"speedup": 5}}, "execution-group.speedup: only the mock runner"),
+        ({"execution-group": {"runner": "jax"}}, "execution-group.runner: 'jax' is not one of torch, mock"),
+        ({"execution-group": {"max_replicas": 1, "nodes": [{"gpu_count": 2}]}}, "execution-group.max_replicas"),
+        ({"execution-group": {"nodes": [{"gpu_count": 0}]}}, "at least one worker"),
+        ({"metrics": {"figures": ["ttft", "vibes"]}}, "metrics.figures: unknown ['vibes']"),
         ({"routing": {"route_key": " "}}, "routing.route_key"),
     ],
 )
-def test_bad_values_are_rejected_naming_the_key(raw, named):
+def test_bad_values_are_refused_naming_the_key(raw, named):
     with pytest.raises(ConfigError) as e:
         parse_deployment(raw)
     assert named in str(e.value)
@@ -48,93 +99,18 @@ def test_missing_file_is_a_clear_error(tmp_path):
         load_deployment(tmp_path / "nope.yaml")
 
 
-def test_hyphenated_keys_accepted():
-    d = parse_deployment({"control-plane": {"heartbeat-interval": 0.5, "heartbeat-timeout": 2}})
-    assert d.control_plane.heartbeat_interval == 0.5 and d.control_plane.heartbeat_timeout == 2.0
+def test_collect_switches_remove_their_family():
+    d = parse_deployment({"metrics": {"collect_queue_depth": False, "collect_gpu_utilization": False}})
+    assert "queue_depth" not in d.metrics.families and "gpu_utilization" not in d.metrics.families
+    assert "kv_cache_miss" in d.metrics.families
+    d = parse_deployment({"metrics": {"collect_kv_cache_miss": False, "figures": ["ttft", "kv_cache_miss"]}})
+    assert d.metrics.families == {"ttft"}
 
 
-def test_policies_match_the_router():
-    from interlock.deploy import POLICIES
+def test_names_are_defined_once():
+    from interlock.deploy import POLICIES as DEPLOY_POLICIES
+    from interlock.names import POLICIES, ROLES
+    from interlock.protocol.discovery import ROLES as WIRE_ROLES
     from interlock.router.policies import POLICIES as ROUTER_POLICIES
 
-    assert POLICIES == ROUTER_POLICIES
-
-
-# ---- each key's effect on the running system ----
-
-def _worker_specs(tmp_path, node: dict, routing: dict, *flags: str):
-    """The worker specs ``serve -f`` builds from a deployment (a fake model folder: nothing loads)."""
-    import json
-
-    import yaml
-
-    from interlock.cli.serve import build_parser, deployment_from_args, worker_specs
-
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
-    (model / "model.safetensors").write_bytes(b"")
-    f = tmp_path / "d.yaml"
-    f.write_text(yaml.safe_dump({"execution-group": {"model": str(model), "runner": "mock",
-                                                     "nodes": [node]}, "routing": routing}))
-    a = build_parser().parse_args(["-f", str(f), *flags])
-    return [spec for spec, _ in worker_specs(deployment_from_args(a), a)]
-
-
-def _as_worker_process(spec):
-    """The spec a worker child process rebuilds from the argv ``serve`` gives it."""
-    from interlock.cli import worker
-    from interlock.cli.serve import worker_argv
-
-    argv = worker_argv(spec, "nats://127.0.0.1:4222", parse_deployment(None).control_plane, 1.0)
-    return worker.resolve_spec(worker.build_parser().parse_args(argv[argv.index("worker") + 1 :]))
-
-
-def _urgent_preempts(scheduler_config) -> bool:
-    """A full engine (one batch slot, taken by a priority-5 request) gets a priority-0 request."""
-    from interlock.engine.block_pool import BlockPool
-    from interlock.engine.kv_cache_manager import KVCacheManager
-    from interlock.engine.request import Request
-    from interlock.engine.scheduler import Scheduler
-    from interlock.protocol import SamplingParams
-
-    cfg = replace(scheduler_config, max_num_seqs=1)
-    sched = Scheduler(cfg, KVCacheManager(BlockPool(64, 4)))
-    for i, (rid, prio) in enumerate((("bulk", 5), ("urgent", 0))):
-        sched.add_request(Request(rid, (1, 2, 3), SamplingParams(max_tokens=8), block_size=4,
-                                  priority=prio, arrival=i))
-        batch = sched.schedule()
-    return [s.request_id for s in batch.scheduled] == ["urgent"]
-
-
-@pytest.mark.parametrize(("routing", "flags", "preempts"), [
-    ({}, (), False),
-    ({"preempt_enabled": True}, (), True),
-    ({"preempt_enabled": True}, ("--no-preempt-enabled",), False),
-    ({}, ("--preempt-enabled",), True),
-])
-def test_preempt_enabled_reaches_every_worker_engine(tmp_path, routing, flags, preempts):
-    specs = _worker_specs(tmp_path, {"count": 2}, routing, *flags)
-    for spec in specs:
-        assert spec.engine.scheduler.preempt_enabled is preempts
-        assert _as_worker_process(spec).engine.scheduler.preempt_enabled is preempts
-        assert _urgent_preempts(spec.engine.scheduler) is preempts
-
-
-@pytest.mark.parametrize("threshold", [1, 32])
-def test_queue_depth_threshold_reaches_the_router_per_worker(tmp_path, threshold):
-    from interlock.cli.worker import worker_info
-    from interlock.protocol.events import LoadReport
-    from interlock.router import Decision, RequestMeta, Router, RouterConfig
-
-    specs = _worker_specs(tmp_path, {"count": 2, "queue_depth_threshold": threshold}, {})
-    assert [_as_worker_process(s).queue_depth_threshold for s in specs] == [threshold] * 2
-    router = Router(RouterConfig(block_size=16, policy="round-robin"))
-    for spec in specs:
-        router.add_worker(worker_info(spec, block_size=16, kv_blocks_total=1000))
-    for spec in specs:  # both workers report 2 requests waiting
-        router.apply_load(LoadReport(instance_id=spec.instance_id, timestamp=1.0, num_running=1,
-                                     num_waiting=2, kv_blocks_used=0, kv_blocks_total=1000,
-                                     queued_prefill_tokens=0, step_time_s=0.0, tokens_computed=0))
-    d = router.route(RequestMeta(request_id="r", prompt_tokens=10), token_ids=list(range(10)))
-    assert isinstance(d, Decision) is (threshold > 2)
+    assert DEPLOY_POLICIES is POLICIES is ROUTER_POLICIES and WIRE_ROLES is ROLES

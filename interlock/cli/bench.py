@@ -28,6 +28,7 @@ from interlock.bench.results import BenchFile, load, save
 from interlock.bench.stats import Targets, summarize
 from interlock.bench.table import compare_table, summary_table
 from interlock.bench.vocab import Vocab, load_vocab
+from interlock.cli import flags
 from interlock.errors import ConfigError
 from interlock.mooncake import TRACE_BLOCK_SIZE, load_mooncake
 
@@ -51,7 +52,7 @@ def parse_targets(items: list[str] | None) -> Targets:
 
 
 def run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="interlock bench", description=__doc__.splitlines()[0])
+    p = flags.parser("interlock bench", __doc__.splitlines()[0])
     p.add_argument("--url", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     p.add_argument("--api", choices=("chat", "completions"), default="chat")
@@ -88,15 +89,15 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--png", help="report PNG (default: the results path with .png)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-progress", action="store_true")
-    return p
+    return flags.apply_environment(p)
 
 
 def compare_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="interlock bench compare", description="Lay results files side by side.")
+    p = flags.parser("interlock bench compare", "Lay results files side by side.")
     p.add_argument("files", nargs="+")
     p.add_argument("--png", default="compare.png")
     p.add_argument("--goodput", nargs="*", help="targets in ms (default: each file's own)")
-    return p
+    return flags.apply_environment(p)
 
 
 async def _first_model(url: str) -> str:

@@ -6,21 +6,20 @@ the first start fast. Prints the folder on stdout (progress goes to stderr).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from interlock.cli import flags
 from interlock.errors import ConfigError
 from interlock.model_store import DEFAULT_MODEL, resolve_model
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="interlock convert",
-        description="Convert a model (a known name, a .gguf file or a HF folder) into a local folder.",
+    parser = flags.parser(
+        "interlock convert", "Convert a model (a known name, a .gguf file or a HF folder) into a local folder."
     )
     parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"default: {DEFAULT_MODEL}")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
+    args = flags.apply_environment(parser).parse_args(argv)
     try:
         folder = resolve_model(args.model, progress=not args.quiet)
     except ConfigError as exc:

@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 
+from interlock.cli import flags
 from interlock.errors import TransferError
 from interlock.transfer import LinkStats, TransferAgent, measure_link
 
@@ -27,7 +28,7 @@ KV_BLOCK_NBYTES = 30 * 2 * 3 * 64 * 16 * 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="interlock doctor", description="Check the KV-transfer links.")
+    ap = flags.parser("interlock doctor", "Check the KV-transfer links and the kernels this machine uses.")
     sub = ap.add_subparsers(dest="check", required=True)
     link = sub.add_parser("link", help="bandwidth and RTT between two transfer agents")
     link.add_argument("--peer", help="HOST:PORT of a running agent (default: start a local one)")
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--model", default="smollm2", help="model name or folder (default smollm2)")
     kernels.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     kernels.add_argument("--max-rows", type=int, default=2048, help="largest row count measured")
-    return ap
+    return flags.apply_environment(ap)
 
 
 def main(argv: list[str] | None = None) -> int:

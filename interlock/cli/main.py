@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from interlock.errors import ConfigError
+
 SUBCOMMANDS = {
     "serve": "interlock.cli.serve",
     "worker": "interlock.cli.worker",
@@ -19,15 +21,26 @@ SUBCOMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        from interlock import __version__
+
+        print(f"interlock {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        parser = argparse.ArgumentParser(prog="interlock")
+        parser = argparse.ArgumentParser(prog="interlock", description="Serve LLMs: "
+                                         "interlock COMMAND --help for each command's flags.")
         parser.add_argument("command", choices=sorted(SUBCOMMANDS))
+        parser.add_argument("-V", "--version", action="store_true", help="print the version and exit")
         if argv and argv[0] not in ("-h", "--help"):
             parser.error(f"unknown command {argv[0]!r}")
         parser.print_help()
         return 0 if argv else 2
     module = importlib.import_module(SUBCOMMANDS[argv[0]])
-    return int(module.main(argv[1:]) or 0)
+    try:
+        return int(module.main(argv[1:]) or 0)
+    except ConfigError as e:  # building a parser from INTERLOCK_* variables (cli.flags)
+        print(f"interlock {argv[0]}: {e.message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

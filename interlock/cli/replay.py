@@ -11,6 +11,7 @@ import json
 import sys
 from dataclasses import replace
 
+from interlock.cli import flags
 from interlock.mooncake import load_mooncake
 from interlock.router import POLICIES, RouterConfig
 from interlock.router.cost import CostParams
@@ -18,7 +19,7 @@ from interlock.sim import ReplayConfig, TraceHasher, mooncake_requests, replay
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="interlock replay", description=__doc__)
+    p = flags.parser("interlock replay", __doc__)
     p.add_argument("trace", help="Mooncake-format JSONL trace")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--policy", choices=POLICIES, default="kv")
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fast: the event-driven worker model; engine: the real EngineCore with "
                    "the mock runner (exact, one Python step per token: small traces only)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    return p
+    return flags.apply_environment(p)
 
 
 def main(argv: list[str]) -> int:

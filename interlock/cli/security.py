@@ -9,16 +9,9 @@ generated to its workers. A flag wins over the environment.
 from __future__ import annotations
 
 import argparse
-import secrets
 from pathlib import Path
 
-from interlock.env import (
-    CLUSTER_SECRET_VAR,
-    NATS_PASSWORD_VAR,
-    NATS_TOKEN_VAR,
-    NATS_USER_VAR,
-    get_env,
-)
+from interlock.env import get_env
 from interlock.errors import ConfigError
 from interlock.runtime.config import NatsAuth
 
@@ -54,10 +47,6 @@ def cluster_secret(a: argparse.Namespace) -> bytes | None:
     return get_env().cluster_secret
 
 
-def new_cluster_secret() -> bytes:
-    return secrets.token_urlsafe(32).encode()
-
-
 def nats_auth(a: argparse.Namespace) -> NatsAuth:
     """Login and TLS from the flags; the login from the environment when no flag gives one."""
     env = get_env()
@@ -69,24 +58,3 @@ def nats_auth(a: argparse.Namespace) -> NatsAuth:
         token = _read(a.nats_token_file, "NATS token") if a.nats_token_file else None
     return NatsAuth(user=user, password=password, token=token, creds_file=a.nats_creds,
                     tls_ca=a.nats_tls_ca, tls_cert=a.nats_tls_cert, tls_key=a.nats_tls_key)
-
-
-def child_env(secret: bytes | None, auth: NatsAuth) -> dict[str, str]:
-    """Environment that hands these to a child process (never its argv). Every variable is
-    set, empty when unused, so nothing conflicting leaks in from the parent's environment."""
-    return {
-        CLUSTER_SECRET_VAR: secret.decode() if secret is not None else "",
-        NATS_USER_VAR: auth.user or "",
-        NATS_PASSWORD_VAR: auth.password or "",
-        NATS_TOKEN_VAR: auth.token or "",
-    }
-
-
-def child_argv(auth: NatsAuth) -> list[str]:
-    """Flags naming files (not secrets themselves) a child needs to reach NATS."""
-    argv: list[str] = []
-    for flag, value in (("--nats-creds", auth.creds_file), ("--nats-tls-ca", auth.tls_ca),
-                        ("--nats-tls-cert", auth.tls_cert), ("--nats-tls-key", auth.tls_key)):
-        if value is not None:
-            argv += [flag, value]
-    return argv

@@ -1,15 +1,98 @@
-"""What ``serve`` and ``frontend`` share: router settings and the dispatcher's flags.
+"""Flags shared by ``serve``, ``frontend`` and ``worker``, and the one function turning them into
+a ``ClusterSpec`` for ``interlock.cluster``'s builder.
 
-The router service itself is the frontend's backend (it implements ``frontend.backend.Backend``).
+Names follow vLLM and Dynamo where they name the same thing (``--tensor-parallel-size``,
+``--enable-prefix-caching``, ``--router-mode``). With ``-f``, a flag given on the command line
+overrides the file's value for every execution group; one not given leaves the file's.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields, replace
+from typing import Any
 
-from interlock.deploy import Routing
+from interlock.cluster.spec import ClusterSpec, ProcessOptions
+from interlock.cluster.supervisor import RestartPolicy
+from interlock.deploy import (
+    ControlPlane,
+    Deployment,
+    ExecutionGroup,
+    NodeGroup,
+    Routing,
+    load_deployment,
+    validate_deployment,
+)
+from interlock.errors import ConfigError
+from interlock.names import POLICIES, RUNNERS, TRANSPORTS, policy_name
 from interlock.router.dispatcher import DispatchOptions
-from interlock.router.facade import RouterConfig
+
+_G, _N, _R, _C = ExecutionGroup(), NodeGroup(), Routing(), ControlPlane()
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Flags of an execution group and its node groups (``deploy.ExecutionGroup``/``NodeGroup``)."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None, help=f"model name, HF folder or GGUF file (default: {_G.model})")
+    g.add_argument("--served-model-name", default=None, help="name clients use (default: the model folder's)")
+    g.add_argument("--runner", choices=RUNNERS, default=None, help=f"model runner (default: {_G.runner})")
+    g.add_argument("--device", default=None,
+                   help="cpu, cuda (workers spread over the devices) or cuda:N (default: cpu)")
+    g.add_argument("--dtype", default=None, help=f"model dtype (default: {_G.dtype})")
+    g.add_argument("--block-size", type=int, default=None, help=f"tokens per KV block (default: {_G.block_size})")
+    g.add_argument("--num-blocks", type=int, default=None, help="KV blocks per worker (default: from --kv-cache-gib)")
+    g.add_argument("--kv-cache-gib", type=float, default=None,
+                   help=f"KV cache per worker, GiB (default: {_N.kv_cache_gib})")
+    g.add_argument("--max-num-seqs", type=int, default=None,
+                   help=f"requests a worker runs at once, max_batch_size (default: {_N.max_batch_size})")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help=f"tokens per engine step (default: {_N.max_num_batched_tokens})")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + output (default: the model's own context length)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse KV of shared prompt prefixes (default: on)")
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="same as --no-enable-prefix-caching")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                   help="devices per worker (only 1 until tensor parallelism exists)")
+    g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=None,
+                   help="pipeline stages per worker (only 1 until pipeline parallelism exists)")
+    g.add_argument("--preempt-enabled", action=argparse.BooleanOptionalAction, default=None,
+                   help="a more important waiting request (lower priority) may preempt a less "
+                        "important running one (default: off; serve -f: routing.preempt_enabled)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch threads per worker (default: the cores shared among the workers)")
+    g.add_argument("--speedup", type=float, default=None, help="mock runner: divide model time by this")
+    g.add_argument("--queue-depth-threshold", type=int, default=None,
+                   help="routers count a worker busy while more requests wait in its queue "
+                        f"(default: {_N.queue_depth_threshold})")
+    g.add_argument("--kv-cache-transfer", action=argparse.BooleanOptionalAction, default=None,
+                   help="run a KV transfer agent (needed to disaggregate; default: on)")
+    g.add_argument("--cache-transport", choices=TRANSPORTS, default=None,
+                   help="how KV is pulled from a peer: auto picks per peer (default: auto)")
+    g.add_argument("--kv-transfer", choices=(*TRANSPORTS, "none"), default=None,
+                   help="older form: none is --no-kv-cache-transfer, else --cache-transport")
+
+
+def add_plane_args(p: argparse.ArgumentParser, *, nats_default: str | None = None) -> None:
+    g = p.add_argument_group("control plane")
+    g.add_argument("--nats-url", default=nats_default,
+                   help="NATS server of the deployment (serve: start a private one when not given)")
+    g.add_argument("--heartbeat-interval", type=float, default=None,
+                   help=f"seconds between lease renewals (default: {_C.heartbeat_interval})")
+    g.add_argument("--heartbeat-timeout", type=float, default=None,
+                   help="seconds of silence after which a process leaves discovery (default: five heartbeat intervals)")
+
+
+def add_routing_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("routing")
+    g.add_argument("--policy", "--router-mode", dest="policy", default=None, type=policy_name,
+                   help=f"base routing policy: {', '.join(POLICIES)} (default: {_R.policy})")
+    g.add_argument("--route-key-header", default=None,
+                   help="header whose value picks a consistent subset of workers (default: x-route-key)")
+    g.add_argument("--enforce-disagg", action="store_true",
+                   help="prefill every request on a prefill worker; 503 when one cannot be")
+    add_dispatch_args(p)
 
 
 def add_dispatch_args(p: argparse.ArgumentParser) -> None:
@@ -23,19 +106,91 @@ def add_dispatch_args(p: argparse.ArgumentParser) -> None:
                         "counts as stalled and migrates; raised on workers with slow steps")
 
 
+def add_process_args(p: argparse.ArgumentParser) -> None:
+    d = ProcessOptions()
+    p.add_argument("--drain-grace", type=float, default=d.drain_grace_s,
+                   help="seconds a stopping worker gets to finish what it is running")
+    p.add_argument("--kv-transfer-timeout", type=float, default=d.kv_transfer_timeout_s,
+                   help="seconds a staged KV payload waits to be pulled (and a pull may take)")
+
+
 def dispatch_options(a: argparse.Namespace) -> DispatchOptions:
     return DispatchOptions(migration_limit=a.migration_limit, stall_floor_s=a.stall_timeout)
 
 
-def router_config(
-    routing: Routing, *, max_inflight_per_worker: int = 0, chunk_tokens: int = 2048
-) -> RouterConfig:
-    """``chunk_tokens``: the workers' max_num_batched_tokens (prefill tokens per step)."""
-    from interlock.router.cost import CostParams
+def _given(a: argparse.Namespace, mapping: dict[str, str], cls: type) -> dict[str, Any]:
+    """The fields of ``cls`` that flags set: {field: value} for each flag given."""
+    names = {f.name for f in fields(cls)}
+    out = {}
+    for flag, field_name in mapping.items():
+        value = getattr(a, flag, None)
+        if value is not None:
+            assert field_name in names, field_name
+            out[field_name] = value
+    return out
 
-    return RouterConfig(
-        policy=routing.policy,
-        cost=CostParams(kv_watermark=routing.kv_usage_watermark, chunk_tokens=chunk_tokens),
-        queue_capacity=routing.queue_size,
-        max_inflight_per_worker=max_inflight_per_worker,
+
+_GROUP_FLAGS = {"model": "model", "served_model_name": "served_model_name", "runner": "runner", "device": "device",
+                "dtype": "dtype", "block_size": "block_size", "max_model_len": "max_model_len",
+                "enable_prefix_caching": "enable_prefix_caching", "threads": "threads", "speedup": "speedup",
+                "tensor_parallel_size": "tensor_parallel_size", "pipeline_parallel_size": "pipeline_parallel_size"}
+_NODE_FLAGS = {"num_blocks": "num_blocks", "kv_cache_gib": "kv_cache_gib", "max_num_seqs": "max_batch_size",
+               "max_num_batched_tokens": "max_num_batched_tokens", "queue_depth_threshold": "queue_depth_threshold",
+               "kv_cache_transfer": "kv_cache_transfer", "cache_transport": "cache_transport"}
+_PLANE_FLAGS = {"host": "listen_host", "port": "listen_port", "nats_url": "nats_url",
+                "heartbeat_interval": "heartbeat_interval", "heartbeat_timeout": "heartbeat_timeout"}
+_ROUTING_FLAGS = {"policy": "policy", "route_key_header": "route_key", "preempt_enabled": "preempt_enabled"}
+
+
+def deployment_from_args(a: argparse.Namespace, *, nodes: tuple[NodeGroup, ...] | None = None) -> Deployment:
+    """The deployment the flags describe: ``-f FILE`` (when the command has it) with the given
+    flags applied on top, or the defaults with ``nodes`` (when given) and the flags."""
+    file = getattr(a, "file", None)
+    d = load_deployment(file) if file else Deployment()
+    if nodes is not None:
+        d = replace(d, execution_groups=tuple(replace(g, nodes=nodes) for g in d.execution_groups))
+    legacy = getattr(a, "kv_transfer", None)
+    node_changes = _given(a, _NODE_FLAGS, NodeGroup)
+    if legacy is not None:
+        node_changes.setdefault("kv_cache_transfer", legacy != "none")
+        if legacy != "none":
+            node_changes.setdefault("cache_transport", legacy)
+    group_changes = _given(a, _GROUP_FLAGS, ExecutionGroup)
+    groups = tuple(replace(g, **group_changes, nodes=tuple(replace(n, **node_changes) for n in g.nodes))
+                   for g in d.execution_groups)
+    routing = replace(d.routing, **_given(a, _ROUTING_FLAGS, Routing))
+    if getattr(a, "enforce_disagg", False):
+        routing = replace(routing, enforce_disagg=True)
+    cp = replace(d.control_plane, **_given(a, _PLANE_FLAGS, ControlPlane))
+    d = replace(d, control_plane=cp, execution_groups=groups, routing=routing)
+    validate_deployment(d)
+    return d
+
+
+def cluster_spec(a: argparse.Namespace, d: Deployment, **changes: Any) -> ClusterSpec:
+    """The builder's input for a command: the deployment plus what only flags give (frontend
+    limits and keys, dispatch, secrets, process handling)."""
+    from interlock.cli.security import cluster_secret, nats_auth
+    from interlock.env import get_env
+    from interlock.frontend.flags import frontend_config
+
+    processes = ProcessOptions(
+        in_process=getattr(a, "single_process", False),
+        restart_policy=RestartPolicy(getattr(a, "restart_policy", RestartPolicy.ON_FAILURE.value)),
+        drain_grace_s=getattr(a, "drain_grace", ProcessOptions().drain_grace_s), ready_timeout_s=getattr(a, "ready_timeout", ProcessOptions().ready_timeout_s),
+        host=getattr(a, "bind_host", "127.0.0.1"), advertise_host=getattr(a, "advertise_host", None),
+        kv_transfer_port=getattr(a, "kv_transfer_port", 0), kv_transfer_timeout_s=getattr(a, "kv_transfer_timeout", ProcessOptions().kv_transfer_timeout_s),
     )
+    fields_: dict[str, Any] = {
+        "frontend": frontend_config(a, env_api_keys=get_env().api_keys) if hasattr(a, "max_prompt_chars") else None,
+        "dispatch": dispatch_options(a) if hasattr(a, "migration_limit") else DispatchOptions(),
+    }
+    return ClusterSpec(deployment=d, processes=processes, cluster_secret=cluster_secret(a), nats_auth=nats_auth(a),
+                       **{**fields_, **changes})
+
+
+def refuse_with_file(a: argparse.Namespace, *flags: str) -> None:
+    """Flags that a deployment file replaces: giving both is an error, not a silent choice."""
+    for flag in flags:
+        if getattr(a, flag.lstrip("-").replace("-", "_"), None) is not None:
+            raise ConfigError(f"{flag}: not used with -f (the file's node groups say how many workers)")

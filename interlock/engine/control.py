@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from interlock.engine.core import EngineCore
+from interlock.names import ROLES
 from interlock.protocol.control import ControlReply, ControlRequest
 from interlock.runtime.interfaces import RequestContext
 from interlock.transfer import measure_link
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
     from interlock.engine.worker import Worker
 
 log = logging.getLogger(__name__)
-
-ROLES = ("both", "prefill", "decode")
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(ControlRequest).decode

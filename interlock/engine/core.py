@@ -77,6 +77,7 @@ class EngineCore:
         """Held (prefill-only) and parked (remote prefill) requests: when to give up on them."""
         self._prefill_tps = 0.0
         self._decode_step_s = 0.0
+        self._busy_s = 0.0
         self._load: LoadReport = self._load_report(0.0, 0)
 
     # ---- requests ----
@@ -178,6 +179,7 @@ class EngineCore:
             outputs += self.scheduler.update(batch, RunnerOutput())
         self._track_holds(outputs)
         self._observe(batch, step_time)
+        self._busy_s += step_time
         self._load = self._load_report(step_time, batch.num_batched_tokens)
         return StepResult(outputs, self.pool.take_events(), self._load, step_time)
 
@@ -218,6 +220,7 @@ class EngineCore:
             tokens_computed=tokens,
             prefill_tokens_per_s=self._prefill_tps,
             decode_step_s=self._decode_step_s,
+            busy_s=self._busy_s,
         )
 
     @property

@@ -46,7 +46,7 @@ from interlock.frontend.config import FrontendConfig
 from interlock.frontend.connections import ConnectionTracker
 from interlock.frontend.generation import Generation, collect, stream_sse
 from interlock.frontend.limits import MAX_PRIORITY, MIN_PRIORITY, check_prompt_chars, check_prompt_tokens
-from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics
+from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics, keep_families
 from interlock.frontend.openapi import openapi_document
 from interlock.frontend.prepare import prompt_ids, sampling_params
 from interlock.frontend.responses import ChatFormatter, CompletionFormatter, error_body
@@ -125,6 +125,7 @@ class Frontend:
         extra = getattr(self.backend, "prometheus_text", None)  # router/worker figures, if any
         if extra is not None:
             text += extra()
+        text = keep_families(text, self.config.metric_families)
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _guarded(self, request: web.Request, endpoint: str) -> web.StreamResponse:

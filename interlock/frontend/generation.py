@@ -80,6 +80,7 @@ class Generation:
         self.metrics.e2e.observe(perf_counter() - self.started, labels)
         self.metrics.prompt_tokens.inc(labels, a.prompt_tokens)
         self.metrics.cached_tokens.inc(labels, a.cached_tokens)
+        self.metrics.cache_miss_tokens.inc(labels, a.prompt_tokens - a.cached_tokens)
         self.metrics.completion_tokens.inc(labels, a.completion_tokens)
 
 

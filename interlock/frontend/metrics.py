@@ -18,6 +18,51 @@ ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 
 Labels = tuple[str, ...]
 
+FAMILIES = {
+    "interlock_http_requests_total": "requests",
+    "interlock_requests_in_flight": "requests",
+    "interlock_time_to_first_token_seconds": "ttft",
+    "interlock_inter_token_latency_seconds": "itl",
+    "interlock_request_duration_seconds": "e2e",
+    "interlock_prompt_tokens_total": "tokens",
+    "interlock_completion_tokens_total": "tokens",
+    "interlock_prompt_tokens_cached_total": "kv_cache_miss",
+    "interlock_kv_cache_miss_tokens_total": "kv_cache_miss",
+    "interlock_router_predicted_cached_tokens_total": "kv_cache_miss",
+    "interlock_worker_kv_blocks_used": "kv",
+    "interlock_worker_kv_blocks_total": "kv",
+    "interlock_worker_running_requests": "queue_depth",
+    "interlock_worker_waiting_requests": "queue_depth",
+    "interlock_router_queued_total": "queue_depth",
+    "interlock_worker_busy_seconds_total": "gpu_utilization",
+}
+"""Which family each metric belongs to (a deployment's ``metrics`` section switches families
+on and off); metrics not listed are always shown."""
+_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def family_of(line: str) -> str | None:
+    """The family of one line of Prometheus text (its metric's), or None."""
+    if line.startswith("# "):
+        parts = line.split(" ", 3)
+        name = parts[2] if len(parts) > 2 else ""
+    else:
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+    family = FAMILIES.get(name)
+    if family is None:
+        for suffix in _SUFFIXES:
+            if name.endswith(suffix):
+                return FAMILIES.get(name[: -len(suffix)])
+    return family
+
+
+def keep_families(text: str, families: frozenset[str] | None) -> str:
+    """``text`` without the lines of metrics whose family is not in ``families`` (None: all)."""
+    if families is None:
+        return text
+    lines = [line for line in text.split("\n") if (f := family_of(line)) is None or f in families]
+    return "\n".join(lines)
+
 
 class _Metric:
     kind = ""
@@ -128,6 +173,11 @@ class FrontendMetrics:
         self.completion_tokens = Counter(
             "interlock_completion_tokens_total", "Completion tokens generated.", ("model",)
         )
+        self.cache_miss_tokens = Counter(
+            "interlock_kv_cache_miss_tokens_total",
+            "Prompt tokens computed because no prefix cache held them (prompt less cached).",
+            ("model",),
+        )
 
     def render(self) -> str:
         lines: list[str] = []
@@ -139,6 +189,7 @@ class FrontendMetrics:
             self.e2e,
             self.prompt_tokens,
             self.cached_tokens,
+            self.cache_miss_tokens,
             self.completion_tokens,
         ):
             lines.extend(metric.render())

@@ -6,13 +6,14 @@ import re
 
 import msgspec
 
+from interlock.names import ROLES
+
 NAME_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A name token on the planes (instance ids, endpoint parts): NATS-safe, no wildcards."""
 MAX_CONTEXT_LENGTH = 1 << 24
 MAX_BLOCK_SIZE = 4096
 MAX_KV_BLOCKS = 1 << 31
 MAX_MODEL_NAME = 256
-ROLES = ("both", "prefill", "decode")
 ADDRESS_SCHEMES = ("tcp://", "nats-rp://", "inproc://")
 _TCP_ADDRESS = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/[A-Za-z0-9_.-]+$")
 

@@ -57,6 +57,9 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     decode_step_s: float = 0.0
     """Measured time of one decode step at the current batch (moving average)."""
     draining: bool = False
+    busy_s: float = 0.0
+    """Seconds the engine has spent in steps since it started (its device's busy time:
+    ``rate()`` of it is the device utilisation)."""
 
 
 class RouterLoadEvent(msgspec.Struct, frozen=True, kw_only=True):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-POLICIES = ("kv", "round-robin", "random", "least-loaded", "power-of-two")
+from interlock.names import POLICIES  # noqa: F401 - re-exported (router.POLICIES)
 
 
 @dataclass(slots=True)

@@ -204,6 +204,11 @@ class RouterService:
             for wid, r in sorted(self._reports.items()):
                 model = self._instances[wid].model if wid in self._instances else ""
                 lines.append(f'interlock_worker_{name}{{worker="{wid}",model="{model}"}} {get(r)}')
+        lines += ["# HELP interlock_worker_busy_seconds_total Seconds the worker's engine spent in steps "
+                  "(rate(): its device utilisation)", "# TYPE interlock_worker_busy_seconds_total counter"]
+        for wid, r in sorted(self._reports.items()):
+            model = self._instances[wid].model if wid in self._instances else ""
+            lines.append(f'interlock_worker_busy_seconds_total{{worker="{wid}",model="{model}"}} {r.busy_s}')
         counters = (
             ("decisions_total", "Routing decisions", lambda m: m.decisions),
             ("prompt_tokens_total", "Prompt tokens routed", lambda m: m.prompt_tokens),

@@ -63,9 +63,15 @@ class TransferAgent:
         tick_s: float = 0.2,
         sweep_s: float = 10.0,
         cluster_secret: bytes | None = None,
+        transport: str | None = None,
     ) -> None:
         """``cluster_secret``: TCP peers (pulls, link checks) must pass the handshake on it
-        (``protocol.handshake``); None: anyone who reaches the port may pull a staged payload."""
+        (``protocol.handshake``); None: anyone who reaches the port may pull a staged payload.
+        ``transport``: every pull uses this one (a deployment's ``cache_transport``) instead of
+        choosing per descriptor; a pull it cannot make fails at once."""
+        if transport is not None and transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}")
+        self.transport = transport
         self.agent_id = uuid.uuid4().hex
         self.host_id = host_id()
         self._use_shm = use_shm and stg.shm_available()
@@ -126,7 +132,7 @@ class TransferAgent:
         self, descriptor: TransferDescriptor, *, timeout_s: float = DEFAULT_TIMEOUT_S, transport: str | None = None
     ) -> DestTransfer:
         """Start pulling; returns at once. ``transport`` forces one (tests, link checks)."""
-        kind = transport or self.choose_transport(descriptor)
+        kind = transport or self.transport or self.choose_transport(descriptor)
         if kind not in TRANSPORTS:
             raise ValueError(f"unknown transport {kind!r}")
         if kind == "inproc":

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from interlock.cli.security import add_security_args, child_argv, child_env, cluster_secret, nats_auth
+from interlock.cli.security import add_security_args, cluster_secret, nats_auth
+from interlock.cluster.secrets import child_env
+from interlock.cluster.worker import files_only
 from interlock.errors import ConfigError
 from interlock.runtime import NatsAuth
 
@@ -44,5 +46,5 @@ def test_children_get_secrets_in_their_environment_and_only_paths_in_argv() -> N
         "INTERLOCK_CLUSTER_SECRET": "secret", "INTERLOCK_NATS_USER": "interlock",
         "INTERLOCK_NATS_PASSWORD": "pw", "INTERLOCK_NATS_TOKEN": "",
     }
-    assert child_argv(auth) == ["--nats-tls-ca", "/ca.pem"]
+    assert files_only(auth) == NatsAuth(tls_ca="/ca.pem")  # what a worker's launch spec carries
     assert child_env(None, NatsAuth())["INTERLOCK_CLUSTER_SECRET"] == ""

@@ -1,28 +1,30 @@
-"""An in-process disaggregated deployment: workers (each with its own transfer agent) and a
-router service with disaggregation on, all on one in-process runtime."""
+"""An in-process disaggregated deployment, built by ``interlock.cluster``'s builder: in-process
+planes, the router service as ``serve`` builds it, and workers (each with its own transfer
+agent) around hand-made mock engines."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from interlock.cluster.builder import RunningCluster, start_cluster
+from interlock.cluster.spec import ClusterSpec, ProcessOptions
+from interlock.cluster.worker import WorkerSpec
+from interlock.deploy import Deployment, Routing
 from interlock.engine.clock import RealClock
 from interlock.engine.core import EngineCore
 from interlock.engine.runners.mock import MockRunner
-from interlock.engine.worker import Worker, WorkerOptions
-from interlock.protocol import GenerateOutput, GenerateRequest, InstanceInfo, SamplingParams, subjects
+from interlock.engine.worker import Worker
+from interlock.protocol import GenerateOutput, GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlReply, ControlRequest
-from interlock.router.disagg import DisaggConfig
 from interlock.router.disagg_flow import control_call
-from interlock.router.facade import RouterConfig
 from interlock.router.service import RouterService
-from interlock.runtime import connect_runtime
-from interlock.runtime.runtime import Runtime
 from interlock.transfer import TransferAgent
 
 MODEL = "m"
+ENFORCED = Routing(enforce_disagg=True)
 
 
 def mock_engine(*, num_blocks: int = 256, block_size: int = 4, chunk: int = 32,
@@ -38,24 +40,25 @@ def mock_engine(*, num_blocks: int = 256, block_size: int = 4, chunk: int = 32,
 
 @dataclass
 class Cluster:
-    runtime: Runtime
-    service: RouterService
-    workers: dict[str, Worker] = field(default_factory=dict)
-    agents: dict[str, TransferAgent] = field(default_factory=dict)
+    running: RunningCluster
+
+    @property
+    def service(self) -> RouterService:
+        return self.running.service  # type: ignore[no-any-return]
+
+    @property
+    def workers(self) -> dict[str, Worker]:
+        return {w.instance_id: w.local for w in self.running.workers()}
+
+    @property
+    def agents(self) -> dict[str, TransferAgent]:
+        return {wid: w.handoff.agent for wid, w in self.workers.items() if w.handoff is not None}
 
     async def add_worker(self, wid: str, role: str, core: EngineCore, *, agent: bool = True,
                          transfer_timeout_s: float = 30.0) -> Worker:
-        info = InstanceInfo(instance_id=wid, endpoint=subjects.GENERATE_ENDPOINT, model=MODEL, role=role,
-                            block_size=core.block_size, kv_blocks_total=core.pool.num_blocks)
-        ta = TransferAgent() if agent else None
-        w = Worker(core, info, discovery=self.runtime.discovery, requests=self.runtime.requests,
-                   events=self.runtime.events, transfer=ta,
-                   options=WorkerOptions(kv_transfer_timeout_s=transfer_timeout_s))
-        await w.start()
-        self.workers[wid] = w
-        if ta is not None:
-            self.agents[wid] = ta
-        return w
+        spec = WorkerSpec(engine=core.config, served_name=MODEL, model_path="", role=role, instance_id=wid,
+                          kv_transfer="auto" if agent else "none", kv_transfer_timeout_s=transfer_timeout_s)
+        return (await self.running.launch(spec, core=core)).local  # type: ignore[no-any-return]
 
     async def wait_for(self, n: int) -> None:
         assert await self.service.wait_for_workers(n, 5.0) == n
@@ -69,16 +72,12 @@ class Cluster:
 
     async def control(self, wid: str, req: ControlRequest) -> ControlReply:
         addr = self.workers[wid].info.metadata["control_address"]
-        return await control_call(self.runtime.requests, addr, req)
+        return await control_call(self.running.runtime.requests, addr, req)
 
     async def kill(self, wid: str) -> None:
         """Close a worker abruptly (no drain): its streams end, its agent goes."""
-        w = self.workers.pop(wid)
-        await self.runtime.discovery.unregister(wid)
-        await w.close()
-        agent = self.agents.pop(wid, None)
-        if agent is not None:
-            agent.close()
+        handle = next(w for w in self.running.workers() if w.instance_id == wid)
+        await self.running.remove_worker(handle, drain=False)
 
 
 def tokens(outs: list[GenerateOutput]) -> list[int]:
@@ -86,22 +85,14 @@ def tokens(outs: list[GenerateOutput]) -> list[int]:
 
 
 @contextlib.asynccontextmanager
-async def cluster(config: DisaggConfig | None = None, *, block_size: int = 4) -> AsyncIterator[Cluster]:
-    runtime = await connect_runtime(None)
-    service = RouterService(discovery=runtime.discovery, requests=runtime.requests, events=runtime.events,
-                            config=RouterConfig(block_size=block_size),
-                            disagg=config or DisaggConfig(enforce=True))
-    await service.start()
-    c = Cluster(runtime, service)
+async def cluster(routing: Routing = ENFORCED) -> AsyncIterator[Cluster]:
+    spec = ClusterSpec(deployment=Deployment(routing=routing, execution_groups=()), frontend=None,
+                       start_workers=False, processes=ProcessOptions(in_process=True, drain_grace_s=0.0))
+    running = await start_cluster(spec)
     try:
-        yield c
+        yield Cluster(running)
     finally:
-        for w in list(c.workers.values()):
-            await w.close()
-        for a in c.agents.values():
-            a.close()
-        await service.close()
-        await runtime.close()
+        await running.close()
 
 
 async def eventually(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:

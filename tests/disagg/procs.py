@@ -13,24 +13,31 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from interlock.cluster.builder import RunningCluster, start_cluster
+from interlock.cluster.spec import ClusterSpec
+from interlock.deploy import ControlPlane, Deployment, Routing
 from interlock.protocol.control import ControlReply, ControlRequest
-from interlock.router.disagg import DisaggConfig
 from interlock.router.disagg_flow import control_call
-from interlock.router.facade import RouterConfig
 from interlock.router.service import RouterService
-from interlock.runtime import NatsServer, RuntimeConfig, connect_runtime
+from interlock.runtime import NatsServer
 from interlock.runtime.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = RuntimeConfig(heartbeat_interval=0.2, lease_timeout=1.0, connect_timeout=2.0, peer_timeout=2.0)
 
 
 @dataclass
 class ProcCluster:
     nats: NatsServer
-    runtime: Runtime
-    service: RouterService
+    running: RunningCluster
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.running.runtime  # type: ignore[no-any-return]
+
+    @property
+    def service(self) -> RouterService:
+        return self.running.service  # type: ignore[no-any-return]
 
     def spawn(self, wid: str, role: str, *args: str) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "INTERLOCK_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
@@ -66,17 +73,15 @@ class ProcCluster:
 
 
 @contextlib.asynccontextmanager
-async def proc_cluster(config: DisaggConfig, *, block_size: int) -> AsyncIterator[ProcCluster]:
+async def proc_cluster(routing: Routing) -> AsyncIterator[ProcCluster]:
+    """A router built as ``interlock frontend`` builds it (no HTTP), on a private nats-server."""
     with NatsServer() as nats:
-        runtime = await connect_runtime(nats.url, FAST)
-        service = RouterService(discovery=runtime.discovery, requests=runtime.requests,
-                                events=runtime.events, config=RouterConfig(block_size=block_size),
-                                disagg=config)
-        await service.start()
-        c = ProcCluster(nats, runtime, service)
+        cp = ControlPlane(nats_url=nats.url, heartbeat_interval=0.2, heartbeat_timeout=1.0)
+        spec = ClusterSpec(deployment=Deployment(control_plane=cp, routing=routing, execution_groups=()),
+                           frontend=None, start_workers=False)
+        c = ProcCluster(nats, await start_cluster(spec))
         try:
             yield c
         finally:
             await asyncio.to_thread(c.stop_all)
-            await service.close()
-            await runtime.close()
+            await c.running.close()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from interlock.deploy import Routing
 from interlock.engine.runners.mock import reference_output
 from interlock.errors import NoWorkers
 from interlock.protocol import GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlRequest
-from interlock.router.disagg import DisaggConfig
 from tests.disagg.cluster import MODEL, cluster, eventually, mock_engine, tokens
 from tests.engine.conftest import VOCAB
 
@@ -44,7 +44,7 @@ def test_auto_choice_stays_local_without_queue_and_counts_the_reason() -> None:
     """Both idle and equally fast: the transfer only adds time, so the decode worker prefills."""
 
     async def main() -> None:
-        async with cluster(DisaggConfig()) as c:
+        async with cluster(Routing()) as c:
             await c.add_worker("p", "prefill", mock_engine())
             await c.add_worker("d", "decode", mock_engine())
             await c.wait_for(2)
@@ -59,7 +59,7 @@ def test_auto_choice_stays_local_without_queue_and_counts_the_reason() -> None:
 
 def test_no_prefill_worker_falls_back_or_fails_when_enforced() -> None:
     async def main() -> None:
-        async with cluster(DisaggConfig(enforce=True)) as c:
+        async with cluster(Routing(enforce_disagg=True)) as c:
             await c.add_worker("d", "decode", mock_engine())
             await c.wait_for(1)
             try:
@@ -68,7 +68,7 @@ def test_no_prefill_worker_falls_back_or_fails_when_enforced() -> None:
                 assert "no_prefill_worker" in exc.message
             else:
                 raise AssertionError("enforced disaggregation served a request locally")
-        async with cluster(DisaggConfig()) as c:
+        async with cluster(Routing()) as c:
             await c.add_worker("d", "both", mock_engine())
             await c.wait_for(1)
             p = prompt(2, 9)
@@ -114,7 +114,7 @@ def test_prefill_worker_gone_falls_back_to_local_prefill() -> None:
 
 def test_role_change_by_control_call() -> None:
     async def main() -> None:
-        async with cluster(DisaggConfig()) as c:
+        async with cluster(Routing()) as c:
             await c.add_worker("a", "both", mock_engine())
             await c.wait_for(1)
             reply = await c.control("a", ControlRequest(op="set_role", role="prefill", grace_s=1.0))

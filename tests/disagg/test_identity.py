@@ -16,13 +16,13 @@ import os
 
 import pytest
 
+from interlock.deploy import Routing
 from interlock.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from interlock.engine.core import EngineCore
 from interlock.engine.model import LlamaModel
 from interlock.engine.runners.torch_runner import TorchRunner
 from interlock.model_store import resolve_model
 from interlock.protocol import GenerateRequest, SamplingParams
-from interlock.router.disagg import DisaggConfig
 from tests.disagg.cluster import cluster, tokens
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -83,7 +83,7 @@ def test_disaggregated_equals_aggregated_inproc(model: LlamaModel, prompts: list
     assert sum(len(p) > BUDGET for p in prompts) >= 6
 
     async def main() -> list[list[int]]:
-        async with cluster(DisaggConfig(enforce=True), block_size=16) as c:
+        async with cluster(Routing(enforce_disagg=True)) as c:
             await c.add_worker("p", "prefill", engine(model))
             await c.add_worker("d", "decode", engine(model))
             await c.wait_for(2)

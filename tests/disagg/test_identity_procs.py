@@ -14,9 +14,9 @@ import contextlib
 
 import pytest
 
+from interlock.deploy import Routing
 from interlock.protocol import GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlRequest
-from interlock.router.disagg import DisaggConfig
 from tests.disagg.procs import ProcCluster, proc_cluster
 from tests.disagg.test_identity import BUDGET, MAX_TOKENS
 
@@ -50,7 +50,7 @@ async def wait_role(c: ProcCluster, wid: str, role: str) -> None:
 def test_disaggregated_equals_aggregated_over_shm_and_tcp(expected: list[list[int]],
                                                           prompts: list[list[int]]) -> None:
     async def main() -> None:
-        async with proc_cluster(DisaggConfig(enforce=True), block_size=16) as c:
+        async with proc_cluster(Routing(enforce_disagg=True)) as c:
             c.spawn("a", "prefill", *TORCH, "--kv-transfer", "auto")
             c.spawn("b", "decode", *TORCH, "--kv-transfer", "tcp")
             await c.wait_for(2, timeout_s=180.0)

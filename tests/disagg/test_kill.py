@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
+from interlock.deploy import Routing
 from interlock.engine.runners.mock import reference_output
 from interlock.errors import InterlockError
 from interlock.protocol import GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlRequest
-from interlock.router.disagg import DisaggConfig
 from interlock.transfer.staging import list_segments, sweep_orphans
 from tests.disagg.procs import ProcCluster, proc_cluster
 
@@ -60,7 +60,7 @@ def flow_summary(c: ProcCluster) -> str:
 
 def test_thousand_requests_cancellations_and_a_killed_prefill_worker() -> None:
     async def main() -> None:
-        async with proc_cluster(DisaggConfig(enforce=True), block_size=16) as c:
+        async with proc_cluster(Routing(enforce_disagg=True)) as c:
             for wid, role in (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode"), ("d1", "decode")):
                 c.spawn(wid, role, *MOCK)
             await c.wait_for(4)

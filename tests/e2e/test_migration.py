@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from interlock.router.disagg import DisaggConfig
+from interlock.deploy import Routing
 from tests.disagg.procs import ProcCluster, proc_cluster
 
 pytestmark = pytest.mark.slow
@@ -143,7 +143,7 @@ async def check(c: ProcCluster, victim: str, survivor: str) -> None:
 
 def test_aggregated_worker_killed_mid_stream_output_identical() -> None:
     async def main() -> None:
-        async with proc_cluster(DisaggConfig(enabled=False), block_size=16) as c:
+        async with proc_cluster(Routing()) as c:
             c.spawn("a", "both", *TORCH)
             c.spawn("b", "both", *TORCH)
             await c.wait_for(2, timeout_s=180.0)
@@ -154,7 +154,7 @@ def test_aggregated_worker_killed_mid_stream_output_identical() -> None:
 
 def test_disaggregated_decode_worker_killed_mid_stream_output_identical() -> None:
     async def main() -> None:
-        async with proc_cluster(DisaggConfig(enforce=True), block_size=16) as c:
+        async with proc_cluster(Routing(enforce_disagg=True)) as c:
             c.spawn("p", "prefill", *TORCH, "--kv-transfer", "auto")
             c.spawn("d1", "decode", *TORCH, "--kv-transfer", "auto")
             c.spawn("d2", "decode", *TORCH, "--kv-transfer", "auto")

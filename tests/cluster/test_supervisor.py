@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from interlock.cli.procs import Child
-from interlock.cli.supervisor import (
+from interlock.cluster.procs import Child
+from interlock.cluster.supervisor import (
     Backoff,
     Exit,
     History,

@@ -1,9 +1,10 @@
-"""Child processes of ``interlock serve``: start, watch, stop — never leave one running.
+"""Child processes of a local deployment (``interlock serve``, ``Cluster.local()``): start,
+watch, stop; never leave one running.
 
 Each child gets PR_SET_PDEATHSIG (it dies with its parent on Linux, even after a SIGKILL of the
 parent), its own output prefixed in ours, and on stop a SIGTERM (the worker drains) followed by
 a SIGKILL after the grace period. Both kinds here (``Child``, ``NatsProcess``) can be started
-again after they exit, which is what ``cli.supervisor`` does with them.
+again after they exit, which is what ``cluster.supervisor`` does with them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Child:
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    stdin_data: bytes | None = None
+    """Written to the child's stdin at every start, then closed (a worker's typed spec)."""
     process: asyncio.subprocess.Process | None = None
     _pump: asyncio.Task[None] | None = None
 
@@ -51,11 +54,16 @@ class Child:
         env = {**os.environ, **self.env}
         self.process = await asyncio.create_subprocess_exec(
             *self.argv,
+            stdin=subprocess.PIPE if self.stdin_data is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,
             preexec_fn=_die_with_parent,
         )
+        if self.stdin_data is not None:
+            assert self.process.stdin is not None
+            self.process.stdin.write(self.stdin_data)
+            self.process.stdin.close()
         self._pump = asyncio.create_task(self._relay())
 
     async def wait(self) -> int:

@@ -31,7 +31,7 @@ log = logging.getLogger("interlock.supervisor")
 T = TypeVar("T")
 
 CONFIG_ERROR_EXIT = 2
-"""What every interlock command exits with on a ConfigError (see ``cli.runner``)."""
+"""What every interlock command exits with on a ConfigError (see ``cluster.runner``)."""
 
 
 class RestartPolicy(enum.StrEnum):
@@ -216,6 +216,12 @@ class Supervisor:
         w = _Watched(process, Running(self._clock()), History())
         self._watched[process.name] = w
         w.task = asyncio.create_task(self._supervise(w), name=f"supervise {process.name}")
+
+    def forget(self, name: str) -> None:
+        """Stop watching one process (it is being stopped on purpose): no restart, no report."""
+        w = self._watched.pop(name, None)
+        if w is not None and w.task is not None:
+            w.task.cancel()
 
     def problems(self) -> list[str]:
         """Human-readable reasons some process is not serving (empty when all is well)."""

@@ -1,0 +1,351 @@
+"""The Python API: a deployment from Python, built by the same builder as ``interlock serve``.
+
+    from interlock import Cluster
+    with Cluster.local() as cluster:                     # or Cluster.connect("nats://host:4222")
+        cluster.register_model("smollm2", "smollm2")
+        instance = cluster.create_serving_instance(model="smollm2", min_replicas=1, max_replicas=4)
+        print(instance.generate("Capital of France?", max_tokens=32))
+
+``Cluster.local()`` starts a private nats-server; ``Cluster.connect(url)`` joins an existing
+deployment (its secrets from ``INTERLOCK_CLUSTER_SECRET`` / ``INTERLOCK_NATS_*`` unless given).
+Either way this process runs a router, and the workers a serving instance starts are real
+worker processes (supervised, restarted when they fail). Every call has an ``async`` twin
+(``agenerate``, ``achat``, ``astream``, ...); sampling parameters are the OpenAI ones
+(``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, ...), refused by name
+when unknown, exactly as the HTTP frontend refuses them.
+
+The deployment runs on its own event loop in a background thread, so the blocking calls work
+anywhere and the async ones from any loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import msgspec
+
+from interlock.cluster.builder import RunningCluster, WorkerHandle
+from interlock.cluster.spec import ClusterSpec
+from interlock.deploy import ControlPlane, Deployment, ExecutionGroup, NodeGroup, validate_deployment
+from interlock.errors import ConfigError
+from interlock.frontend.config import FrontendConfig
+from interlock.runtime.config import NatsAuth
+
+T = TypeVar("T")
+_DONE = object()
+
+
+class Cluster:
+    """A deployment driven from Python; close it (or use ``with``) to stop what it started."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="interlock-cluster", daemon=True)
+        self._thread.start()
+        self._running = RunningCluster(spec)
+        self._models: dict[str, ExecutionGroup] = {}
+        self._instances: list[ServingInstance] = []
+        self._closed = False
+        try:
+            self._call(self._running.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    # ---- construction ----
+    @classmethod
+    def local(cls, *, http_port: int | None = None, heartbeat_interval: float = 1.0) -> Cluster:
+        """Everything on this machine: a private nats-server and a router here; workers start
+        as processes with ``create_serving_instance``. ``http_port``: also serve the OpenAI
+        HTTP API on 127.0.0.1 (0: any free port, see ``http_url``)."""
+        return cls(_spec(None, http_port, heartbeat_interval, None, NatsAuth()))
+
+    @classmethod
+    def connect(cls, url: str, *, cluster_secret: bytes | None = None, nats_auth: NatsAuth | None = None,
+                http_port: int | None = None, heartbeat_interval: float = 1.0) -> Cluster:
+        """Join the deployment whose NATS server is ``url``: a router here sees its workers,
+        and serving instances add worker processes to it."""
+        from interlock.env import get_env
+
+        env = get_env()
+        auth = nats_auth or NatsAuth(user=env.nats_user, password=env.nats_password, token=env.nats_token)
+        secret = cluster_secret if cluster_secret is not None else env.cluster_secret
+        return cls(_spec(url, http_port, heartbeat_interval, secret, auth))
+
+    # ---- models and instances ----
+    def register_model(self, name: str, path: str, *, tensor_parallel_size: int = 1,
+                       pipeline_parallel_size: int = 1, **engine: Any) -> None:
+        """Make ``path`` (a model folder, a GGUF file or a known name such as ``smollm2``)
+        servable as ``name``. ``engine``: more ``ExecutionGroup`` fields (``runner``, ``dtype``,
+        ``max_model_len``, ``block_size``, ``speedup``, ...); node fields (``max_batch_size``,
+        ``kv_cache_gib``, ``num_blocks``, ...) go to ``create_serving_instance``."""
+        known = {f for f in ExecutionGroup.__dataclass_fields__} - {"model", "served_model_name", "nodes",
+                                                                       "max_replicas"}
+        unknown = sorted(set(engine) - known)
+        if unknown:
+            raise ConfigError(f"register_model: unknown {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        group = ExecutionGroup(model=path, served_model_name=name, tensor_parallel_size=tensor_parallel_size,
+                               pipeline_parallel_size=pipeline_parallel_size, nodes=(NodeGroup(gpu_count=0),),
+                               **engine)
+        validate_deployment(Deployment(execution_groups=(group,)))
+        self._models[name] = group
+
+    def create_serving_instance(self, model: str, *, min_replicas: int = 1, max_replicas: int | None = None,
+                                role: str = "both", ready_timeout_s: float = 600.0, **node: Any) -> ServingInstance:
+        """Start ``min_replicas`` worker processes of ``model`` and wait until they serve.
+        ``max_replicas``: the most workers the instance may grow to (``scale_to`` and the
+        planner stay within it; default ``min_replicas``). ``node``: ``NodeGroup`` fields."""
+        return self._call(self.acreate_serving_instance(model, min_replicas=min_replicas, max_replicas=max_replicas,
+                                                        role=role, ready_timeout_s=ready_timeout_s, **node))
+
+    async def acreate_serving_instance(self, model: str, *, min_replicas: int = 1, max_replicas: int | None = None,
+                                       role: str = "both", ready_timeout_s: float = 600.0,
+                                       **node: Any) -> ServingInstance:
+        group = self._models.get(model)
+        if group is None:
+            raise ConfigError(f"model: {model!r} is not registered (registered: {', '.join(self._models) or 'none'})")
+        if min_replicas < 1:
+            raise ConfigError("min_replicas: must be at least 1")
+        cap = min_replicas if max_replicas is None else max_replicas
+        if cap < min_replicas:
+            raise ConfigError(f"max_replicas: {cap} is below min_replicas {min_replicas}")
+        try:
+            nodes = (NodeGroup(node_role=role, gpu_count=0, **node),)
+        except TypeError as e:
+            raise ConfigError(f"create_serving_instance: {e}") from None
+        group = replace(group, nodes=nodes, max_replicas=cap)
+        validate_deployment(Deployment(execution_groups=(group,)))
+        instance = await self._on_loop(self._start_instance(model, group, min_replicas, ready_timeout_s))
+        self._instances.append(instance)
+        return instance
+
+    async def _start_instance(self, model: str, group: ExecutionGroup, replicas: int,
+                              timeout_s: float) -> ServingInstance:
+        running = self._running
+        index = await running.add_group(group)
+        instance = ServingInstance(self, model, index)
+        for _ in range(replicas):
+            instance._handles.append(await running.add_worker(group.nodes[0].node_role, index))
+        why = await running.wait_ready(count=len(running.workers()), timeout_s=timeout_s)
+        if why is not None:
+            raise ConfigError(f"serving instance of {model!r} did not start: {why}")
+        return instance
+
+    @property
+    def http_url(self) -> str | None:
+        """The OpenAI HTTP API's base URL (``.../v1``), when ``http_port`` was given."""
+        server = self._running.server
+        return f"{server.url}/v1" if server is not None else None
+
+    @property
+    def running(self) -> RunningCluster:
+        """The builder's running deployment (``add_worker``, ``remove_worker``, ``workers``).
+        Its coroutines run on this cluster's loop: use ``call``."""
+        return self._running
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the cluster's loop and wait for it."""
+        return self._call(coro)
+
+    # ---- lifecycle ----
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._call(self._running.close())
+        finally:
+            self._stop_loop()
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            await self._on_loop(self._running.close())
+            self._closed = True
+            self._stop_loop()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Cluster:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        if self._closed and not self._loop.is_running():
+            coro.close()
+            raise ConfigError("the cluster is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._submit(coro).result()
+
+    async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` (run on the cluster's loop) from any loop, even the cluster's own."""
+        try:
+            if asyncio.get_running_loop() is self._loop:
+                return await coro
+        except RuntimeError:
+            pass
+        return await asyncio.wrap_future(self._submit(coro))
+
+
+class ServingInstance:
+    """The workers serving one registered model, and how to ask them for text."""
+
+    def __init__(self, cluster: Cluster, model: str, group: int) -> None:
+        self.cluster = cluster
+        self.model = model
+        self.group = group
+        self._handles: list[WorkerHandle] = []
+
+    @property
+    def workers(self) -> list[WorkerHandle]:
+        return list(self._handles)
+
+    # ---- text ----
+    def generate(self, prompt: str | Sequence[int], **sampling: Any) -> str:
+        """The completion of ``prompt`` (text or token ids), as one string."""
+        return self.cluster._call(self._text({"prompt": _prompt(prompt), **sampling}, "completions"))
+
+    def chat(self, messages: Sequence[dict[str, Any]], **sampling: Any) -> str:
+        """The assistant's reply to ``messages`` (``[{"role": "user", "content": "..."}]``)."""
+        return self.cluster._call(self._text({"messages": list(messages), **sampling}, "chat"))
+
+    async def agenerate(self, prompt: str | Sequence[int], **sampling: Any) -> str:
+        return await self.cluster._on_loop(self._text({"prompt": _prompt(prompt), **sampling}, "completions"))
+
+    async def achat(self, messages: Sequence[dict[str, Any]], **sampling: Any) -> str:
+        return await self.cluster._on_loop(self._text({"messages": list(messages), **sampling}, "chat"))
+
+    def stream(self, prompt: str | Sequence[int] | None = None, *, messages: Sequence[dict[str, Any]] | None = None,
+               **sampling: Any) -> Iterator[str]:
+        """Text pieces as they are generated (a prompt, or chat ``messages``). Leaving the loop
+        early aborts the request on its worker."""
+        out: queue.Queue[object] = queue.Queue()
+        future = self.cluster._submit(self._pump(self._body(prompt, messages, sampling), out.put))
+        try:
+            while (item := out.get()) is not _DONE:
+                if isinstance(item, BaseException):
+                    raise item
+                yield str(item)
+        finally:
+            future.cancel()
+
+    async def astream(self, prompt: str | Sequence[int] | None = None, *,
+                      messages: Sequence[dict[str, Any]] | None = None, **sampling: Any) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue[object] = asyncio.Queue()
+        body = self._body(prompt, messages, sampling)
+        future = self.cluster._submit(self._pump(body, lambda x: loop.call_soon_threadsafe(out.put_nowait, x)))
+        try:
+            while (item := await out.get()) is not _DONE:
+                if isinstance(item, BaseException):
+                    raise item
+                yield str(item)
+        finally:
+            future.cancel()
+
+    # ---- replicas ----
+    def scale_to(self, replicas: int) -> None:
+        """Start or stop (drained) workers until ``replicas`` serve; within ``max_replicas``."""
+        self.cluster._call(self._scale(replicas))
+
+    def close(self) -> None:
+        """Stop this instance's workers (drained)."""
+        self.cluster._call(self._scale(0))
+
+    async def _scale(self, replicas: int) -> None:
+        running = self.cluster._running
+        while len(self._handles) < replicas:
+            self._handles.append(await running.add_worker(self._handles[0].role if self._handles else "both",
+                                                          self.group))
+        while len(self._handles) > max(replicas, 0):
+            await running.remove_worker(self._handles.pop(), drain=True)
+
+    # ---- on the cluster's loop ----
+    def _body(self, prompt: Any, messages: Any, sampling: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        if (prompt is None) == (messages is None):
+            raise ConfigError("give a prompt or messages (one of them)")
+        if messages is not None:
+            return {"messages": list(messages), **sampling}, "chat"
+        return {"prompt": _prompt(prompt), **sampling}, "completions"
+
+    async def _text(self, body: dict[str, Any], endpoint: str) -> str:
+        return "".join([piece async for piece in self._pieces(body, endpoint)])
+
+    async def _pump(self, request: tuple[dict[str, Any], str], put: Any) -> None:
+        try:
+            async for piece in self._pieces(*request):
+                put(piece)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            put(e)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+        finally:
+            put(_DONE)
+
+    async def _pieces(self, body: dict[str, Any], endpoint: str) -> AsyncIterator[str]:
+        from interlock.frontend.assembler import OutputAssembler
+        from interlock.frontend.prepare import prompt_ids, sampling_params
+        from interlock.frontend.schemas import parse_chat, parse_completion, stop_strings
+        from interlock.protocol import GenerateRequest
+        from interlock.protocol.routing import RequestContext
+
+        service = self.cluster._running.service
+        tokenizers = self.cluster._running.tokenizers
+        if "stream" in body:
+            raise ConfigError("stream: use stream() / astream()")
+        raw = msgspec.json.encode({**body, "model": self.model})
+        req = parse_chat(raw) if endpoint == "chat" else parse_completion(raw)
+        entry = next((m for m in service.models() if m.name == self.model), None)
+        if entry is None:
+            raise ConfigError(f"model {self.model!r} has no worker")
+        tok = await tokenizers.tokenizer(entry)
+        ids = await prompt_ids(req, tok)
+        sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
+        rid = f"py-{uuid.uuid4().hex}"
+        greq = GenerateRequest(request_id=rid, token_ids=tuple(ids), sampling=sampling, model=entry.name,
+                               priority=req.priority or 0)
+        ctx = RequestContext(request_id=rid, endpoint=endpoint, priority=req.priority or 0)
+        assembler = OutputAssembler(tok, ids, stop=stop_strings(req), skip_special_tokens=req.skip_special_tokens)
+        stream = service.generate(greq, ctx)
+        try:
+            async for out in stream:
+                delta = assembler.push(out)
+                if delta.text:
+                    yield delta.text
+                if delta.finish_reason is not None:
+                    return
+        finally:
+            await stream.aclose()
+
+
+def _prompt(prompt: str | Sequence[int]) -> str | list[int]:
+    return prompt if isinstance(prompt, str) else list(prompt)
+
+
+def _spec(url: str | None, http_port: int | None, heartbeat_interval: float, secret: bytes | None,
+          auth: NatsAuth) -> ClusterSpec:
+    cp = ControlPlane(nats_url=url, listen_port=http_port or 0, heartbeat_interval=heartbeat_interval)
+    d = Deployment(control_plane=cp, execution_groups=())
+    validate_deployment(d)
+    return ClusterSpec(deployment=d, frontend=FrontendConfig() if http_port is not None else None,
+                       cluster_secret=secret, nats_auth=auth)

@@ -1,0 +1,309 @@
+"""The one builder: a ``ClusterSpec`` in, running components out.
+
+    running = await start_cluster(spec)      # planes, router + frontend, workers
+    await running.wait_ready()
+    handle = await running.add_worker("decode")
+    await running.remove_worker(handle, drain=True)
+    await running.close()
+
+Every entry point uses it: ``interlock serve`` (everything), ``interlock frontend`` (router and
+frontend on an existing deployment), ``interlock worker`` (one worker here), the Python API
+(``interlock.Cluster``) and the tests; so routing, disaggregation, health, queue and priority
+settings apply the same whichever of them starts a router.
+
+Planes: in-process (``ProcessOptions.in_process``), the deployment's ``nats_url``, or a private
+nats-server started here (loopback, generated login, generated cluster secret), restarted on
+the same port by the supervisor when it dies. Workers: child processes (each gets its
+``WorkerLaunch`` on stdin and its secrets in its environment, and is restarted per
+``restart_policy``), or in this process with in-process planes and for ``interlock worker``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from dataclasses import dataclass, replace
+from typing import Any
+
+from interlock.cluster.procs import Child, NatsProcess, python_module_argv
+from interlock.cluster.secrets import child_env, new_cluster_secret
+from interlock.cluster.spec import (
+    ClusterSpec,
+    ResolvedGroup,
+    device_of,
+    disagg_config,
+    resolve_groups,
+    router_config,
+    service_options,
+    worker_spec,
+    worker_specs,
+)
+from interlock.cluster.supervisor import Supervisor, startup_failure
+from interlock.cluster.worker import WorkerLaunch, WorkerSpec, files_only, start_worker
+from interlock.deploy import ExecutionGroup, validate_deployment
+from interlock.env import get_env
+from interlock.errors import ConfigError
+from interlock.names import ROLES
+from interlock.runtime.config import RuntimeConfig
+
+log = logging.getLogger("interlock.cluster")
+
+
+@dataclass
+class WorkerHandle:
+    """One worker this deployment started: a child process, or a Worker in this process."""
+
+    spec: WorkerSpec
+    child: Child | None = None
+    local: Any = None
+    """The in-process ``engine.worker.Worker``."""
+
+    @property
+    def instance_id(self) -> str:
+        return self.spec.instance_id
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+    @property
+    def group(self) -> int:
+        return self.spec.group
+
+
+class RunningCluster:
+    """What ``start_cluster`` returns; ``close()`` stops everything it started, in order."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.runtime: Any = None
+        self.service: Any = None
+        """The router service (the frontend's backend), or None (``interlock worker``)."""
+        self.server: Any = None
+        """The HTTP frontend, or None."""
+        self.nats: NatsProcess | None = None
+        self.url: str | None = None
+        """The NATS URL the planes use (None: in-process planes)."""
+        self.supervisor = Supervisor(spec.processes.restart_policy)
+        self.secret = spec.cluster_secret
+        self.auth = spec.nats_auth
+        self._groups: list[ResolvedGroup] = []
+        self._workers: dict[str, WorkerHandle] = {}
+        self._next = 0
+        self._prefix = f"{os.getpid():x}"
+        self._catalog: Any = None
+
+    # ---- start ----
+    async def start(self) -> None:
+        """Start what the spec describes; on any failure, stop what had started and re-raise."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
+        spec, cp = self.spec, self.spec.deployment.control_plane
+        if not spec.processes.in_process:
+            self.url = cp.nats_url
+            if self.url is None:
+                if not spec.start_workers or not spec.router:
+                    raise ConfigError("control-plane.nats_url is required (--nats-url or INTERLOCK_NATS_URL)")
+                await self._start_nats()
+        rt = RuntimeConfig(heartbeat_interval=cp.heartbeat_interval, lease_timeout=cp.lease_timeout,
+                           host=spec.processes.host, advertise_host=spec.processes.advertise_host,
+                           cluster_secret=self.secret, nats_auth=self.auth)
+        from interlock.runtime import connect_runtime
+
+        self.runtime = await connect_runtime(self.url, rt)
+        if spec.router:
+            await self._start_router()
+        if spec.start_workers:
+            self._groups = await asyncio.to_thread(resolve_groups, spec.deployment)
+            for ws in worker_specs(spec, self._groups, prefix=self._prefix):
+                await self._launch(ws)
+            self._next = len(self._workers)
+        if spec.frontend is not None and self.service is not None:
+            from interlock.frontend.app import serve_frontend
+
+            fe = spec.frontend
+            r, m = spec.deployment.routing, spec.deployment.metrics
+            if r.route_key:
+                fe = replace(fe, route_key_header=r.route_key)
+            fe = replace(fe, metric_families=m.families)
+            self.server = await serve_frontend(self.service, cp.listen_host, cp.listen_port, config=fe)
+
+    async def _start_nats(self) -> None:
+        from interlock.runtime import generate_auth
+
+        auth = self.auth
+        given = auth.password is not None or auth.token is not None  # to reach it from outside too
+        self.auth = replace(auth, tls_ca=None, tls_cert=None, tls_key=None) if given else generate_auth()
+        self.secret = self.secret or new_cluster_secret()
+        self.nats = NatsProcess(auth=self.auth)
+        await self.nats.start()
+        self.supervisor.watch(self.nats)
+        self.url = self.nats.url
+        log.info("started nats-server at %s", self.url)
+
+    async def _start_router(self) -> None:
+        from interlock.router.service import RouterService
+
+        rt = self.runtime
+        self.service = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events,
+                                     config=router_config(self.spec), options=service_options(self.spec),
+                                     disagg=disagg_config(self.spec))
+        await self.service.start()
+        self.service.extra_health.append(self.supervisor.problems)  # crash loops, a down nats-server
+
+    async def launch(self, ws: WorkerSpec, *, core: Any = None) -> WorkerHandle:
+        """Start a worker from a whole spec (``add_worker`` derives one from the deployment):
+        a child process, or in this process with in-process planes or a ``core`` given."""
+        return await self._launch(ws, core=core)
+
+    async def _launch(self, ws: WorkerSpec, *, core: Any = None) -> WorkerHandle:
+        if self.spec.processes.in_process or core is not None:
+            handle = WorkerHandle(ws, local=await start_worker(ws, self.runtime, core=core))
+        else:
+            assert self.url is not None
+            cp = self.spec.deployment.control_plane
+            launch = WorkerLaunch(ws, self.url, cp.heartbeat_interval, cp.lease_timeout, files_only(self.auth))
+            child = Child(f"worker-{ws.instance_id.split('-', 1)[0][1:]}",
+                          python_module_argv("interlock.cluster.worker_main"),
+                          env={**worker_env(), **child_env(self.secret, self.auth)},
+                          stdin_data=launch.encode())
+            await child.start()
+            self.supervisor.watch(child)
+            handle = WorkerHandle(ws, child=child)
+        self._workers[ws.instance_id] = handle
+        return handle
+
+    # ---- workers: what the planner scales with ----
+    def workers(self) -> list[WorkerHandle]:
+        return list(self._workers.values())
+
+    async def add_group(self, group: ExecutionGroup) -> int:
+        """One more execution group (a model to serve, ``Cluster.register_model``), with no
+        worker yet; its index for ``add_worker``."""
+        validate_deployment(replace(self.spec.deployment, execution_groups=(group,)))
+        if not self._groups:
+            self._groups = await asyncio.to_thread(resolve_groups, self.spec.deployment)
+        d = self.spec.deployment
+        self.spec = replace(self.spec, deployment=replace(d, execution_groups=(*d.execution_groups, group)))
+        (rg,) = await asyncio.to_thread(resolve_groups, replace(d, execution_groups=(group,)))
+        self._groups.append(replace(rg, index=len(self._groups)))
+        return len(self._groups) - 1
+
+    @property
+    def tokenizers(self) -> Any:
+        """The router's models' tokenizers, loaded once (``frontend.catalog.ModelCatalog``)."""
+        if self._catalog is None:
+            from interlock.frontend.catalog import ModelCatalog
+
+            self._catalog = ModelCatalog(self.service)
+        return self._catalog
+
+    async def add_worker(self, role: str = "both", group: int = 0, *, core: Any = None) -> WorkerHandle:
+        """Start one more worker of execution group ``group`` with ``role``, shaped like the
+        group's first node group of that role (else its first node group). Refused beyond the
+        group's ``max_replicas``. ``core``: an engine built by the caller (tests), run here."""
+        if role not in ROLES:
+            raise ConfigError(f"role: {role!r} is not one of {', '.join(ROLES)}")
+        if not self._groups:
+            self._groups = await asyncio.to_thread(resolve_groups, self.spec.deployment)
+        if not 0 <= group < len(self._groups):
+            raise ConfigError(f"group: no execution group {group} (there are {len(self._groups)})")
+        rg = self._groups[group]
+        cap = rg.group.max_replicas
+        have = sum(1 for w in self._workers.values() if w.group == group)
+        if cap is not None and have >= cap:
+            raise ConfigError(f"execution group {group} already has max_replicas={cap} workers")
+        node = next((n for n in rg.group.nodes if n.node_role == role), replace(rg.group.nodes[0], node_role=role))
+        threads = rg.group.threads or max(1, (os.cpu_count() or 1) // max(1, len(self._workers) + 1))
+        ws = worker_spec(self.spec, rg, node, instance_id=f"w{self._next}-{self._prefix}",
+                         device=device_of(rg.group.device, self._next), threads=threads)
+        self._next += 1
+        return await self._launch(ws, core=core)
+
+    async def remove_worker(self, handle: WorkerHandle, *, drain: bool = True) -> None:
+        """Stop a worker: drained (it leaves discovery, finishes in flight within the grace
+        period) or at once. A child is not restarted."""
+        self._workers.pop(handle.instance_id, None)
+        grace = self.spec.processes.drain_grace_s
+        if handle.child is not None:
+            self.supervisor.forget(handle.child.name)
+            await handle.child.stop(grace + 5 if drain else 0.0)
+        elif handle.local is not None:
+            if drain:
+                await handle.local.drain(grace_s=grace)
+            else:
+                await self.runtime.discovery.unregister(handle.instance_id)
+                await handle.local.close()  # its transfer agent goes with it
+
+    # ---- readiness ----
+    async def wait_ready(self, count: int | None = None, stop: asyncio.Event | None = None,
+                         timeout_s: float | None = None, progress: bool = False) -> str | None:
+        """Wait until ``count`` workers (default: those started here) are registered; None
+        when they are, else why not (timeout, stop, or a start-up failure that restarting will
+        not fix, ``supervisor.startup_failure``)."""
+        assert self.service is not None, "no router here to see workers register"
+        count = len(self._workers) if count is None else count
+        timeout_s = self.spec.processes.ready_timeout_s if timeout_s is None else timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        children = [w.child for w in self._workers.values() if w.child is not None]
+        seen = -1
+        while True:
+            have = len(self.service.instances())
+            if progress and have != seen:
+                print(f"waiting for workers: {have}/{count} ready", file=sys.stderr, flush=True)
+            seen = have
+            if have >= count:
+                return None
+            why = startup_failure({c.name: self.supervisor.history(c.name) for c in children},
+                                  self.supervisor.policy)
+            if why is not None:
+                return why
+            if stop is not None and stop.is_set():
+                return "stopped"
+            if loop.time() > deadline:
+                return f"workers not ready after {timeout_s:.0f}s"
+            await self.service.wait_for_workers(have + 1, 0.5)
+
+    # ---- stop ----
+    async def close(self) -> None:
+        await self.supervisor.close()  # from here on, exits are ours: nothing is restarted
+        if self.server is not None:
+            await self.server.close()
+        grace = self.spec.processes.drain_grace_s
+        handles = list(self._workers.values())
+        self._workers.clear()
+        await asyncio.gather(*(h.child.stop(grace + 5) for h in handles if h.child is not None))
+        for h in handles:
+            if h.local is not None:
+                with contextlib.suppress(Exception):
+                    await h.local.drain(grace_s=min(grace, 5.0))
+        if self.service is not None:
+            await self.service.close()
+        if self.runtime is not None:
+            await self.runtime.close()
+        if self.nats is not None:
+            await self.nats.stop()
+
+
+async def start_cluster(spec: ClusterSpec) -> RunningCluster:
+    running = RunningCluster(spec)
+    await running.start()
+    return running
+
+
+def worker_env() -> dict[str, str]:
+    # Short OpenMP spinning: fast between a step's kernels, asleep between steps, so workers
+    # sharing cores do not starve each other (see Env.gomp_spincount).
+    env = {"PYTHONUNBUFFERED": "1", "GOMP_SPINCOUNT": get_env().gomp_spincount}
+    if get_env().omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = get_env().omp_wait_policy
+    return env

@@ -1,0 +1,155 @@
+"""What a local deployment is made of, as frozen values: the ``Deployment`` (file, flags or the
+Python API) plus what only a running process has (frontend limits, dispatch options, secrets,
+process handling). Pure: ``worker_specs`` and the router's settings are derived here and
+nowhere else, so ``serve``, ``frontend``, ``worker``, ``Cluster`` and the tests agree.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+from interlock.cluster.supervisor import RestartPolicy
+from interlock.cluster.worker import WorkerSpec
+from interlock.deploy import Deployment, ExecutionGroup, NodeGroup
+from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from interlock.errors import ConfigError
+from interlock.frontend.config import FrontendConfig
+from interlock.router.cost import CostParams
+from interlock.router.disagg import DisaggConfig
+from interlock.router.dispatcher import DispatchOptions
+from interlock.router.facade import RouterConfig
+from interlock.router.service import ServiceOptions
+from interlock.runtime.config import NatsAuth
+
+
+@dataclass(frozen=True)
+class ProcessOptions:
+    in_process: bool = False
+    """In-process planes and workers: no NATS, no child processes (``serve --single-process``)."""
+    restart_policy: RestartPolicy = RestartPolicy.ON_FAILURE
+    drain_grace_s: float = 30.0
+    ready_timeout_s: float = 600.0
+    host: str = "127.0.0.1"
+    """Interface a worker's request plane and transfer agent bind to (``interlock worker``)."""
+    advertise_host: str | None = None
+    kv_transfer_port: int = 0
+    kv_transfer_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    deployment: Deployment = Deployment()
+    frontend: FrontendConfig | None = FrontendConfig()
+    """None: no HTTP server (the Python API talks to the router directly)."""
+    router: bool = True
+    """False: no router in this process (``interlock worker``)."""
+    start_workers: bool = True
+    """False: only the router and frontend join an existing deployment (``interlock frontend``)."""
+    dispatch: DispatchOptions = DispatchOptions()
+    processes: ProcessOptions = ProcessOptions()
+    cluster_secret: bytes | None = field(default=None, repr=False)
+    nats_auth: NatsAuth = NatsAuth()
+
+    def __post_init__(self) -> None:
+        r = self.deployment.routing
+        if (self.start_workers and (r.enforce_disagg or not r.fallback_to_local)
+                and not any(n.node_role == "prefill" and n.gpu_count for n in self.deployment.nodes)):
+            key = "enforce_disagg" if r.enforce_disagg else "fallback_to_local: false"
+            raise ConfigError(f"routing.{key}: needs a node group with node_role prefill (every "
+                              "request would fail without one)")
+        if self.processes.in_process and self.deployment.control_plane.nats_url:
+            raise ConfigError("control-plane.nats_url: not used with in-process planes (--single-process)")
+
+
+def router_config(spec: ClusterSpec) -> RouterConfig:
+    r = spec.deployment.routing
+    return RouterConfig(policy=r.policy, queue_capacity=r.queue_size,
+                        cost=CostParams(kv_watermark=r.kv_usage_watermark, chunk_tokens=chunk_tokens(spec.deployment)))
+
+
+def chunk_tokens(d: Deployment) -> int:
+    """The workers' smallest prefill budget per step."""
+    return min((n.max_num_batched_tokens for n in d.nodes), default=NodeGroup().max_num_batched_tokens)
+
+
+def service_options(spec: ClusterSpec) -> ServiceOptions:
+    cp = spec.deployment.control_plane
+    return ServiceOptions(dispatch=spec.dispatch,
+                          health_check_s=cp.heartbeat_interval if cp.health_check_enabled else None)
+
+
+def disagg_config(spec: ClusterSpec) -> DisaggConfig:
+    """Always on: a request takes the disaggregated path once its model has prefill workers,
+    whichever command started the router (``interlock frontend`` knows no roles in advance)."""
+    r = spec.deployment.routing
+    return DisaggConfig(enforce=r.enforce_disagg or not r.fallback_to_local,
+                        max_kv_bytes=r.max_remote_kv_bytes, chunk_tokens=chunk_tokens(spec.deployment))
+
+
+@dataclass(frozen=True)
+class ResolvedGroup:
+    """An execution group with its model resolved (converted once) and context length known."""
+
+    index: int
+    group: ExecutionGroup
+    model_path: str
+    served_name: str
+    max_model_len: int
+
+
+def resolve_groups(d: Deployment, *, progress: bool = True) -> list[ResolvedGroup]:
+    from interlock.model_store import context_length, resolve_model, served_model_name
+
+    out = []
+    for i, g in enumerate(d.execution_groups):
+        path = str(resolve_model(g.model, progress=progress))
+        out.append(ResolvedGroup(i, g, path, g.served_model_name or served_model_name(path),
+                                 g.max_model_len or context_length(path)))
+    return out
+
+
+def worker_spec(spec: ClusterSpec, rg: ResolvedGroup, node: NodeGroup, *, instance_id: str,
+                device: str, threads: int) -> WorkerSpec:
+    g, d, p = rg.group, spec.deployment, spec.processes
+    engine = EngineConfig(
+        model=ModelConfig(model=rg.model_path, runner=g.runner, device=device, dtype=g.dtype, num_threads=threads),
+        cache=CacheConfig(block_size=g.block_size, num_blocks=node.num_blocks, kv_cache_gib=node.kv_cache_gib,
+                          enable_prefix_caching=g.enable_prefix_caching),
+        scheduler=SchedulerConfig(max_num_batched_tokens=node.max_num_batched_tokens,
+                                  max_num_seqs=node.max_batch_size, max_model_len=rg.max_model_len,
+                                  preempt_enabled=d.routing.preempt_enabled),
+    )
+    return WorkerSpec(engine=engine, served_name=rg.served_name, model_path=rg.model_path, role=node.node_role,
+                      instance_id=instance_id, speedup=g.speedup, kv_transfer=node.transfer,
+                      kv_transfer_port=p.kv_transfer_port, kv_transfer_timeout_s=p.kv_transfer_timeout_s,
+                      host=p.host, advertise_host=p.advertise_host,
+                      queue_depth_threshold=node.queue_depth_threshold,
+                      export_interval_s=d.metrics.export_interval, drain_grace_s=p.drain_grace_s, group=rg.index)
+
+
+def worker_specs(spec: ClusterSpec, groups: list[ResolvedGroup], *, prefix: str | None = None) -> list[WorkerSpec]:
+    """One spec per device of every node group, in order (``w0-<pid>``, ``w1-<pid>``, ...)."""
+    prefix = prefix or f"{os.getpid():x}"
+    total = spec.deployment.num_workers
+    specs: list[WorkerSpec] = []
+    for rg in groups:
+        threads = rg.group.threads or max(1, (os.cpu_count() or 1) // max(1, total))
+        for node in rg.group.nodes:
+            for _ in range(node.gpu_count):
+                specs.append(worker_spec(spec, rg, node, instance_id=f"w{len(specs)}-{prefix}",
+                                         device=device_of(rg.group.device, len(specs)), threads=threads))
+    return specs
+
+
+def device_of(device: str, index: int) -> str:
+    """``cuda`` spreads a machine's workers over its devices in order (one device each);
+    ``cpu`` and an explicit ``cuda:N`` are kept."""
+    return f"cuda:{index}" if device == "cuda" else device
+
+
+def with_nodes(spec: ClusterSpec, group: int, nodes: tuple[NodeGroup, ...]) -> ClusterSpec:
+    d = spec.deployment
+    groups = list(d.execution_groups)
+    groups[group] = replace(groups[group], nodes=nodes)
+    return replace(spec, deployment=replace(d, execution_groups=tuple(groups)))

@@ -1,0 +1,145 @@
+"""One engine worker: its typed spec, and the one way to run it (in this process, or as the
+child process a local deployment starts).
+
+A child gets its ``WorkerLaunch`` as JSON on stdin (``python -m interlock.cluster.worker_main``)
+and its secrets in its environment (``cluster.secrets``): the frozen spec crosses the process
+boundary as data, never as argv to be parsed again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, replace
+
+import msgspec
+
+from interlock.engine.config import EngineConfig
+from interlock.protocol import InstanceInfo, subjects
+from interlock.runtime.config import NatsAuth, RuntimeConfig
+
+log = logging.getLogger("interlock.worker")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything needed to start one worker."""
+
+    engine: EngineConfig
+    served_name: str
+    model_path: str
+    role: str
+    instance_id: str
+    speedup: float = 1.0
+    kv_transfer: str = "auto"
+    """``none``: no transfer agent (this worker cannot disaggregate); else the transport its
+    pulls use (``auto`` picks per peer; ``tcp`` also never stages in /dev/shm)."""
+    kv_transfer_port: int = 0
+    kv_transfer_timeout_s: float = 30.0
+    host: str = "127.0.0.1"
+    advertise_host: str | None = None
+    queue_depth_threshold: int = 0
+    """Registered in ``InstanceInfo``: routers count the worker busy past this queue (0: never)."""
+    export_interval_s: float = 1.0
+    """Load reports leave at least this often (``metrics.export_interval``)."""
+    drain_grace_s: float = 30.0
+    group: int = 0
+    """Index of the deployment's execution group it belongs to (``Cluster.add_worker``)."""
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """What a worker process needs besides its secrets: the spec and how to reach the planes.
+    ``files`` names credential/TLS files only; logins and the cluster secret come from the
+    environment (``cluster.secrets.child_env``)."""
+
+    spec: WorkerSpec
+    nats_url: str
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 5.0
+    files: NatsAuth = NatsAuth()
+
+    def encode(self) -> bytes:
+        return msgspec.json.encode(self)
+
+    @staticmethod
+    def decode(data: bytes) -> WorkerLaunch:
+        return msgspec.json.decode(data, type=WorkerLaunch)
+
+
+def files_only(auth: NatsAuth) -> NatsAuth:
+    return NatsAuth(creds_file=auth.creds_file, tls_ca=auth.tls_ca, tls_cert=auth.tls_cert, tls_key=auth.tls_key)
+
+
+def worker_info(spec: WorkerSpec, *, block_size: int, kv_blocks_total: int) -> InstanceInfo:
+    """What the worker registers in discovery (the engine gives its block figures)."""
+    return InstanceInfo(
+        instance_id=spec.instance_id,
+        endpoint=subjects.GENERATE_ENDPOINT,
+        model=spec.served_name,
+        model_path=spec.model_path,
+        role=spec.role,
+        block_size=block_size,
+        kv_blocks_total=kv_blocks_total,
+        context_length=spec.engine.scheduler.max_model_len,
+        queue_depth_threshold=spec.queue_depth_threshold,
+    )
+
+
+def transfer_agent(spec: WorkerSpec, cluster_secret: bytes | None = None):  # type: ignore[no-untyped-def]
+    """The worker's KV-transfer agent, or None (``kv_transfer`` none)."""
+    if spec.kv_transfer == "none":
+        return None
+    from interlock.transfer import TransferAgent
+
+    return TransferAgent(host=spec.host, port=spec.kv_transfer_port, advertise_host=spec.advertise_host,
+                         use_shm=spec.kv_transfer != "tcp", cluster_secret=cluster_secret,
+                         transport=None if spec.kv_transfer == "auto" else spec.kv_transfer)
+
+
+async def start_worker(spec: WorkerSpec, runtime, *, core=None):  # type: ignore[no-untyped-def]
+    """Build the engine (or take ``core``, tests) and a Worker on ``runtime``; the started Worker."""
+    from interlock.engine.factory import build_engine
+    from interlock.engine.worker import Worker, WorkerOptions
+
+    if core is None:
+        core = await asyncio.to_thread(build_engine, spec.engine, instance_id=spec.instance_id,
+                                       speedup=spec.speedup)
+    info = worker_info(spec, block_size=core.block_size, kv_blocks_total=core.pool.num_blocks)
+    options = WorkerOptions(drain_grace_s=spec.drain_grace_s, kv_transfer_timeout_s=spec.kv_transfer_timeout_s,
+                            idle_report_s=spec.export_interval_s)
+    worker = Worker(core, info, discovery=runtime.discovery, requests=runtime.requests,
+                    events=runtime.events, options=options,
+                    transfer=transfer_agent(spec, runtime.config.cluster_secret))
+    await worker.start()
+    return worker
+
+
+async def run_worker(launch: WorkerLaunch, *, cluster_secret: bytes | None, auth: NatsAuth) -> int:
+    """Join the deployment, serve until SIGTERM/SIGINT, then drain: ``interlock worker`` and
+    every worker process a local deployment starts."""
+    from interlock.runtime import connect_runtime
+
+    spec = launch.spec
+    cfg = RuntimeConfig(heartbeat_interval=launch.heartbeat_interval, lease_timeout=launch.heartbeat_timeout,
+                        host=spec.host, advertise_host=spec.advertise_host,
+                        cluster_secret=cluster_secret, nats_auth=auth)
+    runtime = await connect_runtime(launch.nats_url, cfg)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        worker = await start_worker(spec, runtime)
+        print(f"worker {spec.instance_id} ready: model={spec.served_name} role={spec.role}", flush=True)
+        await stop.wait()
+        log.info("draining (grace %.0fs)", spec.drain_grace_s)
+        await worker.drain()
+    finally:
+        await runtime.close()
+    return 0
+
+
+def with_instance(spec: WorkerSpec, instance_id: str) -> WorkerSpec:
+    return replace(spec, instance_id=instance_id)

@@ -1,0 +1,25 @@
+"""Names shared by configuration, command line and components: each defined once, here.
+
+A leaf (imports nothing of ours), so the deployment file, every command's flags, the router
+and the workers all check against the same tuples.
+"""
+
+from __future__ import annotations
+
+ROLES = ("both", "prefill", "decode")
+"""Worker roles (``InstanceInfo.role``): ``both`` prefills and decodes its own requests."""
+
+POLICIES = ("kv", "round-robin", "random", "least-loaded", "power-of-two")
+"""Base routing policies. Session affinity, route keys and direct pins are per-request overlays
+(headers), on top of whichever base policy is chosen."""
+
+RUNNERS = ("torch", "mock")
+"""Model runners: the PyTorch model, or the mock with Dynamo's timing model."""
+
+TRANSPORTS = ("auto", "inproc", "shm", "tcp")
+"""KV transfer transports a worker may use to pull from a peer; ``auto`` picks per peer."""
+
+
+def policy_name(value: str) -> str:
+    """``least_loaded`` and ``least-loaded`` name the same policy."""
+    return value.strip().replace("_", "-")

@@ -1,0 +1,130 @@
+"""The shared flags: ecosystem names, INTERLOCK_* variables, overrides of a file, --help, --version."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from interlock.cli import frontend, serve, worker
+from interlock.cli.main import SUBCOMMANDS, main
+from interlock.cli.serving import deployment_from_args
+from interlock.env import flag_environment
+from interlock.errors import ConfigError
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    flag_environment.cache_clear()
+    yield monkeypatch
+    flag_environment.cache_clear()
+
+
+def serve_deployment(*argv: str):  # type: ignore[no-untyped-def]
+    return serve.spec_from_args(serve.build_parser().parse_args(list(argv))).deployment
+
+
+def test_flags_are_read_from_interlock_variables_and_the_command_line_wins(env: pytest.MonkeyPatch) -> None:
+    env.setenv("INTERLOCK_MAX_NUM_SEQS", "7")
+    env.setenv("INTERLOCK_ENABLE_PREFIX_CACHING", "false")
+    env.setenv("INTERLOCK_ROUTER_MODE", "ignored: the flag's name is --policy")
+    env.setenv("INTERLOCK_POLICY", "round_robin")
+    d = serve_deployment()
+    assert d.nodes[0].max_batch_size == 7 and not d.execution_groups[0].enable_prefix_caching
+    assert d.routing.policy == "round-robin"
+    assert serve_deployment("--max-num-seqs", "9").nodes[0].max_batch_size == 9
+
+
+def test_a_bad_variable_is_refused_by_name(env: pytest.MonkeyPatch) -> None:
+    env.setenv("INTERLOCK_RUNNER", "jax")
+    with pytest.raises(ConfigError, match="INTERLOCK_RUNNER: 'jax' is not one of torch, mock"):
+        serve.build_parser()
+    env.setenv("INTERLOCK_RUNNER", "mock")
+    env.setenv("INTERLOCK_SINGLE_PROCESS", "maybe")
+    flag_environment.cache_clear()
+    with pytest.raises(ConfigError, match="INTERLOCK_SINGLE_PROCESS: expected true or false"):
+        serve.build_parser()
+
+
+@pytest.mark.parametrize(("argv", "check"), [
+    (("--router-mode", "least_loaded"), lambda d: d.routing.policy == "least-loaded"),
+    (("--no-enable-prefix-caching",), lambda d: not d.execution_groups[0].enable_prefix_caching),
+    (("--no-prefix-caching",), lambda d: not d.execution_groups[0].enable_prefix_caching),
+    ((), lambda d: d.execution_groups[0].enable_prefix_caching),
+    (("--workers", "3"), lambda d: d.num_workers == 3),
+    (("--kv-transfer", "none"), lambda d: d.nodes[0].transfer == "none"),
+    (("--cache-transport", "tcp"), lambda d: d.nodes[0].transfer == "tcp"),
+    (("--heartbeat-interval", "0.5"), lambda d: d.control_plane.lease_timeout == 2.5),
+    ((), lambda d: d.execution_groups[0].max_model_len is None),  # the model's own, resolved per model
+])
+def test_ecosystem_names(argv: tuple[str, ...], check) -> None:  # type: ignore[no-untyped-def]
+    assert check(serve_deployment(*argv))
+
+
+def test_parallelism_above_one_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="tensor_parallel_size: 2 is not supported yet"):
+        serve_deployment("--tensor-parallel-size", "2")
+    with pytest.raises(ConfigError, match="pipeline_parallel_size: 4 is not supported yet"):
+        serve_deployment("-pp", "4")
+
+
+def test_flags_override_the_file_and_workers_is_refused_with_it(tmp_path: Path) -> None:
+    f = tmp_path / "d.yaml"
+    f.write_text(json.dumps({"execution-group": {"dtype": "float32", "nodes": [
+        {"node_role": "prefill", "max_batch_size": 4}, {"node_role": "decode", "max_batch_size": 5}]}}))
+    d = serve_deployment("-f", str(f), "--max-num-seqs", "8")
+    assert [n.max_batch_size for n in d.nodes] == [8, 8] and d.execution_groups[0].dtype == "float32"
+    assert [n.max_batch_size for n in serve_deployment("-f", str(f)).nodes] == [4, 5]
+    with pytest.raises(ConfigError, match="--workers: not used with -f"):
+        serve_deployment("-f", str(f), "--workers", "3")
+
+
+def test_frontend_takes_routing_from_a_file(tmp_path: Path) -> None:
+    f = tmp_path / "d.yaml"
+    f.write_text("routing: {policy: random, route_key: x-team}\n")
+    a = frontend.build_parser().parse_args(["-f", str(f), "--nats-url", "nats://h:4222"])
+    d = deployment_from_args(a)
+    assert (d.routing.policy, d.routing.route_key, d.control_plane.nats_url) == ("random", "x-team", "nats://h:4222")
+
+
+def test_worker_spec_is_derived_as_serve_derives_it(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (model / "model.safetensors").write_bytes(b"")
+    a = worker.build_parser().parse_args(["--model", str(model), "--runner", "mock", "--role", "decode",
+                                          "--nats-url", "nats://h:1", "--instance-id", "w9", "--kv-transfer", "tcp",
+                                          "--max-num-seqs", "3", "--preempt-enabled"])
+    launch = worker.launch_from_args(a)
+    s = launch.spec
+    assert (s.instance_id, s.role, s.kv_transfer, s.engine.scheduler.max_num_seqs) == ("w9", "decode", "tcp", 3)
+    assert s.engine.scheduler.preempt_enabled and s.engine.scheduler.max_model_len == 2048
+    assert launch.nats_url == "nats://h:1"
+
+
+def test_help_shows_defaults_and_no_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in SUBCOMMANDS:
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        out = capsys.readouterr().out
+        assert "``" not in out, name
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--migration-limit MIGRATION_LIMIT times a request" in out and "(default: 3)" in out
+    assert "(default: the model's own context length)" in out
+
+
+def test_a_bad_variable_exits_2_naming_it(env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    env.setenv("INTERLOCK_PORT", "eighty")
+    assert main(["frontend"]) == 2
+    assert "interlock frontend: INTERLOCK_PORT: 'eighty' is not a valid port" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from interlock import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"interlock {__version__}"
