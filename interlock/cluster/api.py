@@ -130,7 +130,7 @@ class Cluster:
                               timeout_s: float) -> ServingInstance:
         running = self._running
         index = await running.add_group(group)
-        instance = ServingInstance(self, model, index)
+        instance = ServingInstance(self, model, index, replicas if group.max_replicas is None else group.max_replicas)
         for _ in range(replicas):
             instance._handles.append(await running.add_worker(group.nodes[0].node_role, index))
         why = await running.wait_ready(count=len(running.workers()), timeout_s=timeout_s)
@@ -210,10 +210,11 @@ class Cluster:
 class ServingInstance:
     """The workers serving one registered model, and how to ask them for text."""
 
-    def __init__(self, cluster: Cluster, model: str, group: int) -> None:
+    def __init__(self, cluster: Cluster, model: str, group: int, max_replicas: int) -> None:
         self.cluster = cluster
         self.model = model
         self.group = group
+        self.max_replicas = max_replicas
         self._handles: list[WorkerHandle] = []
 
     @property
@@ -273,6 +274,8 @@ class ServingInstance:
         self.cluster._call(self._scale(0))
 
     async def _scale(self, replicas: int) -> None:
+        if replicas > self.max_replicas:
+            raise ConfigError(f"replicas: {replicas} is above this instance's max_replicas={self.max_replicas}")
         running = self.cluster._running
         while len(self._handles) < replicas:
             self._handles.append(await running.add_worker(self._handles[0].role if self._handles else "both",

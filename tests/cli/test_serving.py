@@ -10,7 +10,7 @@ import pytest
 
 from interlock.cli import frontend, serve, worker
 from interlock.cli.main import SUBCOMMANDS, main
-from interlock.cli.serving import deployment_from_args
+from interlock.cli.serving import cluster_spec, deployment_from_args
 from interlock.env import flag_environment
 from interlock.errors import ConfigError
 
@@ -128,3 +128,21 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"interlock {__version__}"
+
+
+def test_frontend_builds_the_router_serve_builds(tmp_path: Path) -> None:
+    """Same file, same router: policy, queue, health checks, disaggregation."""
+    from interlock.cluster.spec import disagg_config, router_config, service_options
+
+    f = tmp_path / "d.yaml"
+    f.write_text(json.dumps({
+        "control-plane": {"heartbeat_interval": "2s", "health_check_enabled": True},
+        "execution-group": {"runner": "mock", "nodes": [{"node_role": "prefill", "max_num_batched_tokens": 256},
+                                                        {"node_role": "decode"}]},
+        "routing": {"policy": "least_loaded", "queue_size": 7, "fallback_to_local": False}}))
+    s = serve.spec_from_args(serve.build_parser().parse_args(["-f", str(f), "--migration-limit", "1"]))
+    fa = frontend.build_parser().parse_args(["-f", str(f), "--nats-url", "nats://h:1", "--migration-limit", "1"])
+    fr = cluster_spec(fa, deployment_from_args(fa), start_workers=False)
+    for derive in (router_config, disagg_config, service_options):
+        assert derive(s) == derive(fr), derive.__name__
+    assert disagg_config(fr).enforce and router_config(fr).cost.chunk_tokens == 256

@@ -1,0 +1,84 @@
+"""The Python API with the real model: the README's example as written, then chat, async,
+streaming, sampling parameters and refusals on one cluster (a real worker process)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import interlock
+from interlock.errors import ConfigError, InvalidRequest
+
+pytestmark = pytest.mark.slow
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_example() -> str:
+    text = README.read_text()
+    section = text[text.index("## Python API"):]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match is not None
+    return match.group(1)
+
+
+def test_the_readme_example_runs_and_prints_text_from_smollm2() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(readme_example(), str(README), "exec"), {})
+    assert out.getvalue().strip()  # some text (sampled: temperature 1 as in OpenAI's API)
+
+
+def test_public_api_is_pinned() -> None:
+    assert sorted(interlock.__all__) == ["Cluster", "ServingInstance", "__version__"]
+    assert interlock.Cluster.__name__ == "Cluster"
+
+
+@pytest.fixture(scope="module")
+def instance() -> Iterator[interlock.ServingInstance]:
+    with interlock.Cluster.local() as cluster:
+        cluster.register_model("tiny", "smollm2", max_model_len=1024)
+        yield cluster.create_serving_instance(model="tiny", max_replicas=2, num_blocks=256)
+
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_chat_stream_and_async_agree_under_greedy_sampling(instance: interlock.ServingInstance) -> None:
+    text = instance.chat(QUESTION, max_tokens=16, temperature=0)
+    assert "Paris" in text
+    assert "".join(instance.stream(messages=QUESTION, max_tokens=16, temperature=0)) == text
+
+    async def both() -> tuple[str, str]:
+        pieces = [p async for p in instance.astream(messages=QUESTION, max_tokens=16, temperature=0)]
+        return await instance.achat(QUESTION, max_tokens=16, temperature=0), "".join(pieces)
+
+    assert asyncio.run(both()) == (text, text)
+
+
+def test_prompts_and_sampling_parameters(instance: interlock.ServingInstance) -> None:
+    seeded = [instance.generate("Once upon a time", max_tokens=12, temperature=1.0, seed=7) for _ in range(2)]
+    assert seeded[0] == seeded[1] and seeded[0]
+    assert asyncio.run(instance.agenerate("Once upon a time", max_tokens=12, temperature=1.0, seed=7)) == seeded[0]
+    stopped = instance.generate("1, 2, 3, 4, 5, 6,", max_tokens=20, temperature=0, stop=["9"])
+    assert "9" not in stopped
+    assert instance.generate([1, 2, 3], max_tokens=2) is not None  # token ids as the prompt
+
+
+def test_bad_input_is_refused_by_name(instance: interlock.ServingInstance) -> None:
+    with pytest.raises(InvalidRequest, match="frequency_penalty|temprature"):
+        instance.generate("hi", temprature=0.5)
+    with pytest.raises(ConfigError, match="max_replicas"):
+        instance.scale_to(3)
+    cluster = instance.cluster
+    with pytest.raises(ConfigError, match="tensor_parallel_size: 2 is not supported yet"):
+        cluster.register_model("big", "smollm2", tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="model: 'nope' is not registered"):
+        cluster.create_serving_instance(model="nope")
+    with pytest.raises(ConfigError, match="register_model: unknown colour"):
+        cluster.register_model("x", "smollm2", colour="red")

@@ -1,0 +1,160 @@
+"""The builder, in one process (in-process planes, mock runner): what it starts serves, the
+``metrics`` keys shape ``/metrics`` and the workers' reports, and workers come and go through
+``add_worker`` / ``remove_worker`` within ``max_replicas``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from interlock.cluster.builder import RunningCluster, start_cluster
+from interlock.cluster.spec import ClusterSpec, ProcessOptions
+from interlock.deploy import parse_deployment
+from interlock.errors import ConfigError
+from interlock.protocol import subjects
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@contextlib.asynccontextmanager
+async def running(**sections: Any) -> AsyncIterator[RunningCluster]:
+    group = {"runner": "mock", "max_model_len": 512, "nodes": [{"gpu_count": 1, "num_blocks": 64}],
+             **sections.pop("group", {})}
+    d = parse_deployment({"execution-group": group, "control-plane": {"listen_port": 0}, **sections})
+    spec = ClusterSpec(deployment=d, processes=ProcessOptions(in_process=True, drain_grace_s=1.0))
+    c = await start_cluster(spec)
+    try:
+        assert await c.wait_ready(timeout_s=30) is None
+        yield c
+    finally:
+        await c.close()
+
+
+async def metrics_after_one_request(c: RunningCluster) -> str:
+    async with httpx.AsyncClient(base_url=c.server.url, timeout=30) as http:
+        r = await http.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        return (await http.get("/metrics")).text
+
+
+@pytest.mark.parametrize(("metrics", "shown", "hidden"), [
+    ({}, ("interlock_worker_waiting_requests", "interlock_worker_busy_seconds_total",
+          "interlock_kv_cache_miss_tokens_total", "interlock_time_to_first_token_seconds"), ()),
+    ({"collect_queue_depth": False}, ("interlock_worker_busy_seconds_total",),
+     ("interlock_worker_waiting_requests", "interlock_worker_running_requests", "interlock_router_queued_total")),
+    ({"collect_gpu_utilization": False, "collect_kv_cache_miss": False}, ("interlock_worker_waiting_requests",),
+     ("interlock_worker_busy_seconds_total", "interlock_kv_cache_miss_tokens_total",
+      "interlock_prompt_tokens_cached_total")),
+    ({"figures": ["ttft"]}, ("interlock_time_to_first_token_seconds", "interlock_router_decisions_total"),
+     ("interlock_inter_token_latency_seconds", "interlock_worker_kv_blocks_used")),
+])
+def test_metrics_keys_switch_families_on_metrics(metrics: dict, shown: tuple, hidden: tuple) -> None:
+    async def main() -> str:
+        async with running(metrics=metrics) as c:
+            return await metrics_after_one_request(c)
+
+    text = asyncio.run(main())
+    for name in shown:
+        assert f"\n{name}" in text, name
+    for name in hidden:
+        assert name not in text, name
+
+
+def test_export_interval_sets_how_often_an_idle_worker_reports() -> None:
+    async def reports(interval: str) -> int:
+        async with running(metrics={"export_interval": interval}) as c:
+            sub = await c.runtime.events.subscribe(subjects.LOAD_ALL)
+            seen = 0
+
+            async def count() -> None:
+                nonlocal seen
+                async for _ in sub:
+                    seen += 1
+
+            task = asyncio.create_task(count())
+            await asyncio.sleep(1.0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return seen
+
+    assert asyncio.run(reports("100ms")) >= 4
+    assert asyncio.run(reports("30s")) == 0
+
+
+def test_listen_host_and_port_place_the_frontend() -> None:
+    from tests.e2e.conftest import free_port
+
+    port = free_port()
+
+    async def main() -> None:
+        async with running(**{"control-plane": {"listen_port": port, "listen_host": "127.0.0.1"}}) as c:
+            assert c.server.url == f"http://127.0.0.1:{port}"
+            async with httpx.AsyncClient(timeout=10) as http:
+                assert (await http.get(f"http://127.0.0.1:{port}/live")).status_code == 200
+
+    asyncio.run(main())
+
+
+def test_route_key_names_the_header_that_picks_workers() -> None:
+    async def main() -> tuple[set[str], set[str]]:
+        async with running(routing={"route_key": "x-team", "policy": "round-robin"},
+                           group={"nodes": [{"gpu_count": 4, "num_blocks": 64}]}) as c:
+            async with httpx.AsyncClient(base_url=c.server.url, timeout=30) as http:
+                async def worker(headers: dict[str, str]) -> str:
+                    r = await http.post("/v1/completions", headers={"x-interlock-explain": "1", **headers},
+                                        json={"model": MODEL, "max_tokens": 1, "prompt": "hi"})
+                    return r.headers["x-interlock-route"].split(";")[0]
+                keyed = {await worker({"x-team": "search"}) for _ in range(8)}
+                unkeyed = {await worker({}) for _ in range(8)}
+                return keyed, unkeyed
+
+    keyed, unkeyed = asyncio.run(main())
+    assert len(keyed) < len(unkeyed) == 4  # one team's requests stay on its subset of workers
+
+
+def test_workers_are_added_and_removed_within_max_replicas() -> None:
+    async def main() -> None:
+        async with running(group={"max_replicas": 2}) as c:
+            assert [w.role for w in c.workers()] == ["both"]
+            added = await c.add_worker("decode")
+            assert added.role == "decode" and len(c.workers()) == 2
+            assert await c.wait_ready(timeout_s=10) is None
+            assert {i.role for i in c.service.instances()} == {"both", "decode"}
+            with pytest.raises(ConfigError, match="max_replicas=2"):
+                await c.add_worker("both")
+            with pytest.raises(ConfigError, match="role: 'gpu' is not one of both, prefill, decode"):
+                await c.add_worker("gpu")
+            await c.remove_worker(added, drain=True)
+            assert [w.role for w in c.workers()] == ["both"]
+            for _ in range(500):  # the router sees it leave discovery
+                if added.instance_id not in {i.instance_id for i in c.service.instances()}:
+                    break
+                await asyncio.sleep(0.01)
+            assert [i.role for i in c.service.instances()] == ["both"]
+
+    asyncio.run(main())
+
+
+def test_nats_url_joins_that_server_instead_of_starting_one() -> None:
+    from interlock.deploy import ControlPlane, Deployment
+    from interlock.runtime import NatsServer
+
+    async def main(url: str) -> None:
+        d = Deployment(control_plane=ControlPlane(nats_url=url, listen_port=0), execution_groups=())
+        c = await start_cluster(ClusterSpec(deployment=d, start_workers=False))
+        try:
+            assert c.nats is None and c.url == url and c.server is not None
+        finally:
+            await c.close()
+
+    with NatsServer() as nats:
+        asyncio.run(main(nats.url))
+    with pytest.raises(ConfigError, match="control-plane.nats_url is required"):
+        asyncio.run(start_cluster(ClusterSpec(deployment=Deployment(execution_groups=()), start_workers=False)))
