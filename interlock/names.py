@@ -16,8 +16,11 @@ POLICIES = ("kv", "round-robin", "random", "least-loaded", "power-of-two")
 RUNNERS = ("torch", "mock")
 """Model runners: the PyTorch model, or the mock with Dynamo's timing model."""
 
-TRANSPORTS = ("auto", "inproc", "shm", "tcp")
-"""KV transfer transports a worker may use to pull from a peer; ``auto`` picks per peer."""
+KV_TRANSPORTS = ("inproc", "shm", "tcp")
+"""How a destination pulls KV from a source (``interlock.transfer``)."""
+
+TRANSPORTS = ("auto", *KV_TRANSPORTS)
+"""A worker's ``cache_transport``: one of the KV transports, or ``auto`` (picked per peer)."""
 
 
 def policy_name(value: str) -> str:

@@ -9,6 +9,7 @@ from interlock.engine.runner import ModelRunner
 from interlock.engine.runners.mock import MockRunner
 from interlock.engine.timing import TimingModel
 from interlock.errors import ConfigError
+from interlock.names import RUNNERS
 
 MOCK_DEFAULT_BLOCKS = 8192
 """Mock pool size when the config leaves ``num_blocks`` unset (its KV is 4 bytes a token)."""
@@ -33,7 +34,7 @@ def build_runner(
 
         runner: ModelRunner = TorchRunner.from_config(config)
         return runner
-    raise ConfigError(f"unknown runner {kind!r} (expected 'torch' or 'mock')")
+    raise ConfigError(f"unknown runner {kind!r} (expected one of {', '.join(RUNNERS)})")
 
 
 def build_engine(

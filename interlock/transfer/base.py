@@ -24,12 +24,13 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
+from interlock.names import KV_TRANSPORTS
 from interlock.protocol.transfer import TransferDescriptor
 
 DEFAULT_TIMEOUT_S = 30.0
 """How long a source keeps a published payload, and a destination waits for one."""
 
-TRANSPORTS = ("inproc", "shm", "tcp")
+TRANSPORTS = KV_TRANSPORTS
 
 
 class TransferState(enum.Enum):

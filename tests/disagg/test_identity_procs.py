@@ -1,10 +1,11 @@
 """The identity test over worker processes: shared memory, then TCP.
 
-Two ``interlock worker`` processes (SmolLM2, fp32, one thread, 64-token prefill budget) over a
-private nats-server. Phase 1: A prefills (staging in /dev/shm), B decodes -> every pull is
-shared memory. Phase 2: roles swapped by control calls, B (``--kv-transfer tcp``: it stages in
-private memory) prefills and A decodes -> every pull is TCP. Both phases must equal the
-aggregated engine's greedy tokens.
+``interlock worker`` processes (SmolLM2, fp32, one thread, 64-token prefill budget) over a
+private nats-server. Phase 1: A prefills (staging in /dev/shm), B decodes (``auto``) -> every
+pull is shared memory. Phase 2: A becomes a decode worker by a control call and C joins as the
+prefill worker with ``--cache-transport tcp`` (it stages in private memory, so every peer pulls
+from it over TCP) -> every pull, by A or B, is TCP. Both phases must equal the aggregated
+engine's greedy tokens.
 """
 
 from __future__ import annotations
@@ -52,17 +53,20 @@ def test_disaggregated_equals_aggregated_over_shm_and_tcp(expected: list[list[in
     async def main() -> None:
         async with proc_cluster(Routing(enforce_disagg=True)) as c:
             c.spawn("a", "prefill", *TORCH, "--kv-transfer", "auto")
-            c.spawn("b", "decode", *TORCH, "--kv-transfer", "tcp")
+            c.spawn("b", "decode", *TORCH, "--cache-transport", "auto")
             await c.wait_for(2, timeout_s=180.0)
             assert await run_all(c, prompts, "shm") == expected
             assert (await c.control("b", ControlRequest(op="status"))).pulls_by_transport == {"shm": len(prompts)}
 
-            for wid, role in (("a", "decode"), ("b", "prefill")):
-                assert (await c.control(wid, ControlRequest(op="set_role", role=role))).ok
-                await wait_role(c, wid, role)
+            assert (await c.control("a", ControlRequest(op="set_role", role="decode"))).ok
+            await wait_role(c, "a", "decode")
+            c.spawn("c", "prefill", *TORCH, "--cache-transport", "tcp")
+            await c.wait_for(3, timeout_s=180.0)
             assert await run_all(c, prompts, "tcp") == expected
-            assert (await c.control("a", ControlRequest(op="status"))).pulls_by_transport == {"tcp": len(prompts)}
-            for wid in ("a", "b"):
+            pulls = [(await c.control(w, ControlRequest(op="status"))).pulls_by_transport for w in ("a", "b")]
+            assert pulls[0].get("tcp", 0) + pulls[1].get("tcp", 0) == len(prompts)
+            assert pulls[1].get("shm") == len(prompts) and "shm" not in pulls[0]
+            for wid in ("a", "b", "c"):
                 st = await c.control(wid, ControlRequest(op="check_integrity"))
                 assert st.ok and st.kv_blocks_used == 0, st
 
