@@ -172,7 +172,7 @@ class RunningCluster:
             cp = self.spec.deployment.control_plane
             launch = WorkerLaunch(ws, self.url, cp.heartbeat_interval, cp.lease_timeout, files_only(self.auth))
             child = Child(f"worker-{ws.instance_id.split('-', 1)[0][1:]}",
-                          python_module_argv("interlock.cluster.worker_main"),
+                          python_module_argv("interlock.cluster.worker_main", ws.instance_id),
                           env={**worker_env(), **child_env(self.secret, self.auth)},
                           stdin_data=launch.encode())
             await child.start()

@@ -45,7 +45,7 @@ class Served:
         for task in Path(f"/proc/{self.process.pid}/task").iterdir():
             for pid in (task / "children").read_text().split():
                 try:
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
                 except OSError:
                     continue
                 if b"worker" in cmd:
