@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(its workers are started elsewhere)")
     p.add_argument("--host", default=None, help="interface the HTTP frontend listens on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="HTTP port (default: 8000)")
-    p.add_argument("--log-level", type=str.upper, default=get_env().log_level)
+    p.add_argument("--log-level", type=str.upper, default=get_env().log_level,
+                   help="DEBUG, INFO, WARNING or ERROR")
     add_plane_args(p, nats_default=get_env().nats_url)
     add_routing_args(p)
     add_frontend_args(p)

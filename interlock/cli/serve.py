@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                    default=RestartPolicy.ON_FAILURE.value,
                    help="restart local workers and the private nats-server when they fail "
                         "(backoff 0.5 s doubling to 30 s)")
-    p.add_argument("--log-level", type=str.upper, default=get_env().log_level)
+    p.add_argument("--log-level", type=str.upper, default=get_env().log_level,
+                   help="DEBUG, INFO, WARNING or ERROR")
     add_engine_args(p)
     add_plane_args(p)
     add_routing_args(p)

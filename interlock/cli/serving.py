@@ -51,7 +51,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="longest prompt + output (default: the model's own context length)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse KV of shared prompt prefixes (default: on)")
-    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None,
                    help="same as --no-enable-prefix-caching")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
                    help="devices per worker (only 1 until tensor parallelism exists)")

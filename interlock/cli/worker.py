@@ -12,6 +12,7 @@ can also be set as INTERLOCK_<FLAG>.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import uuid
 from dataclasses import replace
 
@@ -45,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", dest="bind_host", default="127.0.0.1",
                    help="interface the request plane and the KV transfer agent bind to")
     p.add_argument("--kv-transfer-port", type=int, default=0, help="TCP port of the transfer agent (0: any)")
-    p.add_argument("--log-level", type=str.upper, default=get_env().log_level)
+    p.add_argument("--log-level", type=str.upper, default=get_env().log_level,
+                   help="DEBUG, INFO, WARNING or ERROR")
     add_plane_args(p, nats_default=get_env().nats_url)
     add_process_args(p)
     add_security_args(p)
@@ -65,8 +67,6 @@ def launch_from_args(a: argparse.Namespace) -> WorkerLaunch:
 
 
 async def _run(a: argparse.Namespace) -> int:
-    import asyncio
-
     launch = await asyncio.to_thread(launch_from_args, a)
     return await run_worker(launch, cluster_secret=cluster_secret(a), auth=nats_auth(a))
 
@@ -81,7 +81,8 @@ def build_control_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", default="", help="set_role: prefill, decode or both")
     p.add_argument("--peer", default="", help="measure_link: the peer's transfer agent HOST:PORT")
     p.add_argument("--grace", type=float, default=30.0, help="set_role: seconds to finish in-flight work")
-    p.add_argument("--log-level", type=str.upper, default=get_env().log_level)
+    p.add_argument("--log-level", type=str.upper, default=get_env().log_level,
+                   help="DEBUG, INFO, WARNING or ERROR")
     add_security_args(p)
     return flags.apply_environment(p)
 

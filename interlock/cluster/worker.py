@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import msgspec
 
@@ -139,7 +139,3 @@ async def run_worker(launch: WorkerLaunch, *, cluster_secret: bytes | None, auth
     finally:
         await runtime.close()
     return 0
-
-
-def with_instance(spec: WorkerSpec, instance_id: str) -> WorkerSpec:
-    return replace(spec, instance_id=instance_id)

@@ -82,3 +82,12 @@ def test_bad_input_is_refused_by_name(instance: interlock.ServingInstance) -> No
         cluster.create_serving_instance(model="nope")
     with pytest.raises(ConfigError, match="register_model: unknown colour"):
         cluster.register_model("x", "smollm2", colour="red")
+
+
+def test_connect_joins_a_running_deployment(instance: interlock.ServingInstance) -> None:
+    local = instance.cluster.running
+    with interlock.Cluster.connect(local.url, cluster_secret=local.secret, nats_auth=local.auth) as joined:
+        service = joined.running.service
+        assert joined.call(service.wait_for_workers(1, 15)) == 1
+        assert [m.name for m in service.models()] == ["tiny"]
+        assert joined.running.nats is None  # it started no nats-server of its own

@@ -43,7 +43,7 @@ MOCK = ("--runner", "mock", "--max-model-len", "1024", "--num-blocks", "512", "-
 
 
 def worker_pid(served: Served, instance_id: str) -> int:
-    [pid] = children(served, b"--instance-id\0" + instance_id.encode() + b"\0")
+    [pid] = children(served, b"worker_main\0" + instance_id.encode() + b"\0")
     return pid
 
 
