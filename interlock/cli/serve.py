@@ -52,6 +52,7 @@ from interlock.deploy import (
 from interlock.env import get_env
 from interlock.errors import ConfigError
 from interlock.frontend.flags import add_frontend_args, frontend_config
+from interlock.runtime.nats_permissions import NatsUser, worker_user
 
 log = logging.getLogger("interlock.serve")
 
@@ -193,11 +194,14 @@ async def _serve(a: argparse.Namespace) -> int:
 
     url = None if a.single_process else cp.nats_url
     secret, auth = cluster_secret(a), nats_auth(a)
+    logins: dict[str, NatsUser] = {}
     if not a.single_process and url is None:
         given = auth.password is not None or auth.token is not None  # to reach it from outside too
         auth = replace(auth, tls_ca=None, tls_cert=None, tls_key=None) if given else generate_auth()
         secret = secret or new_cluster_secret()
-        nats = NatsProcess(auth=auth)
+        if auth.user is not None:  # one confined login per worker (a token server has one login)
+            logins = {spec.instance_id: worker_user(spec.instance_id) for spec, _node in specs}
+        nats = NatsProcess(auth=auth, users=tuple(logins.values()))
         await nats.start()
         supervisor.watch(nats)
         url = nats.url
@@ -222,8 +226,9 @@ async def _serve(a: argparse.Namespace) -> int:
         else:
             assert url is not None
             for i, (spec, _node) in enumerate(specs):
+                login = logins[spec.instance_id].auth if spec.instance_id in logins else auth
                 child = Child(f"worker-{i}", worker_argv(spec, url, cp, a.drain_grace) + child_argv(auth),
-                              env={**_worker_env(), **child_env(secret, auth)})
+                              env={**_worker_env(), **child_env(secret, login)})
                 await child.start()
                 children.append(child)
                 supervisor.watch(child)
