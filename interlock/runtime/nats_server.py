@@ -14,6 +14,9 @@ only clients that log in: the credentials go in a 0600 config file in that direc
 the command line (``ps`` shows every argv), and a restart reads the same file. ``users`` adds
 confined logins (one per worker, ``nats_permissions``); ``add_users`` adds more to a running
 server (the config is rewritten and reloaded, and the call returns once the server has taken it).
+With ``tls`` the server speaks TLS only (and, given a CA, takes only clients whose certificate
+that CA signed). ``interlock nats`` runs one standalone, for deployments over several machines
+(docs/deploy.md).
 
 A process killed with SIGKILL cannot remove its directory: each start removes the directories
 of earlier servers whose owner process is gone (``interlock-nats-*`` with an ``owner`` file).
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
@@ -42,6 +46,18 @@ from interlock.runtime.config import NatsAuth
 from interlock.runtime.nats_permissions import NatsUser, nats_config_users
 
 PREFIX = "interlock-nats-"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerTLS:
+    """The server's side of TLS (the clients' side is ``NatsAuth.tls_*``)."""
+
+    cert: str
+    """The server's certificate (PEM)."""
+    key: str
+    """Its private key (PEM)."""
+    ca: str | None = None
+    """CA that signs client certificates: given, every client must present one (mutual TLS)."""
 
 
 def generate_auth() -> NatsAuth:
@@ -77,16 +93,26 @@ class NatsServer:
 
     def __init__(
         self, host: str = "127.0.0.1", port: int = -1, start_timeout: float = 10.0, auth: NatsAuth | None = None,
-        users: tuple[NatsUser, ...] = (),
+        users: tuple[NatsUser, ...] = (), *, tls: ServerTLS | None = None, monitor_port: int | None = None,
+        log_to_stderr: bool = False,
     ) -> None:
         if auth is not None and (auth.creds_file is not None or auth.tls):
-            raise ConfigError("a private nats-server takes a user/password or a token, not creds or TLS")
+            raise ConfigError("a nats-server started here takes a user/password or a token, not creds "
+                              "or client TLS (its own TLS is ``tls``)")
         if users and (auth is None or auth.user is None):
             raise ConfigError("confined logins (users) need the server's own login to be a user/password")
+        if monitor_port is not None and not 0 < monitor_port <= 65535:
+            raise ConfigError(f"monitor port must be in 1..65535, got {monitor_port}", param="monitor_port")
         self.auth = auth
+        """What clients must present (None: anyone may connect)."""
         self.users = users
         """Confined logins besides ``auth`` (which may do everything)."""
-        """What clients must present (None: anyone may connect)."""
+        self.tls = tls
+        self.monitor_port = monitor_port
+        """HTTP monitoring (``/healthz``, ``/varz``) on this port of ``host``; None: off."""
+        self.log_to_stderr = log_to_stderr
+        """The server's log on this process's stderr (``interlock nats``) instead of a file (then
+        ``add_users`` cannot see the reload: it is refused)."""
         self.host = host
         self.port = port
         """-1: any free port, read back after start."""
@@ -102,6 +128,11 @@ class NatsServer:
     def alive(self) -> bool:
         """Started and not exited (reaps the process if it has)."""
         return self._process is not None and self._process.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        """The current server process's exit status; None while it runs or before a start."""
+        return self._process.poll() if self._process is not None else None
 
     @property
     def pid(self) -> int | None:
@@ -134,12 +165,14 @@ class NatsServer:
         """Let these logins in too; on a running server, returns once it has reloaded."""
         if users and (self.auth is None or self.auth.user is None):
             raise ConfigError("confined logins (users) need the server's own login to be a user/password")
+        if self.log_to_stderr:
+            raise ConfigError("adding logins to a running server reads its log file: not with log_to_stderr")
         self.users = (*self.users, *users)
         if self._dir is None or self._process is None or self._process.poll() is not None:
             return  # the next start writes them
         log = Path(self._dir.name) / "log"
         before = _reloads(log)
-        _write_config(Path(self._dir.name), self.auth, self.users)  # type: ignore[arg-type]
+        _write_config(Path(self._dir.name), server_config(self.auth, self.tls, self.users))
         self._process.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + self.start_timeout
         while _reloads(log) <= before:
@@ -157,14 +190,19 @@ class NatsServer:
     def _spawn(self) -> None:
         assert self._dir is not None
         args = [str(find_binary()), "-a", self.host, "-p", str(self.port)]
-        args += ["--ports_file_dir", self._dir.name, "-l", str(Path(self._dir.name) / "log")]
-        if self.auth is not None:
-            args += ["-c", str(_write_config(Path(self._dir.name), self.auth, self.users))]
+        args += ["--ports_file_dir", self._dir.name]
+        if not self.log_to_stderr:
+            args += ["-l", str(Path(self._dir.name) / "log")]
+        if self.monitor_port is not None:
+            args += ["-m", str(self.monitor_port)]
+        if self.auth is not None or self.tls is not None:
+            args += ["-c", str(_write_config(Path(self._dir.name), server_config(self.auth, self.tls, self.users)))]
+        out = None if self.log_to_stderr else subprocess.DEVNULL
         self._process = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         try:
@@ -206,15 +244,26 @@ class NatsServer:
         self.stop()
 
 
-def _write_config(folder: Path, auth: NatsAuth, users: tuple[NatsUser, ...] = ()) -> Path:
+def server_config(auth: NatsAuth | None, tls: ServerTLS | None = None, users: tuple[NatsUser, ...] = ()) -> str:
+    """The nats-server config file: the logins clients need, and the server's TLS."""
+    body = ""
     if users:
-        assert auth.user is not None and auth.password is not None
+        assert auth is not None and auth.user is not None and auth.password is not None
         body = nats_config_users([NatsUser(auth.user, auth.password), *users])
-    elif auth.token is not None:
+    elif auth is not None and auth.token is not None:
         body = f"authorization {{\n  token: {json.dumps(auth.token)}\n}}\n"
-    else:
+    elif auth is not None:
         body = (f"authorization {{\n  user: {json.dumps(auth.user)}\n"
                 f"  password: {json.dumps(auth.password)}\n}}\n")
+    if tls is not None:
+        body += f"tls {{\n  cert_file: {json.dumps(tls.cert)}\n  key_file: {json.dumps(tls.key)}\n"
+        if tls.ca is not None:
+            body += f"  ca_file: {json.dumps(tls.ca)}\n  verify: true\n"
+        body += "}\n"
+    return body
+
+
+def _write_config(folder: Path, body: str) -> Path:
     path = folder / "auth.conf"
     tmp = folder / "auth.conf.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
