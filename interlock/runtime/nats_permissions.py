@@ -59,9 +59,11 @@ class NatsUser:
         return NatsAuth(user=self.user, password=self.password)
 
 
-def worker_user(instance_id: str) -> NatsUser:
-    """A fresh login (256 random bits) for one worker, confined to its subjects."""
-    return NatsUser(f"worker-{instance_id}", secrets.token_urlsafe(32), worker_permissions(instance_id))
+def worker_user(instance_id: str, password: str | None = None) -> NatsUser:
+    """One worker's login, ``worker-<instance id>``, confined to its subjects; the password given
+    (``interlock nats --worker-logins``) or a fresh one (256 random bits)."""
+    secret = password if password is not None else secrets.token_urlsafe(32)
+    return NatsUser(f"worker-{instance_id}", secret, worker_permissions(instance_id))
 
 
 def nats_config_users(users: list[NatsUser]) -> str:

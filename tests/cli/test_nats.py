@@ -16,6 +16,7 @@ import pytest
 from interlock.cli.nats import build_parser, resolve
 from interlock.errors import AuthError, ConfigError, TransportError
 from interlock.runtime import NatsAuth, NatsServer, RuntimeConfig, connect_runtime
+from interlock.runtime.nats_permissions import worker_user
 from interlock.runtime.nats_server import ServerTLS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +64,31 @@ def test_refused_by_name(argv: tuple[str, ...], match: str, password: str) -> No
         spec(*(password if a == "PW" else a for a in argv))
 
 
+def test_worker_logins_one_per_file(password: str, tmp_path: Path) -> None:
+    logins = tmp_path / "workers"
+    logins.mkdir()
+    (logins / "pf-1").write_text("pw-of-pf-1\n")
+    (logins / "dc-1").write_text("pw-of-dc-1\n")
+    s = spec("--user", "u", "--password-file", password, "--worker-logins", str(logins))
+    assert s.workers == (worker_user("dc-1", "pw-of-dc-1"), worker_user("pf-1", "pw-of-pf-1"))
+    assert s.workers[0].user == "worker-dc-1" and s.workers[0].permissions is not None
+
+
+def test_worker_logins_refused_by_name(password: str, tmp_path: Path) -> None:
+    logins = tmp_path / "workers"
+    logins.mkdir()
+    with pytest.raises(ConfigError, match="no login in it"):
+        spec("--user", "u", "--password-file", password, "--worker-logins", str(logins))
+    (logins / "not an id").write_text("pw")
+    with pytest.raises(ConfigError, match="invalid instance id 'not an id'"):
+        spec("--user", "u", "--password-file", password, "--worker-logins", str(logins))
+    with pytest.raises(ConfigError, match="not a folder"):
+        spec("--user", "u", "--password-file", password, "--worker-logins", str(tmp_path / "nothing"))
+    (tmp_path / "token").write_text("tok")
+    with pytest.raises(ConfigError, match="needs the full-rights login to be a user"):
+        spec("--token-file", str(tmp_path / "token"), "--worker-logins", str(logins))
+
+
 def test_anonymous_beyond_loopback_only_when_asked() -> None:
     assert spec("--host", "0.0.0.0", "--allow-anonymous").auth is None
 
@@ -73,16 +99,18 @@ def test_tls_files_reach_the_server_config(password: str) -> None:
     assert s.tls == ServerTLS(cert="c.pem", key="k.pem", ca="ca.pem")
 
 
-def test_a_standalone_server_takes_only_its_login_and_answers_probes(password: str) -> None:
+def test_a_standalone_server_takes_only_its_logins_and_answers_probes(password: str, tmp_path: Path) -> None:
     port, monitor = free_port(), free_port()
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "workers" / "w1").write_text("pw-of-w1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "interlock.cli.main", "nats", "--port", str(port), "--user", "u",
-         "--password-file", password, "--monitor-port", str(monitor)],
+         "--password-file", password, "--monitor-port", str(monitor), "--worker-logins", str(tmp_path / "workers")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line.startswith(f"nats at nats://127.0.0.1:{port} (login as 'u'"), line
+        assert line.startswith(f"nats at nats://127.0.0.1:{port} (login as 'u' and 1 worker logins"), line
         with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/healthz", timeout=5) as r:
             assert r.status == 200
 
@@ -91,6 +119,7 @@ def test_a_standalone_server_takes_only_its_login_and_answers_probes(password: s
             await runtime.close()
 
         asyncio.run(join(NatsAuth(user="u", password="a-long-enough-password")))
+        asyncio.run(join(NatsAuth(user="worker-w1", password="pw-of-w1")))
         with pytest.raises(AuthError):
             asyncio.run(join(NatsAuth(user="u", password="wrong")))
     finally:

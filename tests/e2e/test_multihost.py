@@ -5,8 +5,9 @@
 - ``decode`` (198.18.0.3): ``interlock worker --role decode``;
 - ``client`` (198.18.0.4): the official ``openai`` client.
 
-Every process gets the NATS login and the cluster secret from files; workers bind every
-interface and advertise their host's address; each worker host has a /dev/shm of its own, so KV
+Every process gets its NATS login and the cluster secret from files: the frontend the
+full-rights login, each worker its own, confined to its subjects (``interlock nats
+--worker-logins``); workers bind every interface and advertise their host's address; each worker host has a /dev/shm of its own, so KV
 can only cross between hosts over TCP. Everything runs in namespaces this test makes and removes;
 no address is added to this machine's own network (``tests/e2e/netns.py``).
 """
@@ -132,6 +133,9 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         pytest.skip(f"multi-host test: {why}")
     d = tmp_path_factory.mktemp("multihost")
     password, secret = _secret_file(d / "nats-password"), _secret_file(d / "cluster-secret")
+    (d / "worker-logins").mkdir()
+    for role in ("prefill", "decode"):  # each worker's instance id is its role here
+        _secret_file(d / "worker-logins" / role)
     procs: dict[str, Proc] = {}
 
     def start(name: str, host: netns.Host, *args: str, private_shm: bool = False) -> Proc:
@@ -146,13 +150,15 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     with netns.hosts(("control", "prefill", "decode", "client")) as h:
         try:
             start("nats", h["control"], "nats", "--host", "0.0.0.0", "--port", str(NATS_PORT),
-                  "--user", "interlock", "--password-file", password).wait_for("nats at", 30)
-            login = ("--nats-url", f"nats://{h['control'].address}:{NATS_PORT}", "--nats-user", "interlock",
-                     "--nats-password-file", password, "--cluster-secret-file", secret)
+                  "--user", "interlock", "--password-file", password,
+                  "--worker-logins", str(d / "worker-logins")).wait_for("nats at", 30)
+            url = ("--nats-url", f"nats://{h['control'].address}:{NATS_PORT}", "--cluster-secret-file", secret)
+            login = (*url, "--nats-user", "interlock", "--nats-password-file", password)
             for role in ("prefill", "decode"):
+                own = ("--nats-user", f"worker-{role}", "--nats-password-file", str(d / "worker-logins" / role))
                 start(role, h[role], "worker", "--role", role, "--instance-id", role, "--host", "0.0.0.0",
                       "--advertise-host", h[role].address, "--kv-transfer-port", str(KV_PORT),
-                      *login, *LEASES, *DRAIN, *ENGINE, private_shm=True)
+                      *url, *own, *LEASES, *DRAIN, *ENGINE, private_shm=True)
             disagg = ("--enforce-disagg",) if FRONTEND_DISAGG else ()
             start("frontend", h["control"], "frontend", "--host", "0.0.0.0", "--port", str(FRONTEND_PORT),
                   *login, *LEASES, *disagg).wait_for("frontend at", 120)
