@@ -36,10 +36,11 @@ DEFAULT_PORT = 4222
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="interlock nats", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: every one)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="client port")
+    p = argparse.ArgumentParser(prog="interlock nats",
+                                description="A standalone nats-server for a deployment over several machines.")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to listen on (0.0.0.0: every one; default: %(default)s)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="client port (default: %(default)s)")
     p.add_argument("--user", default=None,
                    help="login clients must give (else INTERLOCK_NATS_USER); the password comes from "
                         "--password-file or INTERLOCK_NATS_PASSWORD")
