@@ -65,6 +65,8 @@ class System:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
     cleanup_dirs: list[str] = field(default_factory=list)
+    api_key: str | None = None
+    """Sent as ``Authorization: Bearer`` with every request when set."""
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
@@ -116,19 +118,39 @@ def free_port(below: int | None = None) -> int:
     raise RuntimeError("no free port")
 
 
-def start_interlock(single_process: bool, model: str, logdir: Path) -> System:
+def start_interlock(single_process: bool, model: str, logdir: Path, security: str = "default") -> System:
+    """``security``: "default" (serve's generated NATS login + cluster secret, no API key),
+    "open" (an external nats-server without login, no cluster secret: the planes unauthenticated,
+    as before issue 16) or "keys" (default + an API key checked on every request)."""
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-           "INTERLOCK_LOG_LEVEL": "WARNING"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INTERLOCK_CLUSTER", "INTERLOCK_NATS"))}
+    env |= {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "INTERLOCK_LOG_LEVEL": "WARNING"}
     argv = [INTERLOCK, "serve", "--runner", "mock", "--speedup", "1000", "--workers", "2",
             "--model", model, "--port", str(port), "--log-level", "WARNING"]
-    name = "interlock"
+    name = "interlock" if security == "default" else f"interlock ({security})"
+    procs: list[subprocess.Popen[bytes]] = []
+    logs: list[Path] = []
     if single_process:
         argv.append("--single-process")
         name = "interlock --single-process"
-    log = logdir / f"{name.replace(' ', '').replace('-', '_')}.log"
-    p = _spawn(argv, env, log)
-    return System(name, port, p.pid, [p], [log])
+    if security == "open":
+        from interlock.runtime.nats_server import find_binary
+
+        nats_port = free_port()
+        logs.append(logdir / "nats_open.log")
+        procs.append(_spawn([str(find_binary()), "-a", "127.0.0.1", "-p", str(nats_port)], env, logs[-1]))
+        for _ in range(100):  # up before serve connects
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", nats_port), timeout=0.5):
+                break
+            time.sleep(0.05)
+        argv += ["--nats-url", f"nats://127.0.0.1:{nats_port}"]
+    api_key = None
+    if security == "keys":
+        api_key = "sk-" + "k" * 40
+        env["INTERLOCK_API_KEYS"] = api_key
+    logs.append(logdir / f"{name.replace(' ', '').replace('-', '_').strip('()')}.log")
+    p = _spawn(argv, env, logs[-1])
+    return System(name, port, p.pid, [p, *procs], logs, api_key=api_key)
 
 
 def start_dynamo(model: str, served_name: str, logdir: Path, router_mode: str) -> System:
@@ -268,7 +290,7 @@ class PhaseResult:
         return (xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)) * 1000
 
 
-def request_bytes(port: int, model: str, *, usage: bool = False) -> bytes:
+def request_bytes(port: int, model: str, *, usage: bool = False, api_key: str | None = None) -> bytes:
     body: dict[str, object] = {
         "model": model, "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True,
@@ -278,7 +300,8 @@ def request_bytes(port: int, model: str, *, usage: bool = False) -> bytes:
     raw = json.dumps(body, separators=(",", ":")).encode()
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
             f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-            f"Content-Length: {len(raw)}\r\n\r\n")
+            + (f"Authorization: Bearer {api_key}\r\n" if api_key else "")
+            + f"Content-Length: {len(raw)}\r\n\r\n")
     return head.encode() + raw
 
 
@@ -353,7 +376,7 @@ async def run_phase(port: int, payload: bytes, *, concurrency: int, requests: in
 async def wait_ready(system: System, model: str, timeout_s: float) -> None:
     """Until a streamed request with usage returns exactly MAX_TOKENS completion tokens."""
     deadline = time.monotonic() + timeout_s
-    payload = request_bytes(system.port, model, usage=True)
+    payload = request_bytes(system.port, model, usage=True, api_key=system.api_key)
     last = ""
     while time.monotonic() < deadline:
         if not system.alive():
@@ -401,7 +424,7 @@ PHASES = (  # name, concurrency, keep-alive
 
 async def measure(system: System, model: str, a: argparse.Namespace, log: Callable[[str], None]) -> Row:
     await wait_ready(system, model, a.ready_timeout)
-    payload = request_bytes(system.port, model)
+    payload = request_bytes(system.port, model, api_key=system.api_key)
     await run_phase(system.port, payload, concurrency=4, requests=40, max_seconds=10, keep_alive=True)
     await asyncio.sleep(1.0)
     idle = rss_mib(system.frontend_pid)[0]
@@ -467,7 +490,9 @@ def running(start: Callable[[], System]) -> Iterator[System]:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--systems", default="interlock,interlock-single,dynamo",
-                   help="comma-separated: interlock, interlock-single, dynamo")
+                   help="comma-separated: interlock, interlock-single, dynamo; and for the cost of "
+                        "security (issue 16): interlock-open (planes without login or secret), "
+                        "interlock-keys (with an API key)")
     p.add_argument("--rounds", type=int, default=1, help="measure every system this many times, interleaved")
     p.add_argument("--requests", type=int, default=3000, help="requests per c=64 phase")
     p.add_argument("--c1-requests", type=int, default=300, help="requests per c=1 phase")
@@ -490,6 +515,8 @@ async def main_async(a: argparse.Namespace) -> list[Row]:
     starters: dict[str, Callable[[], System]] = {
         "interlock": lambda: start_interlock(False, model_dir, logdir),
         "interlock-single": lambda: start_interlock(True, model_dir, logdir),
+        "interlock-open": lambda: start_interlock(False, model_dir, logdir, "open"),
+        "interlock-keys": lambda: start_interlock(False, model_dir, logdir, "keys"),
         "dynamo": lambda: start_dynamo(model_dir, served, logdir, a.dynamo_router_mode),
     }
     names = [s.strip() for s in a.systems.split(",") if s.strip()]

@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "serve": "interlock.cli.serve",
     "worker": "interlock.cli.worker",
     "frontend": "interlock.cli.frontend",
+    "nats": "interlock.cli.nats",
     "bench": "interlock.cli.bench",
     "replay": "interlock.cli.replay",
     "convert": "interlock.cli.convert",

@@ -31,7 +31,7 @@ def add_security_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--nats-tls-key", default=None, help="client key for NATS (PEM)")
 
 
-def _read(path: str, what: str) -> str:
+def read_secret(path: str, what: str) -> str:
     try:
         text = Path(path).read_text().strip()
     except OSError as exc:
@@ -43,7 +43,7 @@ def _read(path: str, what: str) -> str:
 
 def cluster_secret(a: argparse.Namespace) -> bytes | None:
     if a.cluster_secret_file:
-        return _read(a.cluster_secret_file, "cluster secret").encode()
+        return read_secret(a.cluster_secret_file, "cluster secret").encode()
     return get_env().cluster_secret
 
 
@@ -53,8 +53,8 @@ def nats_auth(a: argparse.Namespace) -> NatsAuth:
     user, password, token = env.nats_user, env.nats_password, env.nats_token
     if a.nats_user or a.nats_password_file or a.nats_token_file or a.nats_creds:
         user = a.nats_user
-        password = _read(a.nats_password_file, "NATS password") if a.nats_password_file else (
+        password = read_secret(a.nats_password_file, "NATS password") if a.nats_password_file else (
             env.nats_password if a.nats_user else None)
-        token = _read(a.nats_token_file, "NATS token") if a.nats_token_file else None
+        token = read_secret(a.nats_token_file, "NATS token") if a.nats_token_file else None
     return NatsAuth(user=user, password=password, token=token, creds_file=a.nats_creds,
                     tls_ca=a.nats_tls_ca, tls_cert=a.nats_tls_cert, tls_key=a.nats_tls_key)

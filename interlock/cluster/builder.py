@@ -47,7 +47,8 @@ from interlock.deploy import ExecutionGroup, validate_deployment
 from interlock.env import get_env
 from interlock.errors import ConfigError
 from interlock.names import ROLES
-from interlock.runtime.config import RuntimeConfig
+from interlock.runtime.config import NatsAuth, RuntimeConfig
+from interlock.runtime.nats_permissions import NatsUser, worker_user
 
 log = logging.getLogger("interlock.cluster")
 
@@ -95,6 +96,7 @@ class RunningCluster:
         self._next = 0
         self._prefix = f"{os.getpid():x}"
         self._catalog: Any = None
+        self._logins: dict[str, NatsUser] = {}
 
     # ---- start ----
     async def start(self) -> None:
@@ -107,12 +109,17 @@ class RunningCluster:
 
     async def _start(self) -> None:
         spec, cp = self.spec, self.spec.deployment.control_plane
+        initial: list[WorkerSpec] = []
+        if spec.start_workers:
+            self._groups = await asyncio.to_thread(resolve_groups, spec.deployment)
+            initial = worker_specs(spec, self._groups, prefix=self._prefix)
+            self._next = len(initial)
         if not spec.processes.in_process:
             self.url = cp.nats_url
             if self.url is None:
                 if not spec.start_workers or not spec.router:
                     raise ConfigError("control-plane.nats_url is required (--nats-url or INTERLOCK_NATS_URL)")
-                await self._start_nats()
+                await self._start_nats(initial)
         rt = RuntimeConfig(heartbeat_interval=cp.heartbeat_interval, lease_timeout=cp.lease_timeout,
                            host=spec.processes.host, advertise_host=spec.processes.advertise_host,
                            cluster_secret=self.secret, nats_auth=self.auth)
@@ -121,11 +128,8 @@ class RunningCluster:
         self.runtime = await connect_runtime(self.url, rt)
         if spec.router:
             await self._start_router()
-        if spec.start_workers:
-            self._groups = await asyncio.to_thread(resolve_groups, spec.deployment)
-            for ws in worker_specs(spec, self._groups, prefix=self._prefix):
-                await self._launch(ws)
-            self._next = len(self._workers)
+        for ws in initial:
+            await self._launch(ws)
         if spec.frontend is not None and self.service is not None:
             from interlock.frontend.app import serve_frontend
 
@@ -136,18 +140,31 @@ class RunningCluster:
             fe = replace(fe, metric_families=m.families)
             self.server = await serve_frontend(self.service, cp.listen_host, cp.listen_port, config=fe)
 
-    async def _start_nats(self) -> None:
+    async def _start_nats(self, initial: list[WorkerSpec]) -> None:
         from interlock.runtime import generate_auth
 
         auth = self.auth
         given = auth.password is not None or auth.token is not None  # to reach it from outside too
         self.auth = replace(auth, tls_ca=None, tls_cert=None, tls_key=None) if given else generate_auth()
         self.secret = self.secret or new_cluster_secret()
-        self.nats = NatsProcess(auth=self.auth)
+        if self.auth.user is not None:  # one confined login per worker (a token server has one login)
+            self._logins = {ws.instance_id: worker_user(ws.instance_id) for ws in initial}
+        self.nats = NatsProcess(auth=self.auth, users=tuple(self._logins.values()))
         await self.nats.start()
         self.supervisor.watch(self.nats)
         self.url = self.nats.url
         log.info("started nats-server at %s", self.url)
+
+    async def _login(self, instance_id: str) -> NatsAuth:
+        """A child worker's NATS login: its own confined one on our private nats-server (added
+        to the running server for a worker started later), else the deployment's."""
+        if self.nats is None or self.auth.user is None:
+            return self.auth
+        user = self._logins.get(instance_id)
+        if user is None:
+            user = self._logins[instance_id] = worker_user(instance_id)
+            await self.nats.add_users((user,))
+        return user.auth
 
     async def _start_router(self) -> None:
         from interlock.router.service import RouterService
@@ -171,9 +188,10 @@ class RunningCluster:
             assert self.url is not None
             cp = self.spec.deployment.control_plane
             launch = WorkerLaunch(ws, self.url, cp.heartbeat_interval, cp.lease_timeout, files_only(self.auth))
+            login = await self._login(ws.instance_id)
             child = Child(f"worker-{ws.instance_id.split('-', 1)[0][1:]}",
                           python_module_argv("interlock.cluster.worker_main", ws.instance_id),
-                          env={**worker_env(), **child_env(self.secret, self.auth)},
+                          env={**worker_env(), **child_env(self.secret, login)},
                           stdin_data=launch.encode())
             await child.start()
             self.supervisor.watch(child)

@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 
 from interlock.runtime.config import NatsAuth
+from interlock.runtime.nats_permissions import NatsUser
 from interlock.runtime.nats_server import NatsServer
 
 log = logging.getLogger(__name__)
@@ -114,9 +115,12 @@ class NatsProcess:
     name = "nats-server"
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = -1, poll_s: float = 0.2, auth: NatsAuth | None = None
+        self, host: str = "127.0.0.1", port: int = -1, poll_s: float = 0.2, auth: NatsAuth | None = None,
+        users: tuple[NatsUser, ...] = (),
     ) -> None:
         self.auth = auth
+        self.users = users
+        """Confined logins (one per worker), kept across restarts."""
         self.host = host
         self.port = port
         self.poll_s = poll_s
@@ -140,12 +144,18 @@ class NatsProcess:
         old, self.server = self.server, None
         if old is not None:
             old.stop()  # the dead one's temporary folder
-        server = NatsServer(host=self.host, port=self.port, auth=self.auth)
+        server = NatsServer(host=self.host, port=self.port, auth=self.auth, users=self.users)
         # Started on the event loop's own thread, though it blocks it for the ~30 ms the port
         # takes to accept: PR_SET_PDEATHSIG fires when the *thread* that forked the server ends,
         # and a worker thread of asyncio.to_thread may retire long before serve does.
         self.server = server.start()
         self.port = server.port
+
+    async def add_users(self, users: tuple[NatsUser, ...]) -> None:
+        """Let more confined logins in (a worker added at run time), now and after restarts."""
+        self.users = (*self.users, *users)
+        if self.server is not None:
+            await asyncio.to_thread(self.server.add_users, users)
 
     async def wait(self) -> int:
         # A Popen, not an asyncio process: poll it. A fraction of a second is nothing next to the

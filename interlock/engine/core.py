@@ -46,7 +46,7 @@ class StepResult:
 
 def error_info(exc: BaseException) -> ErrorInfo:
     if isinstance(exc, InterlockError):
-        return ErrorInfo(type=type(exc).__name__, message=exc.message, status=exc.status)
+        return ErrorInfo(type=type(exc).__name__, message=exc.message, status=exc.status, param=exc.param)
     return ErrorInfo(type="EngineError", message=f"{type(exc).__name__}: {exc}", status=500)
 
 

@@ -69,7 +69,7 @@ def error_from_info(info: ErrorInfo | None) -> InterlockError:
     cls = getattr(errors, info.type, None)
     if isinstance(cls, type) and issubclass(cls, InterlockError):
         try:
-            return cls(info.message)
+            return cls(info.message, param=info.param)
         except TypeError:  # a subclass with a different constructor
             pass
-    return EngineError(info.message)
+    return EngineError(info.message, param=info.param)

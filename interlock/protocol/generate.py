@@ -66,6 +66,8 @@ class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Name of the interlock.errors class, so the receiver can re-raise the same error."""
     message: str
     status: int = 500
+    param: str | None = None
+    """The request field the error is about (OpenAI's ``error.param``), when there is one."""
 
 
 class GenerateOutput(msgspec.Struct, frozen=True, kw_only=True):

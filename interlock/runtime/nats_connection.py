@@ -13,6 +13,7 @@ backoff of its own, so failed attempts (reported to ``error_cb``) grow the wait 
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -104,7 +105,9 @@ async def connect_nats(url: str, config: RuntimeConfig, name: str, events: Conne
     try:
         # nats-py retries a failed *first* connect like a reconnect (60 attempts 2 s apart by
         # default, whatever allow_reconnect says); a worker given a wrong URL must fail fast.
-        nc = await nats.connect(
+        # And bounded as a whole: a TLS handshake that fails certificate checks was seen to
+        # leave nats-py waiting forever.
+        nc = await asyncio.wait_for(nats.connect(
             url,
             name=name,
             connect_timeout=max(1, round(config.connect_timeout)),
@@ -117,7 +120,12 @@ async def connect_nats(url: str, config: RuntimeConfig, name: str, events: Conne
             disconnected_cb=on_disconnected,
             reconnected_cb=on_reconnected,
             **auth_options(config.nats_auth),
-        )
+        ), timeout=4 * max(1, round(config.connect_timeout)) + 2)
+    except TimeoutError:
+        why = " (TLS: does --nats-tls-ca name the CA that signed the server's certificate?)" \
+            if config.nats_auth.tls else ""
+        raise TransportError(f"cannot connect to NATS at {url}: no session after "
+                             f"{4 * max(1, round(config.connect_timeout)) + 2} s{why}") from None
     except Exception as exc:  # nats-py raises several unrelated types for "cannot connect"
         refused = [e for e in (exc, *first_errors) if "authorization" in str(e).lower()]
         if refused:

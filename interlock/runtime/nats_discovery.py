@@ -5,14 +5,18 @@ no storage), because a removal must reach watchers as an event (KV expiry by max
 no delete marker for watchers on the servers we ship), and because each instance can carry its
 own lease timeout. How it works:
 
-* A registered instance publishes ``Announcement(info, ttl)`` on ``interlock.discovery.announce``
-  every ``heartbeat_interval``; on ``unregister`` it publishes its id on ``...bye``.
+* A registered instance publishes ``Announcement(info, ttl)`` on
+  ``interlock.discovery.announce.<instance_id>`` every ``heartbeat_interval``; on ``unregister``
+  it publishes its id on ``interlock.discovery.bye.<instance_id>``. The id is in the subject so
+  that nats-server can confine each worker's login to its own subjects (``nats_permissions``);
+  an announcement or bye whose payload names another instance than its subject is dropped.
 * Every process keeps a ``LeaseTable`` fed by those subjects: an announcement (re)arms the
   instance's expiry timer for ``ttl`` seconds, so a killed process leaves every table ``ttl``
   seconds after its last heartbeat.
-* A newcomer does not wait a heartbeat to learn who is alive: on connect it publishes a query
-  with a private reply subject, every registrar answers with its announcements at once, and
-  connect waits ``discovery_sync_s`` for the answers.
+* A newcomer does not wait a heartbeat to learn who is alive: on connect it publishes a query,
+  every registrar re-announces its instances at once (on their own subjects, never on a reply
+  inbox, where the subject could not vouch for the payload), and connect waits
+  ``discovery_sync_s`` for them.
 * Core NATS delivers at most once, and nats-server was seen to drop ~2% of the first messages
   sent to a subscription made a moment before (even after a flush). Heartbeats repair a missed
   announcement within one interval, and the start-up query is sent twice.
@@ -27,6 +31,7 @@ own lease timeout. How it works:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator
 
@@ -44,8 +49,22 @@ from interlock.runtime.leases import LeaseTable
 from interlock.runtime.naming import SUBJECT_PREFIX, EndpointName, check_token
 
 ANNOUNCE = f"{SUBJECT_PREFIX}.discovery.announce"
+"""``ANNOUNCE.<instance_id>``: that instance's announcements."""
 BYE = f"{SUBJECT_PREFIX}.discovery.bye"
+"""``BYE.<instance_id>``: that instance unregistered."""
 QUERY = f"{SUBJECT_PREFIX}.discovery.query"
+
+
+def announce_subject(instance_id: str) -> str:
+    return f"{ANNOUNCE}.{instance_id}"
+
+
+def bye_subject(instance_id: str) -> str:
+    return f"{BYE}.{instance_id}"
+
+
+def _subject_id(msg: Msg) -> str:
+    return msg.subject.rpartition(".")[2]
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +88,12 @@ class NatsDiscovery:
         self._heartbeats: dict[str, asyncio.Task[None]] = {}
         self._subs: list[NatsSubscription] = []
         self._answering: NatsSubscription | None = None
-        self._inbox = self._nc.new_inbox()
         self._rejoin: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Subscribe to announcements, then ask who is alive and wait for the answers."""
-        self._subs.append(await self._nc.subscribe(ANNOUNCE, cb=self._on_announce))
-        self._subs.append(await self._nc.subscribe(BYE, cb=self._on_bye))
-        self._subs.append(await self._nc.subscribe(self._inbox, cb=self._on_announce))
+        self._subs.append(await self._nc.subscribe(announce_subject("*"), cb=self._on_announce))
+        self._subs.append(await self._nc.subscribe(bye_subject("*"), cb=self._on_bye))
         await self._ask()
 
     def connection_lost(self) -> None:
@@ -99,16 +116,16 @@ class NatsDiscovery:
         self._stop_heartbeat(info.instance_id)
         self._own[info.instance_id] = info
         self._table.refresh(info, self._config.lease_timeout)  # visible here at once
-        await self._announce(info, ANNOUNCE)
+        await self._announce(info)
         self._heartbeats[info.instance_id] = asyncio.create_task(self._heartbeat(info))
 
     async def unregister(self, instance_id: str) -> None:
         self._stop_heartbeat(instance_id)
         if self._own.pop(instance_id, None) is not None:
             try:
-                await self._nc.publish(BYE, instance_id.encode())
-            except OutboundBufferLimitError:
-                pass  # in an outage: the others expire it a ttl after they reconnect
+                await self._nc.publish(bye_subject(instance_id), instance_id.encode())
+            except (OutboundBufferLimitError, NatsError):
+                pass  # in an outage or closed: the others expire it a ttl after they reconnect
         self._table.remove(instance_id)
 
     async def instances(self, endpoint: EndpointName | str) -> list[InstanceInfo]:
@@ -130,7 +147,8 @@ class NatsDiscovery:
         for instance_id in list(self._own):
             await self.unregister(instance_id)
         for sub in self._subs + ([self._answering] if self._answering else []):
-            await sub.unsubscribe()
+            with contextlib.suppress(NatsError):  # the connection is closed: nothing to undo
+                await sub.unsubscribe()
         self._subs.clear()
         self._answering = None
         self._table.close()
@@ -139,14 +157,14 @@ class NatsDiscovery:
         """Ask who is alive and wait ``discovery_sync_s`` for the answers."""
         # Asked twice: nats-server can drop a reply sent to a just-made subscription.
         for _ in range(2):
-            await self._nc.publish(QUERY, b"", reply=self._inbox)
+            await self._nc.publish(QUERY, b"")
             await self._nc.flush()
             await asyncio.sleep(self._config.discovery_sync_s / 2)
 
     async def _announce_and_ask(self) -> None:
         try:
             for info in list(self._own.values()):
-                await self._announce(info, ANNOUNCE)
+                await self._announce(info)
             await self._ask()
         except NatsError:
             pass  # dropped again meanwhile: the next reconnect starts this over
@@ -155,14 +173,15 @@ class NatsDiscovery:
         while True:
             await asyncio.sleep(self._config.heartbeat_interval)
             try:
-                await self._announce(info, ANNOUNCE)
+                await self._announce(info)
             except NatsError:  # a heartbeat that dies leaves the instance to expire everywhere
                 log.warning("heartbeat of %s failed", info.instance_id, exc_info=True)
 
-    async def _announce(self, info: InstanceInfo, subject: str) -> None:
+    async def _announce(self, info: InstanceInfo) -> None:
         if not self._nc.is_connected:
             return  # buffered, it would arrive stale; the reconnect announces afresh
-        await self._nc.publish(subject, _encoder.encode(Announcement(info, self._config.lease_timeout)))
+        await self._nc.publish(announce_subject(info.instance_id),
+                               _encoder.encode(Announcement(info, self._config.lease_timeout)))
 
     def _stop_heartbeat(self, instance_id: str) -> None:
         task = self._heartbeats.pop(instance_id, None)
@@ -174,12 +193,17 @@ class NatsDiscovery:
             announcement = _decoder.decode(msg.data)
         except msgspec.DecodeError:
             return  # a foreign or newer publisher: not ours to crash on
+        if announcement.info.instance_id != _subject_id(msg):
+            log.warning("dropped an announcement of %r on %s", announcement.info.instance_id, msg.subject)
+            return
         self._table.refresh(announcement.info, announcement.ttl)
 
     async def _on_bye(self, msg: Msg) -> None:
-        self._table.remove(msg.data.decode())
+        if msg.data.decode(errors="replace") != _subject_id(msg):
+            log.warning("dropped a bye of %r on %s", msg.data[:64], msg.subject)
+            return
+        self._table.remove(_subject_id(msg))
 
     async def _on_query(self, msg: Msg) -> None:
-        if msg.reply:
-            for info in list(self._own.values()):
-                await self._announce(info, msg.reply)
+        for info in list(self._own.values()):
+            await self._announce(info)

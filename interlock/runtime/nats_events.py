@@ -8,9 +8,12 @@ Subscriptions made before or during an outage are replayed by nats-py on reconne
 
 from __future__ import annotations
 
+import contextlib
+
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
+from nats.errors import Error as NatsError
 from nats.errors import OutboundBufferLimitError
 
 from interlock.runtime.subscription import Subscription
@@ -34,7 +37,8 @@ class NatsEventPlane:
 
         async def on_close() -> None:
             for nats_sub in nats_subs:
-                await nats_sub.unsubscribe()
+                with contextlib.suppress(NatsError):  # the connection is closed: nothing to undo
+                    await nats_sub.unsubscribe()
 
         sub = Subscription(subject, on_close)
 

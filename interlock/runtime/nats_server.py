@@ -11,7 +11,15 @@ One temporary directory (ports file, log) lives from ``start`` to ``stop``, acro
 
 With ``auth`` (``generate_auth()``: user ``interlock`` and a random password) the server takes
 only clients that log in: the credentials go in a 0600 config file in that directory, never on
-the command line (``ps`` shows every argv), and a restart reads the same file.
+the command line (``ps`` shows every argv), and a restart reads the same file. ``users`` adds
+confined logins (one per worker, ``nats_permissions``); ``add_users`` adds more to a running
+server (the config is rewritten and reloaded, and the call returns once the server has taken it).
+With ``tls`` the server speaks TLS only (and, given a CA, takes only clients whose certificate
+that CA signed). ``interlock nats`` runs one standalone, for deployments over several machines
+(docs/deploy.md).
+
+A process killed with SIGKILL cannot remove its directory: each start removes the directories
+of earlier servers whose owner process is gone (``interlock-nats-*`` with an ``owner`` file).
 """
 
 from __future__ import annotations
@@ -28,12 +36,28 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
 
 from interlock.errors import ConfigError, TransportError
 from interlock.runtime.config import NatsAuth
+from interlock.runtime.nats_permissions import NatsUser, nats_config_users
+
+PREFIX = "interlock-nats-"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerTLS:
+    """The server's side of TLS (the clients' side is ``NatsAuth.tls_*``)."""
+
+    cert: str
+    """The server's certificate (PEM)."""
+    key: str
+    """Its private key (PEM)."""
+    ca: str | None = None
+    """CA that signs client certificates: given, every client must present one (mutual TLS)."""
 
 
 def generate_auth() -> NatsAuth:
@@ -68,12 +92,27 @@ class NatsServer:
     """``with NatsServer() as server: connect_runtime(server.url)``."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = -1, start_timeout: float = 10.0, auth: NatsAuth | None = None
+        self, host: str = "127.0.0.1", port: int = -1, start_timeout: float = 10.0, auth: NatsAuth | None = None,
+        users: tuple[NatsUser, ...] = (), *, tls: ServerTLS | None = None, monitor_port: int | None = None,
+        log_to_stderr: bool = False,
     ) -> None:
         if auth is not None and (auth.creds_file is not None or auth.tls):
-            raise ConfigError("a private nats-server takes a user/password or a token, not creds or TLS")
+            raise ConfigError("a nats-server started here takes a user/password or a token, not creds "
+                              "or client TLS (its own TLS is ``tls``)")
+        if users and (auth is None or auth.user is None):
+            raise ConfigError("confined logins (users) need the server's own login to be a user/password")
+        if monitor_port is not None and not 0 < monitor_port <= 65535:
+            raise ConfigError(f"monitor port must be in 1..65535, got {monitor_port}", param="monitor_port")
         self.auth = auth
         """What clients must present (None: anyone may connect)."""
+        self.users = users
+        """Confined logins besides ``auth`` (which may do everything)."""
+        self.tls = tls
+        self.monitor_port = monitor_port
+        """HTTP monitoring (``/healthz``, ``/varz``) on this port of ``host``; None: off."""
+        self.log_to_stderr = log_to_stderr
+        """The server's log on this process's stderr (``interlock nats``) instead of a file (then
+        ``add_users`` cannot see the reload: it is refused)."""
         self.host = host
         self.port = port
         """-1: any free port, read back after start."""
@@ -91,6 +130,11 @@ class NatsServer:
         return self._process is not None and self._process.poll() is None
 
     @property
+    def returncode(self) -> int | None:
+        """The current server process's exit status; None while it runs or before a start."""
+        return self._process.poll() if self._process is not None else None
+
+    @property
     def pid(self) -> int | None:
         """The current server process, if started (it may have exited: see ``alive``)."""
         return self._process.pid if self._process is not None else None
@@ -98,7 +142,9 @@ class NatsServer:
     def start(self) -> NatsServer:
         if self._process is not None:
             raise RuntimeError("NatsServer already started; restart() replaces it")
-        self._dir = tempfile.TemporaryDirectory(prefix="interlock-nats-")
+        remove_stale_dirs()
+        self._dir = tempfile.TemporaryDirectory(prefix=PREFIX)
+        (Path(self._dir.name) / "owner").write_text(_identity(os.getpid()))
         atexit.register(self.stop)
         self._spawn()
         return self
@@ -115,6 +161,25 @@ class NatsServer:
         self._spawn()
         return self
 
+    def add_users(self, users: tuple[NatsUser, ...]) -> None:
+        """Let these logins in too; on a running server, returns once it has reloaded."""
+        if users and (self.auth is None or self.auth.user is None):
+            raise ConfigError("confined logins (users) need the server's own login to be a user/password")
+        if self.log_to_stderr:
+            raise ConfigError("adding logins to a running server reads its log file: not with log_to_stderr")
+        self.users = (*self.users, *users)
+        if self._dir is None or self._process is None or self._process.poll() is not None:
+            return  # the next start writes them
+        log = Path(self._dir.name) / "log"
+        before = _reloads(log)
+        _write_config(Path(self._dir.name), server_config(self.auth, self.tls, self.users))
+        self._process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + self.start_timeout
+        while _reloads(log) <= before:
+            if time.monotonic() > deadline:
+                raise TransportError(f"nats-server did not reload its configuration within {self.start_timeout} s")
+            time.sleep(0.01)
+
     def stop(self) -> None:
         self._end_process()
         if self._dir is not None:
@@ -125,14 +190,19 @@ class NatsServer:
     def _spawn(self) -> None:
         assert self._dir is not None
         args = [str(find_binary()), "-a", self.host, "-p", str(self.port)]
-        args += ["--ports_file_dir", self._dir.name, "-l", str(Path(self._dir.name) / "log")]
-        if self.auth is not None:
-            args += ["-c", str(_write_config(Path(self._dir.name), self.auth))]
+        args += ["--ports_file_dir", self._dir.name]
+        if not self.log_to_stderr:
+            args += ["-l", str(Path(self._dir.name) / "log")]
+        if self.monitor_port is not None:
+            args += ["-m", str(self.monitor_port)]
+        if self.auth is not None or self.tls is not None:
+            args += ["-c", str(_write_config(Path(self._dir.name), server_config(self.auth, self.tls, self.users)))]
+        out = None if self.log_to_stderr else subprocess.DEVNULL
         self._process = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         try:
@@ -174,17 +244,67 @@ class NatsServer:
         self.stop()
 
 
-def _write_config(folder: Path, auth: NatsAuth) -> Path:
-    if auth.token is not None:
+def server_config(auth: NatsAuth | None, tls: ServerTLS | None = None, users: tuple[NatsUser, ...] = ()) -> str:
+    """The nats-server config file: the logins clients need, and the server's TLS."""
+    body = ""
+    if users:
+        assert auth is not None and auth.user is not None and auth.password is not None
+        body = nats_config_users([NatsUser(auth.user, auth.password), *users])
+    elif auth is not None and auth.token is not None:
         body = f"authorization {{\n  token: {json.dumps(auth.token)}\n}}\n"
-    else:
+    elif auth is not None:
         body = (f"authorization {{\n  user: {json.dumps(auth.user)}\n"
                 f"  password: {json.dumps(auth.password)}\n}}\n")
+    if tls is not None:
+        body += f"tls {{\n  cert_file: {json.dumps(tls.cert)}\n  key_file: {json.dumps(tls.key)}\n"
+        if tls.ca is not None:
+            body += f"  ca_file: {json.dumps(tls.ca)}\n  verify: true\n"
+        body += "}\n"
+    return body
+
+
+def _write_config(folder: Path, body: str) -> Path:
     path = folder / "auth.conf"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = folder / "auth.conf.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(body)
+    tmp.replace(path)  # a reload never reads half a file
     return path
+
+
+def _reloads(log: Path) -> int:
+    try:
+        return log.read_text(errors="replace").count("Reloaded server configuration")
+    except OSError:
+        return 0
+
+
+def _identity(pid: int) -> str:
+    """``pid start-time``: the start time tells a reused pid from the process that wrote it."""
+    try:
+        start = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        start = "?"
+    return f"{pid} {start}"
+
+
+def remove_stale_dirs(root: str | None = None) -> list[Path]:
+    """Remove the temporary directories of servers whose owner process is gone (a SIGKILLed
+    ``serve``); only ours (same uid, with an owner file). Returns what was removed."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(PREFIX + "*"):
+        try:
+            if folder.stat().st_uid != os.getuid():
+                continue
+            pid_text, _, _ = (owner := (folder / "owner").read_text()).partition(" ")
+            if _identity(int(pid_text)) == owner:
+                continue  # its owner still runs
+        except (OSError, ValueError):
+            continue  # no owner file (not ours, or still being made)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
 
 
 def _client_port(ports_file: Path) -> int:

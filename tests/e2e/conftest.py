@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,9 +62,11 @@ class Served:
                 self.process.wait(10)
 
 
-def start_serve(*args: str, timeout_s: float = 300.0) -> Served:
+def start_serve(*args: str, timeout_s: float = 300.0, env: Mapping[str, str] | None = None) -> Served:
+    """``interlock serve`` with ``args``, ready; ``env`` adds to (or overrides) the environment."""
     port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "INTERLOCK_LOG_LEVEL": "WARNING"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "INTERLOCK_LOG_LEVEL": "WARNING",
+           **(env or {})}
     proc = subprocess.Popen(
         [sys.executable, "-m", "interlock.cli.main", "serve", "--port", str(port), *args],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

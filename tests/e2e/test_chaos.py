@@ -16,20 +16,24 @@ import contextlib
 import os
 import random
 import re
+import secrets
 import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from interlock.cli.security import child_env
 from interlock.protocol.control import ControlRequest
 from interlock.protocol.subjects import GENERATE_ENDPOINT
 from interlock.router.disagg_flow import control_call
 from interlock.runtime import NatsServer, RuntimeConfig, connect_runtime
+from interlock.runtime.config import NatsAuth
 from tests.e2e.conftest import FAST_LEASES, Served, children, free_port, start_serve
 
 pytestmark = pytest.mark.slow
@@ -37,6 +41,15 @@ pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
 MOCK = ("--runner", "mock", "--max-model-len", "1024", "--num-blocks", "512", "--drain-grace", "2",
         *FAST_LEASES)
+AUTH = NatsAuth(user="chaos", password=secrets.token_urlsafe(16))
+SECRET = secrets.token_urlsafe(32).encode()
+SERVE_ENV = child_env(SECRET, AUTH)
+"""serve takes this login for its nats-server and this cluster secret (as it hands its own to its
+workers), so this test's own client can check pools and watch discovery."""
+
+
+def runtime_config(**overrides: Any) -> RuntimeConfig:
+    return RuntimeConfig(cluster_secret=SECRET, nats_auth=AUTH, **overrides)
 
 
 # ---- helpers ----
@@ -133,7 +146,7 @@ def assert_whole(r: Result, max_tokens: int) -> None:
 
 async def check_pools(served: Served, expected: int) -> None:
     """Every live worker's block pool passes its integrity check and holds no request."""
-    rt = await connect_runtime(nats_url(served), RuntimeConfig())
+    rt = await connect_runtime(nats_url(served), runtime_config())
     try:
         infos = await rt.discovery.instances(GENERATE_ENDPOINT)
         assert len(infos) == expected, [i.instance_id for i in infos]
@@ -152,9 +165,8 @@ CONCURRENCY = 32
 KILL_EVERY_S = 2.5
 
 
-@pytest.mark.xfail(reason="serve now requires its generated NATS login and cluster secret; this test's own NATS client (pool checks) does not pass them yet", strict=False)
 def test_workers_killed_under_load_lose_no_request_and_no_token() -> None:
-    served = start_serve(*MOCK, "--workers", "3", "--speedup", "2", timeout_s=120)
+    served = start_serve(*MOCK, "--workers", "3", "--speedup", "2", timeout_s=120, env=SERVE_ENV)
     try:
         asyncio.run(_chaos(served))
     finally:
@@ -233,14 +245,13 @@ async def _chaos(served: Served) -> None:
 STALL_S = 2.0
 
 
-@pytest.mark.xfail(reason="serve now requires its generated NATS login and cluster secret; this test's own NATS client (pool checks) does not pass them yet", strict=False)
 @pytest.mark.parametrize("lease_s", [2.0, 30.0], ids=["lease-expires", "stall-timer"])
 def test_a_stopped_worker_stream_moves_on_and_the_worker_rejoins_after_sigcont(lease_s: float) -> None:
     """With a 2 s lease the stopped worker also leaves discovery (and must come back); with a
     30 s one only the dispatcher's stall timer can notice it."""
     # speedup 0.5: about 25 ms a token, so 200 tokens last about 5 s
     served = start_serve(*MOCK, "--workers", "2", "--speedup", "0.5", "--stall-timeout", str(STALL_S),
-                         "--heartbeat-timeout", str(lease_s), timeout_s=120)
+                         "--heartbeat-timeout", str(lease_s), timeout_s=120, env=SERVE_ENV)
     try:
         asyncio.run(_sigstop(served, stall_detects=lease_s > STALL_S + 5))
     finally:
@@ -294,9 +305,8 @@ RECOVERY_S = 5.0
 LOOPS = 8
 
 
-@pytest.mark.xfail(reason="serve now requires its generated NATS login and cluster secret; this test's own NATS client (pool checks) does not pass them yet", strict=False)
 def test_serves_own_nats_server_killed_under_load() -> None:
-    served = start_serve(*MOCK, "--workers", "2", timeout_s=120)
+    served = start_serve(*MOCK, "--workers", "2", timeout_s=120, env=SERVE_ENV)
     try:
         [old] = children(served, b"nats-server")
 
@@ -311,8 +321,8 @@ def test_serves_own_nats_server_killed_under_load() -> None:
 
 
 def test_an_external_nats_server_killed_and_restarted_under_load() -> None:
-    with NatsServer(port=free_port()) as nats:
-        served = start_serve(*MOCK, "--workers", "2", "--nats-url", nats.url, timeout_s=120)
+    with NatsServer(port=free_port(), auth=AUTH) as nats:
+        served = start_serve(*MOCK, "--workers", "2", "--nats-url", nats.url, timeout_s=120, env=SERVE_ENV)
         try:
             async def kill() -> None:
                 assert nats.pid is not None
@@ -349,7 +359,7 @@ async def _nats_outage(served: Served, kill: Callable[[], Awaitable[None]]) -> N
         """When a fresh client of the NATS server sees both workers again (they re-register)."""
         while True:
             with contextlib.suppress(Exception):
-                rt = await asyncio.wait_for(connect_runtime(url, RuntimeConfig(connect_timeout=1.0)), 3)
+                rt = await asyncio.wait_for(connect_runtime(url, runtime_config(connect_timeout=1.0)), 3)
                 try:
                     if len(await rt.discovery.instances(GENERATE_ENDPOINT)) == 2:
                         return time.monotonic()

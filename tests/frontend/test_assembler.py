@@ -49,6 +49,9 @@ def test_error_chunks_raise_the_named_error(tok: ModelTokenizer) -> None:
         )
     assert isinstance(error_from_info(ErrorInfo(type="NoSuchError", message="x")), EngineError)
     assert isinstance(error_from_info(None), EngineError)
+    # the field an engine-side error is about reaches the client's error.param
+    err = error_from_info(ErrorInfo(type="PromptTooLong", message="too long", status=400, param="max_tokens"))
+    assert (type(err).__name__, err.param) == ("PromptTooLong", "max_tokens")
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

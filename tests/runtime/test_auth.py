@@ -5,7 +5,10 @@ Each test plays an attacker who can reach the port or the NATS server but has no
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +22,7 @@ from interlock.errors import AuthError, ConfigError, TransportError
 from interlock.protocol import InstanceInfo, LoadReport, subjects
 from interlock.runtime import NatsAuth, NatsServer, RuntimeConfig, connect_runtime, generate_auth
 from interlock.runtime.frames import Open, _encoder
+from interlock.runtime.nats_server import find_binary
 from interlock.runtime.tcp import TcpRequestPlane
 
 pytestmark = pytest.mark.anyio
@@ -262,3 +266,41 @@ def test_nats_auth_is_validated() -> None:
     with pytest.raises(ConfigError, match="cluster secret"):
         RuntimeConfig(cluster_secret=b"short")
     assert NatsAuth(tls_ca="ca.pem").tls and not NatsAuth(token="t").tls
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+async def test_nats_over_tls_with_the_servers_ca(tmp_path: Path, anyio_backend: str) -> None:
+    """An external nats-server with TLS (as docs/deploy.md sets one up): ``--nats-tls-ca`` (here
+    ``NatsAuth.tls_ca``) connects and carries events; a client that does not trust it is refused."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([str(find_binary()), "-a", "127.0.0.1", "-p", str(port), "--tls",
+                               "--tlscert", str(cert), "--tlskey", str(key)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"nats://127.0.0.1:{port}"
+        with anyio.fail_after(10):
+            while True:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+                await asyncio.sleep(0.05)
+        a = await connect_runtime(url, replace(CFG, nats_auth=NatsAuth(tls_ca=str(cert))))
+        b = await connect_runtime(url, replace(CFG, nats_auth=NatsAuth(tls_ca=str(cert))))
+        try:
+            sub = await b.events.subscribe("interlock.tls.test")
+            await a.events.publish("interlock.tls.test", b"over tls")
+            with anyio.fail_after(3):
+                assert (await sub.__anext__())[1] == b"over tls"
+        finally:
+            await a.close()
+            await b.close()
+        with pytest.raises((AuthError, TransportError)):  # no CA given: the server's cert is not trusted
+            await connect_runtime(url, replace(CFG, nats_auth=NatsAuth(tls_ca="/etc/ssl/certs/ca-certificates.crt")))
+    finally:
+        server.kill()
+        server.wait()
