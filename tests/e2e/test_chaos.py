@@ -28,7 +28,7 @@ import httpx
 import openai
 import pytest
 
-from interlock.cli.security import child_env
+from interlock.cluster.secrets import child_env
 from interlock.protocol.control import ControlRequest
 from interlock.protocol.subjects import GENERATE_ENDPOINT
 from interlock.router.disagg_flow import control_call
