@@ -45,16 +45,6 @@ START_TIMEOUT_S = 400.0
 """Two workers load SmolLM2 at once on a shared 2-core machine."""
 
 
-def _frontend_has(flag: str) -> bool:
-    from interlock.cli.frontend import build_parser
-
-    return flag in build_parser()._option_string_actions
-
-
-FRONTEND_DISAGG = _frontend_has("--enforce-disagg")
-"""Issue 12 part 2: ``interlock frontend`` builds its router without disaggregation settings."""
-
-
 @dataclass
 class Proc:
     name: str
@@ -159,9 +149,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 start(role, h[role], "worker", "--role", role, "--instance-id", role, "--host", "0.0.0.0",
                       "--advertise-host", h[role].address, "--kv-transfer-port", str(KV_PORT),
                       *url, *own, *LEASES, *DRAIN, *ENGINE, private_shm=True)
-            disagg = ("--enforce-disagg",) if FRONTEND_DISAGG else ()
             start("frontend", h["control"], "frontend", "--host", "0.0.0.0", "--port", str(FRONTEND_PORT),
-                  *login, *LEASES, *disagg).wait_for("frontend at", 120)
+                  *login, *LEASES, "--enforce-disagg").wait_for("frontend at", 120)
             dep = Deployment(h, procs, login)
             _wait_for_workers(dep, ("prefill", "decode"))
             yield dep
@@ -216,8 +205,6 @@ def test_chat_completions_through_a_frontend_on_another_host(deployment: Deploym
         assert reply["ok"] and reply["role"] == worker, reply
 
 
-@pytest.mark.xfail(not FRONTEND_DISAGG, strict=True,
-                   reason="issue 12 part 2: frontend lacks disagg settings (no --enforce-disagg)")
 def test_a_disaggregated_request_moves_its_kv_between_hosts_over_tcp(deployment: Deployment) -> None:
     before = deployment.status("decode")["pulls_by_transport"]
     enforced = _enforced(deployment.get("/metrics"))
