@@ -246,6 +246,30 @@ class RunningCluster:
         self._next += 1
         return await self._launch(ws, core=core)
 
+    async def set_role(self, handle: WorkerHandle, role: str, *, grace_s: float = 30.0) -> None:
+        """Re-role a running worker (control call ``set_role``: it leaves discovery, finishes
+        what it has in flight within ``grace_s``, and joins again as ``role``). A child that is
+        restarted later comes back with the new role."""
+        if role not in ROLES:
+            raise ConfigError(f"role: {role!r} is not one of {', '.join(ROLES)}")
+        if handle.local is not None:
+            await handle.local.set_role(role, grace_s=grace_s)
+        else:
+            from interlock.protocol.control import ControlRequest
+            from interlock.router.disagg_flow import control_call
+
+            info = self.service.instance(handle.instance_id) if self.service is not None else None
+            if info is None or "control_address" not in info.metadata:
+                raise ConfigError(f"worker {handle.instance_id!r} is not registered (yet): cannot change its role")
+            reply = await control_call(self.runtime.requests, info.metadata["control_address"],
+                                       ControlRequest(op="set_role", role=role, grace_s=grace_s))
+            if not reply.ok:
+                raise ConfigError(f"worker {handle.instance_id!r} refused role {role!r}: {reply.error}")
+        handle.spec = replace(handle.spec, role=role)
+        if handle.child is not None and handle.child.stdin_data is not None:
+            launch = WorkerLaunch.decode(handle.child.stdin_data)
+            handle.child.stdin_data = replace(launch, spec=handle.spec).encode()
+
     async def remove_worker(self, handle: WorkerHandle, *, drain: bool = True) -> None:
         """Stop a worker: drained (it leaves discovery, finishes in flight within the grace
         period) or at once. A child is not restarted."""

@@ -158,3 +158,62 @@ def test_nats_url_joins_that_server_instead_of_starting_one() -> None:
         asyncio.run(main(nats.url))
     with pytest.raises(ConfigError, match="control-plane.nats_url is required"):
         asyncio.run(start_cluster(ClusterSpec(deployment=Deployment(execution_groups=()), start_workers=False)))
+
+
+def test_set_role_re_roles_a_running_worker() -> None:
+    async def main() -> None:
+        async with running(group={"nodes": [{"gpu_count": 2, "num_blocks": 64}]}) as c:
+            first = c.workers()[0]
+            await c.set_role(first, "prefill", grace_s=1.0)
+            assert first.role == "prefill"
+            for _ in range(500):
+                info = c.service.instance(first.instance_id)
+                if info is not None and info.role == "prefill":
+                    break
+                await asyncio.sleep(0.01)
+            assert sorted(i.role for i in c.service.instances()) == ["both", "prefill"]
+            with pytest.raises(ConfigError, match="role: 'boss' is not one of"):
+                await c.set_role(first, "boss")
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_a_re_roled_child_worker_keeps_its_role_across_a_restart() -> None:
+    import os
+    import signal
+
+    async def role_of(c: RunningCluster, wid: str, want: str) -> bool:
+        for _ in range(300):
+            info = c.service.instance(wid)
+            if info is not None and info.role == want:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def main() -> None:
+        d = parse_deployment({"execution-group": {"runner": "mock", "max_model_len": 512,
+                                                  "nodes": [{"gpu_count": 1, "num_blocks": 64}]},
+                              "control-plane": {"listen_port": 0, "heartbeat_interval": 0.25,
+                                                "heartbeat_timeout": 2.0}})
+        c = await start_cluster(ClusterSpec(deployment=d, processes=ProcessOptions(drain_grace_s=1.0)))
+        try:
+            assert await c.wait_ready(timeout_s=120) is None
+            [w] = c.workers()
+            assert w.child is not None and w.child.pid is not None
+            await c.set_role(w, "decode", grace_s=1.0)
+            assert await role_of(c, w.instance_id, "decode")
+            old, address = w.child.pid, c.service.instance(w.instance_id).address
+            os.kill(old, signal.SIGKILL)
+            for _ in range(600):  # restarted by the supervisor, registered again (a new address)
+                info = c.service.instance(w.instance_id)
+                if w.child.pid != old and info is not None and info.address != address:
+                    break
+                await asyncio.sleep(0.05)
+            info = c.service.instance(w.instance_id)
+            assert w.child.pid != old and info is not None and info.address != address
+            assert info.role == "decode"
+        finally:
+            await c.close()
+
+    asyncio.run(main())
