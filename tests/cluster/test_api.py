@@ -41,7 +41,7 @@ def test_public_api_is_pinned() -> None:
 
 @pytest.fixture(scope="module")
 def instance() -> Iterator[interlock.ServingInstance]:
-    with interlock.Cluster.local() as cluster:
+    with interlock.Cluster.local(http_port=0) as cluster:
         cluster.register_model("tiny", "smollm2", max_model_len=1024)
         yield cluster.create_serving_instance(model="tiny", max_replicas=2, num_blocks=256)
 
@@ -91,3 +91,14 @@ def test_connect_joins_a_running_deployment(instance: interlock.ServingInstance)
         assert joined.call(service.wait_for_workers(1, 15)) == 1
         assert [m.name for m in service.models()] == ["tiny"]
         assert joined.running.nats is None  # it started no nats-server of its own
+
+
+def test_http_port_serves_the_openai_api_too(instance: interlock.ServingInstance) -> None:
+    import openai
+
+    url = instance.cluster.http_url
+    assert url is not None and url.startswith("http://127.0.0.1:")
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    r = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=16, temperature=0)
+    assert r.choices[0].message.content == instance.chat(QUESTION, max_tokens=16, temperature=0)
