@@ -167,26 +167,28 @@ def deployment_from_args(a: argparse.Namespace, *, nodes: tuple[NodeGroup, ...] 
     return d
 
 
+_PROCESS_FLAGS = {"single_process": "in_process", "restart_policy": "restart_policy", "drain_grace": "drain_grace_s",
+                  "ready_timeout": "ready_timeout_s", "bind_host": "host", "advertise_host": "advertise_host",
+                  "kv_transfer_port": "kv_transfer_port", "kv_transfer_timeout": "kv_transfer_timeout_s"}
+
+
 def cluster_spec(a: argparse.Namespace, d: Deployment, **changes: Any) -> ClusterSpec:
     """The builder's input for a command: the deployment plus what only flags give (frontend
-    limits and keys, dispatch, secrets, process handling)."""
+    limits and keys, dispatch, secrets, process handling). A command without a group of flags
+    (``worker`` has no HTTP limits) gets that part's defaults, or None for the frontend."""
     from interlock.cli.security import cluster_secret, nats_auth
     from interlock.env import get_env
     from interlock.frontend.flags import frontend_config
 
-    processes = ProcessOptions(
-        in_process=getattr(a, "single_process", False),
-        restart_policy=RestartPolicy(getattr(a, "restart_policy", RestartPolicy.ON_FAILURE.value)),
-        drain_grace_s=getattr(a, "drain_grace", ProcessOptions().drain_grace_s), ready_timeout_s=getattr(a, "ready_timeout", ProcessOptions().ready_timeout_s),
-        host=getattr(a, "bind_host", "127.0.0.1"), advertise_host=getattr(a, "advertise_host", None),
-        kv_transfer_port=getattr(a, "kv_transfer_port", 0), kv_transfer_timeout_s=getattr(a, "kv_transfer_timeout", ProcessOptions().kv_transfer_timeout_s),
-    )
-    fields_: dict[str, Any] = {
+    given = {field: getattr(a, flag) for flag, field in _PROCESS_FLAGS.items() if hasattr(a, flag)}
+    if "restart_policy" in given:
+        given["restart_policy"] = RestartPolicy(given["restart_policy"])
+    parts: dict[str, Any] = {
+        "processes": ProcessOptions(**given),
         "frontend": frontend_config(a, env_api_keys=get_env().api_keys) if hasattr(a, "max_prompt_chars") else None,
         "dispatch": dispatch_options(a) if hasattr(a, "migration_limit") else DispatchOptions(),
     }
-    return ClusterSpec(deployment=d, processes=processes, cluster_secret=cluster_secret(a), nats_auth=nats_auth(a),
-                       **{**fields_, **changes})
+    return ClusterSpec(deployment=d, cluster_secret=cluster_secret(a), nats_auth=nats_auth(a), **{**parts, **changes})
 
 
 def refuse_with_file(a: argparse.Namespace, *flags: str) -> None:

@@ -146,3 +146,19 @@ def test_frontend_builds_the_router_serve_builds(tmp_path: Path) -> None:
     for derive in (router_config, disagg_config, service_options):
         assert derive(s) == derive(fr), derive.__name__
     assert disagg_config(fr).enforce and router_config(fr).cost.chunk_tokens == 256
+
+
+def test_process_flags_reach_the_builder() -> None:
+    from interlock.cluster.supervisor import RestartPolicy
+
+    s = serve.spec_from_args(serve.build_parser().parse_args(
+        ["--single-process", "--drain-grace", "3", "--restart-policy", "never", "--ready-timeout", "9",
+         "--kv-transfer-timeout", "4", "--api-key", "k1", "--stall-timeout", "7"]))
+    p = s.processes
+    assert (p.in_process, p.drain_grace_s, p.restart_policy, p.ready_timeout_s, p.kv_transfer_timeout_s) == (
+        True, 3.0, RestartPolicy.NEVER, 9.0, 4.0)
+    assert s.frontend is not None and s.frontend.auth.api_keys == ("k1",) and s.dispatch.stall_floor_s == 7.0
+    w = worker.build_parser().parse_args(["--nats-url", "nats://h:1", "--host", "0.0.0.0", "--advertise-host",
+                                          "10.0.0.2", "--kv-transfer-port", "5557"])
+    wp = cluster_spec(w, deployment_from_args(w), frontend=None).processes
+    assert (wp.host, wp.advertise_host, wp.kv_transfer_port, wp.in_process) == ("0.0.0.0", "10.0.0.2", 5557, False)
