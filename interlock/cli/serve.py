@@ -24,6 +24,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections import Counter
 
 from interlock.cli import flags
 from interlock.cli.security import add_security_args
@@ -107,7 +108,10 @@ async def _serve(a: argparse.Namespace) -> int:
             return 1
         names = ", ".join(m.name for m in running.service.models())
         d = spec.deployment
-        print(f"Interlock serving {names} at {running.server.url}/v1 with {len(running.workers())} workers "
+        workers = running.workers()
+        roles = Counter(w.role for w in workers)
+        split = "" if set(roles) == {"both"} else ": " + ", ".join(f"{n} {r}" for r, n in sorted(roles.items()))
+        print(f"Interlock serving {names} at {running.server.url}/v1 with {len(workers)} workers{split} "
               f"(policy {d.routing.policy}{', nats ' + running.url if running.url else ', single process'})",
               flush=True)
         await stop.wait()

@@ -30,7 +30,7 @@ def served() -> Iterator[Served]:
 
 
 def test_the_seed_file_serves_disaggregated(served: Served) -> None:
-    assert "with 6 workers (policy least-loaded" in "".join(served.lines)
+    assert "with 6 workers: 4 decode, 2 prefill (policy least-loaded" in "".join(served.lines)
     client = openai.OpenAI(base_url=served.base_url, api_key="none", max_retries=0)
     r = client.chat.completions.with_raw_response.create(
         model="SmolLM2-135M-Instruct", max_tokens=12, temperature=0,
