@@ -68,8 +68,9 @@ def error_from_info(info: ErrorInfo | None) -> InterlockError:
         return EngineError("the engine reported an error")
     cls = getattr(errors, info.type, None)
     if isinstance(cls, type) and issubclass(cls, InterlockError):
-        try:
-            return cls(info.message, param=info.param)
-        except TypeError:  # a subclass with a different constructor
-            pass
+        for kwargs in ({"param": info.param}, {}):
+            try:
+                return cls(info.message, **kwargs)
+            except TypeError:  # a subclass with a different constructor
+                continue
     return EngineError(info.message, param=info.param)
