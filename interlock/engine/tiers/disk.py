@@ -14,8 +14,11 @@ Only the engine thread touches the index; file work runs as jobs on the tier I/O
 A write counts against the capacity at once and becomes readable when its job is seen done.
 The directory is locked (``flock``) by one worker at a time.
 
+A block a queued read needs is pinned (``acquire``/``release``): never evicted meanwhile.
+
 Invariants (``check_integrity``): the index holds at most ``capacity`` blocks; every entry is
-WRITING (its job pending) or READY; pending writes are exactly the WRITING entries.
+WRITING (its job pending) or READY; pending writes are exactly the WRITING entries; pins are
+positive and on READY entries only.
 """
 
 from __future__ import annotations
@@ -107,6 +110,8 @@ class DiskTier:
         self._lru: OrderedDict[int, int] = OrderedDict()
         """hash -> WRITING or READY, least recently used first."""
         self._writes: dict[int, Job[None]] = {}
+        self._pins: dict[int, int] = {}
+        """Blocks a queued read needs: not evicted until ``release``."""
         self.write_failures = 0
         self._lock_fd: int | None = _lock_directory(directory)
         _clean(directory)
@@ -142,9 +147,10 @@ class DiskTier:
             return False, []
         evicted: list[int] = []
         while len(self._lru) >= self.capacity:
-            victim = next((h for h, s in self._lru.items() if s == READY), None)
+            pins = self._pins
+            victim = next((h for h, s in self._lru.items() if s == READY and h not in pins), None)
             if victim is None:
-                return False, evicted  # every entry is still being written
+                return False, evicted  # every entry is being written or read
             del self._lru[victim]
             self._submit_delete(victim)
             evicted.append(victim)
@@ -177,8 +183,24 @@ class DiskTier:
         self._lru.move_to_end(block_hash)
         return self.directory, block_hash, self.layout, self.block_nbytes
 
+    def acquire(self, block_hash: int) -> tuple[Path, int, bytes, int]:
+        """Engine thread: pin a READY block for a read job (``reader``'s arguments)."""
+        self._pins[block_hash] = self._pins.get(block_hash, 0) + 1
+        return self.reader(block_hash)
+
+    def release(self, block_hash: int) -> None:
+        n = self._pins[block_hash] - 1
+        if n:
+            self._pins[block_hash] = n
+        else:
+            del self._pins[block_hash]
+
+    @property
+    def num_pinned(self) -> int:
+        return sum(self._pins.values())
+
     def remove(self, block_hash: int) -> bool:
-        if self._lru.get(block_hash) != READY:
+        if self._lru.get(block_hash) != READY or block_hash in self._pins:
             return False
         del self._lru[block_hash]
         self._submit_delete(block_hash)
@@ -199,6 +221,8 @@ class DiskTier:
         writing = {h for h, s in self._lru.items() if s == WRITING}
         _check(writing == set(self._writes), "pending writes out of step with the index")
         _check(all(s in (WRITING, READY) for s in self._lru.values()), "unknown state")
+        _check(all(self._lru.get(h) == READY and n > 0 for h, n in self._pins.items()),
+               "a pin on a block that is not readable")
 
 
 def _lock_directory(directory: Path) -> int:

@@ -76,6 +76,7 @@ class _Load:
     request_id: str
     job: Job[tuple[int, list[float]]] | None
     handles: list[ReadHandle]
+    disk_pins: list[int]
     tiers: list[str]
     """Source tier of each block, in order."""
 
@@ -191,14 +192,15 @@ class KVTiers:
                 sources.append(_Source(b, handle=handle))
                 tiers.append(host.name)
             elif disk is not None and h in disk:
-                sources.append(_Source(b, disk=disk.reader(h)))
+                sources.append(_Source(b, disk=disk.acquire(h)))
                 tiers.append(disk.name)
             else:
                 break
         for t in tiers:
             self._counters[t].hits += 1
         handles = [s.handle for s in sources if s.handle is not None]
-        return _Load(order.request_id, None, handles, tiers), sources
+        disk_pins = [h for h, t in zip(order.block_hashes, tiers, strict=False) if t == "disk"]
+        return _Load(order.request_id, None, handles, disk_pins, tiers), sources
 
     def _copy_in(self, sources: list[_Source]) -> tuple[int, list[float]]:
         """I/O thread: copy block by block; stops at the first that cannot be read intact."""
@@ -239,6 +241,9 @@ class KVTiers:
             if self.host is not None:
                 for handle in load.handles:
                     self.host.release(handle)
+            if self.disk is not None:
+                for h in load.disk_pins:
+                    self.disk.release(h)
             n, times = job.result if job.result is not None else (0, [])
             if job.error is not None:
                 log.warning("loading KV for %s failed: %s", load.request_id, job.error)
@@ -309,6 +314,9 @@ class KVTiers:
             pinned = sum(len(load.handles) for load in self._loads)
             if pinned < self.host.num_pinned:
                 raise AssertionError("kv tiers: host slots pinned by no load")
+        if self.disk is not None:
+            if sum(len(load.disk_pins) for load in self._loads) != self.disk.num_pinned:
+                raise AssertionError("kv tiers: disk pins out of step with the loads")
 
     def close(self) -> None:
         """Finish queued I/O and release the disk directory."""
