@@ -93,6 +93,7 @@ class AsyncEngine:
             streams, self._streams = dict(self._streams), {}
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self.core.close)
         err = error_info(ServiceUnavailable("the engine shut down"))
         for rid, (loop, q) in streams.items():
             out = GenerateOutput(request_id=rid, finish_reason="abort", error=err)

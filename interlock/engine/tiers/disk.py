@@ -12,7 +12,9 @@ cache, only the guarantee that what is read back is right, which the checksum gi
 Only the engine thread touches the index; file work runs as jobs on the tier I/O thread
 (``TierIO``, in submission order: a block's write, reads and deletion happen in that order).
 A write counts against the capacity at once and becomes readable when its job is seen done.
-The directory is locked (``flock``) by one worker at a time.
+Workers of one host may share the configured path: each takes the first ``slot-N``
+subdirectory whose lock (``flock``, released by the kernel when a worker dies) is free, so a
+restarted worker reuses (and first empties) a dead one's directory.
 
 A block a queued read needs is pinned (``acquire``/``release``): never evicted meanwhile.
 
@@ -102,7 +104,6 @@ class DiskTier:
     ) -> None:
         if capacity < 1:
             raise ValueError("disk tier capacity must be positive")
-        self.directory = directory
         self.capacity = capacity
         self.block_nbytes = block_nbytes
         self.layout = layout_digest(layout)
@@ -113,8 +114,9 @@ class DiskTier:
         self._pins: dict[int, int] = {}
         """Blocks a queued read needs: not evicted until ``release``."""
         self.write_failures = 0
-        self._lock_fd: int | None = _lock_directory(directory)
-        _clean(directory)
+        self.directory, fd = _claim_directory(directory)
+        self._lock_fd: int | None = fd
+        _clean(self.directory)
 
     def close(self) -> None:
         if self._lock_fd is not None:
@@ -225,20 +227,29 @@ class DiskTier:
                "a pin on a block that is not readable")
 
 
-def _lock_directory(directory: Path) -> int:
+_MAX_SLOTS = 1024
+
+
+def _claim_directory(base: Path) -> tuple[Path, int]:
+    """The first ``base/slot-N`` no live worker holds, locked; (directory, lock fd)."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        base.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"disk KV path {str(directory)!r} is not usable: {exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        raise ConfigError(
-            f"disk KV path {str(directory)!r} is in use by another worker; give each worker its own"
-        ) from exc
-    return fd
+        raise ConfigError(f"disk KV path {str(base)!r} is not usable: {exc}") from exc
+    for n in range(_MAX_SLOTS):
+        directory = base / f"slot-{n}"
+        try:
+            directory.mkdir(exist_ok=True)
+            fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"disk KV path {str(base)!r} is not usable: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        return directory, fd
+    raise ConfigError(f"disk KV path {str(base)!r}: all {_MAX_SLOTS} worker slots are in use")
 
 
 def _clean(directory: Path) -> None:

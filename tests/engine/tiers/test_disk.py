@@ -51,7 +51,7 @@ def test_writes_become_readable_when_done_and_lru_deletes_files(tmp_path: Path) 
     assert tier.put(3, b"c" * 8) == (True, [2])
     io.run_pending()
     tier.poll()
-    assert not block_path(tmp_path, 2).exists()
+    assert not block_path(tier.directory, 2).exists()
     assert read_block(*tier.reader(3)) == b"c" * 8
     tier.check_integrity()
     tier.close()
@@ -61,7 +61,7 @@ def test_a_failed_write_is_forgotten(tmp_path: Path) -> None:
     io = ManualIO()
     tier = DiskTier(tmp_path, 2, 8, "mock", io)
     tier.put(1, b"a" * 8)
-    (tmp_path / "0000000000000001.kv").mkdir()  # the rename onto it fails
+    (tier.directory / "0000000000000001.kv").mkdir()  # the rename onto it fails
     io.run_pending()
     assert tier.poll() == ([], [1])
     assert 1 not in tier and len(tier) == 0 and tier.write_failures == 1
@@ -69,12 +69,21 @@ def test_a_failed_write_is_forgotten(tmp_path: Path) -> None:
     tier.close()
 
 
-def test_one_worker_per_directory_and_leftovers_are_cleaned(tmp_path: Path) -> None:
-    (tmp_path / "0000000000000005.kv").write_bytes(b"old")
-    (tmp_path / "0000000000000006.kv.123.tmp").write_bytes(b"half")
-    tier = DiskTier(tmp_path, 2, 8, "mock", ManualIO())
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
-    with pytest.raises(ConfigError, match="in use by another worker"):
-        DiskTier(tmp_path, 2, 8, "mock", ManualIO())
-    tier.close()
-    DiskTier(tmp_path, 2, 8, "mock", ManualIO()).close()
+def test_each_worker_takes_its_own_slot_and_leftovers_are_cleaned(tmp_path: Path) -> None:
+    old = tmp_path / "slot-0"
+    old.mkdir()
+    (old / "0000000000000005.kv").write_bytes(b"old")
+    (old / "0000000000000006.123.tmp").write_bytes(b"half")
+    first = DiskTier(tmp_path, 2, 8, "mock", ManualIO())
+    assert first.directory == old and sorted(p.name for p in old.iterdir()) == [".lock"]
+    second = DiskTier(tmp_path, 2, 8, "mock", ManualIO())
+    assert second.directory == tmp_path / "slot-1"
+    first.close()  # (a dead worker's lock goes with its process)
+    assert DiskTier(tmp_path, 2, 8, "mock", ManualIO()).directory == old
+    second.close()
+
+
+def test_an_unusable_path_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(ConfigError, match="not usable"):
+        DiskTier(tmp_path / "file" / "kv", 2, 8, "mock", ManualIO())

@@ -113,7 +113,7 @@ def test_host_spills_to_disk_and_disk_loads_back(tmp_path: Path) -> None:
     a = push_out(engine, io, 4)
     engine.step()
     disk = engine.tiers.disk  # type: ignore[union-attr]
-    assert disk is not None and len(disk) > 0 and any(tmp_path.glob("*.kv"))
+    assert disk is not None and len(disk) > 0 and any(tmp_path.glob("slot-0/*.kv"))
     engine.add_request(request("a2", a, 3))
     outs = run_to_end(engine, each_step=lambda _: io.run_pending())
     assert tokens(outs["a2"]) == reference_output(a, 3, vocab_size=VOCAB)
@@ -130,7 +130,7 @@ def test_a_corrupt_disk_block_is_computed_again(tmp_path: Path) -> None:
     engine.step()
     io.run_pending()
     engine.step()
-    for f in tmp_path.glob("*.kv"):  # corrupt every file's last byte
+    for f in tmp_path.glob("slot-0/*.kv"):  # corrupt every file's last byte
         raw = bytearray(f.read_bytes())
         raw[-1] ^= 1
         f.write_bytes(raw)
