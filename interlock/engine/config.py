@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from interlock.errors import ConfigError
+
+_SEGMENT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,9 @@ class CacheConfig:
     """Host-memory KV tier below the device pool (``interlock.engine.tiers``); 0: none."""
     host_kv_blocks: int | None = None
     """The host tier's size in blocks instead of ``host_kv_gib``."""
+    host_kv_shared: str | None = None
+    """Share the host tier with the other workers of this host that give the same name (a
+    segment in /dev/shm); None: a private host tier."""
     disk_kv_gib: float = 0.0
     """Disk KV tier below the host tier, files under ``disk_kv_path``; 0: none."""
     disk_kv_blocks: int | None = None
@@ -46,6 +52,12 @@ class CacheConfig:
             raise ConfigError("a disk KV tier (disk_kv_gib) needs disk_kv_path")
         if self.disk_kv_path and not self.has_disk_tier:
             raise ConfigError("disk_kv_path is set but the disk tier has no size (disk_kv_gib)")
+        if self.host_kv_shared is not None:
+            if not self.has_host_tier:
+                raise ConfigError("host_kv_shared needs a host tier (host_kv_gib)")
+            if not _SEGMENT_NAME.fullmatch(self.host_kv_shared):
+                raise ConfigError(f"host_kv_shared {self.host_kv_shared!r}: use letters, digits, "
+                                  "'_', '-' and '.' (not first)")
         if (self.has_host_tier or self.has_disk_tier) and not self.enable_prefix_caching:
             raise ConfigError("KV tiers (host_kv_gib, disk_kv_gib) need prefix caching")
 

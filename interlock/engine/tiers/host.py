@@ -18,8 +18,34 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
+
+
+class HostStore(Protocol):
+    """What the tier manager needs of a host tier: this private one, or the one shared by the
+    workers of a host (``shared.SharedHostTier``)."""
+
+    name: str
+    capacity: int
+
+    def __contains__(self, block_hash: int) -> bool: ...
+    def __len__(self) -> int: ...
+    def hashes(self) -> list[int]: ...
+    def touch(self, block_hash: int) -> None: ...
+    def store(
+        self, block_hash: int, fill: Callable[[memoryview], None], *, keep_evicted: bool
+    ) -> tuple[bool, list[tuple[int, bytes | None]]]: ...
+    def remove(self, block_hash: int) -> bool: ...
+    def clear(self) -> list[int]: ...
+    def acquire(self, block_hash: int) -> Any | None: ...
+    def read(self, handle: Any, sink: Callable[[memoryview], None]) -> bool: ...
+    def release(self, handle: Any) -> None: ...
+    @property
+    def num_pinned(self) -> int: ...
+    def check_integrity(self) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +144,9 @@ class HostTier:
     @property
     def num_pinned(self) -> int:
         return len(self._pins)
+
+    def close(self) -> None:
+        pass
 
     def check_integrity(self) -> None:
         slots = list(self._lru.values())

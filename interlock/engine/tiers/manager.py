@@ -27,12 +27,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from interlock.engine.block_pool import Evicted
 from interlock.engine.scheduler import LoadOrder
 from interlock.engine.tiers.disk import DiskTier, read_block
-from interlock.engine.tiers.host import HostTier, ReadHandle
+from interlock.engine.tiers.host import HostStore
 from interlock.engine.tiers.io import Job, TierIO
 from interlock.protocol import BlockRemoved, BlockStored, KVEvent, TierStats
 
@@ -75,7 +75,8 @@ class _Counters:
 class _Load:
     request_id: str
     job: Job[tuple[int, list[float]]] | None
-    handles: list[ReadHandle]
+    handles: list[Any]
+    """The host tier's read handles (released at the end)."""
     disk_pins: list[int]
     tiers: list[str]
     """Source tier of each block, in order."""
@@ -84,7 +85,7 @@ class _Load:
 @dataclass(slots=True)
 class _Source:
     block_id: int
-    handle: ReadHandle | None = None
+    handle: Any | None = None
     disk: tuple[object, ...] | None = None
 
 
@@ -92,7 +93,7 @@ class _Source:
 class KVTiers:
     runner: BlockCopier
     io: TierIO
-    host: HostTier | None = None
+    host: HostStore | None = None
     disk: DiskTier | None = None
     _parents: dict[int, int | None] = field(default_factory=dict)
     """Parent hash of every block held below the device pool (for events and snapshots)."""
@@ -107,7 +108,7 @@ class KVTiers:
             self._counters[t.name] = _Counters()
 
     @property
-    def tiers(self) -> list[HostTier | DiskTier]:
+    def tiers(self) -> list[HostStore | DiskTier]:
         return [t for t in (self.host, self.disk) if t is not None]
 
     # ---- lookup ----
@@ -321,6 +322,8 @@ class KVTiers:
     def close(self) -> None:
         """Finish queued I/O and release the disk directory."""
         self.io.close()
+        if self.host is not None:
+            self.host.close()
         if self.disk is not None:
             self.disk.poll()
             self.disk.close()
@@ -334,5 +337,5 @@ def _import(runner: BlockCopier, block_id: int, data: memoryview) -> None:
     runner.import_blocks([block_id], data)
 
 
-def _writing(tier: HostTier | DiskTier, block_hash: int) -> bool:
+def _writing(tier: HostStore | DiskTier, block_hash: int) -> bool:
     return isinstance(tier, DiskTier) and tier.is_writing(block_hash)

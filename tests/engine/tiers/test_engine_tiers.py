@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from interlock import kvhash
 from interlock.engine.clock import VirtualClock
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.engine.core import EngineCore
 from interlock.engine.request import RequestStatus
 from interlock.engine.runners.mock import MockRunner, reference_output
 from interlock.engine.tiers import ManualIO
+from interlock.engine.tiers.shared import segment_path
 from interlock.errors import ConfigError
 from interlock.protocol import BlockRemoved, BlockStored
 from tests.engine.conftest import EOS, VOCAB, request, run_to_end, tokens
@@ -21,12 +25,13 @@ BS = 4
 
 def tiered_engine(
     io: ManualIO, *, num_blocks: int = 16, host: int | None = 8, disk: int | None = None,
-    path: Path | None = None,
+    path: Path | None = None, shared: str | None = None,
 ) -> EngineCore:
     config = EngineConfig(
         model=ModelConfig(runner="mock"),
         cache=CacheConfig(num_blocks=num_blocks, block_size=BS, watermark=0.0, host_kv_blocks=host,
-                          disk_kv_blocks=disk, disk_kv_path=str(path) if path else None),
+                          disk_kv_blocks=disk, disk_kv_path=str(path) if path else None,
+                          host_kv_shared=shared),
         scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256),
     )
     runner = MockRunner(num_blocks=num_blocks, block_size=BS, vocab_size=VOCAB, eos_token_ids=(EOS,),
@@ -160,6 +165,32 @@ def test_tier_events_and_snapshot_name_the_tier() -> None:
     assert held == set(engine.tiers.host.hashes())  # type: ignore[union-attr]
 
 
+@pytest.fixture
+def shared_name() -> Iterator[str]:
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    for suffix in ("", ".lock"):
+        Path(str(segment_path(name)) + suffix).unlink(missing_ok=True)
+
+
+def test_a_prefix_one_worker_computed_is_loaded_by_another_through_the_shared_tier(
+    shared_name: str,
+) -> None:
+    io_a, io_b = ManualIO(), ManualIO()
+    a = tiered_engine(io_a, shared=shared_name)
+    b = tiered_engine(io_b, shared=shared_name)
+    p = push_out(a, io_a)
+    a.step()
+    assert b.tiers is not None and b.tiers.lookup(kvhash.hash_blocks(p, BS)) > 0  # b computed nothing
+    b.add_request(request("p", p, 3))
+    outs = run_to_end(b, each_step=lambda _: io_b.run_pending())
+    assert tokens(outs["p"]) == reference_output(p, 3, vocab_size=VOCAB)
+    assert outs["p"][-1].num_cached_tokens > 0
+    assert {s.tier: s.loads for s in b.load.kv_tiers}["host"] > 0
+    a.close()
+    b.close()
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
@@ -168,6 +199,8 @@ def test_tier_events_and_snapshot_name_the_tier() -> None:
         ({"disk_kv_blocks": 4}, "needs disk_kv_path"),
         ({"disk_kv_path": "/tmp/x"}, "has no size"),
         ({"host_kv_blocks": 4, "enable_prefix_caching": False}, "need prefix caching"),
+        ({"host_kv_shared": "x"}, "needs a host tier"),
+        ({"host_kv_blocks": 4, "host_kv_shared": "../etc"}, "use letters"),
     ],
 )
 def test_bad_tier_config_is_refused_by_name(kw: dict[str, object], message: str) -> None:
