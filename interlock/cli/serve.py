@@ -166,6 +166,8 @@ def worker_argv(spec: WorkerSpec, nats_url: str, cp: ControlPlane, drain_grace: 
         argv.append("--no-prefix-caching")
     if e.cache.host_kv_gib:
         argv += ["--host-kv-gib", str(e.cache.host_kv_gib)]
+    if e.cache.host_kv_shared is not None:
+        argv += ["--host-kv-shared", e.cache.host_kv_shared]
     if e.cache.disk_kv_gib:
         argv += ["--disk-kv-gib", str(e.cache.disk_kv_gib), "--disk-kv-path", str(e.cache.disk_kv_path)]
     return python_module_argv("interlock.cli.main", *argv)

@@ -42,6 +42,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host-kv-gib", type=float, default=0.0, help="host-memory KV tier (0: none)")
     g.add_argument("--disk-kv-gib", type=float, default=0.0, help="disk KV tier (0: none)")
     g.add_argument("--disk-kv-path", default=None, help="directory of the disk KV tier")
+    g.add_argument("--host-kv-shared", default=None, metavar="NAME",
+                   help="share the host KV tier with this host's workers of the same NAME")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
     g.add_argument("--max-model-len", type=int, default=2048)
@@ -60,7 +62,7 @@ def engine_config_from_args(a: argparse.Namespace, model_path: str) -> EngineCon
         cache=CacheConfig(block_size=a.block_size, num_blocks=a.num_blocks,
                           kv_cache_gib=a.kv_cache_gib, enable_prefix_caching=not a.no_prefix_caching,
                           host_kv_gib=a.host_kv_gib, disk_kv_gib=a.disk_kv_gib,
-                          disk_kv_path=a.disk_kv_path),
+                          disk_kv_path=a.disk_kv_path, host_kv_shared=a.host_kv_shared),
         scheduler=SchedulerConfig(max_num_batched_tokens=a.max_num_batched_tokens,
                                   max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
                                   preempt_enabled=bool(a.preempt_enabled)),

@@ -12,9 +12,11 @@ from interlock.errors import ConfigError
 
 def test_tier_flags_fill_the_cache_config_and_reach_serve_workers() -> None:
     a = build_parser().parse_args(
-        ["--host-kv-gib", "2", "--disk-kv-gib", "8", "--disk-kv-path", "/var/kv"])
+        ["--host-kv-gib", "2", "--disk-kv-gib", "8", "--disk-kv-path", "/var/kv",
+         "--host-kv-shared", "node1"])
     cache = engine_config_from_args(a, "m").cache
-    assert (cache.host_kv_gib, cache.disk_kv_gib, cache.disk_kv_path) == (2.0, 8.0, "/var/kv")
+    assert (cache.host_kv_gib, cache.disk_kv_gib, cache.disk_kv_path, cache.host_kv_shared) == (
+        2.0, 8.0, "/var/kv", "node1")
     spec = WorkerSpec(engine=engine_config_from_args(a, "m"), served_name="m", model_path="m",
                       role="both", instance_id="w0")
     argv = worker_argv(spec, "nats://x", ControlPlane(), 1.0)
