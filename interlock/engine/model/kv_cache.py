@@ -6,6 +6,9 @@ axis, and with kv_heads in front of it the gathered tensor is already
 A token's slot is ``block * block_size + offset``, so writes are one ``index_copy_`` per layer
 on a ``[2, kv_heads, num_blocks * block_size, head_dim]`` view.
 
+Export and import copy each run of consecutive block ids with one strided ``copy_`` (no gathered
+temporary): one pass over the bytes, as a plain memory copy.
+
 Export format (what another runner of the same model imports): blocks one after another, each
 ``[layers, 2, kv_heads, block_size, head_dim]`` in the cache dtype, ``block_nbytes`` bytes.
 """
@@ -50,21 +53,31 @@ class PagedKVCache:
         self.slots = [layer.view(flat) for layer in self.blocks]
 
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
-        ids = self._ids(block_ids)
         dest = self._byte_view(out, len(block_ids))
-        # [L, 2, H, n, bs, D] -> [n, L, 2, H, bs, D]: one block after another.
-        dest.copy_(self.tensor.index_select(3, ids).permute(3, 0, 1, 2, 4, 5).cpu())
+        # One strided copy per run of consecutive block ids (usually few): [L, 2, H, k, bs, D]
+        # -> [k, L, 2, H, bs, D], straight into ``out``, with no gathered temporary.
+        for i, j, b in self._runs(block_ids):
+            dest[i:j].copy_(self.tensor[:, :, :, b:b + j - i].permute(3, 0, 1, 2, 4, 5))
 
     def import_blocks(self, block_ids: Sequence[int], data: memoryview) -> None:
-        ids = self._ids(block_ids)
-        src = self._byte_view(data, len(block_ids)).to(self.tensor.device)
-        self.tensor.index_copy_(3, ids, src.permute(1, 2, 3, 0, 4, 5))
+        src = self._byte_view(data, len(block_ids))
+        if self.tensor.device.type != "cpu":
+            src = src.to(self.tensor.device)
+        for i, j, b in self._runs(block_ids):
+            self.tensor[:, :, :, b:b + j - i].copy_(src[i:j].permute(1, 2, 3, 0, 4, 5))
 
-    def _ids(self, block_ids: Sequence[int]) -> torch.Tensor:
-        ids = torch.tensor(list(block_ids), dtype=torch.long, device=self.tensor.device)
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_blocks):
-            raise IndexError(f"block ids out of range [0, {self.num_blocks})")
-        return ids
+    def _runs(self, block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
+        """``(i, j, b)``: positions ``i..j-1`` of ``block_ids`` are blocks ``b, b+1, ...``."""
+        runs: list[tuple[int, int, int]] = []
+        n = self.num_blocks
+        for i, b in enumerate(block_ids):
+            if not 0 <= b < n:
+                raise IndexError(f"block ids out of range [0, {n})")
+            if runs and b == runs[-1][2] + (i - runs[-1][0]) and runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], i + 1, runs[-1][2])
+            else:
+                runs.append((i, i + 1, b))
+        return runs
 
     def _byte_view(self, buffer: memoryview, num_blocks: int) -> torch.Tensor:
         expected = num_blocks * self.block_nbytes
