@@ -1,8 +1,11 @@
 """Greedy fp32 output of the real model (SmolLM2) is the same whether a prefix was computed,
-found in the device pool, or loaded back from the host tier or the disk tier."""
+found in the device pool, loaded back from the host tier or the disk tier, or loaded from the
+host tier another worker shares."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, Sche
 from interlock.engine.core import EngineCore
 from interlock.engine.model import LlamaModel
 from interlock.engine.runners.torch_runner import TorchRunner
+from interlock.engine.tiers.shared import segment_path
 from interlock.model_store import resolve_model
 from interlock.protocol import GenerateRequest, SamplingParams
 from tests.engine.conftest import run_to_end, tokens
@@ -27,11 +31,13 @@ def model() -> LlamaModel:
     return LlamaModel.load(resolve_model("smollm2", progress=False), torch.float32, torch.device("cpu"), 512)
 
 
-def engine(model: LlamaModel, *, host: int | None, disk: int | None = None, path: Path | None = None) -> EngineCore:
+def engine(model: LlamaModel, *, host: int | None, disk: int | None = None, path: Path | None = None,
+           shared: str | None = None) -> EngineCore:
     config = EngineConfig(
         model=ModelConfig(runner="torch", dtype="float32"),
         cache=CacheConfig(block_size=BS, num_blocks=14, watermark=0.0, host_kv_blocks=host,
-                          disk_kv_blocks=disk, disk_kv_path=str(path) if path else None),
+                          disk_kv_blocks=disk, disk_kv_path=str(path) if path else None,
+                          host_kv_shared=shared),
         scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=4, max_model_len=512),
     )
     return EngineCore(config, TorchRunner(model, num_blocks=14, block_size=BS))
@@ -44,13 +50,17 @@ def prompt(i: int) -> list[int]:
 
 
 def generate(core: EngineCore, rid: str, p: list[int]) -> tuple[list[int], int]:
+    """Run one request to its end; first let the tier thread finish its writes (a lookup only
+    finds a block on disk once its file is written)."""
+    deadline = time.monotonic() + 30
+    while core.tiers is not None and core.tiers.has_pending():
+        assert time.monotonic() < deadline
+        core.step()
+        time.sleep(0.001)
     core.add_request(GenerateRequest(request_id=rid, token_ids=tuple(p),
                                      sampling=SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)))
-    for _ in range(2000):  # loads finish on the tier thread: step until this request ends
-        outs = run_to_end(core)
-        if rid in outs:
-            return tokens(outs[rid]), outs[rid][-1].num_cached_tokens
-    raise AssertionError("no output")
+    outs = run_to_end(core, each_step=lambda _: time.sleep(0.0005) if core.scheduler.loading else None)
+    return tokens(outs[rid]), outs[rid][-1].num_cached_tokens
 
 
 def loads(core: EngineCore) -> dict[str, int]:
@@ -81,3 +91,18 @@ def test_greedy_output_is_the_same_from_every_tier(model: LlamaModel, tmp_path: 
     out, cached = generate(disk_engine, "disk", p)
     assert out == computed and cached == 96 and loads(disk_engine)["disk"] > 0
     disk_engine.close()
+
+    name = f"test-greedy-{uuid.uuid4().hex[:10]}"
+    try:
+        first, second = engine(model, host=16, shared=name), engine(model, host=16, shared=name)
+        generate(first, "a", p)
+        for i in (1, 2, 3):  # other first blocks too: all of p leaves first's pool
+            generate(first, f"x{i}", [t + 1 for t in prompt(i)])
+        first.step()
+        out, cached = generate(second, "other worker", p)  # second never saw p
+        assert out == computed and cached == 96 and loads(second)["host"] > 0
+        first.close()
+        second.close()
+    finally:
+        for suffix in ("", ".lock"):
+            Path(str(segment_path(name)) + suffix).unlink(missing_ok=True)
