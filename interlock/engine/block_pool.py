@@ -18,7 +18,9 @@ Invariants (``check_integrity`` verifies all of them):
 
 With ``record_evictions`` (KV tiers below the pool, ``interlock.engine.tiers``) the pool also
 lists every evicted block with its hash (``take_evicted``): its KV is still in the block until
-the block is written again, so the owner copies it down before running the next batch.
+the block is written again, so the owner copies it down before running the next batch. With
+``record_stored`` it lists every newly hashed block (``take_stored``), for a tier written
+through.
 
 All operations are O(1) per block (dict/deque/OrderedDict), no scans.
 """
@@ -44,7 +46,8 @@ class _CachedInfo:
 
 @dataclass(frozen=True, slots=True)
 class Evicted:
-    """A block the pool evicted: its KV is still in ``block_id`` until the next write."""
+    """A block the pool evicted (its KV is still in ``block_id`` until the next write), or,
+    from ``take_stored``, one it just hashed."""
 
     block_id: int
     block_hash: int
@@ -59,6 +62,7 @@ class BlockPool:
         *,
         enable_caching: bool = True,
         record_evictions: bool = False,
+        record_stored: bool = False,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
@@ -75,6 +79,8 @@ class BlockPool:
         self._num_used = 0
         self.record_evictions = record_evictions
         self._evicted: list[Evicted] = []
+        self.record_stored = record_stored
+        self._stored: list[Evicted] = []
 
     # ---- counts ----
     @property
@@ -179,6 +185,8 @@ class BlockPool:
                 self.block_hash[b] = h
                 self._hash_to_block[h] = b
                 self._info[b] = _CachedInfo(parent, tuple(token_ids[i * bs : (i + 1) * bs]), i)
+                if self.record_stored:
+                    self._stored.append(Evicted(b, h, parent))
                 if run_start < 0:
                     run_start = i
             elif run_start >= 0:
@@ -219,6 +227,12 @@ class BlockPool:
         """Blocks evicted since the last call (only with ``record_evictions``)."""
         evicted, self._evicted = self._evicted, []
         return evicted
+
+    def take_stored(self) -> list[Evicted]:
+        """Blocks hashed since the last call (only with ``record_stored``); same record as an
+        eviction's: block, hash, parent."""
+        stored, self._stored = self._stored, []
+        return stored
 
     def snapshot(self) -> list[KVEvent]:
         """Events that describe every cached block now, parents first (for a router re-sync)."""

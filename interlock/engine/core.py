@@ -17,7 +17,8 @@ Disaggregation hooks (KV never blocks the step: the caller moves bytes, the core
 KV tiers (``config.cache`` host/disk sizes, ``interlock.engine.tiers``): each step first hands
 finished loads back to the scheduler, then, right after ``schedule``, copies the blocks the
 pool evicted down a tier (before anything writes into them again) and starts the loads the
-scheduler ordered; the copies run on the tier I/O thread.
+scheduler ordered; the copies run on the tier I/O thread. A shared host tier is written
+through: after ``update``, the blocks hashed in this step are copied up.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class EngineCore:
         self.pool = BlockPool(
             runner.num_blocks, runner.block_size, enable_caching=config.cache.enable_prefix_caching,
             record_evictions=self.tiers is not None,
+            record_stored=self.tiers is not None and config.cache.host_kv_shared is not None,
         )
         self.kv = KVCacheManager(self.pool, watermark=config.cache.watermark, tiers=self.tiers)
         self.scheduler = Scheduler(config.scheduler, self.kv, eos_token_ids=runner.eos_token_ids)
@@ -197,6 +199,8 @@ class EngineCore:
                 outputs += self.scheduler.update(batch, result)
         else:
             outputs += self.scheduler.update(batch, RunnerOutput())
+        if tiers is not None:
+            self._write_through(tiers)
         self._track_holds(outputs)
         self._observe(batch, step_time)
         self._load = self._load_report(step_time, batch.num_batched_tokens)
@@ -207,6 +211,7 @@ class EngineCore:
 
     def _move_tiers(self, tiers: KVTiers) -> None:
         """Copy evicted blocks down before they are written; start the ordered loads."""
+        self._write_through(tiers)  # hashed outside a step (loads, imports): still intact now
         evicted = self.pool.take_evicted()
         orders, self.scheduler.newly_loading = self.scheduler.newly_loading, []
         if evicted or orders:
@@ -256,6 +261,13 @@ class EngineCore:
     def load(self) -> LoadReport:
         """Load figures as of the last step."""
         return self._load
+
+    def _write_through(self, tiers: KVTiers) -> None:
+        """A shared host tier gets every newly hashed block, before it can be written again."""
+        if self.pool.record_stored:
+            stored = self.pool.take_stored()
+            if stored:
+                tiers.write_through(stored)
 
     # ---- KV export (prefill side) ----
     def export_request_kv(self, request_id: str) -> tuple[list[int], bytes]:

@@ -87,7 +87,8 @@ class _Driver(WorkerSink):
         rcfg = replace(cfg.router, block_size=cfg.block_size, share_load=False, cost=cost)
         self.router = Router(rcfg, clock=lambda: self.now)
         self.workers: dict[str, Worker] = {}
-        self.host_tiers = [SimTiers(cfg.host_kv_blocks, cfg.host_load_s_per_block)
+        shared = cfg.workers_per_host > 1  # a shared tier is written through, as in the engine
+        self.host_tiers = [SimTiers(cfg.host_kv_blocks, cfg.host_load_s_per_block, shared)
                            for _ in range(cfg.num_hosts)] if cfg.host_kv_blocks else []
         for i in range(cfg.num_workers):
             wid = f"w{i}"

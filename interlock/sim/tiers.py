@@ -1,9 +1,10 @@
 """A host-memory KV tier for the simulated workers: capacity and load time, nothing else.
 
-Mirrors the engine's (``interlock.engine.tiers``): a victim cache below the device pool. Blocks
-a worker's pool evicts are stored here (LRU, oldest out first); a prefix lookup that continues
-here after the pool's hits loads those blocks instead of computing them. One ``SimTiers`` may
-be given to several workers: the tier shared by the workers of a host.
+Mirrors the engine's (``interlock.engine.tiers``): blocks a worker's pool evicts are stored
+here (LRU, oldest out first); a prefix lookup that continues here after the pool's hits loads
+those blocks instead of computing them. One ``SimTiers`` may be given to several workers: the
+tier shared by the workers of a host, which is also written through (every computed block is
+stored at once, as the engine does for a shared tier).
 
 Load time: ``load_s_per_block`` per block, added to the step that admits the request (the
 engine overlaps loads with other requests' steps and holds no batch slot, so this is
@@ -22,6 +23,7 @@ class SimTiers:
     capacity: int
     """Host tier blocks (shared by every worker given this object)."""
     load_s_per_block: float = 1e-4
+    write_through: bool = False
     lru: OrderedDict[int, None] = field(default_factory=OrderedDict)
     stores: int = 0
     evictions: int = 0

@@ -15,8 +15,9 @@ what decides hits and latencies, with the same rules as the engine (vLLM v1 styl
   completes them, and published as ``BlockStored``; finished requests' blocks become evictable
   (LRU, a request's tail first) and evictions are published as ``BlockRemoved``; output blocks
   are cached as never-matching filler, as a real engine would cache them;
-* with a host tier below the pool (``interlock.sim.tiers``), evicted blocks go there and a
-  lookup continues there after the pool's hits; loaded blocks count as hits and their load
+* with a host tier below the pool (``interlock.sim.tiers``), evicted blocks go there (and,
+  written through, computed ones as soon as computed) and a lookup continues there after the
+  pool's hits; loaded blocks count as hits and their load
   time is added to the admitting step;
 * decode-only stretches (nothing to prefill or admit) are one *macro step* of ``k`` decode
   steps up to the next finish, timed in closed form (the decode time is a quadratic in KV
@@ -154,12 +155,16 @@ class SimWorker:
         if removed and self.publish_events:
             self._events.append(BlockRemoved(block_hashes=tuple(removed)))
         if removed and self.tiers is not None:
-            stored, dropped = self.tiers.offload(removed)
-            if self.publish_events and stored:
-                self._events.append(BlockStored(block_hashes=tuple(stored), parent_block_hash=None,
-                                                block_size=self.block_size, tier="host"))
-            if self.publish_events and dropped:
-                self._events.append(BlockRemoved(block_hashes=tuple(dropped), tier="host"))
+            self._to_host(removed)
+
+    def _to_host(self, hashes: list[int]) -> None:
+        assert self.tiers is not None
+        stored, dropped = self.tiers.offload(hashes)
+        if self.publish_events and stored:
+            self._events.append(BlockStored(block_hashes=tuple(stored), parent_block_hash=None,
+                                            block_size=self.block_size, tier="host"))
+        if self.publish_events and dropped:
+            self._events.append(BlockRemoved(block_hashes=tuple(dropped), tier="host"))
 
     def _try_admit(self, s: SimSeq) -> bool:
         r = s.req
@@ -354,6 +359,8 @@ class SimWorker:
         if stored and self.publish_events:
             self._events.append(BlockStored(block_hashes=tuple(stored), parent_block_hash=None,
                                             block_size=self.block_size))
+        if stored and self.tiers is not None and self.tiers.write_through:
+            self._to_host(stored)
         self._publish(now, st)
 
     def _finish(self, s: SimSeq, now: float) -> None:

@@ -16,8 +16,19 @@ queues one job on the I/O thread that copies the blocks in (host: from a pinned 
 read, check, copy); the step loop never waits for it. ``poll`` (once per step) hands back the
 finished loads: how many leading blocks arrived intact. The rest are computed as usual.
 
+A host tier shared by the workers of a host is written through instead (``write_through``):
+every block the pool hashes is copied up right after the step that computed it, so another
+worker can load a prefix this one still holds on its device. Measured on the Mooncake
+conversation trace with 8 workers sharing one host tier as large as their pools: 98% of the
+hit ratio of one LRU of the same total size written through, 91% on eviction (the router
+cannot always place a request where its prefix is; the shared tier heals that only if it has
+the prefix). A private tier stays a victim cache (its capacity adds to the pool's).
+
 Events: the manager records ``BlockStored``/``BlockRemoved`` with ``tier="host"`` or
-``"disk"``; the owner drains them with the pool's events.
+``"disk"``; the owner drains them with the pool's events. A tier event carries the block's
+parent hash when it is known then (a block stored from the pool), else None: the tiers keep
+no per-block metadata (a shared tier could not keep it consistent), and the router needs only
+the hashes.
 """
 
 from __future__ import annotations
@@ -95,8 +106,6 @@ class KVTiers:
     io: TierIO
     host: HostStore | None = None
     disk: DiskTier | None = None
-    _parents: dict[int, int | None] = field(default_factory=dict)
-    """Parent hash of every block held below the device pool (for events and snapshots)."""
     _loads: list[_Load] = field(default_factory=list)
     _events: list[KVEvent] = field(default_factory=list)
     _counters: dict[str, _Counters] = field(default_factory=dict)
@@ -142,12 +151,15 @@ class KVTiers:
                     self._removed(host.name, victim)
                     if disk is not None and data is not None:
                         self._to_disk(victim, data)
-                    self._forget_parent(victim)
             elif disk is not None and h not in disk:
                 buf = bytearray(self.runner.kv_block_nbytes)
                 self.runner.export_blocks([ev.block_id], memoryview(buf))
-                self._parents[h] = ev.parent_hash
                 self._to_disk(h, bytes(buf))
+
+    def write_through(self, stored: Sequence[Evicted]) -> None:
+        """Copy blocks the pool just hashed (their KV computed in this step) to the host tier
+        (engine thread, after the step: the blocks are not written again before the next one)."""
+        self.offload(stored)
 
     def _to_disk(self, block_hash: int, data: bytes) -> None:
         disk = self.disk
@@ -155,12 +167,9 @@ class KVTiers:
         if block_hash in disk:
             disk.touch(block_hash)
             return
-        started, evicted = disk.put(block_hash, data)
+        _started, evicted = disk.put(block_hash, data)
         for victim in evicted:
             self._removed(disk.name, victim)
-            self._forget_parent(victim)
-        if not started:
-            self._forget_parent(block_hash)
 
     # ---- onboard ----
     def move(self, evicted: Sequence[Evicted], orders: Sequence[LoadOrder]) -> None:
@@ -226,11 +235,9 @@ class KVTiers:
         """Engine thread, once per step: finished disk writes become findable; finished loads
         are handed back."""
         if self.disk is not None:
-            ready, failed = self.disk.poll()
+            ready, _failed = self.disk.poll()
             for h in ready:
-                self._stored(self.disk.name, h, self._parents.get(h))
-            for h in failed:
-                self._forget_parent(h)
+                self._stored(self.disk.name, h, None)
         done: list[LoadDone] = []
         still: list[_Load] = []
         for load in self._loads:
@@ -264,20 +271,12 @@ class KVTiers:
 
     # ---- events, figures, maintenance ----
     def _stored(self, tier: str, block_hash: int, parent: int | None) -> None:
-        self._parents[block_hash] = parent
         self._counters[tier].stores += 1
         self._events.append(BlockStored(block_hashes=(block_hash,), parent_block_hash=parent, tier=tier))
 
     def _removed(self, tier: str, block_hash: int) -> None:
         self._counters[tier].evictions += 1
         self._events.append(BlockRemoved(block_hashes=(block_hash,), tier=tier))
-
-    def _held_below(self, block_hash: int) -> bool:
-        return any(block_hash in t or _writing(t, block_hash) for t in self.tiers)
-
-    def _forget_parent(self, block_hash: int) -> None:
-        if not self._held_below(block_hash):
-            self._parents.pop(block_hash, None)
 
     def take_events(self) -> list[KVEvent]:
         events, self._events = self._events, []
@@ -286,7 +285,7 @@ class KVTiers:
     def snapshot(self) -> list[KVEvent]:
         """``BlockStored`` for every block held here (after the pool's snapshot)."""
         return [
-            BlockStored(block_hashes=(h,), parent_block_hash=self._parents.get(h), tier=t.name)
+            BlockStored(block_hashes=(h,), parent_block_hash=None, tier=t.name)
             for t in self.tiers
             for h in t.hashes()
         ]
@@ -295,8 +294,6 @@ class KVTiers:
         """Forget every block (the pool's ``AllBlocksCleared`` covers every tier)."""
         for t in self.tiers:
             t.clear()
-        for h in list(self._parents):
-            self._forget_parent(h)
 
     def stats(self) -> tuple[TierStats, ...]:
         out = []
@@ -308,9 +305,6 @@ class KVTiers:
     def check_integrity(self) -> None:
         for t in self.tiers:
             t.check_integrity()
-        for h in self._parents:
-            if not self._held_below(h):
-                raise AssertionError(f"kv tiers: parent kept for block {h:016x} held nowhere")
         if self.host is not None:
             pinned = sum(len(load.handles) for load in self._loads)
             if pinned < self.host.num_pinned:
@@ -335,7 +329,3 @@ def _export(runner: BlockCopier, block_id: int, out: memoryview) -> None:
 
 def _import(runner: BlockCopier, block_id: int, data: memoryview) -> None:
     runner.import_blocks([block_id], data)
-
-
-def _writing(tier: HostStore | DiskTier, block_hash: int) -> bool:
-    return isinstance(tier, DiskTier) and tier.is_writing(block_hash)

@@ -15,7 +15,7 @@ Consistency across processes, with any of them killed at any moment:
     copies the block in without the lock, and publishes it under the lock (READY, sequence
     even). A writer killed mid-copy leaves a WRITING slot whose pid is dead: the next writer
     that needs room takes it back. Nothing reads a WRITING slot;
-  * readers take no lock (a seqlock): they read a READY slot's hash and sequence number, copy
+  * readers take no lock (a seqlock; a process's own stores skip the slots it is reading): they read a READY slot's hash and sequence number, copy
     the data, and read them again; if either changed meanwhile the copy is discarded (the
     block is computed instead). So a reader is never blocked and never keeps a wrong copy,
     and a reader's death leaves nothing behind.
@@ -88,6 +88,9 @@ class SharedHostTier:
         self._pid = os.getpid()
         self._index: dict[int, int] = {}
         self._seen_changes = -1
+        self._pins: dict[int, int] = {}
+        """Slots this process is reading: its own stores never take them (other processes'
+        may: their reads are checked by the sequence number)."""
 
     def close(self) -> None:
         self._table = self._data = self._header = None  # type: ignore[assignment]
@@ -177,6 +180,8 @@ class SharedHostTier:
             if not pid_alive(int(t["pid"][slot])):
                 return int(slot)
         ready = np.flatnonzero(t["state"] == READY)
+        if self._pins:
+            ready = ready[~np.isin(ready, list(self._pins))]
         if not len(ready):
             return None
         return int(ready[np.argmin(t["used"][ready])])
@@ -207,6 +212,7 @@ class SharedHostTier:
         if seq % 2:
             return None
         self.touch(block_hash)
+        self._pins[slot] = self._pins.get(slot, 0) + 1
         return SharedHandle(block_hash, slot, seq)
 
     def read(self, handle: SharedHandle, sink: Callable[[memoryview], None]) -> bool:
@@ -221,11 +227,15 @@ class SharedHostTier:
         return int(row["seq"]) == h.seq and int(row["hash"]) == h.block_hash and int(row["state"]) == READY
 
     def release(self, handle: SharedHandle) -> None:
-        pass
+        n = self._pins[handle.slot] - 1
+        if n:
+            self._pins[handle.slot] = n
+        else:
+            del self._pins[handle.slot]
 
     @property
     def num_pinned(self) -> int:
-        return 0  # readers take no pins (seqlock)
+        return len(self._pins)
 
     def check_integrity(self) -> None:
         t = self._table

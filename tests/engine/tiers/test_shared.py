@@ -33,7 +33,9 @@ def read(tier: SharedHostTier, h: int) -> bytes | None:
     if handle is None:
         return None
     out: list[bytes] = []
-    return out[0] if tier.read(handle, lambda mv: out.append(bytes(mv))) else None
+    ok = tier.read(handle, lambda mv: out.append(bytes(mv)))
+    tier.release(handle)
+    return out[0] if ok else None
 
 
 @pytest.fixture
@@ -64,7 +66,12 @@ def test_a_read_overtaken_by_a_write_is_discarded(seg: Path) -> None:
     assert handle is not None
     # While b copies, a evicts block 1 for block 2 in the only slot.
     ok = b.read(handle, lambda mv: a.store(2, fill(2), keep_evicted=False))
+    b.release(handle)
     assert not ok and 1 not in b and read(b, 2) == b"\x02" * NB
+    handle = a.acquire(2)  # a's own stores never take a slot a is reading
+    assert a.store(3, fill(3), keep_evicted=False) == (False, [])
+    a.release(handle)  # type: ignore[arg-type]
+    assert a.store(3, fill(3), keep_evicted=False)[0]
     a.close()
     b.close()
 
