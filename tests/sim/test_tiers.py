@@ -46,3 +46,22 @@ def test_tiers_are_refused_where_they_are_not_modelled() -> None:
         ReplayConfig(host_kv_blocks=10, backend="engine")
     with pytest.raises(ConfigError, match="workers_per_host"):
         ReplayConfig(workers_per_host=0)
+
+
+def test_replay_command_sizes_a_host_tier(tmp_path, capsys) -> None:
+    import json
+
+    from interlock.cli.replay import main as replay_main
+
+    rows = [{"timestamp": i * 100, "input_length": 1500, "output_length": 20,
+             "hash_ids": [0, 1 + i % 5, 10 + i % 7]} for i in range(80)]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(json.dumps(r) for r in rows))
+    common = [str(trace), "--workers", "2", "--blocks-per-worker", "30", "--json"]
+    assert replay_main(common) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert replay_main([*common, "--host-kv-blocks", "200", "--workers-per-host", "2",
+                        "--host-load-ms", "0.2"]) == 0
+    tiered = json.loads(capsys.readouterr().out)
+    assert tiered["num_completed"] == plain["num_completed"] == 80
+    assert tiered["hit_ratio"] > plain["hit_ratio"]
