@@ -125,3 +125,31 @@ def test_the_router_sends_a_prefix_to_the_worker_that_holds_it_below_its_pool() 
                             kv_tiers=(TierStats(tier="host", blocks=10, capacity=10, loads=10,
                                                 load_s=1e-4),)))
     assert route(r, "b", PROMPT).worker_id == "w1"  # measured at 10 us a block: load it
+
+
+def test_the_service_exports_per_tier_metrics() -> None:
+    import asyncio
+
+    import msgspec
+
+    from interlock.protocol import subjects
+    from tests.router.test_service import _run, _settle, info
+
+    async def body(runtime, svc) -> None:  # type: ignore[no-untyped-def]
+        await runtime.discovery.register(info("w"))
+        await _settle(svc, lambda: svc.instance("w") is not None)
+        report = LoadReport(instance_id="w", timestamp=0.0, num_running=0, num_waiting=0,
+                            kv_blocks_used=0, kv_blocks_total=64, queued_prefill_tokens=0,
+                            step_time_s=0.0, tokens_computed=0,
+                            kv_tiers=(TierStats(tier="host", blocks=3, capacity=8, hits=5, loads=4,
+                                                load_s=0.25, evictions=2),))
+        await runtime.events.publish(subjects.load("w"), msgspec.msgpack.encode(report))
+        await _settle(svc, lambda: svc.report("w") is not None)
+        text = svc.prometheus_text()
+        assert 'interlock_worker_kv_tier_blocks{worker="w",model="m",tier="host"} 3' in text
+        assert 'interlock_worker_kv_tier_loads_total{worker="w",model="m",tier="host"} 4' in text
+        assert 'interlock_worker_kv_tier_load_seconds_total{worker="w",model="m",tier="host"} 0.25' in text
+        assert 'interlock_worker_kv_tier_evictions_total{worker="w",model="m",tier="host"} 2' in text
+        await asyncio.sleep(0)
+
+    _run(body)
