@@ -98,7 +98,11 @@ class HostTier:
                 return False, []
             slot = self._lru.pop(victim)
             evicted.append((victim, self._buf[slot].tobytes() if keep_evicted else None))
-        fill(memoryview(self._buf[slot]))
+        try:
+            fill(memoryview(self._buf[slot]))
+        except BaseException:
+            self._free.append(slot)  # the victim (if any) is gone either way
+            raise
         self._lru[block_hash] = slot
         return True, evicted
 
