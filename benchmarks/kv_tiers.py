@@ -21,7 +21,10 @@ replay     The Mooncake conversation trace, 8 workers of 61,000 blocks of 64 tok
            shared LRU of the same total size, TTFT p99.
 e2e        The engine with real SmolLM2 (bf16, this CPU): multi-turn sessions whose working set
            is about 4x the device pool; sessions take turns so others push each one out;
-           TTFT of returning turns with a host tier against without.
+           TTFT of returning turns with a host tier against without. ``--http``: the same
+           through ``interlock serve --workers 1`` (its own nats-server, worker process,
+           frontend) and the official ``openai`` client, streaming, token-id prompts; the
+           assistant's answer in the history is then random tokens of the answer's length.
 """
 
 from __future__ import annotations
@@ -226,6 +229,80 @@ def e2e(args: argparse.Namespace) -> None:
           f"p99 {np.percentile(a, 99) / np.percentile(b, 99):.2f}x")
 
 
+def e2e_http(args: argparse.Namespace) -> None:
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    from openai import OpenAI
+
+    bs = 16
+    rng = np.random.default_rng(1)
+    contexts = [[int(t) for t in rng.integers(300, 40000, args.context)] for _ in range(args.sessions)]
+    turns = [[[int(t) for t in rng.integers(300, 40000, args.turn + args.output)]
+              for _ in range(args.sessions)] for _ in range(args.rounds)]
+    pool_blocks = args.sessions * (args.context + args.rounds * (args.turn + args.output)) // bs // 4
+
+    def run(host_gib: float) -> tuple[list[float], list[float]]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        cmd = [sys.executable, "-m", "interlock.cli.main", "serve", "--workers", "1", "--port", str(port),
+               "--num-blocks", str(pool_blocks), "--block-size", str(bs), "--max-model-len", "4096",
+               "--max-num-seqs", "8"]
+        if host_gib:
+            cmd += ["--host-kv-gib", str(host_gib)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("server did not start")
+                time.sleep(0.5)
+            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+            model = client.models.list().data[0].id
+            history = [list(c) for c in contexts]
+            first: list[float] = []
+            returning: list[float] = []
+            for rnd in range(args.rounds):
+                for s in range(args.sessions):
+                    history[s] += turns[rnd][s][: args.turn]
+                    t0 = time.perf_counter()
+                    ttft = None
+                    stream = client.completions.create(model=model, prompt=history[s], max_tokens=args.output,
+                                                       temperature=0.0, stream=True)
+                    for chunk in stream:
+                        if ttft is None and chunk.choices and chunk.choices[0].text:
+                            ttft = time.perf_counter() - t0
+                    assert ttft is not None
+                    (returning if rnd else first).append(ttft)
+                    history[s] += turns[rnd][s][args.turn:]
+            return first, returning
+        finally:
+            proc.terminate()
+            proc.wait(60)
+
+    print(f"HTTP: {args.sessions} sessions, context {args.context} tokens, {args.rounds} rounds of "
+          f"+{args.turn} user / +{args.output} answer tokens; device pool {pool_blocks} blocks of {bs}; "
+          f"host tier {args.host_gib} GiB\n")
+    results = {name: run(gib) for name, gib in (("no tiers", 0.0), ("host tier", args.host_gib))}
+    print("| setup | first turns TTFT p50 ms | returning TTFT p50 / p99 ms |")
+    print("|---|---|---|")
+    for name, (first, ret) in results.items():
+        print(f"| {name} | {np.percentile(first, 50) * 1000:.0f} | {np.percentile(ret, 50) * 1000:.0f} / "
+              f"{np.percentile(ret, 99) * 1000:.0f} |")
+    a, b = results["no tiers"][1], results["host tier"][1]
+    print(f"\nreturning turns TTFT p50 without / with: {np.percentile(a, 50) / np.percentile(b, 50):.2f}x, "
+          f"p99 {np.percentile(a, 99) / np.percentile(b, 99):.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -246,8 +323,12 @@ def main() -> None:
     e.add_argument("--turn", type=int, default=40)
     e.add_argument("--output", type=int, default=16)
     e.add_argument("--host-gib", type=float, default=1.0)
+    e.add_argument("--http", action="store_true", help="through interlock serve and the openai client")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    if args.cmd == "e2e" and args.http:
+        e2e_http(args)
+        return
     {"bandwidth": bandwidth, "replay": replay_tiers, "e2e": e2e}[args.cmd](args)
 
 
