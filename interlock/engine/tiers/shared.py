@@ -22,6 +22,10 @@ Consistency across processes, with any of them killed at any moment:
 Eviction is LRU over ``last use`` (a counter in the header), among READY slots and dead
 writers' slots.
 
+The segment outlives the workers (a restarted worker finds the blocks still there); delete
+``/dev/shm/interlock-kv-NAME`` (and its ``.lock``) to give the memory back. Its size is fixed by
+the first worker that creates it.
+
 Each process keeps a local ``hash -> slot`` map, rebuilt from the table when the header's
 change counter moved (one vectorised pass over the table).
 
@@ -33,6 +37,7 @@ router's view of a shared tier is approximate; a wrong guess costs one recompute
 from __future__ import annotations
 
 import fcntl
+import logging
 import mmap
 import os
 import struct
@@ -45,6 +50,8 @@ import numpy as np
 
 from interlock.errors import ConfigError
 from interlock.transfer.staging import pid_alive
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"IKVS"
 VERSION = 1
@@ -80,6 +87,9 @@ class SharedHostTier:
         self._lock_fd = os.open(str(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         with self._locked():
             self._map, self.capacity = _open_segment(path, num_slots, block_nbytes, layout)
+        if self.capacity != num_slots:
+            log.warning("shared KV segment %s has %d slots (asked for %d): its size wins",
+                        path, self.capacity, num_slots)
         table_end = _HEADER_BYTES + self.capacity * _SLOT.itemsize
         self._table = np.frombuffer(self._map, dtype=_SLOT, count=self.capacity, offset=_HEADER_BYTES)
         self._data = np.frombuffer(self._map, dtype=np.uint8, offset=table_end,
