@@ -82,6 +82,7 @@ class AsyncEngine:
         if self._stopping:
             raise ServiceUnavailable("the engine is shut down")
         self._loop = asyncio.get_running_loop()
+        self.core.set_wakeup(self._wake)
         self._thread = threading.Thread(target=self._run, name="interlock-engine", daemon=True)
         self._thread.start()
 
@@ -154,6 +155,11 @@ class AsyncEngine:
 
         self._submit(run)
         return await asyncio.wrap_future(fut)
+
+    def _wake(self) -> None:
+        """From another thread (tier I/O): something may be ready; end an idle pause."""
+        with self._cv:
+            self._cv.notify()
 
     def _submit(self, command: Callable[[], object]) -> None:
         with self._cv:

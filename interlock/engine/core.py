@@ -24,6 +24,7 @@ through: after ``update``, the blocks hashed in this step are copied up.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from interlock.engine.block_pool import BlockPool
@@ -362,6 +363,12 @@ class EngineCore:
         if self.tiers is not None:
             events += self.tiers.snapshot()
         return events
+
+    def set_wakeup(self, wake: Callable[[], None]) -> None:
+        """``wake`` is called (from the tier I/O thread) whenever a tier job ends, so the owner
+        of the step loop can step at once (a load is ready) instead of after an idle pause."""
+        if self.tiers is not None:
+            self.tiers.io.on_done = wake
 
     def close(self) -> None:
         """Finish queued tier I/O and release the disk tier's directory."""

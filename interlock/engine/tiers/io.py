@@ -52,6 +52,10 @@ class Job(Generic[T]):
 
 
 class TierIO(Protocol):
+    on_done: Callable[[], None] | None
+    """Called (on the I/O thread) after each job: the engine's wake-up, so a finished load is
+    seen at once instead of at the next idle poll."""
+
     def submit(self, fn: Callable[[], T]) -> Job[T]: ...
 
     def close(self) -> None:
@@ -65,8 +69,9 @@ class ThreadIO:
     def __init__(self, name: str = "interlock-kv-tiers") -> None:
         self._queue: queue.SimpleQueue[Job[object] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
         self._closed = False
+        self.on_done: Callable[[], None] | None = None
+        self._thread.start()
 
     def submit(self, fn: Callable[[], T]) -> Job[T]:
         job: Job[T] = Job(fn)
@@ -89,6 +94,12 @@ class ThreadIO:
             if job is None:
                 return
             job.run()
+            wake = self.on_done
+            if wake is not None:
+                try:
+                    wake()
+                except Exception:  # noqa: BLE001 - a wake-up must never stop the I/O thread
+                    log.exception("tier I/O wake-up failed")
 
 
 class ManualIO:
@@ -96,6 +107,7 @@ class ManualIO:
 
     def __init__(self) -> None:
         self.pending: deque[Job[object]] = deque()
+        self.on_done: Callable[[], None] | None = None
 
     def submit(self, fn: Callable[[], T]) -> Job[T]:
         job: Job[T] = Job(fn)
@@ -107,6 +119,8 @@ class ManualIO:
         while self.pending and (n is None or count < n):
             self.pending.popleft().run()
             count += 1
+            if self.on_done is not None:
+                self.on_done()
         return count
 
     def close(self) -> None:
