@@ -84,6 +84,13 @@ class NodeGroup:
     max_num_batched_tokens: int = 2048
     kv_cache_gib: float = 1.0
     num_blocks: int | None = None
+    host_kv_gib: float = 0.0
+    """Host-memory KV tier below each worker's pool, GiB (0: none; ``docs/design.md``, "KV tiers")."""
+    host_kv_shared: str | None = None
+    """Share the host tier between this host's workers of this name (a /dev/shm segment)."""
+    disk_kv_gib: float = 0.0
+    """Disk KV tier per worker, GiB (0: none); files under ``disk_kv_path``."""
+    disk_kv_path: str | None = None
 
     @property
     def transfer(self) -> str:

@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("fast", "engine"), default="fast",
                    help="fast: the event-driven worker model; engine: the real EngineCore with "
                    "the mock runner (exact, one Python step per token: small traces only)")
+    p.add_argument("--host-kv-blocks", type=int, default=0,
+                   help="host-memory KV tier per host, shared by its workers (0: none; fast backend)")
+    p.add_argument("--workers-per-host", type=int, default=8)
+    p.add_argument("--host-load-ms", type=float, default=0.1, help="modelled ms to load one block from host")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return flags.apply_environment(p)
 
@@ -58,6 +62,8 @@ def main(argv: list[str]) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         engine_speedup=args.engine_speedup, publish_events=not args.no_kv_events,
         backend=args.backend, queue_depth_threshold=args.queue_depth_threshold,
+        host_kv_blocks=args.host_kv_blocks, workers_per_host=args.workers_per_host,
+        host_load_s_per_block=args.host_load_ms / 1000.0,
         router=RouterConfig(policy=args.policy, block_size=args.block_size, cost=cost,
                             queue_capacity=args.queue_capacity, seed=0),
     )

@@ -43,6 +43,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-blocks", type=int, default=None, help="KV blocks per worker (default: from --kv-cache-gib)")
     g.add_argument("--kv-cache-gib", type=float, default=None,
                    help=f"KV cache per worker, GiB (default: {_N.kv_cache_gib})")
+    g.add_argument("--host-kv-gib", type=float, default=None, help="host-memory KV tier per worker, GiB (default: 0, none)")
+    g.add_argument("--host-kv-shared", default=None, metavar="NAME",
+                   help="share the host KV tier with this host's workers of the same NAME (a /dev/shm segment)")
+    g.add_argument("--disk-kv-gib", type=float, default=None, help="disk KV tier per worker, GiB (default: 0, none)")
+    g.add_argument("--disk-kv-path", default=None, help="directory of the disk KV tier")
     g.add_argument("--max-num-seqs", type=int, default=None,
                    help=f"requests a worker runs at once, max_batch_size (default: {_N.max_batch_size})")
     g.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -136,7 +141,9 @@ _GROUP_FLAGS = {"model": "model", "served_model_name": "served_model_name", "run
                 "tensor_parallel_size": "tensor_parallel_size", "pipeline_parallel_size": "pipeline_parallel_size"}
 _NODE_FLAGS = {"num_blocks": "num_blocks", "kv_cache_gib": "kv_cache_gib", "max_num_seqs": "max_batch_size",
                "max_num_batched_tokens": "max_num_batched_tokens", "queue_depth_threshold": "queue_depth_threshold",
-               "kv_cache_transfer": "kv_cache_transfer", "cache_transport": "cache_transport"}
+               "kv_cache_transfer": "kv_cache_transfer", "cache_transport": "cache_transport",
+               "host_kv_gib": "host_kv_gib", "host_kv_shared": "host_kv_shared", "disk_kv_gib": "disk_kv_gib",
+               "disk_kv_path": "disk_kv_path"}
 _PLANE_FLAGS = {"host": "listen_host", "port": "listen_port", "nats_url": "nats_url",
                 "heartbeat_interval": "heartbeat_interval", "heartbeat_timeout": "heartbeat_timeout"}
 _ROUTING_FLAGS = {"policy": "policy", "route_key_header": "route_key", "preempt_enabled": "preempt_enabled"}

@@ -115,7 +115,9 @@ def worker_spec(spec: ClusterSpec, rg: ResolvedGroup, node: NodeGroup, *, instan
     engine = EngineConfig(
         model=ModelConfig(model=rg.model_path, runner=g.runner, device=device, dtype=g.dtype, num_threads=threads),
         cache=CacheConfig(block_size=g.block_size, num_blocks=node.num_blocks, kv_cache_gib=node.kv_cache_gib,
-                          enable_prefix_caching=g.enable_prefix_caching),
+                          enable_prefix_caching=g.enable_prefix_caching, host_kv_gib=node.host_kv_gib,
+                          host_kv_shared=node.host_kv_shared, disk_kv_gib=node.disk_kv_gib,
+                          disk_kv_path=node.disk_kv_path),
         scheduler=SchedulerConfig(max_num_batched_tokens=node.max_num_batched_tokens,
                                   max_num_seqs=node.max_batch_size, max_model_len=rg.max_model_len,
                                   preempt_enabled=d.routing.preempt_enabled),

@@ -82,6 +82,7 @@ class AsyncEngine:
         if self._stopping:
             raise ServiceUnavailable("the engine is shut down")
         self._loop = asyncio.get_running_loop()
+        self.core.set_wakeup(self._wake)
         self._thread = threading.Thread(target=self._run, name="interlock-engine", daemon=True)
         self._thread.start()
 
@@ -93,6 +94,7 @@ class AsyncEngine:
             streams, self._streams = dict(self._streams), {}
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self.core.close)
         err = error_info(ServiceUnavailable("the engine shut down"))
         for rid, (loop, q) in streams.items():
             out = GenerateOutput(request_id=rid, finish_reason="abort", error=err)
@@ -153,6 +155,11 @@ class AsyncEngine:
 
         self._submit(run)
         return await asyncio.wrap_future(fut)
+
+    def _wake(self) -> None:
+        """From another thread (tier I/O): something may be ready; end an idle pause."""
+        with self._cv:
+            self._cv.notify()
 
     def _submit(self, command: Callable[[], object]) -> None:
         with self._cv:

@@ -16,6 +16,12 @@ Invariants (``check_integrity`` verifies all of them):
     or reset; the pool emits ``BlockStored`` at the first and ``BlockRemoved``/``AllBlocksCleared``
     at the second. Events are appended to a list that the owner drains with ``take_events``.
 
+With ``record_evictions`` (KV tiers below the pool, ``interlock.engine.tiers``) the pool also
+lists every evicted block with its hash (``take_evicted``): its KV is still in the block until
+the block is written again, so the owner copies it down before running the next batch. With
+``record_stored`` it lists every newly hashed block (``take_stored``), for a tier written
+through.
+
 All operations are O(1) per block (dict/deque/OrderedDict), no scans.
 """
 
@@ -38,8 +44,26 @@ class _CachedInfo:
     """Index of the block in its sequence; parents have smaller depth."""
 
 
+@dataclass(frozen=True, slots=True)
+class Evicted:
+    """A block the pool evicted (its KV is still in ``block_id`` until the next write), or,
+    from ``take_stored``, one it just hashed."""
+
+    block_id: int
+    block_hash: int
+    parent_hash: int | None
+
+
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_caching: bool = True,
+        record_evictions: bool = False,
+        record_stored: bool = False,
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -53,6 +77,10 @@ class BlockPool:
         self._info: dict[int, _CachedInfo] = {}
         self._events: list[KVEvent] = []
         self._num_used = 0
+        self.record_evictions = record_evictions
+        self._evicted: list[Evicted] = []
+        self.record_stored = record_stored
+        self._stored: list[Evicted] = []
 
     # ---- counts ----
     @property
@@ -108,7 +136,9 @@ class BlockPool:
             h = self.block_hash[b]
             assert h is not None
             del self._hash_to_block[h]
-            del self._info[b]
+            info = self._info.pop(b)
+            if self.record_evictions:
+                self._evicted.append(Evicted(b, h, info.parent_hash))
             self.block_hash[b] = None
             removed.append(h)
             out.append(b)
@@ -155,6 +185,8 @@ class BlockPool:
                 self.block_hash[b] = h
                 self._hash_to_block[h] = b
                 self._info[b] = _CachedInfo(parent, tuple(token_ids[i * bs : (i + 1) * bs]), i)
+                if self.record_stored:
+                    self._stored.append(Evicted(b, h, parent))
                 if run_start < 0:
                     run_start = i
             elif run_start >= 0:
@@ -190,6 +222,17 @@ class BlockPool:
     def take_events(self) -> list[KVEvent]:
         events, self._events = self._events, []
         return events
+
+    def take_evicted(self) -> list[Evicted]:
+        """Blocks evicted since the last call (only with ``record_evictions``)."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
+
+    def take_stored(self) -> list[Evicted]:
+        """Blocks hashed since the last call (only with ``record_stored``); same record as an
+        eviction's: block, hash, parent."""
+        stored, self._stored = self._stored, []
+        return stored
 
     def snapshot(self) -> list[KVEvent]:
         """Events that describe every cached block now, parents first (for a router re-sync)."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from interlock.errors import ConfigError
+
+_SEGMENT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,19 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     watermark: float = 0.01
     """Fraction of blocks kept free at admission so running requests are rarely preempted."""
+    host_kv_gib: float = 0.0
+    """Host-memory KV tier below the device pool (``interlock.engine.tiers``); 0: none."""
+    host_kv_blocks: int | None = None
+    """The host tier's size in blocks instead of ``host_kv_gib``."""
+    host_kv_shared: str | None = None
+    """Share the host tier with the other workers of this host that give the same name (a
+    segment in /dev/shm); None: a private host tier."""
+    disk_kv_gib: float = 0.0
+    """Disk KV tier below the host tier, files under ``disk_kv_path``; 0: none."""
+    disk_kv_blocks: int | None = None
+    """The disk tier's size in blocks instead of ``disk_kv_gib``."""
+    disk_kv_path: str | None = None
+    """Directory of the disk tier (one worker per directory)."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -24,6 +40,47 @@ class CacheConfig:
             raise ConfigError("num_blocks must be at least 2")
         if not 0.0 <= self.watermark < 1.0:
             raise ConfigError("watermark must be in [0, 1)")
+        for tier in ("host", "disk"):
+            gib, blocks = getattr(self, f"{tier}_kv_gib"), getattr(self, f"{tier}_kv_blocks")
+            if gib < 0:
+                raise ConfigError(f"{tier}_kv_gib must be >= 0")
+            if blocks is not None and blocks < 1:
+                raise ConfigError(f"{tier}_kv_blocks must be positive")
+            if blocks is not None and gib:
+                raise ConfigError(f"give {tier}_kv_gib or {tier}_kv_blocks, not both")
+        if self.has_disk_tier and not self.disk_kv_path:
+            raise ConfigError("a disk KV tier (disk_kv_gib) needs disk_kv_path")
+        if self.disk_kv_path and not self.has_disk_tier:
+            raise ConfigError("disk_kv_path is set but the disk tier has no size (disk_kv_gib)")
+        if self.host_kv_shared is not None:
+            if not self.has_host_tier:
+                raise ConfigError("host_kv_shared needs a host tier (host_kv_gib)")
+            if not _SEGMENT_NAME.fullmatch(self.host_kv_shared):
+                raise ConfigError(f"host_kv_shared {self.host_kv_shared!r}: use letters, digits, "
+                                  "'_', '-' and '.' (not first)")
+        if (self.has_host_tier or self.has_disk_tier) and not self.enable_prefix_caching:
+            raise ConfigError("KV tiers (host_kv_gib, disk_kv_gib) need prefix caching")
+
+    @property
+    def has_host_tier(self) -> bool:
+        return bool(self.host_kv_gib) or self.host_kv_blocks is not None
+
+    @property
+    def has_disk_tier(self) -> bool:
+        return bool(self.disk_kv_gib) or self.disk_kv_blocks is not None
+
+    def tier_blocks(self, tier: str, block_nbytes: int) -> int:
+        """Blocks of the ``host`` or ``disk`` tier for blocks of ``block_nbytes`` (0: none)."""
+        blocks = getattr(self, f"{tier}_kv_blocks")
+        if blocks is not None:
+            return int(blocks)
+        gib = getattr(self, f"{tier}_kv_gib")
+        if not gib:
+            return 0
+        n = int(gib * (1 << 30)) // block_nbytes
+        if n < 1:
+            raise ConfigError(f"{tier}_kv_gib={gib} holds no block of {block_nbytes} bytes")
+        return n
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,18 @@ Disaggregation hooks (KV never blocks the step: the caller moves bytes, the core
   * decode side: ``add_remote_request`` allocates blocks and parks the request in
     WAITING_FOR_REMOTE_KV; ``finish_remote_kv(id, data)`` imports the bytes (None: compute the
     prompt locally instead). The prefill's first token is this request's first output token.
+
+KV tiers (``config.cache`` host/disk sizes, ``interlock.engine.tiers``): each step first hands
+finished loads back to the scheduler, then, right after ``schedule``, copies the blocks the
+pool evicted down a tier (before anything writes into them again) and starts the loads the
+scheduler ordered; the copies run on the tier I/O thread. A shared host tier is written
+through: after ``update``, the blocks hashed in this step are copied up.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from interlock.engine.block_pool import BlockPool
@@ -27,6 +34,7 @@ from interlock.engine.kv_cache_manager import KVCacheManager, cdiv
 from interlock.engine.request import Request
 from interlock.engine.runner import ModelRunner, RunnerOutput, SchedulerOutput
 from interlock.engine.scheduler import Scheduler
+from interlock.engine.tiers import KVTiers, TierIO, build_tiers
 from interlock.errors import EngineError, InterlockError, InvalidRequest
 from interlock.protocol import ErrorInfo, GenerateOutput, GenerateRequest, KVEvent, LoadReport
 
@@ -59,6 +67,7 @@ class EngineCore:
         clock: Clock | None = None,
         instance_id: str = "",
         kv_hold_timeout_s: float = 30.0,
+        tier_io: TierIO | None = None,
     ) -> None:
         self.config = config
         self.runner = runner
@@ -66,10 +75,15 @@ class EngineCore:
         self.instance_id = instance_id
         self.kv_hold_timeout_s = kv_hold_timeout_s
         self.block_size = runner.block_size
-        self.pool = BlockPool(
-            runner.num_blocks, runner.block_size, enable_caching=config.cache.enable_prefix_caching
+        self.tiers: KVTiers | None = build_tiers(
+            config, runner, block_size=runner.block_size, io=tier_io
         )
-        self.kv = KVCacheManager(self.pool, watermark=config.cache.watermark)
+        self.pool = BlockPool(
+            runner.num_blocks, runner.block_size, enable_caching=config.cache.enable_prefix_caching,
+            record_evictions=self.tiers is not None,
+            record_stored=self.tiers is not None and config.cache.host_kv_shared is not None,
+        )
+        self.kv = KVCacheManager(self.pool, watermark=config.cache.watermark, tiers=self.tiers)
         self.scheduler = Scheduler(config.scheduler, self.kv, eos_token_ids=runner.eos_token_ids)
         self._arrivals = 0
         self._errors: list[GenerateOutput] = []
@@ -155,7 +169,11 @@ class EngineCore:
     def has_work(self) -> bool:
         """A step now could make progress (parked requests waiting for KV need none)."""
         s = self.scheduler
-        return bool(s.waiting or s.running or s.newly_parked or self._errors) or s.has_pending()
+        return (
+            bool(s.waiting or s.running or s.newly_parked or self._errors)
+            or s.has_pending()
+            or (self.tiers is not None and self.tiers.has_pending())
+        )
 
     def next_deadline(self) -> float | None:
         """Clock time of the next held/parked KV timeout, if any."""
@@ -165,7 +183,13 @@ class EngineCore:
     def step(self) -> StepResult:
         t0 = self.clock.now()
         self._expire(t0)
+        tiers = self.tiers
+        if tiers is not None:
+            for done in tiers.poll():
+                self.scheduler.load_finished(done.request_id, done.num_loaded)
         batch = self.scheduler.schedule()
+        if tiers is not None:
+            self._move_tiers(tiers)
         self._import_stashed_kv()
         outputs, self._errors = self._errors, []
         step_time = 0.0
@@ -177,11 +201,24 @@ class EngineCore:
                 outputs += self.scheduler.update(batch, result)
         else:
             outputs += self.scheduler.update(batch, RunnerOutput())
+        if tiers is not None:
+            self._write_through(tiers)
         self._track_holds(outputs)
         self._observe(batch, step_time)
         self._busy_s += step_time
         self._load = self._load_report(step_time, batch.num_batched_tokens)
-        return StepResult(outputs, self.pool.take_events(), self._load, step_time)
+        events = self.pool.take_events()
+        if tiers is not None:
+            events += tiers.take_events()
+        return StepResult(outputs, events, self._load, step_time)
+
+    def _move_tiers(self, tiers: KVTiers) -> None:
+        """Copy evicted blocks down before they are written; start the ordered loads."""
+        self._write_through(tiers)  # hashed outside a step (loads, imports): still intact now
+        evicted = self.pool.take_evicted()
+        orders, self.scheduler.newly_loading = self.scheduler.newly_loading, []
+        if evicted or orders:
+            tiers.move(evicted, orders)
 
     def _execute(self, batch: SchedulerOutput, t0: float) -> tuple[RunnerOutput | ErrorInfo, float]:
         try:
@@ -221,12 +258,20 @@ class EngineCore:
             prefill_tokens_per_s=self._prefill_tps,
             decode_step_s=self._decode_step_s,
             busy_s=self._busy_s,
+            kv_tiers=self.tiers.stats() if self.tiers is not None else (),
         )
 
     @property
     def load(self) -> LoadReport:
         """Load figures as of the last step."""
         return self._load
+
+    def _write_through(self, tiers: KVTiers) -> None:
+        """A shared host tier gets every newly hashed block, before it can be written again."""
+        if self.pool.record_stored:
+            stored = self.pool.take_stored()
+            if stored:
+                tiers.write_through(stored)
 
     # ---- KV export (prefill side) ----
     def export_request_kv(self, request_id: str) -> tuple[list[int], bytes]:
@@ -312,15 +357,33 @@ class EngineCore:
     def reset_prefix_cache(self) -> None:
         """Forget all cached prefixes (an AllBlocksCleared event goes out with the next step)."""
         self.pool.reset_prefix_cache()
+        if self.tiers is not None:
+            self.tiers.clear()
 
     def kv_snapshot(self) -> list[KVEvent]:
-        """Events describing the whole prefix cache now (router re-sync)."""
-        return self.pool.snapshot()
+        """Events describing the whole prefix cache now, every tier (router re-sync)."""
+        events = self.pool.snapshot()
+        if self.tiers is not None:
+            events += self.tiers.snapshot()
+        return events
+
+    def set_wakeup(self, wake: Callable[[], None]) -> None:
+        """``wake`` is called (from the tier I/O thread) whenever a tier job ends, so the owner
+        of the step loop can step at once (a load is ready) instead of after an idle pause."""
+        if self.tiers is not None:
+            self.tiers.io.on_done = wake
+
+    def close(self) -> None:
+        """Finish queued tier I/O and release the disk tier's directory."""
+        if self.tiers is not None:
+            self.tiers.close()
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
+        if self.tiers is not None:
+            self.tiers.check_integrity()
         s = self.scheduler
-        live = len(s.requests) + len(s.held)
+        live = len(s.requests) + len(s.held) + len(s.orphans)
         if self.kv.num_requests > live:
             raise AssertionError("engine: blocks held by a request that no longer exists")
 

@@ -3,16 +3,24 @@
 The manager answers three questions for the scheduler: how much of a request's prefix is already
 cached (``get_computed_blocks``), can it get slots for N more tokens (``allocate_slots``, with a
 watermark of free blocks kept back at admission), and which blocks became full and can be
-cached (``cache_full_blocks``). It frees a request's blocks tail first, so the end of a sequence
+cached (``cache_full_blocks``); with KV tiers below the pool, how many blocks after the cached
+prefix a lower tier could load (``lower_tier_blocks``). It frees a request's blocks tail first, so the end of a sequence
 is evicted before its shared prefix.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from interlock.engine.block_pool import BlockPool
 from interlock.engine.request import Request
+
+
+class TierLookup(Protocol):
+    def lookup(self, hashes: Sequence[int]) -> int:
+        """How many leading ``hashes`` a tier below the pool can load now."""
+        ...
 
 
 def cdiv(a: int, b: int) -> int:
@@ -20,8 +28,11 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, *, watermark: float = 0.0) -> None:
+    def __init__(
+        self, pool: BlockPool, *, watermark: float = 0.0, tiers: TierLookup | None = None
+    ) -> None:
         self.pool = pool
+        self.tiers = tiers
         self.block_size = pool.block_size
         self.watermark_blocks = int(watermark * pool.num_blocks)
         self._blocks: dict[str, list[int]] = {}
@@ -53,6 +64,16 @@ class KVCacheManager:
                 break
             hits.append(b)
         return hits, len(hits) * self.block_size
+
+    def lower_tier_blocks(self, req: Request, num_device_blocks: int) -> int:
+        """Blocks right after the first ``num_device_blocks`` (the pool's hits) that a lower
+        tier holds; as for hits, never up to the last token."""
+        if self.tiers is None or not self.pool.enable_caching:
+            return 0
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        if num_device_blocks >= max_blocks:
+            return 0
+        return self.tiers.lookup(req.block_hashes[num_device_blocks:max_blocks])
 
     def allocate_slots(
         self,

@@ -20,6 +20,14 @@ budget it had this step); without it nothing running is preempted for priority. 
 ``watermark`` blocks free so that running requests are rarely preempted. A request parked in
 ``WAITING_FOR_REMOTE_KV`` holds blocks but no batch slot and no budget.
 
+KV tiers below the pool (host memory, disk): when the head of the queue has no blocks yet and a
+lower tier holds the blocks right after its device-pool hits, it gets blocks for hits and
+loaded blocks together and parks in ``loading`` (status WAITING_FOR_REMOTE_KV, as for remote
+KV: no slot, no budget). The owner starts the copy (``newly_loading``) and reports its end with
+``load_finished``; the request then re-enters the queue with the loaded blocks computed. A
+request that ends while its load runs keeps its blocks until the load ends (``orphans``):
+the copy is still writing into them.
+
 ``schedule()`` returns pure data; ``update()`` applies what the runner computed and sampled,
 checks stop conditions and returns the outputs of this step.
 """
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from dataclasses import dataclass
 
 from interlock.engine.config import SchedulerConfig
 from interlock.engine.kv_cache_manager import KVCacheManager, cdiv
@@ -37,6 +46,15 @@ from interlock.errors import InvalidRequest, PromptTooLong
 from interlock.protocol import ErrorInfo, GenerateOutput, KVTransferParams
 
 RS = RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOrder:
+    """Copy the KV of ``block_hashes`` from a lower tier into ``block_ids`` (same length)."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    block_hashes: tuple[int, ...]
 
 
 class Scheduler:
@@ -66,6 +84,13 @@ class Scheduler:
         """Parked since the owner last looked (it may hold KV data for them already)."""
         self.held: dict[str, Request] = {}
         """Finished prefill-only requests whose blocks wait for a remote decoder to pull them."""
+        self.loading: dict[str, Request] = {}
+        """Parked while a lower KV tier copies blocks into them (WAITING_FOR_REMOTE_KV)."""
+        self.newly_loading: list[LoadOrder] = []
+        """Loads to start (the owner drains this after ``schedule``)."""
+        self.orphans: set[str] = set()
+        """Requests that ended during their load: blocks freed at ``load_finished``."""
+        self._loads_in_flight: set[str] = set()
         self.num_waiting_tokens = 0
         """Sum of ``num_tokens - num_computed_tokens`` over the waiting queue."""
         self._finished_ids: list[str] = []
@@ -75,7 +100,8 @@ class Scheduler:
     # ---- admission and removal ----
     def add_request(self, req: Request) -> None:
         """Queue a request; PromptTooLong if it could never run (costs nothing then)."""
-        if req.request_id in self.requests or req.request_id in self.held:
+        rid = req.request_id
+        if rid in self.requests or rid in self.held or rid in self._loads_in_flight:
             raise InvalidRequest(f"duplicate request id {req.request_id!r}", param="request_id")
         total = req.num_prompt_tokens + req.sampling.max_tokens
         if total > self.max_model_len:
@@ -130,6 +156,8 @@ class Scheduler:
         """Take a live request out of whichever queue it is in."""
         if req.status == RS.RUNNING:
             self.running.remove(req)
+        elif req.request_id in self.loading:
+            del self.loading[req.request_id]
         elif req.status == RS.WAITING_FOR_REMOTE_KV:
             del self.remote_parked[req.request_id]
         else:
@@ -141,6 +169,8 @@ class Scheduler:
         del self.requests[req.request_id]
         if keep_blocks:
             self.held[req.request_id] = req
+        elif req.request_id in self._loads_in_flight:
+            self.orphans.add(req.request_id)  # the copy still writes into its blocks
         else:
             self.kv.free(req.request_id)
         self._finished_ids.append(req.request_id)
@@ -164,6 +194,48 @@ class Scheduler:
         self.kv.cache_full_blocks(req)
         self._enqueue(req)
         return req
+
+    # ---- KV loaded from a lower tier ----
+    def load_finished(self, request_id: str, num_loaded: int) -> None:
+        """The load of a parked request ended with its first ``num_loaded`` blocks intact."""
+        self._loads_in_flight.discard(request_id)
+        if request_id in self.orphans:
+            self.orphans.discard(request_id)
+            self.kv.free(request_id)
+            return
+        req = self.loading.pop(request_id)
+        req.num_computed_tokens += num_loaded * self.block_size
+        req.status = RS.WAITING
+        self.kv.cache_full_blocks(req)
+        self._enqueue(req)
+
+    def _park_for_load(self, req: Request) -> bool | None:
+        """Blocks for the head's device hits plus what a lower tier holds after them, and park
+        it while the copy runs. True: parked; False: nothing to load; None: no blocks now."""
+        kv = self.kv
+        if kv.tiers is None or req.awaiting_kv or kv.has_blocks(req.request_id):
+            return False
+        hits, computed = kv.get_computed_blocks(req)
+        lower = kv.lower_tier_blocks(req, len(hits))
+        if not lower:
+            return False
+        new = kv.allocate_slots(
+            req, lower * self.block_size, hits, num_computed_tokens=computed,
+            watermark=bool(self.running),
+        )
+        if new is None:
+            return None
+        self._dequeue_head()
+        req.num_computed_tokens = computed
+        req.status = RS.WAITING_FOR_REMOTE_KV
+        rid = req.request_id
+        self.loading[rid] = req
+        self._loads_in_flight.add(rid)
+        first = len(hits)
+        self.newly_loading.append(LoadOrder(
+            rid, tuple(new[:lower]), tuple(req.block_hashes[first:first + lower])
+        ))
+        return True
 
     # ---- the step ----
     def schedule(self) -> SchedulerOutput:
@@ -214,13 +286,16 @@ class Scheduler:
                 if not self._park_remote(req) and not self._reclaim(req):
                     return
                 continue
+            loading = self._park_for_load(req)
+            if loading:
+                continue
             if len(self.running) >= self.max_num_seqs:
                 freed = self._preempt_for(req, scheduled)
                 if freed is None:
                     return
                 budget += freed
                 continue
-            n = self._admit(req, budget)
+            n = self._admit(req, budget) if loading is False else None
             if n is None:
                 if self._reclaim(req):
                     continue
@@ -419,7 +494,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.remote_parked)
+        return len(self.waiting) + len(self.remote_parked) + len(self.loading)
 
     def queued_prefill_tokens(self) -> int:
         """Prompt tokens admitted or waiting that are not yet computed."""

@@ -8,6 +8,7 @@ from interlock.protocol.events import (
     KVEvent,
     KVEventBatch,
     LoadReport,
+    TierStats,
 )
 from interlock.protocol.generate import (
     ErrorInfo,
@@ -31,5 +32,6 @@ __all__ = [
     "KVTransferParams",
     "LoadReport",
     "SamplingParams",
+    "TierStats",
     "TokenLogprobs",
 ]

@@ -3,11 +3,19 @@
 Modelled on vLLM's KV events: a worker publishes one ``KVEventBatch`` per engine step that had
 changes, with a per-worker sequence number so subscribers can detect gaps and ask for a re-sync.
 Block hashes are ``interlock.kvhash`` hashes.
+
+Tiers: a worker's KV lives in the device pool and, when configured, in host memory and on disk
+below it (``interlock.engine.tiers``). ``BlockStored``/``BlockRemoved`` name the tier they are
+about (``TIERS``); a block may be in several tiers at once, and each tier's events are
+independent. ``AllBlocksCleared`` clears every tier of the worker.
 """
 
 from __future__ import annotations
 
 import msgspec
+
+TIERS = ("device", "host", "disk")
+"""Tier names, fastest first."""
 
 
 class BlockStored(msgspec.Struct, frozen=True, tag="stored", kw_only=True):
@@ -16,10 +24,13 @@ class BlockStored(msgspec.Struct, frozen=True, tag="stored", kw_only=True):
     """Hash of the block before the first one here; None for a sequence's first block."""
     token_ids: tuple[int, ...] = ()
     block_size: int = 16
+    tier: str = "device"
+    """One of ``TIERS``."""
 
 
 class BlockRemoved(msgspec.Struct, frozen=True, tag="removed", kw_only=True):
     block_hashes: tuple[int, ...]
+    tier: str = "device"
 
 
 class AllBlocksCleared(msgspec.Struct, frozen=True, tag="cleared"):
@@ -37,6 +48,26 @@ class KVEventBatch(msgspec.Struct, frozen=True, kw_only=True):
     events: tuple[KVEvent, ...]
     snapshot: bool = False
     """True: the events describe the worker's whole cache (after an AllBlocksCleared)."""
+
+
+class TierStats(msgspec.Struct, frozen=True, kw_only=True):
+    """Figures of one KV tier below the device pool (counters since the worker started)."""
+
+    tier: str
+    blocks: int
+    capacity: int
+    hits: int = 0
+    """Blocks a prefix lookup found here."""
+    loads: int = 0
+    """Blocks loaded back into the device pool."""
+    load_failures: int = 0
+    """Blocks that could not be loaded (bad checksum, missing file): computed again."""
+    load_s: float = 0.0
+    """Total seconds spent loading."""
+    load_s_per_block: float = 0.0
+    """Measured seconds to load one block (moving average; 0 until measured)."""
+    stores: int = 0
+    evictions: int = 0
 
 
 class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +91,8 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     busy_s: float = 0.0
     """Seconds the engine has spent in steps since it started (its device's busy time:
     ``rate()`` of it is the device utilisation)."""
+    kv_tiers: tuple[TierStats, ...] = ()
+    """The worker's KV tiers below the device pool, fastest first (empty: none)."""
 
 
 class RouterLoadEvent(msgspec.Struct, frozen=True, kw_only=True):

@@ -24,6 +24,12 @@ shared system prompt to the few workers that already cache it, where the decodes
 the 8-worker herding test, busiest worker 1.9x the mean in-flight at 60 req/s without it,
 1.01x with it, at the same hit ratio).
 
+KV tiers: ``lower_blocks_w`` more blocks right after the device-pool prefix that worker ``w``
+holds in host memory or on disk are not computed but loaded (the engine always loads them);
+they count as hits in ``uncached_w`` and cost ``lower_blocks_w * load_s_per_block_w``, the
+worker's measured load time per block. A lower-tier hit is so priced between a device hit
+(free) and a miss (its prefill).
+
 Pressure: above ``kv_watermark`` of KV usage the cost is multiplied by
 ``1 + kv_penalty * (usage - watermark) / (1 - watermark)`` (a worker near full would evict the
 very prefixes that made it attractive, or preempt).
@@ -77,14 +83,19 @@ def ttft_costs(
     decode_step_s: np.ndarray,
     kv_usage: np.ndarray,
     decode_tokens: int = 0,
+    lower_blocks: np.ndarray | None = None,
+    load_s_per_block: np.ndarray | None = None,
 ) -> np.ndarray:
     """Estimated seconds to first token on each worker (see module docstring)."""
-    uncached = np.maximum(prompt_tokens - overlap_blocks * params.block_size, 1)
+    hit = overlap_blocks if lower_blocks is None else overlap_blocks + lower_blocks
+    uncached = np.maximum(prompt_tokens - hit * params.block_size, 1)
     work = queued_prefill + uncached
     cost = (work + params.miss_weight * uncached) * per_token_s
     cost += np.ceil(work / params.chunk_tokens) * step_overhead_s
     if params.decode_weight and decode_tokens:
         cost += params.decode_weight * decode_tokens * decode_step_s
+    if lower_blocks is not None and load_s_per_block is not None:
+        cost += lower_blocks * load_s_per_block
     if params.kv_penalty and kv_usage.max() > params.kv_watermark:
         over = np.maximum(kv_usage - params.kv_watermark, 0.0) / max(1.0 - params.kv_watermark, 1e-9)
         cost *= 1.0 + params.kv_penalty * over

@@ -318,6 +318,7 @@ class Router:
             ov = int(self.indexer.overlaps(hashes, n)[slot]) if hashes else 0
             return self._decision(meta, self._slot_ids[slot], reason, ov, t0=t0)
         overlaps = self.indexer.overlaps(hashes, n) if hashes else np.zeros(n, dtype=np.int32)
+        lower = self.indexer.lower_overlaps(hashes, n) if self.indexer.has_lower_tiers() else None
         overhead, per_token = self.load.speeds()
         costs = ttft_costs(
             self.config.cost,
@@ -329,6 +330,8 @@ class Router:
             decode_step_s=self.load.decode_step()[:n],
             kv_usage=self.load.kv_usage()[:n],
             decode_tokens=meta.max_tokens,
+            lower_blocks=lower,
+            load_s_per_block=self.load.load_s_per_block[:n] if lower is not None else None,
         )
         slot = choose(costs, mask, busy, tolerance=self.config.cost.tie_tolerance_s,
                       temperature=self.config.cost.temperature, rng=self._rng,

@@ -22,8 +22,15 @@ Two sources of truth, chosen per worker automatically:
   are assumed cached for ``approx_ttl_s``. The first batch from a worker switches it to events
   for good and drops the predictions.
 
+KV tiers: events name a tier (``device``, ``host``, ``disk``). Device blocks are the index
+above; blocks a worker holds in a lower tier go to a second map of the same kind
+(``lower holders``), so ``lower_overlaps`` can say, per worker, how many blocks right after
+its device-pool prefix it could load from host or disk instead of computing them (what the
+engine does: its lookup continues below the pool where the pool's hits end).
+
 Invariants (``check_integrity``): a slot's bit is set in ``holders[h]`` iff ``h`` is in that
-slot's block set; no mask is zero; approximate entries exist only for approx workers.
+slot's block set (and likewise for lower tiers); no mask is zero; approximate entries exist
+only for approx workers.
 """
 
 from __future__ import annotations
@@ -59,6 +66,11 @@ class _Worker:
     needs_resync: bool = False
     approx_expiry: dict[int, float] = field(default_factory=dict)
     """Approx mode: block hash -> time its prediction expires."""
+    lower: dict[int, int] = field(default_factory=dict)
+    """Block hash -> bits of the lower tiers holding it (``_TIER_BITS``)."""
+
+
+_TIER_BITS = {"host": 1, "disk": 2}
 
 
 class KvIndexer:
@@ -67,6 +79,7 @@ class KvIndexer:
     def __init__(self, *, approx_ttl_s: float = 120.0) -> None:
         self.approx_ttl_s = approx_ttl_s
         self._holders: dict[int, int] = {}
+        self._lower_holders: dict[int, int] = {}
         self._workers: dict[str, _Worker] = {}
         self._by_slot: dict[int, _Worker] = {}
         self._free_slots: list[int] = []
@@ -153,9 +166,15 @@ class KvIndexer:
     def _apply_events(self, w: _Worker, events: Iterable[object]) -> None:
         for ev in events:
             if isinstance(ev, BlockStored):
-                self._store(w, ev.block_hashes)
+                if ev.tier == "device":
+                    self._store(w, ev.block_hashes)
+                else:
+                    self._store_lower(w, ev.block_hashes, _TIER_BITS.get(ev.tier, 0))
             elif isinstance(ev, BlockRemoved):
-                self._remove(w, ev.block_hashes)
+                if ev.tier == "device":
+                    self._remove(w, ev.block_hashes)
+                else:
+                    self._remove_lower(w, ev.block_hashes, _TIER_BITS.get(ev.tier, 0))
             elif isinstance(ev, AllBlocksCleared):
                 self._clear(w)
 
@@ -175,15 +194,37 @@ class KvIndexer:
         for h in hashes:
             if h in blocks:
                 blocks.discard(h)
-                m = holders[h] & mask
-                if m:
-                    holders[h] = m
-                else:
-                    del holders[h]
+                _drop(holders, h, mask)
+        self.events_applied += len(hashes)
+
+    def _store_lower(self, w: _Worker, hashes: Sequence[int], tier_bit: int) -> None:
+        if not tier_bit:
+            return  # a tier this router does not know: ignored
+        bit = 1 << w.slot
+        holders, lower = self._lower_holders, w.lower
+        for h in hashes:
+            lower[h] = lower.get(h, 0) | tier_bit
+            holders[h] = holders.get(h, 0) | bit
+        self.events_applied += len(hashes)
+
+    def _remove_lower(self, w: _Worker, hashes: Sequence[int], tier_bit: int) -> None:
+        mask = ~(1 << w.slot)
+        holders, lower = self._lower_holders, w.lower
+        for h in hashes:
+            bits = lower.get(h)
+            if bits is None:
+                continue
+            bits &= ~tier_bit
+            if bits:
+                lower[h] = bits
+                continue
+            del lower[h]
+            _drop(holders, h, mask)
         self.events_applied += len(hashes)
 
     def _clear(self, w: _Worker) -> None:
         self._remove(w, list(w.blocks))
+        self._remove_lower(w, list(w.lower), 3)
         w.approx_expiry.clear()
 
     # ---- approximate mode ----
@@ -237,13 +278,36 @@ class KvIndexer:
         """Per slot: number of leading blocks of ``hashes`` that slot holds (int32 vector)."""
         size = self._next_slot if num_slots is None else num_slots
         out = np.zeros(size, dtype=np.int32)
-        nbytes = (size + 7) // 8
-        for mask, n in self.overlap_masks(hashes):
-            bits = np.unpackbits(
-                np.frombuffer(mask.to_bytes(nbytes, "little"), dtype=np.uint8), bitorder="little"
-            )[:size]
-            out += bits.astype(np.int32) * n
+        _add_runs(out, self.overlap_masks(hashes))
         return out
+
+    def lower_overlaps(self, hashes: Sequence[int], num_slots: int | None = None) -> np.ndarray:
+        """Per slot: blocks of ``hashes`` right after that slot's device-pool prefix that it
+        holds in a lower tier (the engine loads those instead of computing them)."""
+        size = self._next_slot if num_slots is None else num_slots
+        out = np.zeros(size, dtype=np.int32)
+        if not self._lower_holders:
+            return out
+        holders, lower = self._holders, self._lower_holders
+        dev = -1  # workers still in their device prefix (all, at the start)
+        low = 0  # workers past it, still finding blocks below
+        runs: list[tuple[int, int]] = []
+        for h in hashes:
+            dm, lm = holders.get(h, 0), lower.get(h, 0)
+            low = (low | (dev & ~dm)) & lm
+            dev &= dm
+            if low:
+                if runs and runs[-1][0] == low:
+                    runs[-1] = (low, runs[-1][1] + 1)
+                else:
+                    runs.append((low, 1))
+            elif not dev:
+                break
+        _add_runs(out, runs)
+        return out
+
+    def has_lower_tiers(self) -> bool:
+        return bool(self._lower_holders)
 
     def overlap_by_worker(self, hashes: Sequence[int]) -> dict[str, int]:
         """Per worker id: leading blocks held (only workers with at least one)."""
@@ -253,9 +317,34 @@ class KvIndexer:
     # ---- checks ----
     def check_integrity(self) -> None:
         seen: dict[int, int] = {}
+        seen_lower: dict[int, int] = {}
         for w in self._workers.values():
             bit = 1 << w.slot
             for h in w.blocks:
                 seen[h] = seen.get(h, 0) | bit
+            for h, tiers in w.lower.items():
+                assert tiers, w.instance_id
+                seen_lower[h] = seen_lower.get(h, 0) | bit
             assert not (w.events_seen and w.approx_expiry), w.instance_id
         assert seen == self._holders, "holders out of step with per-worker block sets"
+        assert seen_lower == self._lower_holders, "lower holders out of step with per-worker sets"
+
+
+def _drop(holders: dict[int, int], h: int, mask: int) -> None:
+    """Clear a worker's bit (``mask`` has every other bit) from ``holders[h]``."""
+    m = holders[h] & mask
+    if m:
+        holders[h] = m
+    else:
+        del holders[h]
+
+
+def _add_runs(out: np.ndarray, runs: Iterable[tuple[int, int]]) -> None:
+    """Add ``n`` to every slot whose bit is set in ``mask``, for each run ``(mask, n)``."""
+    size = len(out)
+    nbytes = (size + 7) // 8
+    for mask, n in runs:
+        bits = np.unpackbits(
+            np.frombuffer(mask.to_bytes(nbytes, "little"), dtype=np.uint8), bitorder="little"
+        )[:size]
+        out += bits.astype(np.int32) * n

@@ -65,6 +65,17 @@ class ServiceOptions:
     (None: rely on discovery leases and request failures alone)."""
 
 
+_TIER_METRICS = (
+    ("blocks", "gauge", "KV blocks held in the tier", "blocks"),
+    ("capacity_blocks", "gauge", "KV blocks the tier can hold", "capacity"),
+    ("hits_total", "counter", "Blocks a prefix lookup found in the tier", "hits"),
+    ("loads_total", "counter", "Blocks loaded from the tier into the device pool", "loads"),
+    ("load_failures_total", "counter", "Blocks that could not be loaded (computed again)", "load_failures"),
+    ("load_seconds_total", "counter", "Time spent loading from the tier", "load_s"),
+    ("evictions_total", "counter", "Blocks the tier evicted", "evictions"),
+)
+
+
 class RouterService:
     def __init__(
         self,
@@ -209,6 +220,7 @@ class RouterService:
         for wid, r in sorted(self._reports.items()):
             model = self._instances[wid].model if wid in self._instances else ""
             lines.append(f'interlock_worker_busy_seconds_total{{worker="{wid}",model="{model}"}} {r.busy_s}')
+        lines += self._tier_lines()
         counters = (
             ("decisions_total", "Routing decisions", lambda m: m.decisions),
             ("prompt_tokens_total", "Prompt tokens routed", lambda m: m.prompt_tokens),
@@ -227,6 +239,19 @@ class RouterService:
         if self.disagg is not None:
             lines += self.disagg.prometheus_lines()
         return "\n".join(lines) + "\n"
+
+    def _tier_lines(self) -> list[str]:
+        """Per worker and KV tier below its device pool (``LoadReport.kv_tiers``)."""
+        lines: list[str] = []
+        for name, kind, help_, field in _TIER_METRICS:
+            lines += [f"# HELP interlock_worker_kv_tier_{name} {help_}",
+                      f"# TYPE interlock_worker_kv_tier_{name} {kind}"]
+            for wid, r in sorted(self._reports.items()):
+                model = self._instances[wid].model if wid in self._instances else ""
+                for t in r.kv_tiers:
+                    lines.append(f'interlock_worker_kv_tier_{name}{{worker="{wid}",model="{model}",'
+                                 f'tier="{t.tier}"}} {getattr(t, field)}')
+        return lines
 
     def share(self, router: Router) -> None:
         """Queue this router's dispatch events for the other routers (sent every few ms)."""

@@ -20,17 +20,19 @@ import heapq
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
 from interlock.engine.timing import TimingModel
-from interlock.errors import NoWorkers, Overloaded
+from interlock.errors import ConfigError, NoWorkers, Overloaded
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import KVEventBatch, LoadReport
 from interlock.router import Decision, RequestMeta, Router, RouterConfig
 from interlock.sim.bounds import infinite_cache_hit_ratio, pooled_cache_hit_ratio
 from interlock.sim.engine_worker import EngineWorker
 from interlock.sim.report import ReplayReport, build_report
+from interlock.sim.tiers import SimTiers
 from interlock.sim.trace import SimRequest
 from interlock.sim.worker import SimSeq, SimWorker, WorkerSink
 
@@ -56,6 +58,21 @@ class ReplayConfig:
     backend: str = "fast"
     """"fast": ``SimWorker``; "engine": the real ``EngineCore`` + ``MockRunner`` (exact, slow;
     requests need ``token_ids``)."""
+    host_kv_blocks: int = 0
+    """Host-memory KV tier of each host, shared by its workers (``sim.tiers``); 0: none."""
+    workers_per_host: int = 8
+    host_load_s_per_block: float = 1e-4
+    """Modelled seconds to load one block from the host tier."""
+
+    def __post_init__(self) -> None:
+        if self.host_kv_blocks < 0 or self.workers_per_host < 1:
+            raise ConfigError("host_kv_blocks must be >= 0 and workers_per_host >= 1")
+        if self.host_kv_blocks and self.backend != "fast":
+            raise ConfigError("host KV tiers are modelled by the fast backend only")
+
+    @property
+    def num_hosts(self) -> int:
+        return -(-self.num_workers // self.workers_per_host)
 
 
 REJECT_REASONS: dict[type[Exception], str] = {Overloaded: "queue full", NoWorkers: "no worker"}
@@ -70,9 +87,13 @@ class _Driver(WorkerSink):
         rcfg = replace(cfg.router, block_size=cfg.block_size, share_load=False, cost=cost)
         self.router = Router(rcfg, clock=lambda: self.now)
         self.workers: dict[str, Worker] = {}
+        shared = cfg.workers_per_host > 1  # a shared tier is written through, as in the engine
+        self.host_tiers = [SimTiers(cfg.host_kv_blocks, cfg.host_load_s_per_block, shared)
+                           for _ in range(cfg.num_hosts)] if cfg.host_kv_blocks else []
         for i in range(cfg.num_workers):
             wid = f"w{i}"
-            make = EngineWorker if cfg.backend == "engine" else SimWorker
+            tiers = self.host_tiers[i // cfg.workers_per_host] if self.host_tiers else None
+            make = EngineWorker if cfg.backend == "engine" else partial(SimWorker, tiers=tiers)
             self.workers[wid] = make(
                 wid, num_blocks=cfg.num_blocks, block_size=cfg.block_size,
                 max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -191,7 +212,8 @@ def replay(requests: Sequence[SimRequest], cfg: ReplayConfig | None = None) -> R
     drv.run(reqs)
     wall = time.perf_counter() - t0
     upper = infinite_cache_hit_ratio(reqs, cfg.block_size)
-    pooled = pooled_cache_hit_ratio(reqs, cfg.block_size, cfg.num_workers * cfg.num_blocks)
+    total_blocks = cfg.num_workers * cfg.num_blocks + cfg.num_hosts * cfg.host_kv_blocks
+    pooled = pooled_cache_hit_ratio(reqs, cfg.block_size, total_blocks)
     per_worker_reqs = {wid: 0 for wid in drv.workers}
     for d in drv.decisions:
         per_worker_reqs[d.worker_id] += 1

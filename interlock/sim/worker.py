@@ -15,6 +15,10 @@ what decides hits and latencies, with the same rules as the engine (vLLM v1 styl
   completes them, and published as ``BlockStored``; finished requests' blocks become evictable
   (LRU, a request's tail first) and evictions are published as ``BlockRemoved``; output blocks
   are cached as never-matching filler, as a real engine would cache them;
+* with a host tier below the pool (``interlock.sim.tiers``), evicted blocks go there (and,
+  written through, computed ones as soon as computed) and a lookup continues there after the
+  pool's hits; loaded blocks count as hits and their load
+  time is added to the admitting step;
 * decode-only stretches (nothing to prefill or admit) are one *macro step* of ``k`` decode
   steps up to the next finish, timed in closed form (the decode time is a quadratic in KV
   usage, which grows linearly); an arrival during one cuts it at the step in progress.
@@ -38,6 +42,7 @@ from interlock.protocol.events import (
     KVEventBatch,
     LoadReport,
 )
+from interlock.sim.tiers import SimTiers
 from interlock.sim.trace import SimRequest
 
 _A, _B, _C = -25.74, 54.01, 5.74
@@ -87,8 +92,11 @@ class SimWorker:
     def __init__(self, instance_id: str, *, num_blocks: int, block_size: int = 64,
                  max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                  timing: TimingModel | None = None, publish_events: bool = True,
-                 sink: WorkerSink | None = None) -> None:
+                 sink: WorkerSink | None = None, tiers: SimTiers | None = None) -> None:
         self.instance_id = instance_id
+        self.tiers = tiers
+        self._load_s = 0.0
+        """Load time of the requests admitted in the step being planned."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_tokens = max_num_batched_tokens
@@ -121,6 +129,8 @@ class SimWorker:
         self._prefill_time = 0.0
         self.hit_tokens = 0
         self.prompt_tokens = 0
+        self._loaded: list[int] = []
+        """Blocks loaded from the host tier in the step being planned (stored on the device)."""
 
     # ---- cache ----
     def free_blocks(self) -> int:
@@ -144,11 +154,26 @@ class SimWorker:
                 removed.append(h)
         if removed and self.publish_events:
             self._events.append(BlockRemoved(block_hashes=tuple(removed)))
+        if removed and self.tiers is not None:
+            self._to_host(removed)
+
+    def _to_host(self, hashes: list[int]) -> None:
+        assert self.tiers is not None
+        stored, dropped = self.tiers.offload(hashes)
+        if self.publish_events and stored:
+            self._events.append(BlockStored(block_hashes=tuple(stored), parent_block_hash=None,
+                                            block_size=self.block_size, tier="host"))
+        if self.publish_events and dropped:
+            self._events.append(BlockRemoved(block_hashes=tuple(dropped), tier="host"))
 
     def _try_admit(self, s: SimSeq) -> bool:
         r = s.req
         bs = self.block_size
         hit = self.cached_prefix(r.block_hashes, r.prompt_tokens)
+        lower = 0
+        if self.tiers is not None:
+            limit = (r.prompt_tokens - 1) // bs
+            lower = self.tiers.lookup(r.block_hashes[hit:max(limit, hit)])
         from_lru = sum(1 for h in r.block_hashes[:hit] if h in self.lru)
         total = -(-(r.prompt_tokens + r.output_tokens) // bs)
         new = total - hit
@@ -162,13 +187,19 @@ class SimWorker:
             else:
                 self.cached[h] += 1
             s.held.append(h)
+        if lower:  # touched first: this admission's own evictions must not push them out
+            assert self.tiers is not None
+            self._load_s += self.tiers.load(r.block_hashes[hit:hit + lower])
         short = new - self.free_blocks()
         if short > 0:
             self._evict(short)
         self.used += new
         s.anon = new
+        hit += lower
         s.hit_tokens = s.computed = hit * bs
-        s.next_reg = hit
+        s.next_reg = hit - lower
+        if lower:
+            self._register(s, self._loaded)
         self.queued_prefill -= s.hit_tokens
         self.hit_tokens += s.hit_tokens
         self.prompt_tokens += r.prompt_tokens
@@ -238,6 +269,11 @@ class SimWorker:
             chunks.append((s, take))
             budget -= take
         n_dec = self.num_decoding
+        if self._loaded and self.publish_events:
+            self._events.append(BlockStored(block_hashes=tuple(self._loaded), parent_block_hash=None,
+                                            block_size=self.block_size))
+        self._loaded = []
+        load_s, self._load_s = self._load_s, 0.0
         if not chunks and not n_dec:
             self.step = None
             return None
@@ -248,7 +284,7 @@ class SimWorker:
         ctx_prefill = sum(s.computed + t for s, t in chunks)
         if chunks:
             u = (self.decode_ctx + ctx_prefill) / self._kv_tokens_total
-            dur = self.timing.step_s(prefill, n_dec, u)
+            dur = self.timing.step_s(prefill, n_dec, u) + load_s
         else:
             dur = self._decode_span(self.decode_ctx, n_dec, k)
         self.step = _Step(now, now + dur, chunks, n_dec, k, self.decode_ctx)
@@ -323,6 +359,8 @@ class SimWorker:
         if stored and self.publish_events:
             self._events.append(BlockStored(block_hashes=tuple(stored), parent_block_hash=None,
                                             block_size=self.block_size))
+        if stored and self.tiers is not None and self.tiers.write_through:
+            self._to_host(stored)
         self._publish(now, st)
 
     def _finish(self, s: SimSeq, now: float) -> None:

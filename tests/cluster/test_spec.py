@@ -76,6 +76,10 @@ def test_cpu_threads_are_shared_unless_given(model: Path) -> None:
     ({"kv_cache_transfer": False}, lambda s: s.kv_transfer, "none"),
     ({"cache_transport": "shm"}, lambda s: s.kv_transfer, "shm"),
     ({"node_role": "decode"}, lambda s: s.role, "decode"),
+    ({"host_kv_gib": 0.5}, lambda s: s.engine.cache.host_kv_gib, 0.5),
+    ({"host_kv_gib": 0.5, "host_kv_shared": "node1"}, lambda s: s.engine.cache.host_kv_shared, "node1"),
+    ({"disk_kv_gib": 2, "disk_kv_path": "/var/kv"}, lambda s: (s.engine.cache.disk_kv_gib, s.engine.cache.disk_kv_path),
+     (2.0, "/var/kv")),
 ])
 def test_node_keys_reach_every_worker(model: Path, node: dict, field, want) -> None:
     assert {field(s) for s in specs(deployment(model, node=node))} == {want}
