@@ -1,0 +1,117 @@
+"""What the planner sees and what it decides: plain frozen values, no I/O.
+
+An ``Observation`` is one snapshot of the fleet at ``now`` (seconds on whatever clock the
+connector uses: real or virtual); the planner answers with at most one ``Action``, each with
+its reason. Connectors build observations from what they can see (the router's load view, the
+simulator's workers) and carry actions out (start or stop processes, simulated workers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    worker_id: str
+    role: str
+    """"both", "prefill" or "decode" (``protocol.discovery.ROLES``)."""
+    num_running: int = 0
+    num_waiting: int = 0
+    queued_prefill_tokens: int = 0
+    kv_usage: float = 0.0
+    """Fraction of the worker's KV blocks in use."""
+    unique_blocks: int = 0
+    """Cached blocks no other worker holds (lost if this worker goes)."""
+    ready: bool = True
+    """False while it starts (it costs a worker but serves nothing yet)."""
+    draining: bool = False
+    """Being removed: no new requests; it leaves the pool."""
+    age_s: float = INF
+    """Seconds since it became ready (for the routing-weight ramp)."""
+
+    @property
+    def in_flight(self) -> int:
+        return self.num_running + self.num_waiting
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """Requests that arrived during the last ``duration_s`` (for the SLA policy's forecast)."""
+
+    duration_s: float = 0.0
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens expected from prefix caches (the router's estimate)."""
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    now: float
+    workers: tuple[WorkerView, ...]
+    router_queue: int = 0
+    """Requests waiting in the router's admission queue (every worker busy)."""
+    traffic: Traffic = Traffic()
+
+    def pool(self, role: str) -> list[WorkerView]:
+        """Workers of ``role`` that count towards it: started or starting, not draining."""
+        return [w for w in self.workers if w.role == role and not w.draining]
+
+
+@dataclass(frozen=True, slots=True)
+class AddWorker:
+    role: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveWorker:
+    """Stop routing to it, let it finish (or migrate) what it holds, then stop it."""
+
+    worker_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchRole:
+    worker_id: str
+    role: str
+    reason: str
+
+
+Action = AddWorker | RemoveWorker | SwitchRole
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """One decision as logged and listed by ``interlock planner status``."""
+
+    at: float
+    action: Action
+
+    @property
+    def kind(self) -> str:
+        return {AddWorker: "add", RemoveWorker: "remove", SwitchRole: "switch"}[type(self.action)]
+
+    def line(self) -> str:
+        a = self.action
+        if isinstance(a, AddWorker):
+            what = f"add {a.role} worker"
+        elif isinstance(a, RemoveWorker):
+            what = f"remove {a.worker_id}"
+        else:
+            what = f"switch {a.worker_id} to {a.role}"
+        return f"t={self.at:.1f}s {what}: {a.reason}"
+
+    def to_dict(self) -> dict[str, object]:
+        a = self.action
+        out: dict[str, object] = {"at": self.at, "kind": self.kind, "reason": a.reason}
+        if isinstance(a, AddWorker | SwitchRole):
+            out["role"] = a.role
+        if isinstance(a, RemoveWorker | SwitchRole):
+            out["worker_id"] = a.worker_id
+        return out

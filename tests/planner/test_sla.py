@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from interlock.engine.timing import TimingModel
+from interlock.planner import (
+    AddWorker,
+    Observation,
+    PlannerConfig,
+    RemoveWorker,
+    RoleBounds,
+    Traffic,
+    WorkerView,
+    build_planner,
+)
+from interlock.planner.forecast import ArrivalForecaster
+from tests.planner.conftest import mock_profile
+
+CFG = PlannerConfig(policy="sla", profile="unused.json", both=RoleBounds(1, 20), window_s=30.0,
+                    max_changes=100, ttft_ms=2000, itl_ms=50)
+
+
+def traffic(rate: float, dt: float = 5.0, isl: int = 8000, osl: int = 300) -> Traffic:
+    n = round(rate * dt)
+    return Traffic(dt, n, n * isl, n * isl // 4, n * osl)
+
+
+def test_profile_fits_the_mock_timing_model() -> None:
+    p = mock_profile()
+    t = TimingModel()
+    assert p.prefill_s(4096) == pytest.approx(t.step_s(4096, 0, 0.0), rel=1e-6)
+    assert p.prefill_s(20_000) == pytest.approx(2 * p.prefill_s(8192) + p.prefill_s(20_000 - 16384))
+    assert p.itl_s(64, 4096) == pytest.approx(t.step_s(0, 1, 64 * 4096 / p.kv_tokens), rel=0.02)
+    assert p.decode_batch(4096, 0.0001) == 0
+    assert 0 < p.prefill_rate(6000, 2.0) < 1 / p.prefill_s(6000)
+    agg = p.aggregated_rate(8000, 6000, 300, 2.0, 0.05)
+    assert 0 < agg < p.prefill_rate(6000, 2.0)
+
+
+def test_forecast_follows_a_ramp() -> None:
+    f = ArrivalForecaster()
+    assert f.forecast(60) is None
+    for i in range(60):
+        f.observe(traffic(1.0 + i * 0.05))
+    fc = f.forecast(60.0)
+    assert fc is not None and fc.rate > 3.8  # last rate ~3.95 and rising
+    assert fc.prompt_tokens == pytest.approx(8000) and fc.uncached_tokens == pytest.approx(6000)
+
+
+def test_sla_grows_to_the_need_one_step_per_window_then_holds() -> None:
+    planner = build_planner(CFG, mock_profile())
+    workers = [WorkerView("w0", "both")]
+    for t in range(0, 600, 5):
+        for a in planner.decide(Observation(float(t), tuple(workers), traffic=traffic(20.0))):
+            assert isinstance(a, AddWorker)
+            workers.append(WorkerView(f"w{len(workers)}", "both"))
+    need = planner.policy.last_need["both"]  # type: ignore[attr-defined]
+    assert len(workers) == math.ceil(need)
+    assert [r.at for r in planner.history][:3] == [0.0, 30.0, 60.0]
+
+
+def test_sla_shrinks_only_with_headroom() -> None:
+    planner = build_planner(CFG, mock_profile())
+    workers = tuple(WorkerView(f"w{i}", "both") for i in range(10))
+    for t in range(0, 30, 5):
+        acts = planner.decide(Observation(float(t), workers, traffic=traffic(0.5)))
+    assert acts == [] and isinstance(planner.history[0].action, RemoveWorker)
+
+
+def test_sla_sizes_prefill_and_decode_pools() -> None:
+    cfg = replace(CFG, both=RoleBounds(0, 0), prefill=RoleBounds(1, 8), decode=RoleBounds(1, 8))
+    planner = build_planner(cfg, mock_profile())
+    ws = (WorkerView("p0", "prefill"), WorkerView("d0", "decode"))
+    planner.decide(Observation(0.0, ws, traffic=traffic(10.0)))
+    need = planner.policy.last_need  # type: ignore[attr-defined]
+    assert set(need) == {"prefill", "decode"} and need["prefill"] > need["decode"] > 0
