@@ -51,6 +51,10 @@ class PlannerConfig:
     """Reactive: waiting requests per worker above which the pool grows."""
     queue_low: float = 0.2
     """Reactive: the pool may shrink only at or below this (hysteresis band: low..high)."""
+    backlog_high_s: float = 2.0
+    """Reactive: seconds of queued prefill per worker above which the pool grows."""
+    backlog_low_s: float = 0.25
+    """Reactive: the pool may shrink only at or below this."""
     kv_high: float = 0.85
     """Reactive: mean KV usage above which the pool grows."""
     kv_low: float = 0.5
@@ -89,6 +93,8 @@ class PlannerConfig:
             raise ConfigError("planner.max_changes must be at least 1")
         if not self.queue_low < self.queue_high:
             raise ConfigError("planner.queue_low must be below planner.queue_high (hysteresis)")
+        if not 0 <= self.backlog_low_s < self.backlog_high_s:
+            raise ConfigError("planner needs 0 <= backlog_low_s < backlog_high_s (hysteresis)")
         if not 0 <= self.kv_low < self.kv_high <= 1:
             raise ConfigError("planner needs 0 <= kv_low < kv_high <= 1 (hysteresis)")
         if not 0 < self.ramp_floor <= 1:

@@ -68,6 +68,13 @@ class Planner:
         return [action]
 
     # ---- gates ----
+    def holding(self, now: float) -> bool:
+        """True when the window or the change cap rules out any action at ``now`` (a connector
+        may then skip observing what only matters to an action, like cache ownership)."""
+        c = self.config
+        recent = sum(1 for t in self._changes if t > now - c.cap_window_s)
+        return now - self.last_change < c.window_s or recent >= c.max_changes
+
     def _hold(self, obs: Observation) -> str:
         c = self.config
         starting = [w.worker_id for w in obs.workers if not w.ready and not w.draining]

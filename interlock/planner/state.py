@@ -21,6 +21,8 @@ class WorkerView:
     num_running: int = 0
     num_waiting: int = 0
     queued_prefill_tokens: int = 0
+    prefill_tokens_per_s: float = 0.0
+    """Measured prefill speed (0: not measured yet)."""
     kv_usage: float = 0.0
     """Fraction of the worker's KV blocks in use."""
     unique_blocks: int = 0

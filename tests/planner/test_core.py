@@ -46,6 +46,24 @@ class Sim:
                 self.log.append((now, "remove"))
 
 
+def first_action(p: Planner, workers: tuple[WorkerView, ...], until: float = 300.0) -> list:  # type: ignore[type-arg]
+    """The first decision on a steady observation, ticking every 5 s."""
+    t = 0.0
+    while t <= until:
+        acts = p.decide(Observation(t, workers))
+        if acts:
+            return acts
+        t += 5.0
+    return []
+
+
+def test_prefill_backlog_grows_the_pool() -> None:
+    ws = tuple(WorkerView(f"w{i}", "both", queued_prefill_tokens=30_000, prefill_tokens_per_s=10_000)
+               for i in range(2))
+    [a] = build_planner(CFG).decide(Observation(0.0, ws))
+    assert isinstance(a, AddWorker) and "prefill backlog 3.00s > 2s" in a.reason
+
+
 def test_one_step_per_window_under_sustained_load() -> None:
     sim = Sim(build_planner(CFG), fleet(5))
     for t in range(0, 400, 5):
@@ -76,7 +94,8 @@ def test_shrinks_after_the_load_falls_and_never_below_min() -> None:
     for t in range(0, 1000, 5):
         sim.tick(float(t), 0.0)
     assert [k for _, k in sim.log] == ["remove"] * 3
-    assert [t for t, _ in sim.log] == [0.0, 60.0, 120.0]
+    # a whole window of low load at each size before each removal
+    assert [t for t, _ in sim.log] == [55.0, 120.0, 185.0]
     assert len(sim.workers) == 1
 
 
@@ -118,7 +137,7 @@ def test_scale_down_removes_the_cheapest_worker() -> None:
         WorkerView("cheap", "both", num_running=1, unique_blocks=0, kv_usage=0.1, age_s=500),
         WorkerView("cheap-young", "both", num_running=1, unique_blocks=0, kv_usage=0.1, age_s=50),
     )
-    [a] = build_planner(CFG).decide(Observation(0.0, ws))
+    [a] = first_action(build_planner(CFG), ws)
     assert isinstance(a, RemoveWorker) and a.worker_id == "cheap-young"
 
 
@@ -135,12 +154,13 @@ def test_roles_follow_the_mix_with_hysteresis() -> None:
                   max_workers=4)
     p = build_planner(cfg)
     prefill_heavy = (*fleet(6, 6, role="prefill"), *fleet(0, 0, role="decode"))
-    [a] = p.decide(Observation(0.0, prefill_heavy))
+    [a] = first_action(p, prefill_heavy)
     assert isinstance(a, SwitchRole) and a.role == "prefill" and a.worker_id.startswith("d")
+    assert p.history[0].at == 55.0  # the decode side must have been idle for a window
     # prefill over its threshold but decode inside the band: no switch, no growth (fleet full)
     p = build_planner(cfg)
     mixed = (*fleet(6, 6, role="prefill"), *fleet(1, 1, role="decode"))
-    assert p.decide(Observation(0.0, mixed)) == []
+    assert first_action(p, mixed) == []
 
 
 def test_decisions_are_logged_with_reasons() -> None:
