@@ -100,14 +100,14 @@ class DecisionRecord:
         return {AddWorker: "add", RemoveWorker: "remove", SwitchRole: "switch"}[type(self.action)]
 
     def line(self) -> str:
-        a = self.action
-        if isinstance(a, AddWorker):
-            what = f"add {a.role} worker"
-        elif isinstance(a, RemoveWorker):
-            what = f"remove {a.worker_id}"
-        else:
-            what = f"switch {a.worker_id} to {a.role}"
-        return f"t={self.at:.1f}s {what}: {a.reason}"
+        return self.line_of(self.to_dict())
+
+    @staticmethod
+    def line_of(d: dict[str, object]) -> str:
+        """One line for a decision as ``to_dict`` gives it (also read back over HTTP)."""
+        what = {"add": "add {role} worker", "remove": "remove {worker_id}",
+                "switch": "switch {worker_id} to {role}"}[str(d["kind"])].format(**d)
+        return f"t={float(d['at']):.1f}s {what}: {d['reason']}"  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, object]:
         a = self.action

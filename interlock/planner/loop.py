@@ -1,0 +1,150 @@
+"""The live connector: every ``interval_s`` observe the fleet and its load, decide, act.
+
+Membership (which workers exist, which are starting or draining) comes from the ``Fleet``;
+load from a ``LoadView`` (the router service's view of each worker's last load report and the
+router's own counters: read-only). The loop holds no policy: it builds an ``Observation``,
+calls ``Planner.decide`` and carries each action out through the fleet. ``status()`` is what
+``interlock planner status`` shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from interlock.planner.core import Planner
+from interlock.planner.fleet import Fleet
+from interlock.planner.state import (
+    Action,
+    AddWorker,
+    Observation,
+    RemoveWorker,
+    SwitchRole,
+    Traffic,
+    WorkerView,
+)
+from interlock.protocol.events import LoadReport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficTotals:
+    """Running totals since start; the loop turns them into per-interval ``Traffic``."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+
+class LoadView(Protocol):
+    def report(self, instance_id: str) -> LoadReport | None:
+        """The worker's last load report (None: none yet)."""
+        ...
+
+    def queued(self) -> int:
+        """Requests waiting in the router's admission queue."""
+        ...
+
+    def totals(self) -> TrafficTotals: ...
+
+
+class PlannerLoop:
+    def __init__(self, planner: Planner, fleet: Fleet, view: LoadView, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.planner = planner
+        self.fleet = fleet
+        self.view = view
+        self.clock = clock
+        self._last: tuple[float, TrafficTotals] | None = None
+        self.ticks = 0
+        self.errors = 0
+
+    async def observe(self) -> Observation:
+        now = self.clock()
+        totals = self.view.totals()
+        traffic = Traffic()
+        if self._last is not None:
+            t0, old = self._last
+            traffic = Traffic(now - t0, totals.requests - old.requests,
+                              totals.prompt_tokens - old.prompt_tokens,
+                              totals.cached_tokens - old.cached_tokens,
+                              totals.output_tokens - old.output_tokens)
+        self._last = (now, totals)
+        views = []
+        for w in await self.fleet.workers():
+            r = self.view.report(w.worker_id) if w.ready else None
+            views.append(WorkerView(
+                w.worker_id, w.role,
+                num_running=r.num_running if r else 0, num_waiting=r.num_waiting if r else 0,
+                queued_prefill_tokens=r.queued_prefill_tokens if r else 0,
+                prefill_tokens_per_s=r.prefill_tokens_per_s if r else 0.0,
+                kv_usage=r.kv_blocks_used / r.kv_blocks_total if r and r.kv_blocks_total else 0.0,
+                ready=w.ready, draining=w.draining, age_s=now - w.started_at))
+        return Observation(now, tuple(views), router_queue=self.view.queued(), traffic=traffic)
+
+    async def tick(self) -> list[Action]:
+        self.ticks += 1
+        actions = self.planner.decide(await self.observe())
+        for a in actions:
+            log.info("planner: %s", self.planner.history[-1].line())
+            await self.apply(a)
+        return actions
+
+    async def apply(self, a: Action) -> None:
+        if isinstance(a, AddWorker):
+            await self.fleet.add_worker(a.role)
+        elif isinstance(a, RemoveWorker):
+            await self.fleet.remove_worker(a.worker_id, drain=True)
+        elif isinstance(a, SwitchRole):
+            await self.fleet.set_role(a.worker_id, a.role)
+
+    async def run(self) -> None:
+        """Tick every ``interval_s`` until cancelled; a failing tick is logged and counted."""
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - one bad tick must not stop the planner
+                self.errors += 1
+                log.exception("planner tick failed")
+            await asyncio.sleep(self.planner.config.interval_s)
+
+    def status(self) -> dict[str, object]:
+        p = self.planner
+        counts: dict[str, int] = {}
+        for r in p.history:
+            counts[r.kind] = counts.get(r.kind, 0) + 1
+        return {
+            "policy": p.config.policy,
+            "ticks": self.ticks,
+            "errors": self.errors,
+            "holding": p.last_hold,
+            "wants": [{"role": w.role, "delta": w.delta, "reason": w.reason} for w in p.last_wants],
+            "decisions_total": counts,
+            "decisions": [r.to_dict() for r in p.history],
+        }
+
+
+class FakeLoadView:
+    """A ``LoadView`` whose reports, queue and totals a test sets directly."""
+
+    def __init__(self) -> None:
+        self.reports: dict[str, LoadReport] = {}
+        self.queue = 0
+        self.traffic = TrafficTotals()
+
+    def report(self, instance_id: str) -> LoadReport | None:
+        return self.reports.get(instance_id)
+
+    def queued(self) -> int:
+        return self.queue
+
+    def totals(self) -> TrafficTotals:
+        return self.traffic
