@@ -40,6 +40,9 @@ class PlannerConfig:
     max_workers: int = 0
     """Cap on all workers together (0: the sum of the role maxima). Role switches keep the
     fleet's size, so a full fleet still follows the mix."""
+    min_workers: int = 0
+    """Floor on all workers together: the planner removes none below it (it may still switch
+    roles). With ``min_workers == max_workers`` the fleet keeps its size and only roles move."""
     interval_s: float = 5.0
     """How often the loop observes the fleet."""
     window_s: float = 60.0
@@ -86,7 +89,8 @@ class PlannerConfig:
                      "drain_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"planner.{name} must be positive")
-        for name in ("ramp_s", "headroom", "cache_block_cost", "queue_low", "kv_low", "max_workers"):
+        for name in ("ramp_s", "headroom", "cache_block_cost", "queue_low", "kv_low", "max_workers",
+                     "min_workers"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"planner.{name} must be >= 0")
         if self.max_changes < 1:
@@ -101,6 +105,8 @@ class PlannerConfig:
             raise ConfigError("planner.ramp_floor must be in (0, 1]")
         if self.total_max() < 1:
             raise ConfigError("planner: every role's max is 0 (no worker allowed)")
+        if self.min_workers > self.total_max():
+            raise ConfigError("planner.min_workers is above the most workers the bounds allow")
         if self.policy == "sla" and self.profile is None:
             raise ConfigError("planner.policy 'sla' needs planner.profile (from `interlock profile`)")
 

@@ -11,8 +11,8 @@ on every fluctuation costs more than it saves. Each call:
 4. turns a grow of one disaggregated pool plus a shrink of the other into one role switch
    (the fleet keeps its size, the roles follow the mix);
 5. else grows the most pressed pool that may grow (within its max and ``max_workers``),
-   else shrinks one that may shrink, removing the worker whose loss costs least
-   (``planner.select``).
+   else shrinks one that may shrink (never below ``min_workers`` in all), removing the worker
+   whose loss costs least (``planner.select``).
 
 No I/O and no clock of its own: time is ``Observation.now``. Connectors apply the action and
 report the result in the next observation (a starting worker, a draining one).
@@ -115,7 +115,7 @@ class Planner:
                     return SwitchRole(victim.worker_id, g.role, f"{g.role}: {g.reason}; {s.role}: {s.reason}")
         if grow and sum(size.values()) < c.total_max():
             return AddWorker(grow[0].role, grow[0].reason)
-        if shrink:
+        if shrink and sum(size.values()) > c.min_workers:
             s = shrink[0]
             victim = cheapest(pools[s.role], c.cache_block_cost)
             return RemoveWorker(victim.worker_id, s.reason)

@@ -182,3 +182,12 @@ def test_empty_role_pool_gets_its_min(role: str) -> None:
     cfg = replace(CFG, **{role: RoleBounds(1, 2)})  # type: ignore[arg-type]
     [a] = build_planner(cfg).decide(Observation(0.0, fleet(0)))
     assert a == AddWorker(role, f"0 {role} workers < min 1")
+
+
+def test_min_workers_keeps_the_fleet_size_but_roles_still_move() -> None:
+    cfg = replace(CFG, both=RoleBounds(0, 0), prefill=RoleBounds(1, 3), decode=RoleBounds(1, 3),
+                  min_workers=4, max_workers=4)
+    idle = (*fleet(0, 0, role="prefill"), *fleet(0, 0, role="decode"))
+    assert first_action(build_planner(cfg), idle) == []
+    [a] = first_action(build_planner(cfg), (*fleet(0, 0, role="prefill"), *fleet(6, 6, role="decode")))
+    assert isinstance(a, SwitchRole) and a.role == "decode"
