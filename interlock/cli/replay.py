@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ConfigError as e:
+        print(f"interlock replay: {e.message}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     records = load_mooncake(args.trace, limit=args.limit)
     hasher = TraceHasher(args.block_size, args.trace_block_size)
     requests = mooncake_requests(records, block_size=args.block_size, speedup=args.speedup,

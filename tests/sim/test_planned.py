@@ -51,3 +51,36 @@ def test_round_robin_with_a_ramp_is_refused() -> None:
     cfg = replace(BASE, planner=PLANNER, router=RouterConfig(policy="round-robin", block_size=16))
     with pytest.raises(ConfigError, match="no routing weights"):
         replay(stepped()[:10], cfg)
+
+
+def test_cli_replay_with_a_planner_lists_its_decisions(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from interlock.cli.replay import main as replay_main
+    from tests.planner.conftest import mock_profile
+
+    rows = [{"timestamp": i * 250, "input_length": 3000, "output_length": 30,
+             "hash_ids": [0, 1 + i % 3, 10 + i, 1000 + i, 2000 + i, 3000 + i]} for i in range(300)]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(json.dumps(r) for r in rows))
+    profile = tmp_path / "p.json"
+    mock_profile(kv_tokens=500 * 64).save(profile)
+    common = [str(trace), "--workers", "1", "--blocks-per-worker", "500", "--engine-speedup", "0.05",
+              "--rate-curve", "steps:20x1,20x6,20x1", "--startup-s", "2", "--planner-window-s", "5",
+              "--planner-interval-s", "1", "--max-workers", "4", "--ramp-s", "5"]
+    assert replay_main([*common, "--planner", "reactive", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    kinds = [d["kind"] for d in out["planner_decisions"]]
+    assert "add" in kinds and out["worker_seconds"] > 0 and 0 <= out["sla_attainment"] <= 1
+    assert replay_main([*common, "--planner", "sla", "--profile", str(profile)]) == 0
+    text = capsys.readouterr().out
+    assert "SLA attainment" in text and "planner decisions" in text and "add both worker" in text
+
+
+def test_cli_replay_refuses_planner_flags_without_a_planner(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from interlock.cli.replay import main as replay_main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}')
+    assert replay_main([str(trace), "--max-workers", "3"]) == 2
+    assert "interlock replay: --max-workers needs --planner" in capsys.readouterr().err
