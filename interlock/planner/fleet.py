@@ -17,8 +17,6 @@ from typing import Protocol
 class FleetWorker:
     worker_id: str
     role: str
-    started_at: float
-    """When the fleet started it (clock of the caller)."""
     ready: bool = False
     """Registered and serving (a starting worker is not)."""
     draining: bool = False
@@ -44,10 +42,8 @@ class FakeFleet:
     ``instant=True``) and drained ones stop when ``finish_drains`` is called; every call is
     recorded in ``calls``."""
 
-    def __init__(self, roles: dict[str, int] | None = None, *, instant: bool = False,
-                 clock: float = 0.0) -> None:
+    def __init__(self, roles: dict[str, int] | None = None, *, instant: bool = False) -> None:
         self.instant = instant
-        self.now = clock
         self._ids = itertools.count()
         self._workers: dict[str, FleetWorker] = {}
         self.calls: list[tuple[str, str]] = []
@@ -58,7 +54,7 @@ class FakeFleet:
 
     def _new(self, role: str) -> str:
         wid = f"w{next(self._ids)}"
-        self._workers[wid] = FleetWorker(wid, role, self.now, ready=self.instant)
+        self._workers[wid] = FleetWorker(wid, role, ready=self.instant)
         return wid
 
     async def workers(self) -> list[FleetWorker]:

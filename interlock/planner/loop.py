@@ -18,6 +18,7 @@ from typing import Protocol
 
 from interlock.planner.core import Planner
 from interlock.planner.fleet import Fleet
+from interlock.planner.ramp import routing_weight
 from interlock.planner.state import (
     Action,
     AddWorker,
@@ -53,6 +54,10 @@ class LoadView(Protocol):
 
     def totals(self) -> TrafficTotals: ...
 
+    def set_weight(self, instance_id: str, weight: float) -> None:
+        """The worker's routing weight (``planner.ramp``), in every router that knows it."""
+        ...
+
 
 class PlannerLoop:
     def __init__(self, planner: Planner, fleet: Fleet, view: LoadView, *,
@@ -64,6 +69,7 @@ class PlannerLoop:
         self._last: tuple[float, TrafficTotals] | None = None
         self.ticks = 0
         self.errors = 0
+        self._ready_since: dict[str, float] = {}
 
     async def observe(self) -> Observation:
         now = self.clock()
@@ -77,7 +83,15 @@ class PlannerLoop:
                               totals.output_tokens - old.output_tokens)
         self._last = (now, totals)
         views = []
-        for w in await self.fleet.workers():
+        members = await self.fleet.workers()
+        ready = {w.worker_id for w in members if w.ready}
+        first = not self._ready_since and self.ticks <= 1
+        for wid in ready - set(self._ready_since):
+            # Workers ready at the first look are warm already: no ramp for them.
+            self._ready_since[wid] = now - (self.planner.config.ramp_s if first else 0.0)
+        for wid in set(self._ready_since) - ready:
+            del self._ready_since[wid]
+        for w in members:
             r = self.view.report(w.worker_id) if w.ready else None
             views.append(WorkerView(
                 w.worker_id, w.role,
@@ -85,7 +99,8 @@ class PlannerLoop:
                 queued_prefill_tokens=r.queued_prefill_tokens if r else 0,
                 prefill_tokens_per_s=r.prefill_tokens_per_s if r else 0.0,
                 kv_usage=r.kv_blocks_used / r.kv_blocks_total if r and r.kv_blocks_total else 0.0,
-                ready=w.ready, draining=w.draining, age_s=now - w.started_at))
+                ready=w.ready, draining=w.draining,
+                age_s=now - self._ready_since.get(w.worker_id, now)))
         return Observation(now, tuple(views), router_queue=self.view.queued(), traffic=traffic)
 
     async def tick(self) -> list[Action]:
@@ -94,7 +109,19 @@ class PlannerLoop:
         for a in actions:
             log.info("planner: %s", self.planner.history[-1].line())
             await self.apply(a)
+        self._ramp()
         return actions
+
+    def _ramp(self) -> None:
+        """Each ready worker younger than the ramp (and one interval more, to land on 1) gets
+        its routing weight; age counts from the first observation that saw it ready."""
+        c = self.planner.config
+        if c.ramp_s <= 0:
+            return
+        now = self.clock()
+        for wid, since in self._ready_since.items():
+            if now - since <= c.ramp_s + c.interval_s:
+                self.view.set_weight(wid, routing_weight(now - since, c.ramp_s, c.ramp_floor))
 
     async def apply(self, a: Action) -> None:
         if isinstance(a, AddWorker):
@@ -133,12 +160,17 @@ class PlannerLoop:
 
 
 class FakeLoadView:
-    """A ``LoadView`` whose reports, queue and totals a test sets directly."""
+    """A ``LoadView`` whose reports, queue and totals a test sets directly; weights set by the
+    planner are kept in ``weights``."""
 
     def __init__(self) -> None:
         self.reports: dict[str, LoadReport] = {}
         self.queue = 0
         self.traffic = TrafficTotals()
+        self.weights: dict[str, float] = {}
+
+    def set_weight(self, instance_id: str, weight: float) -> None:
+        self.weights[instance_id] = weight
 
     def report(self, instance_id: str) -> LoadReport | None:
         return self.reports.get(instance_id)

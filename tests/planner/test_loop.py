@@ -87,3 +87,44 @@ def test_status_over_http_and_the_cli(capsys: pytest.CaptureFixture[str]) -> Non
 def test_status_cli_names_an_unreachable_planner(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["planner", "status", "--url", "http://127.0.0.1:9"]) == 1
     assert "cannot read http://127.0.0.1:9/planner" in capsys.readouterr().err
+
+
+def test_new_workers_ramp_up_and_old_ones_do_not() -> None:
+    cfg = PlannerConfig(both=RoleBounds(1, 4), window_s=30.0, interval_s=5.0, ramp_s=20.0,
+                        ramp_floor=0.2)
+
+    async def go() -> list[dict[str, float]]:
+        clock, fleet, view = Clock(), FakeFleet({"both": 1}), FakeLoadView()
+        loop = PlannerLoop(build_planner(cfg), fleet, view, clock=clock)
+        seen = []
+        for _ in range(8):
+            view.reports["w0"] = report("w0", 9)
+            await loop.tick()
+            fleet.start()
+            seen.append(dict(view.weights))
+            clock.t += 5.0
+        return seen
+
+    seen = asyncio.run(go())
+    assert "w0" not in seen[0] or seen[0]["w0"] == 1.0  # warm at the first look
+    ramp = [s["w1"] for s in seen if "w1" in s]
+    assert ramp[0] == pytest.approx(0.2) and ramp[-1] == 1.0
+    assert ramp == sorted(ramp)
+
+
+def test_switch_role_goes_through_the_fleet() -> None:
+    cfg = PlannerConfig(both=RoleBounds(0, 0), prefill=RoleBounds(1, 3), decode=RoleBounds(1, 3),
+                        min_workers=4, max_workers=4, window_s=10.0, interval_s=5.0)
+
+    async def go() -> FakeFleet:
+        clock, fleet, view = Clock(), FakeFleet({"prefill": 2, "decode": 2}), FakeLoadView()
+        loop = PlannerLoop(build_planner(cfg), fleet, view, clock=clock)
+        for _ in range(6):
+            for w in await fleet.workers():
+                view.reports[w.worker_id] = report(w.worker_id, 8 if w.role == "prefill" else 0)
+            await loop.tick()
+            clock.t += 5.0
+        return fleet
+
+    fleet = asyncio.run(go())
+    assert fleet.calls[0][0] == "set_role" and fleet.calls[0][1].endswith(":prefill")
