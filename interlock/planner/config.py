@@ -66,6 +66,8 @@ class PlannerConfig:
     """SLA: time-to-first-token target."""
     itl_ms: float = 50.0
     """SLA: inter-token latency target."""
+    attainment: float = 0.99
+    """SLA: the share of requests the pools are sized to serve within the TTFT target."""
     horizon_s: float = 120.0
     """SLA: how far ahead arrivals are forecast."""
     headroom: float = 0.2
@@ -101,6 +103,8 @@ class PlannerConfig:
             raise ConfigError("planner needs 0 <= backlog_low_s < backlog_high_s (hysteresis)")
         if not 0 <= self.kv_low < self.kv_high <= 1:
             raise ConfigError("planner needs 0 <= kv_low < kv_high <= 1 (hysteresis)")
+        if not 0 < self.attainment < 1:
+            raise ConfigError("planner.attainment must be in (0, 1)")
         if not 0 < self.ramp_floor <= 1:
             raise ConfigError("planner.ramp_floor must be in (0, 1]")
         if self.total_max() < 1:

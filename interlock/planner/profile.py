@@ -13,13 +13,15 @@ on a real engine).
 
 From them, per worker and for a given mix (mean uncached prompt tokens, output tokens):
 
-* a prefill worker meets the TTFT target up to ``r = (1 - t/TTFT) / t`` requests/s, where ``t``
-  is one prompt's prefill time: with utilisation ``rho = r t`` a request waits about
-  ``t / (1 - rho)`` for its first token;
+* a prefill worker serves one prompt in ``t`` seconds, so up to ``mu = 1 / t`` requests/s; for
+  a share ``a`` of requests (the target attainment) to see their first token within the TTFT
+  target, it takes ``r = mu + ln(1 - a) / TTFT`` requests/s at most (the time a request spends
+  in an M/M/1 queue is exponential with rate ``mu - r``: ``P(T > TTFT) = exp(-(mu - r) TTFT)``);
 * a decode worker runs the largest batch ``B`` whose ITL meets the target, and so finishes
   ``B / (osl * itl(B))`` requests/s;
-* an aggregated worker does both: prefill takes a share ``rho`` of its time and stretches every
-  token by ``1 / (1 - rho)``; its rate is the largest ``r`` (bisection) meeting both targets.
+* an aggregated worker does both: prefill takes a share ``rho = r t`` of its time and stretches
+  every token by ``1 / (1 - rho)``; its rate is the largest ``r`` (bisection) within the
+  prefill bound and meeting the ITL target.
 """
 
 from __future__ import annotations
@@ -103,9 +105,9 @@ class CapabilityProfile:
         return max(a + b * batch + c * bl + d * bl * bl, self._floor)
 
     # ---- capacities (requests/s per worker) ----
-    def prefill_rate(self, uncached: float, ttft_s: float) -> float:
+    def prefill_rate(self, uncached: float, ttft_s: float, attainment: float) -> float:
         t = self.prefill_s(uncached)
-        return max(0.0, (1.0 - t / ttft_s) / t)
+        return max(0.0, 1.0 / t + math.log(1.0 - attainment) / ttft_s)
 
     def decode_batch(self, context: float, itl_target_s: float) -> int:
         """Largest batch whose ITL meets the target (0 if not even one), within KV capacity."""
@@ -125,13 +127,14 @@ class CapabilityProfile:
         return b / (max(output, 1.0) * self.itl_s(b, ctx)) if b else 0.0
 
     def aggregated_rate(self, prompt: float, uncached: float, output: float, ttft_s: float,
-                        itl_target_s: float) -> float:
+                        itl_target_s: float, attainment: float) -> float:
         t = self.prefill_s(uncached)
         ctx = prompt + output / 2
+        top = self.prefill_rate(uncached, ttft_s, attainment)
 
         def feasible(r: float) -> bool:
             rho = r * t
-            if rho >= 1.0 or t / (1.0 - rho) > ttft_s:
+            if r > top or rho >= 1.0:
                 return False
             batch = 1.0
             for _ in range(30):  # Little's law: batch = rate x time decoding

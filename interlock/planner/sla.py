@@ -34,9 +34,10 @@ class SlaPolicy:
         c, p = self.config, self.profile
         ttft, itl = c.ttft_ms / 1000.0, c.itl_ms / 1000.0
         if c.prefill.max == 0 and c.decode.max == 0:
-            per = p.aggregated_rate(f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl)
+            per = p.aggregated_rate(f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl,
+                                    c.attainment)
             return {"both": needed(f.rate, per)}
-        return {"prefill": needed(f.rate, p.prefill_rate(f.uncached_tokens, ttft)),
+        return {"prefill": needed(f.rate, p.prefill_rate(f.uncached_tokens, ttft, c.attainment)),
                 "decode": needed(f.rate, p.decode_rate(f.prompt_tokens, f.output_tokens, itl))}
 
     def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:

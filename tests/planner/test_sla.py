@@ -35,9 +35,12 @@ def test_profile_fits_the_mock_timing_model() -> None:
     assert p.prefill_s(20_000) == pytest.approx(2 * p.prefill_s(8192) + p.prefill_s(20_000 - 16384))
     assert p.itl_s(64, 4096) == pytest.approx(t.step_s(0, 1, 64 * 4096 / p.kv_tokens), rel=0.02)
     assert p.decode_batch(4096, 0.0001) == 0
-    assert 0 < p.prefill_rate(6000, 2.0) < 1 / p.prefill_s(6000)
-    agg = p.aggregated_rate(8000, 6000, 300, 2.0, 0.05)
-    assert 0 < agg < p.prefill_rate(6000, 2.0)
+    mu = 1 / p.prefill_s(6000)
+    assert p.prefill_rate(6000, 2.0, 0.99) == pytest.approx(mu + math.log(0.01) / 2.0)
+    assert p.prefill_rate(6000, 2.0, 0.9) > p.prefill_rate(6000, 2.0, 0.99)
+    assert p.prefill_rate(6000, 0.1, 0.99) == 0.0  # the target is shorter than one prefill
+    agg = p.aggregated_rate(8000, 6000, 300, 2.0, 0.05, 0.99)
+    assert 0 < agg <= p.prefill_rate(6000, 2.0, 0.99)
 
 
 def test_forecast_follows_a_ramp() -> None:
