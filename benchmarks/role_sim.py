@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -32,8 +33,10 @@ from interlock.planner import (  # noqa: E402
     PlannerConfig,
     RoleBounds,
     SwitchRole,
+    Traffic,
     WorkerView,
     build_planner,
+    load_profile,
 )
 
 
@@ -43,6 +46,8 @@ class RoleSim(Sim):
         self.planner = build_planner(planner_cfg) if planner_cfg else None
         self.switching: dict[str, tuple[SimEngine, str]] = {}
         self.pending = 0
+        self.arrived: list[Req] = []
+        self.last_tick = 0.0
         self.switches: list[str] = []
 
     def role_of(self, e: SimEngine) -> str:
@@ -65,7 +70,11 @@ class RoleSim(Sim):
         views = [self.view(e, "prefill") for e in self.prefill]
         views += [self.view(e, "decode") for e in self.decode]
         views += [self.view(e, role, ready=False) for e, role in self.switching.values()]
-        for a in self.planner.decide(Observation(now, tuple(views))):
+        traffic = Traffic(now - self.last_tick, len(self.arrived),
+                          sum(len(r.prompt) for r in self.arrived), 0,
+                          sum(r.output_tokens for r in self.arrived))
+        self.arrived, self.last_tick = [], now
+        for a in self.planner.decide(Observation(now, tuple(views), traffic=traffic)):
             assert isinstance(a, SwitchRole), a
             e = next(x for x in self.prefill + self.decode if x.wid == a.worker_id)
             (self.prefill if e in self.prefill else self.decode).remove(e)
@@ -79,6 +88,7 @@ class RoleSim(Sim):
 
     def arrive(self, r: Req, now: float) -> None:
         self.pending -= 1
+        self.arrived.append(r)
         super().arrive(r, now)
 
     def run(self, trace: list[Req]) -> list[Req]:
@@ -105,19 +115,22 @@ def make_trace(args: argparse.Namespace) -> list[Req]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=600)
-    ap.add_argument("--rate", type=float, default=10.0)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--rate", type=float, default=14.0)
     ap.add_argument("--ttft-slo", type=float, default=2.0)
-    ap.add_argument("--itl-slo", type=float, default=0.025)
+    ap.add_argument("--itl-slo", type=float, default=0.02)
     ap.add_argument("--chunk", type=int, default=2048)
     ap.add_argument("--block-size", type=int, default=64)
-    ap.add_argument("--num-blocks", type=int, default=3000)
+    ap.add_argument("--num-blocks", type=int, default=2000)
     ap.add_argument("--kv-bytes-per-token", type=int, default=128 * 1024, help="Llama-3-8B bf16")
     ap.add_argument("--bandwidth", type=float, default=25e9)
     ap.add_argument("--rtt", type=float, default=1e-4)
     ap.add_argument("--interval", type=float, default=2.0, help="planner observation period (s)")
     ap.add_argument("--window", type=float, default=10.0, help="planner window (s)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", default=None,
+                    help="capability profile of these workers (adds an sla planner run): "
+                    "interlock profile --runner mock --num-blocks 2000 --max-num-batched-tokens 2048 --contexts 256,1024,4096")
     args = ap.parse_args()
     args.conditional = False
     cfg = PlannerConfig(both=RoleBounds(0, 0), prefill=RoleBounds(1, 3), decode=RoleBounds(1, 3),
@@ -127,7 +140,12 @@ def main() -> None:
           f"20-60, second half ISL 200-600 / OSL 300-600; SLO TTFT <= {args.ttft_slo}s, "
           f"TPOT <= {args.itl_slo * 1e3:.0f}ms; {args.num_blocks} KV blocks of {args.block_size} per worker")
     print(f"{'setup':<20} {'goodput':>8} {'met':>9} {'TTFT p50':>9} {'p99':>8} {'TPOT p50':>9} {'p99':>7}")
-    for name, planner in (("static 2P+2D", None), ("planner (reactive)", cfg)):
+    runs: list[tuple[str, PlannerConfig | None]] = [("static 2P+2D", None), ("planner (reactive)", cfg)]
+    if args.profile:
+        load_profile(args.profile)  # a bad file fails here, before any run
+        runs.append(("planner (sla)", replace(cfg, policy="sla", profile=args.profile,
+                                               ttft_ms=args.ttft_slo * 1000, itl_ms=args.itl_slo * 1000)))
+    for name, planner in runs:
         sim = RoleSim(args, planner)
         trace = sim.run(make_trace(args))
         r = measure(name, trace, args, args.rate)
