@@ -50,7 +50,11 @@ def main() -> None:
     ap.add_argument("--curve", default=None, help="a rate curve instead (steps:... or diurnal:...)")
     ap.add_argument("--ttft-slo-ms", type=float, default=2000.0)
     ap.add_argument("--itl-slo-ms", type=float, default=50.0)
+    ap.add_argument("--min-workers", type=int, default=2, help="the planner's floor, and where it starts")
     ap.add_argument("--max-workers", type=int, default=10)
+    ap.add_argument("--backlog-high-s", type=float, default=PlannerConfig.backlog_high_s,
+                    help="reactive: grow above this much queued prefill per worker")
+    ap.add_argument("--backlog-low-s", type=float, default=PlannerConfig.backlog_low_s)
     ap.add_argument("--window-s", type=float, default=60.0)
     ap.add_argument("--startup-s", type=float, default=30.0)
     ap.add_argument("--ramp-s", type=float, default=60.0)
@@ -81,14 +85,16 @@ def main() -> None:
     print(f"{'run':<26} {'SLA':>7} {'worker-s':>9} {'mean':>6} {'TTFT50':>7} {'TTFT99':>8} "
           f"{'ITL50':>6} {'dec':>4} {'wall':>6}", flush=True)
     reports: dict[str, ReplayReport] = {}
-    planner = PlannerConfig(both=RoleBounds(1, args.max_workers), window_s=args.window_s,
-                            ramp_s=args.ramp_s, ttft_ms=args.ttft_slo_ms, itl_ms=args.itl_slo_ms)
+    planner = PlannerConfig(both=RoleBounds(args.min_workers, args.max_workers),
+                            window_s=args.window_s, ramp_s=args.ramp_s, ttft_ms=args.ttft_slo_ms,
+                            itl_ms=args.itl_slo_ms, backlog_high_s=args.backlog_high_s,
+                            backlog_low_s=args.backlog_low_s)
     for policy in args.policies.split(","):
         if policy == "sla" and not args.profile:
             continue
         pc = replace(planner, policy=policy, profile=args.profile if policy == "sla" else None)
         prof = load_profile(args.profile) if policy == "sla" else None
-        r = replay(requests, replace(cfg, num_workers=1, planner=pc, profile=prof))
+        r = replay(requests, replace(cfg, num_workers=args.min_workers, planner=pc, profile=prof))
         reports[f"planner {policy}"] = r
         print(row(f"planner {policy}", r), flush=True)
     sizes = ([int(x) for x in args.fixed.split(",")] if args.fixed
@@ -106,12 +112,13 @@ def main() -> None:
     for name, r in reports.items():
         if not name.startswith("planner"):
             continue
-        same_n = max(1, round(r.mean_workers))
-        same = fixed.get(same_n)
+        lo, hi = int(r.mean_workers), int(r.mean_workers) + 1
         saving = 1 - r.worker_seconds / peak.worker_seconds
+        around = ", ".join(f"fixed {n} {100 * fixed[n].sla_attainment:.1f}%" for n in (lo, hi)
+                           if n in fixed)
         print(f"{name}: attainment {100 * r.sla_attainment:.1f}% vs {100 * peak.sla_attainment:.1f}% "
-              f"(peak fleet) with {100 * saving:.0f}% fewer worker-seconds; same worker-seconds "
-              f"fixed {same_n}: " + (f"{100 * same.sla_attainment:.1f}%" if same else "not run"))
+              f"(peak fleet) with {100 * saving:.0f}% fewer worker-seconds; its mean of "
+              f"{r.mean_workers:.2f} workers lies between {around or 'sizes not run'}")
         for rec in r.planner_decisions:
             print(f"    {rec.line()}")
     if args.json:

@@ -92,13 +92,8 @@ class PlannerLoop:
         for wid in set(self._ready_since) - ready:
             del self._ready_since[wid]
         for w in members:
-            r = self.view.report(w.worker_id) if w.ready else None
-            views.append(WorkerView(
-                w.worker_id, w.role,
-                num_running=r.num_running if r else 0, num_waiting=r.num_waiting if r else 0,
-                queued_prefill_tokens=r.queued_prefill_tokens if r else 0,
-                prefill_tokens_per_s=r.prefill_tokens_per_s if r else 0.0,
-                kv_usage=r.kv_blocks_used / r.kv_blocks_total if r and r.kv_blocks_total else 0.0,
+            views.append(WorkerView.of(
+                w.worker_id, w.role, self.view.report(w.worker_id) if w.ready else None,
                 ready=w.ready, draining=w.draining,
                 age_s=now - self._ready_since.get(w.worker_id, now)))
         return Observation(now, tuple(views), router_queue=self.view.queued(), traffic=traffic)

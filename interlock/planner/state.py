@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from interlock.protocol.events import LoadReport
+
 INF = float("inf")
 
 
@@ -37,6 +39,20 @@ class WorkerView:
     @property
     def in_flight(self) -> int:
         return self.num_running + self.num_waiting
+
+    @classmethod
+    def of(cls, worker_id: str, role: str, report: LoadReport | None, *, unique_blocks: int = 0,
+           ready: bool = True, draining: bool = False, age_s: float = INF) -> WorkerView:
+        """A worker as its last load report shows it (no report yet: idle)."""
+        if report is None:
+            return cls(worker_id, role, unique_blocks=unique_blocks, ready=ready,
+                       draining=draining, age_s=age_s)
+        return cls(
+            worker_id, role, num_running=report.num_running, num_waiting=report.num_waiting,
+            queued_prefill_tokens=report.queued_prefill_tokens,
+            prefill_tokens_per_s=report.prefill_tokens_per_s,
+            kv_usage=report.kv_blocks_used / report.kv_blocks_total if report.kv_blocks_total else 0.0,
+            unique_blocks=unique_blocks, ready=ready, draining=draining, age_s=age_s)
 
 
 @dataclass(frozen=True, slots=True)

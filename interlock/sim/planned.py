@@ -67,15 +67,10 @@ class PlannerConnector:
         unique = {} if self.planner.holding(now) else drv.router.indexer.unique_counts()
         views = []
         for wid, w in drv.workers.items():
-            r = w.load_report(now)
             joined = drv.ready.get(wid)
-            views.append(WorkerView(
-                wid, "both", num_running=r.num_running, num_waiting=r.num_waiting,
-                queued_prefill_tokens=r.queued_prefill_tokens,
-                prefill_tokens_per_s=r.prefill_tokens_per_s,
-                kv_usage=r.kv_blocks_used / r.kv_blocks_total if r.kv_blocks_total else 0.0,
-                unique_blocks=unique.get(wid, 0), ready=joined is not None,
-                draining=wid in drv.draining,
+            views.append(WorkerView.of(
+                wid, "both", w.load_report(now), unique_blocks=unique.get(wid, 0),
+                ready=joined is not None, draining=wid in drv.draining,
                 age_s=now - joined if joined is not None else 0.0))
         return Observation(now, tuple(views), router_queue=len(drv.router.queue), traffic=traffic)
 
