@@ -68,6 +68,9 @@ class PlannerConfig:
     """SLA: inter-token latency target."""
     attainment: float = 0.99
     """SLA: the share of requests the pools are sized to serve within the TTFT target."""
+    slo_feedback: bool = True
+    """SLA: when the requests observed finishing miss the targets more often than
+    ``1 - attainment``, size the pools up by a correction factor (up to 2x) until they do not."""
     horizon_s: float = 120.0
     """SLA: how far ahead arrivals are forecast."""
     headroom: float = 0.2
@@ -123,6 +126,7 @@ class PlannerConfig:
         return min(total, self.max_workers) if self.max_workers else total
 
 
+_BOOLS = {f.name for f in fields(PlannerConfig) if f.type == "bool"}
 _FLOATS = {f.name for f in fields(PlannerConfig) if f.type == "float"}
 _INTS = {f.name for f in fields(PlannerConfig) if f.type == "int"}
 
@@ -153,6 +157,10 @@ def _value(name: str, value: Any, where: str) -> Any:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)):
             raise ConfigError(f"{where}: min and max must be integers")
         return RoleBounds(lo, hi)
+    if name in _BOOLS:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
     if name in _FLOATS or name in _INTS:
         if isinstance(value, bool) or not isinstance(value, int | float) or (
                 name in _INTS and not isinstance(value, int)):

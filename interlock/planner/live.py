@@ -3,8 +3,9 @@ report per worker, its routers' queues and counters), plus the routing-weight ra
 every router that knows a worker.
 
 Traffic totals come from the routers' decision counters (requests, prompt tokens, predicted
-cached tokens); output lengths are not counted there, so the live SLA policy sees output
-length 0 (one token) until the router counts them.
+cached tokens); output lengths and finished requests against the targets are not counted
+there, so the live SLA policy sees output length 0 (one token) and gets no observed-SLO
+feedback until the router counts them.
 """
 
 from __future__ import annotations

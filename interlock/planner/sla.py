@@ -9,6 +9,12 @@ requests/s of mean prompt, uncached prompt and output lengths, a pool needs
 pool has fewer than ``need`` workers; shrink only while one fewer would still hold
 ``need * (1 + headroom)`` (hysteresis: a need hovering near a whole number moves the pool one
 way only).
+
+Observed feedback (``slo_feedback``): the share of requests finishing within the targets is
+smoothed (30 s time constant); when its misses exceed the allowed ``1 - attainment``, every
+need is multiplied by ``sqrt(observed misses / allowed misses)``, between 1 and 2. The model
+sees mean lengths and mean inter-token times; the feedback covers what it cannot see (heavy
+prompt tails, a short answer sharing a step with a long prefill chunk).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import math
 
 from interlock.planner.config import PlannerConfig
-from interlock.planner.forecast import ArrivalForecaster, Forecast
+from interlock.planner.forecast import TAU_S, ArrivalForecaster, Forecast
 from interlock.planner.policy import Want
 from interlock.planner.profile import CapabilityProfile, needed
 from interlock.planner.state import Observation, WorkerView
@@ -29,6 +35,9 @@ class SlaPolicy:
         self.forecaster = ArrivalForecaster()
         self.last_need: dict[str, float] = {}
         """Workers needed per pool at the last observation (for status)."""
+        self.missed: float | None = None
+        """Smoothed share of finished requests that missed a target."""
+        self.correction = 1.0
 
     def needs(self, f: Forecast) -> dict[str, float]:
         c, p = self.config, self.profile
@@ -40,21 +49,39 @@ class SlaPolicy:
         return {"prefill": needed(f.rate, p.prefill_rate(f.uncached_tokens, ttft, c.attainment)),
                 "decode": needed(f.rate, p.decode_rate(f.prompt_tokens, f.output_tokens, itl))}
 
+    def _feedback(self, finished: int, met: int, dt: float) -> None:
+        if not self.config.slo_feedback or finished <= 0 or dt <= 0:
+            return
+        miss = 1.0 - met / finished
+        a = 1.0 - math.exp(-dt / TAU_S)
+        self.missed = miss if self.missed is None else self.missed + a * (miss - self.missed)
+        allowed = 1.0 - self.config.attainment
+        self.correction = min(2.0, max(1.0, math.sqrt(self.missed / allowed)))
+
     def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
-        self.forecaster.observe(obs.traffic)
+        t = obs.traffic
+        self.forecaster.observe(t)
+        self._feedback(t.finished, t.met, t.duration_s)
         f = self.forecaster.forecast(self.config.horizon_s)
         if f is None:
             return []
-        self.last_need = self.needs(f)
+        self.last_need = {r: n * self.correction for r, n in self.needs(f).items()}
         out: list[Want] = []
         for role, need in self.last_need.items():
             n = len(pools.get(role, ()))
             if n < need:
                 shown = "inf" if math.isinf(need) else f"{need:.2f}"
                 out.append(Want(role, +1, need / max(n, 1),
-                                f"forecast {f.rate:.2f} req/s needs {shown} {role} workers, have {n}"))
+                                f"forecast {f.rate:.2f} req/s needs {shown} {role} workers, have {n}"
+                                + self._why_corrected()))
             elif n >= 1 and need * (1 + self.config.headroom) <= n - 1:
                 out.append(Want(role, -1, (n - 1) / max(need, 1e-9),
                                 f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers "
-                                f"(+{self.config.headroom:.0%} headroom fits in {n - 1})"))
+                                f"(+{self.config.headroom:.0%} headroom fits in {n - 1})"
+                                + self._why_corrected()))
         return out
+
+    def _why_corrected(self) -> str:
+        if self.correction <= 1.0 or self.missed is None:
+            return ""
+        return f" (x{self.correction:.2f}: {100 * self.missed:.1f}% observed missing the targets)"

@@ -65,6 +65,10 @@ class Traffic:
     cached_tokens: int = 0
     """Prompt tokens expected from prefix caches (the router's estimate)."""
     output_tokens: int = 0
+    finished: int = 0
+    """Requests that finished during the interval (0: the connector does not see them)."""
+    met: int = 0
+    """Of those, how many met both the TTFT and the ITL target."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,9 @@
 virtual time and carries the planner's actions out on the simulated fleet.
 
 * observe: each worker's last load (running, waiting, queued prefill, KV usage), whether it is
-  still starting or draining, its age, the router's admission queue, and the requests that
-  arrived since the last tick (with the router's predicted cached tokens) as the traffic;
+  still starting or draining, its age, the router's admission queue, the requests that arrived
+  since the last tick (with the router's predicted cached tokens) and those that finished (and
+  how many met the planner's TTFT and ITL targets) as the traffic;
   cached blocks only one worker holds come from the router's index, counted only when the
   planner may act (counting walks the whole index);
 * add: a worker starts now and joins the router ``startup_s`` later;
@@ -54,15 +55,28 @@ class PlannerConnector:
         self.config = config
         self.planner = build_planner(config, profile)
         self._last_tick = 0.0
+        self._done_seen = 0
         drv.call_at(0.0, self.tick)
+
+    def _finished(self) -> tuple[int, int]:
+        """Requests finished since the last tick, and how many met the planner's targets."""
+        done = self.drv.done[self._done_seen:]
+        self._done_seen = len(self.drv.done)
+        ttft, itl = self.config.ttft_ms / 1000.0, self.config.itl_ms / 1000.0
+        met = sum(1 for s in done if s.first_token_s - s.arrival_s <= ttft and (
+            s.req.output_tokens <= 1
+            or (s.finish_s - s.first_token_s) / (s.req.output_tokens - 1) <= itl))
+        return len(done), met
 
     def observe(self) -> Observation:
         drv, now = self.drv, self.drv.now
         arrived = drv.take_arrivals()
+        finished, met = self._finished()
         traffic = Traffic(duration_s=now - self._last_tick, requests=len(arrived),
                           prompt_tokens=sum(r.prompt_tokens for r, _ in arrived),
                           cached_tokens=sum(c for _, c in arrived),
-                          output_tokens=sum(r.output_tokens for r, _ in arrived))
+                          output_tokens=sum(r.output_tokens for r, _ in arrived),
+                          finished=finished, met=met)
         self._last_tick = now
         unique = {} if self.planner.holding(now) else drv.router.indexer.unique_counts()
         views = []

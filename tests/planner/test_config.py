@@ -24,6 +24,7 @@ def test_parse_section() -> None:
     ({"both": {"lo": 1}}, "planner.both: expected {min: N, max: M}"),
     ({"queue_low": 5, "queue_high": 2}, "queue_low must be below"),
     ({"policy": "sla"}, "needs planner.profile"),
+    ({"slo_feedback": "yes"}, "planner.slo_feedback: expected true or false"),
     ({"both": {"min": 0, "max": 0}}, "no worker allowed"),
     ([1, 2], "expected a mapping"),
 ])

@@ -80,3 +80,19 @@ def test_sla_sizes_prefill_and_decode_pools() -> None:
     planner.decide(Observation(0.0, ws, traffic=traffic(10.0)))
     need = planner.policy.last_need  # type: ignore[attr-defined]
     assert set(need) == {"prefill", "decode"} and need["prefill"] > need["decode"] > 0
+
+
+def test_observed_misses_size_the_pools_up() -> None:
+    def need_after(misses: int, feedback: bool = True) -> float:
+        planner = build_planner(replace(CFG, slo_feedback=feedback), mock_profile())
+        ws = tuple(WorkerView(f"w{i}", "both") for i in range(3))
+        for t in range(0, 120, 5):
+            tr = replace(traffic(10.0), finished=100, met=100 - misses)
+            planner.decide(Observation(float(t), ws, traffic=tr))
+        return planner.policy.last_need["both"]  # type: ignore[attr-defined,no-any-return]
+
+    base = need_after(0)
+    assert need_after(1) == pytest.approx(base)  # within the allowed 1%
+    assert need_after(4) == pytest.approx(2 * base, rel=0.05)  # sqrt(4% / 1%)
+    assert need_after(50) == pytest.approx(2 * base)  # capped
+    assert need_after(50, feedback=False) == pytest.approx(base)
