@@ -11,10 +11,13 @@ Per pool (the workers of one role), at each observation:
 * ``kv``: mean KV usage.
 
 A signal over its ``*_high`` threshold, on average over the last ``window_s``, grows the pool.
-The pool shrinks only when every signal stayed at or under its ``*_low`` threshold for the
-whole last window and the remaining workers would still be under the high thresholds with this
-one's share. A load hovering at either threshold moves the pool one way only; reversing takes
-a real change of load across the whole band, held for a window.
+The pool shrinks only after a whole window at its current size, and only if every signal's
+average would still be at or under its ``*_low`` threshold with this worker's share spread over
+the others (``x n / (n - 1)``): after a removal the pool is still in the low band, not in the
+dead band next to growing again. Averages, not maxima: arrivals come in bursts (a request
+waits for the next step to be admitted) and a trace with heavy-tailed prompts puts a
+100k-token prompt somewhere in every window; either would otherwise pin the fleet at its peak. A load hovering at either threshold moves the pool one way only; reversing takes a real
+change of load across the whole band, held for a window.
 """
 
 from __future__ import annotations
@@ -87,11 +90,10 @@ class ReactivePolicy:
         full = seen[-1][0] - seen[0][0] >= c.window_s - c.interval_s
         if not full or any(s[1] != n for s in seen):
             return None  # not a whole window at this size yet
-        q_max, b_max, kv_max = (max(s[i] for s in seen) for i in (2, 3, 4))
         share = n / (n - 1) if n > 1 else 1.0
-        if (q_max <= c.queue_low and b_max <= c.backlog_low_s and kv_max < c.kv_low
-                and b_max * share < c.backlog_high_s and kv_max * share < c.kv_high):
-            return Want(role, -1, 1.0 - kv_max,
-                        f"for {c.window_s:g}s queue <= {c.queue_low:g}/worker, prefill backlog "
-                        f"<= {c.backlog_low_s:g}s, kv usage < {c.kv_low:g} (max {kv_max:.2f})")
+        if queue * share <= c.queue_low and backlog * share <= c.backlog_low_s and kv * share < c.kv_low:
+            return Want(role, -1, 1.0 - kv,
+                        f"over {c.window_s:g}s queue {queue:.2f}/worker <= {c.queue_low:g}, "
+                        f"prefill backlog {backlog:.2f}s <= {c.backlog_low_s:g}s, kv usage "
+                        f"{kv:.2f} < {c.kv_low:g}")
         return None
