@@ -174,6 +174,9 @@ class Sim:
         d.core.finish_remote_kv(r.rid, data)
         self.kick(d, now)
 
+    def tick(self, now: float) -> None:
+        """A timer a subclass scheduled with ``push(t, "tick", None)`` (benchmarks/role_sim.py)."""
+
     def run(self, trace: list[Req]) -> list[Req]:
         for r in trace:
             self.push(r.arrival, "arrive", r)
@@ -183,6 +186,8 @@ class Sim:
                 self.arrive(obj, now)  # type: ignore[arg-type]
             elif kind == "step":
                 self.step_end(obj, now)  # type: ignore[arg-type]
+            elif kind == "tick":
+                self.tick(now)
             else:
                 r, kt, data = obj  # type: ignore[misc]
                 self.kv_arrived(r, kt, data, now)

@@ -17,6 +17,8 @@ SUBCOMMANDS = {
     "replay": "interlock.cli.replay",
     "convert": "interlock.cli.convert",
     "doctor": "interlock.cli.doctor",
+    "profile": "interlock.cli.profile",
+    "planner": "interlock.cli.planner",
 }
 
 

@@ -2,6 +2,10 @@
 workers behind the router, and print the report.
 
 Offline only for now: replay against running worker processes (online) is not implemented.
+With ``--planner reactive|sla`` the fleet grows and shrinks during the replay (``--workers`` is
+where it starts); ``--rate-curve`` multiplies the trace's arrival rate by a curve
+(``interlock.sim.rate``). The report gives SLA attainment, worker-seconds and every planner
+decision.
 """
 
 from __future__ import annotations
@@ -12,10 +16,14 @@ import sys
 from dataclasses import replace
 
 from interlock.cli import flags
+from interlock.errors import ConfigError
 from interlock.mooncake import load_mooncake
+from interlock.planner import load_profile
+from interlock.planner.flags import add_planner_flags, planner_config_from_args
 from interlock.router import POLICIES, RouterConfig
 from interlock.router.cost import CostParams
 from interlock.sim import ReplayConfig, TraceHasher, mooncake_requests, replay
+from interlock.sim.rate import parse_curve, warp
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,16 +54,40 @@ def build_parser() -> argparse.ArgumentParser:
                    help="host-memory KV tier per host, shared by its workers (0: none; fast backend)")
     p.add_argument("--workers-per-host", type=int, default=8)
     p.add_argument("--host-load-ms", type=float, default=0.1, help="modelled ms to load one block from host")
+    p.add_argument("--rate-curve", default=None, metavar="SPEC",
+                   help="multiply the arrival rate: steps:600x1,600x3,600x1 or "
+                   "diurnal:period=3600,min=0.5,max=2 (after --speedup)")
+    p.add_argument("--ttft-slo-ms", type=float, default=ReplayConfig.ttft_slo_ms,
+                   help="TTFT target (SLA attainment; the sla planner's target too)")
+    p.add_argument("--itl-slo-ms", type=float, default=ReplayConfig.itl_slo_ms,
+                   help="inter-token latency target (as --ttft-slo-ms)")
+    p.add_argument("--startup-s", type=float, default=ReplayConfig.startup_s,
+                   help="a worker the planner starts joins the router this much later")
+    add_planner_flags(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return flags.apply_environment(p)
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ConfigError as e:
+        print(f"interlock replay: {e.message}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     records = load_mooncake(args.trace, limit=args.limit)
     hasher = TraceHasher(args.block_size, args.trace_block_size)
     requests = mooncake_requests(records, block_size=args.block_size, speedup=args.speedup,
                                  hasher=hasher, with_tokens=args.backend == "engine")
+    if args.rate_curve:
+        requests = warp(requests, parse_curve(args.rate_curve))
+    planner = planner_config_from_args(args, ttft_ms=args.ttft_slo_ms, itl_ms=args.itl_slo_ms)
+    if planner is None and args.startup_s != ReplayConfig.startup_s:
+        raise ConfigError("--startup-s needs --planner (only the planner starts workers)")
+    profile = load_profile(planner.profile) if planner and planner.profile else None
     cost = replace(CostParams(), miss_weight=args.miss_weight, temperature=args.temperature)
     cfg = ReplayConfig(
         num_workers=args.workers, num_blocks=args.blocks_per_worker, block_size=args.block_size,
@@ -66,13 +98,17 @@ def main(argv: list[str]) -> int:
         host_load_s_per_block=args.host_load_ms / 1000.0,
         router=RouterConfig(policy=args.policy, block_size=args.block_size, cost=cost,
                             queue_capacity=args.queue_capacity, seed=0),
+        ttft_slo_ms=args.ttft_slo_ms, itl_slo_ms=args.itl_slo_ms, planner=planner,
+        profile=profile, startup_s=args.startup_s,
     )
     report = replay(requests, cfg)
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
         print()
     else:
-        print(f"trace {args.trace}: {len(requests)} requests, arrivals x{args.speedup}, "
-              f"{args.workers} workers x {args.blocks_per_worker} blocks of {args.block_size}")
+        print(f"trace {args.trace}: {len(requests)} requests, arrivals x{args.speedup}"
+              f"{' then ' + args.rate_curve if args.rate_curve else ''}, "
+              f"{args.workers} workers{' to start, planner ' + planner.policy if planner else ''} "
+              f"x {args.blocks_per_worker} blocks of {args.block_size}")
         print(report.render())
     return 0

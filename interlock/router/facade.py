@@ -99,6 +99,8 @@ class Router:
         self._eligible_cache: dict[str | None, np.ndarray] = {}
         self._queue_limit = np.zeros(0)
         """Per slot: ``InstanceInfo.queue_depth_threshold``, +inf where none."""
+        self._weight = np.ones(0)
+        """Per slot: routing weight in (0, 1] (``set_weight``), 1 where never set."""
         self._rng = np.random.default_rng(self.config.seed)
         self._rotation = 0
         self._routed: dict[str, str] = {}
@@ -118,6 +120,7 @@ class Router:
         self._workers[info.instance_id] = _WorkerState(info, slot)
         self._slot_ids[slot] = info.instance_id
         self._set_queue_limit(slot, info.queue_depth_threshold)
+        self.set_weight(info.instance_id, 1.0)
         self._eligible_cache.clear()
 
     def remove_worker(self, instance_id: str) -> None:
@@ -144,6 +147,22 @@ class Router:
         if w is not None and w.blocked != blocked:
             w.blocked = blocked
             self._eligible_cache.clear()
+
+    def set_weight(self, instance_id: str, weight: float) -> None:
+        """Routing weight of a worker, in (0, 1]: the ``kv`` cost and the load that
+        ``least-loaded`` and ``power-of-two`` compare are divided by it, so a worker at 0.25
+        must look four times better to be chosen (the planner ramps a new, cold worker up from
+        a low weight). ``round-robin`` and ``random`` ignore weights."""
+        if not 0.0 < weight <= 1.0:
+            raise ConfigError(f"routing weight must be in (0, 1], got {weight}")
+        w = self._workers.get(instance_id)
+        if w is None:
+            return
+        if w.slot >= len(self._weight):
+            grown = np.ones(max(w.slot + 1, 2 * len(self._weight)))
+            grown[: len(self._weight)] = self._weight
+            self._weight = grown
+        self._weight[w.slot] = weight
 
     def is_eligible(self, instance_id: str) -> bool:
         w = self._workers.get(instance_id)
@@ -255,6 +274,13 @@ class Router:
             self._queue_limit = grown
         self._queue_limit[slot] = threshold if threshold > 0 else np.inf
 
+    def _weights(self, n: int) -> np.ndarray | None:
+        """Per-slot routing weights for ``n`` slots, None when all are 1 (the common case)."""
+        w = self._weight[:n]
+        if not len(w) or bool((w == 1.0).all()):
+            return None
+        return np.concatenate([w, np.ones(n - len(w))]) if len(w) < n else w
+
     def _busy_mask(self) -> np.ndarray:
         """Busy: KV usage at ``busy_kv_usage``, ``max_inflight_per_worker`` in flight, or more
         requests waiting in its queue than the worker's ``queue_depth_threshold``."""
@@ -312,8 +338,11 @@ class Router:
         n = len(mask)
         busy = self.load.busy()[:n]
         queued = self.load.queued_prefill()[:n]
+        weight = self._weights(n)
         policy = self.config.policy
         if policy != "kv":
+            if weight is not None:
+                busy, queued = (busy + 1) / weight, (queued + 1) / weight
             slot = pick_simple(policy, mask, busy, queued, self._rng, self._rotation)
             ov = int(self.indexer.overlaps(hashes, n)[slot]) if hashes else 0
             return self._decision(meta, self._slot_ids[slot], reason, ov, t0=t0)
@@ -333,6 +362,8 @@ class Router:
             lower_blocks=lower,
             load_s_per_block=self.load.load_s_per_block[:n] if lower is not None else None,
         )
+        if weight is not None:
+            costs = costs / weight
         slot = choose(costs, mask, busy, tolerance=self.config.cost.tie_tolerance_s,
                       temperature=self.config.cost.temperature, rng=self._rng,
                       rotation=self._rotation)

@@ -135,6 +135,17 @@ class KvIndexer:
             return sum(len(w.blocks) for w in self._workers.values())
         return len(self._workers[instance_id].blocks)
 
+    def unique_counts(self) -> dict[str, int]:
+        """Per worker: blocks no other worker holds (what losing it would take away)."""
+        counts = dict.fromkeys(self._workers, 0)
+        by_slot = self._by_slot
+        for mask in self._holders.values():
+            if mask & (mask - 1) == 0:
+                w = by_slot.get(mask.bit_length() - 1)
+                if w is not None:
+                    counts[w.instance_id] += 1
+        return counts
+
     def blocks_of(self, instance_id: str) -> frozenset[int]:
         return frozenset(self._workers[instance_id].blocks)
 

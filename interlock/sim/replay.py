@@ -9,28 +9,38 @@ finish. A request the router refuses (its admission queue full: ``Overloaded``; 
 could take it: ``NoWorkers``) is counted as rejected, with the reason, as a deployment would
 answer 503; a replay past overload finishes and reports them next to the rest.
 
+The fleet may change during a replay (``ReplayConfig.planner``: the planner connector in
+``sim.planned`` observes the workers every ``interval_s`` of virtual time): a worker is started
+(it costs worker-seconds from then on) and joins the router ``startup_s`` later; a removed
+worker drains (the router stops sending to it, as its load reports say ``draining``) and stops
+when its last request finishes. Timers are a third event source, in time order with the others.
+
 The report compares the prefix-cache hit ratio with the trace's infinite-cache upper bound and
 the pooled-cache bound (one LRU cache as large as all workers together, ``sim.bounds``), and
-gives TTFT and ITL percentiles, throughput, and per-worker load imbalance.
+gives TTFT and ITL percentiles, throughput, per-worker load imbalance, SLA attainment (share of
+submitted requests meeting both the TTFT and the ITL target) and worker-seconds.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
+import msgspec
 import numpy as np
 
 from interlock.engine.timing import TimingModel
 from interlock.errors import ConfigError, NoWorkers, Overloaded
+from interlock.planner import CapabilityProfile, PlannerConfig
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import KVEventBatch, LoadReport
 from interlock.router import Decision, RequestMeta, Router, RouterConfig
 from interlock.sim.bounds import infinite_cache_hit_ratio, pooled_cache_hit_ratio
 from interlock.sim.engine_worker import EngineWorker
+from interlock.sim.planned import PlannerConnector
 from interlock.sim.report import ReplayReport, build_report
 from interlock.sim.tiers import SimTiers
 from interlock.sim.trace import SimRequest
@@ -63,8 +73,22 @@ class ReplayConfig:
     workers_per_host: int = 8
     host_load_s_per_block: float = 1e-4
     """Modelled seconds to load one block from the host tier."""
+    ttft_slo_ms: float = 2000.0
+    itl_slo_ms: float = 50.0
+    """SLA targets for the report's attainment (a request meets the SLA when its TTFT and its
+    mean inter-token time both do)."""
+    planner: PlannerConfig | None = None
+    """Let the planner grow and shrink the fleet (``num_workers`` is where it starts)."""
+    profile: CapabilityProfile | None = None
+    """The capability profile for ``planner.policy == "sla"``."""
+    startup_s: float = 30.0
+    """A started worker joins the router this long after the planner asked for it."""
 
     def __post_init__(self) -> None:
+        if self.num_workers < 1 and self.planner is None:
+            raise ConfigError("a replay needs at least one worker")
+        if self.startup_s < 0:
+            raise ConfigError("startup_s must be >= 0")
         if self.host_kv_blocks < 0 or self.workers_per_host < 1:
             raise ConfigError("host_kv_blocks must be >= 0 and workers_per_host >= 1")
         if self.host_kv_blocks and self.backend != "fast":
@@ -87,37 +111,109 @@ class _Driver(WorkerSink):
         rcfg = replace(cfg.router, block_size=cfg.block_size, share_load=False, cost=cost)
         self.router = Router(rcfg, clock=lambda: self.now)
         self.workers: dict[str, Worker] = {}
-        shared = cfg.workers_per_host > 1  # a shared tier is written through, as in the engine
-        self.host_tiers = [SimTiers(cfg.host_kv_blocks, cfg.host_load_s_per_block, shared)
-                           for _ in range(cfg.num_hosts)] if cfg.host_kv_blocks else []
-        for i in range(cfg.num_workers):
-            wid = f"w{i}"
-            tiers = self.host_tiers[i // cfg.workers_per_host] if self.host_tiers else None
-            make = EngineWorker if cfg.backend == "engine" else partial(SimWorker, tiers=tiers)
-            self.workers[wid] = make(
-                wid, num_blocks=cfg.num_blocks, block_size=cfg.block_size,
-                max_num_batched_tokens=cfg.max_num_batched_tokens,
-                max_num_seqs=cfg.max_num_seqs, timing=TimingModel(cfg.engine_speedup),
-                publish_events=cfg.publish_events, sink=self)
-            self.router.add_worker(InstanceInfo(
-                instance_id=wid, endpoint="sim.worker.generate", model="sim",
-                block_size=cfg.block_size, kv_blocks_total=cfg.num_blocks,
-                publishes_kv_events=cfg.publish_events,
-                queue_depth_threshold=cfg.queue_depth_threshold))
-        for wid in self.router.needs_resync():
-            self.router.apply_events(self.workers[wid].snapshot(0.0))
-        for w in self.workers.values():
-            self.router.apply_load(w.load_report(0.0))  # a worker reports once when it starts
+        self.host_tiers: dict[int, SimTiers] = {}
+        """Host index -> its shared host KV tier (workers w0.. fill hosts in order)."""
+        self.started: dict[str, float] = {}
+        """Running (or starting) worker -> when it was started."""
+        self.ready: dict[str, float] = {}
+        """Worker in the router -> when it joined."""
+        self.draining: set[str] = set()
+        self.stopped_worker_s = 0.0
+        """Worker-seconds of workers already stopped."""
         self.heap: list[tuple[float, int, str, int]] = []
+        self.timers: list[tuple[float, int, Callable[[], None]]] = []
         self._tie = 0
+        self._next_id = 0
         self.done: list[SimSeq] = []
         self.itl_s: list[float] = []
         self.itl_w: list[int] = []
-        self.inflight_area = dict.fromkeys(self.workers, 0.0)
-        self._last_change = dict.fromkeys(self.workers, 0.0)
+        self.inflight_area: dict[str, float] = {}
+        self._last_change: dict[str, float] = {}
         self.decisions: list[Decision] = []
         self.rejected: dict[str, int] = {}
         """Requests the router refused, by reason."""
+        self._pending: dict[str, SimRequest] = {}
+        self.arrived: list[tuple[SimRequest, int]] = []
+        """Requests that arrived since the last ``take_arrivals`` (with their predicted cached
+        tokens), for the planner's traffic view."""
+        for _ in range(cfg.num_workers):
+            self.join(self.start_worker())
+
+    # ---- fleet changes (the planner connector drives them) ----
+    def start_worker(self) -> str:
+        cfg = self.cfg
+        wid = f"w{self._next_id}"
+        self._next_id += 1
+        make: Callable[..., Worker] = EngineWorker
+        if cfg.backend != "engine":
+            tiers = None
+            if cfg.host_kv_blocks:  # a shared tier is written through, as in the engine
+                host = (self._next_id - 1) // cfg.workers_per_host
+                if host not in self.host_tiers:
+                    self.host_tiers[host] = SimTiers(cfg.host_kv_blocks, cfg.host_load_s_per_block,
+                                                     cfg.workers_per_host > 1)
+                tiers = self.host_tiers[host]
+            make = partial(SimWorker, tiers=tiers)
+        self.workers[wid] = make(
+            wid, num_blocks=cfg.num_blocks, block_size=cfg.block_size,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_seqs=cfg.max_num_seqs, timing=TimingModel(cfg.engine_speedup),
+            publish_events=cfg.publish_events, sink=self)
+        self.started[wid] = self.now
+        self.inflight_area[wid] = 0.0
+        self._last_change[wid] = self.now
+        return wid
+
+    def join(self, wid: str) -> None:
+        """The started worker registers with the router (and reports once)."""
+        cfg, w = self.cfg, self.workers[wid]
+        self.router.add_worker(InstanceInfo(
+            instance_id=wid, endpoint="sim.worker.generate", model="sim",
+            block_size=cfg.block_size, kv_blocks_total=cfg.num_blocks,
+            publishes_kv_events=cfg.publish_events,
+            queue_depth_threshold=cfg.queue_depth_threshold))
+        if wid in self.router.needs_resync():
+            self.router.apply_events(w.snapshot(self.now))
+        self.router.apply_load(w.load_report(self.now))
+        self.ready[wid] = self.now
+        self._dispatch_queued()
+
+    def drain(self, wid: str) -> None:
+        """No new requests for ``wid``; it stops once its last one finishes."""
+        self.draining.add(wid)
+        if wid not in self.ready:
+            self.stop(wid)  # still starting: nothing to drain
+            return
+        self.router.apply_load(self.load_report(wid))
+        if self.workers[wid].num_inflight == 0:
+            self.stop(wid)
+
+    def stop(self, wid: str) -> None:
+        self._account(self.workers[wid], self.now, 0)
+        self.router.remove_worker(wid)
+        self.stopped_worker_s += self.now - self.started.pop(wid)
+        self.ready.pop(wid, None)
+        self.draining.discard(wid)
+        del self.workers[wid]
+
+    def load_report(self, wid: str) -> LoadReport:
+        return self._marked(self.workers[wid].load_report(self.now))
+
+    def _marked(self, report: LoadReport) -> LoadReport:
+        if report.instance_id in self.draining:
+            return msgspec.structs.replace(report, draining=True)
+        return report
+
+    def call_at(self, t: float, fn: Callable[[], None]) -> None:
+        self._tie += 1
+        heapq.heappush(self.timers, (t, self._tie, fn))
+
+    def worker_seconds(self) -> float:
+        return self.stopped_worker_s + sum(self.now - t for t in self.started.values())
+
+    def take_arrivals(self) -> list[tuple[SimRequest, int]]:
+        out, self.arrived = self.arrived, []
+        return out
 
     # ---- sink ----
     def first_token(self, worker: object, seq: SimSeq, t: float) -> None:
@@ -133,7 +229,7 @@ class _Driver(WorkerSink):
         self.router.apply_events(batch)
 
     def load(self, report: LoadReport) -> None:
-        self.router.apply_load(report)
+        self.router.apply_load(self._marked(report))
 
     def itl(self, step_s: float, tokens: int) -> None:
         self.itl_s.append(step_s)
@@ -168,30 +264,45 @@ class _Driver(WorkerSink):
         except (Overloaded, NoWorkers) as e:
             reason = REJECT_REASONS[type(e)]
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
+            self.arrived.append((req, 0))
             return
         if isinstance(d, Decision):
             self.decisions.append(d)
+            self.arrived.append((req, d.cached_tokens))
             self._send(req, d.worker_id)
         else:
+            self.arrived.append((req, 0))
             self._pending[req.request_id] = req
 
     def step_end(self, wid: str, version: int) -> None:
-        w = self.workers[wid]
-        if w.version != version or w.step is None:
+        w = self.workers.get(wid)
+        if w is None or w.version != version or w.step is None:
             return
         w.finish_step(self.now)
         self._schedule(w, w.start_step(self.now))
+        if wid in self.draining and w.num_inflight == 0:
+            self.stop(wid)
+        self._dispatch_queued()
+
+    def _dispatch_queued(self) -> None:
         if self._pending:
             for d in self.router.dispatch_queued():
                 self.decisions.append(d)
                 self._send(self._pending.pop(d.request_id), d.worker_id)
 
     def run(self, requests: Sequence[SimRequest]) -> None:
-        self._pending: dict[str, SimRequest] = {}
+        """Until every request has arrived and no worker has work left (timers alone do not
+        keep the replay going)."""
         i, n = 0, len(requests)
+        inf = float("inf")
         while i < n or self.heap:
-            t_arr = requests[i].arrival_s if i < n else float("inf")
-            if self.heap and self.heap[0][0] <= t_arr:
+            t_arr = requests[i].arrival_s if i < n else inf
+            t_step = self.heap[0][0] if self.heap else inf
+            t_timer = self.timers[0][0] if self.timers else inf
+            if t_timer < t_arr and t_timer < t_step:
+                self.now, _, fn = heapq.heappop(self.timers)
+                fn()
+            elif t_step <= t_arr:
                 t, _, wid, version = heapq.heappop(self.heap)
                 self.now = t
                 self.step_end(wid, version)
@@ -209,12 +320,16 @@ def replay(requests: Sequence[SimRequest], cfg: ReplayConfig | None = None) -> R
     reqs = sorted(requests, key=lambda r: r.arrival_s)
     t0 = time.perf_counter()
     drv = _Driver(cfg)
+    planned = None
+    if cfg.planner is not None:
+        planned = PlannerConnector(drv, cfg.planner, cfg.profile, cfg.router.policy)
     drv.run(reqs)
     wall = time.perf_counter() - t0
     upper = infinite_cache_hit_ratio(reqs, cfg.block_size)
-    total_blocks = cfg.num_workers * cfg.num_blocks + cfg.num_hosts * cfg.host_kv_blocks
+    hosts = max(cfg.num_hosts, len(drv.host_tiers))
+    total_blocks = cfg.num_workers * cfg.num_blocks + hosts * cfg.host_kv_blocks
     pooled = pooled_cache_hit_ratio(reqs, cfg.block_size, total_blocks)
-    per_worker_reqs = {wid: 0 for wid in drv.workers}
+    per_worker_reqs = dict.fromkeys(drv.inflight_area, 0)
     for d in drv.decisions:
         per_worker_reqs[d.worker_id] += 1
     return build_report(
@@ -222,5 +337,7 @@ def replay(requests: Sequence[SimRequest], cfg: ReplayConfig | None = None) -> R
         itl_s=np.asarray(drv.itl_s), itl_w=np.asarray(drv.itl_w),
         inflight_area=drv.inflight_area, duration_s=drv.now, per_worker_requests=per_worker_reqs,
         decision_s=np.asarray([d.decision_s for d in drv.decisions]), wall_s=wall,
-        num_submitted=len(reqs), rejected=drv.rejected,
+        num_submitted=len(reqs), rejected=drv.rejected, worker_seconds=drv.worker_seconds(),
+        slo_ms=(cfg.ttft_slo_ms, cfg.itl_slo_ms),
+        decisions=tuple(planned.planner.history) if planned else (),
     )

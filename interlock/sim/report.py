@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from interlock.planner import DecisionRecord
 from interlock.sim.worker import SimSeq
 
 
@@ -43,13 +44,23 @@ class ReplayReport:
     decision_p50_us: float
     decision_p99_us: float
     wall_s: float
+    ttft_slo_ms: float
+    itl_slo_ms: float
+    sla_attainment: float
+    """Share of submitted requests (rejected ones included) whose TTFT and mean inter-token
+    time both met the targets."""
+    worker_seconds: float
+    """Sum over workers of the time from start (or the planner's request) to stop."""
+    planner_decisions: tuple[DecisionRecord, ...] = ()
 
     @property
     def hit_vs_upper(self) -> float:
         return self.hit_ratio / self.upper_bound if self.upper_bound else 0.0
 
-    def to_dict(self) -> dict[str, float | int | str | dict[str, int]]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["planner_decisions"] = [r.to_dict() for r in self.planner_decisions]
+        return d
 
     def render(self) -> str:
         return "\n".join([
@@ -66,8 +77,22 @@ class ReplayReport:
             f"load imbalance      in-flight max/mean {self.inflight_imbalance:.2f}, "
             f"requests max/mean {self.requests_imbalance:.2f}",
             f"router decision     p50 {self.decision_p50_us:.0f} us, p99 {self.decision_p99_us:.0f} us",
+            f"SLA attainment      {100 * self.sla_attainment:.1f}% (TTFT <= {self.ttft_slo_ms:g} ms "
+            f"and ITL <= {self.itl_slo_ms:g} ms)",
+            f"worker-seconds      {self.worker_seconds:,.0f} (mean {self.mean_workers:.2f} workers)",
+            *self._decisions(),
             f"replay wall time    {self.wall_s:.1f} s",
         ])
+
+    @property
+    def mean_workers(self) -> float:
+        return self.worker_seconds / self.duration_s if self.duration_s else 0.0
+
+    def _decisions(self) -> list[str]:
+        if not self.planner_decisions:
+            return []
+        return [f"planner decisions   {len(self.planner_decisions)}",
+                *(f"  {r.line()}" for r in self.planner_decisions)]
 
 
     def _reasons(self) -> str:
@@ -93,7 +118,9 @@ def build_report(*, policy: str, done: Sequence[SimSeq], upper_bound: float, poo
                  itl_s: np.ndarray,
                  itl_w: np.ndarray, inflight_area: dict[str, float], duration_s: float,
                  per_worker_requests: dict[str, int], decision_s: np.ndarray, wall_s: float,
-                 num_submitted: int, rejected: dict[str, int] | None = None) -> ReplayReport:
+                 num_submitted: int, rejected: dict[str, int] | None = None,
+                 worker_seconds: float = 0.0, slo_ms: tuple[float, float] = (2000.0, 50.0),
+                 decisions: tuple[DecisionRecord, ...] = ()) -> ReplayReport:
     ttft = np.asarray([s.first_token_s - s.arrival_s for s in done]) * 1000.0
     multi = [s for s in done if s.req.output_tokens > 1]
     tpot = [(s.finish_s - s.first_token_s) / (s.req.output_tokens - 1) * 1000.0 for s in multi]
@@ -103,6 +130,9 @@ def build_report(*, policy: str, done: Sequence[SimSeq], upper_bound: float, poo
     areas = np.asarray(list(inflight_area.values()))
     counts = np.asarray(list(per_worker_requests.values()), dtype=float)
     dur = max(duration_s, 1e-9)
+    met = sum(1 for s in done if s.first_token_s - s.arrival_s <= slo_ms[0] / 1000.0
+              and (s.req.output_tokens <= 1 or (s.finish_s - s.first_token_s)
+                   / (s.req.output_tokens - 1) <= slo_ms[1] / 1000.0))
     return ReplayReport(
         policy=policy,
         num_requests=num_submitted,
@@ -125,4 +155,9 @@ def build_report(*, policy: str, done: Sequence[SimSeq], upper_bound: float, poo
         decision_p50_us=pct(decision_s, 50) * 1e6,
         decision_p99_us=pct(decision_s, 99) * 1e6,
         wall_s=wall_s,
+        ttft_slo_ms=slo_ms[0],
+        itl_slo_ms=slo_ms[1],
+        sla_attainment=met / num_submitted if num_submitted else 0.0,
+        worker_seconds=worker_seconds,
+        planner_decisions=decisions,
     )

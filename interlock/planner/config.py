@@ -1,0 +1,176 @@
+"""The planner's configuration: typed, frozen, validated once (the deployment file's
+``planner:`` section and the ``--planner*`` flags fill it).
+
+Every key changes behaviour; unknown keys are refused by name (``parse_planner_config``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from interlock.errors import ConfigError
+from interlock.protocol.discovery import ROLES
+
+PLANNER_POLICIES = ("reactive", "sla")
+
+
+@dataclass(frozen=True)
+class RoleBounds:
+    """How many workers of one role the planner keeps (it never goes outside them, and moves a
+    fleet that is outside back in, one step at a time)."""
+
+    min: int = 0
+    max: int = 0
+
+    def __post_init__(self) -> None:
+        if self.min < 0 or self.max < self.min:
+            raise ConfigError(f"role bounds need 0 <= min <= max, got min={self.min} max={self.max}")
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    policy: str = "reactive"
+    """"reactive": queue depth and KV usage with hysteresis; "sla": pools sized from TTFT/ITL
+    targets, a forecast of arrivals, and a measured capability profile."""
+    both: RoleBounds = RoleBounds(1, 8)
+    prefill: RoleBounds = RoleBounds(0, 0)
+    decode: RoleBounds = RoleBounds(0, 0)
+    max_workers: int = 0
+    """Cap on all workers together (0: the sum of the role maxima). Role switches keep the
+    fleet's size, so a full fleet still follows the mix."""
+    min_workers: int = 0
+    """Floor on all workers together: the planner removes none below it (it may still switch
+    roles). With ``min_workers == max_workers`` the fleet keeps its size and only roles move."""
+    interval_s: float = 5.0
+    """How often the loop observes the fleet."""
+    window_s: float = 60.0
+    """After a change, observe this long before deciding again (one step per window)."""
+    max_changes: int = 6
+    """At most this many changes in any ``cap_window_s``."""
+    cap_window_s: float = 600.0
+    queue_high: float = 2.0
+    """Reactive: waiting requests per worker above which the pool grows."""
+    queue_low: float = 0.2
+    """Reactive: the pool may shrink only at or below this (hysteresis band: low..high)."""
+    backlog_high_s: float = 2.0
+    """Reactive: seconds of queued prefill per worker above which the pool grows."""
+    backlog_low_s: float = 0.25
+    """Reactive: the pool may shrink only at or below this."""
+    kv_high: float = 0.85
+    """Reactive: mean KV usage above which the pool grows."""
+    kv_low: float = 0.5
+    """Reactive: the pool may shrink only below this."""
+    ttft_ms: float = 2000.0
+    """SLA: time-to-first-token target."""
+    itl_ms: float = 50.0
+    """SLA: inter-token latency target."""
+    attainment: float = 0.99
+    """SLA: the share of requests the pools are sized to serve within the TTFT target."""
+    slo_feedback: bool = True
+    """SLA: when the requests observed finishing miss the targets more often than
+    ``1 - attainment``, size the pools up by a correction factor (up to 2x) until they do not."""
+    horizon_s: float = 120.0
+    """SLA: how far ahead arrivals are forecast."""
+    headroom: float = 0.2
+    """SLA: the pool shrinks only when it would still fit the forecast with this much spare
+    (hysteresis: grow at need > n, shrink at need * (1 + headroom) <= n - 1)."""
+    ramp_s: float = 60.0
+    """A new worker's routing weight rises linearly from ``ramp_floor`` to 1 over this long
+    (0: full weight at once)."""
+    ramp_floor: float = 0.1
+    cache_block_cost: float = 1.0 / 64
+    """Scale-down: what losing one cached block nobody else holds costs, in in-flight requests."""
+    drain_timeout_s: float = 300.0
+    """Scale-down: in-flight work on a draining worker may take this long before it is migrated."""
+    profile: str | None = None
+    """SLA: path of the capability profile written by ``interlock profile`` (required)."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in PLANNER_POLICIES:
+            raise ConfigError(f"planner.policy: {self.policy!r} is not one of {PLANNER_POLICIES}")
+        for name in ("interval_s", "window_s", "cap_window_s", "ttft_ms", "itl_ms", "horizon_s",
+                     "drain_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"planner.{name} must be positive")
+        for name in ("ramp_s", "headroom", "cache_block_cost", "queue_low", "kv_low", "max_workers",
+                     "min_workers"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"planner.{name} must be >= 0")
+        if self.max_changes < 1:
+            raise ConfigError("planner.max_changes must be at least 1")
+        if not self.queue_low < self.queue_high:
+            raise ConfigError("planner.queue_low must be below planner.queue_high (hysteresis)")
+        if not 0 <= self.backlog_low_s < self.backlog_high_s:
+            raise ConfigError("planner needs 0 <= backlog_low_s < backlog_high_s (hysteresis)")
+        if not 0 <= self.kv_low < self.kv_high <= 1:
+            raise ConfigError("planner needs 0 <= kv_low < kv_high <= 1 (hysteresis)")
+        if not 0 < self.attainment < 1:
+            raise ConfigError("planner.attainment must be in (0, 1)")
+        if not 0 < self.ramp_floor <= 1:
+            raise ConfigError("planner.ramp_floor must be in (0, 1]")
+        if self.total_max() < 1:
+            raise ConfigError("planner: every role's max is 0 (no worker allowed)")
+        if self.min_workers > self.total_max():
+            raise ConfigError("planner.min_workers is above the most workers the bounds allow")
+        if self.policy == "sla" and self.profile is None:
+            raise ConfigError("planner.policy 'sla' needs planner.profile (from `interlock profile`)")
+
+    def bounds(self, role: str) -> RoleBounds:
+        b: RoleBounds = getattr(self, role)
+        return b
+
+    def total_max(self) -> int:
+        total = sum(self.bounds(r).max for r in ROLES)
+        return min(total, self.max_workers) if self.max_workers else total
+
+
+_BOOLS = {f.name for f in fields(PlannerConfig) if f.type == "bool"}
+_FLOATS = {f.name for f in fields(PlannerConfig) if f.type == "float"}
+_INTS = {f.name for f in fields(PlannerConfig) if f.type == "int"}
+
+
+def parse_planner_config(raw: Mapping[str, Any] | None, *, where: str = "planner",
+                         base: PlannerConfig | None = None) -> PlannerConfig:
+    """The ``planner:`` section of a deployment file (a mapping) as a ``PlannerConfig``.
+    Keys may use ``-`` or ``_``; roles take ``{min: N, max: M}``. Unknown keys are refused."""
+    if raw is None:
+        return base or PlannerConfig()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    known = {f.name for f in fields(PlannerConfig)}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        if name not in known:
+            raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
+        kwargs[name] = _value(name, value, f"{where}.{key}")
+    return replace(base or PlannerConfig(), **kwargs)
+
+
+def _value(name: str, value: Any, where: str) -> Any:
+    if name in ROLES:
+        if not isinstance(value, Mapping) or set(value) - {"min", "max"}:
+            raise ConfigError(f"{where}: expected {{min: N, max: M}}")
+        lo, hi = value.get("min", 0), value.get("max", 0)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)):
+            raise ConfigError(f"{where}: min and max must be integers")
+        return RoleBounds(lo, hi)
+    if name in _BOOLS:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if name in _FLOATS or name in _INTS:
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+                name in _INTS and not isinstance(value, int)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value) if name in _FLOATS else value
+    if name == "profile":
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a path")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    return value
+

@@ -1,0 +1,122 @@
+"""The planner's decision core: observation in, at most one action out, with its reason.
+
+Idea: change the fleet in small steps and look before the next one. A new worker arrives with
+an empty cache and needs time to warm up, and a removed one takes its cache with it, so acting
+on every fluctuation costs more than it saves. Each call:
+
+1. asks the policy (reactive or SLA) what each pool wants: grow, or may shrink;
+2. decides nothing while a worker is still starting, within ``window_s`` of the last change,
+   or once ``max_changes`` changes happened in the last ``cap_window_s``;
+3. puts a pool outside its bounds back in (one worker);
+4. turns a grow of one disaggregated pool plus a shrink of the other into one role switch
+   (the fleet keeps its size, the roles follow the mix);
+5. else grows the most pressed pool that may grow (within its max and ``max_workers``),
+   else shrinks one that may shrink (never below ``min_workers`` in all), removing the worker
+   whose loss costs least (``planner.select``).
+
+No I/O and no clock of its own: time is ``Observation.now``. Connectors apply the action and
+report the result in the next observation (a starting worker, a draining one).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from interlock.planner.config import PlannerConfig
+from interlock.planner.policy import Policy, Want
+from interlock.planner.select import cheapest
+from interlock.planner.state import (
+    Action,
+    AddWorker,
+    DecisionRecord,
+    Observation,
+    RemoveWorker,
+    SwitchRole,
+    WorkerView,
+)
+from interlock.protocol.discovery import ROLES
+
+SWITCHABLE = ("prefill", "decode")
+
+
+class Planner:
+    def __init__(self, config: PlannerConfig, policy: Policy) -> None:
+        self.config = config
+        self.policy = policy
+        self.last_change = -float("inf")
+        self._changes: deque[float] = deque()
+        self.history: list[DecisionRecord] = []
+        self.last_wants: list[Want] = []
+        self.last_hold = ""
+        """Why the last call decided nothing ("" after an action)."""
+
+    def decide(self, obs: Observation) -> list[Action]:
+        pools = {r: obs.pool(r) for r in ROLES if self.config.bounds(r).max or obs.pool(r)}
+        self.last_wants = self.policy.wants(obs, pools)
+        hold = self._hold(obs)
+        if hold:
+            self.last_hold = hold
+            return []
+        action = self._bounds(pools) or self._act(pools, self.last_wants)
+        if action is None:
+            self.last_hold = "nothing to do"
+            return []
+        self.last_hold = ""
+        self.last_change = obs.now
+        self._changes.append(obs.now)
+        self.history.append(DecisionRecord(obs.now, action))
+        return [action]
+
+    # ---- gates ----
+    def holding(self, now: float) -> bool:
+        """True when the window or the change cap rules out any action at ``now`` (a connector
+        may then skip observing what only matters to an action, like cache ownership)."""
+        c = self.config
+        recent = sum(1 for t in self._changes if t > now - c.cap_window_s)
+        return now - self.last_change < c.window_s or recent >= c.max_changes
+
+    def _hold(self, obs: Observation) -> str:
+        c = self.config
+        starting = [w.worker_id for w in obs.workers if not w.ready and not w.draining]
+        if starting:
+            return f"waiting for {', '.join(starting)} to start"
+        if obs.now - self.last_change < c.window_s:
+            return f"observing: {obs.now - self.last_change:.0f}s of the {c.window_s:g}s window since the last change"
+        while self._changes and self._changes[0] <= obs.now - c.cap_window_s:
+            self._changes.popleft()
+        if len(self._changes) >= c.max_changes:
+            return f"{len(self._changes)} changes in the last {c.cap_window_s:g}s (cap {c.max_changes})"
+        return ""
+
+    # ---- choices ----
+    def _bounds(self, pools: dict[str, list[WorkerView]]) -> Action | None:
+        total = sum(len(p) for p in pools.values())
+        for role, workers in pools.items():
+            b = self.config.bounds(role)
+            if len(workers) > b.max:
+                victim = cheapest(workers, self.config.cache_block_cost)
+                return RemoveWorker(victim.worker_id, f"{len(workers)} {role} workers > max {b.max}")
+            if len(workers) < b.min and total < self.config.total_max():
+                return AddWorker(role, f"{len(workers)} {role} workers < min {b.min}")
+        return None
+
+    def _act(self, pools: dict[str, list[WorkerView]], wants: list[Want]) -> Action | None:
+        c = self.config
+        size = {r: len(p) for r, p in pools.items()}
+        grow = sorted((w for w in wants if w.delta > 0 and size[w.role] < c.bounds(w.role).max),
+                      key=lambda w: -w.pressure)
+        shrink = sorted((w for w in wants if w.delta < 0 and size[w.role] > c.bounds(w.role).min
+                         and any(v.ready for v in pools[w.role])),
+                        key=lambda w: -w.pressure)
+        for g in grow:
+            for s in shrink:
+                if g.role in SWITCHABLE and s.role in SWITCHABLE and g.role != s.role:
+                    victim = cheapest([v for v in pools[s.role] if v.ready], c.cache_block_cost)
+                    return SwitchRole(victim.worker_id, g.role, f"{g.role}: {g.reason}; {s.role}: {s.reason}")
+        if grow and sum(size.values()) < c.total_max():
+            return AddWorker(grow[0].role, grow[0].reason)
+        if shrink and sum(size.values()) > c.min_workers:
+            s = shrink[0]
+            victim = cheapest(pools[s.role], c.cache_block_cost)
+            return RemoveWorker(victim.worker_id, s.reason)
+        return None

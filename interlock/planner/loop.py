@@ -1,0 +1,177 @@
+"""The live connector: every ``interval_s`` observe the fleet and its load, decide, act.
+
+Membership (which workers exist, which are starting or draining) comes from the ``Fleet``;
+load from a ``LoadView`` (the router service's view of each worker's last load report and the
+router's own counters: read-only). The loop holds no policy: it builds an ``Observation``,
+calls ``Planner.decide`` and carries each action out through the fleet. ``status()`` is what
+``interlock planner status`` shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from interlock.planner.core import Planner
+from interlock.planner.fleet import Fleet
+from interlock.planner.ramp import routing_weight
+from interlock.planner.state import (
+    Action,
+    AddWorker,
+    Observation,
+    RemoveWorker,
+    SwitchRole,
+    Traffic,
+    WorkerView,
+)
+from interlock.protocol.events import LoadReport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficTotals:
+    """Running totals since start; the loop turns them into per-interval ``Traffic``."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+
+class LoadView(Protocol):
+    def report(self, instance_id: str) -> LoadReport | None:
+        """The worker's last load report (None: none yet)."""
+        ...
+
+    def queued(self) -> int:
+        """Requests waiting in the router's admission queue."""
+        ...
+
+    def totals(self) -> TrafficTotals: ...
+
+    def set_weight(self, instance_id: str, weight: float) -> None:
+        """The worker's routing weight (``planner.ramp``), in every router that knows it."""
+        ...
+
+
+class PlannerLoop:
+    def __init__(self, planner: Planner, fleet: Fleet, view: LoadView, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.planner = planner
+        self.fleet = fleet
+        self.view = view
+        self.clock = clock
+        self._last: tuple[float, TrafficTotals] | None = None
+        self.ticks = 0
+        self.errors = 0
+        self._ready_since: dict[str, float] = {}
+
+    async def observe(self) -> Observation:
+        now = self.clock()
+        totals = self.view.totals()
+        traffic = Traffic()
+        if self._last is not None:
+            t0, old = self._last
+            traffic = Traffic(now - t0, totals.requests - old.requests,
+                              totals.prompt_tokens - old.prompt_tokens,
+                              totals.cached_tokens - old.cached_tokens,
+                              totals.output_tokens - old.output_tokens)
+        self._last = (now, totals)
+        views = []
+        members = await self.fleet.workers()
+        ready = {w.worker_id for w in members if w.ready}
+        first = not self._ready_since and self.ticks <= 1
+        for wid in ready - set(self._ready_since):
+            # Workers ready at the first look are warm already: no ramp for them.
+            self._ready_since[wid] = now - (self.planner.config.ramp_s if first else 0.0)
+        for wid in set(self._ready_since) - ready:
+            del self._ready_since[wid]
+        for w in members:
+            views.append(WorkerView.of(
+                w.worker_id, w.role, self.view.report(w.worker_id) if w.ready else None,
+                ready=w.ready, draining=w.draining,
+                age_s=now - self._ready_since.get(w.worker_id, now)))
+        return Observation(now, tuple(views), router_queue=self.view.queued(), traffic=traffic)
+
+    async def tick(self) -> list[Action]:
+        self.ticks += 1
+        actions = self.planner.decide(await self.observe())
+        for a in actions:
+            log.info("planner: %s", self.planner.history[-1].line())
+            await self.apply(a)
+        self._ramp()
+        return actions
+
+    def _ramp(self) -> None:
+        """Each ready worker younger than the ramp (and one interval more, to land on 1) gets
+        its routing weight; age counts from the first observation that saw it ready."""
+        c = self.planner.config
+        if c.ramp_s <= 0:
+            return
+        now = self.clock()
+        for wid, since in self._ready_since.items():
+            if now - since <= c.ramp_s + c.interval_s:
+                self.view.set_weight(wid, routing_weight(now - since, c.ramp_s, c.ramp_floor))
+
+    async def apply(self, a: Action) -> None:
+        if isinstance(a, AddWorker):
+            await self.fleet.add_worker(a.role)
+        elif isinstance(a, RemoveWorker):
+            await self.fleet.remove_worker(a.worker_id, drain=True)
+        elif isinstance(a, SwitchRole):
+            await self.fleet.set_role(a.worker_id, a.role)
+
+    async def run(self) -> None:
+        """Tick every ``interval_s`` until cancelled; a failing tick is logged and counted."""
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - one bad tick must not stop the planner
+                self.errors += 1
+                log.exception("planner tick failed")
+            await asyncio.sleep(self.planner.config.interval_s)
+
+    def status(self) -> dict[str, object]:
+        p = self.planner
+        counts: dict[str, int] = {}
+        for r in p.history:
+            counts[r.kind] = counts.get(r.kind, 0) + 1
+        return {
+            "policy": p.config.policy,
+            "ticks": self.ticks,
+            "errors": self.errors,
+            "holding": p.last_hold,
+            "wants": [{"role": w.role, "delta": w.delta, "reason": w.reason} for w in p.last_wants],
+            "decisions_total": counts,
+            "decisions": [r.to_dict() for r in p.history],
+        }
+
+
+class FakeLoadView:
+    """A ``LoadView`` whose reports, queue and totals a test sets directly; weights set by the
+    planner are kept in ``weights``."""
+
+    def __init__(self) -> None:
+        self.reports: dict[str, LoadReport] = {}
+        self.queue = 0
+        self.traffic = TrafficTotals()
+        self.weights: dict[str, float] = {}
+
+    def set_weight(self, instance_id: str, weight: float) -> None:
+        self.weights[instance_id] = weight
+
+    def report(self, instance_id: str) -> LoadReport | None:
+        return self.reports.get(instance_id)
+
+    def queued(self) -> int:
+        return self.queue
+
+    def totals(self) -> TrafficTotals:
+        return self.traffic

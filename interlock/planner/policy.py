@@ -1,0 +1,29 @@
+"""What a policy answers: per pool, whether it should grow or may shrink, and why.
+
+A policy only reads the observation; bounds, one-step-per-window, change caps, which worker to
+remove and whether a grow plus a shrink become one role switch are the core's
+(``planner.core``), the same for every policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from interlock.planner.state import Observation, WorkerView
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    role: str
+    delta: int
+    """+1: the pool should grow; -1: it may shrink by one and still be fine."""
+    pressure: float
+    """How strongly (signal / threshold); the core serves the strongest first."""
+    reason: str
+
+
+class Policy(Protocol):
+    def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
+        """``pools``: role -> its workers (ready or starting, not draining)."""
+        ...

@@ -1,0 +1,103 @@
+"""The SLA policy: size each pool so the forecast traffic meets the TTFT and ITL targets, from
+the workers' measured capability (``planner.profile``), as Dynamo's SLA planner does with its
+pre-deployment profile.
+
+Each observation feeds the forecaster (``planner.forecast``). With a forecast of ``rate``
+requests/s of mean prompt, uncached prompt and output lengths, a pool needs
+``need = rate / per_worker_rate`` workers (aggregated: ``aggregated_rate``; disaggregated:
+``prefill_rate`` for the prefill pool and ``decode_rate`` for the decode pool). Grow while the
+pool has fewer than ``need`` workers; shrink only while one fewer would still hold
+``need * (1 + headroom)`` (hysteresis: a need hovering near a whole number moves the pool one
+way only).
+
+Observed feedback (``slo_feedback``): the share of finished requests that missed a target is
+smoothed over about the last ``FEEDBACK_REQUESTS`` requests (starting from the allowed share, so
+a few early misses move it little: a 1% rate cannot be read from a handful); when it exceeds
+the allowed ``1 - attainment``, every need is multiplied by ``sqrt(observed / allowed)``,
+between 1 and 2. The model sees mean lengths and mean inter-token times; the feedback covers
+what it cannot see (heavy prompt tails, a short answer sharing a step with a long prefill chunk).
+
+Work already queued is the reactive policy's business, and the SLA policy defers to it: a pool
+also grows when the reactive policy says so (a forecast of arrivals does not see a backlog
+left by a surge), and shrinks only when the reactive policy agrees (a whole window with its
+queues and backlog low).
+"""
+
+from __future__ import annotations
+
+import math
+
+from interlock.planner.config import PlannerConfig
+from interlock.planner.forecast import ArrivalForecaster, Forecast
+from interlock.planner.policy import Want
+from interlock.planner.profile import CapabilityProfile, needed
+from interlock.planner.reactive import ReactivePolicy
+from interlock.planner.state import Observation, WorkerView
+
+FEEDBACK_REQUESTS = 500
+"""Memory of the observed-miss estimate, in finished requests."""
+
+
+class SlaPolicy:
+    def __init__(self, config: PlannerConfig, profile: CapabilityProfile) -> None:
+        self.config = config
+        self.profile = profile
+        self.forecaster = ArrivalForecaster()
+        self.last_need: dict[str, float] = {}
+        """Workers needed per pool at the last observation (for status)."""
+        self.missed = 1.0 - config.attainment
+        """Smoothed share of finished requests that missed a target."""
+        self.correction = 1.0
+        self.reactive = ReactivePolicy(config)
+
+    def needs(self, f: Forecast) -> dict[str, float]:
+        c, p = self.config, self.profile
+        ttft, itl = c.ttft_ms / 1000.0, c.itl_ms / 1000.0
+        if c.prefill.max == 0 and c.decode.max == 0:
+            per = p.aggregated_rate(f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl,
+                                    c.attainment)
+            return {"both": needed(f.rate, per)}
+        return {"prefill": needed(f.rate, p.prefill_rate(f.uncached_tokens, ttft, c.attainment)),
+                "decode": needed(f.rate, p.decode_rate(f.prompt_tokens, f.output_tokens, itl))}
+
+    def _feedback(self, finished: int, met: int) -> None:
+        if not self.config.slo_feedback or finished <= 0:
+            return
+        miss = 1.0 - met / finished
+        a = 1.0 - (1.0 - 1.0 / FEEDBACK_REQUESTS) ** finished
+        self.missed += a * (miss - self.missed)
+        allowed = 1.0 - self.config.attainment
+        self.correction = min(2.0, max(1.0, math.sqrt(self.missed / allowed)))
+
+    def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
+        t = obs.traffic
+        self.forecaster.observe(t)
+        self._feedback(t.finished, t.met)
+        backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
+        f = self.forecaster.forecast(self.config.horizon_s)
+        if f is None:
+            return [w for w in backlog.values() if w.delta > 0]
+        self.last_need = {r: n * self.correction for r, n in self.needs(f).items()}
+        out: list[Want] = []
+        for role, need in self.last_need.items():
+            n = len(pools.get(role, ()))
+            queued = backlog.get(role)
+            if queued is not None and queued.delta > 0 and n >= need:
+                out.append(queued)
+            elif n < need:
+                shown = "inf" if math.isinf(need) else f"{need:.2f}"
+                out.append(Want(role, +1, need / max(n, 1),
+                                f"forecast {f.rate:.2f} req/s needs {shown} {role} workers, have {n}"
+                                + self._why_corrected()))
+            elif (n >= 1 and need * (1 + self.config.headroom) <= n - 1
+                  and queued is not None and queued.delta < 0):
+                out.append(Want(role, -1, (n - 1) / max(need, 1e-9),
+                                f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers "
+                                f"(+{self.config.headroom:.0%} headroom fits in {n - 1})"
+                                + self._why_corrected()))
+        return out
+
+    def _why_corrected(self) -> str:
+        if self.correction <= 1.0:
+            return ""
+        return f" (x{self.correction:.2f}: {100 * self.missed:.1f}% observed missing the targets)"

@@ -1,0 +1,77 @@
+"""Time-varying load from a real trace: multiply its arrival rate by a curve.
+
+A trace keeps its requests, their order and their lengths; only arrival times move. With a
+rate multiplier ``m(t)`` (in the new time), an original arrival at ``s`` moves to the ``t``
+where ``integral_0^t m = s``: where ``m`` is 3 the requests come three times as fast. Curves:
+
+* ``steps:600x1,600x3,600x1``: 600 s at x1, 600 s at x3, then x1 (the last step lasts);
+* ``diurnal:period=3600,min=0.5,max=2``: ``min + (max - min) (1 - cos(2 pi t / period)) / 2``,
+  starting at the trough.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from interlock.errors import ConfigError
+from interlock.sim.trace import SimRequest
+
+RateCurve = Callable[[float], float]
+
+_GRID_S = 0.25
+
+
+def steps(segments: Sequence[tuple[float, float]]) -> RateCurve:
+    """``(duration_s, multiplier)`` pieces; the last one lasts for ever."""
+    if not segments or any(d <= 0 or m <= 0 for d, m in segments):
+        raise ConfigError("rate steps need positive durations and multipliers")
+    ends = np.cumsum([d for d, _ in segments])
+
+    def m(t: float) -> float:
+        i = int(np.searchsorted(ends, t, side="right"))
+        return segments[min(i, len(segments) - 1)][1]
+    return m
+
+
+def diurnal(period_s: float, lo: float, hi: float) -> RateCurve:
+    if period_s <= 0 or lo <= 0 or hi < lo:
+        raise ConfigError("a diurnal curve needs period > 0 and 0 < min <= max")
+    return lambda t: lo + (hi - lo) * (1.0 - math.cos(2 * math.pi * t / period_s)) / 2.0
+
+
+def parse_curve(spec: str) -> RateCurve:
+    """``steps:DURxMULT,...`` or ``diurnal:period=S,min=A,max=B`` (module docstring)."""
+    kind, _, body = spec.partition(":")
+    try:
+        if kind == "steps":
+            pieces = [p.split("x") for p in body.split(",")]
+            return steps([(float(d), float(m)) for d, m in pieces])
+        if kind == "diurnal":
+            kv = dict(p.split("=") for p in body.split(","))
+            unknown = set(kv) - {"period", "min", "max"}
+            if unknown or len(kv) != 3:
+                raise ConfigError(f"rate curve {spec!r}: diurnal takes period, min and max")
+            return diurnal(float(kv["period"]), float(kv["min"]), float(kv["max"]))
+    except ValueError:
+        raise ConfigError(f"rate curve {spec!r}: cannot read it (see `interlock replay -h`)") from None
+    raise ConfigError(f"rate curve {spec!r}: expected steps:... or diurnal:...")
+
+
+def warp(requests: Sequence[SimRequest], curve: RateCurve) -> list[SimRequest]:
+    """The requests with arrivals moved so the rate follows ``curve`` (sorted by arrival)."""
+    reqs = sorted(requests, key=lambda r: r.arrival_s)
+    if not reqs:
+        return []
+    last = reqs[-1].arrival_s
+    grid = [0.0]
+    cum = [0.0]
+    while cum[-1] <= last:
+        t = grid[-1]
+        cum.append(cum[-1] + _GRID_S * curve(t + _GRID_S / 2))
+        grid.append(t + _GRID_S)
+    new = np.interp([r.arrival_s for r in reqs], cum, grid)
+    return [replace(r, arrival_s=float(t)) for r, t in zip(reqs, new, strict=True)]

@@ -1,0 +1,34 @@
+"""The router service as the planner's load view (in-process runtime, a registered worker)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from interlock.planner.live import RouterServiceView
+from interlock.protocol import LoadReport, subjects
+from interlock.router import RequestMeta
+from interlock.router.service import RouterService
+from interlock.runtime.runtime import Runtime
+from tests.router.test_service import _run, _settle, info
+
+
+def test_view_reads_reports_queue_totals_and_sets_weights() -> None:
+    async def body(runtime: Runtime, svc: RouterService) -> None:
+        view = RouterServiceView(svc)
+        await runtime.discovery.register(info("w0"))
+        await runtime.discovery.register(info("w1"))
+        await _settle(svc, lambda: svc.instance("w1") is not None and "m" in svc.routers)
+        rep = LoadReport(instance_id="w0", timestamp=0.0, num_running=2, num_waiting=5,
+                         kv_blocks_used=32, kv_blocks_total=64, queued_prefill_tokens=100,
+                         step_time_s=0.01, tokens_computed=10)
+        await runtime.events.publish(subjects.load("w0"), msgspec.msgpack.encode(rep))
+        await _settle(svc, lambda: view.report("w0") is not None)
+        assert view.report("w0") == rep and view.report("w1") is None
+        router = svc.routers["m"]
+        router.route(RequestMeta(request_id="r1", prompt_tokens=64), token_ids=list(range(64)))
+        t = view.totals()
+        assert (t.requests, t.prompt_tokens) == (1, 64) and view.queued() == 0
+        view.set_weight("w1", 0.5)
+        assert router._weights(2) is not None
+
+    _run(body)

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from interlock.engine.timing import TimingModel
+from interlock.planner import (
+    AddWorker,
+    Observation,
+    PlannerConfig,
+    RemoveWorker,
+    RoleBounds,
+    Traffic,
+    WorkerView,
+    build_planner,
+)
+from interlock.planner.forecast import ArrivalForecaster
+from tests.planner.conftest import mock_profile
+
+CFG = PlannerConfig(policy="sla", profile="unused.json", both=RoleBounds(1, 20), window_s=30.0,
+                    max_changes=100, ttft_ms=2000, itl_ms=50)
+
+
+def traffic(rate: float, dt: float = 5.0, isl: int = 8000, osl: int = 300) -> Traffic:
+    n = round(rate * dt)
+    return Traffic(dt, n, n * isl, n * isl // 4, n * osl)
+
+
+def test_profile_fits_the_mock_timing_model() -> None:
+    p = mock_profile()
+    t = TimingModel()
+    assert p.prefill_s(4096) == pytest.approx(t.step_s(4096, 0, 0.0), rel=1e-6)
+    assert p.prefill_s(20_000) == pytest.approx(2 * p.prefill_s(8192) + p.prefill_s(20_000 - 16384))
+    assert p.itl_s(64, 4096) == pytest.approx(t.step_s(0, 1, 64 * 4096 / p.kv_tokens), rel=0.02)
+    assert p.decode_batch(4096, 0.0001) == 0
+    mu = 1 / p.prefill_s(6000)
+    assert p.prefill_rate(6000, 2.0, 0.99) == pytest.approx(mu + math.log(0.01) / 2.0)
+    assert p.prefill_rate(6000, 2.0, 0.9) > p.prefill_rate(6000, 2.0, 0.99)
+    assert p.prefill_rate(6000, 0.1, 0.99) == 0.0  # the target is shorter than one prefill
+    agg = p.aggregated_rate(8000, 6000, 300, 2.0, 0.05, 0.99)
+    assert 0 < agg <= p.prefill_rate(6000, 2.0, 0.99)
+
+
+def test_forecast_follows_a_ramp() -> None:
+    f = ArrivalForecaster()
+    assert f.forecast(60) is None
+    for i in range(60):
+        f.observe(traffic(1.0 + i * 0.05))
+    fc = f.forecast(60.0)
+    assert fc is not None and fc.rate > 3.8  # last rate ~3.95 and rising
+    assert fc.prompt_tokens == pytest.approx(8000) and fc.uncached_tokens == pytest.approx(6000)
+
+
+def test_sla_grows_to_the_need_one_step_per_window_then_holds() -> None:
+    planner = build_planner(CFG, mock_profile())
+    workers = [WorkerView("w0", "both")]
+    for t in range(0, 600, 5):
+        for a in planner.decide(Observation(float(t), tuple(workers), traffic=traffic(20.0))):
+            assert isinstance(a, AddWorker)
+            workers.append(WorkerView(f"w{len(workers)}", "both"))
+    need = planner.policy.last_need["both"]  # type: ignore[attr-defined]
+    assert len(workers) == math.ceil(need)
+    assert [r.at for r in planner.history][:3] == [0.0, 30.0, 60.0]
+
+
+def test_sla_shrinks_only_with_headroom() -> None:
+    planner = build_planner(CFG, mock_profile())
+    workers = tuple(WorkerView(f"w{i}", "both") for i in range(10))
+    for t in range(0, 60, 5):
+        planner.decide(Observation(float(t), workers, traffic=traffic(0.5)))
+    # only once the queues stayed low for a whole window (the reactive side agrees)
+    first = planner.history[0]
+    assert isinstance(first.action, RemoveWorker) and first.at == CFG.window_s - CFG.interval_s
+
+
+def test_sla_grows_for_a_backlog_the_forecast_does_not_see() -> None:
+    planner = build_planner(CFG, mock_profile())
+    workers = tuple(WorkerView(f"w{i}", "both", num_waiting=9) for i in range(3))
+    [a] = planner.decide(Observation(0.0, workers, traffic=traffic(0.5)))
+    assert isinstance(a, AddWorker) and "queue 9.00/worker" in a.reason
+
+
+def test_sla_sizes_prefill_and_decode_pools() -> None:
+    cfg = replace(CFG, both=RoleBounds(0, 0), prefill=RoleBounds(1, 8), decode=RoleBounds(1, 8))
+    planner = build_planner(cfg, mock_profile())
+    ws = (WorkerView("p0", "prefill"), WorkerView("d0", "decode"))
+    planner.decide(Observation(0.0, ws, traffic=traffic(10.0)))
+    need = planner.policy.last_need  # type: ignore[attr-defined]
+    assert set(need) == {"prefill", "decode"} and need["prefill"] > need["decode"] > 0
+
+
+def test_observed_misses_size_the_pools_up() -> None:
+    def need_after(misses: int, feedback: bool = True) -> float:
+        planner = build_planner(replace(CFG, slo_feedback=feedback), mock_profile())
+        ws = tuple(WorkerView(f"w{i}", "both") for i in range(3))
+        for t in range(0, 120, 5):
+            tr = replace(traffic(10.0), finished=100, met=100 - misses)
+            planner.decide(Observation(float(t), ws, traffic=tr))
+        return planner.policy.last_need["both"]  # type: ignore[attr-defined,no-any-return]
+
+    base = need_after(0)
+    assert need_after(1) == pytest.approx(base)  # within the allowed 1%
+    assert need_after(4) == pytest.approx(2 * base, rel=0.05)  # sqrt(4% / 1%)
+    assert need_after(50) == pytest.approx(2 * base)  # capped
+    assert need_after(50, feedback=False) == pytest.approx(base)

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import pytest
+
+from interlock.errors import ConfigError
+from interlock.sim.rate import parse_curve, warp
+from interlock.sim.trace import SimRequest
+
+
+def uniform(n: int, gap: float = 1.0) -> list[SimRequest]:
+    return [SimRequest(f"r{i}", i * gap, 100, 10, ()) for i in range(n)]
+
+
+def test_steps_multiply_the_rate() -> None:
+    out = warp(uniform(400), parse_curve("steps:100x1,50x2,100x1"))
+    times = [r.arrival_s for r in out]
+    in_first = sum(1 for t in times if t < 100)
+    in_high = sum(1 for t in times if 100 <= t < 150)
+    assert in_first == 100 and in_high == pytest.approx(100, abs=1)
+    assert times[-1] == pytest.approx(399 - 50, abs=0.5)  # 50 s saved by the x2 step
+    assert [r.request_id for r in out] == [f"r{i}" for i in range(400)]
+
+
+def test_diurnal_starts_at_the_trough_and_peaks_mid_period() -> None:
+    out = warp(uniform(2000, 0.5), parse_curve("diurnal:period=400,min=1,max=3"))
+    times = [r.arrival_s for r in out]
+    trough = sum(1 for t in times if t < 20)
+    peak = sum(1 for t in times if 190 <= t < 210)
+    assert trough == pytest.approx(40, abs=4) and peak == pytest.approx(120, abs=4)
+
+
+@pytest.mark.parametrize("spec", ["steps:", "steps:10x0", "diurnal:period=1,min=2", "wave:1",
+                                  "diurnal:period=1,min=1,max=2,phase=3", "steps:ax2"])
+def test_bad_curves_are_refused(spec: str) -> None:
+    with pytest.raises(ConfigError, match="rate"):
+        parse_curve(spec)
