@@ -1,5 +1,5 @@
-"""``interlock planner status``: what the planner decided and why (it asks the planner's
-status endpoint, ``GET /planner``)."""
+"""interlock planner status: what the planner decided and why (it asks the planner's
+status endpoint, GET /planner)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 
 import httpx
 
+from interlock.cli import flags
 from interlock.planner import DecisionRecord
 from interlock.planner.status import PATH
 
@@ -20,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--url", default="http://127.0.0.1:8010",
                    help="the planner's status address (host:port it serves /planner on)")
     s.add_argument("--json", action="store_true", help="print the raw status")
-    return p
+    return flags.apply_environment(p)
 
 
 def render(status: dict[str, object]) -> str:

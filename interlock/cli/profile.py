@@ -1,14 +1,14 @@
-"""``interlock profile``: measure what one worker can do, for the SLA planner.
+"""interlock profile: measure what one worker can do, for the SLA planner.
 
-Runs the engine in this process (the torch runner on the real model, or ``--runner mock`` on a
+Runs the engine in this process (the torch runner on the real model, or --runner mock on a
 virtual clock, whose times are the mock's step-time model) and measures:
 
-* prefill: seconds to compute one prompt alone, for each ``--lengths`` (distinct random tokens,
-  so no prefix hit; a prompt longer than ``--max-num-batched-tokens`` takes several steps);
-* decode: the mean time of ``--decode-steps`` decode-only steps with ``B`` requests of ``C``
-  context tokens running, for each ``--batches`` x ``--contexts`` that fits the KV cache.
+* prefill: seconds to compute one prompt alone, for each --lengths (distinct random tokens,
+  so no prefix hit; a prompt longer than --max-num-batched-tokens takes several steps);
+* decode: the mean time of --decode-steps decode-only steps with B requests of C
+  context tokens running, for each --batches x --contexts that fits the KV cache.
 
-Writes a JSON capability profile (``interlock.planner.profile``) that ``--profile`` gives to the
+Writes a JSON capability profile (interlock.planner.profile) that --profile gives to the
 SLA planner. Progress goes to stderr. The defaults take well under a minute on two cores.
 """
 
@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 
+from interlock.cli import flags
 from interlock.engine.clock import VirtualClock
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.engine.core import EngineCore
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--contexts", default=None, help="decode context lengths, comma-separated")
     p.add_argument("--decode-steps", type=int, default=8, help="decode steps timed per point")
     p.add_argument("--repeats", type=int, default=2, help="prefill runs per length (median kept)")
-    return p
+    return flags.apply_environment(p)
 
 
 class Profiler:
