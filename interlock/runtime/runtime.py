@@ -102,6 +102,12 @@ async def connect_runtime(
                     await nc.flush(timeout=max(1, round(config.connect_timeout)))  # the bye goes out
             except Exception:
                 pass  # server already gone: nothing left to deliver
-            await nc.close()
+            try:
+                await nc.close()
+            except (RuntimeError, OSError):
+                # The socket died under it (the nats-server stopped with us, as when a process
+                # group gets SIGTERM): nats-py still writes its pending buffer into the closed
+                # transport, which uvloop refuses. Nothing is left to deliver or to release.
+                pass
 
     return Runtime(discovery, requests, NatsEventPlane(nc), config, [disconnect])
