@@ -78,6 +78,8 @@ class LoadTracker:
         """1 / kv_tokens_total (0 when unknown), so usage is one multiply per decision."""
         self.prefill_tps = np.full(n, DEFAULT_PREFILL_TPS)
         self.decode_step_s = np.full(n, DEFAULT_DECODE_STEP_S)
+        self.decode_measured = np.zeros(n, dtype=bool)
+        """The worker has reported a decode step time (until then it is priced like the fleet)."""
         self.report_time = np.full(n, -np.inf)
         self._fits: dict[int, StepTimeFit] = {}
         self._fitted: dict[int, tuple[float, float]] = {}
@@ -99,6 +101,7 @@ class LoadTracker:
         self.inv_kv_tokens[slot] = 1.0 / (kv_blocks_total * block_size) if kv_blocks_total else 0.0
         self.prefill_tps[slot] = DEFAULT_PREFILL_TPS
         self.decode_step_s[slot] = DEFAULT_DECODE_STEP_S
+        self.decode_measured[slot] = False
         self.report_time[slot] = -np.inf
         self._fits[slot] = StepTimeFit()
         self._fitted.pop(slot, None)
@@ -125,6 +128,7 @@ class LoadTracker:
             [self.decode_step_s, np.full(new - size, DEFAULT_DECODE_STEP_S)]
         )
         self.report_time = np.concatenate([self.report_time, np.full(new - size, -np.inf)])
+        self.decode_measured = np.concatenate([self.decode_measured, np.zeros(new - size, dtype=bool)])
 
     # ---- dispatch accounting (this router, or another one via apply_remote) ----
     def on_route(self, request_id: str, slot: int, instance_id: str, *, prefill_tokens: int,
@@ -239,8 +243,9 @@ class LoadTracker:
                 self._speeds = None
         if r.decode_step_s > 0:
             self.decode_step_s[slot] = r.decode_step_s
-            if r.kv_blocks_total:
-                self._decode_fit.add(r.kv_blocks_used / r.kv_blocks_total, r.decode_step_s)
+            self.decode_measured[slot] = True
+            if self.inv_kv_tokens[slot]:
+                self._decode_fit.add(self.context_usage(slot), r.decode_step_s)
 
     # ---- merged view ----
     def speeds(self) -> tuple[np.ndarray, np.ndarray]:
@@ -276,9 +281,26 @@ class LoadTracker:
         included; until then each worker's last reported average."""
         fit = self._decode_fit.estimate(min_spread_tokens=0.01)
         if fit is None:
-            return self.decode_step_s
+            return self._decode_step_measured()
         base, slope = fit
-        return base + slope * self.kv_usage()
+        return base + slope * self.dispatched_kv * self.inv_kv_tokens
+
+    def context_usage(self, slot: int) -> float:
+        """Summed context of the worker's requests over its KV tokens: what a decode step
+        reads (a shared prefix counts once per request, unlike blocks in use)."""
+        return float(self.dispatched_kv[slot] * self.inv_kv_tokens[slot])
+
+    def _decode_step_measured(self) -> np.ndarray:
+        """Each worker's reported decode step; one that has not decoded yet gets the fastest
+        reported one (it holds no more KV than any of them). A default there instead priced
+        every cold worker above the first one to report, so a cold burst all went to it."""
+        measured = self.decode_measured
+        n_measured = int(measured[: len(self.inflight)].sum())
+        if n_measured == 0 or n_measured == len(self._fits):
+            return self.decode_step_s
+        out = self.decode_step_s.copy()
+        out[~measured] = self.decode_step_s[measured].min()
+        return out
 
     def kv_usage(self) -> np.ndarray:
         """Fraction of KV in use: reported, or dispatched footprint if that is larger."""

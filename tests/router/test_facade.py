@@ -79,6 +79,18 @@ def test_a_burst_spreads_before_any_load_report() -> None:
     assert r.drain_shared() == []  # a lone router keeps no events for others
 
 
+def test_a_cold_burst_spreads_after_the_first_worker_reports_its_decode_speed() -> None:
+    # w0 has decoded (1 ms steps), the others never have: they must not be priced at a default
+    # decode step (once 20 ms: 300 tokens made every cold worker look 1.2 s away)
+    r, clock = make(4, share_load=False)
+    clock.t = 1.0
+    r.apply_load(LoadReport(instance_id="w0", timestamp=1.0, num_running=0, num_waiting=0,
+                            kv_blocks_used=0, kv_blocks_total=100_000, queued_prefill_tokens=0,
+                            step_time_s=0.001, tokens_computed=1, decode_step_s=0.001))
+    picks = [route(r, f"r{i}", [i] * 400, max_tokens=300).worker_id for i in range(8)]
+    assert sorted(set(picks)) == ["w0", "w1", "w2", "w3"]
+
+
 def test_a_cached_worker_is_left_once_its_queue_costs_more_than_the_hit() -> None:
     r, _ = make(2)
     cache(r, "w0", PROMPT[:320])
