@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--conv-speedup", type=float, default=4.0)
-    ap.add_argument("--conv-blocks", type=int, default=1500)
+    ap.add_argument("--conv-blocks", type=int, default=3000)
     ap.add_argument("--agent-speedup", type=float, default=2.0)
     ap.add_argument("--agent-blocks", type=int, default=1500)
     ap.add_argument("--json", default=None)

@@ -110,13 +110,20 @@ class WorkerSink:
 class _Step:
     start: float
     end: float
+    """End of the step in progress (of a stretch: of its current step)."""
     sched: list[tuple[SimSeq, int]]
     prefill: int
     decodes: int
     k: int
-    """Steps in this (macro) step; > 1 only for decode-only stretches."""
+    """Steps in this stretch (1: a plain step)."""
     ctx0: int
-    """Summed context of the decodes in the first step (for cutting a macro step)."""
+    """Summed context of the decodes in the first step."""
+    done: int = 0
+    """Steps of the stretch already ended."""
+    alloc: list[int] = field(default_factory=list)
+    """Blocks each step of the stretch allocates."""
+    queued: int = 0
+    """Queued prefill tokens during the stretch (nothing changes it)."""
 
 
 class SimWorker:
@@ -137,6 +144,8 @@ class SimWorker:
         self.pool = SimPool(num_blocks, block_size, watermark=watermark)
         self._kv_tokens_total = num_blocks * block_size
         self.waiting: deque[SimSeq] = deque()
+        self.inbox: list[SimSeq] = []
+        """Arrived during the step in progress."""
         self.running: list[SimSeq] = []
         self.waiting_tokens = 0
         """Sum of ``num_tokens - computed`` over the waiting queue."""
@@ -156,7 +165,10 @@ class SimWorker:
                              f"than a worker has ({self.num_blocks})")
         self._arrivals += 1
         s = SimSeq(req, now, order=(req.priority, self._arrivals), uid=self._arrivals)
-        self._enqueue(s)
+        if self.step is None:
+            self._enqueue(s)
+        else:  # the engine takes it in after this step (whose report does not show it yet)
+            self.inbox.append(s)
         return s
 
     def _enqueue(self, s: SimSeq) -> None:
@@ -169,7 +181,7 @@ class SimWorker:
 
     @property
     def num_inflight(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.inbox) + len(self.waiting) + len(self.running)
 
     # ---- scheduling (engine/scheduler.py, step for step) ----
     def _schedule(self) -> tuple[list[tuple[SimSeq, int]], bool]:
@@ -275,12 +287,17 @@ class SimWorker:
 
     # ---- stepping ----
     def start_step(self, now: float) -> float | None:
-        """Plan the next step at ``now``; returns its end time, or None when idle."""
+        """Plan the next step at ``now``; returns its end time, or None when idle. Inside a
+        decode stretch: the end of its next step."""
+        if self.step is not None:
+            return self.step.end
+        for s in self.inbox:
+            self._enqueue(s)
+        self.inbox.clear()
         sched, quiet = self._schedule()
         if not sched and self.waiting:  # preempted all it ran: admit at once (an empty step)
             sched, quiet = self._schedule()
         if not sched:
-            self.step = None
             return None
         prefill = decodes = ctx = 0
         for s, n in sched:
@@ -289,39 +306,35 @@ class SimWorker:
                 decodes += 1
             else:
                 prefill += n
-        k = 1
+        st = _Step(now, now, sched, prefill, decodes, 1, ctx)
         if quiet and not prefill and len(sched) == len(self.running):
-            k = self._stretch(sched)
-        if k > 1:
-            dur = self._decode_span(ctx, decodes, k)
+            self._stretch(st)
+        if st.k > 1:
+            st.end = now + self._decode_span(ctx, decodes, 1)
+            st.queued = self._queued_prefill()
         else:
-            dur = self.timing.step_s(prefill, decodes, ctx / self._kv_tokens_total)
-        self.step = _Step(now, now + dur, sched, prefill, decodes, k, ctx)
+            st.end = now + self.timing.step_s(prefill, decodes, ctx / self._kv_tokens_total)
+        self.step = st
         self.version += 1
-        return self.step.end
+        return st.end
 
-    def _stretch(self, sched: list[tuple[SimSeq, int]]) -> int:
-        """Decode steps that can run as one: up to the next finish, and no further than the
-        last step whose blocks the pool can still give."""
-        k = min(s.req.output_tokens - s.outputs for s, _ in sched)
+    def _stretch(self, st: _Step) -> None:
+        """Make ``st`` a decode stretch: steps up to the next finish, and no further than the
+        last step whose blocks the pool can still give. Step j >= 1 needs a block for each
+        request with (computed + j) % bs == 0; ``st.alloc[j]`` counts them."""
+        k = min(s.req.output_tokens - s.outputs for s, _ in st.sched)
+        if k <= 1:
+            return
         bs = self.block_size
-        avail = self.pool.free
-        if len(sched) * _cdiv(k, bs) <= avail:
-            return max(k, 1)
-        # Step j (1..k-1) needs a block for each request with (computed + j) % bs == 0.
-        first = np.asarray([(-s.computed - 1) % bs + 1 for s, _ in sched])
-
-        def need(m: int) -> int:  # blocks for steps 1..m-1
-            return int(np.maximum((m - 1 - first) // bs + 1, 0).sum())
-
-        lo, hi = 1, k
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if need(mid) <= avail:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        first = np.fromiter(((-s.computed - 1) % bs + 1 for s, _ in st.sched), dtype=np.int64,
+                            count=len(st.sched))
+        hist = np.bincount(first, minlength=bs + 1)
+        alloc = hist[(np.arange(k) - 1) % bs + 1]
+        alloc[0] = 0  # step 0's blocks were allocated when it was scheduled
+        k = min(k, int(np.searchsorted(np.cumsum(alloc), self.pool.free, side="right")))
+        if k > 1:
+            st.k = k
+            st.alloc = alloc[:k].tolist()
 
     def _decode_span(self, ctx0: int, n: int, k: int) -> float:
         """Seconds for ``k`` decode-only steps of ``n`` requests starting at summed context
@@ -333,69 +346,76 @@ class SimWorker:
         return ms / self.timing.speedup / 1000.0
 
     def cut(self, now: float) -> float | None:
-        """An arrival at ``now``: end a decode macro step after the step in progress.
-        Returns the new end time if it changed."""
+        """An arrival at ``now``: a decode stretch ends with the step in progress (whose end
+        is already scheduled, so nothing changes there)."""
         st = self.step
-        if st is None or st.k <= 1:
-            return None
-        lo, hi = 0, st.k  # largest m with span(m) <= now - start
-        elapsed = now - st.start
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._decode_span(st.ctx0, st.decodes, mid) <= elapsed:
-                lo = mid
-            else:
-                hi = mid - 1
-        m = min(lo + 1, st.k)
-        if m == st.k:
-            return None
-        st.k = m
-        st.end = st.start + self._decode_span(st.ctx0, st.decodes, m)
-        self.version += 1
-        return st.end
+        if st is not None and st.k > 1:
+            st.k = st.done + 1
+        return None
 
     def finish_step(self, now: float) -> None:
         st = self.step
         assert st is not None and abs(now - st.end) < 1e-9
+        if st.k > 1:
+            j = st.done
+            if st.alloc[j]:
+                self.pool.allocate(st.alloc[j])
+            step_s = self._decode_span(st.ctx0 + j * st.decodes, st.decodes, 1)
+            self.sink.itl(step_s, st.decodes)
+            self._decode_step_s = _ema(self._decode_step_s, step_s)
+            if j + 1 < st.k:  # a step inside the stretch: only what its report shows changes
+                st.done += 1
+                st.end = st.start + self._decode_span(st.ctx0, st.decodes, j + 2)
+                self._publish(now, step_s, st.decodes, st.queued)
+                return
         self.step = None
-        k, bs = st.k, self.block_size
-        if k > 1:  # the blocks of steps 1..k-1 of a decode stretch
-            extra = 0
-            for s, _ in st.sched:
-                more = _cdiv(s.computed + k, bs) - _cdiv(s.computed + 1, bs)
-                s.unkeyed += more
-                extra += more
-            self.pool.allocate(extra)
+        if st.k > 1:
+            self._finish_stretch(st)
+        else:
+            self._finish_one(st)
         finished = False
+        for s, _ in st.sched:
+            if not s.running or s.outputs < s.req.output_tokens:
+                continue
+            finished = True
+            s.running = False
+            s.finish_s = now
+            self.pool.release(s.keyed, s.unkeyed)
+            s.keyed, s.unkeyed = [], 0
+            self.sink.finished(self, s, now)
+        if finished:
+            self.running = [s for s in self.running if s.running]
+        if st.k == 1:
+            step_s = st.end - st.start
+            if st.decodes:
+                self.sink.itl(step_s, st.decodes)
+            self._observe(st.prefill, step_s)
+        else:
+            step_s = self._decode_span(st.ctx0 + (st.k - 1) * st.decodes, st.decodes, 1)
+        self._publish(now, step_s, st.prefill + st.decodes, self._queued_prefill())
+
+    def _finish_one(self, st: _Step) -> None:
+        now = st.end
         for s, n in st.sched:
             if not s.running:
                 continue
-            if k > 1:  # k decodes, each sampling a token
-                s.computed += k
-                s.outputs += k
-                sampled = True
-            else:
-                s.computed += n
-                sampled = s.computed == s.num_tokens
-                s.outputs += sampled
+            s.computed += n
             self._offer(s)
-            if sampled:
+            if s.computed == s.num_tokens:  # the chunk ended the sequence: a token is sampled
+                s.outputs += 1
                 if s.first_token_s < 0:
                     s.first_token_s = now
                     self.sink.first_token(self, s, now)
-                if s.outputs >= s.req.output_tokens:
-                    finished = True
-                    s.running = False
-                    s.finish_s = now
-                    self.pool.release(s.keyed, s.unkeyed)
-                    s.keyed, s.unkeyed = [], 0
-                    self.sink.finished(self, s, now)
-        if finished:
-            self.running = [s for s in self.running if s.running]
-        if st.decodes:
-            self.sink.itl((st.end - st.start) / k, st.decodes * k)
-        self._observe(st)
-        self._publish(now, st)
+
+    def _finish_stretch(self, st: _Step) -> None:
+        """``k`` decode steps done: each request computed and sampled ``k`` tokens; its share
+        of the blocks the steps after the first allocated."""
+        k, bs = st.k, self.block_size
+        for s, _ in st.sched:
+            s.unkeyed += _cdiv(s.computed + k, bs) - _cdiv(s.computed + 1, bs)
+            s.computed += k
+            s.outputs += k
+            self._offer(s)
 
     def _offer(self, s: SimSeq) -> None:
         """Cache the request's blocks that became full (``KVCacheManager.cache_full_blocks``)."""
@@ -408,32 +428,33 @@ class SimWorker:
                 s.keyed.append(key)
         s.offered = max(s.offered, full)
 
-    def _observe(self, st: _Step) -> None:
+    def _observe(self, prefill: int, step_s: float) -> None:
         """The engine core's speed figures: prefill tokens/s and decode step time (EMAs)."""
-        if st.prefill:
-            tps = st.prefill / (st.end - st.start)
-            self._prefill_tps = _ema(self._prefill_tps, tps)
-            return
-        kt = self._kv_tokens_total
-        for j in range(max(0, st.k - 16), st.k):  # older steps weigh < 0.8^16 = 3%
-            d = decode_ms((st.ctx0 + j * st.decodes) / kt) / self.timing.speedup / 1000.0
-            self._decode_step_s = _ema(self._decode_step_s, d)
+        if prefill:
+            self._prefill_tps = _ema(self._prefill_tps, prefill / step_s)
+        else:
+            self._decode_step_s = _ema(self._decode_step_s, step_s)
 
-    def _publish(self, now: float, st: _Step) -> None:
-        events = self.pool.take_events()
-        if events and self.publish_events:
-            self.sink.kv_events(KVEventBatch(instance_id=self.instance_id, seq=self._event_seq,
-                                             timestamp=now, events=tuple(events)))
-            self._event_seq += 1
-        tokens = st.prefill + st.decodes
-        self.sink.load(self.load_report(now, (st.end - st.start) / st.k, tokens))
-
-    def load_report(self, now: float, step_s: float = 0.0, tokens: int = 0) -> LoadReport:
+    def _queued_prefill(self) -> int:
         queued = self.waiting_tokens
         for s in self.running:
             left = s.req.prompt_tokens - s.computed
             if left > 0:
                 queued += left
+        return queued
+
+    def _publish(self, now: float, step_s: float, tokens: int, queued: int) -> None:
+        events = self.pool.take_events()
+        if events and self.publish_events:
+            self.sink.kv_events(KVEventBatch(instance_id=self.instance_id, seq=self._event_seq,
+                                             timestamp=now, events=tuple(events)))
+            self._event_seq += 1
+        self.sink.load(self._report(now, step_s, tokens, queued))
+
+    def load_report(self, now: float) -> LoadReport:
+        return self._report(now, 0.0, 0, self._queued_prefill())
+
+    def _report(self, now: float, step_s: float, tokens: int, queued: int) -> LoadReport:
         return LoadReport(
             instance_id=self.instance_id, timestamp=now, num_running=len(self.running),
             num_waiting=len(self.waiting), kv_blocks_used=self.pool.used,
@@ -454,6 +475,8 @@ class SimWorker:
     def check_integrity(self) -> None:
         self.pool.check()
         held = sum(s.num_blocks for s in self.running)
+        if self.step is not None and self.step.k > 1:  # not yet shared out to the requests
+            held += sum(self.step.alloc[: self.step.done])
         assert held == self.pool.used + sum(c - 1 for c in self.pool.ref.values()), "block refs"
         for s in self.running:
             assert s.num_blocks == _cdiv(s.computed, self.block_size) or self.step is not None
