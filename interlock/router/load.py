@@ -32,6 +32,10 @@ DEFAULT_PREFILL_TPS = 10_000.0
 """Assumed prefill speed (tokens/s) before any worker has reported one."""
 DEFAULT_DECODE_STEP_S = 0.02
 DEFAULT_STEP_OVERHEAD_S = 0.02
+DECODE_CONTEXT_SLOPE = 4.0
+"""Prior for how decode step time grows with a worker's summed context (as a fraction of its KV
+tokens) until the fleet's reports fit a line: x5 from empty to full (Dynamo's mocker fit, a
+memory-bound decode, gives x6)."""
 
 
 @dataclass(slots=True)
@@ -274,11 +278,11 @@ class LoadTracker:
         return self.reported_waiting + self.fresh_count
 
     def decode_step(self) -> np.ndarray:
-        """Expected decode step seconds per slot. Decode time grows with the KV a worker holds,
-        and a worker's own decode-step average is noisy and stale (it only moves when it
-        decodes), so once the fleet's reports span a range of KV usage, the estimate is the
-        fleet's line (step time against usage) at each worker's current usage, dispatches
-        included; until then each worker's last reported average."""
+        """Expected decode step seconds per slot. Decode time grows with the context a worker's
+        requests read, and a worker's own decode-step average is noisy and stale (it only moves
+        on decode-only steps), so once the fleet's reports span a range of context, the
+        estimate is the fleet's line (step time against summed context over KV tokens) at each
+        worker's current context, dispatches included; until then ``_decode_step_measured``."""
         fit = self._decode_fit.estimate(min_spread_tokens=0.01)
         if fit is None:
             return self._decode_step_measured()
@@ -291,16 +295,15 @@ class LoadTracker:
         return float(self.dispatched_kv[slot] * self.inv_kv_tokens[slot])
 
     def _decode_step_measured(self) -> np.ndarray:
-        """Each worker's reported decode step; one that has not decoded yet gets the fastest
-        reported one (it holds no more KV than any of them). A default there instead priced
-        every cold worker above the first one to report, so a cold burst all went to it."""
+        """Until the fleet's line exists: the fastest decode step any worker reported (the
+        step of a worker holding little KV), grown with each worker's summed context by a
+        prior slope (``DECODE_CONTEXT_SLOPE``). A worker's own average is no measure of its
+        load (it only moves on decode-only steps, rare on a busy worker), and a fixed default
+        for workers that never decoded priced every cold worker above the first one to report
+        (a cold burst all went to it)."""
         measured = self.decode_measured
-        n_measured = int(measured[: len(self.inflight)].sum())
-        if n_measured == 0 or n_measured == len(self._fits):
-            return self.decode_step_s
-        out = self.decode_step_s.copy()
-        out[~measured] = self.decode_step_s[measured].min()
-        return out
+        base = float(self.decode_step_s[measured].min()) if measured.any() else DEFAULT_DECODE_STEP_S
+        return base * (1.0 + DECODE_CONTEXT_SLOPE * self.dispatched_kv * self.inv_kv_tokens)
 
     def kv_usage(self) -> np.ndarray:
         """Fraction of KV in use: reported, or dispatched footprint if that is larger."""
