@@ -24,7 +24,17 @@ shared system prompt to the few workers that already cache it, where the decodes
 the 8-worker herding test, busiest worker 1.9x the mean in-flight at 60 req/s without it,
 1.01x with it, at the same hit ratio).
 
-Pressure: above ``kv_watermark`` of KV usage the cost is multiplied by
+Room: a worker whose free KV blocks cannot hold the prompts queued on it plus this one's
+uncached part admits it only as running requests finish (an engine allocates blocks as tokens
+need them and queues what does not fit). ``room_wait_s`` prices that wait: the deficit, freed at
+the rate its blocks in use are released (all of them over ``drain_s``, about one request's
+decode time). So a full worker holding the prefix is worth waiting for exactly while the wait is
+shorter than recomputing the prefix elsewhere (``Router.dispatch_queued`` applies the same rule
+to a request waiting in the router's queue).
+
+Pressure: above ``kv_watermark`` of KV usage (blocks in use as the worker last reported them;
+the dispatched footprint, prompt plus output per request, counts a shared prefix once per
+request and made workers behind shared system prompts look full) the cost is multiplied by
 ``1 + kv_penalty * (usage - watermark) / (1 - watermark)`` (a worker near full would evict the
 very prefixes that made it attractive, or preempt).
 
@@ -56,6 +66,9 @@ class CostParams:
     """Weight of this request's own decode time (0: pure TTFT)."""
     temperature: float = 0.0
     tie_tolerance_s: float = 1e-3
+    price_room: bool = True
+    """Add the wait for KV room (``room_wait_s``); off: a full worker is priced as an empty
+    one with the same queue."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.chunk_tokens < 1:
@@ -77,8 +90,12 @@ def ttft_costs(
     decode_step_s: np.ndarray,
     kv_usage: np.ndarray,
     decode_tokens: int = 0,
+    free_blocks: np.ndarray | None = None,
+    used_blocks: np.ndarray | None = None,
+    drain_s: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Estimated seconds to first token on each worker (see module docstring)."""
+    """Estimated seconds to first token on each worker (see module docstring); with
+    ``free_blocks``, ``used_blocks`` and ``drain_s`` the wait for room is added last."""
     uncached = np.maximum(prompt_tokens - overlap_blocks * params.block_size, 1)
     work = queued_prefill + uncached
     cost = (work + params.miss_weight * uncached) * per_token_s
@@ -88,7 +105,18 @@ def ttft_costs(
     if params.kv_penalty and kv_usage.max() > params.kv_watermark:
         over = np.maximum(kv_usage - params.kv_watermark, 0.0) / max(1.0 - params.kv_watermark, 1e-9)
         cost *= 1.0 + params.kv_penalty * over
+    if free_blocks is not None and used_blocks is not None and drain_s is not None:
+        cost += room_wait_s(need_blocks=work / params.block_size, free_blocks=free_blocks,
+                           used_blocks=used_blocks, drain_s=drain_s)
     return cost
+
+
+def room_wait_s(*, need_blocks: np.ndarray, free_blocks: np.ndarray, used_blocks: np.ndarray,
+                drain_s: np.ndarray) -> np.ndarray:
+    """Seconds until each worker has ``need_blocks`` free: 0 while it has them; past that the
+    deficit, at the rate a worker releases its ``used_blocks`` (all of them in ``drain_s``)."""
+    deficit = np.maximum(need_blocks - free_blocks, 0.0)
+    return deficit * drain_s / np.maximum(used_blocks, 1.0)
 
 
 def choose(

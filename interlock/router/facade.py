@@ -52,6 +52,9 @@ class RouterConfig:
     busy_kv_usage: float = 0.98
     """A worker at or above this KV usage is busy."""
     queue_capacity: int = 1024
+    queue_scan: int = 16
+    """Queued requests looked at per ``dispatch_queued`` call past ones waiting for a busy
+    worker they prefer."""
     retry_after_s: float = 1.0
     approx_ttl_s: float = 120.0
     num_candidates: int = 3
@@ -101,6 +104,10 @@ class Router:
         """Per slot: ``InstanceInfo.queue_depth_threshold``, +inf where none."""
         self._rng = np.random.default_rng(self.config.seed)
         self._rotation = 0
+        self._queue_stamp: tuple[bytes, int] = (b"", -1)
+        """Busy workers and queue length when ``dispatch_queued`` last looked."""
+        self._revisit_at = np.inf
+        """When the first request waiting for a busy worker would take another one."""
         self._routed: dict[str, str] = {}
         """request id -> worker id, for requests in flight."""
 
@@ -202,26 +209,50 @@ class Router:
             raise NoWorkers("no healthy worker available", retry_after=self.config.retry_after_s)
         open_ = eligible & ~self._busy_mask()
         if not open_.any():
-            self.metrics.queued += 1
-            try:
-                return self.queue.push(meta, hashes, now)
-            except Overloaded:
-                self.metrics.rejected += 1
-                raise
-        return self._commit(self._decide(meta, hashes, open_, now), meta, hashes, now)
+            return self._wait(meta, hashes, now)
+        d = self._decide(meta, hashes, open_, now, wait_for=eligible)
+        if d is None:  # a busy worker is worth waiting for
+            return self._wait(meta, hashes, now)
+        return self._commit(d, meta, hashes, now)
+
+    def _wait(self, meta: RequestMeta, hashes: Sequence[int], now: float) -> Pending:
+        self.metrics.queued += 1
+        try:
+            return self.queue.push(meta, hashes, now)
+        except Overloaded:
+            self.metrics.rejected += 1
+            raise
 
     def dispatch_queued(self) -> list[Decision]:
         """Route queued requests, most important (lowest priority value) first, while some worker
-        has room."""
+        has room. A request keeps its preference (``kv``): if its best worker, priced with the
+        wait for room (``cost.room_wait_s``), is a busy one, it stays queued for it as long as
+        it has waited less than going elsewhere would cost it; requests behind it may go first
+        (at most ``queue_scan`` of them looked at per call)."""
         out: list[Decision] = []
-        while (p := self.queue.peek()) is not None:
-            open_ = self._eligible(p.meta.role) & ~self._busy_mask()
+        kept: list[Pending] = []
+        now = self.clock()
+        busy = self._busy_mask()
+        stamp = (busy.tobytes(), len(self.queue))
+        if stamp == self._queue_stamp and now < self._revisit_at:
+            return out  # nothing opened, nothing queued, nobody's wait ran out: same answer
+        self._revisit_at = np.inf
+        while (p := self.queue.peek()) is not None and len(kept) < self.config.queue_scan:
+            eligible = self._eligible(p.meta.role)
+            open_ = eligible & ~busy
             if not open_.any():
                 break
             self.queue.pop()
-            now = self.clock()
-            d = self._decide(p.meta, p.hashes, open_, now, suffix="+queued")
+            d = self._decide(p.meta, p.hashes, open_, now, suffix="+queued",
+                             wait_for=eligible, waited_s=now - p.enqueued_at)
+            if d is None:
+                kept.append(p)
+                continue
             out.append(self._commit(d, p.meta, p.hashes, now))
+            busy = self._busy_mask()
+        for p in kept:
+            self.queue.requeue(p)
+        self._queue_stamp = (busy.tobytes(), len(self.queue))
         return out
 
     def cancel(self, request_id: str) -> None:
@@ -277,7 +308,10 @@ class Router:
         return self._decision(meta, w.info.instance_id, "direct", ov)
 
     def _decide(self, meta: RequestMeta, hashes: Sequence[int], open_: np.ndarray, now: float,
-                suffix: str = "") -> Decision:
+                suffix: str = "", wait_for: np.ndarray | None = None,
+                waited_s: float = 0.0) -> Decision | None:
+        """The worker for ``meta`` among ``open_``; None when, with ``wait_for`` (the eligible
+        workers, busy ones included), the request is better off waiting for a busy one."""
         t0 = time.perf_counter()
         self.indexer.expire(now)
         self._rotation += 1
@@ -291,7 +325,10 @@ class Router:
         mask = open_
         if meta.route_key is not None:
             mask, reason = self._route_key_mask(meta.route_key, open_)
-        d = self._pick(meta, hashes, mask, reason + suffix, t0)
+        d = self._pick(meta, hashes, mask, reason + suffix, t0,
+                       wait_for=wait_for if meta.route_key is None else None, waited_s=waited_s)
+        if d is None:
+            return None
         if meta.session_id is not None:
             self.sessions.put(meta.session_id, d.worker_id, now)
         return d
@@ -308,7 +345,8 @@ class Router:
         return mask, "route_key"
 
     def _pick(self, meta: RequestMeta, hashes: Sequence[int], mask: np.ndarray, reason: str,
-              t0: float) -> Decision:
+              t0: float, wait_for: np.ndarray | None = None,
+              waited_s: float = 0.0) -> Decision | None:
         n = len(mask)
         busy = self.load.busy()[:n]
         queued = self.load.queued_prefill()[:n]
@@ -327,14 +365,37 @@ class Router:
             per_token_s=per_token[:n],
             step_overhead_s=overhead[:n],
             decode_step_s=self.load.decode_step()[:n],
-            kv_usage=self.load.kv_usage()[:n],
+            kv_usage=self.load.kv_used_frac[:n],
             decode_tokens=meta.max_tokens,
+            **self._room(n, meta.max_tokens),
         )
         slot = choose(costs, mask, busy, tolerance=self.config.cost.tie_tolerance_s,
                       temperature=self.config.cost.temperature, rng=self._rng,
                       rotation=self._rotation)
+        if wait_for is not None:
+            closed = wait_for & ~mask
+            if closed.any():
+                best_closed = float(costs[closed].min())
+                # wait while what we have waited is less than the preferred worker saves
+                gap = float(costs[slot]) - self.config.cost.tie_tolerance_s - best_closed
+                if waited_s < gap:
+                    self._revisit_at = min(self._revisit_at, self.clock() + gap - waited_s)
+                    return None
         return self._decision(meta, self._slot_ids[slot], reason, int(overlaps[slot]), t0=t0,
                               candidates=self._candidates(costs, overlaps, mask))
+
+    def _room(self, n: int, max_tokens: int) -> dict[str, np.ndarray]:
+        """What ``ttft_costs`` needs to price the wait for KV room (nothing when it is off):
+        blocks in use and free as last reported, and the time to release them all (one
+        request's decode, at this request's length)."""
+        if not self.config.cost.price_room:
+            return {}
+        load = self.load
+        total = load.kv_tokens_total[:n] / self.config.block_size
+        used = load.kv_used_frac[:n] * total
+        free = np.where(total > 0, total - used, np.inf)
+        return {"free_blocks": free, "used_blocks": used,
+                "drain_s": load.decode_step()[:n] * max(max_tokens, 1)}
 
     def _candidates(self, costs: np.ndarray, overlaps: np.ndarray, mask: np.ndarray
                     ) -> tuple[Candidate, ...]:

@@ -94,7 +94,8 @@ def build_report(*, policy: str, done: Sequence[SimSeq], upper_bound: float, poo
                  itl_w: np.ndarray, inflight_area: dict[str, float], duration_s: float,
                  per_worker_requests: dict[str, int], decision_s: np.ndarray, wall_s: float,
                  num_submitted: int, rejected: dict[str, int] | None = None) -> ReplayReport:
-    ttft = np.asarray([s.first_token_s - s.arrival_s for s in done]) * 1000.0
+    # from the request's arrival: time waiting in the router's queue counts
+    ttft = np.asarray([s.first_token_s - s.req.arrival_s for s in done]) * 1000.0
     multi = [s for s in done if s.req.output_tokens > 1]
     tpot = [(s.finish_s - s.first_token_s) / (s.req.output_tokens - 1) * 1000.0 for s in multi]
     prompt = sum(s.req.prompt_tokens for s in done)

@@ -177,6 +177,41 @@ def test_queue_when_all_busy_then_dispatch_reject_past_capacity() -> None:
     assert r.dispatch_queued() == []
 
 
+def usage(wid: str, frac: float, t: float) -> LoadReport:
+    return LoadReport(instance_id=wid, timestamp=t, num_running=4, num_waiting=0,
+                      kv_blocks_used=int(frac * 100_000), kv_blocks_total=100_000,
+                      queued_prefill_tokens=0, step_time_s=0.0, tokens_computed=0)
+
+
+LONG = list(range(2000))
+
+
+def test_a_queued_request_waits_for_the_busy_worker_with_its_prefix() -> None:
+    r, clock = make(2, share_load=False)
+    cache(r, "w0", LONG)
+    r.apply_load(usage("w0", 0.99, 1.0))
+    r.apply_load(usage("w1", 0.99, 1.0))
+    assert isinstance(r.route(req("a", 2000), token_ids=LONG), Pending)  # both full
+    r.apply_load(usage("w1", 0.10, 2.0))  # w1 has room, but recomputing 2,000 tokens costs more
+    assert r.dispatch_queued() == []
+    # a request that w1 suits goes past it
+    assert route(r, "b", [7] * 400).worker_id == "w1"
+    r.apply_load(usage("w0", 0.50, 3.0))
+    [d] = r.dispatch_queued()
+    assert (d.request_id, d.worker_id, d.reason) == ("a", "w0", "kv+queued")
+
+
+def test_a_queued_request_waits_no_longer_than_its_hit_saves() -> None:
+    r, clock = make(2, share_load=False)
+    cache(r, "w0", LONG)
+    r.apply_load(usage("w0", 0.99, 1.0))
+    assert isinstance(r.route(req("a", 2000), token_ids=LONG), Pending)  # w0 is worth a wait
+    assert r.dispatch_queued() == []
+    clock.t = 5.0  # waited longer than recomputing on w1 takes
+    [d] = r.dispatch_queued()
+    assert d.worker_id == "w1"
+
+
 def waiting(wid: str, n: int, t: float) -> LoadReport:
     return LoadReport(instance_id=wid, timestamp=t, num_running=4, num_waiting=n, kv_blocks_used=0,
                       kv_blocks_total=100_000, queued_prefill_tokens=0, step_time_s=0.0,
