@@ -53,7 +53,8 @@ print(json.dumps({"hit_ratio": s["prefix_cache_reused_ratio"], "ttft_p50_ms": s[
 def run_ours(records, hasher: TraceHasher, speedup: float, policy: str, args) -> dict:
     reqs = mooncake_requests(records, block_size=64, speedup=speedup, hasher=hasher)
     cfg = ReplayConfig(num_workers=args.workers, num_blocks=args.blocks,
-                       router=RouterConfig(policy=policy, block_size=64, seed=0))
+                       router=RouterConfig(policy=policy, block_size=64, seed=0,
+                                           max_queue_wait_s=args.max_queue_wait))
     return replay(reqs, cfg).to_dict()
 
 
@@ -103,6 +104,8 @@ def main() -> None:
     ap.add_argument("--speedups", default=None, help="comma-separated arrival speed-ups")
     ap.add_argument("--search-from", type=float, default=6.5)
     ap.add_argument("--policies", default="kv,round-robin,least-loaded,power-of-two,random")
+    ap.add_argument("--max-queue-wait", type=float, default=0.0,
+                    help="RouterConfig.max_queue_wait_s (0: the queue is bounded by count only)")
     ap.add_argument("--dynamo-python", default="/tmp/dynamo-venv/bin/python")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

@@ -16,6 +16,7 @@ on a virtual clock.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -52,6 +53,11 @@ class RouterConfig:
     busy_kv_usage: float = 0.98
     """A worker at or above this KV usage is busy."""
     queue_capacity: int = 1024
+    max_queue_wait_s: float = 0.0
+    """Refuse (``Overloaded``) a request that would wait longer than this in the queue,
+    estimated as the requests ahead of it over the recent dispatch rate: a queue far longer
+    than a service time only turns overload into a thrashed cache and timeouts. 0: only
+    ``queue_capacity`` bounds the queue."""
     queue_scan: int = 16
     """Queued requests looked at per ``dispatch_queued`` call past ones waiting for a busy
     worker they prefer."""
@@ -68,6 +74,8 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown router policy {self.policy!r}; choose from {POLICIES}")
+        if self.max_queue_wait_s < 0:
+            raise ConfigError("max_queue_wait_s must be >= 0")
         if self.block_size < 1 or self.route_key_subset < 1 or self.queue_capacity < 0:
             raise ConfigError("block_size, route_key_subset must be positive, queue_capacity >= 0")
         if self.cost.block_size != self.block_size:
@@ -104,6 +112,8 @@ class Router:
         """Per slot: ``InstanceInfo.queue_depth_threshold``, +inf where none."""
         self._rng = np.random.default_rng(self.config.seed)
         self._rotation = 0
+        self._dispatch_times: deque[float] = deque(maxlen=64)
+        """When the last requests were dispatched (the rate the queue drains at)."""
         self._queue_stamp: tuple[bytes, int] = (b"", -1)
         """Busy workers and queue length when ``dispatch_queued`` last looked."""
         self._revisit_at = np.inf
@@ -218,10 +228,21 @@ class Router:
     def _wait(self, meta: RequestMeta, hashes: Sequence[int], now: float) -> Pending:
         self.metrics.queued += 1
         try:
+            self._check_queue_wait(now)
             return self.queue.push(meta, hashes, now)
         except Overloaded:
             self.metrics.rejected += 1
             raise
+
+    def _check_queue_wait(self, now: float) -> None:
+        limit = self.config.max_queue_wait_s
+        times = self._dispatch_times
+        if not limit or not len(self.queue) or len(times) < 2 or now <= times[0]:
+            return
+        wait = len(self.queue) * (now - times[0]) / (len(times) - 1)
+        if wait > limit:
+            raise Overloaded(f"all workers busy and the queue's expected wait ({wait:.1f} s) is "
+                             f"over {limit:g} s", retry_after=self.config.retry_after_s)
 
     def dispatch_queued(self) -> list[Decision]:
         """Route queued requests, most important (lowest priority value) first, while some worker
@@ -421,5 +442,6 @@ class Router:
                            kv_tokens=meta.prompt_tokens + meta.max_tokens, now=now)
         self.indexer.record_routed(d.worker_id, hashes, now)
         self._routed[meta.request_id] = d.worker_id
+        self._dispatch_times.append(now)
         self.metrics.record(d)
         return d

@@ -212,6 +212,21 @@ def test_a_queued_request_waits_no_longer_than_its_hit_saves() -> None:
     assert d.worker_id == "w1"
 
 
+def test_max_queue_wait_refuses_what_would_wait_too_long() -> None:
+    r, clock = make(1, share_load=False, max_inflight_per_worker=1, max_queue_wait_s=2.0)
+    for i in range(3):  # one dispatch a second
+        clock.t = float(i)
+        route(r, f"d{i}", [i] * 40)
+        r.on_finish(f"d{i}")
+    route(r, "busy", [9] * 40)  # 4 dispatches in 2 s: one every 2/3 s
+    for i in range(4):  # the 4th waits behind 3: 2 s
+        assert isinstance(r.route(req(f"q{i}"), token_ids=PROMPT), Pending)
+    with pytest.raises(Overloaded, match="expected wait"):
+        r.route(req("q4"), token_ids=PROMPT)
+    with pytest.raises(ConfigError):
+        RouterConfig(max_queue_wait_s=-1)
+
+
 def waiting(wid: str, n: int, t: float) -> LoadReport:
     return LoadReport(instance_id=wid, timestamp=t, num_running=4, num_waiting=n, kv_blocks_used=0,
                       kv_blocks_total=100_000, queued_prefill_tokens=0, step_time_s=0.0,
