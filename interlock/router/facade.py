@@ -311,7 +311,7 @@ class Router:
         """Busy: KV usage at ``busy_kv_usage``, ``max_inflight_per_worker`` in flight, or more
         requests waiting in its queue than the worker's ``queue_depth_threshold``."""
         n = self.indexer.num_slots
-        busy = self.load.kv_usage()[:n] >= self.config.busy_kv_usage
+        busy = self.load.kv_in_use()[:n] >= self.config.busy_kv_usage
         if self.config.max_inflight_per_worker:
             busy |= self.load.busy()[:n] >= self.config.max_inflight_per_worker
         limit = self._queue_limit[:n]
