@@ -378,6 +378,7 @@ class Router:
             return self._decision(meta, self._slot_ids[slot], reason, ov, t0=t0)
         overlaps = self.indexer.overlaps(hashes, n) if hashes else np.zeros(n, dtype=np.int32)
         overhead, per_token = self.load.speeds()
+        decode_step = self.load.decode_step()[:n]
         costs = ttft_costs(
             self.config.cost,
             prompt_tokens=meta.prompt_tokens,
@@ -385,10 +386,10 @@ class Router:
             queued_prefill=queued,
             per_token_s=per_token[:n],
             step_overhead_s=overhead[:n],
-            decode_step_s=self.load.decode_step()[:n],
+            decode_step_s=decode_step,
             kv_usage=self.load.kv_used_frac[:n],
             decode_tokens=meta.max_tokens,
-            **self._room(n, meta.max_tokens),
+            **self._room(n, meta.max_tokens, decode_step),
         )
         slot = choose(costs, mask, busy, tolerance=self.config.cost.tie_tolerance_s,
                       temperature=self.config.cost.temperature, rng=self._rng,
@@ -405,18 +406,15 @@ class Router:
         return self._decision(meta, self._slot_ids[slot], reason, int(overlaps[slot]), t0=t0,
                               candidates=self._candidates(costs, overlaps, mask))
 
-    def _room(self, n: int, max_tokens: int) -> dict[str, np.ndarray]:
+    def _room(self, n: int, max_tokens: int, decode_step: np.ndarray) -> dict[str, np.ndarray]:
         """What ``ttft_costs`` needs to price the wait for KV room (nothing when it is off):
         blocks in use and free as last reported, and the time to release them all (one
         request's decode, at this request's length)."""
         if not self.config.cost.price_room:
             return {}
-        load = self.load
-        total = load.kv_tokens_total[:n] / self.config.block_size
-        used = load.kv_used_frac[:n] * total
-        free = np.where(total > 0, total - used, np.inf)
-        return {"free_blocks": free, "used_blocks": used,
-                "drain_s": load.decode_step()[:n] * max(max_tokens, 1)}
+        used, free = self.load.blocks_in_use(self.config.block_size)
+        return {"free_blocks": free[:n], "used_blocks": used[:n],
+                "drain_s": decode_step * max(max_tokens, 1)}
 
     def _candidates(self, costs: np.ndarray, overlaps: np.ndarray, mask: np.ndarray
                     ) -> tuple[Candidate, ...]:

@@ -88,6 +88,7 @@ class LoadTracker:
         self._fits: dict[int, StepTimeFit] = {}
         self._fitted: dict[int, tuple[float, float]] = {}
         self._speeds: tuple[np.ndarray, np.ndarray] | None = None
+        self._blocks: tuple[np.ndarray, np.ndarray] | None = None
         self._decode_fit = StepTimeFit(decay=0.99)
         """Fleet-wide line: decode step seconds against KV usage (0..1)."""
         self.outbox: list[RouterLoadEvent] = []
@@ -110,6 +111,7 @@ class LoadTracker:
         self._fits[slot] = StepTimeFit()
         self._fitted.pop(slot, None)
         self._speeds = None
+        self._blocks = None
 
     def remove_worker(self, slot: int) -> None:
         for key in [k for k, d in self._inflight.items() if d.slot == slot]:
@@ -233,6 +235,7 @@ class LoadTracker:
         self.reported_waiting[slot] = r.num_waiting
         if r.kv_blocks_total:
             self.kv_used_frac[slot] = r.kv_blocks_used / r.kv_blocks_total
+            self._blocks = None
         if r.prefill_tokens_per_s > 0:
             self.prefill_tps[slot] = r.prefill_tokens_per_s
             self._speeds = None
@@ -304,6 +307,15 @@ class LoadTracker:
         measured = self.decode_measured
         base = float(self.decode_step_s[measured].min()) if measured.any() else DEFAULT_DECODE_STEP_S
         return base * (1.0 + DECODE_CONTEXT_SLOPE * self.dispatched_kv * self.inv_kv_tokens)
+
+    def blocks_in_use(self, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(in use, free)`` blocks per slot as last reported (free is +inf where the size is
+        unknown); kept until the next report."""
+        if self._blocks is None:
+            total = self.kv_tokens_total / block_size
+            used = self.kv_used_frac * total
+            self._blocks = (used, np.where(total > 0, total - used, np.inf))
+        return self._blocks
 
     def kv_in_use(self) -> np.ndarray:
         """Fraction of KV blocks in use: the last report plus the uncached prompts sent since.
