@@ -36,7 +36,11 @@ Pressure: above ``kv_watermark`` of KV usage (blocks in use as the worker last r
 the dispatched footprint, prompt plus output per request, counts a shared prefix once per
 request and made workers behind shared system prompts look full) the cost is multiplied by
 ``1 + kv_penalty * (usage - watermark) / (1 - watermark)`` (a worker near full would evict the
-very prefixes that made it attractive, or preempt).
+very prefixes that made it attractive, or preempt). Off by default (``kv_penalty=0``) since the
+wait for room prices a full worker in seconds: with the engine-faithful simulator, the
+multiplier at 4 lowered the agent workload's hit ratio at ×3 from 0.715 to 0.622 (TTFT p99 625
+to 1,895 ms) and the conversation trace's at ×12 from 0.201 to 0.185, and changed nothing at
+lower loads (BENCHMARKS.md, Saturation).
 
 Choice: argmin; costs within ``tie_tolerance`` of the best are ties, broken towards the worker
 with the fewest in-flight requests (never the busiest), then by rotation. With a softmax
@@ -58,7 +62,7 @@ class CostParams:
     chunk_tokens: int = 8192
     """Prefill tokens per engine step (the workers' max_num_batched_tokens)."""
     kv_watermark: float = 0.7
-    kv_penalty: float = 4.0
+    kv_penalty: float = 0.0
     miss_weight: float = 1.0
     """Extra weight on this request's own uncached prefill: the work a miss adds to the whole
     system (it delays later requests too), beyond this request's TTFT."""
