@@ -207,9 +207,12 @@ class Router:
         return hash_blocks(token_ids, self.config.block_size)
 
     def route(self, meta: RequestMeta, *, token_ids: Sequence[int] | None = None,
-              block_hashes: Sequence[int] | None = None) -> Decision | Pending:
-        """Decide now, or queue when every eligible worker is busy (raises ``Overloaded``
-        when the queue is full, ``NoWorkers`` when no worker could ever take it)."""
+              block_hashes: Sequence[int] | None = None,
+              may_wait: bool = True) -> Decision | Pending:
+        """Decide now, or queue when every eligible worker is busy or, with ``may_wait``, when
+        a busy one is worth waiting for (raises ``Overloaded`` when the queue is full,
+        ``NoWorkers`` when no worker could ever take it). A probe that only wants to know
+        where a request could go now passes ``may_wait=False``."""
         hashes = block_hashes if block_hashes is not None else self.block_hashes(token_ids or ())
         now = self.clock()
         eligible = self._eligible(meta.role)
@@ -220,7 +223,7 @@ class Router:
         open_ = eligible & ~self._busy_mask()
         if not open_.any():
             return self._wait(meta, hashes, now)
-        d = self._decide(meta, hashes, open_, now, wait_for=eligible)
+        d = self._decide(meta, hashes, open_, now, wait_for=eligible if may_wait else None)
         if d is None:  # a busy worker is worth waiting for
             return self._wait(meta, hashes, now)
         return self._commit(d, meta, hashes, now)
@@ -308,10 +311,13 @@ class Router:
         self._queue_limit[slot] = threshold if threshold > 0 else np.inf
 
     def _busy_mask(self) -> np.ndarray:
-        """Busy: KV usage at ``busy_kv_usage``, ``max_inflight_per_worker`` in flight, or more
+        """Busy: KV blocks in use at ``busy_kv_usage``, ``max_inflight_per_worker`` in flight, or more
         requests waiting in its queue than the worker's ``queue_depth_threshold``."""
         n = self.indexer.num_slots
-        busy = self.load.kv_in_use()[:n] >= self.config.busy_kv_usage
+        # Blocks in use as reported: prompts sent since wait in the engine's queue, not in its
+        # KV (the queue has its own criterion), and the dispatched footprint counts a shared
+        # prefix once per request and whole outputs up front.
+        busy = self.load.kv_used_frac[:n] >= self.config.busy_kv_usage
         if self.config.max_inflight_per_worker:
             busy |= self.load.busy()[:n] >= self.config.max_inflight_per_worker
         limit = self._queue_limit[:n]

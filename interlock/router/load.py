@@ -317,12 +317,6 @@ class LoadTracker:
             self._blocks = (used, np.where(total > 0, total - used, np.inf))
         return self._blocks
 
-    def kv_in_use(self) -> np.ndarray:
-        """Fraction of KV blocks in use: the last report plus the uncached prompts sent since.
-        (``kv_usage``'s dispatched footprint counts a shared prefix once per request and every
-        request's whole output up front, which no engine allocates at admission.)"""
-        return self.kv_used_frac + self.fresh_prefill * self.inv_kv_tokens
-
     def kv_usage(self) -> np.ndarray:
         """Fraction of KV in use: reported, or dispatched footprint if that is larger."""
         return np.maximum(self.kv_used_frac, self.dispatched_kv * self.inv_kv_tokens)
