@@ -51,7 +51,11 @@ class RouterConfig:
     max_inflight_per_worker: int = 0
     """Busy threshold in in-flight requests (0: no limit, never queue on count)."""
     busy_kv_usage: float = 0.98
-    """A worker at or above this KV usage is busy."""
+    """A worker with this share of its KV blocks in use (as reported) is busy."""
+    busy_kv_footprint: float = 2.0
+    """A worker whose unfinished requests would need this many times its KV if each ran to
+    its ``max_tokens`` (shared prefixes counted per request) is busy too: it bounds what waits
+    in the engines' own queues, so overload reaches the router's bounded queue (and its 503s)."""
     queue_capacity: int = 1024
     max_queue_wait_s: float = 0.0
     """Refuse (``Overloaded``) a request that would wait longer than this in the queue,
@@ -74,8 +78,8 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown router policy {self.policy!r}; choose from {POLICIES}")
-        if self.max_queue_wait_s < 0:
-            raise ConfigError("max_queue_wait_s must be >= 0")
+        if self.max_queue_wait_s < 0 or self.busy_kv_footprint <= 0:
+            raise ConfigError("max_queue_wait_s must be >= 0 and busy_kv_footprint > 0")
         if self.block_size < 1 or self.route_key_subset < 1 or self.queue_capacity < 0:
             raise ConfigError("block_size, route_key_subset must be positive, queue_capacity >= 0")
         if self.cost.block_size != self.block_size:
@@ -318,6 +322,7 @@ class Router:
         # KV (the queue has its own criterion), and the dispatched footprint counts a shared
         # prefix once per request and whole outputs up front.
         busy = self.load.kv_used_frac[:n] >= self.config.busy_kv_usage
+        busy |= self.load.kv_usage()[:n] >= self.config.busy_kv_footprint
         if self.config.max_inflight_per_worker:
             busy |= self.load.busy()[:n] >= self.config.max_inflight_per_worker
         limit = self._queue_limit[:n]
