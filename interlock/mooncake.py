@@ -63,6 +63,15 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> list[MooncakeRe
     return out
 
 
+def write_mooncake(records: Sequence[MooncakeRecord], path: str | Path) -> None:
+    """Write ``records`` as a Mooncake JSONL trace (what ``load_mooncake`` reads back)."""
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps({"timestamp": r.timestamp_ms, "input_length": r.input_length,
+                                "output_length": r.output_length, "hash_ids": list(r.hash_ids)}))
+            f.write("\n")
+
+
 def arrival_offsets(records: Sequence[MooncakeRecord], speedup: float = 1.0) -> list[float]:
     """Seconds after the first arrival at which each record arrives, at ×``speedup``."""
     if speedup <= 0:
@@ -104,5 +113,5 @@ def prompt_indices(rec: MooncakeRecord, index: int, pool_size: int,
 
 __all__ = [
     "TRACE_BLOCK_SIZE", "MooncakeRecord", "arrival_offsets", "block_indices", "load_mooncake",
-    "prompt_indices",
+    "prompt_indices", "write_mooncake",
 ]

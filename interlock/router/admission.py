@@ -75,6 +75,11 @@ class AdmissionQueue:
         self._ids.discard(p.meta.request_id)
         return p
 
+    def requeue(self, p: Pending) -> None:
+        """Put back a request taken with ``pop`` (it keeps its place; no capacity check)."""
+        heapq.heappush(self._heap, p)
+        self._ids.add(p.meta.request_id)
+
     def cancel(self, request_id: str) -> bool:
         if request_id not in self._ids:
             return False

@@ -30,9 +30,23 @@ they count as hits in ``uncached_w`` and cost ``lower_blocks_w * load_s_per_bloc
 worker's measured load time per block. A lower-tier hit is so priced between a device hit
 (free) and a miss (its prefill).
 
-Pressure: above ``kv_watermark`` of KV usage the cost is multiplied by
+Room: a worker whose free KV blocks cannot hold the prompts queued on it plus this one's
+uncached part admits it only as running requests finish (an engine allocates blocks as tokens
+need them and queues what does not fit). ``room_wait_s`` prices that wait: the deficit, freed at
+the rate its blocks in use are released (all of them over ``drain_s``, about one request's
+decode time). So a full worker holding the prefix is worth waiting for exactly while the wait is
+shorter than recomputing the prefix elsewhere (``Router.dispatch_queued`` applies the same rule
+to a request waiting in the router's queue).
+
+Pressure: above ``kv_watermark`` of KV usage (blocks in use as the worker last reported them;
+the dispatched footprint, prompt plus output per request, counts a shared prefix once per
+request and made workers behind shared system prompts look full) the cost is multiplied by
 ``1 + kv_penalty * (usage - watermark) / (1 - watermark)`` (a worker near full would evict the
-very prefixes that made it attractive, or preempt).
+very prefixes that made it attractive, or preempt). Off by default (``kv_penalty=0``) since the
+wait for room prices a full worker in seconds: with the engine-faithful simulator, the
+multiplier at 4 lowered the agent workload's hit ratio at ×3 from 0.715 to 0.622 (TTFT p99 625
+to 1,895 ms) and the conversation trace's at ×12 from 0.201 to 0.185, and changed nothing at
+lower loads (BENCHMARKS.md, Saturation).
 
 Choice: argmin; costs within ``tie_tolerance`` of the best are ties, broken towards the worker
 with the fewest in-flight requests (never the busiest), then by rotation. With a softmax
@@ -54,7 +68,7 @@ class CostParams:
     chunk_tokens: int = 8192
     """Prefill tokens per engine step (the workers' max_num_batched_tokens)."""
     kv_watermark: float = 0.7
-    kv_penalty: float = 4.0
+    kv_penalty: float = 0.0
     miss_weight: float = 1.0
     """Extra weight on this request's own uncached prefill: the work a miss adds to the whole
     system (it delays later requests too), beyond this request's TTFT."""
@@ -62,6 +76,9 @@ class CostParams:
     """Weight of this request's own decode time (0: pure TTFT)."""
     temperature: float = 0.0
     tie_tolerance_s: float = 1e-3
+    price_room: bool = True
+    """Add the wait for KV room (``room_wait_s``); off: a full worker is priced as an empty
+    one with the same queue."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.chunk_tokens < 1:
@@ -85,8 +102,12 @@ def ttft_costs(
     decode_tokens: int = 0,
     lower_blocks: np.ndarray | None = None,
     load_s_per_block: np.ndarray | None = None,
+    free_blocks: np.ndarray | None = None,
+    used_blocks: np.ndarray | None = None,
+    drain_s: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Estimated seconds to first token on each worker (see module docstring)."""
+    """Estimated seconds to first token on each worker (see module docstring); with
+    ``free_blocks``, ``used_blocks`` and ``drain_s`` the wait for room is added last."""
     hit = overlap_blocks if lower_blocks is None else overlap_blocks + lower_blocks
     uncached = np.maximum(prompt_tokens - hit * params.block_size, 1)
     work = queued_prefill + uncached
@@ -99,7 +120,18 @@ def ttft_costs(
     if params.kv_penalty and kv_usage.max() > params.kv_watermark:
         over = np.maximum(kv_usage - params.kv_watermark, 0.0) / max(1.0 - params.kv_watermark, 1e-9)
         cost *= 1.0 + params.kv_penalty * over
+    if free_blocks is not None and used_blocks is not None and drain_s is not None:
+        cost += room_wait_s(need_blocks=work / params.block_size, free_blocks=free_blocks,
+                           used_blocks=used_blocks, drain_s=drain_s)
     return cost
+
+
+def room_wait_s(*, need_blocks: np.ndarray, free_blocks: np.ndarray, used_blocks: np.ndarray,
+                drain_s: np.ndarray) -> np.ndarray:
+    """Seconds until each worker has ``need_blocks`` free: 0 while it has them; past that the
+    deficit, at the rate a worker releases its ``used_blocks`` (all of them in ``drain_s``)."""
+    deficit = np.maximum(need_blocks - free_blocks, 0.0)
+    return deficit * drain_s / np.maximum(used_blocks, 1.0)
 
 
 def choose(

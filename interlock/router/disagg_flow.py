@@ -146,7 +146,7 @@ class DisaggFlow:
         pmeta = replace(meta, request_id=meta.request_id + PREFILL_SUFFIX, role="prefill",
                         session_id=None, worker_id=None)
         try:
-            p = router.route(pmeta, block_hashes=hashes)
+            p = router.route(pmeta, block_hashes=hashes, may_wait=False)
         except ServiceUnavailable:
             return None
         if isinstance(p, Pending) or p.worker_id == decode_id or not self._has_agent(p.worker_id):

@@ -16,6 +16,7 @@ on a virtual clock.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -50,8 +51,20 @@ class RouterConfig:
     max_inflight_per_worker: int = 0
     """Busy threshold in in-flight requests (0: no limit, never queue on count)."""
     busy_kv_usage: float = 0.98
-    """A worker at or above this KV usage is busy."""
+    """A worker with this share of its KV blocks in use (as reported) is busy."""
+    busy_kv_footprint: float = 2.0
+    """A worker whose unfinished requests would need this many times its KV if each ran to
+    its ``max_tokens`` (shared prefixes counted per request) is busy too: it bounds what waits
+    in the engines' own queues, so overload reaches the router's bounded queue (and its 503s)."""
     queue_capacity: int = 1024
+    max_queue_wait_s: float = 0.0
+    """Refuse (``Overloaded``) a request that would wait longer than this in the queue,
+    estimated as the requests ahead of it over the recent dispatch rate: a queue far longer
+    than a service time only turns overload into a thrashed cache and timeouts. 0: only
+    ``queue_capacity`` bounds the queue."""
+    queue_scan: int = 16
+    """Queued requests looked at per ``dispatch_queued`` call past ones waiting for a busy
+    worker they prefer."""
     retry_after_s: float = 1.0
     approx_ttl_s: float = 120.0
     num_candidates: int = 3
@@ -65,6 +78,8 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown router policy {self.policy!r}; choose from {POLICIES}")
+        if self.max_queue_wait_s < 0 or self.busy_kv_footprint <= 0:
+            raise ConfigError("max_queue_wait_s must be >= 0 and busy_kv_footprint > 0")
         if self.block_size < 1 or self.route_key_subset < 1 or self.queue_capacity < 0:
             raise ConfigError("block_size, route_key_subset must be positive, queue_capacity >= 0")
         if self.cost.block_size != self.block_size:
@@ -103,6 +118,12 @@ class Router:
         """Per slot: routing weight in (0, 1] (``set_weight``), 1 where never set."""
         self._rng = np.random.default_rng(self.config.seed)
         self._rotation = 0
+        self._dispatch_times: deque[float] = deque(maxlen=64)
+        """When the last requests were dispatched (the rate the queue drains at)."""
+        self._queue_stamp: tuple[bytes, int] = (b"", -1)
+        """Busy workers and queue length when ``dispatch_queued`` last looked."""
+        self._revisit_at = np.inf
+        """When the first request waiting for a busy worker would take another one."""
         self._routed: dict[str, str] = {}
         """request id -> worker id, for requests in flight."""
 
@@ -209,9 +230,12 @@ class Router:
         return hash_blocks(token_ids, self.config.block_size)
 
     def route(self, meta: RequestMeta, *, token_ids: Sequence[int] | None = None,
-              block_hashes: Sequence[int] | None = None) -> Decision | Pending:
-        """Decide now, or queue when every eligible worker is busy (raises ``Overloaded``
-        when the queue is full, ``NoWorkers`` when no worker could ever take it)."""
+              block_hashes: Sequence[int] | None = None,
+              may_wait: bool = True) -> Decision | Pending:
+        """Decide now, or queue when every eligible worker is busy or, with ``may_wait``, when
+        a busy one is worth waiting for (raises ``Overloaded`` when the queue is full,
+        ``NoWorkers`` when no worker could ever take it). A probe that only wants to know
+        where a request could go now passes ``may_wait=False``."""
         hashes = block_hashes if block_hashes is not None else self.block_hashes(token_ids or ())
         now = self.clock()
         eligible = self._eligible(meta.role)
@@ -221,26 +245,61 @@ class Router:
             raise NoWorkers("no healthy worker available", retry_after=self.config.retry_after_s)
         open_ = eligible & ~self._busy_mask()
         if not open_.any():
-            self.metrics.queued += 1
-            try:
-                return self.queue.push(meta, hashes, now)
-            except Overloaded:
-                self.metrics.rejected += 1
-                raise
-        return self._commit(self._decide(meta, hashes, open_, now), meta, hashes, now)
+            return self._wait(meta, hashes, now)
+        d = self._decide(meta, hashes, open_, now, wait_for=eligible if may_wait else None)
+        if d is None:  # a busy worker is worth waiting for
+            return self._wait(meta, hashes, now)
+        return self._commit(d, meta, hashes, now)
+
+    def _wait(self, meta: RequestMeta, hashes: Sequence[int], now: float) -> Pending:
+        self.metrics.queued += 1
+        try:
+            self._check_queue_wait(now)
+            return self.queue.push(meta, hashes, now)
+        except Overloaded:
+            self.metrics.rejected += 1
+            raise
+
+    def _check_queue_wait(self, now: float) -> None:
+        limit = self.config.max_queue_wait_s
+        times = self._dispatch_times
+        if not limit or not len(self.queue) or len(times) < 2 or now <= times[0]:
+            return
+        wait = len(self.queue) * (now - times[0]) / (len(times) - 1)
+        if wait > limit:
+            raise Overloaded(f"all workers busy and the queue's expected wait ({wait:.1f} s) is "
+                             f"over {limit:g} s", retry_after=self.config.retry_after_s)
 
     def dispatch_queued(self) -> list[Decision]:
         """Route queued requests, most important (lowest priority value) first, while some worker
-        has room."""
+        has room. A request keeps its preference (``kv``): if its best worker, priced with the
+        wait for room (``cost.room_wait_s``), is a busy one, it stays queued for it as long as
+        it has waited less than going elsewhere would cost it; requests behind it may go first
+        (at most ``queue_scan`` of them looked at per call)."""
         out: list[Decision] = []
-        while (p := self.queue.peek()) is not None:
-            open_ = self._eligible(p.meta.role) & ~self._busy_mask()
+        kept: list[Pending] = []
+        now = self.clock()
+        busy = self._busy_mask()
+        stamp = (busy.tobytes(), len(self.queue))
+        if stamp == self._queue_stamp and now < self._revisit_at:
+            return out  # nothing opened, nothing queued, nobody's wait ran out: same answer
+        self._revisit_at = np.inf
+        while (p := self.queue.peek()) is not None and len(kept) < self.config.queue_scan:
+            eligible = self._eligible(p.meta.role)
+            open_ = eligible & ~busy
             if not open_.any():
                 break
             self.queue.pop()
-            now = self.clock()
-            d = self._decide(p.meta, p.hashes, open_, now, suffix="+queued")
+            d = self._decide(p.meta, p.hashes, open_, now, suffix="+queued",
+                             wait_for=eligible, waited_s=now - p.enqueued_at)
+            if d is None:
+                kept.append(p)
+                continue
             out.append(self._commit(d, p.meta, p.hashes, now))
+            busy = self._busy_mask()
+        for p in kept:
+            self.queue.requeue(p)
+        self._queue_stamp = (busy.tobytes(), len(self.queue))
         return out
 
     def cancel(self, request_id: str) -> None:
@@ -282,10 +341,14 @@ class Router:
         return np.concatenate([w, np.ones(n - len(w))]) if len(w) < n else w
 
     def _busy_mask(self) -> np.ndarray:
-        """Busy: KV usage at ``busy_kv_usage``, ``max_inflight_per_worker`` in flight, or more
+        """Busy: KV blocks in use at ``busy_kv_usage``, ``max_inflight_per_worker`` in flight, or more
         requests waiting in its queue than the worker's ``queue_depth_threshold``."""
         n = self.indexer.num_slots
-        busy = self.load.kv_usage()[:n] >= self.config.busy_kv_usage
+        # Blocks in use as reported: prompts sent since wait in the engine's queue, not in its
+        # KV (the queue has its own criterion), and the dispatched footprint counts a shared
+        # prefix once per request and whole outputs up front.
+        busy = self.load.kv_used_frac[:n] >= self.config.busy_kv_usage
+        busy |= self.load.kv_usage()[:n] >= self.config.busy_kv_footprint
         if self.config.max_inflight_per_worker:
             busy |= self.load.busy()[:n] >= self.config.max_inflight_per_worker
         limit = self._queue_limit[:n]
@@ -303,7 +366,10 @@ class Router:
         return self._decision(meta, w.info.instance_id, "direct", ov)
 
     def _decide(self, meta: RequestMeta, hashes: Sequence[int], open_: np.ndarray, now: float,
-                suffix: str = "") -> Decision:
+                suffix: str = "", wait_for: np.ndarray | None = None,
+                waited_s: float = 0.0) -> Decision | None:
+        """The worker for ``meta`` among ``open_``; None when, with ``wait_for`` (the eligible
+        workers, busy ones included), the request is better off waiting for a busy one."""
         t0 = time.perf_counter()
         self.indexer.expire(now)
         self._rotation += 1
@@ -317,7 +383,10 @@ class Router:
         mask = open_
         if meta.route_key is not None:
             mask, reason = self._route_key_mask(meta.route_key, open_)
-        d = self._pick(meta, hashes, mask, reason + suffix, t0)
+        d = self._pick(meta, hashes, mask, reason + suffix, t0,
+                       wait_for=wait_for if meta.route_key is None else None, waited_s=waited_s)
+        if d is None:
+            return None
         if meta.session_id is not None:
             self.sessions.put(meta.session_id, d.worker_id, now)
         return d
@@ -334,7 +403,8 @@ class Router:
         return mask, "route_key"
 
     def _pick(self, meta: RequestMeta, hashes: Sequence[int], mask: np.ndarray, reason: str,
-              t0: float) -> Decision:
+              t0: float, wait_for: np.ndarray | None = None,
+              waited_s: float = 0.0) -> Decision | None:
         n = len(mask)
         busy = self.load.busy()[:n]
         queued = self.load.queued_prefill()[:n]
@@ -349,6 +419,7 @@ class Router:
         overlaps = self.indexer.overlaps(hashes, n) if hashes else np.zeros(n, dtype=np.int32)
         lower = self.indexer.lower_overlaps(hashes, n) if self.indexer.has_lower_tiers() else None
         overhead, per_token = self.load.speeds()
+        decode_step = self.load.decode_step()[:n]
         costs = ttft_costs(
             self.config.cost,
             prompt_tokens=meta.prompt_tokens,
@@ -356,19 +427,39 @@ class Router:
             queued_prefill=queued,
             per_token_s=per_token[:n],
             step_overhead_s=overhead[:n],
-            decode_step_s=self.load.decode_step()[:n],
-            kv_usage=self.load.kv_usage()[:n],
+            decode_step_s=decode_step,
+            kv_usage=self.load.kv_used_frac[:n],
             decode_tokens=meta.max_tokens,
             lower_blocks=lower,
             load_s_per_block=self.load.load_s_per_block[:n] if lower is not None else None,
+            **self._room(n, meta.max_tokens, decode_step),
         )
         if weight is not None:
             costs = costs / weight
         slot = choose(costs, mask, busy, tolerance=self.config.cost.tie_tolerance_s,
                       temperature=self.config.cost.temperature, rng=self._rng,
                       rotation=self._rotation)
+        if wait_for is not None:
+            closed = wait_for & ~mask
+            if closed.any():
+                best_closed = float(costs[closed].min())
+                # wait while what we have waited is less than the preferred worker saves
+                gap = float(costs[slot]) - self.config.cost.tie_tolerance_s - best_closed
+                if waited_s < gap:
+                    self._revisit_at = min(self._revisit_at, self.clock() + gap - waited_s)
+                    return None
         return self._decision(meta, self._slot_ids[slot], reason, int(overlaps[slot]), t0=t0,
                               candidates=self._candidates(costs, overlaps, mask))
+
+    def _room(self, n: int, max_tokens: int, decode_step: np.ndarray) -> dict[str, np.ndarray]:
+        """What ``ttft_costs`` needs to price the wait for KV room (nothing when it is off):
+        blocks in use and free as last reported, and the time to release them all (one
+        request's decode, at this request's length)."""
+        if not self.config.cost.price_room:
+            return {}
+        used, free = self.load.blocks_in_use(self.config.block_size)
+        return {"free_blocks": free[:n], "used_blocks": used[:n],
+                "drain_s": decode_step * max(max_tokens, 1)}
 
     def _candidates(self, costs: np.ndarray, overlaps: np.ndarray, mask: np.ndarray
                     ) -> tuple[Candidate, ...]:
@@ -394,5 +485,6 @@ class Router:
                            kv_tokens=meta.prompt_tokens + meta.max_tokens, now=now)
         self.indexer.record_routed(d.worker_id, hashes, now)
         self._routed[meta.request_id] = d.worker_id
+        self._dispatch_times.append(now)
         self.metrics.record(d)
         return d

@@ -35,6 +35,10 @@ DEFAULT_STEP_OVERHEAD_S = 0.02
 DEFAULT_LOAD_S_PER_BLOCK = 1e-3
 """Until a worker reports a measured one: a pessimistic host/disk load of one block (measured:
 about 0.05 ms from host and 0.2 ms from disk for a 0.7 MB SmolLM2 block here)."""
+DECODE_CONTEXT_SLOPE = 4.0
+"""Prior for how decode step time grows with a worker's summed context (as a fraction of its KV
+tokens) until the fleet's reports fit a line: x5 from empty to full (Dynamo's mocker fit, a
+memory-bound decode, gives x6)."""
 
 
 @dataclass(slots=True)
@@ -83,10 +87,13 @@ class LoadTracker:
         self.decode_step_s = np.full(n, DEFAULT_DECODE_STEP_S)
         self.load_s_per_block = np.full(n, DEFAULT_LOAD_S_PER_BLOCK)
         """Measured seconds to load one KV block from the worker's lower tiers (host, disk)."""
+        self.decode_measured = np.zeros(n, dtype=bool)
+        """The worker has reported a decode step time (until then it is priced like the fleet)."""
         self.report_time = np.full(n, -np.inf)
         self._fits: dict[int, StepTimeFit] = {}
         self._fitted: dict[int, tuple[float, float]] = {}
         self._speeds: tuple[np.ndarray, np.ndarray] | None = None
+        self._blocks: tuple[np.ndarray, np.ndarray] | None = None
         self._decode_fit = StepTimeFit(decay=0.99)
         """Fleet-wide line: decode step seconds against KV usage (0..1)."""
         self.outbox: list[RouterLoadEvent] = []
@@ -105,10 +112,12 @@ class LoadTracker:
         self.prefill_tps[slot] = DEFAULT_PREFILL_TPS
         self.decode_step_s[slot] = DEFAULT_DECODE_STEP_S
         self.load_s_per_block[slot] = DEFAULT_LOAD_S_PER_BLOCK
+        self.decode_measured[slot] = False
         self.report_time[slot] = -np.inf
         self._fits[slot] = StepTimeFit()
         self._fitted.pop(slot, None)
         self._speeds = None
+        self._blocks = None
 
     def remove_worker(self, slot: int) -> None:
         for key in [k for k, d in self._inflight.items() if d.slot == slot]:
@@ -134,6 +143,7 @@ class LoadTracker:
             [self.load_s_per_block, np.full(new - size, DEFAULT_LOAD_S_PER_BLOCK)]
         )
         self.report_time = np.concatenate([self.report_time, np.full(new - size, -np.inf)])
+        self.decode_measured = np.concatenate([self.decode_measured, np.zeros(new - size, dtype=bool)])
 
     # ---- dispatch accounting (this router, or another one via apply_remote) ----
     def on_route(self, request_id: str, slot: int, instance_id: str, *, prefill_tokens: int,
@@ -234,6 +244,7 @@ class LoadTracker:
         self.reported_waiting[slot] = r.num_waiting
         if r.kv_blocks_total:
             self.kv_used_frac[slot] = r.kv_blocks_used / r.kv_blocks_total
+            self._blocks = None
         if r.prefill_tokens_per_s > 0:
             self.prefill_tps[slot] = r.prefill_tokens_per_s
             self._speeds = None
@@ -251,8 +262,9 @@ class LoadTracker:
             self.load_s_per_block[slot] = sum(t.load_s for t in r.kv_tiers) / loads
         if r.decode_step_s > 0:
             self.decode_step_s[slot] = r.decode_step_s
-            if r.kv_blocks_total:
-                self._decode_fit.add(r.kv_blocks_used / r.kv_blocks_total, r.decode_step_s)
+            self.decode_measured[slot] = True
+            if self.inv_kv_tokens[slot]:
+                self._decode_fit.add(self.context_usage(slot), r.decode_step_s)
 
     # ---- merged view ----
     def speeds(self) -> tuple[np.ndarray, np.ndarray]:
@@ -281,16 +293,41 @@ class LoadTracker:
         return self.reported_waiting + self.fresh_count
 
     def decode_step(self) -> np.ndarray:
-        """Expected decode step seconds per slot. Decode time grows with the KV a worker holds,
-        and a worker's own decode-step average is noisy and stale (it only moves when it
-        decodes), so once the fleet's reports span a range of KV usage, the estimate is the
-        fleet's line (step time against usage) at each worker's current usage, dispatches
-        included; until then each worker's last reported average."""
+        """Expected decode step seconds per slot. Decode time grows with the context a worker's
+        requests read, and a worker's own decode-step average is noisy and stale (it only moves
+        on decode-only steps), so once the fleet's reports span a range of context, the
+        estimate is the fleet's line (step time against summed context over KV tokens) at each
+        worker's current context, dispatches included; until then ``_decode_step_measured``."""
         fit = self._decode_fit.estimate(min_spread_tokens=0.01)
         if fit is None:
-            return self.decode_step_s
+            return self._decode_step_measured()
         base, slope = fit
-        return base + slope * self.kv_usage()
+        return base + slope * self.dispatched_kv * self.inv_kv_tokens
+
+    def context_usage(self, slot: int) -> float:
+        """Summed context of the worker's requests over its KV tokens: what a decode step
+        reads (a shared prefix counts once per request, unlike blocks in use)."""
+        return float(self.dispatched_kv[slot] * self.inv_kv_tokens[slot])
+
+    def _decode_step_measured(self) -> np.ndarray:
+        """Until the fleet's line exists: the fastest decode step any worker reported (the
+        step of a worker holding little KV), grown with each worker's summed context by a
+        prior slope (``DECODE_CONTEXT_SLOPE``). A worker's own average is no measure of its
+        load (it only moves on decode-only steps, rare on a busy worker), and a fixed default
+        for workers that never decoded priced every cold worker above the first one to report
+        (a cold burst all went to it)."""
+        measured = self.decode_measured
+        base = float(self.decode_step_s[measured].min()) if measured.any() else DEFAULT_DECODE_STEP_S
+        return base * (1.0 + DECODE_CONTEXT_SLOPE * self.dispatched_kv * self.inv_kv_tokens)
+
+    def blocks_in_use(self, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(in use, free)`` blocks per slot as last reported (free is +inf where the size is
+        unknown); kept until the next report."""
+        if self._blocks is None:
+            total = self.kv_tokens_total / block_size
+            used = self.kv_used_frac * total
+            self._blocks = (used, np.where(total > 0, total - used, np.inf))
+        return self._blocks
 
     def kv_usage(self) -> np.ndarray:
         """Fraction of KV in use: reported, or dispatched footprint if that is larger."""

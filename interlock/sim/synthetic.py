@@ -1,4 +1,5 @@
-"""Synthetic shared-prefix workloads: system-prompt groups, unique suffixes, multi-turn sessions.
+"""Synthetic workloads: shared-prefix groups and multi-turn sessions (``SharedPrefixSpec``), and
+long-context agent sessions written as a Mooncake trace (``AgentSpec``).
 
 Each request belongs to one of ``num_groups`` groups sharing a system prompt of
 ``system_tokens`` tokens, followed by a unique user suffix. With ``turns > 1`` a request starts
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from interlock.kvhash import hash_blocks
+from interlock.mooncake import TRACE_BLOCK_SIZE, MooncakeRecord
 from interlock.sim.trace import VOCAB_SIZE, SimRequest
 
 
@@ -65,4 +67,64 @@ def shared_prefix_requests(spec: SharedPrefixSpec) -> list[SimRequest]:
             tokens = np.concatenate([tokens, answer])
         session += 1
     out.sort(key=lambda r: r.arrival_s)
+    return out
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """Long-context multi-turn agent sessions, as a Mooncake trace (``agent_records``).
+
+    A session opens with one of ``num_system_prompts`` shared system prompts and a first user
+    message; each later turn re-sends the whole history plus the previous answer and a new tool
+    result or user message, until the prompt would pass ``max_input_tokens`` or the session's
+    turns run out. Lengths are whole trace blocks (512 tokens), so a later turn's prompt extends
+    the earlier one block for block, as in the Mooncake traces. Sessions start Poisson at
+    ``rate`` per second; a turn follows the previous one after an exponential think time (open
+    loop, as a trace is).
+    """
+
+    num_sessions: int = 300
+    num_system_prompts: int = 6
+    system_blocks: tuple[int, int] = (2, 8)
+    """System prompt length in trace blocks, uniform in [lo, hi] (1k-4k tokens)."""
+    first_blocks: tuple[int, int] = (1, 4)
+    step_blocks: tuple[int, int] = (1, 6)
+    """Blocks added per turn: the previous answer and a tool result."""
+    turns: tuple[int, int] = (2, 16)
+    max_input_tokens: int = 25_000
+    output_tokens: tuple[int, int] = (50, 500)
+    think_time_s: float = 5.0
+    rate: float = 1.0
+    seed: int = 0
+
+
+def agent_records(spec: AgentSpec) -> list[MooncakeRecord]:
+    """The sessions' turns as Mooncake records, sorted by arrival."""
+    rng = np.random.default_rng(spec.seed)
+    next_id = 0
+
+    def new_ids(n: int) -> list[int]:
+        nonlocal next_id
+        next_id += n
+        return list(range(next_id - n, next_id))
+
+    systems = [new_ids(int(rng.integers(spec.system_blocks[0], spec.system_blocks[1] + 1)))
+               for _ in range(spec.num_system_prompts)]
+    max_blocks = spec.max_input_tokens // TRACE_BLOCK_SIZE
+    out: list[MooncakeRecord] = []
+    t = 0.0
+    for _ in range(spec.num_sessions):
+        t += rng.exponential(1.0 / spec.rate)
+        ids = systems[int(rng.integers(len(systems)))] + new_ids(
+            int(rng.integers(spec.first_blocks[0], spec.first_blocks[1] + 1)))
+        at = t
+        for _turn in range(int(rng.integers(spec.turns[0], spec.turns[1] + 1))):
+            if len(ids) > max_blocks:
+                break
+            out_len = int(rng.integers(spec.output_tokens[0], spec.output_tokens[1] + 1))
+            out.append(MooncakeRecord(round(at * 1000.0, 3), len(ids) * TRACE_BLOCK_SIZE, out_len,
+                                      tuple(ids)))
+            ids = ids + new_ids(int(rng.integers(spec.step_blocks[0], spec.step_blocks[1] + 1)))
+            at += rng.exponential(spec.think_time_s)
+    out.sort(key=lambda r: r.timestamp_ms)
     return out

@@ -1,69 +1,100 @@
-"""A fast simulated engine worker for trace replay: a prefix cache, a token-budget scheduler and
-the mock step-time model (``interlock.engine.timing``), advanced by events, not per token.
+"""A fast simulated engine worker for trace replay: the engine's scheduler and block accounting
+(``engine/scheduler.py``, ``sim/pool.py``) with the mock step-time model, advanced by events.
 
 Why not the real ``EngineCore`` with the mock runner: it is exact but steps one token of every
-running request per Python call, and the conversation trace has 4 M output tokens across
-hundreds of thousands of steps; replaying one hour must take seconds. So this model keeps only
-what decides hits and latencies, with the same rules as the engine (vLLM v1 style):
+running request per Python call and hashes real tokens; replaying an hour of a trace must take
+seconds. So this keeps the engine's rules and counters and drops the tokens:
 
-* each step runs every decoding request for one token, then prompt chunks in admission order,
-  then admits waiting requests first-come first-served, within ``max_num_batched_tokens`` and
-  ``max_num_seqs``; a step costs ``TimingModel.step_s(prefill tokens, decodes, kv usage)``;
-* a request is admitted only if its blocks (prompt + expected output, reserved up front, so no
-  preemption) fit; its cached prefix (longest run of its block hashes in the cache, at least one
-  token left to compute) is reused; computed prompt blocks become cached as soon as a chunk
-  completes them, and published as ``BlockStored``; finished requests' blocks become evictable
-  (LRU, a request's tail first) and evictions are published as ``BlockRemoved``; output blocks
-  are cached as never-matching filler, as a real engine would cache them;
-* with a host tier below the pool (``interlock.sim.tiers``), evicted blocks go there (and,
-  written through, computed ones as soon as computed) and a lookup continues there after the
-  pool's hits; loaded blocks count as hits and their load
-  time is added to the admitting step;
-* decode-only stretches (nothing to prefill or admit) are one *macro step* of ``k`` decode
-  steps up to the next finish, timed in closed form (the decode time is a quadratic in KV
-  usage, which grows linearly); an arrival during one cuts it at the step in progress.
+* a step's budget of ``max_num_batched_tokens`` pays running requests first, in admission
+  order (a decode owes one token, a prompt the rest of it, cut into chunks), then admits
+  waiting ones (priority, then arrival; lower priority value first) while budget, sequence
+  slots and blocks last; the head of the queue that cannot get blocks stops admission;
+* blocks are allocated as tokens need them, never for the output up front: admission takes the
+  cached prefix (longest run of cached keys, at least one token left to compute) plus blocks
+  for the first chunk, keeping ``watermark`` of the pool free while something runs; each later
+  chunk or decode step extends the request's blocks; full blocks are cached as they are
+  computed and published (``BlockStored``), evictions as ``BlockRemoved``;
+* a running request that cannot get a block preempts, by recompute, the least important
+  (largest priority value, then newest) running request not yet scheduled in the step, itself
+  included: its blocks are freed and it waits again to recompute prompt and outputs; a step with
+  a preemption admits nobody. With ``preempt_enabled`` a waiting request that cannot get blocks
+  or a slot preempts a strictly less important running one;
+* a step costs ``TimingModel.step_s(prefill tokens, decodes, kv usage)`` with the mock runner's
+  counting (a scheduled chunk of one token of a request with outputs is a decode; usage is the
+  scheduled requests' context over the pool's tokens).
 
-Counters: ``computed`` is a request's prompt tokens computed (cached ones included);
-``decode_ctx`` is the summed context of decoding requests; ``decode_steps`` counts decode steps.
+Decode-only stretches are one *macro step* of ``k`` steps, up to the next finish or the step
+whose block allocation would fail, timed in closed form (decode time is a quadratic in KV
+usage, which grows linearly). Nothing can be admitted during one (free blocks only shrink and
+slots only free at a finish), so it is exact; an arrival cuts it at the step in progress.
+
+Counters (the engine's names): ``num_tokens`` = prompt + outputs; ``computed`` is
+``num_computed_tokens``; ``hit_tokens`` is ``num_cached_tokens`` (first admission only).
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import OrderedDict, deque
+import bisect
+from collections import deque
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from interlock.engine.timing import TimingModel, decode_ms
 from interlock.protocol.events import (
     AllBlocksCleared,
-    BlockRemoved,
     BlockStored,
-    KVEvent,
     KVEventBatch,
     LoadReport,
 )
+from interlock.sim.pool import SimPool
 from interlock.sim.tiers import SimTiers
 from interlock.sim.trace import SimRequest
 
 _A, _B, _C = -25.74, 54.01, 5.74
 """decode_ms(u) = A u^2 + B u + C on [0, 1] (checked against ``timing.decode_ms`` at import)."""
 assert abs(decode_ms(0.5) - (_A * 0.25 + _B * 0.5 + _C)) < 1e-9
+_EMA = 0.2
+"""As the engine core's load figures (``engine/core.py``)."""
 
 
-@dataclass(slots=True)
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(slots=True, eq=False)
 class SimSeq:
     req: SimRequest
     arrival_s: float
-    hit_tokens: int = 0
+    order: tuple[int, int] = (0, 0)
+    """(priority, arrival number): the engine's service order."""
     computed: int = 0
-    held: list[int] = field(default_factory=list)
-    """Registered block hashes this request references."""
-    anon: int = 0
-    """Blocks reserved without a hash (uncomputed, partial, or output)."""
-    next_reg: int = 0
+    outputs: int = 0
+    keyed: list[int] = field(default_factory=list)
+    """Keys of the cached blocks this request references, in table order."""
+    unkeyed: int = 0
+    """Its other blocks (not yet full, or a duplicate of a block cached by another)."""
+    offered: int = 0
+    """Leading blocks already offered to the cache."""
+    running: bool = False
+    admitted: bool = False
+    hit_tokens: int = 0
     first_token_s: float = -1.0
-    finish_step: int = 0
     finish_s: float = -1.0
+    uid: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.req.prompt_tokens + self.outputs
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.keyed) + self.unkeyed
+
+    def key(self, i: int) -> int:
+        """Key of block ``i``: the prompt's hash, or one unique to this request."""
+        hashes = self.req.block_hashes
+        return hashes[i] if i < len(hashes) else -((self.uid << 24) | i) - 1
 
 
 class WorkerSink:
@@ -80,219 +111,249 @@ class WorkerSink:
 class _Step:
     start: float
     end: float
-    chunks: list[tuple[SimSeq, int]]
+    """End of the step in progress (of a stretch: of its current step)."""
+    sched: list[tuple[SimSeq, int]]
+    prefill: int
     decodes: int
     k: int
-    """Decode steps in this (macro) step; 1 for a step with prefill."""
+    """Steps in this stretch (1: a plain step)."""
     ctx0: int
-    """decode_ctx at the start (for cutting a macro step)."""
+    """Summed context of the decodes in the first step."""
+    done: int = 0
+    """Steps of the stretch already ended."""
+    alloc: list[int] = field(default_factory=list)
+    """Blocks each step of the stretch allocates."""
+    queued: int = 0
+    """Queued prefill tokens during the stretch (nothing changes it)."""
 
 
 class SimWorker:
     def __init__(self, instance_id: str, *, num_blocks: int, block_size: int = 64,
                  max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                  timing: TimingModel | None = None, publish_events: bool = True,
-                 sink: WorkerSink | None = None, tiers: SimTiers | None = None) -> None:
+                 sink: WorkerSink | None = None, watermark: float = 0.01,
+                 preempt_enabled: bool = False, tiers: SimTiers | None = None) -> None:
         self.instance_id = instance_id
-        self.tiers = tiers
-        self._load_s = 0.0
-        """Load time of the requests admitted in the step being planned."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_tokens = max_num_batched_tokens
         self.max_seqs = max_num_seqs
         self.timing = timing or TimingModel()
         self.publish_events = publish_events
+        self.preempt_enabled = preempt_enabled
         self.sink = sink or WorkerSink()
+        self.tiers = tiers
+        """Host KV tier below the pool (possibly shared with the host's other workers)."""
+        self.pool = SimPool(num_blocks, block_size, watermark=watermark, tiers=tiers)
+        self._load_s = 0.0
+        """Modelled seconds of host-tier loads admitted into the step being planned."""
         self._kv_tokens_total = num_blocks * block_size
-        self.cached: dict[int, int] = {}
-        """Registered block hash -> references by running requests."""
-        self.lru: OrderedDict[int, None] = OrderedDict()
-        """Registered, unreferenced blocks (evictable), oldest first."""
-        self.used = 0
-        """Blocks referenced by running requests (registered or anonymous)."""
         self.waiting: deque[SimSeq] = deque()
-        self.prefilling: list[SimSeq] = []
-        self.num_decoding = 0
-        self.decode_ctx = 0
-        self.decode_steps = 0
-        self._finishes: list[tuple[int, int, SimSeq]] = []
-        self._tie = 0
-        self._filler = 0
+        self.inbox: list[SimSeq] = []
+        """Arrived during the step in progress."""
+        self.running: list[SimSeq] = []
+        self.waiting_tokens = 0
+        """Sum of ``num_tokens - computed`` over the waiting queue."""
         self.step: _Step | None = None
         self.version = 0
         """Bumped whenever the current step's end time changes (stale heap entries skipped)."""
-        self._events: list[KVEvent] = []
+        self._arrivals = 0
         self._event_seq = 0
-        self.queued_prefill = 0
-        self._prefill_tok = 0.0
-        self._prefill_time = 0.0
-        self.hit_tokens = 0
-        self.prompt_tokens = 0
-        self._loaded: list[int] = []
-        """Blocks loaded from the host tier in the step being planned (stored on the device)."""
-
-    # ---- cache ----
-    def free_blocks(self) -> int:
-        return self.num_blocks - self.used - len(self.lru)
-
-    def cached_prefix(self, hashes: tuple[int, ...], prompt_tokens: int) -> int:
-        n = 0
-        limit = (prompt_tokens - 1) // self.block_size
-        cached, lru = self.cached, self.lru
-        for h in hashes:
-            if n >= limit or (h not in cached and h not in lru):
-                break
-            n += 1
-        return n
-
-    def _evict(self, n: int) -> None:
-        removed = []
-        for _ in range(n):
-            h, _v = self.lru.popitem(last=False)
-            if h >= 0:
-                removed.append(h)
-        if removed and self.publish_events:
-            self._events.append(BlockRemoved(block_hashes=tuple(removed)))
-        if removed and self.tiers is not None:
-            self._to_host(removed)
-
-    def _to_host(self, hashes: list[int]) -> None:
-        assert self.tiers is not None
-        stored, dropped = self.tiers.offload(hashes)
-        if self.publish_events and stored:
-            self._events.append(BlockStored(block_hashes=tuple(stored), parent_block_hash=None,
-                                            block_size=self.block_size, tier="host"))
-        if self.publish_events and dropped:
-            self._events.append(BlockRemoved(block_hashes=tuple(dropped), tier="host"))
-
-    def _try_admit(self, s: SimSeq) -> bool:
-        r = s.req
-        bs = self.block_size
-        hit = self.cached_prefix(r.block_hashes, r.prompt_tokens)
-        lower = 0
-        if self.tiers is not None:
-            limit = (r.prompt_tokens - 1) // bs
-            lower = self.tiers.lookup(r.block_hashes[hit:max(limit, hit)])
-        from_lru = sum(1 for h in r.block_hashes[:hit] if h in self.lru)
-        total = -(-(r.prompt_tokens + r.output_tokens) // bs)
-        new = total - hit
-        if self.num_blocks - self.used - from_lru < new:
-            return False
-        for h in r.block_hashes[:hit]:
-            if h in self.lru:
-                del self.lru[h]
-                self.cached[h] = 1
-                self.used += 1
-            else:
-                self.cached[h] += 1
-            s.held.append(h)
-        if lower:  # touched first: this admission's own evictions must not push them out
-            assert self.tiers is not None
-            self._load_s += self.tiers.load(r.block_hashes[hit:hit + lower])
-        short = new - self.free_blocks()
-        if short > 0:
-            self._evict(short)
-        self.used += new
-        s.anon = new
-        hit += lower
-        s.hit_tokens = s.computed = hit * bs
-        s.next_reg = hit - lower
-        if lower:
-            self._register(s, self._loaded)
-        self.queued_prefill -= s.hit_tokens
-        self.hit_tokens += s.hit_tokens
-        self.prompt_tokens += r.prompt_tokens
-        return True
-
-    def _register(self, s: SimSeq, stored: list[int]) -> None:
-        hashes = s.req.block_hashes
-        full = min(s.computed // self.block_size, len(hashes))
-        for i in range(s.next_reg, full):
-            h = hashes[i]
-            if h in self.cached or h in self.lru:
-                continue  # computed twice concurrently: ours stays anonymous
-            self.cached[h] = 1
-            s.anon -= 1
-            s.held.append(h)
-            stored.append(h)
-        s.next_reg = max(s.next_reg, full)
-
-    def _release(self, s: SimSeq) -> None:
-        filler = min(s.req.output_tokens // self.block_size, s.anon)
-        self.used -= s.anon
-        for _ in range(filler):
-            self._filler += 1
-            self.lru[-self._filler] = None
-        for h in reversed(s.held):
-            c = self.cached[h] - 1
-            if c:
-                self.cached[h] = c
-            else:
-                del self.cached[h]
-                self.lru[h] = None
-                self.used -= 1
-        s.held.clear()
-        s.anon = 0
+        self._prefill_tps = 0.0
+        self._decode_step_s = 0.0
+        self.num_preemptions = 0
 
     # ---- requests ----
     def enqueue(self, req: SimRequest, now: float) -> SimSeq:
-        s = SimSeq(req, now)
-        self.waiting.append(s)
-        self.queued_prefill += req.prompt_tokens
+        if _cdiv(req.prompt_tokens + req.output_tokens, self.block_size) > self.num_blocks:
+            raise ValueError(f"request {req.request_id}: prompt plus output needs more KV blocks "
+                             f"than a worker has ({self.num_blocks})")
+        self._arrivals += 1
+        s = SimSeq(req, now, order=(req.priority, self._arrivals), uid=self._arrivals)
+        if self.step is None:
+            self._enqueue(s)
+        else:  # the engine takes it in after this step (whose report does not show it yet)
+            self.inbox.append(s)
         return s
+
+    def _enqueue(self, s: SimSeq) -> None:
+        w = self.waiting
+        if not w or w[-1].order <= s.order:
+            w.append(s)
+        else:
+            w.insert(bisect.bisect_right(w, s.order, key=_order), s)
+        self.waiting_tokens += s.num_tokens - s.computed
 
     @property
     def num_inflight(self) -> int:
-        return len(self.waiting) + len(self.prefilling) + self.num_decoding
+        return len(self.inbox) + len(self.waiting) + len(self.running)
+
+    # ---- scheduling (engine/scheduler.py, step for step) ----
+    def _schedule(self) -> tuple[list[tuple[SimSeq, int]], bool]:
+        """One step's chunks; True if nothing was admitted or preempted (a decode stretch may
+        follow)."""
+        budget = self.max_tokens
+        sched: list[tuple[SimSeq, int]] = []
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            s = running[i]
+            n = min(s.num_tokens - s.computed, budget)
+            while not self._extend(s, n):
+                victim = max(running[i:], key=_order)
+                self._preempt(victim)
+                preempted = True
+                if victim is s:
+                    break
+            if not s.running:
+                continue
+            sched.append((s, n))
+            budget -= n
+            i += 1
+        if preempted:
+            return sched, False
+        quiet = True
+        waiting = self.waiting
+        while waiting and budget > 0:
+            head = waiting[0]
+            got = self._admit(head, budget) if len(running) < self.max_seqs else None
+            if got is None:  # no slot or no blocks: only a priority preemption helps
+                freed = self._preempt_for(head, sched)
+                if freed is None:
+                    break
+                budget += freed
+            else:
+                sched.append((head, got))
+                budget -= got
+            quiet = False
+        return sched, quiet
+
+    def _extend(self, s: SimSeq, n: int) -> bool:
+        need = _cdiv(s.computed + n, self.block_size) - s.num_blocks
+        if need <= 0:
+            return True
+        if need > self.pool.free:
+            return False
+        self.pool.allocate(need)
+        s.unkeyed += need
+        return True
+
+    def _admit(self, s: SimSeq, budget: int) -> int | None:
+        bs = self.block_size
+        limit = (s.num_tokens - 1) // bs
+        keys = [s.key(i) for i in range(limit)] if s.outputs else s.req.block_hashes[:limit]
+        pool = self.pool
+        hits = pool.prefix(keys)
+        lower = self.tiers.lookup(keys[hits:]) if self.tiers is not None else 0
+        computed = (hits + lower) * bs
+        n = min(s.num_tokens - computed, budget)
+        need = _cdiv(computed + n, bs) - hits
+        wm = pool.watermark_blocks if self.running else 0
+        if need > pool.free - pool.revived(keys[:hits]) - wm:
+            return None
+        if lower:  # loaded first: this admission's own evictions must not push them out
+            assert self.tiers is not None
+            self._load_s += self.tiers.load(keys[hits:hits + lower])
+        pool.touch(keys[:hits])
+        pool.allocate(need)
+        s.keyed = list(keys[:hits])
+        s.unkeyed = need
+        for key in keys[hits:hits + lower]:  # loaded into fresh blocks: cached there again
+            if pool.store(key):
+                s.unkeyed -= 1
+                s.keyed.append(key)
+        s.offered = hits + lower
+        self.waiting.popleft()
+        self.waiting_tokens -= s.num_tokens - s.computed
+        s.computed = computed
+        if not s.admitted:
+            s.admitted = True
+            s.hit_tokens = computed
+        s.running = True
+        self.running.append(s)
+        return n
+
+    def _preempt(self, s: SimSeq) -> None:
+        self.running.remove(s)
+        self.pool.release(s.keyed, s.unkeyed)
+        s.keyed, s.unkeyed, s.offered = [], 0, 0
+        s.running = False
+        s.computed = 0
+        self.num_preemptions += 1
+        self._enqueue(s)
+
+    def _preempt_for(self, head: SimSeq, sched: list[tuple[SimSeq, int]]) -> int | None:
+        if not self.preempt_enabled or not self.running:
+            return None
+        victim = max(self.running, key=_order)
+        if victim.order[0] <= head.order[0]:
+            return None
+        freed = 0
+        for j, (s, n) in enumerate(sched):
+            if s is victim:
+                freed = n
+                del sched[j]
+                break
+        self._preempt(victim)
+        return freed
 
     # ---- stepping ----
     def start_step(self, now: float) -> float | None:
-        """Plan the next step at ``now``; returns its end time, or None when idle."""
-        budget = self.max_tokens - self.num_decoding
-        chunks: list[tuple[SimSeq, int]] = []
-        for s in self.prefilling:
-            if budget <= 0:
-                break
-            take = min(s.req.prompt_tokens - s.computed, budget)
-            chunks.append((s, take))
-            budget -= take
-        while budget > 0 and self.waiting and (
-            len(self.prefilling) + self.num_decoding < self.max_seqs
-        ):
-            s = self.waiting[0]
-            if not self._try_admit(s):
-                break
-            self.waiting.popleft()
-            self.prefilling.append(s)
-            take = min(s.req.prompt_tokens - s.computed, budget)
-            chunks.append((s, take))
-            budget -= take
-        n_dec = self.num_decoding
-        if self._loaded and self.publish_events:
-            self._events.append(BlockStored(block_hashes=tuple(self._loaded), parent_block_hash=None,
-                                            block_size=self.block_size))
-        self._loaded = []
-        load_s, self._load_s = self._load_s, 0.0
-        if not chunks and not n_dec:
-            self.step = None
+        """Plan the next step at ``now``; returns its end time, or None when idle. Inside a
+        decode stretch: the end of its next step."""
+        if self.step is not None:
+            return self.step.end
+        for s in self.inbox:
+            self._enqueue(s)
+        self.inbox.clear()
+        sched, quiet = self._schedule()
+        if not sched and self.waiting:  # preempted all it ran: admit at once (an empty step)
+            sched, quiet = self._schedule()
+        if not sched:
             return None
-        prefill = sum(t for _, t in chunks)
-        k = 1
-        if not chunks:
-            k = max(1, self._finishes[0][0] - self.decode_steps)
-        ctx_prefill = sum(s.computed + t for s, t in chunks)
-        if chunks:
-            u = (self.decode_ctx + ctx_prefill) / self._kv_tokens_total
-            dur = self.timing.step_s(prefill, n_dec, u) + load_s
+        prefill = decodes = ctx = 0
+        for s, n in sched:
+            ctx += s.computed + n
+            if n == 1 and s.outputs:
+                decodes += 1
+            else:
+                prefill += n
+        st = _Step(now, now, sched, prefill, decodes, 1, ctx)
+        if quiet and not prefill and len(sched) == len(self.running):
+            self._stretch(st)
+        if st.k > 1:
+            st.end = now + self._decode_span(ctx, decodes, 1)
+            st.queued = self._queued_prefill()
         else:
-            dur = self._decode_span(self.decode_ctx, n_dec, k)
-        self.step = _Step(now, now + dur, chunks, n_dec, k, self.decode_ctx)
+            st.end = now + self.timing.step_s(prefill, decodes, ctx / self._kv_tokens_total)
+        st.end += self._load_s  # host-tier loads of this step's admissions (pessimistic: serial)
+        self._load_s = 0.0
+        self.step = st
         self.version += 1
-        return self.step.end
+        return st.end
+
+    def _stretch(self, st: _Step) -> None:
+        """Make ``st`` a decode stretch: steps up to the next finish, and no further than the
+        last step whose blocks the pool can still give. Step j >= 1 needs a block for each
+        request with (computed + j) % bs == 0; ``st.alloc[j]`` counts them."""
+        k = min(s.req.output_tokens - s.outputs for s, _ in st.sched)
+        if k <= 1:
+            return
+        bs = self.block_size
+        first = np.fromiter(((-s.computed - 1) % bs + 1 for s, _ in st.sched), dtype=np.int64,
+                            count=len(st.sched))
+        hist = np.bincount(first, minlength=bs + 1)
+        alloc = hist[(np.arange(k) - 1) % bs + 1]
+        alloc[0] = 0  # step 0's blocks were allocated when it was scheduled
+        k = min(k, int(np.searchsorted(np.cumsum(alloc), self.pool.free, side="right")))
+        if k > 1:
+            st.k = k
+            st.alloc = alloc[:k].tolist()
 
     def _decode_span(self, ctx0: int, n: int, k: int) -> float:
-        """Seconds for ``k`` decode-only steps starting at summed context ``ctx0``."""
+        """Seconds for ``k`` decode-only steps of ``n`` requests starting at summed context
+        ``ctx0`` (each step adds ``n``)."""
         kt = self._kv_tokens_total
         s1 = k * ctx0 + n * k * (k - 1) / 2
         s2 = k * ctx0 * ctx0 + ctx0 * n * k * (k - 1) + n * n * (k - 1) * k * (2 * k - 1) / 6
@@ -300,107 +361,145 @@ class SimWorker:
         return ms / self.timing.speedup / 1000.0
 
     def cut(self, now: float) -> float | None:
-        """An arrival at ``now``: end a decode macro step after the step in progress.
-        Returns the new end time if it changed."""
+        """An arrival at ``now``: a decode stretch ends with the step in progress (whose end
+        is already scheduled, so nothing changes there)."""
         st = self.step
-        if st is None or st.chunks or st.k <= 1:
-            return None
-        lo, hi = 0, st.k  # largest m with span(m) <= now - start
-        elapsed = now - st.start
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._decode_span(st.ctx0, st.decodes, mid) <= elapsed:
-                lo = mid
-            else:
-                hi = mid - 1
-        m = min(lo + 1, st.k)
-        if m == st.k:
-            return None
-        st.k = m
-        st.end = st.start + self._decode_span(st.ctx0, st.decodes, m)
-        self.version += 1
-        return st.end
+        if st is not None and st.k > 1:
+            st.k = st.done + 1
+        return None
 
     def finish_step(self, now: float) -> None:
         st = self.step
         assert st is not None and abs(now - st.end) < 1e-9
+        if st.k > 1:
+            j = st.done
+            if st.alloc[j]:
+                self.pool.allocate(st.alloc[j])
+            step_s = self._decode_span(st.ctx0 + j * st.decodes, st.decodes, 1)
+            self.sink.itl(step_s, st.decodes)
+            self._decode_step_s = _ema(self._decode_step_s, step_s)
+            if j + 1 < st.k:  # a step inside the stretch: only what its report shows changes
+                st.done += 1
+                st.end = st.start + self._decode_span(st.ctx0, st.decodes, j + 2)
+                self._publish(now, step_s, st.decodes, st.queued)
+                return
         self.step = None
-        if st.decodes:
-            self.decode_steps += st.k
-            self.decode_ctx += st.decodes * st.k
-            self.sink.itl((st.end - st.start) / st.k, st.decodes * st.k)
-            while self._finishes and self._finishes[0][0] <= self.decode_steps:
-                _, _, s = heapq.heappop(self._finishes)
-                self.num_decoding -= 1
-                self.decode_ctx -= s.req.prompt_tokens + s.req.output_tokens
-                self._finish(s, now)
-        stored: list[int] = []
-        prefill = 0
-        for s, take in st.chunks:
-            s.computed += take
-            prefill += take
-            self.queued_prefill -= take
-            self._register(s, stored)
-            if s.computed >= s.req.prompt_tokens:
-                self.prefilling.remove(s)
-                s.first_token_s = now
-                self.sink.first_token(self, s, now)
-                if s.req.output_tokens <= 1:
-                    self._finish(s, now)
-                else:
-                    self.num_decoding += 1
-                    self.decode_ctx += s.req.prompt_tokens + 1
-                    s.finish_step = self.decode_steps + s.req.output_tokens - 1
-                    self._tie += 1
-                    heapq.heappush(self._finishes, (s.finish_step, self._tie, s))
+        if st.k > 1:
+            self._finish_stretch(st)
+        else:
+            self._finish_one(st)
+        finished = False
+        for s, _ in st.sched:
+            if not s.running or s.outputs < s.req.output_tokens:
+                continue
+            finished = True
+            s.running = False
+            s.finish_s = now
+            self.pool.release(s.keyed, s.unkeyed)
+            s.keyed, s.unkeyed = [], 0
+            self.sink.finished(self, s, now)
+        if finished:
+            self.running = [s for s in self.running if s.running]
+        if st.k == 1:
+            step_s = st.end - st.start
+            if st.decodes:
+                self.sink.itl(step_s, st.decodes)
+            self._observe(st.prefill, step_s)
+        else:
+            step_s = self._decode_span(st.ctx0 + (st.k - 1) * st.decodes, st.decodes, 1)
+        self._publish(now, step_s, st.prefill + st.decodes, self._queued_prefill())
+
+    def _finish_one(self, st: _Step) -> None:
+        now = st.end
+        for s, n in st.sched:
+            if not s.running:
+                continue
+            s.computed += n
+            self._offer(s)
+            if s.computed == s.num_tokens:  # the chunk ended the sequence: a token is sampled
+                s.outputs += 1
+                if s.first_token_s < 0:
+                    s.first_token_s = now
+                    self.sink.first_token(self, s, now)
+
+    def _finish_stretch(self, st: _Step) -> None:
+        """``k`` decode steps done: each request computed and sampled ``k`` tokens; its share
+        of the blocks the steps after the first allocated."""
+        k, bs = st.k, self.block_size
+        for s, _ in st.sched:
+            s.unkeyed += _cdiv(s.computed + k, bs) - _cdiv(s.computed + 1, bs)
+            s.computed += k
+            s.outputs += k
+            self._offer(s)
+
+    def _offer(self, s: SimSeq) -> None:
+        """Cache the request's blocks that became full (``KVCacheManager.cache_full_blocks``)."""
+        full = s.computed // self.block_size
+        pool = self.pool
+        for i in range(s.offered, full):
+            key = s.key(i)
+            if pool.store(key):
+                s.unkeyed -= 1
+                s.keyed.append(key)
+        s.offered = max(s.offered, full)
+
+    def _observe(self, prefill: int, step_s: float) -> None:
+        """The engine core's speed figures: prefill tokens/s and decode step time (EMAs)."""
         if prefill:
-            self._prefill_tok = 0.8 * self._prefill_tok + prefill
-            self._prefill_time = 0.8 * self._prefill_time + (st.end - st.start)
-        if stored and self.publish_events:
-            self._events.append(BlockStored(block_hashes=tuple(stored), parent_block_hash=None,
-                                            block_size=self.block_size))
-        if stored and self.tiers is not None and self.tiers.write_through:
-            self._to_host(stored)
-        self._publish(now, st)
+            self._prefill_tps = _ema(self._prefill_tps, prefill / step_s)
+        else:
+            self._decode_step_s = _ema(self._decode_step_s, step_s)
 
-    def _finish(self, s: SimSeq, now: float) -> None:
-        s.finish_s = now
-        self._release(s)
-        self.sink.finished(self, s, now)
+    def _queued_prefill(self) -> int:
+        queued = self.waiting_tokens
+        for s in self.running:
+            left = s.req.prompt_tokens - s.computed
+            if left > 0:
+                queued += left
+        return queued
 
-    def _publish(self, now: float, st: _Step) -> None:
-        if self._events:
+    def _publish(self, now: float, step_s: float, tokens: int, queued: int) -> None:
+        events = self.pool.take_events()
+        if events and self.publish_events:
             self.sink.kv_events(KVEventBatch(instance_id=self.instance_id, seq=self._event_seq,
-                                             timestamp=now, events=tuple(self._events)))
+                                             timestamp=now, events=tuple(events)))
             self._event_seq += 1
-            self._events = []
-        tokens = sum(t for _, t in st.chunks) + st.decodes
-        self.sink.load(self.load_report(now, (st.end - st.start) / st.k, tokens))
+        self.sink.load(self._report(now, step_s, tokens, queued))
 
-    def load_report(self, now: float, step_s: float = 0.0, tokens: int = 0) -> LoadReport:
-        u = self.decode_ctx / self._kv_tokens_total
-        tps = self._prefill_tok / self._prefill_time if self._prefill_time else 0.0
+    def load_report(self, now: float) -> LoadReport:
+        return self._report(now, 0.0, 0, self._queued_prefill())
+
+    def _report(self, now: float, step_s: float, tokens: int, queued: int) -> LoadReport:
         return LoadReport(
-            instance_id=self.instance_id, timestamp=now, num_running=len(self.prefilling)
-            + self.num_decoding, num_waiting=len(self.waiting), kv_blocks_used=self.used,
-            kv_blocks_total=self.num_blocks, queued_prefill_tokens=max(self.queued_prefill, 0),
-            step_time_s=step_s, tokens_computed=tokens, prefill_tokens_per_s=tps,
-            # What the engine's decode-step average converges to at this KV usage.
-            decode_step_s=self.timing.step_s(0, 1, u),
+            instance_id=self.instance_id, timestamp=now, num_running=len(self.running),
+            num_waiting=len(self.waiting), kv_blocks_used=self.pool.used,
+            kv_blocks_total=self.num_blocks, queued_prefill_tokens=queued,
+            step_time_s=step_s, tokens_computed=tokens, prefill_tokens_per_s=self._prefill_tps,
+            decode_step_s=self._decode_step_s,
         )
 
     def snapshot(self, now: float) -> KVEventBatch:
         """The whole cache as a re-sync batch."""
-        hashes = tuple(h for h in (*self.cached, *self.lru) if h >= 0)
         # A snapshot carries the seq of the last batch it includes; live batches go on from +1.
         return KVEventBatch(instance_id=self.instance_id, seq=self._event_seq - 1, timestamp=now,
-                            events=(AllBlocksCleared(), BlockStored(block_hashes=hashes,
-                                                                    parent_block_hash=None)),
+                            events=(AllBlocksCleared(), BlockStored(
+                                block_hashes=tuple(self.pool.keys()), parent_block_hash=None,
+                                block_size=self.block_size)),
                             snapshot=True)
 
     def check_integrity(self) -> None:
-        held = sum(len(s.held) + s.anon for s in self.prefilling)
-        assert self.free_blocks() >= 0
-        assert not (set(self.cached) & set(self.lru))
-        assert held <= self.used
+        self.pool.check()
+        held = sum(s.num_blocks for s in self.running)
+        if self.step is not None and self.step.k > 1:  # not yet shared out to the requests
+            held += sum(self.step.alloc[: self.step.done])
+        assert held == self.pool.used + sum(c - 1 for c in self.pool.ref.values()), "block refs"
+        for s in self.running:
+            assert s.num_blocks == _cdiv(s.computed, self.block_size) or self.step is not None
 
+
+def _order(s: SimSeq) -> tuple[int, int]:
+    return s.order
+
+
+def _ema(old: float, new: float) -> float:
+    return new if not old else (1 - _EMA) * old + _EMA * new

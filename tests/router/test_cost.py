@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from interlock.errors import ConfigError
-from interlock.router.cost import CostParams, choose, ttft_costs
+from interlock.router.cost import CostParams, choose, room_wait_s, ttft_costs
 
 
 def costs(params: CostParams, **over) -> np.ndarray:
@@ -60,3 +60,10 @@ def test_params_are_validated() -> None:
         CostParams(kv_watermark=0.0)
     with pytest.raises(ConfigError):
         CostParams(temperature=-1)
+
+
+def test_room_wait_is_the_deficit_released_at_the_rate_blocks_in_use_free() -> None:
+    wait = room_wait_s(need_blocks=np.array([50.0, 150.0, 150.0]),
+                       free_blocks=np.array([100.0, 100.0, np.inf]),
+                       used_blocks=np.array([900.0, 900.0, 0.0]), drain_s=np.array([9.0, 9.0, 9.0]))
+    assert list(wait) == [0.0, 0.5, 0.0]  # 50 of 900 blocks in use, all freed in 9 s

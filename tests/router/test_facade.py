@@ -79,6 +79,18 @@ def test_a_burst_spreads_before_any_load_report() -> None:
     assert r.drain_shared() == []  # a lone router keeps no events for others
 
 
+def test_a_cold_burst_spreads_after_the_first_worker_reports_its_decode_speed() -> None:
+    # w0 has decoded (1 ms steps), the others never have: they must not be priced at a default
+    # decode step (once 20 ms: 300 tokens made every cold worker look 1.2 s away)
+    r, clock = make(4, share_load=False)
+    clock.t = 1.0
+    r.apply_load(LoadReport(instance_id="w0", timestamp=1.0, num_running=0, num_waiting=0,
+                            kv_blocks_used=0, kv_blocks_total=100_000, queued_prefill_tokens=0,
+                            step_time_s=0.001, tokens_computed=1, decode_step_s=0.001))
+    picks = [route(r, f"r{i}", [i] * 400, max_tokens=300).worker_id for i in range(8)]
+    assert sorted(set(picks)) == ["w0", "w1", "w2", "w3"]
+
+
 def test_a_cached_worker_is_left_once_its_queue_costs_more_than_the_hit() -> None:
     r, _ = make(2)
     cache(r, "w0", PROMPT[:320])
@@ -163,6 +175,56 @@ def test_queue_when_all_busy_then_dispatch_reject_past_capacity() -> None:
     r.cancel("c")
     r.on_finish("b")
     assert r.dispatch_queued() == []
+
+
+def usage(wid: str, frac: float, t: float) -> LoadReport:
+    return LoadReport(instance_id=wid, timestamp=t, num_running=4, num_waiting=0,
+                      kv_blocks_used=int(frac * 100_000), kv_blocks_total=100_000,
+                      queued_prefill_tokens=0, step_time_s=0.0, tokens_computed=0)
+
+
+LONG = list(range(2000))
+
+
+def test_a_queued_request_waits_for_the_busy_worker_with_its_prefix() -> None:
+    r, clock = make(2, share_load=False)
+    cache(r, "w0", LONG)
+    r.apply_load(usage("w0", 0.99, 1.0))
+    r.apply_load(usage("w1", 0.99, 1.0))
+    assert isinstance(r.route(req("a", 2000), token_ids=LONG), Pending)  # both full
+    r.apply_load(usage("w1", 0.10, 2.0))  # w1 has room, but recomputing 2,000 tokens costs more
+    assert r.dispatch_queued() == []
+    # a request that w1 suits goes past it
+    assert route(r, "b", [7] * 400).worker_id == "w1"
+    r.apply_load(usage("w0", 0.50, 3.0))
+    [d] = r.dispatch_queued()
+    assert (d.request_id, d.worker_id, d.reason) == ("a", "w0", "kv+queued")
+
+
+def test_a_queued_request_waits_no_longer_than_its_hit_saves() -> None:
+    r, clock = make(2, share_load=False)
+    cache(r, "w0", LONG)
+    r.apply_load(usage("w0", 0.99, 1.0))
+    assert isinstance(r.route(req("a", 2000), token_ids=LONG), Pending)  # w0 is worth a wait
+    assert r.dispatch_queued() == []
+    clock.t = 5.0  # waited longer than recomputing on w1 takes
+    [d] = r.dispatch_queued()
+    assert d.worker_id == "w1"
+
+
+def test_max_queue_wait_refuses_what_would_wait_too_long() -> None:
+    r, clock = make(1, share_load=False, max_inflight_per_worker=1, max_queue_wait_s=2.0)
+    for i in range(3):  # one dispatch a second
+        clock.t = float(i)
+        route(r, f"d{i}", [i] * 40)
+        r.on_finish(f"d{i}")
+    route(r, "busy", [9] * 40)  # 4 dispatches in 2 s: one every 2/3 s
+    for i in range(4):  # the 4th waits behind 3: 2 s
+        assert isinstance(r.route(req(f"q{i}"), token_ids=PROMPT), Pending)
+    with pytest.raises(Overloaded, match="expected wait"):
+        r.route(req("q4"), token_ids=PROMPT)
+    with pytest.raises(ConfigError):
+        RouterConfig(max_queue_wait_s=-1)
 
 
 def waiting(wid: str, n: int, t: float) -> LoadReport:

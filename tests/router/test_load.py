@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from msgspec.structs import replace
+
 from interlock.protocol.events import LoadReport, RouterLoadEvent
 from interlock.router.load import DEFAULT_PREFILL_TPS, LoadTracker
 
@@ -55,6 +57,22 @@ def test_reports_fit_a_speed_line_and_unfitted_workers_use_the_fleet_median() ->
     overhead, per_token = lt.speeds()
     assert abs(overhead[0] - 0.01) < 1e-6 and abs(per_token[0] - 2e-5) < 1e-9
     assert abs(per_token[2] - 2e-5) < 1e-9  # no fit of its own yet
+
+
+def test_decode_step_of_a_cold_worker_and_the_fleet_line_over_context() -> None:
+    lt = tracker()
+    lt.apply_report(0, replace(report("w0"), decode_step_s=0.005), now=1.0)
+    assert list(lt.decode_step()[:3]) == [0.005, 0.005, 0.005]  # cold ones: the fastest seen
+    # the fleet line is fitted against the summed context of the requests (dispatched KV
+    # tokens over the pool's), which is what a decode step reads
+    for i, ctx in enumerate([100, 500, 900, 300, 700]):
+        lt.on_route(f"q{i}", 1, "w1", prefill_tokens=0, kv_tokens=ctx, now=0.0)
+        step = 0.005 + 0.01 * lt.context_usage(1)
+        lt.apply_report(1, replace(report("w1", t=2.0 + i), decode_step_s=step), now=2.0 + i)
+        lt.on_finish(f"q{i}")
+    lt.on_route("x", 2, "w2", prefill_tokens=0, kv_tokens=500, now=9.0)
+    step = lt.decode_step()
+    assert abs(step[2] - 0.01) < 1e-9 and abs(step[1] - 0.005) < 1e-9
 
 
 def test_remote_router_load_is_counted_and_forgotten() -> None:

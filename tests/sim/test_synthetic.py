@@ -1,4 +1,5 @@
-from interlock.sim.synthetic import SharedPrefixSpec, shared_prefix_requests
+from interlock.mooncake import load_mooncake, write_mooncake
+from interlock.sim.synthetic import AgentSpec, SharedPrefixSpec, agent_records, shared_prefix_requests
 
 
 def test_groups_share_system_prompt_and_sessions_extend_their_history() -> None:
@@ -13,3 +14,21 @@ def test_groups_share_system_prompt_and_sessions_extend_their_history() -> None:
     t0, t1 = by_id["s0t0"], by_id["s0t1"]
     assert t1.session_id == "s0" and t1.prompt_tokens == t0.prompt_tokens + 32 + 64
     assert t1.block_hashes[: len(t0.block_hashes)] == t0.block_hashes
+
+
+def test_agent_sessions_resend_their_history_within_the_input_limit(tmp_path) -> None:
+    spec = AgentSpec(num_sessions=40, num_system_prompts=3, max_input_tokens=12_000, seed=4)
+    recs = agent_records(spec)
+    assert recs == agent_records(spec)  # seeded
+    assert all(a.timestamp_ms <= b.timestamp_ms for a, b in zip(recs, recs[1:], strict=False))
+    assert all(1024 <= r.input_length <= 12_000 for r in recs)
+    assert all(r.input_length == 512 * len(r.hash_ids) for r in recs)
+    # every prompt starts with one of the 3 system prompts (2-8 blocks: the first 2 say which)
+    assert len({r.hash_ids[:2] for r in recs}) == 3
+    # a later turn extends an earlier prompt: some record's ids are a proper prefix of another's
+    ids = {r.hash_ids for r in recs}
+    assert sum(any(o[: len(r.hash_ids)] == r.hash_ids for o in ids if len(o) > len(r.hash_ids))
+               for r in recs) > len(recs) // 2
+    path = tmp_path / "agent.jsonl"
+    write_mooncake(recs, path)
+    assert load_mooncake(path) == recs
