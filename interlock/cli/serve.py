@@ -120,6 +120,9 @@ async def _serve(a: argparse.Namespace) -> int:
             if why != "stopped":
                 print(f"interlock serve: {why} (see its log above)", file=sys.stderr, flush=True)
             return 1
+        if spec.planner is not None:
+            await running.start_planner()
+            print(f"Planner ({spec.planner.policy}) status at {running.planner_url}/planner", flush=True)
         names = ", ".join(m.name for m in running.service.models())
         d = spec.deployment
         workers = running.workers()
@@ -128,9 +131,7 @@ async def _serve(a: argparse.Namespace) -> int:
         print(f"Interlock serving {names} at {running.server.url}/v1 with {len(workers)} workers{split} "
               f"(policy {d.routing.policy}{', nats ' + running.url if running.url else ', single process'})",
               flush=True)
-        if spec.planner is not None:
-            await running.start_planner()
-            print(f"Planner ({spec.planner.policy}) status at {running.planner_url}/planner", flush=True)
+
         await stop.wait()
         return 0
     finally:
