@@ -74,6 +74,24 @@ def test_fleet_adds_drains_and_reroles_real_workers() -> None:
     asyncio.run(main())
 
 
+def test_fleet_set_role_re_roles_a_running_worker() -> None:
+    async def main() -> None:
+        async with running(spec(group={"nodes": [{"node_role": "prefill", "gpu_count": 1},
+                                                 {"node_role": "decode", "gpu_count": 1}]})) as c:
+            fleet = ClusterFleet(c, role_grace_s=1.0)
+            prefill = next(w for w in await fleet.workers() if w.role == "prefill")
+            await fleet.set_role(prefill.worker_id, "decode")
+
+            async def re_registered() -> bool:
+                info = c.service.instance(prefill.worker_id)
+                return info is not None and info.role == "decode"
+
+            await until(re_registered)
+            assert sorted(w.role for w in await fleet.workers()) == ["decode", "decode"]
+
+    asyncio.run(main())
+
+
 def test_start_planner_serves_its_status_and_grows_within_max_replicas() -> None:
     cfg = PlannerConfig(both=RoleBounds(2, 8), interval_s=0.05, window_s=0.2, ramp_s=0.0)
     s = spec(group={"max_replicas": 2}, planner=cfg, planner_port=0)
