@@ -307,7 +307,12 @@ class RunningCluster:
         fleet = ClusterFleet(self, role_grace_s=self.spec.processes.drain_grace_s)
         self.planner = PlannerLoop(planner, fleet, RouterServiceView(self.service))
         host = self.spec.deployment.control_plane.listen_host
-        server = await serve_status(self.planner, host, self.spec.planner_port)
+        try:
+            server = await serve_status(self.planner, host, self.spec.planner_port)
+        except OSError as e:
+            self.planner = None
+            raise ConfigError(f"planner status: cannot listen on {host}:{self.spec.planner_port} "
+                              f"({e.strerror or e}; --planner-port)") from None
         port = server.sockets[0].getsockname()[1]
         self.planner_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
         self._planner_parts = (fleet, server, asyncio.create_task(self.planner.run(), name="planner"))

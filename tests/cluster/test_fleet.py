@@ -115,6 +115,21 @@ def test_start_planner_serves_its_status_and_grows_within_max_replicas() -> None
     assert [d["kind"] for d in status["decisions"]] == ["add"]  # up to min 2, then no further
 
 
+def test_a_busy_planner_port_is_a_clear_error() -> None:
+    async def main() -> None:
+        taken = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = taken.sockets[0].getsockname()[1]
+        try:
+            async with running(spec(planner=PlannerConfig(), planner_port=port)) as c:
+                with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+                    await c.start_planner()
+                assert c.planner is None
+        finally:
+            taken.close()
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize(("changes", "message"), [
     ({"routing": {"policy": "round-robin"}, "planner": PlannerConfig()}, "has no routing weights"),
     ({"group": {"nodes": [{"node_role": "prefill", "gpu_count": 1}, {"node_role": "decode", "gpu_count": 1}]},
