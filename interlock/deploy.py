@@ -345,16 +345,26 @@ _SECTIONS = {
     "metrics": "metrics",
 }
 _SECTION_TYPES: dict[str, type] = {"control_plane": ControlPlane, "routing": Routing, "metrics": Metrics}
+PLANNER_SECTION = "planner"
+"""The planner's section: ``interlock serve`` reads it (``interlock.planner.flags``, through
+``parse_planner_config``; the planner sits above this module, so it is not parsed here) and
+passes ``read_by=(PLANNER_SECTION,)``; every other reader refuses it by name."""
 
 
-def parse_deployment(raw: Any) -> Deployment:
+def parse_deployment(raw: Any, *, read_by: tuple[str, ...] = ()) -> Deployment:
+    """``read_by``: top-level sections the caller reads itself (skipped here, not ignored)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError("deployment file: expected a mapping at the top level")
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
+        if key in read_by:
+            continue
         name = _SECTIONS.get(str(key).replace("_", "-"))
+        if name is None and key == PLANNER_SECTION:
+            raise ConfigError("planner: only `interlock serve` runs a planner (this command does not "
+                              "read the section)")
         if name is None:
             known = ", ".join(sorted(set(_SECTIONS) - {"execution-groups"}))
             raise ConfigError(f"{key}: unknown section (known: {known})")
@@ -370,7 +380,8 @@ def parse_deployment(raw: Any) -> Deployment:
     return d
 
 
-def load_deployment(path: str | Path) -> Deployment:
+def load_deployment(path: str | Path, *, read_by: tuple[str, ...] = ()) -> Deployment:
+    """``read_by``: as for ``parse_deployment``."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -380,7 +391,7 @@ def load_deployment(path: str | Path) -> Deployment:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from None
-    return parse_deployment(raw)
+    return parse_deployment(raw, read_by=read_by)
 
 
 def with_group(d: Deployment, **changes: Any) -> Deployment:
@@ -389,7 +400,7 @@ def with_group(d: Deployment, **changes: Any) -> Deployment:
 
 
 __all__ = [
-    "METRIC_FAMILIES", "ControlPlane", "Deployment", "ExecutionGroup", "Metrics", "NodeGroup",
+    "METRIC_FAMILIES", "PLANNER_SECTION", "ControlPlane", "Deployment", "ExecutionGroup", "Metrics", "NodeGroup",
     "Routing", "load_deployment", "parse_deployment", "parse_duration", "validate_deployment",
     "with_group",
 ]

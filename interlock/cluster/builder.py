@@ -97,6 +97,11 @@ class RunningCluster:
         self._prefix = f"{os.getpid():x}"
         self._catalog: Any = None
         self._logins: dict[str, NatsUser] = {}
+        self.planner: Any = None
+        """The ``planner.loop.PlannerLoop`` (``start_planner``), or None."""
+        self.planner_url: str | None = None
+        """Where its status is served (``interlock planner status --url``)."""
+        self._planner_parts: tuple[Any, Any, asyncio.Task[None]] | None = None
 
     # ---- start ----
     async def start(self) -> None:
@@ -285,6 +290,46 @@ class RunningCluster:
                 await self.runtime.discovery.unregister(handle.instance_id)
                 await handle.local.close()  # its transfer agent goes with it
 
+    # ---- the planner ----
+    async def start_planner(self) -> None:
+        """Start the planner the spec asks for (``spec.planner``) over this deployment's
+        workers, and its status server; call it once the first workers are ready (those it
+        sees ready at its first look count as warm: no routing-weight ramp for them)."""
+        from interlock.cluster.fleet import ClusterFleet
+        from interlock.cluster.spec import fleet_planner_config
+        from interlock.planner.build import build_planner
+        from interlock.planner.live import RouterServiceView
+        from interlock.planner.loop import PlannerLoop
+        from interlock.planner.status import serve_status
+
+        assert self.spec.planner is not None and self.planner is None and self.service is not None
+        planner = await asyncio.to_thread(build_planner, fleet_planner_config(self.spec))
+        fleet = ClusterFleet(self, role_grace_s=self.spec.processes.drain_grace_s)
+        self.planner = PlannerLoop(planner, fleet, RouterServiceView(self.service))
+        host = self.spec.deployment.control_plane.listen_host
+        try:
+            server = await serve_status(self.planner, host, self.spec.planner_port)
+        except OSError as e:
+            self.planner = None
+            raise ConfigError(f"planner status: cannot listen on {host}:{self.spec.planner_port} "
+                              f"({e.strerror or e}; --planner-port)") from None
+        port = server.sockets[0].getsockname()[1]
+        self.planner_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        self._planner_parts = (fleet, server, asyncio.create_task(self.planner.run(), name="planner"))
+        log.info("planner (%s) started; status at %s/planner", planner.config.policy, self.planner_url)
+
+    async def _stop_planner(self) -> None:
+        if self._planner_parts is None:
+            return
+        fleet, server, task = self._planner_parts
+        self._planner_parts = None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        server.close()
+        await server.wait_closed()
+        await fleet.close()
+
     # ---- readiness ----
     async def wait_ready(self, count: int | None = None, stop: asyncio.Event | None = None,
                          timeout_s: float | None = None, progress: bool = False) -> str | None:
@@ -317,6 +362,7 @@ class RunningCluster:
 
     # ---- stop ----
     async def close(self) -> None:
+        await self._stop_planner()  # first: nothing may start or stop workers while we do
         await self.supervisor.close()  # from here on, exits are ours: nothing is restarted
         if self.server is not None:
             await self.server.close()

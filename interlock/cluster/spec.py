@@ -15,6 +15,8 @@ from interlock.deploy import Deployment, ExecutionGroup, NodeGroup
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.errors import ConfigError
 from interlock.frontend.config import FrontendConfig
+from interlock.names import ROLES
+from interlock.planner.config import PlannerConfig
 from interlock.router.cost import CostParams
 from interlock.router.disagg import DisaggConfig
 from interlock.router.dispatcher import DispatchOptions
@@ -50,8 +52,16 @@ class ClusterSpec:
     processes: ProcessOptions = ProcessOptions()
     cluster_secret: bytes | None = field(default=None, repr=False)
     nats_auth: NatsAuth = NatsAuth()
+    planner: PlannerConfig | None = None
+    """None: the fleet keeps its size. Else a planner adds, removes and re-roles the workers
+    of the (one) execution group (``RunningCluster.start_planner``)."""
+    planner_port: int = 8010
+    """Where the planner's status (``GET /planner``, ``/metrics``) is served, on the frontend's
+    interface (0: any free port)."""
 
     def __post_init__(self) -> None:
+        if self.planner is not None:
+            fleet_planner_config(self)  # refuses what a planner cannot run with, by name
         r = self.deployment.routing
         if (self.start_workers and (r.enforce_disagg or not r.fallback_to_local)
                 and not any(n.node_role == "prefill" and n.gpu_count for n in self.deployment.nodes)):
@@ -60,6 +70,35 @@ class ClusterSpec:
                               "request would fail without one)")
         if self.processes.in_process and self.deployment.control_plane.nats_url:
             raise ConfigError("control-plane.nats_url: not used with in-process planes (--single-process)")
+
+
+def fleet_planner_config(spec: ClusterSpec) -> PlannerConfig:
+    """The planner's configuration for this deployment: its bounds capped by the execution
+    group's ``max_replicas`` (``add_worker`` refuses more anyway); refuses a deployment the
+    planner cannot drive."""
+    from interlock.sim.planned import UNWEIGHTED_POLICIES
+
+    cfg, d = spec.planner, spec.deployment
+    assert cfg is not None
+    if not (spec.router and spec.start_workers):
+        raise ConfigError("planner: needs the router and the workers in this process (interlock serve)")
+    if len(d.execution_groups) != 1:
+        raise ConfigError(f"planner: scales one execution group, the deployment has {len(d.execution_groups)}")
+    if not 0 <= spec.planner_port < 65536:
+        raise ConfigError(f"--planner-port: {spec.planner_port} is not a valid port")
+    if cfg.ramp_s > 0 and d.routing.policy in UNWEIGHTED_POLICIES:
+        raise ConfigError(f"routing.policy {d.routing.policy!r} has no routing weights: a planner ramp "
+                          "needs kv, least-loaded or power-of-two (or planner.ramp_s 0)")
+    for role in sorted({n.node_role for n in d.nodes if n.gpu_count}):
+        if cfg.bounds(role).max == 0:
+            raise ConfigError(f"planner.{role}: the deployment starts {role} workers but the "
+                              f"planner's {role} max is 0 (give planner.{role}: {{min: N, max: M}})")
+    cap = d.execution_groups[0].max_replicas
+    if cap is None or cap >= cfg.total_max():
+        return cfg
+    if cfg.min_workers > cap or sum(cfg.bounds(r).min for r in ROLES) > cap:
+        raise ConfigError(f"planner: its minimum workers exceed execution-group.max_replicas={cap}")
+    return replace(cfg, max_workers=cap)
 
 
 def router_config(spec: ClusterSpec) -> RouterConfig:
