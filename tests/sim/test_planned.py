@@ -40,9 +40,10 @@ def test_workers_added_one_per_window_then_removed(planned) -> None:  # type: ig
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "issue 13, open: since the simulator runs the engine's scheduler (issue 10 merge) the reactive "
-    "planner removes a worker at 178 s while the high phase lasts to 240 s (its queue signal reads 0) "
-    "and never re-adds it: attainment 0.46 vs 0.40 for one worker and 0.93 for a fixed peak fleet"))
+    "issue 13, open: the reactive policy has no ITL signal. Since the simulator runs the engine's "
+    "scheduler (issue 10 merge), two workers in the high phase keep queue, backlog and KV low but "
+    "decode at ITL p50 316 ms against the 200 ms target, so the planner shrinks to 2 at 178 s and "
+    "almost every request of 180-240 s misses: attainment 0.46 vs 0.93 for a fixed peak fleet"))
 def test_planner_beats_a_fixed_fleet_for_the_peak_on_worker_seconds(planned) -> None:  # type: ignore[no-untyped-def]
     peak = 1 + sum(1 for r in planned.planner_decisions if isinstance(r.action, AddWorker))
     fixed = replay(stepped(), replace(BASE, num_workers=peak))
