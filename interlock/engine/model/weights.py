@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 
 from interlock.engine.model.config import ModelArchConfig
+from interlock.engine.model.dispatch import linear_key
 from interlock.engine.model.kernel_choice import KernelTable
 from interlock.engine.model.linear import Linear
 from interlock.errors import ConfigError
@@ -103,7 +104,7 @@ def _layer(
     gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
 
     def linear(weight: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
-        plan = table.plan((weight.shape[0], weight.shape[1])) if table is not None else None
+        plan = table.plan(linear_key((weight.shape[0], weight.shape[1]))) if table is not None else None
         return Linear(weight, b, fused=fused, plan=plan)
 
     return LayerWeights(
