@@ -3,7 +3,8 @@ per-step choice that follows the measured table.
 
 Operations (table key) and candidates:
 
-* linear layers (``linear <out>x<in>``, by rows): ``linear.LINEAR_IMPLS`` (small / onednn / torch);
+* linear layers (``linear <out>x<in>``, by rows): ``linear.LINEAR_IMPLS`` (small / onednn / torch),
+  the output head too (by sampled rows, up to ``MAX_DECODE_BATCH``);
 * attention over decode rows (``attention decode <heads>/<kv heads>x<dim> ctx <C>``, by decode
   batch, measured at ``DECODE_CONTEXTS`` tokens): ``fused`` (``cpu_ops.paged_attention``, AVX-512
   flash attention) or ``torch`` (gather + two batched matmuls, ``attention.decode_attention``);
@@ -128,6 +129,8 @@ def model_ops(config: ModelArchConfig, max_rows: int) -> list[Op]:
     c = config
     ops = [Op(linear_key(s), buckets(max_rows), linear_calls(s)) for s in layer_shapes(c)]
     batch = min(MAX_DECODE_BATCH, max_rows)
+    head = (c.vocab_size, c.hidden_size)  # sees only the rows that sample: one per sequence
+    ops.append(Op(linear_key(head), buckets(batch), linear_calls(head)))
     ops += [Op(decode_key(c, ctx), buckets(batch), _decode_calls(c, ctx)) for ctx in DECODE_CONTEXTS]
     ops.append(Op(prefill_key(c), buckets(max_rows, low=16) if max_rows > 16 else (max_rows,), _prefill_calls(c)))
     norm, swiglu, rope = elementwise_keys(c)
