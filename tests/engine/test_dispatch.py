@@ -202,3 +202,9 @@ def test_every_measured_candidate_runs_at_the_smallest_and_largest_size() -> Non
             assert set(calls) >= {"fused", "torch"} or op.key.startswith("linear")
             for fn in calls.values():
                 fn()
+
+
+def test_a_model_the_fused_layers_do_not_take_measures_its_linear_layers_only() -> None:
+    keys = [op.key for op in model_ops(_config(8, 8, 80), 64)]
+    assert keys and all(key.startswith("linear ") for key in keys)
+    assert any(key.startswith("attention") for key in (op.key for op in model_ops(_config(), 64)))

@@ -124,6 +124,13 @@ def _family(key: str) -> str:
     return head if head in ("linear", "attention") else "elementwise"
 
 
+def fused_layers_usable(c: ModelArchConfig) -> bool:
+    """Whether the fused kernels take this model's shapes (else its layers run the plain path,
+    linear layers aside)."""
+    return (c.head_dim in (64, 128) and c.num_heads % c.num_kv_heads == 0 and c.num_heads // c.num_kv_heads <= 8
+            and c.hidden_size % 16 == 0 and c.intermediate_size % 16 == 0)
+
+
 def model_ops(config: ModelArchConfig, max_rows: int) -> list[Op]:
     """Every operation the fused model path runs, with its candidates (what is measured)."""
     c = config
@@ -131,6 +138,8 @@ def model_ops(config: ModelArchConfig, max_rows: int) -> list[Op]:
     batch = min(MAX_DECODE_BATCH, max_rows)
     head = (c.vocab_size, c.hidden_size)  # sees only the rows that sample: one per sequence
     ops.append(Op(linear_key(head), buckets(batch), linear_calls(head)))
+    if not fused_layers_usable(c):
+        return ops
     ops += [Op(decode_key(c, ctx), buckets(batch), _decode_calls(c, ctx)) for ctx in DECODE_CONTEXTS]
     ops.append(Op(prefill_key(c), buckets(max_rows, low=16) if max_rows > 16 else (max_rows,), _prefill_calls(c)))
     norm, swiglu, rope = elementwise_keys(c)

@@ -37,6 +37,7 @@ from interlock.engine.model.dispatch import (
     ElementwisePlans,
     TorchKernels,
     attend,
+    fused_layers_usable,
     kernel_table,
 )
 from interlock.engine.model.kernel_choice import KernelTable
@@ -109,16 +110,7 @@ class LlamaModel:
         return self.ops is not None and block_size % 16 == 0
 
     def _fused_ops(self) -> object | None:
-        c = self.config
-        usable = (
-            self.device.type == "cpu"
-            and self.dtype == torch.bfloat16
-            and c.head_dim in (64, 128)
-            and c.num_heads % c.num_kv_heads == 0
-            and c.num_heads // c.num_kv_heads <= 8
-            and c.hidden_size % 16 == 0
-            and c.intermediate_size % 16 == 0
-        )
+        usable = self.device.type == "cpu" and self.dtype == torch.bfloat16 and fused_layers_usable(self.config)
         return cpu_ops.load() if usable else None
 
     def _fused_layers(
