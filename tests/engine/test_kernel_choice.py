@@ -157,3 +157,24 @@ def test_measuring_stops_at_the_budget_and_a_later_start_goes_on(tmp_path: Path)
     first = load_or_measure(ops, cache_dir=tmp_path, machine=machine, budget_s=0.0, progress=lines.append)
     assert list(first.plans) == ["a"] and any("measuring stopped" in line for line in lines)
     assert list(load_or_measure(ops, cache_dir=tmp_path, machine=machine).plans) == ["a", "b"]
+
+
+def test_starts_at_the_same_time_measure_once(tmp_path: Path) -> None:
+    """serve's workers start together: one measures, the others read its table."""
+    import threading
+
+    machine = machine_key(["test"])
+    sizes: list[int] = []
+
+    def calls(size: int) -> dict[str, object]:
+        sizes.append(size)
+        return {"x": lambda: None}
+
+    tables: list[KernelTable] = []
+    threads = [threading.Thread(target=lambda: tables.append(
+        load_or_measure([_op("a", calls)], cache_dir=tmp_path, machine=machine))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sizes == [1, 4] and len(tables) == 3 and len({t.plans["a"] for t in tables}) == 1

@@ -27,6 +27,7 @@ start says little, and every start re-measuring would cost each one the budget.
 from __future__ import annotations
 
 import bisect
+import fcntl
 import functools
 import hashlib
 import json
@@ -262,21 +263,47 @@ def cache_path(cache_dir: Path, machine: str) -> Path:
 def load_or_measure(ops: Sequence[Op], *, cache_dir: Path, machine: str,
                     progress: Callable[[str], None] | None = None, budget_s: float = BUDGET_S) -> KernelTable:
     """The cached table for this machine, measuring (and saving) the ops it lacks, for at most
-    about ``budget_s`` (see ``BUDGET_S``). ``progress`` gets a line per op (default: the log)."""
-    say = progress or log.info
+    about ``budget_s`` (see ``BUDGET_S``). ``progress`` gets a line per op (default: the log).
+    Processes starting together (``serve``'s workers) measure one at a time, under a file lock:
+    the first measures, the others then read its table."""
     path = cache_path(cache_dir, machine)
-    table = KernelTable(machine, {}, {})
+    table = _read(path, machine)
+    if not _missing(ops, table) and not _maybe_stale(table):
+        return table
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        table = _read(path, machine)
+        if _maybe_stale(table) and quiet():
+            table = KernelTable(machine, {}, {})  # measured while busy, and now it is quiet: again
+        missing = _missing(ops, table)
+        if not missing:
+            return table
+        table = _measure_missing(table, missing, progress or log.info, budget_s, path)
+        scratch = path.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_text(table.to_json())
+        os.replace(scratch, path)
+    return table
+
+
+def _read(path: Path, machine: str) -> KernelTable:
     try:
         table = KernelTable.from_json(path.read_text())
-        if table.machine != machine:
-            table = KernelTable(machine, {}, {})
     except (OSError, ValueError, KeyError):
-        pass
-    if table.provisional and time.time() - table.measured_at > REMEASURE_AFTER_S and quiet():
-        table = KernelTable(machine, {}, {})  # measured while busy, and now it is quiet: again
-    missing = list({op.key: op for op in ops if op.key not in table.plans}.values())
-    if not missing:
-        return table
+        return KernelTable(machine, {}, {})
+    return table if table.machine == machine else KernelTable(machine, {}, {})
+
+
+def _missing(ops: Sequence[Op], table: KernelTable) -> list[Op]:
+    return list({op.key: op for op in ops if op.key not in table.plans}.values())
+
+
+def _maybe_stale(table: KernelTable) -> bool:
+    return table.provisional and time.time() - table.measured_at > REMEASURE_AFTER_S
+
+
+def _measure_missing(table: KernelTable, missing: Sequence[Op], say: Callable[[str], None], budget_s: float,
+                     path: Path) -> KernelTable:
     plans = dict(table.plans)
     timings: dict[str, Mapping[str, Mapping[int, float]]] = dict(table.timings)
     started = time.perf_counter()
@@ -294,14 +321,11 @@ def load_or_measure(ops: Sequence[Op], *, cache_dir: Path, machine: str,
         say(f"  [{n}/{len(missing)}] {op.key}: {_brief(plans[op.key], _unit(op.key))} "
             f"({time.perf_counter() - started:.1f} s)")
     busy = max(calibration) > QUIET_SPREAD * min(calibration)
-    table = KernelTable(machine, plans, timings, provisional=table.provisional or busy, measured_at=time.time())
+    measured = KernelTable(table.machine, plans, timings, provisional=table.provisional or busy,
+                           measured_at=time.time())
     say(f"measured in {time.perf_counter() - started:.1f} s" + (", machine busy: provisional" if busy else ""))
-    log.info("%s", table.describe())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_suffix(f".{os.getpid()}.tmp")
-    scratch.write_text(table.to_json())
-    os.replace(scratch, path)
-    return table
+    log.info("%s", measured.describe())
+    return measured
 
 
 def _brief(plan: Plan, unit: str) -> str:
