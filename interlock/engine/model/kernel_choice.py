@@ -269,6 +269,8 @@ def load_or_measure(ops: Sequence[Op], *, cache_dir: Path, machine: str,
     path = cache_path(cache_dir, machine)
     table = _read(path, machine)
     if not _missing(ops, table) and not _maybe_stale(table):
+        log.info("kernel choice for %d operations read from %s%s (interlock doctor kernels prints it)",
+                 len(table.plans), path, ", provisional" if table.provisional else "")
         return table
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "a") as lock:
