@@ -212,8 +212,10 @@ def test_every_kernel_forced_through_the_whole_model(
     if family == "linear":
         assert {forced.weights.layers[0].qkv.kernel_for(r) for r in (1, 64)} == {kernel}
     else:
-        assert forced.table is not None and {forced.table.plans[k].impls for k in forced.table.plans
-                                             if not k.startswith("linear")} >= {(kernel,)}
+        assert forced.table is not None
+        families = {k: k.split()[0] if k.split()[0] in ("linear", "attention") else "elementwise"
+                    for k in forced.table.plans}
+        assert {forced.table.plans[k].impls for k, f in families.items() if f == family} == {(kernel,)}
     gen = torch.Generator().manual_seed(5)
     a = torch.randint(0, 49152, (40,), generator=gen).tolist()
     table = [0, 1, 2]
