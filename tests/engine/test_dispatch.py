@@ -196,7 +196,7 @@ def test_unknown_kernel_names_are_refused_and_forcing_measures_nothing() -> None
 def test_every_measured_candidate_runs_at_the_smallest_and_largest_size() -> None:
     """The measurement's calls themselves (what ``doctor kernels`` times), for a tiny model."""
     c = _config(4, 2, 64)
-    for op in model_ops(c, 32):
+    for op in model_ops(c, 16):
         for size in (op.sizes[0], op.sizes[-1]):
             calls = op.calls(size)
             assert set(calls) >= {"fused", "torch"} or op.key.startswith("linear")
