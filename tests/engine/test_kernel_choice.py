@@ -178,3 +178,11 @@ def test_starts_at_the_same_time_measure_once(tmp_path: Path) -> None:
     for t in threads:
         t.join(60)
     assert sizes == [1, 4] and len(tables) == 3 and len({t.plans["a"] for t in tables}) == 1
+
+
+def test_a_win_at_one_size_only_is_taken_for_noise() -> None:
+    times = {"small": {1: 1.0, 8: 2.0, 64: 3.0, 512: 4.0}, "onednn": {1: 2.0, 8: 1.0, 64: 4.0, 512: 5.0}}
+    assert choose(times) == Plan((512,), ("small",))
+    # At the largest size there is no next one: a win there counts.
+    times["onednn"][512] = 2.0
+    assert choose(times) == Plan((64, 512), ("small", "onednn"))

@@ -13,8 +13,8 @@ table. ``interlock doctor kernels`` prints it; ``scripts/setup.sh`` measures it 
 
 Candidates: see ``dispatch.py`` (``LINEAR_IMPLS`` for linear layers, ``FUSED_IMPLS`` for the
 rest). A candidate only wins a size range by beating the incumbent (the one that won the range
-below) by more than ``MARGIN``, so measurement noise does not make the table flap between
-neighbours.
+below) by more than ``MARGIN`` there and at the next size measured, so measurement noise does
+not make the table flap between neighbours.
 
 A machine busy with other work measures wrong (multi-threaded kernels suffer most), and a
 table is kept for good. So a fixed calibration matmul is timed between the operations: when
@@ -159,18 +159,28 @@ def _unit(key: str) -> str:
 # ---- choosing (pure) ----
 def choose(times: Mapping[str, Mapping[int, float]], margin: float = MARGIN) -> Plan:
     """The plan from measured seconds per call: ``times[impl][size]`` (the first impl in
-    ``times`` wins exact ties). Adjacent buckets with the same winner merge into one range."""
+    ``times`` wins exact ties). A challenger displaces the incumbent (the smaller sizes' winner)
+    only when faster by more than ``margin`` at this size and at the next one measured (if any):
+    a one-size win is noise more often than a crossover. Adjacent buckets with the same winner
+    merge into one range."""
     impls = list(times)
     sizes = sorted({r for i in impls for r in times[i]})
     if not sizes:
         raise ValueError("nothing measured")
+
+    def beats(a: str, b: str, r: int) -> bool:
+        return r in times[a] and r in times[b] and times[a][r] < times[b][r] * (1 - margin)
+
     winners: list[str] = []
-    for r in sizes:
+    for n, r in enumerate(sizes):
         have = [i for i in impls if r in times[i]]
         best = min(have, key=lambda i: times[i][r])
         incumbent = winners[-1] if winners else None
-        if incumbent in have and times[best][r] >= times[incumbent][r] * (1 - margin):  # type: ignore[index]
-            best = incumbent  # type: ignore[assignment]
+        if incumbent in have and best != incumbent:
+            after = sizes[n + 1 :]
+            assert incumbent is not None
+            if not beats(best, incumbent, r) or (after and not beats(best, incumbent, after[0])):
+                best = incumbent
         winners.append(best)
     bounds: list[int] = []
     chosen: list[str] = []
