@@ -93,14 +93,18 @@ class Linear:
 
 def linear_calls(shape: tuple[int, int]) -> Callable[[int], Mapping[str, Callable[[], object]]]:
     """For a row count, each kernel usable here on a random weight of ``shape``, as a call on a
-    random input (what ``kernel_choice`` times)."""
-    weight = random(*shape, scale=0.02)
-    layers = {impl: Linear(weight, fused=True, plan=Plan.only(impl)) for impl in LINEAR_IMPLS}
-    usable = {impl: lin for impl, lin in layers.items() if lin.kernel_for(1) == impl}
+    random input (what ``kernel_choice`` times). The weight is made and packed at the first
+    call only: a start that finds its table cached pays nothing."""
+
+    @functools.cache
+    def usable() -> dict[str, Linear]:
+        weight = random(*shape, scale=0.02)
+        layers = {impl: Linear(weight, fused=True, plan=Plan.only(impl)) for impl in LINEAR_IMPLS}
+        return {impl: lin for impl, lin in layers.items() if lin.kernel_for(1) == impl}
 
     def calls(rows: int) -> Mapping[str, Callable[[], object]]:
         x = random(rows, shape[1])
-        return {impl: functools.partial(lin, x) for impl, lin in usable.items()}
+        return {impl: functools.partial(lin, x) for impl, lin in usable().items()}
 
     return calls
 
