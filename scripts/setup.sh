@@ -16,3 +16,10 @@ fi
 # Compile the fused CPU kernels now (about 15 s, once per source version), so no server or
 # test waits for the compiler; prints why not where the CPU lacks AVX-512 BF16.
 .venv/bin/python -c "from interlock.engine.model import cpu_ops; raise SystemExit(cpu_ops.main())"
+# Measure which kernel each operation of the default model runs on this machine (at most ~30 s,
+# a line per operation; cached per CPU, thread count, torch and kernel source), so that neither
+# `interlock serve` nor the tests wait for it at their first start: for torch's default thread
+# count and for what `serve`'s two default workers get (half the cores; a cache hit if equal).
+.venv/bin/interlock doctor kernels --summary
+half=$(( $(nproc) / 2 )); [ "$half" -ge 1 ] || half=1
+.venv/bin/interlock doctor kernels --summary --threads "$half"

@@ -1,6 +1,7 @@
 """``interlock doctor link``: bandwidth and round-trip time of KV-transfer links.
-``interlock doctor kernels``: which kernel each linear layer of a model uses per row count on
-this machine, with the timings it was chosen from (measured now if not cached).
+``interlock doctor kernels``: which kernel each operation of a model (linear layers, attention
+by kind, element-wise kernels) uses per size on this machine, with the timings it was chosen
+from (measured now if not cached; ``scripts/setup.sh`` measures the default model ahead).
 
 Without ``--peer`` it starts a second local process and measures every transport between the
 two (in-process within this one; shared memory and TCP to the other), which is what a
@@ -41,10 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     link.add_argument("--repeats", type=int, default=5)
     link.add_argument("--timeout", type=float, default=30.0)
     link.add_argument("--json", action="store_true", help="one JSON object per link instead of a table")
-    kernels = sub.add_parser("kernels", help="the linear kernel chosen per row count on this machine")
+    kernels = sub.add_parser("kernels", help="the kernel chosen per operation and size on this machine")
     kernels.add_argument("--model", default="smollm2", help="model name or folder (default smollm2)")
     kernels.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     kernels.add_argument("--max-rows", type=int, default=2048, help="largest row count measured")
+    kernels.add_argument("--summary", action="store_true",
+                         help="the chosen ranges without the timings (what setup prints)")
     return flags.apply_environment(ap)
 
 
@@ -62,21 +65,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _kernels(args: argparse.Namespace) -> int:
+    import logging
+
     import torch
 
     from interlock.engine.model.config import ModelArchConfig
-    from interlock.engine.model.llama import linear_table
+    from interlock.engine.model.dispatch import kernel_table
     from interlock.model_store import resolve_model
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     config = ModelArchConfig.from_folder(resolve_model(args.model))
-    table = linear_table(config, torch.bfloat16, torch.device("cpu"), fused=True, kernel="auto",
-                         max_rows=args.max_rows)
+    logging.getLogger("interlock.engine.model.kernel_choice").setLevel(logging.WARNING)  # printed below
+    table = kernel_table(config, torch.bfloat16, torch.device("cpu"), fused=True, kernels={},
+                         max_rows=args.max_rows, progress=lambda line: print(line, flush=True))
     if table is None:
-        print("no choice to make here: the fused CPU kernels are not available (oneDNN for every layer)")
+        print("no choice to make here: the fused CPU kernels are not available (plain PyTorch path, "
+              "oneDNN for every layer)")
         return 0
-    print(table.describe())
+    text = table.describe()
+    if args.summary:
+        text = "\n".join(line for line in text.splitlines() if "measured (us per call)" not in line)
+    print(text)
     return 0
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from interlock.engine.model import LlamaModel, PagedKVCache, SequenceChunk, build_input, cpu_ops
+from interlock.engine.model.kernel_choice import KernelTable, Plan
 from interlock.engine.model.linear import Linear
 from interlock.engine.model.rope import apply_rotary
 from interlock.model_store import resolve_model
@@ -85,7 +86,8 @@ def test_rope_rotates_q_and_k_in_place_and_stores_k_and_v(ops: object) -> None:
     assert torch.equal(cache[1][:, slots].transpose(0, 1), values)
 
 
-def _reference(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, start: int) -> torch.Tensor:
+def reference_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, start: int) -> torch.Tensor:
+    """fp32 softmax(QK^T)V with the causal mask offset by ``start`` cached tokens."""
     n, heads, dim = q.shape
     group = heads // key.shape[0]
     k, v = key.float().repeat_interleave(group, 0), value.float().repeat_interleave(group, 0)
@@ -122,7 +124,7 @@ def test_paged_attention_matches_softmax_attention_over_the_blocks(
         info.append([row, n, start])
         tables.append(blocks + [0] * (width - count))
         kv = cache[:, :, blocks].reshape(2, kv_heads, count * block_size, dim)[:, :, : start + n]
-        expected.append(_reference(q[row : row + n], kv[0], kv[1], start))
+        expected.append(reference_attention(q[row : row + n], kv[0], kv[1], start))
         row += n
     out = torch.empty(total, heads * dim, dtype=BF16)
     ops.paged_attention(qkv, cache, torch.tensor(info), torch.tensor(tables), heads, kv_heads, out)  # type: ignore[attr-defined]
@@ -189,29 +191,76 @@ def test_fused_path_computes_what_the_plain_path_computes(
         assert (expected.max(-1).values - picked).max() <= 0.01 * scale
 
 
-@pytest.mark.parametrize("kernel", ["small", "onednn", "torch"])
-def test_every_linear_kernel_forced_through_the_whole_model(
-    models: tuple[LlamaModel, LlamaModel], kernel: str
-) -> None:
-    """What the measured choice may pick for any row range, forced everywhere: the same logits
-    as the plain path within bf16 drift, the same greedy picks up to near-ties."""
-    folder = resolve_model("smollm2", progress=False)
-    forced = LlamaModel.load(folder, BF16, torch.device("cpu"), 512, linear_kernel=kernel)
-    assert {forced.weights.layers[0].qkv.kernel_for(r) for r in (1, 64)} == {kernel}
-    gen = torch.Generator().manual_seed(5)
-    a = torch.randint(0, 49152, (40,), generator=gen).tolist()
-    steps = [[SequenceChunk(a, 0, [0, 1, 2])], *[[SequenceChunk([a[i]], 40 + i, [0, 1, 2])] for i in range(3)]]
-    _fused, plain = models
-    for got, expected in zip(_logits(forced, steps), _logits(plain, steps), strict=True):
+def _agrees_with_plain(model: LlamaModel, plain: LlamaModel, steps: list[list[SequenceChunk]]) -> None:
+    for got, expected in zip(_logits(model, steps), _logits(plain, steps), strict=True):
         scale = float(expected.abs().max())
         assert (got - expected).abs().max() < 0.05 * scale
         picked = expected.gather(1, got.argmax(-1, keepdim=True)).squeeze(1)
         assert (expected.max(-1).values - picked).max() <= 0.01 * scale
 
 
-def test_an_unknown_linear_kernel_is_refused() -> None:
+@pytest.mark.parametrize(("family", "kernel"), [("linear", "small"), ("linear", "onednn"), ("linear", "torch"),
+                                                ("attention", "torch"), ("elementwise", "torch")])
+def test_every_kernel_forced_through_the_whole_model(
+    models: tuple[LlamaModel, LlamaModel], family: str, kernel: str
+) -> None:
+    """What the measured choice may pick for any size, forced everywhere (the default, fused,
+    is the ``models`` fixture): the same logits as the plain path within bf16 drift, the same
+    greedy picks up to near-ties. Prefill in two chunks (one after a prefix), then decode."""
+    folder = resolve_model("smollm2", progress=False)
+    forced = LlamaModel.load(folder, BF16, torch.device("cpu"), 512, kernels={family: kernel})
+    if family == "linear":
+        assert {forced.weights.layers[0].qkv.kernel_for(r) for r in (1, 64)} == {kernel}
+    else:
+        assert forced.table is not None
+        families = {k: k.split()[0] if k.split()[0] in ("linear", "attention") else "elementwise"
+                    for k in forced.table.plans}
+        assert {forced.table.plans[k].impls for k, f in families.items() if f == family} == {(kernel,)}
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randint(0, 49152, (40,), generator=gen).tolist()
+    table = [0, 1, 2]
+    steps = [[SequenceChunk(a[:24], 0, table)], [SequenceChunk(a[24:], 24, table)],
+             *[[SequenceChunk([a[i]], 40 + i, table)] for i in range(3)]]
+    _fused, plain = models
+    _agrees_with_plain(forced, plain, steps)
+
+
+def test_a_mixed_route_through_the_whole_model(models: tuple[LlamaModel, LlamaModel]) -> None:
+    """Decode rows on one attention, prefill chunks split between both by length, element-wise
+    kernels switching by rows: what a measured table may say on a machine with AMX."""
+    fused, plain = models
+    keys = list(fused.table.plans) if fused.table is not None else []
+    assert keys, "the default model has a measured table here"
+    plans = dict(fused.table.plans)  # type: ignore[union-attr]
+    for key in keys:
+        if key.startswith("attention decode"):
+            plans[key] = Plan((1, 4096), ("fused", "torch"))
+        elif key.startswith("attention prefill"):
+            plans[key] = Plan((16, 4096), ("torch", "fused"))
+        elif not key.startswith("linear"):
+            plans[key] = Plan((3, 4096), ("torch", "fused"))  # the 3-row decode step: torch
+    mixed = LlamaModel(fused.config, fused.weights, 512, torch.device("cpu"),
+                       table=KernelTable("test", plans, {}))
+    assert mixed.route is not None
+    gen = torch.Generator().manual_seed(7)
+    a, b, d = (torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (40, 12, 30))
+    ta, tb, td = [0, 1, 2], [3], [4, 5]
+    steps = [
+        [SequenceChunk(a[:20], 0, ta), SequenceChunk(b, 0, tb)],  # a: fused (20 > 16), b: torch
+        [SequenceChunk([b[0]], 12, tb), SequenceChunk(a[20:], 20, ta), SequenceChunk(d[:10], 0, td)],
+        [SequenceChunk([b[1]], 13, tb), SequenceChunk([a[0]], 40, ta), SequenceChunk(d[10:], 10, td)],
+        [SequenceChunk([b[2]], 14, tb), SequenceChunk([a[1]], 41, ta), SequenceChunk([d[0]], 30, td)],
+    ]
+    _agrees_with_plain(mixed, plain, steps)
+
+
+def test_an_unknown_kernel_is_refused_by_name() -> None:
     from interlock.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="linear kernel"):
-        LlamaModel.load(resolve_model("smollm2", progress=False), BF16, torch.device("cpu"), 512,
-                        linear_kernel="amx")
+    folder = resolve_model("smollm2", progress=False)
+    with pytest.raises(ConfigError, match="linear kernel 'amx'"):
+        LlamaModel.load(folder, BF16, torch.device("cpu"), 512, kernels={"linear": "amx"})
+    with pytest.raises(ConfigError, match="attention kernel 'sdpa'"):
+        LlamaModel.load(folder, BF16, torch.device("cpu"), 512, kernels={"attention": "sdpa"})
+    with pytest.raises(ConfigError, match="kernel family 'norm'"):
+        LlamaModel.load(folder, BF16, torch.device("cpu"), 512, kernels={"norm": "fused"})

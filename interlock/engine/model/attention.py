@@ -50,9 +50,10 @@ class AttentionMetadata:
     """[num_decode, 1, max_blocks * block_size] fp32: 0 for real context, -inf for padding."""
     prefills: tuple[PrefillSpan, ...]
     seq_info: torch.Tensor | None
-    """For the fused CPU kernel only (None for the PyTorch path, which reads the fields above;
-    those are None/empty here): [sequences, 3] int64 in row order: first row, query tokens,
-    tokens cached before them."""
+    """For the fused CPU kernel only (None for the PyTorch path, which reads the fields above):
+    [sequences, 3] int64 in row order: first row, query tokens, tokens cached before them.
+    Not None means the fused layers run; the fields above then hold the parts that the kernel
+    choice sends to the PyTorch attention (``batch.split_attention``), else None/empty."""
     block_tables: torch.Tensor | None
     """For the fused CPU kernel only: [sequences, max_blocks] int64, padded with 0."""
 

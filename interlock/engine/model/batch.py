@@ -111,14 +111,48 @@ def _prefill_spans(
     spans = []
     row = first_row
     for chunk in prefill:
-        n = len(chunk.token_ids)
-        table = mask = None
-        if chunk.start_pos:
-            context = chunk.start_pos + n
-            blocks = list(chunk.block_table[: (context + block_size - 1) // block_size])
-            table = torch.tensor(blocks, dtype=torch.long, device=device)
-            query_pos = torch.arange(chunk.start_pos, context, device=device).unsqueeze(1)
-            mask = torch.arange(context, device=device).unsqueeze(0) <= query_pos
-        spans.append(PrefillSpan(row, row + n, chunk.start_pos, table, mask))
-        row += n
+        spans.append(_prefill_span(chunk, row, block_size, device))
+        row += len(chunk.token_ids)
     return tuple(spans)
+
+
+def _prefill_span(chunk: SequenceChunk, row: int, block_size: int, device: torch.device) -> PrefillSpan:
+    n = len(chunk.token_ids)
+    table = mask = None
+    if chunk.start_pos:
+        context = chunk.start_pos + n
+        blocks = list(chunk.block_table[: (context + block_size - 1) // block_size])
+        table = torch.tensor(blocks, dtype=torch.long, device=device)
+        query_pos = torch.arange(chunk.start_pos, context, device=device).unsqueeze(1)
+        mask = torch.arange(context, device=device).unsqueeze(0) <= query_pos
+    return PrefillSpan(row, row + n, chunk.start_pos, table, mask)
+
+
+def split_attention(
+    meta: AttentionMetadata, block_size: int, *, plain_decode: bool, plain_prefill: Sequence[bool]
+) -> AttentionMetadata:
+    """Fused metadata with some parts moved to the plain PyTorch attention: all decode rows
+    (``plain_decode``) and the prefill chunks flagged in ``plain_prefill`` (in row order) get
+    the plain fields (decode tables, prefill spans); the rest stay in ``seq_info`` /
+    ``block_tables`` for the fused kernel (possibly none: then zero sequences)."""
+    assert meta.seq_info is not None and meta.block_tables is not None, "only fused metadata is split"
+    info = meta.seq_info.tolist()
+    device = meta.seq_info.device
+    num_seqs = meta.num_decode  # the decode rows' sequences come first, one row each
+    plain = [plain_decode] * num_seqs + list(plain_prefill)
+    assert len(plain) == len(info), "one flag per prefill chunk"
+    if not any(plain):
+        return meta
+    tables = meta.block_tables.tolist()
+    chunks = [SequenceChunk(range(n), start, table) for (_first, n, start), table in zip(info, tables, strict=True)]
+    decode_table = decode_bias = None
+    if plain_decode and num_seqs:
+        decode_table, decode_bias = _decode_tables(chunks[:num_seqs], block_size, device)
+    spans = tuple(_prefill_span(chunks[s], info[s][0], block_size, device)
+                  for s in range(num_seqs, len(info)) if plain[s])
+    keep = [s for s in range(len(info)) if not plain[s]]
+    index = torch.tensor(keep, dtype=torch.long, device=device)
+    return AttentionMetadata(
+        meta.slot_mapping, meta.num_decode, decode_table, decode_bias, spans,
+        meta.seq_info.index_select(0, index), meta.block_tables.index_select(0, index),
+    )

@@ -1,7 +1,7 @@
 """A linear layer whose weight is packed once for each kernel it may use, chosen per row count.
 
-Three kernels (``kernel_choice.IMPLS``); which one serves a call depends on the call's number of
-rows, by the layer's ``LinearPlan`` (measured on this machine, see ``kernel_choice``):
+Three kernels (``LINEAR_IMPLS``); which one serves a call depends on the call's number of rows,
+by the layer's ``Plan`` (measured on this machine, see ``kernel_choice`` and ``dispatch``):
 
 * ``small``: ``cpu_ops.linear_small`` (bf16, CPU with AVX-512 BF16, weight shape [16a, 2b]):
   weights packed as 16 output features side by side in input-feature pairs (see
@@ -19,23 +19,26 @@ keeps only the packings its plan uses (two when it switches kernels between row 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from interlock.engine.model import cpu_ops
-from interlock.engine.model.kernel_choice import LinearPlan
+from interlock.engine.model.kernel_choice import Plan, random
+
+LINEAR_IMPLS = ("small", "onednn", "torch")
 
 
 class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, fused: bool = True,
-                 plan: LinearPlan | None = None) -> None:
+                 plan: Plan | None = None) -> None:
         self.bias = bias
         self.ops: Any = _fused_ops(weight) if fused else None
         if plan is None:
-            plan = LinearPlan.only("small" if self.ops is not None else "onednn")
+            plan = Plan.only("small" if self.ops is not None else "onednn")
         used = plan.used
         self.small = self.ops.pack_linear_weight(weight) if self.ops is not None and "small" in used else None
         self.packed = _pack(weight, bias) if "onednn" in used or self.small is None and "small" in used else None
@@ -88,16 +91,22 @@ class Linear:
         return self.small.permute(0, 2, 1).reshape(blocks * 16, pairs).contiguous().view(torch.bfloat16)
 
 
-def candidates(shape: tuple[int, int], dtype: torch.dtype = torch.bfloat16
-               ) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """Each kernel usable here for a random weight of ``shape`` (what ``kernel_choice`` times)."""
-    weight = (torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 0.02).to(dtype)
-    out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
-    for impl in ("small", "onednn", "torch"):
-        lin = Linear(weight, fused=True, plan=LinearPlan.only(impl))
-        if lin.kernel_for(1) == impl:
-            out[impl] = lin
-    return out
+def linear_calls(shape: tuple[int, int]) -> Callable[[int], Mapping[str, Callable[[], object]]]:
+    """For a row count, each kernel usable here on a random weight of ``shape``, as a call on a
+    random input (what ``kernel_choice`` times). The weight is made and packed at the first
+    call only: a start that finds its table cached pays nothing."""
+
+    @functools.cache
+    def usable() -> dict[str, Linear]:
+        weight = random(*shape, scale=0.02)
+        layers = {impl: Linear(weight, fused=True, plan=Plan.only(impl)) for impl in LINEAR_IMPLS}
+        return {impl: lin for impl, lin in layers.items() if lin.kernel_for(1) == impl}
+
+    def calls(rows: int) -> Mapping[str, Callable[[], object]]:
+        x = random(rows, shape[1])
+        return {impl: functools.partial(lin, x) for impl, lin in usable().items()}
+
+    return calls
 
 
 def _fused_ops(weight: torch.Tensor) -> Any:

@@ -11,14 +11,15 @@ one rotary call for q and k together) because on two CPU cores the per-kernel ov
 
 In bf16 on a CPU with AVX-512 BF16, each layer is seven calls: four linear layers and three
 fused kernels (``cpu_ops``): residual add + RMSNorm, rotary + KV store, paged flash attention
-over the cache for every kind of chunk, and SwiGLU. Elsewhere (fp32, CUDA, other CPUs) the
-plain PyTorch path below computes the same function.
+over the cache for every kind of chunk, and SwiGLU. Each of them is one of several
+implementations, chosen per size by measurement on this machine (``dispatch``): a prefill chunk
+may go to PyTorch's attention where oneDNN's matmuls (AMX) beat the fused kernel, say.
+Elsewhere (fp32, CUDA, other CPUs) the plain PyTorch path below computes the same function.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,42 +32,24 @@ from interlock.engine.model.attention import (
     write_kv,
 )
 from interlock.engine.model.config import ModelArchConfig
-from interlock.engine.model.kernel_choice import IMPLS, KernelTable, LinearPlan, load_or_measure, machine_key
+from interlock.engine.model.dispatch import (
+    AttentionRoute,
+    ElementwisePlans,
+    TorchKernels,
+    attend,
+    fused_layers_usable,
+    kernel_table,
+)
+from interlock.engine.model.kernel_choice import KernelTable
 from interlock.engine.model.kv_cache import PagedKVCache
 from interlock.engine.model.rope import RotaryTable, apply_rotary
 from interlock.engine.model.weights import LayerWeights, ModelWeights, load_weights
-from interlock.env import get_env
-from interlock.errors import ConfigError
-
-
-def layer_shapes(config: ModelArchConfig) -> list[tuple[int, int]]:
-    """(out, in) of each linear weight of a layer: qkv, o, gate_up, down."""
-    c = config
-    return [(c.q_size + 2 * c.kv_size, c.hidden_size), (c.hidden_size, c.q_size),
-            (2 * c.intermediate_size, c.hidden_size), (c.hidden_size, c.intermediate_size)]
-
-
-def linear_table(config: ModelArchConfig, dtype: torch.dtype, device: torch.device, *, fused: bool,
-                 kernel: str, max_rows: int) -> KernelTable | None:
-    """The layers' kernel table: measured (or read from the cache) where there is a choice."""
-    if kernel not in ("auto", *IMPLS):
-        raise ConfigError(f"linear kernel {kernel!r} is not one of auto, {', '.join(IMPLS)}")
-    if kernel != "auto":
-        plan = LinearPlan.only(kernel)
-        return KernelTable("forced", {s: plan for s in layer_shapes(config)}, {})
-    if not fused or device.type != "cpu" or dtype != torch.bfloat16 or cpu_ops.load() is None:
-        return None  # today's single choice: small where it exists, else oneDNN
-    from interlock.engine.model.linear import candidates
-
-    machine = machine_key([f"cpu_ops={cpu_ops.build_dir().name}"])
-    return load_or_measure(layer_shapes(config), candidates, max_rows=max_rows,
-                           cache_dir=get_env().cache_dir, machine=machine)
 
 
 class LlamaModel:
     def __init__(
         self, config: ModelArchConfig, weights: ModelWeights, max_len: int, device: torch.device,
-        *, fused: bool = True,
+        *, fused: bool = True, table: KernelTable | None = None,
     ) -> None:
         self.config = config
         self.weights = weights
@@ -74,21 +57,25 @@ class LlamaModel:
         self.device = device
         self.rope = RotaryTable(config, max_len, device)
         self.ops = self._fused_ops() if fused else None
+        self.table = table
+        self.route = AttentionRoute.from_table(table, config)
+        self.elementwise = ElementwisePlans.from_table(table, config)
 
     @classmethod
     def load(
         cls, folder: Path, dtype: torch.dtype, device: torch.device, max_len: int | None = None,
-        *, fused: bool = True, linear_kernel: str = "auto", max_rows: int = 2048,
+        *, fused: bool = True, kernels: dict[str, str] | None = None, max_rows: int = 2048,
     ) -> LlamaModel:
         """``fused=False``: the plain PyTorch path even where the fused CPU kernels run.
 
-        ``linear_kernel``: "auto" picks each layer's kernel per row count by measurement on this
-        machine (``kernel_choice``; measured once for up to ``max_rows`` rows, then cached);
-        "small", "onednn" or "torch" forces one everywhere (tests, comparisons)."""
+        ``kernels``: per family (linear, attention, elementwise) "auto" (the default) picks each
+        operation's kernel per size by measurement on this machine (``dispatch``; measured once
+        for up to ``max_rows`` rows, then cached); a kernel name forces it everywhere (tests,
+        comparisons; ``INTERLOCK_<FAMILY>_KERNEL``)."""
         config = ModelArchConfig.from_folder(folder)
-        table = linear_table(config, dtype, device, fused=fused, kernel=linear_kernel, max_rows=max_rows)
+        table = kernel_table(config, dtype, device, fused=fused, kernels=kernels or {}, max_rows=max_rows)
         weights = load_weights(folder, config, dtype, device, fused=fused, table=table)
-        return cls(config, weights, max_len or config.max_position_embeddings, device, fused=fused)
+        return cls(config, weights, max_len or config.max_position_embeddings, device, fused=fused, table=table)
 
     @torch.inference_mode()
     def forward(
@@ -123,38 +110,30 @@ class LlamaModel:
         return self.ops is not None and block_size % 16 == 0
 
     def _fused_ops(self) -> object | None:
-        c = self.config
-        usable = (
-            self.device.type == "cpu"
-            and self.dtype == torch.bfloat16
-            and c.head_dim in (64, 128)
-            and c.num_heads % c.num_kv_heads == 0
-            and c.num_heads // c.num_kv_heads <= 8
-            and c.hidden_size % 16 == 0
-            and c.intermediate_size % 16 == 0
-        )
+        usable = self.device.type == "cpu" and self.dtype == torch.bfloat16 and fused_layers_usable(self.config)
         return cpu_ops.load() if usable else None
 
     def _fused_layers(
         self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, cache: PagedKVCache
     ) -> torch.Tensor:
-        ops: Any = self.ops
         c = self.config
         eps = c.rms_norm_eps
         layers = self.weights.layers
-        x = ops.rms_norm(h, layers[0].input_norm, eps)
+        if self.route is not None:
+            meta = self.route.split(meta, cache.block_size)
+        k = self.elementwise.kernels(self.ops, h.shape[0])
+        x = k.rms_norm(h, layers[0].input_norm, eps)
         for i, layer in enumerate(layers):
             qkv = layer.qkv(x)
-            ops.rope_write_kv(
+            k.rope_write_kv(
                 qkv, positions, self.rope.cos, self.rope.sin_signed, cache.slots[i], meta.slot_mapping,
                 c.num_heads, c.num_kv_heads,
             )
-            attn = torch.empty(h.shape[0], c.q_size, dtype=h.dtype)
-            ops.paged_attention(qkv, cache.blocks[i], meta.seq_info, meta.block_tables, c.num_heads, c.num_kv_heads, attn)
-            x = ops.add_rms_norm(h, layer.o(attn), layer.post_norm, eps)
-            delta = layer.down(ops.silu_mul(layer.gate_up(x)))
+            attn = attend(self.ops, qkv, meta, cache.blocks[i], c)
+            x = k.add_rms_norm(h, layer.o(attn), layer.post_norm, eps)
+            delta = layer.down(k.silu_mul(layer.gate_up(x)))
             if i + 1 < len(layers):
-                x = ops.add_rms_norm(h, delta, layers[i + 1].input_norm, eps)
+                x = k.add_rms_norm(h, delta, layers[i + 1].input_norm, eps)
             else:
                 h.add_(delta)
         return h
@@ -162,9 +141,7 @@ class LlamaModel:
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # Hugging Face's exact recipe (fp32 statistics, cast, then scale), so bf16 rounds as
         # transformers does. F.rms_norm was up to 4x slower on 512 rows here.
-        xf = x.float()
-        inv = torch.rsqrt(xf.square().mean(-1, keepdim=True).add_(self.config.rms_norm_eps))
-        return weight * (xf * inv).to(x.dtype)
+        return TorchKernels.rms_norm(x, weight, self.config.rms_norm_eps)
 
     def _attention(
         self,
@@ -193,5 +170,4 @@ class LlamaModel:
         return layer.o(attn)
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        gate, up = layer.gate_up(x).chunk(2, dim=-1)
-        return layer.down(F.silu(gate).mul_(up))
+        return layer.down(TorchKernels.silu_mul(layer.gate_up(x)))

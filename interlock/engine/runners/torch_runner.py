@@ -88,7 +88,7 @@ class TorchRunner:
             torch.set_num_threads(num_threads)
         torch_dtype = DTYPES[dtype]
         model = LlamaModel.load(folder, torch_dtype, torch.device(device), max_len=max_model_len,
-                                linear_kernel=get_env().linear_kernel, max_rows=max_rows)
+                                kernels=get_env().kernels, max_rows=max_rows)
         if max_model_len > model.config.max_position_embeddings:
             raise ConfigError(
                 f"max_model_len {max_model_len} exceeds the model's "
