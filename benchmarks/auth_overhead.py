@@ -39,8 +39,10 @@ async def main(n: int, rounds: int) -> None:
     for _ in range(rounds):
         off = await per_call_us(Auth(AuthConfig()), {}, n)
         on = await per_call_us(Auth(AuthConfig(api_keys=(KEY,))), {"Authorization": f"Bearer {KEY}"}, n)
-        print(f"auth middleware per request: no keys {off:.2f} us, one key {on:.2f} us, "
-              f"the key check {on - off:.2f} us")
+        print(
+            f"auth middleware per request: no keys {off:.2f} us, one key {on:.2f} us, "
+            f"the key check {on - off:.2f} us"
+        )
 
 
 if __name__ == "__main__":

@@ -32,13 +32,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_trace(path: Path, n: int, rate: float, long_len: int, short_len: int, out_len: int, seed: int) -> None:
+def write_trace(
+    path: Path, n: int, rate: float, long_len: int, short_len: int, out_len: int, seed: int
+) -> None:
     rng = random.Random(seed)
     t = 0.0
     with path.open("w") as f:
         for i in range(n):
-            f.write(json.dumps({"timestamp": round(t * 1000), "input_length": long_len if i % 4 == 0 else short_len,
-                                "output_length": out_len, "hash_ids": []}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "timestamp": round(t * 1000),
+                        "input_length": long_len if i % 4 == 0 else short_len,
+                        "output_length": out_len,
+                        "hash_ids": [],
+                    }
+                )
+                + "\n"
+            )
             t += rng.expovariate(rate)
 
 
@@ -65,8 +76,14 @@ def deployment(mode: str, port: int) -> str:
 
 def serve(deploy: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "INTERLOCK_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen([PY, "-m", "interlock.cli.main", "serve", "-f", str(deploy)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [PY, "-m", "interlock.cli.main", "serve", "-f", str(deploy)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     deadline = time.time() + 600
     for line in proc.stdout:
@@ -96,14 +113,26 @@ def figures(results: Path, long_len: int) -> dict[str, dict[str, float]]:
     doc = json.loads(results.read_text())
     recs = [r for run in doc["runs"] for r in run["requests"]]
     out: dict[str, dict[str, float]] = {}
-    for name, sel in (("all", lambda r: True), ("long", lambda r: r["input_tokens"] >= long_len),
-                      ("short", lambda r: r["input_tokens"] < long_len)):
+    for name, sel in (
+        ("all", lambda r: True),
+        ("long", lambda r: r["input_tokens"] >= long_len),
+        ("short", lambda r: r["input_tokens"] < long_len),
+    ):
         ok = [r for r in recs if sel(r) and r["error"] is None and r["ttft_s"] is not None]
         ttft = [r["ttft_s"] * 1e3 for r in ok]
-        gaps = [(b - a) * 1e3 for r in ok for a, b in zip(r["chunk_times_s"], r["chunk_times_s"][1:], strict=False)]
-        out[name] = {"n": len(ok), "errors": sum(1 for r in recs if sel(r)) - len(ok),
-                     "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
-                     "itl_p50": pct(gaps, 50), "itl_p99": pct(gaps, 99)}
+        gaps = [
+            (b - a) * 1e3
+            for r in ok
+            for a, b in zip(r["chunk_times_s"], r["chunk_times_s"][1:], strict=False)
+        ]
+        out[name] = {
+            "n": len(ok),
+            "errors": sum(1 for r in recs if sel(r)) - len(ok),
+            "ttft_p50": pct(ttft, 50),
+            "ttft_p99": pct(ttft, 99),
+            "itl_p50": pct(gaps, 50),
+            "itl_p99": pct(gaps, 99),
+        }
     return out
 
 
@@ -116,8 +145,11 @@ def disagg_counters(port: int) -> str:
             text = r.read().decode()
     except OSError:
         return ""
-    return " ".join(line.removeprefix("interlock_disagg_") for line in text.splitlines()
-                    if line.startswith("interlock_disagg_"))
+    return " ".join(
+        line.removeprefix("interlock_disagg_")
+        for line in text.splitlines()
+        if line.startswith("interlock_disagg_")
+    )
 
 
 def main() -> None:
@@ -145,25 +177,55 @@ def main() -> None:
         proc = serve(deploy)
         try:
             results = work / f"{mode}.json"
-            subprocess.run([PY, "-m", "interlock.cli.main", "bench", "--url", f"http://127.0.0.1:{port}",
-                            "--trace", str(trace), "--api", "completions", "--tokenizer", tokenizer,
-                            "--prompt-as", "ids", "--warmup", "2", "--out", str(results), "--no-plot",
-                            "--no-progress", "--seed", str(args.seed)],
-                           cwd=ROOT, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    PY,
+                    "-m",
+                    "interlock.cli.main",
+                    "bench",
+                    "--url",
+                    f"http://127.0.0.1:{port}",
+                    "--trace",
+                    str(trace),
+                    "--api",
+                    "completions",
+                    "--tokenizer",
+                    tokenizer,
+                    "--prompt-as",
+                    "ids",
+                    "--warmup",
+                    "2",
+                    "--out",
+                    str(results),
+                    "--no-plot",
+                    "--no-progress",
+                    "--seed",
+                    str(args.seed),
+                ],
+                cwd=ROOT,
+                check=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                stdout=subprocess.DEVNULL,
+            )
             table.append((mode, figures(results, args.long)))
             counters[mode] = disagg_counters(port)
         finally:
             stop(proc)
         print(f"{mode} done", flush=True)
     names = {"agg": "2 aggregated", "cond": "1P+1D conditional", "enforced": "1P+1D always remote"}
-    print(f"\n{args.requests} requests at {args.rate}/s (Poisson), every 4th {args.long} tokens, others "
-          f"{args.short}; {args.output} output tokens; ms")
-    print(f"{'setup':<22} {'class':<6} {'n':>3} {'err':>3} {'TTFT p50':>9} {'p99':>7} {'ITL p50':>8} {'p99':>7}")
+    print(
+        f"\n{args.requests} requests at {args.rate}/s (Poisson), every 4th {args.long} tokens, others "
+        f"{args.short}; {args.output} output tokens; ms"
+    )
+    print(
+        f"{'setup':<22} {'class':<6} {'n':>3} {'err':>3} {'TTFT p50':>9} {'p99':>7} {'ITL p50':>8} {'p99':>7}"
+    )
     for mode, figs in table:
         for cls, f in figs.items():
-            print(f"{names.get(mode, mode):<22} {cls:<6} {f['n']:>3} {f['errors']:>3} {f['ttft_p50']:>9.0f} "
-                  f"{f['ttft_p99']:>7.0f} {f['itl_p50']:>8.1f} {f['itl_p99']:>7.1f}")
+            print(
+                f"{names.get(mode, mode):<22} {cls:<6} {f['n']:>3} {f['errors']:>3} {f['ttft_p50']:>9.0f} "
+                f"{f['ttft_p99']:>7.0f} {f['itl_p50']:>8.1f} {f['itl_p99']:>7.1f}"
+            )
     for mode, text in counters.items():
         if text:
             print(f"{names.get(mode, mode)}: {text}")

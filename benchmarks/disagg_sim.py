@@ -63,12 +63,14 @@ class SimEngine:
 
 def make_engine(wid: str, args: argparse.Namespace) -> SimEngine:
     clock = VirtualClock()
-    config = EngineConfig(model=ModelConfig(runner="mock"),
-                          cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks),
-                          scheduler=SchedulerConfig(max_num_batched_tokens=args.chunk, max_num_seqs=256,
-                                                    max_model_len=1 << 20))
-    runner = MockRunner(num_blocks=args.num_blocks, block_size=args.block_size, timing=TimingModel(),
-                        clock=clock)
+    config = EngineConfig(
+        model=ModelConfig(runner="mock"),
+        cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks),
+        scheduler=SchedulerConfig(max_num_batched_tokens=args.chunk, max_num_seqs=256, max_model_len=1 << 20),
+    )
+    runner = MockRunner(
+        num_blocks=args.num_blocks, block_size=args.block_size, timing=TimingModel(), clock=clock
+    )
     return SimEngine(wid, EngineCore(config, runner, clock=clock, instance_id=wid), clock)
 
 
@@ -97,8 +99,11 @@ class Sim:
         self.reqs[r.rid] = r
         sampling = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0)
         if self.agg:
-            self.submit(self._least(self.agg), GenerateRequest(request_id=r.rid, token_ids=r.prompt,
-                                                                 sampling=sampling), now)
+            self.submit(
+                self._least(self.agg),
+                GenerateRequest(request_id=r.rid, token_ids=r.prompt, sampling=sampling),
+                now,
+            )
             return
         d = self._least(self.decode)
         p = min(self.prefill, key=lambda e: e.core.scheduler.queued_prefill_tokens())
@@ -108,21 +113,39 @@ class Sim:
         r.remote = True
         self.dest[r.rid] = d
         d.inflight.add(r.rid)  # reserved: counts for the decode worker's placement from now
-        self.submit(p, GenerateRequest(request_id=r.rid, token_ids=r.prompt, sampling=sampling,
-                                       kv_transfer=KVTransferParams(do_remote_decode=True)), now)
+        self.submit(
+            p,
+            GenerateRequest(
+                request_id=r.rid,
+                token_ids=r.prompt,
+                sampling=sampling,
+                kv_transfer=KVTransferParams(do_remote_decode=True),
+            ),
+            now,
+        )
 
     def _go_remote(self, r: Req, p: SimEngine, d: SimEngine) -> bool:
         def est(e: SimEngine) -> WorkerEstimate:
             ld = e.core.load
-            return WorkerEstimate(e.wid, queued_prefill_tokens=e.core.scheduler.queued_prefill_tokens(),
-                                  prefill_tokens_per_s=ld.prefill_tokens_per_s,
-                                  free_blocks=e.core.pool.num_free_blocks, num_running=ld.num_running,
-                                  decode_step_s=ld.decode_step_s)
+            return WorkerEstimate(
+                e.wid,
+                queued_prefill_tokens=e.core.scheduler.queued_prefill_tokens(),
+                prefill_tokens_per_s=ld.prefill_tokens_per_s,
+                free_blocks=e.core.pool.num_free_blocks,
+                num_running=ld.num_running,
+                decode_step_s=ld.decode_step_s,
+            )
 
         blocks = math.ceil(len(r.prompt) / self.args.block_size)
-        c = choose(prompt_tokens=len(r.prompt), kv_bytes=len(r.prompt) * self.args.kv_bytes_per_token,
-                   blocks_needed=blocks, decode=est(d), prefill=est(p), link=self.link,
-                   config=DisaggConfig(default_prefill_tokens_per_s=50_000.0, chunk_tokens=self.args.chunk))
+        c = choose(
+            prompt_tokens=len(r.prompt),
+            kv_bytes=len(r.prompt) * self.args.kv_bytes_per_token,
+            blocks_needed=blocks,
+            decode=est(d),
+            prefill=est(p),
+            link=self.link,
+            config=DisaggConfig(default_prefill_tokens_per_s=50_000.0, chunk_tokens=self.args.chunk),
+        )
         self.choices[c.reason] = self.choices.get(c.reason, 0) + 1
         return c.remote
 
@@ -165,12 +188,16 @@ class Sim:
 
     def kv_arrived(self, r: Req, kt: KVTransferParams, data: bytes, now: float) -> None:
         d = self.dest[r.rid]
-        kt = KVTransferParams(do_remote_prefill=True, first_token_id=kt.first_token_id,
-                              num_computed_tokens=kt.num_computed_tokens)
+        kt = KVTransferParams(
+            do_remote_prefill=True,
+            first_token_id=kt.first_token_id,
+            num_computed_tokens=kt.num_computed_tokens,
+        )
         sampling = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0)
         d.clock.advance_to(max(now, d.clock.now()))
-        d.core.add_request(GenerateRequest(request_id=r.rid, token_ids=r.prompt, sampling=sampling,
-                                           kv_transfer=kt))
+        d.core.add_request(
+            GenerateRequest(request_id=r.rid, token_ids=r.prompt, sampling=sampling, kv_transfer=kt)
+        )
         d.core.finish_remote_kv(r.rid, data)
         self.kick(d, now)
 
@@ -222,11 +249,16 @@ def measure(name: str, trace: list[Req], args: argparse.Namespace, rate: float) 
     done = [r for r in trace if r.finish_s >= 0]
     ttft = sorted(r.first_s - r.arrival for r in done)
     tpot = sorted((r.finish_s - r.first_s) / max(r.tokens - 1, 1) for r in done)
-    met = sum(1 for r in done if r.first_s - r.arrival <= args.ttft_slo
-              and (r.finish_s - r.first_s) / max(r.tokens - 1, 1) <= args.itl_slo)
+    met = sum(
+        1
+        for r in done
+        if r.first_s - r.arrival <= args.ttft_slo
+        and (r.finish_s - r.first_s) / max(r.tokens - 1, 1) <= args.itl_slo
+    )
     span = max(r.finish_s for r in done) - min(r.arrival for r in trace)
-    return Result(name, rate, met / span, pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99),
-                  met, len(done))
+    return Result(
+        name, rate, met / span, pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99), met, len(done)
+    )
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -251,24 +283,33 @@ def main() -> None:
     ap.add_argument("--rtt", type=float, default=1e-4)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    print(f"prefill-heavy trace: ISL {args.isl_min}-{args.isl_max}, OSL {args.osl_min}-{args.osl_max}, "
-          f"{args.requests} requests per rate; SLO TTFT <= {args.ttft_slo}s, TPOT <= {args.itl_slo * 1e3:.0f}ms; "
-          f"link {args.bandwidth / 1e9:.0f} GB/s, KV {args.kv_bytes_per_token // 1024} KiB/token")
-    print(f"{'setup':<22} {'rate':>5} {'goodput':>8} {'met':>8} {'TTFT p50':>9} {'p99':>7} "
-          f"{'TPOT p50':>9} {'p99':>7}")
+    print(
+        f"prefill-heavy trace: ISL {args.isl_min}-{args.isl_max}, OSL {args.osl_min}-{args.osl_max}, "
+        f"{args.requests} requests per rate; SLO TTFT <= {args.ttft_slo}s, TPOT <= {args.itl_slo * 1e3:.0f}ms; "
+        f"link {args.bandwidth / 1e9:.0f} GB/s, KV {args.kv_bytes_per_token // 1024} KiB/token"
+    )
+    print(
+        f"{'setup':<22} {'rate':>5} {'goodput':>8} {'met':>8} {'TTFT p50':>9} {'p99':>7} "
+        f"{'TPOT p50':>9} {'p99':>7}"
+    )
     for rate in args.rates:
-        setups = (("4 aggregated", {"prefill": 0, "decode": 0, "aggregated": 4}, False),
-                  ("2P+2D always remote", {"prefill": 2, "decode": 2, "aggregated": 0}, False),
-                  ("2P+2D conditional", {"prefill": 2, "decode": 2, "aggregated": 0}, True))
+        setups = (
+            ("4 aggregated", {"prefill": 0, "decode": 0, "aggregated": 4}, False),
+            ("2P+2D always remote", {"prefill": 2, "decode": 2, "aggregated": 0}, False),
+            ("2P+2D conditional", {"prefill": 2, "decode": 2, "aggregated": 0}, True),
+        )
         for name, shape, conditional in setups:
             args.conditional = conditional
             sim = Sim(args, **shape)
             trace = sim.run(make_trace(args, rate, args.seed))
             r = measure(name, trace, args, rate)
             extra = f"  {sim.choices}" if conditional else ""
-            print(f"{r.name:<22} {r.rate:>5.1f} {r.goodput:>8.2f} {r.met:>4}/{r.done:<3} "
-                  f"{r.ttft_p50 * 1e3:>7.0f}ms {r.ttft_p99 * 1e3:>5.0f}ms "
-                  f"{r.tpot_p50 * 1e3:>7.1f}ms {r.tpot_p99 * 1e3:>5.1f}ms{extra}", flush=True)
+            print(
+                f"{r.name:<22} {r.rate:>5.1f} {r.goodput:>8.2f} {r.met:>4}/{r.done:<3} "
+                f"{r.ttft_p50 * 1e3:>7.0f}ms {r.ttft_p99 * 1e3:>5.0f}ms "
+                f"{r.tpot_p50 * 1e3:>7.1f}ms {r.tpot_p99 * 1e3:>5.1f}ms{extra}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

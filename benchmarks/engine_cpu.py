@@ -127,7 +127,9 @@ def _interlock(folder: str, threads: int) -> tuple[Any, Generate]:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         start = time.perf_counter()
         for prompt in prompts:
-            core.add_request(GenerateRequest(request_id=str(next(counter)), token_ids=tuple(prompt), sampling=params))
+            core.add_request(
+                GenerateRequest(request_id=str(next(counter)), token_ids=tuple(prompt), sampling=params)
+            )
         while core.has_unfinished():
             for out in core.step().outputs:
                 if out.error is not None:
@@ -148,8 +150,14 @@ def transformers_generate(folder: str, threads: int) -> Generate:
         ids = torch.tensor(prompts)  # equal lengths: no padding needed
         start = time.perf_counter()
         with torch.inference_mode():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                           min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
         return time.perf_counter() - start
 
     return generate
@@ -159,8 +167,14 @@ def vllm_generate(folder: str, threads: int) -> Generate:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=folder, dtype="bfloat16", max_model_len=2048, enable_prefix_caching=False,
-              max_num_seqs=64, seed=0)
+    llm = LLM(
+        model=folder,
+        dtype="bfloat16",
+        max_model_len=2048,
+        enable_prefix_caching=False,
+        max_num_seqs=64,
+        seed=0,
+    )
 
     def generate(prompts: list[list[int]], max_tokens: int) -> float:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -171,8 +185,12 @@ def vllm_generate(folder: str, threads: int) -> Generate:
     return generate
 
 
-ENGINES = {"interlock": interlock_generate, "interlock-plain": interlock_generate,
-           "transformers": transformers_generate, "vllm": vllm_generate}
+ENGINES = {
+    "interlock": interlock_generate,
+    "interlock-plain": interlock_generate,
+    "transformers": transformers_generate,
+    "vllm": vllm_generate,
+}
 """``interlock-plain``: the same engine with ``INTERLOCK_CPU_KERNELS=0`` (plain PyTorch path)."""
 
 
@@ -244,19 +262,37 @@ def profile_child(plan_file: str, folder: str, threads: int) -> None:
     steps = len(shapes)
     tokens = len(plan["offline"]) * int(plan["offline_tokens"])
     mixed = sum(1 for d, p in shapes if d and p)
-    forward_ms = {kind: 1e3 * statistics.fmean(c for (d, p), c in zip(shapes, timer.forward_cpu, strict=True)
-                                               if test(d, p)) if any(test(d, p) for d, p in shapes) else 0.0
-                  for kind, test in (("prefill only", lambda d, p: p and not d), ("mixed", lambda d, p: d and p),
-                                     ("decode only", lambda d, p: d and not p))}
-    print("RESULT " + json.dumps({
-        "forward_cpu_ms_by_kind": forward_ms,
-        "elapsed_s": elapsed, "process_cpu_s": process, "steps": steps, "output_tokens": tokens,
-        "wall": timer.wall, "cpu": timer.cpu,
-        "steps_mixed": mixed, "steps_prefill_only": sum(1 for d, p in shapes if p and not d),
-        "steps_decode_only": sum(1 for d, p in shapes if d and not p),
-        "mean_decode_rows": statistics.fmean(d for d, _ in shapes) if shapes else 0.0,
-        "prefill_rows": sum(p for _, p in shapes),
-    }), flush=True)
+    forward_ms = {
+        kind: 1e3
+        * statistics.fmean(c for (d, p), c in zip(shapes, timer.forward_cpu, strict=True) if test(d, p))
+        if any(test(d, p) for d, p in shapes)
+        else 0.0
+        for kind, test in (
+            ("prefill only", lambda d, p: p and not d),
+            ("mixed", lambda d, p: d and p),
+            ("decode only", lambda d, p: d and not p),
+        )
+    }
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "forward_cpu_ms_by_kind": forward_ms,
+                "elapsed_s": elapsed,
+                "process_cpu_s": process,
+                "steps": steps,
+                "output_tokens": tokens,
+                "wall": timer.wall,
+                "cpu": timer.cpu,
+                "steps_mixed": mixed,
+                "steps_prefill_only": sum(1 for d, p in shapes if p and not d),
+                "steps_decode_only": sum(1 for d, p in shapes if d and not p),
+                "mean_decode_rows": statistics.fmean(d for d, _ in shapes) if shapes else 0.0,
+                "prefill_rows": sum(p for _, p in shapes),
+            }
+        ),
+        flush=True,
+    )
 
 
 def profile_table(name: str, r: dict[str, Any]) -> str:
@@ -264,19 +300,29 @@ def profile_table(name: str, r: dict[str, Any]) -> str:
     wall, cpu = r["wall"], r["cpu"]
     other_wall = wall["step"] - sum(wall[p] for p in PARTS)
     other_cpu = cpu["step"] - sum(cpu[p] for p in PARTS)
-    lines = [f"{name}: {r['output_tokens']} output tokens in {steps} steps, {r['elapsed_s']:.1f} s wall, "
-             f"process CPU {r['process_cpu_s']:.1f} s; steps: {r['steps_prefill_only']} prefill only, "
-             f"{r['steps_mixed']} mixed, {r['steps_decode_only']} decode only; "
-             f"{r['mean_decode_rows']:.1f} decode rows per step on average",
-             "",
-             "| part of the step | wall ms/step | main-thread CPU ms/step | main-thread CPU us/output token | share of step wall |",
-             "|---|---|---|---|---|"]
-    for part, w, c in [*((p, wall[p], cpu[p]) for p in PARTS), ("other (core.step rest)", other_wall, other_cpu),
-                       ("whole step", wall["step"], cpu["step"])]:
-        lines.append(f"| {part} | {w / steps * 1e3:.2f} | {c / steps * 1e3:.2f} | "
-                     f"{c / r['output_tokens'] * 1e6:.0f} | {w / wall['step'] * 100:.1f}% |")
-    lines += ["", "forward, main-thread CPU ms per step by kind: " + ", ".join(
-        f"{kind} {ms:.1f}" for kind, ms in r["forward_cpu_ms_by_kind"].items())]
+    lines = [
+        f"{name}: {r['output_tokens']} output tokens in {steps} steps, {r['elapsed_s']:.1f} s wall, "
+        f"process CPU {r['process_cpu_s']:.1f} s; steps: {r['steps_prefill_only']} prefill only, "
+        f"{r['steps_mixed']} mixed, {r['steps_decode_only']} decode only; "
+        f"{r['mean_decode_rows']:.1f} decode rows per step on average",
+        "",
+        "| part of the step | wall ms/step | main-thread CPU ms/step | main-thread CPU us/output token | share of step wall |",
+        "|---|---|---|---|---|",
+    ]
+    for part, w, c in [
+        *((p, wall[p], cpu[p]) for p in PARTS),
+        ("other (core.step rest)", other_wall, other_cpu),
+        ("whole step", wall["step"], cpu["step"]),
+    ]:
+        lines.append(
+            f"| {part} | {w / steps * 1e3:.2f} | {c / steps * 1e3:.2f} | "
+            f"{c / r['output_tokens'] * 1e6:.0f} | {w / wall['step'] * 100:.1f}% |"
+        )
+    lines += [
+        "",
+        "forward, main-thread CPU ms per step by kind: "
+        + ", ".join(f"{kind} {ms:.1f}" for kind, ms in r["forward_cpu_ms_by_kind"].items()),
+    ]
     return "\n".join(lines)
 
 
@@ -316,7 +362,7 @@ def run_child(
         return f"timed out after {timeout:.0f} s"
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     return f"failed (exit {proc.returncode}): {tail[:200]}"
 
@@ -400,9 +446,11 @@ def machine() -> str:
     _vendor, cpu, flags = cpu_model()
     mem = int(Path("/proc/meminfo").read_text().split()[1]) / (1 << 20)
     load = os.getloadavg()
-    return (f"{os.cpu_count()} vCPU ({cpu}; flags {' '.join(flags)}), {mem:.0f} GiB, "
-            f"Python {platform.python_version()}; "
-            f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
+    return (
+        f"{os.cpu_count()} vCPU ({cpu}; flags {' '.join(flags)}), {mem:.0f} GiB, "
+        f"Python {platform.python_version()}; "
+        f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
+    )
 
 
 def write_section(text: str) -> None:
@@ -413,7 +461,7 @@ def write_section(text: str) -> None:
     pattern = re.compile(re.escape(title) + r"\n.*?(?=\n## |\Z)", re.S)
     found = pattern.search(content)
     if found:
-        content = content[: found.end()].rstrip() + "\n\n" + text.rstrip() + "\n" + content[found.end():]
+        content = content[: found.end()].rstrip() + "\n\n" + text.rstrip() + "\n" + content[found.end() :]
     else:
         anchor = content.find(SECTION)
         section = f"{title}\n\n{text.rstrip()}\n\n"
@@ -437,14 +485,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="per engine, seconds")
     parser.add_argument("--setup-vllm", action="store_true", help=f"create {VLLM_VENV} and exit")
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
-    parser.add_argument("--omp", choices=sorted(OMP_SETTINGS), default="default",
-                        help="OpenMP waiting for every engine: as shipped (default), passive (use on "
-                        "a busy shared machine), or spin (GOMP_SPINCOUNT=10000, as Interlock's workers)")
-    parser.add_argument("--omp-passive", action="store_const", dest="omp", const="passive",
-                        help="same as --omp passive")
-    parser.add_argument("--profile", action="store_true",
-                        help="instead of the table: the offline case with each part of the engine step timed "
-                        "(interlock engines only)")
+    parser.add_argument(
+        "--omp",
+        choices=sorted(OMP_SETTINGS),
+        default="default",
+        help="OpenMP waiting for every engine: as shipped (default), passive (use on "
+        "a busy shared machine), or spin (GOMP_SPINCOUNT=10000, as Interlock's workers)",
+    )
+    parser.add_argument(
+        "--omp-passive", action="store_const", dest="omp", const="passive", help="same as --omp passive"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of the table: the offline case with each part of the engine step timed "
+        "(interlock engines only)",
+    )
     opts = parser.parse_args(args)
     if opts.setup_vllm:
         setup_vllm()

@@ -100,8 +100,14 @@ def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
 
 def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as f:
-        return subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            argv,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def free_port(below: int | None = None) -> int:
@@ -125,8 +131,22 @@ def start_interlock(single_process: bool, model: str, logdir: Path, security: st
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INTERLOCK_CLUSTER", "INTERLOCK_NATS"))}
     env |= {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "INTERLOCK_LOG_LEVEL": "WARNING"}
-    argv = [INTERLOCK, "serve", "--runner", "mock", "--speedup", "1000", "--workers", "2",
-            "--model", model, "--port", str(port), "--log-level", "WARNING"]
+    argv = [
+        INTERLOCK,
+        "serve",
+        "--runner",
+        "mock",
+        "--speedup",
+        "1000",
+        "--workers",
+        "2",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--log-level",
+        "WARNING",
+    ]
     name = "interlock" if security == "default" else f"interlock ({security})"
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []
@@ -140,7 +160,10 @@ def start_interlock(single_process: bool, model: str, logdir: Path, security: st
         logs.append(logdir / "nats_open.log")
         procs.append(_spawn([str(find_binary()), "-a", "127.0.0.1", "-p", str(nats_port)], env, logs[-1]))
         for _ in range(100):  # up before serve connects
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", nats_port), timeout=0.5):
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", nats_port), timeout=0.5),
+            ):
                 break
             time.sleep(0.05)
         argv += ["--nats-url", f"nats://127.0.0.1:{nats_port}"]
@@ -156,22 +179,57 @@ def start_interlock(single_process: bool, model: str, logdir: Path, security: st
 def start_dynamo(model: str, served_name: str, logdir: Path, router_mode: str) -> System:
     kv_dir = tempfile.mkdtemp(prefix="dynamo-kv-")
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": kv_dir,
-           "DYN_REQUEST_PLANE": "tcp", "DYN_EVENT_PLANE": "zmq", "DYN_TCP_RPC_HOST": "127.0.0.1",
-           "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1", "DYN_EVENT_PLANE_HOST": "127.0.0.1",
-           "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_LOG": "warn"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_FILE_KV": kv_dir,
+        "DYN_REQUEST_PLANE": "tcp",
+        "DYN_EVENT_PLANE": "zmq",
+        "DYN_TCP_RPC_HOST": "127.0.0.1",
+        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+        "DYN_SYSTEM_HOST": "127.0.0.1",
+        "DYN_LOG": "warn",
+    }
     env.pop("PYTHONPATH", None)
     sys_ = System("dynamo 1.6.1", port, 0, cleanup_dirs=[kv_dir])
     try:
         for i in range(2):
             log = logdir / f"dynamo_mocker{i}.log"
-            p = _spawn([DYNAMO_PY, "-m", "dynamo.mocker", "--model-path", model, "--model-name", served_name,
-                        "--speedup-ratio", "1000"], {**env, "DYN_SYSTEM_PORT": str(free_port(below=32768))}, log)
+            p = _spawn(
+                [
+                    DYNAMO_PY,
+                    "-m",
+                    "dynamo.mocker",
+                    "--model-path",
+                    model,
+                    "--model-name",
+                    served_name,
+                    "--speedup-ratio",
+                    "1000",
+                ],
+                {**env, "DYN_SYSTEM_PORT": str(free_port(below=32768))},
+                log,
+            )
             sys_.procs.append(p)
             sys_.logs.append(log)
         log = logdir / "dynamo_frontend.log"
-        p = _spawn([DYNAMO_PY, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
-                    "--router-mode", router_mode], env, log)
+        p = _spawn(
+            [
+                DYNAMO_PY,
+                "-m",
+                "dynamo.frontend",
+                "--http-host",
+                "127.0.0.1",
+                "--http-port",
+                str(port),
+                "--router-mode",
+                router_mode,
+            ],
+            env,
+            log,
+        )
         sys_.procs.append(p)
         sys_.logs.append(log)
         sys_.frontend_pid = p.pid
@@ -256,7 +314,9 @@ class _Response(asyncio.Protocol):
         if self.length >= 0:
             done = len(buf) - self.header_end >= self.length
         else:
-            done = buf.endswith(b"\r\n0\r\n\r\n") or (len(buf) - self.header_end == 5 and buf.endswith(b"0\r\n\r\n"))
+            done = buf.endswith(b"\r\n0\r\n\r\n") or (
+                len(buf) - self.header_end == 5 and buf.endswith(b"0\r\n\r\n")
+            )
         if done and self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(bytes(buf))
 
@@ -292,16 +352,21 @@ class PhaseResult:
 
 def request_bytes(port: int, model: str, *, usage: bool = False, api_key: str | None = None) -> bytes:
     body: dict[str, object] = {
-        "model": model, "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True,
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
     }
     if usage:
         body["stream_options"] = {"include_usage": True}
     raw = json.dumps(body, separators=(",", ":")).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-            + (f"Authorization: Bearer {api_key}\r\n" if api_key else "")
-            + f"Content-Length: {len(raw)}\r\n\r\n")
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+        + (f"Authorization: Bearer {api_key}\r\n" if api_key else "")
+        + f"Content-Length: {len(raw)}\r\n\r\n"
+    )
     return head.encode() + raw
 
 
@@ -323,8 +388,9 @@ async def one_request(port: int, payload: bytes) -> bytes:
         conn.transport.close()
 
 
-async def run_phase(port: int, payload: bytes, *, concurrency: int, requests: int, max_seconds: float,
-                    keep_alive: bool) -> PhaseResult:
+async def run_phase(
+    port: int, payload: bytes, *, concurrency: int, requests: int, max_seconds: float, keep_alive: bool
+) -> PhaseResult:
     """``concurrency`` closed-loop users until ``requests`` are done or ``max_seconds`` passed."""
     latencies: list[float] = []
     errors = 0
@@ -434,15 +500,20 @@ async def measure(system: System, model: str, a: argparse.Namespace, log: Callab
     for name, conc, keep in PHASES:
         n = a.requests if conc > 1 else a.c1_requests
         cpu0 = cpu_seconds([system.frontend_pid]), cpu_seconds(pids)
-        r = await run_phase(system.port, payload, concurrency=conc, requests=n, max_seconds=a.max_seconds,
-                            keep_alive=keep)
+        r = await run_phase(
+            system.port, payload, concurrency=conc, requests=n, max_seconds=a.max_seconds, keep_alive=keep
+        )
         done = max(1, len(r.latencies))
-        r.cpu_ms = ((cpu_seconds([system.frontend_pid]) - cpu0[0]) * 1000 / done,
-                    (cpu_seconds(pids) - cpu0[1]) * 1000 / done)
+        r.cpu_ms = (
+            (cpu_seconds([system.frontend_pid]) - cpu0[0]) * 1000 / done,
+            (cpu_seconds(pids) - cpu0[1]) * 1000 / done,
+        )
         phases[name] = r
-        log(f"  {system.name:28s} {name:15s} {r.rps:7.1f} req/s  p50 {r.pct(0.5):7.2f} ms  "
+        log(
+            f"  {system.name:28s} {name:15s} {r.rps:7.1f} req/s  p50 {r.pct(0.5):7.2f} ms  "
             f"p99 {r.pct(0.99):7.2f} ms  cpu/req fe {r.cpu_ms[0]:.2f} all {r.cpu_ms[1]:.2f} ms  "
-            f"n={len(r.latencies)} err={r.errors} chunks={r.chunks}")
+            f"n={len(r.latencies)} err={r.errors} chunks={r.chunks}"
+        )
     peak = rss_mib(system.frontend_pid)[1]
     return Row(system.name, phases, idle, peak)
 
@@ -451,9 +522,11 @@ async def measure(system: System, model: str, a: argparse.Namespace, log: Callab
 
 
 def table(rows: list[Row]) -> str:
-    head = ("| system | req/s c=64 keep-alive | req/s c=64 new conn | p50 / p99 ms c=1 keep-alive "
-            "| p50 / p99 ms c=1 new conn | frontend RSS idle / peak MiB "
-            "| server CPU ms/request c=64 keep-alive (frontend / all) |")
+    head = (
+        "| system | req/s c=64 keep-alive | req/s c=64 new conn | p50 / p99 ms c=1 keep-alive "
+        "| p50 / p99 ms c=1 new conn | frontend RSS idle / peak MiB "
+        "| server CPU ms/request c=64 keep-alive (frontend / all) |"
+    )
     lines = [head, "|" + "---|" * 7]
     for r in rows:
         p = r.phases
@@ -489,10 +562,13 @@ def running(start: Callable[[], System]) -> Iterator[System]:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--systems", default="interlock,interlock-single,dynamo",
-                   help="comma-separated: interlock, interlock-single, dynamo; and for the cost of "
-                        "security (issue 16): interlock-open (planes without login or secret), "
-                        "interlock-keys (with an API key)")
+    p.add_argument(
+        "--systems",
+        default="interlock,interlock-single,dynamo",
+        help="comma-separated: interlock, interlock-single, dynamo; and for the cost of "
+        "security (issue 16): interlock-open (planes without login or secret), "
+        "interlock-keys (with an API key)",
+    )
     p.add_argument("--rounds", type=int, default=1, help="measure every system this many times, interleaved")
     p.add_argument("--requests", type=int, default=3000, help="requests per c=64 phase")
     p.add_argument("--c1-requests", type=int, default=300, help="requests per c=1 phase")

@@ -70,7 +70,7 @@ def bandwidth(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kvtiers-bw-"))
     layout = layout_digest("bench")
     for i in range(n):
-        write_block(tmp, i, layout, src[i * nbytes_block:(i + 1) * nbytes_block])
+        write_block(tmp, i, layout, src[i * nbytes_block : (i + 1) * nbytes_block])
     (tmp / "raw").write_bytes(src.tobytes())
     targets = [int(b) for b in rng.permutation(2 * n)[:n]]
 
@@ -104,9 +104,15 @@ def bandwidth(args: argparse.Namespace) -> None:
     def import_() -> None:
         cache.import_blocks(targets, memoryview(staged))
 
-    cases = {"memcpy": memcpy, "raw file read": raw_read, "host -> device": host_to_device,
-             "disk -> device": disk_to_device, "device -> host": device_to_host,
-             "export (disagg)": export, "import (disagg)": import_}
+    cases = {
+        "memcpy": memcpy,
+        "raw file read": raw_read,
+        "host -> device": host_to_device,
+        "disk -> device": disk_to_device,
+        "device -> host": device_to_host,
+        "export (disagg)": export,
+        "import (disagg)": import_,
+    }
     times: dict[str, list[float]] = {k: [] for k in cases}
     for fn in cases.values():
         fn()  # warm: page cache, first touch
@@ -115,11 +121,20 @@ def bandwidth(args: argparse.Namespace) -> None:
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
-    raw_of = {"host -> device": "memcpy", "disk -> device": "raw file read", "device -> host": "memcpy",
-              "export (disagg)": "memcpy", "import (disagg)": "memcpy"}
-    print(f"{n} blocks of {nbytes_block:,} B = {total / (1 << 20):.1f} MiB, median of {args.runs}; "
-          f"torch threads {torch.get_num_threads()}\n")
-    print("| path | GB/s (median) | min..max GB/s | vs raw (ratio of medians) | vs raw (median paired ratio) |")
+    raw_of = {
+        "host -> device": "memcpy",
+        "disk -> device": "raw file read",
+        "device -> host": "memcpy",
+        "export (disagg)": "memcpy",
+        "import (disagg)": "memcpy",
+    }
+    print(
+        f"{n} blocks of {nbytes_block:,} B = {total / (1 << 20):.1f} MiB, median of {args.runs}; "
+        f"torch threads {torch.get_num_threads()}\n"
+    )
+    print(
+        "| path | GB/s (median) | min..max GB/s | vs raw (ratio of medians) | vs raw (median paired ratio) |"
+    )
     print("|---|---|---|---|---|")
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in times.items():
@@ -128,8 +143,10 @@ def bandwidth(args: argparse.Namespace) -> None:
             raw = raw_of[k]
             paired = statistics.median(r / t for r, t in zip(times[raw], v, strict=True))
             cols = [f"{med[raw] / med[k]:.0%} of {raw}", f"{paired:.0%}"]
-        print(f"| {k} | {total / med[k] / 1e9:.2f} | {total / max(v) / 1e9:.2f}..{total / min(v) / 1e9:.2f} "
-              f"| {cols[0]} | {cols[1]} |")
+        print(
+            f"| {k} | {total / med[k] / 1e9:.2f} | {total / max(v) / 1e9:.2f}..{total / min(v) / 1e9:.2f} "
+            f"| {cols[0]} | {cols[1]} |"
+        )
     for p in tmp.iterdir():
         p.unlink()
     tmp.rmdir()
@@ -144,25 +161,36 @@ def replay_tiers(args: argparse.Namespace) -> None:
     records = load_mooncake(args.trace)
     reqs = mooncake_requests(records, block_size=64, speedup=args.speedup, hasher=TraceHasher(64))
     distinct = len({h for r in reqs for h in r.block_hashes})
-    print(f"trace: {len(reqs)} requests, {distinct:,} distinct 64-token blocks; "
-          f"pools {args.workers} x {args.blocks:,} = {args.workers * args.blocks / distinct:.0%} of them; "
-          f"arrivals x{args.speedup}; host load {args.host_load_ms} ms/block\n")
+    print(
+        f"trace: {len(reqs)} requests, {distinct:,} distinct 64-token blocks; "
+        f"pools {args.workers} x {args.blocks:,} = {args.workers * args.blocks / distinct:.0%} of them; "
+        f"arrivals x{args.speedup}; host load {args.host_load_ms} ms/block\n"
+    )
     rows = []
     for name, host in (("no tiers", 0), ("host tier", args.workers * args.blocks)):
-        cfg = ReplayConfig(num_workers=args.workers, num_blocks=args.blocks, block_size=64,
-                           host_kv_blocks=host, workers_per_host=args.workers,
-                           host_load_s_per_block=args.host_load_ms / 1000,
-                           router=RouterConfig(policy="kv", seed=0))
+        cfg = ReplayConfig(
+            num_workers=args.workers,
+            num_blocks=args.blocks,
+            block_size=64,
+            host_kv_blocks=host,
+            workers_per_host=args.workers,
+            host_load_s_per_block=args.host_load_ms / 1000,
+            router=RouterConfig(policy="kv", seed=0),
+        )
         rep = replay(reqs, cfg)
         rows.append((name, host, rep))
-    print("| setup | total blocks | hit ratio | pooled LRU bound (same total) | of bound | "
-          "infinite bound | TTFT p50 / p99 ms | replay wall s |")
+    print(
+        "| setup | total blocks | hit ratio | pooled LRU bound (same total) | of bound | "
+        "infinite bound | TTFT p50 / p99 ms | replay wall s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, host, rep in rows:
         total = args.workers * args.blocks + host
-        print(f"| {name} | {total:,} | {rep.hit_ratio:.3f} | {rep.pooled_bound:.3f} | "
-              f"{rep.hit_ratio / rep.pooled_bound:.1%} | {rep.upper_bound:.3f} | "
-              f"{rep.ttft_p50_ms:,.0f} / {rep.ttft_p99_ms:,.0f} | {rep.wall_s:.1f} |")
+        print(
+            f"| {name} | {total:,} | {rep.hit_ratio:.3f} | {rep.pooled_bound:.3f} | "
+            f"{rep.hit_ratio / rep.pooled_bound:.1%} | {rep.upper_bound:.3f} | "
+            f"{rep.ttft_p50_ms:,.0f} / {rep.ttft_p99_ms:,.0f} | {rep.wall_s:.1f} |"
+        )
     print(f"\nTTFT p99 without / with tiers: {rows[0][2].ttft_p99_ms / rows[1][2].ttft_p99_ms:.2f}x")
 
 
@@ -186,8 +214,7 @@ def e2e(args: argparse.Namespace) -> None:
     async def run(host_gib: float) -> tuple[list[float], list[float], dict[str, int]]:
         config = EngineConfig(
             model=ModelConfig(model=folder, runner="torch", dtype="bfloat16"),
-            cache=CacheConfig(block_size=bs, num_blocks=pool_blocks, watermark=0.0,
-                              host_kv_gib=host_gib),
+            cache=CacheConfig(block_size=bs, num_blocks=pool_blocks, watermark=0.0, host_kv_gib=host_gib),
             scheduler=SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=4096),
         )
         core = build_engine(config)
@@ -198,9 +225,11 @@ def e2e(args: argparse.Namespace) -> None:
         for rnd in range(args.rounds):
             for s in range(args.sessions):
                 history[s] += list(rng.integers(300, 40000, args.turn))
-                req = GenerateRequest(request_id=f"{host_gib}-{rnd}-{s}", token_ids=tuple(int(t) for t in history[s]),
-                                      sampling=SamplingParams(max_tokens=args.output, temperature=0.0,
-                                                              ignore_eos=True))
+                req = GenerateRequest(
+                    request_id=f"{host_gib}-{rnd}-{s}",
+                    token_ids=tuple(int(t) for t in history[s]),
+                    sampling=SamplingParams(max_tokens=args.output, temperature=0.0, ignore_eos=True),
+                )
                 t0 = time.perf_counter()
                 ttft = None
                 async for out in engine.generate(req):
@@ -213,20 +242,26 @@ def e2e(args: argparse.Namespace) -> None:
         await engine.shutdown()
         return first, returning, stats
 
-    print(f"{args.sessions} sessions, context {args.context} tokens, {args.rounds} rounds of "
-          f"+{args.turn} user / +{args.output} output tokens; device pool {pool_blocks} blocks of {bs} "
-          f"(working set ~4x); host tier {args.host_gib} GiB\n")
+    print(
+        f"{args.sessions} sessions, context {args.context} tokens, {args.rounds} rounds of "
+        f"+{args.turn} user / +{args.output} output tokens; device pool {pool_blocks} blocks of {bs} "
+        f"(working set ~4x); host tier {args.host_gib} GiB\n"
+    )
     results = {}
     for name, gib in (("no tiers", 0.0), ("host tier", args.host_gib)):
         results[name] = asyncio.run(run(gib))
     print("| setup | first turns TTFT p50 ms | returning TTFT p50 / p99 ms | host loads (blocks) |")
     print("|---|---|---|---|")
     for name, (first, ret, stats) in results.items():
-        print(f"| {name} | {np.percentile(first, 50) * 1000:.0f} | {np.percentile(ret, 50) * 1000:.0f} / "
-              f"{np.percentile(ret, 99) * 1000:.0f} | {stats.get('host', 0)} |")
+        print(
+            f"| {name} | {np.percentile(first, 50) * 1000:.0f} | {np.percentile(ret, 50) * 1000:.0f} / "
+            f"{np.percentile(ret, 99) * 1000:.0f} | {stats.get('host', 0)} |"
+        )
     a, b = results["no tiers"][1], results["host tier"][1]
-    print(f"\nreturning turns TTFT p50 without / with: {np.percentile(a, 50) / np.percentile(b, 50):.2f}x, "
-          f"p99 {np.percentile(a, 99) / np.percentile(b, 99):.2f}x")
+    print(
+        f"\nreturning turns TTFT p50 without / with: {np.percentile(a, 50) / np.percentile(b, 50):.2f}x, "
+        f"p99 {np.percentile(a, 99) / np.percentile(b, 99):.2f}x"
+    )
 
 
 def e2e_http(args: argparse.Namespace) -> None:
@@ -240,17 +275,34 @@ def e2e_http(args: argparse.Namespace) -> None:
     bs = 16
     rng = np.random.default_rng(1)
     contexts = [[int(t) for t in rng.integers(300, 40000, args.context)] for _ in range(args.sessions)]
-    turns = [[[int(t) for t in rng.integers(300, 40000, args.turn + args.output)]
-              for _ in range(args.sessions)] for _ in range(args.rounds)]
+    turns = [
+        [[int(t) for t in rng.integers(300, 40000, args.turn + args.output)] for _ in range(args.sessions)]
+        for _ in range(args.rounds)
+    ]
     pool_blocks = args.sessions * (args.context + args.rounds * (args.turn + args.output)) // bs // 4
 
     def run(host_gib: float) -> tuple[list[float], list[float]]:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        cmd = [sys.executable, "-m", "interlock.cli.main", "serve", "--workers", "1", "--port", str(port),
-               "--num-blocks", str(pool_blocks), "--block-size", str(bs), "--max-model-len", "4096",
-               "--max-num-seqs", "8"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "interlock.cli.main",
+            "serve",
+            "--workers",
+            "1",
+            "--port",
+            str(port),
+            "--num-blocks",
+            str(pool_blocks),
+            "--block-size",
+            str(bs),
+            "--max-model-len",
+            "4096",
+            "--max-num-seqs",
+            "8",
+        ]
         if host_gib:
             cmd += ["--host-kv-gib", str(host_gib)]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -276,31 +328,38 @@ def e2e_http(args: argparse.Namespace) -> None:
                     history[s] += turns[rnd][s][: args.turn]
                     t0 = time.perf_counter()
                     ttft = None
-                    stream = client.completions.create(model=model, prompt=history[s], max_tokens=args.output,
-                                                       temperature=0.0, stream=True)
+                    stream = client.completions.create(
+                        model=model, prompt=history[s], max_tokens=args.output, temperature=0.0, stream=True
+                    )
                     for chunk in stream:
                         if ttft is None and chunk.choices and chunk.choices[0].text:
                             ttft = time.perf_counter() - t0
                     assert ttft is not None
                     (returning if rnd else first).append(ttft)
-                    history[s] += turns[rnd][s][args.turn:]
+                    history[s] += turns[rnd][s][args.turn :]
             return first, returning
         finally:
             proc.terminate()
             proc.wait(60)
 
-    print(f"HTTP: {args.sessions} sessions, context {args.context} tokens, {args.rounds} rounds of "
-          f"+{args.turn} user / +{args.output} answer tokens; device pool {pool_blocks} blocks of {bs}; "
-          f"host tier {args.host_gib} GiB\n")
+    print(
+        f"HTTP: {args.sessions} sessions, context {args.context} tokens, {args.rounds} rounds of "
+        f"+{args.turn} user / +{args.output} answer tokens; device pool {pool_blocks} blocks of {bs}; "
+        f"host tier {args.host_gib} GiB\n"
+    )
     results = {name: run(gib) for name, gib in (("no tiers", 0.0), ("host tier", args.host_gib))}
     print("| setup | first turns TTFT p50 ms | returning TTFT p50 / p99 ms |")
     print("|---|---|---|")
     for name, (first, ret) in results.items():
-        print(f"| {name} | {np.percentile(first, 50) * 1000:.0f} | {np.percentile(ret, 50) * 1000:.0f} / "
-              f"{np.percentile(ret, 99) * 1000:.0f} |")
+        print(
+            f"| {name} | {np.percentile(first, 50) * 1000:.0f} | {np.percentile(ret, 50) * 1000:.0f} / "
+            f"{np.percentile(ret, 99) * 1000:.0f} |"
+        )
     a, b = results["no tiers"][1], results["host tier"][1]
-    print(f"\nreturning turns TTFT p50 without / with: {np.percentile(a, 50) / np.percentile(b, 50):.2f}x, "
-          f"p99 {np.percentile(a, 99) / np.percentile(b, 99):.2f}x")
+    print(
+        f"\nreturning turns TTFT p50 without / with: {np.percentile(a, 50) / np.percentile(b, 50):.2f}x, "
+        f"p99 {np.percentile(a, 99) / np.percentile(b, 99):.2f}x"
+    )
 
 
 def main() -> None:
@@ -314,8 +373,12 @@ def main() -> None:
     r.add_argument("--workers", type=int, default=8)
     r.add_argument("--blocks", type=int, default=61_000)
     r.add_argument("--speedup", type=float, default=7.5)
-    r.add_argument("--host-load-ms", type=float, default=0.4,
-                   help="one 64-token block of a 70B-class GQA model (~21 MB) at ~50 GB/s")
+    r.add_argument(
+        "--host-load-ms",
+        type=float,
+        default=0.4,
+        help="one 64-token block of a 70B-class GQA model (~21 MB) at ~50 GB/s",
+    )
     e = sub.add_parser("e2e")
     e.add_argument("--sessions", type=int, default=8)
     e.add_argument("--rounds", type=int, default=4)

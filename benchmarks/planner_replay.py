@@ -36,9 +36,11 @@ TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
 
 
 def row(name: str, r: ReplayReport) -> str:
-    return (f"{name:<26} {100 * r.sla_attainment:>6.1f}% {r.worker_seconds:>9,.0f} "
-            f"{r.mean_workers:>6.2f} {r.ttft_p50_ms:>7,.0f} {r.ttft_p99_ms:>8,.0f} "
-            f"{r.itl_p50_ms:>6.1f} {len(r.planner_decisions):>4} {r.wall_s:>6.1f}")
+    return (
+        f"{name:<26} {100 * r.sla_attainment:>6.1f}% {r.worker_seconds:>9,.0f} "
+        f"{r.mean_workers:>6.2f} {r.ttft_p50_ms:>7,.0f} {r.ttft_p99_ms:>8,.0f} "
+        f"{r.itl_p50_ms:>6.1f} {len(r.planner_decisions):>4} {r.wall_s:>6.1f}"
+    )
 
 
 def main() -> None:
@@ -52,8 +54,12 @@ def main() -> None:
     ap.add_argument("--itl-slo-ms", type=float, default=50.0)
     ap.add_argument("--min-workers", type=int, default=2, help="the planner's floor, and where it starts")
     ap.add_argument("--max-workers", type=int, default=10)
-    ap.add_argument("--backlog-high-s", type=float, default=PlannerConfig.backlog_high_s,
-                    help="reactive: grow above this much queued prefill per worker")
+    ap.add_argument(
+        "--backlog-high-s",
+        type=float,
+        default=PlannerConfig.backlog_high_s,
+        help="reactive: grow above this much queued prefill per worker",
+    )
     ap.add_argument("--backlog-low-s", type=float, default=PlannerConfig.backlog_low_s)
     ap.add_argument("--window-s", type=float, default=60.0)
     ap.add_argument("--startup-s", type=float, default=30.0)
@@ -76,19 +82,33 @@ def main() -> None:
         period = span / ((args.min + args.max) / 2)
         curve_text = f"diurnal:period={period:.0f},min={args.min:g},max={args.max:g}"
         requests = warp(base, diurnal(period, args.min, args.max))
-    print(f"{len(requests)} requests, x{args.speedup:g} then {curve_text}; SLO TTFT <= "
-          f"{args.ttft_slo_ms:g} ms, ITL <= {args.itl_slo_ms:g} ms; trace ready in "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
-    cfg = ReplayConfig(router=RouterConfig(policy="kv", block_size=64, seed=0),
-                       ttft_slo_ms=args.ttft_slo_ms, itl_slo_ms=args.itl_slo_ms,
-                       startup_s=args.startup_s)
-    print(f"{'run':<26} {'SLA':>7} {'worker-s':>9} {'mean':>6} {'TTFT50':>7} {'TTFT99':>8} "
-          f"{'ITL50':>6} {'dec':>4} {'wall':>6}", flush=True)
+    print(
+        f"{len(requests)} requests, x{args.speedup:g} then {curve_text}; SLO TTFT <= "
+        f"{args.ttft_slo_ms:g} ms, ITL <= {args.itl_slo_ms:g} ms; trace ready in "
+        f"{time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
+    cfg = ReplayConfig(
+        router=RouterConfig(policy="kv", block_size=64, seed=0),
+        ttft_slo_ms=args.ttft_slo_ms,
+        itl_slo_ms=args.itl_slo_ms,
+        startup_s=args.startup_s,
+    )
+    print(
+        f"{'run':<26} {'SLA':>7} {'worker-s':>9} {'mean':>6} {'TTFT50':>7} {'TTFT99':>8} "
+        f"{'ITL50':>6} {'dec':>4} {'wall':>6}",
+        flush=True,
+    )
     reports: dict[str, ReplayReport] = {}
-    planner = PlannerConfig(both=RoleBounds(args.min_workers, args.max_workers),
-                            window_s=args.window_s, ramp_s=args.ramp_s, ttft_ms=args.ttft_slo_ms,
-                            itl_ms=args.itl_slo_ms, backlog_high_s=args.backlog_high_s,
-                            backlog_low_s=args.backlog_low_s)
+    planner = PlannerConfig(
+        both=RoleBounds(args.min_workers, args.max_workers),
+        window_s=args.window_s,
+        ramp_s=args.ramp_s,
+        ttft_ms=args.ttft_slo_ms,
+        itl_ms=args.itl_slo_ms,
+        backlog_high_s=args.backlog_high_s,
+        backlog_low_s=args.backlog_low_s,
+    )
     for policy in args.policies.split(","):
         if policy == "sla" and not args.profile:
             continue
@@ -97,8 +117,7 @@ def main() -> None:
         r = replay(requests, replace(cfg, num_workers=args.min_workers, planner=pc, profile=prof))
         reports[f"planner {policy}"] = r
         print(row(f"planner {policy}", r), flush=True)
-    sizes = ([int(x) for x in args.fixed.split(",")] if args.fixed
-             else list(range(2, args.max_workers + 1)))
+    sizes = [int(x) for x in args.fixed.split(",")] if args.fixed else list(range(2, args.max_workers + 1))
     for n in sizes:
         r = replay(requests, replace(cfg, num_workers=n))
         reports[f"fixed {n}"] = r
@@ -107,18 +126,21 @@ def main() -> None:
     best = max(v.sla_attainment for v in fixed.values())
     peak_n = min(n for n, v in fixed.items() if v.sla_attainment >= best - 0.005)
     peak = fixed[peak_n]
-    print(f"\nfixed fleet sized for the peak: {peak_n} workers ({100 * peak.sla_attainment:.1f}%, "
-          f"{peak.worker_seconds:,.0f} worker-s)")
+    print(
+        f"\nfixed fleet sized for the peak: {peak_n} workers ({100 * peak.sla_attainment:.1f}%, "
+        f"{peak.worker_seconds:,.0f} worker-s)"
+    )
     for name, r in reports.items():
         if not name.startswith("planner"):
             continue
         lo, hi = int(r.mean_workers), int(r.mean_workers) + 1
         saving = 1 - r.worker_seconds / peak.worker_seconds
-        around = ", ".join(f"fixed {n} {100 * fixed[n].sla_attainment:.1f}%" for n in (lo, hi)
-                           if n in fixed)
-        print(f"{name}: attainment {100 * r.sla_attainment:.1f}% vs {100 * peak.sla_attainment:.1f}% "
-              f"(peak fleet) with {100 * saving:.0f}% fewer worker-seconds; its mean of "
-              f"{r.mean_workers:.2f} workers lies between {around or 'sizes not run'}")
+        around = ", ".join(f"fixed {n} {100 * fixed[n].sla_attainment:.1f}%" for n in (lo, hi) if n in fixed)
+        print(
+            f"{name}: attainment {100 * r.sla_attainment:.1f}% vs {100 * peak.sla_attainment:.1f}% "
+            f"(peak fleet) with {100 * saving:.0f}% fewer worker-seconds; its mean of "
+            f"{r.mean_workers:.2f} workers lies between {around or 'sizes not run'}"
+        )
         for rec in r.planner_decisions:
             print(f"    {rec.line()}")
     if args.json:

@@ -65,8 +65,24 @@ from pathlib import Path
 from framework_overhead import DYNAMO_PY, System, _spawn, free_port, machine, running
 
 ROOT = Path(__file__).resolve().parents[1]
-TOPICS = ("the sea", "mountains", "rivers", "deserts", "forests", "glaciers", "volcanoes", "islands",
-          "caves", "lakes", "storms", "the moon", "comets", "coral reefs", "tundra", "savannas")
+TOPICS = (
+    "the sea",
+    "mountains",
+    "rivers",
+    "deserts",
+    "forests",
+    "glaciers",
+    "volcanoes",
+    "islands",
+    "caves",
+    "lakes",
+    "storms",
+    "the moon",
+    "comets",
+    "coral reefs",
+    "tundra",
+    "savannas",
+)
 
 
 # ---------------------------------------------------------------- systems
@@ -85,34 +101,93 @@ class Spec:
 def start_interlock(runner: str, model: str, logdir: Path, extra: list[str]) -> System:
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "-m", "interlock.cli.main", "serve", "--runner", runner, "--workers", "2",
-            "--model", model, "--port", str(port), "--log-level", "WARNING", *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "interlock.cli.main",
+        "serve",
+        "--runner",
+        runner,
+        "--workers",
+        "2",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--log-level",
+        "WARNING",
+        *extra,
+    ]
     log = logdir / f"interlock_{runner}.log"
     with open(log, "wb") as f:
-        p = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
+        p = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=ROOT,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     return System(f"interlock {runner}", port, p.pid, [p], [log])
 
 
 def start_dynamo(model: str, served: str, logdir: Path, router_mode: str, migration_limit: int) -> System:
     kv_dir = tempfile.mkdtemp(prefix="dynamo-kv-")
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": kv_dir,
-           "DYN_REQUEST_PLANE": "tcp", "DYN_EVENT_PLANE": "zmq", "DYN_TCP_RPC_HOST": "127.0.0.1",
-           "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1", "DYN_EVENT_PLANE_HOST": "127.0.0.1",
-           "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_LOG": "info"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_FILE_KV": kv_dir,
+        "DYN_REQUEST_PLANE": "tcp",
+        "DYN_EVENT_PLANE": "zmq",
+        "DYN_TCP_RPC_HOST": "127.0.0.1",
+        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+        "DYN_SYSTEM_HOST": "127.0.0.1",
+        "DYN_LOG": "info",
+    }
     env.pop("PYTHONPATH", None)
     system = System("dynamo 1.6.1 mocker", port, 0, cleanup_dirs=[kv_dir])
     try:
         for i in range(2):
             log = logdir / f"dynamo_mocker{i}.log"
-            p = _spawn([DYNAMO_PY, "-m", "dynamo.mocker", "--model-path", model, "--model-name", served,
-                        "--speedup-ratio", "1"], {**env, "DYN_SYSTEM_PORT": str(free_port(below=32768))}, log)
+            p = _spawn(
+                [
+                    DYNAMO_PY,
+                    "-m",
+                    "dynamo.mocker",
+                    "--model-path",
+                    model,
+                    "--model-name",
+                    served,
+                    "--speedup-ratio",
+                    "1",
+                ],
+                {**env, "DYN_SYSTEM_PORT": str(free_port(below=32768))},
+                log,
+            )
             system.procs.append(p)
             system.logs.append(log)
         log = logdir / "dynamo_frontend.log"
-        p = _spawn([DYNAMO_PY, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
-                    "--router-mode", router_mode, "--migration-limit", str(migration_limit)], env, log)
+        p = _spawn(
+            [
+                DYNAMO_PY,
+                "-m",
+                "dynamo.frontend",
+                "--http-host",
+                "127.0.0.1",
+                "--http-port",
+                str(port),
+                "--router-mode",
+                router_mode,
+                "--migration-limit",
+                str(migration_limit),
+            ],
+            env,
+            log,
+        )
         system.procs.append(p)
         system.logs.append(log)
         system.frontend_pid = p.pid
@@ -173,23 +248,34 @@ class Result:
 
 def request_bytes(port: int, model: str, index: int, max_tokens: int) -> bytes:
     body = {
-        "model": model, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-        "stream_options": {"include_usage": True}, "temperature": 0.0,
-        "messages": [{"role": "user", "content": f"Request {index}: tell me a long story about "
-                                                 f"{TOPICS[index % len(TOPICS)]}."}],
+        "model": model,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+        "messages": [
+            {
+                "role": "user",
+                "content": f"Request {index}: tell me a long story about {TOPICS[index % len(TOPICS)]}.",
+            }
+        ],
     }
     raw = json.dumps(body, separators=(",", ":")).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/json\r\nAccept: text/event-stream\r\nConnection: close\r\n"
-            f"x-interlock-explain: 1\r\nContent-Length: {len(raw)}\r\n\r\n")
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nAccept: text/event-stream\r\nConnection: close\r\n"
+        f"x-interlock-explain: 1\r\nContent-Length: {len(raw)}\r\n\r\n"
+    )
     return head.encode() + raw
 
 
 _ROUTE = re.compile(rb"^x-interlock-route:.*?worker=([^;\r\n]+)", re.I | re.M)
 
 
-async def stream_one(r: Result, port: int, model: str, max_tokens: int, timeout_s: float,
-                     started: asyncio.Event | None = None) -> Result:
+async def stream_one(
+    r: Result, port: int, model: str, max_tokens: int, timeout_s: float, started: asyncio.Event | None = None
+) -> Result:
     r.sent = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
@@ -211,8 +297,11 @@ async def _stream(r: Result, port: int, model: str, max_tokens: int, started: as
         m = _ROUTE.search(head)
         r.worker = m.group(1).decode().strip() if m else None
         if not head.startswith(b"HTTP/1.1 200"):
-            r.error = head.split(b"\r\n", 1)[0].decode(errors="replace") + " " + \
-                (await reader.read(300)).decode(errors="replace")
+            r.error = (
+                head.split(b"\r\n", 1)[0].decode(errors="replace")
+                + " "
+                + (await reader.read(300)).decode(errors="replace")
+            )
             return
         buf = b""
         finished = False
@@ -245,17 +334,25 @@ async def _stream(r: Result, port: int, model: str, max_tokens: int, started: as
             await writer.wait_closed()
 
 
-async def run_load(port: int, model: str, n: int, max_tokens: int, timeout_s: float,
-                   kill: Callable[[list[Result]], float] | None = None, kill_at: float = 0.0,
-                   ) -> tuple[list[Result], float | None]:
+async def run_load(
+    port: int,
+    model: str,
+    n: int,
+    max_tokens: int,
+    timeout_s: float,
+    kill: Callable[[list[Result]], float] | None = None,
+    kill_at: float = 0.0,
+) -> tuple[list[Result], float | None]:
     """N requests at once. ``kill`` is called ``kill_at`` s after they were sent, once every
     stream has its first token, with the results so far (first workers known); it returns the
     kill's ``perf_counter`` time."""
     events = [asyncio.Event() for _ in range(n)]
     results = [Result(i, 0.0) for i in range(n)]
     t0 = time.perf_counter()
-    tasks = [asyncio.create_task(stream_one(results[i], port, model, max_tokens, timeout_s, events[i]))
-             for i in range(n)]
+    tasks = [
+        asyncio.create_task(stream_one(results[i], port, model, max_tokens, timeout_s, events[i]))
+        for i in range(n)
+    ]
     killed_at = None
     if kill is not None:
         with contextlib.suppress(TimeoutError):
@@ -321,8 +418,9 @@ async def measure(system: System, spec: Spec, model: str, a: argparse.Namespace)
             os.killpg(mocker.pid, signal.SIGKILL)
         return t
 
-    killed, t_kill = await run_load(system.port, model, a.concurrency, spec.max_tokens, a.timeout,
-                                    kill, spec.kill_at)
+    killed, t_kill = await run_load(
+        system.port, model, a.concurrency, spec.max_tokens, a.timeout, kill, spec.kill_at
+    )
     assert t_kill is not None
     by_gap = [r for r in killed if r.gap_after(t_kill) > spec.gap_threshold or not r.ok]
     migrated = [r for r in killed if r.worker == victim] if is_interlock else by_gap
@@ -347,7 +445,9 @@ def recovery_s(rep: Rep) -> list[float]:
 
 
 def kill_to_next_s(rep: Rep) -> list[float]:
-    return [t - rep.kill_time for r in rep.migrated if r.ok and (t := r.next_after(rep.kill_time)) is not None]
+    return [
+        t - rep.kill_time for r in rep.migrated if r.ok and (t := r.next_after(rep.kill_time)) is not None
+    ]
 
 
 def rep_line(rep: Rep, log_hits: int) -> str:
@@ -356,25 +456,31 @@ def rep_line(rep: Rep, log_hits: int) -> str:
     rec = recovery_s(rep)
     e2e_b = [r.e2e for r in rep.baseline if r.ok]
     e2e_m = [r.e2e for r in rep.migrated if r.ok]
-    after = [(r.times[-1] - t) / max(1, sum(x > t for x in r.times) - 1)
-             for r in rep.migrated if (t := r.next_after(rep.kill_time)) is not None]
+    after = [
+        (r.times[-1] - t) / max(1, sum(x > t for x in r.times) - 1)
+        for r in rep.migrated
+        if (t := r.next_after(rep.kill_time)) is not None
+    ]
     errors = sorted({r.error for r in failed})
     spread = {}
     for r in rep.killed:
         spread[r.worker or "?"] = spread.get(r.worker or "?", 0) + 1
-    return (f"  {rep.system}: killed {rep.victim}; failed {len(failed)}/{len(rep.killed)} "
-            f"(baseline {len(base_failed)}); migrated {len(rep.migrated)} (by gap {len(rep.migrated_by_gap)}, "
-            f"log lines {log_hits}); first workers {dict(sorted(spread.items()))}; recovery ms {[round(x * 1000) for x in sorted(rec)]}; "
-            f"kill to next token ms {[round(x * 1000) for x in sorted(kill_to_next_s(rep))]}; "
-            f"e2e p50 baseline {pct(e2e_b, 0.5) * 1000:.0f} migrated {pct(e2e_m, 0.5) * 1000:.0f} ms; "
-            f"ms/token after recovery p50 {pct(after, 0.5) * 1000:.1f}"
-            + (f"; errors {errors}" if errors else ""))
+    return (
+        f"  {rep.system}: killed {rep.victim}; failed {len(failed)}/{len(rep.killed)} "
+        f"(baseline {len(base_failed)}); migrated {len(rep.migrated)} (by gap {len(rep.migrated_by_gap)}, "
+        f"log lines {log_hits}); first workers {dict(sorted(spread.items()))}; recovery ms {[round(x * 1000) for x in sorted(rec)]}; "
+        f"kill to next token ms {[round(x * 1000) for x in sorted(kill_to_next_s(rep))]}; "
+        f"e2e p50 baseline {pct(e2e_b, 0.5) * 1000:.0f} migrated {pct(e2e_m, 0.5) * 1000:.0f} ms; "
+        f"ms/token after recovery p50 {pct(after, 0.5) * 1000:.1f}" + (f"; errors {errors}" if errors else "")
+    )
 
 
 def table(reps: list[Rep], names: list[str]) -> str:
-    lines = ["| system | runs | failed / total | migrated | recovery p50 / p99 ms | "
-             "e2e baseline p50 / p99 ms | e2e migrated p50 / p99 ms | e2e added p50 / p99 ms |",
-             "|" + "---|" * 8]
+    lines = [
+        "| system | runs | failed / total | migrated | recovery p50 / p99 ms | "
+        "e2e baseline p50 / p99 ms | e2e migrated p50 / p99 ms | e2e added p50 / p99 ms |",
+        "|" + "---|" * 8,
+    ]
     for name in names:
         mine = [r for r in reps if r.system == name]
         if not mine:
@@ -388,7 +494,8 @@ def table(reps: list[Rep], names: list[str]) -> str:
             f"| {name} | {len(mine)} | {failed} / {len(killed)} | {sum(len(r.migrated) for r in mine)} "
             f"| {pct(rec, 0.5):.0f} / {pct(rec, 0.99):.0f} "
             f"| {pct(base, 0.5):.0f} / {pct(base, 0.99):.0f} | {pct(mig, 0.5):.0f} / {pct(mig, 0.99):.0f} "
-            f"| {pct(mig, 0.5) - pct(base, 0.5):.0f} / {pct(mig, 0.99) - pct(base, 0.99):.0f} |")
+            f"| {pct(mig, 0.5) - pct(base, 0.5):.0f} / {pct(mig, 0.99) - pct(base, 0.99):.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -414,16 +521,20 @@ MIGRATION_LOG = {"interlock": r"migrating request", "dynamo": r"(?i)migrat\w* re
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--systems", default="interlock-mock,interlock-mock-rr,dynamo,interlock-smollm2",
-                   help="comma-separated: interlock-mock, interlock-mock-rr, interlock-smollm2, dynamo")
+    p.add_argument(
+        "--systems",
+        default="interlock-mock,interlock-mock-rr,dynamo,interlock-smollm2",
+        help="comma-separated: interlock-mock, interlock-mock-rr, interlock-smollm2, dynamo",
+    )
     p.add_argument("--reps", type=int, default=3, help="repetitions per system, interleaved")
     p.add_argument("--concurrency", type=int, default=16, help="requests per run, all sent at once")
     p.add_argument("--mock-tokens", type=int, default=300)
     p.add_argument("--smollm2-tokens", type=int, default=64)
     p.add_argument("--kill-at", type=float, default=1.5, help="seconds into the kill run (mock systems)")
     p.add_argument("--smollm2-kill-at", type=float, default=1.5)
-    p.add_argument("--gap-threshold", type=float, default=0.05,
-                   help="seconds; mock systems (SmolLM2: 5x this)")
+    p.add_argument(
+        "--gap-threshold", type=float, default=0.05, help="seconds; mock systems (SmolLM2: 5x this)"
+    )
     p.add_argument("--interlock-args", default="", help="extra `interlock serve` flags (diagnosis)")
     p.add_argument("--dynamo-router-mode", default="round-robin")
     p.add_argument("--dynamo-migration-limit", type=int, default=3)
@@ -443,16 +554,24 @@ async def main_async(a: argparse.Namespace) -> tuple[list[Rep], list[str]]:
     logdir.mkdir(parents=True, exist_ok=True)
     mock_flags = ["--speedup", "1", "--block-size", "64", "--num-blocks", "16384"]
     systems: dict[str, tuple[Spec, Callable[[], System]]] = {
-        "interlock-mock": (Spec("interlock mock", a.mock_tokens, a.kill_at, a.gap_threshold),
-                           lambda: start_interlock("mock", model_dir, logdir, mock_flags + a.interlock_args.split())),
-        "interlock-mock-rr": (Spec("interlock mock, round-robin", a.mock_tokens, a.kill_at, a.gap_threshold),
-                              lambda: start_interlock("mock", model_dir, logdir, mock_flags + [
-                                  "--policy", "round-robin", *a.interlock_args.split()])),
-        "interlock-smollm2": (Spec("interlock smollm2", a.smollm2_tokens, a.smollm2_kill_at, 5 * a.gap_threshold),
-                              lambda: start_interlock("torch", model_dir, logdir, a.interlock_args.split())),
-        "dynamo": (Spec("dynamo mocker", a.mock_tokens, a.kill_at, a.gap_threshold),
-                   lambda: start_dynamo(model_dir, served, logdir, a.dynamo_router_mode,
-                                        a.dynamo_migration_limit)),
+        "interlock-mock": (
+            Spec("interlock mock", a.mock_tokens, a.kill_at, a.gap_threshold),
+            lambda: start_interlock("mock", model_dir, logdir, mock_flags + a.interlock_args.split()),
+        ),
+        "interlock-mock-rr": (
+            Spec("interlock mock, round-robin", a.mock_tokens, a.kill_at, a.gap_threshold),
+            lambda: start_interlock(
+                "mock", model_dir, logdir, mock_flags + ["--policy", "round-robin", *a.interlock_args.split()]
+            ),
+        ),
+        "interlock-smollm2": (
+            Spec("interlock smollm2", a.smollm2_tokens, a.smollm2_kill_at, 5 * a.gap_threshold),
+            lambda: start_interlock("torch", model_dir, logdir, a.interlock_args.split()),
+        ),
+        "dynamo": (
+            Spec("dynamo mocker", a.mock_tokens, a.kill_at, a.gap_threshold),
+            lambda: start_dynamo(model_dir, served, logdir, a.dynamo_router_mode, a.dynamo_migration_limit),
+        ),
     }
     names = [s.strip() for s in a.systems.split(",") if s.strip()]
     unknown = set(names) - set(systems)
@@ -470,8 +589,11 @@ async def main_async(a: argparse.Namespace) -> tuple[list[Rep], list[str]]:
                 r = await measure(system, spec, served, a)
             hits = log_hits(system, MIGRATION_LOG[name.split("-")[0]])
             if name == "dynamo":  # its log counts the migrations; the largest gaps say which ones
-                r.migrated = sorted(r.killed, key=lambda x: (not x.ok, x.gap_after(r.kill_time)))[-hits:] \
-                    if hits else r.migrated_by_gap
+                r.migrated = (
+                    sorted(r.killed, key=lambda x: (not x.ok, x.gap_after(r.kill_time)))[-hits:]
+                    if hits
+                    else r.migrated_by_gap
+                )
             reps.append(r)
             print(f"rep {rep + 1} ({time.monotonic() - t0:.0f} s):" + rep_line(r, hits)[1:], flush=True)
             for log in system.logs:  # the next repetition starts new ones
@@ -491,8 +613,10 @@ def main() -> None:
     t0 = time.monotonic()
     reps, names = asyncio.run(main_async(a))
     print()
-    print(f"{started}; {time.monotonic() - t0:.0f} s; {machine()}; CPU model: {cpu_model()}; "
-          f"load {os.getloadavg()[0]:.1f}")
+    print(
+        f"{started}; {time.monotonic() - t0:.0f} s; {machine()}; CPU model: {cpu_model()}; "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     print(table(reps, names))
 

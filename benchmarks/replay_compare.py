@@ -52,9 +52,11 @@ print(json.dumps({"hit_ratio": s["prefix_cache_reused_ratio"], "ttft_p50_ms": s[
 
 def run_ours(records, hasher: TraceHasher, speedup: float, policy: str, args) -> dict:
     reqs = mooncake_requests(records, block_size=64, speedup=speedup, hasher=hasher)
-    cfg = ReplayConfig(num_workers=args.workers, num_blocks=args.blocks,
-                       router=RouterConfig(policy=policy, block_size=64, seed=0,
-                                           max_queue_wait_s=args.max_queue_wait))
+    cfg = ReplayConfig(
+        num_workers=args.workers,
+        num_blocks=args.blocks,
+        router=RouterConfig(policy=policy, block_size=64, seed=0, max_queue_wait_s=args.max_queue_wait),
+    )
     return replay(reqs, cfg).to_dict()
 
 
@@ -70,9 +72,12 @@ def run_dynamo(python: str, speedup: float, mode: str, args) -> dict | None:
     cache = json.loads(DYNAMO_CACHE.read_text()) if DYNAMO_CACHE.exists() else {}
     if key in cache:
         return cache[key]
-    out = subprocess.run([python, "-c", DYNAMO_SCRIPT, args.trace, mode, str(speedup),
-                          str(args.blocks), str(args.workers)],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [python, "-c", DYNAMO_SCRIPT, args.trace, mode, str(speedup), str(args.blocks), str(args.workers)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if out.returncode != 0:
         print(out.stderr[-2000:], file=sys.stderr)
         return None
@@ -96,12 +101,14 @@ def find_speedup(records, hasher, args) -> float:
 
 def row(name: str, r: dict, upper: float, pooled: float) -> str:
     rejected = r.get("num_rejected")
-    return (f"| {name} | {r['hit_ratio']:.3f} | {r['hit_ratio'] / pooled:.0%} | "
-            f"{r['hit_ratio'] / upper:.0%} | "
-            f"{r['ttft_p50_ms']:,.0f} / {r['ttft_p99_ms']:,.0f} | "
-            f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | {r['requests_per_s']:.2f} | "
-            f"{'–' if rejected is None else rejected} | "
-            f"{r.get('inflight_imbalance', float('nan')):.2f} | {r['wall_s']:.1f} |")
+    return (
+        f"| {name} | {r['hit_ratio']:.3f} | {r['hit_ratio'] / pooled:.0%} | "
+        f"{r['hit_ratio'] / upper:.0%} | "
+        f"{r['ttft_p50_ms']:,.0f} / {r['ttft_p99_ms']:,.0f} | "
+        f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | {r['requests_per_s']:.2f} | "
+        f"{'–' if rejected is None else rejected} | "
+        f"{r.get('inflight_imbalance', float('nan')):.2f} | {r['wall_s']:.1f} |"
+    )
 
 
 def main() -> None:
@@ -111,14 +118,22 @@ def main() -> None:
     ap.add_argument("--agent-sessions", type=int, default=AgentSpec.num_sessions)
     ap.add_argument("--agent-seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--blocks", type=int, default=None,
-                    help="blocks of 64 tokens per worker (default 61,000; agent: distinct / 12)")
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=None,
+        help="blocks of 64 tokens per worker (default 61,000; agent: distinct / 12)",
+    )
     ap.add_argument("--speedup", type=float, default=None)
     ap.add_argument("--speedups", default=None, help="comma-separated arrival speed-ups")
     ap.add_argument("--search-from", type=float, default=6.5)
     ap.add_argument("--policies", default="kv,round-robin,least-loaded,power-of-two,random")
-    ap.add_argument("--max-queue-wait", type=float, default=0.0,
-                    help="RouterConfig.max_queue_wait_s (0: the queue is bounded by count only)")
+    ap.add_argument(
+        "--max-queue-wait",
+        type=float,
+        default=0.0,
+        help="RouterConfig.max_queue_wait_s (0: the queue is bounded by count only)",
+    )
     ap.add_argument("--dynamo-python", default="/tmp/dynamo-venv/bin/python")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -138,9 +153,12 @@ def main() -> None:
 
     upper = infinite_cache_hit_ratio(reqs, 64)
     pooled = pooled_cache_hit_ratio(reqs, 64, args.workers * args.blocks)
-    print(f"{args.trace}: {len(records)} requests, {distinct:,} distinct 512-token blocks; caches "
-          f"{args.workers} x {args.blocks:,} x 64 = {args.workers * args.blocks * 64 / (distinct * 512):.0%} "
-          f"of them; loaded and hashed in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print(
+        f"{args.trace}: {len(records)} requests, {distinct:,} distinct 512-token blocks; caches "
+        f"{args.workers} x {args.blocks:,} x 64 = {args.workers * args.blocks * 64 / (distinct * 512):.0%} "
+        f"of them; loaded and hashed in {time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+    )
     if args.speedups:
         speedups = [float(x) for x in args.speedups.split(",")]
     else:
@@ -154,19 +172,33 @@ def main() -> None:
             got = run_dynamo(args.dynamo_python, speedup, mode, args)
             if got is not None:
                 results[f"dynamo 1.6.1 {mode}"] = got
-        print(f"\n{args.workload} x{speedup}: {len(records)} requests, {args.workers} workers x "
-              f"{args.blocks:,} blocks of 64; pooled-cache bound {pooled:.3f}, infinite-cache "
-              f"bound {upper:.3f}\n")
-        print("| router | hit ratio | of pooled | of infinite | TTFT p50 / p99 ms | ITL p50 / p99 ms "
-              "| req/s | rejected | in-flight max/mean | replay wall s |")
+        print(
+            f"\n{args.workload} x{speedup}: {len(records)} requests, {args.workers} workers x "
+            f"{args.blocks:,} blocks of 64; pooled-cache bound {pooled:.3f}, infinite-cache "
+            f"bound {upper:.3f}\n"
+        )
+        print(
+            "| router | hit ratio | of pooled | of infinite | TTFT p50 / p99 ms | ITL p50 / p99 ms "
+            "| req/s | rejected | in-flight max/mean | replay wall s |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for name, r in results.items():
             print(row(name, r, upper, pooled), flush=True)
         out[str(speedup)] = results
     if args.json:
-        Path(args.json).write_text(json.dumps({"workload": args.workload, "trace": args.trace,
-                                               "blocks": args.blocks, "upper_bound": upper,
-                                               "pooled_bound": pooled, "results": out}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "workload": args.workload,
+                    "trace": args.trace,
+                    "blocks": args.blocks,
+                    "upper_bound": upper,
+                    "pooled_bound": pooled,
+                    "results": out,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

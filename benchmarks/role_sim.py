@@ -55,11 +55,16 @@ class RoleSim(Sim):
 
     def view(self, e: SimEngine, role: str, ready: bool = True) -> WorkerView:
         ld = e.core.load
-        return WorkerView(e.wid, role, num_running=ld.num_running, num_waiting=ld.num_waiting,
-                          queued_prefill_tokens=e.core.scheduler.queued_prefill_tokens(),
-                          prefill_tokens_per_s=ld.prefill_tokens_per_s,
-                          kv_usage=e.core.pool.num_used_blocks / e.core.pool.num_blocks,
-                          ready=ready)
+        return WorkerView(
+            e.wid,
+            role,
+            num_running=ld.num_running,
+            num_waiting=ld.num_waiting,
+            queued_prefill_tokens=e.core.scheduler.queued_prefill_tokens(),
+            prefill_tokens_per_s=ld.prefill_tokens_per_s,
+            kv_usage=e.core.pool.num_used_blocks / e.core.pool.num_blocks,
+            ready=ready,
+        )
 
     def tick(self, now: float) -> None:
         assert self.planner is not None
@@ -70,9 +75,13 @@ class RoleSim(Sim):
         views = [self.view(e, "prefill") for e in self.prefill]
         views += [self.view(e, "decode") for e in self.decode]
         views += [self.view(e, role, ready=False) for e, role in self.switching.values()]
-        traffic = Traffic(now - self.last_tick, len(self.arrived),
-                          sum(len(r.prompt) for r in self.arrived), 0,
-                          sum(r.output_tokens for r in self.arrived))
+        traffic = Traffic(
+            now - self.last_tick,
+            len(self.arrived),
+            sum(len(r.prompt) for r in self.arrived),
+            0,
+            sum(r.output_tokens for r in self.arrived),
+        )
         self.arrived, self.last_tick = [], now
         for a in self.planner.decide(Observation(now, tuple(views), traffic=traffic)):
             assert isinstance(a, SwitchRole), a
@@ -128,29 +137,55 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=2.0, help="planner observation period (s)")
     ap.add_argument("--window", type=float, default=10.0, help="planner window (s)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--profile", default=None,
-                    help="capability profile of these workers (adds an sla planner run): "
-                    "interlock profile --runner mock --num-blocks 2000 --max-num-batched-tokens 2048 --contexts 256,1024,4096")
+    ap.add_argument(
+        "--profile",
+        default=None,
+        help="capability profile of these workers (adds an sla planner run): "
+        "interlock profile --runner mock --num-blocks 2000 --max-num-batched-tokens 2048 --contexts 256,1024,4096",
+    )
     args = ap.parse_args()
     args.conditional = False
-    cfg = PlannerConfig(both=RoleBounds(0, 0), prefill=RoleBounds(1, 3), decode=RoleBounds(1, 3),
-                        min_workers=4, max_workers=4, interval_s=args.interval, window_s=args.window,
-                        max_changes=100, ramp_s=0.0)
-    print(f"2P+2D, {args.requests} requests at {args.rate} req/s: first half ISL 4000-8000 / OSL "
-          f"20-60, second half ISL 200-600 / OSL 300-600; SLO TTFT <= {args.ttft_slo}s, "
-          f"TPOT <= {args.itl_slo * 1e3:.0f}ms; {args.num_blocks} KV blocks of {args.block_size} per worker")
+    cfg = PlannerConfig(
+        both=RoleBounds(0, 0),
+        prefill=RoleBounds(1, 3),
+        decode=RoleBounds(1, 3),
+        min_workers=4,
+        max_workers=4,
+        interval_s=args.interval,
+        window_s=args.window,
+        max_changes=100,
+        ramp_s=0.0,
+    )
+    print(
+        f"2P+2D, {args.requests} requests at {args.rate} req/s: first half ISL 4000-8000 / OSL "
+        f"20-60, second half ISL 200-600 / OSL 300-600; SLO TTFT <= {args.ttft_slo}s, "
+        f"TPOT <= {args.itl_slo * 1e3:.0f}ms; {args.num_blocks} KV blocks of {args.block_size} per worker"
+    )
     print(f"{'setup':<20} {'goodput':>8} {'met':>9} {'TTFT p50':>9} {'p99':>8} {'TPOT p50':>9} {'p99':>7}")
     runs: list[tuple[str, PlannerConfig | None]] = [("static 2P+2D", None), ("planner (reactive)", cfg)]
     if args.profile:
         load_profile(args.profile)  # a bad file fails here, before any run
-        runs.append(("planner (sla)", replace(cfg, policy="sla", profile=args.profile,
-                                               ttft_ms=args.ttft_slo * 1000, itl_ms=args.itl_slo * 1000)))
+        runs.append(
+            (
+                "planner (sla)",
+                replace(
+                    cfg,
+                    policy="sla",
+                    profile=args.profile,
+                    ttft_ms=args.ttft_slo * 1000,
+                    itl_ms=args.itl_slo * 1000,
+                ),
+            )
+        )
     for name, planner in runs:
         sim = RoleSim(args, planner)
         trace = sim.run(make_trace(args))
         r = measure(name, trace, args, args.rate)
-        print(f"{r.name:<20} {r.goodput:>8.2f} {r.met:>4}/{r.done:<4} {r.ttft_p50 * 1e3:>7.0f}ms "
-              f"{r.ttft_p99 * 1e3:>6.0f}ms {r.tpot_p50 * 1e3:>7.1f}ms {r.tpot_p99 * 1e3:>5.1f}ms", flush=True)
+        print(
+            f"{r.name:<20} {r.goodput:>8.2f} {r.met:>4}/{r.done:<4} {r.ttft_p50 * 1e3:>7.0f}ms "
+            f"{r.ttft_p99 * 1e3:>6.0f}ms {r.tpot_p50 * 1e3:>7.1f}ms {r.tpot_p99 * 1e3:>5.1f}ms",
+            flush=True,
+        )
         for line in sim.switches:
             print(f"    {line}")
 

@@ -34,8 +34,11 @@ CHAIN = 32
 def build(num_workers: int, num_blocks: int, rng: random.Random) -> tuple[Router, list, float]:
     r = Router(RouterConfig(block_size=16, seed=0))
     for i in range(num_workers):
-        r.add_worker(InstanceInfo(instance_id=f"w{i}", endpoint="e", model="m", block_size=16,
-                                  kv_blocks_total=1_000_000))
+        r.add_worker(
+            InstanceInfo(
+                instance_id=f"w{i}", endpoint="e", model="m", block_size=16, kv_blocks_total=1_000_000
+            )
+        )
     shared = [[rng.getrandbits(63) for _ in range(8)] for _ in range(100)]
     batches, chains = [], []
     seqs = dict.fromkeys(range(num_workers), -1)
@@ -45,8 +48,14 @@ def build(num_workers: int, num_blocks: int, rng: random.Random) -> tuple[Router
         head = rng.choice(shared) if rng.random() < 0.2 else []
         chain = head + [rng.getrandbits(63) for _ in range(CHAIN - len(head))]
         seqs[w] += 1
-        batches.append(KVEventBatch(instance_id=f"w{w}", seq=seqs[w], timestamp=0.0, events=(
-            BlockStored(block_hashes=tuple(chain), parent_block_hash=None),)))
+        batches.append(
+            KVEventBatch(
+                instance_id=f"w{w}",
+                seq=seqs[w],
+                timestamp=0.0,
+                events=(BlockStored(block_hashes=tuple(chain), parent_block_hash=None),),
+            )
+        )
         chains.append(chain)
         stored += CHAIN
     t0 = time.perf_counter()
@@ -59,16 +68,18 @@ def measure(num_workers: int, num_blocks: int, decisions: int) -> dict[str, floa
     rng = random.Random(num_workers * 7 + num_blocks)
     r, chains, apply_s = build(num_workers, num_blocks, rng)
     n_events = len(chains)
-    requests = [rng.choice(chains) if i % 2 else [rng.getrandbits(63) for _ in range(CHAIN)]
-                for i in range(decisions)]
+    requests = [
+        rng.choice(chains) if i % 2 else [rng.getrandbits(63) for _ in range(CHAIN)] for i in range(decisions)
+    ]
     gc.collect()
     gc.freeze()  # the index is long-lived; keep the collector off it, as a server would
     full, cpu, lookup = [], [], []
     for i, hashes in enumerate(requests):
         c0 = time.thread_time()
         t0 = time.perf_counter()
-        d = r.route(RequestMeta(request_id=str(i), prompt_tokens=CHAIN * 16, max_tokens=64),
-                    block_hashes=hashes)
+        d = r.route(
+            RequestMeta(request_id=str(i), prompt_tokens=CHAIN * 16, max_tokens=64), block_hashes=hashes
+        )
         t1 = time.perf_counter()
         c1 = time.thread_time()
         r.indexer.overlaps(hashes)
@@ -79,8 +90,10 @@ def measure(num_workers: int, num_blocks: int, decisions: int) -> dict[str, floa
         r.on_finish(d.request_id)
     gc.unfreeze()
     return {
-        "workers": num_workers, "blocks": r.indexer.num_blocks(),
-        "events_per_s": n_events / apply_s, "blocks_per_s": n_events * CHAIN / apply_s,
+        "workers": num_workers,
+        "blocks": r.indexer.num_blocks(),
+        "events_per_s": n_events / apply_s,
+        "blocks_per_s": n_events * CHAIN / apply_s,
         "decide_p50_us": float(np.percentile(full, 50)) * 1e6,
         "decide_p99_us": float(np.percentile(full, 99)) * 1e6,
         "cpu_p50_us": float(np.percentile(cpu, 50)) * 1e6,
@@ -99,16 +112,21 @@ def main() -> None:
     args = ap.parse_args()
     if args.pin:
         os.sched_setaffinity(0, {0})
-    print("| workers | indexed blocks | events/s (32 blocks each) | blocks/s | decision p50 / p99 µs "
-          "(wall) | decision p50 / p99 µs (CPU) | lookup p50 / p99 µs |")
+    print(
+        "| workers | indexed blocks | events/s (32 blocks each) | blocks/s | decision p50 / p99 µs "
+        "(wall) | decision p50 / p99 µs (CPU) | lookup p50 / p99 µs |"
+    )
     print("|---|---|---|---|---|---|---|")
     for w in (int(x) for x in args.workers.split(",")):
         for b in (int(x) for x in args.blocks.split(",")):
             m = measure(w, b, args.decisions)
-            print(f"| {m['workers']} | {m['blocks']:,} | {m['events_per_s']:,.0f} | "
-                  f"{m['blocks_per_s']:,.0f} | {m['decide_p50_us']:.0f} / {m['decide_p99_us']:.0f} | "
-                  f"{m['cpu_p50_us']:.0f} / {m['cpu_p99_us']:.0f} | "
-                  f"{m['lookup_p50_us']:.0f} / {m['lookup_p99_us']:.0f} |", flush=True)
+            print(
+                f"| {m['workers']} | {m['blocks']:,} | {m['events_per_s']:,.0f} | "
+                f"{m['blocks_per_s']:,.0f} | {m['decide_p50_us']:.0f} / {m['decide_p99_us']:.0f} | "
+                f"{m['cpu_p50_us']:.0f} / {m['cpu_p99_us']:.0f} | "
+                f"{m['lookup_p50_us']:.0f} / {m['lookup_p99_us']:.0f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

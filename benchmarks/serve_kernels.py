@@ -24,10 +24,21 @@ from disagg_e2e import PY, ROOT, free_port, stop  # noqa: E402  (a sibling scrip
 
 
 def serve(port: int, kernels: bool) -> subprocess.Popen[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "INTERLOCK_LOG_LEVEL": "WARNING",
-           "INTERLOCK_CPU_KERNELS": "1" if kernels else "0"}
-    proc = subprocess.Popen([PY, "-m", "interlock.cli.main", "serve", "--workers", "1", "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "INTERLOCK_LOG_LEVEL": "WARNING",
+        "INTERLOCK_CPU_KERNELS": "1" if kernels else "0",
+    }
+    proc = subprocess.Popen(
+        [PY, "-m", "interlock.cli.main", "serve", "--workers", "1", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         if "Interlock serving" in line:
@@ -57,28 +68,71 @@ def main() -> None:
             # the same prompts again and measure prefix-cache hits instead of prefills.
             for level, conc in enumerate(args.concurrency.split(",")):
                 out = work / f"kernels-{int(kernels)}-c{conc}.json"
-                subprocess.run([PY, "-m", "interlock.cli.main", "bench", "--url", f"http://127.0.0.1:{port}",
-                                "--concurrency", conc, "--num-requests", str(args.requests),
-                                "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-                                "--api", "completions", "--tokenizer", tokenizer, "--prompt-as", "ids",
-                                "--seed", str(100 + level), "--warmup", "2", "--out", str(out), "--no-plot",
-                                "--no-progress"],
-                               cwd=ROOT, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                               stdout=subprocess.DEVNULL)
+                subprocess.run(
+                    [
+                        PY,
+                        "-m",
+                        "interlock.cli.main",
+                        "bench",
+                        "--url",
+                        f"http://127.0.0.1:{port}",
+                        "--concurrency",
+                        conc,
+                        "--num-requests",
+                        str(args.requests),
+                        "--input-len",
+                        str(args.input_len),
+                        "--output-len",
+                        str(args.output_len),
+                        "--api",
+                        "completions",
+                        "--tokenizer",
+                        tokenizer,
+                        "--prompt-as",
+                        "ids",
+                        "--seed",
+                        str(100 + level),
+                        "--warmup",
+                        "2",
+                        "--out",
+                        str(out),
+                        "--no-plot",
+                        "--no-progress",
+                    ],
+                    cwd=ROOT,
+                    check=True,
+                    env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                    stdout=subprocess.DEVNULL,
+                )
                 for run in json.loads(out.read_text())["runs"]:
                     s = run["summary"]
-                    rows.append(("fused kernels" if kernels else "plain PyTorch", run["load"]["concurrency"],
-                                 s["ok"], s["requests"], s["ttft_ms"], s["itl_ms"], s["output_throughput"],
-                                 s.get("cached_fraction") or 0.0))
+                    rows.append(
+                        (
+                            "fused kernels" if kernels else "plain PyTorch",
+                            run["load"]["concurrency"],
+                            s["ok"],
+                            s["requests"],
+                            s["ttft_ms"],
+                            s["itl_ms"],
+                            s["output_throughput"],
+                            s.get("cached_fraction") or 0.0,
+                        )
+                    )
         finally:
             stop(proc)
-    print(f"\n1 worker, {args.input_len}-token prompts, {args.output_len} output tokens, "
-          f"{args.requests} requests per level; ms")
-    print("| engine path | concurrency | ok | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | output tok/s | cached |")
+    print(
+        f"\n1 worker, {args.input_len}-token prompts, {args.output_len} output tokens, "
+        f"{args.requests} requests per level; ms"
+    )
+    print(
+        "| engine path | concurrency | ok | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | output tok/s | cached |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, conc, ok, total, ttft, itl, tput, cached in rows:
-        print(f"| {name} | {conc} | {ok}/{total} | {ttft['p50']:.0f} | {ttft['p99']:.0f} | {itl['p50']:.1f} "
-              f"| {itl['p99']:.1f} | {tput:.1f} | {cached:.0%} |")
+        print(
+            f"| {name} | {conc} | {ok}/{total} | {ttft['p50']:.0f} | {ttft['p99']:.0f} | {itl['p50']:.1f} "
+            f"| {itl['p99']:.1f} | {tput:.1f} | {cached:.0%} |"
+        )
 
 
 if __name__ == "__main__":

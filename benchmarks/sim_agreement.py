@@ -28,21 +28,30 @@ def workloads(args: argparse.Namespace) -> dict[str, tuple[list[MooncakeRecord],
     """name -> (records, arrival speed-up, blocks per worker)."""
     out = {}
     if Path(args.trace).exists():
-        out["conversation"] = (load_mooncake(args.trace, limit=args.requests), args.conv_speedup,
-                               args.conv_blocks)
+        out["conversation"] = (
+            load_mooncake(args.trace, limit=args.requests),
+            args.conv_speedup,
+            args.conv_blocks,
+        )
     agent = agent_records(AgentSpec(num_sessions=args.requests // 4, seed=1))[: args.requests]
     out["agent"] = (agent, args.agent_speedup, args.agent_blocks)
     return out
 
 
-def compare(records: list[MooncakeRecord], speedup: float, blocks: int, policy: str,
-            workers: int) -> tuple[ReplayReport, ReplayReport]:
-    reqs = mooncake_requests(records, block_size=64, speedup=speedup, hasher=TraceHasher(64),
-                             with_tokens=True)
+def compare(
+    records: list[MooncakeRecord], speedup: float, blocks: int, policy: str, workers: int
+) -> tuple[ReplayReport, ReplayReport]:
+    reqs = mooncake_requests(
+        records, block_size=64, speedup=speedup, hasher=TraceHasher(64), with_tokens=True
+    )
     reps = []
     for backend in ("fast", "engine"):
-        cfg = ReplayConfig(num_workers=workers, num_blocks=blocks, backend=backend,
-                           router=RouterConfig(policy=policy, seed=0))
+        cfg = ReplayConfig(
+            num_workers=workers,
+            num_blocks=blocks,
+            backend=backend,
+            router=RouterConfig(policy=policy, seed=0),
+        )
         reps.append(replay(reqs, cfg))
     return reps[0], reps[1]
 
@@ -63,22 +72,35 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
-    print("| workload | policy | hit ratio fast / engine (diff) | TTFT p50 ms fast / engine (diff) "
-          "| TTFT p99 ms fast / engine (diff) | wall s fast / engine |")
+    print(
+        "| workload | policy | hit ratio fast / engine (diff) | TTFT p50 ms fast / engine (diff) "
+        "| TTFT p99 ms fast / engine (diff) | wall s fast / engine |"
+    )
     print("|---|---|---|---|---|---|")
     for name, (records, speedup, blocks) in workloads(args).items():
         for policy in ("round-robin", "kv"):
             fast, eng = compare(records, speedup, blocks, policy, args.workers)
-            rows.append({"workload": name, "policy": policy, "speedup": speedup,
-                         "blocks": blocks, "fast": fast.to_dict(), "engine": eng.to_dict()})
-            print(f"| {name} x{speedup}, {len(records)} req, {args.workers} x {blocks} blocks | "
-                  f"{policy} | {fast.hit_ratio:.4f} / {eng.hit_ratio:.4f} "
-                  f"({diff(fast.hit_ratio, eng.hit_ratio)}) | "
-                  f"{fast.ttft_p50_ms:,.0f} / {eng.ttft_p50_ms:,.0f} "
-                  f"({diff(fast.ttft_p50_ms, eng.ttft_p50_ms)}) | "
-                  f"{fast.ttft_p99_ms:,.0f} / {eng.ttft_p99_ms:,.0f} "
-                  f"({diff(fast.ttft_p99_ms, eng.ttft_p99_ms)}) | "
-                  f"{fast.wall_s:.1f} / {eng.wall_s:.1f} |", flush=True)
+            rows.append(
+                {
+                    "workload": name,
+                    "policy": policy,
+                    "speedup": speedup,
+                    "blocks": blocks,
+                    "fast": fast.to_dict(),
+                    "engine": eng.to_dict(),
+                }
+            )
+            print(
+                f"| {name} x{speedup}, {len(records)} req, {args.workers} x {blocks} blocks | "
+                f"{policy} | {fast.hit_ratio:.4f} / {eng.hit_ratio:.4f} "
+                f"({diff(fast.hit_ratio, eng.hit_ratio)}) | "
+                f"{fast.ttft_p50_ms:,.0f} / {eng.ttft_p50_ms:,.0f} "
+                f"({diff(fast.ttft_p50_ms, eng.ttft_p50_ms)}) | "
+                f"{fast.ttft_p99_ms:,.0f} / {eng.ttft_p99_ms:,.0f} "
+                f"({diff(fast.ttft_p99_ms, eng.ttft_p99_ms)}) | "
+                f"{fast.wall_s:.1f} / {eng.wall_s:.1f} |",
+                flush=True,
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

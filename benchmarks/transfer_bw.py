@@ -117,7 +117,9 @@ def _raw_socket(conn: Connection, raw: socket.socket, sink: memoryview) -> float
     return time.perf_counter() - t0
 
 
-def _transfer(conn: Connection, agent: TransferAgent, transport: str, kv_dst: np.ndarray, *, staged: bool) -> float:
+def _transfer(
+    conn: Connection, agent: TransferAgent, transport: str, kv_dst: np.ndarray, *, staged: bool
+) -> float:
     t0 = time.perf_counter()
     conn.send("offer")
     desc = msgspec.msgpack.decode(conn.recv(), type=TransferDescriptor)
@@ -142,10 +144,14 @@ def report(times: dict[str, list[float]], nbytes: int, nblocks: int, runs: int) 
     path back to back, so the paired figure is steadier when the machine's load swings)."""
     gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
     raw_of = {"shm": "memcpy", "tcp": "socket", "e2e shm": "memcpy", "e2e tcp": "socket"}
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
-          f"Python {platform.python_version()}, load {os.getloadavg()[0]:.1f}, "
-          f"{nblocks} blocks x {BLOCK_NBYTES} B = {nbytes / 2**20:.1f} MiB, median of {runs}")
-    print("| path | GB/s (median) | min..max GB/s | vs raw (ratio of medians) | vs raw (median paired ratio) |")
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
+        f"Python {platform.python_version()}, load {os.getloadavg()[0]:.1f}, "
+        f"{nblocks} blocks x {BLOCK_NBYTES} B = {nbytes / 2**20:.1f} MiB, median of {runs}"
+    )
+    print(
+        "| path | GB/s (median) | min..max GB/s | vs raw (ratio of medians) | vs raw (median paired ratio) |"
+    )
     print("|---|---|---|---|---|")
     for k, v in times.items():
         lo, hi = nbytes / max(v) / 1e9, nbytes / min(v) / 1e9

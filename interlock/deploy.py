@@ -35,8 +35,17 @@ import yaml
 from interlock.errors import ConfigError
 from interlock.names import POLICIES, ROLES, RUNNERS, TRANSPORTS, policy_name
 
-METRIC_FAMILIES = ("requests", "ttft", "itl", "e2e", "tokens", "kv", "queue_depth",
-                   "gpu_utilization", "kv_cache_miss")
+METRIC_FAMILIES = (
+    "requests",
+    "ttft",
+    "itl",
+    "e2e",
+    "tokens",
+    "kv",
+    "queue_depth",
+    "gpu_utilization",
+    "kv_cache_miss",
+)
 """Families of figures on ``/metrics`` (see ``interlock.frontend.metrics.FAMILIES`` for the
 metric names in each); ``metrics.figures`` lists those exported."""
 _FAMILY_ALIASES = {"load": "queue_depth"}
@@ -160,9 +169,15 @@ class Metrics:
     @property
     def families(self) -> frozenset[str]:
         """Families exported on ``/metrics``: ``figures`` less those switched off."""
-        off = {name for name, on in (("queue_depth", self.collect_queue_depth),
-                                     ("gpu_utilization", self.collect_gpu_utilization),
-                                     ("kv_cache_miss", self.collect_kv_cache_miss)) if not on}
+        off = {
+            name
+            for name, on in (
+                ("queue_depth", self.collect_queue_depth),
+                ("gpu_utilization", self.collect_gpu_utilization),
+                ("kv_cache_miss", self.collect_kv_cache_miss),
+            )
+            if not on
+        }
         return frozenset(_FAMILY_ALIASES.get(f, f) for f in self.figures) - off
 
 
@@ -244,8 +259,9 @@ def _legacy_transfer(value: str, raw: dict[Any, Any], where: str) -> dict[str, A
     if value == "none":
         return {"kv_cache_transfer": False}
     if value not in TRANSPORTS:
-        raise ConfigError(f"{where}: expected true or false (or a transport: {', '.join(TRANSPORTS)}), "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"{where}: expected true or false (or a transport: {', '.join(TRANSPORTS)}), got {value!r}"
+        )
     given = raw.get("cache_transport", raw.get("cache-transport"))
     if given is not None and given != value:
         raise ConfigError(f"{where}: {value!r} contradicts cache_transport {given!r}")
@@ -266,7 +282,10 @@ def _coerce(typ: Any, value: Any, where: str) -> Any:
     if value is None and "None" in t:
         return None
     checks: dict[str, tuple[type, ...]] = {
-        "int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)
+        "int": (int,),
+        "float": (int, float),
+        "bool": (bool,),
+        "str": (str,),
     }
     want = checks.get(base)
     if want is None:  # pragma: no cover - every field type is listed above
@@ -314,27 +333,32 @@ def _validate_group(g: ExecutionGroup, at: str) -> None:
         raise ConfigError(f"{at}: block_size and max_model_len must be positive")
     for key in ("tensor_parallel_size", "pipeline_parallel_size"):
         if getattr(g, key) != 1:
-            raise ConfigError(f"{at}.{key}: {getattr(g, key)} is not supported yet (only 1: one "
-                              "device per worker)")
+            raise ConfigError(
+                f"{at}.{key}: {getattr(g, key)} is not supported yet (only 1: one device per worker)"
+            )
     if g.speedup <= 0 or (g.speedup != 1.0 and g.runner != "mock"):
         raise ConfigError(f"{at}.speedup: only the mock runner takes one, and it must be positive")
     if g.threads < 0:
         raise ConfigError(f"{at}.threads: must be >= 0")
     if g.max_replicas is not None and g.max_replicas < g.num_workers:
-        raise ConfigError(f"{at}.max_replicas: {g.max_replicas} is fewer than the {g.num_workers} "
-                          "workers its nodes start")
+        raise ConfigError(
+            f"{at}.max_replicas: {g.max_replicas} is fewer than the {g.num_workers} workers its nodes start"
+        )
     for i, n in enumerate(g.nodes):
         where = f"{at}.nodes[{i}]"
         _one_of(n.node_role, ROLES, f"{where}.node_role")
         if n.gpu_count < 0:
             raise ConfigError(f"{where}.gpu_count: must be >= 0")
         if n.max_batch_size < 1 or n.queue_depth_threshold < 1 or n.max_num_batched_tokens < 1:
-            raise ConfigError(f"{where}: max_batch_size, queue_depth_threshold and "
-                              "max_num_batched_tokens must be >= 1")
+            raise ConfigError(
+                f"{where}: max_batch_size, queue_depth_threshold and max_num_batched_tokens must be >= 1"
+            )
         _one_of(n.cache_transport, TRANSPORTS, f"{where}.cache_transport")
         if n.node_role != "both" and not n.kv_cache_transfer:
-            raise ConfigError(f"{where}.kv_cache_transfer: a {n.node_role} worker needs it (KV "
-                              "moves between prefill and decode workers)")
+            raise ConfigError(
+                f"{where}.kv_cache_transfer: a {n.node_role} worker needs it (KV "
+                "moves between prefill and decode workers)"
+            )
 
 
 _SECTIONS = {
@@ -363,8 +387,9 @@ def parse_deployment(raw: Any, *, read_by: tuple[str, ...] = ()) -> Deployment:
             continue
         name = _SECTIONS.get(str(key).replace("_", "-"))
         if name is None and key == PLANNER_SECTION:
-            raise ConfigError("planner: only `interlock serve` runs a planner (this command does not "
-                              "read the section)")
+            raise ConfigError(
+                "planner: only `interlock serve` runs a planner (this command does not read the section)"
+            )
         if name is None:
             known = ", ".join(sorted(set(_SECTIONS) - {"execution-groups"}))
             raise ConfigError(f"{key}: unknown section (known: {known})")
@@ -400,7 +425,17 @@ def with_group(d: Deployment, **changes: Any) -> Deployment:
 
 
 __all__ = [
-    "METRIC_FAMILIES", "PLANNER_SECTION", "ControlPlane", "Deployment", "ExecutionGroup", "Metrics", "NodeGroup",
-    "Routing", "load_deployment", "parse_deployment", "parse_duration", "validate_deployment",
+    "METRIC_FAMILIES",
+    "PLANNER_SECTION",
+    "ControlPlane",
+    "Deployment",
+    "ExecutionGroup",
+    "Metrics",
+    "NodeGroup",
+    "Routing",
+    "load_deployment",
+    "parse_deployment",
+    "parse_duration",
+    "validate_deployment",
     "with_group",
 ]

@@ -52,8 +52,11 @@ class Env:
     @property
     def kernels(self) -> dict[str, str]:
         """The kernel choice per family (``engine.model.dispatch.FAMILIES``)."""
-        return {"linear": self.linear_kernel, "attention": self.attention_kernel,
-                "elementwise": self.elementwise_kernel}
+        return {
+            "linear": self.linear_kernel,
+            "attention": self.attention_kernel,
+            "elementwise": self.elementwise_kernel,
+        }
 
 
 @cache
@@ -70,7 +73,8 @@ def get_env() -> Env:
         linear_kernel=_choice("INTERLOCK_LINEAR_KERNEL"),
         attention_kernel=_choice("INTERLOCK_ATTENTION_KERNEL"),
         elementwise_kernel=_choice("INTERLOCK_ELEMENTWISE_KERNEL"),
-        cpu_kernels=os.environ.get("INTERLOCK_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off"),
+        cpu_kernels=os.environ.get("INTERLOCK_CPU_KERNELS", "1").strip().lower()
+        not in ("0", "false", "no", "off"),
         cluster_secret=os.environ.get("INTERLOCK_CLUSTER_SECRET", "").strip().encode() or None,
         nats_user=os.environ.get("INTERLOCK_NATS_USER") or None,
         nats_password=os.environ.get("INTERLOCK_NATS_PASSWORD") or None,

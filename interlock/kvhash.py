@@ -31,9 +31,7 @@ def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:
     return h.intdigest()
 
 
-def hash_blocks(
-    token_ids: Sequence[int], block_size: int, parent_hash: int = ROOT_PARENT
-) -> list[int]:
+def hash_blocks(token_ids: Sequence[int], block_size: int, parent_hash: int = ROOT_PARENT) -> list[int]:
     """Chained hashes of every full block of ``token_ids``."""
     arr = np.asarray(token_ids, dtype=np.uint32)
     n_full = len(arr) // block_size

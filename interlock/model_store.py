@@ -227,9 +227,7 @@ def _convert_gguf(gguf: Path, out: Path, progress: bool) -> None:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         bar.update()
         bar.set_postfix_str(steps[1])
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
-        )
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
         bar.update()
         bar.set_postfix_str(steps[2])
         _forget_quantization(model)

@@ -53,9 +53,14 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> list[MooncakeRe
                 continue
             try:
                 row = json.loads(line)
-                out.append(MooncakeRecord(float(row["timestamp"]), int(row["input_length"]),
-                                          int(row["output_length"]),
-                                          tuple(int(h) for h in row.get("hash_ids", ()))))
+                out.append(
+                    MooncakeRecord(
+                        float(row["timestamp"]),
+                        int(row["input_length"]),
+                        int(row["output_length"]),
+                        tuple(int(h) for h in row.get("hash_ids", ())),
+                    )
+                )
             except (ValueError, KeyError, TypeError) as exc:
                 raise ConfigError(f"{path}:{lineno}: not a Mooncake trace line ({exc})") from exc
     if not out:
@@ -67,8 +72,16 @@ def write_mooncake(records: Sequence[MooncakeRecord], path: str | Path) -> None:
     """Write ``records`` as a Mooncake JSONL trace (what ``load_mooncake`` reads back)."""
     with open(path, "w") as f:
         for r in records:
-            f.write(json.dumps({"timestamp": r.timestamp_ms, "input_length": r.input_length,
-                                "output_length": r.output_length, "hash_ids": list(r.hash_ids)}))
+            f.write(
+                json.dumps(
+                    {
+                        "timestamp": r.timestamp_ms,
+                        "input_length": r.input_length,
+                        "output_length": r.output_length,
+                        "hash_ids": list(r.hash_ids),
+                    }
+                )
+            )
             f.write("\n")
 
 
@@ -101,8 +114,9 @@ def _padding_indices(index: int, pool_size: int, start: int, n: int) -> np.ndarr
     return _mix(x, pool_size)
 
 
-def prompt_indices(rec: MooncakeRecord, index: int, pool_size: int,
-                   trace_block_size: int = TRACE_BLOCK_SIZE) -> np.ndarray:
+def prompt_indices(
+    rec: MooncakeRecord, index: int, pool_size: int, trace_block_size: int = TRACE_BLOCK_SIZE
+) -> np.ndarray:
     """The whole prompt of record number ``index`` as token indices in ``[0, pool_size)``."""
     parts = [block_indices(h, pool_size, trace_block_size) for h in rec.hash_ids]
     got = sum(len(p) for p in parts)
@@ -112,6 +126,11 @@ def prompt_indices(rec: MooncakeRecord, index: int, pool_size: int,
 
 
 __all__ = [
-    "TRACE_BLOCK_SIZE", "MooncakeRecord", "arrival_offsets", "block_indices", "load_mooncake",
-    "prompt_indices", "write_mooncake",
+    "TRACE_BLOCK_SIZE",
+    "MooncakeRecord",
+    "arrival_offsets",
+    "block_indices",
+    "load_mooncake",
+    "prompt_indices",
+    "write_mooncake",
 ]

@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 .venv/bin/ruff check interlock tests benchmarks
+.venv/bin/ruff format --check interlock tests benchmarks
 .venv/bin/lint-imports
 .venv/bin/mypy interlock
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -14,10 +14,19 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cluster.yaml"
 def test_the_seed_file_loads_as_written():
     d = load_deployment(EXAMPLE)
     cp = d.control_plane
-    assert (cp.listen_port, cp.heartbeat_interval, cp.lease_timeout, cp.health_check_enabled) == (8000, 5.0, 25.0, True)
+    assert (cp.listen_port, cp.heartbeat_interval, cp.lease_timeout, cp.health_check_enabled) == (
+        8000,
+        5.0,
+        25.0,
+        True,
+    )
     prefill, decode = d.execution_groups[0].nodes
     assert (prefill.node_role, prefill.gpu_count, prefill.max_batch_size, prefill.queue_depth_threshold) == (
-        "prefill", 2, 32, 24)
+        "prefill",
+        2,
+        32,
+        24,
+    )
     assert (decode.node_role, decode.gpu_count, decode.transfer) == ("decode", 4, "tcp")
     assert d.routing.policy == "least-loaded" and d.routing.route_key == "x-business-line"
     assert d.metrics.export_interval == 10.0
@@ -28,8 +37,19 @@ def test_empty_file_gives_defaults():
     assert parse_deployment(None) == Deployment()
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("5s", 5.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0),
-                                               (3, 3.0), (0.25, 0.25), ("1.5", 1.5), (".5s", 0.5)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("5s", 5.0),
+        ("500ms", 0.5),
+        ("2m", 120.0),
+        ("1h", 3600.0),
+        (3, 3.0),
+        (0.25, 0.25),
+        ("1.5", 1.5),
+        (".5s", 0.5),
+    ],
+)
 def test_durations_take_units(text, seconds):
     assert parse_duration(text, "x") == seconds
 
@@ -41,22 +61,36 @@ def test_bad_durations_name_the_key(bad):
 
 
 def test_older_names_are_aliases():
-    old = parse_deployment({
-        "control-plane": {"health_checks": False, "heartbeat-interval": 0.5, "heartbeat-timeout": 2},
-        "execution-group": {"nodes": [{"count": 3, "kv_cache_transfer": "tcp", "max_num_seqs": 8}]},
-        "routing": {"router_mode": "round_robin"},
-        "metrics": {"figures": ["ttft", "load"]},
-    })
-    new = parse_deployment({
-        "control-plane": {"health_check_enabled": False, "heartbeat_interval": "500ms", "heartbeat_timeout": "2s"},
-        "execution-group": {"nodes": [{"gpu_count": 3, "kv_cache_transfer": True, "cache_transport": "tcp",
-                                       "max_batch_size": 8}]},
-        "routing": {"policy": "round-robin"},
-        "metrics": {"figures": ["ttft", "queue_depth"]},
-    })
+    old = parse_deployment(
+        {
+            "control-plane": {"health_checks": False, "heartbeat-interval": 0.5, "heartbeat-timeout": 2},
+            "execution-group": {"nodes": [{"count": 3, "kv_cache_transfer": "tcp", "max_num_seqs": 8}]},
+            "routing": {"router_mode": "round_robin"},
+            "metrics": {"figures": ["ttft", "load"]},
+        }
+    )
+    new = parse_deployment(
+        {
+            "control-plane": {
+                "health_check_enabled": False,
+                "heartbeat_interval": "500ms",
+                "heartbeat_timeout": "2s",
+            },
+            "execution-group": {
+                "nodes": [
+                    {"gpu_count": 3, "kv_cache_transfer": True, "cache_transport": "tcp", "max_batch_size": 8}
+                ]
+            },
+            "routing": {"policy": "round-robin"},
+            "metrics": {"figures": ["ttft", "queue_depth"]},
+        }
+    )
     assert old.control_plane == new.control_plane and old.execution_groups == new.execution_groups
     assert old.routing == new.routing and old.metrics.families == new.metrics.families
-    assert parse_deployment({"execution-group": {"nodes": [{"kv_cache_transfer": "none"}]}}).nodes[0].transfer == "none"
+    assert (
+        parse_deployment({"execution-group": {"nodes": [{"kv_cache_transfer": "none"}]}}).nodes[0].transfer
+        == "none"
+    )
 
 
 @pytest.mark.parametrize(
@@ -66,23 +100,47 @@ def test_older_names_are_aliases():
         ({"routing": {"policy": "fastest"}}, "routing.policy: 'fastest' is not one of kv, round-robin"),
         ({"bogus": {}}, "bogus: unknown section"),
         ({"control-plane": {"listen_port": 70000}}, "control-plane.listen_port"),
-        ({"control-plane": {"health_check_enabled": "yes"}}, "control-plane.health_check_enabled: expected bool"),
-        ({"control-plane": {"heartbeat_interval": "5s", "heartbeat_timeout": "2s"}}, "heartbeat_timeout must be greater"),
+        (
+            {"control-plane": {"health_check_enabled": "yes"}},
+            "control-plane.health_check_enabled: expected bool",
+        ),
+        (
+            {"control-plane": {"heartbeat_interval": "5s", "heartbeat_timeout": "2s"}},
+            "heartbeat_timeout must be greater",
+        ),
         ({"execution-group": {"nodes": [{"node_role": "gpu"}]}}, "execution-group.nodes[0].node_role"),
-        ({"execution-group": {"nodes": [{"gpu_count": "2"}]}}, "execution-group.nodes[0].gpu_count: expected int"),
-        ({"execution-group": {"nodes": [{"kv_cache_transfer": "rdma"}]}},
-         "kv_cache_transfer: expected true or false (or a transport: auto, inproc, shm, tcp), got 'rdma'"),
-        ({"execution-group": {"nodes": [{"cache_transport": "rdma"}]}},
-         "execution-group.nodes[0].cache_transport: 'rdma' is not one of auto, inproc, shm, tcp"),
-        ({"execution-group": {"nodes": [{"kv_cache_transfer": "tcp", "cache_transport": "shm"}]}}, "contradicts"),
+        (
+            {"execution-group": {"nodes": [{"gpu_count": "2"}]}},
+            "execution-group.nodes[0].gpu_count: expected int",
+        ),
+        (
+            {"execution-group": {"nodes": [{"kv_cache_transfer": "rdma"}]}},
+            "kv_cache_transfer: expected true or false (or a transport: auto, inproc, shm, tcp), got 'rdma'",
+        ),
+        (
+            {"execution-group": {"nodes": [{"cache_transport": "rdma"}]}},
+            "execution-group.nodes[0].cache_transport: 'rdma' is not one of auto, inproc, shm, tcp",
+        ),
+        (
+            {"execution-group": {"nodes": [{"kv_cache_transfer": "tcp", "cache_transport": "shm"}]}},
+            "contradicts",
+        ),
         ({"execution-group": {"nodes": [{"count": 1, "gpu_count": 2}]}}, "given twice"),
-        ({"execution-group": {"nodes": [{"node_role": "decode", "kv_cache_transfer": False}]}},
-         "nodes[0].kv_cache_transfer: a decode worker needs it"),
-        ({"execution-group": {"tensor_parallel_size": 2}}, "execution-group.tensor_parallel_size: 2 is not supported"),
+        (
+            {"execution-group": {"nodes": [{"node_role": "decode", "kv_cache_transfer": False}]}},
+            "nodes[0].kv_cache_transfer: a decode worker needs it",
+        ),
+        (
+            {"execution-group": {"tensor_parallel_size": 2}},
+            "execution-group.tensor_parallel_size: 2 is not supported",
+        ),
         ({"execution-group": {"pipeline_parallel_size": 2}}, "pipeline_parallel_size: 2 is not supported"),
         ({"execution-group": {"speedup": 5}}, "execution-group.speedup: only the mock runner"),
         ({"execution-group": {"runner": "jax"}}, "execution-group.runner: 'jax' is not one of torch, mock"),
-        ({"execution-group": {"max_replicas": 1, "nodes": [{"gpu_count": 2}]}}, "execution-group.max_replicas"),
+        (
+            {"execution-group": {"max_replicas": 1, "nodes": [{"gpu_count": 2}]}},
+            "execution-group.max_replicas",
+        ),
         ({"execution-group": {"nodes": [{"gpu_count": 0}]}}, "at least one worker"),
         ({"metrics": {"figures": ["ttft", "vibes"]}}, "metrics.figures: unknown ['vibes']"),
         ({"routing": {"route_key": " "}}, "routing.route_key"),

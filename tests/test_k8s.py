@@ -22,8 +22,12 @@ ship inside the package); each is also checked against the newest."""
 
 
 def documents() -> list[tuple[str, dict[str, Any]]]:
-    return [(f"{p.name}:{d['kind']}/{d['metadata']['name']}", d)
-            for p in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    return [
+        (f"{p.name}:{d['kind']}/{d['metadata']['name']}", d)
+        for p in sorted(K8S.glob("*.yaml"))
+        for d in yaml.safe_load_all(p.read_text())
+        if d
+    ]
 
 
 def by_kind(kind: str) -> list[dict[str, Any]]:
@@ -36,7 +40,9 @@ def containers() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(("name", "doc"), documents(), ids=[n for n, _ in documents()])
 @pytest.mark.parametrize("version", [KUBERNETES_VERSION, "latest"])
-def test_each_manifest_is_valid_against_the_kubernetes_schema(name: str, doc: dict[str, Any], version: str) -> None:
+def test_each_manifest_is_valid_against_the_kubernetes_schema(
+    name: str, doc: dict[str, Any], version: str
+) -> None:
     release = kubernetes_validate.latest_version() if version == "latest" else version
     kubernetes_validate.validate(doc, release, strict=True)  # raises naming the field
 
@@ -79,13 +85,19 @@ def test_workers_advertise_their_pod_and_join_by_role() -> None:
         assert args[args.index("--host") + 1] == "0.0.0.0"
         assert args[args.index("--advertise-host") + 1] == "$(POD_IP)"
         assert args[args.index("--instance-id") + 1] == "$(POD_NAME)"
-        fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "fieldRef" in e.get("valueFrom", {})}
+        fields = {
+            e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+            for e in c["env"]
+            if "fieldRef" in e.get("valueFrom", {})
+        }
         assert fields == {"POD_NAME": "metadata.name", "POD_IP": "status.podIP"}
         probe = c["readinessProbe"]["exec"]["command"]
-        assert "interlock worker control status --instance-id \"$POD_NAME\"" in probe[-1]
+        assert 'interlock worker control status --instance-id "$POD_NAME"' in probe[-1]
         kv_port = int(args[args.index("--kv-transfer-port") + 1])
         assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"kv-transfer": kv_port}
-        assert c["livenessProbe"]["tcpSocket"]["port"] == c["startupProbe"]["tcpSocket"]["port"] == "kv-transfer"
+        assert (
+            c["livenessProbe"]["tcpSocket"]["port"] == c["startupProbe"]["tcpSocket"]["port"] == "kv-transfer"
+        )
         drain = float(args[args.index("--drain-grace") + 1])
         assert d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > drain
 
@@ -100,13 +112,19 @@ def test_the_frontend_is_live_on_live_and_ready_on_health() -> None:
 def test_services_select_pods_and_name_their_ports() -> None:
     deployments = by_kind("Deployment")
     for s in by_kind("Service"):
-        selected = [d for d in deployments
-                    if s["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+        selected = [
+            d
+            for d in deployments
+            if s["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
         assert len(selected) == 1, s["metadata"]["name"]
         ports = {p["name"] for c in selected[0]["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
         assert {p["targetPort"] for p in s["spec"]["ports"]} <= ports
     for d in deployments:
-        assert d["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        assert (
+            d["spec"]["selector"]["matchLabels"].items()
+            <= d["spec"]["template"]["metadata"]["labels"].items()
+        )
 
 
 def test_secrets_come_from_the_secret_and_variables_are_ones_interlock_reads() -> None:

@@ -36,11 +36,14 @@ def test_load(trace: Path) -> None:
     assert load_mooncake(trace, limit=2) == recs[:2]
 
 
-@pytest.mark.parametrize(("text", "match"), [
-    ('{"timestamp": 0}\n', "bad.jsonl:1"),
-    ('{"timestamp": 0, "input_length": 5, "output_length": 1}\nnot json\n', "bad.jsonl:2"),
-    ("\n", "no requests"),
-])
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('{"timestamp": 0}\n', "bad.jsonl:1"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1}\nnot json\n', "bad.jsonl:2"),
+        ("\n", "no requests"),
+    ],
+)
 def test_bad_traces_are_config_errors(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(text)

@@ -81,7 +81,9 @@ class FakeOpenAIServer:
             self._runner = None
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "fake"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "fake"}]}
+        )
 
     def _fault(self, k: int) -> int | None:
         return next((status for n, status in self.timing.fail_every if n > 0 and k % n == 0), None)
@@ -92,7 +94,9 @@ class FakeOpenAIServer:
         self.received.append(Received(arrived, request.path, body, dict(request.headers)))
         k = len(self.received)
         if (status := self._fault(k)) is not None:
-            return web.json_response({"error": {"message": "injected fault", "type": "fake", "code": status}}, status=status)
+            return web.json_response(
+                {"error": {"message": "injected fault", "type": "fake", "code": status}}, status=status
+            )
         chat = request.path.endswith("/chat/completions")
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         if not body.get("stream"):
@@ -123,7 +127,16 @@ class FakeOpenAIServer:
             chunk_no += 1
             await _send(resp, self._chunk(chat, text, "length" if sent >= n else None))
         if (body.get("stream_options") or {}).get("include_usage"):
-            await _send(resp, {"id": "fake", "object": "chunk", "model": self.model, "choices": [], "usage": _usage(body, n)})
+            await _send(
+                resp,
+                {
+                    "id": "fake",
+                    "object": "chunk",
+                    "model": self.model,
+                    "choices": [],
+                    "usage": _usage(body, n),
+                },
+            )
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -136,9 +149,21 @@ class FakeOpenAIServer:
         if chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
-            return {"id": "fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": self.model, "choices": [choice]}
+            return {
+                "id": "fake",
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [choice],
+            }
         choice = {"index": 0, "text": text, "finish_reason": finish}
-        return {"id": "fake", "object": "text_completion", "created": int(time.time()), "model": self.model, "choices": [choice]}
+        return {
+            "id": "fake",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+        }
 
     def _full(self, chat: bool, n: int, body: dict[str, Any]) -> dict[str, Any]:
         text = "".join(WORDS[i % len(WORDS)] for i in range(n))
@@ -147,8 +172,13 @@ class FakeOpenAIServer:
             if chat
             else {"index": 0, "text": text, "finish_reason": "length"}
         )
-        return {"id": "fake", "object": "chat.completion" if chat else "text_completion", "model": self.model,
-                "choices": [choice], "usage": _usage(body, n)}
+        return {
+            "id": "fake",
+            "object": "chat.completion" if chat else "text_completion",
+            "model": self.model,
+            "choices": [choice],
+            "usage": _usage(body, n),
+        }
 
 
 def _usage(body: dict[str, Any], n: int) -> dict[str, Any]:
@@ -156,10 +186,18 @@ def _usage(body: dict[str, Any], n: int) -> dict[str, Any]:
     if isinstance(prompt, list):
         prompt_tokens = len(prompt)
     else:
-        text = prompt if isinstance(prompt, str) else " ".join(str(m.get("content", "")) for m in body.get("messages", ()))
+        text = (
+            prompt
+            if isinstance(prompt, str)
+            else " ".join(str(m.get("content", "")) for m in body.get("messages", ()))
+        )
         prompt_tokens = len(text.split())
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n,
-            "prompt_tokens_details": {"cached_tokens": 0}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": n,
+        "total_tokens": prompt_tokens + n,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 async def _send(resp: web.StreamResponse, event: dict[str, Any]) -> None:
@@ -181,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--itl-ms", type=float, default=10.0)
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
     args = parser.parse_args(argv)
-    timing = FakeTiming(ttft_s=args.ttft_ms / 1000, itl_s=args.itl_ms / 1000, tokens_per_chunk=args.tokens_per_chunk)
+    timing = FakeTiming(
+        ttft_s=args.ttft_ms / 1000, itl_s=args.itl_ms / 1000, tokens_per_chunk=args.tokens_per_chunk
+    )
     server = FakeOpenAIServer(timing, model=args.model, host=args.host, port=args.port)
 
     async def serve() -> None:

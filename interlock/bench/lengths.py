@@ -32,9 +32,7 @@ class LengthDist:
             else:
                 raise ValueError(spec)
         except ValueError as exc:
-            raise ConfigError(
-                f"bad length spec {spec!r}: use N, uniform:LO:HI or normal:MEAN:STD"
-            ) from exc
+            raise ConfigError(f"bad length spec {spec!r}: use N, uniform:LO:HI or normal:MEAN:STD") from exc
         dist.validate()
         return dist
 

@@ -64,7 +64,9 @@ class RunResult:
     records: list[RequestRecord] = field(default_factory=list)
 
 
-async def run_load(endpoint: Endpoint, plan: LoadPlan, bounds: Bounds, *, progress: bool = False) -> RunResult:
+async def run_load(
+    endpoint: Endpoint, plan: LoadPlan, bounds: Bounds, *, progress: bool = False
+) -> RunResult:
     n = min(plan.count, bounds.max_requests)
     if plan.offsets is None and not plan.concurrency:
         raise ConfigError("a plan needs send offsets or a concurrency")

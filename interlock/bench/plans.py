@@ -34,7 +34,13 @@ def rate_plan(
 ) -> LoadPlan:
     return LoadPlan(
         label=f"rate={rate:g}/s",
-        load={"mode": "rate", "rate": rate, "arrival": arrival, "max_concurrency": max_concurrency, **_spec_json(spec)},
+        load={
+            "mode": "rate",
+            "rate": rate,
+            "arrival": arrival,
+            "max_concurrency": max_concurrency,
+            **_spec_json(spec),
+        },
         prompt=lambda i: synthetic_prompt(spec, vocab, i),
         count=max_requests,
         offsets=arrival_offsets(rate, max_requests, arrival, spec.seed),
@@ -54,8 +60,13 @@ def trace_plan(
     prompts = TracePrompts(vocab, block_size)
     return LoadPlan(
         label=f"trace x{speedup:g}",
-        load={"mode": "trace", "trace": source, "speedup": speedup, "block_size": block_size,
-              "max_concurrency": max_concurrency},
+        load={
+            "mode": "trace",
+            "trace": source,
+            "speedup": speedup,
+            "block_size": block_size,
+            "max_concurrency": max_concurrency,
+        },
         prompt=lambda i: prompts.prompt(records[i], i),
         count=len(records),
         offsets=mooncake.arrival_offsets(records, speedup),

@@ -62,10 +62,19 @@ def _sweep_panels(ttft_ax: Axes, itl_ax: Axes, runs: Sequence[PlotRun]) -> None:
     for pr in runs:
         groups.setdefault(pr.group, []).append(pr)
     for group, members in groups.items():
-        sums = sorted((summarize(m.run.records, m.run.duration_s) for m in members), key=lambda s: s.output_throughput)
+        sums = sorted(
+            (summarize(m.run.records, m.run.duration_s) for m in members), key=lambda s: s.output_throughput
+        )
         xs = [s.output_throughput for s in sums]
         (line,) = ttft_ax.plot(xs, [s.ttft_ms.p50 for s in sums], marker="o", label=f"{group} p50")
-        ttft_ax.plot(xs, [s.ttft_ms.p90 for s in sums], marker="^", linestyle="--", color=line.get_color(), label=f"{group} p90")
+        ttft_ax.plot(
+            xs,
+            [s.ttft_ms.p90 for s in sums],
+            marker="^",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{group} p90",
+        )
         itl_ax.plot(xs, [s.itl_ms.p50 for s in sums], marker="o", label=f"{group} p50")
     for ax, name in ((ttft_ax, "TTFT"), (itl_ax, "ITL")):
         ax.set_xlabel("output throughput (tokens/s)")

@@ -15,7 +15,9 @@ REFRESH_S = 0.5
 
 class Progress:
     def __init__(self, total: int, label: str, *, enabled: bool = True) -> None:
-        self._bar = tqdm(total=total, desc=label, unit="req", disable=not enabled, leave=True, dynamic_ncols=True)
+        self._bar = tqdm(
+            total=total, desc=label, unit="req", disable=not enabled, leave=True, dynamic_ncols=True
+        )
         self._ttfts: list[float] = []
         self._tokens = 0
         self._errors = 0

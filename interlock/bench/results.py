@@ -86,7 +86,9 @@ def load(path: str | Path) -> BenchFile:
             load=run["load"],
             started_at=run["started_at"],
             duration_s=run["duration_s"],
-            records=[RequestRecord(**{k: v for k, v in r.items() if k in _RECORD_FIELDS}) for r in run["requests"]],
+            records=[
+                RequestRecord(**{k: v for k, v in r.items() if k in _RECORD_FIELDS}) for r in run["requests"]
+            ],
         )
         for run in doc["runs"]
     ]

@@ -148,7 +148,9 @@ def _cached_fraction(ok: Sequence[RequestRecord]) -> float | None:
     reported = [r for r in ok if r.cached_tokens_usage is not None and r.prompt_tokens_usage]
     if not reported:
         return None
-    return sum(r.cached_tokens_usage or 0 for r in reported) / sum(r.prompt_tokens_usage or 0 for r in reported)
+    return sum(r.cached_tokens_usage or 0 for r in reported) / sum(
+        r.prompt_tokens_usage or 0 for r in reported
+    )
 
 
 def throughput_series(

@@ -7,7 +7,12 @@ from collections.abc import Sequence
 
 from interlock.bench.stats import Dist, Summary
 
-LATENCIES = (("TTFT (ms)", "ttft_ms"), ("ITL (ms)", "itl_ms"), ("inter-chunk (ms)", "icl_ms"), ("E2E (ms)", "e2e_ms"))
+LATENCIES = (
+    ("TTFT (ms)", "ttft_ms"),
+    ("ITL (ms)", "itl_ms"),
+    ("inter-chunk (ms)", "icl_ms"),
+    ("E2E (ms)", "e2e_ms"),
+)
 TOKENS = (("input tokens", "input_tokens"), ("output tokens", "output_tokens"))
 STATS = ("mean", "p50", "p90", "p99", "max")
 
@@ -46,11 +51,15 @@ def summary_table(s: Summary, title: str = "") -> str:
         f"{s.total_token_throughput:.1f} total tok/s",
     ]
     if s.goodput is not None:
-        lines.append(f"goodput {s.goodput:.2f} req/s ({_fmt((s.good_fraction or 0) * 100)}% of requests met the targets)")
+        lines.append(
+            f"goodput {s.goodput:.2f} req/s ({_fmt((s.good_fraction or 0) * 100)}% of requests met the targets)"
+        )
     if s.cached_fraction is not None:
         lines.append(f"prompt tokens the server reported cached: {s.cached_fraction * 100:.1f}%")
     if s.stream_usage_mismatch:
-        lines.append(f"note: {s.stream_usage_mismatch} requests streamed a chunk count != usage tokens (multi-token chunks)")
+        lines.append(
+            f"note: {s.stream_usage_mismatch} requests streamed a chunk count != usage tokens (multi-token chunks)"
+        )
     return "\n".join(lines)
 
 
@@ -70,5 +79,8 @@ def compare_table(labels: Sequence[str], summaries: Sequence[Summary]) -> str:
         for st in ("mean", "p50", "p90", "p99"):
             add(f"{name.split(' (')[0]} {st} (ms)", [_fmt(getattr(getattr(s, attr), st)) for s in summaries])
     add("output tokens mean", [_fmt(s.output_tokens.mean) for s in summaries])
-    add("cached prompt %", [_fmt(None if s.cached_fraction is None else s.cached_fraction * 100) for s in summaries])
+    add(
+        "cached prompt %",
+        [_fmt(None if s.cached_fraction is None else s.cached_fraction * 100) for s in summaries],
+    )
     return _grid(rows)

@@ -57,29 +57,47 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     p.add_argument("--api", choices=("chat", "completions"), default="chat")
     p.add_argument("--tokenizer", help="local Hugging Face tokenizer folder: token-exact prompts")
-    p.add_argument("--prompt-as", choices=("text", "ids"), default="text",
-                   help="ids: send token ids as the completions prompt (needs --tokenizer)")
+    p.add_argument(
+        "--prompt-as",
+        choices=("text", "ids"),
+        default="text",
+        help="ids: send token ids as the completions prompt (needs --tokenizer)",
+    )
     load_mode = p.add_mutually_exclusive_group(required=True)
     load_mode.add_argument("--concurrency", type=_floats, help="fixed concurrency (comma list: sweep)")
     load_mode.add_argument("--rate", type=_floats, help="requests per second (comma list: sweep)")
     load_mode.add_argument("--trace", help="Mooncake trace (JSONL) to replay")
     p.add_argument("--arrival", choices=("poisson", "constant"), default="poisson")
     p.add_argument("--max-concurrency", type=int, help="cap on requests in flight (rate and trace modes)")
-    p.add_argument("--speedup", type=_floats, default=[1.0],
-                   help="trace arrival speed-up: divide inter-arrival times by this (2 = twice as "
-                        "fast, as in interlock replay; comma list: sweep)")
+    p.add_argument(
+        "--speedup",
+        type=_floats,
+        default=[1.0],
+        help="trace arrival speed-up: divide inter-arrival times by this (2 = twice as "
+        "fast, as in interlock replay; comma list: sweep)",
+    )
     p.add_argument("--block-size", type=int, default=TRACE_BLOCK_SIZE, help="tokens per trace hash id")
-    p.add_argument("--input-len", type=LengthDist.parse, default=LengthDist.parse("256"),
-                   help="N, uniform:LO:HI or normal:MEAN:STD")
+    p.add_argument(
+        "--input-len",
+        type=LengthDist.parse,
+        default=LengthDist.parse("256"),
+        help="N, uniform:LO:HI or normal:MEAN:STD",
+    )
     p.add_argument("--output-len", type=LengthDist.parse, default=LengthDist.parse("128"))
     p.add_argument("--prefix-len", type=int, default=0, help="tokens of shared prefix per group")
     p.add_argument("--prefix-groups", type=int, default=0, help="number of shared-prefix groups")
-    p.add_argument("--seed", type=int, default=0,
-                   help="prompt seed; a rerun with the same seed sends the same prompts, which a server "
-                   "with a prefix cache answers from cache: change it for cold prompts")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="prompt seed; a rerun with the same seed sends the same prompts, which a server "
+        "with a prefix cache answers from cache: change it for cold prompts",
+    )
     p.add_argument("--num-requests", type=int, default=100, help="at most this many requests per run")
     p.add_argument("--duration", type=float, default=300.0, help="send no request after this many seconds")
-    p.add_argument("--grace", type=float, default=30.0, help="seconds in-flight requests get after --duration")
+    p.add_argument(
+        "--grace", type=float, default=30.0, help="seconds in-flight requests get after --duration"
+    )
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--warmup", type=int, default=1, help="untimed requests sent one by one before each run")
     p.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos")
@@ -102,7 +120,10 @@ def compare_parser() -> argparse.ArgumentParser:
 
 async def _first_model(url: str) -> str:
     base = url.rstrip("/") if url.rstrip("/").endswith("/v1") else url.rstrip("/") + "/v1"
-    async with aiohttp.ClientSession() as s, s.get(base + "/models", timeout=aiohttp.ClientTimeout(total=30)) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(base + "/models", timeout=aiohttp.ClientTimeout(total=30)) as r,
+    ):
         data = await r.json()
     models = data.get("data") or []
     if not models:
@@ -149,14 +170,21 @@ async def _run_all(args: argparse.Namespace, argv: list[str]) -> int:
     now = datetime.now(UTC)
     out = Path(args.out or f"bench-{now:%Y%m%d-%H%M%S}.json")
     meta: dict[str, Any] = {
-        "url": args.url, "model": model, "api": args.api, "date": now.isoformat(timespec="seconds"),
-        "command": ["interlock", "bench", *argv], "tokenizer": args.tokenizer, "exact_lengths": vocab.exact,
+        "url": args.url,
+        "model": model,
+        "api": args.api,
+        "date": now.isoformat(timespec="seconds"),
+        "command": ["interlock", "bench", *argv],
+        "tokenizer": args.tokenizer,
+        "exact_lengths": vocab.exact,
     }
     runs: list[RunResult] = []
     for plan in _plans(args, vocab):
         for w in await warm_up(endpoint, plan, args.warmup, timeout_s=args.duration + args.grace):
             if w.error in ("connect_error", "timeout"):
-                raise ConfigError(f"warm-up request to {endpoint.path} failed: {w.error} {w.error_detail or ''}")
+                raise ConfigError(
+                    f"warm-up request to {endpoint.path} failed: {w.error} {w.error_detail or ''}"
+                )
             if not w.ok:
                 print(f"warm-up request failed: {w.error} {w.error_detail or ''}", file=sys.stderr)
         run = await run_load(endpoint, plan, bounds, progress=not args.no_progress)
@@ -164,7 +192,11 @@ async def _run_all(args: argparse.Namespace, argv: list[str]) -> int:
         print(summary_table(summarize(run.records, run.duration_s, targets), title=f"== {plan.label} =="))
         save(out, meta, runs, targets)  # after every run: a long sweep keeps what it measured
     if len(runs) > 1:
-        print(compare_table([r.label for r in runs], [summarize(r.records, r.duration_s, targets) for r in runs]))
+        print(
+            compare_table(
+                [r.label for r in runs], [summarize(r.records, r.duration_s, targets) for r in runs]
+            )
+        )
     print(f"results: {out}")
     if not args.no_plot:
         png = Path(args.png or out.with_suffix(".png"))

@@ -15,7 +15,8 @@ from interlock.model_store import DEFAULT_MODEL, resolve_model
 
 def main(argv: list[str] | None = None) -> int:
     parser = flags.parser(
-        "interlock convert", "Convert a model (a known name, a .gguf file or a HF folder) into a local folder."
+        "interlock convert",
+        "Convert a model (a known name, a .gguf file or a HF folder) into a local folder.",
     )
     parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"default: {DEFAULT_MODEL}")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

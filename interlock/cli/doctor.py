@@ -46,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--model", default="smollm2", help="model name or folder (default smollm2)")
     kernels.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     kernels.add_argument("--max-rows", type=int, default=2048, help="largest row count measured")
-    kernels.add_argument("--summary", action="store_true",
-                         help="the chosen ranges without the timings (what setup prints)")
+    kernels.add_argument(
+        "--summary", action="store_true", help="the chosen ranges without the timings (what setup prints)"
+    )
     return flags.apply_environment(ap)
 
 
@@ -77,11 +78,20 @@ def _kernels(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     config = ModelArchConfig.from_folder(resolve_model(args.model))
     logging.getLogger("interlock.engine.model.kernel_choice").setLevel(logging.WARNING)  # printed below
-    table = kernel_table(config, torch.bfloat16, torch.device("cpu"), fused=True, kernels={},
-                         max_rows=args.max_rows, progress=lambda line: print(line, flush=True))
+    table = kernel_table(
+        config,
+        torch.bfloat16,
+        torch.device("cpu"),
+        fused=True,
+        kernels={},
+        max_rows=args.max_rows,
+        progress=lambda line: print(line, flush=True),
+    )
     if table is None:
-        print("no choice to make here: the fused CPU kernels are not available (plain PyTorch path, "
-              "oneDNN for every layer)")
+        print(
+            "no choice to make here: the fused CPU kernels are not available (plain PyTorch path, "
+            "oneDNN for every layer)"
+        )
         return 0
     text = table.describe()
     if args.summary:
@@ -102,8 +112,10 @@ def _serve(agent: TransferAgent) -> int:
 
 def _check(agent: TransferAgent, args: argparse.Namespace) -> int:
     if args.peer:
-        return _report({"auto": _measure(agent, args.peer, None, args),
-                        "tcp": _measure(agent, args.peer, "tcp", args)}, args)
+        return _report(
+            {"auto": _measure(agent, args.peer, None, args), "tcp": _measure(agent, args.peer, "tcp", args)},
+            args,
+        )
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     peer = ctx.Process(target=_local_peer, args=(child_conn,), daemon=True)
@@ -113,11 +125,14 @@ def _check(agent: TransferAgent, args: argparse.Namespace) -> int:
             print("local peer did not start", file=sys.stderr)
             return 1
         address = conn.recv()
-        return _report({
-            "inproc": _measure(agent, agent.tcp_address, None, args),
-            "shm": _measure(agent, address, "shm", args),
-            "tcp": _measure(agent, address, "tcp", args),
-        }, args)
+        return _report(
+            {
+                "inproc": _measure(agent, agent.tcp_address, None, args),
+                "shm": _measure(agent, address, "shm", args),
+                "tcp": _measure(agent, address, "tcp", args),
+            },
+            args,
+        )
     finally:
         conn.send("exit")
         peer.join(10)
@@ -131,10 +146,19 @@ def _local_peer(conn: Connection) -> None:
         conn.recv()
 
 
-def _measure(agent: TransferAgent, address: str, transport: str | None, args: argparse.Namespace) -> LinkStats | str:
+def _measure(
+    agent: TransferAgent, address: str, transport: str | None, args: argparse.Namespace
+) -> LinkStats | str:
     try:
-        return measure_link(agent, address, transport=transport, block_nbytes=args.block_bytes,
-                            num_blocks=args.blocks, repeats=args.repeats, timeout_s=args.timeout)
+        return measure_link(
+            agent,
+            address,
+            transport=transport,
+            block_nbytes=args.block_bytes,
+            num_blocks=args.blocks,
+            repeats=args.repeats,
+            timeout_s=args.timeout,
+        )
     except TransferError as e:
         return str(e)
 
@@ -143,15 +167,23 @@ def _report(results: dict[str, LinkStats | str], args: argparse.Namespace) -> in
     nbytes = args.block_bytes * args.blocks
     if args.json:
         for name, r in results.items():
-            print(json.dumps({"link": name, **asdict(r)} if isinstance(r, LinkStats) else {"link": name, "error": r}))
+            print(
+                json.dumps(
+                    {"link": name, **asdict(r)} if isinstance(r, LinkStats) else {"link": name, "error": r}
+                )
+            )
     else:
-        print(f"payload: {args.blocks} blocks x {args.block_bytes} B = {nbytes / 2**20:.1f} MiB, "
-              f"median of {args.repeats}")
+        print(
+            f"payload: {args.blocks} blocks x {args.block_bytes} B = {nbytes / 2**20:.1f} MiB, "
+            f"median of {args.repeats}"
+        )
         print(f"{'link':<8} {'transport':<10} {'GB/s':>8} {'RTT us':>9} {'est. ms':>9}")
         for name, r in results.items():
             if isinstance(r, LinkStats):
-                print(f"{name:<8} {r.transport:<10} {r.bandwidth_bytes_per_s / 1e9:>8.2f} "
-                      f"{r.rtt_s * 1e6:>9.0f} {r.transfer_time_s(nbytes) * 1e3:>9.2f}")
+                print(
+                    f"{name:<8} {r.transport:<10} {r.bandwidth_bytes_per_s / 1e9:>8.2f} "
+                    f"{r.rtt_s * 1e6:>9.0f} {r.transfer_time_s(nbytes) * 1e3:>9.2f}"
+                )
             else:
                 print(f"{name:<8} FAILED: {r}")
     return 0 if all(isinstance(r, LinkStats) for r in results.values()) else 1

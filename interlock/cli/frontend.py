@@ -31,13 +31,18 @@ from interlock.frontend.flags import add_frontend_args
 
 def build_parser() -> argparse.ArgumentParser:
     p = flags.parser("interlock frontend", __doc__)
-    p.add_argument("-f", "--file", default=None,
-                   help="deployment file: its control-plane, routing and metrics sections apply "
-                        "(its workers are started elsewhere)")
+    p.add_argument(
+        "-f",
+        "--file",
+        default=None,
+        help="deployment file: its control-plane, routing and metrics sections apply "
+        "(its workers are started elsewhere)",
+    )
     p.add_argument("--host", default=None, help="interface the HTTP frontend listens on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="HTTP port (default: 8000)")
-    p.add_argument("--log-level", type=str.upper, default=get_env().log_level,
-                   help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument(
+        "--log-level", type=str.upper, default=get_env().log_level, help="DEBUG, INFO, WARNING or ERROR"
+    )
     add_plane_args(p, nats_default=get_env().nats_url)
     add_routing_args(p)
     add_frontend_args(p)
@@ -56,8 +61,11 @@ async def _run(a: argparse.Namespace) -> int:
         await running.start()
         assert spec.frontend is not None and running.server is not None
         keys = f", {len(spec.frontend.auth.api_keys)} API keys" if spec.frontend.auth.api_keys else ""
-        print(f"frontend at {running.server.url}/v1 (policy {spec.deployment.routing.policy}, "
-              f"nats {running.url}{keys})", flush=True)
+        print(
+            f"frontend at {running.server.url}/v1 (policy {spec.deployment.routing.policy}, "
+            f"nats {running.url}{keys})",
+            flush=True,
+        )
         await stop.wait()
     finally:
         await running.close()

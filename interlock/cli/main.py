@@ -30,8 +30,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interlock {__version__}")
         return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        parser = argparse.ArgumentParser(prog="interlock", description="Serve LLMs: "
-                                         "interlock COMMAND --help for each command's flags.")
+        parser = argparse.ArgumentParser(
+            prog="interlock", description="Serve LLMs: interlock COMMAND --help for each command's flags."
+        )
         parser.add_argument("command", choices=sorted(SUBCOMMANDS))
         parser.add_argument("-V", "--version", action="store_true", help="print the version and exit")
         if argv and argv[0] not in ("-h", "--help"):

@@ -36,28 +36,52 @@ DEFAULT_PORT = 4222
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="interlock nats",
-                                description="A standalone nats-server for a deployment over several machines.")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="interface to listen on (0.0.0.0: every one; default: %(default)s)")
+    p = argparse.ArgumentParser(
+        prog="interlock nats", description="A standalone nats-server for a deployment over several machines."
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to listen on (0.0.0.0: every one; default: %(default)s)",
+    )
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="client port (default: %(default)s)")
-    p.add_argument("--user", default=None,
-                   help="login clients must give (else INTERLOCK_NATS_USER); the password comes from "
-                        "--password-file or INTERLOCK_NATS_PASSWORD")
+    p.add_argument(
+        "--user",
+        default=None,
+        help="login clients must give (else INTERLOCK_NATS_USER); the password comes from "
+        "--password-file or INTERLOCK_NATS_PASSWORD",
+    )
     p.add_argument("--password-file", default=None, help="file holding the password")
-    p.add_argument("--token-file", default=None,
-                   help="file holding a token clients must give instead of a user (else INTERLOCK_NATS_TOKEN)")
-    p.add_argument("--worker-logins", default=None, metavar="DIR",
-                   help="folder of worker logins: a file named by each worker's instance id holds its "
-                        "password; the worker logs in as worker-<id>, confined to its own subjects")
-    p.add_argument("--allow-anonymous", action="store_true",
-                   help="listen beyond loopback without a login (anyone who reaches the port joins)")
+    p.add_argument(
+        "--token-file",
+        default=None,
+        help="file holding a token clients must give instead of a user (else INTERLOCK_NATS_TOKEN)",
+    )
+    p.add_argument(
+        "--worker-logins",
+        default=None,
+        metavar="DIR",
+        help="folder of worker logins: a file named by each worker's instance id holds its "
+        "password; the worker logs in as worker-<id>, confined to its own subjects",
+    )
+    p.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        help="listen beyond loopback without a login (anyone who reaches the port joins)",
+    )
     p.add_argument("--tls-cert", default=None, help="server certificate (PEM): the server speaks TLS only")
     p.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
-    p.add_argument("--tls-ca", default=None,
-                   help="CA of client certificates: every client must present one it signed (mutual TLS)")
-    p.add_argument("--monitor-port", type=int, default=None,
-                   help="HTTP monitoring port (/healthz for probes, /varz); default: off")
+    p.add_argument(
+        "--tls-ca",
+        default=None,
+        help="CA of client certificates: every client must present one it signed (mutual TLS)",
+    )
+    p.add_argument(
+        "--monitor-port",
+        type=int,
+        default=None,
+        help="HTTP monitoring port (/healthz for probes, /varz); default: off",
+    )
     return p
 
 
@@ -92,8 +116,10 @@ def resolve(a: argparse.Namespace) -> NatsSpec:
             raise ConfigError(f"user {user!r} needs a password: --password-file or INTERLOCK_NATS_PASSWORD")
         auth = NatsAuth(user=user, password=password)
     if auth is None and not is_loopback(a.host) and not a.allow_anonymous:
-        raise ConfigError(f"--host {a.host} without a login lets anyone who reaches the port join: give "
-                          "--user and --password-file (or --token-file), or --allow-anonymous")
+        raise ConfigError(
+            f"--host {a.host} without a login lets anyone who reaches the port join: give "
+            "--user and --password-file (or --token-file), or --allow-anonymous"
+        )
     if auth is not None and a.allow_anonymous:
         raise ConfigError("--allow-anonymous contradicts the login given")
     if (a.tls_cert is None) != (a.tls_key is None):
@@ -104,9 +130,13 @@ def resolve(a: argparse.Namespace) -> NatsSpec:
     workers: tuple[NatsUser, ...] = ()
     if a.worker_logins is not None:
         if auth is None or auth.user is None:
-            raise ConfigError("--worker-logins needs the full-rights login to be a user: --user and --password-file")
+            raise ConfigError(
+                "--worker-logins needs the full-rights login to be a user: --user and --password-file"
+            )
         workers = worker_logins(Path(a.worker_logins))
-    return NatsSpec(host=a.host, port=a.port, auth=auth, tls=tls, monitor_port=a.monitor_port, workers=workers)
+    return NatsSpec(
+        host=a.host, port=a.port, auth=auth, tls=tls, monitor_port=a.monitor_port, workers=workers
+    )
 
 
 def worker_logins(folder: Path) -> tuple[NatsUser, ...]:
@@ -121,7 +151,9 @@ def worker_logins(folder: Path) -> tuple[NatsUser, ...]:
             raise ConfigError(f"--worker-logins {folder}: {e.message} (each file is named by one)") from None
         users.append(worker_user(path.name, read_secret(str(path), f"worker {path.name!r} password")))
     if not users:
-        raise ConfigError(f"--worker-logins {folder}: no login in it (one file per worker, named by its instance id)")
+        raise ConfigError(
+            f"--worker-logins {folder}: no login in it (one file per worker, named by its instance id)"
+        )
     return tuple(users)
 
 
@@ -138,8 +170,15 @@ def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
     try:
         spec = resolve(a)
-        server = NatsServer(host=spec.host, port=spec.port, auth=spec.auth, users=spec.workers, tls=spec.tls,
-                            monitor_port=spec.monitor_port, log_to_stderr=True)
+        server = NatsServer(
+            host=spec.host,
+            port=spec.port,
+            auth=spec.auth,
+            users=spec.workers,
+            tls=spec.tls,
+            monitor_port=spec.monitor_port,
+            log_to_stderr=True,
+        )
     except ConfigError as e:
         print(f"interlock nats: {e.message}", file=sys.stderr)
         return 2

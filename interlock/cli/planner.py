@@ -18,16 +18,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="interlock planner", description=__doc__)
     sub = p.add_subparsers(dest="op", required=True)
     s = sub.add_parser("status", help="list the planner's decisions with their reasons")
-    s.add_argument("--url", default="http://127.0.0.1:8010",
-                   help="the planner's status address (host:port it serves /planner on)")
+    s.add_argument(
+        "--url",
+        default="http://127.0.0.1:8010",
+        help="the planner's status address (host:port it serves /planner on)",
+    )
     s.add_argument("--json", action="store_true", help="print the raw status")
     return flags.apply_environment(p)
 
 
 def render(status: dict[str, object]) -> str:
-    lines = [f"policy    {status['policy']}",
-             f"ticks     {status['ticks']} ({status['errors']} failed)",
-             f"holding   {status['holding'] or '-'}"]
+    lines = [
+        f"policy    {status['policy']}",
+        f"ticks     {status['ticks']} ({status['errors']} failed)",
+        f"holding   {status['holding'] or '-'}",
+    ]
     for w in status["wants"]:  # type: ignore[attr-defined]
         lines.append(f"wants     {w['role']} {'+1' if w['delta'] > 0 else '-1'}: {w['reason']}")
     decisions = status["decisions"]

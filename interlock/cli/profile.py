@@ -33,8 +33,16 @@ from interlock.protocol.sampling import SamplingParams
 
 DEFAULTS = {
     # runner: (block size, blocks, batched tokens, seqs, model len, lengths, batches, contexts)
-    "mock": (64, 61_000, 8192, 256, 1 << 17, "256,1024,2048,4096,8192,16384", "1,16,64,256",
-             "1024,4096,12288"),
+    "mock": (
+        64,
+        61_000,
+        8192,
+        256,
+        1 << 17,
+        "256,1024,2048,4096,8192,16384",
+        "1,16,64,256",
+        "1024,4096,12288",
+    ),
     "torch": (16, None, 2048, 64, 2048, "64,256,512,1024", "1,4,16", "128,512"),
 }
 
@@ -50,16 +58,22 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="interlock profile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="interlock profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("-o", "--out", required=True, help="where to write the profile (JSON)")
     p.add_argument("--runner", choices=tuple(DEFAULTS), default="torch")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     p.add_argument("--speedup", type=float, default=1.0, help="mock runner: divide model time by this")
-    for flag in ("--block-size", "--num-blocks", "--max-num-batched-tokens", "--max-num-seqs",
-                 "--max-model-len"):
+    for flag in (
+        "--block-size",
+        "--num-blocks",
+        "--max-num-batched-tokens",
+        "--max-num-seqs",
+        "--max-model-len",
+    ):
         p.add_argument(flag, type=int, default=None, help="default: by runner (see the source)")
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="torch: KV cache size")
     p.add_argument("--lengths", default=None, help="prefill prompt lengths, comma-separated")
@@ -86,8 +100,13 @@ class Profiler:
     def _add(self, n: int, max_tokens: int) -> str:
         rid = f"p{next(self._ids)}"
         tokens = tuple(self._rng.randrange(3, self.vocab) for _ in range(n))
-        self.core.add_request(GenerateRequest(request_id=rid, token_ids=tokens, sampling=SamplingParams(
-            max_tokens=max_tokens, ignore_eos=True, temperature=0.0)))
+        self.core.add_request(
+            GenerateRequest(
+                request_id=rid,
+                token_ids=tokens,
+                sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
+            )
+        )
         return rid
 
     def warm_up(self) -> None:
@@ -146,14 +165,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.decode_steps < 1 or args.repeats < 1:
         raise ConfigError("--decode-steps and --repeats must be at least 1")
     config = EngineConfig(
-        model=ModelConfig(model=args.model, runner=args.runner, dtype=args.dtype,
-                          num_threads=args.threads),
-        cache=CacheConfig(block_size=args.block_size or bs,
-                          num_blocks=args.num_blocks if args.num_blocks is not None else blocks,
-                          kv_cache_gib=args.kv_cache_gib),
-        scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens or chunk,
-                                  max_num_seqs=args.max_num_seqs or seqs,
-                                  max_model_len=args.max_model_len or mml))
+        model=ModelConfig(model=args.model, runner=args.runner, dtype=args.dtype, num_threads=args.threads),
+        cache=CacheConfig(
+            block_size=args.block_size or bs,
+            num_blocks=args.num_blocks if args.num_blocks is not None else blocks,
+            kv_cache_gib=args.kv_cache_gib,
+        ),
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=args.max_num_batched_tokens or chunk,
+            max_num_seqs=args.max_num_seqs or seqs,
+            max_model_len=args.max_model_len or mml,
+        ),
+    )
     t0 = time.perf_counter()
     print(f"profiling the {args.runner} runner ({args.model})...", file=sys.stderr, flush=True)
     clock = VirtualClock() if args.runner == "mock" else None
@@ -163,18 +186,30 @@ def _run(args: argparse.Namespace) -> int:
     prof = Profiler(core, vocab, config.scheduler.max_model_len)
     prof.warm_up()
     max_len = config.scheduler.max_model_len - args.decode_steps - 2
-    prefill = [prof.prefill(n, args.repeats) for n in _ints(args.lengths or lengths, "--lengths")
-               if n <= max_len]
-    decode = [prof.decode(b, c, args.decode_steps)
-              for b in _ints(args.batches or batches, "--batches")
-              for c in _ints(args.contexts or contexts, "--contexts")
-              if c <= max_len and b <= config.scheduler.max_num_seqs
-              and b * (c + args.decode_steps + 2 + config.cache.block_size) < kv_tokens]
+    prefill = [
+        prof.prefill(n, args.repeats) for n in _ints(args.lengths or lengths, "--lengths") if n <= max_len
+    ]
+    decode = [
+        prof.decode(b, c, args.decode_steps)
+        for b in _ints(args.batches or batches, "--batches")
+        for c in _ints(args.contexts or contexts, "--contexts")
+        if c <= max_len
+        and b <= config.scheduler.max_num_seqs
+        and b * (c + args.decode_steps + 2 + config.cache.block_size) < kv_tokens
+    ]
     profile = CapabilityProfile(
-        runner=args.runner, model=args.model, chunk_tokens=config.scheduler.max_num_batched_tokens,
-        max_batch=config.scheduler.max_num_seqs, kv_tokens=kv_tokens, prefill=tuple(prefill),
-        decode=tuple(decode))
+        runner=args.runner,
+        model=args.model,
+        chunk_tokens=config.scheduler.max_num_batched_tokens,
+        max_batch=config.scheduler.max_num_seqs,
+        kv_tokens=kv_tokens,
+        prefill=tuple(prefill),
+        decode=tuple(decode),
+    )
     profile.save(args.out)
-    print(f"wrote {args.out}: {len(prefill)} prefill and {len(decode)} decode points in "
-          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print(
+        f"wrote {args.out}: {len(prefill)} prefill and {len(decode)} decode points in "
+        f"{time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+    )
     return 0

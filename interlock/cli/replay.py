@@ -31,38 +31,75 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="Mooncake-format JSONL trace")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--policy", choices=POLICIES, default="kv")
-    p.add_argument("--speedup", type=float, default=1.0, help="arrival speed-up: divide inter-arrival times by this")
+    p.add_argument(
+        "--speedup", type=float, default=1.0, help="arrival speed-up: divide inter-arrival times by this"
+    )
     p.add_argument("--blocks-per-worker", type=int, default=61_000)
     p.add_argument("--block-size", type=int, default=64)
     p.add_argument("--trace-block-size", type=int, default=512)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--engine-speedup", type=float, default=1.0, help="divide step times by this")
-    p.add_argument("--no-kv-events", action="store_true",
-                   help="workers publish no KV events (router predicts their caches)")
-    p.add_argument("--queue-capacity", type=int, default=RouterConfig.queue_capacity,
-                   help="router admission queue; past it requests are rejected (503), and counted")
-    p.add_argument("--queue-depth-threshold", type=int, default=0,
-                   help="a worker with more requests waiting is busy for routing (0: never)")
+    p.add_argument(
+        "--no-kv-events",
+        action="store_true",
+        help="workers publish no KV events (router predicts their caches)",
+    )
+    p.add_argument(
+        "--queue-capacity",
+        type=int,
+        default=RouterConfig.queue_capacity,
+        help="router admission queue; past it requests are rejected (503), and counted",
+    )
+    p.add_argument(
+        "--queue-depth-threshold",
+        type=int,
+        default=0,
+        help="a worker with more requests waiting is busy for routing (0: never)",
+    )
     p.add_argument("--miss-weight", type=float, default=CostParams.miss_weight)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
-    p.add_argument("--backend", choices=("fast", "engine"), default="fast",
-                   help="fast: the event-driven worker model; engine: the real EngineCore with "
-                   "the mock runner (exact, one Python step per token: small traces only)")
-    p.add_argument("--host-kv-blocks", type=int, default=0,
-                   help="host-memory KV tier per host, shared by its workers (0: none; fast backend)")
+    p.add_argument(
+        "--backend",
+        choices=("fast", "engine"),
+        default="fast",
+        help="fast: the event-driven worker model; engine: the real EngineCore with "
+        "the mock runner (exact, one Python step per token: small traces only)",
+    )
+    p.add_argument(
+        "--host-kv-blocks",
+        type=int,
+        default=0,
+        help="host-memory KV tier per host, shared by its workers (0: none; fast backend)",
+    )
     p.add_argument("--workers-per-host", type=int, default=8)
     p.add_argument("--host-load-ms", type=float, default=0.1, help="modelled ms to load one block from host")
-    p.add_argument("--rate-curve", default=None, metavar="SPEC",
-                   help="multiply the arrival rate: steps:600x1,600x3,600x1 or "
-                   "diurnal:period=3600,min=0.5,max=2 (after --speedup)")
-    p.add_argument("--ttft-slo-ms", type=float, default=ReplayConfig.ttft_slo_ms,
-                   help="TTFT target (SLA attainment; the sla planner's target too)")
-    p.add_argument("--itl-slo-ms", type=float, default=ReplayConfig.itl_slo_ms,
-                   help="inter-token latency target (as --ttft-slo-ms)")
-    p.add_argument("--startup-s", type=float, default=ReplayConfig.startup_s,
-                   help="a worker the planner starts joins the router this much later")
+    p.add_argument(
+        "--rate-curve",
+        default=None,
+        metavar="SPEC",
+        help="multiply the arrival rate: steps:600x1,600x3,600x1 or "
+        "diurnal:period=3600,min=0.5,max=2 (after --speedup)",
+    )
+    p.add_argument(
+        "--ttft-slo-ms",
+        type=float,
+        default=ReplayConfig.ttft_slo_ms,
+        help="TTFT target (SLA attainment; the sla planner's target too)",
+    )
+    p.add_argument(
+        "--itl-slo-ms",
+        type=float,
+        default=ReplayConfig.itl_slo_ms,
+        help="inter-token latency target (as --ttft-slo-ms)",
+    )
+    p.add_argument(
+        "--startup-s",
+        type=float,
+        default=ReplayConfig.startup_s,
+        help="a worker the planner starts joins the router this much later",
+    )
     add_planner_flags(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return flags.apply_environment(p)
@@ -80,8 +117,13 @@ def main(argv: list[str]) -> int:
 def _run(args: argparse.Namespace) -> int:
     records = load_mooncake(args.trace, limit=args.limit)
     hasher = TraceHasher(args.block_size, args.trace_block_size)
-    requests = mooncake_requests(records, block_size=args.block_size, speedup=args.speedup,
-                                 hasher=hasher, with_tokens=args.backend == "engine")
+    requests = mooncake_requests(
+        records,
+        block_size=args.block_size,
+        speedup=args.speedup,
+        hasher=hasher,
+        with_tokens=args.backend == "engine",
+    )
     if args.rate_curve:
         requests = warp(requests, parse_curve(args.rate_curve))
     planner = planner_config_from_args(args, ttft_ms=args.ttft_slo_ms, itl_ms=args.itl_slo_ms)
@@ -90,25 +132,41 @@ def _run(args: argparse.Namespace) -> int:
     profile = load_profile(planner.profile) if planner and planner.profile else None
     cost = replace(CostParams(), miss_weight=args.miss_weight, temperature=args.temperature)
     cfg = ReplayConfig(
-        num_workers=args.workers, num_blocks=args.blocks_per_worker, block_size=args.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        engine_speedup=args.engine_speedup, publish_events=not args.no_kv_events,
-        backend=args.backend, queue_depth_threshold=args.queue_depth_threshold,
-        host_kv_blocks=args.host_kv_blocks, workers_per_host=args.workers_per_host,
+        num_workers=args.workers,
+        num_blocks=args.blocks_per_worker,
+        block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        engine_speedup=args.engine_speedup,
+        publish_events=not args.no_kv_events,
+        backend=args.backend,
+        queue_depth_threshold=args.queue_depth_threshold,
+        host_kv_blocks=args.host_kv_blocks,
+        workers_per_host=args.workers_per_host,
         host_load_s_per_block=args.host_load_ms / 1000.0,
-        router=RouterConfig(policy=args.policy, block_size=args.block_size, cost=cost,
-                            queue_capacity=args.queue_capacity, seed=0),
-        ttft_slo_ms=args.ttft_slo_ms, itl_slo_ms=args.itl_slo_ms, planner=planner,
-        profile=profile, startup_s=args.startup_s,
+        router=RouterConfig(
+            policy=args.policy,
+            block_size=args.block_size,
+            cost=cost,
+            queue_capacity=args.queue_capacity,
+            seed=0,
+        ),
+        ttft_slo_ms=args.ttft_slo_ms,
+        itl_slo_ms=args.itl_slo_ms,
+        planner=planner,
+        profile=profile,
+        startup_s=args.startup_s,
     )
     report = replay(requests, cfg)
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
         print()
     else:
-        print(f"trace {args.trace}: {len(requests)} requests, arrivals x{args.speedup}"
-              f"{' then ' + args.rate_curve if args.rate_curve else ''}, "
-              f"{args.workers} workers{' to start, planner ' + planner.policy if planner else ''} "
-              f"x {args.blocks_per_worker} blocks of {args.block_size}")
+        print(
+            f"trace {args.trace}: {len(requests)} requests, arrivals x{args.speedup}"
+            f"{' then ' + args.rate_curve if args.rate_curve else ''}, "
+            f"{args.workers} workers{' to start, planner ' + planner.policy if planner else ''} "
+            f"x {args.blocks_per_worker} blocks of {args.block_size}"
+        )
         print(report.render())
     return 0

@@ -63,12 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=None, help="HTTP port (default: 8000)")
     p.add_argument("--single-process", action="store_true", help="in-process planes, no NATS")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for workers")
-    p.add_argument("--restart-policy", choices=[p.value for p in RestartPolicy],
-                   default=RestartPolicy.ON_FAILURE.value,
-                   help="restart local workers and the private nats-server when they fail "
-                        "(backoff 0.5 s doubling to 30 s)")
-    p.add_argument("--log-level", type=str.upper, default=get_env().log_level,
-                   help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument(
+        "--restart-policy",
+        choices=[p.value for p in RestartPolicy],
+        default=RestartPolicy.ON_FAILURE.value,
+        help="restart local workers and the private nats-server when they fail "
+        "(backoff 0.5 s doubling to 30 s)",
+    )
+    p.add_argument(
+        "--log-level", type=str.upper, default=get_env().log_level, help="DEBUG, INFO, WARNING or ERROR"
+    )
     add_engine_args(p)
     add_plane_args(p)
     add_routing_args(p)
@@ -76,8 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_frontend_args(p)
     add_security_args(p)
     add_planner_flags(p)
-    p.add_argument("--planner-port", type=int, default=None,
-                   help="port of the planner's status, GET /planner and /metrics (default: 8010; 0: any free one)")
+    p.add_argument(
+        "--planner-port",
+        type=int,
+        default=None,
+        help="port of the planner's status, GET /planner and /metrics (default: 8010; 0: any free one)",
+    )
     return flags.apply_environment(p)
 
 
@@ -97,7 +105,9 @@ def spec_from_args(a: argparse.Namespace) -> ClusterSpec:
         if a.planner_port is not None:
             raise ConfigError("--planner-port needs --planner")
         return cluster_spec(a, d)
-    return cluster_spec(a, d, planner=planner, planner_port=8010 if a.planner_port is None else a.planner_port)
+    return cluster_spec(
+        a, d, planner=planner, planner_port=8010 if a.planner_port is None else a.planner_port
+    )
 
 
 async def _serve(a: argparse.Namespace) -> int:
@@ -127,10 +137,14 @@ async def _serve(a: argparse.Namespace) -> int:
         d = spec.deployment
         workers = running.workers()
         roles = Counter(w.role for w in workers)
-        split = "" if set(roles) == {"both"} else ": " + ", ".join(f"{n} {r}" for r, n in sorted(roles.items()))
-        print(f"Interlock serving {names} at {running.server.url}/v1 with {len(workers)} workers{split} "
-              f"(policy {d.routing.policy}{', nats ' + running.url if running.url else ', single process'})",
-              flush=True)
+        split = (
+            "" if set(roles) == {"both"} else ": " + ", ".join(f"{n} {r}" for r, n in sorted(roles.items()))
+        )
+        print(
+            f"Interlock serving {names} at {running.server.url}/v1 with {len(workers)} workers{split} "
+            f"(policy {d.routing.policy}{', nats ' + running.url if running.url else ', single process'})",
+            flush=True,
+        )
 
         await stop.wait()
         return 0

@@ -37,87 +37,201 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help=f"model name, HF folder or GGUF file (default: {_G.model})")
     g.add_argument("--served-model-name", default=None, help="name clients use (default: the model folder's)")
     g.add_argument("--runner", choices=RUNNERS, default=None, help=f"model runner (default: {_G.runner})")
-    g.add_argument("--device", default=None,
-                   help="cpu, cuda (workers spread over the devices) or cuda:N (default: cpu)")
+    g.add_argument(
+        "--device", default=None, help="cpu, cuda (workers spread over the devices) or cuda:N (default: cpu)"
+    )
     g.add_argument("--dtype", default=None, help=f"model dtype (default: {_G.dtype})")
-    g.add_argument("--block-size", type=int, default=None, help=f"tokens per KV block (default: {_G.block_size})")
-    g.add_argument("--num-blocks", type=int, default=None, help="KV blocks per worker (default: from --kv-cache-gib)")
-    g.add_argument("--kv-cache-gib", type=float, default=None,
-                   help=f"KV cache per worker, GiB (default: {_N.kv_cache_gib})")
-    g.add_argument("--host-kv-gib", type=float, default=None, help="host-memory KV tier per worker, GiB (default: 0, none)")
-    g.add_argument("--host-kv-shared", default=None, metavar="NAME",
-                   help="share the host KV tier with this host's workers of the same NAME (a /dev/shm segment)")
-    g.add_argument("--disk-kv-gib", type=float, default=None, help="disk KV tier per worker, GiB (default: 0, none)")
+    g.add_argument(
+        "--block-size", type=int, default=None, help=f"tokens per KV block (default: {_G.block_size})"
+    )
+    g.add_argument(
+        "--num-blocks", type=int, default=None, help="KV blocks per worker (default: from --kv-cache-gib)"
+    )
+    g.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=None,
+        help=f"KV cache per worker, GiB (default: {_N.kv_cache_gib})",
+    )
+    g.add_argument(
+        "--host-kv-gib",
+        type=float,
+        default=None,
+        help="host-memory KV tier per worker, GiB (default: 0, none)",
+    )
+    g.add_argument(
+        "--host-kv-shared",
+        default=None,
+        metavar="NAME",
+        help="share the host KV tier with this host's workers of the same NAME (a /dev/shm segment)",
+    )
+    g.add_argument(
+        "--disk-kv-gib", type=float, default=None, help="disk KV tier per worker, GiB (default: 0, none)"
+    )
     g.add_argument("--disk-kv-path", default=None, help="directory of the disk KV tier")
-    g.add_argument("--max-num-seqs", type=int, default=None,
-                   help=f"requests a worker runs at once, max_batch_size (default: {_N.max_batch_size})")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help=f"tokens per engine step (default: {_N.max_num_batched_tokens})")
-    g.add_argument("--max-model-len", type=int, default=None,
-                   help="longest prompt + output (default: the model's own context length)")
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
-                   help="reuse KV of shared prompt prefixes (default: on)")
-    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None,
-                   help="same as --no-enable-prefix-caching")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
-                   help="devices per worker (only 1 until tensor parallelism exists)")
-    g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=None,
-                   help="pipeline stages per worker (only 1 until pipeline parallelism exists)")
-    g.add_argument("--preempt-enabled", action=argparse.BooleanOptionalAction, default=None,
-                   help="a more important waiting request (lower priority) may preempt a less "
-                        "important running one (default: off; serve -f: routing.preempt_enabled)")
-    g.add_argument("--threads", type=int, default=None,
-                   help="torch threads per worker (default: the cores shared among the workers)")
+    g.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help=f"requests a worker runs at once, max_batch_size (default: {_N.max_batch_size})",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help=f"tokens per engine step (default: {_N.max_num_batched_tokens})",
+    )
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest prompt + output (default: the model's own context length)",
+    )
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse KV of shared prompt prefixes (default: on)",
+    )
+    g.add_argument(
+        "--no-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_false",
+        default=None,
+        help="same as --no-enable-prefix-caching",
+    )
+    g.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=None,
+        help="devices per worker (only 1 until tensor parallelism exists)",
+    )
+    g.add_argument(
+        "--pipeline-parallel-size",
+        "-pp",
+        type=int,
+        default=None,
+        help="pipeline stages per worker (only 1 until pipeline parallelism exists)",
+    )
+    g.add_argument(
+        "--preempt-enabled",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a more important waiting request (lower priority) may preempt a less "
+        "important running one (default: off; serve -f: routing.preempt_enabled)",
+    )
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per worker (default: the cores shared among the workers)",
+    )
     g.add_argument("--speedup", type=float, default=None, help="mock runner: divide model time by this")
-    g.add_argument("--queue-depth-threshold", type=int, default=None,
-                   help="routers count a worker busy while more requests wait in its queue "
-                        f"(default: {_N.queue_depth_threshold})")
-    g.add_argument("--kv-cache-transfer", action=argparse.BooleanOptionalAction, default=None,
-                   help="run a KV transfer agent (needed to disaggregate; default: on)")
-    g.add_argument("--cache-transport", choices=TRANSPORTS, default=None,
-                   help="how KV is pulled from a peer: auto picks per peer (default: auto)")
-    g.add_argument("--kv-transfer", choices=(*TRANSPORTS, "none"), default=None,
-                   help="older form: none is --no-kv-cache-transfer, else --cache-transport")
+    g.add_argument(
+        "--queue-depth-threshold",
+        type=int,
+        default=None,
+        help="routers count a worker busy while more requests wait in its queue "
+        f"(default: {_N.queue_depth_threshold})",
+    )
+    g.add_argument(
+        "--kv-cache-transfer",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run a KV transfer agent (needed to disaggregate; default: on)",
+    )
+    g.add_argument(
+        "--cache-transport",
+        choices=TRANSPORTS,
+        default=None,
+        help="how KV is pulled from a peer: auto picks per peer (default: auto)",
+    )
+    g.add_argument(
+        "--kv-transfer",
+        choices=(*TRANSPORTS, "none"),
+        default=None,
+        help="older form: none is --no-kv-cache-transfer, else --cache-transport",
+    )
 
 
 def add_plane_args(p: argparse.ArgumentParser, *, nats_default: str | None = None) -> None:
     g = p.add_argument_group("control plane")
-    g.add_argument("--nats-url", default=nats_default,
-                   help="NATS server of the deployment (serve: start a private one when not given)")
-    g.add_argument("--heartbeat-interval", type=float, default=None,
-                   help=f"seconds between lease renewals (default: {_C.heartbeat_interval})")
-    g.add_argument("--heartbeat-timeout", type=float, default=None,
-                   help="seconds of silence after which a process leaves discovery (default: five heartbeat intervals)")
+    g.add_argument(
+        "--nats-url",
+        default=nats_default,
+        help="NATS server of the deployment (serve: start a private one when not given)",
+    )
+    g.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=None,
+        help=f"seconds between lease renewals (default: {_C.heartbeat_interval})",
+    )
+    g.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=None,
+        help="seconds of silence after which a process leaves discovery (default: five heartbeat intervals)",
+    )
 
 
 def add_routing_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("routing")
-    g.add_argument("--policy", "--router-mode", dest="policy", default=None, type=policy_name,
-                   help=f"base routing policy: {', '.join(POLICIES)} (default: {_R.policy})")
-    g.add_argument("--route-key-header", default=None,
-                   help="header whose value picks a consistent subset of workers (default: x-route-key)")
-    g.add_argument("--enforce-disagg", action="store_true",
-                   help="prefill every request on a prefill worker; 503 when one cannot be")
+    g.add_argument(
+        "--policy",
+        "--router-mode",
+        dest="policy",
+        default=None,
+        type=policy_name,
+        help=f"base routing policy: {', '.join(POLICIES)} (default: {_R.policy})",
+    )
+    g.add_argument(
+        "--route-key-header",
+        default=None,
+        help="header whose value picks a consistent subset of workers (default: x-route-key)",
+    )
+    g.add_argument(
+        "--enforce-disagg",
+        action="store_true",
+        help="prefill every request on a prefill worker; 503 when one cannot be",
+    )
     add_dispatch_args(p)
 
 
 def add_dispatch_args(p: argparse.ArgumentParser) -> None:
     """Flags of the router's dispatcher (retries, migration, stall timeouts)."""
     d = DispatchOptions()
-    p.add_argument("--migration-limit", type=int, default=d.migration_limit,
-                   help="times a request whose worker fails mid-stream moves to another worker "
-                        "(0: off; the client gets the error)")
-    p.add_argument("--stall-timeout", type=float, default=d.stall_floor_s,
-                   help="seconds without a token (once the first is out) after which a stream "
-                        "counts as stalled and migrates; raised on workers with slow steps")
+    p.add_argument(
+        "--migration-limit",
+        type=int,
+        default=d.migration_limit,
+        help="times a request whose worker fails mid-stream moves to another worker "
+        "(0: off; the client gets the error)",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=d.stall_floor_s,
+        help="seconds without a token (once the first is out) after which a stream "
+        "counts as stalled and migrates; raised on workers with slow steps",
+    )
 
 
 def add_process_args(p: argparse.ArgumentParser) -> None:
     d = ProcessOptions()
-    p.add_argument("--drain-grace", type=float, default=d.drain_grace_s,
-                   help="seconds a stopping worker gets to finish what it is running")
-    p.add_argument("--kv-transfer-timeout", type=float, default=d.kv_transfer_timeout_s,
-                   help="seconds a staged KV payload waits to be pulled (and a pull may take)")
+    p.add_argument(
+        "--drain-grace",
+        type=float,
+        default=d.drain_grace_s,
+        help="seconds a stopping worker gets to finish what it is running",
+    )
+    p.add_argument(
+        "--kv-transfer-timeout",
+        type=float,
+        default=d.kv_transfer_timeout_s,
+        help="seconds a staged KV payload waits to be pulled (and a pull may take)",
+    )
 
 
 def dispatch_options(a: argparse.Namespace) -> DispatchOptions:
@@ -136,17 +250,40 @@ def _given(a: argparse.Namespace, mapping: dict[str, str], cls: type) -> dict[st
     return out
 
 
-_GROUP_FLAGS = {"model": "model", "served_model_name": "served_model_name", "runner": "runner", "device": "device",
-                "dtype": "dtype", "block_size": "block_size", "max_model_len": "max_model_len",
-                "enable_prefix_caching": "enable_prefix_caching", "threads": "threads", "speedup": "speedup",
-                "tensor_parallel_size": "tensor_parallel_size", "pipeline_parallel_size": "pipeline_parallel_size"}
-_NODE_FLAGS = {"num_blocks": "num_blocks", "kv_cache_gib": "kv_cache_gib", "max_num_seqs": "max_batch_size",
-               "max_num_batched_tokens": "max_num_batched_tokens", "queue_depth_threshold": "queue_depth_threshold",
-               "kv_cache_transfer": "kv_cache_transfer", "cache_transport": "cache_transport",
-               "host_kv_gib": "host_kv_gib", "host_kv_shared": "host_kv_shared", "disk_kv_gib": "disk_kv_gib",
-               "disk_kv_path": "disk_kv_path"}
-_PLANE_FLAGS = {"host": "listen_host", "port": "listen_port", "nats_url": "nats_url",
-                "heartbeat_interval": "heartbeat_interval", "heartbeat_timeout": "heartbeat_timeout"}
+_GROUP_FLAGS = {
+    "model": "model",
+    "served_model_name": "served_model_name",
+    "runner": "runner",
+    "device": "device",
+    "dtype": "dtype",
+    "block_size": "block_size",
+    "max_model_len": "max_model_len",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "threads": "threads",
+    "speedup": "speedup",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "pipeline_parallel_size": "pipeline_parallel_size",
+}
+_NODE_FLAGS = {
+    "num_blocks": "num_blocks",
+    "kv_cache_gib": "kv_cache_gib",
+    "max_num_seqs": "max_batch_size",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "queue_depth_threshold": "queue_depth_threshold",
+    "kv_cache_transfer": "kv_cache_transfer",
+    "cache_transport": "cache_transport",
+    "host_kv_gib": "host_kv_gib",
+    "host_kv_shared": "host_kv_shared",
+    "disk_kv_gib": "disk_kv_gib",
+    "disk_kv_path": "disk_kv_path",
+}
+_PLANE_FLAGS = {
+    "host": "listen_host",
+    "port": "listen_port",
+    "nats_url": "nats_url",
+    "heartbeat_interval": "heartbeat_interval",
+    "heartbeat_timeout": "heartbeat_timeout",
+}
 _ROUTING_FLAGS = {"policy": "policy", "route_key_header": "route_key", "preempt_enabled": "preempt_enabled"}
 
 
@@ -166,8 +303,10 @@ def deployment_from_args(a: argparse.Namespace, *, nodes: tuple[NodeGroup, ...] 
         if legacy != "none":
             node_changes.setdefault("cache_transport", legacy)
     group_changes = _given(a, _GROUP_FLAGS, ExecutionGroup)
-    groups = tuple(replace(g, **group_changes, nodes=tuple(replace(n, **node_changes) for n in g.nodes))
-                   for g in d.execution_groups)
+    groups = tuple(
+        replace(g, **group_changes, nodes=tuple(replace(n, **node_changes) for n in g.nodes))
+        for g in d.execution_groups
+    )
     routing = replace(d.routing, **_given(a, _ROUTING_FLAGS, Routing))
     if getattr(a, "enforce_disagg", False):
         routing = replace(routing, enforce_disagg=True)
@@ -177,9 +316,16 @@ def deployment_from_args(a: argparse.Namespace, *, nodes: tuple[NodeGroup, ...] 
     return d
 
 
-_PROCESS_FLAGS = {"single_process": "in_process", "restart_policy": "restart_policy", "drain_grace": "drain_grace_s",
-                  "ready_timeout": "ready_timeout_s", "bind_host": "host", "advertise_host": "advertise_host",
-                  "kv_transfer_port": "kv_transfer_port", "kv_transfer_timeout": "kv_transfer_timeout_s"}
+_PROCESS_FLAGS = {
+    "single_process": "in_process",
+    "restart_policy": "restart_policy",
+    "drain_grace": "drain_grace_s",
+    "ready_timeout": "ready_timeout_s",
+    "bind_host": "host",
+    "advertise_host": "advertise_host",
+    "kv_transfer_port": "kv_transfer_port",
+    "kv_transfer_timeout": "kv_transfer_timeout_s",
+}
 
 
 def cluster_spec(a: argparse.Namespace, d: Deployment, **changes: Any) -> ClusterSpec:
@@ -195,10 +341,14 @@ def cluster_spec(a: argparse.Namespace, d: Deployment, **changes: Any) -> Cluste
         given["restart_policy"] = RestartPolicy(given["restart_policy"])
     parts: dict[str, Any] = {
         "processes": ProcessOptions(**given),
-        "frontend": frontend_config(a, env_api_keys=get_env().api_keys) if hasattr(a, "max_prompt_chars") else None,
+        "frontend": frontend_config(a, env_api_keys=get_env().api_keys)
+        if hasattr(a, "max_prompt_chars")
+        else None,
         "dispatch": dispatch_options(a) if hasattr(a, "migration_limit") else DispatchOptions(),
     }
-    return ClusterSpec(deployment=d, cluster_secret=cluster_secret(a), nats_auth=nats_auth(a), **{**parts, **changes})
+    return ClusterSpec(
+        deployment=d, cluster_secret=cluster_secret(a), nats_auth=nats_auth(a), **{**parts, **changes}
+    )
 
 
 def refuse_with_file(a: argparse.Namespace, *flags: str) -> None:

@@ -43,11 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", choices=ROLES, default="both", help="what this worker does")
     p.add_argument("--instance-id", default=None, help="name in discovery (default: random)")
     p.add_argument("--advertise-host", default=None, help="host other machines reach this worker at")
-    p.add_argument("--host", dest="bind_host", default="127.0.0.1",
-                   help="interface the request plane and the KV transfer agent bind to")
+    p.add_argument(
+        "--host",
+        dest="bind_host",
+        default="127.0.0.1",
+        help="interface the request plane and the KV transfer agent bind to",
+    )
     p.add_argument("--kv-transfer-port", type=int, default=0, help="TCP port of the transfer agent (0: any)")
-    p.add_argument("--log-level", type=str.upper, default=get_env().log_level,
-                   help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument(
+        "--log-level", type=str.upper, default=get_env().log_level, help="DEBUG, INFO, WARNING or ERROR"
+    )
     add_plane_args(p, nats_default=get_env().nats_url)
     add_process_args(p)
     add_security_args(p)
@@ -81,8 +86,9 @@ def build_control_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", default="", help="set_role: prefill, decode or both")
     p.add_argument("--peer", default="", help="measure_link: the peer's transfer agent HOST:PORT")
     p.add_argument("--grace", type=float, default=30.0, help="set_role: seconds to finish in-flight work")
-    p.add_argument("--log-level", type=str.upper, default=get_env().log_level,
-                   help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument(
+        "--log-level", type=str.upper, default=get_env().log_level, help="DEBUG, INFO, WARNING or ERROR"
+    )
     add_security_args(p)
     return flags.apply_environment(p)
 
@@ -97,8 +103,9 @@ async def _control(a: argparse.Namespace) -> int:
 
     if not a.nats_url:
         raise ConfigError("--nats-url is required (or set INTERLOCK_NATS_URL)")
-    runtime = await connect_runtime(a.nats_url, RuntimeConfig(cluster_secret=cluster_secret(a),
-                                                              nats_auth=nats_auth(a)))
+    runtime = await connect_runtime(
+        a.nats_url, RuntimeConfig(cluster_secret=cluster_secret(a), nats_auth=nats_auth(a))
+    )
     try:
         infos = {i.instance_id: i for i in await runtime.discovery.instances(subjects.GENERATE_ENDPOINT)}
         info = infos.get(a.instance_id)

@@ -68,8 +68,15 @@ class Cluster:
         return cls(_spec(None, http_port, heartbeat_interval, None, NatsAuth()))
 
     @classmethod
-    def connect(cls, url: str, *, cluster_secret: bytes | None = None, nats_auth: NatsAuth | None = None,
-                http_port: int | None = None, heartbeat_interval: float = 1.0) -> Cluster:
+    def connect(
+        cls,
+        url: str,
+        *,
+        cluster_secret: bytes | None = None,
+        nats_auth: NatsAuth | None = None,
+        http_port: int | None = None,
+        heartbeat_interval: float = 1.0,
+    ) -> Cluster:
         """Join the deployment whose NATS server is ``url``: a router here sees its workers,
         and serving instances add worker processes to it."""
         from interlock.env import get_env
@@ -80,37 +87,80 @@ class Cluster:
         return cls(_spec(url, http_port, heartbeat_interval, secret, auth))
 
     # ---- models and instances ----
-    def register_model(self, name: str, path: str, *, tensor_parallel_size: int = 1,
-                       pipeline_parallel_size: int = 1, **engine: Any) -> None:
+    def register_model(
+        self,
+        name: str,
+        path: str,
+        *,
+        tensor_parallel_size: int = 1,
+        pipeline_parallel_size: int = 1,
+        **engine: Any,
+    ) -> None:
         """Make ``path`` (a model folder, a GGUF file or a known name such as ``smollm2``)
         servable as ``name``. ``engine``: more ``ExecutionGroup`` fields (``runner``, ``dtype``,
         ``max_model_len``, ``block_size``, ``speedup``, ...); node fields (``max_batch_size``,
         ``kv_cache_gib``, ``num_blocks``, ...) go to ``create_serving_instance``."""
-        known = {f for f in ExecutionGroup.__dataclass_fields__} - {"model", "served_model_name", "nodes",
-                                                                       "max_replicas"}
+        known = {f for f in ExecutionGroup.__dataclass_fields__} - {
+            "model",
+            "served_model_name",
+            "nodes",
+            "max_replicas",
+        }
         unknown = sorted(set(engine) - known)
         if unknown:
-            raise ConfigError(f"register_model: unknown {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        group = ExecutionGroup(model=path, served_model_name=name, tensor_parallel_size=tensor_parallel_size,
-                               pipeline_parallel_size=pipeline_parallel_size, nodes=(NodeGroup(gpu_count=0),),
-                               **engine)
+            raise ConfigError(
+                f"register_model: unknown {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+            )
+        group = ExecutionGroup(
+            model=path,
+            served_model_name=name,
+            tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size,
+            nodes=(NodeGroup(gpu_count=0),),
+            **engine,
+        )
         validate_deployment(Deployment(execution_groups=(group,)))
         self._models[name] = group
 
-    def create_serving_instance(self, model: str, *, min_replicas: int = 1, max_replicas: int | None = None,
-                                role: str = "both", ready_timeout_s: float = 600.0, **node: Any) -> ServingInstance:
+    def create_serving_instance(
+        self,
+        model: str,
+        *,
+        min_replicas: int = 1,
+        max_replicas: int | None = None,
+        role: str = "both",
+        ready_timeout_s: float = 600.0,
+        **node: Any,
+    ) -> ServingInstance:
         """Start ``min_replicas`` worker processes of ``model`` and wait until they serve.
         ``max_replicas``: the most workers the instance may grow to (``scale_to`` and the
         planner stay within it; default ``min_replicas``). ``node``: ``NodeGroup`` fields."""
-        return self._call(self.acreate_serving_instance(model, min_replicas=min_replicas, max_replicas=max_replicas,
-                                                        role=role, ready_timeout_s=ready_timeout_s, **node))
+        return self._call(
+            self.acreate_serving_instance(
+                model,
+                min_replicas=min_replicas,
+                max_replicas=max_replicas,
+                role=role,
+                ready_timeout_s=ready_timeout_s,
+                **node,
+            )
+        )
 
-    async def acreate_serving_instance(self, model: str, *, min_replicas: int = 1, max_replicas: int | None = None,
-                                       role: str = "both", ready_timeout_s: float = 600.0,
-                                       **node: Any) -> ServingInstance:
+    async def acreate_serving_instance(
+        self,
+        model: str,
+        *,
+        min_replicas: int = 1,
+        max_replicas: int | None = None,
+        role: str = "both",
+        ready_timeout_s: float = 600.0,
+        **node: Any,
+    ) -> ServingInstance:
         group = self._models.get(model)
         if group is None:
-            raise ConfigError(f"model: {model!r} is not registered (registered: {', '.join(self._models) or 'none'})")
+            raise ConfigError(
+                f"model: {model!r} is not registered (registered: {', '.join(self._models) or 'none'})"
+            )
         if min_replicas < 1:
             raise ConfigError("min_replicas: must be at least 1")
         cap = min_replicas if max_replicas is None else max_replicas
@@ -126,11 +176,14 @@ class Cluster:
         self._instances.append(instance)
         return instance
 
-    async def _start_instance(self, model: str, group: ExecutionGroup, replicas: int,
-                              timeout_s: float) -> ServingInstance:
+    async def _start_instance(
+        self, model: str, group: ExecutionGroup, replicas: int, timeout_s: float
+    ) -> ServingInstance:
         running = self._running
         index = await running.add_group(group)
-        instance = ServingInstance(self, model, index, replicas if group.max_replicas is None else group.max_replicas)
+        instance = ServingInstance(
+            self, model, index, replicas if group.max_replicas is None else group.max_replicas
+        )
         for _ in range(replicas):
             instance._handles.append(await running.add_worker(group.nodes[0].node_role, index))
         why = await running.wait_ready(count=len(running.workers()), timeout_s=timeout_s)
@@ -236,8 +289,13 @@ class ServingInstance:
     async def achat(self, messages: Sequence[dict[str, Any]], **sampling: Any) -> str:
         return await self.cluster._on_loop(self._text({"messages": list(messages), **sampling}, "chat"))
 
-    def stream(self, prompt: str | Sequence[int] | None = None, *, messages: Sequence[dict[str, Any]] | None = None,
-               **sampling: Any) -> Iterator[str]:
+    def stream(
+        self,
+        prompt: str | Sequence[int] | None = None,
+        *,
+        messages: Sequence[dict[str, Any]] | None = None,
+        **sampling: Any,
+    ) -> Iterator[str]:
         """Text pieces as they are generated (a prompt, or chat ``messages``). Leaving the loop
         early aborts the request on its worker."""
         out: queue.Queue[object] = queue.Queue()
@@ -250,12 +308,19 @@ class ServingInstance:
         finally:
             future.cancel()
 
-    async def astream(self, prompt: str | Sequence[int] | None = None, *,
-                      messages: Sequence[dict[str, Any]] | None = None, **sampling: Any) -> AsyncIterator[str]:
+    async def astream(
+        self,
+        prompt: str | Sequence[int] | None = None,
+        *,
+        messages: Sequence[dict[str, Any]] | None = None,
+        **sampling: Any,
+    ) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
         out: asyncio.Queue[object] = asyncio.Queue()
         body = self._body(prompt, messages, sampling)
-        future = self.cluster._submit(self._pump(body, lambda x: loop.call_soon_threadsafe(out.put_nowait, x)))
+        future = self.cluster._submit(
+            self._pump(body, lambda x: loop.call_soon_threadsafe(out.put_nowait, x))
+        )
         try:
             while (item := await out.get()) is not _DONE:
                 if isinstance(item, BaseException):
@@ -275,11 +340,14 @@ class ServingInstance:
 
     async def _scale(self, replicas: int) -> None:
         if replicas > self.max_replicas:
-            raise ConfigError(f"replicas: {replicas} is above this instance's max_replicas={self.max_replicas}")
+            raise ConfigError(
+                f"replicas: {replicas} is above this instance's max_replicas={self.max_replicas}"
+            )
         running = self.cluster._running
         while len(self._handles) < replicas:
-            self._handles.append(await running.add_worker(self._handles[0].role if self._handles else "both",
-                                                          self.group))
+            self._handles.append(
+                await running.add_worker(self._handles[0].role if self._handles else "both", self.group)
+            )
         while len(self._handles) > max(replicas, 0):
             await running.remove_worker(self._handles.pop(), drain=True)
 
@@ -325,10 +393,17 @@ class ServingInstance:
         ids = await prompt_ids(req, tok)
         sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
         rid = f"py-{uuid.uuid4().hex}"
-        greq = GenerateRequest(request_id=rid, token_ids=tuple(ids), sampling=sampling, model=entry.name,
-                               priority=req.priority or 0)
+        greq = GenerateRequest(
+            request_id=rid,
+            token_ids=tuple(ids),
+            sampling=sampling,
+            model=entry.name,
+            priority=req.priority or 0,
+        )
         ctx = RequestContext(request_id=rid, endpoint=endpoint, priority=req.priority or 0)
-        assembler = OutputAssembler(tok, ids, stop=stop_strings(req), skip_special_tokens=req.skip_special_tokens)
+        assembler = OutputAssembler(
+            tok, ids, stop=stop_strings(req), skip_special_tokens=req.skip_special_tokens
+        )
         stream = service.generate(greq, ctx)
         try:
             async for out in stream:
@@ -345,10 +420,15 @@ def _prompt(prompt: str | Sequence[int]) -> str | list[int]:
     return prompt if isinstance(prompt, str) else list(prompt)
 
 
-def _spec(url: str | None, http_port: int | None, heartbeat_interval: float, secret: bytes | None,
-          auth: NatsAuth) -> ClusterSpec:
+def _spec(
+    url: str | None, http_port: int | None, heartbeat_interval: float, secret: bytes | None, auth: NatsAuth
+) -> ClusterSpec:
     cp = ControlPlane(nats_url=url, listen_port=http_port or 0, heartbeat_interval=heartbeat_interval)
     d = Deployment(control_plane=cp, execution_groups=())
     validate_deployment(d)
-    return ClusterSpec(deployment=d, frontend=FrontendConfig() if http_port is not None else None,
-                       cluster_secret=secret, nats_auth=auth)
+    return ClusterSpec(
+        deployment=d,
+        frontend=FrontendConfig() if http_port is not None else None,
+        cluster_secret=secret,
+        nats_auth=auth,
+    )

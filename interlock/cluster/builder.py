@@ -125,9 +125,14 @@ class RunningCluster:
                 if not spec.start_workers or not spec.router:
                     raise ConfigError("control-plane.nats_url is required (--nats-url or INTERLOCK_NATS_URL)")
                 await self._start_nats(initial)
-        rt = RuntimeConfig(heartbeat_interval=cp.heartbeat_interval, lease_timeout=cp.lease_timeout,
-                           host=spec.processes.host, advertise_host=spec.processes.advertise_host,
-                           cluster_secret=self.secret, nats_auth=self.auth)
+        rt = RuntimeConfig(
+            heartbeat_interval=cp.heartbeat_interval,
+            lease_timeout=cp.lease_timeout,
+            host=spec.processes.host,
+            advertise_host=spec.processes.advertise_host,
+            cluster_secret=self.secret,
+            nats_auth=self.auth,
+        )
         from interlock.runtime import connect_runtime
 
         self.runtime = await connect_runtime(self.url, rt)
@@ -175,9 +180,14 @@ class RunningCluster:
         from interlock.router.service import RouterService
 
         rt = self.runtime
-        self.service = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events,
-                                     config=router_config(self.spec), options=service_options(self.spec),
-                                     disagg=disagg_config(self.spec))
+        self.service = RouterService(
+            discovery=rt.discovery,
+            requests=rt.requests,
+            events=rt.events,
+            config=router_config(self.spec),
+            options=service_options(self.spec),
+            disagg=disagg_config(self.spec),
+        )
         await self.service.start()
         self.service.extra_health.append(self.supervisor.problems)  # crash loops, a down nats-server
 
@@ -192,12 +202,16 @@ class RunningCluster:
         else:
             assert self.url is not None
             cp = self.spec.deployment.control_plane
-            launch = WorkerLaunch(ws, self.url, cp.heartbeat_interval, cp.lease_timeout, files_only(self.auth))
+            launch = WorkerLaunch(
+                ws, self.url, cp.heartbeat_interval, cp.lease_timeout, files_only(self.auth)
+            )
             login = await self._login(ws.instance_id)
-            child = Child(f"worker-{ws.instance_id.split('-', 1)[0][1:]}",
-                          python_module_argv("interlock.cluster.worker_main", ws.instance_id),
-                          env={**worker_env(), **child_env(self.secret, login)},
-                          stdin_data=launch.encode())
+            child = Child(
+                f"worker-{ws.instance_id.split('-', 1)[0][1:]}",
+                python_module_argv("interlock.cluster.worker_main", ws.instance_id),
+                env={**worker_env(), **child_env(self.secret, login)},
+                stdin_data=launch.encode(),
+            )
             await child.start()
             self.supervisor.watch(child)
             handle = WorkerHandle(ws, child=child)
@@ -244,10 +258,18 @@ class RunningCluster:
         have = sum(1 for w in self._workers.values() if w.group == group)
         if cap is not None and have >= cap:
             raise ConfigError(f"execution group {group} already has max_replicas={cap} workers")
-        node = next((n for n in rg.group.nodes if n.node_role == role), replace(rg.group.nodes[0], node_role=role))
+        node = next(
+            (n for n in rg.group.nodes if n.node_role == role), replace(rg.group.nodes[0], node_role=role)
+        )
         threads = rg.group.threads or max(1, (os.cpu_count() or 1) // max(1, len(self._workers) + 1))
-        ws = worker_spec(self.spec, rg, node, instance_id=f"w{self._next}-{self._prefix}",
-                         device=device_of(rg.group.device, self._next), threads=threads)
+        ws = worker_spec(
+            self.spec,
+            rg,
+            node,
+            instance_id=f"w{self._next}-{self._prefix}",
+            device=device_of(rg.group.device, self._next),
+            threads=threads,
+        )
         self._next += 1
         return await self._launch(ws, core=core)
 
@@ -265,9 +287,14 @@ class RunningCluster:
 
             info = self.service.instance(handle.instance_id) if self.service is not None else None
             if info is None or "control_address" not in info.metadata:
-                raise ConfigError(f"worker {handle.instance_id!r} is not registered (yet): cannot change its role")
-            reply = await control_call(self.runtime.requests, info.metadata["control_address"],
-                                       ControlRequest(op="set_role", role=role, grace_s=grace_s))
+                raise ConfigError(
+                    f"worker {handle.instance_id!r} is not registered (yet): cannot change its role"
+                )
+            reply = await control_call(
+                self.runtime.requests,
+                info.metadata["control_address"],
+                ControlRequest(op="set_role", role=role, grace_s=grace_s),
+            )
             if not reply.ok:
                 raise ConfigError(f"worker {handle.instance_id!r} refused role {role!r}: {reply.error}")
         handle.spec = replace(handle.spec, role=role)
@@ -311,8 +338,10 @@ class RunningCluster:
             server = await serve_status(self.planner, host, self.spec.planner_port)
         except OSError as e:
             self.planner = None
-            raise ConfigError(f"planner status: cannot listen on {host}:{self.spec.planner_port} "
-                              f"({e.strerror or e}; --planner-port)") from None
+            raise ConfigError(
+                f"planner status: cannot listen on {host}:{self.spec.planner_port} "
+                f"({e.strerror or e}; --planner-port)"
+            ) from None
         port = server.sockets[0].getsockname()[1]
         self.planner_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
         self._planner_parts = (fleet, server, asyncio.create_task(self.planner.run(), name="planner"))
@@ -331,8 +360,13 @@ class RunningCluster:
         await fleet.close()
 
     # ---- readiness ----
-    async def wait_ready(self, count: int | None = None, stop: asyncio.Event | None = None,
-                         timeout_s: float | None = None, progress: bool = False) -> str | None:
+    async def wait_ready(
+        self,
+        count: int | None = None,
+        stop: asyncio.Event | None = None,
+        timeout_s: float | None = None,
+        progress: bool = False,
+    ) -> str | None:
         """Wait until ``count`` workers (default: those started here) are registered; None
         when they are, else why not (timeout, stop, or a start-up failure that restarting will
         not fix, ``supervisor.startup_failure``)."""
@@ -350,8 +384,9 @@ class RunningCluster:
             seen = have
             if have >= count:
                 return None
-            why = startup_failure({c.name: self.supervisor.history(c.name) for c in children},
-                                  self.supervisor.policy)
+            why = startup_failure(
+                {c.name: self.supervisor.history(c.name) for c in children}, self.supervisor.policy
+            )
             if why is not None:
                 return why
             if stop is not None and stop.is_set():

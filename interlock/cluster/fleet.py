@@ -37,10 +37,14 @@ class ClusterFleet:
                 del self._draining[wid]
                 if not task.cancelled() and task.exception() is not None:
                     log.error("planner: stopping worker %s failed: %r", wid, task.exception())
-        out = [FleetWorker(h.instance_id, h.role, ready=self._ready(h.instance_id))
-               for h in self.running.workers() if h.group == self.group]
-        out += [FleetWorker(h.instance_id, h.role, ready=True, draining=True)
-                for h, _ in self._draining.values()]
+        out = [
+            FleetWorker(h.instance_id, h.role, ready=self._ready(h.instance_id))
+            for h in self.running.workers()
+            if h.group == self.group
+        ]
+        out += [
+            FleetWorker(h.instance_id, h.role, ready=True, draining=True) for h, _ in self._draining.values()
+        ]
         return out
 
     def _handle(self, worker_id: str) -> WorkerHandle:
@@ -58,8 +62,7 @@ class ClusterFleet:
         if not drain:
             await self.running.remove_worker(handle, drain=False)
             return
-        task = asyncio.create_task(self.running.remove_worker(handle, drain=True),
-                                   name=f"drain-{worker_id}")
+        task = asyncio.create_task(self.running.remove_worker(handle, drain=True), name=f"drain-{worker_id}")
         self._draining[worker_id] = (handle, task)
 
     async def set_role(self, worker_id: str, role: str) -> None:

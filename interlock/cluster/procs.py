@@ -115,7 +115,11 @@ class NatsProcess:
     name = "nats-server"
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = -1, poll_s: float = 0.2, auth: NatsAuth | None = None,
+        self,
+        host: str = "127.0.0.1",
+        port: int = -1,
+        poll_s: float = 0.2,
+        auth: NatsAuth | None = None,
         users: tuple[NatsUser, ...] = (),
     ) -> None:
         self.auth = auth

@@ -63,11 +63,16 @@ class ClusterSpec:
         if self.planner is not None:
             fleet_planner_config(self)  # refuses what a planner cannot run with, by name
         r = self.deployment.routing
-        if (self.start_workers and (r.enforce_disagg or not r.fallback_to_local)
-                and not any(n.node_role == "prefill" and n.gpu_count for n in self.deployment.nodes)):
+        if (
+            self.start_workers
+            and (r.enforce_disagg or not r.fallback_to_local)
+            and not any(n.node_role == "prefill" and n.gpu_count for n in self.deployment.nodes)
+        ):
             key = "enforce_disagg" if r.enforce_disagg else "fallback_to_local: false"
-            raise ConfigError(f"routing.{key}: needs a node group with node_role prefill (every "
-                              "request would fail without one)")
+            raise ConfigError(
+                f"routing.{key}: needs a node group with node_role prefill (every "
+                "request would fail without one)"
+            )
         if self.processes.in_process and self.deployment.control_plane.nats_url:
             raise ConfigError("control-plane.nats_url: not used with in-process planes (--single-process)")
 
@@ -83,16 +88,22 @@ def fleet_planner_config(spec: ClusterSpec) -> PlannerConfig:
     if not (spec.router and spec.start_workers):
         raise ConfigError("planner: needs the router and the workers in this process (interlock serve)")
     if len(d.execution_groups) != 1:
-        raise ConfigError(f"planner: scales one execution group, the deployment has {len(d.execution_groups)}")
+        raise ConfigError(
+            f"planner: scales one execution group, the deployment has {len(d.execution_groups)}"
+        )
     if not 0 <= spec.planner_port < 65536:
         raise ConfigError(f"--planner-port: {spec.planner_port} is not a valid port")
     if cfg.ramp_s > 0 and d.routing.policy in UNWEIGHTED_POLICIES:
-        raise ConfigError(f"routing.policy {d.routing.policy!r} has no routing weights: a planner ramp "
-                          "needs kv, least-loaded or power-of-two (or planner.ramp_s 0)")
+        raise ConfigError(
+            f"routing.policy {d.routing.policy!r} has no routing weights: a planner ramp "
+            "needs kv, least-loaded or power-of-two (or planner.ramp_s 0)"
+        )
     for role in sorted({n.node_role for n in d.nodes if n.gpu_count}):
         if cfg.bounds(role).max == 0:
-            raise ConfigError(f"planner.{role}: the deployment starts {role} workers but the "
-                              f"planner's {role} max is 0 (give planner.{role}: {{min: N, max: M}})")
+            raise ConfigError(
+                f"planner.{role}: the deployment starts {role} workers but the "
+                f"planner's {role} max is 0 (give planner.{role}: {{min: N, max: M}})"
+            )
     cap = d.execution_groups[0].max_replicas
     if cap is None or cap >= cfg.total_max():
         return cfg
@@ -103,8 +114,11 @@ def fleet_planner_config(spec: ClusterSpec) -> PlannerConfig:
 
 def router_config(spec: ClusterSpec) -> RouterConfig:
     r = spec.deployment.routing
-    return RouterConfig(policy=r.policy, queue_capacity=r.queue_size,
-                        cost=CostParams(kv_watermark=r.kv_usage_watermark, chunk_tokens=chunk_tokens(spec.deployment)))
+    return RouterConfig(
+        policy=r.policy,
+        queue_capacity=r.queue_size,
+        cost=CostParams(kv_watermark=r.kv_usage_watermark, chunk_tokens=chunk_tokens(spec.deployment)),
+    )
 
 
 def chunk_tokens(d: Deployment) -> int:
@@ -114,16 +128,20 @@ def chunk_tokens(d: Deployment) -> int:
 
 def service_options(spec: ClusterSpec) -> ServiceOptions:
     cp = spec.deployment.control_plane
-    return ServiceOptions(dispatch=spec.dispatch,
-                          health_check_s=cp.heartbeat_interval if cp.health_check_enabled else None)
+    return ServiceOptions(
+        dispatch=spec.dispatch, health_check_s=cp.heartbeat_interval if cp.health_check_enabled else None
+    )
 
 
 def disagg_config(spec: ClusterSpec) -> DisaggConfig:
     """Always on: a request takes the disaggregated path once its model has prefill workers,
     whichever command started the router (``interlock frontend`` knows no roles in advance)."""
     r = spec.deployment.routing
-    return DisaggConfig(enforce=r.enforce_disagg or not r.fallback_to_local,
-                        max_kv_bytes=r.max_remote_kv_bytes, chunk_tokens=chunk_tokens(spec.deployment))
+    return DisaggConfig(
+        enforce=r.enforce_disagg or not r.fallback_to_local,
+        max_kv_bytes=r.max_remote_kv_bytes,
+        chunk_tokens=chunk_tokens(spec.deployment),
+    )
 
 
 @dataclass(frozen=True)
@@ -143,33 +161,65 @@ def resolve_groups(d: Deployment, *, progress: bool = True) -> list[ResolvedGrou
     out = []
     for i, g in enumerate(d.execution_groups):
         path = str(resolve_model(g.model, progress=progress))
-        out.append(ResolvedGroup(i, g, path, g.served_model_name or served_model_name(path),
-                                 g.max_model_len or context_length(path)))
+        out.append(
+            ResolvedGroup(
+                i,
+                g,
+                path,
+                g.served_model_name or served_model_name(path),
+                g.max_model_len or context_length(path),
+            )
+        )
     return out
 
 
-def worker_spec(spec: ClusterSpec, rg: ResolvedGroup, node: NodeGroup, *, instance_id: str,
-                device: str, threads: int) -> WorkerSpec:
+def worker_spec(
+    spec: ClusterSpec, rg: ResolvedGroup, node: NodeGroup, *, instance_id: str, device: str, threads: int
+) -> WorkerSpec:
     g, d, p = rg.group, spec.deployment, spec.processes
     engine = EngineConfig(
-        model=ModelConfig(model=rg.model_path, runner=g.runner, device=device, dtype=g.dtype, num_threads=threads),
-        cache=CacheConfig(block_size=g.block_size, num_blocks=node.num_blocks, kv_cache_gib=node.kv_cache_gib,
-                          enable_prefix_caching=g.enable_prefix_caching, host_kv_gib=node.host_kv_gib,
-                          host_kv_shared=node.host_kv_shared, disk_kv_gib=node.disk_kv_gib,
-                          disk_kv_path=node.disk_kv_path),
-        scheduler=SchedulerConfig(max_num_batched_tokens=node.max_num_batched_tokens,
-                                  max_num_seqs=node.max_batch_size, max_model_len=rg.max_model_len,
-                                  preempt_enabled=d.routing.preempt_enabled),
+        model=ModelConfig(
+            model=rg.model_path, runner=g.runner, device=device, dtype=g.dtype, num_threads=threads
+        ),
+        cache=CacheConfig(
+            block_size=g.block_size,
+            num_blocks=node.num_blocks,
+            kv_cache_gib=node.kv_cache_gib,
+            enable_prefix_caching=g.enable_prefix_caching,
+            host_kv_gib=node.host_kv_gib,
+            host_kv_shared=node.host_kv_shared,
+            disk_kv_gib=node.disk_kv_gib,
+            disk_kv_path=node.disk_kv_path,
+        ),
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=node.max_num_batched_tokens,
+            max_num_seqs=node.max_batch_size,
+            max_model_len=rg.max_model_len,
+            preempt_enabled=d.routing.preempt_enabled,
+        ),
     )
-    return WorkerSpec(engine=engine, served_name=rg.served_name, model_path=rg.model_path, role=node.node_role,
-                      instance_id=instance_id, speedup=g.speedup, kv_transfer=node.transfer,
-                      kv_transfer_port=p.kv_transfer_port, kv_transfer_timeout_s=p.kv_transfer_timeout_s,
-                      host=p.host, advertise_host=p.advertise_host,
-                      queue_depth_threshold=node.queue_depth_threshold,
-                      export_interval_s=d.metrics.export_interval, drain_grace_s=p.drain_grace_s, group=rg.index)
+    return WorkerSpec(
+        engine=engine,
+        served_name=rg.served_name,
+        model_path=rg.model_path,
+        role=node.node_role,
+        instance_id=instance_id,
+        speedup=g.speedup,
+        kv_transfer=node.transfer,
+        kv_transfer_port=p.kv_transfer_port,
+        kv_transfer_timeout_s=p.kv_transfer_timeout_s,
+        host=p.host,
+        advertise_host=p.advertise_host,
+        queue_depth_threshold=node.queue_depth_threshold,
+        export_interval_s=d.metrics.export_interval,
+        drain_grace_s=p.drain_grace_s,
+        group=rg.index,
+    )
 
 
-def worker_specs(spec: ClusterSpec, groups: list[ResolvedGroup], *, prefix: str | None = None) -> list[WorkerSpec]:
+def worker_specs(
+    spec: ClusterSpec, groups: list[ResolvedGroup], *, prefix: str | None = None
+) -> list[WorkerSpec]:
     """One spec per device of every node group, in order (``w0-<pid>``, ``w1-<pid>``, ...)."""
     prefix = prefix or f"{os.getpid():x}"
     total = spec.deployment.num_workers
@@ -178,8 +228,16 @@ def worker_specs(spec: ClusterSpec, groups: list[ResolvedGroup], *, prefix: str 
         threads = rg.group.threads or max(1, (os.cpu_count() or 1) // max(1, total))
         for node in rg.group.nodes:
             for _ in range(node.gpu_count):
-                specs.append(worker_spec(spec, rg, node, instance_id=f"w{len(specs)}-{prefix}",
-                                         device=device_of(rg.group.device, len(specs)), threads=threads))
+                specs.append(
+                    worker_spec(
+                        spec,
+                        rg,
+                        node,
+                        instance_id=f"w{len(specs)}-{prefix}",
+                        device=device_of(rg.group.device, len(specs)),
+                        threads=threads,
+                    )
+                )
     return specs
 
 

@@ -104,16 +104,21 @@ def describe_exit(code: int | None) -> str:
     return f"code {code}"
 
 
-def on_exit(history: History, exit: Exit, policy: RestartPolicy, backoff: Backoff) -> tuple[History, Restart | Leave]:
+def on_exit(
+    history: History, exit: Exit, policy: RestartPolicy, backoff: Backoff
+) -> tuple[History, Restart | Leave]:
     """The next history and what to do about a process that just exited unasked."""
     if not exit.failed:
-        return replace(history, last=exit), Leave(f"exited with {describe_exit(exit.code)} and is not restarted")
+        return replace(history, last=exit), Leave(
+            f"exited with {describe_exit(exit.code)} and is not restarted"
+        )
     recent = tuple(t for t in history.failures if t > exit.at - backoff.loop_window_s) + (exit.at,)
     attempt = 1 if exit.uptime_s >= backoff.stable_s else history.attempt + 1
     history = History(failures=recent, attempt=attempt, total_failures=history.total_failures + 1, last=exit)
     if policy is RestartPolicy.NEVER:
-        return history, Leave(f"exited with {describe_exit(exit.code)} and is not restarted "
-                              "(--restart-policy never)")
+        return history, Leave(
+            f"exited with {describe_exit(exit.code)} and is not restarted (--restart-policy never)"
+        )
     return history, Restart(backoff.delay(attempt), attempt, len(recent) >= backoff.loop_exits)
 
 
@@ -146,15 +151,20 @@ def problem(name: str, phase: Phase, history: History, now: float, backoff: Back
     n = recent_failures(history, now, backoff)
     looping = n >= backoff.loop_exits
     last = describe_exit(history.last.code) if history.last else "?"
-    head = (f"{name} is crash looping: exited {n} times in {backoff.loop_window_s:.0f} s (last: {last})"
-            if looping else None)
+    head = (
+        f"{name} is crash looping: exited {n} times in {backoff.loop_window_s:.0f} s (last: {last})"
+        if looping
+        else None
+    )
     if isinstance(phase, Waiting):
         wait = f"restarting in {max(0.0, phase.until - now):.1f} s"
         return f"{head}; {wait}" if head else f"{name} is down ({last}), {wait}"
     return head
 
 
-def startup_failure(histories: Mapping[str, History], policy: RestartPolicy = RestartPolicy.ON_FAILURE) -> str | None:
+def startup_failure(
+    histories: Mapping[str, History], policy: RestartPolicy = RestartPolicy.ON_FAILURE
+) -> str | None:
     """Why serve should give up before its workers were ever all ready, or None to keep waiting.
 
     Restarting cannot fix a configuration error (exit code 2, the code every interlock command
@@ -170,8 +180,9 @@ def startup_failure(histories: Mapping[str, History], policy: RestartPolicy = Re
         if h.last is not None and h.last.code == CONFIG_ERROR_EXIT:
             return f"{name} exited with code {CONFIG_ERROR_EXIT} (a configuration error) before it was ready"
     if histories and all(h.total_failures > 0 for h in histories.values()):
-        lasts = ", ".join(f"{name}: {describe_exit(h.last.code if h.last else None)}"
-                          for name, h in histories.items())
+        lasts = ", ".join(
+            f"{name}: {describe_exit(h.last.code if h.last else None)}" for name, h in histories.items()
+        )
         return f"every worker exited before it was ready ({lasts})"
     return None
 
@@ -202,8 +213,12 @@ class _Watched:
 class Supervisor:
     """Watches started processes and restarts them per ``policy``; ``close()`` before stopping them."""
 
-    def __init__(self, policy: RestartPolicy = RestartPolicy.ON_FAILURE, backoff: Backoff | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        policy: RestartPolicy = RestartPolicy.ON_FAILURE,
+        backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.policy = policy
         self.backoff = backoff or Backoff()
         self._clock = clock
@@ -247,7 +262,9 @@ class Supervisor:
         while not self._closing.is_set():
             now = self._clock()
             assert isinstance(w.phase, Running)
-            w.history, decision = on_exit(w.history, Exit(code, now, now - w.phase.since), self.policy, self.backoff)
+            w.history, decision = on_exit(
+                w.history, Exit(code, now, now - w.phase.since), self.policy, self.backoff
+            )
             if isinstance(decision, Leave):
                 w.phase = Left(decision.reason)
                 (log.info if code == 0 else log.error)("%s %s", w.process.name, decision.reason)
@@ -282,7 +299,14 @@ class Supervisor:
     def _log_restart(self, name: str, history: History, r: Restart) -> None:
         last = describe_exit(history.last.code if history.last else None)
         if r.crash_loop:
-            log.error("%s is crash looping: exited %d times in %.0f s (last: %s); restart %d in %.1f s",
-                      name, len(history.failures), self.backoff.loop_window_s, last, r.attempt, r.delay_s)
+            log.error(
+                "%s is crash looping: exited %d times in %.0f s (last: %s); restart %d in %.1f s",
+                name,
+                len(history.failures),
+                self.backoff.loop_window_s,
+                last,
+                r.attempt,
+                r.delay_s,
+            )
         else:
             log.warning("%s exited with %s; restart %d in %.1f s", name, last, r.attempt, r.delay_s)

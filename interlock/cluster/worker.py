@@ -69,7 +69,9 @@ class WorkerLaunch:
 
 
 def files_only(auth: NatsAuth) -> NatsAuth:
-    return NatsAuth(creds_file=auth.creds_file, tls_ca=auth.tls_ca, tls_cert=auth.tls_cert, tls_key=auth.tls_key)
+    return NatsAuth(
+        creds_file=auth.creds_file, tls_ca=auth.tls_ca, tls_cert=auth.tls_cert, tls_key=auth.tls_key
+    )
 
 
 def worker_info(spec: WorkerSpec, *, block_size: int, kv_blocks_total: int) -> InstanceInfo:
@@ -93,9 +95,14 @@ def transfer_agent(spec: WorkerSpec, cluster_secret: bytes | None = None):  # ty
         return None
     from interlock.transfer import TransferAgent
 
-    return TransferAgent(host=spec.host, port=spec.kv_transfer_port, advertise_host=spec.advertise_host,
-                         use_shm=spec.kv_transfer != "tcp", cluster_secret=cluster_secret,
-                         transport=None if spec.kv_transfer == "auto" else spec.kv_transfer)
+    return TransferAgent(
+        host=spec.host,
+        port=spec.kv_transfer_port,
+        advertise_host=spec.advertise_host,
+        use_shm=spec.kv_transfer != "tcp",
+        cluster_secret=cluster_secret,
+        transport=None if spec.kv_transfer == "auto" else spec.kv_transfer,
+    )
 
 
 async def start_worker(spec: WorkerSpec, runtime, *, core=None):  # type: ignore[no-untyped-def]
@@ -104,14 +111,24 @@ async def start_worker(spec: WorkerSpec, runtime, *, core=None):  # type: ignore
     from interlock.engine.worker import Worker, WorkerOptions
 
     if core is None:
-        core = await asyncio.to_thread(build_engine, spec.engine, instance_id=spec.instance_id,
-                                       speedup=spec.speedup)
+        core = await asyncio.to_thread(
+            build_engine, spec.engine, instance_id=spec.instance_id, speedup=spec.speedup
+        )
     info = worker_info(spec, block_size=core.block_size, kv_blocks_total=core.pool.num_blocks)
-    options = WorkerOptions(drain_grace_s=spec.drain_grace_s, kv_transfer_timeout_s=spec.kv_transfer_timeout_s,
-                            idle_report_s=spec.export_interval_s)
-    worker = Worker(core, info, discovery=runtime.discovery, requests=runtime.requests,
-                    events=runtime.events, options=options,
-                    transfer=transfer_agent(spec, runtime.config.cluster_secret))
+    options = WorkerOptions(
+        drain_grace_s=spec.drain_grace_s,
+        kv_transfer_timeout_s=spec.kv_transfer_timeout_s,
+        idle_report_s=spec.export_interval_s,
+    )
+    worker = Worker(
+        core,
+        info,
+        discovery=runtime.discovery,
+        requests=runtime.requests,
+        events=runtime.events,
+        options=options,
+        transfer=transfer_agent(spec, runtime.config.cluster_secret),
+    )
     await worker.start()
     return worker
 
@@ -122,9 +139,14 @@ async def run_worker(launch: WorkerLaunch, *, cluster_secret: bytes | None, auth
     from interlock.runtime import connect_runtime
 
     spec = launch.spec
-    cfg = RuntimeConfig(heartbeat_interval=launch.heartbeat_interval, lease_timeout=launch.heartbeat_timeout,
-                        host=spec.host, advertise_host=spec.advertise_host,
-                        cluster_secret=cluster_secret, nats_auth=auth)
+    cfg = RuntimeConfig(
+        heartbeat_interval=launch.heartbeat_interval,
+        lease_timeout=launch.heartbeat_timeout,
+        host=spec.host,
+        advertise_host=spec.advertise_host,
+        cluster_secret=cluster_secret,
+        nats_auth=auth,
+    )
     runtime = await connect_runtime(launch.nats_url, cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -16,8 +16,10 @@ from interlock.env import get_env
 def main() -> int:
     launch = WorkerLaunch.decode(sys.stdin.buffer.read())
     if sys.argv[1:] != [launch.spec.instance_id]:
-        print(f"worker_main: argv {sys.argv[1:]} does not name the spec's worker {launch.spec.instance_id!r}",
-              file=sys.stderr)
+        print(
+            f"worker_main: argv {sys.argv[1:]} does not name the spec's worker {launch.spec.instance_id!r}",
+            file=sys.stderr,
+        )
         return 2
     coro = run_worker(launch, cluster_secret=get_env().cluster_secret, auth=env_auth(launch.files))
     return run_command("interlock worker", coro, log_level=get_env().log_level)

@@ -56,8 +56,10 @@ class CacheConfig:
             if not self.has_host_tier:
                 raise ConfigError("host_kv_shared needs a host tier (host_kv_gib)")
             if not _SEGMENT_NAME.fullmatch(self.host_kv_shared):
-                raise ConfigError(f"host_kv_shared {self.host_kv_shared!r}: use letters, digits, "
-                                  "'_', '-' and '.' (not first)")
+                raise ConfigError(
+                    f"host_kv_shared {self.host_kv_shared!r}: use letters, digits, "
+                    "'_', '-' and '.' (not first)"
+                )
         if (self.has_host_tier or self.has_disk_tier) and not self.enable_prefix_caching:
             raise ConfigError("KV tiers (host_kv_gib, disk_kv_gib) need prefix caching")
 
@@ -98,9 +100,7 @@ class SchedulerConfig:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ConfigError("max_num_batched_tokens and max_num_seqs must be positive")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ConfigError(
-                "without chunked prefill, max_num_batched_tokens must be >= max_model_len"
-            )
+            raise ConfigError("without chunked prefill, max_num_batched_tokens must be >= max_model_len")
 
 
 @dataclass(frozen=True)

@@ -71,16 +71,29 @@ class WorkerControl:
         if w.handoff is not None:
             live = w.handoff.num_pending() + w.handoff.agent.num_live_sources()
             transports = dict(w.handoff.counters.transports)
-        return ControlReply(ok=not err, role=w.info.role, kv_blocks_used=used, kv_blocks_total=total,
-                            in_flight=w.in_flight, integrity_error=err, live_transfers=live,
-                            pulls_by_transport=transports)
+        return ControlReply(
+            ok=not err,
+            role=w.info.role,
+            kv_blocks_used=used,
+            kv_blocks_total=total,
+            in_flight=w.in_flight,
+            integrity_error=err,
+            live_transfers=live,
+            pulls_by_transport=transports,
+        )
 
     async def _measure(self, peer: str) -> ControlReply:
         handoff = self.worker.handoff
         if handoff is None:
             return ControlReply(ok=False, error="this worker has no transfer agent")
         # Small probe: a few MiB tells the bandwidth without stealing the link for long.
-        stats = await asyncio.to_thread(measure_link, handoff.agent, peer, num_blocks=4, repeats=3,
-                                        pings=5, timeout_s=10.0)
-        return ControlReply(ok=True, role=self.worker.info.role, transport=stats.transport,
-                            bandwidth_bytes_per_s=stats.bandwidth_bytes_per_s, rtt_s=stats.rtt_s)
+        stats = await asyncio.to_thread(
+            measure_link, handoff.agent, peer, num_blocks=4, repeats=3, pings=5, timeout_s=10.0
+        )
+        return ControlReply(
+            ok=True,
+            role=self.worker.info.role,
+            transport=stats.transport,
+            bandwidth_bytes_per_s=stats.bandwidth_bytes_per_s,
+            rtt_s=stats.rtt_s,
+        )

@@ -75,11 +75,11 @@ class EngineCore:
         self.instance_id = instance_id
         self.kv_hold_timeout_s = kv_hold_timeout_s
         self.block_size = runner.block_size
-        self.tiers: KVTiers | None = build_tiers(
-            config, runner, block_size=runner.block_size, io=tier_io
-        )
+        self.tiers: KVTiers | None = build_tiers(config, runner, block_size=runner.block_size, io=tier_io)
         self.pool = BlockPool(
-            runner.num_blocks, runner.block_size, enable_caching=config.cache.enable_prefix_caching,
+            runner.num_blocks,
+            runner.block_size,
+            enable_caching=config.cache.enable_prefix_caching,
             record_evictions=self.tiers is not None,
             record_stored=self.tiers is not None and config.cache.host_kv_shared is not None,
         )
@@ -128,14 +128,13 @@ class EngineCore:
         if not req.token_ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
         if min(req.token_ids) < 0 or max(req.token_ids) >= self.runner.vocab_size:
-            raise InvalidRequest(
-                f"token ids must be in [0, {self.runner.vocab_size})", param="prompt"
-            )
+            raise InvalidRequest(f"token ids must be in [0, {self.runner.vocab_size})", param="prompt")
         req.sampling.validate()
         resume = req.resume_token_ids
         if resume and (min(resume) < 0 or max(resume) >= self.runner.vocab_size):
-            raise InvalidRequest(f"resume token ids must be in [0, {self.runner.vocab_size})",
-                                 param="resume_token_ids")
+            raise InvalidRequest(
+                f"resume token ids must be in [0, {self.runner.vocab_size})", param="resume_token_ids"
+            )
         if len(resume) > req.sampling.max_tokens:
             raise InvalidRequest("more resume tokens than max_tokens", param="resume_token_ids")
         self._arrivals += 1

@@ -54,8 +54,14 @@ class KVHandoff:
     """Moves prompt KV between this worker's engine and its peers' (one per worker; owns and
     closes the transfer agent)."""
 
-    def __init__(self, engine: AsyncEngine, agent: TransferAgent, *, timeout_s: float = 30.0,
-                 poll_interval_s: float = 0.002) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        agent: TransferAgent,
+        *,
+        timeout_s: float = 30.0,
+        poll_interval_s: float = 0.002,
+    ) -> None:
         self.engine = engine
         self.agent = agent
         self.timeout_s = timeout_s

@@ -15,9 +15,7 @@ MOCK_DEFAULT_BLOCKS = 8192
 """Mock pool size when the config leaves ``num_blocks`` unset (its KV is 4 bytes a token)."""
 
 
-def build_runner(
-    config: EngineConfig, *, clock: Clock | None = None, speedup: float = 1.0
-) -> ModelRunner:
+def build_runner(config: EngineConfig, *, clock: Clock | None = None, speedup: float = 1.0) -> ModelRunner:
     """``mock``: a MockRunner that sleeps its modelled step time (divided by ``speedup``) on a
     real clock, or only records it on a ``VirtualClock``; ``torch``: the real model."""
     kind = config.model.runner

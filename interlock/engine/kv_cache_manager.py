@@ -28,9 +28,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(
-        self, pool: BlockPool, *, watermark: float = 0.0, tiers: TierLookup | None = None
-    ) -> None:
+    def __init__(self, pool: BlockPool, *, watermark: float = 0.0, tiers: TierLookup | None = None) -> None:
         self.pool = pool
         self.tiers = tiers
         self.block_size = pool.block_size

@@ -48,7 +48,9 @@ def seed_for_step(seed: int, step: int) -> int:
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: Sequence[int], seed: int = 0, device: torch.device | None = None) -> None:
+    def __init__(
+        self, eos_token_ids: Sequence[int], seed: int = 0, device: torch.device | None = None
+    ) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
         self.device = device or torch.device("cpu")
         self.generator = torch.Generator(device=self.device)

@@ -220,7 +220,10 @@ class Scheduler:
         if not lower:
             return False
         new = kv.allocate_slots(
-            req, lower * self.block_size, hits, num_computed_tokens=computed,
+            req,
+            lower * self.block_size,
+            hits,
+            num_computed_tokens=computed,
             watermark=bool(self.running),
         )
         if new is None:
@@ -232,9 +235,9 @@ class Scheduler:
         self.loading[rid] = req
         self._loads_in_flight.add(rid)
         first = len(hits)
-        self.newly_loading.append(LoadOrder(
-            rid, tuple(new[:lower]), tuple(req.block_hashes[first:first + lower])
-        ))
+        self.newly_loading.append(
+            LoadOrder(rid, tuple(new[:lower]), tuple(req.block_hashes[first : first + lower]))
+        )
         return True
 
     # ---- the step ----
@@ -333,9 +336,7 @@ class Scheduler:
             return False
         # Only newer requests give way to older ones, so reclaiming cannot cycle.
         holders = [r for r in self.remote_parked.values() if r.arrival > head.arrival]
-        holders += [
-            r for r in self.waiting if r.arrival > head.arrival and self.kv.has_blocks(r.request_id)
-        ]
+        holders += [r for r in self.waiting if r.arrival > head.arrival and self.kv.has_blocks(r.request_id)]
         if not holders:
             return False
         self._reclaims_left -= 1
@@ -365,9 +366,7 @@ class Scheduler:
                 return 0
             n = budget
         # With nothing running there is nobody to protect: skip the watermark (no starvation).
-        new = kv.allocate_slots(
-            req, n, hits, num_computed_tokens=computed, watermark=bool(self.running)
-        )
+        new = kv.allocate_slots(req, n, hits, num_computed_tokens=computed, watermark=bool(self.running))
         if new is None:
             return None
         self._dequeue_head()

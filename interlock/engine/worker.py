@@ -31,6 +31,7 @@ from interlock.transfer import TransferAgent
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class WorkerOptions:
     load_interval_s: float = 0.05
@@ -58,8 +59,11 @@ class Worker:
         transfer: TransferAgent | None = None,
     ) -> None:
         self.engine = AsyncEngine(core, sink=self)
-        self.handoff = (KVHandoff(self.engine, transfer, timeout_s=options.kv_transfer_timeout_s)
-                        if transfer is not None else None)
+        self.handoff = (
+            KVHandoff(self.engine, transfer, timeout_s=options.kv_transfer_timeout_s)
+            if transfer is not None
+            else None
+        )
         """Disaggregation: stages prefill KV and pulls remote KV (None: no transfer agent)."""
         self._control_address = ""
         self.info = info
@@ -179,8 +183,11 @@ class Worker:
     # ---- event plane ----
     def publish_kv(self, events: list[KVEvent], *, snapshot: bool = False) -> None:
         batch = KVEventBatch(
-            instance_id=self.instance_id, seq=self._seq, timestamp=time.time(),
-            events=tuple(events), snapshot=snapshot,
+            instance_id=self.instance_id,
+            seq=self._seq,
+            timestamp=time.time(),
+            events=tuple(events),
+            snapshot=snapshot,
         )
         self._seq += 1
         self._outbox.put_nowait((subjects.kv(self.instance_id), _encode(batch)))
@@ -212,9 +219,7 @@ class Worker:
     async def _publisher(self) -> None:
         while True:
             try:
-                subject, payload = await asyncio.wait_for(
-                    self._outbox.get(), self._options.idle_report_s
-                )
+                subject, payload = await asyncio.wait_for(self._outbox.get(), self._options.idle_report_s)
             except TimeoutError:
                 self.publish_load(self.engine.load(), force=True)
                 continue

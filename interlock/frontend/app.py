@@ -110,8 +110,11 @@ class Frontend:
         if not names and not problems:
             problems = ["no model is being served"]
         if problems:
-            return _json({"status": "unavailable", "models": names, "problems": problems},
-                         status=503, headers={"Retry-After": "1"})
+            return _json(
+                {"status": "unavailable", "models": names, "problems": problems},
+                status=503,
+                headers={"Retry-After": "1"},
+            )
         return _json({"status": "ok", "models": names})
 
     async def openapi(self, request: web.Request) -> web.Response:
@@ -155,7 +158,9 @@ class Frontend:
             ctx.priority = req.priority
         log.debug(
             "request %s: client id %s, user %s",
-            ctx.request_id, request.headers.get(HEADER_REQUEST_ID), req.user,
+            ctx.request_id,
+            request.headers.get(HEADER_REQUEST_ID),
+            req.user,
         )
         entry = self.catalog.find(req.model)
         tok = await self.catalog.tokenizer(entry)

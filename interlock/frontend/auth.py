@@ -103,9 +103,7 @@ class Auth:
             if hmac.compare_digest(key, given_bytes) and found < 0:
                 found = i
         if scheme.lower() != "bearer" or found < 0:
-            raise Unauthorized(
-                "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'."
-            )
+            raise Unauthorized("Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.")
         return found
 
     def admit_tokens(self, request: web.Request, prompt_tokens: int) -> None:

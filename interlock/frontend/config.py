@@ -47,7 +47,9 @@ class FrontendConfig:
 
         unknown = set(self.metric_families or ()) - set(FAMILIES.values())
         if unknown:
-            raise ConfigError(f"metric_families: unknown {sorted(unknown)} (known: {sorted(set(FAMILIES.values()))})")
+            raise ConfigError(
+                f"metric_families: unknown {sorted(unknown)} (known: {sorted(set(FAMILIES.values()))})"
+            )
         if not self.route_key_header or self.route_key_header != self.route_key_header.strip():
             raise ConfigError("route_key_header must be a header name")
         if self.max_body_bytes < 1024:

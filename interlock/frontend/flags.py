@@ -18,20 +18,38 @@ _DEFAULTS = FrontendConfig()
 
 def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("HTTP limits, API keys and TLS")
-    g.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                   help="accept this API key (repeatable; also INTERLOCK_API_KEYS, comma-separated)")
-    g.add_argument("--api-key-file", type=Path, metavar="FILE",
-                   help="accept the API keys in FILE, one a line (# starts a comment)")
-    g.add_argument("--open-path", action="append", default=None, metavar="PATH",
-                   help=f"path served without a key (repeatable; default {' '.join(OPEN_PATHS)})")
+    g.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="accept this API key (repeatable; also INTERLOCK_API_KEYS, comma-separated)",
+    )
+    g.add_argument(
+        "--api-key-file",
+        type=Path,
+        metavar="FILE",
+        help="accept the API keys in FILE, one a line (# starts a comment)",
+    )
+    g.add_argument(
+        "--open-path",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help=f"path served without a key (repeatable; default {' '.join(OPEN_PATHS)})",
+    )
     g.add_argument("--rate-limit-rpm", type=int, default=None, help="requests per minute per API key")
     g.add_argument("--rate-limit-tpm", type=int, default=None, help="tokens per minute per API key")
     g.add_argument("--max-prompt-chars", type=int, default=_DEFAULTS.max_prompt_chars)
     g.add_argument("--max-prompt-tokens", type=int, default=_DEFAULTS.max_prompt_tokens)
     g.add_argument("--max-body-bytes", type=int, default=_DEFAULTS.max_body_bytes)
     g.add_argument("--max-json-depth", type=int, default=_DEFAULTS.max_json_depth)
-    g.add_argument("--idle-timeout", type=float, default=_DEFAULTS.idle_timeout_s,
-                   help="seconds an open connection may go without a complete request head")
+    g.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=_DEFAULTS.idle_timeout_s,
+        help="seconds an open connection may go without a complete request head",
+    )
     g.add_argument("--body-timeout", type=float, default=_DEFAULTS.body_timeout_s)
     g.add_argument("--max-connections", type=int, default=_DEFAULTS.max_connections)
     g.add_argument("--ssl-certfile", default=None)

@@ -52,10 +52,14 @@ def check_depth(value: Any, max_depth: int, *, param: str) -> None:
             depth += 1
             if depth > max_depth:
                 raise depth_error(max_depth, param=param)
-            children = item.values() if isinstance(item, dict) else (
-                msgspec.structs.astuple(item) if isinstance(item, msgspec.Struct) else item
+            children = (
+                item.values()
+                if isinstance(item, dict)
+                else (msgspec.structs.astuple(item) if isinstance(item, msgspec.Struct) else item)
             )
-            stack.extend((child, depth) for child in children if isinstance(child, (list, dict, msgspec.Struct)))
+            stack.extend(
+                (child, depth) for child in children if isinstance(child, (list, dict, msgspec.Struct))
+            )
 
 
 def depth_error(max_depth: int, *, param: str | None) -> LimitExceeded:

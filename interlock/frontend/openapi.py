@@ -94,7 +94,12 @@ _ACCEPTED: dict[str, dict[str, Any]] = {
                 "anyOf": [
                     {"type": "string", "minLength": 1},
                     _TOKEN_IDS,
-                    {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string", "minLength": 1}},
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": 1,
+                        "items": {"type": "string", "minLength": 1},
+                    },
                     {"type": "array", "minItems": 1, "maxItems": 1, "items": _TOKEN_IDS},
                 ]
             },
@@ -144,7 +149,9 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/v1/models/{model}": {
                 "get": {
                     **_get("One model card", "model card", errors=("401", "404")),
-                    "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "parameters": [
+                        {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
                 }
             },
             "/health": {"get": _get("Ready to serve: 503 while no model is servable", "status", open_=True)},
@@ -170,7 +177,12 @@ def _generate(summary: str, body: dict[str, Any], object_name: str) -> dict[str,
 
 
 def _get(
-    summary: str, description: str, *, errors: tuple[str, ...] = ("401",), open_: bool = False, text: bool = False
+    summary: str,
+    description: str,
+    *,
+    errors: tuple[str, ...] = ("401",),
+    open_: bool = False,
+    text: bool = False,
 ) -> dict[str, Any]:
     media = "text/plain" if text else "application/json"
     op: dict[str, Any] = {

@@ -101,10 +101,10 @@ def parse_chat(body: bytes, *, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> ChatC
     if req.tools:
         raise InvalidRequest("tools are not supported by this server", param="tools")
     if req.tool_choice not in (None, "none"):
-        raise InvalidRequest("tool_choice is not supported by this server (only \"none\")", param="tool_choice")
+        raise InvalidRequest('tool_choice is not supported by this server (only "none")', param="tool_choice")
     if req.response_format not in (None, {"type": "text"}):
         raise InvalidRequest(
-            "response_format is not supported by this server (only {\"type\": \"text\"})",
+            'response_format is not supported by this server (only {"type": "text"})',
             param="response_format",
         )
     if not req.messages:

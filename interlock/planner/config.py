@@ -90,12 +90,26 @@ class PlannerConfig:
     def __post_init__(self) -> None:
         if self.policy not in PLANNER_POLICIES:
             raise ConfigError(f"planner.policy: {self.policy!r} is not one of {PLANNER_POLICIES}")
-        for name in ("interval_s", "window_s", "cap_window_s", "ttft_ms", "itl_ms", "horizon_s",
-                     "drain_timeout_s"):
+        for name in (
+            "interval_s",
+            "window_s",
+            "cap_window_s",
+            "ttft_ms",
+            "itl_ms",
+            "horizon_s",
+            "drain_timeout_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"planner.{name} must be positive")
-        for name in ("ramp_s", "headroom", "cache_block_cost", "queue_low", "kv_low", "max_workers",
-                     "min_workers"):
+        for name in (
+            "ramp_s",
+            "headroom",
+            "cache_block_cost",
+            "queue_low",
+            "kv_low",
+            "max_workers",
+            "min_workers",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"planner.{name} must be >= 0")
         if self.max_changes < 1:
@@ -131,8 +145,9 @@ _FLOATS = {f.name for f in fields(PlannerConfig) if f.type == "float"}
 _INTS = {f.name for f in fields(PlannerConfig) if f.type == "int"}
 
 
-def parse_planner_config(raw: Mapping[str, Any] | None, *, where: str = "planner",
-                         base: PlannerConfig | None = None) -> PlannerConfig:
+def parse_planner_config(
+    raw: Mapping[str, Any] | None, *, where: str = "planner", base: PlannerConfig | None = None
+) -> PlannerConfig:
     """The ``planner:`` section of a deployment file (a mapping) as a ``PlannerConfig``.
     Keys may use ``-`` or ``_``; roles take ``{min: N, max: M}``. Unknown keys are refused."""
     if raw is None:
@@ -162,8 +177,11 @@ def _value(name: str, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
         return value
     if name in _FLOATS or name in _INTS:
-        if isinstance(value, bool) or not isinstance(value, int | float) or (
-                name in _INTS and not isinstance(value, int)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or (name in _INTS and not isinstance(value, int))
+        ):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value) if name in _FLOATS else value
     if name == "profile":
@@ -173,4 +191,3 @@ def _value(name: str, value: Any, where: str) -> Any:
     if not isinstance(value, str):
         raise ConfigError(f"{where}: expected a string, got {value!r}")
     return value
-

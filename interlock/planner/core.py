@@ -103,11 +103,18 @@ class Planner:
     def _act(self, pools: dict[str, list[WorkerView]], wants: list[Want]) -> Action | None:
         c = self.config
         size = {r: len(p) for r, p in pools.items()}
-        grow = sorted((w for w in wants if w.delta > 0 and size[w.role] < c.bounds(w.role).max),
-                      key=lambda w: -w.pressure)
-        shrink = sorted((w for w in wants if w.delta < 0 and size[w.role] > c.bounds(w.role).min
-                         and any(v.ready for v in pools[w.role])),
-                        key=lambda w: -w.pressure)
+        grow = sorted(
+            (w for w in wants if w.delta > 0 and size[w.role] < c.bounds(w.role).max),
+            key=lambda w: -w.pressure,
+        )
+        shrink = sorted(
+            (
+                w
+                for w in wants
+                if w.delta < 0 and size[w.role] > c.bounds(w.role).min and any(v.ready for v in pools[w.role])
+            ),
+            key=lambda w: -w.pressure,
+        )
         for g in grow:
             for s in shrink:
                 if g.role in SWITCHABLE and s.role in SWITCHABLE and g.role != s.role:

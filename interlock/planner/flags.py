@@ -31,39 +31,68 @@ _FLAG_FIELDS = {
 
 def add_planner_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("planner (the fleet follows the traffic)")
-    g.add_argument("--planner", choices=PLANNER_POLICIES, default=None,
-                   help="let the planner add, remove and re-role workers with this policy")
-    g.add_argument("--planner-config", metavar="YAML", default=None,
-                   help="planner settings: a deployment file's planner: section (flags override)")
-    g.add_argument("--profile", metavar="JSON", default=None,
-                   help="capability profile from `interlock profile` (the sla policy needs one)")
+    g.add_argument(
+        "--planner",
+        choices=PLANNER_POLICIES,
+        default=None,
+        help="let the planner add, remove and re-role workers with this policy",
+    )
+    g.add_argument(
+        "--planner-config",
+        metavar="YAML",
+        default=None,
+        help="planner settings: a deployment file's planner: section (flags override)",
+    )
+    g.add_argument(
+        "--profile",
+        metavar="JSON",
+        default=None,
+        help="capability profile from `interlock profile` (the sla policy needs one)",
+    )
     g.add_argument("--min-workers", type=int, default=None, help="aggregated workers, at least")
     g.add_argument("--max-workers", type=int, default=None, help="aggregated workers, at most")
-    g.add_argument("--planner-window-s", type=float, default=None,
-                   help="after a change, observe this long before the next one")
+    g.add_argument(
+        "--planner-window-s",
+        type=float,
+        default=None,
+        help="after a change, observe this long before the next one",
+    )
     g.add_argument("--planner-interval-s", type=float, default=None, help="observation period")
-    g.add_argument("--planner-max-changes", type=int, default=None,
-                   help="changes allowed per cap window (planner.cap_window_s)")
-    g.add_argument("--ramp-s", type=float, default=None,
-                   help="a new worker's routing weight ramps up over this long (0: at once)")
+    g.add_argument(
+        "--planner-max-changes",
+        type=int,
+        default=None,
+        help="changes allowed per cap window (planner.cap_window_s)",
+    )
+    g.add_argument(
+        "--ramp-s",
+        type=float,
+        default=None,
+        help="a new worker's routing weight ramps up over this long (0: at once)",
+    )
 
 
-def planner_config_from_args(args: argparse.Namespace, *, deployment_file: str | None = None,
-                             **targets: float) -> PlannerConfig | None:
+def planner_config_from_args(
+    args: argparse.Namespace, *, deployment_file: str | None = None, **targets: float
+) -> PlannerConfig | None:
     """The planner configuration the flags (and ``deployment_file``'s ``planner:`` section) ask
     for, None without either. ``targets``: fields set by the command's own flags (e.g.
     ``ttft_ms``, ``itl_ms``)."""
-    given = [f"--{name.replace('_', '-')}" for name in (*_FLAG_FIELDS, "min_workers", "max_workers",
-                                                       "planner_config")
-             if getattr(args, name) is not None]
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in (*_FLAG_FIELDS, "min_workers", "max_workers", "planner_config")
+        if getattr(args, name) is not None
+    ]
     file_section = _file_section(deployment_file) if deployment_file else None
     if args.planner is None and file_section is None:
         if given:
             raise ConfigError(f"{', '.join(given)} needs --planner")
         return None
     if file_section is not None and args.planner_config:
-        raise ConfigError(f"--planner-config: {deployment_file} has a planner: section already "
-                          "(one place for the planner's settings)")
+        raise ConfigError(
+            f"--planner-config: {deployment_file} has a planner: section already "
+            "(one place for the planner's settings)"
+        )
     where = f"{deployment_file}: planner" if file_section is not None else args.planner_config or "planner"
     raw: dict[str, Any] = _read_section(args.planner_config) if args.planner_config else {}
     raw = {**raw, **(file_section or {}), **targets}

@@ -27,9 +27,11 @@ class RouterServiceView:
 
     def totals(self) -> TrafficTotals:
         ms = [r.metrics for r in self.service.routers.values()]
-        return TrafficTotals(requests=sum(m.decisions for m in ms),
-                             prompt_tokens=sum(m.prompt_tokens for m in ms),
-                             cached_tokens=sum(m.predicted_cached_tokens for m in ms))
+        return TrafficTotals(
+            requests=sum(m.decisions for m in ms),
+            prompt_tokens=sum(m.prompt_tokens for m in ms),
+            cached_tokens=sum(m.predicted_cached_tokens for m in ms),
+        )
 
     def set_weight(self, instance_id: str, weight: float) -> None:
         for r in self.service.routers.values():

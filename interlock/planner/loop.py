@@ -60,8 +60,9 @@ class LoadView(Protocol):
 
 
 class PlannerLoop:
-    def __init__(self, planner: Planner, fleet: Fleet, view: LoadView, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, planner: Planner, fleet: Fleet, view: LoadView, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.planner = planner
         self.fleet = fleet
         self.view = view
@@ -77,10 +78,13 @@ class PlannerLoop:
         traffic = Traffic()
         if self._last is not None:
             t0, old = self._last
-            traffic = Traffic(now - t0, totals.requests - old.requests,
-                              totals.prompt_tokens - old.prompt_tokens,
-                              totals.cached_tokens - old.cached_tokens,
-                              totals.output_tokens - old.output_tokens)
+            traffic = Traffic(
+                now - t0,
+                totals.requests - old.requests,
+                totals.prompt_tokens - old.prompt_tokens,
+                totals.cached_tokens - old.cached_tokens,
+                totals.output_tokens - old.output_tokens,
+            )
         self._last = (now, totals)
         views = []
         members = await self.fleet.workers()
@@ -92,10 +96,16 @@ class PlannerLoop:
         for wid in set(self._ready_since) - ready:
             del self._ready_since[wid]
         for w in members:
-            views.append(WorkerView.of(
-                w.worker_id, w.role, self.view.report(w.worker_id) if w.ready else None,
-                ready=w.ready, draining=w.draining,
-                age_s=now - self._ready_since.get(w.worker_id, now)))
+            views.append(
+                WorkerView.of(
+                    w.worker_id,
+                    w.role,
+                    self.view.report(w.worker_id) if w.ready else None,
+                    ready=w.ready,
+                    draining=w.draining,
+                    age_s=now - self._ready_since.get(w.worker_id, now),
+                )
+            )
         return Observation(now, tuple(views), router_queue=self.view.queued(), traffic=traffic)
 
     async def tick(self) -> list[Action]:

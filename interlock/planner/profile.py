@@ -70,6 +70,7 @@ class CapabilityProfile:
             raise ConfigError("a capability profile needs >= 3 prefill and >= 4 decode points")
         if self.chunk_tokens < 1 or self.max_batch < 1 or self.kv_tokens < 1:
             raise ConfigError("profile chunk_tokens, max_batch and kv_tokens must be positive")
+
     # ---- the fits ----
     @cached_property
     def _prefill_fit(self) -> tuple[float, float, float]:
@@ -126,8 +127,15 @@ class CapabilityProfile:
         b = self.decode_batch(ctx, itl_target_s)
         return b / (max(output, 1.0) * self.itl_s(b, ctx)) if b else 0.0
 
-    def aggregated_rate(self, prompt: float, uncached: float, output: float, ttft_s: float,
-                        itl_target_s: float, attainment: float) -> float:
+    def aggregated_rate(
+        self,
+        prompt: float,
+        uncached: float,
+        output: float,
+        ttft_s: float,
+        itl_target_s: float,
+        attainment: float,
+    ) -> float:
         t = self.prefill_s(uncached)
         ctx = prompt + output / 2
         top = self.prefill_rate(uncached, ttft_s, attainment)
@@ -139,8 +147,11 @@ class CapabilityProfile:
             batch = 1.0
             for _ in range(30):  # Little's law: batch = rate x time decoding
                 batch = r * max(output, 1.0) * self.itl_s(batch, ctx) / (1.0 - rho)
-            return (batch <= self.max_batch and batch * ctx <= self.kv_tokens
-                    and self.itl_s(batch, ctx) / (1.0 - rho) <= itl_target_s)
+            return (
+                batch <= self.max_batch
+                and batch * ctx <= self.kv_tokens
+                and self.itl_s(batch, ctx) / (1.0 - rho) <= itl_target_s
+            )
 
         lo, hi = 0.0, 1.0 / t
         for _ in range(40):
@@ -177,12 +188,15 @@ def load_profile(path: str | Path) -> CapabilityProfile:
         raise ConfigError(f"capability profile {path}: expected version {PROFILE_VERSION}")
     try:
         return CapabilityProfile(
-            runner=str(raw["runner"]), model=str(raw["model"]),
-            chunk_tokens=int(raw["chunk_tokens"]), max_batch=int(raw["max_batch"]),
+            runner=str(raw["runner"]),
+            model=str(raw["model"]),
+            chunk_tokens=int(raw["chunk_tokens"]),
+            max_batch=int(raw["max_batch"]),
             kv_tokens=int(raw["kv_tokens"]),
             prefill=tuple(PrefillPoint(int(p["tokens"]), float(p["seconds"])) for p in raw["prefill"]),
-            decode=tuple(DecodePoint(int(p["batch"]), int(p["context"]), float(p["itl_s"]))
-                         for p in raw["decode"]),
+            decode=tuple(
+                DecodePoint(int(p["batch"]), int(p["context"]), float(p["itl_s"])) for p in raw["decode"]
+            ),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"capability profile {path}: missing or bad field ({e!r})") from None

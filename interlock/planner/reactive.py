@@ -44,8 +44,9 @@ def pool_signals(workers: list[WorkerView], router_queue: int) -> tuple[float, f
     """``(queue, backlog_s, kv)`` of ready workers (see module docstring)."""
     n = len(workers)
     queue = (sum(w.num_waiting for w in workers) + router_queue) / n
-    backlog = sum(w.queued_prefill_tokens / (w.prefill_tokens_per_s or DEFAULT_PREFILL_TPS)
-                  for w in workers) / n
+    backlog = (
+        sum(w.queued_prefill_tokens / (w.prefill_tokens_per_s or DEFAULT_PREFILL_TPS) for w in workers) / n
+    )
     kv = sum(w.kv_usage for w in workers) / n
     return queue, backlog, kv
 
@@ -80,9 +81,11 @@ class ReactivePolicy:
         queue = sum(s[2] for s in seen) / k
         backlog = sum(s[3] for s in seen) / k
         kv = sum(s[4] for s in seen) / k
-        over = [(queue / c.queue_high, f"queue {queue:.2f}/worker > {c.queue_high:g}"),
-                (backlog / c.backlog_high_s, f"prefill backlog {backlog:.2f}s > {c.backlog_high_s:g}s"),
-                (kv / c.kv_high, f"kv usage {kv:.2f} > {c.kv_high:g}")]
+        over = [
+            (queue / c.queue_high, f"queue {queue:.2f}/worker > {c.queue_high:g}"),
+            (backlog / c.backlog_high_s, f"prefill backlog {backlog:.2f}s > {c.backlog_high_s:g}s"),
+            (kv / c.kv_high, f"kv usage {kv:.2f} > {c.kv_high:g}"),
+        ]
         pressure, why = max(over)
         if pressure > 1.0:
             return Want(role, +1, pressure, f"{why} (mean over {seen[-1][0] - seen[0][0]:.0f}s)")
@@ -92,8 +95,12 @@ class ReactivePolicy:
             return None  # not a whole window at this size yet
         share = n / (n - 1) if n > 1 else 1.0
         if queue * share <= c.queue_low and backlog * share <= c.backlog_low_s and kv * share < c.kv_low:
-            return Want(role, -1, 1.0 - kv,
-                        f"over {c.window_s:g}s queue {queue:.2f}/worker <= {c.queue_low:g}, "
-                        f"prefill backlog {backlog:.2f}s <= {c.backlog_low_s:g}s, kv usage "
-                        f"{kv:.2f} < {c.kv_low:g}")
+            return Want(
+                role,
+                -1,
+                1.0 - kv,
+                f"over {c.window_s:g}s queue {queue:.2f}/worker <= {c.queue_low:g}, "
+                f"prefill backlog {backlog:.2f}s <= {c.backlog_low_s:g}s, kv usage "
+                f"{kv:.2f} < {c.kv_low:g}",
+            )
         return None

@@ -54,11 +54,14 @@ class SlaPolicy:
         c, p = self.config, self.profile
         ttft, itl = c.ttft_ms / 1000.0, c.itl_ms / 1000.0
         if c.prefill.max == 0 and c.decode.max == 0:
-            per = p.aggregated_rate(f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl,
-                                    c.attainment)
+            per = p.aggregated_rate(
+                f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl, c.attainment
+            )
             return {"both": needed(f.rate, per)}
-        return {"prefill": needed(f.rate, p.prefill_rate(f.uncached_tokens, ttft, c.attainment)),
-                "decode": needed(f.rate, p.decode_rate(f.prompt_tokens, f.output_tokens, itl))}
+        return {
+            "prefill": needed(f.rate, p.prefill_rate(f.uncached_tokens, ttft, c.attainment)),
+            "decode": needed(f.rate, p.decode_rate(f.prompt_tokens, f.output_tokens, itl)),
+        }
 
     def _feedback(self, finished: int, met: int) -> None:
         if not self.config.slo_feedback or finished <= 0:
@@ -86,15 +89,30 @@ class SlaPolicy:
                 out.append(queued)
             elif n < need:
                 shown = "inf" if math.isinf(need) else f"{need:.2f}"
-                out.append(Want(role, +1, need / max(n, 1),
-                                f"forecast {f.rate:.2f} req/s needs {shown} {role} workers, have {n}"
-                                + self._why_corrected()))
-            elif (n >= 1 and need * (1 + self.config.headroom) <= n - 1
-                  and queued is not None and queued.delta < 0):
-                out.append(Want(role, -1, (n - 1) / max(need, 1e-9),
-                                f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers "
-                                f"(+{self.config.headroom:.0%} headroom fits in {n - 1})"
-                                + self._why_corrected()))
+                out.append(
+                    Want(
+                        role,
+                        +1,
+                        need / max(n, 1),
+                        f"forecast {f.rate:.2f} req/s needs {shown} {role} workers, have {n}"
+                        + self._why_corrected(),
+                    )
+                )
+            elif (
+                n >= 1
+                and need * (1 + self.config.headroom) <= n - 1
+                and queued is not None
+                and queued.delta < 0
+            ):
+                out.append(
+                    Want(
+                        role,
+                        -1,
+                        (n - 1) / max(need, 1e-9),
+                        f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers "
+                        f"(+{self.config.headroom:.0%} headroom fits in {n - 1})" + self._why_corrected(),
+                    )
+                )
         return out
 
     def _why_corrected(self) -> str:

@@ -41,18 +41,35 @@ class WorkerView:
         return self.num_running + self.num_waiting
 
     @classmethod
-    def of(cls, worker_id: str, role: str, report: LoadReport | None, *, unique_blocks: int = 0,
-           ready: bool = True, draining: bool = False, age_s: float = INF) -> WorkerView:
+    def of(
+        cls,
+        worker_id: str,
+        role: str,
+        report: LoadReport | None,
+        *,
+        unique_blocks: int = 0,
+        ready: bool = True,
+        draining: bool = False,
+        age_s: float = INF,
+    ) -> WorkerView:
         """A worker as its last load report shows it (no report yet: idle)."""
         if report is None:
-            return cls(worker_id, role, unique_blocks=unique_blocks, ready=ready,
-                       draining=draining, age_s=age_s)
+            return cls(
+                worker_id, role, unique_blocks=unique_blocks, ready=ready, draining=draining, age_s=age_s
+            )
         return cls(
-            worker_id, role, num_running=report.num_running, num_waiting=report.num_waiting,
+            worker_id,
+            role,
+            num_running=report.num_running,
+            num_waiting=report.num_waiting,
             queued_prefill_tokens=report.queued_prefill_tokens,
             prefill_tokens_per_s=report.prefill_tokens_per_s,
             kv_usage=report.kv_blocks_used / report.kv_blocks_total if report.kv_blocks_total else 0.0,
-            unique_blocks=unique_blocks, ready=ready, draining=draining, age_s=age_s)
+            unique_blocks=unique_blocks,
+            ready=ready,
+            draining=draining,
+            age_s=age_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +142,11 @@ class DecisionRecord:
     @staticmethod
     def line_of(d: dict[str, object]) -> str:
         """One line for a decision as ``to_dict`` gives it (also read back over HTTP)."""
-        what = {"add": "add {role} worker", "remove": "remove {worker_id}",
-                "switch": "switch {worker_id} to {role}"}[str(d["kind"])].format(**d)
+        what = {
+            "add": "add {role} worker",
+            "remove": "remove {worker_id}",
+            "switch": "switch {worker_id} to {role}",
+        }[str(d["kind"])].format(**d)
         return f"t={float(d['at']):.1f}s {what}: {d['reason']}"  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, object]:

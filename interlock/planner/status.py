@@ -18,12 +18,16 @@ def prometheus_text(loop: PlannerLoop) -> str:
     status = loop.status()
     counts = status["decisions_total"]
     assert isinstance(counts, dict)
-    lines = ["# HELP interlock_planner_decisions_total Planner actions, by kind.",
-             "# TYPE interlock_planner_decisions_total counter"]
+    lines = [
+        "# HELP interlock_planner_decisions_total Planner actions, by kind.",
+        "# TYPE interlock_planner_decisions_total counter",
+    ]
     for kind in ("add", "remove", "switch"):
         lines.append(f'interlock_planner_decisions_total{{kind="{kind}"}} {counts.get(kind, 0)}')
-    lines += ["# TYPE interlock_planner_tick_errors_total counter",
-              f"interlock_planner_tick_errors_total {status['errors']}"]
+    lines += [
+        "# TYPE interlock_planner_tick_errors_total counter",
+        f"interlock_planner_tick_errors_total {status['errors']}",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -42,11 +46,13 @@ async def serve_status(loop: PlannerLoop, host: str = "127.0.0.1", port: int = 0
                 code, ctype, body = "200 OK", "text/plain; version=0.0.4", prometheus_text(loop).encode()
             else:
                 code, ctype, body = "404 Not Found", "text/plain", b"try /planner or /metrics\n"
-            writer.write(f"HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                         f"Connection: close\r\n\r\n".encode() + body)
+            writer.write(
+                f"HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                f"Connection: close\r\n\r\n".encode()
+                + body
+            )
             await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
-                ConnectionError):
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
             pass
         finally:
             writer.close()

@@ -121,13 +121,18 @@ def ttft_costs(
         over = np.maximum(kv_usage - params.kv_watermark, 0.0) / max(1.0 - params.kv_watermark, 1e-9)
         cost *= 1.0 + params.kv_penalty * over
     if free_blocks is not None and used_blocks is not None and drain_s is not None:
-        cost += room_wait_s(need_blocks=work / params.block_size, free_blocks=free_blocks,
-                           used_blocks=used_blocks, drain_s=drain_s)
+        cost += room_wait_s(
+            need_blocks=work / params.block_size,
+            free_blocks=free_blocks,
+            used_blocks=used_blocks,
+            drain_s=drain_s,
+        )
     return cost
 
 
-def room_wait_s(*, need_blocks: np.ndarray, free_blocks: np.ndarray, used_blocks: np.ndarray,
-                drain_s: np.ndarray) -> np.ndarray:
+def room_wait_s(
+    *, need_blocks: np.ndarray, free_blocks: np.ndarray, used_blocks: np.ndarray, drain_s: np.ndarray
+) -> np.ndarray:
     """Seconds until each worker has ``need_blocks`` free: 0 while it has them; past that the
     deficit, at the rate a worker releases its ``used_blocks`` (all of them in ``drain_s``)."""
     deficit = np.maximum(need_blocks - free_blocks, 0.0)
@@ -158,4 +163,3 @@ def choose(
         b = busy[tied]
         tied = tied[b == b.min()]
     return int(tied[rotation % len(tied)])
-

@@ -37,16 +37,13 @@ class Decision:
         return min(self.overlap_blocks * self.block_size, self.prompt_tokens)
 
     def header(self) -> str:
-        parts = [f"worker={self.worker_id}", f"reason={self.reason}",
-                 f"overlap={self.overlap_blocks}"]
+        parts = [f"worker={self.worker_id}", f"reason={self.reason}", f"overlap={self.overlap_blocks}"]
         if self.candidates:
             parts.append(f"cost={self.candidates[0].cost_s:.4f}")
         return "; ".join(parts)
 
     def log_line(self) -> str:
-        cands = " ".join(
-            f"{c.worker_id}:{c.cost_s:.4f}s/{c.overlap_blocks}b" for c in self.candidates
-        )
+        cands = " ".join(f"{c.worker_id}:{c.cost_s:.4f}s/{c.overlap_blocks}b" for c in self.candidates)
         return (
             f"route {self.request_id} -> {self.worker_id} reason={self.reason} "
             f"overlap={self.overlap_blocks}b cached~{self.cached_tokens}/{self.prompt_tokens}tok "

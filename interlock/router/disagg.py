@@ -87,8 +87,10 @@ class DisaggChoice:
 
     def log_line(self, request_id: str) -> str:
         side = "remote" if self.remote else "local"
-        return (f"prefill {request_id} {side} ({self.reason}): "
-                f"local~{self.local_ttft_s * 1e3:.1f}ms remote~{self.remote_ttft_s * 1e3:.1f}ms")
+        return (
+            f"prefill {request_id} {side} ({self.reason}): "
+            f"local~{self.local_ttft_s * 1e3:.1f}ms remote~{self.remote_ttft_s * 1e3:.1f}ms"
+        )
 
 
 def prefill_time_s(w: WorkerEstimate, prompt_tokens: int, config: DisaggConfig) -> float:
@@ -124,9 +126,14 @@ def choose(
     return DisaggChoice(False, "local_faster", local, remote)
 
 
-def _hard_stay(kv_bytes: int, blocks_needed: int, decode: WorkerEstimate,
-               prefill: WorkerEstimate | None, link: LinkEstimate | None,
-               config: DisaggConfig) -> str | None:
+def _hard_stay(
+    kv_bytes: int,
+    blocks_needed: int,
+    decode: WorkerEstimate,
+    prefill: WorkerEstimate | None,
+    link: LinkEstimate | None,
+    config: DisaggConfig,
+) -> str | None:
     if prefill is None:
         return "no_prefill_worker"
     if kv_bytes > config.max_kv_bytes:

@@ -101,8 +101,9 @@ class DisaggFlow:
         return False
 
     # ---- per request ----
-    async def prepare(self, router: Router, request: GenerateRequest, meta: RequestMeta,
-                      hashes: list[int]) -> tuple[GenerateOutput | None, Leg | None]:
+    async def prepare(
+        self, router: Router, request: GenerateRequest, meta: RequestMeta, hashes: list[int]
+    ) -> tuple[GenerateOutput | None, Leg | None]:
         """Place the prefill and run it if remote: (first output or None, decode leg or None
         when the request already finished at its first token)."""
         rid = request.request_id
@@ -141,10 +142,12 @@ class DisaggFlow:
         """The decode worker prefills itself; its prompt tokens count as pending there."""
         return Leg(d, request, held_tokens=self.hold(d.worker_id, len(request.token_ids) - d.cached_tokens))
 
-    def _tentative_prefill(self, router: Router, meta: RequestMeta, hashes: list[int],
-                           decode_id: str) -> Decision | None:
-        pmeta = replace(meta, request_id=meta.request_id + PREFILL_SUFFIX, role="prefill",
-                        session_id=None, worker_id=None)
+    def _tentative_prefill(
+        self, router: Router, meta: RequestMeta, hashes: list[int], decode_id: str
+    ) -> Decision | None:
+        pmeta = replace(
+            meta, request_id=meta.request_id + PREFILL_SUFFIX, role="prefill", session_id=None, worker_id=None
+        )
         try:
             p = router.route(pmeta, block_hashes=hashes, may_wait=False)
         except ServiceUnavailable:
@@ -165,9 +168,13 @@ class DisaggFlow:
         nbytes = int(info.metadata.get("kv_block_nbytes", "0")) if info is not None else 0
         link = self.links.get((p.worker_id, d.worker_id)) if p is not None else None
         return choose(
-            prompt_tokens=len(request.token_ids), kv_bytes=blocks * nbytes, blocks_needed=blocks,
-            decode=self._estimate(d), prefill=self._estimate(p) if p is not None else None,
-            link=link[0] if link is not None else None, config=self.config,
+            prompt_tokens=len(request.token_ids),
+            kv_bytes=blocks * nbytes,
+            blocks_needed=blocks,
+            decode=self._estimate(d),
+            prefill=self._estimate(p) if p is not None else None,
+            link=link[0] if link is not None else None,
+            config=self.config,
         )
 
     def hold(self, worker_id: str, tokens: int) -> int:
@@ -191,17 +198,20 @@ class DisaggFlow:
         pending = self.pending.get(d.worker_id, 0)
         if r is None:
             total = info.kv_blocks_total if info is not None else 0
-            return WorkerEstimate(d.worker_id, queued_prefill_tokens=pending, cached_tokens=d.cached_tokens,
-                                  free_blocks=total)
+            return WorkerEstimate(
+                d.worker_id, queued_prefill_tokens=pending, cached_tokens=d.cached_tokens, free_blocks=total
+            )
         return WorkerEstimate(
-            d.worker_id, queued_prefill_tokens=max(r.queued_prefill_tokens, pending),
-            prefill_tokens_per_s=r.prefill_tokens_per_s, cached_tokens=d.cached_tokens,
-            free_blocks=r.kv_blocks_total - r.kv_blocks_used, num_running=r.num_running,
+            d.worker_id,
+            queued_prefill_tokens=max(r.queued_prefill_tokens, pending),
+            prefill_tokens_per_s=r.prefill_tokens_per_s,
+            cached_tokens=d.cached_tokens,
+            free_blocks=r.kv_blocks_total - r.kv_blocks_used,
+            num_running=r.num_running,
             decode_step_s=r.decode_step_s,
         )
 
-    async def _prefill(self, router: Router, request: GenerateRequest,
-                       p: Decision) -> GenerateOutput | None:
+    async def _prefill(self, router: Router, request: GenerateRequest, p: Decision) -> GenerateOutput | None:
         """The prefill leg's final output, or None when the prefill worker failed."""
         req = msgspec.structs.replace(request, kv_transfer=KVTransferParams(do_remote_decode=True))
         final: GenerateOutput | None = None
@@ -211,8 +221,12 @@ class DisaggFlow:
                 if out.finished:
                     final = out
         except ServiceError as exc:  # gone, draining, engine fault: not the request's fault
-            log.warning("prefill worker %s failed (%s): prefilling %s locally",
-                        p.worker_id, exc.message, request.request_id)
+            log.warning(
+                "prefill worker %s failed (%s): prefilling %s locally",
+                p.worker_id,
+                exc.message,
+                request.request_id,
+            )
             if isinstance(exc, TransportError):
                 router.set_health(p.worker_id, False)
         finally:
@@ -231,24 +245,38 @@ class DisaggFlow:
 
     def _pairs(self) -> list[tuple[InstanceInfo, InstanceInfo]]:
         infos = self.svc.instances()
-        return [(p, d) for p in infos if p.role == "prefill" and "kv_transfer_address" in p.metadata
-                for d in infos if d.role != "prefill" and d.model == p.model
-                and "control_address" in d.metadata]
+        return [
+            (p, d)
+            for p in infos
+            if p.role == "prefill" and "kv_transfer_address" in p.metadata
+            for d in infos
+            if d.role != "prefill" and d.model == p.model and "control_address" in d.metadata
+        ]
 
     async def _check(self, prefill: InstanceInfo, decode: InstanceInfo) -> LinkEstimate:
         req = ControlRequest(op="measure_link", peer_address=prefill.metadata["kv_transfer_address"])
         try:
             reply = await asyncio.wait_for(
-                control_call(self.svc.requests, decode.metadata["control_address"], req), 30.0)
+                control_call(self.svc.requests, decode.metadata["control_address"], req), 30.0
+            )
         except Exception as exc:  # noqa: BLE001 - a failed check is a result
             reply = ControlReply(ok=False, error=str(exc))
         if not reply.ok or reply.bandwidth_bytes_per_s <= 0:
-            log.warning("link %s -> %s failed its check: %s", prefill.instance_id,
-                        decode.instance_id, reply.error)
+            log.warning(
+                "link %s -> %s failed its check: %s", prefill.instance_id, decode.instance_id, reply.error
+            )
             self._count(self.fallbacks, "link_check_failed")
-            return LinkEstimate(self.config.default_bandwidth_bytes_per_s, self.config.default_rtt_s, ok=False)
-        log.info("link %s -> %s: %.2f GB/s, rtt %.2f ms (%s)", prefill.instance_id, decode.instance_id,
-                 reply.bandwidth_bytes_per_s / 1e9, reply.rtt_s * 1e3, reply.transport)
+            return LinkEstimate(
+                self.config.default_bandwidth_bytes_per_s, self.config.default_rtt_s, ok=False
+            )
+        log.info(
+            "link %s -> %s: %.2f GB/s, rtt %.2f ms (%s)",
+            prefill.instance_id,
+            decode.instance_id,
+            reply.bandwidth_bytes_per_s / 1e9,
+            reply.rtt_s * 1e3,
+            reply.transport,
+        )
         return LinkEstimate(reply.bandwidth_bytes_per_s, reply.rtt_s)
 
     # ---- metrics ----
@@ -257,12 +285,18 @@ class DisaggFlow:
         table[key] = table.get(key, 0) + 1
 
     def prometheus_lines(self) -> list[str]:
-        lines = ["# HELP interlock_disagg_choices_total Prefill placement decisions, by reason",
-                 "# TYPE interlock_disagg_choices_total counter"]
-        lines += [f'interlock_disagg_choices_total{{reason="{r}"}} {n}' for r, n in sorted(self.choices.items())]
-        lines += ["# HELP interlock_disagg_fallbacks_total Remote prefills that ended local, by cause",
-                  "# TYPE interlock_disagg_fallbacks_total counter"]
-        lines += [f'interlock_disagg_fallbacks_total{{cause="{c}"}} {n}' for c, n in sorted(self.fallbacks.items())]
+        lines = [
+            "# HELP interlock_disagg_choices_total Prefill placement decisions, by reason",
+            "# TYPE interlock_disagg_choices_total counter",
+        ]
+        lines += [
+            f'interlock_disagg_choices_total{{reason="{r}"}} {n}' for r, n in sorted(self.choices.items())
+        ]
+        lines += [
+            "# HELP interlock_disagg_fallbacks_total Remote prefills that ended local, by cause",
+            "# TYPE interlock_disagg_fallbacks_total counter",
+        ]
+        lines += [
+            f'interlock_disagg_fallbacks_total{{cause="{c}"}} {n}' for c, n in sorted(self.fallbacks.items())
+        ]
         return lines
-
-

@@ -137,8 +137,12 @@ class _Progress:
 
 
 class Dispatcher:
-    def __init__(self, service: RouterService, options: DispatchOptions = DispatchOptions(),
-                 breakers: Breakers | None = None) -> None:
+    def __init__(
+        self,
+        service: RouterService,
+        options: DispatchOptions = DispatchOptions(),
+        breakers: Breakers | None = None,
+    ) -> None:
         self.svc = service
         self.options = options
         self.breakers = breakers or Breakers()
@@ -147,8 +151,9 @@ class Dispatcher:
         self._watches: dict[str, set[_Watch]] = {}
 
     # ---- the request's life ----
-    async def generate(self, router: Router, request: GenerateRequest,
-                       ctx: RequestContext | None) -> AsyncIterator[GenerateOutput]:
+    async def generate(
+        self, router: Router, request: GenerateRequest, ctx: RequestContext | None
+    ) -> AsyncIterator[GenerateOutput]:
         rid = request.request_id
         meta = RequestMeta(
             request_id=rid,
@@ -200,12 +205,14 @@ class Dispatcher:
                     if attempts >= self.options.max_attempts:
                         raise
                     self.metrics.retries += 1
-                    log.warning("worker %s failed before output (%s): routing %s again",
-                                d.worker_id, exc.message, rid)
+                    log.warning(
+                        "worker %s failed before output (%s): routing %s again", d.worker_id, exc.message, rid
+                    )
                     retry_meta = replace(meta, role=role, worker_id=None)
                     router = await self._router_again(router, request.model)
-                    leg = Leg(await self.route(router, retry_meta, hashes), leg.request,
-                              held_tokens=leg.held_tokens)
+                    leg = Leg(
+                        await self.route(router, retry_meta, hashes), leg.request, held_tokens=leg.held_tokens
+                    )
                     if ctx is not None and ctx.explain:  # nothing sent yet: name the new worker
                         ctx.response_headers[EXPLAIN_HEADER] = leg.decision.header()
                     continue
@@ -215,14 +222,21 @@ class Dispatcher:
                         raise
                     raise WorkerFailed(
                         f"the request's worker failed {migrations + 1} times; giving up "
-                        f"(migration limit {self.options.migration_limit})") from exc
+                        f"(migration limit {self.options.migration_limit})"
+                    ) from exc
                 migrations += 1
                 progress.broke_at = progress.broke_at or time.monotonic()
                 router = await self._router_again(router, request.model)
                 leg = await self._migrate(router, request, meta, role, progress.tokens, migrations)
                 self.metrics.migrations += 1
-                log.warning("migrating request %s from worker %s to %s after %d tokens (%s)",
-                            rid, d.worker_id, leg.decision.worker_id, len(progress.tokens), exc.message)
+                log.warning(
+                    "migrating request %s from worker %s to %s after %d tokens (%s)",
+                    rid,
+                    d.worker_id,
+                    leg.decision.worker_id,
+                    len(progress.tokens),
+                    exc.message,
+                )
 
     async def _router_again(self, router: Router, model: str) -> Router:
         """The router to route the next leg with, once some worker can take it (the router
@@ -238,15 +252,27 @@ class Dispatcher:
             disagg.release(leg.decision.worker_id, leg.held_tokens)
         self.finish(router, leg.decision.request_id)
 
-    async def _migrate(self, router: Router, request: GenerateRequest, meta: RequestMeta,
-                       role: str | None, tokens: Sequence[int], n: int) -> Leg:
+    async def _migrate(
+        self,
+        router: Router,
+        request: GenerateRequest,
+        meta: RequestMeta,
+        role: str | None,
+        tokens: Sequence[int],
+        n: int,
+    ) -> Leg:
         cont = msgspec.structs.replace(
-            request, request_id=f"{request.request_id}~{n}", kv_transfer=None,
-            resume_token_ids=tuple(tokens))
+            request, request_id=f"{request.request_id}~{n}", kv_transfer=None, resume_token_ids=tuple(tokens)
+        )
         all_ids = (*request.token_ids, *tokens)
-        cmeta = replace(meta, request_id=cont.request_id, prompt_tokens=len(all_ids),
-                        max_tokens=max(request.sampling.max_tokens - len(tokens), 1),
-                        role=role, worker_id=None)
+        cmeta = replace(
+            meta,
+            request_id=cont.request_id,
+            prompt_tokens=len(all_ids),
+            max_tokens=max(request.sampling.max_tokens - len(tokens), 1),
+            role=role,
+            worker_id=None,
+        )
         return Leg(await self.route(router, cmeta, router.block_hashes(all_ids)), cont)
 
     # ---- one leg ----
@@ -272,8 +298,10 @@ class Dispatcher:
                     if out.finish_reason == "abort" or (out.error is not None and out.error.status >= 500):
                         if out.finish_reason == "abort":
                             self.metrics.worker_aborts += 1
-                        raise LegBroken(f"worker {d.worker_id} ended the request "
-                                        f"({out.error.message if out.error else 'aborted'})")
+                        raise LegBroken(
+                            f"worker {d.worker_id} ended the request "
+                            f"({out.error.message if out.error else 'aborted'})"
+                        )
                     if skip and out.token_ids:
                         skip = False
                         out = _drop_first_token(out)
@@ -328,8 +356,12 @@ class Dispatcher:
         router.set_health(worker_id, False)  # until its next load report or health check
         if self.breakers.failure(worker_id, time.monotonic()):
             router.set_blocked(worker_id, True)
-            log.warning("worker %s: circuit breaker open for %.1f s after repeated failures (%s)",
-                        worker_id, self.breakers.cooldown_s(worker_id), exc.message)
+            log.warning(
+                "worker %s: circuit breaker open for %.1f s after repeated failures (%s)",
+                worker_id,
+                self.breakers.cooldown_s(worker_id),
+                exc.message,
+            )
 
     def worker_left(self, worker_id: str) -> None:
         """Break every leg streaming from a worker that left discovery."""
@@ -365,8 +397,9 @@ class Dispatcher:
         self.svc.share(router)
         return d
 
-    async def stream(self, router: Router, d: Decision, request: GenerateRequest
-                     ) -> AsyncIterator[GenerateOutput]:
+    async def stream(
+        self, router: Router, d: Decision, request: GenerateRequest
+    ) -> AsyncIterator[GenerateOutput]:
         """One leg, as is (the disaggregated prefill leg): no retry, no migration."""
         async for out in self._leg(router, Leg(d, request)):
             yield out
@@ -394,18 +427,27 @@ class Dispatcher:
         rows = (
             ("retries_total", "Requests routed again after a failure before their first token", m.retries),
             ("migrations_total", "Requests moved to another worker mid-stream", m.migrations),
-            ("migrations_exhausted_total", "Requests failed after their migration limit",
-             m.migrations_exhausted),
+            (
+                "migrations_exhausted_total",
+                "Requests failed after their migration limit",
+                m.migrations_exhausted,
+            ),
             ("stalls_total", "Streams broken for sending nothing past the stall timeout", m.stalls),
             ("worker_aborts_total", "Streams a worker ended with abort (drain, shutdown)", m.worker_aborts),
-            ("migration_recovery_seconds_total", "Seconds from a break to the next token, summed",
-             m.recovery_s_total),
+            (
+                "migration_recovery_seconds_total",
+                "Seconds from a break to the next token, summed",
+                m.recovery_s_total,
+            ),
             ("breaker_opened_total", "Times a worker's circuit breaker opened", self.breakers.opened_total),
         )
         lines: list[str] = []
         for name, help_, value in rows:
-            lines += [f"# HELP interlock_router_{name} {help_}", f"# TYPE interlock_router_{name} counter",
-                      f"interlock_router_{name} {value}"]
+            lines += [
+                f"# HELP interlock_router_{name} {help_}",
+                f"# TYPE interlock_router_{name} counter",
+                f"interlock_router_{name} {value}",
+            ]
         return lines
 
 

@@ -98,14 +98,20 @@ class _WorkerState:
 
 
 class Router:
-    def __init__(self, config: RouterConfig | None = None, *, router_id: str = "local",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: RouterConfig | None = None,
+        *,
+        router_id: str = "local",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config or RouterConfig()
         self.router_id = router_id
         self.clock = clock
         self.indexer = KvIndexer(approx_ttl_s=self.config.approx_ttl_s)
-        self.load = LoadTracker(router_id, report_lag_s=self.config.report_lag_s,
-                                share=self.config.share_load)
+        self.load = LoadTracker(
+            router_id, report_lag_s=self.config.report_lag_s, share=self.config.share_load
+        )
         self.queue = AdmissionQueue(self.config.queue_capacity, self.config.retry_after_s)
         self.sessions = SessionTable(self.config.session_ttl_s)
         self.metrics = RouterMetrics()
@@ -229,9 +235,14 @@ class Router:
     def block_hashes(self, token_ids: Sequence[int]) -> list[int]:
         return hash_blocks(token_ids, self.config.block_size)
 
-    def route(self, meta: RequestMeta, *, token_ids: Sequence[int] | None = None,
-              block_hashes: Sequence[int] | None = None,
-              may_wait: bool = True) -> Decision | Pending:
+    def route(
+        self,
+        meta: RequestMeta,
+        *,
+        token_ids: Sequence[int] | None = None,
+        block_hashes: Sequence[int] | None = None,
+        may_wait: bool = True,
+    ) -> Decision | Pending:
         """Decide now, or queue when every eligible worker is busy or, with ``may_wait``, when
         a busy one is worth waiting for (raises ``Overloaded`` when the queue is full,
         ``NoWorkers`` when no worker could ever take it). A probe that only wants to know
@@ -267,8 +278,10 @@ class Router:
             return
         wait = len(self.queue) * (now - times[0]) / (len(times) - 1)
         if wait > limit:
-            raise Overloaded(f"all workers busy and the queue's expected wait ({wait:.1f} s) is "
-                             f"over {limit:g} s", retry_after=self.config.retry_after_s)
+            raise Overloaded(
+                f"all workers busy and the queue's expected wait ({wait:.1f} s) is over {limit:g} s",
+                retry_after=self.config.retry_after_s,
+            )
 
     def dispatch_queued(self) -> list[Decision]:
         """Route queued requests, most important (lowest priority value) first, while some worker
@@ -290,8 +303,15 @@ class Router:
             if not open_.any():
                 break
             self.queue.pop()
-            d = self._decide(p.meta, p.hashes, open_, now, suffix="+queued",
-                             wait_for=eligible, waited_s=now - p.enqueued_at)
+            d = self._decide(
+                p.meta,
+                p.hashes,
+                open_,
+                now,
+                suffix="+queued",
+                wait_for=eligible,
+                waited_s=now - p.enqueued_at,
+            )
             if d is None:
                 kept.append(p)
                 continue
@@ -321,7 +341,12 @@ class Router:
             return cached
         mask = np.zeros(self.indexer.num_slots, dtype=bool)
         for w in self._workers.values():
-            if w.healthy and not w.blocked and not w.draining and (role is None or w.info.role in (role, "both")):
+            if (
+                w.healthy
+                and not w.blocked
+                and not w.draining
+                and (role is None or w.info.role in (role, "both"))
+            ):
                 mask[w.slot] = True
         self._eligible_cache[role] = mask
         return mask
@@ -360,14 +385,22 @@ class Router:
     def _direct(self, meta: RequestMeta, hashes: Sequence[int], eligible: np.ndarray) -> Decision:
         w = self._workers.get(meta.worker_id or "")
         if w is None or not eligible[w.slot]:
-            raise NoWorkers(f"worker {meta.worker_id!r} is not available",
-                            retry_after=self.config.retry_after_s)
+            raise NoWorkers(
+                f"worker {meta.worker_id!r} is not available", retry_after=self.config.retry_after_s
+            )
         ov = int(self.indexer.overlaps(hashes)[w.slot]) if hashes else 0
         return self._decision(meta, w.info.instance_id, "direct", ov)
 
-    def _decide(self, meta: RequestMeta, hashes: Sequence[int], open_: np.ndarray, now: float,
-                suffix: str = "", wait_for: np.ndarray | None = None,
-                waited_s: float = 0.0) -> Decision | None:
+    def _decide(
+        self,
+        meta: RequestMeta,
+        hashes: Sequence[int],
+        open_: np.ndarray,
+        now: float,
+        suffix: str = "",
+        wait_for: np.ndarray | None = None,
+        waited_s: float = 0.0,
+    ) -> Decision | None:
         """The worker for ``meta`` among ``open_``; None when, with ``wait_for`` (the eligible
         workers, busy ones included), the request is better off waiting for a busy one."""
         t0 = time.perf_counter()
@@ -383,8 +416,15 @@ class Router:
         mask = open_
         if meta.route_key is not None:
             mask, reason = self._route_key_mask(meta.route_key, open_)
-        d = self._pick(meta, hashes, mask, reason + suffix, t0,
-                       wait_for=wait_for if meta.route_key is None else None, waited_s=waited_s)
+        d = self._pick(
+            meta,
+            hashes,
+            mask,
+            reason + suffix,
+            t0,
+            wait_for=wait_for if meta.route_key is None else None,
+            waited_s=waited_s,
+        )
         if d is None:
             return None
         if meta.session_id is not None:
@@ -402,9 +442,16 @@ class Router:
             return open_, "route_key-spill"
         return mask, "route_key"
 
-    def _pick(self, meta: RequestMeta, hashes: Sequence[int], mask: np.ndarray, reason: str,
-              t0: float, wait_for: np.ndarray | None = None,
-              waited_s: float = 0.0) -> Decision | None:
+    def _pick(
+        self,
+        meta: RequestMeta,
+        hashes: Sequence[int],
+        mask: np.ndarray,
+        reason: str,
+        t0: float,
+        wait_for: np.ndarray | None = None,
+        waited_s: float = 0.0,
+    ) -> Decision | None:
         n = len(mask)
         busy = self.load.busy()[:n]
         queued = self.load.queued_prefill()[:n]
@@ -436,9 +483,15 @@ class Router:
         )
         if weight is not None:
             costs = costs / weight
-        slot = choose(costs, mask, busy, tolerance=self.config.cost.tie_tolerance_s,
-                      temperature=self.config.cost.temperature, rng=self._rng,
-                      rotation=self._rotation)
+        slot = choose(
+            costs,
+            mask,
+            busy,
+            tolerance=self.config.cost.tie_tolerance_s,
+            temperature=self.config.cost.temperature,
+            rng=self._rng,
+            rotation=self._rotation,
+        )
         if wait_for is not None:
             closed = wait_for & ~mask
             if closed.any():
@@ -448,8 +501,14 @@ class Router:
                 if waited_s < gap:
                     self._revisit_at = min(self._revisit_at, self.clock() + gap - waited_s)
                     return None
-        return self._decision(meta, self._slot_ids[slot], reason, int(overlaps[slot]), t0=t0,
-                              candidates=self._candidates(costs, overlaps, mask))
+        return self._decision(
+            meta,
+            self._slot_ids[slot],
+            reason,
+            int(overlaps[slot]),
+            t0=t0,
+            candidates=self._candidates(costs, overlaps, mask),
+        )
 
     def _room(self, n: int, max_tokens: int, decode_step: np.ndarray) -> dict[str, np.ndarray]:
         """What ``ttft_costs`` needs to price the wait for KV room (nothing when it is off):
@@ -458,11 +517,9 @@ class Router:
         if not self.config.cost.price_room:
             return {}
         used, free = self.load.blocks_in_use(self.config.block_size)
-        return {"free_blocks": free[:n], "used_blocks": used[:n],
-                "drain_s": decode_step * max(max_tokens, 1)}
+        return {"free_blocks": free[:n], "used_blocks": used[:n], "drain_s": decode_step * max(max_tokens, 1)}
 
-    def _candidates(self, costs: np.ndarray, overlaps: np.ndarray, mask: np.ndarray
-                    ) -> tuple[Candidate, ...]:
+    def _candidates(self, costs: np.ndarray, overlaps: np.ndarray, mask: np.ndarray) -> tuple[Candidate, ...]:
         k = self.config.num_candidates
         idx = np.flatnonzero(mask)
         c = costs[idx]
@@ -472,17 +529,39 @@ class Router:
         best = idx[np.argsort(c, kind="stable")]
         return tuple(Candidate(self._slot_ids[int(s)], float(costs[s]), int(overlaps[s])) for s in best)
 
-    def _decision(self, meta: RequestMeta, worker_id: str, reason: str, overlap: int, *,
-                  t0: float | None = None, candidates: tuple[Candidate, ...] = ()) -> Decision:
+    def _decision(
+        self,
+        meta: RequestMeta,
+        worker_id: str,
+        reason: str,
+        overlap: int,
+        *,
+        t0: float | None = None,
+        candidates: tuple[Candidate, ...] = (),
+    ) -> Decision:
         took = time.perf_counter() - t0 if t0 is not None else 0.0
-        return Decision(meta.request_id, worker_id, reason, overlap, meta.prompt_tokens,
-                        self.config.block_size, candidates, took)
+        return Decision(
+            meta.request_id,
+            worker_id,
+            reason,
+            overlap,
+            meta.prompt_tokens,
+            self.config.block_size,
+            candidates,
+            took,
+        )
 
     def _commit(self, d: Decision, meta: RequestMeta, hashes: Sequence[int], now: float) -> Decision:
         w = self._workers[d.worker_id]
         prefill = max(meta.prompt_tokens - d.cached_tokens, 1)
-        self.load.on_route(meta.request_id, w.slot, d.worker_id, prefill_tokens=prefill,
-                           kv_tokens=meta.prompt_tokens + meta.max_tokens, now=now)
+        self.load.on_route(
+            meta.request_id,
+            w.slot,
+            d.worker_id,
+            prefill_tokens=prefill,
+            kv_tokens=meta.prompt_tokens + meta.max_tokens,
+            now=now,
+        )
         self.indexer.record_routed(d.worker_id, hashes, now)
         self._routed[meta.request_id] = d.worker_id
         self._dispatch_times.append(now)

@@ -123,7 +123,7 @@ class KvIndexer:
         return list(self._workers)
 
     def mode(self, instance_id: str) -> str:
-        """"events" or "approx"."""
+        """ "events" or "approx"."""
         return "events" if self._workers[instance_id].events_seen else "approx"
 
     def needs_resync(self) -> list[str]:

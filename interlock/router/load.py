@@ -56,8 +56,9 @@ class _Dispatched:
 class LoadTracker:
     """Dispatch-time load plus the latest report, per worker slot."""
 
-    def __init__(self, router_id: str = "local", capacity: int = 64, report_lag_s: float = 0.0,
-                 share: bool = True) -> None:
+    def __init__(
+        self, router_id: str = "local", capacity: int = 64, report_lag_s: float = 0.0, share: bool = True
+    ) -> None:
         self.router_id = router_id
         self.share = share
         """Record this router's dispatches in ``outbox`` for other routers (off: nothing kept)."""
@@ -103,9 +104,18 @@ class LoadTracker:
     def add_worker(self, slot: int, *, kv_blocks_total: int = 0, block_size: int = 16) -> None:
         self._grow(slot + 1)
         self._fresh[slot] = []
-        for arr in (self.dispatched_prefill, self.dispatched_kv, self.inflight, self.decoding,
-                    self.reported_prefill, self.reported_running, self.kv_used_frac,
-                    self.fresh_prefill, self.fresh_count, self.reported_waiting):
+        for arr in (
+            self.dispatched_prefill,
+            self.dispatched_kv,
+            self.inflight,
+            self.decoding,
+            self.reported_prefill,
+            self.reported_running,
+            self.kv_used_frac,
+            self.fresh_prefill,
+            self.fresh_count,
+            self.reported_waiting,
+        ):
             arr[slot] = 0.0
         self.kv_tokens_total[slot] = kv_blocks_total * block_size
         self.inv_kv_tokens[slot] = 1.0 / (kv_blocks_total * block_size) if kv_blocks_total else 0.0
@@ -129,16 +139,24 @@ class LoadTracker:
         if n <= size:
             return
         new = max(n, 2 * size)
-        for name in ("dispatched_prefill", "dispatched_kv", "inflight", "decoding",
-                     "reported_prefill", "reported_running", "kv_used_frac", "kv_tokens_total",
-                     "inv_kv_tokens",
-                     "fresh_prefill", "fresh_count", "reported_waiting"):
+        for name in (
+            "dispatched_prefill",
+            "dispatched_kv",
+            "inflight",
+            "decoding",
+            "reported_prefill",
+            "reported_running",
+            "kv_used_frac",
+            "kv_tokens_total",
+            "inv_kv_tokens",
+            "fresh_prefill",
+            "fresh_count",
+            "reported_waiting",
+        ):
             arr = getattr(self, name)
             setattr(self, name, np.concatenate([arr, np.zeros(new - size)]))
         self.prefill_tps = np.concatenate([self.prefill_tps, np.full(new - size, DEFAULT_PREFILL_TPS)])
-        self.decode_step_s = np.concatenate(
-            [self.decode_step_s, np.full(new - size, DEFAULT_DECODE_STEP_S)]
-        )
+        self.decode_step_s = np.concatenate([self.decode_step_s, np.full(new - size, DEFAULT_DECODE_STEP_S)])
         self.load_s_per_block = np.concatenate(
             [self.load_s_per_block, np.full(new - size, DEFAULT_LOAD_S_PER_BLOCK)]
         )
@@ -146,8 +164,17 @@ class LoadTracker:
         self.decode_measured = np.concatenate([self.decode_measured, np.zeros(new - size, dtype=bool)])
 
     # ---- dispatch accounting (this router, or another one via apply_remote) ----
-    def on_route(self, request_id: str, slot: int, instance_id: str, *, prefill_tokens: int,
-                 kv_tokens: int, now: float, router_id: str | None = None) -> None:
+    def on_route(
+        self,
+        request_id: str,
+        slot: int,
+        instance_id: str,
+        *,
+        prefill_tokens: int,
+        kv_tokens: int,
+        now: float,
+        router_id: str | None = None,
+    ) -> None:
         rid = router_id or self.router_id
         if (rid, request_id) in self._inflight:
             return
@@ -159,12 +186,19 @@ class LoadTracker:
         self.dispatched_kv[slot] += kv_tokens
         self.inflight[slot] += 1
         if router_id is None and self.share:
-            self.outbox.append(RouterLoadEvent(
-                router_id=rid, instance_id=instance_id, request_id=request_id, kind="route",
-                timestamp=now, prefill_tokens=prefill_tokens, kv_tokens=kv_tokens))
+            self.outbox.append(
+                RouterLoadEvent(
+                    router_id=rid,
+                    instance_id=instance_id,
+                    request_id=request_id,
+                    kind="route",
+                    timestamp=now,
+                    prefill_tokens=prefill_tokens,
+                    kv_tokens=kv_tokens,
+                )
+            )
 
-    def on_first_token(self, request_id: str, *, now: float = 0.0,
-                       router_id: str | None = None) -> None:
+    def on_first_token(self, request_id: str, *, now: float = 0.0, router_id: str | None = None) -> None:
         d = self._inflight.get((router_id or self.router_id, request_id))
         if d is None or d.prefill_done:
             return
@@ -198,8 +232,15 @@ class LoadTracker:
     def _share(self, request_id: str, instance_id: str, kind: str, now: float) -> None:
         if not self.share:
             return
-        self.outbox.append(RouterLoadEvent(router_id=self.router_id, instance_id=instance_id,
-                                           request_id=request_id, kind=kind, timestamp=now))
+        self.outbox.append(
+            RouterLoadEvent(
+                router_id=self.router_id,
+                instance_id=instance_id,
+                request_id=request_id,
+                kind=kind,
+                timestamp=now,
+            )
+        )
 
     def apply_remote(self, ev: RouterLoadEvent, slot: int | None, now: float) -> None:
         """Count another router's dispatch, received at ``now``. ``slot`` is None when the
@@ -207,8 +248,15 @@ class LoadTracker:
         if ev.router_id == self.router_id:
             return
         if ev.kind == "route" and slot is not None:
-            self.on_route(ev.request_id, slot, ev.instance_id, prefill_tokens=ev.prefill_tokens,
-                          kv_tokens=ev.kv_tokens, now=now, router_id=ev.router_id)
+            self.on_route(
+                ev.request_id,
+                slot,
+                ev.instance_id,
+                prefill_tokens=ev.prefill_tokens,
+                kv_tokens=ev.kv_tokens,
+                now=now,
+                router_id=ev.router_id,
+            )
         elif ev.kind == "first_token":
             self.on_first_token(ev.request_id, router_id=ev.router_id)
         elif ev.kind == "finish":

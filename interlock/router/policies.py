@@ -75,9 +75,7 @@ class SessionTable:
 
 def rendezvous_subset(key: str, worker_ids: Sequence[str], k: int) -> list[str]:
     """The ``k`` workers with the highest hash(key, worker): stable as workers come and go."""
-    scored = sorted(
-        worker_ids, key=lambda w: xxhash.xxh64_intdigest(f"{key}\x00{w}".encode()), reverse=True
-    )
+    scored = sorted(worker_ids, key=lambda w: xxhash.xxh64_intdigest(f"{key}\x00{w}".encode()), reverse=True)
     return scored[:k]
 
 

@@ -175,9 +175,12 @@ class RouterService:
 
     def health(self) -> list[str]:
         """Problems that keep a served model from being served (empty: healthy)."""
-        problems = [f"model '{m}' has no live worker" for m in sorted(self._known_models)
-                    if m not in self.routers or not any(
-                        self.routers[m].is_eligible(w) for w in self.routers[m].workers())]
+        problems = [
+            f"model '{m}' has no live worker"
+            for m in sorted(self._known_models)
+            if m not in self.routers
+            or not any(self.routers[m].is_eligible(w) for w in self.routers[m].workers())
+        ]
         for source in self.extra_health:
             problems += source()
         return problems
@@ -192,8 +195,9 @@ class RouterService:
         """The worker's last load report."""
         return self._reports.get(instance_id)
 
-    def generate(self, request: GenerateRequest, ctx: RequestContext | None = None
-                 ) -> AsyncIterator[GenerateOutput]:
+    def generate(
+        self, request: GenerateRequest, ctx: RequestContext | None = None
+    ) -> AsyncIterator[GenerateOutput]:
         router = self.routers.get(request.model)
         if router is None:
             if request.model in self._known_models:
@@ -215,8 +219,11 @@ class RouterService:
             for wid, r in sorted(self._reports.items()):
                 model = self._instances[wid].model if wid in self._instances else ""
                 lines.append(f'interlock_worker_{name}{{worker="{wid}",model="{model}"}} {get(r)}')
-        lines += ["# HELP interlock_worker_busy_seconds_total Seconds the worker's engine spent in steps "
-                  "(rate(): its device utilisation)", "# TYPE interlock_worker_busy_seconds_total counter"]
+        lines += [
+            "# HELP interlock_worker_busy_seconds_total Seconds the worker's engine spent in steps "
+            "(rate(): its device utilisation)",
+            "# TYPE interlock_worker_busy_seconds_total counter",
+        ]
         for wid, r in sorted(self._reports.items()):
             model = self._instances[wid].model if wid in self._instances else ""
             lines.append(f'interlock_worker_busy_seconds_total{{worker="{wid}",model="{model}"}} {r.busy_s}')
@@ -224,8 +231,11 @@ class RouterService:
         counters = (
             ("decisions_total", "Routing decisions", lambda m: m.decisions),
             ("prompt_tokens_total", "Prompt tokens routed", lambda m: m.prompt_tokens),
-            ("predicted_cached_tokens_total", "Prompt tokens expected from cache where routed",
-             lambda m: m.predicted_cached_tokens),
+            (
+                "predicted_cached_tokens_total",
+                "Prompt tokens expected from cache where routed",
+                lambda m: m.predicted_cached_tokens,
+            ),
             ("queued_total", "Requests that waited for a free worker", lambda m: m.queued),
             ("rejected_total", "Requests rejected with 503 (queue full)", lambda m: m.rejected),
             ("resyncs_total", "KV index re-syncs requested", lambda m: m.resyncs_requested),
@@ -244,13 +254,17 @@ class RouterService:
         """Per worker and KV tier below its device pool (``LoadReport.kv_tiers``)."""
         lines: list[str] = []
         for name, kind, help_, field in _TIER_METRICS:
-            lines += [f"# HELP interlock_worker_kv_tier_{name} {help_}",
-                      f"# TYPE interlock_worker_kv_tier_{name} {kind}"]
+            lines += [
+                f"# HELP interlock_worker_kv_tier_{name} {help_}",
+                f"# TYPE interlock_worker_kv_tier_{name} {kind}",
+            ]
             for wid, r in sorted(self._reports.items()):
                 model = self._instances[wid].model if wid in self._instances else ""
                 for t in r.kv_tiers:
-                    lines.append(f'interlock_worker_kv_tier_{name}{{worker="{wid}",model="{model}",'
-                                 f'tier="{t.tier}"}} {getattr(t, field)}')
+                    lines.append(
+                        f'interlock_worker_kv_tier_{name}{{worker="{wid}",model="{model}",'
+                        f'tier="{t.tier}"}} {getattr(t, field)}'
+                    )
         return lines
 
     def share(self, router: Router) -> None:
@@ -337,10 +351,14 @@ class RouterService:
     def _update_model(self, model: str) -> None:
         """Re-derive the model's card from its live workers that take requests (not prefill
         only); with none, the last card stays (503, not 404)."""
-        live = sorted((i for i in self._instances.values() if i.model == model and i.role != "prefill"),
-                      key=lambda i: i.instance_id)
+        live = sorted(
+            (i for i in self._instances.values() if i.model == model and i.role != "prefill"),
+            key=lambda i: i.instance_id,
+        )
         if live:
-            self._known_models[model] = ModelEntry(model, live[0].model_path, min(i.context_length for i in live))
+            self._known_models[model] = ModelEntry(
+                model, live[0].model_path, min(i.context_length for i in live)
+            )
 
     def _router_of(self, instance_id: str) -> Router | None:
         info = self._instances.get(instance_id)
@@ -349,8 +367,9 @@ class RouterService:
     async def _ticks(self, interval_s: float = 0.5) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            self.dispatcher.tick({wid: self.routers[i.model] for wid, i in self._instances.items()
-                                  if i.model in self.routers})
+            self.dispatcher.tick(
+                {wid: self.routers[i.model] for wid, i in self._instances.items() if i.model in self.routers}
+            )
 
     async def _health_checks(self, interval_s: float) -> None:
         while True:

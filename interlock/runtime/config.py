@@ -26,8 +26,11 @@ class NatsAuth:
     tls_key: str | None = None
 
     def __post_init__(self) -> None:
-        modes = [self.user is not None or self.password is not None, self.token is not None,
-                 self.creds_file is not None]
+        modes = [
+            self.user is not None or self.password is not None,
+            self.token is not None,
+            self.creds_file is not None,
+        ]
         if sum(modes) > 1:
             raise ConfigError("give one of NATS user/password, token or creds file", param="nats_auth")
         if (self.user is None) != (self.password is None):
@@ -79,7 +82,9 @@ class RuntimeConfig:
         if self.discovery_sync_s < 0:
             raise ConfigError("discovery_sync_s must be >= 0", param="discovery_sync_s")
         if self.cluster_secret is not None and len(self.cluster_secret) < MIN_SECRET_BYTES:
-            raise ConfigError(f"cluster secret must be at least {MIN_SECRET_BYTES} bytes", param="cluster_secret")
+            raise ConfigError(
+                f"cluster secret must be at least {MIN_SECRET_BYTES} bytes", param="cluster_secret"
+            )
 
     @property
     def keepalive_interval(self) -> float:

@@ -107,25 +107,33 @@ async def connect_nats(url: str, config: RuntimeConfig, name: str, events: Conne
         # default, whatever allow_reconnect says); a worker given a wrong URL must fail fast.
         # And bounded as a whole: a TLS handshake that fails certificate checks was seen to
         # leave nats-py waiting forever.
-        nc = await asyncio.wait_for(nats.connect(
-            url,
-            name=name,
-            connect_timeout=max(1, round(config.connect_timeout)),
-            max_reconnect_attempts=1,
-            reconnect_time_wait=RECONNECT_WAIT_MIN_S,  # type: ignore[arg-type]  # int in its hints, any number works
-            ping_interval=PING_INTERVAL_S,
-            max_outstanding_pings=MAX_OUTSTANDING_PINGS,
-            pending_size=PENDING_BYTES,
-            error_cb=on_error,
-            disconnected_cb=on_disconnected,
-            reconnected_cb=on_reconnected,
-            **auth_options(config.nats_auth),
-        ), timeout=4 * max(1, round(config.connect_timeout)) + 2)
+        nc = await asyncio.wait_for(
+            nats.connect(
+                url,
+                name=name,
+                connect_timeout=max(1, round(config.connect_timeout)),
+                max_reconnect_attempts=1,
+                reconnect_time_wait=RECONNECT_WAIT_MIN_S,  # type: ignore[arg-type]  # int in its hints, any number works
+                ping_interval=PING_INTERVAL_S,
+                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
+                pending_size=PENDING_BYTES,
+                error_cb=on_error,
+                disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected,
+                **auth_options(config.nats_auth),
+            ),
+            timeout=4 * max(1, round(config.connect_timeout)) + 2,
+        )
     except TimeoutError:
-        why = " (TLS: does --nats-tls-ca name the CA that signed the server's certificate?)" \
-            if config.nats_auth.tls else ""
-        raise TransportError(f"cannot connect to NATS at {url}: no session after "
-                             f"{4 * max(1, round(config.connect_timeout)) + 2} s{why}") from None
+        why = (
+            " (TLS: does --nats-tls-ca name the CA that signed the server's certificate?)"
+            if config.nats_auth.tls
+            else ""
+        )
+        raise TransportError(
+            f"cannot connect to NATS at {url}: no session after "
+            f"{4 * max(1, round(config.connect_timeout)) + 2} s{why}"
+        ) from None
     except Exception as exc:  # nats-py raises several unrelated types for "cannot connect"
         refused = [e for e in (exc, *first_errors) if "authorization" in str(e).lower()]
         if refused:

@@ -66,6 +66,7 @@ def bye_subject(instance_id: str) -> str:
 def _subject_id(msg: Msg) -> str:
     return msg.subject.rpartition(".")[2]
 
+
 log = logging.getLogger(__name__)
 
 
@@ -180,8 +181,10 @@ class NatsDiscovery:
     async def _announce(self, info: InstanceInfo) -> None:
         if not self._nc.is_connected:
             return  # buffered, it would arrive stale; the reconnect announces afresh
-        await self._nc.publish(announce_subject(info.instance_id),
-                               _encoder.encode(Announcement(info, self._config.lease_timeout)))
+        await self._nc.publish(
+            announce_subject(info.instance_id),
+            _encoder.encode(Announcement(info, self._config.lease_timeout)),
+        )
 
     def _stop_heartbeat(self, instance_id: str) -> None:
         task = self._heartbeats.pop(instance_id, None)

@@ -39,10 +39,23 @@ class Permissions:
 def worker_permissions(instance_id: str) -> Permissions:
     check_token(instance_id, "instance_id")
     return Permissions(
-        publish=(announce_subject(instance_id), bye_subject(instance_id), QUERY,
-                 subjects.kv(instance_id), subjects.load(instance_id), REQUEST_PLANE, INBOXES),
-        subscribe=(announce_subject("*"), bye_subject("*"), QUERY, subjects.resync(instance_id),
-                   REQUEST_PLANE, INBOXES),
+        publish=(
+            announce_subject(instance_id),
+            bye_subject(instance_id),
+            QUERY,
+            subjects.kv(instance_id),
+            subjects.load(instance_id),
+            REQUEST_PLANE,
+            INBOXES,
+        ),
+        subscribe=(
+            announce_subject("*"),
+            bye_subject("*"),
+            QUERY,
+            subjects.resync(instance_id),
+            REQUEST_PLANE,
+            INBOXES,
+        ),
     )
 
 
@@ -72,8 +85,10 @@ def nats_config_users(users: list[NatsUser]) -> str:
     for u in users:
         entry = f"    {{user: {json.dumps(u.user)}, password: {json.dumps(u.password)}"
         if u.permissions is not None:
-            entry += (f", permissions: {{publish: {{allow: {json.dumps(list(u.permissions.publish))}}}, "
-                      f"subscribe: {{allow: {json.dumps(list(u.permissions.subscribe))}}}}}")
+            entry += (
+                f", permissions: {{publish: {{allow: {json.dumps(list(u.permissions.publish))}}}, "
+                f"subscribe: {{allow: {json.dumps(list(u.permissions.subscribe))}}}}}"
+            )
         lines.append(entry + "}")
     lines += ["  ]", "}", ""]
     return "\n".join(lines)

@@ -92,13 +92,22 @@ class NatsServer:
     """``with NatsServer() as server: connect_runtime(server.url)``."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = -1, start_timeout: float = 10.0, auth: NatsAuth | None = None,
-        users: tuple[NatsUser, ...] = (), *, tls: ServerTLS | None = None, monitor_port: int | None = None,
+        self,
+        host: str = "127.0.0.1",
+        port: int = -1,
+        start_timeout: float = 10.0,
+        auth: NatsAuth | None = None,
+        users: tuple[NatsUser, ...] = (),
+        *,
+        tls: ServerTLS | None = None,
+        monitor_port: int | None = None,
         log_to_stderr: bool = False,
     ) -> None:
         if auth is not None and (auth.creds_file is not None or auth.tls):
-            raise ConfigError("a nats-server started here takes a user/password or a token, not creds "
-                              "or client TLS (its own TLS is ``tls``)")
+            raise ConfigError(
+                "a nats-server started here takes a user/password or a token, not creds "
+                "or client TLS (its own TLS is ``tls``)"
+            )
         if users and (auth is None or auth.user is None):
             raise ConfigError("confined logins (users) need the server's own login to be a user/password")
         if monitor_port is not None and not 0 < monitor_port <= 65535:
@@ -177,7 +186,9 @@ class NatsServer:
         deadline = time.monotonic() + self.start_timeout
         while _reloads(log) <= before:
             if time.monotonic() > deadline:
-                raise TransportError(f"nats-server did not reload its configuration within {self.start_timeout} s")
+                raise TransportError(
+                    f"nats-server did not reload its configuration within {self.start_timeout} s"
+                )
             time.sleep(0.01)
 
     def stop(self) -> None:
@@ -196,7 +207,10 @@ class NatsServer:
         if self.monitor_port is not None:
             args += ["-m", str(self.monitor_port)]
         if self.auth is not None or self.tls is not None:
-            args += ["-c", str(_write_config(Path(self._dir.name), server_config(self.auth, self.tls, self.users)))]
+            args += [
+                "-c",
+                str(_write_config(Path(self._dir.name), server_config(self.auth, self.tls, self.users))),
+            ]
         out = None if self.log_to_stderr else subprocess.DEVNULL
         self._process = subprocess.Popen(
             args,
@@ -244,7 +258,9 @@ class NatsServer:
         self.stop()
 
 
-def server_config(auth: NatsAuth | None, tls: ServerTLS | None = None, users: tuple[NatsUser, ...] = ()) -> str:
+def server_config(
+    auth: NatsAuth | None, tls: ServerTLS | None = None, users: tuple[NatsUser, ...] = ()
+) -> str:
     """The nats-server config file: the logins clients need, and the server's TLS."""
     body = ""
     if users:
@@ -253,8 +269,10 @@ def server_config(auth: NatsAuth | None, tls: ServerTLS | None = None, users: tu
     elif auth is not None and auth.token is not None:
         body = f"authorization {{\n  token: {json.dumps(auth.token)}\n}}\n"
     elif auth is not None:
-        body = (f"authorization {{\n  user: {json.dumps(auth.user)}\n"
-                f"  password: {json.dumps(auth.password)}\n}}\n")
+        body = (
+            f"authorization {{\n  user: {json.dumps(auth.user)}\n"
+            f"  password: {json.dumps(auth.password)}\n}}\n"
+        )
     if tls is not None:
         body += f"tls {{\n  cert_file: {json.dumps(tls.cert)}\n  key_file: {json.dumps(tls.key)}\n"
         if tls.ca is not None:

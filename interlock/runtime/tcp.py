@@ -48,8 +48,11 @@ class TcpRequestPlane:
     ) -> str:
         if not self._server.started:
             if self._config.cluster_secret is None and not is_loopback(self._config.host):
-                log.warning("request plane listens on %s without a cluster secret: anyone who "
-                            "reaches it can send requests (set INTERLOCK_CLUSTER_SECRET)", self._config.host)
+                log.warning(
+                    "request plane listens on %s without a cluster secret: anyone who "
+                    "reaches it can send requests (set INTERLOCK_CLUSTER_SECRET)",
+                    self._config.host,
+                )
             await self._server.start(self._config.host, self._config.port)
         key = EndpointName.of(endpoint).key(instance_id)
         self._server.handlers[key] = handler
@@ -121,7 +124,9 @@ class TcpRequestPlane:
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: ClientConnection(peer, cfg.keepalive_interval, cfg.peer_timeout, cfg.cluster_secret),
+                    lambda: ClientConnection(
+                        peer, cfg.keepalive_interval, cfg.peer_timeout, cfg.cluster_secret
+                    ),
                     host,
                     port,
                 ),

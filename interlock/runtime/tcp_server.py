@@ -68,7 +68,8 @@ class ServerConnection(FramedProtocol):
             self._handshake = ServerHandshake(self._server.secret)
             self.expect_preamble(HELLO_SIZE)
             self._deadline = asyncio.get_running_loop().call_later(
-                self._server.handshake_timeout, self._refuse, "no handshake in time")
+                self._server.handshake_timeout, self._refuse, "no handshake in time"
+            )
 
     def preamble_received(self, message: bytes) -> None:
         assert self._handshake is not None

@@ -41,8 +41,7 @@ def infinite_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int) ->
     return hit / total if total else 0.0
 
 
-def pooled_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int,
-                           capacity_blocks: int) -> float:
+def pooled_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int, capacity_blocks: int) -> float:
     """Share of prompt tokens one shared LRU cache of ``capacity_blocks`` blocks could serve."""
     lru: OrderedDict[int, None] = OrderedDict()
     hit = total = 0

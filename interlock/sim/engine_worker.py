@@ -32,10 +32,19 @@ class _Step:
 
 
 class EngineWorker:
-    def __init__(self, instance_id: str, *, num_blocks: int, block_size: int = 64,
-                 max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
-                 timing: TimingModel | None = None, publish_events: bool = True,
-                 sink: WorkerSink | None = None, max_model_len: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        instance_id: str,
+        *,
+        num_blocks: int,
+        block_size: int = 64,
+        max_num_batched_tokens: int = 8192,
+        max_num_seqs: int = 256,
+        timing: TimingModel | None = None,
+        publish_events: bool = True,
+        sink: WorkerSink | None = None,
+        max_model_len: int = 1 << 20,
+    ) -> None:
         self.instance_id = instance_id
         self.publish_events = publish_events
         self.sink = sink or WorkerSink()
@@ -43,11 +52,15 @@ class EngineWorker:
         config = EngineConfig(
             model=ModelConfig(runner="mock"),
             cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
-            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
-                                      max_num_seqs=max_num_seqs, max_model_len=max_model_len),
+            scheduler=SchedulerConfig(
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len,
+            ),
         )
-        runner = MockRunner(num_blocks=num_blocks, block_size=block_size,
-                            timing=timing or TimingModel(), clock=self.clock)
+        runner = MockRunner(
+            num_blocks=num_blocks, block_size=block_size, timing=timing or TimingModel(), clock=self.clock
+        )
         self.core = EngineCore(config, runner, clock=self.clock, instance_id=instance_id)
         self.step: _Step | None = None
         self.version = 0
@@ -63,10 +76,13 @@ class EngineWorker:
             raise ValueError("the engine backend needs requests with token_ids")
         s = SimSeq(req, now)
         self._seqs[req.request_id] = s
-        self.core.add_request(GenerateRequest(
-            request_id=req.request_id, token_ids=req.token_ids,
-            sampling=SamplingParams(max_tokens=req.output_tokens, ignore_eos=True, temperature=0.0),
-        ))
+        self.core.add_request(
+            GenerateRequest(
+                request_id=req.request_id,
+                token_ids=req.token_ids,
+                sampling=SamplingParams(max_tokens=req.output_tokens, ignore_eos=True, temperature=0.0),
+            )
+        )
         return s
 
     def start_step(self, now: float) -> float | None:
@@ -105,8 +121,14 @@ class EngineWorker:
         if decode_tokens:
             self.sink.itl(st.end - st.start, decode_tokens)
         if st.result.kv_events and self.publish_events:
-            self.sink.kv_events(KVEventBatch(instance_id=self.instance_id, seq=self._event_seq,
-                                             timestamp=now, events=tuple(st.result.kv_events)))
+            self.sink.kv_events(
+                KVEventBatch(
+                    instance_id=self.instance_id,
+                    seq=self._event_seq,
+                    timestamp=now,
+                    events=tuple(st.result.kv_events),
+                )
+            )
             self._event_seq += 1
         self.sink.load(st.result.load)
 
@@ -114,5 +136,10 @@ class EngineWorker:
         return self.core.load
 
     def snapshot(self, now: float) -> KVEventBatch:
-        return KVEventBatch(instance_id=self.instance_id, seq=self._event_seq - 1, timestamp=now,
-                            events=tuple(self.core.kv_snapshot()), snapshot=True)
+        return KVEventBatch(
+            instance_id=self.instance_id,
+            seq=self._event_seq - 1,
+            timestamp=now,
+            events=tuple(self.core.kv_snapshot()),
+            snapshot=True,
+        )

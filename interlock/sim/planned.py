@@ -41,14 +41,18 @@ UNWEIGHTED_POLICIES = ("round-robin", "random")
 
 
 class PlannerConnector:
-    def __init__(self, drv: _Driver, config: PlannerConfig, profile: CapabilityProfile | None,
-                 router_policy: str) -> None:
+    def __init__(
+        self, drv: _Driver, config: PlannerConfig, profile: CapabilityProfile | None, router_policy: str
+    ) -> None:
         if config.prefill.max or config.decode.max:
-            raise ConfigError("the replay simulates aggregated workers: planner prefill and "
-                              "decode bounds must be 0")
+            raise ConfigError(
+                "the replay simulates aggregated workers: planner prefill and decode bounds must be 0"
+            )
         if config.ramp_s > 0 and router_policy in UNWEIGHTED_POLICIES:
-            raise ConfigError(f"router policy {router_policy!r} has no routing weights: "
-                              "a planner ramp needs kv, least-loaded or power-of-two (or ramp_s 0)")
+            raise ConfigError(
+                f"router policy {router_policy!r} has no routing weights: "
+                "a planner ramp needs kv, least-loaded or power-of-two (or ramp_s 0)"
+            )
         if config.policy == "sla" and profile is None:
             raise ConfigError("the sla planner needs a capability profile (interlock profile)")
         self.drv = drv
@@ -60,32 +64,48 @@ class PlannerConnector:
 
     def _finished(self) -> tuple[int, int]:
         """Requests finished since the last tick, and how many met the planner's targets."""
-        done = self.drv.done[self._done_seen:]
+        done = self.drv.done[self._done_seen :]
         self._done_seen = len(self.drv.done)
         ttft, itl = self.config.ttft_ms / 1000.0, self.config.itl_ms / 1000.0
-        met = sum(1 for s in done if s.first_token_s - s.arrival_s <= ttft and (
-            s.req.output_tokens <= 1
-            or (s.finish_s - s.first_token_s) / (s.req.output_tokens - 1) <= itl))
+        met = sum(
+            1
+            for s in done
+            if s.first_token_s - s.arrival_s <= ttft
+            and (
+                s.req.output_tokens <= 1 or (s.finish_s - s.first_token_s) / (s.req.output_tokens - 1) <= itl
+            )
+        )
         return len(done), met
 
     def observe(self) -> Observation:
         drv, now = self.drv, self.drv.now
         arrived = drv.take_arrivals()
         finished, met = self._finished()
-        traffic = Traffic(duration_s=now - self._last_tick, requests=len(arrived),
-                          prompt_tokens=sum(r.prompt_tokens for r, _ in arrived),
-                          cached_tokens=sum(c for _, c in arrived),
-                          output_tokens=sum(r.output_tokens for r, _ in arrived),
-                          finished=finished, met=met)
+        traffic = Traffic(
+            duration_s=now - self._last_tick,
+            requests=len(arrived),
+            prompt_tokens=sum(r.prompt_tokens for r, _ in arrived),
+            cached_tokens=sum(c for _, c in arrived),
+            output_tokens=sum(r.output_tokens for r, _ in arrived),
+            finished=finished,
+            met=met,
+        )
         self._last_tick = now
         unique = {} if self.planner.holding(now) else drv.router.indexer.unique_counts()
         views = []
         for wid, w in drv.workers.items():
             joined = drv.ready.get(wid)
-            views.append(WorkerView.of(
-                wid, "both", w.load_report(now), unique_blocks=unique.get(wid, 0),
-                ready=joined is not None, draining=wid in drv.draining,
-                age_s=now - joined if joined is not None else 0.0))
+            views.append(
+                WorkerView.of(
+                    wid,
+                    "both",
+                    w.load_report(now),
+                    unique_blocks=unique.get(wid, 0),
+                    ready=joined is not None,
+                    draining=wid in drv.draining,
+                    age_s=now - joined if joined is not None else 0.0,
+                )
+            )
         return Observation(now, tuple(views), router_queue=len(drv.router.queue), traffic=traffic)
 
     def tick(self) -> None:

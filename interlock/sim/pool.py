@@ -30,8 +30,9 @@ from interlock.sim.tiers import SimTiers
 
 
 class SimPool:
-    def __init__(self, num_blocks: int, block_size: int, *, watermark: float = 0.01,
-                 tiers: SimTiers | None = None) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, watermark: float = 0.01, tiers: SimTiers | None = None
+    ) -> None:
         self.tiers = tiers
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -131,8 +132,9 @@ class SimPool:
     def _flush_stored(self) -> None:
         if self._stored:
             stored, self._stored = self._stored, []
-            self.events.append(BlockStored(block_hashes=tuple(stored), parent_block_hash=None,
-                                           block_size=self.block_size))
+            self.events.append(
+                BlockStored(block_hashes=tuple(stored), parent_block_hash=None, block_size=self.block_size)
+            )
             if self.tiers is not None and self.tiers.write_through:
                 self._to_host(stored)
 
@@ -140,8 +142,14 @@ class SimPool:
         assert self.tiers is not None
         stored, dropped = self.tiers.offload(keys)
         if stored:
-            self.events.append(BlockStored(block_hashes=tuple(stored), parent_block_hash=None,
-                                           block_size=self.block_size, tier="host"))
+            self.events.append(
+                BlockStored(
+                    block_hashes=tuple(stored),
+                    parent_block_hash=None,
+                    block_size=self.block_size,
+                    tier="host",
+                )
+            )
         if dropped:
             self.events.append(BlockRemoved(block_hashes=tuple(dropped), tier="host"))
 

@@ -34,6 +34,7 @@ def steps(segments: Sequence[tuple[float, float]]) -> RateCurve:
     def m(t: float) -> float:
         i = int(np.searchsorted(ends, t, side="right"))
         return segments[min(i, len(segments) - 1)][1]
+
     return m
 
 

@@ -150,15 +150,21 @@ class _Driver(WorkerSink):
             if cfg.host_kv_blocks:  # a shared tier is written through, as in the engine
                 host = (self._next_id - 1) // cfg.workers_per_host
                 if host not in self.host_tiers:
-                    self.host_tiers[host] = SimTiers(cfg.host_kv_blocks, cfg.host_load_s_per_block,
-                                                     cfg.workers_per_host > 1)
+                    self.host_tiers[host] = SimTiers(
+                        cfg.host_kv_blocks, cfg.host_load_s_per_block, cfg.workers_per_host > 1
+                    )
                 tiers = self.host_tiers[host]
             make = partial(SimWorker, tiers=tiers)
         self.workers[wid] = make(
-            wid, num_blocks=cfg.num_blocks, block_size=cfg.block_size,
+            wid,
+            num_blocks=cfg.num_blocks,
+            block_size=cfg.block_size,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_num_seqs=cfg.max_num_seqs, timing=TimingModel(cfg.engine_speedup),
-            publish_events=cfg.publish_events, sink=self)
+            max_num_seqs=cfg.max_num_seqs,
+            timing=TimingModel(cfg.engine_speedup),
+            publish_events=cfg.publish_events,
+            sink=self,
+        )
         self.started[wid] = self.now
         self.inflight_area[wid] = 0.0
         self._last_change[wid] = self.now
@@ -167,11 +173,17 @@ class _Driver(WorkerSink):
     def join(self, wid: str) -> None:
         """The started worker registers with the router (and reports once)."""
         cfg, w = self.cfg, self.workers[wid]
-        self.router.add_worker(InstanceInfo(
-            instance_id=wid, endpoint="sim.worker.generate", model="sim",
-            block_size=cfg.block_size, kv_blocks_total=cfg.num_blocks,
-            publishes_kv_events=cfg.publish_events,
-            queue_depth_threshold=cfg.queue_depth_threshold))
+        self.router.add_worker(
+            InstanceInfo(
+                instance_id=wid,
+                endpoint="sim.worker.generate",
+                model="sim",
+                block_size=cfg.block_size,
+                kv_blocks_total=cfg.num_blocks,
+                publishes_kv_events=cfg.publish_events,
+                queue_depth_threshold=cfg.queue_depth_threshold,
+            )
+        )
         if wid in self.router.needs_resync():
             self.router.apply_events(w.snapshot(self.now))
         self.router.apply_load(w.load_report(self.now))
@@ -256,9 +268,13 @@ class _Driver(WorkerSink):
             self._schedule(w, w.cut(self.now))
 
     def arrive(self, req: SimRequest) -> None:
-        meta = RequestMeta(request_id=req.request_id, prompt_tokens=req.prompt_tokens,
-                           max_tokens=req.output_tokens, session_id=req.session_id,
-                           priority=req.priority)
+        meta = RequestMeta(
+            request_id=req.request_id,
+            prompt_tokens=req.prompt_tokens,
+            max_tokens=req.output_tokens,
+            session_id=req.session_id,
+            priority=req.priority,
+        )
         try:
             d = self.router.route(meta, block_hashes=req.block_hashes)
         except (Overloaded, NoWorkers) as e:
@@ -333,11 +349,20 @@ def replay(requests: Sequence[SimRequest], cfg: ReplayConfig | None = None) -> R
     for d in drv.decisions:
         per_worker_reqs[d.worker_id] += 1
     return build_report(
-        policy=cfg.router.policy, done=drv.done, upper_bound=upper, pooled_bound=pooled,
-        itl_s=np.asarray(drv.itl_s), itl_w=np.asarray(drv.itl_w),
-        inflight_area=drv.inflight_area, duration_s=drv.now, per_worker_requests=per_worker_reqs,
-        decision_s=np.asarray([d.decision_s for d in drv.decisions]), wall_s=wall,
-        num_submitted=len(reqs), rejected=drv.rejected, worker_seconds=drv.worker_seconds(),
+        policy=cfg.router.policy,
+        done=drv.done,
+        upper_bound=upper,
+        pooled_bound=pooled,
+        itl_s=np.asarray(drv.itl_s),
+        itl_w=np.asarray(drv.itl_w),
+        inflight_area=drv.inflight_area,
+        duration_s=drv.now,
+        per_worker_requests=per_worker_reqs,
+        decision_s=np.asarray([d.decision_s for d in drv.decisions]),
+        wall_s=wall,
+        num_submitted=len(reqs),
+        rejected=drv.rejected,
+        worker_seconds=drv.worker_seconds(),
         slo_ms=(cfg.ttft_slo_ms, cfg.itl_slo_ms),
         decisions=tuple(planned.planner.history) if planned else (),
     )

@@ -63,26 +63,28 @@ class ReplayReport:
         return d
 
     def render(self) -> str:
-        return "\n".join([
-            f"policy              {self.policy}",
-            f"requests            {self.num_completed}/{self.num_requests} completed, "
-            f"{self.num_rejected} rejected (503){self._reasons()}",
-            f"prefix hit ratio    {self.hit_ratio:.3f}  (pooled-cache bound {self.pooled_bound:.3f}, "
-            f"infinite-cache bound {self.upper_bound:.3f}, {100 * self.hit_vs_upper:.0f}% of it)",
-            f"TTFT p50 / p99      {self.ttft_p50_ms:,.0f} / {self.ttft_p99_ms:,.0f} ms",
-            f"ITL p50 / p99       {self.itl_p50_ms:.1f} / {self.itl_p99_ms:.1f} ms "
-            f"(mean TPOT {self.tpot_mean_ms:.1f} ms)",
-            f"throughput          {self.requests_per_s:.2f} req/s, {self.output_tokens_per_s:,.0f} output tok/s "
-            f"over {self.duration_s:,.1f} s virtual",
-            f"load imbalance      in-flight max/mean {self.inflight_imbalance:.2f}, "
-            f"requests max/mean {self.requests_imbalance:.2f}",
-            f"router decision     p50 {self.decision_p50_us:.0f} us, p99 {self.decision_p99_us:.0f} us",
-            f"SLA attainment      {100 * self.sla_attainment:.1f}% (TTFT <= {self.ttft_slo_ms:g} ms "
-            f"and ITL <= {self.itl_slo_ms:g} ms)",
-            f"worker-seconds      {self.worker_seconds:,.0f} (mean {self.mean_workers:.2f} workers)",
-            *self._decisions(),
-            f"replay wall time    {self.wall_s:.1f} s",
-        ])
+        return "\n".join(
+            [
+                f"policy              {self.policy}",
+                f"requests            {self.num_completed}/{self.num_requests} completed, "
+                f"{self.num_rejected} rejected (503){self._reasons()}",
+                f"prefix hit ratio    {self.hit_ratio:.3f}  (pooled-cache bound {self.pooled_bound:.3f}, "
+                f"infinite-cache bound {self.upper_bound:.3f}, {100 * self.hit_vs_upper:.0f}% of it)",
+                f"TTFT p50 / p99      {self.ttft_p50_ms:,.0f} / {self.ttft_p99_ms:,.0f} ms",
+                f"ITL p50 / p99       {self.itl_p50_ms:.1f} / {self.itl_p99_ms:.1f} ms "
+                f"(mean TPOT {self.tpot_mean_ms:.1f} ms)",
+                f"throughput          {self.requests_per_s:.2f} req/s, {self.output_tokens_per_s:,.0f} output tok/s "
+                f"over {self.duration_s:,.1f} s virtual",
+                f"load imbalance      in-flight max/mean {self.inflight_imbalance:.2f}, "
+                f"requests max/mean {self.requests_imbalance:.2f}",
+                f"router decision     p50 {self.decision_p50_us:.0f} us, p99 {self.decision_p99_us:.0f} us",
+                f"SLA attainment      {100 * self.sla_attainment:.1f}% (TTFT <= {self.ttft_slo_ms:g} ms "
+                f"and ITL <= {self.itl_slo_ms:g} ms)",
+                f"worker-seconds      {self.worker_seconds:,.0f} (mean {self.mean_workers:.2f} workers)",
+                *self._decisions(),
+                f"replay wall time    {self.wall_s:.1f} s",
+            ]
+        )
 
     @property
     def mean_workers(self) -> float:
@@ -91,9 +93,10 @@ class ReplayReport:
     def _decisions(self) -> list[str]:
         if not self.planner_decisions:
             return []
-        return [f"planner decisions   {len(self.planner_decisions)}",
-                *(f"  {r.line()}" for r in self.planner_decisions)]
-
+        return [
+            f"planner decisions   {len(self.planner_decisions)}",
+            *(f"  {r.line()}" for r in self.planner_decisions),
+        ]
 
     def _reasons(self) -> str:
         if not self.rejected:
@@ -114,13 +117,25 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> fl
     return float(v[np.searchsorted(cum, q / 100.0 * cum[-1])])
 
 
-def build_report(*, policy: str, done: Sequence[SimSeq], upper_bound: float, pooled_bound: float,
-                 itl_s: np.ndarray,
-                 itl_w: np.ndarray, inflight_area: dict[str, float], duration_s: float,
-                 per_worker_requests: dict[str, int], decision_s: np.ndarray, wall_s: float,
-                 num_submitted: int, rejected: dict[str, int] | None = None,
-                 worker_seconds: float = 0.0, slo_ms: tuple[float, float] = (2000.0, 50.0),
-                 decisions: tuple[DecisionRecord, ...] = ()) -> ReplayReport:
+def build_report(
+    *,
+    policy: str,
+    done: Sequence[SimSeq],
+    upper_bound: float,
+    pooled_bound: float,
+    itl_s: np.ndarray,
+    itl_w: np.ndarray,
+    inflight_area: dict[str, float],
+    duration_s: float,
+    per_worker_requests: dict[str, int],
+    decision_s: np.ndarray,
+    wall_s: float,
+    num_submitted: int,
+    rejected: dict[str, int] | None = None,
+    worker_seconds: float = 0.0,
+    slo_ms: tuple[float, float] = (2000.0, 50.0),
+    decisions: tuple[DecisionRecord, ...] = (),
+) -> ReplayReport:
     # from the request's arrival: time waiting in the router's queue counts
     ttft = np.asarray([s.first_token_s - s.req.arrival_s for s in done]) * 1000.0
     multi = [s for s in done if s.req.output_tokens > 1]
@@ -131,9 +146,15 @@ def build_report(*, policy: str, done: Sequence[SimSeq], upper_bound: float, poo
     areas = np.asarray(list(inflight_area.values()))
     counts = np.asarray(list(per_worker_requests.values()), dtype=float)
     dur = max(duration_s, 1e-9)
-    met = sum(1 for s in done if s.first_token_s - s.req.arrival_s <= slo_ms[0] / 1000.0
-              and (s.req.output_tokens <= 1 or (s.finish_s - s.first_token_s)
-                   / (s.req.output_tokens - 1) <= slo_ms[1] / 1000.0))
+    met = sum(
+        1
+        for s in done
+        if s.first_token_s - s.req.arrival_s <= slo_ms[0] / 1000.0
+        and (
+            s.req.output_tokens <= 1
+            or (s.finish_s - s.first_token_s) / (s.req.output_tokens - 1) <= slo_ms[1] / 1000.0
+        )
+    )
     return ReplayReport(
         policy=policy,
         num_requests=num_submitted,

@@ -40,8 +40,9 @@ class SharedPrefixSpec:
 
 def shared_prefix_requests(spec: SharedPrefixSpec) -> list[SimRequest]:
     rng = np.random.default_rng(spec.seed)
-    systems = [rng.integers(0, VOCAB_SIZE, spec.system_tokens, dtype=np.uint32)
-               for _ in range(spec.num_groups)]
+    systems = [
+        rng.integers(0, VOCAB_SIZE, spec.system_tokens, dtype=np.uint32) for _ in range(spec.num_groups)
+    ]
     out: list[SimRequest] = []
     t = 0.0
     session = 0
@@ -54,15 +55,17 @@ def shared_prefix_requests(spec: SharedPrefixSpec) -> list[SimRequest]:
                 break
             user = rng.integers(0, VOCAB_SIZE, spec.suffix_tokens, dtype=np.uint32)
             tokens = np.concatenate([tokens, user])
-            out.append(SimRequest(
-                request_id=f"s{session}t{turn}",
-                arrival_s=t + turn * spec.think_time_s,
-                prompt_tokens=len(tokens),
-                output_tokens=spec.output_tokens,
-                block_hashes=tuple(hash_blocks(tokens.tolist(), spec.block_size)),
-                session_id=f"s{session}" if spec.turns > 1 else None,
-                token_ids=tuple(tokens.tolist()) if spec.keep_tokens else None,
-            ))
+            out.append(
+                SimRequest(
+                    request_id=f"s{session}t{turn}",
+                    arrival_s=t + turn * spec.think_time_s,
+                    prompt_tokens=len(tokens),
+                    output_tokens=spec.output_tokens,
+                    block_hashes=tuple(hash_blocks(tokens.tolist(), spec.block_size)),
+                    session_id=f"s{session}" if spec.turns > 1 else None,
+                    token_ids=tuple(tokens.tolist()) if spec.keep_tokens else None,
+                )
+            )
             answer = rng.integers(0, VOCAB_SIZE, spec.output_tokens, dtype=np.uint32)
             tokens = np.concatenate([tokens, answer])
         session += 1
@@ -108,22 +111,26 @@ def agent_records(spec: AgentSpec) -> list[MooncakeRecord]:
         next_id += n
         return list(range(next_id - n, next_id))
 
-    systems = [new_ids(int(rng.integers(spec.system_blocks[0], spec.system_blocks[1] + 1)))
-               for _ in range(spec.num_system_prompts)]
+    systems = [
+        new_ids(int(rng.integers(spec.system_blocks[0], spec.system_blocks[1] + 1)))
+        for _ in range(spec.num_system_prompts)
+    ]
     max_blocks = spec.max_input_tokens // TRACE_BLOCK_SIZE
     out: list[MooncakeRecord] = []
     t = 0.0
     for _ in range(spec.num_sessions):
         t += rng.exponential(1.0 / spec.rate)
         ids = systems[int(rng.integers(len(systems)))] + new_ids(
-            int(rng.integers(spec.first_blocks[0], spec.first_blocks[1] + 1)))
+            int(rng.integers(spec.first_blocks[0], spec.first_blocks[1] + 1))
+        )
         at = t
         for _turn in range(int(rng.integers(spec.turns[0], spec.turns[1] + 1))):
             if len(ids) > max_blocks:
                 break
             out_len = int(rng.integers(spec.output_tokens[0], spec.output_tokens[1] + 1))
-            out.append(MooncakeRecord(round(at * 1000.0, 3), len(ids) * TRACE_BLOCK_SIZE, out_len,
-                                      tuple(ids)))
+            out.append(
+                MooncakeRecord(round(at * 1000.0, 3), len(ids) * TRACE_BLOCK_SIZE, out_len, tuple(ids))
+            )
             ids = ids + new_ids(int(rng.integers(spec.step_blocks[0], spec.step_blocks[1] + 1)))
             at += rng.exponential(spec.think_time_s)
     out.sort(key=lambda r: r.timestamp_ms)

@@ -83,14 +83,25 @@ class TraceHasher:
         return tuple(out[:n_full])
 
 
-def mooncake_requests(records: Sequence[MooncakeRecord], *, block_size: int = 64,
-                      speedup: float = 1.0, hasher: TraceHasher | None = None,
-                      with_tokens: bool = False) -> list[SimRequest]:
+def mooncake_requests(
+    records: Sequence[MooncakeRecord],
+    *,
+    block_size: int = 64,
+    speedup: float = 1.0,
+    hasher: TraceHasher | None = None,
+    with_tokens: bool = False,
+) -> list[SimRequest]:
     """Trace records as ``SimRequest``s, arrivals at ×``speedup`` (``mooncake.arrival_offsets``)."""
     hasher = hasher or TraceHasher(block_size)
     tbs = hasher.trace_block_size
     return [
-        SimRequest(f"r{i}", t, r.input_length, max(r.output_length, 1), hasher.hashes(r, i),
-                   token_ids=tuple(prompt_indices(r, i, VOCAB_SIZE, tbs).tolist()) if with_tokens else None)
+        SimRequest(
+            f"r{i}",
+            t,
+            r.input_length,
+            max(r.output_length, 1),
+            hasher.hashes(r, i),
+            token_ids=tuple(prompt_indices(r, i, VOCAB_SIZE, tbs).tolist()) if with_tokens else None,
+        )
         for i, (r, t) in enumerate(zip(records, arrival_offsets(records, speedup), strict=True))
     ]

@@ -128,11 +128,21 @@ class _Step:
 
 
 class SimWorker:
-    def __init__(self, instance_id: str, *, num_blocks: int, block_size: int = 64,
-                 max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
-                 timing: TimingModel | None = None, publish_events: bool = True,
-                 sink: WorkerSink | None = None, watermark: float = 0.01,
-                 preempt_enabled: bool = False, tiers: SimTiers | None = None) -> None:
+    def __init__(
+        self,
+        instance_id: str,
+        *,
+        num_blocks: int,
+        block_size: int = 64,
+        max_num_batched_tokens: int = 8192,
+        max_num_seqs: int = 256,
+        timing: TimingModel | None = None,
+        publish_events: bool = True,
+        sink: WorkerSink | None = None,
+        watermark: float = 0.01,
+        preempt_enabled: bool = False,
+        tiers: SimTiers | None = None,
+    ) -> None:
         self.instance_id = instance_id
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -166,8 +176,10 @@ class SimWorker:
     # ---- requests ----
     def enqueue(self, req: SimRequest, now: float) -> SimSeq:
         if _cdiv(req.prompt_tokens + req.output_tokens, self.block_size) > self.num_blocks:
-            raise ValueError(f"request {req.request_id}: prompt plus output needs more KV blocks "
-                             f"than a worker has ({self.num_blocks})")
+            raise ValueError(
+                f"request {req.request_id}: prompt plus output needs more KV blocks "
+                f"than a worker has ({self.num_blocks})"
+            )
         self._arrivals += 1
         s = SimSeq(req, now, order=(req.priority, self._arrivals), uid=self._arrivals)
         if self.step is None:
@@ -254,12 +266,12 @@ class SimWorker:
             return None
         if lower:  # loaded first: this admission's own evictions must not push them out
             assert self.tiers is not None
-            self._load_s += self.tiers.load(keys[hits:hits + lower])
+            self._load_s += self.tiers.load(keys[hits : hits + lower])
         pool.touch(keys[:hits])
         pool.allocate(need)
         s.keyed = list(keys[:hits])
         s.unkeyed = need
-        for key in keys[hits:hits + lower]:  # loaded into fresh blocks: cached there again
+        for key in keys[hits : hits + lower]:  # loaded into fresh blocks: cached there again
             if pool.store(key):
                 s.unkeyed -= 1
                 s.keyed.append(key)
@@ -341,8 +353,9 @@ class SimWorker:
         if k <= 1:
             return
         bs = self.block_size
-        first = np.fromiter(((-s.computed - 1) % bs + 1 for s, _ in st.sched), dtype=np.int64,
-                            count=len(st.sched))
+        first = np.fromiter(
+            ((-s.computed - 1) % bs + 1 for s, _ in st.sched), dtype=np.int64, count=len(st.sched)
+        )
         hist = np.bincount(first, minlength=bs + 1)
         alloc = hist[(np.arange(k) - 1) % bs + 1]
         alloc[0] = 0  # step 0's blocks were allocated when it was scheduled
@@ -461,8 +474,11 @@ class SimWorker:
     def _publish(self, now: float, step_s: float, tokens: int, queued: int) -> None:
         events = self.pool.take_events()
         if events and self.publish_events:
-            self.sink.kv_events(KVEventBatch(instance_id=self.instance_id, seq=self._event_seq,
-                                             timestamp=now, events=tuple(events)))
+            self.sink.kv_events(
+                KVEventBatch(
+                    instance_id=self.instance_id, seq=self._event_seq, timestamp=now, events=tuple(events)
+                )
+            )
             self._event_seq += 1
         self.sink.load(self._report(now, step_s, tokens, queued))
 
@@ -471,21 +487,34 @@ class SimWorker:
 
     def _report(self, now: float, step_s: float, tokens: int, queued: int) -> LoadReport:
         return LoadReport(
-            instance_id=self.instance_id, timestamp=now, num_running=len(self.running),
-            num_waiting=len(self.waiting), kv_blocks_used=self.pool.used,
-            kv_blocks_total=self.num_blocks, queued_prefill_tokens=queued,
-            step_time_s=step_s, tokens_computed=tokens, prefill_tokens_per_s=self._prefill_tps,
+            instance_id=self.instance_id,
+            timestamp=now,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_blocks_used=self.pool.used,
+            kv_blocks_total=self.num_blocks,
+            queued_prefill_tokens=queued,
+            step_time_s=step_s,
+            tokens_computed=tokens,
+            prefill_tokens_per_s=self._prefill_tps,
             decode_step_s=self._decode_step_s,
         )
 
     def snapshot(self, now: float) -> KVEventBatch:
         """The whole cache as a re-sync batch."""
         # A snapshot carries the seq of the last batch it includes; live batches go on from +1.
-        return KVEventBatch(instance_id=self.instance_id, seq=self._event_seq - 1, timestamp=now,
-                            events=(AllBlocksCleared(), BlockStored(
-                                block_hashes=tuple(self.pool.keys()), parent_block_hash=None,
-                                block_size=self.block_size)),
-                            snapshot=True)
+        return KVEventBatch(
+            instance_id=self.instance_id,
+            seq=self._event_seq - 1,
+            timestamp=now,
+            events=(
+                AllBlocksCleared(),
+                BlockStored(
+                    block_hashes=tuple(self.pool.keys()), parent_block_hash=None, block_size=self.block_size
+                ),
+            ),
+            snapshot=True,
+        )
 
     def check_integrity(self) -> None:
         self.pool.check()

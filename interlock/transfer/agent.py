@@ -86,11 +86,19 @@ class TransferAgent:
         self.cluster_secret = cluster_secret
         self._housekeep()
         if cluster_secret is None and not is_loopback(host):
-            log.warning("KV transfer agent listens on %s without a cluster secret: anyone who "
-                        "reaches it can pull staged KV (set INTERLOCK_CLUSTER_SECRET)", host)
+            log.warning(
+                "KV transfer agent listens on %s without a cluster secret: anyone who "
+                "reaches it can pull staged KV (set INTERLOCK_CLUSTER_SECRET)",
+                host,
+            )
         self._server = TcpServer(
-            host=host, port=port, advertise_host=advertise_host or host,
-            lookup=self._lookup, probe=self._probe, tick=self._housekeep, tick_s=tick_s,
+            host=host,
+            port=port,
+            advertise_host=advertise_host or host,
+            lookup=self._lookup,
+            probe=self._probe,
+            tick=self._housekeep,
+            tick_s=tick_s,
             secret=cluster_secret,
         )
         self._identity = AgentIdentity(self.agent_id, self.host_id, os.getpid(), self._server.address)
@@ -129,7 +137,11 @@ class TransferAgent:
         raise TransferError(f"no transport reaches transfer {descriptor.transfer_id}")
 
     def pull(
-        self, descriptor: TransferDescriptor, *, timeout_s: float = DEFAULT_TIMEOUT_S, transport: str | None = None
+        self,
+        descriptor: TransferDescriptor,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: str | None = None,
     ) -> DestTransfer:
         """Start pulling; returns at once. ``transport`` forces one (tests, link checks)."""
         kind = transport or self.transport or self.choose_transport(descriptor)

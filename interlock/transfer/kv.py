@@ -43,7 +43,9 @@ def stage_blocks(
 ) -> tuple[SourceTransfer, TransferDescriptor]:
     """Export ``block_ids`` into a new staged payload and publish it. The blocks may be freed
     as soon as this returns: the payload holds their KV."""
-    src = agent.create_source(len(block_ids) * runner.kv_block_nbytes, timeout_s=timeout_s, transfer_id=transfer_id)
+    src = agent.create_source(
+        len(block_ids) * runner.kv_block_nbytes, timeout_s=timeout_s, transfer_id=transfer_id
+    )
     try:
         runner.export_blocks(block_ids, src.buffer)
         return src, src.publish()

@@ -52,7 +52,10 @@ def measure_link(
         with ControlClient(peer_address, timeout_s, agent.cluster_secret) as ctl:
             rtt = statistics.median(ctl.ping() for _ in range(max(1, pings)))
             # One unrecorded round first: it pays for first-touch pages on both sides.
-            runs = [_timed_pull(agent, ctl, nbytes, sink, transport, timeout_s) for _ in range(1 + max(1, repeats))][1:]
+            runs = [
+                _timed_pull(agent, ctl, nbytes, sink, transport, timeout_s)
+                for _ in range(1 + max(1, repeats))
+            ][1:]
     except (OSError, ValueError, AuthError) as e:
         raise TransferError(f"link check to {peer_address} failed: {e}") from e
     return LinkStats(
@@ -65,7 +68,12 @@ def measure_link(
 
 
 def _timed_pull(
-    agent: TransferAgent, ctl: ControlClient, nbytes: int, sink: bytearray, transport: str | None, timeout_s: float
+    agent: TransferAgent,
+    ctl: ControlClient,
+    nbytes: int,
+    sink: bytearray,
+    transport: str | None,
+    timeout_s: float,
 ) -> tuple[float, str]:
     descriptor = ctl.probe(nbytes, timeout_s)
     t0 = time.perf_counter()

@@ -36,7 +36,9 @@ class _Pool:
 
     def _take(self, nbytes: int) -> object | None:
         with self._lock:
-            fits = [(cap, i) for i, (cap, _) in enumerate(self._idle) if nbytes <= cap <= 2 * size_class(nbytes)]
+            fits = [
+                (cap, i) for i, (cap, _) in enumerate(self._idle) if nbytes <= cap <= 2 * size_class(nbytes)
+            ]
             if not fits:
                 return None
             cap, i = min(fits)

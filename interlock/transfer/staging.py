@@ -106,8 +106,13 @@ class Staging:
         assert 0 <= nbytes <= self.capacity
         generation = secrets.randbits(63) or 1
         self.set_word(W_SRC_STATE, SRC_WRITING)
-        for i, value in ((W_MAGIC, MAGIC), (W_VERSION, VERSION), (W_SRC_PID, os.getpid()),
-                         (W_DEST_PID, 0), (W_DEST_STATE, DEST_NONE)):
+        for i, value in (
+            (W_MAGIC, MAGIC),
+            (W_VERSION, VERSION),
+            (W_SRC_PID, os.getpid()),
+            (W_DEST_PID, 0),
+            (W_DEST_STATE, DEST_NONE),
+        ):
             self.set_word(i, value)
         self._set_pair(W_SIZE_LO, nbytes)
         self._set_pair(W_GEN_LO, generation)

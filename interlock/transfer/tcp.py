@@ -123,7 +123,9 @@ class TcpServer:
                 return
             with self._lock:
                 self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="interlock-transfer-conn", daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(conn,), name="interlock-transfer-conn", daemon=True
+            ).start()
             self._tick()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -223,7 +225,9 @@ class TcpDest(_Dest):
 
     def _pull(self) -> None:
         remaining = self._deadline - time.monotonic()
-        sock = socket.create_connection(split_address(self.descriptor.tcp_address), timeout=max(0.001, remaining))
+        sock = socket.create_connection(
+            split_address(self.descriptor.tcp_address), timeout=max(0.001, remaining)
+        )
         with self._lock:
             if self._status.finished:
                 sock.close()

@@ -35,7 +35,9 @@ def with_server(timing: FakeTiming, body: Callable[[FakeOpenAIServer], Awaitable
 async def _warm_up(server: FakeOpenAIServer) -> None:
     """One request first: the first request of a process pays one-off costs (lazy imports)."""
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 1}) as resp:
+        async with session.post(
+            f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 1}
+        ) as resp:
             await resp.read()
     server.received.clear()
 
@@ -50,7 +52,9 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok.decoder = decoders.ByteLevel()
     rng = random.Random(0)
     corpus = [" ".join(rng.choices(COMMON_WORDS, k=30)) for _ in range(300)]
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=["<eos>"], show_progress=False))
+    tok.train_from_iterator(
+        corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=["<eos>"], show_progress=False)
+    )
     folder = tmp_path_factory.mktemp("tok")
     tok.save(str(folder / "tokenizer.json"))
     return folder

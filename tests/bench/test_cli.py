@@ -41,11 +41,28 @@ def _png_ok(path: Path) -> None:
     assert matplotlib.image.imread(str(path)).shape[0] > 300
 
 
-def test_sweep_trace_and_compare(server_url: str, tmp_path: Path, tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_trace_and_compare(
+    server_url: str, tmp_path: Path, tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     sweep = tmp_path / "sweep.json"
     common = ["--url", server_url, "--no-progress", "--warmup", "0"]
-    rc = main([*common, "--concurrency", "1,3", "--num-requests", "9", "--input-len", "uniform:20:40",
-               "--output-len", "6", "--goodput", "ttft=500,itl=100", "--out", str(sweep)])
+    rc = main(
+        [
+            *common,
+            "--concurrency",
+            "1,3",
+            "--num-requests",
+            "9",
+            "--input-len",
+            "uniform:20:40",
+            "--output-len",
+            "6",
+            "--goodput",
+            "ttft=500,itl=100",
+            "--out",
+            str(sweep),
+        ]
+    )
     assert rc == 0
     results = load(sweep)
     assert [r.label for r in results.runs] == ["c=1", "c=3"]
@@ -59,8 +76,24 @@ def test_sweep_trace_and_compare(server_url: str, tmp_path: Path, tokenizer_dir:
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join(json.dumps(r) for r in ROWS))
     replay = tmp_path / "replay.json"
-    rc = main([*common, "--api", "completions", "--tokenizer", str(tokenizer_dir), "--prompt-as", "ids",
-               "--trace", str(trace), "--speedup", "10", "--out", str(replay), "--no-plot"])
+    rc = main(
+        [
+            *common,
+            "--api",
+            "completions",
+            "--tokenizer",
+            str(tokenizer_dir),
+            "--prompt-as",
+            "ids",
+            "--trace",
+            str(trace),
+            "--speedup",
+            "10",
+            "--out",
+            str(replay),
+            "--no-plot",
+        ]
+    )
     assert rc == 0
     assert [r.input_tokens for r in load(replay).runs[0].records] == [row["input_length"] for row in ROWS]
 

@@ -25,10 +25,14 @@ TTFT, ITL, N = 0.08, 0.02, 12
 PROMPT = Prompt(text=" the of and", token_ids=(5, 6, 7), input_tokens=3, max_tokens=N)
 
 
-async def _send_many(server: FakeOpenAIServer, endpoint: Endpoint, count: int, prompt: Prompt = PROMPT) -> list[RequestRecord]:
+async def _send_many(
+    server: FakeOpenAIServer, endpoint: Endpoint, count: int, prompt: Prompt = PROMPT
+) -> list[RequestRecord]:
     async with aiohttp.ClientSession() as session:
         records = [RequestRecord(index=i, start_s=0.0) for i in range(count)]
-        await asyncio.gather(*(send_request(session, endpoint, request_body(endpoint, prompt), r) for r in records))
+        await asyncio.gather(
+            *(send_request(session, endpoint, request_body(endpoint, prompt), r) for r in records)
+        )
         return records
 
 
@@ -73,28 +77,44 @@ def test_token_ids_are_sent_as_the_completions_prompt() -> None:
 
 
 def test_errors_are_counted_by_kind() -> None:
-    timing = FakeTiming(ttft_s=0.0, itl_s=0.001, fail_every=((5, 500), (2, 503)), stream_error_every=3, drop_every=7)
+    timing = FakeTiming(
+        ttft_s=0.0, itl_s=0.001, fail_every=((5, 500), (2, 503)), stream_error_every=3, drop_every=7
+    )
 
     async def body(server: FakeOpenAIServer) -> list[str | None]:
         out = []
         async with aiohttp.ClientSession() as session:
             endpoint = Endpoint(server.url, "fake-model")
             for i in range(10):  # sequential: the k-th arrival is request k
-                r = await send_request(session, endpoint, request_body(endpoint, PROMPT), RequestRecord(i, 0.0))
+                r = await send_request(
+                    session, endpoint, request_body(endpoint, PROMPT), RequestRecord(i, 0.0)
+                )
                 out.append(r.error)
         return out
 
     errors = with_server(timing, body)
     # arrivals 1..10: 2,4,8 -> 503; 5,10 -> 500; 3,9 -> stream error; 6 -> 503 (fail wins); 7 -> dropped
-    assert errors == [None, "http_503", "stream_error", "http_503", "http_500", "http_503", "disconnected",
-                      "http_503", "stream_error", "http_500"]
+    assert errors == [
+        None,
+        "http_503",
+        "stream_error",
+        "http_503",
+        "http_500",
+        "http_503",
+        "disconnected",
+        "http_503",
+        "stream_error",
+        "http_500",
+    ]
 
 
 def test_connect_error_is_recorded() -> None:
     async def go() -> RequestRecord:
         async with aiohttp.ClientSession() as session:
             endpoint = Endpoint("http://127.0.0.1:9", "m")  # discard port: nothing listens
-            return await send_request(session, endpoint, request_body(endpoint, PROMPT), RequestRecord(0, 0.0))
+            return await send_request(
+                session, endpoint, request_body(endpoint, PROMPT), RequestRecord(0, 0.0)
+            )
 
     r = asyncio.run(go())
     assert r.error == "connect_error" and not r.ok

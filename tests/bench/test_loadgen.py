@@ -51,8 +51,12 @@ def test_constant_rate_sends_on_schedule() -> None:
 
 def test_duration_bound_stops_sending_and_cancels_after_grace() -> None:
     async def body(server: FakeOpenAIServer) -> RunResult:
-        plan = concurrency_plan(SyntheticSpec(LengthDist.parse("8"), LengthDist.parse("1000")), WordVocab(), 2, 50)
-        return await run_load(Endpoint(server.url, "fake-model"), plan, Bounds(50, duration_s=0.3, grace_s=0.2))
+        plan = concurrency_plan(
+            SyntheticSpec(LengthDist.parse("8"), LengthDist.parse("1000")), WordVocab(), 2, 50
+        )
+        return await run_load(
+            Endpoint(server.url, "fake-model"), plan, Bounds(50, duration_s=0.3, grace_s=0.2)
+        )
 
     run = with_server(FakeTiming(ttft_s=0.01, itl_s=0.01), body)  # each request would take 10 s
     assert len(run.records) == 2

@@ -23,7 +23,11 @@ def _png_ok(path: Path) -> None:
 
 
 def test_results_round_trip(tmp_path: Path) -> None:
-    runs = [RunResult("c=1", {"mode": "concurrency", "concurrency": 1}, "2026-01-01T00:00:00+00:00", 2.0, list(RECORDS))]
+    runs = [
+        RunResult(
+            "c=1", {"mode": "concurrency", "concurrency": 1}, "2026-01-01T00:00:00+00:00", 2.0, list(RECORDS)
+        )
+    ]
     save(tmp_path / "r.json", {"url": "http://x", "model": "m"}, runs, Targets(ttft_ms=200))
     back = load(tmp_path / "r.json")
     assert back.targets == Targets(ttft_ms=200) and back.meta["url"] == "http://x"
@@ -33,7 +37,8 @@ def test_results_round_trip(tmp_path: Path) -> None:
 
 def test_sweep_report_png(tmp_path: Path) -> None:
     runs = [
-        PlotRun(f"rate={r}", "sweep", RunResult(f"rate={r}", {}, "", 2.0 / r, list(RECORDS))) for r in (1, 2, 4)
+        PlotRun(f"rate={r}", "sweep", RunResult(f"rate={r}", {}, "", 2.0 / r, list(RECORDS)))
+        for r in (1, 2, 4)
     ]
     report_png(tmp_path / "sweep.png", runs, "interlock bench: http://x (m), 2026-01-01")
     _png_ok(tmp_path / "sweep.png")

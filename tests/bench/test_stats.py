@@ -9,8 +9,14 @@ from interlock.bench.stats import Dist, Targets, meets, request_itl_s, summarize
 def rec(i: int, ttft: float, e2e: float, tokens: int, error: str | None = None) -> RequestRecord:
     gap = (e2e - ttft) / max(tokens - 1, 1)
     return RequestRecord(
-        index=i, start_s=float(i), ttft_s=ttft, e2e_s=e2e, error=error,
-        chunk_times_s=[round(ttft + k * gap, 6) for k in range(tokens)], output_tokens_stream=tokens, output_tokens_usage=tokens,
+        index=i,
+        start_s=float(i),
+        ttft_s=ttft,
+        e2e_s=e2e,
+        error=error,
+        chunk_times_s=[round(ttft + k * gap, 6) for k in range(tokens)],
+        output_tokens_stream=tokens,
+        output_tokens_usage=tokens,
         input_tokens=100,
     )
 

@@ -54,7 +54,9 @@ def test_prompts_share_prefixes_by_hash_id(trace_file: Path, tokenizer_dir: Path
     assert vocab.encode(p[1].text) == ids[1]  # the text form carries the same tokens
 
 
-def test_replay_sends_at_sped_up_times_and_shares_prefix_on_the_wire(trace_file: Path, tokenizer_dir: Path) -> None:
+def test_replay_sends_at_sped_up_times_and_shares_prefix_on_the_wire(
+    trace_file: Path, tokenizer_dir: Path
+) -> None:
     vocab = TokenizerVocab(tokenizer_dir)
     records = load_mooncake(trace_file)
 

@@ -11,8 +11,9 @@ from interlock.cli.main import SUBCOMMANDS, main
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "interlock.cli.main", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "interlock.cli.main", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:

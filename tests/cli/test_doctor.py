@@ -14,7 +14,14 @@ def test_doctor_kernels_prints_every_operation_of_the_model(capsys: pytest.Captu
     if cpu_ops.load() is None:
         assert "no choice to make here" in out
         return
-    for op in ("linear 960x576", "linear 49152x576", "attention decode 9/3x64 ctx 256", "attention prefill 9/3x64",
-               "add_rms_norm 576", "silu_mul 1536", "rope_write_kv 9/3x64"):
+    for op in (
+        "linear 960x576",
+        "linear 49152x576",
+        "attention decode 9/3x64 ctx 256",
+        "attention prefill 9/3x64",
+        "add_rms_norm 576",
+        "silu_mul 1536",
+        "rope_write_kv 9/3x64",
+    ):
         assert op + ":" in out
     assert "measured (us per call)" not in out  # --summary: the ranges only

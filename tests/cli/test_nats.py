@@ -48,17 +48,20 @@ def test_login_from_files(password: str, tmp_path: Path) -> None:
     assert spec().auth is None  # loopback, no login: a private server
 
 
-@pytest.mark.parametrize(("argv", "match"), [
-    (("--host", "0.0.0.0"), "without a login lets anyone"),
-    (("--password-file", "PW"), "needs --user"),
-    (("--user", "u"), "needs a password"),
-    (("--user", "u", "--password-file", "PW", "--token-file", "PW"), "not both"),
-    (("--user", "u", "--password-file", "PW", "--allow-anonymous"), "contradicts"),
-    (("--tls-cert", "c.pem"), "go together"),
-    (("--tls-ca", "ca.pem"), "needs the server's own"),
-    (("--port", "0"), "--port must be in 1..65535"),
-    (("--user", "u", "--password-file", "/nonexistent/pw"), "cannot read the NATS password file"),
-])
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (("--host", "0.0.0.0"), "without a login lets anyone"),
+        (("--password-file", "PW"), "needs --user"),
+        (("--user", "u"), "needs a password"),
+        (("--user", "u", "--password-file", "PW", "--token-file", "PW"), "not both"),
+        (("--user", "u", "--password-file", "PW", "--allow-anonymous"), "contradicts"),
+        (("--tls-cert", "c.pem"), "go together"),
+        (("--tls-ca", "ca.pem"), "needs the server's own"),
+        (("--port", "0"), "--port must be in 1..65535"),
+        (("--user", "u", "--password-file", "/nonexistent/pw"), "cannot read the NATS password file"),
+    ],
+)
 def test_refused_by_name(argv: tuple[str, ...], match: str, password: str) -> None:
     with pytest.raises(ConfigError, match=match):
         spec(*(password if a == "PW" else a for a in argv))
@@ -94,8 +97,18 @@ def test_anonymous_beyond_loopback_only_when_asked() -> None:
 
 
 def test_tls_files_reach_the_server_config(password: str) -> None:
-    s = spec("--user", "u", "--password-file", password, "--tls-cert", "c.pem", "--tls-key", "k.pem",
-             "--tls-ca", "ca.pem")
+    s = spec(
+        "--user",
+        "u",
+        "--password-file",
+        password,
+        "--tls-cert",
+        "c.pem",
+        "--tls-key",
+        "k.pem",
+        "--tls-ca",
+        "ca.pem",
+    )
     assert s.tls == ServerTLS(cert="c.pem", key="k.pem", ca="ca.pem")
 
 
@@ -104,9 +117,27 @@ def test_a_standalone_server_takes_only_its_logins_and_answers_probes(password: 
     (tmp_path / "workers").mkdir()
     (tmp_path / "workers" / "w1").write_text("pw-of-w1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "interlock.cli.main", "nats", "--port", str(port), "--user", "u",
-         "--password-file", password, "--monitor-port", str(monitor), "--worker-logins", str(tmp_path / "workers")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        [
+            sys.executable,
+            "-m",
+            "interlock.cli.main",
+            "nats",
+            "--port",
+            str(port),
+            "--user",
+            "u",
+            "--password-file",
+            password,
+            "--monitor-port",
+            str(monitor),
+            "--worker-logins",
+            str(tmp_path / "workers"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -136,14 +167,56 @@ def test_mutual_tls(tmp_path: Path) -> None:
     """Server TLS with client certificates: a client with the CA and its certificate joins; one
     without a certificate does not."""
     d = tmp_path
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-days", "1", "-subj", "/CN=test-ca", "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.pem")
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        f"{d}/ca.key",
+        "-out",
+        f"{d}/ca.pem",
+    )
     for name, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
-        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                 "-subj", f"/CN={name}", "-keyout", f"{d}/{name}.key", "-out", f"{d}/{name}.csr")
+        _openssl(
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            f"{d}/{name}.key",
+            "-out",
+            f"{d}/{name}.csr",
+        )
         (d / f"{name}.ext").write_text(ext + "\n")
-        _openssl("x509", "-req", "-in", f"{d}/{name}.csr", "-CA", f"{d}/ca.pem", "-CAkey", f"{d}/ca.key",
-                 "-CAcreateserial", "-days", "1", "-extfile", f"{d}/{name}.ext", "-out", f"{d}/{name}.pem")
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{d}/{name}.csr",
+            "-CA",
+            f"{d}/ca.pem",
+            "-CAkey",
+            f"{d}/ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            f"{d}/{name}.ext",
+            "-out",
+            f"{d}/{name}.pem",
+        )
     tls = ServerTLS(cert=f"{d}/server.pem", key=f"{d}/server.key", ca=f"{d}/ca.pem")
 
     async def join(url: str, auth: NatsAuth) -> None:
@@ -151,7 +224,11 @@ def test_mutual_tls(tmp_path: Path) -> None:
         await runtime.close()
 
     with NatsServer(tls=tls) as server:
-        asyncio.run(join(server.url, NatsAuth(tls_ca=f"{d}/ca.pem", tls_cert=f"{d}/client.pem",
-                                              tls_key=f"{d}/client.key")))
+        asyncio.run(
+            join(
+                server.url,
+                NatsAuth(tls_ca=f"{d}/ca.pem", tls_cert=f"{d}/client.pem", tls_key=f"{d}/client.key"),
+            )
+        )
         with pytest.raises((AuthError, TransportError)):
             asyncio.run(join(server.url, NatsAuth(tls_ca=f"{d}/ca.pem")))

@@ -23,8 +23,16 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_secrets_come_from_files(tmp_path: Path) -> None:
     (tmp_path / "secret").write_text("a-cluster-secret-of-enough-length\n")
     (tmp_path / "password").write_text("pw\n")
-    a = parse("--cluster-secret-file", str(tmp_path / "secret"), "--nats-user", "u",
-              "--nats-password-file", str(tmp_path / "password"), "--nats-tls-ca", "ca.pem")
+    a = parse(
+        "--cluster-secret-file",
+        str(tmp_path / "secret"),
+        "--nats-user",
+        "u",
+        "--nats-password-file",
+        str(tmp_path / "password"),
+        "--nats-tls-ca",
+        "ca.pem",
+    )
     assert cluster_secret(a) == b"a-cluster-secret-of-enough-length"
     assert nats_auth(a) == NatsAuth(user="u", password="pw", tls_ca="ca.pem")
     (tmp_path / "token").write_text("tok")
@@ -43,8 +51,10 @@ def test_missing_or_empty_files_are_config_errors(tmp_path: Path) -> None:
 def test_children_get_secrets_in_their_environment_and_only_paths_in_argv() -> None:
     auth = NatsAuth(user="interlock", password="pw", tls_ca="/ca.pem")
     assert child_env(b"secret", auth) == {
-        "INTERLOCK_CLUSTER_SECRET": "secret", "INTERLOCK_NATS_USER": "interlock",
-        "INTERLOCK_NATS_PASSWORD": "pw", "INTERLOCK_NATS_TOKEN": "",
+        "INTERLOCK_CLUSTER_SECRET": "secret",
+        "INTERLOCK_NATS_USER": "interlock",
+        "INTERLOCK_NATS_PASSWORD": "pw",
+        "INTERLOCK_NATS_TOKEN": "",
     }
     assert files_only(auth) == NatsAuth(tls_ca="/ca.pem")  # what a worker's launch spec carries
     assert child_env(None, NatsAuth())["INTERLOCK_CLUSTER_SECRET"] == ""

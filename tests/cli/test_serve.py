@@ -25,8 +25,9 @@ class NoWorkersYet:
         return False
 
 
-def wait_with(codes: list[str], policy: RestartPolicy = RestartPolicy.ON_FAILURE,
-              timeout_s: float = 1.5) -> str | None:
+def wait_with(
+    codes: list[str], policy: RestartPolicy = RestartPolicy.ON_FAILURE, timeout_s: float = 1.5
+) -> str | None:
     async def main() -> str | None:
         running = RunningCluster(ClusterSpec(processes=ProcessOptions(restart_policy=policy)))
         running.supervisor = Supervisor(policy, FAST)
@@ -50,7 +51,8 @@ SLEEP = "import time; time.sleep(30)"
 
 def test_a_config_error_ends_the_wait() -> None:
     assert wait_with([SLEEP, "import sys; sys.exit(2)"]) == (
-        "worker-1 exited with code 2 (a configuration error) before it was ready")
+        "worker-1 exited with code 2 (a configuration error) before it was ready"
+    )
 
 
 def test_every_worker_failing_ends_the_wait() -> None:
@@ -64,4 +66,5 @@ def test_one_worker_failing_is_retried_until_the_timeout() -> None:
 
 def test_without_restarts_one_failure_ends_the_wait() -> None:
     assert wait_with([SLEEP, "import sys; sys.exit(3)"], RestartPolicy.NEVER) == (
-        "worker-1 exited with code 3 before it was ready")
+        "worker-1 exited with code 3 before it was ready"
+    )

@@ -15,8 +15,19 @@ from tests.e2e.conftest import FAST_LEASES, Served, children, start_serve, wait_
 
 pytestmark = pytest.mark.slow
 
-MOCK = ("--runner", "mock", "--workers", "2", "--max-model-len", "1024", "--num-blocks", "256",
-        "--drain-grace", "2", *FAST_LEASES)
+MOCK = (
+    "--runner",
+    "mock",
+    "--workers",
+    "2",
+    "--max-model-len",
+    "1024",
+    "--num-blocks",
+    "256",
+    "--drain-grace",
+    "2",
+    *FAST_LEASES,
+)
 MODEL = "SmolLM2-135M-Instruct"
 
 
@@ -27,14 +38,13 @@ def served() -> Iterator[Served]:
     s.stop()
 
 
-
-
-
-
 def registered(served: Served) -> set[str]:
     text = httpx.get(served.url + "/metrics", timeout=10).text
-    return {line.split('worker="', 1)[1].split('"', 1)[0]
-            for line in text.splitlines() if line.startswith("interlock_worker_kv_blocks_total{")}
+    return {
+        line.split('worker="', 1)[1].split('"', 1)[0]
+        for line in text.splitlines()
+        if line.startswith("interlock_worker_kv_blocks_total{")
+    }
 
 
 def log(served: Served) -> str:
@@ -47,8 +57,9 @@ def test_a_killed_worker_is_restarted_and_serves_again(served: Served) -> None:
     assert len(before) == 2
     victim = before[0]
     os.kill(victim, signal.SIGKILL)
-    assert wait_until(lambda: len(children(served, b"worker")) == 2 and victim not in children(served, b"worker"),
-                      15), log(served)[-3000:]
+    assert wait_until(
+        lambda: len(children(served, b"worker")) == 2 and victim not in children(served, b"worker"), 15
+    ), log(served)[-3000:]
     [name] = re.findall(r"(worker-\d) exited with signal 9 \(SIGKILL\); restart 1 in 0.5 s", log(served))
     new = (set(children(served, b"worker")) - set(before)).pop()
     assert wait_until(lambda: f"{name} restarted (pid {new})" in log(served), 5)
@@ -56,8 +67,11 @@ def test_a_killed_worker_is_restarted_and_serves_again(served: Served) -> None:
     assert wait_until(lambda: len(ready.findall(log(served))) == 2, 30)  # once at start, once now
     assert wait_until(lambda: len(registered(served)) == 2, 10), log(served)[-3000:]
     for i in range(4):
-        r = httpx.post(served.base_url + "/completions", timeout=30,
-                       json={"model": MODEL, "prompt": f"Hello {i}", "max_tokens": 3, "temperature": 0})
+        r = httpx.post(
+            served.base_url + "/completions",
+            timeout=30,
+            json={"model": MODEL, "prompt": f"Hello {i}", "max_tokens": 3, "temperature": 0},
+        )
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["text"]
 

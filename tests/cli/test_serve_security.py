@@ -38,8 +38,11 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def _chat(served: Served, i: int) -> httpx.Response:
-    return httpx.post(served.base_url + "/chat/completions", timeout=30,
-                      json={"model": MODEL, "messages": [{"role": "user", "content": f"Hi {i}"}], "max_tokens": 3})
+    return httpx.post(
+        served.base_url + "/chat/completions",
+        timeout=30,
+        json={"model": MODEL, "messages": [{"role": "user", "content": f"Hi {i}"}], "max_tokens": 3},
+    )
 
 
 def test_serve_with_authenticated_planes(served: Served) -> None:

@@ -48,17 +48,20 @@ def test_a_bad_variable_is_refused_by_name(env: pytest.MonkeyPatch) -> None:
         serve.build_parser()
 
 
-@pytest.mark.parametrize(("argv", "check"), [
-    (("--router-mode", "least_loaded"), lambda d: d.routing.policy == "least-loaded"),
-    (("--no-enable-prefix-caching",), lambda d: not d.execution_groups[0].enable_prefix_caching),
-    (("--no-prefix-caching",), lambda d: not d.execution_groups[0].enable_prefix_caching),
-    ((), lambda d: d.execution_groups[0].enable_prefix_caching),
-    (("--workers", "3"), lambda d: d.num_workers == 3),
-    (("--kv-transfer", "none"), lambda d: d.nodes[0].transfer == "none"),
-    (("--cache-transport", "tcp"), lambda d: d.nodes[0].transfer == "tcp"),
-    (("--heartbeat-interval", "0.5"), lambda d: d.control_plane.lease_timeout == 2.5),
-    ((), lambda d: d.execution_groups[0].max_model_len is None),  # the model's own, resolved per model
-])
+@pytest.mark.parametrize(
+    ("argv", "check"),
+    [
+        (("--router-mode", "least_loaded"), lambda d: d.routing.policy == "least-loaded"),
+        (("--no-enable-prefix-caching",), lambda d: not d.execution_groups[0].enable_prefix_caching),
+        (("--no-prefix-caching",), lambda d: not d.execution_groups[0].enable_prefix_caching),
+        ((), lambda d: d.execution_groups[0].enable_prefix_caching),
+        (("--workers", "3"), lambda d: d.num_workers == 3),
+        (("--kv-transfer", "none"), lambda d: d.nodes[0].transfer == "none"),
+        (("--cache-transport", "tcp"), lambda d: d.nodes[0].transfer == "tcp"),
+        (("--heartbeat-interval", "0.5"), lambda d: d.control_plane.lease_timeout == 2.5),
+        ((), lambda d: d.execution_groups[0].max_model_len is None),  # the model's own, resolved per model
+    ],
+)
 def test_ecosystem_names(argv: tuple[str, ...], check) -> None:  # type: ignore[no-untyped-def]
     assert check(serve_deployment(*argv))
 
@@ -72,8 +75,19 @@ def test_parallelism_above_one_is_refused_by_name() -> None:
 
 def test_flags_override_the_file_and_workers_is_refused_with_it(tmp_path: Path) -> None:
     f = tmp_path / "d.yaml"
-    f.write_text(json.dumps({"execution-group": {"dtype": "float32", "nodes": [
-        {"node_role": "prefill", "max_batch_size": 4}, {"node_role": "decode", "max_batch_size": 5}]}}))
+    f.write_text(
+        json.dumps(
+            {
+                "execution-group": {
+                    "dtype": "float32",
+                    "nodes": [
+                        {"node_role": "prefill", "max_batch_size": 4},
+                        {"node_role": "decode", "max_batch_size": 5},
+                    ],
+                }
+            }
+        )
+    )
     d = serve_deployment("-f", str(f), "--max-num-seqs", "8")
     assert [n.max_batch_size for n in d.nodes] == [8, 8] and d.execution_groups[0].dtype == "float32"
     assert [n.max_batch_size for n in serve_deployment("-f", str(f)).nodes] == [4, 5]
@@ -86,7 +100,11 @@ def test_frontend_takes_routing_from_a_file(tmp_path: Path) -> None:
     f.write_text("routing: {policy: random, route_key: x-team}\n")
     a = frontend.build_parser().parse_args(["-f", str(f), "--nats-url", "nats://h:4222"])
     d = deployment_from_args(a)
-    assert (d.routing.policy, d.routing.route_key, d.control_plane.nats_url) == ("random", "x-team", "nats://h:4222")
+    assert (d.routing.policy, d.routing.route_key, d.control_plane.nats_url) == (
+        "random",
+        "x-team",
+        "nats://h:4222",
+    )
 
 
 def test_worker_spec_is_derived_as_serve_derives_it(tmp_path: Path) -> None:
@@ -94,12 +112,33 @@ def test_worker_spec_is_derived_as_serve_derives_it(tmp_path: Path) -> None:
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     (model / "model.safetensors").write_bytes(b"")
-    a = worker.build_parser().parse_args(["--model", str(model), "--runner", "mock", "--role", "decode",
-                                          "--nats-url", "nats://h:1", "--instance-id", "w9", "--kv-transfer", "tcp",
-                                          "--max-num-seqs", "3", "--preempt-enabled"])
+    a = worker.build_parser().parse_args(
+        [
+            "--model",
+            str(model),
+            "--runner",
+            "mock",
+            "--role",
+            "decode",
+            "--nats-url",
+            "nats://h:1",
+            "--instance-id",
+            "w9",
+            "--kv-transfer",
+            "tcp",
+            "--max-num-seqs",
+            "3",
+            "--preempt-enabled",
+        ]
+    )
     launch = worker.launch_from_args(a)
     s = launch.spec
-    assert (s.instance_id, s.role, s.kv_transfer, s.engine.scheduler.max_num_seqs) == ("w9", "decode", "tcp", 3)
+    assert (s.instance_id, s.role, s.kv_transfer, s.engine.scheduler.max_num_seqs) == (
+        "w9",
+        "decode",
+        "tcp",
+        3,
+    )
     assert s.engine.scheduler.preempt_enabled and s.engine.scheduler.max_model_len == 2048
     assert launch.nats_url == "nats://h:1"
 
@@ -117,7 +156,9 @@ def test_help_shows_defaults_and_no_markup(capsys: pytest.CaptureFixture[str]) -
     assert "(default: the model's own context length)" in out
 
 
-def test_a_bad_variable_exits_2_naming_it(env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_variable_exits_2_naming_it(
+    env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     env.setenv("INTERLOCK_PORT", "eighty")
     assert main(["frontend"]) == 2
     assert "interlock frontend: INTERLOCK_PORT: 'eighty' is not a valid port" in capsys.readouterr().err
@@ -135,13 +176,25 @@ def test_frontend_builds_the_router_serve_builds(tmp_path: Path) -> None:
     from interlock.cluster.spec import disagg_config, router_config, service_options
 
     f = tmp_path / "d.yaml"
-    f.write_text(json.dumps({
-        "control-plane": {"heartbeat_interval": "2s", "health_check_enabled": True},
-        "execution-group": {"runner": "mock", "nodes": [{"node_role": "prefill", "max_num_batched_tokens": 256},
-                                                        {"node_role": "decode"}]},
-        "routing": {"policy": "least_loaded", "queue_size": 7, "fallback_to_local": False}}))
+    f.write_text(
+        json.dumps(
+            {
+                "control-plane": {"heartbeat_interval": "2s", "health_check_enabled": True},
+                "execution-group": {
+                    "runner": "mock",
+                    "nodes": [
+                        {"node_role": "prefill", "max_num_batched_tokens": 256},
+                        {"node_role": "decode"},
+                    ],
+                },
+                "routing": {"policy": "least_loaded", "queue_size": 7, "fallback_to_local": False},
+            }
+        )
+    )
     s = serve.spec_from_args(serve.build_parser().parse_args(["-f", str(f), "--migration-limit", "1"]))
-    fa = frontend.build_parser().parse_args(["-f", str(f), "--nats-url", "nats://h:1", "--migration-limit", "1"])
+    fa = frontend.build_parser().parse_args(
+        ["-f", str(f), "--nats-url", "nats://h:1", "--migration-limit", "1"]
+    )
     fr = cluster_spec(fa, deployment_from_args(fa), start_workers=False)
     for derive in (router_config, disagg_config, service_options):
         assert derive(s) == derive(fr), derive.__name__
@@ -151,14 +204,50 @@ def test_frontend_builds_the_router_serve_builds(tmp_path: Path) -> None:
 def test_process_flags_reach_the_builder() -> None:
     from interlock.cluster.supervisor import RestartPolicy
 
-    s = serve.spec_from_args(serve.build_parser().parse_args(
-        ["--single-process", "--drain-grace", "3", "--restart-policy", "never", "--ready-timeout", "9",
-         "--kv-transfer-timeout", "4", "--api-key", "k1", "--stall-timeout", "7"]))
+    s = serve.spec_from_args(
+        serve.build_parser().parse_args(
+            [
+                "--single-process",
+                "--drain-grace",
+                "3",
+                "--restart-policy",
+                "never",
+                "--ready-timeout",
+                "9",
+                "--kv-transfer-timeout",
+                "4",
+                "--api-key",
+                "k1",
+                "--stall-timeout",
+                "7",
+            ]
+        )
+    )
     p = s.processes
     assert (p.in_process, p.drain_grace_s, p.restart_policy, p.ready_timeout_s, p.kv_transfer_timeout_s) == (
-        True, 3.0, RestartPolicy.NEVER, 9.0, 4.0)
+        True,
+        3.0,
+        RestartPolicy.NEVER,
+        9.0,
+        4.0,
+    )
     assert s.frontend is not None and s.frontend.auth.api_keys == ("k1",) and s.dispatch.stall_floor_s == 7.0
-    w = worker.build_parser().parse_args(["--nats-url", "nats://h:1", "--host", "0.0.0.0", "--advertise-host",
-                                          "10.0.0.2", "--kv-transfer-port", "5557"])
+    w = worker.build_parser().parse_args(
+        [
+            "--nats-url",
+            "nats://h:1",
+            "--host",
+            "0.0.0.0",
+            "--advertise-host",
+            "10.0.0.2",
+            "--kv-transfer-port",
+            "5557",
+        ]
+    )
     wp = cluster_spec(w, deployment_from_args(w), frontend=None).processes
-    assert (wp.host, wp.advertise_host, wp.kv_transfer_port, wp.in_process) == ("0.0.0.0", "10.0.0.2", 5557, False)
+    assert (wp.host, wp.advertise_host, wp.kv_transfer_port, wp.in_process) == (
+        "0.0.0.0",
+        "10.0.0.2",
+        5557,
+        False,
+    )

@@ -21,8 +21,9 @@ TIERS = ["--host-kv-gib", "2", "--disk-kv-gib", "8", "--disk-kv-path", "/var/kv"
 def model(tmp_path: Path) -> Path:
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
-                                                    "max_position_embeddings": 4096}))
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 4096})
+    )
     (folder / "model.safetensors").write_bytes(b"")
     return folder
 
@@ -32,10 +33,13 @@ def test_tier_flags_reach_every_workers_cache_config(command, model: Path) -> No
     a = command.build_parser().parse_args(["--model", str(model), "--runner", "mock", *TIERS])
     d = deployment_from_args(a)
     specs = worker_specs(cluster_spec(a, d), resolve_groups(d, progress=False), prefix="t")
-    caches = {WorkerLaunch.decode(WorkerLaunch(s, "nats://127.0.0.1:4222").encode()).spec.engine.cache
-              for s in specs}
+    caches = {
+        WorkerLaunch.decode(WorkerLaunch(s, "nats://127.0.0.1:4222").encode()).spec.engine.cache
+        for s in specs
+    }
     assert {(c.host_kv_gib, c.disk_kv_gib, c.disk_kv_path, c.host_kv_shared) for c in caches} == {
-        (2.0, 8.0, "/var/kv", "node1")}
+        (2.0, 8.0, "/var/kv", "node1")
+    }
 
 
 def test_a_disk_tier_without_a_path_is_refused(model: Path) -> None:

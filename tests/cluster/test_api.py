@@ -21,7 +21,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def readme_example() -> str:
     text = README.read_text()
-    section = text[text.index("## Python API"):]
+    section = text[text.index("## Python API") :]
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match is not None
     return match.group(1)
@@ -64,7 +64,10 @@ def test_chat_stream_and_async_agree_under_greedy_sampling(instance: interlock.S
 def test_prompts_and_sampling_parameters(instance: interlock.ServingInstance) -> None:
     seeded = [instance.generate("Once upon a time", max_tokens=12, temperature=1.0, seed=7) for _ in range(2)]
     assert seeded[0] == seeded[1] and seeded[0]
-    assert asyncio.run(instance.agenerate("Once upon a time", max_tokens=12, temperature=1.0, seed=7)) == seeded[0]
+    assert (
+        asyncio.run(instance.agenerate("Once upon a time", max_tokens=12, temperature=1.0, seed=7))
+        == seeded[0]
+    )
     stopped = instance.generate("1, 2, 3, 4, 5, 6,", max_tokens=20, temperature=0, stop=["9"])
     assert "9" not in stopped
     assert instance.generate([1, 2, 3], max_tokens=2) is not None  # token ids as the prompt

@@ -23,8 +23,12 @@ MODEL = "SmolLM2-135M-Instruct"
 
 @contextlib.asynccontextmanager
 async def running(**sections: Any) -> AsyncIterator[RunningCluster]:
-    group = {"runner": "mock", "max_model_len": 512, "nodes": [{"gpu_count": 1, "num_blocks": 64}],
-             **sections.pop("group", {})}
+    group = {
+        "runner": "mock",
+        "max_model_len": 512,
+        "nodes": [{"gpu_count": 1, "num_blocks": 64}],
+        **sections.pop("group", {}),
+    }
     d = parse_deployment({"execution-group": group, "control-plane": {"listen_port": 0}, **sections})
     spec = ClusterSpec(deployment=d, processes=ProcessOptions(in_process=True, drain_grace_s=1.0))
     c = await start_cluster(spec)
@@ -37,23 +41,52 @@ async def running(**sections: Any) -> AsyncIterator[RunningCluster]:
 
 async def metrics_after_one_request(c: RunningCluster) -> str:
     async with httpx.AsyncClient(base_url=c.server.url, timeout=30) as http:
-        r = await http.post("/v1/chat/completions", json={
-            "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        r = await http.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert r.status_code == 200, r.text
         return (await http.get("/metrics")).text
 
 
-@pytest.mark.parametrize(("metrics", "shown", "hidden"), [
-    ({}, ("interlock_worker_waiting_requests", "interlock_worker_busy_seconds_total",
-          "interlock_kv_cache_miss_tokens_total", "interlock_time_to_first_token_seconds"), ()),
-    ({"collect_queue_depth": False}, ("interlock_worker_busy_seconds_total",),
-     ("interlock_worker_waiting_requests", "interlock_worker_running_requests", "interlock_router_queued_total")),
-    ({"collect_gpu_utilization": False, "collect_kv_cache_miss": False}, ("interlock_worker_waiting_requests",),
-     ("interlock_worker_busy_seconds_total", "interlock_kv_cache_miss_tokens_total",
-      "interlock_prompt_tokens_cached_total")),
-    ({"figures": ["ttft"]}, ("interlock_time_to_first_token_seconds", "interlock_router_decisions_total"),
-     ("interlock_inter_token_latency_seconds", "interlock_worker_kv_blocks_used")),
-])
+@pytest.mark.parametrize(
+    ("metrics", "shown", "hidden"),
+    [
+        (
+            {},
+            (
+                "interlock_worker_waiting_requests",
+                "interlock_worker_busy_seconds_total",
+                "interlock_kv_cache_miss_tokens_total",
+                "interlock_time_to_first_token_seconds",
+            ),
+            (),
+        ),
+        (
+            {"collect_queue_depth": False},
+            ("interlock_worker_busy_seconds_total",),
+            (
+                "interlock_worker_waiting_requests",
+                "interlock_worker_running_requests",
+                "interlock_router_queued_total",
+            ),
+        ),
+        (
+            {"collect_gpu_utilization": False, "collect_kv_cache_miss": False},
+            ("interlock_worker_waiting_requests",),
+            (
+                "interlock_worker_busy_seconds_total",
+                "interlock_kv_cache_miss_tokens_total",
+                "interlock_prompt_tokens_cached_total",
+            ),
+        ),
+        (
+            {"figures": ["ttft"]},
+            ("interlock_time_to_first_token_seconds", "interlock_router_decisions_total"),
+            ("interlock_inter_token_latency_seconds", "interlock_worker_kv_blocks_used"),
+        ),
+    ],
+)
 def test_metrics_keys_switch_families_on_metrics(metrics: dict, shown: tuple, hidden: tuple) -> None:
     async def main() -> str:
         async with running(metrics=metrics) as c:
@@ -104,13 +137,20 @@ def test_listen_host_and_port_place_the_frontend() -> None:
 
 def test_route_key_names_the_header_that_picks_workers() -> None:
     async def main() -> tuple[set[str], set[str]]:
-        async with running(routing={"route_key": "x-team", "policy": "round-robin"},
-                           group={"nodes": [{"gpu_count": 4, "num_blocks": 64}]}) as c:
+        async with running(
+            routing={"route_key": "x-team", "policy": "round-robin"},
+            group={"nodes": [{"gpu_count": 4, "num_blocks": 64}]},
+        ) as c:
             async with httpx.AsyncClient(base_url=c.server.url, timeout=30) as http:
+
                 async def worker(headers: dict[str, str]) -> str:
-                    r = await http.post("/v1/completions", headers={"x-interlock-explain": "1", **headers},
-                                        json={"model": MODEL, "max_tokens": 1, "prompt": "hi"})
+                    r = await http.post(
+                        "/v1/completions",
+                        headers={"x-interlock-explain": "1", **headers},
+                        json={"model": MODEL, "max_tokens": 1, "prompt": "hi"},
+                    )
                     return r.headers["x-interlock-route"].split(";")[0]
+
                 keyed = {await worker({"x-team": "search"}) for _ in range(8)}
                 unkeyed = {await worker({}) for _ in range(8)}
                 return keyed, unkeyed
@@ -157,7 +197,9 @@ def test_nats_url_joins_that_server_instead_of_starting_one() -> None:
     with NatsServer() as nats:
         asyncio.run(main(nats.url))
     with pytest.raises(ConfigError, match="control-plane.nats_url is required"):
-        asyncio.run(start_cluster(ClusterSpec(deployment=Deployment(execution_groups=()), start_workers=False)))
+        asyncio.run(
+            start_cluster(ClusterSpec(deployment=Deployment(execution_groups=()), start_workers=False))
+        )
 
 
 def test_set_role_re_roles_a_running_worker() -> None:
@@ -192,10 +234,16 @@ def test_a_re_roled_child_worker_keeps_its_role_across_a_restart() -> None:
         return False
 
     async def main() -> None:
-        d = parse_deployment({"execution-group": {"runner": "mock", "max_model_len": 512,
-                                                  "nodes": [{"gpu_count": 1, "num_blocks": 64}]},
-                              "control-plane": {"listen_port": 0, "heartbeat_interval": 0.25,
-                                                "heartbeat_timeout": 2.0}})
+        d = parse_deployment(
+            {
+                "execution-group": {
+                    "runner": "mock",
+                    "max_model_len": 512,
+                    "nodes": [{"gpu_count": 1, "num_blocks": 64}],
+                },
+                "control-plane": {"listen_port": 0, "heartbeat_interval": 0.25, "heartbeat_timeout": 2.0},
+            }
+        )
         c = await start_cluster(ClusterSpec(deployment=d, processes=ProcessOptions(drain_grace_s=1.0)))
         try:
             assert await c.wait_ready(timeout_s=120) is None

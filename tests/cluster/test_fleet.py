@@ -20,11 +20,18 @@ from interlock.errors import ConfigError
 from interlock.planner import PlannerConfig, RoleBounds
 
 
-def spec(group: dict[str, Any] | None = None, routing: dict[str, Any] | None = None,
-         **changes: Any) -> ClusterSpec:
-    g = {"runner": "mock", "max_model_len": 512, "nodes": [{"gpu_count": 1, "num_blocks": 64}], **(group or {})}
-    d = parse_deployment({"execution-group": g, "control-plane": {"listen_port": 0},
-                          "routing": routing or {}})
+def spec(
+    group: dict[str, Any] | None = None, routing: dict[str, Any] | None = None, **changes: Any
+) -> ClusterSpec:
+    g = {
+        "runner": "mock",
+        "max_model_len": 512,
+        "nodes": [{"gpu_count": 1, "num_blocks": 64}],
+        **(group or {}),
+    }
+    d = parse_deployment(
+        {"execution-group": g, "control-plane": {"listen_port": 0}, "routing": routing or {}}
+    )
     return ClusterSpec(deployment=d, processes=ProcessOptions(in_process=True, drain_grace_s=1.0), **changes)
 
 
@@ -76,8 +83,16 @@ def test_fleet_adds_drains_and_reroles_real_workers() -> None:
 
 def test_fleet_set_role_re_roles_a_running_worker() -> None:
     async def main() -> None:
-        async with running(spec(group={"nodes": [{"node_role": "prefill", "gpu_count": 1},
-                                                 {"node_role": "decode", "gpu_count": 1}]})) as c:
+        async with running(
+            spec(
+                group={
+                    "nodes": [
+                        {"node_role": "prefill", "gpu_count": 1},
+                        {"node_role": "decode", "gpu_count": 1},
+                    ]
+                }
+            )
+        ) as c:
             fleet = ClusterFleet(c, role_grace_s=1.0)
             prefill = next(w for w in await fleet.workers() if w.role == "prefill")
             await fleet.set_role(prefill.worker_id, "decode")
@@ -130,13 +145,28 @@ def test_a_busy_planner_port_is_a_clear_error() -> None:
     asyncio.run(main())
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"routing": {"policy": "round-robin"}, "planner": PlannerConfig()}, "has no routing weights"),
-    ({"group": {"nodes": [{"node_role": "prefill", "gpu_count": 1}, {"node_role": "decode", "gpu_count": 1}]},
-      "planner": PlannerConfig()}, "planner.decode: the deployment starts decode workers"),
-    ({"group": {"max_replicas": 1}, "planner": PlannerConfig(both=RoleBounds(2, 4))}, "max_replicas=1"),
-    ({"planner": PlannerConfig(), "start_workers": False}, "needs the router and the workers"),
-])
-def test_a_planner_the_deployment_cannot_run_is_refused_by_name(changes: dict[str, Any], message: str) -> None:
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"routing": {"policy": "round-robin"}, "planner": PlannerConfig()}, "has no routing weights"),
+        (
+            {
+                "group": {
+                    "nodes": [
+                        {"node_role": "prefill", "gpu_count": 1},
+                        {"node_role": "decode", "gpu_count": 1},
+                    ]
+                },
+                "planner": PlannerConfig(),
+            },
+            "planner.decode: the deployment starts decode workers",
+        ),
+        ({"group": {"max_replicas": 1}, "planner": PlannerConfig(both=RoleBounds(2, 4))}, "max_replicas=1"),
+        ({"planner": PlannerConfig(), "start_workers": False}, "needs the router and the workers"),
+    ],
+)
+def test_a_planner_the_deployment_cannot_run_is_refused_by_name(
+    changes: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         spec(**changes)

@@ -27,13 +27,16 @@ from interlock.errors import ConfigError
 def model(tmp_path: Path) -> Path:
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
-                                                    "max_position_embeddings": 4096}))
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 4096})
+    )
     (folder / "model.safetensors").write_bytes(b"")
     return folder
 
 
-def deployment(model: Path, group: dict | None = None, node: dict | None = None, **sections: dict) -> Deployment:
+def deployment(
+    model: Path, group: dict | None = None, node: dict | None = None, **sections: dict
+) -> Deployment:
     g = {"model": str(model), "runner": "mock", **(group or {}), "nodes": [{"gpu_count": 2, **(node or {})}]}
     return parse_deployment({"execution-group": g, **sections})
 
@@ -46,8 +49,15 @@ def specs(d: Deployment, **spec: object) -> list[WorkerSpec]:
 
 
 def test_gpu_count_is_workers_per_node_group_in_order(model: Path) -> None:
-    d = parse_deployment({"execution-group": {"model": str(model), "runner": "mock", "nodes": [
-        {"node_role": "prefill", "gpu_count": 2}, {"node_role": "decode", "gpu_count": 3}]}})
+    d = parse_deployment(
+        {
+            "execution-group": {
+                "model": str(model),
+                "runner": "mock",
+                "nodes": [{"node_role": "prefill", "gpu_count": 2}, {"node_role": "decode", "gpu_count": 3}],
+            }
+        }
+    )
     got = specs(d)
     assert [s.role for s in got] == ["prefill"] * 2 + ["decode"] * 3
     assert [s.instance_id for s in got] == [f"w{i}-t" for i in range(5)]
@@ -67,34 +77,43 @@ def test_cpu_threads_are_shared_unless_given(model: Path) -> None:
     assert {s.engine.model.num_threads for s in specs(deployment(model, {"threads": 3}))} == {3}
 
 
-@pytest.mark.parametrize(("node", "field", "want"), [
-    ({"max_batch_size": 7}, lambda s: s.engine.scheduler.max_num_seqs, 7),
-    ({"max_num_batched_tokens": 96}, lambda s: s.engine.scheduler.max_num_batched_tokens, 96),
-    ({"kv_cache_gib": 0.25}, lambda s: s.engine.cache.kv_cache_gib, 0.25),
-    ({"num_blocks": 77}, lambda s: s.engine.cache.num_blocks, 77),
-    ({"queue_depth_threshold": 5}, lambda s: s.queue_depth_threshold, 5),
-    ({"kv_cache_transfer": False}, lambda s: s.kv_transfer, "none"),
-    ({"cache_transport": "shm"}, lambda s: s.kv_transfer, "shm"),
-    ({"node_role": "decode"}, lambda s: s.role, "decode"),
-    ({"host_kv_gib": 0.5}, lambda s: s.engine.cache.host_kv_gib, 0.5),
-    ({"host_kv_gib": 0.5, "host_kv_shared": "node1"}, lambda s: s.engine.cache.host_kv_shared, "node1"),
-    ({"disk_kv_gib": 2, "disk_kv_path": "/var/kv"}, lambda s: (s.engine.cache.disk_kv_gib, s.engine.cache.disk_kv_path),
-     (2.0, "/var/kv")),
-])
+@pytest.mark.parametrize(
+    ("node", "field", "want"),
+    [
+        ({"max_batch_size": 7}, lambda s: s.engine.scheduler.max_num_seqs, 7),
+        ({"max_num_batched_tokens": 96}, lambda s: s.engine.scheduler.max_num_batched_tokens, 96),
+        ({"kv_cache_gib": 0.25}, lambda s: s.engine.cache.kv_cache_gib, 0.25),
+        ({"num_blocks": 77}, lambda s: s.engine.cache.num_blocks, 77),
+        ({"queue_depth_threshold": 5}, lambda s: s.queue_depth_threshold, 5),
+        ({"kv_cache_transfer": False}, lambda s: s.kv_transfer, "none"),
+        ({"cache_transport": "shm"}, lambda s: s.kv_transfer, "shm"),
+        ({"node_role": "decode"}, lambda s: s.role, "decode"),
+        ({"host_kv_gib": 0.5}, lambda s: s.engine.cache.host_kv_gib, 0.5),
+        ({"host_kv_gib": 0.5, "host_kv_shared": "node1"}, lambda s: s.engine.cache.host_kv_shared, "node1"),
+        (
+            {"disk_kv_gib": 2, "disk_kv_path": "/var/kv"},
+            lambda s: (s.engine.cache.disk_kv_gib, s.engine.cache.disk_kv_path),
+            (2.0, "/var/kv"),
+        ),
+    ],
+)
 def test_node_keys_reach_every_worker(model: Path, node: dict, field, want) -> None:
     assert {field(s) for s in specs(deployment(model, node=node))} == {want}
 
 
-@pytest.mark.parametrize(("group", "field", "want"), [
-    ({"served_model_name": "mine"}, lambda s: s.served_name, "mine"),
-    ({"dtype": "float32"}, lambda s: s.engine.model.dtype, "float32"),
-    ({"block_size": 32}, lambda s: s.engine.cache.block_size, 32),
-    ({"max_model_len": 1000}, lambda s: s.engine.scheduler.max_model_len, 1000),
-    ({}, lambda s: s.engine.scheduler.max_model_len, 4096),  # the model's own
-    ({"enable_prefix_caching": False}, lambda s: s.engine.cache.enable_prefix_caching, False),
-    ({"speedup": 50}, lambda s: s.speedup, 50.0),
-    ({"runner": "mock"}, lambda s: s.engine.model.runner, "mock"),
-])
+@pytest.mark.parametrize(
+    ("group", "field", "want"),
+    [
+        ({"served_model_name": "mine"}, lambda s: s.served_name, "mine"),
+        ({"dtype": "float32"}, lambda s: s.engine.model.dtype, "float32"),
+        ({"block_size": 32}, lambda s: s.engine.cache.block_size, 32),
+        ({"max_model_len": 1000}, lambda s: s.engine.scheduler.max_model_len, 1000),
+        ({}, lambda s: s.engine.scheduler.max_model_len, 4096),  # the model's own
+        ({"enable_prefix_caching": False}, lambda s: s.engine.cache.enable_prefix_caching, False),
+        ({"speedup": 50}, lambda s: s.speedup, 50.0),
+        ({"runner": "mock"}, lambda s: s.engine.model.runner, "mock"),
+    ],
+)
 def test_group_keys_reach_every_worker(model: Path, group: dict, field, want) -> None:
     assert {field(s) for s in specs(deployment(model, group))} == {want}
 
@@ -109,8 +128,11 @@ def test_cache_transport_forces_the_pull_transport() -> None:
 
     base = WorkerSpec(engine=None, served_name="m", model_path="/m", role="decode", instance_id="x")  # type: ignore[arg-type]
     assert transfer_agent(replace(base, kv_transfer="none")) is None
-    with TransferAgent() as source, transfer_agent(replace(base, kv_transfer="tcp")) as tcp, \
-            transfer_agent(base) as auto:
+    with (
+        TransferAgent() as source,
+        transfer_agent(replace(base, kv_transfer="tcp")) as tcp,
+        transfer_agent(base) as auto,
+    ):
         src = source.create_source(16)
         desc = src.publish()
         assert auto.choose_transport(desc) == "inproc"  # same process: auto takes the shortcut
@@ -128,22 +150,46 @@ def test_control_plane_keys_shape_health_checks_and_leases(model: Path) -> None:
 
 
 def test_routing_keys_shape_the_router(model: Path) -> None:
-    d = deployment(model, node={"max_num_batched_tokens": 512}, routing={
-        "policy": "power_of_two", "kv_usage_watermark": 0.5, "queue_size": 9, "max_remote_kv_bytes": 1000})
+    d = deployment(
+        model,
+        node={"max_num_batched_tokens": 512},
+        routing={
+            "policy": "power_of_two",
+            "kv_usage_watermark": 0.5,
+            "queue_size": 9,
+            "max_remote_kv_bytes": 1000,
+        },
+    )
     spec = ClusterSpec(deployment=d)
     rc = router_config(spec)
-    assert (rc.policy, rc.queue_capacity, rc.cost.kv_watermark, rc.cost.chunk_tokens) == ("power-of-two", 9, 0.5, 512)
+    assert (rc.policy, rc.queue_capacity, rc.cost.kv_watermark, rc.cost.chunk_tokens) == (
+        "power-of-two",
+        9,
+        0.5,
+        512,
+    )
     dc = disagg_config(spec)
     assert (dc.enforce, dc.max_kv_bytes, dc.chunk_tokens) == (False, 1000, 512)
 
 
 def test_fallback_to_local_false_enforces_disaggregation_and_needs_prefill_workers(model: Path) -> None:
     both = deployment(model, routing={"fallback_to_local": False})
-    with pytest.raises(ConfigError, match="routing.fallback_to_local: false: needs a node group with node_role prefill"):
+    with pytest.raises(
+        ConfigError, match="routing.fallback_to_local: false: needs a node group with node_role prefill"
+    ):
         ClusterSpec(deployment=both)
-    assert disagg_config(ClusterSpec(deployment=both, start_workers=False)).enforce  # a frontend: roles unknown
-    split = parse_deployment({"execution-group": {"model": str(model), "nodes": [
-        {"node_role": "prefill"}, {"node_role": "decode"}]}, "routing": {"enforce_disagg": True}})
+    assert disagg_config(
+        ClusterSpec(deployment=both, start_workers=False)
+    ).enforce  # a frontend: roles unknown
+    split = parse_deployment(
+        {
+            "execution-group": {
+                "model": str(model),
+                "nodes": [{"node_role": "prefill"}, {"node_role": "decode"}],
+            },
+            "routing": {"enforce_disagg": True},
+        }
+    )
     assert disagg_config(ClusterSpec(deployment=split)).enforce
 
 
@@ -153,7 +199,8 @@ def test_the_seed_file_derives_six_workers(model: Path) -> None:
     raw["execution-group"]["runner"] = "mock"
     got = specs(parse_deployment(raw))
     assert [(s.role, s.kv_transfer, s.engine.scheduler.max_num_seqs) for s in got] == (
-        [("prefill", "auto", 32)] * 2 + [("decode", "tcp", 64)] * 4)
+        [("prefill", "auto", 32)] * 2 + [("decode", "tcp", 64)] * 4
+    )
     assert {s.export_interval_s for s in got} == {10.0}
 
 
@@ -168,8 +215,9 @@ def _urgent_preempts(scheduler_config) -> bool:
     cfg = replace(scheduler_config, max_num_seqs=1)
     sched = Scheduler(cfg, KVCacheManager(BlockPool(64, 4)))
     for i, (rid, prio) in enumerate((("bulk", 5), ("urgent", 0))):
-        sched.add_request(Request(rid, (1, 2, 3), SamplingParams(max_tokens=8), block_size=4,
-                                  priority=prio, arrival=i))
+        sched.add_request(
+            Request(rid, (1, 2, 3), SamplingParams(max_tokens=8), block_size=4, priority=prio, arrival=i)
+        )
         batch = sched.schedule()
     return [s.request_id for s in batch.scheduled] == ["urgent"]
 
@@ -192,8 +240,18 @@ def test_queue_depth_threshold_reaches_the_router_per_worker(model: Path, thresh
     for spec in got:
         router.add_worker(worker_info(spec, block_size=16, kv_blocks_total=1000))
     for spec in got:  # both workers report 2 requests waiting
-        router.apply_load(LoadReport(instance_id=spec.instance_id, timestamp=1.0, num_running=1,
-                                     num_waiting=2, kv_blocks_used=0, kv_blocks_total=1000,
-                                     queued_prefill_tokens=0, step_time_s=0.0, tokens_computed=0))
+        router.apply_load(
+            LoadReport(
+                instance_id=spec.instance_id,
+                timestamp=1.0,
+                num_running=1,
+                num_waiting=2,
+                kv_blocks_used=0,
+                kv_blocks_total=1000,
+                queued_prefill_tokens=0,
+                step_time_s=0.0,
+                tokens_computed=0,
+            )
+        )
     d = router.route(RequestMeta(request_id="r", prompt_tokens=10), token_ids=list(range(10)))
     assert isinstance(d, Decision) is (threshold > 2)

@@ -32,8 +32,9 @@ ON_FAILURE = RestartPolicy.ON_FAILURE
 B = Backoff()  # 0.5 s doubling to 30 s; stable after 60 s; 5 failures in 60 s is a crash loop
 
 
-def quick_failures(times: list[float], code: int = -9, policy: RestartPolicy = ON_FAILURE,
-                   backoff: Backoff = B) -> tuple[History, list[Restart | Leave]]:
+def quick_failures(
+    times: list[float], code: int = -9, policy: RestartPolicy = ON_FAILURE, backoff: Backoff = B
+) -> tuple[History, list[Restart | Leave]]:
     h, decisions = History(), []
     for t in times:
         h, d = on_exit(h, Exit(code, at=t, uptime_s=0.1), policy, backoff)
@@ -89,27 +90,37 @@ def test_exits_are_described_by_code_or_signal() -> None:
 def test_problem_lines() -> None:
     h, _ = quick_failures([0.0, 1.0, 3.0])
     assert problem("worker-1", Running(since=3.5), h, 4.0, B) is None
-    assert problem("worker-1", Waiting(until=7.0), h, 3.0, B) == \
-        "worker-1 is down (signal 9 (SIGKILL)), restarting in 4.0 s"
+    assert (
+        problem("worker-1", Waiting(until=7.0), h, 3.0, B)
+        == "worker-1 is down (signal 9 (SIGKILL)), restarting in 4.0 s"
+    )
     h, _ = quick_failures([0.0, 1.0, 3.0, 7.0, 15.0])
     looping = "worker-1 is crash looping: exited 5 times in 60 s (last: signal 9 (SIGKILL))"
     assert problem("worker-1", Waiting(until=31.0), h, 15.0, B) == looping + "; restarting in 16.0 s"
     assert problem("worker-1", Running(since=31.0), h, 32.0, B) == looping
     assert problem("worker-1", Running(since=31.0), h, 61.0, B) is None  # the first failure aged out
-    assert problem("worker-1", Left("exited with code 0 and is not restarted"), h, 1.0, B) == \
-        "worker-1 exited with code 0 and is not restarted"
+    assert (
+        problem("worker-1", Left("exited with code 0 and is not restarted"), h, 1.0, B)
+        == "worker-1 exited with code 0 and is not restarted"
+    )
 
 
 def test_startup_gives_up_on_a_config_error_or_when_every_worker_failed() -> None:
     failed, _ = quick_failures([1.0])
     config, _ = quick_failures([1.0], code=2)
     assert startup_failure({"worker-0": History(), "worker-1": failed}) is None
-    assert startup_failure({"worker-0": failed, "worker-1": failed}) == \
-        "every worker exited before it was ready (worker-0: signal 9 (SIGKILL), worker-1: signal 9 (SIGKILL))"
-    assert startup_failure({"worker-0": History(), "worker-1": config}) == \
-        "worker-1 exited with code 2 (a configuration error) before it was ready"
-    assert startup_failure({"worker-0": History(), "worker-1": failed}, RestartPolicy.NEVER) == \
-        "worker-1 exited with signal 9 (SIGKILL) before it was ready"
+    assert (
+        startup_failure({"worker-0": failed, "worker-1": failed})
+        == "every worker exited before it was ready (worker-0: signal 9 (SIGKILL), worker-1: signal 9 (SIGKILL))"
+    )
+    assert (
+        startup_failure({"worker-0": History(), "worker-1": config})
+        == "worker-1 exited with code 2 (a configuration error) before it was ready"
+    )
+    assert (
+        startup_failure({"worker-0": History(), "worker-1": failed}, RestartPolicy.NEVER)
+        == "worker-1 exited with signal 9 (SIGKILL) before it was ready"
+    )
 
 
 FAST = Backoff(initial_s=0.1, factor=2.0, cap_s=0.4, loop_window_s=10.0, loop_exits=3)

@@ -27,14 +27,16 @@ MODEL = "m"
 ENFORCED = Routing(enforce_disagg=True)
 
 
-def mock_engine(*, num_blocks: int = 256, block_size: int = 4, chunk: int = 32,
-                kv_hold_timeout_s: float = 30.0) -> EngineCore:
+def mock_engine(
+    *, num_blocks: int = 256, block_size: int = 4, chunk: int = 32, kv_hold_timeout_s: float = 30.0
+) -> EngineCore:
     """A mock engine on the real clock (KV hold timeouts fire), no modelled sleeping."""
     from tests.engine.conftest import EOS, VOCAB, make_config
 
     config = make_config(num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=chunk)
-    runner = MockRunner(num_blocks=num_blocks, block_size=block_size, vocab_size=VOCAB,
-                        eos_token_ids=(EOS,), timing=None)
+    runner = MockRunner(
+        num_blocks=num_blocks, block_size=block_size, vocab_size=VOCAB, eos_token_ids=(EOS,), timing=None
+    )
     return EngineCore(config, runner, clock=RealClock(), kv_hold_timeout_s=kv_hold_timeout_s)
 
 
@@ -54,18 +56,30 @@ class Cluster:
     def agents(self) -> dict[str, TransferAgent]:
         return {wid: w.handoff.agent for wid, w in self.workers.items() if w.handoff is not None}
 
-    async def add_worker(self, wid: str, role: str, core: EngineCore, *, agent: bool = True,
-                         transfer_timeout_s: float = 30.0) -> Worker:
-        spec = WorkerSpec(engine=core.config, served_name=MODEL, model_path="", role=role, instance_id=wid,
-                          kv_transfer="auto" if agent else "none", kv_transfer_timeout_s=transfer_timeout_s)
+    async def add_worker(
+        self, wid: str, role: str, core: EngineCore, *, agent: bool = True, transfer_timeout_s: float = 30.0
+    ) -> Worker:
+        spec = WorkerSpec(
+            engine=core.config,
+            served_name=MODEL,
+            model_path="",
+            role=role,
+            instance_id=wid,
+            kv_transfer="auto" if agent else "none",
+            kv_transfer_timeout_s=transfer_timeout_s,
+        )
         return (await self.running.launch(spec, core=core)).local  # type: ignore[no-any-return]
 
     async def wait_for(self, n: int) -> None:
         assert await self.service.wait_for_workers(n, 5.0) == n
 
     async def generate(self, rid: str, prompt: list[int], max_tokens: int) -> list[GenerateOutput]:
-        req = GenerateRequest(request_id=rid, token_ids=tuple(prompt), model=MODEL,
-                              sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0))
+        req = GenerateRequest(
+            request_id=rid,
+            token_ids=tuple(prompt),
+            model=MODEL,
+            sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        )
         stream = self.service.generate(req)
         async with contextlib.aclosing(stream):
             return [out async for out in stream]
@@ -86,8 +100,12 @@ def tokens(outs: list[GenerateOutput]) -> list[int]:
 
 @contextlib.asynccontextmanager
 async def cluster(routing: Routing = ENFORCED) -> AsyncIterator[Cluster]:
-    spec = ClusterSpec(deployment=Deployment(routing=routing, execution_groups=()), frontend=None,
-                       start_workers=False, processes=ProcessOptions(in_process=True, drain_grace_s=0.0))
+    spec = ClusterSpec(
+        deployment=Deployment(routing=routing, execution_groups=()),
+        frontend=None,
+        start_workers=False,
+        processes=ProcessOptions(in_process=True, drain_grace_s=0.0),
+    )
     running = await start_cluster(spec)
     try:
         yield Cluster(running)

@@ -41,9 +41,25 @@ class ProcCluster:
 
     def spawn(self, wid: str, role: str, *args: str) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "INTERLOCK_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
-        argv = [sys.executable, "-m", "interlock.cli.main", "worker", "--nats-url", self.nats.url,
-                "--instance-id", wid, "--role", role, "--heartbeat-interval", "0.2",
-                "--heartbeat-timeout", "1.0", "--drain-grace", "2", *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "interlock.cli.main",
+            "worker",
+            "--nats-url",
+            self.nats.url,
+            "--instance-id",
+            wid,
+            "--role",
+            role,
+            "--heartbeat-interval",
+            "0.2",
+            "--heartbeat-timeout",
+            "1.0",
+            "--drain-grace",
+            "2",
+            *args,
+        ]
         self.procs[wid] = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
 
     async def wait_for(self, n: int, timeout_s: float = 120.0) -> None:
@@ -77,8 +93,11 @@ async def proc_cluster(routing: Routing) -> AsyncIterator[ProcCluster]:
     """A router built as ``interlock frontend`` builds it (no HTTP), on a private nats-server."""
     with NatsServer() as nats:
         cp = ControlPlane(nats_url=nats.url, heartbeat_interval=0.2, heartbeat_timeout=1.0)
-        spec = ClusterSpec(deployment=Deployment(control_plane=cp, routing=routing, execution_groups=()),
-                           frontend=None, start_workers=False)
+        spec = ClusterSpec(
+            deployment=Deployment(control_plane=cp, routing=routing, execution_groups=()),
+            frontend=None,
+            start_workers=False,
+        )
         c = ProcCluster(nats, await start_cluster(spec))
         try:
             yield c

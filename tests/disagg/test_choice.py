@@ -19,12 +19,26 @@ CFG = DisaggConfig(default_prefill_tokens_per_s=1000.0, chunk_tokens=512)
 FAST_LINK = LinkEstimate(bandwidth_bytes_per_s=1e9, rtt_s=1e-3)
 
 
-def pick(*, prompt: int = 1000, kv: int = 1 << 20, blocks: int = 63, decode: WorkerEstimate | None = None,
-         prefill: WorkerEstimate | None = None, link: LinkEstimate | None = FAST_LINK,
-         config: DisaggConfig = CFG):  # type: ignore[no-untyped-def]
+def pick(
+    *,
+    prompt: int = 1000,
+    kv: int = 1 << 20,
+    blocks: int = 63,
+    decode: WorkerEstimate | None = None,
+    prefill: WorkerEstimate | None = None,
+    link: LinkEstimate | None = FAST_LINK,
+    config: DisaggConfig = CFG,
+):  # type: ignore[no-untyped-def]
     decode = decode or WorkerEstimate("d", prefill_tokens_per_s=1000.0, free_blocks=1000)
-    return choose(prompt_tokens=prompt, kv_bytes=kv, blocks_needed=blocks, decode=decode,
-                  prefill=prefill, link=link, config=config)
+    return choose(
+        prompt_tokens=prompt,
+        kv_bytes=kv,
+        blocks_needed=blocks,
+        decode=decode,
+        prefill=prefill,
+        link=link,
+        config=config,
+    )
 
 
 def test_prefill_time_counts_queue_cache_and_the_running_batch() -> None:
@@ -45,8 +59,14 @@ def test_idle_equal_workers_stay_local_the_transfer_only_adds() -> None:
 
 
 def test_busy_decode_worker_sends_the_prefill_away() -> None:
-    busy = WorkerEstimate("d", queued_prefill_tokens=3000, prefill_tokens_per_s=1000.0, free_blocks=1000,
-                          num_running=16, decode_step_s=0.03)
+    busy = WorkerEstimate(
+        "d",
+        queued_prefill_tokens=3000,
+        prefill_tokens_per_s=1000.0,
+        free_blocks=1000,
+        num_running=16,
+        decode_step_s=0.03,
+    )
     c = pick(decode=busy, prefill=WorkerEstimate("p", prefill_tokens_per_s=1000.0))
     assert c.remote and c.reason == "remote_faster"
     assert c.local_ttft_s == pytest.approx(4.0 + math.ceil(4000 / 512) * 0.03)
@@ -69,7 +89,9 @@ def test_default_link_before_the_first_check() -> None:
     busy = WorkerEstimate("d", queued_prefill_tokens=5000, free_blocks=1000)
     c = pick(decode=busy, prefill=WorkerEstimate("p"), link=None)
     assert c.remote
-    assert c.remote_ttft_s == pytest.approx(1.0 + CFG.default_rtt_s + (1 << 20) / CFG.default_bandwidth_bytes_per_s)
+    assert c.remote_ttft_s == pytest.approx(
+        1.0 + CFG.default_rtt_s + (1 << 20) / CFG.default_bandwidth_bytes_per_s
+    )
 
 
 @pytest.mark.parametrize(

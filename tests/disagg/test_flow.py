@@ -119,8 +119,9 @@ def test_role_change_by_control_call() -> None:
             await c.wait_for(1)
             reply = await c.control("a", ControlRequest(op="set_role", role="prefill", grace_s=1.0))
             assert reply.ok and reply.role == "prefill"
-            await eventually(lambda: c.service.instance("a") is not None
-                             and c.service.instance("a").role == "prefill")
+            await eventually(
+                lambda: c.service.instance("a") is not None and c.service.instance("a").role == "prefill"
+            )
             bad = await c.control("a", ControlRequest(op="set_role", role="boss"))
             assert not bad.ok and "unknown role" in bad.error
 
@@ -154,8 +155,12 @@ def test_cancellations_at_every_stage_leave_no_block_and_no_payload() -> None:
             await c.wait_for(2)
 
             async def one(i: int) -> None:
-                req = GenerateRequest(request_id=f"c{i}", token_ids=tuple(prompt(i, 10 + i % 50)),
-                                      model=MODEL, sampling=SamplingParams(max_tokens=6, ignore_eos=True))
+                req = GenerateRequest(
+                    request_id=f"c{i}",
+                    token_ids=tuple(prompt(i, 10 + i % 50)),
+                    model=MODEL,
+                    sampling=SamplingParams(max_tokens=6, ignore_eos=True),
+                )
                 stream = c.service.generate(req)
                 seen = 0
                 async with contextlib.aclosing(stream):

@@ -30,16 +30,32 @@ pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 8
 BUDGET = 64
-SYSTEM = ("You are a careful assistant for a hardware shop. Answer briefly, name the product family "
-          "when it helps, and never invent prices. If a question is unclear, ask one question back.")
-SHORT = ["What is the capital of France?", "Name three primary colors.", "What is 12 times 7?",
-         "Write a haiku about the sea.", "Explain what a CPU does.", "Who wrote Hamlet?"]
-SHOP = ["Do you sell soldering irons?", "Which screwdriver for laptops?", "Is this drill cordless?",
-        "Do you have M3 screws?", "What glue holds metal?", "Can I return a saw?",
-        "Which multimeter for beginners?", "Do you repair kettles?"]
-LONG = ("Summarise the following notes in one sentence. " + " ".join(
-    f"Note {k}: the {w} arrived late and the customer asked for a refund." for k, w in
-    enumerate(["drill", "saw", "lamp", "kettle", "router", "cable", "vise", "clamp"])))
+SYSTEM = (
+    "You are a careful assistant for a hardware shop. Answer briefly, name the product family "
+    "when it helps, and never invent prices. If a question is unclear, ask one question back."
+)
+SHORT = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "What is 12 times 7?",
+    "Write a haiku about the sea.",
+    "Explain what a CPU does.",
+    "Who wrote Hamlet?",
+]
+SHOP = [
+    "Do you sell soldering irons?",
+    "Which screwdriver for laptops?",
+    "Is this drill cordless?",
+    "Do you have M3 screws?",
+    "What glue holds metal?",
+    "Can I return a saw?",
+    "Which multimeter for beginners?",
+    "Do you repair kettles?",
+]
+LONG = "Summarise the following notes in one sentence. " + " ".join(
+    f"Note {k}: the {w} arrived late and the customer asked for a refund."
+    for k, w in enumerate(["drill", "saw", "lamp", "kettle", "router", "cable", "vise", "clamp"])
+)
 
 
 def load_prompts() -> list[list[int]]:
@@ -48,7 +64,9 @@ def load_prompts() -> list[list[int]]:
     tok = AutoTokenizer.from_pretrained(resolve_model("smollm2", progress=False))
 
     def chat(user: str, system: str | None = None) -> list[int]:
-        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        msgs = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user}
+        ]
         ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)
         return list(ids["input_ids"])
 
@@ -59,8 +77,10 @@ def load_prompts() -> list[list[int]]:
 
 
 def engine(model: LlamaModel) -> EngineCore:
-    config = EngineConfig(cache=CacheConfig(num_blocks=256),
-                          scheduler=SchedulerConfig(max_num_batched_tokens=BUDGET, max_model_len=1024))
+    config = EngineConfig(
+        cache=CacheConfig(num_blocks=256),
+        scheduler=SchedulerConfig(max_num_batched_tokens=BUDGET, max_model_len=1024),
+    )
     return EngineCore(config, TorchRunner(model, num_blocks=256))
 
 
@@ -78,8 +98,9 @@ def aggregated(core: EngineCore, prompts: list[list[int]]) -> list[list[int]]:
     return outs
 
 
-def test_disaggregated_equals_aggregated_inproc(model: LlamaModel, prompts: list[list[int]],
-                                                expected: list[list[int]]) -> None:
+def test_disaggregated_equals_aggregated_inproc(
+    model: LlamaModel, prompts: list[list[int]], expected: list[list[int]]
+) -> None:
     assert sum(len(p) > BUDGET for p in prompts) >= 6
 
     async def main() -> list[list[int]]:

@@ -23,16 +23,34 @@ from tests.disagg.test_identity import BUDGET, MAX_TOKENS
 
 pytestmark = pytest.mark.slow
 
-TORCH = ("--runner", "torch", "--dtype", "float32", "--threads", "1", "--block-size", "16",
-         "--num-blocks", "256", "--max-num-batched-tokens", str(BUDGET), "--max-model-len", "1024")
+TORCH = (
+    "--runner",
+    "torch",
+    "--dtype",
+    "float32",
+    "--threads",
+    "1",
+    "--block-size",
+    "16",
+    "--num-blocks",
+    "256",
+    "--max-num-batched-tokens",
+    str(BUDGET),
+    "--max-model-len",
+    "1024",
+)
 
 
 async def run_all(c: ProcCluster, prompts: list[list[int]], tag: str) -> list[list[int]]:
     model = c.service.models()[0].name
     got = []
     for i, p in enumerate(prompts):
-        req = GenerateRequest(request_id=f"{tag}{i}", token_ids=tuple(p), model=model,
-                              sampling=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
+        req = GenerateRequest(
+            request_id=f"{tag}{i}",
+            token_ids=tuple(p),
+            model=model,
+            sampling=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0),
+        )
         stream = c.service.generate(req)
         async with contextlib.aclosing(stream):
             got.append([t async for out in stream for t in out.token_ids])
@@ -48,15 +66,18 @@ async def wait_role(c: ProcCluster, wid: str, role: str) -> None:
     raise AssertionError(f"{wid} never re-joined as {role}")
 
 
-def test_disaggregated_equals_aggregated_over_shm_and_tcp(expected: list[list[int]],
-                                                          prompts: list[list[int]]) -> None:
+def test_disaggregated_equals_aggregated_over_shm_and_tcp(
+    expected: list[list[int]], prompts: list[list[int]]
+) -> None:
     async def main() -> None:
         async with proc_cluster(Routing(enforce_disagg=True)) as c:
             c.spawn("a", "prefill", *TORCH, "--kv-transfer", "auto")
             c.spawn("b", "decode", *TORCH, "--cache-transport", "auto")
             await c.wait_for(2, timeout_s=180.0)
             assert await run_all(c, prompts, "shm") == expected
-            assert (await c.control("b", ControlRequest(op="status"))).pulls_by_transport == {"shm": len(prompts)}
+            assert (await c.control("b", ControlRequest(op="status"))).pulls_by_transport == {
+                "shm": len(prompts)
+            }
 
             assert (await c.control("a", ControlRequest(op="set_role", role="decode"))).ok
             await wait_role(c, "a", "decode")

@@ -24,8 +24,20 @@ pytestmark = pytest.mark.slow
 
 N = 1000
 CONCURRENCY = 24
-MOCK = ("--runner", "mock", "--block-size", "16", "--num-blocks", "4096", "--max-num-batched-tokens", "256",
-        "--speedup", "20", "--kv-transfer-timeout", "3")
+MOCK = (
+    "--runner",
+    "mock",
+    "--block-size",
+    "16",
+    "--num-blocks",
+    "4096",
+    "--max-num-batched-tokens",
+    "256",
+    "--speedup",
+    "20",
+    "--kv-transfer-timeout",
+    "3",
+)
 
 
 async def one(c: ProcCluster, i: int, rng: random.Random, model: str) -> str:
@@ -33,9 +45,12 @@ async def one(c: ProcCluster, i: int, rng: random.Random, model: str) -> str:
     shared = [7] * 64 if i % 3 == 0 else []  # a shared prefix: prefix hits on prefill workers
     prompt = shared + [3 + (i * 7919 + k * 104729) % 40000 for k in range(n)]
     max_tokens = rng.randint(1, 12)
-    req = GenerateRequest(request_id=f"r{i}", token_ids=tuple(prompt), model=model,
-                          sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                                  ignore_eos=True))
+    req = GenerateRequest(
+        request_id=f"r{i}",
+        token_ids=tuple(prompt),
+        model=model,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+    )
     cancel_after = rng.randint(0, 3) if rng.random() < 0.2 else None
     got: list[int] = []
     stream = c.service.generate(req)
@@ -103,8 +118,18 @@ def test_thousand_requests_cancellations_and_a_killed_prefill_worker() -> None:
             assert pulls.get("shm", 0) > N // 3, pulls
             # The same call from the command line.
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "interlock.cli.main", "worker", "control", "check_integrity",
-                "--instance-id", "d0", "--nats-url", c.nats.url, stdout=asyncio.subprocess.PIPE)
+                sys.executable,
+                "-m",
+                "interlock.cli.main",
+                "worker",
+                "control",
+                "check_integrity",
+                "--instance-id",
+                "d0",
+                "--nats-url",
+                c.nats.url,
+                stdout=asyncio.subprocess.PIPE,
+            )
             out, _ = await asyncio.wait_for(proc.communicate(), 60)
             reply = json.loads(out)
             assert proc.returncode == 0 and reply["ok"] and reply["kv_blocks_used"] == 0, reply

@@ -65,11 +65,20 @@ class Served:
 def start_serve(*args: str, timeout_s: float = 300.0, env: Mapping[str, str] | None = None) -> Served:
     """``interlock serve`` with ``args``, ready; ``env`` adds to (or overrides) the environment."""
     port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "INTERLOCK_LOG_LEVEL": "WARNING",
-           **(env or {})}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "INTERLOCK_LOG_LEVEL": "WARNING",
+        **(env or {}),
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "interlock.cli.main", "serve", "--port", str(port), *args],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     served = Served(proc, port)
     ready = threading.Event()

@@ -69,8 +69,17 @@ class Host:
     def argv(self, *cmd: str, private_shm: bool = False) -> list[str]:
         """``cmd`` run on this host (in its namespace); the same process id as ``cmd`` itself."""
         if private_shm:
-            cmd = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
-                   'mount -t tmpfs -o size=1g,mode=1777 tmpfs /dev/shm && exec "$@"', "sh", *cmd)
+            cmd = (
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                'mount -t tmpfs -o size=1g,mode=1777 tmpfs /dev/shm && exec "$@"',
+                "sh",
+                *cmd,
+            )
         return ["ip", "netns", "exec", self.netns, *cmd]
 
     @contextlib.contextmanager
@@ -121,7 +130,20 @@ def hosts(names: Sequence[str]) -> Iterator[dict[str, Host]]:
             host = Host(name, f"{tag}-{name}", f"{SUBNET}.{i + 1}")
             _ip("netns", "add", host.netns)
             made.append(host.netns)
-            _ip("-n", switch, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+            _ip(
+                "-n",
+                switch,
+                "link",
+                "add",
+                f"p{i}",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                host.netns,
+            )
             _ip("-n", switch, "link", "set", f"p{i}", "master", "br0", "up")
             _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
             _ip("-n", host.netns, "link", "set", "eth0", "up")

@@ -39,8 +39,17 @@ from tests.e2e.conftest import FAST_LEASES, Served, children, free_port, start_s
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
-MOCK = ("--runner", "mock", "--max-model-len", "1024", "--num-blocks", "512", "--drain-grace", "2",
-        *FAST_LEASES)
+MOCK = (
+    "--runner",
+    "mock",
+    "--max-model-len",
+    "1024",
+    "--num-blocks",
+    "512",
+    "--drain-grace",
+    "2",
+    *FAST_LEASES,
+)
 AUTH = NatsAuth(user="chaos", password=secrets.token_urlsafe(16))
 SECRET = secrets.token_urlsafe(32).encode()
 SERVE_ENV = child_env(SECRET, AUTH)
@@ -113,16 +122,29 @@ class Result:
         return self.route.split("worker=", 1)[1].split(";", 1)[0]
 
 
-async def stream(c: openai.AsyncOpenAI, prompt: str, max_tokens: int, *,
-                 headers: dict[str, str] | None = None, into: Result | None = None) -> Result:
+async def stream(
+    c: openai.AsyncOpenAI,
+    prompt: str,
+    max_tokens: int,
+    *,
+    headers: dict[str, str] | None = None,
+    into: Result | None = None,
+) -> Result:
     """One streaming completion; every token counted through its logprobs entry (``into``, when
     given, is filled as the stream goes: another task may watch it)."""
     r = into if into is not None else Result()
     r.started = time.monotonic()
     raw = await c.completions.with_raw_response.create(
-        model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True, logprobs=0,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-        extra_headers={"x-interlock-explain": "1", **(headers or {})})
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        logprobs=0,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+        extra_headers={"x-interlock-explain": "1", **(headers or {})},
+    )
     r.route = raw.headers.get("x-interlock-route", "")
     async for chunk in raw.parse():
         r.ids.add(chunk.id)
@@ -151,8 +173,12 @@ async def check_pools(served: Served, expected: int) -> None:
         infos = await rt.discovery.instances(GENERATE_ENDPOINT)
         assert len(infos) == expected, [i.instance_id for i in infos]
         for info in infos:
-            reply = await asyncio.wait_for(control_call(
-                rt.requests, info.metadata["control_address"], ControlRequest(op="check_integrity")), 30)
+            reply = await asyncio.wait_for(
+                control_call(
+                    rt.requests, info.metadata["control_address"], ControlRequest(op="check_integrity")
+                ),
+                30,
+            )
             assert reply.ok and reply.integrity_error == "", (info.instance_id, reply)
             assert reply.in_flight == 0, (info.instance_id, reply)
     finally:
@@ -197,6 +223,7 @@ async def _chaos(served: Served) -> None:
 
     async def killer() -> None:
         """SIGKILL the workers in turn, one at a time: the next only once all are back up."""
+
         def all_up() -> bool:
             return all(ready_count(served, w) == kills[w] + 1 for w in ids)
 
@@ -224,15 +251,19 @@ async def _chaos(served: Served) -> None:
     migrations = counter(served, "interlock_router_migrations_total")
     assert migrations > 0
     assert counter(served, "interlock_router_migrations_exhausted_total") == 0
-    assert await wait_for(lambda: all(ready_count(served, w) == kills[w] + 1 for w in ids), 60), \
-        "".join(served.lines)[-3000:]
+    assert await wait_for(lambda: all(ready_count(served, w) == kills[w] + 1 for w in ids), 60), "".join(
+        served.lines
+    )[-3000:]
     # The streams whose worker was killed under them continued exactly where they broke: the
     # text of each is what an unbroken run of the same request gives (the mock is deterministic).
     # Taken by the client's clock, this is a superset: a busy client reads the end of a stream
     # some time after its worker sent it.
-    broken = [i for i, r in results.items()
-              if any(w == r.worker and r.started < t < r.ended for w, t in killed_at)]
-    print(f"migrations {migrations:.0f}; {len(broken)} streams in flight (client's clock) when their worker was killed")
+    broken = [
+        i for i, r in results.items() if any(w == r.worker and r.started < t < r.ended for w, t in killed_at)
+    ]
+    print(
+        f"migrations {migrations:.0f}; {len(broken)} streams in flight (client's clock) when their worker was killed"
+    )
     assert broken
     sample = broken[:100]
     again = await asyncio.gather(*(stream(c, *jobs[i]) for i in sample))
@@ -250,8 +281,19 @@ def test_a_stopped_worker_stream_moves_on_and_the_worker_rejoins_after_sigcont(l
     """With a 2 s lease the stopped worker also leaves discovery (and must come back); with a
     30 s one only the dispatcher's stall timer can notice it."""
     # speedup 0.5: about 25 ms a token, so 200 tokens last about 5 s
-    served = start_serve(*MOCK, "--workers", "2", "--speedup", "0.5", "--stall-timeout", str(STALL_S),
-                         "--heartbeat-timeout", str(lease_s), timeout_s=120, env=SERVE_ENV)
+    served = start_serve(
+        *MOCK,
+        "--workers",
+        "2",
+        "--speedup",
+        "0.5",
+        "--stall-timeout",
+        str(STALL_S),
+        "--heartbeat-timeout",
+        str(lease_s),
+        timeout_s=120,
+        env=SERVE_ENV,
+    )
     try:
         asyncio.run(_sigstop(served, stall_detects=lease_s > STALL_S + 5))
     finally:
@@ -324,6 +366,7 @@ def test_an_external_nats_server_killed_and_restarted_under_load() -> None:
     with NatsServer(port=free_port(), auth=AUTH) as nats:
         served = start_serve(*MOCK, "--workers", "2", "--nats-url", nats.url, timeout_s=120, env=SERVE_ENV)
         try:
+
             async def kill() -> None:
                 assert nats.pid is not None
                 os.kill(nats.pid, signal.SIGKILL)
@@ -383,9 +426,11 @@ async def _nats_outage(served: Served, kill: Callable[[], Awaitable[None]]) -> N
     new_ok = [r.ended - killed_at for r in results if r.started > killed_at and not r.error]
     failed = [r for r in results if r.error]
     recovery = min(new_ok, default=float("inf"))
-    print(f"{len(results)} requests, {len(streaming)} streaming at the kill, {len(failed)} failed; "
-          f"first new request completed {recovery:.2f} s after the kill; both workers in discovery "
-          f"again after {discovered_at - killed_at if discovered_at else float('inf'):.2f} s")
+    print(
+        f"{len(results)} requests, {len(streaming)} streaming at the kill, {len(failed)} failed; "
+        f"first new request completed {recovery:.2f} s after the kill; both workers in discovery "
+        f"again after {discovered_at - killed_at if discovered_at else float('inf'):.2f} s"
+    )
     assert streaming
     assert not [r.error for r in streaming if r.error]
     assert recovery < RECOVERY_S

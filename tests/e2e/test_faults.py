@@ -22,8 +22,17 @@ pytestmark = pytest.mark.slow
 def three_workers() -> Served:
     # Workers that die here must stay dead (what discovery and routing do then is the subject);
     # restarts are tested in tests/cli/test_serve_restarts.py.
-    served = start_serve("--workers", "3", "--max-model-len", "1024", "--num-blocks", "256", *FAST_LEASES,
-                         "--restart-policy", "never")
+    served = start_serve(
+        "--workers",
+        "3",
+        "--max-model-len",
+        "1024",
+        "--num-blocks",
+        "256",
+        *FAST_LEASES,
+        "--restart-policy",
+        "never",
+    )
     yield served
     served.stop()
 
@@ -56,13 +65,24 @@ def _wait_until(cond, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
 def test_sigterm_drains_in_flight_then_sigkill_leaves_discovery(three_workers: Served) -> None:
     served = three_workers
     assert _wait_until(lambda: len(_registered(served)) == 3, 10)
-    body = {"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 120, "temperature": 0,
-            "stream": True, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": "Count: 1, 2, 3,",
+        "max_tokens": 120,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     got: dict[str, object] = {}
 
     def stream() -> None:
-        with httpx.stream("POST", served.base_url + "/completions", json=body, timeout=120,
-                          headers={"x-interlock-explain": "1"}) as r:
+        with httpx.stream(
+            "POST",
+            served.base_url + "/completions",
+            json=body,
+            timeout=120,
+            headers={"x-interlock-explain": "1"},
+        ) as r:
             got["route"] = r.headers.get("x-interlock-route", "")
             got["lines"] = [ln for ln in r.iter_lines() if ln.startswith("data:")]
 
@@ -78,8 +98,10 @@ def test_sigterm_drains_in_flight_then_sigkill_leaves_discovery(three_workers: S
     lines = got["lines"]
     assert isinstance(lines, list) and lines[-1] == "data: [DONE]"
     assert sum('"text"' in ln for ln in lines) >= 100  # the whole stream arrived
-    assert _wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
-                       Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", 30)
+    assert _wait_until(
+        lambda: not os.path.exists(f"/proc/{pid}") or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z",
+        30,
+    )
 
     # SIGKILL another worker: it leaves discovery within the lease timeout (2 s) ...
     left = sorted(_registered(served))
@@ -98,8 +120,11 @@ def test_sigterm_drains_in_flight_then_sigkill_leaves_discovery(three_workers: S
     # With no worker left the model is still known: 503 with Retry-After, not 404.
     os.kill(_pid_of(served, left[1]), signal.SIGKILL)
     assert _wait_until(lambda: not _registered(served), 6)
-    r = httpx.post(served.base_url + "/completions", timeout=30,
-                   json={"model": MODEL, "prompt": "Hello", "max_tokens": 3})
+    r = httpx.post(
+        served.base_url + "/completions",
+        timeout=30,
+        json={"model": MODEL, "prompt": "Hello", "max_tokens": 3},
+    )
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
     assert r.json()["error"]["message"]
     assert httpx.get(served.url + "/live", timeout=10).status_code == 200

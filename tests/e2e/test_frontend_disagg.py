@@ -26,14 +26,33 @@ from tests.e2e.conftest import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-MOCK = ("--runner", "mock", "--max-model-len", "1024", "--num-blocks", "256", "--speedup", "20",
-        "--heartbeat-interval", "0.25", "--heartbeat-timeout", "2")
+MOCK = (
+    "--runner",
+    "mock",
+    "--max-model-len",
+    "1024",
+    "--num-blocks",
+    "256",
+    "--speedup",
+    "20",
+    "--heartbeat-interval",
+    "0.25",
+    "--heartbeat-timeout",
+    "2",
+)
 
 
 def spawn(*argv: str) -> subprocess.Popen[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "INTERLOCK_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "interlock.cli.main", *argv], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "interlock.cli.main", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def wait_for_line(proc: subprocess.Popen[str], marker: str, lines: list[str], timeout_s: float) -> None:
@@ -61,11 +80,24 @@ def deployment() -> Iterator[tuple[str, str]]:
         try:
             logs: dict[str, list[str]] = {"p": [], "d": [], "frontend": []}
             for wid, role in (("p", "prefill"), ("d", "decode")):
-                procs.append(spawn("worker", "--nats-url", nats.url, "--instance-id", wid, "--role", role, *MOCK))
+                procs.append(
+                    spawn("worker", "--nats-url", nats.url, "--instance-id", wid, "--role", role, *MOCK)
+                )
                 wait_for_line(procs[-1], f"worker {wid} ready", logs[wid], 120)
             port = free_port()
-            procs.append(spawn("frontend", "--nats-url", nats.url, "--port", str(port),
-                               "--heartbeat-interval", "0.25", "--heartbeat-timeout", "2"))
+            procs.append(
+                spawn(
+                    "frontend",
+                    "--nats-url",
+                    nats.url,
+                    "--port",
+                    str(port),
+                    "--heartbeat-interval",
+                    "0.25",
+                    "--heartbeat-timeout",
+                    "2",
+                )
+            )
             wait_for_line(procs[-1], "frontend at", logs["frontend"], 120)
             url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 30
@@ -90,13 +122,19 @@ def test_frontend_disaggregates_like_serve(deployment: tuple[str, str]) -> None:
     served_by = []
     for i in range(12):
         r = client.chat.completions.with_raw_response.create(
-            model="SmolLM2-135M-Instruct", max_tokens=8, temperature=0,
+            model="SmolLM2-135M-Instruct",
+            max_tokens=8,
+            temperature=0,
             messages=[{"role": "user", "content": f"request {i}: " + "tell me a story " * (1 + i)}],
-            extra_headers={"x-interlock-explain": "1"})
+            extra_headers={"x-interlock-explain": "1"},
+        )
         assert r.parse().choices[0].finish_reason in ("stop", "length")
         served_by.append(re.search(r"worker=([^;]+)", r.headers["x-interlock-route"]).group(1))
     assert served_by == ["d"] * 12  # the prefill worker never serves a whole request
     metrics = httpx.get(url + "/metrics", timeout=10).text
-    choices = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                  if line.startswith("interlock_disagg_choices_total{"))
+    choices = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("interlock_disagg_choices_total{")
+    )
     assert choices == 12  # every request went through the disaggregation choice

@@ -26,16 +26,45 @@ from tests.disagg.procs import ProcCluster, proc_cluster
 
 pytestmark = pytest.mark.slow
 
-TORCH = ("--runner", "torch", "--dtype", "float32", "--threads", "1", "--block-size", "16",
-         "--num-blocks", "512", "--max-num-batched-tokens", "256", "--max-model-len", "1024")
+TORCH = (
+    "--runner",
+    "torch",
+    "--dtype",
+    "float32",
+    "--threads",
+    "1",
+    "--block-size",
+    "16",
+    "--num-blocks",
+    "512",
+    "--max-num-batched-tokens",
+    "256",
+    "--max-model-len",
+    "1024",
+)
 SYSTEM = "You are a careful assistant for a hardware shop. Answer briefly and never invent prices."
-QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "What is 12 times 7?",
-             "Write a haiku about the sea.", "Explain what a CPU does.", "Who wrote Hamlet?",
-             "Do you sell soldering irons?", "Which screwdriver for laptops?", "Is this drill cordless?",
-             "What glue holds metal?", "Can I return a saw?", "Which multimeter for beginners?",
-             "List four planets.", "Why is the sky blue?", "Translate 'good morning' to French.",
-             "Give me a synonym for fast.", "What does RAM stand for?", "How many legs has a spider?",
-             "Describe a kettle in one line.", "What is a torque wrench?"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "What is 12 times 7?",
+    "Write a haiku about the sea.",
+    "Explain what a CPU does.",
+    "Who wrote Hamlet?",
+    "Do you sell soldering irons?",
+    "Which screwdriver for laptops?",
+    "Is this drill cordless?",
+    "What glue holds metal?",
+    "Can I return a saw?",
+    "Which multimeter for beginners?",
+    "List four planets.",
+    "Why is the sky blue?",
+    "Translate 'good morning' to French.",
+    "Give me a synonym for fast.",
+    "What does RAM stand for?",
+    "How many legs has a spider?",
+    "Describe a kettle in one line.",
+    "What is a torque wrench?",
+]
 MAX_TOKENS = 24
 
 
@@ -48,8 +77,10 @@ class Ask:
     seeded: bool
 
 
-ASKS = [Ask(i, stream=i % 2 == 0, chat=i % 4 < 2, logprobs=i % 5 == 1, seeded=i in (3, 10))
-        for i in range(len(QUESTIONS))]
+ASKS = [
+    Ask(i, stream=i % 2 == 0, chat=i % 4 < 2, logprobs=i % 5 == 1, seeded=i in (3, 10))
+    for i in range(len(QUESTIONS))
+]
 
 
 def free_port() -> int:
@@ -71,11 +102,15 @@ async def frontend(c: ProcCluster) -> AsyncIterator[openai.AsyncOpenAI]:
         await server.close()
 
 
-async def ask(client: openai.AsyncOpenAI, model: str, a: Ask, pin: str,
-              progress: dict[int, int]) -> tuple[str, list[str]]:
+async def ask(
+    client: openai.AsyncOpenAI, model: str, a: Ask, pin: str, progress: dict[int, int]
+) -> tuple[str, list[str]]:
     """The text and the logprob tokens; ``progress[i]`` counts streamed chunks with text."""
-    common: dict[str, object] = {"model": model, "max_tokens": MAX_TOKENS,
-                                 "extra_headers": {"x-worker-id": pin}}
+    common: dict[str, object] = {
+        "model": model,
+        "max_tokens": MAX_TOKENS,
+        "extra_headers": {"x-worker-id": pin},
+    }
     if a.seeded:
         common.update(temperature=0.8, seed=1234)
     else:
@@ -114,8 +149,9 @@ async def ask(client: openai.AsyncOpenAI, model: str, a: Ask, pin: str,
     return text, lp
 
 
-async def run(client: openai.AsyncOpenAI, model: str, pin: str, *, kill: tuple[ProcCluster, int] | None = None
-              ) -> list[tuple[str, list[str]]]:
+async def run(
+    client: openai.AsyncOpenAI, model: str, pin: str, *, kill: tuple[ProcCluster, int] | None = None
+) -> list[tuple[str, list[str]]]:
     progress: dict[int, int] = {}
     tasks = [asyncio.create_task(ask(client, model, a, pin, progress)) for a in ASKS]
     if kill is not None:

@@ -83,17 +83,28 @@ class Deployment:
 
     def get(self, path: str) -> str:
         """GET from the frontend, as the client machine."""
+
         def fetch() -> str:
             no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
             with no_proxy.open(self.base_url + path, timeout=10) as r:
                 return str(r.read().decode())
+
         return self.hosts["client"].call(fetch)
 
     def status(self, worker: str) -> dict[str, object]:
         """``interlock worker control status`` run on the control host (NATS there, the call to
         the worker's advertised address across hosts)."""
-        argv = self.hosts["control"].argv(sys.executable, "-m", "interlock.cli.main", "worker", "control",
-                                          "status", "--instance-id", worker, *self.login)
+        argv = self.hosts["control"].argv(
+            sys.executable,
+            "-m",
+            "interlock.cli.main",
+            "worker",
+            "control",
+            "status",
+            "--instance-id",
+            worker,
+            *self.login,
+        )
         r = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         reply: dict[str, object] = json.loads(r.stdout)
@@ -104,8 +115,13 @@ class Deployment:
 
 
 def _env() -> dict[str, str]:
-    drop = ("INTERLOCK_NATS_URL", "INTERLOCK_NATS_USER", "INTERLOCK_NATS_PASSWORD", "INTERLOCK_NATS_TOKEN",
-            "INTERLOCK_CLUSTER_SECRET")
+    drop = (
+        "INTERLOCK_NATS_URL",
+        "INTERLOCK_NATS_USER",
+        "INTERLOCK_NATS_PASSWORD",
+        "INTERLOCK_NATS_TOKEN",
+        "INTERLOCK_CLUSTER_SECRET",
+    )
     env = {k: v for k, v in os.environ.items() if k not in drop}
     return {**env, "HF_HUB_OFFLINE": "1", "INTERLOCK_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
 
@@ -132,25 +148,76 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         log = d / f"{name}.log"
         with log.open("wb") as out:
             argv = host.argv(sys.executable, "-m", "interlock.cli.main", *args, private_shm=private_shm)
-            process = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, stdout=out,
-                                       stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                argv, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            )
         procs[name] = Proc(name, process, log)
         return procs[name]
 
     with netns.hosts(("control", "prefill", "decode", "client")) as h:
         try:
-            start("nats", h["control"], "nats", "--host", "0.0.0.0", "--port", str(NATS_PORT),
-                  "--user", "interlock", "--password-file", password,
-                  "--worker-logins", str(d / "worker-logins")).wait_for("nats at", 30)
-            url = ("--nats-url", f"nats://{h['control'].address}:{NATS_PORT}", "--cluster-secret-file", secret)
+            start(
+                "nats",
+                h["control"],
+                "nats",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(NATS_PORT),
+                "--user",
+                "interlock",
+                "--password-file",
+                password,
+                "--worker-logins",
+                str(d / "worker-logins"),
+            ).wait_for("nats at", 30)
+            url = (
+                "--nats-url",
+                f"nats://{h['control'].address}:{NATS_PORT}",
+                "--cluster-secret-file",
+                secret,
+            )
             login = (*url, "--nats-user", "interlock", "--nats-password-file", password)
             for role in ("prefill", "decode"):
-                own = ("--nats-user", f"worker-{role}", "--nats-password-file", str(d / "worker-logins" / role))
-                start(role, h[role], "worker", "--role", role, "--instance-id", role, "--host", "0.0.0.0",
-                      "--advertise-host", h[role].address, "--kv-transfer-port", str(KV_PORT),
-                      *url, *own, *LEASES, *DRAIN, *ENGINE, private_shm=True)
-            start("frontend", h["control"], "frontend", "--host", "0.0.0.0", "--port", str(FRONTEND_PORT),
-                  *login, *LEASES, "--enforce-disagg").wait_for("frontend at", 120)
+                own = (
+                    "--nats-user",
+                    f"worker-{role}",
+                    "--nats-password-file",
+                    str(d / "worker-logins" / role),
+                )
+                start(
+                    role,
+                    h[role],
+                    "worker",
+                    "--role",
+                    role,
+                    "--instance-id",
+                    role,
+                    "--host",
+                    "0.0.0.0",
+                    "--advertise-host",
+                    h[role].address,
+                    "--kv-transfer-port",
+                    str(KV_PORT),
+                    *url,
+                    *own,
+                    *LEASES,
+                    *DRAIN,
+                    *ENGINE,
+                    private_shm=True,
+                )
+            start(
+                "frontend",
+                h["control"],
+                "frontend",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(FRONTEND_PORT),
+                *login,
+                *LEASES,
+                "--enforce-disagg",
+            ).wait_for("frontend at", 120)
             dep = Deployment(h, procs, login)
             _wait_for_workers(dep, ("prefill", "decode"))
             yield dep
@@ -179,8 +246,12 @@ def _client(dep: Deployment):  # type: ignore[no-untyped-def]
     import httpx
     import openai
 
-    return openai.OpenAI(base_url=dep.base_url + "/v1", api_key="unused", max_retries=0,
-                         http_client=httpx.Client(trust_env=False, timeout=120))  # no proxy from the env
+    return openai.OpenAI(
+        base_url=dep.base_url + "/v1",
+        api_key="unused",
+        max_retries=0,
+        http_client=httpx.Client(trust_env=False, timeout=120),
+    )  # no proxy from the env
 
 
 def test_chat_completions_through_a_frontend_on_another_host(deployment: Deployment) -> None:
@@ -188,10 +259,19 @@ def test_chat_completions_through_a_frontend_on_another_host(deployment: Deploym
         client = _client(deployment)
         models = [m.id for m in client.models.list().data]
         messages = [{"role": "user", "content": "What is the capital of France?"}]
-        whole = client.chat.completions.create(model=MODEL, messages=messages,  # type: ignore[arg-type]
-                                               max_tokens=12, temperature=0.0)
-        stream = client.chat.completions.create(model=MODEL, messages=messages,  # type: ignore[arg-type]
-                                                max_tokens=12, temperature=0.0, stream=True)
+        whole = client.chat.completions.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=12,
+            temperature=0.0,
+        )
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=12,
+            temperature=0.0,
+            stream=True,
+        )
         streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         assert whole.usage is not None and whole.usage.completion_tokens > 0
         return models, whole.choices[0].message.content or "", streamed
@@ -213,7 +293,8 @@ def test_a_disaggregated_request_moves_its_kv_between_hosts_over_tcp(deployment:
 
     def chat() -> str:
         out = _client(deployment).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=0.0)
+            model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=0.0
+        )
         return out.choices[0].message.content or ""
 
     assert deployment.hosts["client"].call(chat).strip()
@@ -227,4 +308,4 @@ def test_a_disaggregated_request_moves_its_kv_between_hosts_over_tcp(deployment:
 def _enforced(metrics: str) -> int:
     """Remote prefills the frontend's router chose because disaggregation is enforced."""
     key = 'interlock_disagg_choices_total{reason="enforced"} '
-    return sum(int(line[len(key):]) for line in metrics.splitlines() if line.startswith(key))
+    return sum(int(line[len(key) :]) for line in metrics.splitlines() if line.startswith(key))

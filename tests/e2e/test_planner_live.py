@@ -23,11 +23,37 @@ from tests.e2e.conftest import FAST_LEASES, ROOT, Served, children, start_serve,
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
-SERVE = ("--runner", "mock", "--max-model-len", "512", "--num-blocks", "256", "--workers", "1",
-         "--max-num-seqs", "2", "--drain-grace", "5", "--speedup", "2", *FAST_LEASES,
-         "--planner", "reactive", "--min-workers", "1", "--max-workers", "3",
-         "--planner-interval-s", "0.25", "--planner-window-s", "3", "--ramp-s", "1",
-         "--planner-port", "0")
+SERVE = (
+    "--runner",
+    "mock",
+    "--max-model-len",
+    "512",
+    "--num-blocks",
+    "256",
+    "--workers",
+    "1",
+    "--max-num-seqs",
+    "2",
+    "--drain-grace",
+    "5",
+    "--speedup",
+    "2",
+    *FAST_LEASES,
+    "--planner",
+    "reactive",
+    "--min-workers",
+    "1",
+    "--max-workers",
+    "3",
+    "--planner-interval-s",
+    "0.25",
+    "--planner-window-s",
+    "3",
+    "--ramp-s",
+    "1",
+    "--planner-port",
+    "0",
+)
 LOW, HIGH = 1, 12
 """Concurrent clients: one keeps at most one request per worker in flight (nothing waits);
 twelve keep about ten waiting at one worker of two slots (the reactive threshold is two)."""
@@ -62,8 +88,13 @@ async def one_client(c: openai.AsyncOpenAI, load: Load, index: int, stop: asynci
     while not stop.is_set() and index < load.clients:
         n += 1
         try:
-            r = await c.completions.create(model=MODEL, prompt=f"client {index} request {n}: tell me a story",
-                                           max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+            r = await c.completions.create(
+                model=MODEL,
+                prompt=f"client {index} request {n}: tell me a story",
+                max_tokens=24,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
             if r.usage is None or r.usage.completion_tokens != 24:
                 load.failed.append(f"client {index}: {r.usage}")
             else:
@@ -72,8 +103,9 @@ async def one_client(c: openai.AsyncOpenAI, load: Load, index: int, stop: asynci
             load.failed.append(f"client {index}: {e!r}")
 
 
-async def phase(c: openai.AsyncOpenAI, load: Load, clients: int, url: str, want: list[str] | None,
-                timeout_s: float) -> float:
+async def phase(
+    c: openai.AsyncOpenAI, load: Load, clients: int, url: str, want: list[str] | None, timeout_s: float
+) -> float:
     """Run ``clients`` concurrent clients until the planner's decisions are ``want`` (None: for
     the whole timeout); the seconds it took."""
     load.clients = clients
@@ -95,9 +127,11 @@ def test_the_fleet_follows_a_stepped_load_one_worker_at_a_time_without_failing_a
 
         async def run() -> list[float]:
             c = openai.AsyncOpenAI(base_url=served.base_url, api_key="none", max_retries=0, timeout=60)
-            took = [await phase(c, load, LOW, url, None, 3.0),  # low: the fleet keeps one
-                    await phase(c, load, HIGH, url, ["add", "add"], 45.0),  # high: grows to three
-                    await phase(c, load, LOW, url, ["add", "add", "remove", "remove"], 40.0)]
+            took = [
+                await phase(c, load, LOW, url, None, 3.0),  # low: the fleet keeps one
+                await phase(c, load, HIGH, url, ["add", "add"], 45.0),  # high: grows to three
+                await phase(c, load, LOW, url, ["add", "add", "remove", "remove"], 40.0),
+            ]
             await c.close()
             return took
 
@@ -111,12 +145,21 @@ def test_the_fleet_follows_a_stepped_load_one_worker_at_a_time_without_failing_a
         assert load.failed == [] and load.ok > 0, load.failed[:5]
         assert st["errors"] == 0
         # The removed workers drained and stopped: one worker process is left.
-        assert wait_until(lambda: len(children(served, b"worker_main")) == 1, 30.0), children(served, b"worker_main")
-        out = subprocess.run([sys.executable, "-m", "interlock.cli.main", "planner", "status", "--url", url],
-                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert wait_until(lambda: len(children(served, b"worker_main")) == 1, 30.0), children(
+            served, b"worker_main"
+        )
+        out = subprocess.run(
+            [sys.executable, "-m", "interlock.cli.main", "planner", "status", "--url", url],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         assert out.stdout.count("add both worker") == 2 and out.stdout.count("remove w") == 2, out.stdout
-        print(f"\nplanner live: {load.ok} requests ok, {len(load.failed)} failed; phases took "
-              f"{', '.join(f'{t:.1f}s' for t in took)}\n" + out.stdout)
+        print(
+            f"\nplanner live: {load.ok} requests ok, {len(load.failed)} failed; phases took "
+            f"{', '.join(f'{t:.1f}s' for t in took)}\n" + out.stdout
+        )
     finally:
         served.stop()

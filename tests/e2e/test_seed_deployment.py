@@ -23,8 +23,9 @@ SEED = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    s = start_serve("-f", str(SEED), "--num-blocks", "128", "--max-model-len", "1024", "--threads", "1",
-                    timeout_s=600)
+    s = start_serve(
+        "-f", str(SEED), "--num-blocks", "128", "--max-model-len", "1024", "--threads", "1", timeout_s=600
+    )
     yield s
     s.stop()
 
@@ -33,9 +34,12 @@ def test_the_seed_file_serves_disaggregated(served: Served) -> None:
     assert "with 6 workers: 4 decode, 2 prefill (policy least-loaded" in "".join(served.lines)
     client = openai.OpenAI(base_url=served.base_url, api_key="none", max_retries=0)
     r = client.chat.completions.with_raw_response.create(
-        model="SmolLM2-135M-Instruct", max_tokens=12, temperature=0,
+        model="SmolLM2-135M-Instruct",
+        max_tokens=12,
+        temperature=0,
         messages=[{"role": "user", "content": "What is the capital of France?"}],
-        extra_headers={"x-interlock-explain": "1", "x-business-line": "search"})
+        extra_headers={"x-interlock-explain": "1", "x-business-line": "search"},
+    )
     assert "Paris" in r.parse().choices[0].message.content
 
     def reported() -> int:  # workers report at least every export_interval (10s in the file)

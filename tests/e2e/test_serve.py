@@ -43,7 +43,11 @@ def test_second_model_serves_the_same_weights(client: openai.OpenAI) -> None:
 
 def test_streaming_chat_with_usage_chunk(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0, stream=True,
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=10,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -67,14 +71,21 @@ def test_stop_string_cuts_output(client: openai.OpenAI) -> None:
     full = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0)
     text = full.choices[0].text
     assert "6" in text, text
-    cut = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=["6"])
+    cut = client.completions.create(
+        model=MODEL, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=["6"]
+    )
     assert cut.choices[0].text == text[: text.index("6")]
     assert cut.choices[0].finish_reason == "stop"
 
 
 def test_seed_reproducible_sampling(client: openai.OpenAI) -> None:
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=16,
-              temperature=1.0, top_p=0.95)
+    kw = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me a story."}],
+        max_tokens=16,
+        temperature=1.0,
+        top_p=0.95,
+    )
     # Warm the prefix cache first so both calls compute the same tokens the same way: bf16 CPU
     # kernels give slightly different logits for a 30-token prefill than for a 2-token one.
     client.chat.completions.create(seed=1, **kw)
@@ -101,11 +112,16 @@ def test_error_statuses(two_models: Served, client: openai.OpenAI) -> None:
     assert "1024" in str(e.value)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, temperature=-3)
-    r = httpx.post(two_models.base_url + "/chat/completions", content=b"{not json", timeout=30,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        two_models.base_url + "/chat/completions",
+        content=b"{not json",
+        timeout=30,
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and "error" in r.json()
-    r = httpx.post(two_models.base_url + "/chat/completions", timeout=30,
-                   json={"model": MODEL, "messages": "not a list"})
+    r = httpx.post(
+        two_models.base_url + "/chat/completions", timeout=30, json={"model": MODEL, "messages": "not a list"}
+    )
     assert r.status_code == 400
     # the server is unharmed
     ok = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, temperature=0)
@@ -122,8 +138,14 @@ def _worker_blocks_in_use(served: Served) -> int:
 
 
 def test_client_disconnect_aborts_and_frees_blocks(two_models: Served) -> None:
-    body = {"model": MODEL, "prompt": "Count to one thousand: 1, 2, 3,", "max_tokens": 400,
-            "temperature": 0, "stream": True, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": "Count to one thousand: 1, 2, 3,",
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.stream("POST", two_models.base_url + "/completions", json=body, timeout=60) as r:
         n = 0
         for line in r.iter_lines():

@@ -161,7 +161,10 @@ def test_remote_prefill_through_call() -> None:
         prefill, decode = _engine(), _engine()
         sp = SamplingParams(max_tokens=6, ignore_eos=True)
         req = GenerateRequest(
-            request_id="p", token_ids=tuple(PROMPT), sampling=sp, kv_transfer=KVTransferParams(do_remote_decode=True)
+            request_id="p",
+            token_ids=tuple(PROMPT),
+            sampling=sp,
+            kv_transfer=KVTransferParams(do_remote_decode=True),
         )
         outs = [o async for o in prefill.generate(req)]
         kt = outs[-1].kv_transfer

@@ -67,7 +67,10 @@ def test_stored_events_carry_parent_and_tokens() -> None:
     assert pool.take_events() == [
         BlockStored(block_hashes=(hashes[0],), parent_block_hash=None, token_ids=(5, 6), block_size=BS),
         BlockStored(
-            block_hashes=tuple(hashes[1:]), parent_block_hash=hashes[0], token_ids=(7, 8, 9, 10), block_size=BS
+            block_hashes=tuple(hashes[1:]),
+            parent_block_hash=hashes[0],
+            token_ids=(7, 8, 9, 10),
+            block_size=BS,
         ),
     ]
     assert pool.take_events() == []

@@ -254,8 +254,9 @@ def test_remote_request_already_finished_by_its_first_token() -> None:
 # ---- migration: continuing a request another worker started ----
 def _resumed(rid: str, done: int, max_tokens: int = 12, **sampling: object) -> GenerateRequest:
     sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)  # type: ignore[arg-type]
-    return GenerateRequest(request_id=rid, token_ids=tuple(PROMPT), sampling=sp,
-                           resume_token_ids=tuple(REF[:done]))
+    return GenerateRequest(
+        request_id=rid, token_ids=tuple(PROMPT), sampling=sp, resume_token_ids=tuple(REF[:done])
+    )
 
 
 @pytest.mark.parametrize("done", [1, 5, 11])
@@ -276,15 +277,18 @@ def test_resume_tokens_count_against_the_budget_and_min_tokens() -> None:
     eos = REF[7]
     for min_tokens, want in ((8, (REF[6:8], "stop")), (9, (REF[6:], "length"))):  # EOS is the 8th token
         sp = SamplingParams(max_tokens=12, min_tokens=min_tokens)
-        r = GenerateRequest(request_id="m", token_ids=tuple(PROMPT), sampling=sp, resume_token_ids=tuple(REF[:6]))
+        r = GenerateRequest(
+            request_id="m", token_ids=tuple(PROMPT), sampling=sp, resume_token_ids=tuple(REF[:6])
+        )
         assert _final(_engine_with_eos(eos), r) == want
 
 
 def test_bad_resume_tokens_are_refused() -> None:
     engine = make_engine()
     engine.add_request(_resumed("many", 5, max_tokens=4))
-    engine.add_request(GenerateRequest(request_id="range", token_ids=tuple(PROMPT),
-                                       resume_token_ids=(VOCAB + 1,)))
+    engine.add_request(
+        GenerateRequest(request_id="range", token_ids=tuple(PROMPT), resume_token_ids=(VOCAB + 1,))
+    )
     outs = run_to_end(engine)
     for rid in ("many", "range"):
         assert outs[rid][-1].error is not None and outs[rid][-1].error.status == 400

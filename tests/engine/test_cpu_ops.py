@@ -51,7 +51,9 @@ def test_norms_and_swiglu_are_bit_identical_to_pytorch(ops: object) -> None:
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 40])
 @pytest.mark.parametrize(("features", "inputs", "bias"), [(48, 64, False), (96, 576, True)])
-def test_small_batch_linear_equals_f_linear(ops: object, rows: int, features: int, inputs: int, bias: bool) -> None:
+def test_small_batch_linear_equals_f_linear(
+    ops: object, rows: int, features: int, inputs: int, bias: bool
+) -> None:
     """Row tails (not a multiple of 8), an odd number of 16-feature blocks, a bias."""
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(features, inputs, generator=gen).to(BF16)
@@ -75,14 +77,20 @@ def test_rope_rotates_q_and_k_in_place_and_stores_k_and_v(ops: object) -> None:
     positions = torch.randint(0, 600, (n,), generator=gen)
     slots = torch.randperm(256, generator=gen)[:n]
     cache = torch.zeros(2, kv_heads, 256, dim, dtype=BF16)
-    expected = apply_rotary(qkv[:, : (heads + kv_heads) * dim].view(n, -1, dim).float(),
-                            cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+    expected = apply_rotary(
+        qkv[:, : (heads + kv_heads) * dim].view(n, -1, dim).float(),
+        cos[positions].unsqueeze(1),
+        sin[positions].unsqueeze(1),
+    )
     values = qkv[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim).clone()
     ops.rope_write_kv(qkv, positions, cos, sin, cache, slots, heads, kv_heads)  # type: ignore[attr-defined]
     rotated = qkv[:, : (heads + kv_heads) * dim].view(n, -1, dim).float()
     # One bf16 rounding of the result (relative 2^-8), with slack for the input's magnitude.
     assert ((rotated - expected).abs() <= expected.abs() * 2**-8 + 1e-2).all()
-    assert torch.equal(cache[0][:, slots].transpose(0, 1), qkv[:, heads * dim : (heads + kv_heads) * dim].view(n, kv_heads, dim))
+    assert torch.equal(
+        cache[0][:, slots].transpose(0, 1),
+        qkv[:, heads * dim : (heads + kv_heads) * dim].view(n, kv_heads, dim),
+    )
     assert torch.equal(cache[1][:, slots].transpose(0, 1), values)
 
 
@@ -143,9 +151,13 @@ def test_out_of_range_inputs_raise_instead_of_reading_stray_memory(ops: object) 
         ops.paged_attention(qkv, cache, torch.tensor([[0, 2, 30]]), torch.tensor([[0]]), 9, 3, out)  # type: ignore[attr-defined]
     cos = torch.zeros(8, 64)
     with pytest.raises(RuntimeError, match="position"):
-        ops.rope_write_kv(qkv, torch.tensor([0, 8]), cos, cos, cache.view(2, 3, 64, 64), torch.tensor([0, 1]), 9, 3)  # type: ignore[attr-defined]
+        ops.rope_write_kv(
+            qkv, torch.tensor([0, 8]), cos, cos, cache.view(2, 3, 64, 64), torch.tensor([0, 1]), 9, 3
+        )  # type: ignore[attr-defined]
     with pytest.raises(RuntimeError, match="slot"):
-        ops.rope_write_kv(qkv, torch.tensor([0, 1]), cos, cos, cache.view(2, 3, 64, 64), torch.tensor([0, 64]), 9, 3)  # type: ignore[attr-defined]
+        ops.rope_write_kv(
+            qkv, torch.tensor([0, 1]), cos, cos, cache.view(2, 3, 64, 64), torch.tensor([0, 64]), 9, 3
+        )  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +195,9 @@ def test_fused_path_computes_what_the_plain_path_computes(
         *[[SequenceChunk([a[i % 70]], 70 + i, ta), SequenceChunk([b[i % 21]], 21 + i, tb)] for i in range(5)],
     ]
     fused, plain = models
-    for got, expected in zip(_logits(fused, steps, block_size), _logits(plain, steps, block_size), strict=True):
+    for got, expected in zip(
+        _logits(fused, steps, block_size), _logits(plain, steps, block_size), strict=True
+    ):
         scale = float(expected.abs().max())
         assert (got - expected).abs().max() < 0.05 * scale  # seen: ~0.02 (bf16 rounding drift)
         # Greedy picks agree up to near-ties: our pick scores within 1% of the plain best.
@@ -199,8 +213,16 @@ def _agrees_with_plain(model: LlamaModel, plain: LlamaModel, steps: list[list[Se
         assert (expected.max(-1).values - picked).max() <= 0.01 * scale
 
 
-@pytest.mark.parametrize(("family", "kernel"), [("linear", "small"), ("linear", "onednn"), ("linear", "torch"),
-                                                ("attention", "torch"), ("elementwise", "torch")])
+@pytest.mark.parametrize(
+    ("family", "kernel"),
+    [
+        ("linear", "small"),
+        ("linear", "onednn"),
+        ("linear", "torch"),
+        ("attention", "torch"),
+        ("elementwise", "torch"),
+    ],
+)
 def test_every_kernel_forced_through_the_whole_model(
     models: tuple[LlamaModel, LlamaModel], family: str, kernel: str
 ) -> None:
@@ -213,14 +235,19 @@ def test_every_kernel_forced_through_the_whole_model(
         assert {forced.weights.layers[0].qkv.kernel_for(r) for r in (1, 64)} == {kernel}
     else:
         assert forced.table is not None
-        families = {k: k.split()[0] if k.split()[0] in ("linear", "attention") else "elementwise"
-                    for k in forced.table.plans}
+        families = {
+            k: k.split()[0] if k.split()[0] in ("linear", "attention") else "elementwise"
+            for k in forced.table.plans
+        }
         assert {forced.table.plans[k].impls for k, f in families.items() if f == family} == {(kernel,)}
     gen = torch.Generator().manual_seed(5)
     a = torch.randint(0, 49152, (40,), generator=gen).tolist()
     table = [0, 1, 2]
-    steps = [[SequenceChunk(a[:24], 0, table)], [SequenceChunk(a[24:], 24, table)],
-             *[[SequenceChunk([a[i]], 40 + i, table)] for i in range(3)]]
+    steps = [
+        [SequenceChunk(a[:24], 0, table)],
+        [SequenceChunk(a[24:], 24, table)],
+        *[[SequenceChunk([a[i]], 40 + i, table)] for i in range(3)],
+    ]
     _fused, plain = models
     _agrees_with_plain(forced, plain, steps)
 
@@ -239,8 +266,9 @@ def test_a_mixed_route_through_the_whole_model(models: tuple[LlamaModel, LlamaMo
             plans[key] = Plan((16, 4096), ("torch", "fused"))
         elif not key.startswith("linear"):
             plans[key] = Plan((3, 4096), ("torch", "fused"))  # the 3-row decode step: torch
-    mixed = LlamaModel(fused.config, fused.weights, 512, torch.device("cpu"),
-                       table=KernelTable("test", plans, {}))
+    mixed = LlamaModel(
+        fused.config, fused.weights, 512, torch.device("cpu"), table=KernelTable("test", plans, {})
+    )
     assert mixed.route is not None
     gen = torch.Generator().manual_seed(7)
     a, b, d = (torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (40, 12, 30))

@@ -36,16 +36,25 @@ needs_kernels = pytest.mark.skipif(not FUSED, reason="this CPU has no AVX-512 BF
 
 
 def _config(heads: int = 9, kv_heads: int = 3, dim: int = 64) -> ModelArchConfig:
-    return ModelArchConfig.from_dict({
-        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": dim, "hidden_size": 576,
-        "intermediate_size": 1536, "num_hidden_layers": 1, "vocab_size": 100,
-    })
+    return ModelArchConfig.from_dict(
+        {
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": dim,
+            "hidden_size": 576,
+            "intermediate_size": 1536,
+            "num_hidden_layers": 1,
+            "vocab_size": 100,
+        }
+    )
 
 
 def _table(c: ModelArchConfig) -> KernelTable:
-    plans = {decode_key(c, DECODE_CONTEXTS[0]): Plan((8, 4096), ("fused", "torch")),
-             decode_key(c, DECODE_CONTEXTS[1]): Plan.only("fused"),
-             prefill_key(c): Plan((128, 4096), ("fused", "torch"))}
+    plans = {
+        decode_key(c, DECODE_CONTEXTS[0]): Plan((8, 4096), ("fused", "torch")),
+        decode_key(c, DECODE_CONTEXTS[1]): Plan.only("fused"),
+        prefill_key(c): Plan((128, 4096), ("fused", "torch")),
+    }
     return KernelTable("test", plans, {})
 
 
@@ -70,18 +79,29 @@ def test_elementwise_plans_pick_per_rows() -> None:
     c = _config()
     norm, _swiglu, _rope = elementwise_keys(c)
     plans = ElementwisePlans.from_table(KernelTable("t", {norm: Plan((4, 4096), ("torch", "fused"))}, {}), c)
-    ops = SimpleNamespace(rms_norm="fused norm", add_rms_norm="fused add", silu_mul="fused swiglu",
-                          rope_write_kv="fused rope")
-    assert plans.kernels(ops, 4) == (TorchKernels.rms_norm, TorchKernels.add_rms_norm, "fused swiglu", "fused rope")
+    ops = SimpleNamespace(
+        rms_norm="fused norm", add_rms_norm="fused add", silu_mul="fused swiglu", rope_write_kv="fused rope"
+    )
+    assert plans.kernels(ops, 4) == (
+        TorchKernels.rms_norm,
+        TorchKernels.add_rms_norm,
+        "fused swiglu",
+        "fused rope",
+    )
     assert plans.kernels(ops, 5) == ("fused norm", "fused add", "fused swiglu", "fused rope")
-    assert ElementwisePlans.from_table(None, c) == ElementwisePlans(Plan.only("fused"), Plan.only("fused"),
-                                                                    Plan.only("fused"))
+    assert ElementwisePlans.from_table(None, c) == ElementwisePlans(
+        Plan.only("fused"), Plan.only("fused"), Plan.only("fused")
+    )
 
 
 def _chunks() -> list[SequenceChunk]:
     """Two decode rows, a fresh prompt, a chunk after a prefix (blocks of 16)."""
-    return [SequenceChunk([1], 20, [0, 1]), SequenceChunk(list(range(30)), 0, [2, 3]),
-            SequenceChunk([2], 40, [4, 5, 6]), SequenceChunk(list(range(17)), 16, [7, 8, 9])]
+    return [
+        SequenceChunk([1], 20, [0, 1]),
+        SequenceChunk(list(range(30)), 0, [2, 3]),
+        SequenceChunk([2], 40, [4, 5, 6]),
+        SequenceChunk(list(range(17)), 16, [7, 8, 9]),
+    ]
 
 
 def test_split_moves_the_chosen_parts_to_the_plain_fields() -> None:
@@ -98,8 +118,10 @@ def test_split_moves_the_chosen_parts_to_the_plain_fields() -> None:
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (16, 2, 128)])
-@pytest.mark.parametrize(("plain_decode", "plain_prefill"),
-                         [(False, [False, False]), (True, [True, True]), (True, [False, True]), (False, [True, False])])
+@pytest.mark.parametrize(
+    ("plain_decode", "plain_prefill"),
+    [(False, [False, False]), (True, [True, True]), (True, [False, True]), (False, [True, False])],
+)
 def test_attend_agrees_with_the_reference_however_the_step_is_split(
     heads: int, kv_heads: int, dim: int, plain_decode: bool, plain_prefill: list[bool]
 ) -> None:
@@ -127,7 +149,11 @@ def test_attend_agrees_with_the_reference_however_the_step_is_split(
         n = len(ch.token_ids)
         context = ch.start_pos + n
         kv = blocks[:, :, list(ch.block_table)].reshape(2, kv_heads, -1, dim)[:, :, :context]
-        expected.append(reference_attention(qkv[row : row + n, : heads * dim].view(n, heads, dim), kv[0], kv[1], ch.start_pos))
+        expected.append(
+            reference_attention(
+                qkv[row : row + n, : heads * dim].view(n, heads, dim), kv[0], kv[1], ch.start_pos
+            )
+        )
         row += n
     reference = torch.cat(expected)
     assert (got.float() - reference).abs().max() < 0.02 * max(1.0, float(reference.abs().max()))
@@ -144,8 +170,9 @@ def test_torch_rotary_matches_the_reference_and_stores_k_and_v() -> None:
     slots = torch.randperm(256, generator=gen)[:n]
     cache = torch.zeros(2, kv_heads, 256, dim, dtype=BF16)
     width = (heads + kv_heads) * dim
-    expected = apply_rotary(qkv[:, :width].view(n, -1, dim).float(), cos[positions].unsqueeze(1),
-                            sin[positions].unsqueeze(1)).to(BF16)
+    expected = apply_rotary(
+        qkv[:, :width].view(n, -1, dim).float(), cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    ).to(BF16)
     values = qkv[:, width:].clone()
     TorchKernels.rope_write_kv(qkv, positions, cos, sin, cache, slots, heads, kv_heads)
     assert torch.equal(qkv[:, :width].view(n, -1, dim), expected)
@@ -182,12 +209,23 @@ def test_unknown_kernel_names_are_refused_and_forcing_measures_nothing() -> None
         kernel_table(c, BF16, cpu, fused=True, kernels={"elementwise": "fast"}, max_rows=64)
     with pytest.raises(ConfigError, match="kernel family 'mlp'"):
         kernel_table(c, BF16, cpu, fused=True, kernels={"mlp": "torch"}, max_rows=64)
-    forced = kernel_table(c, BF16, cpu, fused=True, max_rows=64,
-                          kernels={"linear": "onednn", "attention": "torch", "elementwise": "fused"})
+    forced = kernel_table(
+        c,
+        BF16,
+        cpu,
+        fused=True,
+        max_rows=64,
+        kernels={"linear": "onednn", "attention": "torch", "elementwise": "fused"},
+    )
     assert forced is not None and forced.machine == "forced" and not forced.timings
     assert {key: plan.impls for key, plan in forced.plans.items()} == {
-        op.key: ("onednn",) if op.key.startswith("linear") else ("torch",) if op.key.startswith("attention")
-        else ("fused",) for op in model_ops(c, 64)}
+        op.key: ("onednn",)
+        if op.key.startswith("linear")
+        else ("torch",)
+        if op.key.startswith("attention")
+        else ("fused",)
+        for op in model_ops(c, 64)
+    }
     # The plain path (fp32) has nothing to choose.
     assert kernel_table(c, torch.float32, cpu, fused=True, kernels={}, max_rows=64) is None
 

@@ -57,8 +57,11 @@ def prompts() -> list[list[int]]:
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2", progress=False))
     return [
-        list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=True)["input_ids"])
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
         for q in QUESTIONS
     ]
 
@@ -71,9 +74,14 @@ def expected(prompts: list[list[int]]) -> list[list[int]]:
     outputs = []
     with torch.no_grad():
         for prompt in prompts:
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                              eos_token_id=EOS, pad_token_id=EOS)
-            outputs.append(out[0, len(prompt):].tolist())
+            out = hf.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                eos_token_id=EOS,
+                pad_token_id=EOS,
+            )
+            outputs.append(out[0, len(prompt) :].tolist())
     return outputs
 
 
@@ -102,7 +110,9 @@ def _run(core: EngineCore, prompts: Sequence[list[int]], tag: str) -> tuple[list
             tokens[out.request_id] += out.token_ids
             cached[out.request_id] = max(cached.get(out.request_id, 0), out.num_cached_tokens)
     core.check_integrity()
-    return [tokens[f"{tag}{i}"] for i in range(len(prompts))], [cached[f"{tag}{i}"] for i in range(len(prompts))]
+    return [tokens[f"{tag}{i}"] for i in range(len(prompts))], [
+        cached[f"{tag}{i}"] for i in range(len(prompts))
+    ]
 
 
 def _engine(model: LlamaModel, num_blocks: int, budget: int = 2048) -> tuple[EngineCore, Recorder]:
@@ -110,13 +120,17 @@ def _engine(model: LlamaModel, num_blocks: int, budget: int = 2048) -> tuple[Eng
     return EngineCore(_config(num_blocks, budget), recorder), recorder  # type: ignore[arg-type]
 
 
-def test_plain_batch_matches_transformers(model: LlamaModel, prompts: list[list[int]], expected: list[list[int]]) -> None:
+def test_plain_batch_matches_transformers(
+    model: LlamaModel, prompts: list[list[int]], expected: list[list[int]]
+) -> None:
     core, _ = _engine(model, num_blocks=256)
     got, _ = _run(core, prompts, "plain")
     assert got == expected
 
 
-def test_prefix_cache_hits_match_transformers(model: LlamaModel, prompts: list[list[int]], expected: list[list[int]]) -> None:
+def test_prefix_cache_hits_match_transformers(
+    model: LlamaModel, prompts: list[list[int]], expected: list[list[int]]
+) -> None:
     core, _ = _engine(model, num_blocks=256)
     _run(core, prompts, "first")
     got, cached = _run(core, prompts, "again")
@@ -124,14 +138,18 @@ def test_prefix_cache_hits_match_transformers(model: LlamaModel, prompts: list[l
     assert all(c >= 16 for c in cached), cached
 
 
-def test_chunked_prefill_matches_transformers(model: LlamaModel, prompts: list[list[int]], expected: list[list[int]]) -> None:
+def test_chunked_prefill_matches_transformers(
+    model: LlamaModel, prompts: list[list[int]], expected: list[list[int]]
+) -> None:
     core, recorder = _engine(model, num_blocks=256, budget=16)
     got, _ = _run(core, prompts, "chunked")
     assert got == expected
     assert any(not s.do_sample for b in recorder.batches for s in b.scheduled)  # really chunked
 
 
-def test_preemption_by_recompute_matches_transformers(model: LlamaModel, prompts: list[list[int]], expected: list[list[int]]) -> None:
+def test_preemption_by_recompute_matches_transformers(
+    model: LlamaModel, prompts: list[list[int]], expected: list[list[int]]
+) -> None:
     longest = max(len(p) for p in prompts) + MAX_TOKENS
     core, recorder = _engine(model, num_blocks=(longest + 15) // 16 + 2)
     got, _ = _run(core, prompts, "tight")

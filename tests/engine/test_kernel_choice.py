@@ -26,12 +26,17 @@ BF16 = torch.bfloat16
 
 
 def test_choose_takes_the_fastest_per_bucket_and_merges_ranges() -> None:
-    times = {"small": {1: 1.0, 8: 2.0, 64: 9.0, 512: 80.0},
-             "onednn": {1: 3.0, 8: 4.0, 64: 5.0, 512: 40.0}}
+    times = {"small": {1: 1.0, 8: 2.0, 64: 9.0, 512: 80.0}, "onednn": {1: 3.0, 8: 4.0, 64: 5.0, 512: 40.0}}
     plan = choose(times)
     assert plan == Plan((8, 512), ("small", "onednn"))
-    assert [plan.impl_for(r) for r in (1, 8, 9, 64, 512, 5000)] == ["small", "small", "onednn", "onednn",
-                                                                      "onednn", "onednn"]
+    assert [plan.impl_for(r) for r in (1, 8, 9, 64, 512, 5000)] == [
+        "small",
+        "small",
+        "onednn",
+        "onednn",
+        "onednn",
+        "onednn",
+    ]
 
 
 def test_a_winner_within_the_margin_does_not_displace_the_incumbent() -> None:
@@ -52,11 +57,17 @@ def test_ties_go_to_the_first_candidate_listed() -> None:
 def test_the_table_round_trips_and_decides_the_same(tmp_path: Path) -> None:
     plan = Plan((4, 64, 2048), ("small", "onednn", "torch"))
     chunk = Plan((256, 2048), ("fused", "torch"))
-    table = KernelTable("cpu X", {"linear 64x32": plan, "attention prefill 9/3x64": chunk},
-                        {"linear 64x32": {"small": {1: 1e-5}}}, provisional=True)
+    table = KernelTable(
+        "cpu X",
+        {"linear 64x32": plan, "attention prefill 9/3x64": chunk},
+        {"linear 64x32": {"small": {1: 1e-5}}},
+        provisional=True,
+    )
     again = KernelTable.from_json(table.to_json())
     assert again == table
-    assert [again.plans["linear 64x32"].impl_for(r) for r in range(1, 100)] == [plan.impl_for(r) for r in range(1, 100)]
+    assert [again.plans["linear 64x32"].impl_for(r) for r in range(1, 100)] == [
+        plan.impl_for(r) for r in range(1, 100)
+    ]
     text = again.describe()
     assert "rows 5-64" in text and "onednn" in text and "chunk 257+" in text and "provisional" in text
 
@@ -76,11 +87,17 @@ def test_a_cached_table_is_used_without_measuring(tmp_path: Path) -> None:
         raise AssertionError("measured although cached")
 
     lines: list[str] = []
-    table = load_or_measure([_op("linear 32x16", refuse)], cache_dir=tmp_path, machine=machine, progress=lines.append)
+    table = load_or_measure(
+        [_op("linear 32x16", refuse)], cache_dir=tmp_path, machine=machine, progress=lines.append
+    )
     assert table.plans["linear 32x16"] == plan and not lines
     # Another machine's table (a different key) is not reused: it measures, with progress lines.
-    measured = load_or_measure([Op("linear 32x16", (1, 4), linear_calls((32, 16)))], cache_dir=tmp_path,
-                               machine=machine + "!", progress=lines.append)
+    measured = load_or_measure(
+        [Op("linear 32x16", (1, 4), linear_calls((32, 16)))],
+        cache_dir=tmp_path,
+        machine=machine + "!",
+        progress=lines.append,
+    )
     assert "linear 32x16" in measured.plans and cache_path(tmp_path, machine + "!").exists()
     assert any("[1/1] linear 32x16" in line for line in lines)
 
@@ -88,14 +105,17 @@ def test_a_cached_table_is_used_without_measuring(tmp_path: Path) -> None:
 def test_only_the_missing_operations_are_measured_and_added(tmp_path: Path) -> None:
     machine = machine_key(["test"])
     slow, fast = (lambda: sum(range(2000))), (lambda: None)
-    first = load_or_measure([_op("a", lambda size: {"x": slow, "y": fast})], cache_dir=tmp_path, machine=machine)
+    first = load_or_measure(
+        [_op("a", lambda size: {"x": slow, "y": fast})], cache_dir=tmp_path, machine=machine
+    )
     assert first.plans["a"].impls == ("y",)
 
     def refuse(size: int) -> dict[str, object]:
         raise AssertionError("measured again")
 
-    both = load_or_measure([_op("a", refuse), _op("b", lambda size: {"x": fast, "y": slow})], cache_dir=tmp_path,
-                           machine=machine)
+    both = load_or_measure(
+        [_op("a", refuse), _op("b", lambda size: {"x": fast, "y": slow})], cache_dir=tmp_path, machine=machine
+    )
     assert both.plans["a"] == first.plans["a"] and both.plans["b"].impls == ("x",)
     # The same table, read again, decides the same: nothing measured.
     again = load_or_measure([_op("a", refuse), _op("b", refuse)], cache_dir=tmp_path, machine=machine)
@@ -171,8 +191,14 @@ def test_starts_at_the_same_time_measure_once(tmp_path: Path) -> None:
         return {"x": lambda: None}
 
     tables: list[KernelTable] = []
-    threads = [threading.Thread(target=lambda: tables.append(
-        load_or_measure([_op("a", calls)], cache_dir=tmp_path, machine=machine))) for _ in range(3)]
+    threads = [
+        threading.Thread(
+            target=lambda: tables.append(
+                load_or_measure([_op("a", calls)], cache_dir=tmp_path, machine=machine)
+            )
+        )
+        for _ in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:

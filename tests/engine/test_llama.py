@@ -65,13 +65,19 @@ def _run_two_sequences(
     model = _ours(folder, dtype)
     cache = PagedKVCache(model.config, 32, BLOCK, dtype, torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
-    seqs = [torch.randint(0, 49152, (37,), generator=gen).tolist(),
-            torch.randint(0, 49152, (21,), generator=gen).tolist()]
+    seqs = [
+        torch.randint(0, 49152, (37,), generator=gen).tolist(),
+        torch.randint(0, 49152, (21,), generator=gen).tolist(),
+    ]
     # Scattered, non-monotonic block ids so that the slot mapping really matters.
     tables = [[7, 3, 30, 12, 25, 1], [9, 28, 4, 17, 22]]
-    logits: list[list[torch.Tensor]] = [[_step(model, cache, [SequenceChunk(seqs[0][:20], 0, tables[0])])[0]], []]
-    both = _step(model, cache, [SequenceChunk(seqs[0][20:], 20, tables[0]),
-                                SequenceChunk(seqs[1], 0, tables[1])])
+    logits: list[list[torch.Tensor]] = [
+        [_step(model, cache, [SequenceChunk(seqs[0][:20], 0, tables[0])])[0]],
+        [],
+    ]
+    both = _step(
+        model, cache, [SequenceChunk(seqs[0][20:], 20, tables[0]), SequenceChunk(seqs[1], 0, tables[1])]
+    )
     for step in range(decode_steps + 1):
         for i in (0, 1):
             logits[i].append(both[i])
@@ -119,10 +125,17 @@ def test_chunked_matmul_attention_equals_sdpa(start_pos: int, n: int) -> None:
     q = torch.randn(n, 6, 16, generator=gen)
     key, value = torch.randn(2, 2, start_pos + n, 16, generator=gen)
     allowed = torch.arange(start_pos + n) <= torch.arange(start_pos, start_pos + n).unsqueeze(1)
-    expected = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1), key.repeat_interleave(3, 0), value.repeat_interleave(3, 0),
-        attn_mask=allowed, scale=1.0,
-    ).transpose(0, 1).reshape(n, 6 * 16)
+    expected = (
+        torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1),
+            key.repeat_interleave(3, 0),
+            value.repeat_interleave(3, 0),
+            attn_mask=allowed,
+            scale=1.0,
+        )
+        .transpose(0, 1)
+        .reshape(n, 6 * 16)
+    )
     got = causal_matmul_attention(q, key, value, start_pos, chunk=64)
     assert torch.allclose(got, expected, atol=1e-5)
 
@@ -133,8 +146,15 @@ def test_chunked_matmul_attention_equals_sdpa(start_pos: int, n: int) -> None:
 def _tiny_folder(tmp_path: Path, arch: str, **extra: object) -> Path:
     import transformers
 
-    common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    common = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     config_cls, model_cls = {
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
@@ -150,8 +170,18 @@ def _tiny_folder(tmp_path: Path, arch: str, **extra: object) -> Path:
     ("arch", "extra"),
     [
         ("qwen2", {"tie_word_embeddings": False}),
-        ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+        (
+            "llama",
+            {
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+        ),
         ("mistral", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     ],
 )
@@ -173,11 +203,23 @@ def test_llama3_inverse_frequencies_match_transformers() -> None:
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
-    raw = dict(vocab_size=10, hidden_size=256, intermediate_size=8, num_hidden_layers=1,
-               num_attention_heads=2, rope_theta=500000.0, max_position_embeddings=131072,
-               rope_scaling=scaling)
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    raw = dict(
+        vocab_size=10,
+        hidden_size=256,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        rope_scaling=scaling,
+    )
     theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](LlamaConfig(**raw))
     config = ModelArchConfig.from_dict(raw)
     ours = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
@@ -185,12 +227,21 @@ def test_llama3_inverse_frequencies_match_transformers() -> None:
 
 
 def test_config_reading() -> None:
-    base = dict(vocab_size=10, hidden_size=64, intermediate_size=8, num_hidden_layers=1,
-                num_attention_heads=4, num_key_value_heads=2)
-    qwen = ModelArchConfig.from_dict({**base, "architectures": ["Qwen2ForCausalLM"], "eos_token_id": [5, 6]},
-                                     {"eos_token_id": 7})
+    base = dict(
+        vocab_size=10,
+        hidden_size=64,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    qwen = ModelArchConfig.from_dict(
+        {**base, "architectures": ["Qwen2ForCausalLM"], "eos_token_id": [5, 6]}, {"eos_token_id": 7}
+    )
     assert qwen.qkv_bias and qwen.head_dim == 16 and qwen.eos_token_ids == (7, 5, 6)
-    new_style = ModelArchConfig.from_dict({**base, "rope_parameters": {"rope_theta": 1e5, "rope_type": "default"}})
+    new_style = ModelArchConfig.from_dict(
+        {**base, "rope_parameters": {"rope_theta": 1e5, "rope_type": "default"}}
+    )
     assert new_style.rope_theta == 1e5 and not new_style.qkv_bias
     with pytest.raises(ConfigError, match="yarn"):
         ModelArchConfig.from_dict({**base, "rope_scaling": {"type": "yarn", "factor": 4.0}})

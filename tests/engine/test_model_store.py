@@ -118,5 +118,9 @@ def test_an_incomplete_folder_and_a_killed_conversions_temp_folders_are_replaced
 
 def test_safe_model_name() -> None:
     assert [safe_model_name(s) for s in (".", "..", "", "a/../b", "x" * 300)] == [
-        "model", "model", "model", "a_.._b", "x" * 128
+        "model",
+        "model",
+        "model",
+        "a_.._b",
+        "x" * 128,
     ]

@@ -24,12 +24,19 @@ class Rig:
     """Scheduler + mock runner driven by hand, one step at a time."""
 
     def __init__(
-        self, *, num_blocks: int = 32, budget: int = 16, max_seqs: int = 8, watermark: float = 0.0,
+        self,
+        *,
+        num_blocks: int = 32,
+        budget: int = 16,
+        max_seqs: int = 8,
+        watermark: float = 0.0,
         preempt: bool = False,
     ) -> None:
         self.kv = KVCacheManager(BlockPool(num_blocks, BS), watermark=watermark)
         config = SchedulerConfig(
-            max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=512,
+            max_num_batched_tokens=budget,
+            max_num_seqs=max_seqs,
+            max_model_len=512,
             preempt_enabled=preempt,
         )
         self.sched = Scheduler(config, self.kv)
@@ -219,13 +226,17 @@ def test_priority_preemption_in_the_engine_keeps_outputs_and_finishes_urgent_fir
     finished: list[str] = []
 
     def watch(_: int) -> None:
-        finished.extend(rid for rid in prompts if rid not in finished and rid not in engine.scheduler.requests)
+        finished.extend(
+            rid for rid in prompts if rid not in finished and rid not in engine.scheduler.requests
+        )
 
     outs = run_to_end(engine, each_step=watch)
     watch(0)
     assert finished[0] == "urgent"
     for rid, p in prompts.items():
-        assert tokens([o for o in early if o.request_id == rid] + outs[rid]) == reference_output(p, 4 if rid == "urgent" else 20, vocab_size=VOCAB)
+        assert tokens([o for o in early if o.request_id == rid] + outs[rid]) == reference_output(
+            p, 4 if rid == "urgent" else 20, vocab_size=VOCAB
+        )
 
 
 def test_watermark_keeps_headroom_at_admission() -> None:

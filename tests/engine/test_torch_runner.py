@@ -15,8 +15,44 @@ from interlock.model_store import resolve_model
 from interlock.protocol import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
-PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3717, 314, 20389, 7018, 28, 7018, 2,
-          198, 1, 4093, 198, 19556, 30, 2, 198, 1, 520, 9531, 198, 17, 17, 17, 17, 17, 17, 17]
+PROMPT = [
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    11173,
+    3365,
+    3717,
+    314,
+    20389,
+    7018,
+    28,
+    7018,
+    2,
+    198,
+    1,
+    4093,
+    198,
+    19556,
+    30,
+    2,
+    198,
+    1,
+    520,
+    9531,
+    198,
+    17,
+    17,
+    17,
+    17,
+    17,
+    17,
+    17,
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +61,12 @@ def model() -> LlamaModel:
 
 
 def _request(
-    rid: str, tokens: list[int], start: int, table: list[int], *, sample: bool = True,
+    rid: str,
+    tokens: list[int],
+    start: int,
+    table: list[int],
+    *,
+    sample: bool = True,
     sampling: SamplingParams = GREEDY,
 ) -> ScheduledRequest:
     return ScheduledRequest(rid, tokens, start, table, sampling, do_sample=sample)

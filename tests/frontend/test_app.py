@@ -293,16 +293,22 @@ def test_malformed_json_and_wrong_types_are_400(http: httpx.Client) -> None:
     assert error_of(r, 400)["type"] == "invalid_request_error"
 
 
-
 def test_integer_fields_reach_the_backend_encodable_or_are_400(http: httpx.Client, served: Served) -> None:
     # Regression (schemathesis): a 120-bit top_k was a 500 when the dispatcher msgpack-encoded it.
     body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
-    for fields, param in (({"top_k": 674562167275116616141822124563103744}, "top_k"),
-                          ({"stop_token_ids": [2**64]}, "stop_token_ids[0]")):
+    for fields, param in (
+        ({"top_k": 674562167275116616141822124563103744}, "top_k"),
+        ({"stop_token_ids": [2**64]}, "stop_token_ids[0]"),
+    ):
         r = http.post("/v1/completions", json={**body, **fields})
         assert error_of(r, 400)["param"] == param
-    largest = {"top_k": 2**31 - 1, "stop_token_ids": [2**31 - 1], "seed": 2**64 - 1, "min_tokens": 2**63,
-               "priority": -(2**31)}
+    largest = {
+        "top_k": 2**31 - 1,
+        "stop_token_ids": [2**31 - 1],
+        "seed": 2**64 - 1,
+        "min_tokens": 2**63,
+        "priority": -(2**31),
+    }
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "x", **largest})  # min_tokens: clamped
     assert r.status_code == 200, r.text
     msgspec.msgpack.encode(served.backend.requests[-1])

@@ -89,7 +89,7 @@ def test_a_slow_body_gets_a_408(limited: Served) -> None:
     with connect(limited) as sock:
         sock.sendall(
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 100\r\n\r\n{\"model\": "
+            b'Content-Length: 100\r\n\r\n{"model": '
         )
         started = time.monotonic()
         reply = sock.recv(65536)
@@ -161,14 +161,35 @@ def test_many_requests_reuse_connections_under_the_cap(capped: Served) -> None:
 def test_tls(smol_path: Path, tmp_path: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
     config = FrontendConfig(ssl_certfile=str(cert), ssl_keyfile=str(key))
     with serving(smol_path, config) as tls:
         assert tls.url.startswith("https://")
         with httpx.Client(base_url=tls.url, verify=ssl.create_default_context(cafile=str(cert))) as http:
             assert http.get("/live").status_code == 200
-        with pytest.raises(httpx.TransportError), httpx.Client(base_url=tls.url.replace("https", "http")) as plain:
+        with (
+            pytest.raises(httpx.TransportError),
+            httpx.Client(base_url=tls.url.replace("https", "http")) as plain,
+        ):
             plain.get("/live")

@@ -27,8 +27,20 @@ def test_defaults_are_the_config_defaults() -> None:
 def test_keys_from_flags_file_and_environment(tmp_path: Path) -> None:
     key_file = tmp_path / "keys"
     key_file.write_text("# team keys\nfile-key  # a comment\n\nshared\n")
-    args = parse("--api-key", "a", "--api-key", "shared", "--api-key-file", str(key_file),
-                 "--rate-limit-rpm", "10", "--open-path", "/live", "--max-prompt-chars", "99")
+    args = parse(
+        "--api-key",
+        "a",
+        "--api-key",
+        "shared",
+        "--api-key-file",
+        str(key_file),
+        "--rate-limit-rpm",
+        "10",
+        "--open-path",
+        "/live",
+        "--max-prompt-chars",
+        "99",
+    )
     config = frontend_config(args, env_api_keys=("env-key",))
     assert config.auth.api_keys == ("a", "shared", "env-key", "file-key")
     assert config.auth.open_paths == ("/live",) and config.auth.requests_per_minute == 10

@@ -36,8 +36,20 @@ values = ["{MODEL}"]
 # what depends on the served model (the prompt plus max_tokens over its context length, token ids
 # past its vocabulary), and JSON Schema's "integer" admits 3.0, which the strict decoder refuses.
 CHECKS = ("--checks", "all", "--exclude-checks", "positive_data_acceptance")
-SERVE = ("--runner", "mock", "--workers", "1", "--max-model-len", "256", "--num-blocks", "128",
-         "--speedup", "1000", "--api-key", KEY)
+SERVE = (
+    "--runner",
+    "mock",
+    "--workers",
+    "1",
+    "--max-model-len",
+    "256",
+    "--num-blocks",
+    "128",
+    "--speedup",
+    "1000",
+    "--api-key",
+    KEY,
+)
 
 
 def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
@@ -46,11 +58,30 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
     served = start_serve(*SERVE, timeout_s=120)
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "--no-color",
-             "run", served.url + "/openapi.json", *CHECKS, "--max-examples", str(EXAMPLES),
-             "--generation-deterministic", "--workers", "1", "--request-timeout", "30",
-             "--header", f"Authorization: Bearer {KEY}"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=240,
+            [
+                sys.executable,
+                "-m",
+                "schemathesis.cli",
+                "--config-file",
+                str(config),
+                "--no-color",
+                "run",
+                served.url + "/openapi.json",
+                *CHECKS,
+                "--max-examples",
+                str(EXAMPLES),
+                "--generation-deterministic",
+                "--workers",
+                "1",
+                "--request-timeout",
+                "30",
+                "--header",
+                f"Authorization: Bearer {KEY}",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
         assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]
         assert re.search(r"\d+ generated, \d+ passed", run.stdout), run.stdout[-3000:]

@@ -95,7 +95,9 @@ def test_prompt_limits_in_characters_then_tokens(strict: Served) -> None:
         assert error["param"] == "messages" and "max_prompt_chars" in str(error["message"])
         # Within the limit as sent, over it once the chat template wrapped it.
         near = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 290}]}
-        assert "max_prompt_chars" in str(error_of(http.post("/v1/chat/completions", json=near), 400)["message"])
+        assert "max_prompt_chars" in str(
+            error_of(http.post("/v1/chat/completions", json=near), 400)["message"]
+        )
         for prompt in ("word " * 30, list(range(100, 130))):
             r = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt})
             error = error_of(r, 400)
@@ -124,7 +126,9 @@ def test_configured_depth_limit(strict: Served) -> None:
 
 @pytest.mark.parametrize("value", [str(2**64), str(-(2**63)), "high", "1.5", "1e3", "0x10"])
 def test_bad_priority_header_is_a_400(http: httpx.Client, value: str) -> None:
-    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": USER}, headers={"x-priority": value})
+    r = http.post(
+        "/v1/chat/completions", json={"model": MODEL, "messages": USER}, headers={"x-priority": value}
+    )
     assert error_of(r, 400)["param"] == "x-priority"
 
 
@@ -138,7 +142,9 @@ def test_clients_sharing_a_request_id_never_collide(http: httpx.Client, served: 
     body = {"model": MODEL, "messages": USER, "max_tokens": 5}
     before = len(served.backend.requests)
     with concurrent.futures.ThreadPoolExecutor(20) as pool:
-        replies = list(pool.map(lambda _: http.post("/v1/chat/completions", json=body, headers=headers), range(20)))
+        replies = list(
+            pool.map(lambda _: http.post("/v1/chat/completions", json=body, headers=headers), range(20))
+        )
     assert [r.status_code for r in replies] == [200] * 20
     assert all(r.headers["x-request-id"] == "same" for r in replies)  # echoed as sent
     ids = [r.request_id for r in served.backend.requests[before:]]

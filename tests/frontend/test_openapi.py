@@ -32,10 +32,17 @@ def test_openapi_document_covers_every_route(served: Served) -> None:
 def test_the_document_carries_the_checks_made_after_decoding() -> None:
     # Those a schema-valid body could otherwise break: schemathesis sends such bodies.
     schemas = openapi_document("0")["components"]["schemas"]
-    chat, completion = schemas["ChatCompletionRequest"]["properties"], schemas["CompletionRequest"]["properties"]
+    chat, completion = (
+        schemas["ChatCompletionRequest"]["properties"],
+        schemas["CompletionRequest"]["properties"],
+    )
     assert chat["messages"]["minItems"] == 1 and chat["n"]["enum"] == [1, None]
     assert chat["top_k"]["anyOf"][0]["maximum"] == 2**31 - 1 and chat["top_k"]["minimum"] == -1
-    assert completion["stop_token_ids"]["anyOf"][0]["items"] == {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+    assert completion["stop_token_ids"]["anyOf"][0]["items"] == {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": 2**31 - 1,
+    }
     assert completion["prompt"]["anyOf"][0] == {"type": "string", "minLength": 1}
     assert schemas["ContentPart"]["required"] == ["type", "text"]
     assert {"if", "then"} <= set(schemas["CompletionRequest"]["allOf"][0])

@@ -83,7 +83,9 @@ def test_image_parts_are_refused_at_parse() -> None:
         parse_chat(body(model="m", messages=[{"role": "user", "content": [{"type": "image_url"}]}]))
     assert "only text" in info.value.message and info.value.param == "messages[0].content"
     with pytest.raises(InvalidRequest) as info:
-        parse_chat(body(model="m", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]))
+        parse_chat(
+            body(model="m", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
+        )
     assert info.value.param == "messages[0].content[0].image_url"
 
 
@@ -152,7 +154,6 @@ def test_completion_unsupported_options() -> None:
         assert info.value.param == param
 
 
-
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
@@ -205,7 +206,10 @@ STREAMED = {"stream": True}
 VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     **{f"ChatCompletionRequest.{k}": (CHAT_BASE, {**CHAT_BASE, **v}) for k, v in SAMPLING.items()},
     **{f"CompletionRequest.{k}": (COMPLETION_BASE, {**COMPLETION_BASE, **v}) for k, v in SAMPLING.items()},
-    "ChatCompletionRequest.messages": (CHAT_BASE, {**CHAT_BASE, "messages": [{"role": "user", "content": "Yo"}]}),
+    "ChatCompletionRequest.messages": (
+        CHAT_BASE,
+        {**CHAT_BASE, "messages": [{"role": "user", "content": "Yo"}]},
+    ),
     "ChatCompletionRequest.max_completion_tokens": (CHAT_BASE, {**CHAT_BASE, "max_completion_tokens": 3}),
     "ChatCompletionRequest.logprobs": (CHAT_BASE, {**CHAT_BASE, "logprobs": True}),
     "ChatCompletionRequest.top_logprobs": (CHAT_BASE, {**CHAT_BASE, "top_logprobs": 2}),
@@ -264,7 +268,9 @@ def test_the_table_covers_every_request_field() -> None:
 
 
 @pytest.mark.parametrize("field", sorted(VARIANTS))
-def test_every_field_changes_the_output_or_is_refused(served: Served, tok: ModelTokenizer, field: str) -> None:
+def test_every_field_changes_the_output_or_is_refused(
+    served: Served, tok: ModelTokenizer, field: str
+) -> None:
     base, variant = VARIANTS[field]
     # A special token mid-text, so skip_special_tokens shows; stop ids from the script's own text.
     ids = tok.encode(SCRIPT_TEXT, add_special_tokens=False)

@@ -9,25 +9,29 @@ from tests.planner.conftest import mock_profile
 
 
 def test_parse_section() -> None:
-    cfg = parse_planner_config({"policy": "reactive", "window-s": 30, "both": {"min": 2, "max": 5},
-                                "queue_high": 3})
+    cfg = parse_planner_config(
+        {"policy": "reactive", "window-s": 30, "both": {"min": 2, "max": 5}, "queue_high": 3}
+    )
     assert cfg.window_s == 30.0 and cfg.both == RoleBounds(2, 5) and cfg.queue_high == 3.0
     assert parse_planner_config(None) == PlannerConfig()
 
 
-@pytest.mark.parametrize(("raw", "words"), [
-    ({"windw_s": 3}, "planner.windw_s: unknown key"),
-    ({"policy": "magic"}, "'magic' is not one of"),
-    ({"window_s": "fast"}, "planner.window_s: expected a number"),
-    ({"max_changes": 1.5}, "planner.max_changes: expected a number"),
-    ({"both": {"min": 3, "max": 2}}, "0 <= min <= max"),
-    ({"both": {"lo": 1}}, "planner.both: expected {min: N, max: M}"),
-    ({"queue_low": 5, "queue_high": 2}, "queue_low must be below"),
-    ({"policy": "sla"}, "needs planner.profile"),
-    ({"slo_feedback": "yes"}, "planner.slo_feedback: expected true or false"),
-    ({"both": {"min": 0, "max": 0}}, "no worker allowed"),
-    ([1, 2], "expected a mapping"),
-])
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"windw_s": 3}, "planner.windw_s: unknown key"),
+        ({"policy": "magic"}, "'magic' is not one of"),
+        ({"window_s": "fast"}, "planner.window_s: expected a number"),
+        ({"max_changes": 1.5}, "planner.max_changes: expected a number"),
+        ({"both": {"min": 3, "max": 2}}, "0 <= min <= max"),
+        ({"both": {"lo": 1}}, "planner.both: expected {min: N, max: M}"),
+        ({"queue_low": 5, "queue_high": 2}, "queue_low must be below"),
+        ({"policy": "sla"}, "needs planner.profile"),
+        ({"slo_feedback": "yes"}, "planner.slo_feedback: expected true or false"),
+        ({"both": {"min": 0, "max": 0}}, "no worker allowed"),
+        ([1, 2], "expected a mapping"),
+    ],
+)
 def test_bad_sections_are_refused_by_name(raw: object, words: str) -> None:
     with pytest.raises(ConfigError, match=words.replace("{", r"\{").replace("}", r"\}")):
         parse_planner_config(raw)  # type: ignore[arg-type]

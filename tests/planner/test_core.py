@@ -20,8 +20,7 @@ CFG = PlannerConfig(both=RoleBounds(1, 4), window_s=60.0, max_changes=100)
 
 
 def fleet(*waiting: int, role: str = "both", kv: float = 0.1) -> tuple[WorkerView, ...]:
-    return tuple(WorkerView(f"{role[0]}{i}", role, num_waiting=q, kv_usage=kv)
-                 for i, q in enumerate(waiting))
+    return tuple(WorkerView(f"{role[0]}{i}", role, num_waiting=q, kv_usage=kv) for i, q in enumerate(waiting))
 
 
 class Sim:
@@ -58,8 +57,10 @@ def first_action(p: Planner, workers: tuple[WorkerView, ...], until: float = 300
 
 
 def test_prefill_backlog_grows_the_pool() -> None:
-    ws = tuple(WorkerView(f"w{i}", "both", queued_prefill_tokens=30_000, prefill_tokens_per_s=10_000)
-               for i in range(2))
+    ws = tuple(
+        WorkerView(f"w{i}", "both", queued_prefill_tokens=30_000, prefill_tokens_per_s=10_000)
+        for i in range(2)
+    )
     [a] = build_planner(CFG).decide(Observation(0.0, ws))
     assert isinstance(a, AddWorker) and "prefill backlog 3.00s > 2s" in a.reason
 
@@ -107,8 +108,7 @@ def test_starting_worker_holds_decisions() -> None:
 
 
 def test_change_cap() -> None:
-    p = build_planner(replace(CFG, both=RoleBounds(1, 50), window_s=1.0, max_changes=3,
-                              cap_window_s=100.0))
+    p = build_planner(replace(CFG, both=RoleBounds(1, 50), window_s=1.0, max_changes=3, cap_window_s=100.0))
     sim = Sim(p, fleet(9))
     for t in range(0, 200, 5):
         sim.tick(float(t), 9.0)
@@ -150,8 +150,9 @@ def test_kv_usage_grows_and_projected_kv_blocks_shrink() -> None:
 
 
 def test_roles_follow_the_mix_with_hysteresis() -> None:
-    cfg = replace(CFG, both=RoleBounds(0, 0), prefill=RoleBounds(1, 3), decode=RoleBounds(1, 3),
-                  max_workers=4)
+    cfg = replace(
+        CFG, both=RoleBounds(0, 0), prefill=RoleBounds(1, 3), decode=RoleBounds(1, 3), max_workers=4
+    )
     p = build_planner(cfg)
     prefill_heavy = (*fleet(6, 6, role="prefill"), *fleet(0, 0, role="decode"))
     [a] = first_action(p, prefill_heavy)
@@ -185,8 +186,14 @@ def test_empty_role_pool_gets_its_min(role: str) -> None:
 
 
 def test_min_workers_keeps_the_fleet_size_but_roles_still_move() -> None:
-    cfg = replace(CFG, both=RoleBounds(0, 0), prefill=RoleBounds(1, 3), decode=RoleBounds(1, 3),
-                  min_workers=4, max_workers=4)
+    cfg = replace(
+        CFG,
+        both=RoleBounds(0, 0),
+        prefill=RoleBounds(1, 3),
+        decode=RoleBounds(1, 3),
+        min_workers=4,
+        max_workers=4,
+    )
     idle = (*fleet(0, 0, role="prefill"), *fleet(0, 0, role="decode"))
     assert first_action(build_planner(cfg), idle) == []
     [a] = first_action(build_planner(cfg), (*fleet(0, 0, role="prefill"), *fleet(6, 6, role="decode")))

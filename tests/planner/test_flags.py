@@ -38,13 +38,17 @@ def test_no_planner_without_the_flag_or_the_section() -> None:
     assert serve_spec("--runner", "mock").planner is None
 
 
-@pytest.mark.parametrize(("text", "argv", "message"), [
-    ("planner: {windw_s: 2}\n", (), r"d.yaml: planner.windw_s: unknown key"),
-    ("planner: [1]\n", (), "planner: expected a mapping"),
-    ("planner: {}\n", ("--planner-config", "x.yaml"), "has a planner: section already"),
-])
-def test_bad_planner_sections_are_refused_by_name(tmp_path: Path, text: str, argv: tuple[str, ...],
-                                                  message: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "argv", "message"),
+    [
+        ("planner: {windw_s: 2}\n", (), r"d.yaml: planner.windw_s: unknown key"),
+        ("planner: [1]\n", (), "planner: expected a mapping"),
+        ("planner: {}\n", ("--planner-config", "x.yaml"), "has a planner: section already"),
+    ],
+)
+def test_bad_planner_sections_are_refused_by_name(
+    tmp_path: Path, text: str, argv: tuple[str, ...], message: str
+) -> None:
     f = tmp_path / "d.yaml"
     f.write_text("execution-group: {runner: mock}\n" + text)
     with pytest.raises(ConfigError, match=message):

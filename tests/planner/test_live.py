@@ -18,9 +18,17 @@ def test_view_reads_reports_queue_totals_and_sets_weights() -> None:
         await runtime.discovery.register(info("w0"))
         await runtime.discovery.register(info("w1"))
         await _settle(svc, lambda: svc.instance("w1") is not None and "m" in svc.routers)
-        rep = LoadReport(instance_id="w0", timestamp=0.0, num_running=2, num_waiting=5,
-                         kv_blocks_used=32, kv_blocks_total=64, queued_prefill_tokens=100,
-                         step_time_s=0.01, tokens_computed=10)
+        rep = LoadReport(
+            instance_id="w0",
+            timestamp=0.0,
+            num_running=2,
+            num_waiting=5,
+            kv_blocks_used=32,
+            kv_blocks_total=64,
+            queued_prefill_tokens=100,
+            step_time_s=0.01,
+            tokens_computed=10,
+        )
         await runtime.events.publish(subjects.load("w0"), msgspec.msgpack.encode(rep))
         await _settle(svc, lambda: view.report("w0") is not None)
         assert view.report("w0") == rep and view.report("w1") is None

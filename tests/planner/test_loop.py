@@ -18,9 +18,17 @@ CFG = PlannerConfig(both=RoleBounds(1, 4), window_s=30.0, interval_s=5.0, max_ch
 
 
 def report(wid: str, waiting: int) -> LoadReport:
-    return LoadReport(instance_id=wid, timestamp=0.0, num_running=4, num_waiting=waiting,
-                      kv_blocks_used=10, kv_blocks_total=100, queued_prefill_tokens=0,
-                      step_time_s=0.01, tokens_computed=4)
+    return LoadReport(
+        instance_id=wid,
+        timestamp=0.0,
+        num_running=4,
+        num_waiting=waiting,
+        kv_blocks_used=10,
+        kv_blocks_total=100,
+        queued_prefill_tokens=0,
+        step_time_s=0.01,
+        tokens_computed=4,
+    )
 
 
 class Clock:
@@ -30,7 +38,9 @@ class Clock:
         return self.t
 
 
-async def stepped(loop: PlannerLoop, fleet: FakeFleet, view: FakeLoadView, clock: Clock) -> list[tuple[float, int]]:
+async def stepped(
+    loop: PlannerLoop, fleet: FakeFleet, view: FakeLoadView, clock: Clock
+) -> list[tuple[float, int]]:
     """Tick for 600 s: 20 waiting requests spread over the fleet from 60 s to 240 s."""
     sizes = []
     while clock.t <= 600:
@@ -90,8 +100,7 @@ def test_status_cli_names_an_unreachable_planner(capsys: pytest.CaptureFixture[s
 
 
 def test_new_workers_ramp_up_and_old_ones_do_not() -> None:
-    cfg = PlannerConfig(both=RoleBounds(1, 4), window_s=30.0, interval_s=5.0, ramp_s=20.0,
-                        ramp_floor=0.2)
+    cfg = PlannerConfig(both=RoleBounds(1, 4), window_s=30.0, interval_s=5.0, ramp_s=20.0, ramp_floor=0.2)
 
     async def go() -> list[dict[str, float]]:
         clock, fleet, view = Clock(), FakeFleet({"both": 1}), FakeLoadView()
@@ -113,8 +122,15 @@ def test_new_workers_ramp_up_and_old_ones_do_not() -> None:
 
 
 def test_switch_role_goes_through_the_fleet() -> None:
-    cfg = PlannerConfig(both=RoleBounds(0, 0), prefill=RoleBounds(1, 3), decode=RoleBounds(1, 3),
-                        min_workers=4, max_workers=4, window_s=10.0, interval_s=5.0)
+    cfg = PlannerConfig(
+        both=RoleBounds(0, 0),
+        prefill=RoleBounds(1, 3),
+        decode=RoleBounds(1, 3),
+        min_workers=4,
+        max_workers=4,
+        window_s=10.0,
+        interval_s=5.0,
+    )
 
     async def go() -> FakeFleet:
         clock, fleet, view = Clock(), FakeFleet({"prefill": 2, "decode": 2}), FakeLoadView()

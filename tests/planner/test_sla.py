@@ -19,8 +19,15 @@ from interlock.planner import (
 from interlock.planner.forecast import ArrivalForecaster
 from tests.planner.conftest import mock_profile
 
-CFG = PlannerConfig(policy="sla", profile="unused.json", both=RoleBounds(1, 20), window_s=30.0,
-                    max_changes=100, ttft_ms=2000, itl_ms=50)
+CFG = PlannerConfig(
+    policy="sla",
+    profile="unused.json",
+    both=RoleBounds(1, 20),
+    window_s=30.0,
+    max_changes=100,
+    ttft_ms=2000,
+    itl_ms=50,
+)
 
 
 def traffic(rate: float, dt: float = 5.0, isl: int = 8000, osl: int = 300) -> Traffic:

@@ -66,5 +66,7 @@ def test_malformed_messages_and_short_secrets() -> None:
 
 
 def test_is_loopback() -> None:
-    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("[::1]") and is_loopback("localhost")
+    assert (
+        is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("[::1]") and is_loopback("localhost")
+    )
     assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.2") and not is_loopback("worker-3")

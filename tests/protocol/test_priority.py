@@ -22,8 +22,11 @@ def test_router_queue_and_engine_waiting_queue_agree() -> None:
 
     sched = Scheduler(SchedulerConfig(max_num_seqs=1), KVCacheManager(BlockPool(16, 4)))
     for arrival, (rid, prio) in enumerate(PRIORITIES.items()):
-        sched.add_request(Request(rid, (1, 2, 3, 4), SamplingParams(max_tokens=2), block_size=4,
-                                  priority=prio, arrival=arrival))
+        sched.add_request(
+            Request(
+                rid, (1, 2, 3, 4), SamplingParams(max_tokens=2), block_size=4, priority=prio, arrival=arrival
+            )
+        )
     engine_order = [r.request_id for r in sched.waiting]
 
     assert router_order == engine_order == ["c", "f", "a", "d", "b", "e", "g"]

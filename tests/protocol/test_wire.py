@@ -8,9 +8,20 @@ from interlock.errors import InvalidRequest
 def test_public_api_is_pinned():
     assert sorted(p.__all__) == sorted(
         [
-            "AllBlocksCleared", "BlockRemoved", "BlockStored", "ErrorInfo", "GenerateOutput",
-            "GenerateRequest", "InstanceInfo", "KVEvent", "KVEventBatch", "KVTransferParams",
-            "LoadReport", "SamplingParams", "TierStats", "TokenLogprobs",
+            "AllBlocksCleared",
+            "BlockRemoved",
+            "BlockStored",
+            "ErrorInfo",
+            "GenerateOutput",
+            "GenerateRequest",
+            "InstanceInfo",
+            "KVEvent",
+            "KVEventBatch",
+            "KVTransferParams",
+            "LoadReport",
+            "SamplingParams",
+            "TierStats",
+            "TokenLogprobs",
         ]
     )
 
@@ -22,32 +33,56 @@ def test_generate_round_trip():
 
 def test_event_batch_round_trip_keeps_tags():
     batch = p.KVEventBatch(
-        instance_id="w", seq=3, timestamp=1.0,
-        events=(p.AllBlocksCleared(), p.BlockStored(block_hashes=(1, 2), parent_block_hash=None),
-                p.BlockRemoved(block_hashes=(2,))),
+        instance_id="w",
+        seq=3,
+        timestamp=1.0,
+        events=(
+            p.AllBlocksCleared(),
+            p.BlockStored(block_hashes=(1, 2), parent_block_hash=None),
+            p.BlockRemoved(block_hashes=(2,)),
+        ),
     )
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(batch), type=p.KVEventBatch) == batch
 
 
 def test_tier_events_and_figures_round_trip():
     batch = p.KVEventBatch(
-        instance_id="w", seq=4, timestamp=1.0,
-        events=(p.BlockStored(block_hashes=(1,), parent_block_hash=None, tier="host"),
-                p.BlockRemoved(block_hashes=(1,), tier="disk")),
+        instance_id="w",
+        seq=4,
+        timestamp=1.0,
+        events=(
+            p.BlockStored(block_hashes=(1,), parent_block_hash=None, tier="host"),
+            p.BlockRemoved(block_hashes=(1,), tier="disk"),
+        ),
     )
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(batch), type=p.KVEventBatch)
     assert decoded == batch and [e.tier for e in decoded.events] == ["host", "disk"]
-    load = p.LoadReport(instance_id="w", timestamp=0.0, num_running=0, num_waiting=0,
-                        kv_blocks_used=0, kv_blocks_total=8, queued_prefill_tokens=0,
-                        step_time_s=0.0, tokens_computed=0,
-                        kv_tiers=(p.TierStats(tier="host", blocks=3, capacity=8, hits=2),))
+    load = p.LoadReport(
+        instance_id="w",
+        timestamp=0.0,
+        num_running=0,
+        num_waiting=0,
+        kv_blocks_used=0,
+        kv_blocks_total=8,
+        queued_prefill_tokens=0,
+        step_time_s=0.0,
+        tokens_computed=0,
+        kv_tiers=(p.TierStats(tier="host", blocks=3, capacity=8, hits=2),),
+    )
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(load), type=p.LoadReport) == load
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_tokens": 0}, {"temperature": -1}, {"top_p": 0}, {"top_k": -5}, {"min_p": 2},
-     {"logprobs": 50}, {"min_tokens": 100, "max_tokens": 10}],
+    [
+        {"max_tokens": 0},
+        {"temperature": -1},
+        {"top_p": 0},
+        {"top_k": -5},
+        {"min_p": 2},
+        {"logprobs": 50},
+        {"min_tokens": 100, "max_tokens": 10},
+    ],
 )
 def test_bad_sampling_is_invalid_request(kwargs):
     with pytest.raises(InvalidRequest):

@@ -9,9 +9,16 @@ from interlock.router.cost import CostParams, choose, room_wait_s, ttft_costs
 
 def costs(params: CostParams, **over) -> np.ndarray:
     n = 3
-    kw = dict(prompt_tokens=1000, overlap_blocks=np.zeros(n), queued_prefill=np.zeros(n),
-              per_token_s=np.full(n, 1e-4), step_overhead_s=np.full(n, 0.01),
-              decode_step_s=np.full(n, 0.02), kv_usage=np.zeros(n), decode_tokens=0)
+    kw = dict(
+        prompt_tokens=1000,
+        overlap_blocks=np.zeros(n),
+        queued_prefill=np.zeros(n),
+        per_token_s=np.full(n, 1e-4),
+        step_overhead_s=np.full(n, 0.01),
+        decode_step_s=np.full(n, 0.02),
+        kv_usage=np.zeros(n),
+        decode_tokens=0,
+    )
     kw.update(over)
     return ttft_costs(params, **kw)
 
@@ -25,8 +32,9 @@ def test_cost_is_seconds_of_prefill_ahead_plus_step_overheads() -> None:
 
 def test_miss_weight_and_decode_weight() -> None:
     p = CostParams(block_size=100, miss_weight=1.0, decode_weight=0.5)
-    c = costs(p, overlap_blocks=np.array([0, 5, 0]), decode_tokens=10,
-              decode_step_s=np.array([0.02, 0.02, 0.04]))
+    c = costs(
+        p, overlap_blocks=np.array([0, 5, 0]), decode_tokens=10, decode_step_s=np.array([0.02, 0.02, 0.04])
+    )
     assert np.allclose(c, [0.2 + 0.01 + 0.1, 0.1 + 0.01 + 0.1, 0.2 + 0.01 + 0.2])
 
 
@@ -49,8 +57,9 @@ def test_choose_breaks_ties_away_from_the_busiest_and_respects_eligibility() -> 
 def test_temperature_samples_cheap_workers_more_often() -> None:
     rng = np.random.default_rng(0)
     c = np.array([0.1, 0.2, 1.0])
-    picks = [choose(c, np.ones(3, bool), np.zeros(3), tolerance=0, temperature=0.3, rng=rng)
-             for _ in range(500)]
+    picks = [
+        choose(c, np.ones(3, bool), np.zeros(3), tolerance=0, temperature=0.3, rng=rng) for _ in range(500)
+    ]
     counts = np.bincount(picks, minlength=3)
     assert counts[0] > counts[1] > counts[2] > 0
 
@@ -63,7 +72,10 @@ def test_params_are_validated() -> None:
 
 
 def test_room_wait_is_the_deficit_released_at_the_rate_blocks_in_use_free() -> None:
-    wait = room_wait_s(need_blocks=np.array([50.0, 150.0, 150.0]),
-                       free_blocks=np.array([100.0, 100.0, np.inf]),
-                       used_blocks=np.array([900.0, 900.0, 0.0]), drain_s=np.array([9.0, 9.0, 9.0]))
+    wait = room_wait_s(
+        need_blocks=np.array([50.0, 150.0, 150.0]),
+        free_blocks=np.array([100.0, 100.0, np.inf]),
+        used_blocks=np.array([900.0, 900.0, 0.0]),
+        drain_s=np.array([9.0, 9.0, 9.0]),
+    )
     assert list(wait) == [0.0, 0.5, 0.0]  # 50 of 900 blocks in use, all freed in 9 s

@@ -35,8 +35,14 @@ BLOCK = 4
 
 def engine(speedup: float = 20.0) -> EngineCore:
     config = make_config(num_blocks=256, block_size=BLOCK, max_num_batched_tokens=32)
-    runner = MockRunner(num_blocks=256, block_size=BLOCK, vocab_size=VOCAB, eos_token_ids=(EOS,),
-                        timing=TimingModel(speedup=speedup), clock=RealClock())
+    runner = MockRunner(
+        num_blocks=256,
+        block_size=BLOCK,
+        vocab_size=VOCAB,
+        eos_token_ids=(EOS,),
+        timing=TimingModel(speedup=speedup),
+        clock=RealClock(),
+    )
     return EngineCore(config, runner, clock=RealClock())
 
 
@@ -48,10 +54,21 @@ class Fleet:
 
     async def add(self, wid: str, role: str = "both", speedup: float = 20.0) -> Worker:
         core = engine(speedup)
-        info = InstanceInfo(instance_id=wid, endpoint=subjects.GENERATE_ENDPOINT, model=MODEL, role=role,
-                            block_size=BLOCK, kv_blocks_total=core.pool.num_blocks)
-        w = Worker(core, info, discovery=self.runtime.discovery, requests=self.runtime.requests,
-                   events=self.runtime.events)
+        info = InstanceInfo(
+            instance_id=wid,
+            endpoint=subjects.GENERATE_ENDPOINT,
+            model=MODEL,
+            role=role,
+            block_size=BLOCK,
+            kv_blocks_total=core.pool.num_blocks,
+        )
+        w = Worker(
+            core,
+            info,
+            discovery=self.runtime.discovery,
+            requests=self.runtime.requests,
+            events=self.runtime.events,
+        )
         await w.start()
         self.workers[wid] = w
         assert await self.service.wait_for_workers(len(self.workers), 5.0) == len(self.workers)
@@ -65,12 +82,17 @@ class Fleet:
 
 
 @contextlib.asynccontextmanager
-async def fleet(options: DispatchOptions = DispatchOptions(), *,
-                breaker: BreakerConfig = BreakerConfig()) -> AsyncIterator[Fleet]:
+async def fleet(
+    options: DispatchOptions = DispatchOptions(), *, breaker: BreakerConfig = BreakerConfig()
+) -> AsyncIterator[Fleet]:
     runtime = await connect_runtime(None)
-    service = RouterService(discovery=runtime.discovery, requests=runtime.requests, events=runtime.events,
-                            config=RouterConfig(block_size=BLOCK),
-                            options=ServiceOptions(dispatch=options, breaker=breaker))
+    service = RouterService(
+        discovery=runtime.discovery,
+        requests=runtime.requests,
+        events=runtime.events,
+        config=RouterConfig(block_size=BLOCK),
+        options=ServiceOptions(dispatch=options, breaker=breaker),
+    )
     await service.start()
     f = Fleet(runtime, service)
     try:
@@ -83,13 +105,17 @@ async def fleet(options: DispatchOptions = DispatchOptions(), *,
 
 
 def request(rid: str, max_tokens: int = 60, **sampling: object) -> GenerateRequest:
-    return GenerateRequest(request_id=rid, token_ids=tuple(range(10, 31)), model=MODEL,
-                           sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                                                   **sampling))  # type: ignore[arg-type]
+    return GenerateRequest(
+        request_id=rid,
+        token_ids=tuple(range(10, 31)),
+        model=MODEL,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **sampling),
+    )  # type: ignore[arg-type]
 
 
-async def collect(f: Fleet, req: GenerateRequest, *, pin: str | None = None, after: int = 0,
-                  action: object = None) -> list[GenerateOutput]:
+async def collect(
+    f: Fleet, req: GenerateRequest, *, pin: str | None = None, after: int = 0, action: object = None
+) -> list[GenerateOutput]:
     """Stream ``req``; once ``after`` tokens are in, await ``action(worker_id)``."""
     ctx = RequestContext(request_id=req.request_id, endpoint="completions", worker_id=pin, explain=True)
     outs: list[GenerateOutput] = []
@@ -248,19 +274,36 @@ def test_disaggregated_decode_worker_killed_mid_stream() -> None:
         runtime = await connect_runtime(None)
         from interlock.transfer import TransferAgent
 
-        service = RouterService(discovery=runtime.discovery, requests=runtime.requests, events=runtime.events,
-                                config=RouterConfig(block_size=BLOCK), disagg=DisaggConfig(enforce=True))
+        service = RouterService(
+            discovery=runtime.discovery,
+            requests=runtime.requests,
+            events=runtime.events,
+            config=RouterConfig(block_size=BLOCK),
+            disagg=DisaggConfig(enforce=True),
+        )
         await service.start()
         f = Fleet(runtime, service)
         agents = []
         try:
             for wid, role in (("p", "prefill"), ("d1", "decode"), ("d2", "decode")):
                 core = engine()
-                info = InstanceInfo(instance_id=wid, endpoint=subjects.GENERATE_ENDPOINT, model=MODEL,
-                                    role=role, block_size=BLOCK, kv_blocks_total=core.pool.num_blocks)
+                info = InstanceInfo(
+                    instance_id=wid,
+                    endpoint=subjects.GENERATE_ENDPOINT,
+                    model=MODEL,
+                    role=role,
+                    block_size=BLOCK,
+                    kv_blocks_total=core.pool.num_blocks,
+                )
                 agents.append(TransferAgent())
-                w = Worker(core, info, discovery=runtime.discovery, requests=runtime.requests,
-                           events=runtime.events, transfer=agents[-1])
+                w = Worker(
+                    core,
+                    info,
+                    discovery=runtime.discovery,
+                    requests=runtime.requests,
+                    events=runtime.events,
+                    transfer=agents[-1],
+                )
                 await w.start()
                 f.workers[wid] = w
             assert await service.wait_for_workers(3, 5.0) == 3

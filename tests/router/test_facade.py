@@ -25,20 +25,32 @@ def make(n: int = 4, events: bool = True, **cfg) -> tuple[Router, Clock]:
     for i in range(n):
         r.add_worker(info(f"w{i}", events))
     for wid in r.needs_resync():
-        r.apply_events(KVEventBatch(instance_id=wid, seq=-1, timestamp=0.0, events=(),
-                                    snapshot=True))
+        r.apply_events(KVEventBatch(instance_id=wid, seq=-1, timestamp=0.0, events=(), snapshot=True))
     return r, clock
 
 
 def info(wid: str, events: bool = True, role: str = "both", queue_depth_threshold: int = 0) -> InstanceInfo:
-    return InstanceInfo(instance_id=wid, endpoint="ns.worker.generate", model="m", block_size=BS,
-                        kv_blocks_total=100_000, publishes_kv_events=events, role=role,
-                        queue_depth_threshold=queue_depth_threshold)
+    return InstanceInfo(
+        instance_id=wid,
+        endpoint="ns.worker.generate",
+        model="m",
+        block_size=BS,
+        kv_blocks_total=100_000,
+        publishes_kv_events=events,
+        role=role,
+        queue_depth_threshold=queue_depth_threshold,
+    )
 
 
 def cache(r: Router, wid: str, tokens: list[int], seq: int = 0) -> None:
-    r.apply_events(KVEventBatch(instance_id=wid, seq=seq, timestamp=0.0, events=(
-        BlockStored(block_hashes=tuple(r.block_hashes(tokens)), parent_block_hash=None),)))
+    r.apply_events(
+        KVEventBatch(
+            instance_id=wid,
+            seq=seq,
+            timestamp=0.0,
+            events=(BlockStored(block_hashes=tuple(r.block_hashes(tokens)), parent_block_hash=None),),
+        )
+    )
 
 
 def req(rid: str, n: int = 400, **kw) -> RequestMeta:
@@ -55,10 +67,23 @@ PROMPT = list(range(400))
 
 
 def test_public_api_is_pinned() -> None:
-    assert sorted(router_pkg.__all__) == sorted([
-        "POLICIES", "AdmissionQueue", "ApplyResult", "Candidate", "CostParams", "Decision",
-        "KvIndexer", "LoadTracker", "Pending", "RequestMeta", "Router", "RouterConfig",
-        "RouterMetrics"])
+    assert sorted(router_pkg.__all__) == sorted(
+        [
+            "POLICIES",
+            "AdmissionQueue",
+            "ApplyResult",
+            "Candidate",
+            "CostParams",
+            "Decision",
+            "KvIndexer",
+            "LoadTracker",
+            "Pending",
+            "RequestMeta",
+            "Router",
+            "RouterConfig",
+            "RouterMetrics",
+        ]
+    )
 
 
 def test_kv_goes_where_the_prefix_is_and_explains_itself() -> None:
@@ -84,9 +109,20 @@ def test_a_cold_burst_spreads_after_the_first_worker_reports_its_decode_speed() 
     # decode step (once 20 ms: 300 tokens made every cold worker look 1.2 s away)
     r, clock = make(4, share_load=False)
     clock.t = 1.0
-    r.apply_load(LoadReport(instance_id="w0", timestamp=1.0, num_running=0, num_waiting=0,
-                            kv_blocks_used=0, kv_blocks_total=100_000, queued_prefill_tokens=0,
-                            step_time_s=0.001, tokens_computed=1, decode_step_s=0.001))
+    r.apply_load(
+        LoadReport(
+            instance_id="w0",
+            timestamp=1.0,
+            num_running=0,
+            num_waiting=0,
+            kv_blocks_used=0,
+            kv_blocks_total=100_000,
+            queued_prefill_tokens=0,
+            step_time_s=0.001,
+            tokens_computed=1,
+            decode_step_s=0.001,
+        )
+    )
     picks = [route(r, f"r{i}", [i] * 400, max_tokens=300).worker_id for i in range(8)]
     assert sorted(set(picks)) == ["w0", "w1", "w2", "w3"]
 
@@ -105,9 +141,20 @@ def test_unhealthy_and_draining_workers_get_nothing() -> None:
     r, _ = make(3)
     cache(r, "w0", PROMPT)
     r.set_health("w0", False)
-    r.apply_load(LoadReport(instance_id="w1", timestamp=1.0, num_running=0, num_waiting=0,
-                            kv_blocks_used=0, kv_blocks_total=1000, queued_prefill_tokens=0,
-                            step_time_s=0.0, tokens_computed=0, draining=True))
+    r.apply_load(
+        LoadReport(
+            instance_id="w1",
+            timestamp=1.0,
+            num_running=0,
+            num_waiting=0,
+            kv_blocks_used=0,
+            kv_blocks_total=1000,
+            queued_prefill_tokens=0,
+            step_time_s=0.0,
+            tokens_computed=0,
+            draining=True,
+        )
+    )
     assert {route(r, f"r{i}", PROMPT).worker_id for i in range(5)} == {"w2"}
     r.set_health("w2", False)
     with pytest.raises(NoWorkers):
@@ -178,9 +225,17 @@ def test_queue_when_all_busy_then_dispatch_reject_past_capacity() -> None:
 
 
 def usage(wid: str, frac: float, t: float) -> LoadReport:
-    return LoadReport(instance_id=wid, timestamp=t, num_running=4, num_waiting=0,
-                      kv_blocks_used=int(frac * 100_000), kv_blocks_total=100_000,
-                      queued_prefill_tokens=0, step_time_s=0.0, tokens_computed=0)
+    return LoadReport(
+        instance_id=wid,
+        timestamp=t,
+        num_running=4,
+        num_waiting=0,
+        kv_blocks_used=int(frac * 100_000),
+        kv_blocks_total=100_000,
+        queued_prefill_tokens=0,
+        step_time_s=0.0,
+        tokens_computed=0,
+    )
 
 
 LONG = list(range(2000))
@@ -228,9 +283,17 @@ def test_max_queue_wait_refuses_what_would_wait_too_long() -> None:
 
 
 def waiting(wid: str, n: int, t: float) -> LoadReport:
-    return LoadReport(instance_id=wid, timestamp=t, num_running=4, num_waiting=n, kv_blocks_used=0,
-                      kv_blocks_total=100_000, queued_prefill_tokens=0, step_time_s=0.0,
-                      tokens_computed=0)
+    return LoadReport(
+        instance_id=wid,
+        timestamp=t,
+        num_running=4,
+        num_waiting=n,
+        kv_blocks_used=0,
+        kv_blocks_total=100_000,
+        queued_prefill_tokens=0,
+        step_time_s=0.0,
+        tokens_computed=0,
+    )
 
 
 @pytest.mark.parametrize("threshold", [0, 2])
@@ -246,7 +309,11 @@ def test_queue_depth_threshold_marks_a_worker_busy(threshold: int) -> None:
         return
     # w0 waits on 3 > 2; w1 takes requests until its queue (0 reported + sent since) passes 2
     assert [d.worker_id if isinstance(d, Decision) else "queued" for d in picks] == [
-        "w1", "w1", "w1", "queued"]
+        "w1",
+        "w1",
+        "w1",
+        "queued",
+    ]
     r.apply_load(waiting("w0", 1, 2.0))
     assert [d.worker_id for d in r.dispatch_queued()] == ["w0"]
 

@@ -12,8 +12,7 @@ def stored(*hashes: int) -> BlockStored:
 
 
 def batch(wid: str, seq: int, *events, snapshot: bool = False) -> KVEventBatch:
-    return KVEventBatch(instance_id=wid, seq=seq, timestamp=0.0, events=tuple(events),
-                        snapshot=snapshot)
+    return KVEventBatch(instance_id=wid, seq=seq, timestamp=0.0, events=tuple(events), snapshot=snapshot)
 
 
 def snapshot(wid: str, seq: int, hashes: set[int]) -> KVEventBatch:
@@ -113,8 +112,7 @@ ops = st.lists(
     min_size=1,
     max_size=40,
 )
-fates = st.lists(st.sampled_from(["deliver", "deliver", "deliver", "drop", "dup"]),
-                 min_size=40, max_size=40)
+fates = st.lists(st.sampled_from(["deliver", "deliver", "deliver", "drop", "dup"]), min_size=40, max_size=40)
 
 
 @settings(max_examples=150, deadline=None)
@@ -127,9 +125,7 @@ def test_index_matches_truth_after_resync_whatever_is_lost(ops_a, ops_b, fates) 
     for wid in truth:
         ix.add_worker(wid)
         ix.apply(snapshot(wid, -1, set()))
-    for i, (wid, (kind, hashes)) in enumerate(
-        [("a", o) for o in ops_a] + [("b", o) for o in ops_b]
-    ):
+    for i, (wid, (kind, hashes)) in enumerate([("a", o) for o in ops_a] + [("b", o) for o in ops_b]):
         if kind == "store":
             truth[wid] |= set(hashes)
             ev = stored(*hashes)

@@ -64,9 +64,18 @@ def test_a_worker_that_leaves_takes_its_lower_tiers_with_it() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("ab"), st.booleans(), st.sampled_from(["device", "host", "disk"]),
-                          st.lists(st.integers(0, 5), min_size=1, max_size=3)), max_size=30),
-       st.lists(st.integers(0, 5), min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from("ab"),
+            st.booleans(),
+            st.sampled_from(["device", "host", "disk"]),
+            st.lists(st.integers(0, 5), min_size=1, max_size=3),
+        ),
+        max_size=30,
+    ),
+    st.lists(st.integers(0, 5), min_size=1, max_size=6),
+)
 def test_lower_overlap_matches_a_per_worker_walk(ops: list, query: list[int]) -> None:
     f = Feed("a", "b")
     held: dict[str, dict[str, set[int]]] = {w: {"device": set(), "host": set(), "disk": set()} for w in "ab"}
@@ -88,11 +97,21 @@ def test_lower_overlap_matches_a_per_worker_walk(ops: list, query: list[int]) ->
 def test_a_lower_tier_hit_costs_its_load_time_not_its_prefill() -> None:
     p = CostParams(block_size=100, chunk_tokens=10_000, miss_weight=0.0, decode_weight=0.0)
     n = 3
-    base = dict(prompt_tokens=1000, overlap_blocks=np.zeros(n), queued_prefill=np.zeros(n),
-                per_token_s=np.full(n, 1e-4), step_overhead_s=np.zeros(n),
-                decode_step_s=np.zeros(n), kv_usage=np.zeros(n))
-    c = ttft_costs(p, **base, lower_blocks=np.array([0, 5, 5]),  # type: ignore[arg-type]
-                   load_s_per_block=np.array([1e-3, 1e-3, 1e-2]))
+    base = dict(
+        prompt_tokens=1000,
+        overlap_blocks=np.zeros(n),
+        queued_prefill=np.zeros(n),
+        per_token_s=np.full(n, 1e-4),
+        step_overhead_s=np.zeros(n),
+        decode_step_s=np.zeros(n),
+        kv_usage=np.zeros(n),
+    )
+    c = ttft_costs(
+        p,
+        **base,
+        lower_blocks=np.array([0, 5, 5]),  # type: ignore[arg-type]
+        load_s_per_block=np.array([1e-3, 1e-3, 1e-2]),
+    )
     # worker 0 computes 1000 tokens; 1 and 2 compute 500 and load 5 blocks at 1 / 10 ms each
     assert np.allclose(c, [0.1, 0.05 + 0.005, 0.05 + 0.05])
 
@@ -100,11 +119,21 @@ def test_a_lower_tier_hit_costs_its_load_time_not_its_prefill() -> None:
 def test_the_load_tracker_keeps_the_measured_load_time_per_block() -> None:
     lt = LoadTracker()
     lt.add_worker(0, kv_blocks_total=10)
-    report = LoadReport(instance_id="w", timestamp=1.0, num_running=0, num_waiting=0,
-                        kv_blocks_used=0, kv_blocks_total=10, queued_prefill_tokens=0,
-                        step_time_s=0.0, tokens_computed=0,
-                        kv_tiers=(TierStats(tier="host", blocks=1, capacity=4, loads=3, load_s=0.003),
-                                  TierStats(tier="disk", blocks=1, capacity=4, loads=1, load_s=0.005)))
+    report = LoadReport(
+        instance_id="w",
+        timestamp=1.0,
+        num_running=0,
+        num_waiting=0,
+        kv_blocks_used=0,
+        kv_blocks_total=10,
+        queued_prefill_tokens=0,
+        step_time_s=0.0,
+        tokens_computed=0,
+        kv_tiers=(
+            TierStats(tier="host", blocks=1, capacity=4, loads=3, load_s=0.003),
+            TierStats(tier="disk", blocks=1, capacity=4, loads=1, load_s=0.005),
+        ),
+    )
     lt.apply_report(0, report, 1.0)
     assert lt.load_s_per_block[0] == 0.002
 
@@ -114,16 +143,33 @@ def test_the_router_sends_a_prefix_to_the_worker_that_holds_it_below_its_pool() 
 
     r, _ = make(3)
     hashes = tuple(r.block_hashes(PROMPT))
-    r.apply_events(KVEventBatch(instance_id="w1", seq=0, timestamp=0.0, events=(
-        BlockStored(block_hashes=hashes[:10], parent_block_hash=None, tier="host"),
-        BlockStored(block_hashes=hashes[10:], parent_block_hash=None, tier="disk"))))
+    r.apply_events(
+        KVEventBatch(
+            instance_id="w1",
+            seq=0,
+            timestamp=0.0,
+            events=(
+                BlockStored(block_hashes=hashes[:10], parent_block_hash=None, tier="host"),
+                BlockStored(block_hashes=hashes[10:], parent_block_hash=None, tier="disk"),
+            ),
+        )
+    )
     # Unmeasured, 100 blocks of 4 tokens at the pessimistic 1 ms each lose to computing them.
     assert route(r, "a", PROMPT).worker_id != "w1"
-    r.apply_load(LoadReport(instance_id="w1", timestamp=1.0, num_running=0, num_waiting=0,
-                            kv_blocks_used=0, kv_blocks_total=100_000, queued_prefill_tokens=0,
-                            step_time_s=0.0, tokens_computed=0,
-                            kv_tiers=(TierStats(tier="host", blocks=10, capacity=10, loads=10,
-                                                load_s=1e-4),)))
+    r.apply_load(
+        LoadReport(
+            instance_id="w1",
+            timestamp=1.0,
+            num_running=0,
+            num_waiting=0,
+            kv_blocks_used=0,
+            kv_blocks_total=100_000,
+            queued_prefill_tokens=0,
+            step_time_s=0.0,
+            tokens_computed=0,
+            kv_tiers=(TierStats(tier="host", blocks=10, capacity=10, loads=10, load_s=1e-4),),
+        )
+    )
     assert route(r, "b", PROMPT).worker_id == "w1"  # measured at 10 us a block: load it
 
 
@@ -138,11 +184,20 @@ def test_the_service_exports_per_tier_metrics() -> None:
     async def body(runtime, svc) -> None:  # type: ignore[no-untyped-def]
         await runtime.discovery.register(info("w"))
         await _settle(svc, lambda: svc.instance("w") is not None)
-        report = LoadReport(instance_id="w", timestamp=0.0, num_running=0, num_waiting=0,
-                            kv_blocks_used=0, kv_blocks_total=64, queued_prefill_tokens=0,
-                            step_time_s=0.0, tokens_computed=0,
-                            kv_tiers=(TierStats(tier="host", blocks=3, capacity=8, hits=5, loads=4,
-                                                load_s=0.25, evictions=2),))
+        report = LoadReport(
+            instance_id="w",
+            timestamp=0.0,
+            num_running=0,
+            num_waiting=0,
+            kv_blocks_used=0,
+            kv_blocks_total=64,
+            queued_prefill_tokens=0,
+            step_time_s=0.0,
+            tokens_computed=0,
+            kv_tiers=(
+                TierStats(tier="host", blocks=3, capacity=8, hits=5, loads=4, load_s=0.25, evictions=2),
+            ),
+        )
         await runtime.events.publish(subjects.load("w"), msgspec.msgpack.encode(report))
         await _settle(svc, lambda: svc.report("w") is not None)
         text = svc.prometheus_text()

@@ -6,11 +6,28 @@ from interlock.protocol.events import LoadReport, RouterLoadEvent
 from interlock.router.load import DEFAULT_PREFILL_TPS, LoadTracker
 
 
-def report(slot_id: str = "w0", *, t: float = 1.0, queued: int = 0, running: int = 0,
-           step_s: float = 0.0, tokens: int = 0, tps: float = 0.0) -> LoadReport:
-    return LoadReport(instance_id=slot_id, timestamp=t, num_running=running, num_waiting=0,
-                      kv_blocks_used=10, kv_blocks_total=100, queued_prefill_tokens=queued,
-                      step_time_s=step_s, tokens_computed=tokens, prefill_tokens_per_s=tps)
+def report(
+    slot_id: str = "w0",
+    *,
+    t: float = 1.0,
+    queued: int = 0,
+    running: int = 0,
+    step_s: float = 0.0,
+    tokens: int = 0,
+    tps: float = 0.0,
+) -> LoadReport:
+    return LoadReport(
+        instance_id=slot_id,
+        timestamp=t,
+        num_running=running,
+        num_waiting=0,
+        kv_blocks_used=10,
+        kv_blocks_total=100,
+        queued_prefill_tokens=queued,
+        step_time_s=step_s,
+        tokens_computed=tokens,
+        prefill_tokens_per_s=tps,
+    )
 
 
 def tracker() -> LoadTracker:
@@ -52,8 +69,7 @@ def test_reports_fit_a_speed_line_and_unfitted_workers_use_the_fleet_median() ->
     overhead, per_token = lt.speeds()
     assert per_token[0] == 1 / DEFAULT_PREFILL_TPS
     for i, tokens in enumerate([100, 4000, 800, 8000, 2000, 300]):
-        lt.apply_report(0, report(t=i, step_s=0.01 + tokens * 2e-5, tokens=tokens, running=1),
-                        now=float(i))
+        lt.apply_report(0, report(t=i, step_s=0.01 + tokens * 2e-5, tokens=tokens, running=1), now=float(i))
     overhead, per_token = lt.speeds()
     assert abs(overhead[0] - 0.01) < 1e-6 and abs(per_token[0] - 2e-5) < 1e-9
     assert abs(per_token[2] - 2e-5) < 1e-9  # no fit of its own yet
@@ -77,13 +93,25 @@ def test_decode_step_of_a_cold_worker_and_the_fleet_line_over_context() -> None:
 
 def test_remote_router_load_is_counted_and_forgotten() -> None:
     lt = tracker()
-    ev = RouterLoadEvent(router_id="r2", instance_id="w2", request_id="x", kind="route",
-                         timestamp=0.0, prefill_tokens=500, kv_tokens=500)
+    ev = RouterLoadEvent(
+        router_id="r2",
+        instance_id="w2",
+        request_id="x",
+        kind="route",
+        timestamp=0.0,
+        prefill_tokens=500,
+        kv_tokens=500,
+    )
     lt.apply_remote(ev, 2, now=0.0)
     lt.apply_remote(ev, 2, now=0.0)  # duplicate delivery counts once
     assert lt.queued_prefill()[2] == 500 and lt.inflight[2] == 1
-    lt.apply_remote(RouterLoadEvent(router_id="r1", instance_id="w2", request_id="y",
-                                    kind="route", timestamp=0.0, prefill_tokens=7), 2, now=0.0)
+    lt.apply_remote(
+        RouterLoadEvent(
+            router_id="r1", instance_id="w2", request_id="y", kind="route", timestamp=0.0, prefill_tokens=7
+        ),
+        2,
+        now=0.0,
+    )
     assert lt.inflight[2] == 1  # our own echo is ignored
     lt.forget_router("r2")
     assert lt.queued_prefill()[2] == 0 and lt.inflight[2] == 0

@@ -19,10 +19,17 @@ CFG = RuntimeConfig(heartbeat_interval=0.05, lease_timeout=0.3)
 
 
 def info(wid: str, context_length: int = 2048, model: str = "m", **fields: object) -> InstanceInfo:
-    return InstanceInfo(instance_id=wid, endpoint=subjects.GENERATE_ENDPOINT, model=model,
-                        address=f"inproc://{subjects.GENERATE_ENDPOINT}.{wid}", block_size=16,
-                        kv_blocks_total=64, context_length=context_length, publishes_kv_events=False,
-                        **fields)  # type: ignore[arg-type]
+    return InstanceInfo(
+        instance_id=wid,
+        endpoint=subjects.GENERATE_ENDPOINT,
+        model=model,
+        address=f"inproc://{subjects.GENERATE_ENDPOINT}.{wid}",
+        block_size=16,
+        kv_blocks_total=64,
+        context_length=context_length,
+        publishes_kv_events=False,
+        **fields,
+    )  # type: ignore[arg-type]
 
 
 async def _settle(svc: RouterService, check, timeout_s: float = 2.0) -> None:  # type: ignore[no-untyped-def]
@@ -90,8 +97,11 @@ def test_a_model_whose_workers_left_keeps_its_last_card_and_503s() -> None:
         await _settle(svc, lambda: svc.instance("real") is None)
         assert _ctx(svc) == {"m": 4096}
         with pytest.raises(NoWorkers):
-            svc.generate(GenerateRequest(request_id="r", model="m", token_ids=(1, 2),
-                                         sampling=SamplingParams(max_tokens=1)))
+            svc.generate(
+                GenerateRequest(
+                    request_id="r", model="m", token_ids=(1, 2), sampling=SamplingParams(max_tokens=1)
+                )
+            )
 
     _run(body)
 
@@ -100,12 +110,23 @@ def test_a_load_report_on_another_worker_s_subject_is_ignored() -> None:
     async def body(runtime: Runtime, svc: RouterService) -> None:
         await runtime.discovery.register(info("real"))
         await _settle(svc, lambda: svc.instance("real") is not None)
-        forged = LoadReport(instance_id="real", timestamp=0.0, num_running=0, num_waiting=0, kv_blocks_used=0,
-                            kv_blocks_total=64, queued_prefill_tokens=0, step_time_s=0.0, tokens_computed=0,
-                            draining=True)
+        forged = LoadReport(
+            instance_id="real",
+            timestamp=0.0,
+            num_running=0,
+            num_waiting=0,
+            kv_blocks_used=0,
+            kv_blocks_total=64,
+            queued_prefill_tokens=0,
+            step_time_s=0.0,
+            tokens_computed=0,
+            draining=True,
+        )
         await runtime.events.publish(subjects.load("attacker"), msgspec.msgpack.encode(forged))
-        await runtime.events.publish(subjects.load("real"), msgspec.msgpack.encode(
-            msgspec.structs.replace(forged, draining=False, num_running=3)))
+        await runtime.events.publish(
+            subjects.load("real"),
+            msgspec.msgpack.encode(msgspec.structs.replace(forged, draining=False, num_running=3)),
+        )
         await _settle(svc, lambda: svc.report("real") is not None)
         report = svc.report("real")
         assert report is not None and not report.draining and report.num_running == 3

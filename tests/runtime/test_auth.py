@@ -147,8 +147,13 @@ async def test_a_control_call_without_the_secret_is_refused(anyio_backend: str) 
     runtime = await connect_runtime(None, CFG, registry=registry)
     requests = TcpRequestPlane(WITH_SECRET)
     core = mock_engine()
-    info = InstanceInfo(instance_id="w1", endpoint=subjects.GENERATE_ENDPOINT, model="m",
-                        block_size=core.block_size, kv_blocks_total=core.pool.num_blocks)
+    info = InstanceInfo(
+        instance_id="w1",
+        endpoint=subjects.GENERATE_ENDPOINT,
+        model="m",
+        block_size=core.block_size,
+        kv_blocks_total=core.pool.num_blocks,
+    )
     worker = Worker(core, info, discovery=runtime.discovery, requests=requests, events=runtime.events)
     await worker.start()
     attacker, operator = TcpRequestPlane(CFG), TcpRequestPlane(WITH_SECRET)
@@ -174,6 +179,7 @@ async def test_a_control_call_without_the_secret_is_refused(anyio_backend: str) 
 
 # ---- NATS with credentials ----
 
+
 @pytest.fixture(scope="module")
 def authed() -> Iterator[NatsServer]:
     with NatsServer(auth=generate_auth()) as server:
@@ -181,7 +187,9 @@ def authed() -> Iterator[NatsServer]:
 
 
 def _fast(server: NatsServer | None = None) -> RuntimeConfig:
-    return replace(CFG, discovery_sync_s=0.05, nats_auth=server.auth if server and server.auth else NatsAuth())
+    return replace(
+        CFG, discovery_sync_s=0.05, nats_auth=server.auth if server and server.auth else NatsAuth()
+    )
 
 
 async def test_only_clients_with_the_credentials_get_in(authed: NatsServer, anyio_backend: str) -> None:
@@ -194,7 +202,9 @@ async def test_only_clients_with_the_credentials_get_in(authed: NatsServer, anyi
         await runtime.close()
 
 
-async def test_unauthenticated_clients_can_neither_listen_nor_speak(authed: NatsServer, anyio_backend: str) -> None:
+async def test_unauthenticated_clients_can_neither_listen_nor_speak(
+    authed: NatsServer, anyio_backend: str
+) -> None:
     """The attacks seen without credentials: read prompts off ``interlock.kv.>``, register a
     fake worker, publish a forged 'draining' load report. None gets past the server."""
     real = await connect_runtime(authed.url, _fast(authed))
@@ -202,13 +212,23 @@ async def test_unauthenticated_clients_can_neither_listen_nor_speak(authed: Nats
         heard = await real.events.subscribe(subjects.LOAD_ALL)
         for attempt in ({}, {"user": "interlock", "password": "guess"}):
             with anyio.fail_after(5), pytest.raises(Exception, match="(?i)authorization|no servers"):
-                await nats.connect(authed.url, max_reconnect_attempts=1, allow_reconnect=False,
-                                   connect_timeout=1, **attempt)  # type: ignore[arg-type]
+                await nats.connect(
+                    authed.url, max_reconnect_attempts=1, allow_reconnect=False, connect_timeout=1, **attempt
+                )  # type: ignore[arg-type]
         with anyio.fail_after(5), pytest.raises(AuthError):
             await connect_runtime(authed.url, _fast())  # a fake worker: cannot even connect
-        forged = LoadReport(instance_id="w1", timestamp=0.0, num_running=0, num_waiting=0, kv_blocks_used=0,
-                            kv_blocks_total=1, queued_prefill_tokens=0, step_time_s=0.0, tokens_computed=0,
-                            draining=True)
+        forged = LoadReport(
+            instance_id="w1",
+            timestamp=0.0,
+            num_running=0,
+            num_waiting=0,
+            kv_blocks_used=0,
+            kv_blocks_total=1,
+            queued_prefill_tokens=0,
+            step_time_s=0.0,
+            tokens_computed=0,
+            draining=True,
+        )
         await real.events.publish(subjects.load("w1"), msgspec.msgpack.encode(forged))  # the real path works
         with anyio.fail_after(2):
             subject, _ = await heard.__anext__()
@@ -259,8 +279,13 @@ def test_credentials_stay_off_the_command_line_and_out_of_reach(authed: NatsServ
 
 
 def test_nats_auth_is_validated() -> None:
-    for bad in ({"user": "u"}, {"password": "p"}, {"user": "u", "password": "p", "token": "t"},
-                {"token": "t", "creds_file": "x.creds"}, {"tls_cert": "c.pem"}):
+    for bad in (
+        {"user": "u"},
+        {"password": "p"},
+        {"user": "u", "password": "p", "token": "t"},
+        {"token": "t", "creds_file": "x.creds"},
+        {"tls_cert": "c.pem"},
+    ):
         with pytest.raises(ConfigError):
             NatsAuth(**bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="cluster secret"):
@@ -273,15 +298,48 @@ async def test_nats_over_tls_with_the_servers_ca(tmp_path: Path, anyio_backend: 
     """An external nats-server with TLS (as docs/deploy.md sets one up): ``--nats-tls-ca`` (here
     ``NatsAuth.tls_ca``) connects and carries events; a client that does not trust it is refused."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([str(find_binary()), "-a", "127.0.0.1", "-p", str(port), "--tls",
-                               "--tlscert", str(cert), "--tlskey", str(key)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            str(find_binary()),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "--tls",
+            "--tlscert",
+            str(cert),
+            "--tlskey",
+            str(key),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"nats://127.0.0.1:{port}"
         with anyio.fail_after(10):
@@ -300,7 +358,9 @@ async def test_nats_over_tls_with_the_servers_ca(tmp_path: Path, anyio_backend: 
             await a.close()
             await b.close()
         with pytest.raises((AuthError, TransportError)):  # no CA given: the server's cert is not trusted
-            await connect_runtime(url, replace(CFG, nats_auth=NatsAuth(tls_ca="/etc/ssl/certs/ca-certificates.crt")))
+            await connect_runtime(
+                url, replace(CFG, nats_auth=NatsAuth(tls_ca="/etc/ssl/certs/ca-certificates.crt"))
+            )
     finally:
         server.kill()
         server.wait()

@@ -7,8 +7,11 @@ from interlock.sim.trace import SimRequest
 
 
 def test_infinite_cache_bound() -> None:
-    reqs = [SimRequest("a", 0.0, 100, 1, (1, 2, 3)), SimRequest("b", 1.0, 100, 1, (1, 2, 9)),
-            SimRequest("c", 2.0, 100, 1, (1, 2, 3))]
+    reqs = [
+        SimRequest("a", 0.0, 100, 1, (1, 2, 3)),
+        SimRequest("b", 1.0, 100, 1, (1, 2, 9)),
+        SimRequest("c", 2.0, 100, 1, (1, 2, 3)),
+    ]
     # b reuses 2 blocks (20 tokens), c reuses 3 blocks (30 tokens), at block size 10
     assert infinite_cache_hit_ratio(reqs, 10) == 50 / 300
 
@@ -16,16 +19,22 @@ def test_infinite_cache_bound() -> None:
 # Block size 4, 8-token prompts (2 blocks each, at most 7 tokens reusable): a = (1, 2), then
 # b = (3, 4), then c = (1, 2) again. The LRU order after a is [2, 1] (tail first, so the prefix is
 # the most recent); b adds 4 then 3.
-TINY = [SimRequest("a", 0.0, 8, 1, (1, 2)), SimRequest("b", 1.0, 8, 1, (3, 4)),
-        SimRequest("c", 2.0, 8, 1, (1, 2))]
+TINY = [
+    SimRequest("a", 0.0, 8, 1, (1, 2)),
+    SimRequest("b", 1.0, 8, 1, (3, 4)),
+    SimRequest("c", 2.0, 8, 1, (1, 2)),
+]
 
 
-@pytest.mark.parametrize(("capacity", "hit_tokens"), [
-    (2, 0),  # b evicts 2 and 1: c finds nothing
-    (3, 4),  # b evicts 2 only: c finds block 1 (4 tokens)
-    (4, 7),  # everything stays: c's 8 tokens minus the one always computed
-    (1000, 7),
-])
+@pytest.mark.parametrize(
+    ("capacity", "hit_tokens"),
+    [
+        (2, 0),  # b evicts 2 and 1: c finds nothing
+        (3, 4),  # b evicts 2 only: c finds block 1 (4 tokens)
+        (4, 7),  # everything stays: c's 8 tokens minus the one always computed
+        (1000, 7),
+    ],
+)
 def test_pooled_cache_bound_by_hand(capacity: int, hit_tokens: int) -> None:
     assert pooled_cache_hit_ratio(TINY, 4, capacity) == hit_tokens / 24
 

@@ -13,14 +13,29 @@ from interlock.sim import ReplayConfig, SharedPrefixSpec, replay, shared_prefix_
 from interlock.sim.rate import parse_curve, warp
 
 PLANNER = PlannerConfig(both=RoleBounds(1, 6), window_s=20.0, interval_s=2.0, ramp_s=10.0)
-BASE = ReplayConfig(num_workers=1, num_blocks=4000, block_size=16, max_num_batched_tokens=512,
-                    engine_speedup=0.1, router=RouterConfig(block_size=16, seed=0),
-                    startup_s=5.0, ttft_slo_ms=2000, itl_slo_ms=200)
+BASE = ReplayConfig(
+    num_workers=1,
+    num_blocks=4000,
+    block_size=16,
+    max_num_batched_tokens=512,
+    engine_speedup=0.1,
+    router=RouterConfig(block_size=16, seed=0),
+    startup_s=5.0,
+    ttft_slo_ms=2000,
+    itl_slo_ms=200,
+)
 
 
 def stepped() -> list:  # type: ignore[type-arg]
-    spec = SharedPrefixSpec(num_requests=900, num_groups=8, system_tokens=512, suffix_tokens=256,
-                            output_tokens=40, rate=1.0, block_size=16)
+    spec = SharedPrefixSpec(
+        num_requests=900,
+        num_groups=8,
+        system_tokens=512,
+        suffix_tokens=256,
+        output_tokens=40,
+        rate=1.0,
+        block_size=16,
+    )
     return warp(shared_prefix_requests(spec), parse_curve("steps:120x1,120x4,120x1"))
 
 
@@ -39,11 +54,15 @@ def test_workers_added_one_per_window_then_removed(planned) -> None:  # type: ig
     assert planned.num_completed == planned.num_requests and planned.num_rejected == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 13, open: the reactive policy has no ITL signal. Since the simulator runs the engine's "
-    "scheduler (issue 10 merge), two workers in the high phase keep queue, backlog and KV low but "
-    "decode at ITL p50 316 ms against the 200 ms target, so the planner shrinks to 2 at 178 s and "
-    "almost every request of 180-240 s misses: attainment 0.46 vs 0.93 for a fixed peak fleet"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "issue 13, open: the reactive policy has no ITL signal. Since the simulator runs the engine's "
+        "scheduler (issue 10 merge), two workers in the high phase keep queue, backlog and KV low but "
+        "decode at ITL p50 316 ms against the 200 ms target, so the planner shrinks to 2 at 178 s and "
+        "almost every request of 180-240 s misses: attainment 0.46 vs 0.93 for a fixed peak fleet"
+    ),
+)
 def test_planner_beats_a_fixed_fleet_for_the_peak_on_worker_seconds(planned) -> None:  # type: ignore[no-untyped-def]
     peak = 1 + sum(1 for r in planned.planner_decisions if isinstance(r.action, AddWorker))
     fixed = replay(stepped(), replace(BASE, num_workers=peak))
@@ -64,15 +83,40 @@ def test_cli_replay_with_a_planner_lists_its_decisions(tmp_path, capsys) -> None
     from interlock.cli.replay import main as replay_main
     from tests.planner.conftest import mock_profile
 
-    rows = [{"timestamp": i * 250, "input_length": 3000, "output_length": 30,
-             "hash_ids": [0, 1 + i % 3, 10 + i, 1000 + i, 2000 + i, 3000 + i]} for i in range(300)]
+    rows = [
+        {
+            "timestamp": i * 250,
+            "input_length": 3000,
+            "output_length": 30,
+            "hash_ids": [0, 1 + i % 3, 10 + i, 1000 + i, 2000 + i, 3000 + i],
+        }
+        for i in range(300)
+    ]
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join(json.dumps(r) for r in rows))
     profile = tmp_path / "p.json"
     mock_profile(kv_tokens=500 * 64).save(profile)
-    common = [str(trace), "--workers", "1", "--blocks-per-worker", "500", "--engine-speedup", "0.05",
-              "--rate-curve", "steps:20x1,20x6,20x1", "--startup-s", "2", "--planner-window-s", "5",
-              "--planner-interval-s", "1", "--max-workers", "4", "--ramp-s", "5"]
+    common = [
+        str(trace),
+        "--workers",
+        "1",
+        "--blocks-per-worker",
+        "500",
+        "--engine-speedup",
+        "0.05",
+        "--rate-curve",
+        "steps:20x1,20x6,20x1",
+        "--startup-s",
+        "2",
+        "--planner-window-s",
+        "5",
+        "--planner-interval-s",
+        "1",
+        "--max-workers",
+        "4",
+        "--ramp-s",
+        "5",
+    ]
     assert replay_main([*common, "--planner", "reactive", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     kinds = [d["kind"] for d in out["planner_decisions"]]

@@ -29,8 +29,17 @@ def test_diurnal_starts_at_the_trough_and_peaks_mid_period() -> None:
     assert trough == pytest.approx(40, abs=4) and peak == pytest.approx(120, abs=4)
 
 
-@pytest.mark.parametrize("spec", ["steps:", "steps:10x0", "diurnal:period=1,min=2", "wave:1",
-                                  "diurnal:period=1,min=1,max=2,phase=3", "steps:ax2"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "steps:",
+        "steps:10x0",
+        "diurnal:period=1,min=2",
+        "wave:1",
+        "diurnal:period=1,min=1,max=2,phase=3",
+        "steps:ax2",
+    ],
+)
 def test_bad_curves_are_refused(spec: str) -> None:
     with pytest.raises(ConfigError, match="rate"):
         parse_curve(spec)

@@ -15,15 +15,24 @@ from interlock.sim import ReplayConfig, SharedPrefixSpec, replay, shared_prefix_
 def herd_workload(request):
     # 8 workers, one shared 2,000-token system prompt, high load (at 120 req/s round-robin's
     # TTFT is already queueing)
-    spec = SharedPrefixSpec(num_requests=1500, num_groups=1, system_tokens=2000,
-                            suffix_tokens=200, output_tokens=100, rate=request.param,
-                            block_size=64, seed=1)
+    spec = SharedPrefixSpec(
+        num_requests=1500,
+        num_groups=1,
+        system_tokens=2000,
+        suffix_tokens=200,
+        output_tokens=100,
+        rate=request.param,
+        block_size=64,
+        seed=1,
+    )
     return shared_prefix_requests(spec)
 
 
 def run(requests, policy: str, num_blocks: int = 4000, **kw):
-    return replay(requests, ReplayConfig(num_workers=8, num_blocks=num_blocks,
-                                         router=RouterConfig(policy=policy, seed=0), **kw))
+    return replay(
+        requests,
+        ReplayConfig(num_workers=8, num_blocks=num_blocks, router=RouterConfig(policy=policy, seed=0), **kw),
+    )
 
 
 def test_kv_does_not_herd_behind_a_shared_system_prompt(herd_workload) -> None:
@@ -39,8 +48,16 @@ def test_kv_without_events_predicts_caches(herd_workload) -> None:
 
 
 def test_multi_turn_sessions_hit_more_with_kv_than_round_robin() -> None:
-    spec = SharedPrefixSpec(num_requests=600, num_groups=4, system_tokens=512,
-                            suffix_tokens=256, output_tokens=64, turns=4, rate=8.0, seed=2)
+    spec = SharedPrefixSpec(
+        num_requests=600,
+        num_groups=4,
+        system_tokens=512,
+        suffix_tokens=256,
+        output_tokens=64,
+        turns=4,
+        rate=8.0,
+        seed=2,
+    )
     # no session ids: the router must find each conversation's history by its cache alone
     reqs = [replace(r, session_id=None) for r in shared_prefix_requests(spec)]
     kv, rr = run(reqs, "kv", num_blocks=600), run(reqs, "round-robin", num_blocks=600)
@@ -50,8 +67,16 @@ def test_multi_turn_sessions_hit_more_with_kv_than_round_robin() -> None:
 
 
 def test_session_affinity_overlays_any_policy() -> None:
-    spec = SharedPrefixSpec(num_requests=200, num_groups=2, system_tokens=256,
-                            suffix_tokens=128, output_tokens=16, turns=4, rate=8.0, seed=2)
+    spec = SharedPrefixSpec(
+        num_requests=200,
+        num_groups=2,
+        system_tokens=256,
+        suffix_tokens=128,
+        output_tokens=16,
+        turns=4,
+        rate=8.0,
+        seed=2,
+    )
     rr = run(shared_prefix_requests(spec), "round-robin", num_blocks=600)
     assert rr.hit_ratio >= 0.95 * rr.upper_bound  # every turn back on its session's worker
     text = rr.render()
@@ -59,28 +84,66 @@ def test_session_affinity_overlays_any_policy() -> None:
 
 
 def test_cli_replay_prints_a_report(tmp_path: Path, capsys) -> None:
-    rows = [{"timestamp": i * 100, "input_length": 1500, "output_length": 20,
-             "hash_ids": [0, 1 + i % 3, 10 + i]} for i in range(60)]
+    rows = [
+        {"timestamp": i * 100, "input_length": 1500, "output_length": 20, "hash_ids": [0, 1 + i % 3, 10 + i]}
+        for i in range(60)
+    ]
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join(json.dumps(r) for r in rows))
-    assert replay_main([str(trace), "--workers", "2", "--policy", "kv", "--speedup", "2",
-                        "--blocks-per-worker", "500", "--json"]) == 0
+    assert (
+        replay_main(
+            [
+                str(trace),
+                "--workers",
+                "2",
+                "--policy",
+                "kv",
+                "--speedup",
+                "2",
+                "--blocks-per-worker",
+                "500",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["num_completed"] == 60 and out["policy"] == "kv"
     assert 0 < out["hit_ratio"] <= out["upper_bound"]
     assert out["num_rejected"] == 0 and out["rejected"] == {}
     assert 0 < out["pooled_bound"] <= out["upper_bound"]
     # the same trace at x50 on tiny workers with a 4-request router queue: rejections, no crash
-    assert replay_main([str(trace), "--workers", "1", "--speedup", "50", "--blocks-per-worker", "60",
-                        "--queue-capacity", "4"]) == 0
+    assert (
+        replay_main(
+            [
+                str(trace),
+                "--workers",
+                "1",
+                "--speedup",
+                "50",
+                "--blocks-per-worker",
+                "60",
+                "--queue-capacity",
+                "4",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "rejected (503): queue full" in text
 
 
 def test_replay_past_overload_finishes_and_reports_rejections(capsys) -> None:
     # 2 small workers (about 3 requests of 4,200 tokens each) and a burst of 300 requests
-    spec = SharedPrefixSpec(num_requests=300, num_groups=1, system_tokens=2000,
-                            suffix_tokens=2000, output_tokens=50, rate=2000.0, seed=3)
+    spec = SharedPrefixSpec(
+        num_requests=300,
+        num_groups=1,
+        system_tokens=2000,
+        suffix_tokens=2000,
+        output_tokens=50,
+        rate=2000.0,
+        seed=3,
+    )
     cfg = ReplayConfig(num_workers=2, num_blocks=200, router=RouterConfig(queue_capacity=16, seed=0))
     rep = replay(shared_prefix_requests(spec), cfg)
     assert rep.num_rejected > 200 and rep.rejected == {"queue full": rep.num_rejected}
@@ -90,11 +153,22 @@ def test_replay_past_overload_finishes_and_reports_rejections(capsys) -> None:
 
 
 def test_queue_depth_threshold_changes_replay_routing() -> None:
-    spec = SharedPrefixSpec(num_requests=200, num_groups=1, system_tokens=256,
-                            suffix_tokens=256, output_tokens=50, rate=400.0, seed=3)
+    spec = SharedPrefixSpec(
+        num_requests=200,
+        num_groups=1,
+        system_tokens=256,
+        suffix_tokens=256,
+        output_tokens=50,
+        rate=400.0,
+        seed=3,
+    )
     reqs = shared_prefix_requests(spec)
-    base = ReplayConfig(num_workers=2, num_blocks=4000, max_num_seqs=4,
-                        router=RouterConfig(policy="round-robin", queue_capacity=50, seed=0))
+    base = ReplayConfig(
+        num_workers=2,
+        num_blocks=4000,
+        max_num_seqs=4,
+        router=RouterConfig(policy="round-robin", queue_capacity=50, seed=0),
+    )
     free, bounded = replay(reqs, base), replay(reqs, replace(base, queue_depth_threshold=2))
     assert free.num_rejected == 0  # the workers queue everything themselves
     assert bounded.num_rejected > 0  # past 2 waiting per worker the router queues, then refuses
@@ -102,14 +176,26 @@ def test_queue_depth_threshold_changes_replay_routing() -> None:
 
 def test_fast_workers_agree_with_the_real_engine_core() -> None:
     """The fast model against EngineCore + MockRunner on a virtual clock, same workload."""
-    spec = SharedPrefixSpec(num_requests=150, num_groups=3, system_tokens=1024,
-                            suffix_tokens=256, output_tokens=16, turns=3, rate=10.0, seed=2,
-                            keep_tokens=True)
+    spec = SharedPrefixSpec(
+        num_requests=150,
+        num_groups=3,
+        system_tokens=1024,
+        suffix_tokens=256,
+        output_tokens=16,
+        turns=3,
+        rate=10.0,
+        seed=2,
+        keep_tokens=True,
+    )
     reqs = [replace(r, session_id=None) for r in shared_prefix_requests(spec)]
     for policy in ("round-robin", "kv"):
         fast, engine = (
-            replay(reqs, ReplayConfig(num_workers=4, num_blocks=300, backend=backend,
-                                      router=RouterConfig(policy=policy, seed=0)))
+            replay(
+                reqs,
+                ReplayConfig(
+                    num_workers=4, num_blocks=300, backend=backend, router=RouterConfig(policy=policy, seed=0)
+                ),
+            )
             for backend in ("fast", "engine")
         )
         assert engine.num_completed == fast.num_completed == 150

@@ -3,8 +3,16 @@ from interlock.sim.synthetic import AgentSpec, SharedPrefixSpec, agent_records, 
 
 
 def test_groups_share_system_prompt_and_sessions_extend_their_history() -> None:
-    spec = SharedPrefixSpec(num_requests=30, num_groups=2, system_tokens=256, suffix_tokens=64,
-                            output_tokens=32, turns=3, block_size=64, seed=3)
+    spec = SharedPrefixSpec(
+        num_requests=30,
+        num_groups=2,
+        system_tokens=256,
+        suffix_tokens=64,
+        output_tokens=32,
+        turns=3,
+        block_size=64,
+        seed=3,
+    )
     reqs = shared_prefix_requests(spec)
     assert len(reqs) == 30 and reqs == shared_prefix_requests(spec)  # seeded
     assert all(a.arrival_s <= b.arrival_s for a, b in zip(reqs, reqs[1:], strict=False))
@@ -27,8 +35,10 @@ def test_agent_sessions_resend_their_history_within_the_input_limit(tmp_path) ->
     assert len({r.hash_ids[:2] for r in recs}) == 3
     # a later turn extends an earlier prompt: some record's ids are a proper prefix of another's
     ids = {r.hash_ids for r in recs}
-    assert sum(any(o[: len(r.hash_ids)] == r.hash_ids for o in ids if len(o) > len(r.hash_ids))
-               for r in recs) > len(recs) // 2
+    assert (
+        sum(any(o[: len(r.hash_ids)] == r.hash_ids for o in ids if len(o) > len(r.hash_ids)) for r in recs)
+        > len(recs) // 2
+    )
     path = tmp_path / "agent.jsonl"
     write_mooncake(recs, path)
     assert load_mooncake(path) == recs

@@ -23,14 +23,26 @@ def test_victim_lru_and_lookup() -> None:
 
 
 def _sessions():
-    spec = SharedPrefixSpec(num_requests=400, num_groups=8, system_tokens=512, suffix_tokens=256,
-                            output_tokens=32, turns=5, rate=6.0, seed=3)
+    spec = SharedPrefixSpec(
+        num_requests=400,
+        num_groups=8,
+        system_tokens=512,
+        suffix_tokens=256,
+        output_tokens=32,
+        turns=5,
+        rate=6.0,
+        seed=3,
+    )
     return [replace(r, session_id=None) for r in shared_prefix_requests(spec)]
 
 
 def _run(reqs, **kw):
-    return replay(reqs, ReplayConfig(num_workers=4, num_blocks=80, workers_per_host=4,
-                                     router=RouterConfig(policy="kv", seed=0), **kw))
+    return replay(
+        reqs,
+        ReplayConfig(
+            num_workers=4, num_blocks=80, workers_per_host=4, router=RouterConfig(policy="kv", seed=0), **kw
+        ),
+    )
 
 
 def test_a_host_tier_serves_what_the_device_pools_evicted() -> None:
@@ -53,15 +65,24 @@ def test_replay_command_sizes_a_host_tier(tmp_path, capsys) -> None:
 
     from interlock.cli.replay import main as replay_main
 
-    rows = [{"timestamp": i * 100, "input_length": 1500, "output_length": 20,
-             "hash_ids": [0, 1 + i % 5, 10 + i % 7]} for i in range(80)]
+    rows = [
+        {
+            "timestamp": i * 100,
+            "input_length": 1500,
+            "output_length": 20,
+            "hash_ids": [0, 1 + i % 5, 10 + i % 7],
+        }
+        for i in range(80)
+    ]
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join(json.dumps(r) for r in rows))
     common = [str(trace), "--workers", "2", "--blocks-per-worker", "30", "--json"]
     assert replay_main(common) == 0
     plain = json.loads(capsys.readouterr().out)
-    assert replay_main([*common, "--host-kv-blocks", "200", "--workers-per-host", "2",
-                        "--host-load-ms", "0.2"]) == 0
+    assert (
+        replay_main([*common, "--host-kv-blocks", "200", "--workers-per-host", "2", "--host-load-ms", "0.2"])
+        == 0
+    )
     tiered = json.loads(capsys.readouterr().out)
     assert tiered["num_completed"] == plain["num_completed"] == 80
     assert tiered["hit_ratio"] > plain["hit_ratio"]

@@ -53,8 +53,7 @@ def test_second_request_hits_the_prefix_and_events_are_published() -> None:
     w = SimWorker("w", num_blocks=100, block_size=16, sink=sink)
     run(w, [(0.0, req("a", (1, 2, 3, 4), 64)), (1.0, req("b", (1, 2, 3, 9), 64))])
     assert sink.done["a"].hit_tokens == 0 and sink.done["b"].hit_tokens == 48
-    stored = [h for b in sink.batches for e in b.events if isinstance(e, BlockStored)
-              for h in e.block_hashes]
+    stored = [h for b in sink.batches for e in b.events if isinstance(e, BlockStored) for h in e.block_hashes]
     assert stored == [1, 2, 3, 4, 9]
     assert [b.seq for b in sink.batches] == list(range(len(sink.batches)))
     # TTFT of "a" is one prefill step of 64 tokens: the timing model, exactly
@@ -64,10 +63,18 @@ def test_second_request_hits_the_prefix_and_events_are_published() -> None:
 def test_lru_evicts_old_prefixes_and_publishes_removals() -> None:
     sink = Sink()
     w = SimWorker("w", num_blocks=8, block_size=16, sink=sink)
-    run(w, [(0.0, req("a", (1, 2, 3), 50, out=1)), (1.0, req("b", (4, 5, 6), 50, out=1)),
-            (2.0, req("c", (7, 8, 9), 50, out=1)), (3.0, req("d", (1, 2, 3), 50, out=1))])
-    removed = [h for b in sink.batches for e in b.events if isinstance(e, BlockRemoved)
-               for h in e.block_hashes]
+    run(
+        w,
+        [
+            (0.0, req("a", (1, 2, 3), 50, out=1)),
+            (1.0, req("b", (4, 5, 6), 50, out=1)),
+            (2.0, req("c", (7, 8, 9), 50, out=1)),
+            (3.0, req("d", (1, 2, 3), 50, out=1)),
+        ],
+    )
+    removed = [
+        h for b in sink.batches for e in b.events if isinstance(e, BlockRemoved) for h in e.block_hashes
+    ]
     # a request's tail goes first, so "a"'s first block outlives its others
     assert removed[:2] == [3, 2] and sink.done["d"].hit_tokens == 16
     snap = w.snapshot(4.0)
@@ -91,21 +98,38 @@ def test_an_arrival_cuts_a_decode_macro_step() -> None:
     assert sink.done["long"].finish_s > sink.done["late"].finish_s
 
 
-@pytest.mark.parametrize(("num_blocks", "budget", "rate"), [(60, 256, 20.0), (45, 256, 30.0),
-                                                           (200, 64, 50.0), (30, 8192, 5.0)])
+@pytest.mark.parametrize(
+    ("num_blocks", "budget", "rate"), [(60, 256, 20.0), (45, 256, 30.0), (200, 64, 50.0), (30, 8192, 5.0)]
+)
 def test_every_request_times_exactly_as_on_the_engine(num_blocks, budget, rate) -> None:
     """One worker, the same arrivals, against EngineCore + MockRunner: chunked prefill, prefix
     hits, multi-turn sessions and (with the smaller pools) preemption by recompute."""
     bs = 64 if budget == 8192 else 16
-    spec = SharedPrefixSpec(num_requests=40, num_groups=2, system_tokens=200, suffix_tokens=60,
-                            output_tokens=40, turns=2, think_time_s=0.5, rate=rate,
-                            block_size=bs, seed=1, keep_tokens=True)
+    spec = SharedPrefixSpec(
+        num_requests=40,
+        num_groups=2,
+        system_tokens=200,
+        suffix_tokens=60,
+        output_tokens=40,
+        turns=2,
+        think_time_s=0.5,
+        rate=rate,
+        block_size=bs,
+        seed=1,
+        keep_tokens=True,
+    )
     reqs = shared_prefix_requests(spec)
     sinks = []
     for make in (SimWorker, EngineWorker):
         sink = Sink()
-        w = make("w", num_blocks=num_blocks, block_size=bs, max_num_batched_tokens=budget,
-                 max_num_seqs=8, sink=sink)
+        w = make(
+            "w",
+            num_blocks=num_blocks,
+            block_size=bs,
+            max_num_batched_tokens=budget,
+            max_num_seqs=8,
+            sink=sink,
+        )
         run(w, [(r.arrival_s, r) for r in reqs])
         sinks.append(sink)
         if isinstance(w, SimWorker):

@@ -13,7 +13,9 @@ from interlock.transfer.staging import list_segments
 from tests.transfer.peers import digest, payload
 
 SIZES = st.one_of(st.sampled_from([0, 1, 7, 4095, 4096, 4097, 65537]), st.integers(0, 3 << 20))
-_settings = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_settings = settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def _pull_and_check(agent, descriptor, transport, expected: bytes):
@@ -85,7 +87,9 @@ def test_transport_choice(agent, other):
     assert other.choose_transport(desc) == "inproc"  # same process, other agent
     foreign = desc.__class__(**{**{f: getattr(desc, f) for f in desc.__struct_fields__}, "agent_id": "x"})
     assert agent.choose_transport(foreign) == "shm"
-    remote_host = foreign.__class__(**{**{f: getattr(foreign, f) for f in foreign.__struct_fields__}, "host_id": "h"})
+    remote_host = foreign.__class__(
+        **{**{f: getattr(foreign, f) for f in foreign.__struct_fields__}, "host_id": "h"}
+    )
     assert agent.choose_transport(remote_host) == "tcp"
     src.abort()
 

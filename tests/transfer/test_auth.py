@@ -93,9 +93,18 @@ def test_a_fake_source_is_refused_before_the_pull(secured):
 
 def test_a_link_check_needs_the_secret(secured):
     with TransferAgent() as attacker, pytest.raises(TransferError, match="link check"):
-        measure_link(attacker, secured.tcp_address, block_nbytes=1024, num_blocks=1, repeats=1, pings=1,
-                     timeout_s=2)
+        measure_link(
+            attacker, secured.tcp_address, block_nbytes=1024, num_blocks=1, repeats=1, pings=1, timeout_s=2
+        )
     with TransferAgent(cluster_secret=SECRET) as peer:
-        stats = measure_link(peer, secured.tcp_address, transport="tcp", block_nbytes=1024, num_blocks=1,
-                             repeats=1, pings=2, timeout_s=5)
+        stats = measure_link(
+            peer,
+            secured.tcp_address,
+            transport="tcp",
+            block_nbytes=1024,
+            num_blocks=1,
+            repeats=1,
+            pings=2,
+            timeout_s=5,
+        )
         assert stats.bandwidth_bytes_per_s > 0 and stats.rtt_s > 0

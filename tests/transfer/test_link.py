@@ -21,7 +21,9 @@ def test_link_stats_estimate_and_frozen():
 
 @pytest.mark.parametrize(("transport", "used"), [(None, "shm"), ("shm", "shm"), ("tcp", "tcp")])
 def test_measure_link_to_another_process(agent, remote, transport, used):
-    stats = measure_link(agent, remote.address, transport=transport, block_nbytes=4096, num_blocks=8, repeats=2, pings=3)
+    stats = measure_link(
+        agent, remote.address, transport=transport, block_nbytes=4096, num_blocks=8, repeats=2, pings=3
+    )
     assert stats.transport == used
     assert stats.payload_nbytes == 8 * 4096
     assert stats.bandwidth_bytes_per_s > 0 and stats.rtt_s > 0
@@ -29,7 +31,10 @@ def test_measure_link_to_another_process(agent, remote, transport, used):
 
 
 def test_measure_link_within_a_process_is_inproc(agent):
-    assert measure_link(agent, agent.tcp_address, block_nbytes=100, num_blocks=3, repeats=1).transport == "inproc"
+    assert (
+        measure_link(agent, agent.tcp_address, block_nbytes=100, num_blocks=3, repeats=1).transport
+        == "inproc"
+    )
 
 
 def test_measure_link_to_nobody_raises(agent):
@@ -47,6 +52,9 @@ def test_doctor_link_table_and_json(capsys):
     assert [r.split()[0] for r in rows[2:]] == ["inproc", "shm", "tcp"]
     assert doctor.main([*args, "--json"]) == 0
     links = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(d["link"], d["transport"]) for d in links] == [("inproc", "inproc"), ("shm", "shm"), ("tcp", "tcp")]
+    assert [(d["link"], d["transport"]) for d in links] == [
+        ("inproc", "inproc"),
+        ("shm", "shm"),
+        ("tcp", "tcp"),
+    ]
     assert all(d["bandwidth_bytes_per_s"] > 0 for d in links)
-

@@ -58,17 +58,13 @@ class AttentionMetadata:
     """For the fused CPU kernel only: [sequences, max_blocks] int64, padded with 0."""
 
 
-def write_kv(
-    slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
+def write_kv(slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store ``k``/``v`` ([N, kv_heads, D]) into a layer's ``[2, kv_heads, slots, D]`` view."""
     slots[0].index_copy_(1, slot_mapping, k.transpose(0, 1))
     slots[1].index_copy_(1, slot_mapping, v.transpose(0, 1))
 
 
-def decode_attention(
-    q: torch.Tensor, blocks: torch.Tensor, meta: AttentionMetadata
-) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, blocks: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """q: [B, heads, D]; blocks: a layer's ``[2, kv_heads, num_blocks, block_size, D]``."""
     assert meta.decode_block_table is not None and meta.decode_bias is not None
     batch, heads, dim = q.shape
@@ -98,8 +94,13 @@ def prefill_attention(
         return causal_matmul_attention(q, key, value, span.start_pos)
     mask = None if span.mask is None else span.mask
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0),
-        attn_mask=mask, is_causal=mask is None, scale=1.0, enable_gqa=True,
+        q.transpose(0, 1).unsqueeze(0),
+        key.unsqueeze(0),
+        value.unsqueeze(0),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=1.0,
+        enable_gqa=True,
     )
     return out.squeeze(0).transpose(0, 1).reshape(n, heads * dim)
 

@@ -56,7 +56,9 @@ def build_input(
         seq_info, block_tables = _sequence_tables([chunks[i] for i in order], block_size, device)
         meta = AttentionMetadata(slot_mapping, num_decode, None, None, (), seq_info, block_tables)
     else:
-        decode_table, decode_bias = _decode_tables([chunks[i] for i in order[:num_decode]], block_size, device)
+        decode_table, decode_bias = _decode_tables(
+            [chunks[i] for i in order[:num_decode]], block_size, device
+        )
         prefills = _prefill_spans([chunks[i] for i in order[num_decode:]], num_decode, block_size, device)
         meta = AttentionMetadata(slot_mapping, num_decode, decode_table, decode_bias, prefills, None, None)
     return ModelInput(
@@ -144,15 +146,25 @@ def split_attention(
     if not any(plain):
         return meta
     tables = meta.block_tables.tolist()
-    chunks = [SequenceChunk(range(n), start, table) for (_first, n, start), table in zip(info, tables, strict=True)]
+    chunks = [
+        SequenceChunk(range(n), start, table) for (_first, n, start), table in zip(info, tables, strict=True)
+    ]
     decode_table = decode_bias = None
     if plain_decode and num_seqs:
         decode_table, decode_bias = _decode_tables(chunks[:num_seqs], block_size, device)
-    spans = tuple(_prefill_span(chunks[s], info[s][0], block_size, device)
-                  for s in range(num_seqs, len(info)) if plain[s])
+    spans = tuple(
+        _prefill_span(chunks[s], info[s][0], block_size, device)
+        for s in range(num_seqs, len(info))
+        if plain[s]
+    )
     keep = [s for s in range(len(info)) if not plain[s]]
     index = torch.tensor(keep, dtype=torch.long, device=device)
     return AttentionMetadata(
-        meta.slot_mapping, meta.num_decode, decode_table, decode_bias, spans,
-        meta.seq_info.index_select(0, index), meta.block_tables.index_select(0, index),
+        meta.slot_mapping,
+        meta.num_decode,
+        decode_table,
+        decode_bias,
+        spans,
+        meta.seq_info.index_select(0, index),
+        meta.block_tables.index_select(0, index),
     )

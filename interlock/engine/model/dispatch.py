@@ -84,14 +84,25 @@ def elementwise_keys(c: ModelArchConfig) -> tuple[str, str, str]:
 def layer_shapes(config: ModelArchConfig) -> list[tuple[int, int]]:
     """(out, in) of each linear weight of a layer: qkv, o, gate_up, down."""
     c = config
-    return [(c.q_size + 2 * c.kv_size, c.hidden_size), (c.hidden_size, c.q_size),
-            (2 * c.intermediate_size, c.hidden_size), (c.hidden_size, c.intermediate_size)]
+    return [
+        (c.q_size + 2 * c.kv_size, c.hidden_size),
+        (c.hidden_size, c.q_size),
+        (2 * c.intermediate_size, c.hidden_size),
+        (c.hidden_size, c.intermediate_size),
+    ]
 
 
 # ---- the table for a model ----
-def kernel_table(config: ModelArchConfig, dtype: torch.dtype, device: torch.device, *, fused: bool,
-                 kernels: Mapping[str, str], max_rows: int,
-                 progress: Callable[[str], None] | None = None) -> KernelTable | None:
+def kernel_table(
+    config: ModelArchConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    fused: bool,
+    kernels: Mapping[str, str],
+    max_rows: int,
+    progress: Callable[[str], None] | None = None,
+) -> KernelTable | None:
     """The model's kernel table: measured (or read from the cache) for the families left on
     "auto" where there is a choice, with the forced ones (``kernels[family]``) set everywhere.
     None: no choice (the plain path, or no fused kernels: each linear layer's default)."""
@@ -127,8 +138,13 @@ def _family(key: str) -> str:
 def fused_layers_usable(c: ModelArchConfig) -> bool:
     """Whether the fused kernels take this model's shapes (else its layers run the plain path,
     linear layers aside)."""
-    return (c.head_dim in (64, 128) and c.num_heads % c.num_kv_heads == 0 and c.num_heads // c.num_kv_heads <= 8
-            and c.hidden_size % 16 == 0 and c.intermediate_size % 16 == 0)
+    return (
+        c.head_dim in (64, 128)
+        and c.num_heads % c.num_kv_heads == 0
+        and c.num_heads // c.num_kv_heads <= 8
+        and c.hidden_size % 16 == 0
+        and c.intermediate_size % 16 == 0
+    )
 
 
 def model_ops(config: ModelArchConfig, max_rows: int) -> list[Op]:
@@ -141,10 +157,15 @@ def model_ops(config: ModelArchConfig, max_rows: int) -> list[Op]:
     if not fused_layers_usable(c):
         return ops
     ops += [Op(decode_key(c, ctx), buckets(batch), _decode_calls(c, ctx)) for ctx in DECODE_CONTEXTS]
-    ops.append(Op(prefill_key(c), buckets(max_rows, low=16) if max_rows > 16 else (max_rows,), _prefill_calls(c)))
+    ops.append(
+        Op(prefill_key(c), buckets(max_rows, low=16) if max_rows > 16 else (max_rows,), _prefill_calls(c))
+    )
     norm, swiglu, rope = elementwise_keys(c)
-    ops += [Op(norm, buckets(max_rows), _norm_calls(c)), Op(swiglu, buckets(max_rows), _swiglu_calls(c)),
-            Op(rope, buckets(max_rows), _rope_calls(c))]
+    ops += [
+        Op(norm, buckets(max_rows), _norm_calls(c)),
+        Op(swiglu, buckets(max_rows), _swiglu_calls(c)),
+        Op(rope, buckets(max_rows), _rope_calls(c)),
+    ]
     return ops
 
 
@@ -163,7 +184,9 @@ class AttentionRoute:
         """None where the table chose the fused kernel everywhere (or there is no table)."""
         if table is None:
             return None
-        decode = tuple((ctx, table.plans.get(decode_key(config, ctx), Plan.only("fused"))) for ctx in DECODE_CONTEXTS)
+        decode = tuple(
+            (ctx, table.plans.get(decode_key(config, ctx), Plan.only("fused"))) for ctx in DECODE_CONTEXTS
+        )
         route = AttentionRoute(decode, table.plans.get(prefill_key(config), Plan.only("fused")))
         plans = [plan for _ctx, plan in decode] + [route.prefill]
         return None if all(plan.used == {"fused"} for plan in plans) else route
@@ -186,8 +209,9 @@ class AttentionRoute:
         return split_attention(meta, block_size, plain_decode=plain_decode, plain_prefill=plain_prefill)
 
 
-def attend(ops: Any, qkv: torch.Tensor, meta: AttentionMetadata, blocks: torch.Tensor,
-           c: ModelArchConfig) -> torch.Tensor:
+def attend(
+    ops: Any, qkv: torch.Tensor, meta: AttentionMetadata, blocks: torch.Tensor, c: ModelArchConfig
+) -> torch.Tensor:
     """Attention of a fused-path step: the fused kernel over ``seq_info``'s sequences, PyTorch's
     over the parts the route moved to the plain fields. ``qkv``'s q and k are already rotated
     and its k and v stored in ``blocks`` (``rope_write_kv``)."""
@@ -235,8 +259,12 @@ class ElementwisePlans:
         def pick(plan: Plan, name: str) -> Callable[..., Any]:
             return getattr(ops if plan.impl_for(rows) == "fused" else TorchKernels, name)  # type: ignore[no-any-return]
 
-        return StepKernels(pick(self.norm, "rms_norm"), pick(self.norm, "add_rms_norm"),
-                           pick(self.swiglu, "silu_mul"), pick(self.rope, "rope_write_kv"))
+        return StepKernels(
+            pick(self.norm, "rms_norm"),
+            pick(self.norm, "add_rms_norm"),
+            pick(self.swiglu, "silu_mul"),
+            pick(self.rope, "rope_write_kv"),
+        )
 
 
 class TorchKernels:
@@ -260,8 +288,16 @@ class TorchKernels:
         return F.silu(gate).mul_(up)
 
     @staticmethod
-    def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
-                      kv: torch.Tensor, slots: torch.Tensor, num_heads: int, num_kv_heads: int) -> None:
+    def rope_write_kv(
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin_signed: torch.Tensor,
+        kv: torch.Tensor,
+        slots: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+    ) -> None:
         n, dim = qkv.shape[0], cos.shape[1]
         width = (num_heads + num_kv_heads) * dim
         qk = qkv[:, :width].view(n, -1, dim)
@@ -283,10 +319,13 @@ def _attention_calls(c: ModelArchConfig, chunks_for: Callable[[int], Sequence[Se
         blocks = random(2, c.num_kv_heads, num_blocks, BLOCK_SIZE, c.head_dim)
         qkv = random(rows, c.q_size + 2 * c.kv_size)
         fused = build_input(chunks, BLOCK_SIZE, torch.device("cpu"), fused=True).meta
-        plain = split_attention(fused, BLOCK_SIZE, plain_decode=True,
-                                plain_prefill=[True] * (len(chunks) - fused.num_decode))
-        return {"fused": functools.partial(attend, ops, qkv, fused, blocks, c),
-                "torch": functools.partial(attend, ops, qkv, plain, blocks, c)}
+        plain = split_attention(
+            fused, BLOCK_SIZE, plain_decode=True, plain_prefill=[True] * (len(chunks) - fused.num_decode)
+        )
+        return {
+            "fused": functools.partial(attend, ops, qkv, fused, blocks, c),
+            "torch": functools.partial(attend, ops, qkv, plain, blocks, c),
+        }
 
     return calls
 
@@ -312,8 +351,10 @@ def _norm_calls(c: ModelArchConfig) -> Calls:
         ops: Any = cpu_ops.load()
         h, delta = random(rows, c.hidden_size), random(rows, c.hidden_size, scale=1e-3)
         w = random(c.hidden_size)
-        return {"fused": lambda: ops.add_rms_norm(h, delta, w, 1e-5),
-                "torch": lambda: TorchKernels.add_rms_norm(h, delta, w, 1e-5)}
+        return {
+            "fused": lambda: ops.add_rms_norm(h, delta, w, 1e-5),
+            "torch": lambda: TorchKernels.add_rms_norm(h, delta, w, 1e-5),
+        }
 
     return calls
 

@@ -108,13 +108,23 @@ class KernelTable:
         return self.plans.get(key)
 
     def to_json(self) -> str:
-        return json.dumps({
-            "format": FORMAT, "machine": self.machine, "provisional": self.provisional,
-            "measured_at": self.measured_at,
-            "plans": {key: {"bounds": list(p.bounds), "impls": list(p.impls)} for key, p in sorted(self.plans.items())},
-            "timings": {key: {i: {str(r): t for r, t in sizes.items()} for i, sizes in impls.items()}
-                        for key, impls in self.timings.items()},
-        }, indent=1)
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "machine": self.machine,
+                "provisional": self.provisional,
+                "measured_at": self.measured_at,
+                "plans": {
+                    key: {"bounds": list(p.bounds), "impls": list(p.impls)}
+                    for key, p in sorted(self.plans.items())
+                },
+                "timings": {
+                    key: {i: {str(r): t for r, t in sizes.items()} for i, sizes in impls.items()}
+                    for key, impls in self.timings.items()
+                },
+            },
+            indent=1,
+        )
 
     @staticmethod
     def from_json(text: str) -> KernelTable:
@@ -122,14 +132,23 @@ class KernelTable:
         if data.get("format") != FORMAT:
             raise ValueError("kernel table of another format")
         plans = {key: Plan(tuple(p["bounds"]), tuple(p["impls"])) for key, p in data["plans"].items()}
-        timings = {key: {i: {int(r): float(t) for r, t in sizes.items()} for i, sizes in impls.items()}
-                   for key, impls in data.get("timings", {}).items()}
-        return KernelTable(data["machine"], plans, timings, bool(data.get("provisional", False)),
-                           float(data.get("measured_at", 0.0)))
+        timings = {
+            key: {i: {int(r): float(t) for r, t in sizes.items()} for i, sizes in impls.items()}
+            for key, impls in data.get("timings", {}).items()
+        }
+        return KernelTable(
+            data["machine"],
+            plans,
+            timings,
+            bool(data.get("provisional", False)),
+            float(data.get("measured_at", 0.0)),
+        )
 
     def describe(self) -> str:
         """The table as text: per operation, each size range and the kernel it uses, with timings."""
-        lines = [f"machine: {self.machine}" + (" (provisional: measured while busy)" if self.provisional else "")]
+        lines = [
+            f"machine: {self.machine}" + (" (provisional: measured while busy)" if self.provisional else "")
+        ]
         for key, plan in sorted(self.plans.items()):
             unit = _unit(key)
             lines.append(f"{key}:")
@@ -142,9 +161,14 @@ class KernelTable:
             times = self.timings.get(key, {})
             if times:
                 sizes = sorted({r for t in times.values() for r in t})
-                lines.append("  measured (us per call): " + ", ".join(
-                    f"{r}: " + "/".join(f"{i} {times[i][r] * 1e6:.0f}" for i in sorted(times) if r in times[i])
-                    for r in sizes))
+                lines.append(
+                    "  measured (us per call): "
+                    + ", ".join(
+                        f"{r}: "
+                        + "/".join(f"{i} {times[i][r] * 1e6:.0f}" for i in sorted(times) if r in times[i])
+                        for r in sizes
+                    )
+                )
         return "\n".join(lines)
 
 
@@ -221,8 +245,9 @@ def _cpu() -> tuple[str, str]:
     return model or "unknown", flags
 
 
-def time_calls(fns: Mapping[str, Callable[[], object]], *, min_s: float = 0.005, reps: int = 4
-               ) -> dict[str, float]:
+def time_calls(
+    fns: Mapping[str, Callable[[], object]], *, min_s: float = 0.005, reps: int = 4
+) -> dict[str, float]:
     """Seconds per call of each function: the best of ``reps`` batches (each at least ``min_s``
     long), the functions' batches interleaved so a burst of load elsewhere hits all alike.
     When a function is slower than ``SLOW_CALL_S``, one more call each is all."""
@@ -270,8 +295,14 @@ def cache_path(cache_dir: Path, machine: str) -> Path:
     return cache_dir / "kernels" / f"{hashlib.sha256(machine.encode()).hexdigest()[:16]}-v{FORMAT}.json"
 
 
-def load_or_measure(ops: Sequence[Op], *, cache_dir: Path, machine: str,
-                    progress: Callable[[str], None] | None = None, budget_s: float = BUDGET_S) -> KernelTable:
+def load_or_measure(
+    ops: Sequence[Op],
+    *,
+    cache_dir: Path,
+    machine: str,
+    progress: Callable[[str], None] | None = None,
+    budget_s: float = BUDGET_S,
+) -> KernelTable:
     """The cached table for this machine, measuring (and saving) the ops it lacks, for at most
     about ``budget_s`` (see ``BUDGET_S``). ``progress`` gets a line per op (default: the log).
     Processes starting together (``serve``'s workers) measure one at a time, under a file lock:
@@ -279,8 +310,12 @@ def load_or_measure(ops: Sequence[Op], *, cache_dir: Path, machine: str,
     path = cache_path(cache_dir, machine)
     table = _read(path, machine)
     if not _missing(ops, table) and not _maybe_stale(table):
-        log.info("kernel choice for %d operations read from %s%s (interlock doctor kernels prints it)",
-                 len(table.plans), path, ", provisional" if table.provisional else "")
+        log.info(
+            "kernel choice for %d operations read from %s%s (interlock doctor kernels prints it)",
+            len(table.plans),
+            path,
+            ", provisional" if table.provisional else "",
+        )
         return table
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "a") as lock:
@@ -314,8 +349,9 @@ def _maybe_stale(table: KernelTable) -> bool:
     return table.provisional and time.time() - table.measured_at > REMEASURE_AFTER_S
 
 
-def _measure_missing(table: KernelTable, missing: Sequence[Op], say: Callable[[str], None], budget_s: float,
-                     path: Path) -> KernelTable:
+def _measure_missing(
+    table: KernelTable, missing: Sequence[Op], say: Callable[[str], None], budget_s: float, path: Path
+) -> KernelTable:
     plans = dict(table.plans)
     timings: dict[str, Mapping[str, Mapping[int, float]]] = dict(table.timings)
     started = time.perf_counter()
@@ -323,19 +359,26 @@ def _measure_missing(table: KernelTable, missing: Sequence[Op], say: Callable[[s
     calibration = [_calibrate()]
     for n, op in enumerate(missing, 1):
         if n > 1 and time.perf_counter() - started > budget_s:  # one op at least: each start gets on
-            say(f"  measuring stopped after {budget_s:.0f} s: {len(missing) - n + 1} operations keep their "
-                "default kernel until a later start measures them")
+            say(
+                f"  measuring stopped after {budget_s:.0f} s: {len(missing) - n + 1} operations keep their "
+                "default kernel until a later start measures them"
+            )
             break
         times = measure(op)
         plans[op.key] = choose(times)
         timings[op.key] = times
         calibration.append(_calibrate())
-        say(f"  [{n}/{len(missing)}] {op.key}: {_brief(plans[op.key], _unit(op.key))} "
-            f"({time.perf_counter() - started:.1f} s)")
+        say(
+            f"  [{n}/{len(missing)}] {op.key}: {_brief(plans[op.key], _unit(op.key))} "
+            f"({time.perf_counter() - started:.1f} s)"
+        )
     busy = max(calibration) > QUIET_SPREAD * min(calibration)
-    measured = KernelTable(table.machine, plans, timings, provisional=table.provisional or busy,
-                           measured_at=time.time())
-    say(f"measured in {time.perf_counter() - started:.1f} s" + (", machine busy: provisional" if busy else ""))
+    measured = KernelTable(
+        table.machine, plans, timings, provisional=table.provisional or busy, measured_at=time.time()
+    )
+    say(
+        f"measured in {time.perf_counter() - started:.1f} s" + (", machine busy: provisional" if busy else "")
+    )
     log.info("%s", measured.describe())
     return measured
 
@@ -343,14 +386,18 @@ def _measure_missing(table: KernelTable, missing: Sequence[Op], say: Callable[[s
 def _brief(plan: Plan, unit: str) -> str:
     low, parts = 1, []
     for bound, impl in zip(plan.bounds, plan.impls, strict=True):
-        parts.append(f"{impl} ({unit} {low}+)" if bound == plan.bounds[-1] else f"{impl} ({unit} {low}-{bound})")
+        parts.append(
+            f"{impl} ({unit} {low}+)" if bound == plan.bounds[-1] else f"{impl} ({unit} {low}-{bound})"
+        )
         low = bound + 1
     return ", ".join(parts)
 
 
 _GEN = torch.Generator().manual_seed(0)  # measuring never touches torch's global RNG
-_CAL = (torch.randn(256, 512, generator=_GEN).to(torch.bfloat16),
-        torch.randn(512, 512, generator=_GEN).to(torch.bfloat16))
+_CAL = (
+    torch.randn(256, 512, generator=_GEN).to(torch.bfloat16),
+    torch.randn(512, 512, generator=_GEN).to(torch.bfloat16),
+)
 
 
 def random(*shape: int, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0) -> torch.Tensor:

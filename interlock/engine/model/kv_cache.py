@@ -70,22 +70,22 @@ class PagedKVCache:
         if self._np is not None:
             d = self._np_view(out, len(block_ids))
             for i, j, b in runs:
-                d[i:j] = self._np[:, :, :, b:b + j - i].transpose(3, 0, 1, 2, 4, 5)
+                d[i:j] = self._np[:, :, :, b : b + j - i].transpose(3, 0, 1, 2, 4, 5)
             return
         dest = self._byte_view(out, len(block_ids))
         for i, j, b in runs:
-            dest[i:j].copy_(self.tensor[:, :, :, b:b + j - i].permute(3, 0, 1, 2, 4, 5))
+            dest[i:j].copy_(self.tensor[:, :, :, b : b + j - i].permute(3, 0, 1, 2, 4, 5))
 
     def import_blocks(self, block_ids: Sequence[int], data: memoryview) -> None:
         runs = self._runs(block_ids)
         if self._np is not None:
             s = self._np_view(data, len(block_ids))
             for i, j, b in runs:
-                self._np[:, :, :, b:b + j - i] = s[i:j].transpose(1, 2, 3, 0, 4, 5)
+                self._np[:, :, :, b : b + j - i] = s[i:j].transpose(1, 2, 3, 0, 4, 5)
             return
         src = self._byte_view(data, len(block_ids)).to(self.tensor.device)
         for i, j, b in runs:
-            self.tensor[:, :, :, b:b + j - i].copy_(src[i:j].permute(1, 2, 3, 0, 4, 5))
+            self.tensor[:, :, :, b : b + j - i].copy_(src[i:j].permute(1, 2, 3, 0, 4, 5))
 
     def _runs(self, block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
         """``(i, j, b)``: positions ``i..j-1`` of ``block_ids`` are blocks ``b, b+1, ...``."""

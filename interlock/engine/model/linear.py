@@ -33,15 +33,23 @@ LINEAR_IMPLS = ("small", "onednn", "torch")
 
 
 class Linear:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, fused: bool = True,
-                 plan: Plan | None = None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        fused: bool = True,
+        plan: Plan | None = None,
+    ) -> None:
         self.bias = bias
         self.ops: Any = _fused_ops(weight) if fused else None
         if plan is None:
             plan = Plan.only("small" if self.ops is not None else "onednn")
         used = plan.used
         self.small = self.ops.pack_linear_weight(weight) if self.ops is not None and "small" in used else None
-        self.packed = _pack(weight, bias) if "onednn" in used or self.small is None and "small" in used else None
+        self.packed = (
+            _pack(weight, bias) if "onednn" in used or self.small is None and "small" in used else None
+        )
         # The plain weight only where a call may need it: the plan says torch, or a packing failed.
         needs_plain = "torch" in used or (self.small is None and self.packed is None)
         self.weight = weight if needs_plain else None

@@ -48,8 +48,14 @@ from interlock.engine.model.weights import LayerWeights, ModelWeights, load_weig
 
 class LlamaModel:
     def __init__(
-        self, config: ModelArchConfig, weights: ModelWeights, max_len: int, device: torch.device,
-        *, fused: bool = True, table: KernelTable | None = None,
+        self,
+        config: ModelArchConfig,
+        weights: ModelWeights,
+        max_len: int,
+        device: torch.device,
+        *,
+        fused: bool = True,
+        table: KernelTable | None = None,
     ) -> None:
         self.config = config
         self.weights = weights
@@ -63,8 +69,15 @@ class LlamaModel:
 
     @classmethod
     def load(
-        cls, folder: Path, dtype: torch.dtype, device: torch.device, max_len: int | None = None,
-        *, fused: bool = True, kernels: dict[str, str] | None = None, max_rows: int = 2048,
+        cls,
+        folder: Path,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_len: int | None = None,
+        *,
+        fused: bool = True,
+        kernels: dict[str, str] | None = None,
+        max_rows: int = 2048,
     ) -> LlamaModel:
         """``fused=False``: the plain PyTorch path even where the fused CPU kernels run.
 
@@ -75,7 +88,9 @@ class LlamaModel:
         config = ModelArchConfig.from_folder(folder)
         table = kernel_table(config, dtype, device, fused=fused, kernels=kernels or {}, max_rows=max_rows)
         weights = load_weights(folder, config, dtype, device, fused=fused, table=table)
-        return cls(config, weights, max_len or config.max_position_embeddings, device, fused=fused, table=table)
+        return cls(
+            config, weights, max_len or config.max_position_embeddings, device, fused=fused, table=table
+        )
 
     @torch.inference_mode()
     def forward(
@@ -110,7 +125,9 @@ class LlamaModel:
         return self.ops is not None and block_size % 16 == 0
 
     def _fused_ops(self) -> object | None:
-        usable = self.device.type == "cpu" and self.dtype == torch.bfloat16 and fused_layers_usable(self.config)
+        usable = (
+            self.device.type == "cpu" and self.dtype == torch.bfloat16 and fused_layers_usable(self.config)
+        )
         return cpu_ops.load() if usable else None
 
     def _fused_layers(
@@ -126,8 +143,14 @@ class LlamaModel:
         for i, layer in enumerate(layers):
             qkv = layer.qkv(x)
             k.rope_write_kv(
-                qkv, positions, self.rope.cos, self.rope.sin_signed, cache.slots[i], meta.slot_mapping,
-                c.num_heads, c.num_kv_heads,
+                qkv,
+                positions,
+                self.rope.cos,
+                self.rope.sin_signed,
+                cache.slots[i],
+                meta.slot_mapping,
+                c.num_heads,
+                c.num_kv_heads,
             )
             attn = attend(self.ops, qkv, meta, cache.blocks[i], c)
             x = k.add_rms_norm(h, layer.o(attn), layer.post_norm, eps)

@@ -68,7 +68,12 @@ class _Checkpoint:
 
 
 def load_weights(
-    folder: Path, config: ModelArchConfig, dtype: torch.dtype, device: torch.device, *, fused: bool = True,
+    folder: Path,
+    config: ModelArchConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    fused: bool = True,
     table: KernelTable | None = None,
 ) -> ModelWeights:
     """``fused=False`` keeps every linear layer off the fused CPU kernels (tests compare);
@@ -92,7 +97,12 @@ def _head(weight: torch.Tensor, fused: bool, table: KernelTable | None) -> Linea
 
 
 def _layer(
-    ckpt: _Checkpoint, config: ModelArchConfig, i: int, dtype: torch.dtype, device: torch.device, fused: bool,
+    ckpt: _Checkpoint,
+    config: ModelArchConfig,
+    i: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    fused: bool,
     table: KernelTable | None,
 ) -> LayerWeights:
     p = f"model.layers.{i}."
@@ -102,12 +112,18 @@ def _layer(
         return ckpt.get(p + name, torch.float32, device)
 
     scale = 1.0 / math.sqrt(config.head_dim)
-    qkv = torch.cat([get("self_attn.q_proj.weight") * scale, get("self_attn.k_proj.weight"),
-                     get("self_attn.v_proj.weight")])
+    qkv = torch.cat(
+        [
+            get("self_attn.q_proj.weight") * scale,
+            get("self_attn.k_proj.weight"),
+            get("self_attn.v_proj.weight"),
+        ]
+    )
     bias = None
     if config.qkv_bias:
-        bias = torch.cat([get("self_attn.q_proj.bias") * scale, get("self_attn.k_proj.bias"),
-                          get("self_attn.v_proj.bias")]).to(dtype)
+        bias = torch.cat(
+            [get("self_attn.q_proj.bias") * scale, get("self_attn.k_proj.bias"), get("self_attn.v_proj.bias")]
+        ).to(dtype)
     gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
 
     def linear(weight: torch.Tensor, b: torch.Tensor | None = None) -> Linear:

@@ -25,8 +25,14 @@ from interlock.env import get_env
 from interlock.errors import ConfigError
 from interlock.model_store import resolve_model
 
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
-          "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 class TorchRunner:
@@ -87,8 +93,14 @@ class TorchRunner:
         if num_threads > 0:
             torch.set_num_threads(num_threads)
         torch_dtype = DTYPES[dtype]
-        model = LlamaModel.load(folder, torch_dtype, torch.device(device), max_len=max_model_len,
-                                kernels=get_env().kernels, max_rows=max_rows)
+        model = LlamaModel.load(
+            folder,
+            torch_dtype,
+            torch.device(device),
+            max_len=max_model_len,
+            kernels=get_env().kernels,
+            max_rows=max_rows,
+        )
         if max_model_len > model.config.max_position_embeddings:
             raise ConfigError(
                 f"max_model_len {max_model_len} exceeds the model's "

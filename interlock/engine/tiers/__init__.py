@@ -12,12 +12,24 @@ from interlock.engine.tiers.io import ManualIO, ThreadIO, TierIO
 from interlock.engine.tiers.manager import BlockCopier, KVTiers, LoadDone
 from interlock.engine.tiers.shared import SharedHostTier, segment_path
 
-__all__ = ["DiskTier", "Evicted", "HostStore", "HostTier", "KVTiers", "LoadDone", "ManualIO",
-           "SharedHostTier", "ThreadIO", "TierIO", "build_tiers"]
+__all__ = [
+    "DiskTier",
+    "Evicted",
+    "HostStore",
+    "HostTier",
+    "KVTiers",
+    "LoadDone",
+    "ManualIO",
+    "SharedHostTier",
+    "ThreadIO",
+    "TierIO",
+    "build_tiers",
+]
 
 
-def build_tiers(config: EngineConfig, runner: BlockCopier, *, block_size: int,
-                io: TierIO | None = None) -> KVTiers | None:
+def build_tiers(
+    config: EngineConfig, runner: BlockCopier, *, block_size: int, io: TierIO | None = None
+) -> KVTiers | None:
     """The tiers ``config.cache`` asks for, or None."""
     cache = config.cache
     if not (cache.has_host_tier or cache.has_disk_tier):
@@ -29,8 +41,7 @@ def build_tiers(config: EngineConfig, runner: BlockCopier, *, block_size: int,
     layout = f"{m.runner}|{m.model}|{m.dtype}|bs={block_size}|{nbytes}"
     host: HostStore | None = None
     if host_blocks and cache.host_kv_shared is not None:
-        host = SharedHostTier(segment_path(cache.host_kv_shared), host_blocks, nbytes,
-                              layout_digest(layout))
+        host = SharedHostTier(segment_path(cache.host_kv_shared), host_blocks, nbytes, layout_digest(layout))
     elif host_blocks:
         host = HostTier(host_blocks, nbytes)
     io = io if io is not None else ThreadIO()

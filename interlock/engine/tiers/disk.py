@@ -59,8 +59,9 @@ def block_path(directory: Path, block_hash: int) -> Path:
 def write_block(directory: Path, block_hash: int, layout: bytes, data: bytes | memoryview) -> None:
     """Write one block file atomically (temporary file, then rename)."""
     payload = memoryview(data).cast("B")
-    header = _HEADER.pack(MAGIC, VERSION, block_hash, layout, payload.nbytes,
-                          xxhash.xxh3_128(payload).digest())
+    header = _HEADER.pack(
+        MAGIC, VERSION, block_hash, layout, payload.nbytes, xxhash.xxh3_128(payload).digest()
+    )
     final = block_path(directory, block_hash)
     tmp = final.with_suffix(f".{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
@@ -99,9 +100,7 @@ def delete_block(directory: Path, block_hash: int) -> None:
 class DiskTier:
     name = "disk"
 
-    def __init__(
-        self, directory: Path, capacity: int, block_nbytes: int, layout: str, io: TierIO
-    ) -> None:
+    def __init__(self, directory: Path, capacity: int, block_nbytes: int, layout: str, io: TierIO) -> None:
         if capacity < 1:
             raise ValueError("disk tier capacity must be positive")
         self.capacity = capacity
@@ -223,8 +222,10 @@ class DiskTier:
         writing = {h for h, s in self._lru.items() if s == WRITING}
         _check(writing == set(self._writes), "pending writes out of step with the index")
         _check(all(s in (WRITING, READY) for s in self._lru.values()), "unknown state")
-        _check(all(self._lru.get(h) == READY and n > 0 for h, n in self._pins.items()),
-               "a pin on a block that is not readable")
+        _check(
+            all(self._lru.get(h) == READY and n > 0 for h, n in self._pins.items()),
+            "a pin on a block that is not readable",
+        )
 
 
 _MAX_SLOTS = 1024

@@ -259,8 +259,10 @@ class KVTiers:
                 c = self._counters[tier]
                 c.loads += 1
                 c.load_s += t
-                c.load_s_per_block = t if not c.load_s_per_block else (1 - _EMA) * c.load_s_per_block + _EMA * t
-            for tier in load.tiers[n:n + 1]:
+                c.load_s_per_block = (
+                    t if not c.load_s_per_block else (1 - _EMA) * c.load_s_per_block + _EMA * t
+                )
+            for tier in load.tiers[n : n + 1]:
                 self._counters[tier].load_failures += 1
             done.append(LoadDone(load.request_id, n))
         self._loads = still

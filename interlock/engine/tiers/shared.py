@@ -88,12 +88,17 @@ class SharedHostTier:
         with self._locked():
             self._map, self.capacity = _open_segment(path, num_slots, block_nbytes, layout)
         if self.capacity != num_slots:
-            log.warning("shared KV segment %s has %d slots (asked for %d): its size wins",
-                        path, self.capacity, num_slots)
+            log.warning(
+                "shared KV segment %s has %d slots (asked for %d): its size wins",
+                path,
+                self.capacity,
+                num_slots,
+            )
         table_end = _HEADER_BYTES + self.capacity * _SLOT.itemsize
         self._table = np.frombuffer(self._map, dtype=_SLOT, count=self.capacity, offset=_HEADER_BYTES)
-        self._data = np.frombuffer(self._map, dtype=np.uint8, offset=table_end,
-                                   count=self.capacity * block_nbytes).reshape(self.capacity, block_nbytes)
+        self._data = np.frombuffer(
+            self._map, dtype=np.uint8, offset=table_end, count=self.capacity * block_nbytes
+        ).reshape(self.capacity, block_nbytes)
         self._header = np.frombuffer(self._map, dtype="<u8", count=2, offset=_CHANGES_AT)
         self._pid = os.getpid()
         self._index: dict[int, int] = {}
@@ -161,8 +166,7 @@ class SharedHostTier:
                 return False, []
             evicted: list[tuple[int, bytes | None]] = []
             if t["state"][slot] == READY:
-                evicted.append((int(t["hash"][slot]),
-                                self._data[slot].tobytes() if keep_evicted else None))
+                evicted.append((int(t["hash"][slot]), self._data[slot].tobytes() if keep_evicted else None))
             t["seq"][slot] += 1 if t["seq"][slot] % 2 == 0 else 2  # odd: being written
             t["hash"][slot], t["pid"][slot], t["state"][slot] = block_hash, self._pid, WRITING
             self._changed()
@@ -276,8 +280,10 @@ def _open_segment(path: Path, num_slots: int, block_nbytes: int, layout: bytes) 
             _HEADER_BYTES + slots * (_SLOT.itemsize + block_nbytes)
         ):
             m.close()
-            raise ConfigError(f"shared KV segment {str(path)!r} holds another model's KV layout; "
-                              "give this deployment its own --host-kv-shared name")
+            raise ConfigError(
+                f"shared KV segment {str(path)!r} holds another model's KV layout; "
+                "give this deployment its own --host-kv-shared name"
+            )
         return m, int(slots)
     finally:
         os.close(fd)

@@ -24,18 +24,30 @@ BS = 4
 
 
 def tiered_engine(
-    io: ManualIO, *, num_blocks: int = 16, host: int | None = 8, disk: int | None = None,
-    path: Path | None = None, shared: str | None = None,
+    io: ManualIO,
+    *,
+    num_blocks: int = 16,
+    host: int | None = 8,
+    disk: int | None = None,
+    path: Path | None = None,
+    shared: str | None = None,
 ) -> EngineCore:
     config = EngineConfig(
         model=ModelConfig(runner="mock"),
-        cache=CacheConfig(num_blocks=num_blocks, block_size=BS, watermark=0.0, host_kv_blocks=host,
-                          disk_kv_blocks=disk, disk_kv_path=str(path) if path else None,
-                          host_kv_shared=shared),
+        cache=CacheConfig(
+            num_blocks=num_blocks,
+            block_size=BS,
+            watermark=0.0,
+            host_kv_blocks=host,
+            disk_kv_blocks=disk,
+            disk_kv_path=str(path) if path else None,
+            host_kv_shared=shared,
+        ),
         scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256),
     )
-    runner = MockRunner(num_blocks=num_blocks, block_size=BS, vocab_size=VOCAB, eos_token_ids=(EOS,),
-                        timing=None)
+    runner = MockRunner(
+        num_blocks=num_blocks, block_size=BS, vocab_size=VOCAB, eos_token_ids=(EOS,), timing=None
+    )
     return EngineCore(config, runner, clock=VirtualClock(), tier_io=io)
 
 

@@ -21,8 +21,29 @@ from interlock.model_store import resolve_model
 from interlock.protocol import GenerateRequest, SamplingParams
 from tests.engine.conftest import run_to_end, tokens
 
-CHAT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3717, 314, 20389, 7018, 28, 7018, 2,
-        198, 1, 4093, 198]
+CHAT = [
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    11173,
+    3365,
+    3717,
+    314,
+    20389,
+    7018,
+    28,
+    7018,
+    2,
+    198,
+    1,
+    4093,
+    198,
+]
 BS = 16
 POOL = 8
 
@@ -32,13 +53,25 @@ def model() -> LlamaModel:
     return LlamaModel.load(resolve_model("smollm2", progress=False), torch.float32, torch.device("cpu"), 256)
 
 
-def engine(model: LlamaModel, *, host: int | None, disk: int | None = None, path: Path | None = None,
-           shared: str | None = None) -> EngineCore:
+def engine(
+    model: LlamaModel,
+    *,
+    host: int | None,
+    disk: int | None = None,
+    path: Path | None = None,
+    shared: str | None = None,
+) -> EngineCore:
     config = EngineConfig(
         model=ModelConfig(runner="torch", dtype="float32"),
-        cache=CacheConfig(block_size=BS, num_blocks=POOL, watermark=0.0, host_kv_blocks=host,
-                          disk_kv_blocks=disk, disk_kv_path=str(path) if path else None,
-                          host_kv_shared=shared),
+        cache=CacheConfig(
+            block_size=BS,
+            num_blocks=POOL,
+            watermark=0.0,
+            host_kv_blocks=host,
+            disk_kv_blocks=disk,
+            disk_kv_path=str(path) if path else None,
+            host_kv_shared=shared,
+        ),
         scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=4, max_model_len=256),
     )
     return EngineCore(config, TorchRunner(model, num_blocks=POOL, block_size=BS))
@@ -46,8 +79,11 @@ def engine(model: LlamaModel, *, host: int | None, disk: int | None = None, path
 
 def prompt(i: int) -> list[int]:
     """71 tokens (4 full blocks and a bit); prompts for different i share no block."""
-    return [(17 + i * 1000 + k * 7) % 40000 + 300 for k in range(2 * i)] + CHAT + [
-        (17 + i * 3 + k) % 5000 + 300 for k in range(50 - 2 * i)]
+    return (
+        [(17 + i * 1000 + k * 7) % 40000 + 300 for k in range(2 * i)]
+        + CHAT
+        + [(17 + i * 3 + k) % 5000 + 300 for k in range(50 - 2 * i)]
+    )
 
 
 def generate(core: EngineCore, rid: str, p: list[int]) -> tuple[list[int], int]:
@@ -58,8 +94,13 @@ def generate(core: EngineCore, rid: str, p: list[int]) -> tuple[list[int], int]:
         assert time.monotonic() < deadline
         core.step()
         time.sleep(0.001)
-    core.add_request(GenerateRequest(request_id=rid, token_ids=tuple(p),
-                                     sampling=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)))
+    core.add_request(
+        GenerateRequest(
+            request_id=rid,
+            token_ids=tuple(p),
+            sampling=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+        )
+    )
     outs = run_to_end(core, each_step=lambda _: time.sleep(0.0005) if core.scheduler.loading else None)
     return tokens(outs[rid]), outs[rid][-1].num_cached_tokens
 

@@ -39,8 +39,9 @@ class TiersMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="kvtiers-"))
         self.io = ManualIO()
-        self.engine = tiered_engine(self.io, num_blocks=10, host=5, disk=8, path=self.dir,
-                                    shared=self.new_segment())
+        self.engine = tiered_engine(
+            self.io, num_blocks=10, host=5, disk=8, path=self.dir, shared=self.new_segment()
+        )
         self.runner = self.engine.runner
         assert isinstance(self.runner, MockRunner)
         self.tokens_of: dict[int, tuple[int, ...]] = {}
@@ -59,8 +60,12 @@ class TiersMachine(RuleBasedStateMachine):
                 self.step(1)
                 self.io.run_pending()
 
-    @rule(p=st.integers(0, 3), cut=st.integers(8, 24), tail=st.lists(st.integers(10, 900), max_size=6),
-          max_tokens=st.integers(1, 5))
+    @rule(
+        p=st.integers(0, 3),
+        cut=st.integers(8, 24),
+        tail=st.lists(st.integers(10, 900), max_size=6),
+        max_tokens=st.integers(1, 5),
+    )
     def add(self, p: int, cut: int, tail: list[int], max_tokens: int) -> None:
         self.n += 1
         rid = f"r{self.n}"
@@ -75,13 +80,14 @@ class TiersMachine(RuleBasedStateMachine):
             for ev in res.kv_events:
                 if isinstance(ev, BlockStored) and ev.tier == "device":
                     for i, h in enumerate(ev.block_hashes):
-                        self.tokens_of[h] = tuple(ev.token_ids[i * BS:(i + 1) * BS])
+                        self.tokens_of[h] = tuple(ev.token_ids[i * BS : (i + 1) * BS])
             for o in res.outputs:
                 assert o.error is None, o.error
                 self.out[o.request_id] += o.token_ids
                 if o.finish_reason == "length":
-                    want = reference_output(self.prompts[o.request_id], self.max_tokens[o.request_id],
-                                            vocab_size=VOCAB)
+                    want = reference_output(
+                        self.prompts[o.request_id], self.max_tokens[o.request_id], vocab_size=VOCAB
+                    )
                     assert self.out[o.request_id] == want, o.request_id
 
     @rule(n=st.integers(0, 3))
