@@ -176,7 +176,18 @@ def start_interlock(single_process: bool, model: str, logdir: Path, security: st
     return System(name, port, p.pid, [p, *procs], logs, api_key=api_key)
 
 
-def start_dynamo(model: str, served_name: str, logdir: Path, router_mode: str) -> System:
+def start_dynamo(
+    model: str,
+    served_name: str,
+    logdir: Path,
+    router_mode: str,
+    *,
+    speedup: str = "1000",
+    log_level: str = "warn",
+    frontend_args: tuple[str, ...] = (),
+    name: str = "dynamo 1.6.1",
+) -> System:
+    """Two Dynamo mockers and a Dynamo frontend (file discovery, TCP request plane)."""
     kv_dir = tempfile.mkdtemp(prefix="dynamo-kv-")
     port = free_port()
     env = {
@@ -190,10 +201,10 @@ def start_dynamo(model: str, served_name: str, logdir: Path, router_mode: str) -
         "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
         "DYN_EVENT_PLANE_HOST": "127.0.0.1",
         "DYN_SYSTEM_HOST": "127.0.0.1",
-        "DYN_LOG": "warn",
+        "DYN_LOG": log_level,
     }
     env.pop("PYTHONPATH", None)
-    sys_ = System("dynamo 1.6.1", port, 0, cleanup_dirs=[kv_dir])
+    sys_ = System(name, port, 0, cleanup_dirs=[kv_dir])
     try:
         for i in range(2):
             log = logdir / f"dynamo_mocker{i}.log"
@@ -207,7 +218,7 @@ def start_dynamo(model: str, served_name: str, logdir: Path, router_mode: str) -
                     "--model-name",
                     served_name,
                     "--speedup-ratio",
-                    "1000",
+                    speedup,
                 ],
                 {**env, "DYN_SYSTEM_PORT": str(free_port(below=32768))},
                 log,
@@ -226,6 +237,7 @@ def start_dynamo(model: str, served_name: str, logdir: Path, router_mode: str) -
                 str(port),
                 "--router-mode",
                 router_mode,
+                *frontend_args,
             ],
             env,
             log,

@@ -62,7 +62,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from framework_overhead import DYNAMO_PY, System, _spawn, free_port, machine, running
+import framework_overhead
+from framework_overhead import DYNAMO_PY, System, free_port, machine, running
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = (
@@ -133,68 +134,16 @@ def start_interlock(runner: str, model: str, logdir: Path, extra: list[str]) -> 
 
 
 def start_dynamo(model: str, served: str, logdir: Path, router_mode: str, migration_limit: int) -> System:
-    kv_dir = tempfile.mkdtemp(prefix="dynamo-kv-")
-    port = free_port()
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "DYN_DISCOVERY_BACKEND": "file",
-        "DYN_FILE_KV": kv_dir,
-        "DYN_REQUEST_PLANE": "tcp",
-        "DYN_EVENT_PLANE": "zmq",
-        "DYN_TCP_RPC_HOST": "127.0.0.1",
-        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
-        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
-        "DYN_SYSTEM_HOST": "127.0.0.1",
-        "DYN_LOG": "info",
-    }
-    env.pop("PYTHONPATH", None)
-    system = System("dynamo 1.6.1 mocker", port, 0, cleanup_dirs=[kv_dir])
-    try:
-        for i in range(2):
-            log = logdir / f"dynamo_mocker{i}.log"
-            p = _spawn(
-                [
-                    DYNAMO_PY,
-                    "-m",
-                    "dynamo.mocker",
-                    "--model-path",
-                    model,
-                    "--model-name",
-                    served,
-                    "--speedup-ratio",
-                    "1",
-                ],
-                {**env, "DYN_SYSTEM_PORT": str(free_port(below=32768))},
-                log,
-            )
-            system.procs.append(p)
-            system.logs.append(log)
-        log = logdir / "dynamo_frontend.log"
-        p = _spawn(
-            [
-                DYNAMO_PY,
-                "-m",
-                "dynamo.frontend",
-                "--http-host",
-                "127.0.0.1",
-                "--http-port",
-                str(port),
-                "--router-mode",
-                router_mode,
-                "--migration-limit",
-                str(migration_limit),
-            ],
-            env,
-            log,
-        )
-        system.procs.append(p)
-        system.logs.append(log)
-        system.frontend_pid = p.pid
-    except BaseException:
-        system.stop()
-        raise
-    return system
+    return framework_overhead.start_dynamo(
+        model,
+        served,
+        logdir,
+        router_mode,
+        speedup="1",
+        log_level="info",
+        frontend_args=("--migration-limit", str(migration_limit)),
+        name="dynamo 1.6.1 mocker",
+    )
 
 
 def interlock_worker_pid(system: System, instance_id: str) -> int:
