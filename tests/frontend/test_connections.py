@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +13,7 @@ import httpx
 import pytest
 
 from interlock.frontend import FakeScript, FrontendConfig
+from tests.certs import needs_openssl, self_signed
 from tests.frontend.conftest import MODEL, Served, serving
 
 TIMEOUT = 0.5
@@ -157,32 +156,9 @@ def test_many_requests_reuse_connections_under_the_cap(capped: Served) -> None:
     assert errors == []
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+@needs_openssl
 def test_tls(smol_path: Path, tmp_path: Path) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    cert, key = self_signed(tmp_path)
     config = FrontendConfig(ssl_certfile=str(cert), ssl_keyfile=str(key))
     with serving(smol_path, config) as tls:
         assert tls.url.startswith("https://")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from interlock.runtime import NatsAuth, NatsServer, RuntimeConfig, connect_runti
 from interlock.runtime.frames import Open, _encoder
 from interlock.runtime.nats_server import find_binary
 from interlock.runtime.tcp import TcpRequestPlane
+from tests.certs import needs_openssl, self_signed
 
 pytestmark = pytest.mark.anyio
 
@@ -293,34 +293,11 @@ def test_nats_auth_is_validated() -> None:
     assert NatsAuth(tls_ca="ca.pem").tls and not NatsAuth(token="t").tls
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+@needs_openssl
 async def test_nats_over_tls_with_the_servers_ca(tmp_path: Path, anyio_backend: str) -> None:
     """An external nats-server with TLS (as docs/deploy.md sets one up): ``--nats-tls-ca`` (here
     ``NatsAuth.tls_ca``) connects and carries events; a client that does not trust it is refused."""
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    cert, key = self_signed(tmp_path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
