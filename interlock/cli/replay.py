@@ -73,8 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="host-memory KV tier per host, shared by its workers (0: none; fast backend)",
     )
-    p.add_argument("--workers-per-host", type=int, default=8)
-    p.add_argument("--host-load-ms", type=float, default=0.1, help="modelled ms to load one block from host")
+    p.add_argument(
+        "--workers-per-host",
+        type=int,
+        default=None,
+        help=f"workers sharing one host tier (default: {ReplayConfig.workers_per_host}; needs --host-kv-blocks)",
+    )
+    p.add_argument(
+        "--host-load-ms",
+        type=float,
+        default=None,
+        help=f"modelled ms to load one block from host (default: {ReplayConfig.host_load_s_per_block * 1000:g};"
+        " needs --host-kv-blocks)",
+    )
     p.add_argument(
         "--rate-curve",
         default=None,
@@ -130,6 +141,10 @@ def _run(args: argparse.Namespace) -> int:
     if planner is None and args.startup_s != ReplayConfig.startup_s:
         raise ConfigError("--startup-s needs --planner (only the planner starts workers)")
     profile = load_profile(planner.profile) if planner and planner.profile else None
+    if not args.host_kv_blocks and (args.workers_per_host is not None or args.host_load_ms is not None):
+        raise ConfigError(
+            "--workers-per-host and --host-load-ms shape a host tier: give --host-kv-blocks too"
+        )
     cost = replace(CostParams(), miss_weight=args.miss_weight, temperature=args.temperature)
     cfg = ReplayConfig(
         num_workers=args.workers,
@@ -142,8 +157,10 @@ def _run(args: argparse.Namespace) -> int:
         backend=args.backend,
         queue_depth_threshold=args.queue_depth_threshold,
         host_kv_blocks=args.host_kv_blocks,
-        workers_per_host=args.workers_per_host,
-        host_load_s_per_block=args.host_load_ms / 1000.0,
+        workers_per_host=ReplayConfig.workers_per_host if args.workers_per_host is None else args.workers_per_host,
+        host_load_s_per_block=(
+            ReplayConfig.host_load_s_per_block if args.host_load_ms is None else args.host_load_ms / 1000.0
+        ),
         router=RouterConfig(
             policy=args.policy,
             block_size=args.block_size,

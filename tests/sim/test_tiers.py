@@ -86,3 +86,6 @@ def test_replay_command_sizes_a_host_tier(tmp_path, capsys) -> None:
     tiered = json.loads(capsys.readouterr().out)
     assert tiered["num_completed"] == plain["num_completed"] == 80
     assert tiered["hit_ratio"] > plain["hit_ratio"]
+    # the host tier's shape without a host tier: refused by name, not ignored
+    assert replay_main([*common, "--workers-per-host", "2"]) == 2
+    assert "--host-kv-blocks" in capsys.readouterr().err
