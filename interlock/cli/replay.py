@@ -157,7 +157,9 @@ def _run(args: argparse.Namespace) -> int:
         backend=args.backend,
         queue_depth_threshold=args.queue_depth_threshold,
         host_kv_blocks=args.host_kv_blocks,
-        workers_per_host=ReplayConfig.workers_per_host if args.workers_per_host is None else args.workers_per_host,
+        workers_per_host=ReplayConfig.workers_per_host
+        if args.workers_per_host is None
+        else args.workers_per_host,
         host_load_s_per_block=(
             ReplayConfig.host_load_s_per_block if args.host_load_ms is None else args.host_load_ms / 1000.0
         ),
