@@ -82,8 +82,6 @@ class PlannerConfig:
     ramp_floor: float = 0.1
     cache_block_cost: float = 1.0 / 64
     """Scale-down: what losing one cached block nobody else holds costs, in in-flight requests."""
-    drain_timeout_s: float = 300.0
-    """Scale-down: in-flight work on a draining worker may take this long before it is migrated."""
     profile: str | None = None
     """SLA: path of the capability profile written by ``interlock profile`` (required)."""
 
@@ -97,7 +95,6 @@ class PlannerConfig:
             "ttft_ms",
             "itl_ms",
             "horizon_s",
-            "drain_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"planner.{name} must be positive")

@@ -61,3 +61,13 @@ def test_a_command_that_runs_no_planner_refuses_the_section(tmp_path: Path) -> N
     a = frontend.build_parser().parse_args(["-f", str(f), "--nats-url", "nats://127.0.0.1:1"])
     with pytest.raises(ConfigError, match="planner: only `interlock serve` runs a planner"):
         deployment_from_args(a)
+
+
+def test_a_planner_key_that_would_do_nothing_is_refused() -> None:
+    """``drain_timeout_s`` was once accepted and acted nowhere (a drain's time is the worker's
+    ``drain_grace``): unknown keys are refused by name."""
+    from interlock.errors import ConfigError
+    from interlock.planner import parse_planner_config
+
+    with pytest.raises(ConfigError, match="drain_timeout_s"):
+        parse_planner_config({"policy": "reactive", "drain_timeout_s": 30})
