@@ -60,8 +60,13 @@ def test_a_killed_worker_is_restarted_and_serves_again(served: Served) -> None:
     assert wait_until(
         lambda: len(children(served, b"worker")) == 2 and victim not in children(served, b"worker"), 15
     ), log(served)[-3000:]
-    [name] = re.findall(r"(worker-\d) exited with signal 9 \(SIGKILL\); restart 1 in 0.5 s", log(served))
-    new = (set(children(served, b"worker")) - set(before)).pop()
+    exited = re.compile(r"(worker-\d) exited with signal 9 \(SIGKILL\); restart 1 in 0.5 s")
+    # the serve's output is read by a thread: the line may land just after the new child shows
+    assert wait_until(lambda: len(exited.findall(log(served))) == 1, 5), log(served)[-3000:]
+    [name] = exited.findall(log(served))
+    now = children(served, b"worker")
+    assert len(set(now) - set(before)) == 1, (before, now, log(served)[-3000:])
+    new = (set(now) - set(before)).pop()
     assert wait_until(lambda: f"{name} restarted (pid {new})" in log(served), 5)
     ready = re.compile(rf"\[{name}\] worker w\d+-\w+ ready:")
     assert wait_until(lambda: len(ready.findall(log(served))) == 2, 30)  # once at start, once now
