@@ -120,8 +120,8 @@ class PagedKVCache:
         try:
             pinned: object = ctypes.c_char.from_buffer(buffer)
             address = ctypes.addressof(pinned)  # type: ignore[arg-type]
-        except TypeError:  # a read-only buffer (ctypes wants a writable one)
-            if writable:
+        except TypeError:  # read-only (ctypes wants a writable buffer) or not contiguous
+            if writable and buffer.readonly:
                 raise ValueError("export needs a writable buffer") from None
             pinned = np.frombuffer(buffer, dtype=np.uint8)
             address = pinned.__array_interface__["data"][0]  # type: ignore[attr-defined]
