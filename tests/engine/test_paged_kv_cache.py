@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
+from interlock.engine.model import cpu_ops
 from interlock.engine.model.config import ModelArchConfig, RopeScaling
 from interlock.engine.model.kv_cache import PagedKVCache
+from interlock.env import get_env
 
 ARCH = ModelArchConfig(
     architecture="llama",
@@ -124,3 +128,45 @@ def test_kernel_refuses_what_the_fallback_refuses() -> None:
         kv.export_blocks([], memoryview(bytearray(0)))
         kv.import_blocks([], memoryview(b""))
         assert not kv.tensor.any()
+
+
+@pytest.fixture
+def fresh_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pytest.MonkeyPatch]:
+    """``get_env`` and ``load_copy`` read again, in an empty cache folder; restored after."""
+    monkeypatch.setenv("INTERLOCK_CACHE_DIR", str(tmp_path))
+    get_env.cache_clear()
+    cpu_ops.load_copy.cache_clear()
+    yield monkeypatch
+    monkeypatch.undo()
+    get_env.cache_clear()
+    cpu_ops.load_copy.cache_clear()
+
+
+def _round_trip(kv: PagedKVCache) -> None:
+    kv.tensor.copy_(torch.randn(kv.tensor.shape).to(kv.dtype))
+    out = bytearray(3 * kv.block_nbytes)
+    kv.export_blocks([5, 1, 2], memoryview(out))
+    assert bytes(out) == _reference_export(kv, [5, 1, 2])
+
+
+def test_the_kernel_builds_in_an_empty_cache_folder(fresh_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert cpu_ops.load_copy() is not None
+    assert (cpu_ops.copy_build_dir() / "libkv_copy.so").is_file()
+    assert cpu_ops.copy_build_dir().is_relative_to(tmp_path)
+
+
+def test_without_a_compiler_or_switched_off_copies_go_through_numpy(
+    fresh_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fresh_env.setenv("PATH", "")  # no cc, and nothing built in the fresh cache folder
+    assert cpu_ops.load_copy() is None
+    assert "no C compiler" in caplog.text
+    kv = PagedKVCache(ARCH, 8, 4, torch.bfloat16, torch.device("cpu"))
+    assert kv._kernel is None
+    _round_trip(kv)
+    fresh_env.undo()
+    fresh_env.setenv("INTERLOCK_CPU_KERNELS", "0")
+    get_env.cache_clear()
+    cpu_ops.load_copy.cache_clear()
+    assert cpu_ops.load_copy() is None
+    _round_trip(PagedKVCache(ARCH, 8, 4, torch.float32, torch.device("cpu")))
