@@ -8,10 +8,11 @@ bandwidth  The engine's own copy paths on SmolLM2-135M-shaped blocks (bf16, 368,
            real ``PagedKVCache``, against raw baselines of the same bytes, interleaved rounds,
            medians:
              host -> device   ``KVTiers`` onboarding (``start_load``, the I/O job run inline,
-                              ``poll``): host-tier slots into device blocks, block by block, as
-                              the tier I/O thread does, vs one ``np.copyto`` of the same bytes
+                              ``poll``): host-tier slots into device blocks (one
+                              ``import_each`` call, as the tier I/O thread makes) vs one
+                              ``np.copyto`` of the same bytes
              disk -> device   the same from the disk tier: block files (header + checksum
-                              check, into one reused buffer) into device blocks vs a
+                              check, into one reused buffer) block by block into device blocks vs a
                               raw ``readinto`` of the same bytes from one file (page cache warm)
              device -> host   ``KVTiers.offload`` of evicted blocks into host slots vs memcpy
              export / import  ``export_blocks`` / ``import_blocks`` of the whole run (the
@@ -64,6 +65,7 @@ def bandwidth(args: argparse.Namespace) -> None:
         kv_block_nbytes = nbytes_block
         export_blocks = cache.export_blocks
         import_blocks = cache.import_blocks
+        import_each = cache.import_each
 
     rng = np.random.default_rng(0)
     device_ids = [int(b) for b in rng.permutation(2 * n)[:n]]  # scattered, as after churn

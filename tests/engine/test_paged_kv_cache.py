@@ -170,3 +170,26 @@ def test_without_a_compiler_or_switched_off_copies_go_through_numpy(
     cpu_ops.load_copy.cache_clear()
     assert cpu_ops.load_copy() is None
     _round_trip(PagedKVCache(ARCH, 8, 4, torch.float32, torch.device("cpu")))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_import_each_takes_blocks_from_anywhere(dtype: torch.dtype) -> None:
+    """Blocks in separate buffers (host-tier slots), some read-only, into scattered ids."""
+    rng = random.Random(1)
+    caches = _caches(ARCH, 12, 4, dtype)
+    nbytes = caches[0].block_nbytes
+    slots = [bytes(rng.getrandbits(8) for _ in range(nbytes)) for _ in range(5)]
+    views = [memoryview(s) if k % 2 else memoryview(bytearray(s)) for k, s in enumerate(slots)]
+    targets = [9, 0, 4, 9, 7]
+    reference = PagedKVCache(ARCH, 12, 4, dtype, torch.device("cpu"))
+    reference.import_blocks(targets, memoryview(b"".join(slots)))
+    for kv in caches:
+        kv.import_each(targets, views)
+        assert torch.equal(kv.tensor.view(torch.uint8), reference.tensor.view(torch.uint8))
+        with pytest.raises(IndexError):
+            kv.import_each([0, 12], views[:2])
+        with pytest.raises(ValueError):
+            kv.import_each([0, 1], views[:1])
+        with pytest.raises(ValueError):
+            kv.import_each([0], [memoryview(bytes(nbytes - 1))])
+        kv.import_each([], [])

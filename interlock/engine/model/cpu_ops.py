@@ -111,16 +111,18 @@ COPY_CFLAGS = ("-O2", "-shared", "-fPIC")
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _COPY_ARGS = (_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr)
 """cache, blocks in the cache, piece bytes, pieces per block, block ids (int64[n]), n, the
-block-major buffer; returns the position of the first id out of range (nothing copied) or -1.
-See ``csrc/kv_copy.c``."""
+block-major buffer (``kv_import_each``: the address of each block, int64[n]); returns the
+position of the first id out of range (nothing copied) or -1. See ``csrc/kv_copy.c``."""
 
 
 @dataclass(frozen=True, slots=True)
 class CopyKernel:
-    """``kv_export`` / ``kv_import`` of ``csrc/kv_copy.c``, arguments as in ``_COPY_ARGS``."""
+    """``kv_export`` / ``kv_import`` / ``kv_import_each`` of ``csrc/kv_copy.c``, arguments as in
+    ``_COPY_ARGS``."""
 
     export: Callable[..., int]
     import_: Callable[..., int]
+    import_each: Callable[..., int]
 
 
 def copy_build_dir() -> Path:
@@ -142,10 +144,10 @@ def load_copy() -> CopyKernel | None:
         except Exception as exc:  # any compiler or loader failure: fall back, say why once
             log.warning("KV block-copy kernel unavailable, copying through numpy: %s", exc)
             return None
-    for fn in (lib.kv_export, lib.kv_import):
+    for fn in (lib.kv_export, lib.kv_import, lib.kv_import_each):
         fn.argtypes = _COPY_ARGS
         fn.restype = _i64
-    return CopyKernel(export=lib.kv_export, import_=lib.kv_import)
+    return CopyKernel(export=lib.kv_export, import_=lib.kv_import, import_each=lib.kv_import_each)
 
 
 def _build_copy() -> Path:

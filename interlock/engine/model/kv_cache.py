@@ -105,6 +105,41 @@ class PagedKVCache:
         for i, j, b in runs:
             self.tensor[:, :, :, b : b + j - i].copy_(src[i:j].permute(1, 2, 3, 0, 4, 5))
 
+    def import_each(self, block_ids: Sequence[int], blocks: Sequence[memoryview]) -> None:
+        """``import_blocks`` of blocks that lie apart (host-tier slots): ``blocks[k]`` (one
+        block's bytes) into ``block_ids[k]``, in one kernel call on CPU."""
+        n = len(block_ids)
+        if len(blocks) != n:
+            raise ValueError(f"{len(blocks)} blocks for {n} block ids")
+        kernel = self._kernel
+        if kernel is None:
+            for b, data in zip(block_ids, blocks, strict=True):
+                self.import_blocks([b], data)
+            return
+        pinned = []
+        addresses = array.array("q")
+        for data in blocks:
+            if data.nbytes != self.block_nbytes:
+                raise ValueError(f"a block of {data.nbytes} bytes, {self.block_nbytes} expected")
+            obj, address = _address(data, writable=False)
+            pinned.append(obj)
+            addresses.append(address)
+        if not n:
+            return
+        ids = array.array("q", block_ids)
+        bad = kernel.import_each(
+            self._base,
+            self.num_blocks,
+            self._piece,
+            self._pieces,
+            ids.buffer_info()[0],
+            n,
+            addresses.buffer_info()[0],
+        )
+        del pinned
+        if bad >= 0:
+            raise IndexError(f"block id {ids[bad]} out of range [0, {self.num_blocks})")
+
     def _kernel_copy(
         self, fn: Callable[..., int], block_ids: Sequence[int], buffer: memoryview, *, writable: bool
     ) -> None:
@@ -117,14 +152,7 @@ class PagedKVCache:
         if not n:
             return
         ids = array.array("q", block_ids)
-        try:
-            pinned: object = ctypes.c_char.from_buffer(buffer)
-            address = ctypes.addressof(pinned)  # type: ignore[arg-type]
-        except TypeError:  # read-only (ctypes wants a writable buffer) or not contiguous
-            if writable and buffer.readonly:
-                raise ValueError("export needs a writable buffer") from None
-            pinned = np.frombuffer(buffer, dtype=np.uint8)
-            address = pinned.__array_interface__["data"][0]  # type: ignore[attr-defined]
+        pinned, address = _address(buffer, writable=writable)
         bad = fn(self._base, self.num_blocks, self._piece, self._pieces, ids.buffer_info()[0], n, address)
         del pinned
         if bad >= 0:
@@ -167,3 +195,15 @@ class PagedKVCache:
                 warnings.simplefilter("ignore", UserWarning)
                 flat = torch.frombuffer(buffer, dtype=torch.uint8)
         return flat.view(self.dtype).view(num_blocks, layers, two, heads, bs, dim)
+
+
+def _address(buffer: memoryview, *, writable: bool) -> tuple[object, int]:
+    """(an object that keeps ``buffer`` exported while it lives, the address of its bytes)."""
+    try:
+        pinned = ctypes.c_char.from_buffer(buffer)
+        return pinned, ctypes.addressof(pinned)
+    except TypeError:  # read-only (ctypes wants a writable buffer) or not contiguous
+        if writable and buffer.readonly:
+            raise ValueError("export needs a writable buffer") from None
+        arr = np.frombuffer(buffer, dtype=np.uint8)
+        return arr, int(arr.__array_interface__["data"][0])

@@ -94,17 +94,30 @@ int64_t kv_export(const char* cache, int64_t num_blocks, int64_t piece, int64_t 
   return -1;
 }
 
-/* flat -> cache: flat + k * runs * piece into block ids[k], for k < n. */
-int64_t kv_import(char* cache, int64_t num_blocks, int64_t piece, int64_t runs, const int64_t* ids, int64_t n,
-                  const char* flat) {
+/* Into the cache: block k of the call (at src[k], or flat + k * runs * piece) into block ids[k]. */
+static int64_t import_impl(char* cache, int64_t num_blocks, int64_t piece, int64_t runs, const int64_t* ids,
+                           int64_t n, const char* flat, const int64_t* src) {
   int64_t bad = bad_id(ids, n, num_blocks);
   if (bad >= 0) return bad;
   const int64_t run_stride = num_blocks * piece, block = runs * piece;
   for (int64_t k = 0; k < n; k++) {
     char* d = cache + ids[k] * piece;
-    const char* s = flat + k * block;
+    const char* s = src ? (const char*)(intptr_t)src[k] : flat + k * block;
     for (int64_t r = 0; r < runs; r++) copy_stream(d + r * run_stride, s + r * piece, piece);
   }
   fence();
   return -1;
+}
+
+/* flat -> cache: flat + k * runs * piece into block ids[k], for k < n. */
+int64_t kv_import(char* cache, int64_t num_blocks, int64_t piece, int64_t runs, const int64_t* ids, int64_t n,
+                  const char* flat) {
+  return import_impl(cache, num_blocks, piece, runs, ids, n, flat, 0);
+}
+
+/* Blocks anywhere -> cache: the block at address src[k] into block ids[k], for k < n (host-tier
+   slots onboarded in one call). */
+int64_t kv_import_each(char* cache, int64_t num_blocks, int64_t piece, int64_t runs, const int64_t* ids,
+                       int64_t n, const int64_t* src) {
+  return import_impl(cache, num_blocks, piece, runs, ids, n, 0, src);
 }
