@@ -8,9 +8,13 @@ One run, interleaved rounds (so machine noise hits every column alike), median o
 * shm / tcp       the transfer itself: the source worker has staged the blocks (exported) and
                   published; timed on the destination from ``pull`` until the bytes are in
                   memory it owns (shm: the one copy out of the shared pages into the destination
-                  array, i.e. the import; tcp: received into its buffer) and released
-* e2e shm / tcp   source KV array -> destination KV array: export + transfer + import, timed on
+                  cache, i.e. the import; tcp: received into its buffer) and released
+* e2e shm / tcp   source KV cache -> destination KV cache: export + transfer + import, timed on
                   the destination including the request to the source
+
+Both ends hold a real ``PagedKVCache`` of SmolLM2-135M bf16 blocks and copy scattered block ids
+(as after churn) with the engine's own calls: ``stage_blocks`` (export straight into the staged
+payload) and ``import_when_done`` (import straight from it), through the block-copy kernel.
 
 GB/s is 1e9 bytes per second. Usage: ``python benchmarks/transfer_bw.py [--runs 7] [--mib 64]``.
 """
@@ -30,14 +34,38 @@ import msgspec
 import numpy as np
 
 from interlock.protocol.transfer import TransferDescriptor
-from interlock.transfer import TransferAgent, TransferState
+from interlock.transfer import TransferAgent, TransferState, import_when_done, stage_blocks
 
 BLOCK_NBYTES = 30 * 2 * 3 * 64 * 16 * 2
 """One SmolLM2-135M KV block in bf16: 30 layers x (K, V) x 3 KV heads x 64 dims x 16 tokens."""
 
 
+class _Copier:
+    """A runner's side of the copies (``TorchRunner`` delegates to its cache the same way):
+    ``nblocks`` scattered blocks of a cache twice as large."""
+
+    def __init__(self, nblocks: int, seed: int) -> None:
+        import torch
+
+        from interlock.engine.model.config import ModelArchConfig
+        from interlock.engine.model.kv_cache import PagedKVCache
+        from interlock.model_store import resolve_model
+
+        arch = ModelArchConfig.from_folder(resolve_model("smollm2", progress=False))
+        self.cache = PagedKVCache(arch, 2 * nblocks, 16, torch.bfloat16, torch.device("cpu"))
+        assert self.cache.block_nbytes == BLOCK_NBYTES
+        gen = torch.Generator().manual_seed(seed)
+        self.cache.tensor.copy_(torch.randn(self.cache.tensor.shape, generator=gen).to(torch.bfloat16))
+        self.kv_block_nbytes = BLOCK_NBYTES
+        self.export_blocks = self.cache.export_blocks
+        self.import_blocks = self.cache.import_blocks
+        rng = np.random.default_rng(seed)
+        self.block_ids = [int(b) for b in rng.permutation(2 * nblocks)[:nblocks]]
+
+
 def source_process(conn: Connection, nbytes: int) -> None:
     kv = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    copier = _Copier(nbytes // BLOCK_NBYTES, seed=0)
     with TransferAgent() as agent, socket.create_server(("127.0.0.1", 0)) as raw_server:
         conn.send(raw_server.getsockname()[1])
         raw, _ = raw_server.accept()
@@ -48,10 +76,9 @@ def source_process(conn: Connection, nbytes: int) -> None:
                 raw.recv(1)
                 raw.sendall(memoryview(kv))
                 continue
-            src = agent.create_source(nbytes)
-            np.copyto(np.frombuffer(src.buffer, np.uint8), kv)  # the export: the source's one copy
+            src, desc = stage_blocks(agent, copier, copier.block_ids)  # the source's one copy
             sources.append(src)
-            conn.send(msgspec.msgpack.encode(src.publish()))
+            conn.send(msgspec.msgpack.encode(desc))
             sources = [s for s in sources if not s.poll().finished]
         raw.close()
 
@@ -82,6 +109,7 @@ def run_all(conn: Connection, nbytes: int, runs: int) -> dict[str, list[float]]:
     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     kv_src = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
     kv_dst = np.ones(nbytes, np.uint8)
+    copier = _Copier(nbytes // BLOCK_NBYTES, seed=1)
     sink = memoryview(bytearray(b"\1" * nbytes))
     times: dict[str, list[float]] = {k: [] for k in ("memcpy", "socket", "shm", "tcp", "e2e shm", "e2e tcp")}
     with TransferAgent() as agent:
@@ -89,10 +117,10 @@ def run_all(conn: Connection, nbytes: int, runs: int) -> dict[str, list[float]]:
             sample = {
                 "memcpy": _timed(lambda: np.copyto(kv_dst, kv_src)),
                 "socket": _raw_socket(conn, raw, sink),
-                "shm": _transfer(conn, agent, "shm", kv_dst, staged=True),
-                "tcp": _transfer(conn, agent, "tcp", kv_dst, staged=True),
-                "e2e shm": _transfer(conn, agent, "shm", kv_dst, staged=False),
-                "e2e tcp": _transfer(conn, agent, "tcp", kv_dst, staged=False),
+                "shm": _transfer(conn, agent, "shm", copier, staged=True),
+                "tcp": _transfer(conn, agent, "tcp", copier, staged=True),
+                "e2e shm": _transfer(conn, agent, "shm", copier, staged=False),
+                "e2e tcp": _transfer(conn, agent, "tcp", copier, staged=False),
             }
             if i:
                 for k, v in sample.items():
@@ -118,7 +146,7 @@ def _raw_socket(conn: Connection, raw: socket.socket, sink: memoryview) -> float
 
 
 def _transfer(
-    conn: Connection, agent: TransferAgent, transport: str, kv_dst: np.ndarray, *, staged: bool
+    conn: Connection, agent: TransferAgent, transport: str, copier: _Copier, *, staged: bool
 ) -> float:
     t0 = time.perf_counter()
     conn.send("offer")
@@ -129,13 +157,10 @@ def _transfer(
     dst.finished_event.wait(30)
     if dst.poll().state is not TransferState.DONE:
         raise RuntimeError(f"{transport} transfer failed: {dst.poll().reason}")
-    if staged and transport == "tcp":
-        elapsed = time.perf_counter() - t0  # received into memory the destination owns
-        np.copyto(kv_dst, np.frombuffer(dst.payload, np.uint8))
-    else:
-        np.copyto(kv_dst, np.frombuffer(dst.payload, np.uint8))  # the import
+    elapsed = time.perf_counter() - t0  # tcp: received into memory the destination owns
+    import_when_done(dst, copier, copier.block_ids)  # the import (and release)
+    if not (staged and transport == "tcp"):
         elapsed = time.perf_counter() - t0
-    dst.release()
     return elapsed
 
 

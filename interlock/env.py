@@ -39,7 +39,8 @@ class Env:
     "torch")."""
     cpu_kernels: bool
     """INTERLOCK_CPU_KERNELS: use the compiled fused bf16 CPU kernels where the CPU has
-    AVX-512 BF16 (default 1); 0 keeps the plain PyTorch path."""
+    AVX-512 BF16, and the KV block-copy kernel (default 1); 0 keeps the plain PyTorch path and
+    numpy block copies."""
     cluster_secret: bytes | None = field(default=None, repr=False)
     """INTERLOCK_CLUSTER_SECRET: shared by every process of a deployment; request-plane and
     KV-transfer peers prove they know it (``serve`` hands its children one it generated)."""

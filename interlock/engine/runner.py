@@ -72,3 +72,8 @@ class ModelRunner(Protocol):
     def import_blocks(self, block_ids: Sequence[int], data: memoryview) -> None:
         """Copy exported KV ``data`` into ``block_ids`` of this runner's cache."""
         ...
+
+    def import_each(self, block_ids: Sequence[int], blocks: Sequence[memoryview]) -> None:
+        """``import_blocks`` of blocks that lie apart: ``blocks[k]`` (one exported block) into
+        ``block_ids[k]`` (host-tier slots onboarded in one call)."""
+        ...

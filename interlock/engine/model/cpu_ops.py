@@ -7,16 +7,27 @@ happens on first use; ``scripts/setup.sh`` runs it ahead (``cpu_ops.main()``) so
 server or test waits for a compiler. The build folder is keyed by a hash of the source, the
 compiler flags, torch's and Python's versions, so an edited kernel or a new torch is rebuilt,
 never mixed up.
+
+The block-copy kernel (``csrc/kv_copy.c``, ``load_copy()``) is separate: plain C for every
+x86-64 CPU (SSE2), built in about a second with the system compiler and called through ctypes
+(which releases the GIL for the call), so ``PagedKVCache`` uses it on machines without AVX-512
+BF16 too. Where it cannot be built, or with ``INTERLOCK_CPU_KERNELS=0``, the cache copies
+through numpy views instead (the same bytes, about half the bandwidth).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
+import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -95,8 +106,83 @@ def _build_and_load() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+COPY_SOURCE = Path(__file__).with_name("csrc") / "kv_copy.c"
+COPY_CFLAGS = ("-O2", "-shared", "-fPIC")
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+_COPY_ARGS = (_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr)
+"""cache, blocks in the cache, piece bytes, pieces per block, block ids (int64[n]), n, the
+block-major buffer (``kv_import_each``: the address of each block, int64[n]); returns the
+position of the first id out of range (nothing copied) or -1. See ``csrc/kv_copy.c``."""
+
+
+@dataclass(frozen=True, slots=True)
+class CopyKernel:
+    """``kv_export`` / ``kv_import`` / ``kv_import_each`` of ``csrc/kv_copy.c``, arguments as in
+    ``_COPY_ARGS``."""
+
+    export: Callable[..., int]
+    import_: Callable[..., int]
+    import_each: Callable[..., int]
+
+
+def copy_build_dir() -> Path:
+    key = hashlib.sha256(COPY_SOURCE.read_bytes())
+    key.update(" ".join(COPY_CFLAGS).encode())
+    key.update(platform.machine().encode())
+    return get_env().cache_dir / "kv_copy" / key.hexdigest()[:16]
+
+
+@cache
+def load_copy() -> CopyKernel | None:
+    """The block-copy kernel, or None where it cannot be built or is switched off (see the
+    module note)."""
+    if not get_env().cpu_kernels:
+        return None
+    with _lock:
+        try:
+            lib = ctypes.CDLL(str(_build_copy()))
+        except Exception as exc:  # any compiler or loader failure: fall back, say why once
+            log.warning("KV block-copy kernel unavailable, copying through numpy: %s", exc)
+            return None
+    for fn in (lib.kv_export, lib.kv_import, lib.kv_import_each):
+        fn.argtypes = _COPY_ARGS
+        fn.restype = _i64
+    return CopyKernel(export=lib.kv_export, import_=lib.kv_import, import_each=lib.kv_import_each)
+
+
+def _build_copy() -> Path:
+    folder = copy_build_dir()
+    library = folder / "libkv_copy.so"
+    if library.exists():
+        return library
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc) on PATH")
+    folder.mkdir(parents=True, exist_ok=True)
+    # As above: build under a name of this process, rename into place.
+    scratch = folder / f"libkv_copy-{os.getpid()}-{threading.get_ident()}.so"
+    try:
+        subprocess.run(
+            [compiler, *COPY_CFLAGS, str(COPY_SOURCE), "-o", str(scratch)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        os.replace(scratch, library)
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(f"{compiler} failed: {exc.stderr.strip()[-500:]}") from exc
+    finally:
+        scratch.unlink(missing_ok=True)
+    return library
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if load_copy() is None:
+        print("KV block-copy kernel: not used on this machine (numpy copies)")
+    else:
+        print(f"KV block-copy kernel: ready ({copy_build_dir()})")
     ops = load()
     if ops is None:
         print("fused CPU kernels: not used on this machine (plain PyTorch path)")

@@ -129,6 +129,12 @@ class MockRunner:
         src = np.frombuffer(data, dtype=np.int32).reshape(len(block_ids), self.block_size)
         self.kv[np.asarray(block_ids, dtype=np.int64)] = src
 
+    def import_each(self, block_ids: Sequence[int], blocks: Sequence[memoryview]) -> None:
+        if len(blocks) != len(block_ids):
+            raise ValueError(f"{len(blocks)} blocks for {len(block_ids)} block ids")
+        for b, data in zip(block_ids, blocks, strict=True):
+            self.import_blocks([b], data)
+
 
 def reference_output(
     prompt: Sequence[int], max_tokens: int, *, vocab_size: int = 49152, context: int = 4

@@ -136,3 +136,6 @@ class TorchRunner:
 
     def import_blocks(self, block_ids: Sequence[int], data: memoryview) -> None:
         self.cache.import_blocks(block_ids, data)
+
+    def import_each(self, block_ids: Sequence[int], blocks: Sequence[memoryview]) -> None:
+        self.cache.import_each(block_ids, blocks)

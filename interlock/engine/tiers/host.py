@@ -16,7 +16,7 @@ order lists exactly the held hashes; pins are positive and only on held slots.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,6 +41,7 @@ class HostStore(Protocol):
     def clear(self) -> list[int]: ...
     def acquire(self, block_hash: int) -> Any | None: ...
     def read(self, handle: Any, sink: Callable[[memoryview], None]) -> bool: ...
+    def read_many(self, handles: Sequence[Any], sink: Callable[[list[memoryview]], None]) -> int: ...
     def release(self, handle: Any) -> None: ...
     @property
     def num_pinned(self) -> int: ...
@@ -136,6 +137,12 @@ class HostTier:
         """I/O thread: hand the pinned slot's bytes to ``sink``."""
         sink(memoryview(self._buf[handle.slot]))
         return True
+
+    def read_many(self, handles: Sequence[ReadHandle], sink: Callable[[list[memoryview]], None]) -> int:
+        """I/O thread: hand the pinned slots' bytes to ``sink`` at once; returns how many of
+        the leading handles were read intact (here: all)."""
+        sink([memoryview(self._buf[h.slot]) for h in handles])
+        return len(handles)
 
     def release(self, handle: ReadHandle) -> None:
         """Engine thread: the read is over."""

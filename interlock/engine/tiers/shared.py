@@ -41,7 +41,7 @@ import logging
 import mmap
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,6 +235,14 @@ class SharedHostTier:
             return False
         sink(memoryview(self._data[handle.slot]))
         return self._same(handle)
+
+    def read_many(self, handles: Sequence[SharedHandle], sink: Callable[[list[memoryview]], None]) -> int:
+        """``read`` of many slots in one ``sink`` call; returns how many leading handles were
+        the same before and after the copy (the rest of the copy is to be discarded)."""
+        n = next((i for i, h in enumerate(handles) if not self._same(h)), len(handles))
+        if n:
+            sink([memoryview(self._data[h.slot]) for h in handles[:n]])
+        return next((i for i, h in enumerate(handles[:n]) if not self._same(h)), n)
 
     def _same(self, h: SharedHandle) -> bool:
         row = self._table[h.slot]

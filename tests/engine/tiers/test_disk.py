@@ -37,6 +37,23 @@ def test_round_trip_and_every_corruption_reads_as_missing(tmp_path: Path) -> Non
     assert read_block(tmp_path, 9, LAYOUT, 63) is None
 
 
+def test_reads_into_a_reused_buffer_check_as_fresh_ones_do(tmp_path: Path) -> None:
+    scratch = bytearray(HEADER_BYTES + 64 + 1)
+    for h in range(3):
+        write_block(tmp_path, h, LAYOUT, bytes([h]) * 64)
+    for h in (2, 0, 1):
+        assert read_block(tmp_path, h, LAYOUT, 64, scratch) == bytes([h]) * 64
+    path = block_path(tmp_path, 1)
+    path.write_bytes(path.read_bytes() + b"x")  # one byte too many
+    assert read_block(tmp_path, 1, LAYOUT, 64, scratch) is None
+    assert read_block(tmp_path, 1, LAYOUT, 64) is None
+    write_block(tmp_path, 1, LAYOUT, bytes([1]) * 64)
+    path.write_bytes(path.read_bytes()[:-1])  # one byte short
+    assert read_block(tmp_path, 1, LAYOUT, 64, scratch) is None
+    # A buffer too small for this layout is not used (a fresh one is).
+    assert read_block(tmp_path, 2, LAYOUT, 64, bytearray(8)) == bytes([2]) * 64
+
+
 def test_writes_become_readable_when_done_and_lru_deletes_files(tmp_path: Path) -> None:
     io = ManualIO()
     tier = DiskTier(tmp_path, 2, 8, "mock", io)

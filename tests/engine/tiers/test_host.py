@@ -22,6 +22,19 @@ def _read(tier: HostTier, h: int) -> bytes:
     return out[0]
 
 
+def test_read_many_hands_out_every_pinned_slot_at_once() -> None:
+    tier = HostTier(3, 8)
+    for h in (5, 6, 7):
+        tier.store(h, _fill(h), keep_evicted=False)
+    handles = [tier.acquire(h) for h in (7, 5)]
+    got: list[bytes] = []
+    assert tier.read_many(handles, lambda views: got.extend(bytes(v) for v in views)) == 2  # type: ignore[arg-type]
+    assert got == [b"\x07" * 8, b"\x05" * 8]
+    for h in handles:
+        tier.release(h)  # type: ignore[arg-type]
+    tier.check_integrity()
+
+
 def test_store_evicts_lru_and_hands_out_the_victims_bytes() -> None:
     tier = HostTier(2, 4)
     assert tier.store(1, _fill(1), keep_evicted=True) == (True, [])

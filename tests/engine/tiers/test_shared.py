@@ -76,6 +76,28 @@ def test_a_read_overtaken_by_a_write_is_discarded(seg: Path) -> None:
     b.close()
 
 
+def test_read_many_keeps_the_leading_blocks_no_write_overtook(seg: Path) -> None:
+    a, b = SharedHostTier(seg, 3, NB, LAYOUT), SharedHostTier(seg, 3, NB, LAYOUT)
+    for h in (1, 2, 3):
+        a.store(h, fill(h), keep_evicted=False)
+    handles = [b.acquire(h) for h in (1, 2, 3)]
+    assert all(h is not None for h in handles)
+    got: list[bytes] = []
+    assert b.read_many(handles, lambda views: got.extend(bytes(v) for v in views)) == 3
+    assert got == [bytes([h]) * NB for h in (1, 2, 3)]
+
+    def overtaken(views: list[memoryview]) -> None:  # while b copies, a replaces block 2
+        assert a.remove(2) and a.store(4, fill(4), keep_evicted=False)[0]
+
+    assert b.read_many(handles, overtaken) == 1
+    assert b.read_many(handles[1:], overtaken) == 0  # changed before the copy: not even started
+    for h in handles:
+        b.release(h)  # type: ignore[arg-type]
+    b.check_integrity()
+    a.close()
+    b.close()
+
+
 def test_another_layout_is_refused(seg: Path) -> None:
     SharedHostTier(seg, 2, NB, LAYOUT).close()
     with pytest.raises(ConfigError, match="another model"):

@@ -1,0 +1,123 @@
+/* Block copies between the paged KV cache and block-major buffers (kv_cache.py, cpu_ops.py).
+ *
+ * The cache is [layers, 2, kv_heads, blocks, block_size, head_dim]: piece r (one (layer, k/v,
+ * head)) of block b lies at cache + r * run_stride + b * piece, so one block is `runs` pieces
+ * of `piece` bytes (SmolLM2: 180 pieces of 2 KiB), with run_stride = num_blocks * piece. A
+ * block-major buffer (`flat`) holds the call's blocks one after another, each block's pieces
+ * back to back.
+ *
+ * Why a kernel: measured on the AMD EPYC VM, a copy of scattered 2 KiB pieces with ordinary
+ * stores runs at half the speed of one large memcpy (5.4 against 11.6 GB/s), whatever does it
+ * (numpy strided views, memcpy per piece): each destination line is first read for ownership.
+ * glibc's large memcpy avoids that with non-temporal stores; so does this kernel, which then
+ * writes scattered pieces at 14-18 GB/s (import). Reads of scattered pieces (export) are
+ * helped along by prefetching two pieces ahead into L2: 8.5 GB/s.
+ *
+ * Plain C with SSE2 intrinsics only (every x86-64), built with the system compiler and loaded
+ * with ctypes (which releases the GIL for the call); elsewhere the same code uses memcpy.
+ * Pieces are copied in call order: with a block id given twice, the later copy wins (as numpy).
+ */
+#include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <emmintrin.h>
+#define KV_SSE2 1
+#endif
+
+static void copy_stream(char* d, const char* s, int64_t n) {
+#ifdef KV_SSE2
+  int64_t head = (int64_t)((16 - ((uintptr_t)d & 15)) & 15);
+  if (head > n) head = n;
+  memcpy(d, s, (size_t)head);
+  d += head;
+  s += head;
+  n -= head;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m128i a = _mm_loadu_si128((const __m128i*)(s + i));
+    __m128i b = _mm_loadu_si128((const __m128i*)(s + i + 16));
+    __m128i c = _mm_loadu_si128((const __m128i*)(s + i + 32));
+    __m128i e = _mm_loadu_si128((const __m128i*)(s + i + 48));
+    _mm_stream_si128((__m128i*)(d + i), a);
+    _mm_stream_si128((__m128i*)(d + i + 16), b);
+    _mm_stream_si128((__m128i*)(d + i + 32), c);
+    _mm_stream_si128((__m128i*)(d + i + 48), e);
+  }
+  for (; i + 16 <= n; i += 16) _mm_stream_si128((__m128i*)(d + i), _mm_loadu_si128((const __m128i*)(s + i)));
+  memcpy(d + i, s + i, (size_t)(n - i));
+#else
+  memcpy(d, s, (size_t)n);
+#endif
+}
+
+/* Prefetch a piece into L2 (prefetcht1): measured 2 pieces ahead, export went from 5 to 8.5 GB/s;
+   into L1 (t0) or around the caches (nta) it did not help. */
+static void prefetch(const char* p, int64_t n) {
+  for (int64_t i = 0; i < n; i += 64) __builtin_prefetch(p + i, 0, 2);
+}
+
+static void fence(void) {
+#ifdef KV_SSE2
+  _mm_sfence(); /* streaming stores are weakly ordered: make them visible before returning */
+#endif
+}
+
+#define AHEAD 2
+
+/* The position of the first id outside [0, num_blocks), or -1: nothing is copied then. */
+static int64_t bad_id(const int64_t* ids, int64_t n, int64_t num_blocks) {
+  for (int64_t k = 0; k < n; k++)
+    if (ids[k] < 0 || ids[k] >= num_blocks) return k;
+  return -1;
+}
+
+/* cache -> flat: block ids[k] into flat + k * runs * piece, for k < n. */
+int64_t kv_export(const char* cache, int64_t num_blocks, int64_t piece, int64_t runs, const int64_t* ids,
+                  int64_t n, char* flat) {
+  int64_t bad = bad_id(ids, n, num_blocks);
+  if (bad >= 0) return bad;
+  const int64_t run_stride = num_blocks * piece, block = runs * piece;
+  for (int64_t k = 0; k < n; k++) {
+    const char* s = cache + ids[k] * piece;
+    char* d = flat + k * block;
+    for (int64_t r = 0; r < runs; r++) {
+      int64_t ra = r + AHEAD, ka = k;
+      if (ra >= runs) {
+        ra -= runs;
+        ka += 1;
+      }
+      if (ka < n && ra < runs) prefetch(cache + ids[ka] * piece + ra * run_stride, piece);
+      copy_stream(d + r * piece, s + r * run_stride, piece);
+    }
+  }
+  fence();
+  return -1;
+}
+
+/* Into the cache: block k of the call (at src[k], or flat + k * runs * piece) into block ids[k]. */
+static int64_t import_impl(char* cache, int64_t num_blocks, int64_t piece, int64_t runs, const int64_t* ids,
+                           int64_t n, const char* flat, const int64_t* src) {
+  int64_t bad = bad_id(ids, n, num_blocks);
+  if (bad >= 0) return bad;
+  const int64_t run_stride = num_blocks * piece, block = runs * piece;
+  for (int64_t k = 0; k < n; k++) {
+    char* d = cache + ids[k] * piece;
+    const char* s = src ? (const char*)(intptr_t)src[k] : flat + k * block;
+    for (int64_t r = 0; r < runs; r++) copy_stream(d + r * run_stride, s + r * piece, piece);
+  }
+  fence();
+  return -1;
+}
+
+/* flat -> cache: flat + k * runs * piece into block ids[k], for k < n. */
+int64_t kv_import(char* cache, int64_t num_blocks, int64_t piece, int64_t runs, const int64_t* ids, int64_t n,
+                  const char* flat) {
+  return import_impl(cache, num_blocks, piece, runs, ids, n, flat, 0);
+}
+
+/* Blocks anywhere -> cache: the block at address src[k] into block ids[k], for k < n (host-tier
+   slots onboarded in one call). */
+int64_t kv_import_each(char* cache, int64_t num_blocks, int64_t piece, int64_t runs, const int64_t* ids,
+                       int64_t n, const int64_t* src) {
+  return import_impl(cache, num_blocks, piece, runs, ids, n, 0, src);
+}
