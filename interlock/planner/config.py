@@ -65,7 +65,11 @@ class PlannerConfig:
     ttft_ms: float = 2000.0
     """SLA: time-to-first-token target."""
     itl_ms: float = 50.0
-    """SLA: inter-token latency target."""
+    """Inter-token latency target. SLA: the pools are sized for it; reactive: the pool that
+    decodes grows while its inter-token time (decode step, observed ITL) is over it."""
+    itl_low: float = 0.5
+    """Reactive: the pool that decodes may shrink only while its inter-token time is at or
+    under this fraction of ``itl_ms`` (hysteresis band: ``itl_low * itl_ms .. itl_ms``)."""
     attainment: float = 0.99
     """SLA: the share of requests the pools are sized to serve within the TTFT target."""
     slo_feedback: bool = True
@@ -115,6 +119,8 @@ class PlannerConfig:
             raise ConfigError("planner.queue_low must be below planner.queue_high (hysteresis)")
         if not 0 <= self.backlog_low_s < self.backlog_high_s:
             raise ConfigError("planner needs 0 <= backlog_low_s < backlog_high_s (hysteresis)")
+        if not 0 < self.itl_low < 1:
+            raise ConfigError("planner.itl_low must be in (0, 1) (a fraction of planner.itl_ms)")
         if not 0 <= self.kv_low < self.kv_high <= 1:
             raise ConfigError("planner needs 0 <= kv_low < kv_high <= 1 (hysteresis)")
         if not 0 < self.attainment < 1:
