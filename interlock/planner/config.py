@@ -47,6 +47,11 @@ class PlannerConfig:
     """How often the loop observes the fleet."""
     window_s: float = 60.0
     """After a change, observe this long before deciding again (one step per window)."""
+    grow_window_s: float = 0.0
+    """After an add, a further add may come this soon (0: ``window_s``); any other change
+    still waits ``window_s``. A new worker's effect shows once it has started (decisions wait
+    for that anyway), while under a surge every window waited costs the queued requests;
+    shrinking keeps the whole window (the descent is where flapping would start)."""
     max_changes: int = 6
     """At most this many changes in any ``cap_window_s``."""
     cap_window_s: float = 600.0
@@ -113,6 +118,8 @@ class PlannerConfig:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"planner.{name} must be >= 0")
+        if not 0 <= self.grow_window_s <= self.window_s:
+            raise ConfigError("planner needs 0 <= grow_window_s <= window_s (0: window_s)")
         if self.max_changes < 1:
             raise ConfigError("planner.max_changes must be at least 1")
         if not self.queue_low < self.queue_high:
@@ -133,6 +140,10 @@ class PlannerConfig:
             raise ConfigError("planner.min_workers is above the most workers the bounds allow")
         if self.policy == "sla" and self.profile is None:
             raise ConfigError("planner.policy 'sla' needs planner.profile (from `interlock profile`)")
+
+    def add_window_s(self) -> float:
+        """How long after an add a further add may come."""
+        return self.grow_window_s or self.window_s
 
     def bounds(self, role: str) -> RoleBounds:
         b: RoleBounds = getattr(self, role)
