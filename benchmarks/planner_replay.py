@@ -62,6 +62,19 @@ def main() -> None:
     )
     ap.add_argument("--backlog-low-s", type=float, default=PlannerConfig.backlog_low_s)
     ap.add_argument("--window-s", type=float, default=60.0)
+    ap.add_argument(
+        "--grow-window-s",
+        type=float,
+        default=0.0,
+        help="after an add, a further add this soon (0: --window-s)",
+    )
+    ap.add_argument(
+        "--max-changes", type=int, default=PlannerConfig.max_changes, help="changes allowed per 600 s"
+    )
+    ap.add_argument(
+        "--headroom", type=float, default=PlannerConfig.headroom, help="sla: spare kept when shrinking"
+    )
+    ap.add_argument("--attainment", type=float, default=PlannerConfig.attainment, help="sla: target share")
     ap.add_argument("--startup-s", type=float, default=30.0)
     ap.add_argument("--ramp-s", type=float, default=60.0)
     ap.add_argument("--profile", default=None, help="capability profile (runs the sla planner)")
@@ -103,11 +116,15 @@ def main() -> None:
     planner = PlannerConfig(
         both=RoleBounds(args.min_workers, args.max_workers),
         window_s=args.window_s,
+        grow_window_s=args.grow_window_s,
         ramp_s=args.ramp_s,
         ttft_ms=args.ttft_slo_ms,
         itl_ms=args.itl_slo_ms,
         backlog_high_s=args.backlog_high_s,
         backlog_low_s=args.backlog_low_s,
+        headroom=args.headroom,
+        max_changes=args.max_changes,
+        attainment=args.attainment,
     )
     for policy in args.policies.split(","):
         if policy == "sla" and not args.profile:

@@ -62,6 +62,7 @@ class RoleSim(Sim):
             num_waiting=ld.num_waiting,
             queued_prefill_tokens=e.core.scheduler.queued_prefill_tokens(),
             prefill_tokens_per_s=ld.prefill_tokens_per_s,
+            decode_step_s=ld.decode_step_s,
             kv_usage=e.core.pool.num_used_blocks / e.core.pool.num_blocks,
             ready=ready,
         )
@@ -155,6 +156,8 @@ def main() -> None:
         window_s=args.window,
         max_changes=100,
         ramp_s=0.0,
+        ttft_ms=args.ttft_slo * 1000,
+        itl_ms=args.itl_slo * 1000,
     )
     print(
         f"2P+2D, {args.requests} requests at {args.rate} req/s: first half ISL 4000-8000 / OSL "
@@ -168,13 +171,7 @@ def main() -> None:
         runs.append(
             (
                 "planner (sla)",
-                replace(
-                    cfg,
-                    policy="sla",
-                    profile=args.profile,
-                    ttft_ms=args.ttft_slo * 1000,
-                    itl_ms=args.itl_slo * 1000,
-                ),
+                replace(cfg, policy="sla", profile=args.profile),
             )
         )
     for name, planner in runs:

@@ -47,6 +47,11 @@ class PlannerConfig:
     """How often the loop observes the fleet."""
     window_s: float = 60.0
     """After a change, observe this long before deciding again (one step per window)."""
+    grow_window_s: float = 0.0
+    """After an add, a further add may come this soon (0: ``window_s``); any other change
+    still waits ``window_s``. A new worker's effect shows once it has started (decisions wait
+    for that anyway), while under a surge every window waited costs the queued requests;
+    shrinking keeps the whole window (the descent is where flapping would start)."""
     max_changes: int = 6
     """At most this many changes in any ``cap_window_s``."""
     cap_window_s: float = 600.0
@@ -65,7 +70,11 @@ class PlannerConfig:
     ttft_ms: float = 2000.0
     """SLA: time-to-first-token target."""
     itl_ms: float = 50.0
-    """SLA: inter-token latency target."""
+    """Inter-token latency target. SLA: the pools are sized for it; reactive: the pool that
+    decodes grows while its inter-token time (decode step, observed ITL) is over it."""
+    itl_low: float = 0.5
+    """Reactive: the pool that decodes may shrink only while its inter-token time is at or
+    under this fraction of ``itl_ms`` (hysteresis band: ``itl_low * itl_ms .. itl_ms``)."""
     attainment: float = 0.99
     """SLA: the share of requests the pools are sized to serve within the TTFT target."""
     slo_feedback: bool = True
@@ -109,12 +118,16 @@ class PlannerConfig:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"planner.{name} must be >= 0")
+        if not 0 <= self.grow_window_s <= self.window_s:
+            raise ConfigError("planner needs 0 <= grow_window_s <= window_s (0: window_s)")
         if self.max_changes < 1:
             raise ConfigError("planner.max_changes must be at least 1")
         if not self.queue_low < self.queue_high:
             raise ConfigError("planner.queue_low must be below planner.queue_high (hysteresis)")
         if not 0 <= self.backlog_low_s < self.backlog_high_s:
             raise ConfigError("planner needs 0 <= backlog_low_s < backlog_high_s (hysteresis)")
+        if not 0 < self.itl_low < 1:
+            raise ConfigError("planner.itl_low must be in (0, 1) (a fraction of planner.itl_ms)")
         if not 0 <= self.kv_low < self.kv_high <= 1:
             raise ConfigError("planner needs 0 <= kv_low < kv_high <= 1 (hysteresis)")
         if not 0 < self.attainment < 1:
@@ -127,6 +140,10 @@ class PlannerConfig:
             raise ConfigError("planner.min_workers is above the most workers the bounds allow")
         if self.policy == "sla" and self.profile is None:
             raise ConfigError("planner.policy 'sla' needs planner.profile (from `interlock profile`)")
+
+    def add_window_s(self) -> float:
+        """How long after an add a further add may come."""
+        return self.grow_window_s or self.window_s
 
     def bounds(self, role: str) -> RoleBounds:
         b: RoleBounds = getattr(self, role)

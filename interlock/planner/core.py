@@ -5,8 +5,9 @@ an empty cache and needs time to warm up, and a removed one takes its cache with
 on every fluctuation costs more than it saves. Each call:
 
 1. asks the policy (reactive or SLA) what each pool wants: grow, or may shrink;
-2. decides nothing while a worker is still starting, within ``window_s`` of the last change,
-   or once ``max_changes`` changes happened in the last ``cap_window_s``;
+2. decides nothing while a worker is still starting, within ``window_s`` of the last change
+   (an add right after an add: ``grow_window_s``), or once ``max_changes`` changes happened in
+   the last ``cap_window_s``;
 3. puts a pool outside its bounds back in (one worker);
 4. turns a grow of one disaggregated pool plus a shrink of the other into one role switch
    (the fleet keeps its size, the roles follow the mix);
@@ -44,6 +45,7 @@ class Planner:
         self.config = config
         self.policy = policy
         self.last_change = -float("inf")
+        self._last_was_add = False
         self._changes: deque[float] = deque()
         self.history: list[DecisionRecord] = []
         self.last_wants: list[Want] = []
@@ -61,8 +63,13 @@ class Planner:
         if action is None:
             self.last_hold = "nothing to do"
             return []
+        since = obs.now - self.last_change
+        if since < self.config.window_s and not (isinstance(action, AddWorker) and self._last_was_add):
+            self.last_hold = self._observing(since)
+            return []
         self.last_hold = ""
         self.last_change = obs.now
+        self._last_was_add = isinstance(action, AddWorker)
         self._changes.append(obs.now)
         self.history.append(DecisionRecord(obs.now, action))
         return [action]
@@ -73,15 +80,22 @@ class Planner:
         may then skip observing what only matters to an action, like cache ownership)."""
         c = self.config
         recent = sum(1 for t in self._changes if t > now - c.cap_window_s)
-        return now - self.last_change < c.window_s or recent >= c.max_changes
+        return now - self.last_change < self._gap() or recent >= c.max_changes
+
+    def _gap(self) -> float:
+        """The least time after the last change before the next one may come."""
+        return self.config.add_window_s() if self._last_was_add else self.config.window_s
+
+    def _observing(self, since: float) -> str:
+        return f"observing: {since:.0f}s of the {self.config.window_s:g}s window since the last change"
 
     def _hold(self, obs: Observation) -> str:
         c = self.config
         starting = [w.worker_id for w in obs.workers if not w.ready and not w.draining]
         if starting:
             return f"waiting for {', '.join(starting)} to start"
-        if obs.now - self.last_change < c.window_s:
-            return f"observing: {obs.now - self.last_change:.0f}s of the {c.window_s:g}s window since the last change"
+        if obs.now - self.last_change < self._gap():
+            return self._observing(obs.now - self.last_change)
         while self._changes and self._changes[0] <= obs.now - c.cap_window_s:
             self._changes.popleft()
         if len(self._changes) >= c.max_changes:

@@ -17,15 +17,21 @@ the allowed ``1 - attainment``, every need is multiplied by ``sqrt(observed / al
 between 1 and 2. The model sees mean lengths and mean inter-token times; the feedback covers
 what it cannot see (heavy prompt tails, a short answer sharing a step with a long prefill chunk).
 
-Work already queued is the reactive policy's business, and the SLA policy defers to it: a pool
-also grows when the reactive policy says so (a forecast of arrivals does not see a backlog
-left by a surge), and shrinks only when the reactive policy agrees (a whole window with its
-queues and backlog low).
+Work already queued is the reactive policy's business: a pool also grows when the reactive
+policy says so (a forecast of arrivals does not see a backlog left by a surge). A pool the
+forecast says is too large shrinks when either the reactive policy agrees (a whole window with
+its queues, backlog and inter-token time low) or the requests that finished over the last
+``window_s`` met the targets at least ``attainment`` of the time (at least
+``MIN_WINDOW_REQUESTS`` of them) while arrivals are not rising and the reactive policy does not
+ask to grow (on a rise the window's success says nothing about the next one): waiting for
+every reactive signal to settle kept the peak's fleet for minutes after the peak, with the
+observed SLO saying there was room.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from interlock.planner.config import PlannerConfig
 from interlock.planner.forecast import ArrivalForecaster, Forecast
@@ -36,6 +42,9 @@ from interlock.planner.state import Observation, WorkerView
 
 FEEDBACK_REQUESTS = 500
 """Memory of the observed-miss estimate, in finished requests."""
+
+MIN_WINDOW_REQUESTS = 100
+"""Fewest finished requests in a window whose attainment may justify a removal on its own."""
 
 
 class SlaPolicy:
@@ -49,6 +58,16 @@ class SlaPolicy:
         """Smoothed share of finished requests that missed a target."""
         self.correction = 1.0
         self.reactive = ReactivePolicy(config)
+        self._done: deque[tuple[float, int, int]] = deque()
+        """(time, finished, met) over the last window."""
+
+    def window_attainment(self, now: float) -> float | None:
+        """Share of the requests finished over the last ``window_s`` that met the targets
+        (None: fewer than ``MIN_WINDOW_REQUESTS`` finished)."""
+        while self._done and self._done[0][0] <= now - self.config.window_s:
+            self._done.popleft()
+        finished = sum(d[1] for d in self._done)
+        return sum(d[2] for d in self._done) / finished if finished >= MIN_WINDOW_REQUESTS else None
 
     def needs(self, f: Forecast) -> dict[str, float]:
         c, p = self.config, self.profile
@@ -76,6 +95,9 @@ class SlaPolicy:
         t = obs.traffic
         self.forecaster.observe(t)
         self._feedback(t.finished, t.met)
+        if t.finished:
+            self._done.append((obs.now, t.finished, t.met))
+        met = self.window_attainment(obs.now)
         backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
         f = self.forecaster.forecast(self.config.horizon_s)
         if f is None:
@@ -98,19 +120,27 @@ class SlaPolicy:
                         + self._why_corrected(),
                     )
                 )
-            elif (
-                n >= 1
-                and need * (1 + self.config.headroom) <= n - 1
-                and queued is not None
-                and queued.delta < 0
-            ):
+            elif n >= 1 and need * (1 + self.config.headroom) <= n - 1:
+                agrees = queued is not None and queued.delta < 0
+                meeting = (
+                    met is not None
+                    and met >= self.config.attainment
+                    and queued is None
+                    and self.forecaster.trend <= 0
+                )
+                if not (agrees or meeting):
+                    continue
+                why = ""
+                if not agrees and met is not None:
+                    why = f", {100 * met:.1f}% met the targets over {self.config.window_s:g}s"
                 out.append(
                     Want(
                         role,
                         -1,
                         (n - 1) / max(need, 1e-9),
                         f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers "
-                        f"(+{self.config.headroom:.0%} headroom fits in {n - 1})" + self._why_corrected(),
+                        f"(+{self.config.headroom:.0%} headroom fits in {n - 1}){why}"
+                        + self._why_corrected(),
                     )
                 )
         return out

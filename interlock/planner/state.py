@@ -27,6 +27,9 @@ class WorkerView:
     """Measured prefill speed (0: not measured yet)."""
     kv_usage: float = 0.0
     """Fraction of the worker's KV blocks in use."""
+    decode_step_s: float = 0.0
+    """Measured time of one decode step at its current batch (0: not measured yet): the
+    inter-token time its running requests see."""
     unique_blocks: int = 0
     """Cached blocks no other worker holds (lost if this worker goes)."""
     ready: bool = True
@@ -65,6 +68,7 @@ class WorkerView:
             queued_prefill_tokens=report.queued_prefill_tokens,
             prefill_tokens_per_s=report.prefill_tokens_per_s,
             kv_usage=report.kv_blocks_used / report.kv_blocks_total if report.kv_blocks_total else 0.0,
+            decode_step_s=report.decode_step_s,
             unique_blocks=unique_blocks,
             ready=ready,
             draining=draining,
@@ -86,6 +90,12 @@ class Traffic:
     """Requests that finished during the interval (0: the connector does not see them)."""
     met: int = 0
     """Of those, how many met both the TTFT and the ITL target."""
+    decode_tokens: int = 0
+    """Output tokens decoded during the interval (each after its request's first token; 0:
+    the connector does not see them)."""
+    decode_s: float = 0.0
+    """Sum of those tokens' inter-token times: ``decode_s / decode_tokens`` is the inter-token
+    time the decoding pool delivered, prefill chunks sharing its steps included."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ virtual time and carries the planner's actions out on the simulated fleet.
 * observe: each worker's last load (running, waiting, queued prefill, KV usage), whether it is
   still starting or draining, its age, the router's admission queue, the requests that arrived
   since the last tick (with the router's predicted cached tokens) and those that finished (and
-  how many met the planner's TTFT and ITL targets) as the traffic;
+  how many met the planner's TTFT and ITL targets) and the tokens decoded with their
+  inter-token times as the traffic;
   cached blocks only one worker holds come from the router's index, counted only when the
   planner may act (counting walks the whole index);
 * add: a worker starts now and joins the router ``startup_s`` later;
@@ -60,6 +61,7 @@ class PlannerConnector:
         self.planner = build_planner(config, profile)
         self._last_tick = 0.0
         self._done_seen = 0
+        self._itl_seen = 0
         drv.call_at(0.0, self.tick)
 
     def _finished(self) -> tuple[int, int]:
@@ -77,10 +79,18 @@ class PlannerConnector:
         )
         return len(done), met
 
+    def _decoded(self) -> tuple[int, float]:
+        """Tokens decoded since the last tick and the sum of their inter-token times (each
+        step's time once per request it decoded)."""
+        steps, tokens = self.drv.itl_s[self._itl_seen :], self.drv.itl_w[self._itl_seen :]
+        self._itl_seen = len(self.drv.itl_s)
+        return sum(tokens), sum(s * n for s, n in zip(steps, tokens, strict=True))
+
     def observe(self) -> Observation:
         drv, now = self.drv, self.drv.now
         arrived = drv.take_arrivals()
         finished, met = self._finished()
+        decode_tokens, decode_s = self._decoded()
         traffic = Traffic(
             duration_s=now - self._last_tick,
             requests=len(arrived),
@@ -89,6 +99,8 @@ class PlannerConnector:
             output_tokens=sum(r.output_tokens for r, _ in arrived),
             finished=finished,
             met=met,
+            decode_tokens=decode_tokens,
+            decode_s=decode_s,
         )
         self._last_tick = now
         unique = {} if self.planner.holding(now) else drv.router.indexer.unique_counts()

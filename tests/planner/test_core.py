@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from interlock.errors import ConfigError
 from interlock.planner import (
     AddWorker,
     Observation,
@@ -198,3 +199,22 @@ def test_min_workers_keeps_the_fleet_size_but_roles_still_move() -> None:
     assert first_action(build_planner(cfg), idle) == []
     [a] = first_action(build_planner(cfg), (*fleet(0, 0, role="prefill"), *fleet(6, 6, role="decode")))
     assert isinstance(a, SwitchRole) and a.role == "decode"
+
+
+def test_grow_window_lets_adds_follow_adds_sooner_but_not_removals() -> None:
+    sim = Sim(build_planner(replace(CFG, both=RoleBounds(1, 5), grow_window_s=30.0)), fleet(5))
+    for t in range(0, 100, 5):
+        sim.tick(float(t), 5.0)
+    assert sim.log == [(0.0, "add"), (30.0, "add"), (60.0, "add"), (90.0, "add")]
+    # after an add, a removal still waits the whole window (and a whole window of low load)
+    p = sim.planner
+    p.decide(Observation(100.0, tuple(sim.workers)))
+    assert p.last_hold.startswith("observing: 10s of the 60s window")
+    for t in range(100, 400, 5):
+        sim.tick(float(t), 0.0)
+    assert sim.log[4][1] == "remove" and sim.log[4][0] >= 90.0 + CFG.window_s
+
+
+def test_grow_window_must_fit_in_the_window() -> None:
+    with pytest.raises(ConfigError, match="grow_window_s"):
+        PlannerConfig(window_s=30.0, grow_window_s=60.0)

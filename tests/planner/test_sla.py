@@ -112,3 +112,28 @@ def test_observed_misses_size_the_pools_up() -> None:
     assert need_after(4) == pytest.approx(2 * base, rel=0.05)  # sqrt(4% / 1%)
     assert need_after(50) == pytest.approx(2 * base)  # capped
     assert need_after(50, feedback=False) == pytest.approx(base)
+
+
+def test_sla_shrinks_on_observed_attainment_without_waiting_for_every_reactive_signal() -> None:
+    # queues inside the reactive dead band (1 waiting per worker): the reactive side neither
+    # grows nor agrees to shrink; the forecast fits in fewer and 100% met over the window
+    workers = tuple(WorkerView(f"w{i}", "both", num_waiting=1) for i in range(10))
+    planner = build_planner(CFG, mock_profile())
+    for t in range(0, 30, 5):
+        planner.decide(Observation(float(t), workers, traffic=replace(traffic(0.5), finished=40, met=40)))
+    [rec] = planner.history
+    assert isinstance(rec.action, RemoveWorker) and "100.0% met the targets over 30s" in rec.action.reason
+    # the same while too many missed: no removal
+    planner = build_planner(CFG, mock_profile())
+    for t in range(0, 60, 5):
+        planner.decide(Observation(float(t), workers, traffic=replace(traffic(0.5), finished=40, met=38)))
+    assert planner.history == []
+
+
+def test_sla_does_not_shrink_on_attainment_while_arrivals_rise() -> None:
+    workers = tuple(WorkerView(f"w{i}", "both", num_waiting=1) for i in range(10))
+    planner = build_planner(CFG, mock_profile())
+    for i, t in enumerate(range(0, 60, 5)):
+        tr = replace(traffic(0.2 + 0.1 * i), finished=40, met=40)
+        planner.decide(Observation(float(t), workers, traffic=tr))
+    assert planner.history == []
