@@ -93,12 +93,13 @@ def ttft_costs(
     params: CostParams,
     *,
     prompt_tokens: int,
-    overlap_blocks: np.ndarray,
     queued_prefill: np.ndarray,
     per_token_s: np.ndarray,
     step_overhead_s: np.ndarray,
     decode_step_s: np.ndarray,
     kv_usage: np.ndarray,
+    overlap_blocks: np.ndarray | None = None,
+    uncached_tokens: np.ndarray | None = None,
     decode_tokens: int = 0,
     lower_blocks: np.ndarray | None = None,
     load_s_per_block: np.ndarray | None = None,
@@ -107,26 +108,44 @@ def ttft_costs(
     drain_s: np.ndarray | None = None,
 ) -> np.ndarray:
     """Estimated seconds to first token on each worker (see module docstring); with
-    ``free_blocks``, ``used_blocks`` and ``drain_s`` the wait for room is added last."""
-    hit = overlap_blocks if lower_blocks is None else overlap_blocks + lower_blocks
-    uncached = np.maximum(prompt_tokens - hit * params.block_size, 1)
+    ``free_blocks``, ``used_blocks`` and ``drain_s`` the wait for room is added last.
+
+    Give either ``overlap_blocks`` (and optionally ``lower_blocks``) or ``uncached_tokens``,
+    the ``uncached_w`` of the formula already worked out (the router builds it straight from
+    its prefix lookup). Terms that are the same everywhere are added without computing them
+    per worker (a step count of 1 when no worker's work passes a chunk, no wait for room when
+    every worker has it): the result is the same to the last bit, at a fraction of the cost
+    over 1,024 workers."""
+    if uncached_tokens is None:
+        if overlap_blocks is None:
+            raise TypeError("ttft_costs needs overlap_blocks or uncached_tokens")
+        hit = overlap_blocks if lower_blocks is None else overlap_blocks + lower_blocks
+        uncached = np.maximum(prompt_tokens - hit * params.block_size, 1)
+    elif overlap_blocks is not None or lower_blocks is not None:
+        raise TypeError("ttft_costs takes uncached_tokens or overlap_blocks (and lower_blocks), not both")
+    else:
+        uncached = uncached_tokens
     work = queued_prefill + uncached
-    cost = (work + params.miss_weight * uncached) * per_token_s
-    cost += np.ceil(work / params.chunk_tokens) * step_overhead_s
+    cost = work + uncached if params.miss_weight == 1.0 else work + params.miss_weight * uncached
+    cost *= per_token_s
+    if 0 < work[work.argmin()] and work[work.argmax()] <= params.chunk_tokens:
+        cost += step_overhead_s  # ceil(work / chunk_tokens) is 1 everywhere
+    else:
+        cost += np.ceil(work / params.chunk_tokens) * step_overhead_s
     if params.decode_weight and decode_tokens:
-        cost += params.decode_weight * decode_tokens * decode_step_s
+        cost += (params.decode_weight * decode_tokens) * decode_step_s
     if lower_blocks is not None and load_s_per_block is not None:
         cost += lower_blocks * load_s_per_block
     if params.kv_penalty and kv_usage.max() > params.kv_watermark:
         over = np.maximum(kv_usage - params.kv_watermark, 0.0) / max(1.0 - params.kv_watermark, 1e-9)
         cost *= 1.0 + params.kv_penalty * over
     if free_blocks is not None and used_blocks is not None and drain_s is not None:
-        cost += room_wait_s(
-            need_blocks=work / params.block_size,
-            free_blocks=free_blocks,
-            used_blocks=used_blocks,
-            drain_s=drain_s,
-        )
+        need = work / params.block_size
+        short = need - free_blocks
+        if short[short.argmax()] > 0:  # elsewhere the wait is 0
+            cost += room_wait_s(
+                need_blocks=need, free_blocks=free_blocks, used_blocks=used_blocks, drain_s=drain_s
+            )
     return cost
 
 
@@ -150,16 +169,21 @@ def choose(
     rotation: int = 0,
 ) -> int:
     """Index of the chosen worker among ``eligible`` (a bool vector with at least one True)."""
-    idx = np.flatnonzero(eligible)
-    c = costs[idx]
-    if temperature > 0 and len(idx) > 1:
-        span = float(c.max() - c.min()) or 1.0
-        logits = -(c - c.min()) / span / temperature
-        p = np.exp(logits - logits.max())
-        gen = rng or np.random.default_rng()
-        return int(idx[gen.choice(len(idx), p=p / p.sum())])
-    tied = idx[c <= c.min() + tolerance]
-    if len(tied) > 1:
-        b = busy[tied]
-        tied = tied[b == b.min()]
+    if temperature > 0:
+        idx = np.flatnonzero(eligible)
+        if len(idx) > 1:
+            c = costs[idx]
+            span = float(c.max() - c.min()) or 1.0
+            logits = -(c - c.min()) / span / temperature
+            p = np.exp(logits - logits.max())
+            gen = rng or np.random.default_rng()
+            return int(idx[gen.choice(len(idx), p=p / p.sum())])
+    masked = np.where(eligible, costs, np.inf)
+    best = int(masked.argmin())
+    near = masked <= masked[best] + tolerance
+    if np.count_nonzero(near) == 1:
+        return best
+    tied = np.flatnonzero(near)
+    b = busy[tied]
+    tied = tied[b == b.min()]
     return int(tied[rotation % len(tied)])
