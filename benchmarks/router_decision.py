@@ -14,7 +14,9 @@ a prompt nobody holds (16-256 blocks); prompts are 256-4,096 tokens, outputs 32-
 Load moves as in a running deployment: about two requests per worker are in flight (each
 decision's request gets its first token and finishes a few decisions later), and before each
 decision four random workers send a ``LoadReport`` (KV 20-95% used, a prefill queue, step
-times that fit the speed lines). None of that is timed; only the ``route`` call is.
+times that fit the speed lines; every worker has sent eight before the first decision, so each
+has its speed line, as in a deployment that has run for a while). None of that is timed; only
+the ``route`` call is.
 
 Reported (CPU time, ``time.thread_time_ns``, so time the process spent descheduled is left
 out): p50/p99 of the whole decision, and per part: the prefix lookup alone
@@ -135,11 +137,15 @@ def measure(num_workers: int, num_blocks: int, decisions: int) -> dict[str, floa
     requests = [fleet.request(i) for i in range(decisions)]
     gc.collect()
     gc.freeze()  # the index is long-lived; keep the collector off it, as a server would
+    now = 0.0
+    for _ in range(8):  # warm: every worker has reported enough to fit its speed line
+        for w in range(num_workers):
+            now += 1e-6
+            r.apply_load(fleet.report(w, now))
     inflight: deque[str] = deque()
     started: deque[str] = deque()
     whole, lookup = [], []
     queued = 0
-    now = 0.0
     for i, (hashes, prompt, max_tokens) in enumerate(requests):
         now += 1e-3
         for w in rng.sample(range(num_workers), min(REPORTS_PER_DECISION, num_workers)):

@@ -128,24 +128,26 @@ def ttft_costs(
     work = queued_prefill + uncached
     cost = work + uncached if params.miss_weight == 1.0 else work + params.miss_weight * uncached
     cost *= per_token_s
-    if 0 < work[work.argmin()] and work[work.argmax()] <= params.chunk_tokens:
+    if work[work.argmax()] <= params.chunk_tokens and 0 < work[work.argmin()]:
         cost += step_overhead_s  # ceil(work / chunk_tokens) is 1 everywhere
     else:
-        cost += np.ceil(work / params.chunk_tokens) * step_overhead_s
+        steps = work / params.chunk_tokens
+        np.ceil(steps, out=steps)
+        steps *= step_overhead_s
+        cost += steps
     if params.decode_weight and decode_tokens:
-        cost += (params.decode_weight * decode_tokens) * decode_step_s
+        decode = decode_step_s * (params.decode_weight * decode_tokens)
+        cost += decode
     if lower_blocks is not None and load_s_per_block is not None:
         cost += lower_blocks * load_s_per_block
     if params.kv_penalty and kv_usage.max() > params.kv_watermark:
         over = np.maximum(kv_usage - params.kv_watermark, 0.0) / max(1.0 - params.kv_watermark, 1e-9)
         cost *= 1.0 + params.kv_penalty * over
     if free_blocks is not None and used_blocks is not None and drain_s is not None:
-        need = work / params.block_size
-        short = need - free_blocks
+        short = work / params.block_size
+        short -= free_blocks
         if short[short.argmax()] > 0:  # elsewhere the wait is 0
-            cost += room_wait_s(
-                need_blocks=need, free_blocks=free_blocks, used_blocks=used_blocks, drain_s=drain_s
-            )
+            cost += _room_wait(short, used_blocks, drain_s)
     return cost
 
 
@@ -154,8 +156,29 @@ def room_wait_s(
 ) -> np.ndarray:
     """Seconds until each worker has ``need_blocks`` free: 0 while it has them; past that the
     deficit, at the rate a worker releases its ``used_blocks`` (all of them in ``drain_s``)."""
-    deficit = np.maximum(need_blocks - free_blocks, 0.0)
-    return deficit * drain_s / np.maximum(used_blocks, 1.0)
+    return _room_wait(need_blocks - free_blocks, used_blocks, drain_s)
+
+
+def _room_wait(short: np.ndarray, used_blocks: np.ndarray, drain_s: np.ndarray) -> np.ndarray:
+    """``room_wait_s`` from the blocks each worker lacks (``short``, overwritten)."""
+    deficit = np.maximum(short, 0.0, out=short)
+    deficit *= drain_s
+    deficit /= np.maximum(used_blocks, 1.0)
+    return deficit
+
+
+def cheapest(costs: np.ndarray, eligible: np.ndarray | None, k: int) -> list[int]:
+    """Up to ``k`` indices among ``eligible`` (None: all) with the lowest costs, cheapest first,
+    equal costs by index; +inf costs are left out."""
+    left = costs.copy() if eligible is None else np.where(eligible, costs, np.inf)
+    out = []
+    for _ in range(k):
+        i = int(left.argmin())
+        if left[i] == np.inf:
+            break
+        out.append(i)
+        left[i] = np.inf
+    return out
 
 
 def choose(
@@ -167,8 +190,14 @@ def choose(
     temperature: float = 0.0,
     rng: np.random.Generator | None = None,
     rotation: int = 0,
+    ranked: list[int] | None = None,
 ) -> int:
-    """Index of the chosen worker among ``eligible`` (a bool vector with at least one True)."""
+    """Index of the chosen worker among ``eligible`` (a bool vector with at least one True).
+    ``ranked``: ``cheapest(costs, eligible, k)`` for some k >= 2, if the caller has it (then a
+    clear winner needs no pass over the costs)."""
+    if ranked and temperature <= 0:
+        if len(ranked) == 1 or costs[ranked[1]] > costs[ranked[0]] + tolerance:
+            return ranked[0]
     if temperature > 0:
         idx = np.flatnonzero(eligible)
         if len(idx) > 1:

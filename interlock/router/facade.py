@@ -27,7 +27,7 @@ from interlock.kvhash import hash_blocks
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import KVEventBatch, LoadReport, RouterLoadEvent
 from interlock.router.admission import AdmissionQueue, Pending, RequestMeta
-from interlock.router.cost import CostParams, choose, ttft_costs
+from interlock.router.cost import CostParams, cheapest, choose, ttft_costs
 from interlock.router.decision import Candidate, Decision, RouterMetrics
 from interlock.router.indexer import ApplyResult, KvIndexer, dropouts, overlap_of, set_bits
 from interlock.router.load import LoadTracker
@@ -123,6 +123,8 @@ class Router:
         self._workers: dict[str, _WorkerState] = {}
         self._slot_ids: dict[int, str] = {}
         self._eligible_cache: dict[str | None, np.ndarray] = {}
+        self._whole: list[np.ndarray] = []
+        """The cached eligible masks that hold every slot (no costs to mask out)."""
         self._weight = np.ones(0)
         """Per slot: routing weight in (0, 1] (``set_weight``), 1 where never set."""
         self._weighted: set[int] = set()
@@ -159,7 +161,7 @@ class Router:
         self._workers[info.instance_id] = _WorkerState(info, slot)
         self._slot_ids[slot] = info.instance_id
         self.set_weight(info.instance_id, 1.0)
-        self._eligible_cache.clear()
+        self._forget_eligible()
 
     def remove_worker(self, instance_id: str) -> None:
         w = self._workers.pop(instance_id, None)
@@ -171,19 +173,19 @@ class Router:
         del self._slot_ids[w.slot]
         for rid in [r for r, wid in self._routed.items() if wid == instance_id]:
             del self._routed[rid]
-        self._eligible_cache.clear()
+        self._forget_eligible()
 
     def set_health(self, instance_id: str, healthy: bool) -> None:
         w = self._workers.get(instance_id)
         if w is not None and w.healthy != healthy:
             w.healthy = healthy
-            self._eligible_cache.clear()
+            self._forget_eligible()
 
     def set_blocked(self, instance_id: str, blocked: bool) -> None:
         w = self._workers.get(instance_id)
         if w is not None and w.blocked != blocked:
             w.blocked = blocked
-            self._eligible_cache.clear()
+            self._forget_eligible()
 
     def set_weight(self, instance_id: str, weight: float) -> None:
         """Routing weight of a worker, in (0, 1]: the ``kv`` cost and the load that
@@ -233,7 +235,7 @@ class Router:
         self.load.apply_report(w.slot, report, self.clock())
         if w.draining != report.draining:
             w.draining = report.draining
-            self._eligible_cache.clear()
+            self._forget_eligible()
 
     def apply_remote_load(self, ev: RouterLoadEvent) -> None:
         """Dispatch-time load shared by another router."""
@@ -266,7 +268,7 @@ class Router:
         eligible = self._eligible(meta.role)
         if meta.worker_id is not None:
             return self._commit(self._direct(meta, hashes, eligible), meta, hashes, now)
-        if not eligible.any():
+        if not self._is_whole(eligible) and not eligible.any():
             raise NoWorkers("no healthy worker available", retry_after=self.config.retry_after_s)
         open_ = eligible & ~self._busy_mask() if self.load.num_busy else eligible
         if open_ is not eligible and not open_.any():
@@ -363,7 +365,16 @@ class Router:
             ):
                 mask[w.slot] = True
         self._eligible_cache[role] = mask
+        if mask.all():
+            self._whole.append(mask)
         return mask
+
+    def _is_whole(self, mask: np.ndarray) -> bool:
+        return any(m is mask for m in self._whole)
+
+    def _forget_eligible(self) -> None:
+        self._eligible_cache.clear()
+        self._whole.clear()
 
     def _weights(self, n: int) -> np.ndarray | None:
         """Per-slot routing weights for ``n`` slots, None when all are 1 (the common case)."""
@@ -466,6 +477,7 @@ class Router:
         costs = self._kv_costs(meta, hashes, runs, n)
         if weight is not None:
             costs = costs / weight
+        ranked = cheapest(costs, None if self._is_whole(mask) else mask, max(self.config.num_candidates, 2))
         slot = choose(
             costs,
             mask,
@@ -474,6 +486,7 @@ class Router:
             temperature=self.config.cost.temperature,
             rng=self._rng,
             rotation=self._rotation,
+            ranked=ranked,
         )
         if wait_for is not None and wait_for is not mask:
             closed = wait_for & ~mask
@@ -490,7 +503,10 @@ class Router:
             reason,
             overlap_of(runs, slot),
             t0=t0,
-            candidates=self._candidates(costs, mask, runs),
+            candidates=tuple(
+                Candidate(self._slot_ids[s], float(costs[s]), overlap_of(runs, s))
+                for s in ranked[: self.config.num_candidates]
+            ),
         )
 
     def _kv_costs(
@@ -538,20 +554,6 @@ class Router:
             return {}
         used, free = self.load.blocks_in_use()
         return {"free_blocks": free[:n], "used_blocks": used[:n], "drain_s": decode_step * max(max_tokens, 1)}
-
-    def _candidates(
-        self, costs: np.ndarray, mask: np.ndarray, runs: list[tuple[int, int]]
-    ) -> tuple[Candidate, ...]:
-        """The ``num_candidates`` cheapest workers in ``mask``, cheapest first (then by slot)."""
-        left = np.where(mask, costs, np.inf)
-        out = []
-        for _ in range(self.config.num_candidates):
-            s = int(left.argmin())
-            if left[s] == np.inf:
-                break
-            out.append(Candidate(self._slot_ids[s], float(costs[s]), overlap_of(runs, s)))
-            left[s] = np.inf
-        return tuple(out)
 
     def _decision(
         self,

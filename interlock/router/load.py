@@ -204,8 +204,8 @@ class LoadTracker:
     def _reset(self, slot: int) -> None:
         self._grow(slot + 1)
         self._fresh[slot] = []
-        if self._fitted[slot]:
-            self._num_fitted -= 1
+        self._num_fitted -= bool(self._fitted[slot])
+        self._num_busy -= bool(self._busy[slot])
         for name, fill, _ in _VECTORS:
             getattr(self, name)[slot] = fill
         self._fits.pop(slot, None)
@@ -221,26 +221,31 @@ class LoadTracker:
             setattr(self, name, np.concatenate([getattr(self, name), np.full(extra, fill, dtype=dtype)]))
         self._speeds = None
 
-    def _refresh(self, s: int) -> None:
+    def _refresh(self, s: int, blocks: bool = True) -> None:
         """Recompute slot ``s``'s derived values from its state (same arithmetic as the
-        vectorised definitions in ``check_derived``)."""
-        self._queued[s] = self.reported_prefill[s] + self.fresh_prefill[s]
-        self._depth[s] = depth = self.reported_waiting[s] + self.fresh_count[s]
-        self._busy_n[s] = n = max(self.inflight[s], self.reported_running[s])
-        dkv, inv = self.dispatched_kv[s], self.inv_kv_tokens[s]
-        used_frac = self.kv_used_frac[s]
-        self._usage[s] = usage = max(used_frac, dkv * inv)
+        vectorised definitions in ``check_derived``); ``blocks=False`` after a dispatch, which
+        leaves the reported blocks in use as they were."""
+        depth = self.reported_waiting.item(s) + self.fresh_count.item(s)
+        n = max(self.inflight.item(s), self.reported_running.item(s))
+        dkv, inv = self.dispatched_kv.item(s), self.inv_kv_tokens.item(s)
+        used_frac = self.kv_used_frac.item(s)
+        usage = max(used_frac, dkv * inv)
+        self._queued[s] = self.reported_prefill.item(s) + self.fresh_prefill.item(s)
+        self._depth[s] = depth
+        self._busy_n[s] = n
+        self._usage[s] = usage
         self._prior[s] = 1.0 + DECODE_CONTEXT_SLOPE * dkv * inv
-        total = self.kv_tokens_total[s] / self._block_size[s]
-        self._used[s] = used = used_frac * total
-        self._free[s] = total - used if total > 0 else np.inf
-        busy = bool(
+        if blocks:
+            total = self.kv_tokens_total.item(s) / self._block_size.item(s)
+            self._used[s] = used = used_frac * total
+            self._free[s] = total - used if total > 0 else np.inf
+        busy = (
             used_frac >= self.busy_kv_usage
             or usage >= self.busy_kv_footprint
             or (self.max_inflight and n >= self.max_inflight)
-            or depth > self._queue_limit[s]
+            or depth > self._queue_limit.item(s)
         )
-        if busy != self._busy[s]:
+        if busy != self._busy.item(s):
             self._busy[s] = busy
             self._num_busy += 1 if busy else -1
 
@@ -266,7 +271,7 @@ class LoadTracker:
         self.fresh_count[slot] += 1
         self.dispatched_kv[slot] += kv_tokens
         self.inflight[slot] += 1
-        self._refresh(slot)
+        self._refresh(slot, blocks=False)
         if router_id is None and self.share:
             self.outbox.append(
                 RouterLoadEvent(
@@ -288,7 +293,7 @@ class LoadTracker:
         self.dispatched_prefill[d.slot] -= d.prefill_tokens
         self._unfresh(d)
         self.decoding[d.slot] += 1
-        self._refresh(d.slot)
+        self._refresh(d.slot, blocks=False)
         if router_id is None:
             self._share(request_id, d.instance_id, "first_token", now)
 
@@ -303,7 +308,7 @@ class LoadTracker:
             self._unfresh(d)
         self.dispatched_kv[d.slot] -= d.kv_tokens
         self.inflight[d.slot] -= 1
-        self._refresh(d.slot)
+        self._refresh(d.slot, blocks=False)
         if router_id is None:
             self._share(request_id, d.instance_id, "finish", now)
 
@@ -392,13 +397,23 @@ class LoadTracker:
         if loads:
             self.load_s_per_block[slot] = sum(t.load_s for t in r.kv_tiers) / loads
         if r.decode_step_s > 0:
-            self.decode_step_s[slot] = r.decode_step_s
-            self.decode_measured[slot] = True
-            self._fastest_decode = None
+            self._note_decode_step(slot, r.decode_step_s)
             if self.inv_kv_tokens[slot]:
                 self._decode_fit.add(self.context_usage(slot), r.decode_step_s)
                 self._decode_line_stale = True
         self._refresh(slot)
+
+    def _note_decode_step(self, slot: int, step_s: float) -> None:
+        """Record a measured decode step, keeping the fastest one any worker reported."""
+        fastest = self._fastest_decode
+        if fastest is not None:
+            if not self.decode_measured.any() or step_s < fastest:
+                fastest = step_s
+            elif self.decode_measured[slot] and self.decode_step_s[slot] == fastest and step_s > fastest:
+                fastest = None  # the fastest one got slower: look again when needed
+        self._fastest_decode = fastest
+        self.decode_step_s[slot] = step_s
+        self.decode_measured[slot] = True
 
     def _set_fit(self, slot: int, est: tuple[float, float]) -> None:
         if not self._fitted[slot]:
@@ -449,7 +464,10 @@ class LoadTracker:
         if self._decode_line is None:
             return self._decode_step_measured()
         base, slope = self._decode_line
-        return base + slope * self.dispatched_kv * self.inv_kv_tokens
+        step = self.dispatched_kv * slope  # base + slope * dispatched_kv * inv_kv_tokens, in place
+        step *= self.inv_kv_tokens
+        step += base
+        return step
 
     def context_usage(self, slot: int) -> float:
         """Summed context of the worker's requests over its KV tokens: what a decode step
@@ -512,4 +530,7 @@ class LoadTracker:
         eq(self._busy, busy)
         assert self._num_busy == int(busy.sum())
         assert self._num_fitted == int(self._fitted.sum())
+        measured = self.decode_measured
+        if self._fastest_decode is not None and measured.any():
+            assert self._fastest_decode == self.decode_step_s[measured].min()
         assert set(self._fits) >= set(np.flatnonzero(self._fitted).tolist())
