@@ -29,7 +29,7 @@ from interlock.protocol.events import KVEventBatch, LoadReport, RouterLoadEvent
 from interlock.router.admission import AdmissionQueue, Pending, RequestMeta
 from interlock.router.cost import CostParams, cheapest, choose, ttft_costs
 from interlock.router.decision import Candidate, Decision, RouterMetrics
-from interlock.router.indexer import ApplyResult, KvIndexer, dropouts, overlap_of, set_bits
+from interlock.router.indexer import ApplyResult, KvIndexer, fill_by_depth, overlap_of
 from interlock.router.load import LoadTracker
 from interlock.router.policies import (
     POLICIES,
@@ -527,9 +527,12 @@ class Router:
                 self._uncached = np.zeros(max(n, 2 * len(self._uncached)))
             uncached = self._uncached[:n]
             prompt, bs = meta.prompt_tokens, self.config.block_size
-            uncached.fill(max(prompt, 1))
-            for mask, overlap in dropouts(runs):
-                set_bits(uncached, mask, max(prompt - overlap * bs, 1))
+            table = [max(prompt, 1)]
+            held = 0
+            for _, length in runs:
+                held += length
+                table.append(max(prompt - held * bs, 1))
+            fill_by_depth(uncached, runs, table)
         return ttft_costs(
             self.config.cost,
             prompt_tokens=meta.prompt_tokens,

@@ -41,6 +41,7 @@ only for approx workers.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -314,9 +315,9 @@ class KvIndexer:
     def overlaps(self, hashes: Sequence[int], num_slots: int | None = None) -> np.ndarray:
         """Per slot: number of leading blocks of ``hashes`` that slot holds (int32 vector)."""
         size = self._next_slot if num_slots is None else num_slots
-        out = np.zeros(size, dtype=np.int32)
-        for mask, overlap in dropouts(self.overlap_masks(hashes)):
-            set_bits(out, mask, overlap)
+        out = np.empty(size, dtype=np.int32)
+        runs = self.overlap_masks(hashes)
+        fill_by_depth(out, runs, list(itertools.accumulate((n for _, n in runs), initial=0)))
         return out
 
     def lower_overlaps(self, hashes: Sequence[int], num_slots: int | None = None) -> np.ndarray:
@@ -395,20 +396,31 @@ def overlap_of(runs: Sequence[tuple[int, int]], slot: int) -> int:
 
 
 _FEW_BITS = 8
-"""Up to this many workers in a mask are set one index at a time; more, through a bool vector."""
+"""Up to this many workers in the runs are set one index at a time; more, through bit vectors."""
 
 
-def set_bits(out: np.ndarray, mask: int, value: float) -> None:
-    """``out[slot] = value`` for every slot whose bit is set in ``mask`` (slots < len(out))."""
-    if mask.bit_count() <= _FEW_BITS:
-        while mask:
-            low = mask & -mask
-            out[low.bit_length() - 1] = value
-            mask ^= low
+def fill_by_depth(out: np.ndarray, runs: Sequence[tuple[int, int]], table: Sequence[float]) -> None:
+    """``out[slot] = table[d]`` where ``d`` is how many of the nested ``overlap_masks`` runs
+    hold the slot (``table`` has ``len(runs) + 1`` entries; slots < len(out)). Few workers in
+    the runs are set one index at a time; many, by unpacking all the masks in one pass and
+    counting, per slot, the masks that hold it."""
+    out.fill(table[0])
+    if not runs:
+        return
+    if runs[0][0].bit_count() <= _FEW_BITS:  # the runs are nested: the first is the largest
+        for depth, (mask, _) in enumerate(dropouts(runs), start=1):
+            value = table[depth]
+            while mask:
+                low = mask & -mask
+                out[low.bit_length() - 1] = value
+                mask ^= low
         return
     size = len(out)
-    raw = np.frombuffer(mask.to_bytes((size + 7) // 8, "little"), dtype=np.uint8)
-    out[np.unpackbits(raw, bitorder="little")[:size].view(bool)] = value
+    nbytes = (size + 7) // 8
+    raw = np.frombuffer(b"".join(m.to_bytes(nbytes, "little") for m, _ in runs), dtype=np.uint8)
+    bits = np.unpackbits(raw, bitorder="little").reshape(len(runs), nbytes * 8)[:, :size]
+    depth = bits[0] if len(runs) == 1 else bits.sum(axis=0, dtype=np.uint8)
+    np.take(np.asarray(table, dtype=out.dtype), depth, out=out)
 
 
 def _drop(holders: dict[int, int], h: int, mask: int) -> None:

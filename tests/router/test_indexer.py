@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from interlock.protocol.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from interlock.router.indexer import ApplyResult, KvIndexer, dropouts, overlap_of, set_bits
+from interlock.router.indexer import ApplyResult, KvIndexer, dropouts, fill_by_depth, overlap_of
 
 
 def stored(*hashes: int) -> BlockStored:
@@ -219,14 +220,17 @@ def test_overlaps_equal_each_workers_longest_prefix_after_runs_stored_and_remove
             assert overlap_of(runs, ix.slot_of(wid)) == naive_overlap(truth[wid], hashes)
 
 
-def test_set_bits_for_few_and_many_workers() -> None:
-    out = np.zeros(200)
-    set_bits(out, (1 << 3) | (1 << 199), 2.0)
-    assert np.flatnonzero(out).tolist() == [3, 199]
-    many = sum(1 << i for i in range(0, 200, 7))
-    set_bits(out, many, 5.0)
-    assert np.flatnonzero(out == 5.0).tolist() == list(range(0, 200, 7))
-    assert out[199] == 2.0 and out[3] == 2.0
+@pytest.mark.parametrize("dtype", [np.float64, np.int32])
+def test_fill_by_depth_for_few_and_many_workers(dtype) -> None:
+    few = (1 << 3) | (1 << 199)
+    many = sum(1 << i for i in range(0, 200, 3))
+    fewer = sum(1 << i for i in range(0, 200, 6))
+    for runs in ([(few, 2)], [(few, 2), (1 << 3, 1)], [(many, 5)], [(many, 5), (fewer, 1), (1 << 6, 4)]):
+        out = np.full(200, -1, dtype=dtype)
+        table = [9, 7, 5, 2][: len(runs) + 1]
+        fill_by_depth(out, runs, table)
+        want = np.array([table[sum(m >> i & 1 for m, _ in runs)] for i in range(200)], dtype=dtype)
+        assert out.dtype == dtype and np.array_equal(out, want)
 
 
 def test_dropouts_say_where_each_worker_stops() -> None:
