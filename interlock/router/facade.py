@@ -365,7 +365,7 @@ class Router:
             ):
                 mask[w.slot] = True
         self._eligible_cache[role] = mask
-        if mask.all():
+        if len(mask) and mask.all():
             self._whole.append(mask)
         return mask
 

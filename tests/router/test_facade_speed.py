@@ -8,9 +8,11 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from interlock.errors import NoWorkers
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
 from interlock.router import RequestMeta, Router, RouterConfig
@@ -175,3 +177,15 @@ def test_choose_with_ranked_and_cheapest_agree_with_the_plain_choice(costs, data
     tied = idx[c[idx] <= c[idx].min() + 1e-3]
     tied = tied[busy[tied] == busy[tied].min()]
     assert plain == tied[rotation % len(tied)]
+
+
+def test_no_worker_or_none_eligible_is_still_refused_with_the_shortcuts() -> None:
+    r = Router(RouterConfig(block_size=BS))
+    meta = RequestMeta(request_id="a", prompt_tokens=40)
+    with pytest.raises(NoWorkers):
+        r.route(meta, block_hashes=[1, 2])
+    r.add_worker(InstanceInfo(instance_id="w0", endpoint="e", model="m", block_size=BS, kv_blocks_total=100))
+    assert r.route(meta, block_hashes=[1, 2]).worker_id == "w0"
+    r.set_health("w0", False)
+    with pytest.raises(NoWorkers):
+        r.route(RequestMeta(request_id="b", prompt_tokens=40), block_hashes=[1, 2])
