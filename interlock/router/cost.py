@@ -174,7 +174,7 @@ def cheapest(costs: np.ndarray, eligible: np.ndarray | None, k: int) -> list[int
     out = []
     for _ in range(k):
         i = int(left.argmin())
-        if left[i] == np.inf:
+        if left.item(i) == np.inf:
             break
         out.append(i)
         left[i] = np.inf
@@ -193,11 +193,17 @@ def choose(
     ranked: list[int] | None = None,
 ) -> int:
     """Index of the chosen worker among ``eligible`` (a bool vector with at least one True).
-    ``ranked``: ``cheapest(costs, eligible, k)`` for some k >= 2, if the caller has it (then a
-    clear winner needs no pass over the costs)."""
+    ``ranked``: ``cheapest(costs, eligible, k)`` for some k >= 2, if the caller has it: when the
+    ties are all among those (the last one is past the tolerance), no pass over the costs."""
     if ranked and temperature <= 0:
-        if len(ranked) == 1 or costs[ranked[1]] > costs[ranked[0]] + tolerance:
+        limit = costs[ranked[0]] + tolerance
+        if len(ranked) == 1 or costs[ranked[1]] > limit:
             return ranked[0]
+        if costs[ranked[-1]] > limit:  # the same rule as below, over the few tied ones
+            near = sorted(i for i in ranked if costs[i] <= limit)
+            least = min(busy[i] for i in near)
+            near = [i for i in near if busy[i] == least]
+            return near[rotation % len(near)]
     if temperature > 0:
         idx = np.flatnonzero(eligible)
         if len(idx) > 1:
