@@ -370,7 +370,10 @@ class Router:
         return mask
 
     def _is_whole(self, mask: np.ndarray) -> bool:
-        return any(m is mask for m in self._whole)
+        for m in self._whole:
+            if m is mask:
+                return True
+        return False
 
     def _forget_eligible(self) -> None:
         self._eligible_cache.clear()
@@ -464,10 +467,10 @@ class Router:
     ) -> Decision | None:
         n = len(mask)
         busy = self.load.busy()[:n]
-        queued = self.load.queued_prefill()[:n]
         weight = self._weights(n)
         policy = self.config.policy
         if policy != "kv":
+            queued = self.load.queued_prefill()[:n]
             if weight is not None:
                 busy, queued = (busy + 1) / weight, (queued + 1) / weight
             slot = pick_simple(policy, mask, busy, queued, self._rng, self._rotation)
