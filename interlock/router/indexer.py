@@ -5,7 +5,8 @@ map ``hash -> workers holding it`` is a radix tree in disguise. Each worker gets
 holders of a block are one Python ``int`` used as a bitmask over slots: a lookup walks the
 request's hash chain AND-ing masks, so the cost is one dict probe and one big-int AND per block
 whatever the number of workers. Per-worker overlap (longest cached prefix, in blocks) is where
-each worker drops out of the nested masks (``dropouts``), scattered into a vector with numpy.
+each worker drops out of the nested masks (``dropouts``, ``overlap_of``); as a vector over all
+workers, how many of the masks hold each slot, all unpacked in one pass (``fill_by_depth``).
 
 Blocks stored together by the same workers share one mask object (``_store`` and ``_remove``
 reuse the result for a run of blocks whose masks were one object), so the lookup skips the AND
