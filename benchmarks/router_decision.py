@@ -1,15 +1,30 @@
-"""Router decision speed: time per routing decision and KV events applied per second.
+"""Router decision speed: CPU time per routing decision, per part, and KV events applied per second.
 
-For each (workers, indexed blocks) pair: workers publish ``BlockStored`` events of 32-block
-chains (a fifth of them under one of 100 shared 8-block prefixes) until the index holds the
-target number of blocks; then ``Router.route`` decides for 32-block requests (half of them a
-stored chain, half new), each followed by ``on_finish`` so load stays flat. Reported: events and
-blocks applied per second, and p50/p99 of the whole decision (index lookup + cost over all
-workers + choice) and of the index lookup alone. Wall-clock percentiles on a shared 2-core machine
-include the times the process was descheduled (a few ms, in ~1-2% of calls); the CPU-time
-percentiles (``time.thread_time``) leave that out.
+For each (workers, indexed blocks) pair the index is filled by ``BlockStored`` events the way a
+chat deployment fills it: 100 system prompts of 32-128 blocks (512-2,048 tokens), each cached
+on a random 5-50% of the workers (fewer at 1,024 workers, where that would be most
+of the index: 7-65 there), and conversations (an optional system prompt plus 16-192
+blocks of history) each cached on one worker (a tenth also on a second one), until the index
+holds the target number of blocks. Block size 16.
 
-    .venv/bin/python benchmarks/router_decision.py [--pin] [--decisions 3000]
+Then ``Router.route`` decides for requests of three kinds, in turn: the next turn of a stored
+conversation (its whole history, cached on one or two workers, plus 2-32 new blocks), a new
+conversation on a system prompt (a prefix cached on many workers, plus 16-160 new blocks), and
+a prompt nobody holds (16-256 blocks); prompts are 256-4,096 tokens, outputs 32-1,024 tokens.
+Load moves as in a running deployment: about two requests per worker are in flight (each
+decision's request gets its first token and finishes a few decisions later), and before each
+decision four random workers send a ``LoadReport`` (KV 20-95% used, a prefill queue, step
+times that fit the speed lines; every worker has sent eight before the first decision, so each
+has its speed line, as in a deployment that has run for a while). None of that is timed; only
+the ``route`` call is.
+
+Reported (CPU time, ``time.thread_time_ns``, so time the process spent descheduled is left
+out): p50/p99 of the whole decision, and per part: the prefix lookup alone
+(``KvIndexer.overlaps``, timed separately on the same prompt) and the rest (per-worker vectors,
+cost over every worker, choice, dispatch accounting), as whole minus lookup per decision.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/router_decision.py [--pin] [--decisions 3000]
+        [--workers 8,128,1024] [--blocks 1000000]
 
 ``--pin`` runs on one core (as the Dynamo figures in /work/shared/anchors/dynamo.md were).
 """
@@ -21,85 +36,153 @@ import gc
 import os
 import random
 import time
+from collections import deque
 
 import numpy as np
 
 from interlock.protocol.discovery import InstanceInfo
-from interlock.protocol.events import BlockStored, KVEventBatch
-from interlock.router import RequestMeta, Router, RouterConfig
+from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
+from interlock.router import Pending, RequestMeta, Router, RouterConfig
 
-CHAIN = 32
+BLOCK = 16
+REPORTS_PER_DECISION = 4
 
 
-def build(num_workers: int, num_blocks: int, rng: random.Random) -> tuple[Router, list, float]:
-    r = Router(RouterConfig(block_size=16, seed=0))
+class Fleet:
+    """The workers' side: what each has cached, sequence numbers, load reports."""
+
+    def __init__(self, num_workers: int, num_blocks: int, rng: random.Random) -> None:
+        self.rng = rng
+        self.n = num_workers
+        self.capacity = max(num_blocks // num_workers * 2, 4096)
+        self.seqs = [-1] * num_workers
+        self.batches: list[KVEventBatch] = []
+        self.systems = [[rng.getrandbits(63) for _ in range(rng.randint(32, 128))] for _ in range(100)]
+        self.conversations: list[list[int]] = []
+        stored = 0
+        # each on 5-50% of the workers, fewer where that would fill most of the index
+        share = min(0.275, 0.3 * num_blocks / (sum(map(len, self.systems)) * num_workers))
+        for prefix in self.systems:
+            k = max(1, int(num_workers * share * rng.uniform(0.2, 1.8)))
+            for w in rng.sample(range(num_workers), k):
+                stored += self._store(w, prefix)
+        while stored < num_blocks:
+            head = rng.choice(self.systems) if rng.random() < 0.7 else []
+            chain = head + [rng.getrandbits(63) for _ in range(rng.randint(16, 192))]
+            self.conversations.append(chain)
+            w = rng.randrange(num_workers)
+            stored += self._store(w, chain[len(head) :], head[-1] if head else None)
+            if rng.random() < 0.1:
+                stored += self._store((w + 1) % num_workers, chain[len(head) :], head[-1] if head else None)
+
+    def _store(self, w: int, hashes: list[int], parent: int | None = None) -> int:
+        self.seqs[w] += 1
+        ev = BlockStored(block_hashes=tuple(hashes), parent_block_hash=parent)
+        self.batches.append(KVEventBatch(instance_id=f"w{w}", seq=self.seqs[w], timestamp=0.0, events=(ev,)))
+        return len(hashes)
+
+    def request(self, i: int) -> tuple[list[int], int, int]:
+        """(block hashes, prompt tokens, max tokens) of the i-th request."""
+        rng = self.rng
+        kind = i % 3
+        if kind == 0:
+            hashes = rng.choice(self.conversations)[:240] + [
+                rng.getrandbits(63) for _ in range(rng.randint(2, 32))
+            ]
+        elif kind == 1:
+            hashes = rng.choice(self.systems) + [rng.getrandbits(63) for _ in range(rng.randint(16, 160))]
+        else:
+            hashes = [rng.getrandbits(63) for _ in range(rng.randint(16, 256))]
+        hashes = hashes[:256]
+        return hashes, len(hashes) * BLOCK - rng.randrange(BLOCK), rng.randint(32, 1024)
+
+    def report(self, w: int, now: float) -> LoadReport:
+        rng = self.rng
+        tokens = rng.randint(64, 8192)
+        return LoadReport(
+            instance_id=f"w{w}",
+            timestamp=now,
+            num_running=rng.randint(1, 64),
+            num_waiting=rng.randint(0, 3),
+            kv_blocks_used=int(self.capacity * rng.uniform(0.2, 0.95)),
+            kv_blocks_total=self.capacity,
+            queued_prefill_tokens=rng.choice((0, 0, rng.randint(1, 20_000))),
+            step_time_s=0.01 + tokens * 2e-5 * rng.uniform(0.9, 1.1),
+            tokens_computed=tokens,
+            decode_step_s=rng.uniform(0.01, 0.04),
+        )
+
+
+def build(num_workers: int, num_blocks: int, rng: random.Random) -> tuple[Router, Fleet, float]:
+    fleet = Fleet(num_workers, num_blocks, rng)
+    r = Router(RouterConfig(block_size=BLOCK, seed=0, share_load=False))
     for i in range(num_workers):
         r.add_worker(
             InstanceInfo(
-                instance_id=f"w{i}", endpoint="e", model="m", block_size=16, kv_blocks_total=1_000_000
+                instance_id=f"w{i}", endpoint="e", model="m", block_size=BLOCK, kv_blocks_total=fleet.capacity
             )
         )
-    shared = [[rng.getrandbits(63) for _ in range(8)] for _ in range(100)]
-    batches, chains = [], []
-    seqs = dict.fromkeys(range(num_workers), -1)
-    stored = 0
-    while stored < num_blocks:
-        w = rng.randrange(num_workers)
-        head = rng.choice(shared) if rng.random() < 0.2 else []
-        chain = head + [rng.getrandbits(63) for _ in range(CHAIN - len(head))]
-        seqs[w] += 1
-        batches.append(
-            KVEventBatch(
-                instance_id=f"w{w}",
-                seq=seqs[w],
-                timestamp=0.0,
-                events=(BlockStored(block_hashes=tuple(chain), parent_block_hash=None),),
-            )
-        )
-        chains.append(chain)
-        stored += CHAIN
     t0 = time.perf_counter()
-    for b in batches:
+    for b in fleet.batches:
         r.apply_events(b)
-    return r, chains, time.perf_counter() - t0
+    return r, fleet, time.perf_counter() - t0
 
 
 def measure(num_workers: int, num_blocks: int, decisions: int) -> dict[str, float]:
     rng = random.Random(num_workers * 7 + num_blocks)
-    r, chains, apply_s = build(num_workers, num_blocks, rng)
-    n_events = len(chains)
-    requests = [
-        rng.choice(chains) if i % 2 else [rng.getrandbits(63) for _ in range(CHAIN)] for i in range(decisions)
-    ]
+    r, fleet, apply_s = build(num_workers, num_blocks, rng)
+    blocks_applied = sum(len(b.events[0].block_hashes) for b in fleet.batches)  # type: ignore[attr-defined]
+    n_batches = len(fleet.batches)
+    fleet.batches.clear()
+    requests = [fleet.request(i) for i in range(decisions)]
     gc.collect()
     gc.freeze()  # the index is long-lived; keep the collector off it, as a server would
-    full, cpu, lookup = [], [], []
-    for i, hashes in enumerate(requests):
-        c0 = time.thread_time()
-        t0 = time.perf_counter()
-        d = r.route(
-            RequestMeta(request_id=str(i), prompt_tokens=CHAIN * 16, max_tokens=64), block_hashes=hashes
-        )
-        t1 = time.perf_counter()
-        c1 = time.thread_time()
+    now = 0.0
+    for _ in range(8):  # warm: every worker has reported enough to fit its speed line
+        for w in range(num_workers):
+            now += 1e-6
+            r.apply_load(fleet.report(w, now))
+    inflight: deque[str] = deque()
+    started: deque[str] = deque()
+    whole, lookup = [], []
+    queued = 0
+    for i, (hashes, prompt, max_tokens) in enumerate(requests):
+        now += 1e-3
+        for w in rng.sample(range(num_workers), min(REPORTS_PER_DECISION, num_workers)):
+            r.apply_load(fleet.report(w, now))
+        while len(started) > num_workers // 2:
+            r.on_first_token(started.popleft())
+        while len(inflight) > 2 * num_workers:
+            r.on_finish(inflight.popleft())
+        meta = RequestMeta(request_id=str(i), prompt_tokens=prompt, max_tokens=max_tokens)
+        c0 = time.thread_time_ns()
+        d = r.route(meta, block_hashes=hashes)
+        c1 = time.thread_time_ns()
         r.indexer.overlaps(hashes)
-        t2 = time.perf_counter()
-        full.append(t1 - t0)
-        cpu.append(c1 - c0)
-        lookup.append(t2 - t1)
-        r.on_finish(d.request_id)
+        c2 = time.thread_time_ns()
+        if isinstance(d, Pending):
+            queued += 1
+            r.cancel(meta.request_id)
+            continue
+        whole.append(c1 - c0)
+        lookup.append(c2 - c1)
+        inflight.append(d.request_id)
+        started.append(d.request_id)
     gc.unfreeze()
+    w_us, l_us = np.array(whole) / 1e3, np.array(lookup) / 1e3
+    rest = w_us - l_us
     return {
         "workers": num_workers,
         "blocks": r.indexer.num_blocks(),
-        "events_per_s": n_events / apply_s,
-        "blocks_per_s": n_events * CHAIN / apply_s,
-        "decide_p50_us": float(np.percentile(full, 50)) * 1e6,
-        "decide_p99_us": float(np.percentile(full, 99)) * 1e6,
-        "cpu_p50_us": float(np.percentile(cpu, 50)) * 1e6,
-        "cpu_p99_us": float(np.percentile(cpu, 99)) * 1e6,
-        "lookup_p50_us": float(np.percentile(lookup, 50)) * 1e6,
-        "lookup_p99_us": float(np.percentile(lookup, 99)) * 1e6,
+        "events_per_s": n_batches / apply_s,
+        "blocks_per_s": blocks_applied / apply_s,
+        "p50": float(np.percentile(w_us, 50)),
+        "p99": float(np.percentile(w_us, 99)),
+        "lookup_p50": float(np.percentile(l_us, 50)),
+        "lookup_p99": float(np.percentile(l_us, 99)),
+        "rest_p50": float(np.percentile(rest, 50)),
+        "rest_p99": float(np.percentile(rest, 99)),
+        "queued": queued,
     }
 
 
@@ -107,24 +190,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pin", action="store_true", help="run on one CPU core")
     ap.add_argument("--decisions", type=int, default=3000)
-    ap.add_argument("--workers", default="64,256,1024")
-    ap.add_argument("--blocks", default="100000,1000000")
+    ap.add_argument("--workers", default="8,128,1024")
+    ap.add_argument("--blocks", default="1000000")
     args = ap.parse_args()
     if args.pin:
         os.sched_setaffinity(0, {0})
     print(
-        "| workers | indexed blocks | events/s (32 blocks each) | blocks/s | decision p50 / p99 µs "
-        "(wall) | decision p50 / p99 µs (CPU) | lookup p50 / p99 µs |"
+        "| workers | indexed blocks | batches/s | blocks/s | decision p50 / p99 µs (CPU) "
+        "| lookup p50 / p99 µs | rest p50 / p99 µs | queued |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for w in (int(x) for x in args.workers.split(",")):
         for b in (int(x) for x in args.blocks.split(",")):
             m = measure(w, b, args.decisions)
             print(
-                f"| {m['workers']} | {m['blocks']:,} | {m['events_per_s']:,.0f} | "
-                f"{m['blocks_per_s']:,.0f} | {m['decide_p50_us']:.0f} / {m['decide_p99_us']:.0f} | "
-                f"{m['cpu_p50_us']:.0f} / {m['cpu_p99_us']:.0f} | "
-                f"{m['lookup_p50_us']:.0f} / {m['lookup_p99_us']:.0f} |",
+                f"| {m['workers']:,} | {m['blocks']:,} | {m['events_per_s']:,.0f} | {m['blocks_per_s']:,.0f} | "
+                f"{m['p50']:.0f} / {m['p99']:.0f} | {m['lookup_p50']:.0f} / {m['lookup_p99']:.0f} | "
+                f"{m['rest_p50']:.0f} / {m['rest_p99']:.0f} | {m['queued']} |",
                 flush=True,
             )
 

@@ -93,12 +93,13 @@ def ttft_costs(
     params: CostParams,
     *,
     prompt_tokens: int,
-    overlap_blocks: np.ndarray,
     queued_prefill: np.ndarray,
     per_token_s: np.ndarray,
     step_overhead_s: np.ndarray,
     decode_step_s: np.ndarray,
     kv_usage: np.ndarray,
+    overlap_blocks: np.ndarray | None = None,
+    uncached_tokens: np.ndarray | None = None,
     decode_tokens: int = 0,
     lower_blocks: np.ndarray | None = None,
     load_s_per_block: np.ndarray | None = None,
@@ -107,26 +108,46 @@ def ttft_costs(
     drain_s: np.ndarray | None = None,
 ) -> np.ndarray:
     """Estimated seconds to first token on each worker (see module docstring); with
-    ``free_blocks``, ``used_blocks`` and ``drain_s`` the wait for room is added last."""
-    hit = overlap_blocks if lower_blocks is None else overlap_blocks + lower_blocks
-    uncached = np.maximum(prompt_tokens - hit * params.block_size, 1)
+    ``free_blocks``, ``used_blocks`` and ``drain_s`` the wait for room is added last.
+
+    Give either ``overlap_blocks`` (and optionally ``lower_blocks``) or ``uncached_tokens``,
+    the ``uncached_w`` of the formula already worked out (the router builds it straight from
+    its prefix lookup). Terms that are the same everywhere are added without computing them
+    per worker (a step count of 1 when no worker's work passes a chunk, no wait for room when
+    every worker has it): the result is the same to the last bit, at a fraction of the cost
+    over 1,024 workers."""
+    if uncached_tokens is None:
+        if overlap_blocks is None:
+            raise TypeError("ttft_costs needs overlap_blocks or uncached_tokens")
+        hit = overlap_blocks if lower_blocks is None else overlap_blocks + lower_blocks
+        uncached = np.maximum(prompt_tokens - hit * params.block_size, 1)
+    elif overlap_blocks is not None or lower_blocks is not None:
+        raise TypeError("ttft_costs takes uncached_tokens or overlap_blocks (and lower_blocks), not both")
+    else:
+        uncached = uncached_tokens
     work = queued_prefill + uncached
-    cost = (work + params.miss_weight * uncached) * per_token_s
-    cost += np.ceil(work / params.chunk_tokens) * step_overhead_s
+    cost = work + uncached if params.miss_weight == 1.0 else work + params.miss_weight * uncached
+    cost *= per_token_s
+    if work[work.argmax()] <= params.chunk_tokens and 0 < work[work.argmin()]:
+        cost += step_overhead_s  # ceil(work / chunk_tokens) is 1 everywhere
+    else:
+        steps = work / params.chunk_tokens
+        np.ceil(steps, out=steps)
+        steps *= step_overhead_s
+        cost += steps
     if params.decode_weight and decode_tokens:
-        cost += params.decode_weight * decode_tokens * decode_step_s
+        decode = decode_step_s * (params.decode_weight * decode_tokens)
+        cost += decode
     if lower_blocks is not None and load_s_per_block is not None:
         cost += lower_blocks * load_s_per_block
     if params.kv_penalty and kv_usage.max() > params.kv_watermark:
         over = np.maximum(kv_usage - params.kv_watermark, 0.0) / max(1.0 - params.kv_watermark, 1e-9)
         cost *= 1.0 + params.kv_penalty * over
     if free_blocks is not None and used_blocks is not None and drain_s is not None:
-        cost += room_wait_s(
-            need_blocks=work / params.block_size,
-            free_blocks=free_blocks,
-            used_blocks=used_blocks,
-            drain_s=drain_s,
-        )
+        short = work / params.block_size
+        short -= free_blocks
+        if short[short.argmax()] > 0:  # elsewhere the wait is 0
+            cost += _room_wait(short, used_blocks, drain_s)
     return cost
 
 
@@ -135,8 +156,29 @@ def room_wait_s(
 ) -> np.ndarray:
     """Seconds until each worker has ``need_blocks`` free: 0 while it has them; past that the
     deficit, at the rate a worker releases its ``used_blocks`` (all of them in ``drain_s``)."""
-    deficit = np.maximum(need_blocks - free_blocks, 0.0)
-    return deficit * drain_s / np.maximum(used_blocks, 1.0)
+    return _room_wait(need_blocks - free_blocks, used_blocks, drain_s)
+
+
+def _room_wait(short: np.ndarray, used_blocks: np.ndarray, drain_s: np.ndarray) -> np.ndarray:
+    """``room_wait_s`` from the blocks each worker lacks (``short``, overwritten)."""
+    deficit = np.maximum(short, 0.0, out=short)
+    deficit *= drain_s
+    deficit /= np.maximum(used_blocks, 1.0)
+    return deficit
+
+
+def cheapest(costs: np.ndarray, eligible: np.ndarray | None, k: int) -> list[int]:
+    """Up to ``k`` indices among ``eligible`` (None: all) with the lowest costs, cheapest first,
+    equal costs by index; +inf costs are left out."""
+    left = costs.copy() if eligible is None else np.where(eligible, costs, np.inf)
+    out = []
+    for _ in range(k):
+        i = int(left.argmin())
+        if left.item(i) == np.inf:
+            break
+        out.append(i)
+        left[i] = np.inf
+    return out
 
 
 def choose(
@@ -148,18 +190,35 @@ def choose(
     temperature: float = 0.0,
     rng: np.random.Generator | None = None,
     rotation: int = 0,
+    ranked: list[int] | None = None,
 ) -> int:
-    """Index of the chosen worker among ``eligible`` (a bool vector with at least one True)."""
-    idx = np.flatnonzero(eligible)
-    c = costs[idx]
-    if temperature > 0 and len(idx) > 1:
-        span = float(c.max() - c.min()) or 1.0
-        logits = -(c - c.min()) / span / temperature
-        p = np.exp(logits - logits.max())
-        gen = rng or np.random.default_rng()
-        return int(idx[gen.choice(len(idx), p=p / p.sum())])
-    tied = idx[c <= c.min() + tolerance]
-    if len(tied) > 1:
-        b = busy[tied]
-        tied = tied[b == b.min()]
+    """Index of the chosen worker among ``eligible`` (a bool vector with at least one True).
+    ``ranked``: ``cheapest(costs, eligible, k)`` for some k >= 2, if the caller has it: when the
+    ties are all among those (the last one is past the tolerance), no pass over the costs."""
+    if ranked and temperature <= 0:
+        limit = costs[ranked[0]] + tolerance
+        if len(ranked) == 1 or costs[ranked[1]] > limit:
+            return ranked[0]
+        if costs[ranked[-1]] > limit:  # the same rule as below, over the few tied ones
+            near = sorted(i for i in ranked if costs[i] <= limit)
+            least = min(busy[i] for i in near)
+            near = [i for i in near if busy[i] == least]
+            return near[rotation % len(near)]
+    if temperature > 0:
+        idx = np.flatnonzero(eligible)
+        if len(idx) > 1:
+            c = costs[idx]
+            span = float(c.max() - c.min()) or 1.0
+            logits = -(c - c.min()) / span / temperature
+            p = np.exp(logits - logits.max())
+            gen = rng or np.random.default_rng()
+            return int(idx[gen.choice(len(idx), p=p / p.sum())])
+    masked = np.where(eligible, costs, np.inf)
+    best = int(masked.argmin())
+    near = masked <= masked[best] + tolerance
+    if np.count_nonzero(near) == 1:
+        return best
+    tied = np.flatnonzero(near)
+    b = busy[tied]
+    tied = tied[b == b.min()]
     return int(tied[rotation % len(tied)])

@@ -27,9 +27,9 @@ from interlock.kvhash import hash_blocks
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import KVEventBatch, LoadReport, RouterLoadEvent
 from interlock.router.admission import AdmissionQueue, Pending, RequestMeta
-from interlock.router.cost import CostParams, choose, ttft_costs
+from interlock.router.cost import CostParams, cheapest, choose, ttft_costs
 from interlock.router.decision import Candidate, Decision, RouterMetrics
-from interlock.router.indexer import ApplyResult, KvIndexer
+from interlock.router.indexer import ApplyResult, KvIndexer, fill_by_depth, overlap_of
 from interlock.router.load import LoadTracker
 from interlock.router.policies import (
     POLICIES,
@@ -110,7 +110,12 @@ class Router:
         self.clock = clock
         self.indexer = KvIndexer(approx_ttl_s=self.config.approx_ttl_s)
         self.load = LoadTracker(
-            router_id, report_lag_s=self.config.report_lag_s, share=self.config.share_load
+            router_id,
+            report_lag_s=self.config.report_lag_s,
+            share=self.config.share_load,
+            busy_kv_usage=self.config.busy_kv_usage,
+            busy_kv_footprint=self.config.busy_kv_footprint,
+            max_inflight=self.config.max_inflight_per_worker,
         )
         self.queue = AdmissionQueue(self.config.queue_capacity, self.config.retry_after_s)
         self.sessions = SessionTable(self.config.session_ttl_s)
@@ -118,10 +123,14 @@ class Router:
         self._workers: dict[str, _WorkerState] = {}
         self._slot_ids: dict[int, str] = {}
         self._eligible_cache: dict[str | None, np.ndarray] = {}
-        self._queue_limit = np.zeros(0)
-        """Per slot: ``InstanceInfo.queue_depth_threshold``, +inf where none."""
+        self._whole: list[np.ndarray] = []
+        """The cached eligible masks that hold every slot (no costs to mask out)."""
         self._weight = np.ones(0)
         """Per slot: routing weight in (0, 1] (``set_weight``), 1 where never set."""
+        self._weighted: set[int] = set()
+        """Slots whose weight is not 1."""
+        self._uncached = np.zeros(0)
+        """Scratch: the request's uncached prompt tokens per slot (``_pick``)."""
         self._rng = np.random.default_rng(self.config.seed)
         self._rotation = 0
         self._dispatch_times: deque[float] = deque(maxlen=64)
@@ -143,12 +152,16 @@ class Router:
         if info.instance_id in self._workers:
             self.remove_worker(info.instance_id)
         slot = self.indexer.add_worker(info.instance_id, publishes_events=info.publishes_kv_events)
-        self.load.add_worker(slot, kv_blocks_total=info.kv_blocks_total, block_size=info.block_size)
+        self.load.add_worker(
+            slot,
+            kv_blocks_total=info.kv_blocks_total,
+            block_size=info.block_size,
+            queue_limit=info.queue_depth_threshold,
+        )
         self._workers[info.instance_id] = _WorkerState(info, slot)
         self._slot_ids[slot] = info.instance_id
-        self._set_queue_limit(slot, info.queue_depth_threshold)
         self.set_weight(info.instance_id, 1.0)
-        self._eligible_cache.clear()
+        self._forget_eligible()
 
     def remove_worker(self, instance_id: str) -> None:
         w = self._workers.pop(instance_id, None)
@@ -158,22 +171,21 @@ class Router:
         self.load.remove_worker(w.slot)
         self.sessions.forget_worker(instance_id)
         del self._slot_ids[w.slot]
-        self._set_queue_limit(w.slot, 0)
         for rid in [r for r, wid in self._routed.items() if wid == instance_id]:
             del self._routed[rid]
-        self._eligible_cache.clear()
+        self._forget_eligible()
 
     def set_health(self, instance_id: str, healthy: bool) -> None:
         w = self._workers.get(instance_id)
         if w is not None and w.healthy != healthy:
             w.healthy = healthy
-            self._eligible_cache.clear()
+            self._forget_eligible()
 
     def set_blocked(self, instance_id: str, blocked: bool) -> None:
         w = self._workers.get(instance_id)
         if w is not None and w.blocked != blocked:
             w.blocked = blocked
-            self._eligible_cache.clear()
+            self._forget_eligible()
 
     def set_weight(self, instance_id: str, weight: float) -> None:
         """Routing weight of a worker, in (0, 1]: the ``kv`` cost and the load that
@@ -190,6 +202,10 @@ class Router:
             grown[: len(self._weight)] = self._weight
             self._weight = grown
         self._weight[w.slot] = weight
+        if weight == 1.0:
+            self._weighted.discard(w.slot)
+        else:
+            self._weighted.add(w.slot)
 
     def is_eligible(self, instance_id: str) -> bool:
         w = self._workers.get(instance_id)
@@ -219,7 +235,7 @@ class Router:
         self.load.apply_report(w.slot, report, self.clock())
         if w.draining != report.draining:
             w.draining = report.draining
-            self._eligible_cache.clear()
+            self._forget_eligible()
 
     def apply_remote_load(self, ev: RouterLoadEvent) -> None:
         """Dispatch-time load shared by another router."""
@@ -252,10 +268,10 @@ class Router:
         eligible = self._eligible(meta.role)
         if meta.worker_id is not None:
             return self._commit(self._direct(meta, hashes, eligible), meta, hashes, now)
-        if not eligible.any():
+        if not self._is_whole(eligible) and not eligible.any():
             raise NoWorkers("no healthy worker available", retry_after=self.config.retry_after_s)
-        open_ = eligible & ~self._busy_mask()
-        if not open_.any():
+        open_ = eligible & ~self._busy_mask() if self.load.num_busy else eligible
+        if open_ is not eligible and not open_.any():
             return self._wait(meta, hashes, now)
         d = self._decide(meta, hashes, open_, now, wait_for=eligible if may_wait else None)
         if d is None:  # a busy worker is worth waiting for
@@ -349,38 +365,35 @@ class Router:
             ):
                 mask[w.slot] = True
         self._eligible_cache[role] = mask
+        if len(mask) and mask.all():
+            self._whole.append(mask)
         return mask
 
-    def _set_queue_limit(self, slot: int, threshold: int) -> None:
-        if slot >= len(self._queue_limit):
-            grown = np.full(max(slot + 1, 2 * len(self._queue_limit)), np.inf)
-            grown[: len(self._queue_limit)] = self._queue_limit
-            self._queue_limit = grown
-        self._queue_limit[slot] = threshold if threshold > 0 else np.inf
+    def _is_whole(self, mask: np.ndarray) -> bool:
+        for m in self._whole:
+            if m is mask:
+                return True
+        return False
+
+    def _forget_eligible(self) -> None:
+        self._eligible_cache.clear()
+        self._whole.clear()
 
     def _weights(self, n: int) -> np.ndarray | None:
         """Per-slot routing weights for ``n`` slots, None when all are 1 (the common case)."""
-        w = self._weight[:n]
-        if not len(w) or bool((w == 1.0).all()):
+        if not self._weighted:
             return None
+        w = self._weight[:n]
         return np.concatenate([w, np.ones(n - len(w))]) if len(w) < n else w
 
     def _busy_mask(self) -> np.ndarray:
-        """Busy: KV blocks in use at ``busy_kv_usage``, ``max_inflight_per_worker`` in flight, or more
-        requests waiting in its queue than the worker's ``queue_depth_threshold``."""
-        n = self.indexer.num_slots
-        # Blocks in use as reported: prompts sent since wait in the engine's queue, not in its
-        # KV (the queue has its own criterion), and the dispatched footprint counts a shared
-        # prefix once per request and whole outputs up front.
-        busy = self.load.kv_used_frac[:n] >= self.config.busy_kv_usage
-        busy |= self.load.kv_usage()[:n] >= self.config.busy_kv_footprint
-        if self.config.max_inflight_per_worker:
-            busy |= self.load.busy()[:n] >= self.config.max_inflight_per_worker
-        limit = self._queue_limit[:n]
-        if len(limit) < n:
-            limit = np.concatenate([limit, np.full(n - len(limit), np.inf)])
-        busy |= self.load.queue_depth()[:n] > limit
-        return busy
+        """Busy: KV blocks in use at ``busy_kv_usage``, ``busy_kv_footprint`` times its KV
+        dispatched, ``max_inflight_per_worker`` in flight, or more requests waiting in its queue
+        than the worker's ``queue_depth_threshold`` (``LoadTracker`` keeps the mark up to date).
+        Blocks in use as reported: prompts sent since wait in the engine's queue, not in its KV
+        (the queue has its own criterion), and the dispatched footprint counts a shared prefix
+        once per request and whole outputs up front."""
+        return self.load.busy_mask()[: self.indexer.num_slots]
 
     def _direct(self, meta: RequestMeta, hashes: Sequence[int], eligible: np.ndarray) -> Decision:
         w = self._workers.get(meta.worker_id or "")
@@ -454,35 +467,20 @@ class Router:
     ) -> Decision | None:
         n = len(mask)
         busy = self.load.busy()[:n]
-        queued = self.load.queued_prefill()[:n]
         weight = self._weights(n)
         policy = self.config.policy
         if policy != "kv":
+            queued = self.load.queued_prefill()[:n]
             if weight is not None:
                 busy, queued = (busy + 1) / weight, (queued + 1) / weight
             slot = pick_simple(policy, mask, busy, queued, self._rng, self._rotation)
             ov = int(self.indexer.overlaps(hashes, n)[slot]) if hashes else 0
             return self._decision(meta, self._slot_ids[slot], reason, ov, t0=t0)
-        overlaps = self.indexer.overlaps(hashes, n) if hashes else np.zeros(n, dtype=np.int32)
-        lower = self.indexer.lower_overlaps(hashes, n) if self.indexer.has_lower_tiers() else None
-        overhead, per_token = self.load.speeds()
-        decode_step = self.load.decode_step()[:n]
-        costs = ttft_costs(
-            self.config.cost,
-            prompt_tokens=meta.prompt_tokens,
-            overlap_blocks=overlaps,
-            queued_prefill=queued,
-            per_token_s=per_token[:n],
-            step_overhead_s=overhead[:n],
-            decode_step_s=decode_step,
-            kv_usage=self.load.kv_used_frac[:n],
-            decode_tokens=meta.max_tokens,
-            lower_blocks=lower,
-            load_s_per_block=self.load.load_s_per_block[:n] if lower is not None else None,
-            **self._room(n, meta.max_tokens, decode_step),
-        )
+        runs = self.indexer.overlap_masks(hashes) if hashes else []
+        costs = self._kv_costs(meta, hashes, runs, n)
         if weight is not None:
             costs = costs / weight
+        ranked = cheapest(costs, None if self._is_whole(mask) else mask, max(self.config.num_candidates, 2))
         slot = choose(
             costs,
             mask,
@@ -491,8 +489,9 @@ class Router:
             temperature=self.config.cost.temperature,
             rng=self._rng,
             rotation=self._rotation,
+            ranked=ranked,
         )
-        if wait_for is not None:
+        if wait_for is not None and wait_for is not mask:
             closed = wait_for & ~mask
             if closed.any():
                 best_closed = float(costs[closed].min())
@@ -505,9 +504,52 @@ class Router:
             meta,
             self._slot_ids[slot],
             reason,
-            int(overlaps[slot]),
+            overlap_of(runs, slot),
             t0=t0,
-            candidates=self._candidates(costs, overlaps, mask),
+            candidates=tuple(
+                Candidate(self._slot_ids[s], float(costs[s]), overlap_of(runs, s))
+                for s in ranked[: self.config.num_candidates]
+            ),
+        )
+
+    def _kv_costs(
+        self, meta: RequestMeta, hashes: Sequence[int], runs: list[tuple[int, int]], n: int
+    ) -> np.ndarray:
+        """The ``kv`` cost of every slot. Without lower KV tiers the uncached tokens are
+        scattered straight from the lookup's runs: every worker outside them has the whole
+        prompt to compute."""
+        load = self.load
+        overhead, per_token = load.speeds()
+        decode_step = load.decode_step()[:n]
+        overlaps = lower = uncached = None
+        if self.indexer.has_lower_tiers():
+            overlaps = self.indexer.overlaps(hashes, n) if hashes else np.zeros(n, dtype=np.int32)
+            lower = self.indexer.lower_overlaps(hashes, n)
+        else:
+            if len(self._uncached) < n:
+                self._uncached = np.zeros(max(n, 2 * len(self._uncached)))
+            uncached = self._uncached[:n]
+            prompt, bs = meta.prompt_tokens, self.config.block_size
+            table = [max(prompt, 1)]
+            held = 0
+            for _, length in runs:
+                held += length
+                table.append(max(prompt - held * bs, 1))
+            fill_by_depth(uncached, runs, table)
+        return ttft_costs(
+            self.config.cost,
+            prompt_tokens=meta.prompt_tokens,
+            overlap_blocks=overlaps,
+            uncached_tokens=uncached,
+            queued_prefill=load.queued_prefill()[:n],
+            per_token_s=per_token[:n],
+            step_overhead_s=overhead[:n],
+            decode_step_s=decode_step,
+            kv_usage=load.kv_used_frac[:n],
+            decode_tokens=meta.max_tokens,
+            lower_blocks=lower,
+            load_s_per_block=load.load_s_per_block[:n] if lower is not None else None,
+            **self._room(n, meta.max_tokens, decode_step),
         )
 
     def _room(self, n: int, max_tokens: int, decode_step: np.ndarray) -> dict[str, np.ndarray]:
@@ -516,18 +558,8 @@ class Router:
         request's decode, at this request's length)."""
         if not self.config.cost.price_room:
             return {}
-        used, free = self.load.blocks_in_use(self.config.block_size)
+        used, free = self.load.blocks_in_use()
         return {"free_blocks": free[:n], "used_blocks": used[:n], "drain_s": decode_step * max(max_tokens, 1)}
-
-    def _candidates(self, costs: np.ndarray, overlaps: np.ndarray, mask: np.ndarray) -> tuple[Candidate, ...]:
-        k = self.config.num_candidates
-        idx = np.flatnonzero(mask)
-        c = costs[idx]
-        if len(idx) > k:
-            part = np.argpartition(c, k)[:k]
-            idx, c = idx[part], c[part]
-        best = idx[np.argsort(c, kind="stable")]
-        return tuple(Candidate(self._slot_ids[int(s)], float(costs[s]), int(overlaps[s])) for s in best)
 
     def _decision(
         self,

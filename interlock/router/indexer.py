@@ -4,8 +4,14 @@ Idea: block hashes (``interlock.kvhash``) are chained, so a hash names a whole p
 map ``hash -> workers holding it`` is a radix tree in disguise. Each worker gets a slot, and the
 holders of a block are one Python ``int`` used as a bitmask over slots: a lookup walks the
 request's hash chain AND-ing masks, so the cost is one dict probe and one big-int AND per block
-whatever the number of workers. Per-worker overlap (longest cached prefix, in blocks) is the
-sum of the nested masks, unpacked with numpy.
+whatever the number of workers. Per-worker overlap (longest cached prefix, in blocks) is where
+each worker drops out of the nested masks (``dropouts``, ``overlap_of``); as a vector over all
+workers, how many of the masks hold each slot, all unpacked in one pass (``fill_by_depth``).
+
+Blocks stored together by the same workers share one mask object (``_store`` and ``_remove``
+reuse the result for a run of blocks whose masks were one object), so the lookup skips the AND
+for a block whose mask is the previous block's object: a long cached prefix costs little more
+than one dict probe per block.
 
 Two sources of truth, chosen per worker automatically:
 
@@ -36,6 +42,7 @@ only for approx workers.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -193,8 +200,13 @@ class KvIndexer:
         bit = 1 << w.slot
         holders = self._holders
         blocks = w.blocks
+        old_of: int | None = None
+        new = bit
         for h in hashes:
-            holders[h] = holders.get(h, 0) | bit
+            old = holders.get(h, 0)
+            if old is not old_of:  # else: the previous block's mask, so the same new one
+                old_of, new = old, old | bit
+            holders[h] = new
             blocks.add(h)
         self.events_applied += len(hashes)
 
@@ -202,10 +214,18 @@ class KvIndexer:
         mask = ~(1 << w.slot)
         holders = self._holders
         blocks = w.blocks
+        old_of: int | None = None
+        new = 0
         for h in hashes:
             if h in blocks:
                 blocks.discard(h)
-                _drop(holders, h, mask)
+                old = holders[h]
+                if old is not old_of:
+                    old_of, new = old, old & mask
+                if new:
+                    holders[h] = new
+                else:
+                    del holders[h]
         self.events_applied += len(hashes)
 
     def _store_lower(self, w: _Worker, hashes: Sequence[int], tier_bit: int) -> None:
@@ -268,12 +288,20 @@ class KvIndexer:
     def overlap_masks(self, hashes: Sequence[int]) -> list[tuple[int, int]]:
         """Runs ``(mask, n)``: the workers in ``mask`` hold the first blocks for ``n`` more
         positions. Masks are nested (each a subset of the previous)."""
-        holders = self._holders
+        get = self._holders.get
         runs: list[tuple[int, int]] = []
         cur = -1
         n = 0
+        last: object = _NONE
         for h in hashes:
-            m = holders.get(h, 0) & cur
+            held = get(h)
+            if held is last:  # same mask object as the previous block: same AND
+                n += 1
+                continue
+            if held is None:
+                break
+            last = held
+            m = held & cur
             if m != cur:
                 if n:
                     runs.append((cur, n))
@@ -281,15 +309,16 @@ class KvIndexer:
                     return runs
                 cur, n = m, 0
             n += 1
-        if n and cur > 0:
+        if n:
             runs.append((cur, n))
         return runs
 
     def overlaps(self, hashes: Sequence[int], num_slots: int | None = None) -> np.ndarray:
         """Per slot: number of leading blocks of ``hashes`` that slot holds (int32 vector)."""
         size = self._next_slot if num_slots is None else num_slots
-        out = np.zeros(size, dtype=np.int32)
-        _add_runs(out, self.overlap_masks(hashes))
+        out = np.empty(size, dtype=np.int32)
+        runs = self.overlap_masks(hashes)
+        fill_by_depth(out, runs, list(itertools.accumulate((n for _, n in runs), initial=0)))
         return out
 
     def lower_overlaps(self, hashes: Sequence[int], num_slots: int | None = None) -> np.ndarray:
@@ -339,6 +368,60 @@ class KvIndexer:
             assert not (w.events_seen and w.approx_expiry), w.instance_id
         assert seen == self._holders, "holders out of step with per-worker block sets"
         assert seen_lower == self._lower_holders, "lower holders out of step with per-worker sets"
+
+
+_NONE = object()
+
+
+def dropouts(runs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(mask, overlap)`` from ``overlap_masks`` runs: the workers in ``mask`` hold exactly
+    ``overlap`` leading blocks. The masks are disjoint; workers in none of them hold none."""
+    out = []
+    total = 0
+    for i, (mask, n) in enumerate(runs):
+        total += n
+        if i + 1 < len(runs):
+            mask &= ~runs[i + 1][0]
+        out.append((mask, total))
+    return out
+
+
+def overlap_of(runs: Sequence[tuple[int, int]], slot: int) -> int:
+    """One slot's overlap (leading blocks held) from ``overlap_masks`` runs."""
+    total = 0
+    for mask, n in runs:
+        if not mask >> slot & 1:
+            break
+        total += n
+    return total
+
+
+_FEW_BITS = 8
+"""Up to this many workers in the runs are set one index at a time; more, through bit vectors."""
+
+
+def fill_by_depth(out: np.ndarray, runs: Sequence[tuple[int, int]], table: Sequence[float]) -> None:
+    """``out[slot] = table[d]`` where ``d`` is how many of the nested ``overlap_masks`` runs
+    hold the slot (``table`` has ``len(runs) + 1`` entries; slots < len(out)). Few workers in
+    the runs are set one index at a time; many, by unpacking all the masks in one pass and
+    counting, per slot, the masks that hold it."""
+    out.fill(table[0])
+    if not runs:
+        return
+    if runs[0][0].bit_count() <= _FEW_BITS:  # the runs are nested: the first is the largest
+        for depth, (mask, _) in enumerate(dropouts(runs), start=1):
+            value = table[depth]
+            while mask:
+                low = mask & -mask
+                out[low.bit_length() - 1] = value
+                mask ^= low
+        return
+    size = len(out)
+    nbytes = (size + 7) // 8
+    raw = np.frombuffer(b"".join(m.to_bytes(nbytes, "little") for m, _ in runs), dtype=np.uint8)
+    bits = np.unpackbits(raw, bitorder="little").reshape(len(runs), nbytes * 8)[:, :size]
+    depth = bits[0] if len(runs) == 1 else bits.sum(axis=0, dtype=np.uint8)
+    np.take(np.asarray(table, dtype=out.dtype), depth, out=out)
 
 
 def _drop(holders: dict[int, int], h: int, mask: int) -> None:

@@ -16,7 +16,11 @@ Before any report that is just the dispatch count. Speeds (prefill tokens/s, dec
 come only from reports, with defaults until the first one.
 
 State is kept in numpy vectors indexed by the indexer's worker slot so the cost function runs
-vectorised over all workers.
+vectorised over all workers. Every vector a routing decision reads (queue ahead, queue depth,
+in-flight count, KV usage, blocks in use and free, the busy mark, the speed lines) is kept up
+to date slot by slot as dispatches and reports arrive, so a decision reads them as they are
+and never rebuilds them from per-worker state (issue 10 item 7: a decision at 1,024 workers
+has a budget of about 50 µs). ``check_derived`` recomputes them from scratch, for tests.
 """
 
 from __future__ import annotations
@@ -53,115 +57,197 @@ class _Dispatched:
     """Not yet covered by a load report from its worker."""
 
 
+_VECTORS: tuple[tuple[str, float, type], ...] = (
+    # state
+    ("dispatched_prefill", 0.0, float),
+    ("dispatched_kv", 0.0, float),
+    ("inflight", 0.0, float),
+    ("decoding", 0.0, float),
+    ("reported_prefill", 0.0, float),
+    ("reported_running", 0.0, float),
+    ("reported_waiting", 0.0, float),
+    ("fresh_prefill", 0.0, float),
+    ("fresh_count", 0.0, float),
+    ("kv_used_frac", 0.0, float),
+    ("kv_tokens_total", 0.0, float),
+    ("inv_kv_tokens", 0.0, float),
+    ("prefill_tps", DEFAULT_PREFILL_TPS, float),
+    ("decode_step_s", DEFAULT_DECODE_STEP_S, float),
+    ("load_s_per_block", DEFAULT_LOAD_S_PER_BLOCK, float),
+    ("decode_measured", False, bool),
+    ("report_time", -np.inf, float),
+    ("_block_size", 16.0, float),
+    ("_queue_limit", np.inf, float),
+    ("_fit_a", DEFAULT_STEP_OVERHEAD_S, float),
+    ("_fit_b", 1.0 / DEFAULT_PREFILL_TPS, float),
+    ("_fitted", False, bool),
+    # derived from the state of the same slot (``_refresh``)
+    ("_queued", 0.0, float),
+    ("_depth", 0.0, float),
+    ("_busy_n", 0.0, float),
+    ("_usage", 0.0, float),
+    ("_prior", 1.0, float),
+    ("_used", 0.0, float),
+    ("_free", np.inf, float),
+    ("_busy", False, bool),
+)
+"""Every per-slot vector, with its value for a slot without a worker."""
+
+
 class LoadTracker:
-    """Dispatch-time load plus the latest report, per worker slot."""
+    """Dispatch-time load plus the latest report, per worker slot.
+
+    ``busy_kv_usage``, ``busy_kv_footprint`` and ``max_inflight`` define the busy mark
+    (``busy_mask``): a worker with that share of its KV blocks in use as reported, or whose
+    unfinished requests would need that many times its KV if each ran to its ``max_tokens``, or
+    with that many requests in flight (0: no limit), or with more requests waiting than the
+    ``queue_limit`` it was added with."""
+
+    dispatched_prefill: np.ndarray
+    """Uncached prompt tokens dispatched and not yet past their first token."""
+    dispatched_kv: np.ndarray
+    """KV tokens (prompt + expected output) of dispatched, unfinished requests."""
+    inflight: np.ndarray
+    decoding: np.ndarray
+    reported_prefill: np.ndarray
+    reported_running: np.ndarray
+    reported_waiting: np.ndarray
+    fresh_prefill: np.ndarray
+    """Prefill dispatched since the worker's last report (not in reported_prefill yet)."""
+    fresh_count: np.ndarray
+    """Requests dispatched since the worker's last report (the ones behind fresh_prefill)."""
+    kv_used_frac: np.ndarray
+    kv_tokens_total: np.ndarray
+    inv_kv_tokens: np.ndarray
+    """1 / kv_tokens_total (0 when unknown), so usage is one multiply."""
+    prefill_tps: np.ndarray
+    decode_step_s: np.ndarray
+    load_s_per_block: np.ndarray
+    """Measured seconds to load one KV block from the worker's lower tiers (host, disk)."""
+    decode_measured: np.ndarray
+    """The worker has reported a decode step time (until then it is priced like the fleet)."""
+    report_time: np.ndarray
+    _block_size: np.ndarray
+    _queue_limit: np.ndarray
+    """Busy past this many waiting requests (+inf: no limit)."""
+    _fit_a: np.ndarray
+    _fit_b: np.ndarray
+    _fitted: np.ndarray
+    """The slot's own speed line (``_fit_a`` + tokens * ``_fit_b``) exists."""
+    _queued: np.ndarray
+    _depth: np.ndarray
+    _busy_n: np.ndarray
+    _usage: np.ndarray
+    _prior: np.ndarray
+    """``1 + DECODE_CONTEXT_SLOPE * context``: the prior's decode-step growth factor."""
+    _used: np.ndarray
+    _free: np.ndarray
+    _busy: np.ndarray
 
     def __init__(
-        self, router_id: str = "local", capacity: int = 64, report_lag_s: float = 0.0, share: bool = True
+        self,
+        router_id: str = "local",
+        capacity: int = 64,
+        report_lag_s: float = 0.0,
+        share: bool = True,
+        *,
+        busy_kv_usage: float = 0.98,
+        busy_kv_footprint: float = 2.0,
+        max_inflight: int = 0,
     ) -> None:
         self.router_id = router_id
         self.share = share
         """Record this router's dispatches in ``outbox`` for other routers (off: nothing kept)."""
         self.report_lag_s = report_lag_s
         """A report received at t covers requests routed before t - report_lag_s."""
+        self.busy_kv_usage = busy_kv_usage
+        self.busy_kv_footprint = busy_kv_footprint
+        self.max_inflight = max_inflight
         self._fresh: dict[int, list[tuple[str, str]]] = {}
         self._inflight: dict[tuple[str, str], _Dispatched] = {}
-        n = capacity
-        self.dispatched_prefill = np.zeros(n)
-        """Uncached prompt tokens dispatched and not yet past their first token."""
-        self.dispatched_kv = np.zeros(n)
-        """KV tokens (prompt + expected output) of dispatched, unfinished requests."""
-        self.inflight = np.zeros(n)
-        self.decoding = np.zeros(n)
-        self.reported_prefill = np.zeros(n)
-        self.fresh_prefill = np.zeros(n)
-        """Prefill dispatched since the worker's last report (not in reported_prefill yet)."""
-        self.fresh_count = np.zeros(n)
-        """Requests dispatched since the worker's last report (the ones behind fresh_prefill)."""
-        self.reported_waiting = np.zeros(n)
-        self.reported_running = np.zeros(n)
-        self.kv_used_frac = np.zeros(n)
-        self.kv_tokens_total = np.zeros(n)
-        self.inv_kv_tokens = np.zeros(n)
-        """1 / kv_tokens_total (0 when unknown), so usage is one multiply per decision."""
-        self.prefill_tps = np.full(n, DEFAULT_PREFILL_TPS)
-        self.decode_step_s = np.full(n, DEFAULT_DECODE_STEP_S)
-        self.load_s_per_block = np.full(n, DEFAULT_LOAD_S_PER_BLOCK)
-        """Measured seconds to load one KV block from the worker's lower tiers (host, disk)."""
-        self.decode_measured = np.zeros(n, dtype=bool)
-        """The worker has reported a decode step time (until then it is priced like the fleet)."""
-        self.report_time = np.full(n, -np.inf)
+        for name, fill, dtype in _VECTORS:
+            setattr(self, name, np.full(capacity, fill, dtype=dtype))
+        self._num_busy = 0
         self._fits: dict[int, StepTimeFit] = {}
-        self._fitted: dict[int, tuple[float, float]] = {}
+        """The workers' slots, with their speed fits."""
+        self._num_fitted = 0
         self._speeds: tuple[np.ndarray, np.ndarray] | None = None
-        self._blocks: tuple[np.ndarray, np.ndarray] | None = None
         self._decode_fit = StepTimeFit(decay=0.99)
         """Fleet-wide line: decode step seconds against KV usage (0..1)."""
+        self._decode_line: tuple[float, float] | None = None
+        self._decode_line_stale = True
+        self._fastest_decode: float | None = None
+        """Fastest decode step any worker reported (None: to be found again)."""
         self.outbox: list[RouterLoadEvent] = []
         """Events for other routers; the glue drains and publishes them."""
 
     # ---- membership ----
-    def add_worker(self, slot: int, *, kv_blocks_total: int = 0, block_size: int = 16) -> None:
-        self._grow(slot + 1)
-        self._fresh[slot] = []
-        for arr in (
-            self.dispatched_prefill,
-            self.dispatched_kv,
-            self.inflight,
-            self.decoding,
-            self.reported_prefill,
-            self.reported_running,
-            self.kv_used_frac,
-            self.fresh_prefill,
-            self.fresh_count,
-            self.reported_waiting,
-        ):
-            arr[slot] = 0.0
+    def add_worker(
+        self, slot: int, *, kv_blocks_total: int = 0, block_size: int = 16, queue_limit: int = 0
+    ) -> None:
+        """Register a worker at ``slot``, with nothing in flight or reported. ``queue_limit``:
+        busy while more requests than this wait in its queue (0: never)."""
+        self._reset(slot)
+        self._fits[slot] = StepTimeFit()
         self.kv_tokens_total[slot] = kv_blocks_total * block_size
         self.inv_kv_tokens[slot] = 1.0 / (kv_blocks_total * block_size) if kv_blocks_total else 0.0
-        self.prefill_tps[slot] = DEFAULT_PREFILL_TPS
-        self.decode_step_s[slot] = DEFAULT_DECODE_STEP_S
-        self.load_s_per_block[slot] = DEFAULT_LOAD_S_PER_BLOCK
-        self.decode_measured[slot] = False
-        self.report_time[slot] = -np.inf
-        self._fits[slot] = StepTimeFit()
-        self._fitted.pop(slot, None)
-        self._speeds = None
-        self._blocks = None
+        self._block_size[slot] = block_size
+        self._queue_limit[slot] = queue_limit if queue_limit > 0 else np.inf
+        self._refresh(slot)
 
     def remove_worker(self, slot: int) -> None:
         for key in [k for k, d in self._inflight.items() if d.slot == slot]:
             del self._inflight[key]
-        self.add_worker(slot)
+        self._reset(slot)
+        self._refresh(slot)
+
+    def _reset(self, slot: int) -> None:
+        self._grow(slot + 1)
+        self._fresh[slot] = []
+        self._num_fitted -= bool(self._fitted[slot])
+        self._num_busy -= bool(self._busy[slot])
+        for name, fill, _ in _VECTORS:
+            getattr(self, name)[slot] = fill
+        self._fits.pop(slot, None)
+        self._speeds = None
+        self._fastest_decode = None
 
     def _grow(self, n: int) -> None:
         size = len(self.inflight)
         if n <= size:
             return
-        new = max(n, 2 * size)
-        for name in (
-            "dispatched_prefill",
-            "dispatched_kv",
-            "inflight",
-            "decoding",
-            "reported_prefill",
-            "reported_running",
-            "kv_used_frac",
-            "kv_tokens_total",
-            "inv_kv_tokens",
-            "fresh_prefill",
-            "fresh_count",
-            "reported_waiting",
-        ):
-            arr = getattr(self, name)
-            setattr(self, name, np.concatenate([arr, np.zeros(new - size)]))
-        self.prefill_tps = np.concatenate([self.prefill_tps, np.full(new - size, DEFAULT_PREFILL_TPS)])
-        self.decode_step_s = np.concatenate([self.decode_step_s, np.full(new - size, DEFAULT_DECODE_STEP_S)])
-        self.load_s_per_block = np.concatenate(
-            [self.load_s_per_block, np.full(new - size, DEFAULT_LOAD_S_PER_BLOCK)]
+        extra = max(n, 2 * size) - size
+        for name, fill, dtype in _VECTORS:
+            setattr(self, name, np.concatenate([getattr(self, name), np.full(extra, fill, dtype=dtype)]))
+        self._speeds = None
+
+    def _refresh(self, s: int, blocks: bool = True) -> None:
+        """Recompute slot ``s``'s derived values from its state (same arithmetic as the
+        vectorised definitions in ``check_derived``); ``blocks=False`` after a dispatch, which
+        leaves the reported blocks in use as they were."""
+        depth = self.reported_waiting.item(s) + self.fresh_count.item(s)
+        n = max(self.inflight.item(s), self.reported_running.item(s))
+        dkv, inv = self.dispatched_kv.item(s), self.inv_kv_tokens.item(s)
+        used_frac = self.kv_used_frac.item(s)
+        usage = max(used_frac, dkv * inv)
+        self._queued[s] = self.reported_prefill.item(s) + self.fresh_prefill.item(s)
+        self._depth[s] = depth
+        self._busy_n[s] = n
+        self._usage[s] = usage
+        self._prior[s] = 1.0 + DECODE_CONTEXT_SLOPE * dkv * inv
+        if blocks:
+            total = self.kv_tokens_total.item(s) / self._block_size.item(s)
+            self._used[s] = used = used_frac * total
+            self._free[s] = total - used if total > 0 else np.inf
+        busy = (
+            used_frac >= self.busy_kv_usage
+            or usage >= self.busy_kv_footprint
+            or (self.max_inflight and n >= self.max_inflight)
+            or depth > self._queue_limit.item(s)
         )
-        self.report_time = np.concatenate([self.report_time, np.full(new - size, -np.inf)])
-        self.decode_measured = np.concatenate([self.decode_measured, np.zeros(new - size, dtype=bool)])
+        if busy != self._busy.item(s):
+            self._busy[s] = busy
+            self._num_busy += 1 if busy else -1
 
     # ---- dispatch accounting (this router, or another one via apply_remote) ----
     def on_route(
@@ -185,6 +271,7 @@ class LoadTracker:
         self.fresh_count[slot] += 1
         self.dispatched_kv[slot] += kv_tokens
         self.inflight[slot] += 1
+        self._refresh(slot, blocks=False)
         if router_id is None and self.share:
             self.outbox.append(
                 RouterLoadEvent(
@@ -206,6 +293,7 @@ class LoadTracker:
         self.dispatched_prefill[d.slot] -= d.prefill_tokens
         self._unfresh(d)
         self.decoding[d.slot] += 1
+        self._refresh(d.slot, blocks=False)
         if router_id is None:
             self._share(request_id, d.instance_id, "first_token", now)
 
@@ -220,6 +308,7 @@ class LoadTracker:
             self._unfresh(d)
         self.dispatched_kv[d.slot] -= d.kv_tokens
         self.inflight[d.slot] -= 1
+        self._refresh(d.slot, blocks=False)
         if router_id is None:
             self._share(request_id, d.instance_id, "finish", now)
 
@@ -292,10 +381,10 @@ class LoadTracker:
         self.reported_waiting[slot] = r.num_waiting
         if r.kv_blocks_total:
             self.kv_used_frac[slot] = r.kv_blocks_used / r.kv_blocks_total
-            self._blocks = None
         if r.prefill_tokens_per_s > 0:
             self.prefill_tps[slot] = r.prefill_tokens_per_s
-            self._speeds = None
+            if not self._num_fitted:
+                self._speeds = None  # 1 / tps prices the workers until one has a line
         if r.step_time_s > 0 and r.tokens_computed > r.num_running:
             # A step that computed prompt tokens (a decode-only step computes one per running
             # request and has no prefill overhead, so it would bend the line).
@@ -303,42 +392,65 @@ class LoadTracker:
             fit.add(r.tokens_computed, r.step_time_s)
             est = fit.estimate()
             if est is not None:
-                self._fitted[slot] = est
-                self._speeds = None
+                self._set_fit(slot, est)
         loads = sum(t.loads for t in r.kv_tiers)
         if loads:
             self.load_s_per_block[slot] = sum(t.load_s for t in r.kv_tiers) / loads
         if r.decode_step_s > 0:
-            self.decode_step_s[slot] = r.decode_step_s
-            self.decode_measured[slot] = True
+            self._note_decode_step(slot, r.decode_step_s)
             if self.inv_kv_tokens[slot]:
                 self._decode_fit.add(self.context_usage(slot), r.decode_step_s)
+                self._decode_line_stale = True
+        self._refresh(slot)
 
-    # ---- merged view ----
+    def _note_decode_step(self, slot: int, step_s: float) -> None:
+        """Record a measured decode step, keeping the fastest one any worker reported."""
+        fastest = self._fastest_decode
+        if fastest is not None:
+            if not self.decode_measured.any() or step_s < fastest:
+                fastest = step_s
+            elif self.decode_measured[slot] and self.decode_step_s[slot] == fastest and step_s > fastest:
+                fastest = None  # the fastest one got slower: look again when needed
+        self._fastest_decode = fastest
+        self.decode_step_s[slot] = step_s
+        self.decode_measured[slot] = True
+
+    def _set_fit(self, slot: int, est: tuple[float, float]) -> None:
+        if not self._fitted[slot]:
+            self._fitted[slot] = True
+            self._num_fitted += 1
+            self._speeds = None
+        self._fit_a[slot], self._fit_b[slot] = est
+        if self._num_fitted < len(self._fits):
+            self._speeds = None  # the fleet's median prices the workers without a line
+
+    # ---- merged view (vectors over slots; read them, never write them) ----
     def speeds(self) -> tuple[np.ndarray, np.ndarray]:
         """``(step_overhead_s, per_token_s)`` per slot: the worker's own fitted line, else the
-        fleet's median line, else its reported tokens/s with the default overhead."""
+        fleet's median line, else its reported tokens/s with the default overhead. Once every
+        worker has its line these are the lines themselves, updated in place by reports."""
         if self._speeds is None:
-            overhead = np.full(len(self.inflight), DEFAULT_STEP_OVERHEAD_S)
-            per_token = 1.0 / self.prefill_tps
-            if self._fitted:
-                fits = np.asarray(list(self._fitted.values()))
-                overhead[:] = np.median(fits[:, 0])
-                if len(self._fitted) < len(self._fits):
-                    per_token = np.full(len(self.inflight), np.median(fits[:, 1]))
-                for slot, (a, b) in self._fitted.items():
-                    overhead[slot], per_token[slot] = a, b
-            self._speeds = (overhead, per_token)
+            fitted = self._fitted
+            if not self._num_fitted:
+                self._speeds = (np.full(len(fitted), DEFAULT_STEP_OVERHEAD_S), 1.0 / self.prefill_tps)
+            elif self._num_fitted == len(self._fits):
+                self._speeds = (self._fit_a, self._fit_b)
+            else:
+                overhead = np.full(len(fitted), np.median(self._fit_a[fitted]))
+                per_token = np.full(len(fitted), np.median(self._fit_b[fitted]))
+                overhead[fitted] = self._fit_a[fitted]
+                per_token[fitted] = self._fit_b[fitted]
+                self._speeds = (overhead, per_token)
         return self._speeds
 
     def queued_prefill(self) -> np.ndarray:
         """Prompt tokens ahead of a new request: the last report plus what was sent since."""
-        return self.reported_prefill + self.fresh_prefill
+        return self._queued
 
     def queue_depth(self) -> np.ndarray:
         """Requests waiting at each worker: the last report's queue plus what was sent since
         (an upper bound: some of those may have started running already)."""
-        return self.reported_waiting + self.fresh_count
+        return self._depth
 
     def decode_step(self) -> np.ndarray:
         """Expected decode step seconds per slot. Decode time grows with the context a worker's
@@ -346,11 +458,16 @@ class LoadTracker:
         on decode-only steps), so once the fleet's reports span a range of context, the
         estimate is the fleet's line (step time against summed context over KV tokens) at each
         worker's current context, dispatches included; until then ``_decode_step_measured``."""
-        fit = self._decode_fit.estimate(min_spread_tokens=0.01)
-        if fit is None:
+        if self._decode_line_stale:
+            self._decode_line = self._decode_fit.estimate(min_spread_tokens=0.01)
+            self._decode_line_stale = False
+        if self._decode_line is None:
             return self._decode_step_measured()
-        base, slope = fit
-        return base + slope * self.dispatched_kv * self.inv_kv_tokens
+        base, slope = self._decode_line
+        step = self.dispatched_kv * slope  # base + slope * dispatched_kv * inv_kv_tokens, in place
+        step *= self.inv_kv_tokens
+        step += base
+        return step
 
     def context_usage(self, slot: int) -> float:
         """Summed context of the worker's requests over its KV tokens: what a decode step
@@ -364,23 +481,56 @@ class LoadTracker:
         load (it only moves on decode-only steps, rare on a busy worker), and a fixed default
         for workers that never decoded priced every cold worker above the first one to report
         (a cold burst all went to it)."""
-        measured = self.decode_measured
-        base = float(self.decode_step_s[measured].min()) if measured.any() else DEFAULT_DECODE_STEP_S
-        return base * (1.0 + DECODE_CONTEXT_SLOPE * self.dispatched_kv * self.inv_kv_tokens)
+        if self._fastest_decode is None:
+            measured = self.decode_measured
+            self._fastest_decode = (
+                float(self.decode_step_s[measured].min()) if measured.any() else DEFAULT_DECODE_STEP_S
+            )
+        return self._fastest_decode * self._prior
 
-    def blocks_in_use(self, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def blocks_in_use(self) -> tuple[np.ndarray, np.ndarray]:
         """``(in use, free)`` blocks per slot as last reported (free is +inf where the size is
-        unknown); kept until the next report."""
-        if self._blocks is None:
-            total = self.kv_tokens_total / block_size
-            used = self.kv_used_frac * total
-            self._blocks = (used, np.where(total > 0, total - used, np.inf))
-        return self._blocks
+        unknown)."""
+        return self._used, self._free
 
     def kv_usage(self) -> np.ndarray:
         """Fraction of KV in use: reported, or dispatched footprint if that is larger."""
-        return np.maximum(self.kv_used_frac, self.dispatched_kv * self.inv_kv_tokens)
+        return self._usage
 
     def busy(self) -> np.ndarray:
         """In-flight requests per slot: dispatched, or reported if larger."""
-        return np.maximum(self.inflight, self.reported_running)
+        return self._busy_n
+
+    def busy_mask(self) -> np.ndarray:
+        """Per slot: the worker is busy (see the class docstring)."""
+        return self._busy
+
+    @property
+    def num_busy(self) -> int:
+        return self._num_busy
+
+    # ---- checks ----
+    def check_derived(self) -> None:
+        """The vectors kept slot by slot equal their definitions computed from scratch."""
+        eq = np.testing.assert_array_equal
+        eq(self._queued, self.reported_prefill + self.fresh_prefill)
+        eq(self._depth, self.reported_waiting + self.fresh_count)
+        eq(self._busy_n, np.maximum(self.inflight, self.reported_running))
+        eq(self._usage, np.maximum(self.kv_used_frac, self.dispatched_kv * self.inv_kv_tokens))
+        eq(self._prior, 1.0 + DECODE_CONTEXT_SLOPE * self.dispatched_kv * self.inv_kv_tokens)
+        total = self.kv_tokens_total / self._block_size
+        used = self.kv_used_frac * total
+        eq(self._used, used)
+        eq(self._free, np.where(total > 0, total - used, np.inf))
+        busy = self.kv_used_frac >= self.busy_kv_usage
+        busy |= self._usage >= self.busy_kv_footprint
+        if self.max_inflight:
+            busy |= self._busy_n >= self.max_inflight
+        busy |= self._depth > self._queue_limit
+        eq(self._busy, busy)
+        assert self._num_busy == int(busy.sum())
+        assert self._num_fitted == int(self._fitted.sum())
+        measured = self.decode_measured
+        if self._fastest_decode is not None and measured.any():
+            assert self._fastest_decode == self.decode_step_s[measured].min()
+        assert set(self._fits) >= set(np.flatnonzero(self._fitted).tolist())

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from interlock.protocol.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from interlock.router.indexer import ApplyResult, KvIndexer
+from interlock.router.indexer import ApplyResult, KvIndexer, dropouts, fill_by_depth, overlap_of
 
 
 def stored(*hashes: int) -> BlockStored:
@@ -166,3 +168,72 @@ def test_a_snapshot_with_a_seq_of_its_own_then_live_batches_from_the_next() -> N
     ix.apply(snapshot("a", 3, {1, 2, 7}))  # the engine worker's snapshot takes seq 3
     assert ix.apply(batch("a", 4, BlockRemoved(block_hashes=(7,)))) is ApplyResult.APPLIED
     assert ix.blocks_of("a") == {1, 2} and ix.needs_resync() == []
+
+
+def naive_overlap(blocks: set[int], hashes: list[int]) -> int:
+    n = 0
+    for h in hashes:
+        if h not in blocks:
+            break
+        n += 1
+    return n
+
+
+chain_ops = st.lists(
+    st.tuples(
+        st.integers(0, 69),  # worker (past 64: bits beyond one machine word)
+        st.booleans(),  # store or remove
+        st.integers(0, 11),  # start of a run in the universal chain
+        st.integers(1, 12),  # its length
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(chain_ops, st.lists(st.integers(0, 30), min_size=1, max_size=24))
+def test_overlaps_equal_each_workers_longest_prefix_after_runs_stored_and_removed(ops, query) -> None:
+    # Runs of one chain stored and removed by many workers: blocks stored together share a mask
+    # object, so the lookup's shortcut for a block with the previous block's mask is exercised
+    # by removals in the middle of runs and by runs stored over partly held ones.
+    ix = KvIndexer()
+    ids = [f"w{i}" for i in range(70)]
+    for wid in ids:
+        ix.add_worker(wid)
+    truth: dict[str, set[int]] = {wid: set() for wid in ids}
+    seqs = dict.fromkeys(ids, -1)
+    chain = list(range(100, 124))
+    for w, store, start, length in ops:
+        wid = ids[w]
+        run = tuple(chain[start : start + length])
+        seqs[wid] += 1
+        ev = stored(*run) if store else BlockRemoved(block_hashes=run)
+        ix.apply(batch(wid, seqs[wid], ev))
+        truth[wid] = truth[wid] | set(run) if store else truth[wid] - set(run)
+    ix.check_integrity()
+    for hashes in (chain, chain[:5] + [7] + chain[5:], [chain[0] + q for q in query]):
+        got = ix.overlaps(hashes)
+        for wid in ids:
+            assert got[ix.slot_of(wid)] == naive_overlap(truth[wid], hashes), wid
+        runs = ix.overlap_masks(hashes)
+        for wid in ids:
+            assert overlap_of(runs, ix.slot_of(wid)) == naive_overlap(truth[wid], hashes)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32])
+def test_fill_by_depth_for_few_and_many_workers(dtype) -> None:
+    few = (1 << 3) | (1 << 199)
+    many = sum(1 << i for i in range(0, 200, 3))
+    fewer = sum(1 << i for i in range(0, 200, 6))
+    for runs in ([(few, 2)], [(few, 2), (1 << 3, 1)], [(many, 5)], [(many, 5), (fewer, 1), (1 << 6, 4)]):
+        out = np.full(200, -1, dtype=dtype)
+        table = [9, 7, 5, 2][: len(runs) + 1]
+        fill_by_depth(out, runs, table)
+        want = np.array([table[sum(m >> i & 1 for m, _ in runs)] for i in range(200)], dtype=dtype)
+        assert out.dtype == dtype and np.array_equal(out, want)
+
+
+def test_dropouts_say_where_each_worker_stops() -> None:
+    runs = [(0b111, 2), (0b101, 3), (0b100, 1)]
+    assert dropouts(runs) == [(0b010, 2), (0b001, 5), (0b100, 6)]
+    assert [overlap_of(runs, s) for s in range(4)] == [5, 2, 6, 0]

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from interlock.protocol.events import LoadReport, RouterLoadEvent
 from interlock.router.load import DEFAULT_PREFILL_TPS, LoadTracker
+from interlock.router.speed import StepTimeFit
 
 
 def report(
@@ -116,3 +120,110 @@ def test_remote_router_load_is_counted_and_forgotten() -> None:
     lt.forget_router("r2")
     assert lt.queued_prefill()[2] == 0 and lt.inflight[2] == 0
     assert lt.outbox == []  # remote work is never re-shared
+
+
+# ---- property: the vectors kept slot by slot equal a rebuild from scratch ----
+event = st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 3), st.integers(0, 400), st.integers(0, 3)),
+    st.tuples(st.just("remove"), st.integers(0, 3)),
+    st.tuples(st.just("route"), st.integers(0, 3), st.integers(0, 9), st.integers(1, 3000)),
+    st.tuples(st.just("first"), st.integers(0, 9)),
+    st.tuples(st.just("finish"), st.integers(0, 9)),
+    st.tuples(
+        st.just("report"),
+        st.integers(0, 3),
+        st.integers(0, 400),  # blocks used
+        st.integers(0, 9000),  # queued prefill / tokens computed
+        st.integers(0, 6),  # waiting
+        st.sampled_from([0.0, 0.004, 0.02, 0.05]),  # decode step
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(event, max_size=60), st.sampled_from([0, 3]))
+def test_kept_vectors_equal_a_rebuild_after_any_events(events, max_inflight) -> None:
+    lt = LoadTracker("r1", capacity=2, busy_kv_usage=0.9, busy_kv_footprint=1.5, max_inflight=max_inflight)
+    registered: set[int] = set()
+    limits: dict[int, float] = {}
+    last_fit: dict[int, tuple[float, float]] = {}
+    fits: dict[int, StepTimeFit] = {}
+    decode_fit = StepTimeFit(decay=0.99)
+    t = 0.0
+    for ev in events:
+        t += 1.0
+        kind, *args = ev
+        if kind == "add":
+            slot, blocks, limit = args
+            lt.add_worker(slot, kv_blocks_total=blocks, block_size=16, queue_limit=limit)
+            registered.add(slot)
+            limits[slot] = limit or np.inf
+            last_fit.pop(slot, None)
+            fits[slot] = StepTimeFit()
+        elif kind == "remove" and args[0] in registered:
+            lt.remove_worker(args[0])
+            registered.discard(args[0])
+            limits.pop(args[0], None)
+            last_fit.pop(args[0], None)
+        elif kind == "route" and args[0] in registered:
+            slot, rid, tokens = args
+            lt.on_route(f"q{rid}", slot, f"w{slot}", prefill_tokens=tokens, kv_tokens=tokens + 100, now=t)
+        elif kind == "first":
+            lt.on_first_token(f"q{args[0]}")
+        elif kind == "finish":
+            lt.on_finish(f"q{args[0]}")
+        elif kind == "report" and args[0] in registered:
+            slot, used, tokens, waiting, decode = args
+            rep = LoadReport(
+                instance_id=f"w{slot}",
+                timestamp=t,
+                num_running=2,
+                num_waiting=waiting,
+                kv_blocks_used=used,
+                kv_blocks_total=400,
+                queued_prefill_tokens=tokens,
+                step_time_s=0.01 + tokens * 2e-5 + (t % 3) * 1e-3,
+                tokens_computed=tokens,
+                decode_step_s=decode,
+            )
+            if decode > 0 and lt.inv_kv_tokens[slot]:
+                decode_fit.add(lt.context_usage(slot), decode)
+            lt.apply_report(slot, rep, now=t)
+            if tokens > 2:
+                fits[slot].add(tokens, rep.step_time_s)
+                est = fits[slot].estimate()
+                if est is not None:
+                    last_fit[slot] = est
+        lt.check_derived()
+        # the busy mark as the router defined it before it was kept slot by slot
+        busy = lt.kv_used_frac >= 0.9
+        busy |= np.maximum(lt.kv_used_frac, lt.dispatched_kv * lt.inv_kv_tokens) >= 1.5
+        if max_inflight:
+            busy |= np.maximum(lt.inflight, lt.reported_running) >= max_inflight
+        for slot, limit in limits.items():
+            busy[slot] |= lt.reported_waiting[slot] + lt.fresh_count[slot] > limit
+        assert (lt.busy_mask() == busy).all() and lt.num_busy == int(busy.sum())
+        # speed lines: own fit, else the fleet's median, else 1 / tps (registered slots)
+        overhead, per_token = lt.speeds()
+        want_o = np.full(len(lt.inflight), 0.02)
+        want_p = 1.0 / lt.prefill_tps
+        if last_fit:
+            a, b = np.asarray(list(last_fit.values())).T
+            want_o[:] = np.median(a)
+            if len(last_fit) < len(registered):
+                want_p = np.full(len(lt.inflight), np.median(b))
+            for slot, (fa, fb) in last_fit.items():
+                want_o[slot], want_p[slot] = fa, fb
+        for slot in registered:
+            assert overhead[slot] == want_o[slot] and per_token[slot] == want_p[slot]
+        # decode step: the fleet line, else the fastest measured step grown by the prior
+        line = decode_fit.estimate(min_spread_tokens=0.01)
+        if line is None:
+            measured = lt.decode_measured
+            base = lt.decode_step_s[measured].min() if measured.any() else 0.02
+            want = base * (1.0 + 4.0 * lt.dispatched_kv * lt.inv_kv_tokens)
+        else:
+            want = line[0] + line[1] * lt.dispatched_kv * lt.inv_kv_tokens
+        got = lt.decode_step()
+        for slot in registered:
+            assert got[slot] == want[slot]
