@@ -39,6 +39,11 @@ DECODE_CONTEXT_SLOPE = 4.0
 """Prior for how decode step time grows with a worker's summed context (as a fraction of its KV
 tokens) until the fleet's reports fit a line: x5 from empty to full (Dynamo's mocker fit, a
 memory-bound decode, gives x6)."""
+MAX_DECODE_CONTEXT = 1.0
+"""Most context a worker's decode step reads, over its KV tokens: the dispatched footprint
+includes requests waiting in the engine's queue, which read nothing until there is room (a
+saturated worker's footprint runs to 3-4x its KV), and the step time's line must not be
+extrapolated there (it priced 0.2 s steps where the engine's longest is 34 ms)."""
 
 
 @dataclass(slots=True)
@@ -350,12 +355,17 @@ class LoadTracker:
         if fit is None:
             return self._decode_step_measured()
         base, slope = fit
-        return base + slope * self.dispatched_kv * self.inv_kv_tokens
+        return base + slope * self.decode_context()
 
     def context_usage(self, slot: int) -> float:
         """Summed context of the worker's requests over its KV tokens: what a decode step
-        reads (a shared prefix counts once per request, unlike blocks in use)."""
-        return float(self.dispatched_kv[slot] * self.inv_kv_tokens[slot])
+        reads (a shared prefix counts once per request, unlike blocks in use), at most
+        ``MAX_DECODE_CONTEXT``."""
+        return min(float(self.dispatched_kv[slot] * self.inv_kv_tokens[slot]), MAX_DECODE_CONTEXT)
+
+    def decode_context(self) -> np.ndarray:
+        """``context_usage`` of every slot."""
+        return np.minimum(self.dispatched_kv * self.inv_kv_tokens, MAX_DECODE_CONTEXT)
 
     def _decode_step_measured(self) -> np.ndarray:
         """Until the fleet's line exists: the fastest decode step any worker reported (the
@@ -366,7 +376,7 @@ class LoadTracker:
         (a cold burst all went to it)."""
         measured = self.decode_measured
         base = float(self.decode_step_s[measured].min()) if measured.any() else DEFAULT_DECODE_STEP_S
-        return base * (1.0 + DECODE_CONTEXT_SLOPE * self.dispatched_kv * self.inv_kv_tokens)
+        return base * (1.0 + DECODE_CONTEXT_SLOPE * self.decode_context())
 
     def blocks_in_use(self, block_size: int) -> tuple[np.ndarray, np.ndarray]:
         """``(in use, free)`` blocks per slot as last reported (free is +inf where the size is
