@@ -4,7 +4,7 @@ Pure functions over per-worker vectors (numpy), no state. For worker ``w``::
 
     uncached_w = max(prompt_tokens - overlap_w * block_size, 1)    # prefix hits are free
     work_w     = queued_prefill_w + uncached_w                      # tokens ahead of our 1st token
-    ttft_w     = (work_w + miss_weight * uncached_w) * per_token_s_w
+    ttft_w     = (work_w + miss_weight * (1 + waiting_w) * uncached_w) * per_token_s_w
                + ceil(work_w / chunk_tokens) * step_overhead_s_w    # per-step cost, decodes included
                + decode_weight * decode_tokens * decode_step_s_w    # optional: the decode phase too
 
@@ -15,10 +15,17 @@ Why seconds instead of Dynamo's weighted block counts: a cache hit is worth exac
 time it saves on *that* worker, and a queue costs exactly the time to drain it, so hits and load
 trade off in one unit without a tuning knob, and a slow or busy worker is priced as such.
 
-``miss_weight`` (default 1) charges a miss a second time: the prefill it adds also delays every
-later request on that worker, which a pure TTFT estimate ignores (on the Mooncake conversation
-trace it moved the hit ratio from about 80% to about 89% of the infinite-cache bound at the
-same TTFT p99). ``decode_weight`` (default 0.2) adds a fifth of the request's own decode time
+``miss_weight`` (default 1) charges a miss again for each request its prefill will delay,
+which a pure TTFT estimate ignores: the requests that join the worker's queue before it has
+drained, about as many as wait there now (Little's law), and at least the next one. With
+``waiting`` (requests in the worker's own queue, as reported) the charge is ``miss_weight *
+(1 + waiting_w) * uncached_w`` prefill tokens; without it, one. Once 1 (on the Mooncake
+conversation trace it moved the hit ratio from about 80% to about 89% of the infinite-cache
+bound at the same TTFT p99), which let a saturated fleet trade hits for queue balance: with
+every queue seconds long, a hit's fraction of a second lost to a queue a few seconds shorter
+elsewhere, each miss added prefill everyone waited for, and the conversation trace at x12 fell
+to 55% of the pooled-cache bound (82% with the charge, TTFT p99 71 s to 40 s; BENCHMARKS.md,
+Saturation). ``decode_weight`` (default 0.2) adds a fifth of the request's own decode time
 at the worker's measured decode-step time: a pure TTFT cost keeps sending requests behind a
 shared system prompt to the few workers that already cache it, where the decodes pile up (in
 the 8-worker herding test, busiest worker 1.9x the mean in-flight at 60 req/s without it,
@@ -70,8 +77,9 @@ class CostParams:
     kv_watermark: float = 0.7
     kv_penalty: float = 0.0
     miss_weight: float = 1.0
-    """Extra weight on this request's own uncached prefill: the work a miss adds to the whole
-    system (it delays later requests too), beyond this request's TTFT."""
+    """Extra weight on this request's own uncached prefill, per request it will delay (one,
+    plus those waiting in the worker's queue): the work a miss adds to the whole system,
+    beyond this request's TTFT."""
     decode_weight: float = 0.2
     """Weight of this request's own decode time (0: pure TTFT)."""
     temperature: float = 0.0
@@ -105,13 +113,16 @@ def ttft_costs(
     free_blocks: np.ndarray | None = None,
     used_blocks: np.ndarray | None = None,
     drain_s: np.ndarray | None = None,
+    waiting: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Estimated seconds to first token on each worker (see module docstring); with
-    ``free_blocks``, ``used_blocks`` and ``drain_s`` the wait for room is added last."""
+    """Estimated seconds to first token on each worker, a miss charged for the requests it
+    delays (see module docstring); with ``free_blocks``, ``used_blocks`` and ``drain_s`` the
+    wait for room is added last."""
     hit = overlap_blocks if lower_blocks is None else overlap_blocks + lower_blocks
     uncached = np.maximum(prompt_tokens - hit * params.block_size, 1)
     work = queued_prefill + uncached
-    cost = (work + params.miss_weight * uncached) * per_token_s
+    behind = 1.0 if waiting is None else 1.0 + waiting
+    cost = (work + params.miss_weight * behind * uncached) * per_token_s
     cost += np.ceil(work / params.chunk_tokens) * step_overhead_s
     if params.decode_weight and decode_tokens:
         cost += params.decode_weight * decode_tokens * decode_step_s
