@@ -4,7 +4,7 @@ Pure functions over per-worker vectors (numpy), no state. For worker ``w``::
 
     uncached_w = max(prompt_tokens - overlap_w * block_size, 1)    # prefix hits are free
     work_w     = queued_prefill_w + uncached_w                      # tokens ahead of our 1st token
-    ttft_w     = (work_w + miss_weight * uncached_w) * per_token_s_w
+    ttft_w     = (work_w + miss_weight * (1 + waiting_w) * uncached_w) * per_token_s_w
                + ceil(work_w / chunk_tokens) * step_overhead_s_w    # per-step cost, decodes included
                + decode_weight * decode_tokens * decode_step_s_w    # optional: the decode phase too
 
@@ -15,14 +15,28 @@ Why seconds instead of Dynamo's weighted block counts: a cache hit is worth exac
 time it saves on *that* worker, and a queue costs exactly the time to drain it, so hits and load
 trade off in one unit without a tuning knob, and a slow or busy worker is priced as such.
 
-``miss_weight`` (default 1) charges a miss a second time: the prefill it adds also delays every
-later request on that worker, which a pure TTFT estimate ignores (on the Mooncake conversation
-trace it moved the hit ratio from about 80% to about 89% of the infinite-cache bound at the
-same TTFT p99). ``decode_weight`` (default 0.2) adds a fifth of the request's own decode time
-at the worker's measured decode-step time: a pure TTFT cost keeps sending requests behind a
-shared system prompt to the few workers that already cache it, where the decodes pile up (in
-the 8-worker herding test, busiest worker 1.9x the mean in-flight at 60 req/s without it,
-1.01x with it, at the same hit ratio).
+``miss_weight`` (default 3) charges a miss again for each request its prefill will delay, which
+a pure TTFT estimate ignores: the next request, and those that join the worker's queue before it
+drains, about as many as wait there now (Little's law; ``waiting_w``, the worker's own queue as
+it reported it). Charged for the next request only, a saturated fleet traded hits for queue
+balance: with every queue seconds long, a hit's fraction of a second lost to a queue a few
+seconds shorter elsewhere, and each miss added prefill that everyone waited for (the Mooncake
+conversation trace at x12 fell to 55% of the pooled-cache bound; about 81% charged per waiting
+request, TTFT p99 71 s to 40 s). The weight itself is measured, not derived (the prefill a miss
+adds is also a replica that evicts someone else's prefix): on the conversation trace at x9 /
+x10, 1 gave 87% / 83% of the pooled bound, 2 90% / 86%, 3 91% / 88%, 4 92% / 89%, TTFT p99 about
+2.0 / 2.4 s throughout; on the agent workload 4 raised TTFT p99 at four of five loads (x3: 494 ms
+against 459 at 3).
+
+``decode_weight`` (default 0.225) adds that share of the request's own decode time at the
+worker's expected decode step (``LoadTracker.decode_step``, which grows with the context the
+worker holds): a TTFT cost alone keeps sending requests behind a shared system prompt to the few
+workers that cache it, where the decodes pile up (8-worker herding test at 60 req/s: busiest
+worker 1.7x the mean in flight, 4.8x without KV events). What holds the herd is the ratio to
+``miss_weight`` (the price of joining the prompt's holders): 0.1 / 2 and 0.05 / 1 let it back
+(1.6x), 0.075 of it holds it (at most 1.2x at 60 and 120 req/s, with or without events). At
+0.2 / 1 it outbid the hits of long sessions on the agent workload (92% of the pooled bound at
+x1.75; 96% now). BENCHMARKS.md, Saturation, has the figures.
 
 KV tiers: ``lower_blocks_w`` more blocks right after the device-pool prefix that worker ``w``
 holds in host memory or on disk are not computed but loaded (the engine always loads them);
@@ -69,10 +83,11 @@ class CostParams:
     """Prefill tokens per engine step (the workers' max_num_batched_tokens)."""
     kv_watermark: float = 0.7
     kv_penalty: float = 0.0
-    miss_weight: float = 1.0
-    """Extra weight on this request's own uncached prefill: the work a miss adds to the whole
-    system (it delays later requests too), beyond this request's TTFT."""
-    decode_weight: float = 0.2
+    miss_weight: float = 3.0
+    """Extra weight on this request's own uncached prefill, per request it will delay (one,
+    plus those waiting in the worker's queue): the work a miss adds to the whole system,
+    beyond this request's TTFT."""
+    decode_weight: float = 0.225
     """Weight of this request's own decode time (0: pure TTFT)."""
     temperature: float = 0.0
     tie_tolerance_s: float = 1e-3
@@ -106,9 +121,11 @@ def ttft_costs(
     free_blocks: np.ndarray | None = None,
     used_blocks: np.ndarray | None = None,
     drain_s: np.ndarray | None = None,
+    waiting: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Estimated seconds to first token on each worker (see module docstring); with
-    ``free_blocks``, ``used_blocks`` and ``drain_s`` the wait for room is added last.
+    """Estimated seconds to first token on each worker, a miss charged for the requests it
+    delays (see module docstring); with ``free_blocks``, ``used_blocks`` and ``drain_s`` the
+    wait for room is added last.
 
     Give either ``overlap_blocks`` (and optionally ``lower_blocks``) or ``uncached_tokens``,
     the ``uncached_w`` of the formula already worked out (the router builds it straight from
@@ -126,7 +143,12 @@ def ttft_costs(
     else:
         uncached = uncached_tokens
     work = queued_prefill + uncached
-    cost = work + uncached if params.miss_weight == 1.0 else work + params.miss_weight * uncached
+    if waiting is None:
+        cost = work + uncached if params.miss_weight == 1.0 else work + params.miss_weight * uncached
+    else:
+        cost = params.miss_weight * (1.0 + waiting)  # the miss, once per request it delays
+        cost *= uncached
+        cost += work
     cost *= per_token_s
     if work[work.argmax()] <= params.chunk_tokens and 0 < work[work.argmin()]:
         cost += step_overhead_s  # ceil(work / chunk_tokens) is 1 everywhere

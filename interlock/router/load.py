@@ -43,6 +43,11 @@ DECODE_CONTEXT_SLOPE = 4.0
 """Prior for how decode step time grows with a worker's summed context (as a fraction of its KV
 tokens) until the fleet's reports fit a line: x5 from empty to full (Dynamo's mocker fit, a
 memory-bound decode, gives x6)."""
+MAX_DECODE_CONTEXT = 1.0
+"""Most context a worker's decode step reads, over its KV tokens: the dispatched footprint
+includes requests waiting in the engine's queue, which read nothing until there is room (a
+saturated worker's footprint runs to 3-4x its KV), and the step time's line must not be
+extrapolated there (it priced 0.2 s steps where the engine's longest is 34 ms)."""
 
 
 @dataclass(slots=True)
@@ -86,6 +91,7 @@ _VECTORS: tuple[tuple[str, float, type], ...] = (
     ("_depth", 0.0, float),
     ("_busy_n", 0.0, float),
     ("_usage", 0.0, float),
+    ("_context", 0.0, float),
     ("_prior", 1.0, float),
     ("_used", 0.0, float),
     ("_free", np.inf, float),
@@ -138,6 +144,8 @@ class LoadTracker:
     _depth: np.ndarray
     _busy_n: np.ndarray
     _usage: np.ndarray
+    _context: np.ndarray
+    """``decode_context``: summed context over KV tokens, at most ``MAX_DECODE_CONTEXT``."""
     _prior: np.ndarray
     """``1 + DECODE_CONTEXT_SLOPE * context``: the prior's decode-step growth factor."""
     _used: np.ndarray
@@ -234,7 +242,8 @@ class LoadTracker:
         self._depth[s] = depth
         self._busy_n[s] = n
         self._usage[s] = usage
-        self._prior[s] = 1.0 + DECODE_CONTEXT_SLOPE * dkv * inv
+        self._context[s] = context = min(dkv * inv, MAX_DECODE_CONTEXT)
+        self._prior[s] = 1.0 + DECODE_CONTEXT_SLOPE * context
         if blocks:
             total = self.kv_tokens_total.item(s) / self._block_size.item(s)
             self._used[s] = used = used_frac * total
@@ -464,15 +473,19 @@ class LoadTracker:
         if self._decode_line is None:
             return self._decode_step_measured()
         base, slope = self._decode_line
-        step = self.dispatched_kv * slope  # base + slope * dispatched_kv * inv_kv_tokens, in place
-        step *= self.inv_kv_tokens
+        step = self._context * slope  # base + slope * decode_context(), in place
         step += base
         return step
 
     def context_usage(self, slot: int) -> float:
         """Summed context of the worker's requests over its KV tokens: what a decode step
-        reads (a shared prefix counts once per request, unlike blocks in use)."""
-        return float(self.dispatched_kv[slot] * self.inv_kv_tokens[slot])
+        reads (a shared prefix counts once per request, unlike blocks in use), at most
+        ``MAX_DECODE_CONTEXT``."""
+        return min(float(self.dispatched_kv[slot] * self.inv_kv_tokens[slot]), MAX_DECODE_CONTEXT)
+
+    def decode_context(self) -> np.ndarray:
+        """``context_usage`` of every slot (kept per slot; do not modify)."""
+        return self._context
 
     def _decode_step_measured(self) -> np.ndarray:
         """Until the fleet's line exists: the fastest decode step any worker reported (the
@@ -517,7 +530,9 @@ class LoadTracker:
         eq(self._depth, self.reported_waiting + self.fresh_count)
         eq(self._busy_n, np.maximum(self.inflight, self.reported_running))
         eq(self._usage, np.maximum(self.kv_used_frac, self.dispatched_kv * self.inv_kv_tokens))
-        eq(self._prior, 1.0 + DECODE_CONTEXT_SLOPE * self.dispatched_kv * self.inv_kv_tokens)
+        context = np.minimum(self.dispatched_kv * self.inv_kv_tokens, MAX_DECODE_CONTEXT)
+        eq(self._context, context)
+        eq(self._prior, 1.0 + DECODE_CONTEXT_SLOPE * context)
         total = self.kv_tokens_total / self._block_size
         used = self.kv_used_frac * total
         eq(self._used, used)

@@ -38,6 +38,24 @@ def test_miss_weight_and_decode_weight() -> None:
     assert np.allclose(c, [0.2 + 0.01 + 0.1, 0.1 + 0.01 + 0.1, 0.2 + 0.01 + 0.2])
 
 
+def test_a_miss_is_charged_once_more_per_request_waiting_on_the_worker() -> None:
+    p = CostParams(block_size=100, miss_weight=1.0, decode_weight=0.0)
+    c = costs(p, overlap_blocks=np.array([0, 5, 10]), waiting=np.array([3, 3, 0]))
+    # uncached 1000 / 500 / 1 prefill tokens, each charged for itself and 1 + 3 / 1 + 3 / 1 more
+    assert np.allclose(c, [(1000 + 4 * 1000) * 1e-4 + 0.01, (500 + 4 * 500) * 1e-4 + 0.01, 2e-4 + 0.01])
+
+
+def test_a_saturated_fleet_keeps_a_request_on_its_cache() -> None:
+    # every queue is seconds long: 30,000 tokens more ahead on the worker holding the prompt's
+    # 8,000-token prefix. Idle queues would be balanced (the hit saves less than the queue
+    # costs); with 40 requests waiting everywhere the miss delays them all, so the hit wins.
+    p = CostParams(block_size=100, miss_weight=1.0, decode_weight=0.0)
+    kw = dict(prompt_tokens=9000, overlap_blocks=np.array([80, 0, 0]))
+    queued = np.array([80_000.0, 50_000.0, 50_000.0])
+    assert np.argmin(costs(p, queued_prefill=queued, **kw)) == 1
+    assert np.argmin(costs(p, queued_prefill=queued, waiting=np.full(3, 40), **kw)) == 0
+
+
 def test_kv_usage_above_watermark_raises_cost() -> None:
     p = CostParams(kv_watermark=0.7, kv_penalty=4.0)
     c = costs(p, kv_usage=np.array([0.5, 0.85, 1.0]))

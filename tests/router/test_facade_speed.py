@@ -17,7 +17,7 @@ from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
 from interlock.router import RequestMeta, Router, RouterConfig
 from interlock.router.cost import CostParams, cheapest, choose, room_wait_s, ttft_costs
-from interlock.router.load import DECODE_CONTEXT_SLOPE
+from interlock.router.load import DECODE_CONTEXT_SLOPE, MAX_DECODE_CONTEXT
 
 BS = 16
 
@@ -60,12 +60,13 @@ def reference_costs(r: Router, meta: RequestMeta, hashes: list[int]) -> np.ndarr
     """The ``kv`` cost with every vector built from the tracker's state the plain way."""
     lt, n = r.load, r.indexer.num_slots
     line = lt._decode_fit.estimate(min_spread_tokens=0.01)
+    context = np.minimum(lt.dispatched_kv * lt.inv_kv_tokens, MAX_DECODE_CONTEXT)
     if line is None:
         measured = lt.decode_measured
         base = lt.decode_step_s[measured].min() if measured.any() else 0.02
-        decode = base * (1.0 + DECODE_CONTEXT_SLOPE * lt.dispatched_kv * lt.inv_kv_tokens)
+        decode = base * (1.0 + DECODE_CONTEXT_SLOPE * context)
     else:
-        decode = line[0] + line[1] * lt.dispatched_kv * lt.inv_kv_tokens
+        decode = line[0] + line[1] * context
     total = lt.kv_tokens_total / BS
     used = lt.kv_used_frac * total
     free = np.where(total > 0, total - used, np.inf)
@@ -80,6 +81,7 @@ def reference_costs(r: Router, meta: RequestMeta, hashes: list[int]) -> np.ndarr
         decode_step_s=decode[:n],
         kv_usage=lt.kv_used_frac[:n],
         decode_tokens=meta.max_tokens,
+        waiting=lt.reported_waiting[:n],
         free_blocks=free[:n],
         used_blocks=used[:n],
         drain_s=decode[:n] * max(meta.max_tokens, 1),
@@ -122,8 +124,11 @@ vec = st.lists(st.floats(0, 1e4, allow_nan=False), min_size=6, max_size=6).map(n
     st.sampled_from([64, 512, 8192]),
     st.lists(st.floats(0, 60, allow_nan=False), min_size=6, max_size=6).map(np.array),
     st.integers(0, 300),
+    st.one_of(st.none(), st.lists(st.integers(0, 30), min_size=6, max_size=6).map(np.array)),
 )
-def test_ttft_costs_shortcuts_equal_the_formula(overlap, prompt, queued, chunk, free, max_tokens) -> None:
+def test_ttft_costs_shortcuts_equal_the_formula(
+    overlap, prompt, queued, chunk, free, max_tokens, waiting
+) -> None:
     params = CostParams(block_size=BS, chunk_tokens=chunk)
     per_token = np.linspace(1e-5, 3e-5, 6)
     overhead = np.linspace(0.01, 0.03, 6)
@@ -140,6 +145,7 @@ def test_ttft_costs_shortcuts_equal_the_formula(overlap, prompt, queued, chunk, 
         decode_step_s=decode,
         kv_usage=np.zeros(6),
         decode_tokens=max_tokens,
+        waiting=waiting,
         free_blocks=free,
         used_blocks=used,
         drain_s=drain,
@@ -147,7 +153,8 @@ def test_ttft_costs_shortcuts_equal_the_formula(overlap, prompt, queued, chunk, 
     # the module docstring's formula, term by term
     uncached = np.maximum(prompt - overlap * BS, 1)
     work = queued + uncached
-    want = (work + params.miss_weight * uncached) * per_token
+    behind = 1.0 if waiting is None else 1.0 + waiting
+    want = (work + params.miss_weight * behind * uncached) * per_token
     want += np.ceil(work / chunk) * overhead
     if max_tokens:
         want += params.decode_weight * max_tokens * decode

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from interlock.protocol.events import LoadReport, RouterLoadEvent
-from interlock.router.load import DEFAULT_PREFILL_TPS, LoadTracker
+from interlock.router.load import DECODE_CONTEXT_SLOPE, DEFAULT_PREFILL_TPS, LoadTracker
 from interlock.router.speed import StepTimeFit
 
 
@@ -93,6 +93,24 @@ def test_decode_step_of_a_cold_worker_and_the_fleet_line_over_context() -> None:
     lt.on_route("x", 2, "w2", prefill_tokens=0, kv_tokens=500, now=9.0)
     step = lt.decode_step()
     assert abs(step[2] - 0.01) < 1e-9 and abs(step[1] - 0.005) < 1e-9
+
+
+def test_decode_step_is_priced_at_no_more_context_than_the_kv_holds() -> None:
+    # requests dispatched past a worker's KV wait in its queue and read nothing: a footprint
+    # of 3x the KV (1,000 tokens) is priced as a full one, by the prior and by the fleet line
+    lt = tracker()
+    lt.apply_report(0, replace(report("w0"), decode_step_s=0.005), now=1.0)
+    lt.on_route("big", 1, "w1", prefill_tokens=0, kv_tokens=3000, now=1.0)
+    lt.on_route("full", 2, "w2", prefill_tokens=0, kv_tokens=1000, now=1.0)
+    assert lt.context_usage(1) == 1.0
+    step = lt.decode_step()
+    assert step[1] == step[2] == 0.005 * (1 + DECODE_CONTEXT_SLOPE)
+    for i, ctx in enumerate([100, 500, 900, 300, 700]):
+        lt.on_route(f"q{i}", 0, "w0", prefill_tokens=0, kv_tokens=ctx, now=0.0)
+        lt.apply_report(0, replace(report(t=2.0 + i), decode_step_s=0.005 + 0.01 * ctx / 1000), now=2.0 + i)
+        lt.on_finish(f"q{i}")
+    step = lt.decode_step()
+    assert abs(step[1] - 0.015) < 1e-9 and abs(step[1] - step[2]) < 1e-12
 
 
 def test_remote_router_load_is_counted_and_forgotten() -> None:

@@ -7,8 +7,17 @@ from pathlib import Path
 import pytest
 
 from interlock.cli.replay import main as replay_main
+from interlock.mooncake import TRACE_BLOCK_SIZE
 from interlock.router import RouterConfig
-from interlock.sim import ReplayConfig, SharedPrefixSpec, replay, shared_prefix_requests
+from interlock.sim import (
+    ReplayConfig,
+    SharedPrefixSpec,
+    TraceHasher,
+    mooncake_requests,
+    replay,
+    shared_prefix_requests,
+)
+from interlock.sim.synthetic import AgentSpec, agent_records
 
 
 @pytest.fixture(scope="module", params=[60.0, 120.0])
@@ -45,6 +54,19 @@ def test_kv_does_not_herd_behind_a_shared_system_prompt(herd_workload) -> None:
 def test_kv_without_events_predicts_caches(herd_workload) -> None:
     rep = run(herd_workload, "kv", publish_events=False)
     assert rep.inflight_imbalance <= 1.5 and rep.hit_ratio >= 0.9 * rep.upper_bound
+
+
+def test_kv_keeps_long_sessions_on_their_caches_past_saturation() -> None:
+    # the agent workload in small: sessions resending their whole history, each worker's KV a
+    # twelfth of the distinct blocks, arrivals x3 (round-robin's TTFT p99 near a minute). The
+    # decode term once priced steps at a context no worker can hold and sent long sessions away
+    # from their caches (0.80 of the pooled bound at the old weights).
+    recs = agent_records(AgentSpec(num_sessions=120, seed=1))
+    blocks = len({h for r in recs for h in r.hash_ids}) * TRACE_BLOCK_SIZE // 64 // 12
+    reqs = mooncake_requests(recs, block_size=64, speedup=3.0, hasher=TraceHasher(64))
+    kv, rr = run(reqs, "kv", num_blocks=blocks), run(reqs, "round-robin", num_blocks=blocks)
+    assert kv.num_completed == rr.num_completed == len(reqs) and rr.ttft_p99_ms > 5000
+    assert kv.hit_ratio >= 0.9 * kv.pooled_bound and kv.ttft_p99_ms < rr.ttft_p99_ms
 
 
 def test_multi_turn_sessions_hit_more_with_kv_than_round_robin() -> None:
