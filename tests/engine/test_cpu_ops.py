@@ -200,9 +200,10 @@ def test_fused_path_computes_what_the_plain_path_computes(
     ):
         scale = float(expected.abs().max())
         assert (got - expected).abs().max() < 0.05 * scale  # seen: ~0.02 (bf16 rounding drift)
-        # Greedy picks agree up to near-ties: our pick scores within 1% of the plain best.
+        # Greedy picks agree up to near-ties: our pick scores within 2% of the plain best (two
+        # bf16 steps at the top logit, 0.25 at ~20, is ~1% of the scale: a near-tie was seen there).
         picked = expected.gather(1, got.argmax(-1, keepdim=True)).squeeze(1)
-        assert (expected.max(-1).values - picked).max() <= 0.01 * scale
+        assert (expected.max(-1).values - picked).max() <= 0.02 * scale
 
 
 def _agrees_with_plain(model: LlamaModel, plain: LlamaModel, steps: list[list[SequenceChunk]]) -> None:
@@ -210,7 +211,7 @@ def _agrees_with_plain(model: LlamaModel, plain: LlamaModel, steps: list[list[Se
         scale = float(expected.abs().max())
         assert (got - expected).abs().max() < 0.05 * scale
         picked = expected.gather(1, got.argmax(-1, keepdim=True)).squeeze(1)
-        assert (expected.max(-1).values - picked).max() <= 0.01 * scale
+        assert (expected.max(-1).values - picked).max() <= 0.02 * scale  # as above
 
 
 @pytest.mark.parametrize(
