@@ -145,7 +145,7 @@ class LoadTracker:
     _busy_n: np.ndarray
     _usage: np.ndarray
     _context: np.ndarray
-    """``decode_context``: summed context over KV tokens, at most ``MAX_DECODE_CONTEXT``."""
+    """``context_usage`` of the slot: summed context over KV tokens, at most ``MAX_DECODE_CONTEXT``."""
     _prior: np.ndarray
     """``1 + DECODE_CONTEXT_SLOPE * context``: the prior's decode-step growth factor."""
     _used: np.ndarray
@@ -473,7 +473,7 @@ class LoadTracker:
         if self._decode_line is None:
             return self._decode_step_measured()
         base, slope = self._decode_line
-        step = self._context * slope  # base + slope * decode_context(), in place
+        step = self._context * slope  # base + slope * capped context, in place
         step += base
         return step
 
@@ -482,10 +482,6 @@ class LoadTracker:
         reads (a shared prefix counts once per request, unlike blocks in use), at most
         ``MAX_DECODE_CONTEXT``."""
         return min(float(self.dispatched_kv[slot] * self.inv_kv_tokens[slot]), MAX_DECODE_CONTEXT)
-
-    def decode_context(self) -> np.ndarray:
-        """``context_usage`` of every slot (kept per slot; do not modify)."""
-        return self._context
 
     def _decode_step_measured(self) -> np.ndarray:
         """Until the fleet's line exists: the fastest decode step any worker reported (the
