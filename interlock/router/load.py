@@ -466,9 +466,16 @@ class LoadTracker:
         requests read, and a worker's own decode-step average is noisy and stale (it only moves
         on decode-only steps), so once the fleet's reports span a range of context, the
         estimate is the fleet's line (step time against summed context over KV tokens) at each
-        worker's current context, dispatches included; until then ``_decode_step_measured``."""
+        worker's current context, dispatches included; until then ``_decode_step_measured``.
+        A line once fitted is kept while the fleet's recent reports span too little context to
+        fit another (a saturated fleet's are all at ``MAX_DECODE_CONTEXT``): the prior would
+        take the fastest step then reported, a loaded worker's, for an empty one's and price
+        steps at 5x it (120 ms where the engine's longest is 34 ms on the agent workload, which
+        sent long sessions away from their caches)."""
         if self._decode_line_stale:
-            self._decode_line = self._decode_fit.estimate(min_spread_tokens=0.01)
+            line = self._decode_fit.estimate(min_spread_tokens=0.01)
+            if line is not None:
+                self._decode_line = line
             self._decode_line_stale = False
         if self._decode_line is None:
             return self._decode_step_measured()
