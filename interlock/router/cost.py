@@ -53,13 +53,18 @@ worker 1.7x the mean in flight, 4.8x without KV events). What holds the herd is 
 (1.6x), 0.075 of it holds it (at most 1.2x at 60 and 120 req/s, with or without events). At
 0.2 / 1 it outbid the hits of long sessions on the agent workload (92% of the pooled bound at
 x1.75; 96% now). With the fleet's decode line kept once fitted (``LoadTracker.decode_step``)
-and the backlog charge, 0.15 holds the herd at 60 and 120 req/s too (at most 1.07x; 0.1 let it
-back, 1.61x at 60) and gives the agent workload 97-99% of the pooled bound and TTFT p99 194-292
+and the backlog charge, 0.15 holds the herd at 60 and 120 req/s too (1.02x with KV events, at
+most 1.23x without; 0.1 let it back, 1.61x at 60) and gives the agent workload 97-99% of the pooled bound and TTFT p99 194-292
 ms over x1.25-x3.5 (0.225: 95-98%, p99 271-426 ms; 0.1: p99 157-338 ms). Pricing the slowdown a
-request's context adds to the requests decoding on that worker (their count x its output x the
-decode line's slope x its context over the worker's KV) instead held the herd at 20 req/s too
-(1.05x, from 2.67x) but sent long agent sessions away from their caches (x1.25: 86% of the
-pooled bound, TTFT p99 527 ms) and was left out. BENCHMARKS.md, Saturation, has the figures.
+request adds to the others on the worker was tried two ways and left out. By context (the
+requests decoding there x its output x the decode line's slope x its context over the worker's
+KV) it held the herd at 20 req/s (1.05x, from 2.68x) but sent long agent sessions away from
+their caches (x1.25: 86% of the pooled bound, TTFT p99 527 ms). By the stall its prefill steps
+put into their token streams (``stall_weight`` x decoding_w x its own prefill time on w; what
+the herd really costs here: TTFT p99 55 ms and ITL p50 9.0 ms at 20 req/s against 34 / 6.7 with
+round-robin) it held the herd at 0.5 (1.17x; 1.0: 1.05x) and raised the conversation trace's
+hit ratio (x9 99%) but its TTFT p99 past Dynamo's (x7.5 2.4 s, x9 2.9 s against 2.1 / 2.4).
+BENCHMARKS.md, Saturation, has the figures.
 
 KV tiers: ``lower_blocks_w`` more blocks right after the device-pool prefix that worker ``w``
 holds in host memory or on disk are not computed but loaded (the engine always loads them);
