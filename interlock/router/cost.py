@@ -59,7 +59,8 @@ ms over x1.25-x3.5 (0.225: 95-98%, p99 271-426 ms; 0.1: p99 157-338 ms). Pricing
 request adds to the others on the worker was tried two ways and left out. By context (the
 requests decoding there x its output x the decode line's slope x its context over the worker's
 KV) it held the herd at 20 req/s (1.05x, from 2.68x) but sent long agent sessions away from
-their caches (x1.25: 86% of the pooled bound, TTFT p99 527 ms). By the stall its prefill steps
+their caches (x1.25 at weights 0.5 and 1: 78-86% of the pooled bound, TTFT p99 527-674 ms).
+By the stall its prefill steps
 put into their token streams (``stall_weight`` x decoding_w x its own prefill time on w; what
 the herd really costs here: TTFT p99 55 ms and ITL p50 9.0 ms at 20 req/s against 34 / 6.7 with
 round-robin) it held the herd at 0.5 (1.17x; 1.0: 1.05x) and raised the conversation trace's
