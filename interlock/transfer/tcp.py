@@ -4,7 +4,9 @@ No copies beyond the socket's: the server ``sendall``s the staging memoryview an
 ``recv_into``s a preallocated buffer (plain asyncio streams were 7x slower here, FACTS.md).
 Blocking sockets on background threads keep the code short and release the GIL during I/O;
 the engine thread only flips state. A connection carries control frames (``frames``) and, for
-a pull, exactly one payload: ``Pull(id)`` -> ``Ready(n)`` + n bytes -> ``Ack``. The source is
+a pull, exactly one payload: ``Pull(id)`` -> ``Ready(n)`` + n bytes -> ``Ack``. The n bytes
+go out as the source marks them ready (a streamed payload is sent while it is written) and the
+puller's progress follows what it has received (imported while the rest arrives). The source is
 DONE on the Ack; a broken connection fails both sides at once (a SIGKILLed process's sockets
 are closed by its kernel), and a stalled peer hits the transfer's deadline.
 
@@ -169,7 +171,14 @@ class TcpServer:
             # abort shuts the socket down, which ends a stalled send at once.
             conn.settimeout(None)
             fr.send_frame(conn, fr.Ready(len(claim)))
-            conn.sendall(claim)
+            sent = 0
+            while sent < len(claim):
+                ready = source.wait_ready(sent, source.remaining_s())
+                if ready <= sent:  # ended or out of time: the deadline check fails it
+                    source.poll()
+                    return
+                conn.sendall(claim[sent:ready])
+                sent = ready
             ack = fr.recv_frame(conn)
         except (OSError, ValueError, msgspec.DecodeError) as e:
             source.fail(f"destination disconnected: {e or type(e).__name__}")
@@ -188,19 +197,17 @@ class TcpDest(_Dest):
     def __init__(
         self, descriptor: TransferDescriptor, timeout_s: float, pool: RecvPool, secret: bytes | None = None
     ) -> None:
-        super().__init__(descriptor)
+        super().__init__(descriptor, timeout_s)
         self._secret = secret
         self._pool = pool
         self._buf: bytearray | None = None
-        self._timeout_s = timeout_s
-        self._deadline = time.monotonic() + timeout_s
         self._sock: socket.socket | None = None
         self._thread = threading.Thread(target=self._run, name="interlock-pull", daemon=True)
         self._thread.start()
 
     def poll(self) -> TransferStatus:
-        if not self._status.finished and time.monotonic() > self._deadline:
-            self._fail(f"timeout after {self._timeout_s:g} s")
+        if not self._status.finished:
+            self._overdue()
         return self._status
 
     def _on_release(self) -> None:
@@ -247,11 +254,18 @@ class TcpDest(_Dest):
                 return
             buf = self._pool.take(reply.nbytes)
             view = memoryview(buf)[: reply.nbytes]
-            sock.settimeout(None)  # as on the server: ``poll`` past the deadline shuts it down
-            fr.recv_exact(sock, view)
             self._buf = buf
+            self._claimed(view, 0)
+            sock.settimeout(None)  # as on the server: ``poll`` past the deadline shuts it down
+            got = 0
+            while got < len(view):
+                n = sock.recv_into(view[got:])
+                if n == 0:
+                    raise ConnectionError(f"peer closed after {got} of {len(view)} bytes")
+                got += n
+                self._advance(got, finish=False)
             fr.send_frame(sock, fr.Ack())
-            self._succeed(view)
+            self._advance(got)
         finally:
             self._sock = None
             sock.close()
