@@ -83,22 +83,35 @@ class BlockExport:
         self._block_ids = list(block_ids)
         self._buffer = src.buffer
         self._chunk = chunk_blocks(runner.kv_block_nbytes, chunk_bytes)
+        self._done = 0
 
-    def run(self) -> bool:
-        """Export every chunk; False when the transfer ended first (a destination that gave up,
-        a timeout): the rest is not exported. An export error aborts the transfer and raises."""
-        size, ids, n = self._runner.kv_block_nbytes, self._block_ids, len(self._block_ids)
+    @property
+    def exported(self) -> int:
+        """Blocks exported and marked ready so far."""
+        return self._done
+
+    def step(self) -> bool:
+        """Export the next chunk and mark it ready; False when nothing is left to do (all
+        exported, or the transfer ended first: a destination that gave up, a timeout). An
+        export error aborts the transfer and raises."""
+        size, n = self._runner.kv_block_nbytes, len(self._block_ids)
+        if self._done >= n or self.src.poll().finished:
+            return False
+        i, j = self._done, min(n, self._done + self._chunk)
         try:
-            for i in range(0, n, self._chunk):
-                if self.src.poll().finished:
-                    return False
-                j = min(n, i + self._chunk)
-                self._runner.export_blocks(ids[i:j], self._buffer[i * size : j * size])
-                self.src.mark_ready(j * size)
+            self._runner.export_blocks(self._block_ids[i:j], self._buffer[i * size : j * size])
+            self.src.mark_ready(j * size)
         except BaseException:
             self.src.abort("export failed")
             raise
-        return self.src.poll().state is not TransferState.FAILED
+        self._done = j
+        return j < n
+
+    def run(self) -> bool:
+        """Export every chunk; False when the transfer ended before all of them were out."""
+        while self.step():
+            pass
+        return self._done == len(self._block_ids) and self.src.poll().state is not TransferState.FAILED
 
 
 def publish_blocks(

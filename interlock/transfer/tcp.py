@@ -18,6 +18,7 @@ in KV form) nor pose as a source.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 import time
@@ -42,6 +43,9 @@ from interlock.transfer.source import Source, _shutdown
 
 CONTROL_TIMEOUT_S = 30.0
 """An idle control connection is dropped after this long."""
+STREAM_CHECK_S = 0.05
+"""While a streamed payload waits for its next chunk, how often the sender checks that the
+destination is still connected (one that gave up frees the source at once, not at its timeout)."""
 HANDSHAKE_TIMEOUT_S = 5.0
 """A connection that has not passed the handshake after this long is dropped."""
 
@@ -173,12 +177,15 @@ class TcpServer:
             fr.send_frame(conn, fr.Ready(len(claim)))
             sent = 0
             while sent < len(claim):
-                ready = source.wait_ready(sent, source.remaining_s())
-                if ready <= sent:  # ended or out of time: the deadline check fails it
-                    source.poll()
+                ready = source.wait_ready(sent, min(source.remaining_s(), STREAM_CHECK_S))
+                if ready > sent:
+                    conn.sendall(claim[sent:ready])
+                    sent = ready
+                elif source.poll().finished:  # aborted, or past its deadline
                     return
-                conn.sendall(claim[sent:ready])
-                sent = ready
+                elif _peer_closed(conn):
+                    source.fail("destination disconnected while the payload was written")
+                    return
             ack = fr.recv_frame(conn)
         except (OSError, ValueError, msgspec.DecodeError) as e:
             source.fail(f"destination disconnected: {e or type(e).__name__}")
@@ -306,6 +313,17 @@ class ControlClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _peer_closed(conn: socket.socket) -> bool:
+    """The peer closed or reset the connection (it sends nothing else before the Ack)."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _peer(conn: socket.socket) -> object:
