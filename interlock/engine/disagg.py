@@ -50,6 +50,8 @@ class _Pull:
 class HandoffCounters:
     staged: int = 0
     stage_failed: int = 0
+    export_failed: int = 0
+    """Published, then the export failed (the transfer is aborted; the decode side computes)."""
     pulled: int = 0
     pull_failed: int = 0
     pulls_abandoned: int = 0
@@ -90,9 +92,8 @@ class KVHandoff:
         return self.engine.generate(req)
 
     async def close(self) -> None:
-        for task in list(self._exports):
-            with contextlib.suppress(Exception):
-                await task  # a running export reads the engine's blocks: let it end
+        if self._exports:  # a running export reads the engine's blocks: let it end (bounded)
+            await asyncio.wait(list(self._exports), timeout=self.timeout_s)
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -143,7 +144,7 @@ class KVHandoff:
             await asyncio.to_thread(export.run)
         except Exception:  # noqa: BLE001 - the transfer is aborted: the decode side computes
             log.warning("exporting the KV of %s failed", rid, exc_info=True)
-            self.counters.stage_failed += 1
+            self.counters.export_failed += 1
         finally:
             await self.engine.call(lambda core: core.release_request_kv(rid))
 

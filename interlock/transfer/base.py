@@ -88,7 +88,9 @@ class DestTransfer(Protocol):
     transport: str
     """"inproc", "shm" or "tcp"."""
     finished_event: threading.Event
-    """Set on DONE or FAILED, for callers that may block (link checks, tests); the engine polls."""
+    """Set once the pull is seen to end (DONE or FAILED), for callers that may block (link
+    checks, tests); the engine polls. A TCP pull's thread sets it; an in-process or shared
+    memory pull of a payload still being written is seen to end by ``poll``."""
 
     def poll(self) -> TransferStatus: ...
 

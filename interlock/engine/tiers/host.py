@@ -64,7 +64,7 @@ class HostTier:
         self.capacity = num_slots
         self.block_nbytes = block_nbytes
         self._buf = np.zeros((num_slots, block_nbytes), dtype=np.uint8)
-        self._flat = memoryview(self._buf).cast("B")
+        self._flat = self._buf.data.cast("B")
         """The slots' bytes; a slot's view is a slice (a tenth of the cost of a numpy row's
         memoryview, which was a tenth of a block's copy time when onboarding)."""
         self._lru: OrderedDict[int, int] = OrderedDict()
