@@ -3,6 +3,11 @@
 One run, interleaved rounds (so machine noise hits every column alike), median of ``--runs``:
 
 * raw memcpy      numpy copy of the same bytes between two prefaulted arrays, one process
+* 2 memcpys       two such copies at once on two threads (other arrays), timed until both end,
+                  GB/s of one copy's bytes, so 100% of memcpy means two copies at once cost one
+                  and 50% that they cost two in a row: the most that overlapping an export with
+                  an import can give (on the AMD EPYC VM, about 50%: one copy takes all the
+                  memory bandwidth there is)
 * raw socket      ``sendall`` of the same bytes on a kept-open loopback connection into a
                   prefaulted buffer with ``recv_into``, two processes
 * shm / tcp       the transfer itself: the source worker has staged the blocks (exported) and
@@ -33,6 +38,7 @@ import os
 import platform
 import socket
 import statistics
+import threading
 import time
 from multiprocessing.connection import Connection
 
@@ -144,14 +150,26 @@ def run_all(
     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     kv_src = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
     kv_dst = np.ones(nbytes, np.uint8)
+    pairs = [(np.full(nbytes, k + 2, np.uint8), np.ones(nbytes, np.uint8)) for k in range(2)]
     copier = _Copier(nbytes // BLOCK_NBYTES, seed=1)
     sink = memoryview(bytearray(b"\1" * nbytes))
-    paths = ("memcpy", "socket", "shm", "tcp", "e2e shm", "e2e tcp", "e2e shm seq", "e2e tcp seq")
+    paths = (
+        "memcpy",
+        "2 memcpys",
+        "socket",
+        "shm",
+        "tcp",
+        "e2e shm",
+        "e2e tcp",
+        "e2e shm seq",
+        "e2e tcp seq",
+    )
     times: dict[str, list[float]] = {k: [] for k in paths}
     with TransferAgent() as agent:
         for i in range(runs + 1):  # the first round warms up and is dropped
             sample = {
                 "memcpy": _timed(lambda: np.copyto(kv_dst, kv_src)),
+                "2 memcpys": _two_copies(pairs),
                 "socket": _raw_socket(conn, raw, sink),
                 "shm": _transfer(conn, agent, "shm", copier, staged=True),
                 "tcp": _transfer(conn, agent, "tcp", copier, staged=True),
@@ -172,6 +190,16 @@ def run_all(
 def _timed(fn) -> float:  # type: ignore[no-untyped-def]
     t0 = time.perf_counter()
     fn()
+    return time.perf_counter() - t0
+
+
+def _two_copies(pairs: list[tuple[np.ndarray, np.ndarray]]) -> float:
+    threads = [threading.Thread(target=np.copyto, args=(d, s)) for s, d in pairs]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     return time.perf_counter() - t0
 
 
@@ -238,7 +266,7 @@ def report(times: dict[str, list[float]], nbytes: int, nblocks: int, runs: int, 
     path back to back, so the paired figure is steadier when the machine's load swings)."""
     gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
     raw_of = {"shm": "memcpy", "tcp": "socket", "e2e shm": "memcpy", "e2e tcp": "socket"}
-    raw_of |= {"e2e shm seq": "memcpy", "e2e tcp seq": "socket"}
+    raw_of |= {"e2e shm seq": "memcpy", "e2e tcp seq": "socket", "2 memcpys": "memcpy"}
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
         f"Python {platform.python_version()}, load {os.getloadavg()[0]:.1f}, "
