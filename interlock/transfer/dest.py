@@ -20,10 +20,7 @@ from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import staging as stg
 from interlock.transfer.base import DONE, PENDING, TransferState, TransferStatus, failed
 from interlock.transfer.pool import AttachCache
-from interlock.transfer.source import Source
-
-LIVENESS_CHECK_S = 0.05
-"""While a streamed payload makes no progress, how often a pull checks that its source lives."""
+from interlock.transfer.source import LIVENESS_CHECK_S, Source
 
 
 class _Dest:

@@ -28,10 +28,13 @@ from interlock.transfer.base import (
     TransferStatus,
 )
 
-CHUNK_BYTES = 4 << 20
-"""Bytes exported between two bytes-ready marks (whole blocks, at least one): small enough that
-the destination starts soon and trails by little, large enough that a mark and a destination's
-wake-up per chunk cost nothing (BENCHMARKS.md, transfer bandwidth, measured 1-16 MiB)."""
+CHUNK_BYTES = 8 << 20
+"""Bytes exported between two bytes-ready marks (whole blocks, at least one): the destination
+starts after one chunk and trails by one, and each chunk costs a mark, a liveness poll and a
+wake-up. Measured 1-32 MiB on the 2 vCPU VM under load (BENCHMARKS.md, transfer bandwidth):
+small chunks lost there (1 MiB: 17% of memcpy end to end, against 38% in sequence), where two
+copies at once get no more memory bandwidth than one; 8 MiB keeps the chunks few (a 1,000-token
+SmolLM2 prompt, 23 MB, is 3 chunks) while the descriptor still leaves before the export."""
 
 
 class BlockExporter(Protocol):

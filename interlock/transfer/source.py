@@ -24,6 +24,9 @@ from interlock.transfer import staging as stg
 from interlock.transfer.base import DONE, PENDING, TransferState, TransferStatus, failed
 from interlock.transfer.pool import SegmentPool
 
+LIVENESS_CHECK_S = 0.05
+"""How often a claimed source checks that its shared-memory destination still lives."""
+
 
 @dataclass(frozen=True, slots=True)
 class AgentIdentity:
@@ -60,6 +63,7 @@ class Source:
         self._claimed_by = ""
         self._conn: socket.socket | None = None
         self._ready = 0
+        self._next_liveness = 0.0
         self._progress = threading.Condition(self._lock)
         """Notified when bytes become ready or the transfer ends (the TCP sender waits on it)."""
 
@@ -170,10 +174,19 @@ class Source:
             self._finish_locked(DONE)
         elif dest_state == stg.DEST_ABORTED:
             self._finish_locked(failed("aborted by destination"))
-        elif dest_state == stg.DEST_CLAIMED and not stg.pid_alive(self._staging.word(stg.W_DEST_PID)):
+        elif dest_state == stg.DEST_CLAIMED and self._destination_died():
             self._finish_locked(failed("destination process died"))
         elif time.monotonic() > self._deadline:
             self._finish_locked(failed(f"timeout after {self._timeout_s:g} s"))
+
+    def _destination_died(self) -> bool:
+        """Checked at most every ``LIVENESS_CHECK_S`` (a /proc read; a streamed export polls
+        between chunks)."""
+        now = time.monotonic()
+        if now < self._next_liveness:
+            return False
+        self._next_liveness = now + LIVENESS_CHECK_S
+        return not stg.pid_alive(self._staging.word(stg.W_DEST_PID))
 
     def _finish_locked(self, status: TransferStatus) -> None:
         if self._status.finished:
