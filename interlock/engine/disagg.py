@@ -146,7 +146,8 @@ class KVHandoff:
             log.warning("exporting the KV of %s failed", rid, exc_info=True)
             self.counters.export_failed += 1
         finally:
-            await self.engine.call(lambda core: core.release_request_kv(rid))
+            with contextlib.suppress(Exception):  # an engine shut down meanwhile freed them all
+                await self.engine.call(lambda core: core.release_request_kv(rid))
 
     # ---- decode side ----
     async def _decode(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
