@@ -33,6 +33,7 @@ from interlock.engine.async_engine import AsyncEngine
 from interlock.engine.core import EngineCore
 from interlock.protocol import GenerateOutput, GenerateRequest, KVTransferParams
 from interlock.transfer import BlockExport, DestTransfer, TransferAgent, TransferState, publish_blocks
+from interlock.transfer.kv import CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class HandoffCounters:
     pulled: int = 0
     pull_failed: int = 0
     pulls_abandoned: int = 0
+    blocks_streamed: int = 0
+    """Blocks imported while their transfer was still under way (the rest came on DONE)."""
     transports: dict[str, int] = field(default_factory=dict)
 
 
@@ -69,11 +72,14 @@ class KVHandoff:
         *,
         timeout_s: float = 30.0,
         poll_interval_s: float = 0.002,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         self.engine = engine
         self.agent = agent
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
+        self.chunk_bytes = chunk_bytes
+        """Bytes exported between two bytes-ready marks (``transfer.kv.CHUNK_BYTES``)."""
         self.counters = HandoffCounters()
         self._pulls: dict[str, _Pull] = {}
         self._wake = asyncio.Event()
@@ -116,10 +122,13 @@ class KVHandoff:
 
     async def _stage(self, out: GenerateOutput, kt: KVTransferParams) -> GenerateOutput:
         rid, blocks, agent, timeout = out.request_id, kt.source_block_ids, self.agent, self.timeout_s
+        chunk = self.chunk_bytes
 
         def publish(core: EngineCore) -> tuple[KVTransferParams, BlockExport]:
             try:
-                _src, desc, export = publish_blocks(agent, core.runner, blocks, timeout_s=timeout)
+                _src, desc, export = publish_blocks(
+                    agent, core.runner, blocks, timeout_s=timeout, chunk_bytes=chunk
+                )
             except BaseException:
                 core.release_request_kv(rid)
                 raise
@@ -228,7 +237,9 @@ class KVHandoff:
             return  # it failed meanwhile: the next poll hands that over
         rid = pull.request_id
         try:
-            pull.imported = await self.engine.call(lambda core: core.import_remote_kv(rid, data, ready))
+            imported = await self.engine.call(lambda core: core.import_remote_kv(rid, data, ready))
+            self.counters.blocks_streamed += max(0, imported - pull.imported)
+            pull.imported = imported
         except Exception:  # noqa: BLE001 - the pull fails: the engine computes the prompt
             log.exception("importing the KV of %s failed", rid)
             dst.abort("import failed")
