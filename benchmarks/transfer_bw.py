@@ -26,7 +26,7 @@ Both ends hold a real ``PagedKVCache`` of SmolLM2-135M bf16 blocks and copy scat
 payload) and ``import_when_done`` (import straight from it), through the block-copy kernel.
 
 GB/s is 1e9 bytes per second. Usage:
-``python benchmarks/transfer_bw.py [--runs 7] [--mib 64] [--chunk-mib 4] [--phases]``
+``python benchmarks/transfer_bw.py [--runs 7] [--mib 64] [--chunk-mib 8] [--phases]``
 (``--phases``: also print where the time of a sequential e2e shm transfer goes).
 """
 
@@ -53,6 +53,7 @@ from interlock.transfer import (
     import_when_done,
     publish_blocks,
 )
+from interlock.transfer.kv import CHUNK_BYTES
 
 BLOCK_NBYTES = 30 * 2 * 3 * 64 * 16 * 2
 """One SmolLM2-135M KV block in bf16: 30 layers x (K, V) x 3 KV heads x 64 dims x 16 tokens."""
@@ -116,7 +117,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--chunk-mib", type=float, default=4.0, help="streamed export chunk")
+    ap.add_argument(
+        "--chunk-mib",
+        type=float,
+        default=CHUNK_BYTES / (1 << 20),
+        help="streamed export chunk (the engine's)",
+    )
     ap.add_argument("--phases", action="store_true", help="time each phase of a sequential e2e shm")
     args = ap.parse_args()
     nblocks = max(1, (args.mib << 20) // BLOCK_NBYTES)
