@@ -4,7 +4,10 @@ Prefill side (``kv_transfer.do_remote_decode``): the engine stops the request af
 token and holds its blocks; on that final output this module publishes a staged payload for the
 blocks (``publish_blocks``, on the engine thread between steps) and adds its
 ``TransferDescriptor`` to the output at once; the export follows on a worker thread, chunk by
-chunk, each chunk marked ready as it lands, and the blocks are freed when it ends. So the
+chunk, each chunk marked ready as it lands, and the blocks are freed when it ends. A payload of
+one chunk or less is exported in the publishing call and its blocks freed there: nothing to
+overlap, and no blocks held across another engine call (under a burst of short prompts those
+held blocks crowded the prefill worker's pool). So the
 descriptor travels to the decode worker while the KV is still being copied, and the decode
 side imports the first chunks while the last are exported. The payload lives in the transfer
 agent until the decode worker has pulled it, or until its timeout.
@@ -124,11 +127,17 @@ class KVHandoff:
         rid, blocks, agent, timeout = out.request_id, kt.source_block_ids, self.agent, self.timeout_s
         chunk = self.chunk_bytes
 
-        def publish(core: EngineCore) -> tuple[KVTransferParams, BlockExport]:
+        def publish(core: EngineCore) -> tuple[KVTransferParams, BlockExport | None]:
             try:
                 _src, desc, export = publish_blocks(
                     agent, core.runner, blocks, timeout_s=timeout, chunk_bytes=chunk
                 )
+                if desc.nbytes <= chunk:  # one chunk: nothing to overlap; the blocks go at once
+                    export.run()
+                    core.release_request_kv(rid)
+                    return msgspec.structs.replace(
+                        kt, descriptor=desc, source_instance=core.instance_id
+                    ), None
             except BaseException:
                 core.release_request_kv(rid)
                 raise
@@ -140,9 +149,10 @@ class KVHandoff:
             log.warning("staging the KV of %s failed", rid, exc_info=True)
             self.counters.stage_failed += 1
             return msgspec.structs.replace(out, kv_transfer=msgspec.structs.replace(kt, descriptor=None))
-        task = asyncio.create_task(self._export(rid, export), name=f"kv-export-{rid}")
-        self._exports.add(task)
-        task.add_done_callback(self._exports.discard)
+        if export is not None:
+            task = asyncio.create_task(self._export(rid, export), name=f"kv-export-{rid}")
+            self._exports.add(task)
+            task.add_done_callback(self._exports.discard)
         self.counters.staged += 1
         return msgspec.structs.replace(out, kv_transfer=staged)
 

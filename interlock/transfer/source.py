@@ -73,7 +73,7 @@ class Source:
 
     @property
     def buffer(self) -> memoryview:
-        if self._ready >= self._nbytes and self._published or self._status.finished:
+        if (self._published and self._ready >= self._nbytes) or self._status.finished:
             raise RuntimeError(f"transfer {self.transfer_id} already complete or ended")
         return self._staging.payload
 
