@@ -3,6 +3,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/kv_tiers.py bandwidth [--mib 64] [--runs 15]
     PYTHONPATH=. .venv/bin/python benchmarks/kv_tiers.py replay [--speedup 7.5]
     PYTHONPATH=. .venv/bin/python benchmarks/kv_tiers.py e2e [--sessions 8] [--rounds 4]
+    PYTHONPATH=. .venv/bin/python benchmarks/kv_tiers.py pages [--rounds 6]
 
 bandwidth  The engine's own copy paths on SmolLM2-135M-shaped blocks (bf16, 368,640 B) in a
            real ``PagedKVCache``, against raw baselines of the same bytes, interleaved rounds,
@@ -21,6 +22,12 @@ replay     The Mooncake conversation trace, 8 workers of 61,000 blocks of 64 tok
            about a third of the distinct blocks), with and without one host tier as large as
            the 8 pools together (shared by the 8 workers of the host); hit ratio against one
            shared LRU of the same total size, TTFT p99.
+pages      Whether the KV cache's huge pages (``PagedKVCache`` on CPU) change the engine's speed:
+           two engines with real SmolLM2 (bf16, one thread), one whose cache is on huge pages
+           (as shipped) and one on ``torch.zeros`` (4 KiB pages), in one process, answering the
+           same 16 prompts of 256 tokens with 24 output tokens each, in alternating rounds; the
+           engine thread's CPU time per round (robust to other load on the machine) and the
+           median of the paired ratios.
 e2e        The engine with real SmolLM2 (bf16, this CPU): multi-turn sessions whose working set
            is about 4x the device pool; sessions take turns so others push each one out;
            TTFT of returning turns with a host tier against without. ``--http``: the same
@@ -168,6 +175,43 @@ def bandwidth(args: argparse.Namespace) -> None:
     for t in (host_tiers, disk_tiers, offload_tiers):
         t.close()
     shutil.rmtree(tmp)
+
+
+# ---- huge pages A/B ----
+def pages(args: argparse.Namespace) -> None:
+    import random
+
+    import torch
+
+    from benchmarks.engine_cpu import _interlock
+    from interlock.engine.model import kv_cache
+    from interlock.model_store import resolve_model
+
+    folder = str(resolve_model("smollm2", progress=False))
+    torch.set_num_threads(1)
+    engines = {"huge pages": _interlock(folder, 1)[1]}
+    shipped = kv_cache._huge_page_zeros
+    kv_cache._huge_page_zeros = lambda shape, dtype: (None, torch.zeros(shape, dtype=dtype))  # type: ignore[assignment,misc,return-value]
+    try:
+        engines["4 KiB pages"] = _interlock(folder, 1)[1]
+    finally:
+        kv_cache._huge_page_zeros = shipped
+    rng = random.Random(0)
+    prompts = [[rng.randrange(100, 40000) for _ in range(256)] for _ in range(16)]
+    cpu: dict[str, list[float]] = {k: [] for k in engines}
+    for generate in engines.values():
+        generate(prompts[:4], 4)  # warm-up
+    for r in range(args.rounds):
+        for name in sorted(engines, reverse=bool(r % 2)):
+            t0 = time.thread_time()
+            engines[name](prompts, 24)
+            cpu[name].append(time.thread_time() - t0)
+    for name, v in cpu.items():
+        print(
+            f"{name}: engine-thread CPU s per round {' '.join(f'{x:.2f}' for x in v)}, median {statistics.median(v):.2f}"
+        )
+    paired = statistics.median(a / b for a, b in zip(cpu["huge pages"], cpu["4 KiB pages"], strict=True))
+    print(f"huge pages / 4 KiB pages, median paired ratio: {paired:.3f}")
 
 
 # ---- replay ----
@@ -405,12 +449,14 @@ def main() -> None:
     e.add_argument("--output", type=int, default=16)
     e.add_argument("--host-gib", type=float, default=1.0)
     e.add_argument("--http", action="store_true", help="through interlock serve and the openai client")
+    pg = sub.add_parser("pages")
+    pg.add_argument("--rounds", type=int, default=6)
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     if args.cmd == "e2e" and args.http:
         e2e_http(args)
         return
-    {"bandwidth": bandwidth, "replay": replay_tiers, "e2e": e2e}[args.cmd](args)
+    {"bandwidth": bandwidth, "replay": replay_tiers, "e2e": e2e, "pages": pages}[args.cmd](args)
 
 
 if __name__ == "__main__":

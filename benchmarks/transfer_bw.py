@@ -3,6 +3,11 @@
 One run, interleaved rounds (so machine noise hits every column alike), median of ``--runs``:
 
 * raw memcpy      numpy copy of the same bytes between two prefaulted arrays, one process
+* 2 memcpys       two such copies at once on two threads (other arrays), timed until both end,
+                  GB/s of one copy's bytes, so 100% of memcpy means two copies at once cost one
+                  and 50% that they cost two in a row: the most that overlapping an export with
+                  an import can give (on the AMD EPYC VM, about 50%: one copy takes all the
+                  memory bandwidth there is)
 * raw socket      ``sendall`` of the same bytes on a kept-open loopback connection into a
                   prefaulted buffer with ``recv_into``, two processes
 * shm / tcp       the transfer itself: the source worker has staged the blocks (exported) and
@@ -10,13 +15,19 @@ One run, interleaved rounds (so machine noise hits every column alike), median o
                   memory it owns (shm: the one copy out of the shared pages into the destination
                   cache, i.e. the import; tcp: received into its buffer) and released
 * e2e shm / tcp   source KV cache -> destination KV cache: export + transfer + import, timed on
-                  the destination including the request to the source
+                  the destination including the request to the source. Streamed, as the engine
+                  does it: the source publishes first and exports chunk by chunk
+                  (``publish_blocks``), the destination imports each chunk once it is ready
+                  (``BlockImport``), so the two copies overlap
+* e2e shm seq     the same, the copies in sequence (``stage_blocks``, then the import on DONE)
 
 Both ends hold a real ``PagedKVCache`` of SmolLM2-135M bf16 blocks and copy scattered block ids
 (as after churn) with the engine's own calls: ``stage_blocks`` (export straight into the staged
 payload) and ``import_when_done`` (import straight from it), through the block-copy kernel.
 
-GB/s is 1e9 bytes per second. Usage: ``python benchmarks/transfer_bw.py [--runs 7] [--mib 64]``.
+GB/s is 1e9 bytes per second. Usage:
+``python benchmarks/transfer_bw.py [--runs 7] [--mib 64] [--chunk-mib 8] [--phases]``
+(``--phases``: also print where the time of a sequential e2e shm transfer goes).
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import os
 import platform
 import socket
 import statistics
+import threading
 import time
 from multiprocessing.connection import Connection
 
@@ -34,7 +46,14 @@ import msgspec
 import numpy as np
 
 from interlock.protocol.transfer import TransferDescriptor
-from interlock.transfer import TransferAgent, TransferState, import_when_done, stage_blocks
+from interlock.transfer import (
+    BlockImport,
+    TransferAgent,
+    TransferState,
+    import_when_done,
+    publish_blocks,
+)
+from interlock.transfer.kv import CHUNK_BYTES
 
 BLOCK_NBYTES = 30 * 2 * 3 * 64 * 16 * 2
 """One SmolLM2-135M KV block in bf16: 30 layers x (K, V) x 3 KV heads x 64 dims x 16 tokens."""
@@ -63,7 +82,7 @@ class _Copier:
         self.block_ids = [int(b) for b in rng.permutation(2 * nblocks)[:nblocks]]
 
 
-def source_process(conn: Connection, nbytes: int) -> None:
+def source_process(conn: Connection, nbytes: int, chunk_bytes: int) -> None:
     kv = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     copier = _Copier(nbytes // BLOCK_NBYTES, seed=0)
     with TransferAgent() as agent, socket.create_server(("127.0.0.1", 0)) as raw_server:
@@ -76,9 +95,20 @@ def source_process(conn: Connection, nbytes: int) -> None:
                 raw.recv(1)
                 raw.sendall(memoryview(kv))
                 continue
-            src, desc = stage_blocks(agent, copier, copier.block_ids)  # the source's one copy
+            t = [time.perf_counter()]
+            if cmd == "stream":  # the descriptor leaves first, then the export, chunk by chunk
+                src, desc, export = publish_blocks(agent, copier, copier.block_ids, chunk_bytes=chunk_bytes)
+                conn.send(msgspec.msgpack.encode(desc))
+                export.run()
+            else:
+                src = agent.create_source(nbytes)
+                t.append(time.perf_counter())
+                copier.export_blocks(copier.block_ids, src.buffer)  # the source's one copy
+                t.append(time.perf_counter())
+                desc = src.publish()
+                t.append(time.perf_counter())
+                conn.send((msgspec.msgpack.encode(desc), t))
             sources.append(src)
-            conn.send(msgspec.msgpack.encode(desc))
             sources = [s for s in sources if not s.poll().finished]
         raw.close()
 
@@ -87,40 +117,74 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument(
+        "--chunk-mib",
+        type=float,
+        default=CHUNK_BYTES / (1 << 20),
+        help="streamed export chunk (the engine's)",
+    )
+    ap.add_argument("--phases", action="store_true", help="time each phase of a sequential e2e shm")
     args = ap.parse_args()
     nblocks = max(1, (args.mib << 20) // BLOCK_NBYTES)
     nbytes = nblocks * BLOCK_NBYTES
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
-    child = ctx.Process(target=source_process, args=(child_conn, nbytes), daemon=True)
+    chunk_bytes = int(args.chunk_mib * (1 << 20))
+    child = ctx.Process(target=source_process, args=(child_conn, nbytes, chunk_bytes), daemon=True)
     child.start()
+    phases: dict[str, list[float]] = {}
     try:
-        times = run_all(conn, nbytes, args.runs)
+        times = run_all(conn, nbytes, args.runs, phases if args.phases else None)
     finally:
         conn.send("exit")
         child.join(10)
         if child.is_alive():
             child.kill()
-    report(times, nbytes, nblocks, args.runs)
+    report(times, nbytes, nblocks, args.runs, chunk_bytes)
+    if phases:
+        print(
+            "\nPhases of a sequential e2e shm transfer (median ms, perf_counter is one clock across processes):"
+        )
+        for k, v in phases.items():
+            print(f"  {k:28s} {statistics.median(v) * 1e3:7.3f}")
 
 
-def run_all(conn: Connection, nbytes: int, runs: int) -> dict[str, list[float]]:
+def run_all(
+    conn: Connection, nbytes: int, runs: int, phases: dict[str, list[float]] | None
+) -> dict[str, list[float]]:
     raw = socket.create_connection(("127.0.0.1", conn.recv()))
     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     kv_src = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
     kv_dst = np.ones(nbytes, np.uint8)
+    pairs = [(np.full(nbytes, k + 2, np.uint8), np.ones(nbytes, np.uint8)) for k in range(2)]
     copier = _Copier(nbytes // BLOCK_NBYTES, seed=1)
     sink = memoryview(bytearray(b"\1" * nbytes))
-    times: dict[str, list[float]] = {k: [] for k in ("memcpy", "socket", "shm", "tcp", "e2e shm", "e2e tcp")}
+    paths = (
+        "memcpy",
+        "2 memcpys",
+        "socket",
+        "shm",
+        "tcp",
+        "e2e shm",
+        "e2e tcp",
+        "e2e shm seq",
+        "e2e tcp seq",
+    )
+    times: dict[str, list[float]] = {k: [] for k in paths}
     with TransferAgent() as agent:
         for i in range(runs + 1):  # the first round warms up and is dropped
             sample = {
                 "memcpy": _timed(lambda: np.copyto(kv_dst, kv_src)),
+                "2 memcpys": _two_copies(pairs),
                 "socket": _raw_socket(conn, raw, sink),
                 "shm": _transfer(conn, agent, "shm", copier, staged=True),
                 "tcp": _transfer(conn, agent, "tcp", copier, staged=True),
-                "e2e shm": _transfer(conn, agent, "shm", copier, staged=False),
-                "e2e tcp": _transfer(conn, agent, "tcp", copier, staged=False),
+                "e2e shm": _streamed(conn, agent, "shm", copier),
+                "e2e tcp": _streamed(conn, agent, "tcp", copier),
+                "e2e shm seq": _transfer(
+                    conn, agent, "shm", copier, staged=False, phases=phases if i else None
+                ),
+                "e2e tcp seq": _transfer(conn, agent, "tcp", copier, staged=False),
             }
             if i:
                 for k, v in sample.items():
@@ -135,6 +199,16 @@ def _timed(fn) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - t0
 
 
+def _two_copies(pairs: list[tuple[np.ndarray, np.ndarray]]) -> float:
+    threads = [threading.Thread(target=np.copyto, args=(d, s)) for s, d in pairs]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def _raw_socket(conn: Connection, raw: socket.socket, sink: memoryview) -> float:
     conn.send("raw")
     t0 = time.perf_counter()
@@ -145,34 +219,65 @@ def _raw_socket(conn: Connection, raw: socket.socket, sink: memoryview) -> float
     return time.perf_counter() - t0
 
 
+def _streamed(conn: Connection, agent: TransferAgent, transport: str, copier: _Copier) -> float:
+    t0 = time.perf_counter()
+    conn.send("stream")
+    desc = msgspec.msgpack.decode(conn.recv(), type=TransferDescriptor)
+    dst = agent.pull(desc, transport=transport, timeout_s=30)
+    status = BlockImport(dst, copier, copier.block_ids).wait(30)  # each chunk once it is ready
+    if status.state is not TransferState.DONE:
+        raise RuntimeError(f"{transport} transfer failed: {status.reason}")
+    return time.perf_counter() - t0
+
+
 def _transfer(
-    conn: Connection, agent: TransferAgent, transport: str, copier: _Copier, *, staged: bool
+    conn: Connection,
+    agent: TransferAgent,
+    transport: str,
+    copier: _Copier,
+    *,
+    staged: bool,
+    phases: dict[str, list[float]] | None = None,
 ) -> float:
     t0 = time.perf_counter()
     conn.send("offer")
-    desc = msgspec.msgpack.decode(conn.recv(), type=TransferDescriptor)
+    encoded, t_src = conn.recv()
+    t_reply = time.perf_counter()
+    desc = msgspec.msgpack.decode(encoded, type=TransferDescriptor)
     if staged:
         t0 = time.perf_counter()
     dst = agent.pull(desc, transport=transport, timeout_s=30)
+    t_pulled = time.perf_counter()
     dst.finished_event.wait(30)
     if dst.poll().state is not TransferState.DONE:
         raise RuntimeError(f"{transport} transfer failed: {dst.poll().reason}")
     elapsed = time.perf_counter() - t0  # tcp: received into memory the destination owns
+    t_done = time.perf_counter()
     import_when_done(dst, copier, copier.block_ids)  # the import (and release)
+    t_end = time.perf_counter()
     if not (staged and transport == "tcp"):
-        elapsed = time.perf_counter() - t0
+        elapsed = t_end - t0
+    if phases is not None:
+        marks = [t0, *t_src, t_reply, t_pulled, t_done, t_end]
+        names = ("request to the source", "take a staging buffer", "export", "publish", "reply",
+                 "pull (attach, claim)", "wait for DONE", "import and release")  # fmt: skip
+        for name, a, b in zip(names, marks[:-1], marks[1:], strict=True):
+            phases.setdefault(name, []).append(b - a)
+        phases.setdefault("total", []).append(t_end - t0)
     return elapsed
 
 
-def report(times: dict[str, list[float]], nbytes: int, nblocks: int, runs: int) -> None:
+def report(times: dict[str, list[float]], nbytes: int, nblocks: int, runs: int, chunk_bytes: int) -> None:
     """Ratios two ways: of the medians, and the median of per-round ratios (each round runs every
     path back to back, so the paired figure is steadier when the machine's load swings)."""
     gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
     raw_of = {"shm": "memcpy", "tcp": "socket", "e2e shm": "memcpy", "e2e tcp": "socket"}
+    raw_of |= {"e2e shm seq": "memcpy", "e2e tcp seq": "socket", "2 memcpys": "memcpy"}
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
         f"Python {platform.python_version()}, load {os.getloadavg()[0]:.1f}, "
-        f"{nblocks} blocks x {BLOCK_NBYTES} B = {nbytes / 2**20:.1f} MiB, median of {runs}"
+        f"{nblocks} blocks x {BLOCK_NBYTES} B = {nbytes / 2**20:.1f} MiB, median of {runs}, "
+        f"streamed in chunks of {chunk_bytes / 2**20:g} MiB"
     )
     print(
         "| path | GB/s (median) | min..max GB/s | vs raw (ratio of medians) | vs raw (median paired ratio) |"

@@ -13,6 +13,8 @@ Disaggregation hooks (KV never blocks the step: the caller moves bytes, the core
   * decode side: ``add_remote_request`` allocates blocks and parks the request in
     WAITING_FOR_REMOTE_KV; ``finish_remote_kv(id, data)`` imports the bytes (None: compute the
     prompt locally instead). The prefill's first token is this request's first output token.
+    A streamed transfer is imported as it arrives: ``import_remote_kv(id, data, k)`` copies
+    blocks up to k, and ``finish_remote_kv`` then imports only the rest.
 
 KV tiers (``config.cache`` host/disk sizes, ``interlock.engine.tiers``): each step first hands
 finished loads back to the scheduler, then, right after ``schedule``, copies the blocks the
@@ -306,15 +308,37 @@ class EngineCore:
         self._import(req, data)
         return True
 
+    def import_remote_kv(self, request_id: str, data: memoryview, num_blocks: int) -> int:
+        """Import the first ``num_blocks`` blocks of a parked request's prompt KV (``data``: the
+        whole payload, of which only those blocks are read), continuing where the last call
+        stopped. Returns the blocks imported so far: 0 while the request is not parked, or when
+        ``data`` is not its payload (``finish_remote_kv`` then decides)."""
+        req = self.scheduler.remote_parked.get(request_id)
+        if req is None:
+            return 0
+        n = cdiv(req.num_prompt_tokens, self.block_size)
+        size = self.runner.kv_block_nbytes
+        if len(data) != n * size:
+            return 0
+        start, end = req.remote_kv_imported, min(num_blocks, n)
+        if end > start:
+            blocks = self.kv.block_table(request_id)[start:end]
+            self.runner.import_blocks(blocks, memoryview(data)[start * size : end * size])
+            req.remote_kv_imported = end
+        return req.remote_kv_imported
+
     def _import(self, req: Request, data: bytes | memoryview | None) -> None:
         n = cdiv(req.num_prompt_tokens, self.block_size)
         computed = 0
-        if data is not None and len(data) == n * self.runner.kv_block_nbytes:
-            blocks = self.kv.block_table(req.request_id)[:n]
-            self.runner.import_blocks(blocks, memoryview(data))
+        size = self.runner.kv_block_nbytes
+        if data is not None and len(data) == n * size:
+            start = req.remote_kv_imported  # a streamed transfer's blocks imported already
+            blocks = self.kv.block_table(req.request_id)[start:n]
+            self.runner.import_blocks(blocks, memoryview(data)[start * size :])
             computed = min(req.num_prompt_tokens, req.num_tokens - 1)
         elif data:
             log.warning("KV for %s has the wrong size; computing it locally", req.request_id)
+        req.remote_kv_imported = 0
         self.scheduler.resume_remote(req.request_id, computed)
 
     def _import_stashed_kv(self) -> None:

@@ -1,18 +1,25 @@
 """Worker side of disaggregated serving: stage a prefill's KV, pull it into a decode's blocks.
 
 Prefill side (``kv_transfer.do_remote_decode``): the engine stops the request after its first
-token and holds its blocks; on that final output this module exports the blocks into a staged
-payload (``stage_blocks``, on the engine thread between steps), frees the blocks at once and
-adds the payload's ``TransferDescriptor`` to the output. The payload lives in the transfer
+token and holds its blocks; on that final output this module publishes a staged payload for the
+blocks (``publish_blocks``, on the engine thread between steps) and adds its
+``TransferDescriptor`` to the output at once; the export follows on a worker thread, chunk by
+chunk, each chunk marked ready as it lands, and the blocks are freed when it ends. A payload of
+one chunk or less is exported in the publishing call and its blocks freed there: nothing to
+overlap, and no blocks held across another engine call (under a burst of short prompts those
+held blocks crowded the prefill worker's pool). So the
+descriptor travels to the decode worker while the KV is still being copied, and the decode
+side imports the first chunks while the last are exported. The payload lives in the transfer
 agent until the decode worker has pulled it, or until its timeout.
 
 Decode side (``kv_transfer.do_remote_prefill`` with a descriptor): the engine parks the request
 with its blocks allocated (no batch slot); this module starts the pull at once, and one poller
-task per worker polls every pending pull (a poll never blocks). A finished pull is handed to
-the engine thread, which imports the bytes into the parked request's blocks
-(``finish_remote_kv``) and then releases the payload; a failed pull, or no descriptor, makes
-the engine compute the prompt locally (``finish_remote_kv(id, None)``). A request that ends
-first (client gone, abort) aborts its pull, which frees the source's payload too.
+task per worker polls every pending pull (a poll never blocks). Blocks that arrived are handed
+to the engine thread, which imports them into the parked request's blocks
+(``import_remote_kv``); once the pull is DONE the rest (``finish_remote_kv``), and then the
+payload is released. A failed pull, or no descriptor, makes the engine compute the prompt
+locally (``finish_remote_kv(id, None)``; blocks imported so far are overwritten, never used). A
+request that ends first (client gone, abort) aborts its pull, which frees the source's payload.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ import msgspec
 from interlock.engine.async_engine import AsyncEngine
 from interlock.engine.core import EngineCore
 from interlock.protocol import GenerateOutput, GenerateRequest, KVTransferParams
-from interlock.transfer import DestTransfer, TransferAgent, TransferState, stage_blocks
+from interlock.transfer import BlockExport, DestTransfer, TransferAgent, TransferState, publish_blocks
+from interlock.transfer.kv import CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +46,21 @@ class _Pull:
     request_id: str
     dst: DestTransfer | None
     """None: nothing to pull (the prefill side could not stage); compute locally."""
+    imported: int = 0
+    """Blocks the engine has imported so far (as of the last hand-over)."""
 
 
 @dataclass(slots=True)
 class HandoffCounters:
     staged: int = 0
     stage_failed: int = 0
+    export_failed: int = 0
+    """Published, then the export failed (the transfer is aborted; the decode side computes)."""
     pulled: int = 0
     pull_failed: int = 0
     pulls_abandoned: int = 0
+    blocks_streamed: int = 0
+    """Blocks imported while their transfer was still under way (the rest came on DONE)."""
     transports: dict[str, int] = field(default_factory=dict)
 
 
@@ -61,15 +75,19 @@ class KVHandoff:
         *,
         timeout_s: float = 30.0,
         poll_interval_s: float = 0.002,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         self.engine = engine
         self.agent = agent
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
+        self.chunk_bytes = chunk_bytes
+        """Bytes exported between two bytes-ready marks (``transfer.kv.CHUNK_BYTES``)."""
         self.counters = HandoffCounters()
         self._pulls: dict[str, _Pull] = {}
         self._wake = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
+        self._exports: set[asyncio.Task[None]] = set()
 
     def num_pending(self) -> int:
         return len(self._pulls)
@@ -83,6 +101,8 @@ class KVHandoff:
         return self.engine.generate(req)
 
     async def close(self) -> None:
+        if self._exports:  # a running export reads the engine's blocks: let it end (bounded)
+            await asyncio.wait(list(self._exports), timeout=self.timeout_s)
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -105,22 +125,48 @@ class KVHandoff:
 
     async def _stage(self, out: GenerateOutput, kt: KVTransferParams) -> GenerateOutput:
         rid, blocks, agent, timeout = out.request_id, kt.source_block_ids, self.agent, self.timeout_s
+        chunk = self.chunk_bytes
 
-        def stage(core: EngineCore) -> KVTransferParams:
+        def publish(core: EngineCore) -> tuple[KVTransferParams, BlockExport | None]:
             try:
-                _src, desc = stage_blocks(agent, core.runner, blocks, timeout_s=timeout)
-            finally:
-                core.release_request_kv(rid)  # the payload holds the KV now
-            return msgspec.structs.replace(kt, descriptor=desc, source_instance=core.instance_id)
+                _src, desc, export = publish_blocks(
+                    agent, core.runner, blocks, timeout_s=timeout, chunk_bytes=chunk
+                )
+                if desc.nbytes <= chunk:  # one chunk: nothing to overlap; the blocks go at once
+                    export.run()
+                    core.release_request_kv(rid)
+                    return msgspec.structs.replace(
+                        kt, descriptor=desc, source_instance=core.instance_id
+                    ), None
+            except BaseException:
+                core.release_request_kv(rid)
+                raise
+            return msgspec.structs.replace(kt, descriptor=desc, source_instance=core.instance_id), export
 
         try:
-            staged = await self.engine.call(stage)
+            staged, export = await self.engine.call(publish)
         except Exception:  # noqa: BLE001 - the decode side then computes the prompt itself
             log.warning("staging the KV of %s failed", rid, exc_info=True)
             self.counters.stage_failed += 1
             return msgspec.structs.replace(out, kv_transfer=msgspec.structs.replace(kt, descriptor=None))
+        if export is not None:
+            task = asyncio.create_task(self._export(rid, export), name=f"kv-export-{rid}")
+            self._exports.add(task)
+            task.add_done_callback(self._exports.discard)
         self.counters.staged += 1
         return msgspec.structs.replace(out, kv_transfer=staged)
+
+    async def _export(self, rid: str, export: BlockExport) -> None:
+        """Export the published payload off the engine thread (the copy kernel releases the
+        GIL), then free the blocks: the payload holds their KV."""
+        try:
+            await asyncio.to_thread(export.run)
+        except Exception:  # noqa: BLE001 - the transfer is aborted: the decode side computes
+            log.warning("exporting the KV of %s failed", rid, exc_info=True)
+            self.counters.export_failed += 1
+        finally:
+            with contextlib.suppress(Exception):  # an engine shut down meanwhile freed them all
+                await self.engine.call(lambda core: core.release_request_kv(rid))
 
     # ---- decode side ----
     async def _decode(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
@@ -165,10 +211,12 @@ class KVHandoff:
     async def _poll_one(self, pull: _Pull) -> None:
         dst = pull.dst
         state = dst.poll().state if dst is not None else TransferState.FAILED
+        rid = pull.request_id
         if state is TransferState.PENDING:
+            assert dst is not None
+            await self._import_arrived(pull, dst)
             return
         data = dst.payload if dst is not None and state is TransferState.DONE else None
-        rid = pull.request_id
         try:
             handed = await self.engine.call(lambda core: _hand_over(core, rid, data))
         except Exception:  # noqa: BLE001 - import failed: the engine computes the prompt
@@ -185,6 +233,26 @@ class KVHandoff:
             self.counters.pulled += 1
         else:
             self.counters.pull_failed += 1
+
+    async def _import_arrived(self, pull: _Pull, dst: DestTransfer) -> None:
+        """Hand the blocks that arrived since the last time to the engine (streamed payloads:
+        imported while the rest is on its way)."""
+        size = self.engine.core.runner.kv_block_nbytes
+        ready = dst.progress() // size if size else 0
+        if ready <= pull.imported:
+            return
+        try:
+            data = dst.payload
+        except RuntimeError:
+            return  # it failed meanwhile: the next poll hands that over
+        rid = pull.request_id
+        try:
+            imported = await self.engine.call(lambda core: core.import_remote_kv(rid, data, ready))
+            self.counters.blocks_streamed += max(0, imported - pull.imported)
+            pull.imported = imported
+        except Exception:  # noqa: BLE001 - the pull fails: the engine computes the prompt
+            log.exception("importing the KV of %s failed", rid)
+            dst.abort("import failed")
 
 
 def _hand_over(core: EngineCore, request_id: str, data: memoryview | None) -> bool:

@@ -68,6 +68,7 @@ class Request:
         "awaiting_kv",
         "pending_logprobs",
         "remote_kv_data",
+        "remote_kv_imported",
     )
 
     def __init__(
@@ -104,6 +105,9 @@ class Request:
         self.pending_logprobs: list[TokenLogprobs] = []
         self.remote_kv_data: bytes | memoryview | None = None
         """KV handed over for a remote prefill before blocks were allocated for it."""
+        self.remote_kv_imported = 0
+        """Blocks of a streamed remote KV already imported into this request's blocks (back to
+        0 whenever the blocks are taken away)."""
 
     @classmethod
     def from_generate(cls, req: GenerateRequest, *, block_size: int, arrival: int) -> Request:

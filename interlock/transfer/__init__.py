@@ -12,10 +12,12 @@ from interlock.transfer.base import (
     TransferState,
     TransferStatus,
 )
-from interlock.transfer.kv import import_when_done, stage_blocks
+from interlock.transfer.kv import BlockExport, BlockImport, import_when_done, publish_blocks, stage_blocks
 from interlock.transfer.link import LinkStats, measure_link
 
 __all__ = [
+    "BlockExport",
+    "BlockImport",
     "DEFAULT_TIMEOUT_S",
     "TRANSPORTS",
     "DestTransfer",
@@ -27,5 +29,6 @@ __all__ = [
     "TransferStatus",
     "import_when_done",
     "measure_link",
+    "publish_blocks",
     "stage_blocks",
 ]

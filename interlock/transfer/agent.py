@@ -117,6 +117,7 @@ class TransferAgent:
         if self._closed:
             raise TransferError("transfer agent is closed")
         tid = transfer_id or uuid.uuid4().hex
+        self._reap()  # a finished source's buffer goes back to the pool before we take one
         if self._lookup(tid) is not None:
             raise TransferError(f"duplicate transfer id {tid}")
         try:
@@ -149,9 +150,10 @@ class TransferAgent:
             raise ValueError(f"unknown transport {kind!r}")
         if kind == "inproc":
             agent = _AGENTS.get(descriptor.agent_id)
-            return InprocDest(descriptor, agent._lookup(descriptor.transfer_id) if agent else None)
+            source = agent._lookup(descriptor.transfer_id) if agent else None
+            return InprocDest(descriptor, source, timeout_s)
         if kind == "shm":
-            return ShmDest(descriptor, self._attached)
+            return ShmDest(descriptor, self._attached, timeout_s)
         return TcpDest(descriptor, timeout_s, self._recv_buffers, self.cluster_secret)
 
     def num_live_sources(self) -> int:
@@ -192,11 +194,16 @@ class TransferAgent:
         # Filler stays as the kernel zeroed it: a link check measures the link, not an export.
         return self.create_source(nbytes, timeout_s=timeout_s).publish()
 
-    def _housekeep(self) -> None:
+    def _reap(self) -> None:
+        """Poll every live source: ended ones (their destination said DONE, or they timed out)
+        free or recycle their buffers now."""
         with self._lock:
             sources = list(self._sources.values())
         for source in sources:
             source.poll()
+
+    def _housekeep(self) -> None:
+        self._reap()
         self._attached.prune()
         now = time.monotonic()
         if self._use_shm and now >= self._next_sweep:

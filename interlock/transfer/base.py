@@ -5,9 +5,12 @@ to a destination worker. The destination *pulls*:
 
 * source: ``agent.create_source(nbytes)`` -> ``SourceTransfer``; the engine exports the blocks
   into ``src.buffer`` and calls ``src.publish()`` -> ``TransferDescriptor``, then polls once per
-  step (or not at all: the agent's housekeeping ends it on time either way).
-* destination: ``agent.pull(descriptor)`` -> ``DestTransfer``; polled once per step; on DONE the
-  engine imports ``dst.payload`` into its own blocks and calls ``dst.release()``.
+  step (or not at all: the agent's housekeeping ends it on time either way). Streaming: it
+  publishes first (``publish(ready=0)``), then exports front to back, ``mark_ready`` after each
+  chunk, so the destination copies while the source still exports (``kv.publish_blocks``).
+* destination: ``agent.pull(descriptor)`` -> ``DestTransfer``; polled once per step; the first
+  ``progress()`` bytes of ``dst.payload`` may be imported as they come (``kv.BlockImport``); on
+  DONE every byte is there; the engine imports the rest and calls ``dst.release()``.
 
 Every transfer ends in exactly one terminal state on each side, DONE or FAILED (with a reason),
 and every buffer is freed when it does: after an abort on either side, a timeout, or a peer that
@@ -63,11 +66,16 @@ class SourceTransfer(Protocol):
 
     @property
     def buffer(self) -> memoryview:
-        """Writable payload to export the blocks into, before ``publish``."""
+        """Writable payload to export the blocks into, until it is complete."""
         ...
 
-    def publish(self) -> TransferDescriptor:
-        """The payload is complete: serve it until a destination has it or the timeout."""
+    def publish(self, *, ready: int | None = None) -> TransferDescriptor:
+        """Serve the payload until a destination has it or the timeout; its first ``ready``
+        bytes are written (None: all of them; otherwise ``mark_ready`` the rest as written)."""
+        ...
+
+    def mark_ready(self, nbytes: int) -> None:
+        """The payload's first ``nbytes`` bytes are written (never fewer than before)."""
         ...
 
     def poll(self) -> TransferStatus: ...
@@ -80,13 +88,21 @@ class DestTransfer(Protocol):
     transport: str
     """"inproc", "shm" or "tcp"."""
     finished_event: threading.Event
-    """Set on DONE or FAILED, for callers that may block (link checks, tests); the engine polls."""
+    """Set once the pull is seen to end (DONE or FAILED), for callers that may block (link
+    checks, tests); the engine polls. A TCP pull's thread sets it; an in-process or shared
+    memory pull of a payload still being written is seen to end by ``poll``."""
 
     def poll(self) -> TransferStatus: ...
 
+    def progress(self) -> int:
+        """Bytes at the front of ``payload`` that may be read now, as of the last ``poll``
+        (all of them on DONE)."""
+        ...
+
     @property
     def payload(self) -> memoryview:
-        """The received bytes; valid after DONE until ``release``."""
+        """The payload, from the claim until ``release``: its first ``progress()`` bytes are
+        valid (all of them after DONE)."""
         ...
 
     def release(self) -> None:

@@ -1,44 +1,59 @@
 """The destination side of a transfer, for the transports that need no thread.
 
 ``_Dest`` holds the state machine every destination shares (PENDING -> DONE -> released, or
-FAILED, each with its cleanup exactly once). In-process and shared-memory pulls finish at start:
-the payload is the source's own pages (in-process: the same memoryview; shared memory: the same
-/dev/shm file mapped here), so the only copy is the engine's ``import_blocks`` out of it.
+FAILED, each with its cleanup exactly once) and the progress of a streamed payload: once
+claimed, ``payload`` is the whole view and its first ``progress()`` bytes may be read (imported)
+while the source still writes the rest; DONE means every byte is there. In-process and
+shared-memory pulls need no copy of their own: the payload is the source's own pages
+(in-process: the same memoryview; shared memory: the same /dev/shm file mapped here), so the
+only copy is the engine's import out of it. Their ``poll`` follows the source's bytes-ready
+count and fails the pull when the source aborts, dies or stalls past the timeout.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import staging as stg
 from interlock.transfer.base import DONE, PENDING, TransferState, TransferStatus, failed
 from interlock.transfer.pool import AttachCache
-from interlock.transfer.source import Source
+from interlock.transfer.source import LIVENESS_CHECK_S, Source
 
 
 class _Dest:
     transport = ""
 
-    def __init__(self, descriptor: TransferDescriptor) -> None:
+    def __init__(self, descriptor: TransferDescriptor, timeout_s: float) -> None:
         self.transfer_id = descriptor.transfer_id
         self.descriptor = descriptor
         self._lock = threading.Lock()
         self._status = PENDING
         self._payload: memoryview | None = None
+        self._ready = 0
         self._released = False
+        self._timeout_s = timeout_s
+        self._deadline = time.monotonic() + timeout_s
         self.finished_event = threading.Event()
-        """Set on DONE or FAILED; for callers that may block (link checks, tests)."""
+        """Set when the pull is seen to end (DONE or FAILED); for callers that may block."""
 
     def poll(self) -> TransferStatus:
         return self._status
 
+    def progress(self) -> int:
+        """Bytes at the front of ``payload`` that may be read now (all of them on DONE)."""
+        return self._ready
+
     @property
     def payload(self) -> memoryview:
-        if self._status.state is not TransferState.DONE or self._payload is None:
+        """The whole payload once claimed (read only its first ``progress()`` bytes while
+        PENDING); until ``release`` or a failure."""
+        view = self._payload
+        if view is None or self._status.state is TransferState.FAILED:
             raise RuntimeError(f"transfer {self.transfer_id} has no payload ({self._status.state.value})")
-        return self._payload
+        return view
 
     def release(self) -> None:
         with self._lock:
@@ -51,13 +66,33 @@ class _Dest:
     def abort(self, reason: str = "aborted by destination") -> None:
         self._fail(reason)
 
-    def _succeed(self, payload: memoryview) -> None:
+    def _claimed(self, payload: memoryview, ready: int) -> None:
+        """The payload is ours to read; its first ``ready`` bytes are there."""
         with self._lock:
             if self._status.finished:
                 return
             self._payload = payload
+        self._advance(ready)
+
+    def _advance(self, ready: int, *, finish: bool = True) -> None:
+        """``ready`` bytes are there (never fewer than before); DONE when that is all of them
+        (unless ``finish`` is False: the transport has more to do first)."""
+        with self._lock:
+            if self._status.finished or ready < self._ready:
+                return
+            self._ready = ready
+            if ready < self.descriptor.nbytes or not finish:
+                return
             self._status = DONE
         self.finished_event.set()
+
+    def _overdue(self) -> bool:
+        if time.monotonic() <= self._deadline:
+            return False
+        self._fail(
+            f"timeout after {self._timeout_s:g} s with {self._ready} of {self.descriptor.nbytes} bytes"
+        )
+        return True
 
     def _fail(self, reason: str) -> bool:
         """FAILED unless already failed or released; True when this call ended it. A DONE
@@ -79,19 +114,34 @@ class _Dest:
 
 
 class InprocDest(_Dest):
-    """Takes the source's payload view; ``release`` completes the source."""
+    """Takes the source's payload view and follows its bytes ready; ``release`` completes the
+    source."""
 
     transport = "inproc"
 
-    def __init__(self, descriptor: TransferDescriptor, source: Source | None) -> None:
-        super().__init__(descriptor)
+    def __init__(self, descriptor: TransferDescriptor, source: Source | None, timeout_s: float) -> None:
+        super().__init__(descriptor, timeout_s)
         self._source = source
         claim = source.claim("inproc") if source is not None else "unknown transfer (ended or expired)"
         if isinstance(claim, str):
             self._source = None
             self._fail(claim)
         else:
-            self._succeed(claim)
+            assert source is not None
+            self._claimed(claim, source.ready_nbytes)
+
+    def poll(self) -> TransferStatus:
+        source = self._source
+        if self._status.finished or source is None:
+            return self._status
+        status = source.poll()
+        if status.state is TransferState.FAILED:
+            self._fail(status.reason)
+        else:
+            self._advance(source.ready_nbytes)
+            if not self._status.finished:
+                self._overdue()
+        return self._status
 
     def _on_release(self) -> None:
         if self._source is not None:
@@ -106,15 +156,17 @@ class InprocDest(_Dest):
 
 class ShmDest(_Dest):
     """Maps the source's /dev/shm staging file (through the agent's cache of mappings) and
-    marks the use claimed in its header; ``release`` marks it done and the source recycles it."""
+    marks the use claimed in its header; ``poll`` follows the header's bytes-ready word;
+    ``release`` marks the use done and the source recycles the buffer."""
 
     transport = "shm"
 
-    def __init__(self, descriptor: TransferDescriptor, cache: AttachCache) -> None:
-        super().__init__(descriptor)
+    def __init__(self, descriptor: TransferDescriptor, cache: AttachCache, timeout_s: float) -> None:
+        super().__init__(descriptor, timeout_s)
         self._cache = cache
         self._staging: stg.Staging | None = None
-        self._claimed = False
+        self._claimed_use = False
+        self._next_liveness = 0.0
         try:
             staging = cache.get(descriptor.shm_name)
         except (OSError, ValueError) as e:
@@ -125,15 +177,42 @@ class ShmDest(_Dest):
         if isinstance(view, str):
             self._fail(view)
         else:
-            self._claimed = True
-            self._succeed(view)
+            self._claimed_use = True
+            self._claimed(view, 0)
+            self.poll()
+
+    def poll(self) -> TransferStatus:
+        staging = self._staging
+        if self._status.finished or staging is None:
+            return self._status
+        desc = self.descriptor
+        ready = staging.ready()  # the count first, then the checks that make it ours
+        if not staging.is_use(desc.nbytes, desc.shm_generation):
+            self._fail("transfer no longer staged (buffer reused)")
+        elif staging.word(stg.W_SRC_STATE) == stg.SRC_ABORTED:
+            self._fail("aborted by source")
+        elif ready > self._ready or ready == desc.nbytes:
+            self._advance(ready)
+        elif not self._overdue():
+            self._check_source_alive()
+        return self._status
+
+    def _check_source_alive(self) -> None:
+        """No progress: is the source still there to make some? (A SIGKILLed source writes no
+        more; without this its pull would wait for the whole timeout.)"""
+        now = time.monotonic()
+        if now < self._next_liveness:
+            return
+        self._next_liveness = now + LIVENESS_CHECK_S
+        if not stg.pid_alive(self.descriptor.pid):
+            self._fail("source process died")
 
     @staticmethod
     def _claim(staging: stg.Staging, desc: TransferDescriptor) -> memoryview | str:
         view = staging.view_of(desc.nbytes, desc.shm_generation)
         if isinstance(view, str):
             return view
-        if staging.word(stg.W_SRC_STATE) != stg.SRC_READY:
+        if staging.word(stg.W_SRC_STATE) == stg.SRC_ABORTED:
             return "aborted by source"
         if staging.word(stg.W_DEST_STATE) != stg.DEST_NONE:
             return "transfer already claimed"
@@ -155,7 +234,7 @@ class ShmDest(_Dest):
         staging, self._staging = self._staging, None
         if staging is None:
             return
-        if self._claimed:
+        if self._claimed_use:
             staging.set_word(stg.W_DEST_STATE, dest_state)
         if not self._cache.caching:
             staging.release(unlink=False)

@@ -1,5 +1,9 @@
 """The source side of a transfer: one staged payload, served once, then freed.
 
+Two ways to fill it: write the whole payload, then ``publish()``; or ``publish(ready=0)`` first
+and ``mark_ready(n)`` after each chunk written front to back (streaming: the destination
+copies the first chunks out while the source writes the next; ``staging`` has the protocol).
+
 The same object serves whichever transport the destination picks: in-process (hands the payload
 view over), shared memory (the destination maps the staging file; the state lives in the file's
 header) or TCP (the agent's server sends from the payload). State changes happen under a short
@@ -19,6 +23,9 @@ from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import staging as stg
 from interlock.transfer.base import DONE, PENDING, TransferState, TransferStatus, failed
 from interlock.transfer.pool import SegmentPool
+
+LIVENESS_CHECK_S = 0.05
+"""How often a claimed source checks that its shared-memory destination still lives."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +62,10 @@ class Source:
         self._published = False
         self._claimed_by = ""
         self._conn: socket.socket | None = None
+        self._ready = 0
+        self._next_liveness = 0.0
+        self._progress = threading.Condition(self._lock)
+        """Notified when bytes become ready or the transfer ends (the TCP sender waits on it)."""
 
     @property
     def nbytes(self) -> int:
@@ -62,17 +73,25 @@ class Source:
 
     @property
     def buffer(self) -> memoryview:
-        if self._published or self._status.finished:
-            raise RuntimeError(f"transfer {self.transfer_id} already published or ended")
+        if (self._published and self._ready >= self._nbytes) or self._status.finished:
+            raise RuntimeError(f"transfer {self.transfer_id} already complete or ended")
         return self._staging.payload
 
-    def publish(self) -> TransferDescriptor:
+    @property
+    def ready_nbytes(self) -> int:
+        return self._ready
+
+    def publish(self, *, ready: int | None = None) -> TransferDescriptor:
+        """Serve the payload; its first ``ready`` bytes are written (None: all of them). With
+        fewer, write the rest front to back and report it with ``mark_ready``."""
         with self._lock:
             if self._status.finished:
                 raise RuntimeError(f"transfer {self.transfer_id} already ended: {self._status.reason}")
+            if self._published:
+                raise RuntimeError(f"transfer {self.transfer_id} already published")
             self._published = True
             self._deadline = time.monotonic() + self._timeout_s
-            self._staging.set_word(stg.W_SRC_STATE, stg.SRC_READY)
+            self._mark_ready_locked(self._nbytes if ready is None else ready)
         ident = self._identity
         return TransferDescriptor(
             transfer_id=self.transfer_id,
@@ -85,6 +104,24 @@ class Source:
             tcp_address=ident.tcp_address,
             expires_at=time.time() + self._timeout_s,
         )
+
+    def mark_ready(self, nbytes: int) -> None:
+        """The payload's first ``nbytes`` bytes are written (streaming, after ``publish``)."""
+        with self._lock:
+            if not self._published:
+                raise RuntimeError(f"transfer {self.transfer_id} not published")
+            if self._status.finished:
+                return  # aborted meanwhile (timeout, destination gone): nobody reads it
+            self._mark_ready_locked(nbytes)
+
+    def wait_ready(self, have: int, timeout_s: float) -> int:
+        """Block until more than ``have`` bytes are ready, the transfer ends or ``timeout_s``
+        passes; returns the bytes ready (the TCP sender's wait)."""
+        with self._lock:
+            self._progress.wait_for(
+                lambda: self._ready > have or self._status.finished, timeout=max(0.0, timeout_s)
+            )
+            return self._ready
 
     def remaining_s(self) -> float:
         return self._deadline - time.monotonic()
@@ -122,21 +159,40 @@ class Source:
             self._finish_locked(failed(reason))
 
     # ---- internals ----
+    def _mark_ready_locked(self, nbytes: int) -> None:
+        if not self._ready <= nbytes <= self._nbytes:
+            raise ValueError(f"bytes ready {nbytes} outside [{self._ready}, {self._nbytes}]")
+        self._ready = nbytes
+        self._staging.set_ready(nbytes)  # after the bytes (see staging: the publish)
+        if nbytes == self._nbytes:
+            self._staging.set_word(stg.W_SRC_STATE, stg.SRC_READY)
+        self._progress.notify_all()
+
     def _check_locked(self) -> None:
         dest_state = self._staging.word(stg.W_DEST_STATE) if self._published else stg.DEST_NONE
         if dest_state == stg.DEST_DONE:
             self._finish_locked(DONE)
         elif dest_state == stg.DEST_ABORTED:
             self._finish_locked(failed("aborted by destination"))
-        elif dest_state == stg.DEST_CLAIMED and not stg.pid_alive(self._staging.word(stg.W_DEST_PID)):
+        elif dest_state == stg.DEST_CLAIMED and self._destination_died():
             self._finish_locked(failed("destination process died"))
         elif time.monotonic() > self._deadline:
             self._finish_locked(failed(f"timeout after {self._timeout_s:g} s"))
+
+    def _destination_died(self) -> bool:
+        """Checked at most every ``LIVENESS_CHECK_S`` (a /proc read; a streamed export polls
+        between chunks)."""
+        now = time.monotonic()
+        if now < self._next_liveness:
+            return False
+        self._next_liveness = now + LIVENESS_CHECK_S
+        return not stg.pid_alive(self._staging.word(stg.W_DEST_PID))
 
     def _finish_locked(self, status: TransferStatus) -> None:
         if self._status.finished:
             return
         self._status = status
+        self._progress.notify_all()
         if status.state is TransferState.FAILED:
             self._staging.set_word(stg.W_SRC_STATE, stg.SRC_ABORTED)
         if self._conn is not None:

@@ -7,7 +7,23 @@ two processes share, one writer per word, so no locks cross the process boundary
 
     word 0 magic, 1 version, 2 source pid, 3 destination pid,
     word 4 source state (WRITING / READY / ABORTED), 5 destination state (NONE / CLAIMED / DONE
-    / ABORTED), words 6-7 payload size, 8-9 generation (random per use).
+    / ABORTED), words 6-7 payload size, 8-9 generation (random per use),
+    bytes 48-55: bytes ready, one aligned 64-bit word.
+
+Streaming (export and import overlapped): a source may publish before it has written the
+payload; it then writes it front to back and advances *bytes ready* after each chunk, and a
+destination reads (imports) every byte below it while the rest is being written. The source
+is the only writer of the word and only ever raises it within one use; ``prepare`` zeroes it
+before it changes the generation, and a reader checks the generation after the word, so a
+count of a previous use is never taken for this one.
+
+Why a plain store is a safe publish: the word is one aligned 8-byte word (the header is a page
+of its own), which x86-64 reads and writes whole (memoryview's 'Q' item is one 8-byte move).
+x86-64 keeps stores in order and loads in order (TSO), so a reader that sees the new count sees
+the bytes stored before it; the copy kernel's streaming stores, the one exception, are fenced
+(``sfence``) before it returns, i.e. before the count is stored. A reader loads the count, then
+the bytes. (A weakly ordered CPU, e.g. aarch64, would need a release store and an acquire load
+here; that port is not done.)
 
 A source reuses its buffers (``pool``): on this VM a fresh 64 MiB mapping costs ~10x a copy
 of the same bytes, so buffers are recycled after a clean DONE and unlinked after a failure.
@@ -29,9 +45,11 @@ PREFIX = "interlock-kv-"
 HEADER_NBYTES = 4096
 """A full page, so the payload is page aligned."""
 MAGIC = 0x564B4C49
-VERSION = 2
+VERSION = 3
 
 W_MAGIC, W_VERSION, W_SRC_PID, W_DEST_PID, W_SRC_STATE, W_DEST_STATE, W_SIZE_LO, _, W_GEN_LO, _ = range(10)
+READY_OFFSET = 48
+"""Byte offset of the bytes-ready word (8-byte aligned, outside the 32-bit words above)."""
 SRC_WRITING, SRC_READY, SRC_ABORTED = 0, 1, 2
 DEST_NONE, DEST_CLAIMED, DEST_DONE, DEST_ABORTED = 0, 1, 2, 3
 
@@ -69,6 +87,7 @@ class Staging:
         self.capacity = len(mem) - HEADER_NBYTES
         self._mem: mmap.mmap | None = mem
         self._words: memoryview | None = memoryview(mem)[:40].cast("I")
+        self._ready: memoryview | None = memoryview(mem)[READY_OFFSET : READY_OFFSET + 8].cast("Q")
         self._body: memoryview | None = memoryview(mem)[HEADER_NBYTES:]
         self._payload: memoryview | None = None
 
@@ -106,6 +125,7 @@ class Staging:
         assert 0 <= nbytes <= self.capacity
         generation = secrets.randbits(63) or 1
         self.set_word(W_SRC_STATE, SRC_WRITING)
+        self.set_ready(0)  # before the new generation: no reader pairs an old count with it
         for i, value in (
             (W_MAGIC, MAGIC),
             (W_VERSION, VERSION),
@@ -121,9 +141,22 @@ class Staging:
 
     def view_of(self, nbytes: int, generation: int) -> memoryview | str:
         """Destination side: the payload of use ``generation``, or why it cannot be had."""
-        if self._pair(W_GEN_LO) != generation or self._pair(W_SIZE_LO) != nbytes:
+        if not self.is_use(nbytes, generation):
             return "transfer no longer staged (buffer reused)"
         return self._sliced(nbytes)
+
+    def is_use(self, nbytes: int, generation: int) -> bool:
+        """The buffer still holds use ``generation`` (of ``nbytes``)."""
+        return self._pair(W_GEN_LO) == generation and self._pair(W_SIZE_LO) == nbytes
+
+    def ready(self) -> int:
+        """Bytes ready: the payload's first ``ready()`` bytes are written (see the module note)."""
+        return self._ready[0] if self._ready is not None else 0
+
+    def set_ready(self, nbytes: int) -> None:
+        """Source side: publish that the first ``nbytes`` payload bytes are written."""
+        if self._ready is not None:
+            self._ready[0] = nbytes
 
     @property
     def payload(self) -> memoryview:
@@ -166,13 +199,13 @@ class Staging:
         progress, a caller's slice) keep the pages alive until they go; the name goes now."""
         if unlink:
             self.unlink()
-        for view in (self._payload, self._body, self._words):
+        for view in (self._payload, self._body, self._words, self._ready):
             try:
                 if view is not None:
                     view.release()
             except BufferError:
                 pass
-        self._payload = self._body = self._words = None
+        self._payload = self._body = self._words = self._ready = None
         mem, self._mem = self._mem, None
         if mem is not None:
             try:

@@ -4,7 +4,9 @@ No copies beyond the socket's: the server ``sendall``s the staging memoryview an
 ``recv_into``s a preallocated buffer (plain asyncio streams were 7x slower here, FACTS.md).
 Blocking sockets on background threads keep the code short and release the GIL during I/O;
 the engine thread only flips state. A connection carries control frames (``frames``) and, for
-a pull, exactly one payload: ``Pull(id)`` -> ``Ready(n)`` + n bytes -> ``Ack``. The source is
+a pull, exactly one payload: ``Pull(id)`` -> ``Ready(n)`` + n bytes -> ``Ack``. The n bytes
+go out as the source marks them ready (a streamed payload is sent while it is written) and the
+puller's progress follows what it has received (imported while the rest arrives). The source is
 DONE on the Ack; a broken connection fails both sides at once (a SIGKILLed process's sockets
 are closed by its kernel), and a stalled peer hits the transfer's deadline.
 
@@ -16,6 +18,7 @@ in KV form) nor pose as a source.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 import time
@@ -40,6 +43,9 @@ from interlock.transfer.source import Source, _shutdown
 
 CONTROL_TIMEOUT_S = 30.0
 """An idle control connection is dropped after this long."""
+STREAM_CHECK_S = 0.05
+"""While a streamed payload waits for its next chunk, how often the sender checks that the
+destination is still connected (one that gave up frees the source at once, not at its timeout)."""
 HANDSHAKE_TIMEOUT_S = 5.0
 """A connection that has not passed the handshake after this long is dropped."""
 
@@ -169,7 +175,17 @@ class TcpServer:
             # abort shuts the socket down, which ends a stalled send at once.
             conn.settimeout(None)
             fr.send_frame(conn, fr.Ready(len(claim)))
-            conn.sendall(claim)
+            sent = 0
+            while sent < len(claim):
+                ready = source.wait_ready(sent, min(source.remaining_s(), STREAM_CHECK_S))
+                if ready > sent:
+                    conn.sendall(claim[sent:ready])
+                    sent = ready
+                elif source.poll().finished:  # aborted, or past its deadline
+                    return
+                elif _peer_closed(conn):
+                    source.fail("destination disconnected while the payload was written")
+                    return
             ack = fr.recv_frame(conn)
         except (OSError, ValueError, msgspec.DecodeError) as e:
             source.fail(f"destination disconnected: {e or type(e).__name__}")
@@ -188,19 +204,17 @@ class TcpDest(_Dest):
     def __init__(
         self, descriptor: TransferDescriptor, timeout_s: float, pool: RecvPool, secret: bytes | None = None
     ) -> None:
-        super().__init__(descriptor)
+        super().__init__(descriptor, timeout_s)
         self._secret = secret
         self._pool = pool
         self._buf: bytearray | None = None
-        self._timeout_s = timeout_s
-        self._deadline = time.monotonic() + timeout_s
         self._sock: socket.socket | None = None
         self._thread = threading.Thread(target=self._run, name="interlock-pull", daemon=True)
         self._thread.start()
 
     def poll(self) -> TransferStatus:
-        if not self._status.finished and time.monotonic() > self._deadline:
-            self._fail(f"timeout after {self._timeout_s:g} s")
+        if not self._status.finished:
+            self._overdue()
         return self._status
 
     def _on_release(self) -> None:
@@ -247,11 +261,18 @@ class TcpDest(_Dest):
                 return
             buf = self._pool.take(reply.nbytes)
             view = memoryview(buf)[: reply.nbytes]
-            sock.settimeout(None)  # as on the server: ``poll`` past the deadline shuts it down
-            fr.recv_exact(sock, view)
             self._buf = buf
+            self._claimed(view, 0)
+            sock.settimeout(None)  # as on the server: ``poll`` past the deadline shuts it down
+            got = 0
+            while got < len(view):
+                n = sock.recv_into(view[got:])
+                if n == 0:
+                    raise ConnectionError(f"peer closed after {got} of {len(view)} bytes")
+                got += n
+                self._advance(got, finish=False)
             fr.send_frame(sock, fr.Ack())
-            self._succeed(view)
+            self._advance(got)
         finally:
             self._sock = None
             sock.close()
@@ -292,6 +313,17 @@ class ControlClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _peer_closed(conn: socket.socket) -> bool:
+    """The peer closed or reset the connection (it sends nothing else before the Ack)."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _peer(conn: socket.socket) -> object:

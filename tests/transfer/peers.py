@@ -29,8 +29,10 @@ def digest(data: bytes | memoryview) -> str:
 
 
 def agent_peer(conn: Connection, pool_bytes: int = 0) -> None:
-    """Obeys ("offer", nbytes, seed, timeout_s), ("status", tid, wait_s),
-    ("pull", descriptor, transport, hold), ("segments",), ("exit",)."""
+    """Obeys ("offer", nbytes, seed, timeout_s), ("stream", nbytes, seed, timeout_s, upto),
+    ("status", tid, wait_s), ("pull", descriptor, transport, hold), ("segments",), ("exit",).
+    "stream" publishes first, then writes the payload's first ``upto`` bytes, marks them ready
+    and stops there (a source that dies or stalls mid-payload)."""
     import os
 
     held = []
@@ -44,6 +46,13 @@ def agent_peer(conn: Connection, pool_bytes: int = 0) -> None:
                 src.buffer[:] = payload(cmd[1], cmd[2])
                 sources[src.transfer_id] = src
                 conn.send(msgspec.msgpack.encode(src.publish()))
+            elif cmd[0] == "stream":
+                src = agent.create_source(cmd[1], timeout_s=cmd[3])
+                sources[src.transfer_id] = src
+                conn.send(msgspec.msgpack.encode(src.publish(ready=0)))
+                src.buffer[: cmd[4]] = payload(cmd[1], cmd[2])[: cmd[4]]
+                src.mark_ready(cmd[4])
+                conn.send("written")
             elif cmd[0] == "status":
                 src, deadline = sources[cmd[1]], time.monotonic() + cmd[2]
                 while not src.poll().finished and time.monotonic() < deadline:

@@ -3,6 +3,8 @@ import interlock.transfer as t
 
 def test_public_api_is_pinned():
     assert sorted(t.__all__) == [
+        "BlockExport",
+        "BlockImport",
         "DEFAULT_TIMEOUT_S",
         "DestTransfer",
         "LinkStats",
@@ -14,5 +16,6 @@ def test_public_api_is_pinned():
         "TransferStatus",
         "import_when_done",
         "measure_link",
+        "publish_blocks",
         "stage_blocks",
     ]

@@ -12,6 +12,13 @@ where the kernel cannot be built, one strided numpy copy per run of consecutive 
 other devices, one strided ``copy_`` per run. Never a gathered temporary: one pass over the
 bytes, as a plain memory copy.
 
+Memory on CPU: the tensor lies on an anonymous mapping advised for transparent huge pages
+(``madvise(MADV_HUGEPAGE)``; the kernel's THP mode is "madvise" on most distributions, where
+``torch.zeros`` gets 4 KiB pages). A block copy touches 180 pieces of 2 KiB spread over the
+whole cache, so with 4 KiB pages nearly every piece is a TLB miss; measured on the AMD EPYC VM
+(64 MiB of scattered blocks, paired against memcpy): import 76% -> 104%, export 93% -> 105%
+with huge pages. Where THP is off, the advice is a no-op and the pages are ordinary.
+
 Export format (what another runner of the same model imports): blocks one after another, each
 ``[layers, 2, kv_heads, block_size, head_dim]`` in the cache dtype, ``block_nbytes`` bytes.
 """
@@ -20,6 +27,8 @@ from __future__ import annotations
 
 import array
 import ctypes
+import math
+import mmap
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -56,7 +65,11 @@ class PagedKVCache:
         self.dtype = dtype
         self.block_nbytes = block_nbytes(config, block_size, dtype)
         shape = (config.num_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim)
-        self.tensor = torch.zeros(shape, dtype=dtype, device=device)
+        self._mem: mmap.mmap | None = None
+        if device.type == "cpu":
+            self._mem, self.tensor = _huge_page_zeros(shape, dtype)
+        else:
+            self.tensor = torch.zeros(shape, dtype=dtype, device=device)
         # Per-layer views, built once: blocks for gathering, flat slots for writing.
         self.blocks = [self.tensor[i] for i in range(config.num_layers)]
         flat = (2, config.num_kv_heads, num_blocks * block_size, config.head_dim)
@@ -195,6 +208,26 @@ class PagedKVCache:
                 warnings.simplefilter("ignore", UserWarning)
                 flat = torch.frombuffer(buffer, dtype=torch.uint8)
         return flat.view(self.dtype).view(num_blocks, layers, two, heads, bs, dim)
+
+
+def _huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[mmap.mmap, torch.Tensor]:
+    """A zeroed CPU tensor on its own anonymous mapping, advised for huge pages (module note),
+    with its pages touched now, as ``torch.zeros`` does. The mapping must outlive the tensor:
+    the cache keeps both."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    mem = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        try:
+            mem.madvise(advice)
+        except OSError:  # a kernel without THP: ordinary pages
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # frombuffer of a writable mapping
+        flat = torch.frombuffer(mem, dtype=torch.uint8, count=nbytes)
+    tensor = flat.view(dtype).view(shape)
+    tensor.zero_()
+    return mem, tensor
 
 
 def _address(buffer: memoryview, *, writable: bool) -> tuple[object, int]:

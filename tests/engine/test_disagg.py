@@ -1,0 +1,81 @@
+"""The decode side of a streamed KV transfer: blocks imported as they arrive, the rest on DONE,
+and a pull that fails after a partial import recomputes the prompt (nothing half-imported is
+ever taken for computed, no block leaks)."""
+
+from __future__ import annotations
+
+from interlock.engine.core import EngineCore
+from interlock.engine.runners.mock import MockRunner, reference_output
+from interlock.protocol import GenerateRequest, KVTransferParams, SamplingParams
+from tests.engine.conftest import VOCAB, make_engine, run_to_end, tokens
+
+PROMPT = list(range(300, 310))
+REF = reference_output(PROMPT, 12, vocab_size=VOCAB)
+
+
+def _prefilled() -> tuple[KVTransferParams, bytes]:
+    prefill = make_engine()
+    kt = KVTransferParams(do_remote_decode=True)
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    prefill.add_request(GenerateRequest(request_id="p", token_ids=tuple(PROMPT), sampling=sp, kv_transfer=kt))
+    out = run_to_end(prefill)["p"][-1].kv_transfer
+    assert out is not None
+    _, data = prefill.export_request_kv("p")
+    prefill.release_request_kv("p")
+    return out, data
+
+
+def _parked(kt: KVTransferParams) -> EngineCore:
+    decode = make_engine()
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    decode.add_remote_request(
+        GenerateRequest(request_id="d", token_ids=tuple(PROMPT), sampling=sp, kv_transfer=kt)
+    )
+    decode.step()
+    assert "d" in decode.scheduler.remote_parked
+    return decode
+
+
+def test_blocks_imported_as_they_arrive_then_the_rest_on_done() -> None:
+    kt, data = _prefilled()
+    decode = _parked(kt)
+    runner = decode.runner
+    assert isinstance(runner, MockRunner)
+    size = runner.kv_block_nbytes
+    blocks = list(decode.kv.block_table("d")[:3])
+    assert decode.import_remote_kv("d", memoryview(data), 1) == 1
+    assert runner.kv[blocks[0]].tobytes() == data[:size] and (runner.kv[blocks[1:]] == -1).all()
+    assert decode.import_remote_kv("d", memoryview(data), 1) == 1  # nothing new: nothing done
+    assert decode.import_remote_kv("d", memoryview(data), 2) == 2
+    # On DONE only the third block is imported: a payload whose first blocks were overwritten
+    # since (a recycled receive buffer would be) leaves the imported ones alone.
+    tail = bytearray(data)
+    tail[: 2 * size] = bytes(2 * size)
+    assert decode.finish_remote_kv("d", memoryview(tail))
+    assert runner.kv[blocks].tobytes() == data
+    outs = run_to_end(decode)["d"]
+    assert tokens(outs) == REF and outs[0].num_cached_tokens == 10
+    decode.check_integrity()
+    assert decode.pool.num_used_blocks == 0
+
+
+def test_nothing_is_imported_before_the_request_is_parked_or_with_a_foreign_payload() -> None:
+    kt, data = _prefilled()
+    decode = make_engine()
+    assert decode.import_remote_kv("d", memoryview(data), 3) == 0  # unknown
+    decode = _parked(kt)
+    assert decode.import_remote_kv("d", memoryview(data[:-1]), 3) == 0  # not its payload's size
+    assert decode.finish_remote_kv("d", memoryview(data))
+    assert tokens(run_to_end(decode)["d"]) == REF
+
+
+def test_a_pull_failing_after_a_partial_import_recomputes_the_prompt() -> None:
+    kt, data = _prefilled()
+    decode = _parked(kt)
+    garbage = memoryview(bytes(len(data)))  # imported, then the source died: never used
+    assert decode.import_remote_kv("d", garbage, 2) == 2
+    assert decode.finish_remote_kv("d", None)
+    outs = run_to_end(decode)["d"]
+    assert tokens(outs) == REF and outs[0].num_cached_tokens == 0
+    decode.check_integrity()
+    assert decode.pool.num_used_blocks == 0
