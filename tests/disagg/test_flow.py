@@ -150,8 +150,10 @@ def test_cancellations_at_every_stage_leave_no_block_and_no_payload() -> None:
 
     async def main() -> None:
         async with cluster() as c:
-            await c.add_worker("p", "prefill", mock_engine(), transfer_timeout_s=1.0)
-            await c.add_worker("d", "decode", mock_engine(), transfer_timeout_s=1.0)
+            # Pools large enough for all 120 at once: what is tested is that cancellations leave
+            # nothing behind, not the 503 the router answers when the decode pool is full.
+            await c.add_worker("p", "prefill", mock_engine(num_blocks=2048), transfer_timeout_s=1.0)
+            await c.add_worker("d", "decode", mock_engine(num_blocks=2048), transfer_timeout_s=1.0)
             await c.wait_for(2)
 
             async def one(i: int) -> None:
