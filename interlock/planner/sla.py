@@ -98,6 +98,9 @@ class SlaPolicy:
         self._first_seen: float | None = None
         self._floor = 0.0
         """The tail model's last predicted floor (misses no pool size avoids)."""
+        self._new = 0
+        self._predicted: float | None = None
+        """The tail model's smoothed miss share for the recent requests at the size they met."""
         self.last_tail: TailSizing | None = None
 
     def window_attainment(self, now: float) -> float | None:
@@ -127,12 +130,20 @@ class SlaPolicy:
         miss = 1.0 - met / finished
         a = 1.0 - (1.0 - 1.0 / FEEDBACK_REQUESTS) ** finished
         self.missed += a * (miss - self.missed)
-        allowed = 1.0 - self.config.attainment + self._floor
+        allowed = 1.0 - self.config.attainment
         self.correction = min(2.0, max(1.0, math.sqrt(self.missed / allowed)))
+
+    def calibration(self) -> float:
+        """Tail model: observed misses over the ones it predicts at the sizes the requests met
+        (0.5..2; 1 without feedback or before both are known)."""
+        if not self.config.slo_feedback or not self._predicted:
+            return 1.0
+        return min(2.0, max(0.5, self.missed / self._predicted))
 
     def _remember(self, t: Traffic, now: float) -> list[Job]:
         """Add the requests seen one by one; the sample of the last ``TAIL_SAMPLE_S``, sorted."""
         p = self.profile
+        self._new = len(t.arrivals)
         for a in t.arrivals:
             uncached = max(a.prompt_tokens - a.cached_tokens, 1)
             chunks = -(-uncached // p.chunk_tokens)
@@ -147,7 +158,7 @@ class SlaPolicy:
         c, p = self.config, self.profile
         ttft, itl = c.ttft_ms / 1000.0, c.itl_ms / 1000.0
         span = min(TAIL_SAMPLE_S, now - (self._first_seen if self._first_seen is not None else now))
-        scale = f.rate * self.correction / (len(jobs) / max(span, 1.0))
+        scale = f.rate / (len(jobs) / max(span, 1.0))
         ctx = f.prompt_tokens + f.output_tokens / 2
         batch = 1.0
         for _ in range(5):  # Little's law at the current size
@@ -158,7 +169,12 @@ class SlaPolicy:
         def share(size: int, x: float) -> float:
             return miss_share(jobs, size, steps, ttft, itl, x)
 
-        allowed = 1.0 - c.attainment
+        now_share = share(n, 1.0) if n else 1.0
+        w = 1.0 - (1.0 - 1.0 / FEEDBACK_REQUESTS) ** self._new
+        self._predicted = (
+            now_share if self._predicted is None else self._predicted + w * (now_share - self._predicted)
+        )
+        allowed = (1.0 - c.attainment) / self.calibration()
         self._floor = share(most, scale)
         need = workers_needed(jobs, steps, ttft, itl, self._floor + allowed, scale=scale, most=most)
         wider = scale * (1.0 + c.headroom)
@@ -198,8 +214,7 @@ class SlaPolicy:
                         +1,
                         need / max(n, 1),
                         f"forecast {f.rate:.2f} req/s needs {shown} {role} workers, have {n}"
-                        + self._why_tail(n)
-                        + self._why_corrected(),
+                        + (self._why_tail(n) if tail else self._why_corrected()),
                     )
                 )
             elif n >= 1 and fits_fewer:
@@ -222,8 +237,7 @@ class SlaPolicy:
                         (n - 1) / max(need, 1e-9),
                         f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers "
                         f"(+{self.config.headroom:.0%} headroom fits in {n - 1}){why}"
-                        + self._why_tail(n)
-                        + self._why_corrected(),
+                        + (self._why_tail(n) if tail else self._why_corrected()),
                     )
                 )
         return out
@@ -234,7 +248,7 @@ class SlaPolicy:
             return ""
         return (
             f" (recent requests replayed: {100 * t.share:.1f}% would miss on {n}, "
-            f"{100 * t.floor:.1f}% on {self.config.total_max()})"
+            f"{100 * t.floor:.1f}% on {self.config.total_max()}; observed x{self.calibration():.2f} of predicted)"
         )
 
     def _why_corrected(self) -> str:
