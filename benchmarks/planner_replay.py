@@ -103,6 +103,12 @@ def main() -> None:
     ap.add_argument("--min-workers", type=int, default=2, help="the planner's floor, and where it starts")
     ap.add_argument("--max-workers", type=int, default=10)
     ap.add_argument(
+        "--start-workers",
+        type=int,
+        default=0,
+        help="where the planners start (0: --min-workers; fixed fleets have their size from the start)",
+    )
+    ap.add_argument(
         "--backlog-high-s",
         type=float,
         default=PlannerConfig.backlog_high_s,
@@ -128,6 +134,11 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="capability profile (runs the sla planner)")
     ap.add_argument("--policies", default="reactive,sla")
     ap.add_argument("--fixed", default=None, help="fixed sizes to run (default 2..max-workers)")
+    ap.add_argument(
+        "--fixed-from",
+        default=None,
+        help="take the fixed rows from an earlier run's --json (same trace and flags) instead",
+    )
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--tile", type=int, default=1, help="the trace this many times back to back")
     ap.add_argument("--horizon-s", type=float, default=PlannerConfig.horizon_s, help="sla: forecast horizon")
@@ -191,12 +202,24 @@ def main() -> None:
             continue
         pc = replace(planner, policy=policy, profile=args.profile if policy == "sla" else None)
         prof = load_profile(args.profile) if policy == "sla" else None
-        r = replay(requests, replace(cfg, num_workers=args.min_workers, planner=pc, profile=prof))
+        start = args.start_workers or args.min_workers
+        r = replay(requests, replace(cfg, num_workers=start, planner=pc, profile=prof))
         reports[f"planner {policy}"] = r
         print(row(f"planner {policy}", r), flush=True)
     sizes = [int(x) for x in args.fixed.split(",")] if args.fixed else list(range(2, args.max_workers + 1))
+    earlier = {}
+    if args.fixed_from:
+        with open(args.fixed_from) as f:
+            earlier = {k: v for k, v in json.load(f).items() if k.startswith("fixed")}
+        sizes = sorted(int(k.split()[1]) for k in earlier)
     for n in sizes:
-        r = replay(requests, replace(cfg, num_workers=n))
+        if f"fixed {n}" in earlier:
+            d = earlier[f"fixed {n}"]
+            r = ReplayReport(
+                **{**d, "planner_decisions": (), "missed_arrivals_s": tuple(d["missed_arrivals_s"])}
+            )
+        else:
+            r = replay(requests, replace(cfg, num_workers=n))
         reports[f"fixed {n}"] = r
         print(row(f"fixed {n}", r), flush=True)
     fixed = {int(k.split()[1]): v for k, v in reports.items() if k.startswith("fixed")}
