@@ -15,6 +15,15 @@ TTFT p50/p99. Then the two comparisons the issue asks for:
 * the fixed fleet with the planner's worker-seconds (rounded to whole workers): the planner
   should have the higher attainment.
 
+And a bound no planner can beat here (``--bound-bucket-s``): an offline planner that knows the
+whole trace, picks any of the fixed sizes run for each bucket of arrivals, and changes size
+instantly and for free (no start-up, no cold cache). Each bucket's misses at each size come
+from the fixed runs; a small dynamic programme finds the fewest worker-seconds whose misses
+stay within a budget (the peak fleet's, and each planner's own).
+
+``--tile K`` runs the trace K times back to back (block hashes salted per copy, so copies share
+no cache) under one period of the curve: a K times slower day with the same trough and peak.
+
 The SLA planner needs ``--profile`` (``interlock profile --runner mock -o FILE``, whose defaults
 match the replay's workers). Figures are deterministic; wall times depend on the machine's load.
 """
@@ -30,7 +39,7 @@ from interlock.mooncake import load_mooncake
 from interlock.planner import PlannerConfig, RoleBounds, load_profile
 from interlock.router import RouterConfig
 from interlock.sim import ReplayConfig, ReplayReport, TraceHasher, mooncake_requests, replay
-from interlock.sim.rate import diurnal, parse_curve, warp
+from interlock.sim.rate import diurnal, parse_curve, tile, warp
 
 TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
 
@@ -41,6 +50,45 @@ def row(name: str, r: ReplayReport) -> str:
         f"{r.mean_workers:>6.2f} {r.ttft_p50_ms:>7,.0f} {r.ttft_p99_ms:>8,.0f} "
         f"{r.itl_p50_ms:>6.1f} {len(r.planner_decisions):>4} {r.wall_s:>6.1f}"
     )
+
+
+def misses(r: ReplayReport) -> int:
+    return r.num_requests - round(r.sla_attainment * r.num_requests)
+
+
+def offline_bound(
+    fixed: dict[int, ReplayReport], span: float, bucket_s: float, budget: int
+) -> tuple[float, list[int]]:
+    """Fewest worker-seconds of a fleet that picks one of the fixed sizes per bucket (free,
+    instant changes) and misses at most ``budget`` requests, with the size per bucket."""
+    nb = int(span // bucket_s) + 1
+    per: dict[int, list[int]] = {}
+    for n, r in fixed.items():
+        counts = [0] * nb
+        for t in r.missed_arrivals_s:
+            counts[min(int(t // bucket_s), nb - 1)] += 1
+        counts[-1] += r.num_rejected
+        per[n] = counts
+    best = {0: 0}  # misses so far -> fewest workers summed over the buckets so far
+    back: list[dict[int, tuple[int, int]]] = []  # per bucket: misses -> (misses before, size)
+    for b in range(nb):
+        nxt: dict[int, int] = {}
+        came: dict[int, tuple[int, int]] = {}
+        for m, cost in best.items():
+            for n, counts in per.items():
+                mm = m + counts[b]
+                if mm <= budget and cost + n < nxt.get(mm, 1 << 30):
+                    nxt[mm], came[mm] = cost + n, (m, n)
+        best = nxt
+        back.append(came)
+    if not best:
+        return float("nan"), []
+    m = min(best, key=lambda k: best[k])
+    cost, sizes = best[m], []
+    for came in reversed(back):
+        m, n = came[m]
+        sizes.append(n)
+    return cost * bucket_s, sizes[::-1]
 
 
 def main() -> None:
@@ -54,6 +102,12 @@ def main() -> None:
     ap.add_argument("--itl-slo-ms", type=float, default=50.0)
     ap.add_argument("--min-workers", type=int, default=2, help="the planner's floor, and where it starts")
     ap.add_argument("--max-workers", type=int, default=10)
+    ap.add_argument(
+        "--start-workers",
+        type=int,
+        default=0,
+        help="where the planners start (0: --min-workers; fixed fleets have their size from the start)",
+    )
     ap.add_argument(
         "--backlog-high-s",
         type=float,
@@ -80,13 +134,27 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="capability profile (runs the sla planner)")
     ap.add_argument("--policies", default="reactive,sla")
     ap.add_argument("--fixed", default=None, help="fixed sizes to run (default 2..max-workers)")
+    ap.add_argument(
+        "--fixed-from",
+        default=None,
+        help="take the fixed rows from an earlier run's --json (same trace and flags) instead",
+    )
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--tile", type=int, default=1, help="the trace this many times back to back")
+    ap.add_argument("--horizon-s", type=float, default=PlannerConfig.horizon_s, help="sla: forecast horizon")
+    ap.add_argument("--tail", action="store_true", help="sla: the tail model (planner.tail)")
+    ap.add_argument(
+        "--bound-bucket-s",
+        type=float,
+        default=25.0,
+        help="offline bound: one fixed size per bucket of this many seconds (0: no bound)",
+    )
     ap.add_argument("--json", default=None, help="also write every report here")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
     records = load_mooncake(args.trace, limit=args.limit)
-    base = mooncake_requests(records, speedup=args.speedup, hasher=TraceHasher(64, 512))
+    base = tile(mooncake_requests(records, speedup=args.speedup, hasher=TraceHasher(64, 512)), args.tile)
     if args.curve:
         curve_text = args.curve
         requests = warp(base, parse_curve(args.curve))
@@ -96,7 +164,8 @@ def main() -> None:
         curve_text = f"diurnal:period={period:.0f},min={args.min:g},max={args.max:g}"
         requests = warp(base, diurnal(period, args.min, args.max))
     print(
-        f"{len(requests)} requests, x{args.speedup:g} then {curve_text}; SLO TTFT <= "
+        f"{len(requests)} requests, x{args.speedup:g}{f' tiled x{args.tile}' if args.tile > 1 else ''} "
+        f"then {curve_text}; SLO TTFT <= "
         f"{args.ttft_slo_ms:g} ms, ITL <= {args.itl_slo_ms:g} ms; trace ready in "
         f"{time.perf_counter() - t0:.0f} s",
         flush=True,
@@ -125,18 +194,32 @@ def main() -> None:
         headroom=args.headroom,
         max_changes=args.max_changes,
         attainment=args.attainment,
+        horizon_s=args.horizon_s,
+        tail=args.tail,
     )
     for policy in args.policies.split(","):
         if policy == "sla" and not args.profile:
             continue
         pc = replace(planner, policy=policy, profile=args.profile if policy == "sla" else None)
         prof = load_profile(args.profile) if policy == "sla" else None
-        r = replay(requests, replace(cfg, num_workers=args.min_workers, planner=pc, profile=prof))
+        start = args.start_workers or args.min_workers
+        r = replay(requests, replace(cfg, num_workers=start, planner=pc, profile=prof))
         reports[f"planner {policy}"] = r
         print(row(f"planner {policy}", r), flush=True)
     sizes = [int(x) for x in args.fixed.split(",")] if args.fixed else list(range(2, args.max_workers + 1))
+    earlier = {}
+    if args.fixed_from:
+        with open(args.fixed_from) as f:
+            earlier = {k: v for k, v in json.load(f).items() if k.startswith("fixed")}
+        sizes = sorted(int(k.split()[1]) for k in earlier)
     for n in sizes:
-        r = replay(requests, replace(cfg, num_workers=n))
+        if f"fixed {n}" in earlier:
+            d = earlier[f"fixed {n}"]
+            r = ReplayReport(
+                **{**d, "planner_decisions": (), "missed_arrivals_s": tuple(d["missed_arrivals_s"])}
+            )
+        else:
+            r = replay(requests, replace(cfg, num_workers=n))
         reports[f"fixed {n}"] = r
         print(row(f"fixed {n}", r), flush=True)
     fixed = {int(k.split()[1]): v for k, v in reports.items() if k.startswith("fixed")}
@@ -160,6 +243,17 @@ def main() -> None:
         )
         for rec in r.planner_decisions:
             print(f"    {rec.line()}")
+    if args.bound_bucket_s > 0:
+        span = max(r.arrival_s for r in requests)
+        budgets = {"the peak fleet's misses": peak}
+        budgets.update({k: v for k, v in reports.items() if k.startswith("planner")})
+        for what, r in budgets.items():
+            ws, sizes_used = offline_bound(fixed, span, args.bound_bucket_s, misses(r))
+            print(
+                f"offline bound within {what} ({100 * r.sla_attainment:.2f}%): {ws:,.0f} worker-s "
+                f"({100 * (1 - ws / peak.worker_seconds):.0f}% fewer than the peak fleet); "
+                f"sizes per {args.bound_bucket_s:g} s: {' '.join(map(str, sizes_used))}"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({k: v.to_dict() for k, v in reports.items()}, f, indent=1)

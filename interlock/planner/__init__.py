@@ -14,6 +14,7 @@ from interlock.planner.ramp import routing_weight
 from interlock.planner.state import (
     Action,
     AddWorker,
+    Arrival,
     DecisionRecord,
     Observation,
     RemoveWorker,
@@ -26,6 +27,7 @@ __all__ = [
     "PLANNER_POLICIES",
     "Action",
     "AddWorker",
+    "Arrival",
     "CapabilityProfile",
     "DecisionRecord",
     "DecodePoint",

@@ -80,6 +80,12 @@ class PlannerConfig:
     slo_feedback: bool = True
     """SLA: when the requests observed finishing miss the targets more often than
     ``1 - attainment``, size the pools up by a correction factor (up to 2x) until they do not."""
+    tail: bool = False
+    """SLA: size an aggregated pool by replaying the recent requests against candidate sizes
+    (``planner.tail``: bursts and heavy-tailed prompts, which means do not see) when the
+    connector reports them one by one; false: from means alone. Experimental: its ITL part
+    predicts 1.5-2x the misses the replay simulator shows and sizes the fleet up (BENCHMARKS,
+    Planner), hence off by default."""
     horizon_s: float = 120.0
     """SLA: how far ahead arrivals are forecast."""
     headroom: float = 0.2

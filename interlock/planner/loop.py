@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +22,7 @@ from interlock.planner.ramp import routing_weight
 from interlock.planner.state import (
     Action,
     AddWorker,
+    Arrival,
     Observation,
     RemoveWorker,
     SwitchRole,
@@ -29,6 +30,7 @@ from interlock.planner.state import (
     WorkerView,
 )
 from interlock.protocol.events import LoadReport
+from interlock.router.dispatcher import Completion
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,10 @@ class LoadView(Protocol):
 
     def totals(self) -> TrafficTotals: ...
 
+    def completions(self) -> Sequence[Completion]:
+        """Requests that finished since the last call (each once)."""
+        ...
+
     def set_weight(self, instance_id: str, weight: float) -> None:
         """The worker's routing weight (``planner.ramp``), in every router that knows it."""
         ...
@@ -75,16 +81,11 @@ class PlannerLoop:
     async def observe(self) -> Observation:
         now = self.clock()
         totals = self.view.totals()
+        done = self.view.completions()
         traffic = Traffic()
         if self._last is not None:
             t0, old = self._last
-            traffic = Traffic(
-                now - t0,
-                totals.requests - old.requests,
-                totals.prompt_tokens - old.prompt_tokens,
-                totals.cached_tokens - old.cached_tokens,
-                totals.output_tokens - old.output_tokens,
-            )
+            traffic = self.traffic(now - t0, totals.requests - old.requests, totals, old, done)
         self._last = (now, totals)
         views = []
         members = await self.fleet.workers()
@@ -107,6 +108,37 @@ class PlannerLoop:
                 )
             )
         return Observation(now, tuple(views), router_queue=self.view.queued(), traffic=traffic)
+
+    def traffic(
+        self, dt: float, arrived: int, totals: TrafficTotals, old: TrafficTotals, done: Sequence[Completion]
+    ) -> Traffic:
+        """One interval's traffic: arrivals from the routers' counters; finished requests,
+        whether they met the targets, the tokens they decoded and the requests one by one
+        (the tail model's sample, as they finished) from the dispatcher's completions. An
+        arrival's output length is known only once it finishes, so the finished requests' mean
+        stands in for the arrivals' (``output_tokens``)."""
+        c = self.planner.config
+        ttft, itl = c.ttft_ms / 1000.0, c.itl_ms / 1000.0
+        met = sum(
+            1
+            for x in done
+            if x.ttft_s <= ttft and (x.output_tokens <= 1 or x.decode_s / (x.output_tokens - 1) <= itl)
+        )
+        osl = sum(x.output_tokens for x in done) / len(done) if done else 0.0
+        return Traffic(
+            dt,
+            arrived,
+            totals.prompt_tokens - old.prompt_tokens,
+            totals.cached_tokens - old.cached_tokens,
+            totals.output_tokens - old.output_tokens or round(osl * arrived),
+            finished=len(done),
+            met=met,
+            decode_tokens=sum(max(x.output_tokens - 1, 0) for x in done),
+            decode_s=sum(x.decode_s for x in done if x.output_tokens > 1),
+            arrivals=tuple(
+                Arrival(x.arrived_s, x.prompt_tokens, x.cached_tokens, x.output_tokens) for x in done
+            ),
+        )
 
     async def tick(self) -> list[Action]:
         self.ticks += 1
@@ -172,6 +204,8 @@ class FakeLoadView:
         self.reports: dict[str, LoadReport] = {}
         self.queue = 0
         self.traffic = TrafficTotals()
+        self.done: list[Completion] = []
+        """Finished requests the next ``completions`` call hands over."""
         self.weights: dict[str, float] = {}
 
     def set_weight(self, instance_id: str, weight: float) -> None:
@@ -185,3 +219,7 @@ class FakeLoadView:
 
     def totals(self) -> TrafficTotals:
         return self.traffic
+
+    def completions(self) -> list[Completion]:
+        out, self.done = self.done, []
+        return out

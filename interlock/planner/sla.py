@@ -26,25 +26,58 @@ its queues, backlog and inter-token time low) or the requests that finished over
 ask to grow (on a rise the window's success says nothing about the next one): waiting for
 every reactive signal to settle kept the peak's fleet for minutes after the peak, with the
 observed SLO saying there was room.
+
+Tail-aware sizing (``tail``, aggregated pools, when the connector reports requests one by one):
+means cannot see bursts and heavy-tailed prompts, which at a trough make two workers lose one
+request in twelve. The policy then replays the requests of the last ``TAIL_SAMPLE_S`` against
+candidate pool sizes (``planner.tail``), denser by the forecast's rate over theirs, and needs
+the smallest size whose predicted miss share is within ``1 - attainment`` of the share that
+even the largest allowed pool misses (a 100k-token prompt misses a 2 s TTFT on any number of
+workers; no worker added helps it). It shrinks when one worker fewer would still be within
+that at ``1 + headroom`` times the forecast. The observed-SLO feedback then compares the misses
+seen with that same allowance, so misses the model already explains do not size the pools up
+twice.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 
 from interlock.planner.config import PlannerConfig
 from interlock.planner.forecast import ArrivalForecaster, Forecast
 from interlock.planner.policy import Want
 from interlock.planner.profile import CapabilityProfile, needed
 from interlock.planner.reactive import ReactivePolicy
-from interlock.planner.state import Observation, WorkerView
+from interlock.planner.state import Observation, Traffic, WorkerView
+from interlock.planner.tail import Job, StepTimes, miss_share, workers_needed
 
 FEEDBACK_REQUESTS = 500
 """Memory of the observed-miss estimate, in finished requests."""
 
 MIN_WINDOW_REQUESTS = 100
 """Fewest finished requests in a window whose attainment may justify a removal on its own."""
+
+TAIL_SAMPLE_S = 120.0
+"""The tail model replays the requests of the last this many seconds."""
+
+MIN_TAIL_JOBS = 50
+"""Fewer requests than this in the sample: size from means."""
+
+
+@dataclass(frozen=True, slots=True)
+class TailSizing:
+    """The tail model's answer for one pool (kept for the reasons and for status)."""
+
+    need: int
+    """Smallest pool size within the allowance at the forecast."""
+    fits_fewer: bool
+    """One worker fewer would be within it at ``1 + headroom`` times the forecast."""
+    share: float
+    """Predicted miss share at the current size."""
+    floor: float
+    """Predicted miss share at the largest allowed size (no size does better)."""
 
 
 class SlaPolicy:
@@ -60,6 +93,15 @@ class SlaPolicy:
         self.reactive = ReactivePolicy(config)
         self._done: deque[tuple[float, int, int]] = deque()
         """(time, finished, met) over the last window."""
+        self._jobs: deque[Job] = deque()
+        """Requests seen one by one, for the tail model."""
+        self._first_seen: float | None = None
+        self._floor = 0.0
+        """The tail model's last predicted floor (misses no pool size avoids)."""
+        self._new = 0
+        self._predicted: float | None = None
+        """The tail model's smoothed miss share for the recent requests at the size they met."""
+        self.last_tail: TailSizing | None = None
 
     def window_attainment(self, now: float) -> float | None:
         """Share of the requests finished over the last ``window_s`` that met the targets
@@ -91,22 +133,77 @@ class SlaPolicy:
         allowed = 1.0 - self.config.attainment
         self.correction = min(2.0, max(1.0, math.sqrt(self.missed / allowed)))
 
+    def calibration(self) -> float:
+        """Tail model: observed misses over the ones it predicts at the sizes the requests met
+        (0.5..2; 1 without feedback or before both are known)."""
+        if not self.config.slo_feedback or not self._predicted:
+            return 1.0
+        return min(2.0, max(0.5, self.missed / self._predicted))
+
+    def _remember(self, t: Traffic, now: float) -> list[Job]:
+        """Add the requests seen one by one; the sample of the last ``TAIL_SAMPLE_S``, sorted."""
+        p = self.profile
+        self._new = len(t.arrivals)
+        for a in t.arrivals:
+            uncached = max(a.prompt_tokens - a.cached_tokens, 1)
+            chunks = -(-uncached // p.chunk_tokens)
+            self._jobs.append(Job(a.at, p.prefill_s(uncached), chunks, a.output_tokens))
+        if t.arrivals and self._first_seen is None:
+            self._first_seen = now - t.duration_s
+        while self._jobs and self._jobs[0].at < now - TAIL_SAMPLE_S:
+            self._jobs.popleft()
+        return sorted((j for j in self._jobs if j.at >= now - TAIL_SAMPLE_S), key=lambda j: j.at)
+
+    def _tail(self, jobs: list[Job], f: Forecast, n: int, now: float) -> TailSizing:
+        c, p = self.config, self.profile
+        ttft, itl = c.ttft_ms / 1000.0, c.itl_ms / 1000.0
+        span = min(TAIL_SAMPLE_S, now - (self._first_seen if self._first_seen is not None else now))
+        scale = f.rate / (len(jobs) / max(span, 1.0))
+        ctx = f.prompt_tokens + f.output_tokens / 2
+        batch = 1.0
+        for _ in range(5):  # Little's law at the current size
+            batch = min(p.max_batch, f.rate / max(n, 1) * f.output_tokens * p.itl_s(batch, ctx))
+        steps = StepTimes(p.itl_s(max(batch, 1.0), ctx), p.prefill_s(p.chunk_tokens))
+        most = c.total_max()
+
+        def share(size: int, x: float) -> float:
+            return miss_share(jobs, size, steps, ttft, itl, x)
+
+        now_share = share(n, 1.0) if n else 1.0
+        w = 1.0 - (1.0 - 1.0 / FEEDBACK_REQUESTS) ** self._new
+        self._predicted = (
+            now_share if self._predicted is None else self._predicted + w * (now_share - self._predicted)
+        )
+        allowed = (1.0 - c.attainment) / self.calibration()
+        self._floor = share(most, scale)
+        need = workers_needed(jobs, steps, ttft, itl, self._floor + allowed, scale=scale, most=most)
+        wider = scale * (1.0 + c.headroom)
+        fits = n > 1 and share(n - 1, wider) <= share(most, wider) + allowed
+        return TailSizing(need, fits, share(n, scale) if n else 1.0, self._floor)
+
     def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
         t = obs.traffic
         self.forecaster.observe(t)
         self._feedback(t.finished, t.met)
         if t.finished:
             self._done.append((obs.now, t.finished, t.met))
+        jobs = self._remember(t, obs.now)
         met = self.window_attainment(obs.now)
         backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
         f = self.forecaster.forecast(self.config.horizon_s)
         if f is None:
             return [w for w in backlog.values() if w.delta > 0]
         self.last_need = {r: n * self.correction for r, n in self.needs(f).items()}
+        self.last_tail = None
+        if self.config.tail and "both" in self.last_need and len(jobs) >= MIN_TAIL_JOBS:
+            self.last_tail = self._tail(jobs, f, len(pools.get("both", ())), obs.now)
+            self.last_need["both"] = float(self.last_tail.need)
         out: list[Want] = []
         for role, need in self.last_need.items():
             n = len(pools.get(role, ()))
             queued = backlog.get(role)
+            tail = self.last_tail if role == "both" else None
+            fits_fewer = tail.fits_fewer if tail else need * (1 + self.config.headroom) <= n - 1
             if queued is not None and queued.delta > 0 and n >= need:
                 out.append(queued)
             elif n < need:
@@ -117,10 +214,10 @@ class SlaPolicy:
                         +1,
                         need / max(n, 1),
                         f"forecast {f.rate:.2f} req/s needs {shown} {role} workers, have {n}"
-                        + self._why_corrected(),
+                        + (self._why_tail(n) if tail else self._why_corrected()),
                     )
                 )
-            elif n >= 1 and need * (1 + self.config.headroom) <= n - 1:
+            elif n >= 1 and fits_fewer:
                 agrees = queued is not None and queued.delta < 0
                 meeting = (
                     met is not None
@@ -140,10 +237,19 @@ class SlaPolicy:
                         (n - 1) / max(need, 1e-9),
                         f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers "
                         f"(+{self.config.headroom:.0%} headroom fits in {n - 1}){why}"
-                        + self._why_corrected(),
+                        + (self._why_tail(n) if tail else self._why_corrected()),
                     )
                 )
         return out
+
+    def _why_tail(self, n: int) -> str:
+        t = self.last_tail
+        if t is None:
+            return ""
+        return (
+            f" (recent requests replayed: {100 * t.share:.1f}% would miss on {n}, "
+            f"{100 * t.floor:.1f}% on {self.config.total_max()}; observed x{self.calibration():.2f} of predicted)"
+        )
 
     def _why_corrected(self) -> str:
         if self.correction <= 1.0:

@@ -77,6 +77,18 @@ class WorkerView:
 
 
 @dataclass(frozen=True, slots=True)
+class Arrival:
+    """One request as the SLA policy's tail model needs it (``planner.tail``)."""
+
+    at: float
+    """When it arrived (the observation's clock)."""
+    prompt_tokens: int
+    cached_tokens: int
+    """Prompt tokens expected from a prefix cache (the router's estimate)."""
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class Traffic:
     """Requests that arrived during the last ``duration_s`` (for the SLA policy's forecast)."""
 
@@ -96,6 +108,10 @@ class Traffic:
     decode_s: float = 0.0
     """Sum of those tokens' inter-token times: ``decode_s / decode_tokens`` is the inter-token
     time the decoding pool delivered, prefill chunks sharing its steps included."""
+    arrivals: tuple[Arrival, ...] = ()
+    """The requests one by one, when the connector sees them (the replay: those that arrived
+    during the interval; live: those that finished, with their arrival time); empty: the SLA
+    policy sizes from means alone."""
 
 
 @dataclass(frozen=True, slots=True)

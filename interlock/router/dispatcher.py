@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -88,6 +89,25 @@ class DispatchOptions:
             raise ConfigError("stall timeouts must be positive", param="stall_floor_s")
 
 
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One request that finished (for the planner: what it cost, what it got)."""
+
+    arrived_s: float
+    """``time.monotonic()`` when the dispatcher took it."""
+    ttft_s: float
+    decode_s: float
+    """From its first token to its last."""
+    output_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    """The router's estimate of its prompt tokens found in a prefix cache."""
+
+
+RECENT_COMPLETIONS = 4096
+"""How many finished requests ``DispatchMetrics.recent`` keeps."""
+
+
 @dataclass
 class DispatchMetrics:
     retries: int = 0
@@ -98,6 +118,14 @@ class DispatchMetrics:
     worker_aborts: int = 0
     recovery_s_total: float = 0.0
     """Seconds from each break to the client's next token, summed over migrations."""
+    completed: int = 0
+    """Requests that finished normally (every leg together)."""
+    recent: deque[Completion] = field(default_factory=lambda: deque(maxlen=RECENT_COMPLETIONS))
+    """The last ``RECENT_COMPLETIONS`` of them (a reader keeps its own count of ``completed``)."""
+
+    def complete(self, c: Completion) -> None:
+        self.completed += 1
+        self.recent.append(c)
 
 
 class LegBroken(TransportError):
@@ -155,6 +183,7 @@ class Dispatcher:
         self, router: Router, request: GenerateRequest, ctx: RequestContext | None
     ) -> AsyncIterator[GenerateOutput]:
         rid = request.request_id
+        arrived = time.monotonic()
         meta = RequestMeta(
             request_id=rid,
             prompt_tokens=len(request.token_ids),
@@ -187,6 +216,7 @@ class Dispatcher:
                 raise
         if leg is None:
             return
+        first_at = time.monotonic() if first is not None and first.token_ids else None
         attempts = migrations = 0
         while True:
             d = leg.decision
@@ -195,8 +225,21 @@ class Dispatcher:
                     if progress.broke_at:
                         self.metrics.recovery_s_total += time.monotonic() - progress.broke_at
                         progress.broke_at = 0.0
+                    if first_at is None and out.token_ids:
+                        first_at = time.monotonic()
                     progress.tokens += out.token_ids
                     yield out
+                done = time.monotonic()
+                self.metrics.complete(
+                    Completion(
+                        arrived,
+                        (first_at or done) - arrived,
+                        done - (first_at or done),
+                        len(progress.tokens),
+                        meta.prompt_tokens,
+                        d.cached_tokens,
+                    )
+                )
                 return
             except ServiceError as exc:  # LegBroken too; a RequestError is the client's
                 self._worker_failed(router, d.worker_id, exc)

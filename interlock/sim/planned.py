@@ -4,8 +4,9 @@ virtual time and carries the planner's actions out on the simulated fleet.
 * observe: each worker's last load (running, waiting, queued prefill, KV usage), whether it is
   still starting or draining, its age, the router's admission queue, the requests that arrived
   since the last tick (with the router's predicted cached tokens) and those that finished (and
-  how many met the planner's TTFT and ITL targets) and the tokens decoded with their
-  inter-token times as the traffic;
+  how many met the planner's TTFT and ITL targets; TTFT from the request's arrival at the
+  router) and the tokens decoded with their inter-token times as the traffic, the arrivals one
+  by one for the SLA policy's tail model;
   cached blocks only one worker holds come from the router's index, counted only when the
   planner may act (counting walks the whole index);
 * add: a worker starts now and joins the router ``startup_s`` later;
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 from interlock.errors import ConfigError
 from interlock.planner import (
     AddWorker,
+    Arrival,
     CapabilityProfile,
     Observation,
     PlannerConfig,
@@ -72,7 +74,7 @@ class PlannerConnector:
         met = sum(
             1
             for s in done
-            if s.first_token_s - s.arrival_s <= ttft
+            if s.first_token_s - s.req.arrival_s <= ttft
             and (
                 s.req.output_tokens <= 1 or (s.finish_s - s.first_token_s) / (s.req.output_tokens - 1) <= itl
             )
@@ -101,6 +103,7 @@ class PlannerConnector:
             met=met,
             decode_tokens=decode_tokens,
             decode_s=decode_s,
+            arrivals=tuple(Arrival(r.arrival_s, r.prompt_tokens, c, r.output_tokens) for r, c in arrived),
         )
         self._last_tick = now
         unique = {} if self.planner.holding(now) else drv.router.indexer.unique_counts()

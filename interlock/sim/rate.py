@@ -7,6 +7,10 @@ where ``integral_0^t m = s``: where ``m`` is 3 the requests come three times as 
 * ``steps:600x1,600x3,600x1``: 600 s at x1, 600 s at x3, then x1 (the last step lasts);
 * ``diurnal:period=3600,min=0.5,max=2``: ``min + (max - min) (1 - cos(2 pi t / period)) / 2``,
   starting at the trough.
+
+``tile`` makes a trace longer, so a curve can rise over a longer time than the trace spans at
+its own speed: copies one after another, each with its block hashes salted (a copy shares no
+cache with another: a new day's conversations, not the same ones again).
 """
 
 from __future__ import annotations
@@ -60,6 +64,34 @@ def parse_curve(spec: str) -> RateCurve:
     except ValueError:
         raise ConfigError(f"rate curve {spec!r}: cannot read it (see `interlock replay -h`)") from None
     raise ConfigError(f"rate curve {spec!r}: expected steps:... or diurnal:...")
+
+
+def tile(requests: Sequence[SimRequest], copies: int) -> list[SimRequest]:
+    """``copies`` of the trace back to back (copy ``i`` starts ``i`` spans later; a span is the
+    last arrival plus the mean gap), request and session ids suffixed ``#i``, block hashes
+    xor-ed with a per-copy salt (the same prefixes within a copy, none across copies)."""
+    if copies < 1:
+        raise ConfigError("tile needs at least one copy")
+    reqs = sorted(requests, key=lambda r: r.arrival_s)
+    if any(r.token_ids is not None for r in reqs):
+        raise ConfigError("tile: requests with real tokens (the engine backend) cannot be salted")
+    if copies == 1 or not reqs:
+        return list(reqs)
+    span = reqs[-1].arrival_s + reqs[-1].arrival_s / max(len(reqs) - 1, 1)
+    out = list(reqs)
+    for i in range(1, copies):
+        salt = (0x9E3779B97F4A7C15 * i) & 0xFFFF_FFFF_FFFF_FFFF
+        out += [
+            replace(
+                r,
+                request_id=f"{r.request_id}#{i}",
+                arrival_s=r.arrival_s + i * span,
+                block_hashes=tuple(h ^ salt for h in r.block_hashes),
+                session_id=None if r.session_id is None else f"{r.session_id}#{i}",
+            )
+            for r in reqs
+        ]
+    return out
 
 
 def warp(requests: Sequence[SimRequest], curve: RateCurve) -> list[SimRequest]:

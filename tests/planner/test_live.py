@@ -7,6 +7,7 @@ import msgspec
 from interlock.planner.live import RouterServiceView
 from interlock.protocol import LoadReport, subjects
 from interlock.router import RequestMeta
+from interlock.router.dispatcher import Completion
 from interlock.router.service import RouterService
 from interlock.runtime.runtime import Runtime
 from tests.router.test_service import _run, _settle, info
@@ -38,5 +39,12 @@ def test_view_reads_reports_queue_totals_and_sets_weights() -> None:
         assert (t.requests, t.prompt_tokens) == (1, 64) and view.queued() == 0
         view.set_weight("w1", 0.5)
         assert router._weights(2) is not None
+        # finished requests: each handed over once, counted past what the view saw at start
+        m = svc.dispatcher.metrics
+        assert view.completions() == []
+        c = Completion(1.0, 0.2, 1.0, 11, 64, 0)
+        m.complete(c)
+        m.complete(c)
+        assert view.completions() == [c, c] and view.completions() == []
 
     _run(body)

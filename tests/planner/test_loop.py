@@ -10,9 +10,10 @@ import pytest
 from interlock.cli.main import main
 from interlock.planner import PlannerConfig, RoleBounds, build_planner
 from interlock.planner.fleet import FakeFleet
-from interlock.planner.loop import FakeLoadView, PlannerLoop
+from interlock.planner.loop import FakeLoadView, PlannerLoop, TrafficTotals
 from interlock.planner.status import serve_status
 from interlock.protocol.events import LoadReport
+from interlock.router.dispatcher import Completion
 
 CFG = PlannerConfig(both=RoleBounds(1, 4), window_s=30.0, interval_s=5.0, max_changes=100)
 
@@ -144,3 +145,23 @@ def test_switch_role_goes_through_the_fleet() -> None:
 
     fleet = asyncio.run(go())
     assert fleet.calls[0][0] == "set_role" and fleet.calls[0][1].endswith(":prefill")
+
+
+def test_finished_requests_become_the_traffic_the_policies_read() -> None:
+    clock, fleet, view = Clock(), FakeFleet({"both": 1}), FakeLoadView()
+    loop = PlannerLoop(build_planner(CFG), fleet, view, clock=clock)
+    asyncio.run(loop.observe())  # the first look only sets the origin
+    clock.t = 5.0
+    view.traffic = TrafficTotals(requests=4, prompt_tokens=400)
+    view.done = [
+        Completion(1.0, 0.5, 0.9, 10, 100, 0),  # 100 ms between tokens: over the 50 ms target
+        Completion(2.0, 0.5, 0.09, 10, 100, 50),
+        Completion(3.0, 3.0, 0.09, 10, 100, 0),  # TTFT over 2 s
+        Completion(4.0, 0.1, 0.0, 1, 100, 0),
+    ]
+    t = asyncio.run(loop.observe()).traffic
+    assert (t.duration_s, t.requests, t.finished, t.met) == (5.0, 4, 4, 2)
+    assert (t.decode_tokens, t.decode_s) == (27, pytest.approx(1.08))
+    assert t.output_tokens == round(31 / 4 * 4)  # the finished requests' mean for the arrivals
+    assert [(a.at, a.cached_tokens, a.output_tokens) for a in t.arrivals][:2] == [(1.0, 0, 10), (2.0, 50, 10)]
+    assert asyncio.run(loop.observe()).traffic.finished == 0  # each handed over once

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -321,3 +322,17 @@ def test_disaggregated_decode_worker_killed_mid_stream() -> None:
             await runtime.close()
 
     asyncio.run(main())
+
+
+def test_a_finished_request_is_recorded_for_the_planner() -> None:
+    async def body() -> None:
+        async with fleet() as f:
+            await f.add("w0")
+            outs = await collect(f, request("r1", max_tokens=12))
+            m = f.service.dispatcher.metrics
+            [c] = list(m.recent)
+            assert m.completed == 1 and c.output_tokens == len(toks(outs)) == 12
+            assert c.prompt_tokens == 21 and 0 < c.ttft_s and 0 < c.decode_s
+            assert time.monotonic() - c.arrived_s >= c.ttft_s + c.decode_s
+
+    asyncio.run(body())

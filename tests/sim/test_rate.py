@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from interlock.errors import ConfigError
-from interlock.sim.rate import parse_curve, warp
+from interlock.sim.rate import parse_curve, tile, warp
 from interlock.sim.trace import SimRequest
 
 
@@ -43,3 +43,22 @@ def test_diurnal_starts_at_the_trough_and_peaks_mid_period() -> None:
 def test_bad_curves_are_refused(spec: str) -> None:
     with pytest.raises(ConfigError, match="rate"):
         parse_curve(spec)
+
+
+def test_tile_repeats_the_trace_with_caches_apart() -> None:
+    reqs = [
+        SimRequest("a", 0.0, 128, 4, (1, 2), session_id="s"),
+        SimRequest("b", 3.0, 128, 4, (1, 3), session_id="s"),
+    ]
+    out = tile(reqs, 3)
+    assert [r.arrival_s for r in out] == [0.0, 3.0, 6.0, 9.0, 12.0, 15.0]
+    assert [r.request_id for r in out[2:4]] == ["a#1", "b#1"] and out[3].session_id == "s#1"
+    # within a copy the shared prefix stays shared; across copies nothing is
+    assert out[2].block_hashes[0] == out[3].block_hashes[0]
+    firsts = {r.block_hashes[0] for r in out}
+    assert len(firsts) == 3
+    assert tile(reqs, 1) == reqs
+    with pytest.raises(ConfigError):
+        tile(reqs, 0)
+    with pytest.raises(ConfigError, match="real tokens"):
+        tile([SimRequest("t", 0.0, 64, 1, (1,), token_ids=(5,) * 64)], 2)
