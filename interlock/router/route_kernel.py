@@ -31,23 +31,12 @@ from interlock.router.cost import CostParams
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "route_kv.c"
-CFLAGS = ("-O2", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC")
+CFLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC")
 """No fused multiply-add, no reassociation: the numpy path's rounding, step by step."""
 MAX_RANKED = 64
 """The most candidates the kernel ranks (``RouterConfig.num_candidates`` above it: numpy)."""
-_i64, _f64, _ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
-_ARGS = (
-    (_i64,)  # n
-    + (_ptr,) * 4  # uncached, queued, per_token, overhead
-    + (_f64, _f64, _ptr)  # chunk, miss_weight, waiting
-    + (_ptr, _f64)  # decode_step, decode_scale
-    + (_ptr, _ptr)  # lower, load_s
-    + (_ptr, _f64, _f64, _f64)  # kv_usage, kv_penalty, watermark, watermark_span
-    + (_ptr, _ptr, _f64, _f64)  # free, used, drain_scale, block_size
-    + (_ptr, _ptr, _ptr)  # weight, eligible, busy
-    + (_f64, _i64, _i64)  # tolerance, rotation, k
-    + (_ptr,) * 4  # cost, scratch, ranked, num_ranked
-)
+_PACKED = (ctypes.c_void_p,) * 3
+"""``route_kv_packed``: int64 addresses, doubles, int64s, in ``route_kv``'s order (``decide``)."""
 _MAX_REMEMBERED = 64
 _lock = threading.Lock()
 
@@ -63,8 +52,8 @@ def load() -> ctypes.CDLL | None:
         except Exception as exc:  # any compiler or loader failure: fall back, say why once
             log.warning("compiled routing kernel unavailable, deciding with numpy: %s", exc)
             return None
-    lib.route_kv.argtypes = _ARGS
-    lib.route_kv.restype = _i64
+    lib.route_kv_packed.argtypes = _PACKED
+    lib.route_kv_packed.restype = ctypes.c_int64
     return lib
 
 
@@ -72,7 +61,11 @@ class RouteKernel:
     """One router's calls into the kernel, with its output buffers and remembered addresses."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._fn = lib.route_kv
+        self._fn = lib.route_kv_packed
+        self._ptrs = np.zeros(18, dtype=np.int64)
+        self._reals = np.zeros(9)
+        self._ints = np.zeros(3, dtype=np.int64)
+        self._args = (self._ptrs.ctypes.data, self._reals.ctypes.data, self._ints.ctypes.data)
         self._addr: dict[int, tuple[np.ndarray, int]] = {}
         self._cost = np.zeros(0)
         self._scratch = np.zeros(0)
@@ -81,12 +74,13 @@ class RouteKernel:
         self._ranked_at = self._ranked.ctypes.data
         self._num_at = self._num_ranked.ctypes.data
         self._n = 0
+        self._cost_at = self._scratch_at = 0
 
-    def _at(self, a: np.ndarray | None) -> int | None:
-        """The address of ``a``'s first element (None for None); ``a`` is float64 or bool and
+    def _at(self, a: np.ndarray | None) -> int:
+        """The address of ``a``'s first element (0 for None); ``a`` is float64 or bool and
         contiguous (else TypeError: the caller's bug, not a reason to compute anything else)."""
         if a is None:
-            return None
+            return 0
         if len(a) < self._n:
             raise ValueError(f"route kernel needs {self._n} workers' values, got {len(a)}")
         seen = self._addr.get(id(a))
@@ -137,39 +131,41 @@ class RouteKernel:
         if len(self._cost) < n:
             self._cost = np.zeros(max(n, 2 * len(self._cost)))
             self._scratch = np.zeros(len(self._cost))
+            self._cost_at, self._scratch_at = self._cost.ctypes.data, self._scratch.ctypes.data
         at = self._at
         room = free is not None and used is not None
-        slot = self._fn(
-            n,
+        self._ptrs[:] = (
             at(uncached),
             at(queued),
             at(per_token),
             at(overhead),
-            float(params.chunk_tokens),
-            params.miss_weight,
             at(waiting),
             at(decode_step),
-            params.decode_weight * decode_tokens if params.decode_weight and decode_tokens else 0.0,
-            at(lower) if load_s is not None else None,
-            at(load_s) if lower is not None else None,
+            at(lower) if load_s is not None else 0,
+            at(load_s) if lower is not None else 0,
             at(kv_usage),
-            params.kv_penalty,
-            params.kv_watermark,
-            max(1.0 - params.kv_watermark, 1e-9),
-            at(free) if room else None,
-            at(used) if room else None,
-            float(max(drain_tokens, 1)),
-            float(params.block_size),
+            at(free) if room else 0,
+            at(used) if room else 0,
             at(weight),
             at(eligible),
             at(busy),
-            params.tie_tolerance_s,
-            rotation,
-            k,
-            at(self._cost),
-            at(self._scratch),
+            self._cost_at,
+            self._scratch_at,
             self._ranked_at,
             self._num_at,
         )
+        self._reals[:] = (
+            params.chunk_tokens,
+            params.miss_weight,
+            params.decode_weight * decode_tokens if params.decode_weight and decode_tokens else 0.0,
+            params.kv_penalty,
+            params.kv_watermark,
+            max(1.0 - params.kv_watermark, 1e-9),
+            max(drain_tokens, 1),
+            params.block_size,
+            params.tie_tolerance_s,
+        )
+        self._ints[:] = (n, rotation, k)
+        slot = self._fn(*self._args)
         ranked = self._ranked[: int(self._num_ranked[0])].tolist() if slot >= 0 else []
         return self._cost[:n], ranked, int(slot)

@@ -13,6 +13,16 @@
 #include <math.h>
 #include <stdint.h>
 
+/* ceil(x) as libm computes it, without the call (baseline x86-64 has no rounding instruction):
+ * below 2^52 a double truncates exactly through int64; past it, or for NaN, libm. */
+static inline double ceil_exact(double x) {
+  if (!(x > -4503599627370496.0 && x < 4503599627370496.0)) return ceil(x);
+  double t = (double)(int64_t)x;
+  if (t < x) t += 1.0;
+  else if (t == 0.0 && signbit(x)) t = -0.0; /* ceil(-0.5) is -0.0 */
+  return t;
+}
+
 int64_t route_kv(
     int64_t n,
     const double* uncached, const double* queued, const double* per_token, const double* overhead,
@@ -38,7 +48,7 @@ int64_t route_kv(
       c = work + miss_weight * u;
     }
     c *= per_token[i];
-    c += ceil(work / chunk) * overhead[i];
+    c += ceil_exact(work / chunk) * overhead[i];
     if (decode_scale != 0.0) c += decode_step[i] * decode_scale;
     if (lower) c += lower[i] * load_s[i];
     cost[i] = c;
@@ -117,4 +127,17 @@ int64_t route_kv(
   for (int64_t i = 0; i < n; i++)
     if ((!eligible || eligible[i]) && cost[i] <= limit && busy[i] == least && pick-- == 0) return i;
   return -1;
+}
+
+/* The same with its arguments packed (one ctypes call converts 3 arguments, not 30): the
+ * addresses in `ptrs`, the doubles in `reals`, the integers in `ints`, each in the order of
+ * route_kv's parameters (route_kernel.py fills them). */
+int64_t route_kv_packed(const int64_t* ptrs, const double* reals, const int64_t* ints) {
+#define P(i) ((const double*)(intptr_t)ptrs[i])
+  return route_kv(ints[0], P(0), P(1), P(2), P(3), reals[0], reals[1], P(4), P(5), reals[2], P(6), P(7),
+                  P(8), reals[3], reals[4], reals[5], P(9), P(10), reals[6], reals[7], P(11),
+                  (const uint8_t*)(intptr_t)ptrs[12], P(13), reals[8], ints[1], ints[2],
+                  (double*)(intptr_t)ptrs[14], (double*)(intptr_t)ptrs[15],
+                  (int64_t*)(intptr_t)ptrs[16], (int64_t*)(intptr_t)ptrs[17]);
+#undef P
 }
