@@ -65,6 +65,10 @@ lower loads (BENCHMARKS.md, Saturation).
 Choice: argmin; costs within ``tie_tolerance`` of the best are ties, broken towards the worker
 with the fewest in-flight requests (never the busiest), then by rotation. With a softmax
 temperature > 0 the worker is sampled with probability ``exp(-normalised_cost / T)``.
+
+These functions are the reference: the router computes the cost, the ranked candidates and the
+choice at temperature 0 in one compiled pass where it can (``route_kernel``, the same result to
+the last bit), and with these where it cannot.
 """
 
 from __future__ import annotations

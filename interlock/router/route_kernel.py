@@ -169,3 +169,17 @@ class RouteKernel:
         slot = self._fn(*self._args)
         ranked = self._ranked[: int(self._num_ranked[0])].tolist() if slot >= 0 else []
         return self._cost[:n], ranked, int(slot)
+
+
+def main() -> int:
+    """Build the kernel ahead (``scripts/setup.sh``), so no router waits for the compiler."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if load() is None:
+        print("routing kernel: not used on this machine (numpy decides)")
+    else:
+        print(f"routing kernel: ready ({cbuild.build_dir(SOURCE, CFLAGS, 'route_kv')})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
