@@ -1,0 +1,143 @@
+/* The kv routing decision in one pass over the workers (route_kernel.py): the cost of
+ * cost.ttft_costs, then cost.cheapest and cost.choose at temperature 0.
+ *
+ * Bit-identical to the numpy path: every operation is the numpy one, on doubles, in the same
+ * order (built with -O2 -ffp-contract=off and without -ffast-math, so no fused multiply-add and
+ * no reassociation). Terms that numpy adds only when some worker needs them (the KV penalty,
+ * the wait for room) are decided the same way, over every worker, in a second pass.
+ *
+ * Returns the chosen index, or -1 where the numpy choice must decide over `cost` (no eligible
+ * worker with a finite cost, or a NaN cost). Optional vectors are NULL when absent. A worker's
+ * time to release its blocks (drain_s) is decode_step * drain_scale, as the router prices it.
+ */
+#include <math.h>
+#include <stdint.h>
+
+/* ceil(x) as libm computes it, without the call (baseline x86-64 has no rounding instruction):
+ * below 2^52 a double truncates exactly through int64; past it, or for NaN, libm. */
+static inline double ceil_exact(double x) {
+  if (!(x > -4503599627370496.0 && x < 4503599627370496.0)) return ceil(x);
+  double t = (double)(int64_t)x;
+  if (t < x) t += 1.0;
+  else if (t == 0.0 && signbit(x)) t = -0.0; /* ceil(-0.5) is -0.0 */
+  return t;
+}
+
+int64_t route_kv(
+    int64_t n,
+    const double* uncached, const double* queued, const double* per_token, const double* overhead,
+    double chunk, double miss_weight, const double* waiting,
+    const double* decode_step, double decode_scale,
+    const double* lower, const double* load_s,
+    const double* kv_usage, double kv_penalty, double watermark, double watermark_span,
+    const double* free_blocks, const double* used_blocks, double drain_scale, double block_size,
+    const double* weight, const uint8_t* eligible, const double* busy,
+    double tolerance, int64_t rotation, int64_t k,
+    double* cost, double* scratch, int64_t* ranked, int64_t* num_ranked) {
+  double kv_max = -INFINITY, short_max = -INFINITY;
+  int room = free_blocks && used_blocks;
+  for (int64_t i = 0; i < n; i++) {
+    double u = uncached[i];
+    double work = queued[i] + u;
+    double c;
+    if (waiting) {
+      c = miss_weight * (1.0 + waiting[i]);
+      c *= u;
+      c += work;
+    } else {
+      c = work + miss_weight * u;
+    }
+    c *= per_token[i];
+    c += ceil_exact(work / chunk) * overhead[i];
+    if (decode_scale != 0.0) c += decode_step[i] * decode_scale;
+    if (lower) c += lower[i] * load_s[i];
+    cost[i] = c;
+    if (kv_penalty != 0.0 && !(kv_usage[i] <= kv_max)) kv_max = kv_usage[i];
+    if (room) {
+      double s = work / block_size;
+      s -= free_blocks[i];
+      scratch[i] = s;
+      if (!(s <= short_max)) short_max = s;
+    }
+  }
+  int penalise = kv_penalty != 0.0 && kv_max > watermark;
+  int wait = room && short_max > 0;
+  int64_t m = 0;
+  int nan = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double c = cost[i];
+    if (penalise) {
+      double over = kv_usage[i] - watermark;
+      if (over < 0.0) over = 0.0;
+      over /= watermark_span;
+      c *= 1.0 + kv_penalty * over;
+    }
+    if (wait) {
+      double d = scratch[i];
+      if (d < 0.0) d = 0.0;
+      d *= decode_step[i] * drain_scale; /* drain_s = decode_step * drain_tokens */
+      double u = used_blocks[i];
+      d /= u < 1.0 ? 1.0 : u;
+      c += d;
+    }
+    if (weight) c /= weight[i];
+    cost[i] = c;
+    if (c != c) nan = 1;
+    if ((eligible && !eligible[i]) || c == INFINITY) continue;
+    /* cheapest: the k lowest, equal costs by index (a later index goes after its equals) */
+    int64_t j = m < k ? m : k;
+    while (j > 0 && cost[ranked[j - 1]] > c) {
+      if (j < k) ranked[j] = ranked[j - 1];
+      j--;
+    }
+    if (j < k) {
+      ranked[j] = i;
+      if (m < k) m++;
+    }
+  }
+  *num_ranked = m;
+  if (nan || m == 0) return -1;
+  double limit = cost[ranked[0]] + tolerance;
+  if (m == 1 || cost[ranked[1]] > limit) return ranked[0];
+  double least = INFINITY;
+  int64_t count = 0;
+  if (cost[ranked[m - 1]] > limit) { /* the ties are all ranked: the fewest busy, by index */
+    int64_t near[64];
+    int64_t t = 0;
+    for (int64_t j = 0; j < m && t < 64; j++)
+      if (cost[ranked[j]] <= limit) near[t++] = ranked[j];
+    for (int64_t a = 1; a < t; a++) { /* by index */
+      int64_t v = near[a], b = a;
+      while (b > 0 && near[b - 1] > v) { near[b] = near[b - 1]; b--; }
+      near[b] = v;
+    }
+    for (int64_t j = 0; j < t; j++) if (busy[near[j]] < least) least = busy[near[j]];
+    for (int64_t j = 0; j < t; j++) count += busy[near[j]] == least;
+    int64_t pick = rotation % count;
+    for (int64_t j = 0; j < t; j++)
+      if (busy[near[j]] == least && pick-- == 0) return near[j];
+    return -1;
+  }
+  /* ties beyond the ranked: every eligible worker within the tolerance */
+  for (int64_t i = 0; i < n; i++)
+    if ((!eligible || eligible[i]) && cost[i] <= limit && busy[i] < least) least = busy[i];
+  for (int64_t i = 0; i < n; i++)
+    count += (!eligible || eligible[i]) && cost[i] <= limit && busy[i] == least;
+  int64_t pick = rotation % count;
+  for (int64_t i = 0; i < n; i++)
+    if ((!eligible || eligible[i]) && cost[i] <= limit && busy[i] == least && pick-- == 0) return i;
+  return -1;
+}
+
+/* The same with its arguments packed (one ctypes call converts 3 arguments, not 30): the
+ * addresses in `ptrs`, the doubles in `reals`, the integers in `ints`, each in the order of
+ * route_kv's parameters (route_kernel.py fills them). */
+int64_t route_kv_packed(const int64_t* ptrs, const double* reals, const int64_t* ints) {
+#define P(i) ((const double*)(intptr_t)ptrs[i])
+  return route_kv(ints[0], P(0), P(1), P(2), P(3), reals[0], reals[1], P(4), P(5), reals[2], P(6), P(7),
+                  P(8), reals[3], reals[4], reals[5], P(9), P(10), reals[6], reals[7], P(11),
+                  (const uint8_t*)(intptr_t)ptrs[12], P(13), reals[8], ints[1], ints[2],
+                  (double*)(intptr_t)ptrs[14], (double*)(intptr_t)ptrs[15],
+                  (int64_t*)(intptr_t)ptrs[16], (int64_t*)(intptr_t)ptrs[17]);
+#undef P
+}

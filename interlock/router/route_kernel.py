@@ -1,0 +1,185 @@
+"""The ``kv`` decision compiled (``csrc/route_kv.c``): cost over every worker, ranked
+candidates and choice in one pass, bit-identical to ``cost.ttft_costs`` + ``cost.cheapest`` +
+``cost.choose`` at temperature 0 (the numpy path, which stays the reference and the fallback).
+
+Over 1,024 workers the numpy path makes about twenty calls over 1,024-long vectors, each a few
+microseconds of dispatch for a few hundred nanoseconds of arithmetic; the kernel makes one
+pass. Plain C, built once per machine with the system compiler (``interlock.cbuild``) and
+called through ctypes. ``load()`` returns None where it cannot be built (no ``cc``) or with
+``INTERLOCK_CPU_KERNELS=0``; the router then decides with numpy, the same decisions. A sampled
+choice (``temperature`` > 0) always uses numpy.
+
+ctypes reads an array's address in about a microsecond, so ``RouteKernel`` remembers the
+addresses of the arrays it was given (the router's vectors live as long as the router; a
+view made per call, ``a[:n]``, is a new object each time): callers pass whole vectors and
+the number of workers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from interlock import cbuild
+from interlock.router.cost import CostParams
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "route_kv.c"
+CFLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC")
+"""No fused multiply-add, no reassociation: the numpy path's rounding, step by step."""
+MAX_RANKED = 64
+"""The most candidates the kernel ranks (``RouterConfig.num_candidates`` above it: numpy)."""
+_PACKED = (ctypes.c_void_p,) * 3
+"""``route_kv_packed``: int64 addresses, doubles, int64s, in ``route_kv``'s order (``decide``)."""
+_MAX_REMEMBERED = 64
+_lock = threading.Lock()
+
+
+@cache
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel's library, or None (see the module note)."""
+    if not cbuild.enabled():
+        return None
+    with _lock:
+        try:
+            lib = ctypes.CDLL(str(cbuild.build(SOURCE, CFLAGS, "route_kv")))
+        except Exception as exc:  # any compiler or loader failure: fall back, say why once
+            log.warning("compiled routing kernel unavailable, deciding with numpy: %s", exc)
+            return None
+    lib.route_kv_packed.argtypes = _PACKED
+    lib.route_kv_packed.restype = ctypes.c_int64
+    return lib
+
+
+class RouteKernel:
+    """One router's calls into the kernel, with its output buffers and remembered addresses."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = lib.route_kv_packed
+        self._ptrs = np.zeros(18, dtype=np.int64)
+        self._reals = np.zeros(9)
+        self._ints = np.zeros(3, dtype=np.int64)
+        self._args = (self._ptrs.ctypes.data, self._reals.ctypes.data, self._ints.ctypes.data)
+        self._addr: dict[int, tuple[np.ndarray, int]] = {}
+        self._cost = np.zeros(0)
+        self._scratch = np.zeros(0)
+        self._ranked = np.zeros(MAX_RANKED, dtype=np.int64)
+        self._num_ranked = np.zeros(1, dtype=np.int64)
+        self._ranked_at = self._ranked.ctypes.data
+        self._num_at = self._num_ranked.ctypes.data
+        self._n = 0
+        self._cost_at = self._scratch_at = 0
+
+    def _at(self, a: np.ndarray | None) -> int:
+        """The address of ``a``'s first element (0 for None); ``a`` is float64 or bool and
+        contiguous (else TypeError: the caller's bug, not a reason to compute anything else)."""
+        if a is None:
+            return 0
+        if len(a) < self._n:
+            raise ValueError(f"route kernel needs {self._n} workers' values, got {len(a)}")
+        seen = self._addr.get(id(a))
+        if seen is not None and seen[0] is a:
+            return seen[1]
+        if not a.flags.c_contiguous or a.dtype not in (np.float64, np.bool_) or a.ndim != 1:
+            raise TypeError(f"route kernel needs contiguous float64 or bool vectors, got {a.dtype}")
+        if len(self._addr) >= _MAX_REMEMBERED:
+            self._addr.clear()
+        at = a.ctypes.data
+        self._addr[id(a)] = (a, at)
+        return at
+
+    def decide(
+        self,
+        params: CostParams,
+        n: int,
+        *,
+        uncached: np.ndarray,
+        queued: np.ndarray,
+        per_token: np.ndarray,
+        overhead: np.ndarray,
+        decode_step: np.ndarray,
+        decode_tokens: int,
+        kv_usage: np.ndarray,
+        busy: np.ndarray,
+        k: int,
+        rotation: int,
+        waiting: np.ndarray | None = None,
+        lower: np.ndarray | None = None,
+        load_s: np.ndarray | None = None,
+        free: np.ndarray | None = None,
+        used: np.ndarray | None = None,
+        drain_tokens: int = 0,
+        weight: np.ndarray | None = None,
+        eligible: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, list[int], int]:
+        """``(costs, ranked, slot)`` for the first ``n`` workers: ``ttft_costs`` (divided by
+        ``weight`` if given), ``cheapest(costs, eligible, k)`` and ``choose`` at temperature 0,
+        -1 for the slot where numpy must choose (no eligible worker with a finite cost, or a
+        NaN cost; ``ranked`` is then empty). Vectors are read up to ``n`` (they may be longer);
+        the wait for room is priced when ``free`` and ``used`` are given, draining in
+        ``decode_step * drain_tokens``. ``costs`` is a view of a buffer the next call
+        overwrites."""
+        if not 0 < k <= MAX_RANKED:
+            raise ValueError(f"k must be in 1..{MAX_RANKED}, got {k}")
+        self._n = n
+        if len(self._cost) < n:
+            self._cost = np.zeros(max(n, 2 * len(self._cost)))
+            self._scratch = np.zeros(len(self._cost))
+            self._cost_at, self._scratch_at = self._cost.ctypes.data, self._scratch.ctypes.data
+        at = self._at
+        room = free is not None and used is not None
+        self._ptrs[:] = (
+            at(uncached),
+            at(queued),
+            at(per_token),
+            at(overhead),
+            at(waiting),
+            at(decode_step),
+            at(lower) if load_s is not None else 0,
+            at(load_s) if lower is not None else 0,
+            at(kv_usage),
+            at(free) if room else 0,
+            at(used) if room else 0,
+            at(weight),
+            at(eligible),
+            at(busy),
+            self._cost_at,
+            self._scratch_at,
+            self._ranked_at,
+            self._num_at,
+        )
+        self._reals[:] = (
+            params.chunk_tokens,
+            params.miss_weight,
+            params.decode_weight * decode_tokens if params.decode_weight and decode_tokens else 0.0,
+            params.kv_penalty,
+            params.kv_watermark,
+            max(1.0 - params.kv_watermark, 1e-9),
+            max(drain_tokens, 1),
+            params.block_size,
+            params.tie_tolerance_s,
+        )
+        self._ints[:] = (n, rotation, k)
+        slot = self._fn(*self._args)
+        ranked = self._ranked[: int(self._num_ranked[0])].tolist() if slot >= 0 else []
+        return self._cost[:n], ranked, int(slot)
+
+
+def main() -> int:
+    """Build the kernel ahead (``scripts/setup.sh``), so no router waits for the compiler."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if load() is None:
+        print("routing kernel: not used on this machine (numpy decides)")
+    else:
+        print(f"routing kernel: ready ({cbuild.build_dir(SOURCE, CFLAGS, 'route_kv')})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
