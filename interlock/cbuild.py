@@ -27,17 +27,22 @@ def enabled() -> bool:
     return get_env().cpu_kernels
 
 
-def build_dir(source: Path, cflags: tuple[str, ...], name: str) -> Path:
+def build_dir(source: Path, cflags: tuple[str, ...], name: str, depends: tuple[Path, ...] = ()) -> Path:
+    """The library's folder, keyed by the source, the files it includes (``depends``), the
+    flags and the machine type."""
     key = hashlib.sha256(source.read_bytes())
+    for dep in depends:
+        key.update(dep.read_bytes())
     key.update(" ".join(cflags).encode())
     key.update(platform.machine().encode())
     return get_env().cache_dir / name / key.hexdigest()[:16]
 
 
-def build(source: Path, cflags: tuple[str, ...], name: str) -> Path:
-    """The shared library ``lib<name>.so`` built from ``source`` (cached; see the module note).
-    Raises RuntimeError when there is no compiler or the build fails."""
-    folder = build_dir(source, cflags, name)
+def build(source: Path, cflags: tuple[str, ...], name: str, depends: tuple[Path, ...] = ()) -> Path:
+    """The shared library ``lib<name>.so`` built from ``source`` (cached; see the module note;
+    ``depends``: files the source includes, part of the key). Raises RuntimeError when there
+    is no compiler or the build fails."""
+    folder = build_dir(source, cflags, name, depends)
     library = folder / f"lib{name}.so"
     if library.exists():
         return library

@@ -134,8 +134,9 @@ class Router:
         self._uncached = np.zeros(0)
         """Scratch: the request's uncached prompt tokens per slot (``_pick``)."""
         lib = load_route_kernel()
-        self._kernel = RouteKernel(lib) if lib is not None else None
-        """The compiled ``kv`` decision (``route_kernel``), None: numpy decides (the same)."""
+        self._kernel = RouteKernel(lib) if lib is not None or self.indexer.compiled else None
+        """The compiled ``kv`` decision (``route_kernel``; with the compiled index, lookup
+        included), None: numpy decides (the same)."""
         self._rng = np.random.default_rng(self.config.seed)
         self._rotation = 0
         self._dispatch_times: deque[float] = deque(maxlen=64)
@@ -481,12 +482,18 @@ class Router:
             slot = pick_simple(policy, mask, busy, queued, self._rng, self._rotation)
             ov = int(self.indexer.overlaps(hashes, n)[slot]) if hashes else 0
             return self._decision(meta, self._slot_ids[slot], reason, ov, t0=t0)
-        runs = self.indexer.overlap_masks(hashes) if hashes else []
         k = max(self.config.num_candidates, 2)
+        kernel = self._kernel if self.config.cost.temperature <= 0 and k <= MAX_RANKED else None
         slot = -1
-        if self._kernel is not None and self.config.cost.temperature <= 0 and k <= MAX_RANKED:
-            costs, ranked, slot = self._kv_decide(self._kernel, meta, hashes, runs, mask, weight, k)
+        runs: list[tuple[int, int]] = []
+        overlaps = None
+        if kernel is not None and self.indexer.compiled and not self.indexer.has_lower_tiers():
+            costs, ranked, slot, overlaps = self._kv_decide_indexed(kernel, meta, hashes, mask, weight, k)
+        elif kernel is not None and kernel.has_library:
+            runs = self.indexer.overlap_masks(hashes) if hashes else []
+            costs, ranked, slot = self._kv_decide(kernel, meta, hashes, runs, mask, weight, k)
         else:
+            runs = self.indexer.overlap_masks(hashes) if hashes else []
             costs = self._kv_costs(meta, hashes, runs, n)
             if weight is not None:
                 costs = costs / weight
@@ -511,16 +518,54 @@ class Router:
                 if waited_s < gap:
                     self._revisit_at = min(self._revisit_at, self.clock() + gap - waited_s)
                     return None
-        return self._decision(
-            meta,
-            self._slot_ids[slot],
-            reason,
-            overlap_of(runs, slot),
-            t0=t0,
-            candidates=tuple(
-                Candidate(self._slot_ids[s], float(costs[s]), overlap_of(runs, s))
-                for s in ranked[: self.config.num_candidates]
-            ),
+        ids = self._slot_ids
+        if overlaps is not None:  # the compiled lookup's overlap of every worker
+            held = overlaps.item
+            cands = tuple(
+                Candidate(ids[s], costs.item(s), held(s)) for s in ranked[: self.config.num_candidates]
+            )
+            return self._decision(meta, ids[slot], reason, held(slot), t0=t0, candidates=cands)
+        cands = tuple(
+            Candidate(ids[s], float(costs[s]), overlap_of(runs, s))
+            for s in ranked[: self.config.num_candidates]
+        )
+        return self._decision(meta, ids[slot], reason, overlap_of(runs, slot), t0=t0, candidates=cands)
+
+    def _kv_decide_indexed(
+        self,
+        kernel: RouteKernel,
+        meta: RequestMeta,
+        hashes: Sequence[int],
+        mask: np.ndarray,
+        weight: np.ndarray | None,
+        k: int,
+    ) -> tuple[np.ndarray, list[int], int, np.ndarray]:
+        """``_kv_decide`` with the prefix lookup in the same compiled call (the compiled index,
+        no lower tiers): ``(costs, ranked, slot, overlaps)``."""
+        load = self.load
+        overhead, per_token = load.speeds()
+        used, free = load.blocks_in_use() if self.config.cost.price_room else (None, None)
+        return kernel.decide_indexed(
+            self.indexer,
+            hashes,
+            self.config.cost,
+            len(mask),
+            prompt_tokens=meta.prompt_tokens,
+            queued=load.queued_prefill(),
+            per_token=per_token,
+            overhead=overhead,
+            decode_step=load.decode_step(),
+            decode_tokens=meta.max_tokens,
+            kv_usage=load.kv_used_frac,
+            busy=load.busy(),
+            k=k,
+            rotation=self._rotation,
+            waiting=load.reported_waiting,
+            free=free,
+            used=used,
+            drain_tokens=meta.max_tokens,
+            weight=weight,
+            eligible=None if self._is_whole(mask) else mask,
         )
 
     def _kv_decide(

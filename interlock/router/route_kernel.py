@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import numpy as np
 
 from interlock import cbuild
 from interlock.router.cost import CostParams
+from interlock.router.indexer import KvIndexer
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +60,11 @@ def load() -> ctypes.CDLL | None:
 
 
 class RouteKernel:
-    """One router's calls into the kernel, with its output buffers and remembered addresses."""
+    """One router's calls into the kernel, with its output buffers and remembered addresses.
+    ``lib`` None: only ``decide_indexed`` (the kernel inside the compiled prefix index)."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self._fn = lib.route_kv_packed
+    def __init__(self, lib: ctypes.CDLL | None) -> None:
+        self._fn = lib.route_kv_packed if lib is not None else None
         self._ptrs = np.zeros(18, dtype=np.int64)
         self._reals = np.zeros(9)
         self._ints = np.zeros(3, dtype=np.int64)
@@ -69,12 +72,22 @@ class RouteKernel:
         self._addr: dict[int, tuple[np.ndarray, int]] = {}
         self._cost = np.zeros(0)
         self._scratch = np.zeros(0)
+        self._uncached = np.zeros(0)
+        self._overlaps = np.zeros(0, dtype=np.int64)
         self._ranked = np.zeros(MAX_RANKED, dtype=np.int64)
         self._num_ranked = np.zeros(1, dtype=np.int64)
         self._ranked_at = self._ranked.ctypes.data
         self._num_at = self._num_ranked.ctypes.data
         self._n = 0
         self._cost_at = self._scratch_at = 0
+        self._params: CostParams | None = None
+        self._consts: tuple[float, float, float, float, float, int, float] = (0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0)
+        """``decide_indexed``'s cost constants, for ``_params``."""
+
+    @property
+    def has_library(self) -> bool:
+        """``decide`` can be called (else only ``decide_indexed``)."""
+        return self._fn is not None
 
     def _at(self, a: np.ndarray | None) -> int:
         """The address of ``a``'s first element (0 for None); ``a`` is float64 or bool and
@@ -125,17 +138,105 @@ class RouteKernel:
         the wait for room is priced when ``free`` and ``used`` are given, draining in
         ``decode_step * drain_tokens``. ``costs`` is a view of a buffer the next call
         overwrites."""
+        if self._fn is None:
+            raise TypeError("this RouteKernel has no library: only decide_indexed")
+        self._n = n
+        self._pack(
+            params, n, self._at(uncached), queued, per_token, overhead, decode_step, decode_tokens,
+            kv_usage, busy, k, rotation, waiting, lower, load_s, free, used, drain_tokens, weight, eligible,
+        )  # fmt: skip
+        slot = self._fn(*self._args)
+        ranked = self._ranked[: int(self._num_ranked[0])].tolist() if slot >= 0 else []
+        return self._cost[:n], ranked, int(slot)
+
+    def decide_indexed(
+        self,
+        indexer: KvIndexer,
+        hashes: Sequence[int],
+        params: CostParams,
+        n: int,
+        *,
+        prompt_tokens: int,
+        queued: np.ndarray,
+        per_token: np.ndarray,
+        overhead: np.ndarray,
+        decode_step: np.ndarray,
+        decode_tokens: int,
+        kv_usage: np.ndarray,
+        busy: np.ndarray,
+        k: int,
+        rotation: int,
+        waiting: np.ndarray | None = None,
+        free: np.ndarray | None = None,
+        used: np.ndarray | None = None,
+        drain_tokens: int = 0,
+        weight: np.ndarray | None = None,
+        eligible: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, list[int], int, np.ndarray]:
+        """``decide`` with the uncached tokens worked out from the compiled prefix index's
+        lookup of ``hashes`` in the same call (``KvIndexer.native_decide``, ``csrc/kvindex.c``;
+        no lower tiers), the vectors passed as they are: ``(costs, ranked, slot, overlaps)``,
+        ``overlaps`` the leading blocks each worker holds (int64). ``costs`` and ``overlaps``
+        are views of buffers the next call overwrites."""
+        self._grow(n)
+        if params is not self._params:
+            self._params = params
+            self._consts = (
+                float(params.chunk_tokens),
+                params.miss_weight,
+                params.decode_weight,
+                params.kv_penalty,
+                params.kv_watermark,
+                params.block_size,
+                params.tie_tolerance_s,
+            )
+        slot, ranked = indexer.native_decide(
+            hashes, self._consts, n, prompt_tokens, rotation, k, decode_tokens, drain_tokens,
+            queued, per_token, overhead, waiting, decode_step, kv_usage, free, used, weight, eligible, busy,
+            self._cost, self._scratch, self._uncached, self._overlaps,
+        )  # fmt: skip
+        return self._cost[:n], ranked, slot, self._overlaps[:n]
+
+    def _grow(self, n: int) -> None:
+        if len(self._cost) >= n:
+            return
+        size = max(n, 2 * len(self._cost))
+        self._cost, self._scratch, self._uncached = np.zeros(size), np.zeros(size), np.zeros(size)
+        self._overlaps = np.zeros(size, dtype=np.int64)
+        self._cost_at, self._scratch_at = self._cost.ctypes.data, self._scratch.ctypes.data
+
+    def _pack(
+        self,
+        params: CostParams,
+        n: int,
+        uncached_at: int,
+        queued: np.ndarray,
+        per_token: np.ndarray,
+        overhead: np.ndarray,
+        decode_step: np.ndarray,
+        decode_tokens: int,
+        kv_usage: np.ndarray,
+        busy: np.ndarray,
+        k: int,
+        rotation: int,
+        waiting: np.ndarray | None,
+        lower: np.ndarray | None,
+        load_s: np.ndarray | None,
+        free: np.ndarray | None,
+        used: np.ndarray | None,
+        drain_tokens: int,
+        weight: np.ndarray | None,
+        eligible: np.ndarray | None,
+    ) -> None:
+        """``route_kv_packed``'s three arrays (``csrc/route_kv.c``), in its order."""
         if not 0 < k <= MAX_RANKED:
             raise ValueError(f"k must be in 1..{MAX_RANKED}, got {k}")
         self._n = n
-        if len(self._cost) < n:
-            self._cost = np.zeros(max(n, 2 * len(self._cost)))
-            self._scratch = np.zeros(len(self._cost))
-            self._cost_at, self._scratch_at = self._cost.ctypes.data, self._scratch.ctypes.data
+        self._grow(n)
         at = self._at
         room = free is not None and used is not None
         self._ptrs[:] = (
-            at(uncached),
+            uncached_at,
             at(queued),
             at(per_token),
             at(overhead),
@@ -166,9 +267,6 @@ class RouteKernel:
             params.tie_tolerance_s,
         )
         self._ints[:] = (n, rotation, k)
-        slot = self._fn(*self._args)
-        ranked = self._ranked[: int(self._num_ranked[0])].tolist() if slot >= 0 else []
-        return self._cost[:n], ranked, int(slot)
 
 
 def main() -> int:

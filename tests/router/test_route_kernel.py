@@ -17,7 +17,7 @@ import interlock.router.route_kernel as route_kernel
 from interlock.env import get_env
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
-from interlock.router import Decision, RequestMeta, Router, RouterConfig
+from interlock.router import Decision, RequestMeta, Router, RouterConfig, native
 from interlock.router.cost import CostParams, cheapest, choose, ttft_costs, uncached_tokens_of
 from interlock.router.route_kernel import RouteKernel
 
@@ -247,14 +247,17 @@ def _routes(seed: int) -> list[tuple[str, tuple[tuple[str, float], ...]]]:
 
 @pytest.fixture
 def fresh_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pytest.MonkeyPatch]:
-    """``get_env`` and ``route_kernel.load`` read again, in an empty cache folder; restored after."""
+    """``get_env``, ``route_kernel.load`` and ``native.load`` read again, in an empty cache
+    folder; restored after."""
     monkeypatch.setenv("INTERLOCK_CACHE_DIR", str(tmp_path))
     get_env.cache_clear()
     route_kernel.load.cache_clear()
+    native.load.cache_clear()
     yield monkeypatch
     monkeypatch.undo()
     get_env.cache_clear()
     route_kernel.load.cache_clear()
+    native.load.cache_clear()
 
 
 @needs_kernel
@@ -263,6 +266,7 @@ def test_a_router_decides_the_same_with_or_without_the_kernel(fresh_env: pytest.
     fresh_env.setenv("INTERLOCK_CPU_KERNELS", "0")
     get_env.cache_clear()
     route_kernel.load.cache_clear()
+    native.load.cache_clear()
     assert Router(RouterConfig())._kernel is None
     assert _routes(7) == with_kernel
 
@@ -272,6 +276,7 @@ def test_without_a_compiler_the_router_decides_with_numpy(
 ) -> None:
     fresh_env.setenv("PATH", "")  # no cc, and nothing built in the fresh cache folder
     assert route_kernel.load() is None
+    assert native.load() is None
     assert "no C compiler" in caplog.text
     assert Router(RouterConfig())._kernel is None
     assert len(_routes(3)) > 100
