@@ -1,0 +1,253 @@
+"""The compiled prefix index (``router.native``, ``csrc/kvindex.c``) against the Python dict it
+replaces: after the same events in any order, the same runs, overlaps, lower-tier overlaps and
+unique counts; the whole compiled decision equal to the numpy one; hashes outside 64 bits
+refused by name; the dict where the module cannot be built."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from interlock.errors import TransportError
+from interlock.protocol.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from interlock.router import native
+from interlock.router.cost import CostParams, cheapest, choose, ttft_costs
+from interlock.router.indexer import KvIndexer
+from interlock.router.route_kernel import MAX_RANKED, RouteKernel
+
+MODULE = native.load()
+pytestmark = pytest.mark.skipif(MODULE is None, reason="no C compiler: the compiled index is not built here")
+
+WORKERS = 70  # past one 64-bit word of slots
+BIG = st.integers(0, 2**64 - 1)
+# A few chains, so that prefixes overlap; and big hashes, so the full 64-bit range is used.
+CHAINS = [[1000 * c + i for i in range(30)] for c in range(3)] + [[2**64 - 1 - i for i in range(30)]]
+
+
+def stored(hashes: tuple[int, ...], tier: str = "device") -> BlockStored:
+    return BlockStored(block_hashes=hashes, parent_block_hash=None, tier=tier)
+
+
+@st.composite
+def events(draw: st.DrawFn) -> list[tuple[int, object]]:
+    out: list[tuple[int, object]] = []
+    for _ in range(draw(st.integers(0, 40))):
+        w = draw(st.integers(0, WORKERS - 1))
+        chain = draw(st.sampled_from(CHAINS))
+        start = draw(st.integers(0, 29))
+        run = tuple(chain[start : start + draw(st.integers(0, 30))])
+        kind = draw(st.sampled_from(["store", "store", "remove", "host", "drop_host", "clear"]))
+        if kind == "store":
+            ev: object = stored(run)
+        elif kind == "remove":
+            ev = BlockRemoved(block_hashes=run)
+        elif kind == "host":
+            ev = stored(run, tier="host")
+        elif kind == "drop_host":
+            ev = BlockRemoved(block_hashes=run, tier="host")
+        else:
+            ev = AllBlocksCleared()
+        out.append((w, ev))
+    return out
+
+
+def both() -> tuple[KvIndexer, KvIndexer]:
+    compiled, plain = KvIndexer(), KvIndexer(compiled=False)
+    assert compiled.compiled and not plain.compiled
+    for ix in (compiled, plain):
+        for w in range(WORKERS):
+            ix.add_worker(f"w{w}")
+    return compiled, plain
+
+
+def apply_all(ix: KvIndexer, evs: list[tuple[int, object]]) -> None:
+    for seq, (w, ev) in enumerate(evs):
+        ix.apply(KVEventBatch(instance_id=f"w{w}", seq=seq, timestamp=0.0, events=(ev,)))  # type: ignore[arg-type]
+
+
+@settings(max_examples=150, deadline=None)
+@given(events(), st.sampled_from(CHAINS), st.integers(0, 29), st.lists(BIG, max_size=3))
+def test_the_compiled_map_answers_as_the_dict_after_any_events(evs, chain, cut, noise) -> None:
+    compiled, plain = both()
+    apply_all(compiled, evs)
+    apply_all(plain, evs)
+    compiled.check_integrity()
+    plain.check_integrity()
+    for query in (chain, chain[:cut] + noise + chain[cut:], noise, [], chain[cut:]):
+        assert compiled.overlap_masks(query) == plain.overlap_masks(query)
+        np.testing.assert_array_equal(compiled.overlaps(query), plain.overlaps(query))
+        np.testing.assert_array_equal(compiled.lower_overlaps(query), plain.lower_overlaps(query))
+    assert compiled.unique_counts() == plain.unique_counts()
+    assert compiled.num_blocks() == plain.num_blocks()
+
+
+def test_removing_every_worker_empties_the_compiled_map() -> None:
+    compiled, _ = both()
+    apply_all(compiled, [(w, stored(tuple(CHAINS[w % 4]))) for w in range(WORKERS)])
+    for w in range(WORKERS):
+        compiled.remove_worker(f"w{w}")
+    compiled.check_integrity()
+    entries, masks, _ = MODULE.size(compiled._cmap)  # type: ignore[union-attr]
+    assert (entries, masks) == (0, 0)
+
+
+def test_a_hash_outside_64_bits_is_refused_by_name_and_nothing_of_the_batch_applied() -> None:
+    compiled, _ = both()
+    batch = KVEventBatch(
+        instance_id="w0",
+        seq=0,
+        timestamp=0.0,
+        events=(stored((1, 2)), stored((3, -5))),
+    )
+    with pytest.raises(TransportError, match="block hash -5 is not a 64-bit unsigned int"):
+        compiled.apply(batch)
+    assert compiled.num_blocks() == 0 and compiled.needs_resync() == [f"w{w}" for w in range(WORKERS)]
+    # a lookup stops at such a hash: no worker can hold it
+    compiled.apply(KVEventBatch(instance_id="w0", seq=0, timestamp=0.0, events=(stored((1, 2)),)))
+    assert compiled.overlap_by_worker([1, -1, 2]) == {"w0": 1}
+    assert compiled.overlap_by_worker([1, 2**64, 2]) == {"w0": 1}
+
+
+def test_many_workers_grow_the_masks_without_losing_blocks() -> None:
+    ix = KvIndexer()
+    ix.add_worker("first")
+    apply_all_named(ix, "first", (1, 2, 3))
+    for w in range(300):
+        ix.add_worker(f"w{w}")
+    apply_all_named(ix, "w299", (1, 2))
+    ix.check_integrity()
+    assert ix.overlap_by_worker([1, 2, 3]) == {"first": 3, "w299": 2}
+
+
+def apply_all_named(ix: KvIndexer, wid: str, hashes: tuple[int, ...]) -> None:
+    ix.apply(KVEventBatch(instance_id=wid, seq=0, timestamp=0.0, events=(stored(hashes),)))
+
+
+# ---- the whole decision ----
+
+FEW = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 7.0, 100.0])
+
+
+@st.composite
+def decisions(draw: st.DrawFn) -> dict:
+    n = WORKERS
+    vec = lambda elem: np.array(draw(st.lists(elem, min_size=n, max_size=n)), dtype=np.float64)  # noqa: E731
+    return {
+        "params": CostParams(
+            block_size=draw(st.sampled_from([1, 16])),
+            chunk_tokens=draw(st.sampled_from([64, 100, 8192])),
+            kv_watermark=draw(st.sampled_from([0.5, 1.0])),
+            kv_penalty=draw(st.sampled_from([0.0, 4.0])),
+            miss_weight=draw(st.sampled_from([1.0, 3.0])),
+            decode_weight=draw(st.sampled_from([0.0, 0.225])),
+            tie_tolerance_s=draw(st.sampled_from([0.0, 1e-3, 1.0])),
+        ),
+        "prompt": draw(st.integers(1, 700)),
+        "queued": vec(st.sampled_from([0.0, 16.0, 9000.0])),
+        "per_token": vec(st.sampled_from([1e-4, 5e-4])),
+        "overhead": vec(st.sampled_from([0.01, 0.02])),
+        "decode_step": vec(st.sampled_from([0.01, 0.03])),
+        "decode_tokens": draw(st.sampled_from([0, 1, 200])),
+        "kv": vec(st.sampled_from([0.0, 0.8, 1.0])),
+        "waiting": vec(FEW) if draw(st.booleans()) else None,
+        "room": draw(st.booleans()),
+        "free": vec(st.sampled_from([0.0, 10.0, np.inf])),
+        "used": vec(st.sampled_from([0.0, 20.0, 500.0])),
+        "weight": vec(st.sampled_from([0.25, 1.0])) if draw(st.booleans()) else None,
+        "eligible": np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        if draw(st.booleans())
+        else None,
+        "busy": vec(st.sampled_from([0.0, 1.0, 2.0])),
+        "rotation": draw(st.integers(0, 1000)),
+        "k": draw(st.integers(1, 6)),
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(events(), decisions(), st.sampled_from(CHAINS), st.integers(0, 30))
+def test_the_compiled_decision_equals_numpy_over_the_dict(evs, c, chain, cut) -> None:
+    compiled, plain = both()
+    apply_all(compiled, evs)
+    apply_all(plain, evs)
+    hashes = chain[:cut] + [7]
+    p: CostParams = c["params"]
+    room = {
+        "free_blocks": c["free"],
+        "used_blocks": c["used"],
+        "drain_s": c["decode_step"] * max(c["decode_tokens"], 1),
+    }
+    overlaps = plain.overlaps(hashes, WORKERS)
+    costs = ttft_costs(
+        p,
+        prompt_tokens=c["prompt"],
+        overlap_blocks=overlaps,
+        queued_prefill=c["queued"],
+        per_token_s=c["per_token"],
+        step_overhead_s=c["overhead"],
+        decode_step_s=c["decode_step"],
+        kv_usage=c["kv"],
+        decode_tokens=c["decode_tokens"],
+        waiting=c["waiting"],
+        **(room if c["room"] else {}),
+    )
+    if c["weight"] is not None:
+        costs = costs / c["weight"]
+    kernel = RouteKernel(None)
+    got_costs, ranked, slot, got_overlaps = kernel.decide_indexed(
+        compiled,
+        hashes,
+        p,
+        WORKERS,
+        prompt_tokens=c["prompt"],
+        queued=c["queued"],
+        per_token=c["per_token"],
+        overhead=c["overhead"],
+        decode_step=c["decode_step"],
+        decode_tokens=c["decode_tokens"],
+        kv_usage=c["kv"],
+        busy=c["busy"],
+        k=c["k"],
+        rotation=c["rotation"],
+        waiting=c["waiting"],
+        free=c["free"] if c["room"] else None,
+        used=c["used"] if c["room"] else None,
+        drain_tokens=c["decode_tokens"],
+        weight=c["weight"],
+        eligible=c["eligible"],
+    )
+    np.testing.assert_array_equal(got_overlaps, overlaps)
+    np.testing.assert_array_equal(got_costs, costs)  # bit for bit
+    eligible = c["eligible"] if c["eligible"] is not None else np.ones(WORKERS, dtype=bool)
+    if not eligible.any():
+        assert (slot, ranked) == (-1, [])
+        return
+    want_ranked = cheapest(costs, c["eligible"], c["k"])
+    want = choose(
+        costs, eligible, c["busy"], tolerance=p.tie_tolerance_s, rotation=c["rotation"], ranked=want_ranked
+    )
+    assert (slot, ranked) == (want, want_ranked)
+
+
+def test_the_compiled_decision_names_a_wrong_vector() -> None:
+    compiled, _ = both()
+    ok = np.zeros(WORKERS)
+    kernel = RouteKernel(None)
+    with pytest.raises(TypeError, match="per_token must be a contiguous float64 vector of at least 70"):
+        kernel.decide_indexed(
+            compiled,
+            [1],
+            CostParams(),
+            WORKERS,
+            prompt_tokens=10,
+            queued=ok,
+            per_token=np.zeros(WORKERS, dtype=np.float32),
+            overhead=ok,
+            decode_step=ok,
+            decode_tokens=1,
+            kv_usage=ok,
+            busy=ok,
+            k=MAX_RANKED,
+            rotation=0,
+        )
