@@ -2,23 +2,27 @@
 
 A decision renders two ways: ``header()`` is short enough for a debug response header
 (``x-interlock-route``), ``log_line()`` carries the best few candidates' costs for the logs.
+
+``Decision`` and ``Candidate`` are frozen ``msgspec.Struct`` s, not dataclasses: a decision
+makes four of them, and a frozen dataclass's constructor (``object.__setattr__`` per field)
+cost about 4 µs of a 50 µs budget where these cost a few hundred nanoseconds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+
+class Candidate(msgspec.Struct, frozen=True):
     worker_id: str
     cost_s: float
     """Estimated seconds to first token (``kv`` policy), or the policy's own score."""
     overlap_blocks: int
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True):
     request_id: str
     worker_id: str
     reason: str

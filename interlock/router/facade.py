@@ -488,7 +488,32 @@ class Router:
         runs: list[tuple[int, int]] = []
         overlaps = None
         if kernel is not None and self.indexer.compiled and not self.indexer.has_lower_tiers():
-            costs, ranked, slot, overlaps = self._kv_decide_indexed(kernel, meta, hashes, mask, weight, k)
+            # lookup, cost, candidates and choice in one compiled call
+            load = self.load
+            overhead, per_token = load.speeds()
+            used, free = load.blocks_in_use() if self.config.cost.price_room else (None, None)
+            costs, ranked, slot, overlaps = kernel.decide_indexed(
+                self.indexer,
+                hashes,
+                self.config.cost,
+                n,
+                prompt_tokens=meta.prompt_tokens,
+                queued=load.queued_prefill(),
+                per_token=per_token,
+                overhead=overhead,
+                decode_step=load.decode_step(),
+                decode_tokens=meta.max_tokens,
+                kv_usage=load.kv_used_frac,
+                busy=load.busy(),
+                k=k,
+                rotation=self._rotation,
+                waiting=load.reported_waiting,
+                free=free,
+                used=used,
+                drain_tokens=meta.max_tokens,
+                weight=weight,
+                eligible=None if self._is_whole(mask) else mask,
+            )
         elif kernel is not None and kernel.has_library:
             runs = self.indexer.overlap_masks(hashes) if hashes else []
             costs, ranked, slot = self._kv_decide(kernel, meta, hashes, runs, mask, weight, k)
@@ -530,43 +555,6 @@ class Router:
             for s in ranked[: self.config.num_candidates]
         )
         return self._decision(meta, ids[slot], reason, overlap_of(runs, slot), t0=t0, candidates=cands)
-
-    def _kv_decide_indexed(
-        self,
-        kernel: RouteKernel,
-        meta: RequestMeta,
-        hashes: Sequence[int],
-        mask: np.ndarray,
-        weight: np.ndarray | None,
-        k: int,
-    ) -> tuple[np.ndarray, list[int], int, np.ndarray]:
-        """``_kv_decide`` with the prefix lookup in the same compiled call (the compiled index,
-        no lower tiers): ``(costs, ranked, slot, overlaps)``."""
-        load = self.load
-        overhead, per_token = load.speeds()
-        used, free = load.blocks_in_use() if self.config.cost.price_room else (None, None)
-        return kernel.decide_indexed(
-            self.indexer,
-            hashes,
-            self.config.cost,
-            len(mask),
-            prompt_tokens=meta.prompt_tokens,
-            queued=load.queued_prefill(),
-            per_token=per_token,
-            overhead=overhead,
-            decode_step=load.decode_step(),
-            decode_tokens=meta.max_tokens,
-            kv_usage=load.kv_used_frac,
-            busy=load.busy(),
-            k=k,
-            rotation=self._rotation,
-            waiting=load.reported_waiting,
-            free=free,
-            used=used,
-            drain_tokens=meta.max_tokens,
-            weight=weight,
-            eligible=None if self._is_whole(mask) else mask,
-        )
 
     def _kv_decide(
         self,

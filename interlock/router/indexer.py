@@ -55,6 +55,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -103,6 +104,12 @@ class KvIndexer:
         self._cmap = self._c.new(1) if self._c is not None else None
         self._cwords = 1
         """Slots the compiled map's masks have room for, in 64s."""
+        self.native_decide: Callable[..., tuple[int, list[int]]] | None = (
+            partial(self._c.decide, self._cmap) if self._c is not None else None
+        )
+        """The whole ``kv`` decision over the compiled map (``csrc/kvindex.c``, ``decide``, which
+        names its arguments: the request's hashes first), None without it; the router's
+        ``route_kernel.RouteKernel.decide_indexed`` passes them."""
         self._lower_holders: dict[int, int] = {}
         self._workers: dict[str, _Worker] = {}
         self._by_slot: dict[int, _Worker] = {}
@@ -403,14 +410,6 @@ class KvIndexer:
             mask: int = self._c.mask(self._cmap, h)
             return mask
         return self._holders.get(h, 0)
-
-    def native_decide(self, hashes: Sequence[int], *args: object) -> tuple[int, list[int]]:
-        """The whole ``kv`` decision over the compiled map (``csrc/kvindex.c``, ``decide``,
-        which names its arguments); the router's ``route_kernel.RouteKernel.decide_indexed``
-        passes them."""
-        assert self._c is not None, "native_decide needs the compiled map"
-        out: tuple[int, list[int]] = self._c.decide(self._cmap, hashes, *args)
-        return out
 
     def memory_bytes(self) -> int | None:
         """Bytes the compiled map holds (table, masks, scratch); None for the dict."""

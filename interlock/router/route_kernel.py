@@ -190,7 +190,10 @@ class RouteKernel:
                 params.block_size,
                 params.tie_tolerance_s,
             )
-        slot, ranked = indexer.native_decide(
+        decide = indexer.native_decide
+        if decide is None:
+            raise TypeError("decide_indexed needs the compiled prefix index")
+        slot, ranked = decide(
             hashes, self._consts, n, prompt_tokens, rotation, k, decode_tokens, drain_tokens,
             queued, per_token, overhead, waiting, decode_step, kv_usage, free, used, weight, eligible, busy,
             self._cost, self._scratch, self._uncached, self._overlaps,

@@ -23,6 +23,13 @@ static inline double ceil_exact(double x) {
   return t;
 }
 
+/* 1/d where dividing by d is exactly multiplying by it (d a power of two: x / 2^k and
+ * x * 2^-k are the same double, short of subnormals, which no token count reaches), else 0. */
+static inline double exact_reciprocal(double d) {
+  int e;
+  return d > 0 && frexp(d, &e) == 0.5 ? 1.0 / d : 0.0;
+}
+
 int64_t route_kv(
     int64_t n,
     const double* uncached, const double* queued, const double* per_token, const double* overhead,
@@ -36,6 +43,7 @@ int64_t route_kv(
     double* cost, double* scratch, int64_t* ranked, int64_t* num_ranked) {
   double kv_max = -INFINITY, short_max = -INFINITY;
   int room = free_blocks && used_blocks;
+  const double inv_chunk = exact_reciprocal(chunk), inv_block = exact_reciprocal(block_size);
   for (int64_t i = 0; i < n; i++) {
     double u = uncached[i];
     double work = queued[i] + u;
@@ -48,13 +56,13 @@ int64_t route_kv(
       c = work + miss_weight * u;
     }
     c *= per_token[i];
-    c += ceil_exact(work / chunk) * overhead[i];
+    c += ceil_exact(inv_chunk != 0.0 ? work * inv_chunk : work / chunk) * overhead[i];
     if (decode_scale != 0.0) c += decode_step[i] * decode_scale;
     if (lower) c += lower[i] * load_s[i];
     cost[i] = c;
     if (kv_penalty != 0.0 && !(kv_usage[i] <= kv_max)) kv_max = kv_usage[i];
     if (room) {
-      double s = work / block_size;
+      double s = inv_block != 0.0 ? work * inv_block : work / block_size;
       s -= free_blocks[i];
       scratch[i] = s;
       if (!(s <= short_max)) short_max = s;
