@@ -56,7 +56,9 @@ int64_t route_kv(
       c = work + miss_weight * u;
     }
     c *= per_token[i];
-    c += ceil_exact(inv_chunk != 0.0 ? work * inv_chunk : work / chunk) * overhead[i];
+    /* ceil(work / chunk) is 1 for work in (0, chunk]: the common case, without the division */
+    double steps = work > 0.0 && work <= chunk ? 1.0 : ceil_exact(inv_chunk != 0.0 ? work * inv_chunk : work / chunk);
+    c += steps * overhead[i];
     if (decode_scale != 0.0) c += decode_step[i] * decode_scale;
     if (lower) c += lower[i] * load_s[i];
     cost[i] = c;
@@ -72,6 +74,7 @@ int64_t route_kv(
   int wait = room && short_max > 0;
   int64_t m = 0;
   int nan = 0;
+  double best[64];
   for (int64_t i = 0; i < n; i++) {
     double c = cost[i];
     if (penalise) {
@@ -92,14 +95,20 @@ int64_t route_kv(
     cost[i] = c;
     if (c != c) nan = 1;
     if ((eligible && !eligible[i]) || c == INFINITY) continue;
-    /* cheapest: the k lowest, equal costs by index (a later index goes after its equals) */
+    /* cheapest: the k lowest, equal costs by index (a later index goes after its equals);
+     * their costs kept in `best` too, so most workers are turned away by one compare */
+    if (m == k && !(c < best[k - 1])) continue;
     int64_t j = m < k ? m : k;
-    while (j > 0 && cost[ranked[j - 1]] > c) {
-      if (j < k) ranked[j] = ranked[j - 1];
+    while (j > 0 && best[j - 1] > c) {
+      if (j < k) {
+        ranked[j] = ranked[j - 1];
+        best[j] = best[j - 1];
+      }
       j--;
     }
     if (j < k) {
       ranked[j] = i;
+      best[j] = c;
       if (m < k) m++;
     }
   }
