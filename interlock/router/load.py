@@ -186,6 +186,8 @@ class LoadTracker:
         self._decode_line_stale = True
         self._fastest_decode: float | None = None
         """Fastest decode step any worker reported (None: to be found again)."""
+        self._step = np.empty(0)
+        """``decode_step``'s result, rewritten by each call."""
         self.outbox: list[RouterLoadEvent] = []
         """Events for other routers; the glue drains and publishes them."""
 
@@ -271,15 +273,22 @@ class LoadTracker:
         router_id: str | None = None,
     ) -> None:
         rid = router_id or self.router_id
-        if (rid, request_id) in self._inflight:
+        key = (rid, request_id)
+        if key in self._inflight:
             return
-        self._inflight[(rid, request_id)] = _Dispatched(slot, instance_id, prefill_tokens, kv_tokens, now)
-        self._fresh.setdefault(slot, []).append((rid, request_id))
-        self.dispatched_prefill[slot] += prefill_tokens
-        self.fresh_prefill[slot] += prefill_tokens
-        self.fresh_count[slot] += 1
-        self.dispatched_kv[slot] += kv_tokens
-        self.inflight[slot] += 1
+        self._inflight[key] = _Dispatched(slot, instance_id, prefill_tokens, kv_tokens, now)
+        self._fresh.setdefault(slot, []).append(key)
+        # the same doubles as ``v[slot] += x``, without a numpy scalar each
+        v = self.dispatched_prefill
+        v[slot] = v.item(slot) + prefill_tokens
+        v = self.fresh_prefill
+        v[slot] = v.item(slot) + prefill_tokens
+        v = self.fresh_count
+        v[slot] = v.item(slot) + 1
+        v = self.dispatched_kv
+        v[slot] = v.item(slot) + kv_tokens
+        v = self.inflight
+        v[slot] = v.item(slot) + 1
         self._refresh(slot, blocks=False)
         if router_id is None and self.share:
             self.outbox.append(
@@ -466,14 +475,18 @@ class LoadTracker:
         requests read, and a worker's own decode-step average is noisy and stale (it only moves
         on decode-only steps), so once the fleet's reports span a range of context, the
         estimate is the fleet's line (step time against summed context over KV tokens) at each
-        worker's current context, dispatches included; until then ``_decode_step_measured``."""
+        worker's current context, dispatches included; until then ``_decode_step_measured``.
+        The vector is a buffer the next call overwrites."""
         if self._decode_line_stale:
             self._decode_line = self._decode_fit.estimate(min_spread_tokens=0.01)
             self._decode_line_stale = False
+        step = self._step
+        if len(step) != len(self._context):
+            step = self._step = np.empty(len(self._context))
         if self._decode_line is None:
-            return self._decode_step_measured()
+            return self._decode_step_measured(step)
         base, slope = self._decode_line
-        step = self._context * slope  # base + slope * capped context, in place
+        np.multiply(self._context, slope, out=step)  # base + slope * capped context, in place
         step += base
         return step
 
@@ -483,7 +496,7 @@ class LoadTracker:
         ``MAX_DECODE_CONTEXT``."""
         return min(float(self.dispatched_kv[slot] * self.inv_kv_tokens[slot]), MAX_DECODE_CONTEXT)
 
-    def _decode_step_measured(self) -> np.ndarray:
+    def _decode_step_measured(self, out: np.ndarray) -> np.ndarray:
         """Until the fleet's line exists: the fastest decode step any worker reported (the
         step of a worker holding little KV), grown with each worker's summed context by a
         prior slope (``DECODE_CONTEXT_SLOPE``). A worker's own average is no measure of its
@@ -495,7 +508,7 @@ class LoadTracker:
             self._fastest_decode = (
                 float(self.decode_step_s[measured].min()) if measured.any() else DEFAULT_DECODE_STEP_S
             )
-        return self._fastest_decode * self._prior
+        return np.multiply(self._prior, self._fastest_decode, out=out)
 
     def blocks_in_use(self) -> tuple[np.ndarray, np.ndarray]:
         """``(in use, free)`` blocks per slot as last reported (free is +inf where the size is
