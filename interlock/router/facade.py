@@ -472,10 +472,10 @@ class Router:
         waited_s: float = 0.0,
     ) -> Decision | None:
         n = len(mask)
-        busy = self.load.busy()[:n]
         weight = self._weights(n)
         policy = self.config.policy
         if policy != "kv":
+            busy = self.load.busy()[:n]
             queued = self.load.queued_prefill()[:n]
             if weight is not None:
                 busy, queued = (busy + 1) / weight, (queued + 1) / weight
@@ -489,30 +489,19 @@ class Router:
         overlaps = None
         if kernel is not None and self.indexer.compiled and not self.indexer.has_lower_tiers():
             # lookup, cost, candidates and choice in one compiled call
-            load = self.load
-            overhead, per_token = load.speeds()
-            used, free = load.blocks_in_use() if self.config.cost.price_room else (None, None)
             costs, ranked, slot, overlaps = kernel.decide_indexed(
                 self.indexer,
                 hashes,
                 self.config.cost,
                 n,
-                prompt_tokens=meta.prompt_tokens,
-                queued=load.queued_prefill(),
-                per_token=per_token,
-                overhead=overhead,
-                decode_step=load.decode_step(),
-                decode_tokens=meta.max_tokens,
-                kv_usage=load.kv_used_frac,
-                busy=load.busy(),
-                k=k,
-                rotation=self._rotation,
-                waiting=load.reported_waiting,
-                free=free,
-                used=used,
-                drain_tokens=meta.max_tokens,
-                weight=weight,
-                eligible=None if self._is_whole(mask) else mask,
+                meta.prompt_tokens,
+                meta.max_tokens,
+                meta.max_tokens,
+                k,
+                self._rotation,
+                self.load.cost_vectors(self.config.cost.price_room),
+                weight,
+                None if self._is_whole(mask) else mask,
             )
         elif kernel is not None and kernel.has_library:
             runs = self.indexer.overlap_masks(hashes) if hashes else []
@@ -527,7 +516,7 @@ class Router:
             slot = choose(
                 costs,
                 mask,
-                busy,
+                self.load.busy()[:n],
                 tolerance=self.config.cost.tie_tolerance_s,
                 temperature=self.config.cost.temperature,
                 rng=self._rng,

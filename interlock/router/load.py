@@ -510,6 +510,25 @@ class LoadTracker:
             )
         return np.multiply(self._prior, self._fastest_decode, out=out)
 
+    def cost_vectors(self, price_room: bool) -> tuple[np.ndarray | None, ...]:
+        """What the compiled ``kv`` decision reads, in its order (``csrc/kvindex.c``,
+        ``decide``): queue ahead, per-token and per-step speed, reported queue depth, decode
+        step, KV usage as reported, blocks free and in use (None, None without ``price_room``),
+        in-flight requests. One call instead of six on the decision's path."""
+        overhead, per_token = self.speeds()
+        room = price_room
+        return (
+            self._queued,
+            per_token,
+            overhead,
+            self.reported_waiting,
+            self.decode_step(),
+            self.kv_used_frac,
+            self._free if room else None,
+            self._used if room else None,
+            self._busy_n,
+        )
+
     def blocks_in_use(self) -> tuple[np.ndarray, np.ndarray]:
         """``(in use, free)`` blocks per slot as last reported (free is +inf where the size is
         unknown)."""

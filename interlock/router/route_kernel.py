@@ -74,6 +74,8 @@ class RouteKernel:
         self._scratch = np.zeros(0)
         self._uncached = np.zeros(0)
         self._overlaps = np.zeros(0, dtype=np.int64)
+        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps)
+        """``decide_indexed``'s output buffers, in ``decide``'s order."""
         self._ranked = np.zeros(MAX_RANKED, dtype=np.int64)
         self._num_ranked = np.zeros(1, dtype=np.int64)
         self._ranked_at = self._ranked.ctypes.data
@@ -155,29 +157,21 @@ class RouteKernel:
         hashes: Sequence[int],
         params: CostParams,
         n: int,
-        *,
         prompt_tokens: int,
-        queued: np.ndarray,
-        per_token: np.ndarray,
-        overhead: np.ndarray,
-        decode_step: np.ndarray,
         decode_tokens: int,
-        kv_usage: np.ndarray,
-        busy: np.ndarray,
+        drain_tokens: int,
         k: int,
         rotation: int,
-        waiting: np.ndarray | None = None,
-        free: np.ndarray | None = None,
-        used: np.ndarray | None = None,
-        drain_tokens: int = 0,
-        weight: np.ndarray | None = None,
-        eligible: np.ndarray | None = None,
+        vectors: tuple[np.ndarray | None, ...],
+        weight: np.ndarray | None,
+        eligible: np.ndarray | None,
     ) -> tuple[np.ndarray, list[int], int, np.ndarray]:
         """``decide`` with the uncached tokens worked out from the compiled prefix index's
         lookup of ``hashes`` in the same call (``KvIndexer.native_decide``, ``csrc/kvindex.c``;
-        no lower tiers), the vectors passed as they are: ``(costs, ranked, slot, overlaps)``,
-        ``overlaps`` the leading blocks each worker holds (int64). ``costs`` and ``overlaps``
-        are views of buffers the next call overwrites."""
+        no lower tiers): ``(costs, ranked, slot, overlaps)``, ``overlaps`` the leading blocks
+        each worker holds (int64). ``vectors`` are ``LoadTracker.cost_vectors``'s, in its
+        order. Arguments are positional: a call with twenty keywords cost 2 µs here.
+        ``costs`` and ``overlaps`` are views of buffers the next call overwrites."""
         self._grow(n)
         if params is not self._params:
             self._params = params
@@ -195,8 +189,7 @@ class RouteKernel:
             raise TypeError("decide_indexed needs the compiled prefix index")
         slot, ranked = decide(
             hashes, self._consts, n, prompt_tokens, rotation, k, decode_tokens, drain_tokens,
-            queued, per_token, overhead, waiting, decode_step, kv_usage, free, used, weight, eligible, busy,
-            self._cost, self._scratch, self._uncached, self._overlaps,
+            vectors, weight, eligible, self._outs,
         )  # fmt: skip
         return self._cost[:n], ranked, slot, self._overlaps[:n]
 
@@ -206,6 +199,7 @@ class RouteKernel:
         size = max(n, 2 * len(self._cost))
         self._cost, self._scratch, self._uncached = np.zeros(size), np.zeros(size), np.zeros(size)
         self._overlaps = np.zeros(size, dtype=np.int64)
+        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps)
         self._cost_at, self._scratch_at = self._cost.ctypes.data, self._scratch.ctypes.data
 
     def _pack(

@@ -195,27 +195,30 @@ def test_the_compiled_decision_equals_numpy_over_the_dict(evs, c, chain, cut) ->
     if c["weight"] is not None:
         costs = costs / c["weight"]
     kernel = RouteKernel(None)
+    vectors = (
+        c["queued"],
+        c["per_token"],
+        c["overhead"],
+        c["waiting"],
+        c["decode_step"],
+        c["kv"],
+        c["free"] if c["room"] else None,
+        c["used"] if c["room"] else None,
+        c["busy"],
+    )
     got_costs, ranked, slot, got_overlaps = kernel.decide_indexed(
         compiled,
         hashes,
         p,
         WORKERS,
-        prompt_tokens=c["prompt"],
-        queued=c["queued"],
-        per_token=c["per_token"],
-        overhead=c["overhead"],
-        decode_step=c["decode_step"],
-        decode_tokens=c["decode_tokens"],
-        kv_usage=c["kv"],
-        busy=c["busy"],
-        k=c["k"],
-        rotation=c["rotation"],
-        waiting=c["waiting"],
-        free=c["free"] if c["room"] else None,
-        used=c["used"] if c["room"] else None,
-        drain_tokens=c["decode_tokens"],
-        weight=c["weight"],
-        eligible=c["eligible"],
+        c["prompt"],
+        c["decode_tokens"],
+        c["decode_tokens"],
+        c["k"],
+        c["rotation"],
+        vectors,
+        c["weight"],
+        c["eligible"],
     )
     np.testing.assert_array_equal(got_overlaps, overlaps)
     np.testing.assert_array_equal(got_costs, costs)  # bit for bit
@@ -234,20 +237,6 @@ def test_the_compiled_decision_names_a_wrong_vector() -> None:
     compiled, _ = both()
     ok = np.zeros(WORKERS)
     kernel = RouteKernel(None)
+    bad = (ok, np.zeros(WORKERS, dtype=np.float32), ok, None, ok, ok, None, None, ok)
     with pytest.raises(TypeError, match="per_token must be a contiguous float64 vector of at least 70"):
-        kernel.decide_indexed(
-            compiled,
-            [1],
-            CostParams(),
-            WORKERS,
-            prompt_tokens=10,
-            queued=ok,
-            per_token=np.zeros(WORKERS, dtype=np.float32),
-            overhead=ok,
-            decode_step=ok,
-            decode_tokens=1,
-            kv_usage=ok,
-            busy=ok,
-            k=MAX_RANKED,
-            rotation=0,
-        )
+        kernel.decide_indexed(compiled, [1], CostParams(), WORKERS, 10, 1, 1, MAX_RANKED, 0, bad, None, None)

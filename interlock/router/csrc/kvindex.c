@@ -666,23 +666,30 @@ static int scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int
   return 0;
 }
 
-#define DECIDE_ARGS 24
+#define DECIDE_ARGS 13
 
 /* decide(index, hashes, consts, n, prompt_tokens, rotation, k, decode_tokens, drain_tokens,
- *        queued, per_token, overhead, waiting, decode_step, kv_usage, free, used, weight,
- *        eligible, busy, out_cost, out_scratch, out_uncached, out_overlap) -> (slot, ranked)
+ *        vectors, weight, eligible, outs) -> (slot, ranked)
  * The whole kv decision: the lookup of `hashes`, the uncached tokens and overlap of every
- * slot (scatter_runs, into out_uncached and the int64 out_overlap), then route_kv over the
- * first n slots. consts = (chunk_tokens, miss_weight, decode_weight, kv_penalty,
- * kv_watermark, block_size, tie_tolerance_s) of CostParams; waiting, free, used, weight and
- * eligible may be None (free and used: no wait for room). slot -1: numpy must choose. */
+ * slot (scatter_runs), then route_kv over the first n slots.
+ *   consts  = (chunk_tokens, miss_weight, decode_weight, kv_penalty, kv_watermark, block_size,
+ *              tie_tolerance_s) of CostParams;
+ *   vectors = (queued, per_token, overhead, waiting, decode_step, kv_usage, free, used, busy)
+ *             (LoadTracker.cost_vectors; waiting, free and used may be None: free and used
+ *             None, no wait for room);
+ *   weight, eligible: None or vectors; outs = (cost, scratch, uncached, int64 overlap).
+ * slot -1: numpy must choose. */
 static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (check_nargs(nargs, DECIDE_ARGS, "decide") < 0) return NULL;
   Index* ix = get_index(args[0]);
   if (!ix) return NULL;
-  PyObject* consts = args[2];
+  PyObject *consts = args[2], *vectors = args[9], *outs = args[12];
   if (!PyTuple_Check(consts) || PyTuple_GET_SIZE(consts) != 7)
     return PyErr_Format(PyExc_TypeError, "decide: consts must be a tuple of 7 numbers");
+  if (!PyTuple_Check(vectors) || PyTuple_GET_SIZE(vectors) != 9)
+    return PyErr_Format(PyExc_TypeError, "decide: vectors must be a tuple of 9");
+  if (!PyTuple_Check(outs) || PyTuple_GET_SIZE(outs) != 4)
+    return PyErr_Format(PyExc_TypeError, "decide: outs must be a tuple of 4 vectors");
   double chunk = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 0));
   double miss_weight = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 1));
   double decode_weight = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 2));
@@ -703,18 +710,22 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   if (k < 1 || k > 64) return PyErr_Format(PyExc_ValueError, "decide: k must be in 1..64, got %lld", (long long)k);
   void *queued, *per_token, *overhead, *waiting, *decode_step, *kv_usage, *free_b, *used_b, *weight, *eligible,
       *busy, *cost, *scratch, *uncached, *overlap;
-  if (vec(args[9], "queued", n, 0, 0, &queued) || vec(args[10], "per_token", n, 0, 0, &per_token) ||
-      vec(args[11], "overhead", n, 0, 0, &overhead) || vec(args[12], "waiting", n, 0, 1, &waiting) ||
-      vec(args[13], "decode_step", n, 0, 0, &decode_step) || vec(args[14], "kv_usage", n, 0, 0, &kv_usage) ||
-      vec(args[15], "free", n, 0, 1, &free_b) || vec(args[16], "used", n, 0, 1, &used_b) ||
-      vec(args[17], "weight", n, 0, 1, &weight) || vec(args[18], "eligible", n, 1, 1, &eligible) ||
-      vec(args[19], "busy", n, 0, 0, &busy) || vec(args[20], "out_cost", n, 0, 0, &cost) ||
-      vec(args[21], "out_scratch", n, 0, 0, &scratch) || vec(args[22], "out_uncached", n, 0, 0, &uncached))
+#define V(i) PyTuple_GET_ITEM(vectors, i)
+#define O(i) PyTuple_GET_ITEM(outs, i)
+  if (vec(V(0), "queued", n, 0, 0, &queued) || vec(V(1), "per_token", n, 0, 0, &per_token) ||
+      vec(V(2), "overhead", n, 0, 0, &overhead) || vec(V(3), "waiting", n, 0, 1, &waiting) ||
+      vec(V(4), "decode_step", n, 0, 0, &decode_step) || vec(V(5), "kv_usage", n, 0, 0, &kv_usage) ||
+      vec(V(6), "free", n, 0, 1, &free_b) || vec(V(7), "used", n, 0, 1, &used_b) ||
+      vec(V(8), "busy", n, 0, 0, &busy) || vec(args[10], "weight", n, 0, 1, &weight) ||
+      vec(args[11], "eligible", n, 1, 1, &eligible) || vec(O(0), "out cost", n, 0, 0, &cost) ||
+      vec(O(1), "out scratch", n, 0, 0, &scratch) || vec(O(2), "out uncached", n, 0, 0, &uncached))
     return NULL;
-  PyObject* ov = args[23];
+  PyObject* ov = O(3);
+#undef V
+#undef O
   if (!PyArray_Check(ov) || PyArray_NDIM((PyArrayObject*)ov) != 1 || PyArray_TYPE((PyArrayObject*)ov) != NPY_INT64 ||
       !PyArray_IS_C_CONTIGUOUS((PyArrayObject*)ov) || PyArray_DIM((PyArrayObject*)ov, 0) < n)
-    return PyErr_Format(PyExc_TypeError, "decide: out_overlap must be a contiguous int64 vector of at least %lld values",
+    return PyErr_Format(PyExc_TypeError, "decide: out overlap must be a contiguous int64 vector of at least %lld values",
                         (long long)n);
   overlap = PyArray_DATA((PyArrayObject*)ov);
   int64_t nh;
