@@ -67,8 +67,10 @@ with the fewest in-flight requests (never the busiest), then by rotation. With a
 temperature > 0 the worker is sampled with probability ``exp(-normalised_cost / T)``.
 
 These functions are the reference: the router computes the cost, the ranked candidates and the
-choice at temperature 0 in one compiled pass where it can (``route_kernel``, the same result to
-the last bit), and with these where it cannot.
+choice at temperature 0 in one compiled pass where it can (``route_kernel``, ``csrc/route_kv.c``,
+the same result to the last bit), and with these where it cannot. A change to the code here
+switches that pass off (``route_kernel.MIRRORED``, a fingerprint of this code) until the C is
+brought in line: the router never prices with a formula other than this one.
 """
 
 from __future__ import annotations

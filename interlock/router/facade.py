@@ -38,7 +38,7 @@ from interlock.router.policies import (
     rendezvous_subset,
     should_spill,
 )
-from interlock.router.route_kernel import MAX_RANKED, RouteKernel
+from interlock.router.route_kernel import MAX_RANKED, RouteKernel, mirrors_cost
 from interlock.router.route_kernel import load as load_route_kernel
 
 
@@ -134,7 +134,8 @@ class Router:
         self._uncached = np.zeros(0)
         """Scratch: the request's uncached prompt tokens per slot (``_pick``)."""
         lib = load_route_kernel()
-        self._kernel = RouteKernel(lib) if lib is not None or self.indexer.compiled else None
+        compiled = lib is not None or self.indexer.compiled
+        self._kernel = RouteKernel(lib) if compiled and mirrors_cost() else None
         """The compiled ``kv`` decision (``route_kernel``; with the compiled index, lookup
         included), None: numpy decides (the same)."""
         self._rng = np.random.default_rng(self.config.seed)

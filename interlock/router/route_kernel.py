@@ -17,8 +17,13 @@ the number of workers.
 
 from __future__ import annotations
 
+import ast
 import ctypes
+import dataclasses
+import hashlib
+import inspect
 import logging
+import textwrap
 import threading
 from collections.abc import Sequence
 from functools import cache
@@ -27,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from interlock import cbuild
+from interlock.router import cost
 from interlock.router.cost import CostParams
 from interlock.router.indexer import KvIndexer
 
@@ -41,6 +47,60 @@ _PACKED = (ctypes.c_void_p,) * 3
 """``route_kv_packed``: int64 addresses, doubles, int64s, in ``route_kv``'s order (``decide``)."""
 _MAX_REMEMBERED = 64
 _lock = threading.Lock()
+
+
+MIRRORED = "c725e921d6d47b3a"
+"""``cost_fingerprint()`` of the cost code ``route_kv.c`` mirrors. Where ``cost.py`` changes
+(a new term, a new weight), the compiled decision is switched off (``mirrors_cost``) until
+``route_kv.c`` is brought in line and this updated: the router then decides with numpy, never
+with a cost that differs from the reference. ``tests/router/test_route_kernel.py`` fails
+meanwhile, to say so."""
+_MIRRORED_PARAMS = frozenset(
+    {
+        "block_size",
+        "chunk_tokens",
+        "kv_watermark",
+        "kv_penalty",
+        "miss_weight",
+        "decode_weight",
+        "temperature",
+        "tie_tolerance_s",
+        "price_room",
+    }
+)
+"""The ``CostParams`` fields the compiled decision reads or checks (all of them)."""
+
+
+def cost_fingerprint() -> str:
+    """A hash of the code (docstrings left out) of ``cost.ttft_costs``, ``_room_wait``,
+    ``cheapest`` and ``choose``, and of ``CostParams``' fields."""
+    digest = hashlib.sha256()
+    for fn in (cost.ttft_costs, cost._room_wait, cost.cheapest, cost.choose):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+                if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                    body.pop(0)
+        digest.update(ast.dump(tree).encode())
+    digest.update(" ".join(f.name for f in dataclasses.fields(cost.CostParams)).encode())
+    return digest.hexdigest()[:16]
+
+
+@cache
+def mirrors_cost() -> bool:
+    """The compiled decision computes what ``cost.py`` does (see ``MIRRORED``); says once why
+    not."""
+    names = {f.name for f in dataclasses.fields(cost.CostParams)}
+    if names != _MIRRORED_PARAMS or cost_fingerprint() != MIRRORED:
+        log.warning(
+            "router/cost.py changed since csrc/route_kv.c mirrored it (fingerprint %s, mirrored %s):"
+            " deciding with numpy until the kernel is brought in line",
+            cost_fingerprint(),
+            MIRRORED,
+        )
+        return False
+    return True
 
 
 @cache

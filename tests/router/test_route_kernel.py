@@ -280,3 +280,26 @@ def test_without_a_compiler_the_router_decides_with_numpy(
     assert "no C compiler" in caplog.text
     assert Router(RouterConfig())._kernel is None
     assert len(_routes(3)) > 100
+
+
+def test_the_kernel_mirrors_cost_py() -> None:
+    # Fails when router/cost.py's formula changes: bring csrc/route_kv.c (and kvindex.c's
+    # decide) in line with it, then set route_kernel.MIRRORED to the new fingerprint.
+    assert route_kernel.cost_fingerprint() == route_kernel.MIRRORED, (
+        "router/cost.py changed: the compiled decision is off (numpy decides) until route_kv.c mirrors it"
+    )
+
+
+@needs_kernel
+def test_a_changed_cost_formula_switches_the_kernel_off(
+    fresh_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fresh_env.setattr(route_kernel, "MIRRORED", "0" * 16)
+    route_kernel.mirrors_cost.cache_clear()
+    try:
+        assert Router(RouterConfig())._kernel is None
+        assert "changed since csrc/route_kv.c mirrored it" in caplog.text
+    finally:
+        fresh_env.undo()
+        route_kernel.mirrors_cost.cache_clear()
+    assert Router(RouterConfig())._kernel is not None
