@@ -240,3 +240,37 @@ def test_the_compiled_decision_names_a_wrong_vector() -> None:
     bad = (ok, np.zeros(WORKERS, dtype=np.float32), ok, None, ok, ok, None, None, ok)
     with pytest.raises(TypeError, match="per_token must be a contiguous float64 vector of at least 70"):
         kernel.decide_indexed(compiled, [1], CostParams(), WORKERS, 10, 1, 1, MAX_RANKED, 0, bad, None, None)
+
+
+def test_a_nan_shortfall_prices_no_wait_for_room_as_numpy_does() -> None:
+    # numpy's argmax finds the NaN, so no worker is priced a wait; a running maximum that
+    # skipped the NaN would price one for the worker that lacks room
+    compiled, _ = both()
+    n = WORKERS
+    ones, zeros = np.ones(n), np.zeros(n)
+    free = np.full(n, 1e9)
+    free[0], free[1] = np.nan, 0.0
+    used = np.full(n, 10.0)
+    p = CostParams()
+    want = ttft_costs(
+        p,
+        prompt_tokens=64,
+        uncached_tokens=np.full(n, 64.0),
+        queued_prefill=zeros,
+        per_token_s=ones * 1e-4,
+        step_overhead_s=ones * 0.01,
+        decode_step_s=ones * 0.02,
+        kv_usage=zeros,
+        decode_tokens=8,
+        free_blocks=free,
+        used_blocks=used,
+        drain_s=ones * 0.02 * 8,
+    )
+    vectors = (zeros, ones * 1e-4, ones * 0.01, None, ones * 0.02, zeros, free, used, zeros)
+    costs, ranked, slot, _ = RouteKernel(None).decide_indexed(
+        compiled, [], p, n, 64, 8, 8, 3, 0, vectors, None, None
+    )
+    np.testing.assert_array_equal(costs, want)
+    everyone = np.ones(n, dtype=bool)
+    assert ranked == cheapest(want, None, 3)
+    assert slot == choose(want, everyone, zeros, tolerance=p.tie_tolerance_s, ranked=ranked)

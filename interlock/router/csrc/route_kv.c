@@ -41,7 +41,9 @@ int64_t route_kv(
     const double* weight, const uint8_t* eligible, const double* busy,
     double tolerance, int64_t rotation, int64_t k,
     double* cost, double* scratch, int64_t* ranked, int64_t* num_ranked) {
-  double kv_max = -INFINITY, short_max = -INFINITY;
+  /* numpy's kv_usage.max() > watermark and short[short.argmax()] > 0: some value over, and no
+   * NaN (numpy's max is then NaN, its argmax finds the NaN) */
+  int over = 0, nan_kv = 0, lack = 0, nan_short = 0;
   int room = free_blocks && used_blocks;
   const double inv_chunk = exact_reciprocal(chunk), inv_block = exact_reciprocal(block_size);
   for (int64_t i = 0; i < n; i++) {
@@ -62,16 +64,20 @@ int64_t route_kv(
     if (decode_scale != 0.0) c += decode_step[i] * decode_scale;
     if (lower) c += lower[i] * load_s[i];
     cost[i] = c;
-    if (kv_penalty != 0.0 && !(kv_usage[i] <= kv_max)) kv_max = kv_usage[i];
+    if (kv_penalty != 0.0) {
+      over |= kv_usage[i] > watermark;
+      nan_kv |= kv_usage[i] != kv_usage[i];
+    }
     if (room) {
       double s = inv_block != 0.0 ? work * inv_block : work / block_size;
       s -= free_blocks[i];
       scratch[i] = s;
-      if (!(s <= short_max)) short_max = s;
+      lack |= s > 0;
+      nan_short |= s != s;
     }
   }
-  int penalise = kv_penalty != 0.0 && kv_max > watermark;
-  int wait = room && short_max > 0;
+  int penalise = over && !nan_kv;
+  int wait = lack && !nan_short;
   int64_t m = 0;
   int nan = 0;
   double best[64];
