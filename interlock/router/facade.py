@@ -535,10 +535,8 @@ class Router:
                     return None
         ids = self._slot_ids
         if overlaps is not None:  # the compiled lookup's overlap of every worker
-            held = overlaps.item
-            cands = tuple(
-                Candidate(ids[s], costs.item(s), held(s)) for s in ranked[: self.config.num_candidates]
-            )
+            held, cost = overlaps.item, costs.item
+            cands = tuple([Candidate(ids[s], cost(s), held(s)) for s in ranked[: self.config.num_candidates]])
             return self._decision(meta, ids[slot], reason, held(slot), t0=t0, candidates=cands)
         cands = tuple(
             Candidate(ids[s], float(costs[s]), overlap_of(runs, s))

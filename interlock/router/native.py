@@ -34,6 +34,7 @@ CFLAGS = (
     "-O3",
     "-ffp-contract=off",
     "-fno-fast-math",
+    "-fno-trapping-math",
     "-shared",
     "-fPIC",
     f"-I{sysconfig.get_paths()['include']}",

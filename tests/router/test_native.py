@@ -274,3 +274,49 @@ def test_a_nan_shortfall_prices_no_wait_for_room_as_numpy_does() -> None:
     everyone = np.ones(n, dtype=bool)
     assert ranked == cheapest(want, None, 3)
     assert slot == choose(want, everyone, zeros, tolerance=p.tie_tolerance_s, ranked=ranked)
+
+
+EXTREME = st.sampled_from([0.0, 1.0, 8191.0, 8192.0, 8193.0, 16384.0, 3e15, 1e300, np.inf, np.nan])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(EXTREME, min_size=WORKERS, max_size=WORKERS),
+    st.lists(st.sampled_from([0.0, 5.0, np.inf, np.nan, -3.0]), min_size=WORKERS, max_size=WORKERS),
+    st.integers(1, 9000),
+)
+def test_the_usual_terms_cost_the_same_at_the_edges(queued, free, prompt) -> None:
+    # The router's defaults (queue depth, decode time, the wait for room; chunk and block size
+    # powers of two) take route_kv's AVX2 first pass where the CPU has one: the same doubles as
+    # numpy at chunk boundaries, past 2^52, at infinities and NaNs.
+    compiled, _ = both()
+    n, p = WORKERS, CostParams()
+    ones = np.ones(n)
+    q, f = np.array(queued), np.array(free)
+    waiting, step, used = ones * 2.0, ones * 0.02, ones * 30.0
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, as intended here
+        want = _usual_costs(p, prompt, q, f, waiting, step, used)
+    vectors = (q, ones * 1e-4, ones * 0.01, waiting, step, ones * 0.5, f, used, ones)
+    costs, _, _, _ = RouteKernel(None).decide_indexed(
+        compiled, [], p, n, prompt, 100, 100, 3, 0, vectors, None, None
+    )
+    np.testing.assert_array_equal(costs, want)
+
+
+def _usual_costs(p, prompt, q, f, waiting, step, used):  # type: ignore[no-untyped-def]
+    ones = np.ones(len(q))
+    return ttft_costs(
+        p,
+        prompt_tokens=prompt,
+        uncached_tokens=np.full(len(q), float(max(prompt, 1))),
+        queued_prefill=q,
+        per_token_s=ones * 1e-4,
+        step_overhead_s=ones * 0.01,
+        decode_step_s=step,
+        kv_usage=ones * 0.5,
+        decode_tokens=100,
+        waiting=waiting,
+        free_blocks=f,
+        used_blocks=used,
+        drain_s=step * 100,
+    )
