@@ -477,18 +477,26 @@ class LoadTracker:
         estimate is the fleet's line (step time against summed context over KV tokens) at each
         worker's current context, dispatches included; until then ``_decode_step_measured``.
         The vector is a buffer the next call overwrites."""
+        vector, mul, add = self.decode_step_terms()
+        step = self._step
+        if len(step) != len(vector):
+            step = self._step = np.empty(len(vector))
+        np.multiply(vector, mul, out=step)
+        if add is not None:
+            step += add
+        return step
+
+    def decode_step_terms(self) -> tuple[np.ndarray, float, float | None]:
+        """``decode_step()`` as ``vector * mul + add`` (no ``add``: None), left to compute: the
+        fleet's line, ``capped context * slope + base``; until it exists, ``prior * fastest``
+        (``_decode_step_measured``). The compiled decision computes it as it reads it."""
         if self._decode_line_stale:
             self._decode_line = self._decode_fit.estimate(min_spread_tokens=0.01)
             self._decode_line_stale = False
-        step = self._step
-        if len(step) != len(self._context):
-            step = self._step = np.empty(len(self._context))
         if self._decode_line is None:
-            return self._decode_step_measured(step)
+            return self._prior, self._decode_step_measured(), None
         base, slope = self._decode_line
-        np.multiply(self._context, slope, out=step)  # base + slope * capped context, in place
-        step += base
-        return step
+        return self._context, slope, base
 
     def context_usage(self, slot: int) -> float:
         """Summed context of the worker's requests over its KV tokens: what a decode step
@@ -496,8 +504,9 @@ class LoadTracker:
         ``MAX_DECODE_CONTEXT``."""
         return min(float(self.dispatched_kv[slot] * self.inv_kv_tokens[slot]), MAX_DECODE_CONTEXT)
 
-    def _decode_step_measured(self, out: np.ndarray) -> np.ndarray:
-        """Until the fleet's line exists: the fastest decode step any worker reported (the
+    def _decode_step_measured(self) -> float:
+        """Until the fleet's line exists, the step is this times each worker's prior growth
+        (``_prior``): the fastest decode step any worker reported (the
         step of a worker holding little KV), grown with each worker's summed context by a
         prior slope (``DECODE_CONTEXT_SLOPE``). A worker's own average is no measure of its
         load (it only moves on decode-only steps, rare on a busy worker), and a fixed default
@@ -508,13 +517,14 @@ class LoadTracker:
             self._fastest_decode = (
                 float(self.decode_step_s[measured].min()) if measured.any() else DEFAULT_DECODE_STEP_S
             )
-        return np.multiply(self._prior, self._fastest_decode, out=out)
+        return self._fastest_decode
 
-    def cost_vectors(self, price_room: bool) -> tuple[np.ndarray | None, ...]:
+    def cost_vectors(self, price_room: bool) -> tuple[object, ...]:
         """What the compiled ``kv`` decision reads, in its order (``csrc/kvindex.c``,
         ``decide``): queue ahead, per-token and per-step speed, reported queue depth, decode
-        step, KV usage as reported, blocks free and in use (None, None without ``price_room``),
-        in-flight requests. One call instead of six on the decision's path."""
+        step (as ``decode_step_terms``, computed there), KV usage as reported, blocks free and in
+        use (None, None without ``price_room``), in-flight requests. One call instead of six on
+        the decision's path."""
         overhead, per_token = self.speeds()
         room = price_room
         return (
@@ -522,7 +532,7 @@ class LoadTracker:
             per_token,
             overhead,
             self.reported_waiting,
-            self.decode_step(),
+            self.decode_step_terms(),
             self.kv_used_frac,
             self._free if room else None,
             self._used if room else None,

@@ -135,7 +135,8 @@ class RouteKernel:
         self._scratch = np.zeros(0)
         self._uncached = np.zeros(0)
         self._overlaps = np.zeros(0, dtype=np.int64)
-        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps)
+        self._decode = np.zeros(0)
+        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps, self._decode)
         """``decide_indexed``'s output buffers, in ``decide``'s order."""
         self._ranked = np.zeros(MAX_RANKED, dtype=np.int64)
         self._num_ranked = np.zeros(1, dtype=np.int64)
@@ -223,7 +224,7 @@ class RouteKernel:
         drain_tokens: int,
         k: int,
         rotation: int,
-        vectors: tuple[np.ndarray | None, ...],
+        vectors: tuple[object, ...],
         weight: np.ndarray | None,
         eligible: np.ndarray | None,
     ) -> tuple[np.ndarray, list[int], int, np.ndarray]:
@@ -231,7 +232,7 @@ class RouteKernel:
         lookup of ``hashes`` in the same call (``KvIndexer.native_decide``, ``csrc/kvindex.c``;
         no lower tiers): ``(costs, ranked, slot, overlaps)``, ``overlaps`` the leading blocks
         each worker holds (int64). ``vectors`` are ``LoadTracker.cost_vectors``'s, in its
-        order. Arguments are positional: a call with twenty keywords cost 2 µs here.
+        order (the decode step a vector, or ``LoadTracker.decode_step_terms``). Arguments are positional: a call with twenty keywords cost 2 µs here.
         ``costs`` and ``overlaps`` are views of buffers the next call overwrites."""
         self._grow(n)
         if params is not self._params:
@@ -263,7 +264,8 @@ class RouteKernel:
         size = max(n, 2 * len(self._cost))
         self._cost, self._scratch, self._uncached = np.zeros(size), np.zeros(size), np.zeros(size)
         self._overlaps = np.zeros(size, dtype=np.int64)
-        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps)
+        self._decode = np.zeros(size)
+        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps, self._decode)
         self._cost_at, self._scratch_at = self._cost.ctypes.data, self._scratch.ctypes.data
 
     def _pack(

@@ -320,3 +320,29 @@ def _usual_costs(p, prompt, q, f, waiting, step, used):  # type: ignore[no-untyp
         used_blocks=used,
         drain_s=step * 100,
     )
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 1.0), min_size=WORKERS, max_size=WORKERS),
+    st.floats(1e-4, 0.1),
+    st.one_of(st.none(), st.floats(1e-4, 0.1)),
+)
+def test_the_decode_step_from_its_terms_is_numpys(context, mul, add) -> None:
+    # LoadTracker.cost_vectors hands the decode step as (vector, mul, add): computed in C, it
+    # must be the vector LoadTracker.decode_step makes with numpy
+    compiled, _ = both()
+    n, p = WORKERS, CostParams()
+    ones, vector = np.ones(n), np.array(context)
+    step = vector * mul
+    if add is not None:
+        step += add
+    free, used = ones * 3.0, ones * 40.0
+    base = (ones * 500.0, ones * 1e-4, ones * 0.01, ones, None, ones * 0.5, free, used, ones)
+    kernel = RouteKernel(None)
+
+    def costs(decode: object) -> np.ndarray:
+        vectors = base[:4] + (decode,) + base[5:]
+        return kernel.decide_indexed(compiled, [], p, n, 64, 300, 300, 3, 0, vectors, None, None)[0].copy()
+
+    np.testing.assert_array_equal(costs((vector, mul, add)), costs(step))
