@@ -262,7 +262,13 @@ def fresh_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pytes
 
 @needs_kernel
 def test_a_router_decides_the_same_with_or_without_the_kernel(fresh_env: pytest.MonkeyPatch) -> None:
-    with_kernel = _routes(7)
+    with_kernel = _routes(7)  # the compiled index and decision in one call, where it builds
+    if native.load() is not None:  # the kernel alone over the Python index (no Python headers)
+        with pytest.MonkeyPatch.context() as no_index:
+            no_index.setattr(native, "load", lambda: None)
+            r = Router(RouterConfig())
+            assert not r.indexer.compiled and r._kernel is not None and r._kernel.has_library
+            assert _routes(7) == with_kernel
     fresh_env.setenv("INTERLOCK_CPU_KERNELS", "0")
     get_env.cache_clear()
     route_kernel.load.cache_clear()
