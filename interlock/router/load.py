@@ -235,16 +235,19 @@ class LoadTracker:
         """Recompute slot ``s``'s derived values from its state (same arithmetic as the
         vectorised definitions in ``check_derived``); ``blocks=False`` after a dispatch, which
         leaves the reported blocks in use as they were."""
+        # max/min spelled out (the same first-of-equals choice as the builtins, without a call)
         depth = self.reported_waiting.item(s) + self.fresh_count.item(s)
-        n = max(self.inflight.item(s), self.reported_running.item(s))
-        dkv, inv = self.dispatched_kv.item(s), self.inv_kv_tokens.item(s)
+        inflight, running = self.inflight.item(s), self.reported_running.item(s)
+        n = running if running > inflight else inflight
+        footprint = self.dispatched_kv.item(s) * self.inv_kv_tokens.item(s)
         used_frac = self.kv_used_frac.item(s)
-        usage = max(used_frac, dkv * inv)
+        usage = footprint if footprint > used_frac else used_frac
         self._queued[s] = self.reported_prefill.item(s) + self.fresh_prefill.item(s)
         self._depth[s] = depth
         self._busy_n[s] = n
         self._usage[s] = usage
-        self._context[s] = context = min(dkv * inv, MAX_DECODE_CONTEXT)
+        context = MAX_DECODE_CONTEXT if MAX_DECODE_CONTEXT < footprint else footprint
+        self._context[s] = context
         self._prior[s] = 1.0 + DECODE_CONTEXT_SLOPE * context
         if blocks:
             total = self.kv_tokens_total.item(s) / self._block_size.item(s)
