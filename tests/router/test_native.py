@@ -346,3 +346,21 @@ def test_the_decode_step_from_its_terms_is_numpys(context, mul, add) -> None:
         return kernel.decide_indexed(compiled, [], p, n, 64, 300, 300, 3, 0, vectors, None, None)[0].copy()
 
     np.testing.assert_array_equal(costs((vector, mul, add)), costs(step))
+
+
+def test_a_staircase_of_prefixes_gives_a_run_per_worker_in_the_decision() -> None:
+    # worker w holds the first w + 1 blocks: the lookup nests 70 runs, one per worker
+    compiled, plain = both()
+    chain = list(range(1, WORKERS + 1))
+    evs = [(w, stored(tuple(chain[: w + 1]))) for w in range(WORKERS)]
+    apply_all(compiled, evs)
+    apply_all(plain, evs)
+    assert len(compiled.overlap_masks(chain)) == WORKERS
+    n, ones = WORKERS, np.ones(WORKERS)
+    vectors = (ones * 0.0, ones * 1e-4, ones * 0.01, None, ones * 0.02, ones * 0.5, None, None, ones)
+    p = CostParams(block_size=1, tie_tolerance_s=0.0)
+    costs, ranked, slot, overlaps = RouteKernel(None).decide_indexed(
+        compiled, chain, p, n, 1000, 1, 1, 3, 0, vectors, None, None
+    )
+    np.testing.assert_array_equal(overlaps, plain.overlaps(chain, n))
+    assert ranked == [WORKERS - 1, WORKERS - 2, WORKERS - 3] and slot == WORKERS - 1  # the longest prefix

@@ -52,6 +52,8 @@ typedef struct {
   int64_t runs_cap;
   int32_t* depth;
   int64_t depth_cap;
+  double* table;  /* runs_cap + 1: a decision's uncached tokens per depth */
+  int64_t* held;  /* runs_cap + 1: its blocks held per depth */
   uint64_t* cur; /* words: the AND so far */
   uint64_t* tmp; /* words */
 } Index;
@@ -179,6 +181,8 @@ static void index_free(Index* ix) {
   free(ix->depth);
   free(ix->cur);
   free(ix->tmp);
+  free(ix->table);
+  free(ix->held);
   free(ix);
 }
 
@@ -409,6 +413,12 @@ static int ensure_runs(Index* ix, int64_t want) {
   int64_t* len = realloc(ix->run_len, (size_t)cap * 8);
   if (!len) return -1;
   ix->run_len = len;
+  double* table = realloc(ix->table, (size_t)(cap + 1) * 8);
+  if (!table) return -1;
+  ix->table = table;
+  int64_t* held = realloc(ix->held, (size_t)(cap + 1) * 8);
+  if (!held) return -1;
+  ix->held = held;
   ix->runs_cap = cap;
   return 0;
 }
@@ -651,8 +661,10 @@ static int scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int
         if (s < n) depth[s]++;
       }
   }
-  double table[nruns + 1];
-  int64_t held[nruns + 1];
+  /* per depth: tokens left to compute and blocks held, in buffers ensure_runs sized for one
+   * more than the runs (heap, not stack: a prompt may have any number of blocks) */
+  double* table = ix->table;
+  int64_t* held = ix->held;
   held[0] = 0;
   for (int64_t r = 0; r <= nruns; r++) {
     if (r) held[r] = held[r - 1] + ix->run_len[r - 1];
@@ -759,7 +771,7 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   overlap = PyArray_DATA((PyArrayObject*)ov);
   int64_t nh;
   if (load_keys(ix, args[1], &nh, 0) < 0) return NULL;
-  int64_t nruns = nh ? lookup_runs(ix, nh) : 0;
+  int64_t nruns = nh ? lookup_runs(ix, nh) : (ensure_runs(ix, 1) < 0 ? -1 : 0);
   if (nruns < 0 || scatter_runs(ix, nruns, n, prompt, bs, uncached, overlap) < 0) return PyErr_NoMemory();
   /* CostParams -> route_kv's scalars, as route_kernel.RouteKernel._pack derives them */
   double decode_scale = decode_weight != 0.0 && decode_tokens ? decode_weight * (double)decode_tokens : 0.0;
