@@ -4,7 +4,8 @@ Pure functions over per-worker vectors (numpy), no state. For worker ``w``::
 
     uncached_w = max(prompt_tokens - overlap_w * block_size, 1)    # prefix hits are free
     work_w     = queued_prefill_w + uncached_w                      # tokens ahead of our 1st token
-    ttft_w     = (work_w + miss_weight * (1 + waiting_w) * uncached_w) * per_token_s_w
+    backlog    = mean(queued_prefill) / chunk_tokens                # the fleet's, one number
+    ttft_w     = (work_w + miss_weight * ((1 + backlog) + waiting_w) * uncached_w) * per_token_s_w
                + ceil(work_w / chunk_tokens) * step_overhead_s_w    # per-step cost, decodes included
                + decode_weight * decode_tokens * decode_step_s_w    # optional: the decode phase too
 
@@ -28,7 +29,22 @@ x10, 1 gave 87% / 83% of the pooled bound, 2 90% / 86%, 3 91% / 88%, 4 92% / 89%
 2.0 / 2.4 s throughout; on the agent workload 4 raised TTFT p99 at four of five loads (x3: 494 ms
 against 459 at 3).
 
-``decode_weight`` (default 0.225) adds that share of the request's own decode time at the
+``backlog`` (``backlog_charge``, on by default) charges a miss once more per chunk of prompt
+the fleet's workers have queued on average: a miss's prefill also delays requests that arrive
+while the queues drain, and the router spreads those over the fleet (it sends them where the
+queue is shorter), so what a miss adds is shared by every worker's backlog, not only the one it
+lands on (``waiting_w`` counts only requests its engine has not admitted; a saturated engine
+has admitted everything that fits and holds its backlog as running chunked prefills, so
+``waiting_w`` was 0 where the Mooncake conversation trace at x10 gave up hits: 4% of its
+blocks, the whole gap to the pooled bound, went to workers with a shorter queue than the one
+holding the prefix, median 33k tokens). A chunk of queue is taken for one request (a step's
+prefill budget, the most of one prompt a step computes). Charging a worker's own queue instead
+changed nothing (x10: 88% of the pooled bound either way); the fleet's took x9 / x10 / x12 to
+97% / 96% / 89% and agent x3.5 TTFT p99 to 292 ms (BENCHMARKS.md, Saturation). The mean is over
+the vector given (slots without a worker count as empty queues). With every queue empty it is 0
+and the cost is the same as without it, to the last bit.
+
+``decode_weight`` (default 0.15) adds that share of the request's own decode time at the
 worker's expected decode step (``LoadTracker.decode_step``, which grows with the context the
 worker holds): a TTFT cost alone keeps sending requests behind a shared system prompt to the few
 workers that cache it, where the decodes pile up (8-worker herding test at 60 req/s: busiest
@@ -36,7 +52,20 @@ worker 1.7x the mean in flight, 4.8x without KV events). What holds the herd is 
 ``miss_weight`` (the price of joining the prompt's holders): 0.1 / 2 and 0.05 / 1 let it back
 (1.6x), 0.075 of it holds it (at most 1.2x at 60 and 120 req/s, with or without events). At
 0.2 / 1 it outbid the hits of long sessions on the agent workload (92% of the pooled bound at
-x1.75; 96% now). BENCHMARKS.md, Saturation, has the figures.
+x1.75; 96% now). With the fleet's decode line kept once fitted (``LoadTracker.decode_step``)
+and the backlog charge, 0.15 holds the herd at 60 and 120 req/s too (1.02x with KV events, at
+most 1.23x without; 0.1 let it back, 1.61x at 60) and gives the agent workload 97-99% of the pooled bound and TTFT p99 194-292
+ms over x1.25-x3.5 (0.225: 95-98%, p99 271-426 ms; 0.1: p99 157-338 ms). Pricing the slowdown a
+request adds to the others on the worker was tried two ways and left out. By context (the
+requests decoding there x its output x the decode line's slope x its context over the worker's
+KV) it held the herd at 20 req/s (1.05x, from 2.68x) but sent long agent sessions away from
+their caches (x1.25 at weights 0.5 and 1: 78-86% of the pooled bound, TTFT p99 527-674 ms).
+By the stall its prefill steps
+put into their token streams (``stall_weight`` x decoding_w x its own prefill time on w; what
+the herd really costs here: TTFT p99 55 ms and ITL p50 9.0 ms at 20 req/s against 34 / 6.7 with
+round-robin) it held the herd at 0.5 (1.17x; 1.0: 1.05x) and raised the conversation trace's
+hit ratio (x9 99%) but its TTFT p99 past Dynamo's (x7.5 2.4 s, x9 2.9 s against 2.1 / 2.4).
+BENCHMARKS.md, Saturation, has the figures.
 
 KV tiers: ``lower_blocks_w`` more blocks right after the device-pool prefix that worker ``w``
 holds in host memory or on disk are not computed but loaded (the engine always loads them);
@@ -93,8 +122,12 @@ class CostParams:
     """Extra weight on this request's own uncached prefill, per request it will delay (one,
     plus those waiting in the worker's queue): the work a miss adds to the whole system,
     beyond this request's TTFT."""
-    decode_weight: float = 0.225
+    decode_weight: float = 0.15
     """Weight of this request's own decode time (0: pure TTFT)."""
+    backlog_charge: bool = True
+    """Charge a miss once more per ``chunk_tokens`` of the fleet's mean queued prefill (the
+    requests a miss delays while the fleet's queues drain); off: only the worker's own waiting
+    requests count."""
     temperature: float = 0.0
     tie_tolerance_s: float = 1e-3
     price_room: bool = True
@@ -130,7 +163,8 @@ def ttft_costs(
     waiting: np.ndarray | None = None,
 ) -> np.ndarray:
     """Estimated seconds to first token on each worker, a miss charged for the requests it
-    delays (see module docstring); with ``free_blocks``, ``used_blocks`` and ``drain_s`` the
+    delays (``behind``: 1 + the fleet's backlog in chunks, plus ``waiting``; see the module
+    docstring); with ``free_blocks``, ``used_blocks`` and ``drain_s`` the
     wait for room is added last.
 
     Give either ``overlap_blocks`` (and optionally ``lower_blocks``) or ``uncached_tokens``,
@@ -148,10 +182,13 @@ def ttft_costs(
     else:
         uncached = uncached_tokens
     work = queued_prefill + uncached
+    behind = 1.0  # the next request, and one per chunk of the fleet's mean queue
+    if params.backlog_charge:
+        behind += float(queued_prefill.mean()) / params.chunk_tokens
     if waiting is None:
-        cost = work + uncached if params.miss_weight == 1.0 else work + params.miss_weight * uncached
+        cost = work + (params.miss_weight * behind) * uncached
     else:
-        cost = params.miss_weight * (1.0 + waiting)  # the miss, once per request it delays
+        cost = params.miss_weight * (behind + waiting)  # the miss, once per request it delays
         cost *= uncached
         cost += work
     cost *= per_token_s

@@ -492,9 +492,16 @@ class LoadTracker:
     def decode_step_terms(self) -> tuple[np.ndarray, float, float | None]:
         """``decode_step()`` as ``vector * mul + add`` (no ``add``: None), left to compute: the
         fleet's line, ``capped context * slope + base``; until it exists, ``prior * fastest``
-        (``_decode_step_measured``). The compiled decision computes it as it reads it."""
+        (``_decode_step_measured``). The compiled decision computes it as it reads it.
+        A line once fitted is kept while the fleet's recent reports span too little context to
+        fit another (a saturated fleet's are all at ``MAX_DECODE_CONTEXT``): the prior would
+        take the fastest step then reported, a loaded worker's, for an empty one's and price
+        steps at 5x it (120 ms where the engine's longest is 34 ms on the agent workload, which
+        sent long sessions away from their caches)."""
         if self._decode_line_stale:
-            self._decode_line = self._decode_fit.estimate(min_spread_tokens=0.01)
+            line = self._decode_fit.estimate(min_spread_tokens=0.01)
+            if line is not None:
+                self._decode_line = line
             self._decode_line_stale = False
         if self._decode_line is None:
             return self._prior, self._decode_step_measured(), None

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -49,11 +51,28 @@ def test_a_saturated_fleet_keeps_a_request_on_its_cache() -> None:
     # every queue is seconds long: 30,000 tokens more ahead on the worker holding the prompt's
     # 8,000-token prefix. Idle queues would be balanced (the hit saves less than the queue
     # costs); with 40 requests waiting everywhere the miss delays them all, so the hit wins.
-    p = CostParams(block_size=100, miss_weight=1.0, decode_weight=0.0)
+    p = CostParams(block_size=100, miss_weight=1.0, decode_weight=0.0, backlog_charge=False)
     kw = dict(prompt_tokens=9000, overlap_blocks=np.array([80, 0, 0]))
     queued = np.array([80_000.0, 50_000.0, 50_000.0])
     assert np.argmin(costs(p, queued_prefill=queued, **kw)) == 1
     assert np.argmin(costs(p, queued_prefill=queued, waiting=np.full(3, 40), **kw)) == 0
+
+
+def test_a_miss_is_charged_once_more_per_chunk_of_the_fleets_mean_queue() -> None:
+    # a saturated engine admits its backlog (nothing waits): the fleet's queues, 60,000 tokens
+    # on average, are what a miss delays, wherever it lands
+    p = CostParams(block_size=100, chunk_tokens=8000, miss_weight=1.0, decode_weight=0.0)
+    queued = np.array([80_000.0, 50_000.0, 50_000.0])
+    kw = dict(prompt_tokens=9000, overlap_blocks=np.array([80, 0, 0]), queued_prefill=queued)
+    c = costs(p, waiting=np.zeros(3), **kw)
+    behind = 1.0 + 60_000 / 8000
+    assert np.allclose(c[1], (59_000 + behind * 9000) * 1e-4 + 8 * 0.01)
+    assert np.argmin(c) == 0  # the hit wins
+    off = costs(replace(p, backlog_charge=False), waiting=np.zeros(3), **kw)
+    assert np.argmin(off) == 1  # the shorter queue wins without it
+    # no backlog anywhere: the same cost as without the charge, bit for bit
+    idle = dict(kw, queued_prefill=np.zeros(3))
+    assert np.array_equal(costs(p, **idle), costs(replace(p, backlog_charge=False), **idle))
 
 
 def test_kv_usage_above_watermark_raises_cost() -> None:

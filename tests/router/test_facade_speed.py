@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from interlock.errors import NoWorkers
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
-from interlock.router import RequestMeta, Router, RouterConfig
+from interlock.router import Decision, RequestMeta, Router, RouterConfig
 from interlock.router.cost import CostParams, cheapest, choose, room_wait_s, ttft_costs
 from interlock.router.load import DECODE_CONTEXT_SLOPE, MAX_DECODE_CONTEXT
 
@@ -59,7 +59,7 @@ def report(w: int, t: float, rng: random.Random) -> LoadReport:
 def reference_costs(r: Router, meta: RequestMeta, hashes: list[int]) -> np.ndarray:
     """The ``kv`` cost with every vector built from the tracker's state the plain way."""
     lt, n = r.load, r.indexer.num_slots
-    line = lt._decode_fit.estimate(min_spread_tokens=0.01)
+    line = lt._decode_fit.estimate(min_spread_tokens=0.01) or lt._decode_line  # kept once fitted
     context = np.minimum(lt.dispatched_kv * lt.inv_kv_tokens, MAX_DECODE_CONTEXT)
     if line is None:
         measured = lt.decode_measured
@@ -106,7 +106,8 @@ def test_decisions_cost_exactly_what_the_plain_definitions_give() -> None:
         n = r.indexer.num_slots
         got = r._kv_costs(meta, hashes, r.indexer.overlap_masks(hashes), n)
         assert np.array_equal(got, reference_costs(r, meta, hashes))
-        d = r.route(meta, block_hashes=hashes)
+        d = r.route(meta, block_hashes=hashes, may_wait=False)  # costs are the point, not waits
+        assert isinstance(d, Decision)
         assert d.overlap_blocks == r.indexer.overlaps(hashes)[r.indexer.slot_of(d.worker_id)]
         if i % 3:
             r.on_finish(meta.request_id)
@@ -153,7 +154,9 @@ def test_ttft_costs_shortcuts_equal_the_formula(
     # the module docstring's formula, term by term
     uncached = np.maximum(prompt - overlap * BS, 1)
     work = queued + uncached
-    behind = 1.0 if waiting is None else 1.0 + waiting
+    behind = 1.0 + queued.mean() / chunk  # the fleet's backlog in chunks
+    if waiting is not None:
+        behind = behind + waiting
     want = (work + params.miss_weight * behind * uncached) * per_token
     want += np.ceil(work / chunk) * overhead
     if max_tokens:

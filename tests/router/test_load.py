@@ -113,6 +113,24 @@ def test_decode_step_is_priced_at_no_more_context_than_the_kv_holds() -> None:
     assert abs(step[1] - 0.015) < 1e-9 and abs(step[1] - step[2]) < 1e-12
 
 
+def test_the_fleet_decode_line_is_kept_while_reports_span_no_context() -> None:
+    # a saturated fleet: every worker's context at the cap, so recent reports cannot fit a
+    # line; the prior would price 5x the fastest step reported (a loaded worker's) at the cap
+    lt = tracker()
+    for i, ctx in enumerate([100, 500, 900, 300, 700]):
+        lt.on_route(f"q{i}", 0, "w0", prefill_tokens=0, kv_tokens=ctx, now=0.0)
+        lt.apply_report(0, replace(report(t=1.0 + i), decode_step_s=0.005 + 0.01 * ctx / 1000), now=1.0 + i)
+        lt.on_finish(f"q{i}")
+    assert abs(lt.decode_step()[0] - 0.005) < 1e-9  # the line, at no context
+    for slot in range(3):
+        lt.on_route(f"full{slot}", slot, f"w{slot}", prefill_tokens=0, kv_tokens=1000, now=7.0)
+    for i in range(2000):  # enough reports to forget the spread (the fit decays 1% each)
+        lt.apply_report(i % 3, replace(report(f"w{i % 3}", t=8.0 + i), decode_step_s=0.015), now=8.0 + i)
+    assert lt._decode_fit.estimate(min_spread_tokens=0.01) is None
+    step = lt.decode_step()
+    assert np.allclose(step[:3], 0.015)  # the kept line at a full context, not 5 x 0.015
+
+
 def test_remote_router_load_is_counted_and_forgotten() -> None:
     lt = tracker()
     ev = RouterLoadEvent(
