@@ -45,12 +45,13 @@ CFLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-
 MAX_RANKED = 64
 """The most candidates the kernel ranks (``RouterConfig.num_candidates`` above it: numpy)."""
 _PACKED = (ctypes.c_void_p,) * 3
-"""``route_kv_packed``: int64 addresses, doubles, int64s, in ``route_kv``'s order (``decide``)."""
+"""``route_kv_packed``: int64 addresses, doubles, int64s, in ``route_kv``'s order (``decide``;
+the int64s: n, rotation, k, backlog_charge)."""
 _MAX_REMEMBERED = 64
 _lock = threading.Lock()
 
 
-MIRRORED = "c725e921d6d47b3a"
+MIRRORED = "6e16e84fe5901b0d"
 """``cost_fingerprint()`` of the cost code ``route_kv.c`` mirrors. Where ``cost.py`` changes
 (a new term, a new weight), the compiled decision is switched off (``mirrors_cost``) until
 ``route_kv.c`` is brought in line and this updated: the router then decides with numpy, never
@@ -64,6 +65,7 @@ _MIRRORED_PARAMS = frozenset(
         "kv_penalty",
         "miss_weight",
         "decode_weight",
+        "backlog_charge",
         "temperature",
         "tie_tolerance_s",
         "price_room",
@@ -128,7 +130,7 @@ class RouteKernel:
         self._fn = lib.route_kv_packed if lib is not None else None
         self._ptrs = np.zeros(18, dtype=np.int64)
         self._reals = np.zeros(9)
-        self._ints = np.zeros(3, dtype=np.int64)
+        self._ints = np.zeros(4, dtype=np.int64)
         self._args = (self._ptrs.ctypes.data, self._reals.ctypes.data, self._ints.ctypes.data)
         self._addr: dict[int, tuple[np.ndarray, int]] = {}
         self._cost = np.zeros(0)
@@ -145,7 +147,9 @@ class RouteKernel:
         self._n = 0
         self._cost_at = self._scratch_at = 0
         self._params: CostParams | None = None
-        self._consts: tuple[float, float, float, float, float, int, float] = (0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0)
+        self._consts: tuple[float, float, float, float, float, int, float, bool] = (
+            0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, False,
+        )  # fmt: skip
         """``decide_indexed``'s cost constants, for ``_params``."""
 
     @property
@@ -245,6 +249,7 @@ class RouteKernel:
                 params.kv_watermark,
                 params.block_size,
                 params.tie_tolerance_s,
+                params.backlog_charge,
             )
         decide = indexer.native_decide
         if decide is None:
@@ -329,7 +334,7 @@ class RouteKernel:
             params.block_size,
             params.tie_tolerance_s,
         )
-        self._ints[:] = (n, rotation, k)
+        self._ints[:] = (n, rotation, k, params.backlog_charge)
 
 
 def main() -> int:

@@ -39,7 +39,8 @@ def cases(draw: st.DrawFn) -> dict:
         kv_watermark=draw(st.sampled_from([0.5, 0.7, 1.0])),
         kv_penalty=draw(st.sampled_from([0.0, 0.0, 4.0])),
         miss_weight=draw(st.sampled_from([1.0, 3.0, 0.0])),
-        decode_weight=draw(st.sampled_from([0.0, 0.225])),
+        decode_weight=draw(st.sampled_from([0.0, 0.15, 0.225])),
+        backlog_charge=draw(st.booleans()),
         tie_tolerance_s=draw(st.sampled_from([0.0, 1e-3, 1.0])),
     )
     lower = draw(st.booleans())
@@ -52,7 +53,7 @@ def cases(draw: st.DrawFn) -> dict:
         "lower": np.array(draw(st.lists(st.integers(0, 8), min_size=n, max_size=n)), dtype=np.int32)
         if lower
         else None,
-        "queued": vec(st.sampled_from([0.0, 16.0, 300.0, 9000.0])),
+        "queued": vec(st.sampled_from([0.0, 16.0, 300.0, 9000.0, 0.1, 1e15 / 3])),
         "per_token": vec(SPEED),
         "overhead": vec(st.sampled_from([0.01, 0.02])),
         "decode_step": vec(st.sampled_from([0.01, 0.03])),
@@ -189,6 +190,50 @@ def test_the_kernel_refuses_short_or_mistyped_vectors() -> None:
     c["queued"], c["k"] = np.zeros(4), route_kernel.MAX_RANKED + 1
     with pytest.raises(ValueError, match="k must be in"):
         kernel_decision(kernel, c)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 23, 128, 129, 136, 300, 1024, 1500])
+@pytest.mark.parametrize("waiting", [False, True])
+def test_the_backlog_is_the_mean_numpy_takes(n: int, waiting: bool) -> None:
+    # The fleet's mean queue is summed as numpy sums (eight running sums, halves past 128):
+    # with fractional queues of many magnitudes the order changes the sum, and so the costs.
+    assert LIB is not None
+    for seed in range(100):  # from 9 values on, data where a plain running sum is another double
+        rng = np.random.default_rng(seed)
+        queued = rng.random(n) * 10.0 ** rng.integers(0, 13, n)
+        if n < 9 or sum(queued.tolist()) != float(np.add.reduce(queued)):
+            break
+    else:
+        raise AssertionError("no data to tell the sums apart")
+    ones = np.ones(n)
+    c = {
+        "n": n,
+        "params": CostParams(chunk_tokens=1, decode_weight=0.0, price_room=False),
+        "prompt": 1000,
+        "overlaps": np.zeros(n, dtype=np.int32),
+        "lower": None,
+        "queued": queued,
+        "per_token": ones,
+        "overhead": ones,
+        "decode_step": ones,
+        "decode_tokens": 0,
+        "kv": np.zeros(n),
+        "waiting": ones if waiting else None,
+        "load_s": ones,
+        "room": False,
+        "free": ones,
+        "used": ones,
+        "weight": None,
+        "eligible": None,
+        "busy": np.zeros(n),
+        "rotation": 0,
+        "k": 2,
+    }
+    want_costs, want_ranked, want_slot = numpy_decision(c)
+    costs, ranked, slot = kernel_decision(RouteKernel(LIB), c)
+    assert costs.tobytes() == want_costs.tobytes()
+    assert (ranked, slot) == (want_ranked, want_slot)
 
 
 def _routes(seed: int) -> list[tuple[str, tuple[tuple[str, float], ...]]]:

@@ -713,7 +713,7 @@ static int decode_vec(PyObject* o, PyObject* out, int64_t n, void** data) {
  * The whole kv decision: the lookup of `hashes`, the uncached tokens and overlap of every
  * slot (scatter_runs), then route_kv over the first n slots.
  *   consts  = (chunk_tokens, miss_weight, decode_weight, kv_penalty, kv_watermark, block_size,
- *              tie_tolerance_s) of CostParams;
+ *              tie_tolerance_s, backlog_charge) of CostParams;
  *   vectors = (queued, per_token, overhead, waiting, decode_step, kv_usage, free, used, busy)
  *             (LoadTracker.cost_vectors; waiting, free and used may be None: free and used
  *             None, no wait for room); decode_step a vector, or (vector, mul, add or None),
@@ -725,8 +725,8 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   Index* ix = get_index(args[0]);
   if (!ix) return NULL;
   PyObject *consts = args[2], *vectors = args[9], *outs = args[12];
-  if (!PyTuple_Check(consts) || PyTuple_GET_SIZE(consts) != 7)
-    return PyErr_Format(PyExc_TypeError, "decide: consts must be a tuple of 7 numbers");
+  if (!PyTuple_Check(consts) || PyTuple_GET_SIZE(consts) != 8)
+    return PyErr_Format(PyExc_TypeError, "decide: consts must be a tuple of 8 numbers");
   if (!PyTuple_Check(vectors) || PyTuple_GET_SIZE(vectors) != 9)
     return PyErr_Format(PyExc_TypeError, "decide: vectors must be a tuple of 9");
   if (!PyTuple_Check(outs) || PyTuple_GET_SIZE(outs) != 5)
@@ -738,6 +738,8 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   double watermark = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 4));
   int64_t bs = PyLong_AsLongLong(PyTuple_GET_ITEM(consts, 5));
   double tolerance = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 6));
+  int backlog = PyObject_IsTrue(PyTuple_GET_ITEM(consts, 7));
+  if (backlog < 0) return NULL;
   int64_t n = PyLong_AsLongLong(args[3]);
   int64_t prompt = PyLong_AsLongLong(args[4]);
   int64_t rotation = PyLong_AsLongLong(args[5]);
@@ -779,7 +781,7 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   if (span < 1e-9) span = 1e-9;
   int room = free_b && used_b;
   int64_t ranked[64], m = 0;
-  int64_t slot = route_kv(n, uncached, queued, per_token, overhead, chunk, miss_weight, waiting, decode_step,
+  int64_t slot = route_kv(n, uncached, queued, per_token, overhead, chunk, miss_weight, backlog, waiting, decode_step,
                           decode_scale, NULL, NULL, kv_usage, kv_penalty, watermark, span, room ? free_b : NULL,
                           room ? used_b : NULL, (double)(drain_tokens > 1 ? drain_tokens : 1), (double)bs, weight,
                           eligible, busy, tolerance, rotation, k, cost, scratch, ranked, &m);

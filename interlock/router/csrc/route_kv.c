@@ -9,6 +9,8 @@
  * Returns the chosen index, or -1 where the numpy choice must decide over `cost` (no eligible
  * worker with a finite cost, or a NaN cost). Optional vectors are NULL when absent. A worker's
  * time to release its blocks (drain_s) is decode_step * drain_scale, as the router prices it.
+ * With `backlog` (CostParams.backlog_charge) a miss is charged `behind` = 1 + mean(queued) /
+ * chunk times instead of once, the mean summed as numpy sums (pairwise_sum below).
  */
 #include <math.h>
 #include <stdint.h>
@@ -21,6 +23,33 @@ static inline double ceil_exact(double x) {
   if (t < x) t += 1.0;
   else if (t == 0.0 && signbit(x)) t = -0.0; /* ceil(-0.5) is -0.0 */
   return t;
+}
+
+/* numpy's sum of a contiguous float64 vector (np.add.reduce: 0.0 + DOUBLE_pairwise_sum, numpy's
+ * loops_utils.h): below 8 values one after another; up to 128 eight running sums, then the
+ * rest; past that the two halves (the first a multiple of 8). The same additions in the same
+ * order, so the same double for any values (the router's queues are whole token counts, which
+ * any order sums exactly, but the reference takes any double); tests/router checks it against
+ * numpy at lengths across the three cases. */
+static double pairwise_sum(const double* a, int64_t n) {
+  if (n < 8) {
+    double res = 0.0;
+    for (int64_t i = 0; i < n; i++) res += a[i];
+    return res;
+  }
+  if (n <= 128) {
+    double r[8];
+    for (int j = 0; j < 8; j++) r[j] = a[j];
+    int64_t i;
+    for (i = 8; i < n - (n % 8); i += 8)
+      for (int j = 0; j < 8; j++) r[j] += a[i + j];
+    double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; i++) res += a[i];
+    return res;
+  }
+  int64_t n2 = n / 2;
+  n2 -= n2 % 8;
+  return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
 }
 
 /* 1/d where dividing by d is exactly multiplying by it (d a power of two: x / 2^k and
@@ -37,14 +66,14 @@ static inline double exact_reciprocal(double d) {
  * bit 0: some worker lacks room; bit 1: a shortfall is NaN. */
 __attribute__((target("avx2"))) static int first_pass_avx2(
     int64_t n, const double* restrict uncached, const double* restrict queued, const double* restrict per_token,
-    const double* restrict overhead, double inv_chunk, double miss_weight, const double* restrict waiting,
+    const double* restrict overhead, double inv_chunk, double miss_weight, double behind, const double* restrict waiting,
     const double* restrict decode_step, double decode_scale, const double* restrict free_blocks, double inv_block,
     double* restrict cost, double* restrict scratch) {
   int lack = 0, nan_short = 0;
   for (int64_t i = 0; i < n; i++) {
     double u = uncached[i];
     double work = queued[i] + u;
-    double c = miss_weight * (1.0 + waiting[i]);
+    double c = miss_weight * (behind + waiting[i]);
     c *= u;
     c += work;
     c *= per_token[i];
@@ -72,7 +101,7 @@ static int has_avx2(void) {
 int64_t route_kv(
     int64_t n,
     const double* uncached, const double* queued, const double* per_token, const double* overhead,
-    double chunk, double miss_weight, const double* waiting,
+    double chunk, double miss_weight, int backlog, const double* waiting,
     const double* decode_step, double decode_scale,
     const double* lower, const double* load_s,
     const double* kv_usage, double kv_penalty, double watermark, double watermark_span,
@@ -86,9 +115,13 @@ int64_t route_kv(
   int room = free_blocks && used_blocks;
   const double inv_chunk = exact_reciprocal(chunk), inv_block = exact_reciprocal(block_size);
   int64_t first = 0; /* workers the first pass has done */
+  /* cost.py: behind = 1.0, += float(queued.mean()) / chunk_tokens (the mean: sum / n) */
+  double behind = 1.0;
+  if (backlog && n > 0) behind += pairwise_sum(queued, n) / (double)n / chunk;
+  const double miss_behind = miss_weight * behind; /* without waiting: (miss_weight * behind) * u */
   if (waiting && decode_scale != 0.0 && !lower && kv_penalty == 0.0 && room && inv_chunk != 0.0 &&
       inv_block != 0.0 && has_avx2()) {
-    int f = first_pass_avx2(n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, waiting, decode_step,
+    int f = first_pass_avx2(n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, behind, waiting, decode_step,
                             decode_scale, free_blocks, inv_block, cost, scratch);
     lack = f & 1;
     nan_short = f >> 1;
@@ -99,11 +132,11 @@ int64_t route_kv(
     double work = queued[i] + u;
     double c;
     if (waiting) {
-      c = miss_weight * (1.0 + waiting[i]);
+      c = miss_weight * (behind + waiting[i]);
       c *= u;
       c += work;
     } else {
-      c = work + miss_weight * u;
+      c = work + miss_behind * u;
     }
     c *= per_token[i];
     /* ceil(work / chunk) is 1 for work in (0, chunk]: the common case, without the division */
@@ -205,7 +238,7 @@ int64_t route_kv(
  * route_kv's parameters (route_kernel.py fills them). */
 int64_t route_kv_packed(const int64_t* ptrs, const double* reals, const int64_t* ints) {
 #define P(i) ((const double*)(intptr_t)ptrs[i])
-  return route_kv(ints[0], P(0), P(1), P(2), P(3), reals[0], reals[1], P(4), P(5), reals[2], P(6), P(7),
+  return route_kv(ints[0], P(0), P(1), P(2), P(3), reals[0], reals[1], (int)ints[3], P(4), P(5), reals[2], P(6), P(7),
                   P(8), reals[3], reals[4], reals[5], P(9), P(10), reals[6], reals[7], P(11),
                   (const uint8_t*)(intptr_t)ptrs[12], P(13), reals[8], ints[1], ints[2],
                   (double*)(intptr_t)ptrs[14], (double*)(intptr_t)ptrs[15],
