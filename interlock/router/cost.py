@@ -7,6 +7,7 @@ Pure functions over per-worker vectors (numpy), no state. For worker ``w``::
     backlog    = mean(queued_prefill) / chunk_tokens                # the fleet's, one number
     ttft_w     = (work_w + miss_weight * ((1 + backlog) + waiting_w) * uncached_w) * per_token_s_w
                + ceil(work_w / chunk_tokens) * step_overhead_s_w    # per-step cost, decodes included
+               + stall_weight * decoding_w * ceil(uncached_w / chunk_tokens) * step_overhead_s_w
                + decode_weight * decode_tokens * decode_step_s_w    # optional: the decode phase too
 
 ``per_token_s`` and ``step_overhead_s`` are each worker's measured speed, a line fitted to its
@@ -53,19 +54,29 @@ worker 1.7x the mean in flight, 4.8x without KV events). What holds the herd is 
 (1.6x), 0.075 of it holds it (at most 1.2x at 60 and 120 req/s, with or without events). At
 0.2 / 1 it outbid the hits of long sessions on the agent workload (92% of the pooled bound at
 x1.75; 96% now). With the fleet's decode line kept once fitted (``LoadTracker.decode_step``)
-and the backlog charge, 0.15 holds the herd at 60 and 120 req/s too (1.02x with KV events, at
-most 1.23x without; 0.1 let it back, 1.61x at 60) and gives the agent workload 97-99% of the pooled bound and TTFT p99 194-292
-ms over x1.25-x3.5 (0.225: 95-98%, p99 271-426 ms; 0.1: p99 157-338 ms). Pricing the slowdown a
-request adds to the others on the worker was tried two ways and left out. By context (the
-requests decoding there x its output x the decode line's slope x its context over the worker's
-KV) it held the herd at 20 req/s (1.05x, from 2.68x) but sent long agent sessions away from
-their caches (x1.25 at weights 0.5 and 1: 78-86% of the pooled bound, TTFT p99 527-674 ms).
-By the stall its prefill steps
-put into their token streams (``stall_weight`` x decoding_w x its own prefill time on w; what
-the herd really costs here: TTFT p99 55 ms and ITL p50 9.0 ms at 20 req/s against 34 / 6.7 with
-round-robin) it held the herd at 0.5 (1.17x; 1.0: 1.05x) and raised the conversation trace's
-hit ratio (x9 99%) but its TTFT p99 past Dynamo's (x7.5 2.4 s, x9 2.9 s against 2.1 / 2.4).
-BENCHMARKS.md, Saturation, has the figures.
+and the backlog charge (before the stall term below), 0.15 held the herd at 60 and 120 req/s
+too (1.02x with KV events, at most 1.23x without; 0.1 let it back, 1.61x at 60) and gave the
+agent workload 97-99% of the pooled bound and TTFT p99 194-292 ms over x1.25-x3.5 (0.225:
+95-98%, p99 271-426 ms; 0.1: p99 157-338 ms). Pricing the slowdown a
+request adds to the others on the worker by context (the requests decoding there x its
+output x the decode line's slope x its context over the worker's KV) held the herd at 20 req/s
+(1.05x, from 2.68x) but sent long agent sessions away from their caches (x1.25 at weights 0.5
+and 1: 78-86% of the pooled bound, TTFT p99 527-674 ms); by the stall of their token streams
+(``stall_weight``, below) it is kept. BENCHMARKS.md, Saturation, has the figures.
+
+Stall: ``stall_weight`` (default 1) adds the time this request's own prefill steps stall the
+requests decoding on that worker: each step that computes prompt tokens costs every decoding
+request there a step overhead more between two tokens (``decoding_w``, this router's dispatches
+past their first token). What a request makes others wait counts as much as its own wait. It
+is what herding behind a shared prompt really costs at moderate load: at 20 req/s, with the
+prompt's holders taking most requests, 2.68x the mean in flight on the busiest worker, TTFT
+p99 55 ms and ITL p50 9.0 ms against 34 / 6.7 ms with round-robin; with the stall priced 1.03x
+and 52 / 6.7 ms. Only the step overhead is priced: the whole prefill time (per-token part too)
+at 0.5 held the herd as well but sent the conversation trace's long prompts to workers with few
+decodes and long prefill queues (TTFT p99 x9 2.9 s against 2.0 s without it). The overhead
+alone costs less (x9 2.0 -> 2.3 s, x10 2.4 -> 2.9 s; Dynamo's 2.4 / 5.4 s), took x12 from 89%
+to 90% of the pooled bound and the agent workload's p99 over x1.25-x3.5 from 194-292 to 223-283
+ms (BENCHMARKS.md, Saturation).
 
 KV tiers: ``lower_blocks_w`` more blocks right after the device-pool prefix that worker ``w``
 holds in host memory or on disk are not computed but loaded (the engine always loads them);
@@ -124,6 +135,9 @@ class CostParams:
     beyond this request's TTFT."""
     decode_weight: float = 0.15
     """Weight of this request's own decode time (0: pure TTFT)."""
+    stall_weight: float = 1.0
+    """Weight of the step overheads this request's prefill adds between the tokens of each
+    request decoding on the worker (0: not priced)."""
     backlog_charge: bool = True
     """Charge a miss once more per ``chunk_tokens`` of the fleet's mean queued prefill (the
     requests a miss delays while the fleet's queues drain); off: only the worker's own waiting
@@ -139,8 +153,8 @@ class CostParams:
             raise ConfigError("block_size and chunk_tokens must be positive")
         if not 0.0 < self.kv_watermark <= 1.0:
             raise ConfigError("kv_watermark must be in (0, 1]")
-        if self.temperature < 0 or self.kv_penalty < 0 or self.decode_weight < 0:
-            raise ConfigError("temperature, kv_penalty and decode_weight must be >= 0")
+        if self.temperature < 0 or self.kv_penalty < 0 or self.decode_weight < 0 or self.stall_weight < 0:
+            raise ConfigError("temperature, kv_penalty, decode_weight and stall_weight must be >= 0")
 
 
 def ttft_costs(
@@ -161,6 +175,7 @@ def ttft_costs(
     used_blocks: np.ndarray | None = None,
     drain_s: np.ndarray | None = None,
     waiting: np.ndarray | None = None,
+    decoding: np.ndarray | None = None,
 ) -> np.ndarray:
     """Estimated seconds to first token on each worker, a miss charged for the requests it
     delays (``behind``: 1 + the fleet's backlog in chunks, plus ``waiting``; see the module
@@ -199,6 +214,16 @@ def ttft_costs(
         np.ceil(steps, out=steps)
         steps *= step_overhead_s
         cost += steps
+    if params.stall_weight and decoding is not None:
+        if uncached[uncached.argmax()] <= params.chunk_tokens:
+            stall = step_overhead_s * decoding  # one prefill step everywhere
+        else:
+            stall = uncached / params.chunk_tokens
+            np.ceil(stall, out=stall)
+            stall *= step_overhead_s
+            stall *= decoding
+        stall *= params.stall_weight
+        cost += stall
     if params.decode_weight and decode_tokens:
         decode = decode_step_s * (params.decode_weight * decode_tokens)
         cost += decode

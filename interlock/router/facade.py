@@ -632,6 +632,7 @@ class Router:
             kv_usage=load.kv_used_frac[:n],
             decode_tokens=meta.max_tokens,
             waiting=load.reported_waiting[:n],
+            decoding=load.decoding[:n],
             lower_blocks=lower,
             load_s_per_block=load.load_s_per_block[:n] if lower is not None else None,
             **self._room(n, meta.max_tokens, decode_step),

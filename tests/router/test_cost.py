@@ -75,6 +75,22 @@ def test_a_miss_is_charged_once_more_per_chunk_of_the_fleets_mean_queue() -> Non
     assert np.array_equal(costs(p, **idle), costs(replace(p, backlog_charge=False), **idle))
 
 
+def test_a_prefill_is_charged_the_steps_it_stalls_each_decoding_request() -> None:
+    # the prompt's holder has 6 requests decoding, the others 1: each prefill step there costs
+    # each of them a step overhead (10 ms) between two tokens
+    p = CostParams(block_size=100, chunk_tokens=500, miss_weight=0.0, decode_weight=0.0)
+    kw = dict(overlap_blocks=np.array([9, 0, 0]), decoding=np.array([6, 1, 1]))
+    c = costs(p, **kw)
+    # uncached 100 / 1000 / 1000 tokens: 1 / 2 / 2 prefill steps
+    assert np.allclose(c, [0.01 + 0.01 + 6 * 0.01, 0.1 + 0.02 + 2 * 0.01, 0.1 + 0.02 + 2 * 0.01])
+    assert np.argmin(c) == 0  # the hit still wins at 6 ...
+    c = costs(p, overlap_blocks=np.array([9, 0, 0]), decoding=np.array([14, 1, 1]))
+    assert np.argmin(c) == 1  # ... not at 14
+    assert np.array_equal(
+        costs(replace(p, stall_weight=0.0), **kw), costs(p, overlap_blocks=kw["overlap_blocks"])
+    )
+
+
 def test_kv_usage_above_watermark_raises_cost() -> None:
     p = CostParams(kv_watermark=0.7, kv_penalty=4.0)
     c = costs(p, kv_usage=np.array([0.5, 0.85, 1.0]))

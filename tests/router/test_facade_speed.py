@@ -82,6 +82,7 @@ def reference_costs(r: Router, meta: RequestMeta, hashes: list[int]) -> np.ndarr
         kv_usage=lt.kv_used_frac[:n],
         decode_tokens=meta.max_tokens,
         waiting=lt.reported_waiting[:n],
+        decoding=lt.decoding[:n],
         free_blocks=free[:n],
         used_blocks=used[:n],
         drain_s=decode[:n] * max(meta.max_tokens, 1),
@@ -126,9 +127,10 @@ vec = st.lists(st.floats(0, 1e4, allow_nan=False), min_size=6, max_size=6).map(n
     st.lists(st.floats(0, 60, allow_nan=False), min_size=6, max_size=6).map(np.array),
     st.integers(0, 300),
     st.one_of(st.none(), st.lists(st.integers(0, 30), min_size=6, max_size=6).map(np.array)),
+    st.one_of(st.none(), st.lists(st.integers(0, 30), min_size=6, max_size=6).map(np.array)),
 )
 def test_ttft_costs_shortcuts_equal_the_formula(
-    overlap, prompt, queued, chunk, free, max_tokens, waiting
+    overlap, prompt, queued, chunk, free, max_tokens, waiting, decoding
 ) -> None:
     params = CostParams(block_size=BS, chunk_tokens=chunk)
     per_token = np.linspace(1e-5, 3e-5, 6)
@@ -147,6 +149,7 @@ def test_ttft_costs_shortcuts_equal_the_formula(
         kv_usage=np.zeros(6),
         decode_tokens=max_tokens,
         waiting=waiting,
+        decoding=decoding,
         free_blocks=free,
         used_blocks=used,
         drain_s=drain,
@@ -159,6 +162,8 @@ def test_ttft_costs_shortcuts_equal_the_formula(
         behind = behind + waiting
     want = (work + params.miss_weight * behind * uncached) * per_token
     want += np.ceil(work / chunk) * overhead
+    if decoding is not None:
+        want += np.ceil(uncached / chunk) * overhead * decoding * params.stall_weight
     if max_tokens:
         want += params.decode_weight * max_tokens * decode
     want += room_wait_s(need_blocks=work / BS, free_blocks=free, used_blocks=used, drain_s=drain)
