@@ -590,6 +590,7 @@ class Router:
             drain_tokens=meta.max_tokens,
             weight=weight,
             eligible=None if self._is_whole(mask) else mask,
+            decoding=load.decoding,
         )
 
     def _fill_uncached(self, meta: RequestMeta, runs: list[tuple[int, int]], n: int) -> np.ndarray:

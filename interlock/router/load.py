@@ -533,8 +533,8 @@ class LoadTracker:
         """What the compiled ``kv`` decision reads, in its order (``csrc/kvindex.c``,
         ``decide``): queue ahead, per-token and per-step speed, reported queue depth, decode
         step (as ``decode_step_terms``, computed there), KV usage as reported, blocks free and in
-        use (None, None without ``price_room``), in-flight requests. One call instead of six on
-        the decision's path."""
+        use (None, None without ``price_room``), in-flight requests, requests decoding. One call
+        instead of seven on the decision's path."""
         overhead, per_token = self.speeds()
         room = price_room
         return (
@@ -547,6 +547,7 @@ class LoadTracker:
             self._free if room else None,
             self._used if room else None,
             self._busy_n,
+            self.decoding,
         )
 
     def blocks_in_use(self) -> tuple[np.ndarray, np.ndarray]:

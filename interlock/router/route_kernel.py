@@ -46,12 +46,12 @@ MAX_RANKED = 64
 """The most candidates the kernel ranks (``RouterConfig.num_candidates`` above it: numpy)."""
 _PACKED = (ctypes.c_void_p,) * 3
 """``route_kv_packed``: int64 addresses, doubles, int64s, in ``route_kv``'s order (``decide``;
-the int64s: n, rotation, k, backlog_charge)."""
+the int64s: n, rotation, k, backlog_charge; what was added since at the end of each)."""
 _MAX_REMEMBERED = 64
 _lock = threading.Lock()
 
 
-MIRRORED = "6e16e84fe5901b0d"
+MIRRORED = "f67c0a16a87078cb"
 """``cost_fingerprint()`` of the cost code ``route_kv.c`` mirrors. Where ``cost.py`` changes
 (a new term, a new weight), the compiled decision is switched off (``mirrors_cost``) until
 ``route_kv.c`` is brought in line and this updated: the router then decides with numpy, never
@@ -65,6 +65,7 @@ _MIRRORED_PARAMS = frozenset(
         "kv_penalty",
         "miss_weight",
         "decode_weight",
+        "stall_weight",
         "backlog_charge",
         "temperature",
         "tie_tolerance_s",
@@ -128,8 +129,8 @@ class RouteKernel:
 
     def __init__(self, lib: ctypes.CDLL | None) -> None:
         self._fn = lib.route_kv_packed if lib is not None else None
-        self._ptrs = np.zeros(18, dtype=np.int64)
-        self._reals = np.zeros(9)
+        self._ptrs = np.zeros(19, dtype=np.int64)
+        self._reals = np.zeros(10)
         self._ints = np.zeros(4, dtype=np.int64)
         self._args = (self._ptrs.ctypes.data, self._reals.ctypes.data, self._ints.ctypes.data)
         self._addr: dict[int, tuple[np.ndarray, int]] = {}
@@ -147,8 +148,8 @@ class RouteKernel:
         self._n = 0
         self._cost_at = self._scratch_at = 0
         self._params: CostParams | None = None
-        self._consts: tuple[float, float, float, float, float, int, float, bool] = (
-            0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, False,
+        self._consts: tuple[float, float, float, float, float, int, float, bool, float] = (
+            0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, False, 0.0,
         )  # fmt: skip
         """``decide_indexed``'s cost constants, for ``_params``."""
 
@@ -198,13 +199,15 @@ class RouteKernel:
         drain_tokens: int = 0,
         weight: np.ndarray | None = None,
         eligible: np.ndarray | None = None,
+        decoding: np.ndarray | None = None,
     ) -> tuple[np.ndarray, list[int], int]:
         """``(costs, ranked, slot)`` for the first ``n`` workers: ``ttft_costs`` (divided by
         ``weight`` if given), ``cheapest(costs, eligible, k)`` and ``choose`` at temperature 0,
         -1 for the slot where numpy must choose (no eligible worker with a finite cost, or a
         NaN cost; ``ranked`` is then empty). Vectors are read up to ``n`` (they may be longer);
         the wait for room is priced when ``free`` and ``used`` are given, draining in
-        ``decode_step * drain_tokens``. ``costs`` is a view of a buffer the next call
+        ``decode_step * drain_tokens``; the stall of the worker's decodes with ``decoding``.
+        ``costs`` is a view of a buffer the next call
         overwrites."""
         if self._fn is None:
             raise TypeError("this RouteKernel has no library: only decide_indexed")
@@ -212,6 +215,7 @@ class RouteKernel:
         self._pack(
             params, n, self._at(uncached), queued, per_token, overhead, decode_step, decode_tokens,
             kv_usage, busy, k, rotation, waiting, lower, load_s, free, used, drain_tokens, weight, eligible,
+            decoding,
         )  # fmt: skip
         slot = self._fn(*self._args)
         ranked = self._ranked[: int(self._num_ranked[0])].tolist() if slot >= 0 else []
@@ -250,6 +254,7 @@ class RouteKernel:
                 params.block_size,
                 params.tie_tolerance_s,
                 params.backlog_charge,
+                params.stall_weight,
             )
         decide = indexer.native_decide
         if decide is None:
@@ -295,8 +300,10 @@ class RouteKernel:
         drain_tokens: int,
         weight: np.ndarray | None,
         eligible: np.ndarray | None,
+        decoding: np.ndarray | None,
     ) -> None:
-        """``route_kv_packed``'s three arrays (``csrc/route_kv.c``), in its order."""
+        """``route_kv_packed``'s three arrays (``csrc/route_kv.c``), in its order (what was added
+        since at the end of each)."""
         if not 0 < k <= MAX_RANKED:
             raise ValueError(f"k must be in 1..{MAX_RANKED}, got {k}")
         self._n = n
@@ -322,6 +329,7 @@ class RouteKernel:
             self._scratch_at,
             self._ranked_at,
             self._num_at,
+            at(decoding),
         )
         self._reals[:] = (
             params.chunk_tokens,
@@ -333,6 +341,7 @@ class RouteKernel:
             max(drain_tokens, 1),
             params.block_size,
             params.tie_tolerance_s,
+            params.stall_weight,
         )
         self._ints[:] = (n, rotation, k, params.backlog_charge)
 

@@ -143,6 +143,7 @@ def decisions(draw: st.DrawFn) -> dict:
             miss_weight=draw(st.sampled_from([1.0, 3.0])),
             decode_weight=draw(st.sampled_from([0.0, 0.15, 0.225])),
             backlog_charge=draw(st.booleans()),
+            stall_weight=draw(st.sampled_from([0.0, 1.0, 0.5])),
             tie_tolerance_s=draw(st.sampled_from([0.0, 1e-3, 1.0])),
         ),
         "prompt": draw(st.integers(1, 700)),
@@ -153,6 +154,7 @@ def decisions(draw: st.DrawFn) -> dict:
         "decode_tokens": draw(st.sampled_from([0, 1, 200])),
         "kv": vec(st.sampled_from([0.0, 0.8, 1.0])),
         "waiting": vec(FEW) if draw(st.booleans()) else None,
+        "decoding": vec(st.sampled_from([0.0, 1.0, 3.0])) if draw(st.booleans()) else None,
         "room": draw(st.booleans()),
         "free": vec(st.sampled_from([0.0, 10.0, np.inf])),
         "used": vec(st.sampled_from([0.0, 20.0, 500.0])),
@@ -191,6 +193,7 @@ def test_the_compiled_decision_equals_numpy_over_the_dict(evs, c, chain, cut) ->
         kv_usage=c["kv"],
         decode_tokens=c["decode_tokens"],
         waiting=c["waiting"],
+        decoding=c["decoding"],
         **(room if c["room"] else {}),
     )
     if c["weight"] is not None:
@@ -206,6 +209,7 @@ def test_the_compiled_decision_equals_numpy_over_the_dict(evs, c, chain, cut) ->
         c["free"] if c["room"] else None,
         c["used"] if c["room"] else None,
         c["busy"],
+        c["decoding"],
     )
     got_costs, ranked, slot, got_overlaps = kernel.decide_indexed(
         compiled,
@@ -238,7 +242,7 @@ def test_the_compiled_decision_names_a_wrong_vector() -> None:
     compiled, _ = both()
     ok = np.zeros(WORKERS)
     kernel = RouteKernel(None)
-    bad = (ok, np.zeros(WORKERS, dtype=np.float32), ok, None, ok, ok, None, None, ok)
+    bad = (ok, np.zeros(WORKERS, dtype=np.float32), ok, None, ok, ok, None, None, ok, None)
     with pytest.raises(TypeError, match="per_token must be a contiguous float64 vector of at least 70"):
         kernel.decide_indexed(compiled, [1], CostParams(), WORKERS, 10, 1, 1, MAX_RANKED, 0, bad, None, None)
 
@@ -267,7 +271,7 @@ def test_a_nan_shortfall_prices_no_wait_for_room_as_numpy_does() -> None:
         used_blocks=used,
         drain_s=ones * 0.02 * 8,
     )
-    vectors = (zeros, ones * 1e-4, ones * 0.01, None, ones * 0.02, zeros, free, used, zeros)
+    vectors = (zeros, ones * 1e-4, ones * 0.01, None, ones * 0.02, zeros, free, used, zeros, None)
     costs, ranked, slot, _ = RouteKernel(None).decide_indexed(
         compiled, [], p, n, 64, 8, 8, 3, 0, vectors, None, None
     )
@@ -297,7 +301,7 @@ def test_the_usual_terms_cost_the_same_at_the_edges(queued, free, prompt) -> Non
     waiting, step, used = ones * 2.0, ones * 0.02, ones * 30.0
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, as intended here
         want = _usual_costs(p, prompt, q, f, waiting, step, used)
-    vectors = (q, ones * 1e-4, ones * 0.01, waiting, step, ones * 0.5, f, used, ones)
+    vectors = (q, ones * 1e-4, ones * 0.01, waiting, step, ones * 0.5, f, used, ones, ones * 3.0)
     costs, _, _, _ = RouteKernel(None).decide_indexed(
         compiled, [], p, n, prompt, 100, 100, 3, 0, vectors, None, None
     )
@@ -317,6 +321,7 @@ def _usual_costs(p, prompt, q, f, waiting, step, used):  # type: ignore[no-untyp
         kv_usage=ones * 0.5,
         decode_tokens=100,
         waiting=waiting,
+        decoding=ones * 3.0,
         free_blocks=f,
         used_blocks=used,
         drain_s=step * 100,
@@ -339,7 +344,7 @@ def test_the_decode_step_from_its_terms_is_numpys(context, mul, add) -> None:
     if add is not None:
         step += add
     free, used = ones * 3.0, ones * 40.0
-    base = (ones * 500.0, ones * 1e-4, ones * 0.01, ones, None, ones * 0.5, free, used, ones)
+    base = (ones * 500.0, ones * 1e-4, ones * 0.01, ones, None, ones * 0.5, free, used, ones, ones)
     kernel = RouteKernel(None)
 
     def costs(decode: object) -> np.ndarray:
@@ -358,7 +363,7 @@ def test_a_staircase_of_prefixes_gives_a_run_per_worker_in_the_decision() -> Non
     apply_all(plain, evs)
     assert len(compiled.overlap_masks(chain)) == WORKERS
     n, ones = WORKERS, np.ones(WORKERS)
-    vectors = (ones * 0.0, ones * 1e-4, ones * 0.01, None, ones * 0.02, ones * 0.5, None, None, ones)
+    vectors = (ones * 0.0, ones * 1e-4, ones * 0.01, None, ones * 0.02, ones * 0.5, None, None, ones, None)
     p = CostParams(block_size=1, tie_tolerance_s=0.0)
     costs, ranked, slot, overlaps = RouteKernel(None).decide_indexed(
         compiled, chain, p, n, 1000, 1, 1, 3, 0, vectors, None, None

@@ -41,6 +41,7 @@ def cases(draw: st.DrawFn) -> dict:
         miss_weight=draw(st.sampled_from([1.0, 3.0, 0.0])),
         decode_weight=draw(st.sampled_from([0.0, 0.15, 0.225])),
         backlog_charge=draw(st.booleans()),
+        stall_weight=draw(st.sampled_from([0.0, 1.0, 0.5])),
         tie_tolerance_s=draw(st.sampled_from([0.0, 1e-3, 1.0])),
     )
     lower = draw(st.booleans())
@@ -60,6 +61,7 @@ def cases(draw: st.DrawFn) -> dict:
         "decode_tokens": draw(st.sampled_from([0, 1, 200])),
         "kv": vec(st.sampled_from([0.0, 0.5, 0.8, 1.0])),
         "waiting": vec(FEW) if draw(st.booleans()) else None,
+        "decoding": vec(st.sampled_from([0.0, 1.0, 3.0])) if draw(st.booleans()) else None,
         "load_s": vec(st.sampled_from([1e-4, 1e-3])),
         "room": draw(st.booleans()),
         "free": vec(st.sampled_from([0.0, 10.0, 1e6, np.inf])),
@@ -90,6 +92,7 @@ def numpy_decision(c: dict) -> tuple[np.ndarray, list[int], int]:
         kv_usage=c["kv"],
         decode_tokens=c["decode_tokens"],
         waiting=c["waiting"],
+        decoding=c["decoding"],
         **(
             {
                 "free_blocks": c["free"],
@@ -129,6 +132,7 @@ def kernel_decision(kernel: RouteKernel, c: dict) -> tuple[np.ndarray, list[int]
         k=c["k"],
         rotation=c["rotation"],
         waiting=c["waiting"],
+        decoding=c["decoding"],
         lower=c["lower"].astype(np.float64) if c["lower"] is not None else None,
         load_s=c["load_s"] if c["lower"] is not None else None,
         free=c["free"] if c["room"] else None,
@@ -172,6 +176,7 @@ def test_the_kernel_refuses_short_or_mistyped_vectors() -> None:
         "decode_tokens": 1,
         "kv": np.zeros(4),
         "waiting": None,
+        "decoding": None,
         "load_s": np.ones(4),
         "room": False,
         "free": np.ones(4),
@@ -220,6 +225,7 @@ def test_the_backlog_is_the_mean_numpy_takes(n: int, waiting: bool) -> None:
         "decode_tokens": 0,
         "kv": np.zeros(n),
         "waiting": ones if waiting else None,
+        "decoding": None,
         "load_s": ones,
         "room": False,
         "free": ones,
@@ -354,3 +360,42 @@ def test_a_changed_cost_formula_switches_the_kernel_off(
         fresh_env.undo()
         route_kernel.mirrors_cost.cache_clear()
     assert Router(RouterConfig())._kernel is not None
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "uncached", [[0.0, 5.0, 64.0], [0.0, 5.0, 65.0], [-3.0, 200.0, 1.0], [np.nan, 3.0, 1.0]]
+)
+def test_the_stall_takes_numpys_step_count_at_its_edges(uncached: list[float]) -> None:
+    # numpy prices one prefill step everywhere when no uncached part passes a chunk (a worker
+    # with nothing to compute included), else ceil(uncached / chunk) (0 for nothing)
+    assert LIB is not None
+    u, ones = np.array(uncached), np.ones(3)
+    p = CostParams(chunk_tokens=64)
+    vectors = {"queued_prefill": ones * 10.0, "per_token_s": ones * 1e-4, "step_overhead_s": ones * 0.02}
+    with np.errstate(invalid="ignore"):
+        want = ttft_costs(
+            p,
+            prompt_tokens=64,
+            uncached_tokens=u,
+            decode_step_s=ones * 0.03,
+            kv_usage=ones * 0.0,
+            decoding=ones * 2.0,
+            **vectors,
+        )
+    costs, _, _ = RouteKernel(LIB).decide(
+        p,
+        3,
+        uncached=u,
+        queued=vectors["queued_prefill"],
+        per_token=vectors["per_token_s"],
+        overhead=vectors["step_overhead_s"],
+        decode_step=ones * 0.03,
+        decode_tokens=0,
+        kv_usage=ones * 0.0,
+        busy=ones * 0.0,
+        k=2,
+        rotation=0,
+        decoding=ones * 2.0,
+    )
+    assert costs.tobytes() == want.tobytes()

@@ -713,10 +713,10 @@ static int decode_vec(PyObject* o, PyObject* out, int64_t n, void** data) {
  * The whole kv decision: the lookup of `hashes`, the uncached tokens and overlap of every
  * slot (scatter_runs), then route_kv over the first n slots.
  *   consts  = (chunk_tokens, miss_weight, decode_weight, kv_penalty, kv_watermark, block_size,
- *              tie_tolerance_s, backlog_charge) of CostParams;
- *   vectors = (queued, per_token, overhead, waiting, decode_step, kv_usage, free, used, busy)
- *             (LoadTracker.cost_vectors; waiting, free and used may be None: free and used
- *             None, no wait for room); decode_step a vector, or (vector, mul, add or None),
+ *              tie_tolerance_s, backlog_charge, stall_weight) of CostParams;
+ *   vectors = (queued, per_token, overhead, waiting, decode_step, kv_usage, free, used, busy,
+ *             decoding) (LoadTracker.cost_vectors; waiting, free, used and decoding may be None:
+ *             free and used None, no wait for room; decoding None, no stall); decode_step a vector, or (vector, mul, add or None),
  *             computed here into outs[4] as numpy does: vector * mul, then + add;
  *   weight, eligible: None or vectors; outs = (cost, scratch, uncached, int64 overlap, decode).
  * slot -1: numpy must choose. */
@@ -725,10 +725,10 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   Index* ix = get_index(args[0]);
   if (!ix) return NULL;
   PyObject *consts = args[2], *vectors = args[9], *outs = args[12];
-  if (!PyTuple_Check(consts) || PyTuple_GET_SIZE(consts) != 8)
-    return PyErr_Format(PyExc_TypeError, "decide: consts must be a tuple of 8 numbers");
-  if (!PyTuple_Check(vectors) || PyTuple_GET_SIZE(vectors) != 9)
-    return PyErr_Format(PyExc_TypeError, "decide: vectors must be a tuple of 9");
+  if (!PyTuple_Check(consts) || PyTuple_GET_SIZE(consts) != 9)
+    return PyErr_Format(PyExc_TypeError, "decide: consts must be a tuple of 9 numbers");
+  if (!PyTuple_Check(vectors) || PyTuple_GET_SIZE(vectors) != 10)
+    return PyErr_Format(PyExc_TypeError, "decide: vectors must be a tuple of 10");
   if (!PyTuple_Check(outs) || PyTuple_GET_SIZE(outs) != 5)
     return PyErr_Format(PyExc_TypeError, "decide: outs must be a tuple of 5 vectors");
   double chunk = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 0));
@@ -740,6 +740,7 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   double tolerance = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 6));
   int backlog = PyObject_IsTrue(PyTuple_GET_ITEM(consts, 7));
   if (backlog < 0) return NULL;
+  double stall_weight = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 8));
   int64_t n = PyLong_AsLongLong(args[3]);
   int64_t prompt = PyLong_AsLongLong(args[4]);
   int64_t rotation = PyLong_AsLongLong(args[5]);
@@ -752,14 +753,14 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
                         (long long)(ix->words * 64));
   if (k < 1 || k > 64) return PyErr_Format(PyExc_ValueError, "decide: k must be in 1..64, got %lld", (long long)k);
   void *queued, *per_token, *overhead, *waiting, *decode_step, *kv_usage, *free_b, *used_b, *weight, *eligible,
-      *busy, *cost, *scratch, *uncached, *overlap;
+      *busy, *decoding, *cost, *scratch, *uncached, *overlap;
 #define V(i) PyTuple_GET_ITEM(vectors, i)
 #define O(i) PyTuple_GET_ITEM(outs, i)
   if (vec(V(0), "queued", n, 0, 0, &queued) || vec(V(1), "per_token", n, 0, 0, &per_token) ||
       vec(V(2), "overhead", n, 0, 0, &overhead) || vec(V(3), "waiting", n, 0, 1, &waiting) ||
       decode_vec(V(4), O(4), n, &decode_step) || vec(V(5), "kv_usage", n, 0, 0, &kv_usage) ||
       vec(V(6), "free", n, 0, 1, &free_b) || vec(V(7), "used", n, 0, 1, &used_b) ||
-      vec(V(8), "busy", n, 0, 0, &busy) || vec(args[10], "weight", n, 0, 1, &weight) ||
+      vec(V(8), "busy", n, 0, 0, &busy) || vec(V(9), "decoding", n, 0, 1, &decoding) || vec(args[10], "weight", n, 0, 1, &weight) ||
       vec(args[11], "eligible", n, 1, 1, &eligible) || vec(O(0), "out cost", n, 0, 0, &cost) ||
       vec(O(1), "out scratch", n, 0, 0, &scratch) || vec(O(2), "out uncached", n, 0, 0, &uncached))
     return NULL;
@@ -782,7 +783,7 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   int room = free_b && used_b;
   int64_t ranked[64], m = 0;
   int64_t slot = route_kv(n, uncached, queued, per_token, overhead, chunk, miss_weight, backlog, waiting, decode_step,
-                          decode_scale, NULL, NULL, kv_usage, kv_penalty, watermark, span, room ? free_b : NULL,
+                          decode_scale, decoding, stall_weight, NULL, NULL, kv_usage, kv_penalty, watermark, span, room ? free_b : NULL,
                           room ? used_b : NULL, (double)(drain_tokens > 1 ? drain_tokens : 1), (double)bs, weight,
                           eligible, busy, tolerance, rotation, k, cost, scratch, ranked, &m);
   PyObject* list = PyList_New(slot >= 0 ? m : 0);

@@ -59,15 +59,17 @@ static inline double exact_reciprocal(double d) {
   return d > 0 && frexp(d, &e) == 0.5 ? 1.0 / d : 0.0;
 }
 
-/* The first pass for the router's usual terms (queue depth, decode time, the wait for room;
- * no lower tiers, no KV penalty, chunk and block size powers of two), built for AVX2 where the
- * CPU has it: the same operations as route_kv's loop, in the same order, four workers at a time
- * (ceil is one exact instruction there; for work in (0, chunk] it is the loop's 1.0). Returns
- * bit 0: some worker lacks room; bit 1: a shortfall is NaN. */
-__attribute__((target("avx2"))) static int first_pass_avx2(
+/* The first pass for the router's usual terms (queue depth, decode time, the stall of the
+ * worker's decodes, the wait for room; no lower tiers, no KV penalty, chunk and block size
+ * powers of two), built for AVX2 where the CPU has it: the same operations as route_kv's loop,
+ * in the same order, four workers at a time (ceil is one exact instruction there; for work in
+ * (0, chunk] it is the loop's 1.0). `stall` a constant, so each caller gets its own loop.
+ * Returns bit 0: some worker lacks room; bit 1: a shortfall is NaN. */
+__attribute__((target("avx2"), always_inline)) static inline int first_pass_avx2_body(
     int64_t n, const double* restrict uncached, const double* restrict queued, const double* restrict per_token,
     const double* restrict overhead, double inv_chunk, double miss_weight, double behind, const double* restrict waiting,
-    const double* restrict decode_step, double decode_scale, const double* restrict free_blocks, double inv_block,
+    const double* restrict decode_step, double decode_scale, const int stall, const double* restrict decoding,
+    double stall_weight, int stall_one_step, const double* restrict free_blocks, double inv_block,
     double* restrict cost, double* restrict scratch) {
   int lack = 0, nan_short = 0;
   for (int64_t i = 0; i < n; i++) {
@@ -78,6 +80,12 @@ __attribute__((target("avx2"))) static int first_pass_avx2(
     c += work;
     c *= per_token[i];
     c += __builtin_ceil(work * inv_chunk) * overhead[i];
+    if (stall) {
+      double st = stall_one_step ? overhead[i] : __builtin_ceil(u * inv_chunk) * overhead[i];
+      st *= decoding[i];
+      st *= stall_weight;
+      c += st;
+    }
     c += decode_step[i] * decode_scale;
     cost[i] = c;
     double s = work * inv_block;
@@ -88,6 +96,24 @@ __attribute__((target("avx2"))) static int first_pass_avx2(
   }
   return lack | nan_short << 1;
 }
+
+#define FIRST_PASS_ARGS                                                                                           \
+  int64_t n, const double* restrict uncached, const double* restrict queued, const double* restrict per_token,   \
+      const double* restrict overhead, double inv_chunk, double miss_weight, double behind,                      \
+      const double* restrict waiting, const double* restrict decode_step, double decode_scale,                   \
+      const double* restrict decoding, double stall_weight, int stall_one_step,                                  \
+      const double* restrict free_blocks, double inv_block, double* restrict cost, double* restrict scratch
+__attribute__((target("avx2"))) static int first_pass_avx2(FIRST_PASS_ARGS) {
+  return first_pass_avx2_body(n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, behind, waiting,
+                              decode_step, decode_scale, 0, decoding, stall_weight, stall_one_step, free_blocks,
+                              inv_block, cost, scratch);
+}
+__attribute__((target("avx2"))) static int first_pass_avx2_stall(FIRST_PASS_ARGS) {
+  return first_pass_avx2_body(n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, behind, waiting,
+                              decode_step, decode_scale, 1, decoding, stall_weight, stall_one_step, free_blocks,
+                              inv_block, cost, scratch);
+}
+#undef FIRST_PASS_ARGS
 
 static int has_avx2(void) {
   static int known = -1;
@@ -102,7 +128,7 @@ int64_t route_kv(
     int64_t n,
     const double* uncached, const double* queued, const double* per_token, const double* overhead,
     double chunk, double miss_weight, int backlog, const double* waiting,
-    const double* decode_step, double decode_scale,
+    const double* decode_step, double decode_scale, const double* decoding, double stall_weight,
     const double* lower, const double* load_s,
     const double* kv_usage, double kv_penalty, double watermark, double watermark_span,
     const double* free_blocks, const double* used_blocks, double drain_scale, double block_size,
@@ -119,10 +145,17 @@ int64_t route_kv(
   double behind = 1.0;
   if (backlog && n > 0) behind += pairwise_sum(queued, n) / (double)n / chunk;
   const double miss_behind = miss_weight * behind; /* without waiting: (miss_weight * behind) * u */
+  /* the stall: numpy takes one prefill step everywhere (no ceil) when uncached[argmax] <= chunk,
+   * i.e. every value is (NaN is not); elsewhere ceil(u / chunk) is 1 for u in (0, chunk] too */
+  const int stall = decoding && stall_weight != 0.0;
+  int stall_one_step = 1;
+  if (stall)
+    for (int64_t i = 0; i < n; i++) stall_one_step &= uncached[i] <= chunk;
   if (waiting && decode_scale != 0.0 && !lower && kv_penalty == 0.0 && room && inv_chunk != 0.0 &&
       inv_block != 0.0 && has_avx2()) {
-    int f = first_pass_avx2(n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, behind, waiting, decode_step,
-                            decode_scale, free_blocks, inv_block, cost, scratch);
+    int f = (stall ? first_pass_avx2_stall : first_pass_avx2)(
+        n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, behind, waiting, decode_step, decode_scale,
+        decoding, stall_weight, stall_one_step, free_blocks, inv_block, cost, scratch);
     lack = f & 1;
     nan_short = f >> 1;
     first = n;
@@ -142,6 +175,14 @@ int64_t route_kv(
     /* ceil(work / chunk) is 1 for work in (0, chunk]: the common case, without the division */
     double steps = work > 0.0 && work <= chunk ? 1.0 : ceil_exact(inv_chunk != 0.0 ? work * inv_chunk : work / chunk);
     c += steps * overhead[i];
+    if (stall) {
+      double st = overhead[i];
+      if (!stall_one_step && !(u > 0.0 && u <= chunk))
+        st = ceil_exact(inv_chunk != 0.0 ? u * inv_chunk : u / chunk) * st;
+      st *= decoding[i];
+      st *= stall_weight;
+      c += st;
+    }
     if (decode_scale != 0.0) c += decode_step[i] * decode_scale;
     if (lower) c += lower[i] * load_s[i];
     cost[i] = c;
@@ -235,11 +276,12 @@ int64_t route_kv(
 
 /* The same with its arguments packed (one ctypes call converts 3 arguments, not 30): the
  * addresses in `ptrs`, the doubles in `reals`, the integers in `ints`, each in the order of
- * route_kv's parameters (route_kernel.py fills them). */
+ * route_kv's parameters (route_kernel.py fills them), but for those added since, at the end:
+ * ints[3] backlog, ptrs[18] decoding, reals[9] stall_weight. */
 int64_t route_kv_packed(const int64_t* ptrs, const double* reals, const int64_t* ints) {
 #define P(i) ((const double*)(intptr_t)ptrs[i])
-  return route_kv(ints[0], P(0), P(1), P(2), P(3), reals[0], reals[1], (int)ints[3], P(4), P(5), reals[2], P(6), P(7),
-                  P(8), reals[3], reals[4], reals[5], P(9), P(10), reals[6], reals[7], P(11),
+  return route_kv(ints[0], P(0), P(1), P(2), P(3), reals[0], reals[1], (int)ints[3], P(4), P(5), reals[2], P(18),
+                  reals[9], P(6), P(7), P(8), reals[3], reals[4], reals[5], P(9), P(10), reals[6], reals[7], P(11),
                   (const uint8_t*)(intptr_t)ptrs[12], P(13), reals[8], ints[1], ints[2],
                   (double*)(intptr_t)ptrs[14], (double*)(intptr_t)ptrs[15],
                   (int64_t*)(intptr_t)ptrs[16], (int64_t*)(intptr_t)ptrs[17]);
