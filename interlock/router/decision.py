@@ -73,12 +73,15 @@ class RouterMetrics:
 
     def record(self, d: Decision) -> None:
         self.decisions += 1
-        self.by_reason[d.reason] = self.by_reason.get(d.reason, 0) + 1
+        by = self.by_reason
+        by[d.reason] = by.get(d.reason, 0) + 1
         self.prompt_tokens += d.prompt_tokens
         self.predicted_cached_tokens += d.cached_tokens
         self.overlap_blocks += d.overlap_blocks
-        self.decision_s_total += d.decision_s
-        self.decision_s_max = max(self.decision_s_max, d.decision_s)
+        took = d.decision_s
+        self.decision_s_total += took
+        if took > self.decision_s_max:  # max() without the call (the same first of equals)
+            self.decision_s_max = took
 
     @property
     def hit_rate(self) -> float:

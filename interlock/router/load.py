@@ -311,10 +311,13 @@ class LoadTracker:
         if d is None or d.prefill_done:
             return
         d.prefill_done = True
-        self.dispatched_prefill[d.slot] -= d.prefill_tokens
+        s = d.slot
+        v = self.dispatched_prefill
+        v[s] = v.item(s) - d.prefill_tokens
         self._unfresh(d)
-        self.decoding[d.slot] += 1
-        self._refresh(d.slot, blocks=False)
+        v = self.decoding
+        v[s] = v.item(s) + 1
+        self._refresh(s, blocks=False)
         if router_id is None:
             self._share(request_id, d.instance_id, "first_token", now)
 
@@ -322,22 +325,29 @@ class LoadTracker:
         d = self._inflight.pop((router_id or self.router_id, request_id), None)
         if d is None:
             return
+        s = d.slot
         if d.prefill_done:
-            self.decoding[d.slot] -= 1
+            v = self.decoding
+            v[s] = v.item(s) - 1
         else:
-            self.dispatched_prefill[d.slot] -= d.prefill_tokens
+            v = self.dispatched_prefill
+            v[s] = v.item(s) - d.prefill_tokens
             self._unfresh(d)
-        self.dispatched_kv[d.slot] -= d.kv_tokens
-        self.inflight[d.slot] -= 1
-        self._refresh(d.slot, blocks=False)
+        v = self.dispatched_kv
+        v[s] = v.item(s) - d.kv_tokens
+        v = self.inflight
+        v[s] = v.item(s) - 1
+        self._refresh(s, blocks=False)
         if router_id is None:
             self._share(request_id, d.instance_id, "finish", now)
 
     def _unfresh(self, d: _Dispatched) -> None:
-        if d.fresh:
+        if d.fresh:  # as ``v[slot] -= x``, without a numpy scalar each (as ``on_route``)
             d.fresh = False
-            self.fresh_prefill[d.slot] -= d.prefill_tokens
-            self.fresh_count[d.slot] -= 1
+            s, v = d.slot, self.fresh_prefill
+            v[s] = v.item(s) - d.prefill_tokens
+            v = self.fresh_count
+            v[s] = v.item(s) - 1
 
     def _share(self, request_id: str, instance_id: str, kind: str, now: float) -> None:
         if not self.share:
