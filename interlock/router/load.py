@@ -235,24 +235,37 @@ class LoadTracker:
         """Recompute slot ``s``'s derived values from its state (same arithmetic as the
         vectorised definitions in ``check_derived``); ``blocks=False`` after a dispatch, which
         leaves the reported blocks in use as they were."""
+        if blocks:
+            total = self.kv_tokens_total.item(s) / self._block_size.item(s)
+            self._used[s] = used = self.kv_used_frac.item(s) * total
+            self._free[s] = total - used if total > 0 else np.inf
+        self._derive(
+            s,
+            self.fresh_prefill.item(s),
+            self.fresh_count.item(s),
+            self.inflight.item(s),
+            self.dispatched_kv.item(s),
+        )
+
+    def _derive(
+        self, s: int, fresh_prefill: float, fresh_count: float, inflight: float, dispatched_kv: float
+    ) -> None:
+        """``_refresh`` but for the blocks in use, given the slot's dispatch state (``on_route``
+        has it at hand: four reads fewer)."""
         # max/min spelled out (the same first-of-equals choice as the builtins, without a call)
-        depth = self.reported_waiting.item(s) + self.fresh_count.item(s)
-        inflight, running = self.inflight.item(s), self.reported_running.item(s)
+        depth = self.reported_waiting.item(s) + fresh_count
+        running = self.reported_running.item(s)
         n = running if running > inflight else inflight
-        footprint = self.dispatched_kv.item(s) * self.inv_kv_tokens.item(s)
+        footprint = dispatched_kv * self.inv_kv_tokens.item(s)
         used_frac = self.kv_used_frac.item(s)
         usage = footprint if footprint > used_frac else used_frac
-        self._queued[s] = self.reported_prefill.item(s) + self.fresh_prefill.item(s)
+        self._queued[s] = self.reported_prefill.item(s) + fresh_prefill
         self._depth[s] = depth
         self._busy_n[s] = n
         self._usage[s] = usage
         context = MAX_DECODE_CONTEXT if MAX_DECODE_CONTEXT < footprint else footprint
         self._context[s] = context
         self._prior[s] = 1.0 + DECODE_CONTEXT_SLOPE * context
-        if blocks:
-            total = self.kv_tokens_total.item(s) / self._block_size.item(s)
-            self._used[s] = used = used_frac * total
-            self._free[s] = total - used if total > 0 else np.inf
         busy = (
             used_frac >= self.busy_kv_usage
             or usage >= self.busy_kv_footprint
@@ -282,17 +295,18 @@ class LoadTracker:
         self._inflight[key] = _Dispatched(slot, instance_id, prefill_tokens, kv_tokens, now)
         self._fresh.setdefault(slot, []).append(key)
         # the same doubles as ``v[slot] += x``, without a numpy scalar each
+        s = slot
         v = self.dispatched_prefill
-        v[slot] = v.item(slot) + prefill_tokens
+        v[s] = v.item(s) + prefill_tokens
         v = self.fresh_prefill
-        v[slot] = v.item(slot) + prefill_tokens
+        v[s] = fresh_prefill = v.item(s) + prefill_tokens
         v = self.fresh_count
-        v[slot] = v.item(slot) + 1
+        v[s] = fresh_count = v.item(s) + 1
         v = self.dispatched_kv
-        v[slot] = v.item(slot) + kv_tokens
+        v[s] = dispatched_kv = v.item(s) + kv_tokens
         v = self.inflight
-        v[slot] = v.item(slot) + 1
-        self._refresh(slot, blocks=False)
+        v[s] = inflight = v.item(s) + 1
+        self._derive(s, fresh_prefill, fresh_count, inflight, dispatched_kv)
         if router_id is None and self.share:
             self.outbox.append(
                 RouterLoadEvent(
