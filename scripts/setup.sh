@@ -16,6 +16,10 @@ fi
 # Compile the fused CPU kernels now (about 15 s, once per source version), so no server or
 # test waits for the compiler; prints why not where the CPU lacks AVX-512 BF16.
 .venv/bin/python -c "from interlock.engine.model import cpu_ops; raise SystemExit(cpu_ops.main())"
+# The router's compiled decision and prefix index (a few seconds; without cc or Python's headers
+# the router says so and decides in Python, the same decisions).
+.venv/bin/python -c "from interlock.router import route_kernel; raise SystemExit(route_kernel.main())"
+.venv/bin/python -c "from interlock.router import native; raise SystemExit(native.main())"
 # Measure which kernel each operation of the default model runs on this machine (at most ~30 s,
 # a line per operation; cached per CPU, thread count, torch and kernel source), so that neither
 # `interlock serve` nor the tests wait for it at their first start: for torch's default thread

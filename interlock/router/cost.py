@@ -105,6 +105,12 @@ lower loads (BENCHMARKS.md, Saturation).
 Choice: argmin; costs within ``tie_tolerance`` of the best are ties, broken towards the worker
 with the fewest in-flight requests (never the busiest), then by rotation. With a softmax
 temperature > 0 the worker is sampled with probability ``exp(-normalised_cost / T)``.
+
+These functions are the reference: the router computes the cost, the ranked candidates and the
+choice at temperature 0 in one compiled pass where it can (``route_kernel``, ``csrc/route_kv.c``,
+the same result to the last bit), and with these where it cannot. A change to the code here
+switches that pass off (``route_kernel.MIRRORED``, a fingerprint of this code) until the C is
+brought in line: the router never prices with a formula other than this one.
 """
 
 from __future__ import annotations
@@ -185,8 +191,7 @@ def ttft_costs(
     if uncached_tokens is None:
         if overlap_blocks is None:
             raise TypeError("ttft_costs needs overlap_blocks or uncached_tokens")
-        hit = overlap_blocks if lower_blocks is None else overlap_blocks + lower_blocks
-        uncached = np.maximum(prompt_tokens - hit * params.block_size, 1)
+        uncached = uncached_tokens_of(params, prompt_tokens, overlap_blocks, lower_blocks)
     elif overlap_blocks is not None or lower_blocks is not None:
         raise TypeError("ttft_costs takes uncached_tokens or overlap_blocks (and lower_blocks), not both")
     else:
@@ -233,6 +238,15 @@ def ttft_costs(
         if short[short.argmax()] > 0:  # elsewhere the wait is 0
             cost += _room_wait(short, used_blocks, drain_s)
     return cost
+
+
+def uncached_tokens_of(
+    params: CostParams, prompt_tokens: int, overlap_blocks: np.ndarray, lower_blocks: np.ndarray | None
+) -> np.ndarray:
+    """``uncached_w`` of the formula: the prompt less its device (and lower-tier) hits, at
+    least 1."""
+    hit = overlap_blocks if lower_blocks is None else overlap_blocks + lower_blocks
+    return np.maximum(prompt_tokens - hit * params.block_size, 1)
 
 
 def room_wait_s(

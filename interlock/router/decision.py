@@ -2,23 +2,29 @@
 
 A decision renders two ways: ``header()`` is short enough for a debug response header
 (``x-interlock-route``), ``log_line()`` carries the best few candidates' costs for the logs.
+
+``Decision`` and ``Candidate`` are frozen ``msgspec.Struct`` s, not dataclasses: a decision
+makes four of them, and a frozen dataclass's constructor (``object.__setattr__`` per field)
+cost about 4 µs of a 50 µs budget where these cost a few hundred nanoseconds. Neither can be
+part of a reference cycle (strings and numbers, and a tuple of candidates), so the garbage
+collector does not track them (``gc=False``): a decision adds nothing to its next pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+
+class Candidate(msgspec.Struct, frozen=True, gc=False):
     worker_id: str
     cost_s: float
     """Estimated seconds to first token (``kv`` policy), or the policy's own score."""
     overlap_blocks: int
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True, gc=False):
     request_id: str
     worker_id: str
     reason: str
@@ -67,12 +73,15 @@ class RouterMetrics:
 
     def record(self, d: Decision) -> None:
         self.decisions += 1
-        self.by_reason[d.reason] = self.by_reason.get(d.reason, 0) + 1
+        by = self.by_reason
+        by[d.reason] = by.get(d.reason, 0) + 1
         self.prompt_tokens += d.prompt_tokens
         self.predicted_cached_tokens += d.cached_tokens
         self.overlap_blocks += d.overlap_blocks
-        self.decision_s_total += d.decision_s
-        self.decision_s_max = max(self.decision_s_max, d.decision_s)
+        took = d.decision_s
+        self.decision_s_total += took
+        if took > self.decision_s_max:  # max() without the call (the same first of equals)
+            self.decision_s_max = took
 
     @property
     def hit_rate(self) -> float:

@@ -34,6 +34,15 @@ above; blocks a worker holds in a lower tier go to a second map of the same kind
 its device-pool prefix it could load from host or disk instead of computing them (what the
 engine does: its lookup continues below the pool where the pool's hits end).
 
+Compiled map: where ``interlock.router.native`` loads, the device map ``hash -> holders``
+lives in C (``csrc/kvindex.c``: the same masks as bitsets in an open-addressing table) instead of
+the dict, and the router's ``kv`` decision runs lookup, cost and choice in one call over it
+(``native_decide``); ``overlap_masks`` and the rest give the same answers from either map. The
+per-worker block sets and the lower tiers stay in Python. The compiled map holds 64-bit
+unsigned hashes (what ``kvhash`` makes); a batch naming another int is refused by name
+(``TransportError``) before anything of it is applied, and a lookup stops at one, which no
+worker can hold. ``compiled=False``, no compiler, or ``INTERLOCK_CPU_KERNELS=0``: the dict.
+
 Invariants (``check_integrity``): a slot's bit is set in ``holders[h]`` iff ``h`` is in that
 slot's block set (and likewise for lower tiers); no mask is zero; approximate entries exist
 only for approx workers.
@@ -44,12 +53,15 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
+from interlock.errors import TransportError
 from interlock.protocol.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from interlock.router import native
 
 
 class ApplyResult(enum.Enum):
@@ -83,9 +95,21 @@ _TIER_BITS = {"host": 1, "disk": 2}
 class KvIndexer:
     """Prefix index over all workers. Pure data structure: no I/O, time passed in."""
 
-    def __init__(self, *, approx_ttl_s: float = 120.0) -> None:
+    def __init__(self, *, approx_ttl_s: float = 120.0, compiled: bool = True) -> None:
         self.approx_ttl_s = approx_ttl_s
         self._holders: dict[int, int] = {}
+        """The device map in Python (unused while the compiled one is)."""
+        self._c = native.load() if compiled else None
+        """The compiled module (``native``), None: the dict is the map."""
+        self._cmap = self._c.new(1) if self._c is not None else None
+        self._cwords = 1
+        """Slots the compiled map's masks have room for, in 64s."""
+        self.native_decide: Callable[..., tuple[int, list[int]]] | None = (
+            partial(self._c.decide, self._cmap) if self._c is not None else None
+        )
+        """The whole ``kv`` decision over the compiled map (``csrc/kvindex.c``, ``decide``, which
+        names its arguments: the request's hashes first), None without it; the router's
+        ``route_kernel.RouteKernel.decide_indexed`` passes them."""
         self._lower_holders: dict[int, int] = {}
         self._workers: dict[str, _Worker] = {}
         self._by_slot: dict[int, _Worker] = {}
@@ -108,7 +132,15 @@ class KvIndexer:
 
     def _alloc_slot(self) -> int:
         self._next_slot += 1
+        if self._c is not None and self._next_slot > 64 * self._cwords:
+            self._cwords *= 2
+            self._c.grow(self._cmap, self._cwords)
         return self._next_slot - 1
+
+    @property
+    def compiled(self) -> bool:
+        """The device map is the compiled one (``native_decide`` can be used)."""
+        return self._c is not None
 
     def remove_worker(self, instance_id: str) -> None:
         w = self._workers.pop(instance_id, None)
@@ -144,6 +176,9 @@ class KvIndexer:
 
     def unique_counts(self) -> dict[str, int]:
         """Per worker: blocks no other worker holds (what losing it would take away)."""
+        if self._c is not None:
+            per_slot = self._c.unique_counts(self._cmap, self._next_slot)
+            return {wid: per_slot[w.slot] for wid, w in self._workers.items()}
         counts = dict.fromkeys(self._workers, 0)
         by_slot = self._by_slot
         for mask in self._holders.values():
@@ -161,6 +196,8 @@ class KvIndexer:
         w = self._workers.get(batch.instance_id)
         if w is None:
             return ApplyResult.UNKNOWN_WORKER
+        if self._c is not None:
+            _check_hashes(batch)
         if not w.events_seen:
             # First batch: the worker publishes after all; predictions are dropped.
             w.events_seen = True
@@ -197,6 +234,11 @@ class KvIndexer:
                 self._clear(w)
 
     def _store(self, w: _Worker, hashes: Sequence[int]) -> None:
+        if self._c is not None:
+            self._compiled(self._c.store, w, hashes)
+            w.blocks.update(hashes)
+            self.events_applied += len(hashes)
+            return
         bit = 1 << w.slot
         holders = self._holders
         blocks = w.blocks
@@ -211,6 +253,11 @@ class KvIndexer:
         self.events_applied += len(hashes)
 
     def _remove(self, w: _Worker, hashes: Sequence[int]) -> None:
+        if self._c is not None:
+            self._compiled(self._c.remove, w, hashes)
+            w.blocks.difference_update(hashes)
+            self.events_applied += len(hashes)
+            return
         mask = ~(1 << w.slot)
         holders = self._holders
         blocks = w.blocks
@@ -227,6 +274,14 @@ class KvIndexer:
                 else:
                     del holders[h]
         self.events_applied += len(hashes)
+
+    def _compiled(
+        self, op: Callable[[object, int, Sequence[int]], None], w: _Worker, hashes: Sequence[int]
+    ) -> None:
+        try:
+            op(self._cmap, w.slot, hashes)
+        except OverflowError as exc:  # checked before any change: nothing of it applied
+            raise TransportError(f"KV event from {w.instance_id}: {exc}") from None
 
     def _store_lower(self, w: _Worker, hashes: Sequence[int], tier_bit: int) -> None:
         if not tier_bit:
@@ -288,8 +343,11 @@ class KvIndexer:
     def overlap_masks(self, hashes: Sequence[int]) -> list[tuple[int, int]]:
         """Runs ``(mask, n)``: the workers in ``mask`` hold the first blocks for ``n`` more
         positions. Masks are nested (each a subset of the previous)."""
+        if self._c is not None:
+            runs: list[tuple[int, int]] = self._c.runs(self._cmap, hashes)
+            return runs
         get = self._holders.get
-        runs: list[tuple[int, int]] = []
+        runs = []
         cur = -1
         n = 0
         last: object = _NONE
@@ -328,12 +386,13 @@ class KvIndexer:
         out = np.zeros(size, dtype=np.int32)
         if not self._lower_holders:
             return out
-        holders, lower = self._holders, self._lower_holders
+        lower = self._lower_holders
+        device = self._device_mask
         dev = -1  # workers still in their device prefix (all, at the start)
         low = 0  # workers past it, still finding blocks below
         runs: list[tuple[int, int]] = []
         for h in hashes:
-            dm, lm = holders.get(h, 0), lower.get(h, 0)
+            dm, lm = device(h), lower.get(h, 0)
             low = (low | (dev & ~dm)) & lm
             dev &= dm
             if low:
@@ -345,6 +404,16 @@ class KvIndexer:
                 break
         _add_runs(out, runs)
         return out
+
+    def _device_mask(self, h: int) -> int:
+        if self._c is not None:
+            mask: int = self._c.mask(self._cmap, h)
+            return mask
+        return self._holders.get(h, 0)
+
+    def memory_bytes(self) -> int | None:
+        """Bytes the compiled map holds (table, masks, scratch); None for the dict."""
+        return None if self._c is None else int(self._c.size(self._cmap)[2])
 
     def has_lower_tiers(self) -> bool:
         return bool(self._lower_holders)
@@ -366,11 +435,29 @@ class KvIndexer:
                 assert tiers, w.instance_id
                 seen_lower[h] = seen_lower.get(h, 0) | bit
             assert not (w.events_seen and w.approx_expiry), w.instance_id
-        assert seen == self._holders, "holders out of step with per-worker block sets"
+        if self._c is not None:
+            broken = self._c.check(self._cmap)
+            assert broken is None, broken
+            assert not self._holders, "the dict holds blocks while the compiled map is the map"
+            assert seen == self._c.items(self._cmap), "holders out of step with per-worker block sets"
+        else:
+            assert seen == self._holders, "holders out of step with per-worker block sets"
         assert seen_lower == self._lower_holders, "lower holders out of step with per-worker sets"
 
 
 _NONE = object()
+_HASH_LIMIT = 1 << 64
+
+
+def _check_hashes(batch: KVEventBatch) -> None:
+    """The compiled map's domain: every hash of the batch a 64-bit unsigned int."""
+    for ev in batch.events:
+        hashes = getattr(ev, "block_hashes", ())
+        if hashes and (min(hashes) < 0 or max(hashes) >= _HASH_LIMIT):
+            bad = next(h for h in hashes if not 0 <= h < _HASH_LIMIT)
+            raise TransportError(
+                f"KV event batch {batch.seq} from {batch.instance_id}: block hash {bad} is not a 64-bit unsigned int"
+            )
 
 
 def dropouts(runs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

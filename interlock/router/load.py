@@ -186,6 +186,8 @@ class LoadTracker:
         self._decode_line_stale = True
         self._fastest_decode: float | None = None
         """Fastest decode step any worker reported (None: to be found again)."""
+        self._step = np.empty(0)
+        """``decode_step``'s result, rewritten by each call."""
         self.outbox: list[RouterLoadEvent] = []
         """Events for other routers; the glue drains and publishes them."""
 
@@ -233,21 +235,37 @@ class LoadTracker:
         """Recompute slot ``s``'s derived values from its state (same arithmetic as the
         vectorised definitions in ``check_derived``); ``blocks=False`` after a dispatch, which
         leaves the reported blocks in use as they were."""
-        depth = self.reported_waiting.item(s) + self.fresh_count.item(s)
-        n = max(self.inflight.item(s), self.reported_running.item(s))
-        dkv, inv = self.dispatched_kv.item(s), self.inv_kv_tokens.item(s)
+        if blocks:
+            total = self.kv_tokens_total.item(s) / self._block_size.item(s)
+            self._used[s] = used = self.kv_used_frac.item(s) * total
+            self._free[s] = total - used if total > 0 else np.inf
+        self._derive(
+            s,
+            self.fresh_prefill.item(s),
+            self.fresh_count.item(s),
+            self.inflight.item(s),
+            self.dispatched_kv.item(s),
+        )
+
+    def _derive(
+        self, s: int, fresh_prefill: float, fresh_count: float, inflight: float, dispatched_kv: float
+    ) -> None:
+        """``_refresh`` but for the blocks in use, given the slot's dispatch state (``on_route``
+        has it at hand: four reads fewer)."""
+        # max/min spelled out (the same first-of-equals choice as the builtins, without a call)
+        depth = self.reported_waiting.item(s) + fresh_count
+        running = self.reported_running.item(s)
+        n = running if running > inflight else inflight
+        footprint = dispatched_kv * self.inv_kv_tokens.item(s)
         used_frac = self.kv_used_frac.item(s)
-        usage = max(used_frac, dkv * inv)
-        self._queued[s] = self.reported_prefill.item(s) + self.fresh_prefill.item(s)
+        usage = footprint if footprint > used_frac else used_frac
+        self._queued[s] = self.reported_prefill.item(s) + fresh_prefill
         self._depth[s] = depth
         self._busy_n[s] = n
         self._usage[s] = usage
-        self._context[s] = context = min(dkv * inv, MAX_DECODE_CONTEXT)
+        context = MAX_DECODE_CONTEXT if MAX_DECODE_CONTEXT < footprint else footprint
+        self._context[s] = context
         self._prior[s] = 1.0 + DECODE_CONTEXT_SLOPE * context
-        if blocks:
-            total = self.kv_tokens_total.item(s) / self._block_size.item(s)
-            self._used[s] = used = used_frac * total
-            self._free[s] = total - used if total > 0 else np.inf
         busy = (
             used_frac >= self.busy_kv_usage
             or usage >= self.busy_kv_footprint
@@ -271,16 +289,24 @@ class LoadTracker:
         router_id: str | None = None,
     ) -> None:
         rid = router_id or self.router_id
-        if (rid, request_id) in self._inflight:
+        key = (rid, request_id)
+        if key in self._inflight:
             return
-        self._inflight[(rid, request_id)] = _Dispatched(slot, instance_id, prefill_tokens, kv_tokens, now)
-        self._fresh.setdefault(slot, []).append((rid, request_id))
-        self.dispatched_prefill[slot] += prefill_tokens
-        self.fresh_prefill[slot] += prefill_tokens
-        self.fresh_count[slot] += 1
-        self.dispatched_kv[slot] += kv_tokens
-        self.inflight[slot] += 1
-        self._refresh(slot, blocks=False)
+        self._inflight[key] = _Dispatched(slot, instance_id, prefill_tokens, kv_tokens, now)
+        self._fresh.setdefault(slot, []).append(key)
+        # the same doubles as ``v[slot] += x``, without a numpy scalar each
+        s = slot
+        v = self.dispatched_prefill
+        v[s] = v.item(s) + prefill_tokens
+        v = self.fresh_prefill
+        v[s] = fresh_prefill = v.item(s) + prefill_tokens
+        v = self.fresh_count
+        v[s] = fresh_count = v.item(s) + 1
+        v = self.dispatched_kv
+        v[s] = dispatched_kv = v.item(s) + kv_tokens
+        v = self.inflight
+        v[s] = inflight = v.item(s) + 1
+        self._derive(s, fresh_prefill, fresh_count, inflight, dispatched_kv)
         if router_id is None and self.share:
             self.outbox.append(
                 RouterLoadEvent(
@@ -299,10 +325,13 @@ class LoadTracker:
         if d is None or d.prefill_done:
             return
         d.prefill_done = True
-        self.dispatched_prefill[d.slot] -= d.prefill_tokens
+        s = d.slot
+        v = self.dispatched_prefill
+        v[s] = v.item(s) - d.prefill_tokens
         self._unfresh(d)
-        self.decoding[d.slot] += 1
-        self._refresh(d.slot, blocks=False)
+        v = self.decoding
+        v[s] = v.item(s) + 1
+        self._refresh(s, blocks=False)
         if router_id is None:
             self._share(request_id, d.instance_id, "first_token", now)
 
@@ -310,22 +339,29 @@ class LoadTracker:
         d = self._inflight.pop((router_id or self.router_id, request_id), None)
         if d is None:
             return
+        s = d.slot
         if d.prefill_done:
-            self.decoding[d.slot] -= 1
+            v = self.decoding
+            v[s] = v.item(s) - 1
         else:
-            self.dispatched_prefill[d.slot] -= d.prefill_tokens
+            v = self.dispatched_prefill
+            v[s] = v.item(s) - d.prefill_tokens
             self._unfresh(d)
-        self.dispatched_kv[d.slot] -= d.kv_tokens
-        self.inflight[d.slot] -= 1
-        self._refresh(d.slot, blocks=False)
+        v = self.dispatched_kv
+        v[s] = v.item(s) - d.kv_tokens
+        v = self.inflight
+        v[s] = v.item(s) - 1
+        self._refresh(s, blocks=False)
         if router_id is None:
             self._share(request_id, d.instance_id, "finish", now)
 
     def _unfresh(self, d: _Dispatched) -> None:
-        if d.fresh:
+        if d.fresh:  # as ``v[slot] -= x``, without a numpy scalar each (as ``on_route``)
             d.fresh = False
-            self.fresh_prefill[d.slot] -= d.prefill_tokens
-            self.fresh_count[d.slot] -= 1
+            s, v = d.slot, self.fresh_prefill
+            v[s] = v.item(s) - d.prefill_tokens
+            v = self.fresh_count
+            v[s] = v.item(s) - 1
 
     def _share(self, request_id: str, instance_id: str, kind: str, now: float) -> None:
         if not self.share:
@@ -467,6 +503,20 @@ class LoadTracker:
         on decode-only steps), so once the fleet's reports span a range of context, the
         estimate is the fleet's line (step time against summed context over KV tokens) at each
         worker's current context, dispatches included; until then ``_decode_step_measured``.
+        The vector is a buffer the next call overwrites."""
+        vector, mul, add = self.decode_step_terms()
+        step = self._step
+        if len(step) != len(vector):
+            step = self._step = np.empty(len(vector))
+        np.multiply(vector, mul, out=step)
+        if add is not None:
+            step += add
+        return step
+
+    def decode_step_terms(self) -> tuple[np.ndarray, float, float | None]:
+        """``decode_step()`` as ``vector * mul + add`` (no ``add``: None), left to compute: the
+        fleet's line, ``capped context * slope + base``; until it exists, ``prior * fastest``
+        (``_decode_step_measured``). The compiled decision computes it as it reads it.
         A line once fitted is kept while the fleet's recent reports span too little context to
         fit another (a saturated fleet's are all at ``MAX_DECODE_CONTEXT``): the prior would
         take the fastest step then reported, a loaded worker's, for an empty one's and price
@@ -478,11 +528,9 @@ class LoadTracker:
                 self._decode_line = line
             self._decode_line_stale = False
         if self._decode_line is None:
-            return self._decode_step_measured()
+            return self._prior, self._decode_step_measured(), None
         base, slope = self._decode_line
-        step = self._context * slope  # base + slope * capped context, in place
-        step += base
-        return step
+        return self._context, slope, base
 
     def context_usage(self, slot: int) -> float:
         """Summed context of the worker's requests over its KV tokens: what a decode step
@@ -490,8 +538,9 @@ class LoadTracker:
         ``MAX_DECODE_CONTEXT``."""
         return min(float(self.dispatched_kv[slot] * self.inv_kv_tokens[slot]), MAX_DECODE_CONTEXT)
 
-    def _decode_step_measured(self) -> np.ndarray:
-        """Until the fleet's line exists: the fastest decode step any worker reported (the
+    def _decode_step_measured(self) -> float:
+        """Until the fleet's line exists, the step is this times each worker's prior growth
+        (``_prior``): the fastest decode step any worker reported (the
         step of a worker holding little KV), grown with each worker's summed context by a
         prior slope (``DECODE_CONTEXT_SLOPE``). A worker's own average is no measure of its
         load (it only moves on decode-only steps, rare on a busy worker), and a fixed default
@@ -502,7 +551,28 @@ class LoadTracker:
             self._fastest_decode = (
                 float(self.decode_step_s[measured].min()) if measured.any() else DEFAULT_DECODE_STEP_S
             )
-        return self._fastest_decode * self._prior
+        return self._fastest_decode
+
+    def cost_vectors(self, price_room: bool) -> tuple[object, ...]:
+        """What the compiled ``kv`` decision reads, in its order (``csrc/kvindex.c``,
+        ``decide``): queue ahead, per-token and per-step speed, reported queue depth, decode
+        step (as ``decode_step_terms``, computed there), KV usage as reported, blocks free and in
+        use (None, None without ``price_room``), in-flight requests, requests decoding. One call
+        instead of seven on the decision's path."""
+        overhead, per_token = self.speeds()
+        room = price_room
+        return (
+            self._queued,
+            per_token,
+            overhead,
+            self.reported_waiting,
+            self.decode_step_terms(),
+            self.kv_used_frac,
+            self._free if room else None,
+            self._used if room else None,
+            self._busy_n,
+            self.decoding,
+        )
 
     def blocks_in_use(self) -> tuple[np.ndarray, np.ndarray]:
         """``(in use, free)`` blocks per slot as last reported (free is +inf where the size is

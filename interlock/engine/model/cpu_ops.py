@@ -21,9 +21,7 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -33,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from interlock import cbuild
 from interlock.env import get_env
 
 log = logging.getLogger(__name__)
@@ -126,10 +125,7 @@ class CopyKernel:
 
 
 def copy_build_dir() -> Path:
-    key = hashlib.sha256(COPY_SOURCE.read_bytes())
-    key.update(" ".join(COPY_CFLAGS).encode())
-    key.update(platform.machine().encode())
-    return get_env().cache_dir / "kv_copy" / key.hexdigest()[:16]
+    return cbuild.build_dir(COPY_SOURCE, COPY_CFLAGS, "kv_copy")
 
 
 @cache
@@ -151,30 +147,7 @@ def load_copy() -> CopyKernel | None:
 
 
 def _build_copy() -> Path:
-    folder = copy_build_dir()
-    library = folder / "libkv_copy.so"
-    if library.exists():
-        return library
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc) on PATH")
-    folder.mkdir(parents=True, exist_ok=True)
-    # As above: build under a name of this process, rename into place.
-    scratch = folder / f"libkv_copy-{os.getpid()}-{threading.get_ident()}.so"
-    try:
-        subprocess.run(
-            [compiler, *COPY_CFLAGS, str(COPY_SOURCE), "-o", str(scratch)],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        os.replace(scratch, library)
-    except subprocess.CalledProcessError as exc:
-        raise RuntimeError(f"{compiler} failed: {exc.stderr.strip()[-500:]}") from exc
-    finally:
-        scratch.unlink(missing_ok=True)
-    return library
+    return cbuild.build(COPY_SOURCE, COPY_CFLAGS, "kv_copy")
 
 
 def main() -> int:

@@ -1,0 +1,822 @@
+/* The router's prefix index in C (a CPython extension module, loaded by router/native.py):
+ * the map "block hash -> workers holding it" of indexer.KvIndexer, and the whole kv decision
+ * (lookup, uncached tokens per worker, route_kv's cost, candidates and choice) in one call.
+ *
+ * Idea, as in the Python index: block hashes are chained, so a flat map from a hash to the set
+ * of workers holding it is a radix tree in disguise; a lookup walks the request's chain AND-ing
+ * the sets. Here the map is an open-addressing table (linear probing, backward-shift deletion,
+ * Fibonacci hashing of the 64-bit key) of 16-byte entries: hash -> mask id. A mask is a bitset
+ * over worker slots (`words` 64-bit words) in a pool, reference counted: the blocks a worker
+ * stored together share one mask, as the Python index shares one int object, so a lookup skips
+ * the AND for a block whose mask id is the previous block's. The lookup converts the request's
+ * hashes first and prefetches the table lines ahead of the walk: a cold million-entry table
+ * costs about one cache miss per block, overlapped.
+ *
+ * The result is a function of the mask values only, never of how they are shared, so this index
+ * gives exactly the runs of the Python one (tests/router/test_native.py checks it).
+ *
+ * Invariants (kvi_check): an entry's mask is non-zero; a mask's refcount is the number of
+ * entries holding it (plus one while a store or remove pins it); free ids have refcount 0.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "route_kv.c"
+
+typedef struct {
+  uint64_t key;
+  uint32_t mask; /* 0: empty */
+  uint32_t _pad;
+} Entry;
+
+typedef struct {
+  Entry* tab;
+  uint64_t cap; /* power of two */
+  int shift;    /* 64 - log2(cap) */
+  uint64_t used;
+  uint64_t* bits; /* masks_cap * words */
+  uint32_t* refs;
+  uint32_t* free_ids;
+  uint32_t nfree, nmasks, masks_cap; /* ids 1..nmasks-1 allocated at some point; 0 unused */
+  int64_t words;
+  /* scratch of a lookup */
+  uint64_t* keys;
+  int64_t keys_cap;
+  uint64_t* runs; /* run masks, runs_cap * words */
+  int64_t* run_len;
+  int64_t runs_cap;
+  int32_t* depth;
+  int64_t depth_cap;
+  double* table;  /* runs_cap + 1: a decision's uncached tokens per depth */
+  int64_t* held;  /* runs_cap + 1: its blocks held per depth */
+  uint64_t* cur; /* words: the AND so far */
+  uint64_t* tmp; /* words */
+} Index;
+
+static const char* CAPSULE = "interlock.kvindex";
+
+static inline uint64_t home(const Index* ix, uint64_t key) {
+  return (key * 0x9E3779B97F4A7C15ull) >> ix->shift;
+}
+
+static inline Entry* find(const Index* ix, uint64_t key) {
+  uint64_t m = ix->cap - 1;
+  for (uint64_t i = home(ix, key);; i = (i + 1) & m) {
+    Entry* e = &ix->tab[i];
+    if (!e->mask) return NULL;
+    if (e->key == key) return e;
+  }
+}
+
+static inline uint64_t* mask_at(const Index* ix, uint32_t id) { return ix->bits + (uint64_t)id * ix->words; }
+
+static int table_init(Index* ix, uint64_t cap) {
+  Entry* tab = calloc(cap, sizeof(Entry));
+  if (!tab) return -1;
+  ix->tab = tab;
+  ix->cap = cap;
+  ix->shift = 64 - __builtin_ctzll(cap);
+  ix->used = 0;
+  return 0;
+}
+
+static int table_grow(Index* ix) {
+  Entry* old = ix->tab;
+  uint64_t old_cap = ix->cap;
+  if (table_init(ix, old_cap * 2) < 0) {
+    ix->tab = old;
+    return -1;
+  }
+  uint64_t m = ix->cap - 1;
+  for (uint64_t j = 0; j < old_cap; j++) {
+    if (!old[j].mask) continue;
+    uint64_t i = home(ix, old[j].key);
+    while (ix->tab[i].mask) i = (i + 1) & m;
+    ix->tab[i] = old[j];
+    ix->used++;
+  }
+  free(old);
+  return 0;
+}
+
+/* The entry for key, inserted empty-masked if absent (the caller sets its mask). */
+static Entry* find_or_insert(Index* ix, uint64_t key) {
+  if ((ix->used + 1) * 4 > ix->cap * 3 && table_grow(ix) < 0) return NULL;
+  uint64_t m = ix->cap - 1;
+  for (uint64_t i = home(ix, key);; i = (i + 1) & m) {
+    Entry* e = &ix->tab[i];
+    if (!e->mask) {
+      e->key = key;
+      ix->used++;
+      return e;
+    }
+    if (e->key == key) return e;
+  }
+}
+
+static void table_delete(Index* ix, Entry* e) {
+  uint64_t m = ix->cap - 1;
+  uint64_t i = (uint64_t)(e - ix->tab);
+  uint64_t j = i;
+  for (;;) { /* backward shift: move later entries of the cluster into the hole */
+    j = (j + 1) & m;
+    if (!ix->tab[j].mask) break;
+    uint64_t h = home(ix, ix->tab[j].key);
+    /* j's entry may move to i iff its home is not in (i, j] (cyclically) */
+    if ((j > i && (h <= i || h > j)) || (j < i && (h <= i && h > j))) {
+      ix->tab[i] = ix->tab[j];
+      i = j;
+    }
+  }
+  ix->tab[i].mask = 0;
+  ix->tab[i].key = 0;
+  ix->used--;
+}
+
+static uint32_t mask_alloc(Index* ix) {
+  uint32_t id;
+  if (ix->nfree) {
+    id = ix->free_ids[--ix->nfree];
+  } else {
+    if (ix->nmasks == ix->masks_cap) {
+      uint32_t cap = ix->masks_cap * 2;
+      uint64_t* bits = realloc(ix->bits, (size_t)cap * ix->words * 8);
+      if (!bits) return 0;
+      ix->bits = bits;
+      uint32_t* refs = realloc(ix->refs, (size_t)cap * 4);
+      if (!refs) return 0;
+      ix->refs = refs;
+      uint32_t* fr = realloc(ix->free_ids, (size_t)cap * 4);
+      if (!fr) return 0;
+      ix->free_ids = fr;
+      ix->masks_cap = cap;
+    }
+    id = ix->nmasks++;
+  }
+  ix->refs[id] = 0;
+  return id;
+}
+
+static inline void mask_decref(Index* ix, uint32_t id) {
+  if (id && --ix->refs[id] == 0) ix->free_ids[ix->nfree++] = id;
+}
+
+static inline void mask_incref(Index* ix, uint32_t id) {
+  if (id) ix->refs[id]++;
+}
+
+static void index_free(Index* ix) {
+  free(ix->tab);
+  free(ix->bits);
+  free(ix->refs);
+  free(ix->free_ids);
+  free(ix->keys);
+  free(ix->runs);
+  free(ix->run_len);
+  free(ix->depth);
+  free(ix->cur);
+  free(ix->tmp);
+  free(ix->table);
+  free(ix->held);
+  free(ix);
+}
+
+static void capsule_free(PyObject* cap) {
+  Index* ix = PyCapsule_GetPointer(cap, CAPSULE);
+  if (ix) index_free(ix);
+}
+
+static Index* get_index(PyObject* cap) { return PyCapsule_GetPointer(cap, CAPSULE); }
+
+/* ---- argument helpers ---- */
+
+/* The hashes of a sequence of ints into ix->keys, *n the count. Strict: -1 with an exception
+ * if one is not a 64-bit unsigned int (nothing of the index changes). Lenient (a lookup): the
+ * keys end before such a hash, which no index can hold. */
+static int load_keys(Index* ix, PyObject* seq, int64_t* n, int strict) {
+  PyObject* fast = PySequence_Fast(seq, "block hashes must be a sequence of ints");
+  if (!fast) return -1;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+  if (len > ix->keys_cap) {
+    int64_t cap = len * 2 + 64;
+    uint64_t* k = realloc(ix->keys, (size_t)cap * 8);
+    if (!k) {
+      Py_DECREF(fast);
+      PyErr_NoMemory();
+      return -1;
+    }
+    ix->keys = k;
+    ix->keys_cap = cap;
+  }
+  PyObject** items = PySequence_Fast_ITEMS(fast);
+  for (Py_ssize_t i = 0; i < len; i++) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(items[i]);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      if (!strict) {
+        len = i;
+        break;
+      }
+      PyErr_Format(PyExc_OverflowError, "block hash %R is not a 64-bit unsigned int", items[i]);
+      Py_DECREF(fast);
+      return -1;
+    }
+    ix->keys[i] = v;
+  }
+  Py_DECREF(fast);
+  *n = len;
+  return 0;
+}
+
+static int check_nargs(Py_ssize_t nargs, Py_ssize_t want, const char* name) {
+  if (nargs != want) {
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", name, want, nargs);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- module functions ---- */
+
+static PyObject* kvi_new(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 1, "new") < 0) return NULL;
+  int64_t words = PyLong_AsLongLong(args[0]);
+  if (words < 1 && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "words must be >= 1");
+  if (PyErr_Occurred()) return NULL;
+  Index* ix = calloc(1, sizeof(Index));
+  if (!ix) return PyErr_NoMemory();
+  ix->words = words;
+  ix->masks_cap = 64;
+  ix->nmasks = 1;
+  ix->bits = calloc((size_t)ix->masks_cap * words, 8);
+  ix->refs = calloc(ix->masks_cap, 4);
+  ix->free_ids = calloc(ix->masks_cap, 4);
+  ix->cur = calloc(words, 8);
+  ix->tmp = calloc(words, 8);
+  if (!ix->bits || !ix->refs || !ix->free_ids || !ix->cur || !ix->tmp || table_init(ix, 1024) < 0) {
+    index_free(ix);
+    return PyErr_NoMemory();
+  }
+  PyObject* cap = PyCapsule_New(ix, CAPSULE, capsule_free);
+  if (!cap) index_free(ix);
+  return cap;
+}
+
+/* grow(index, words): masks widened to `words` words (more worker slots). */
+static PyObject* kvi_grow(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 2, "grow") < 0) return NULL;
+  Index* ix = get_index(args[0]);
+  if (!ix) return NULL;
+  int64_t words = PyLong_AsLongLong(args[1]);
+  if (PyErr_Occurred()) return NULL;
+  if (words <= ix->words) Py_RETURN_NONE;
+  uint64_t* bits = calloc((size_t)ix->masks_cap * words, 8);
+  uint64_t* cur = calloc(words, 8);
+  uint64_t* tmp = calloc(words, 8);
+  if (!bits || !cur || !tmp) {
+    free(bits);
+    free(cur);
+    free(tmp);
+    return PyErr_NoMemory();
+  }
+  free(ix->cur);
+  free(ix->tmp);
+  ix->cur = cur;
+  ix->tmp = tmp;
+  for (uint32_t id = 0; id < ix->nmasks; id++)
+    memcpy(bits + (uint64_t)id * words, ix->bits + (uint64_t)id * ix->words, ix->words * 8);
+  free(ix->bits);
+  ix->bits = bits;
+  ix->words = words;
+  free(ix->runs);
+  ix->runs = NULL;
+  ix->runs_cap = 0;
+  Py_RETURN_NONE;
+}
+
+/* store(index, slot, hashes): the worker at `slot` holds these blocks. */
+static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 3, "store") < 0) return NULL;
+  Index* ix = get_index(args[0]);
+  if (!ix) return NULL;
+  int64_t slot = PyLong_AsLongLong(args[1]);
+  if (PyErr_Occurred()) return NULL;
+  if (slot < 0 || slot >= ix->words * 64) return PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slot);
+  int64_t n;
+  if (load_keys(ix, args[2], &n, 1) < 0) return NULL;
+  int64_t w = slot >> 6;
+  uint64_t bit = 1ull << (slot & 63);
+  uint32_t old_of = UINT32_MAX, new_id = 0;
+  for (int64_t i = 0; i < n; i++) {
+    Entry* e = find_or_insert(ix, ix->keys[i]);
+    if (!e) goto nomem;
+    uint32_t old = e->mask;
+    if (old && (mask_at(ix, old)[w] & bit)) continue; /* held already */
+    if (old != old_of) { /* else: the previous block's mask, so the same new one */
+      uint32_t id = mask_alloc(ix);
+      if (!id) {
+        if (!old) { /* the entry just inserted: take it out again */
+          e->key = 0;
+          ix->used--;
+        }
+        goto nomem;
+      }
+      if (old) memcpy(mask_at(ix, id), mask_at(ix, old), ix->words * 8);
+      else memset(mask_at(ix, id), 0, ix->words * 8);
+      mask_at(ix, id)[w] |= bit;
+      mask_incref(ix, id); /* pinned while it is the run's new mask */
+      mask_incref(ix, old);
+      if (old_of != UINT32_MAX) mask_decref(ix, old_of);
+      mask_decref(ix, new_id);
+      old_of = old;
+      new_id = id;
+    }
+    mask_incref(ix, new_id);
+    e->mask = new_id;
+    mask_decref(ix, old);
+  }
+  if (old_of != UINT32_MAX) mask_decref(ix, old_of);
+  mask_decref(ix, new_id);
+  Py_RETURN_NONE;
+nomem:
+  /* an entry inserted without a mask would read as empty: the table stays consistent */
+  if (old_of != UINT32_MAX) mask_decref(ix, old_of);
+  mask_decref(ix, new_id);
+  return PyErr_NoMemory();
+}
+
+/* remove(index, slot, hashes): the worker at `slot` no longer holds these blocks (those it
+ * does not hold are skipped). */
+static PyObject* kvi_remove(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 3, "remove") < 0) return NULL;
+  Index* ix = get_index(args[0]);
+  if (!ix) return NULL;
+  int64_t slot = PyLong_AsLongLong(args[1]);
+  if (PyErr_Occurred()) return NULL;
+  if (slot < 0 || slot >= ix->words * 64) return PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slot);
+  int64_t n;
+  if (load_keys(ix, args[2], &n, 1) < 0) return NULL;
+  int64_t w = slot >> 6;
+  uint64_t bit = 1ull << (slot & 63);
+  uint32_t old_of = UINT32_MAX, new_id = 0;
+  for (int64_t i = 0; i < n; i++) {
+    Entry* e = find(ix, ix->keys[i]);
+    if (!e || !(mask_at(ix, e->mask)[w] & bit)) continue;
+    uint32_t old = e->mask;
+    if (old != old_of) {
+      uint64_t* om = mask_at(ix, old);
+      int any = 0;
+      for (int64_t k = 0; k < ix->words; k++)
+        if (k == w ? (om[k] & ~bit) : om[k]) { any = 1; break; }
+      uint32_t id = 0;
+      if (any) {
+        id = mask_alloc(ix);
+        if (!id) goto nomem;
+        memcpy(mask_at(ix, id), mask_at(ix, old), ix->words * 8);
+        mask_at(ix, id)[w] &= ~bit;
+        mask_incref(ix, id);
+      }
+      mask_incref(ix, old);
+      if (old_of != UINT32_MAX) mask_decref(ix, old_of);
+      mask_decref(ix, new_id);
+      old_of = old;
+      new_id = id;
+    }
+    if (new_id) {
+      mask_incref(ix, new_id);
+      e->mask = new_id;
+    } else {
+      table_delete(ix, e);
+    }
+    mask_decref(ix, old);
+  }
+  if (old_of != UINT32_MAX) mask_decref(ix, old_of);
+  mask_decref(ix, new_id);
+  Py_RETURN_NONE;
+nomem:
+  if (old_of != UINT32_MAX) mask_decref(ix, old_of);
+  mask_decref(ix, new_id);
+  return PyErr_NoMemory();
+}
+
+static int ensure_runs(Index* ix, int64_t want) {
+  if (want <= ix->runs_cap) return 0;
+  int64_t cap = want * 2 + 16;
+  uint64_t* runs = realloc(ix->runs, (size_t)cap * ix->words * 8);
+  if (!runs) return -1;
+  ix->runs = runs;
+  int64_t* len = realloc(ix->run_len, (size_t)cap * 8);
+  if (!len) return -1;
+  ix->run_len = len;
+  double* table = realloc(ix->table, (size_t)(cap + 1) * 8);
+  if (!table) return -1;
+  ix->table = table;
+  int64_t* held = realloc(ix->held, (size_t)(cap + 1) * 8);
+  if (!held) return -1;
+  ix->held = held;
+  ix->runs_cap = cap;
+  return 0;
+}
+
+#define PREFETCH_AHEAD 16
+
+/* The nested runs of keys[0..n): run r's mask (ix->runs + r * words) holds the first blocks
+ * for run_len[r] more positions; returns the number of runs, -1 out of memory. Python's
+ * KvIndexer.overlap_masks, step for step (a mask id equal to the previous block's is the
+ * previous block's mask, so the same AND). */
+static int64_t lookup_runs(Index* ix, int64_t n) {
+  const int64_t W = ix->words;
+  const uint64_t m = ix->cap - 1;
+  if (ensure_runs(ix, n + 1) < 0) return -1;
+  for (int64_t i = 0; i < n && i < PREFETCH_AHEAD; i++) __builtin_prefetch(&ix->tab[home(ix, ix->keys[i])]);
+  int64_t nruns = 0, count = 0;
+  uint32_t last = UINT32_MAX;
+  uint64_t *cur = ix->cur, *tmp = ix->tmp;
+  int started = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (i + PREFETCH_AHEAD < n) __builtin_prefetch(&ix->tab[home(ix, ix->keys[i + PREFETCH_AHEAD])]);
+    uint64_t key = ix->keys[i];
+    uint32_t held = 0;
+    for (uint64_t j = home(ix, key);; j = (j + 1) & m) {
+      const Entry* e = &ix->tab[j];
+      if (!e->mask) break;
+      if (e->key == key) {
+        held = e->mask;
+        break;
+      }
+    }
+    if (held == last) {
+      count++;
+      continue;
+    }
+    if (!held) break;
+    last = held;
+    const uint64_t* hm = mask_at(ix, held);
+    if (!started) { /* every worker AND a non-zero mask: the mask */
+      memcpy(cur, hm, W * 8);
+      started = 1;
+      count = 1;
+      continue;
+    }
+    uint64_t changed = 0, nonzero = 0;
+    for (int64_t k = 0; k < W; k++) {
+      uint64_t v = hm[k] & cur[k];
+      tmp[k] = v;
+      changed |= v ^ cur[k];
+      nonzero |= v;
+    }
+    if (changed) {
+      memcpy(ix->runs + nruns * W, cur, W * 8);
+      ix->run_len[nruns++] = count;
+      if (!nonzero) return nruns;
+      uint64_t* t = cur;
+      cur = tmp;
+      tmp = t;
+      count = 0;
+    }
+    count++;
+  }
+  if (count) {
+    memcpy(ix->runs + nruns * W, cur, W * 8);
+    ix->run_len[nruns++] = count;
+  }
+  return nruns;
+}
+
+static PyObject* runs_to_list(Index* ix, int64_t nruns) {
+  PyObject* out = PyList_New(nruns);
+  if (!out) return NULL;
+  for (int64_t r = 0; r < nruns; r++) {
+    PyObject* mask = _PyLong_FromByteArray((const unsigned char*)(ix->runs + r * ix->words), ix->words * 8, 1, 0);
+    PyObject* t = mask ? Py_BuildValue("(NL)", mask, (long long)ix->run_len[r]) : NULL;
+    if (!t) {
+      Py_DECREF(out);
+      return NULL;
+    }
+    PyList_SET_ITEM(out, r, t);
+  }
+  return out;
+}
+
+/* runs(index, hashes) -> [(mask int, n), ...]: KvIndexer.overlap_masks. */
+static PyObject* kvi_runs(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 2, "runs") < 0) return NULL;
+  Index* ix = get_index(args[0]);
+  if (!ix) return NULL;
+  int64_t n;
+  if (load_keys(ix, args[1], &n, 0) < 0) return NULL;
+  int64_t nruns = lookup_runs(ix, n);
+  if (nruns < 0) return PyErr_NoMemory();
+  return runs_to_list(ix, nruns);
+}
+
+/* mask(index, hash) -> int: the workers holding the block (0: none). */
+static PyObject* kvi_mask(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 2, "mask") < 0) return NULL;
+  Index* ix = get_index(args[0]);
+  if (!ix) return NULL;
+  unsigned long long key = PyLong_AsUnsignedLongLong(args[1]);
+  if (key == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return PyLong_FromLong(0);
+  }
+  Entry* e = find(ix, key);
+  if (!e) return PyLong_FromLong(0);
+  return _PyLong_FromByteArray((const unsigned char*)mask_at(ix, e->mask), ix->words * 8, 1, 0);
+}
+
+/* items(index) -> {hash: mask int} (tests, integrity checks). */
+static PyObject* kvi_items(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 1, "items") < 0) return NULL;
+  Index* ix = get_index(args[0]);
+  if (!ix) return NULL;
+  PyObject* out = PyDict_New();
+  if (!out) return NULL;
+  for (uint64_t i = 0; i < ix->cap; i++) {
+    const Entry* e = &ix->tab[i];
+    if (!e->mask) continue;
+    PyObject* k = PyLong_FromUnsignedLongLong(e->key);
+    PyObject* v = _PyLong_FromByteArray((const unsigned char*)mask_at(ix, e->mask), ix->words * 8, 1, 0);
+    if (!k || !v || PyDict_SetItem(out, k, v) < 0) {
+      Py_XDECREF(k);
+      Py_XDECREF(v);
+      Py_DECREF(out);
+      return NULL;
+    }
+    Py_DECREF(k);
+    Py_DECREF(v);
+  }
+  return out;
+}
+
+/* unique_counts(index, slots) -> [blocks only that slot holds, per slot]. */
+static PyObject* kvi_unique_counts(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 2, "unique_counts") < 0) return NULL;
+  Index* ix = get_index(args[0]);
+  if (!ix) return NULL;
+  int64_t slots = PyLong_AsLongLong(args[1]);
+  if (PyErr_Occurred()) return NULL;
+  int64_t* counts = calloc(slots > 0 ? slots : 1, 8);
+  if (!counts) return PyErr_NoMemory();
+  for (uint64_t i = 0; i < ix->cap; i++) {
+    const Entry* e = &ix->tab[i];
+    if (!e->mask) continue;
+    const uint64_t* mk = mask_at(ix, e->mask);
+    int64_t bits = 0, at = -1;
+    for (int64_t k = 0; k < ix->words && bits < 2; k++)
+      if (mk[k]) {
+        bits += __builtin_popcountll(mk[k]);
+        at = k * 64 + __builtin_ctzll(mk[k]);
+      }
+    if (bits == 1 && at < slots) counts[at]++;
+  }
+  PyObject* out = PyList_New(slots);
+  for (int64_t s = 0; out && s < slots; s++) PyList_SET_ITEM(out, s, PyLong_FromLongLong(counts[s]));
+  free(counts);
+  return out;
+}
+
+/* check(index) -> None, or a string naming the broken invariant. */
+static PyObject* kvi_check(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 1, "check") < 0) return NULL;
+  Index* ix = get_index(args[0]);
+  if (!ix) return NULL;
+  uint32_t* seen = calloc(ix->nmasks, 4);
+  if (!seen) return PyErr_NoMemory();
+  const char* err = NULL;
+  uint64_t used = 0;
+  for (uint64_t i = 0; i < ix->cap && !err; i++) {
+    const Entry* e = &ix->tab[i];
+    if (!e->mask) continue;
+    used++;
+    if (e->mask >= ix->nmasks) err = "entry with a mask id out of range";
+    else if (find(ix, e->key) != e) err = "entry not found from its key";
+    else {
+      seen[e->mask]++;
+      uint64_t any = 0;
+      for (int64_t k = 0; k < ix->words; k++) any |= mask_at(ix, e->mask)[k];
+      if (!any) err = "entry with an empty mask";
+    }
+  }
+  if (!err && used != ix->used) err = "entry count out of step";
+  for (uint32_t id = 1; id < ix->nmasks && !err; id++)
+    if (seen[id] != ix->refs[id]) err = "mask refcount out of step with the entries";
+  free(seen);
+  if (err) return PyUnicode_FromString(err);
+  Py_RETURN_NONE;
+}
+
+/* size(index) -> (entries, masks in use, bytes held). */
+static PyObject* kvi_size(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 1, "size") < 0) return NULL;
+  Index* ix = get_index(args[0]);
+  if (!ix) return NULL;
+  uint64_t bytes = ix->cap * sizeof(Entry) + (uint64_t)ix->masks_cap * (ix->words * 8 + 8) +
+                   ix->keys_cap * 8 + ix->runs_cap * (ix->words * 8 + 8) + ix->depth_cap * 4;
+  return Py_BuildValue("(KKK)", (unsigned long long)ix->used,
+                       (unsigned long long)(ix->nmasks - 1 - ix->nfree), (unsigned long long)bytes);
+}
+
+/* A float64 (or, `boolean`, bool) vector of at least n values, contiguous: its data; NULL for
+ * None where `optional`. -1 with a TypeError naming the argument otherwise. */
+static int vec(PyObject* o, const char* name, int64_t n, int boolean, int optional, void** out) {
+  if (o == Py_None && optional) {
+    *out = NULL;
+    return 0;
+  }
+  if (!PyArray_Check(o) || PyArray_NDIM((PyArrayObject*)o) != 1 ||
+      PyArray_TYPE((PyArrayObject*)o) != (boolean ? NPY_BOOL : NPY_DOUBLE) ||
+      !PyArray_IS_C_CONTIGUOUS((PyArrayObject*)o) || PyArray_DIM((PyArrayObject*)o, 0) < n) {
+    PyErr_Format(PyExc_TypeError, "decide: %s must be a contiguous %s vector of at least %lld values", name,
+                 boolean ? "bool" : "float64", (long long)n);
+    return -1;
+  }
+  *out = PyArray_DATA((PyArrayObject*)o);
+  return 0;
+}
+
+/* The request's runs scattered over the first n slots: overlap_w = the blocks of the runs
+ * holding w, uncached_w = max(prompt - overlap_w * block_size, 1) as a double (the router's
+ * _fill_uncached: its table of Python ints, converted exactly). -1 out of memory. */
+static int scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int64_t bs, double* uncached,
+                        int64_t* overlap) {
+  if (n > ix->depth_cap) {
+    int32_t* d = realloc(ix->depth, (size_t)(n * 2) * 4);
+    if (!d) return -1;
+    ix->depth = d;
+    ix->depth_cap = n * 2;
+  }
+  int32_t* depth = ix->depth;
+  memset(depth, 0, (size_t)n * 4);
+  for (int64_t r = 0; r < nruns; r++) { /* nested runs: a slot's depth is how many hold it */
+    const uint64_t* mk = ix->runs + r * ix->words;
+    for (int64_t k = 0; k < ix->words; k++)
+      for (uint64_t b = mk[k]; b; b &= b - 1) {
+        int64_t s = k * 64 + __builtin_ctzll(b);
+        if (s < n) depth[s]++;
+      }
+  }
+  /* per depth: tokens left to compute and blocks held, in buffers ensure_runs sized for one
+   * more than the runs (heap, not stack: a prompt may have any number of blocks) */
+  double* table = ix->table;
+  int64_t* held = ix->held;
+  held[0] = 0;
+  for (int64_t r = 0; r <= nruns; r++) {
+    if (r) held[r] = held[r - 1] + ix->run_len[r - 1];
+    int64_t u = prompt - held[r] * bs;
+    table[r] = (double)(u > 1 ? u : 1);
+  }
+  for (int64_t s = 0; s < n; s++) {
+    uncached[s] = table[depth[s]];
+    overlap[s] = held[depth[s]];
+  }
+  return 0;
+}
+
+/* The decode step per worker: a vector as it is, or (vector, mul, add or None) computed into
+ * `out` with numpy's two roundings (np.multiply(vector, mul), then += add). */
+static int decode_vec(PyObject* o, PyObject* out, int64_t n, void** data) {
+  if (!PyTuple_Check(o)) return vec(o, "decode_step", n, 0, 0, data);
+  if (PyTuple_GET_SIZE(o) != 3) {
+    PyErr_SetString(PyExc_TypeError, "decide: decode_step terms must be (vector, mul, add or None)");
+    return -1;
+  }
+  void *src, *dst;
+  if (vec(PyTuple_GET_ITEM(o, 0), "decode_step vector", n, 0, 0, &src) || vec(out, "out decode", n, 0, 0, &dst))
+    return -1;
+  double mul = PyFloat_AsDouble(PyTuple_GET_ITEM(o, 1));
+  PyObject* add_o = PyTuple_GET_ITEM(o, 2);
+  double add = add_o == Py_None ? 0.0 : PyFloat_AsDouble(add_o);
+  if (PyErr_Occurred()) return -1;
+  const double* v = src;
+  double* d = dst;
+  if (add_o == Py_None)
+    for (int64_t i = 0; i < n; i++) d[i] = v[i] * mul;
+  else
+    for (int64_t i = 0; i < n; i++) {
+      double x = v[i] * mul;
+      d[i] = x + add;
+    }
+  *data = dst;
+  return 0;
+}
+
+#define DECIDE_ARGS 13
+
+/* decide(index, hashes, consts, n, prompt_tokens, rotation, k, decode_tokens, drain_tokens,
+ *        vectors, weight, eligible, outs) -> (slot, ranked)
+ * The whole kv decision: the lookup of `hashes`, the uncached tokens and overlap of every
+ * slot (scatter_runs), then route_kv over the first n slots.
+ *   consts  = (chunk_tokens, miss_weight, decode_weight, kv_penalty, kv_watermark, block_size,
+ *              tie_tolerance_s, backlog_charge, stall_weight) of CostParams;
+ *   vectors = (queued, per_token, overhead, waiting, decode_step, kv_usage, free, used, busy,
+ *             decoding) (LoadTracker.cost_vectors; waiting, free, used and decoding may be None:
+ *             free and used None, no wait for room; decoding None, no stall); decode_step a vector, or (vector, mul, add or None),
+ *             computed here into outs[4] as numpy does: vector * mul, then + add;
+ *   weight, eligible: None or vectors; outs = (cost, scratch, uncached, int64 overlap, decode).
+ * slot -1: numpy must choose. */
+static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, DECIDE_ARGS, "decide") < 0) return NULL;
+  Index* ix = get_index(args[0]);
+  if (!ix) return NULL;
+  PyObject *consts = args[2], *vectors = args[9], *outs = args[12];
+  if (!PyTuple_Check(consts) || PyTuple_GET_SIZE(consts) != 9)
+    return PyErr_Format(PyExc_TypeError, "decide: consts must be a tuple of 9 numbers");
+  if (!PyTuple_Check(vectors) || PyTuple_GET_SIZE(vectors) != 10)
+    return PyErr_Format(PyExc_TypeError, "decide: vectors must be a tuple of 10");
+  if (!PyTuple_Check(outs) || PyTuple_GET_SIZE(outs) != 5)
+    return PyErr_Format(PyExc_TypeError, "decide: outs must be a tuple of 5 vectors");
+  double chunk = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 0));
+  double miss_weight = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 1));
+  double decode_weight = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 2));
+  double kv_penalty = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 3));
+  double watermark = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 4));
+  int64_t bs = PyLong_AsLongLong(PyTuple_GET_ITEM(consts, 5));
+  double tolerance = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 6));
+  int backlog = PyObject_IsTrue(PyTuple_GET_ITEM(consts, 7));
+  if (backlog < 0) return NULL;
+  double stall_weight = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 8));
+  int64_t n = PyLong_AsLongLong(args[3]);
+  int64_t prompt = PyLong_AsLongLong(args[4]);
+  int64_t rotation = PyLong_AsLongLong(args[5]);
+  int64_t k = PyLong_AsLongLong(args[6]);
+  int64_t decode_tokens = PyLong_AsLongLong(args[7]);
+  int64_t drain_tokens = PyLong_AsLongLong(args[8]);
+  if (PyErr_Occurred()) return NULL;
+  if (n < 0 || n > ix->words * 64)
+    return PyErr_Format(PyExc_ValueError, "decide: %lld slots, the index has room for %lld", (long long)n,
+                        (long long)(ix->words * 64));
+  if (k < 1 || k > 64) return PyErr_Format(PyExc_ValueError, "decide: k must be in 1..64, got %lld", (long long)k);
+  void *queued, *per_token, *overhead, *waiting, *decode_step, *kv_usage, *free_b, *used_b, *weight, *eligible,
+      *busy, *decoding, *cost, *scratch, *uncached, *overlap;
+#define V(i) PyTuple_GET_ITEM(vectors, i)
+#define O(i) PyTuple_GET_ITEM(outs, i)
+  if (vec(V(0), "queued", n, 0, 0, &queued) || vec(V(1), "per_token", n, 0, 0, &per_token) ||
+      vec(V(2), "overhead", n, 0, 0, &overhead) || vec(V(3), "waiting", n, 0, 1, &waiting) ||
+      decode_vec(V(4), O(4), n, &decode_step) || vec(V(5), "kv_usage", n, 0, 0, &kv_usage) ||
+      vec(V(6), "free", n, 0, 1, &free_b) || vec(V(7), "used", n, 0, 1, &used_b) ||
+      vec(V(8), "busy", n, 0, 0, &busy) || vec(V(9), "decoding", n, 0, 1, &decoding) || vec(args[10], "weight", n, 0, 1, &weight) ||
+      vec(args[11], "eligible", n, 1, 1, &eligible) || vec(O(0), "out cost", n, 0, 0, &cost) ||
+      vec(O(1), "out scratch", n, 0, 0, &scratch) || vec(O(2), "out uncached", n, 0, 0, &uncached))
+    return NULL;
+  PyObject* ov = O(3);
+#undef V
+#undef O
+  if (!PyArray_Check(ov) || PyArray_NDIM((PyArrayObject*)ov) != 1 || PyArray_TYPE((PyArrayObject*)ov) != NPY_INT64 ||
+      !PyArray_IS_C_CONTIGUOUS((PyArrayObject*)ov) || PyArray_DIM((PyArrayObject*)ov, 0) < n)
+    return PyErr_Format(PyExc_TypeError, "decide: out overlap must be a contiguous int64 vector of at least %lld values",
+                        (long long)n);
+  overlap = PyArray_DATA((PyArrayObject*)ov);
+  int64_t nh;
+  if (load_keys(ix, args[1], &nh, 0) < 0) return NULL;
+  int64_t nruns = nh ? lookup_runs(ix, nh) : (ensure_runs(ix, 1) < 0 ? -1 : 0);
+  if (nruns < 0 || scatter_runs(ix, nruns, n, prompt, bs, uncached, overlap) < 0) return PyErr_NoMemory();
+  /* CostParams -> route_kv's scalars, as route_kernel.RouteKernel._pack derives them */
+  double decode_scale = decode_weight != 0.0 && decode_tokens ? decode_weight * (double)decode_tokens : 0.0;
+  double span = 1.0 - watermark;
+  if (span < 1e-9) span = 1e-9;
+  int room = free_b && used_b;
+  int64_t ranked[64], m = 0;
+  int64_t slot = route_kv(n, uncached, queued, per_token, overhead, chunk, miss_weight, backlog, waiting, decode_step,
+                          decode_scale, decoding, stall_weight, NULL, NULL, kv_usage, kv_penalty, watermark, span, room ? free_b : NULL,
+                          room ? used_b : NULL, (double)(drain_tokens > 1 ? drain_tokens : 1), (double)bs, weight,
+                          eligible, busy, tolerance, rotation, k, cost, scratch, ranked, &m);
+  PyObject* list = PyList_New(slot >= 0 ? m : 0);
+  if (!list) return NULL;
+  for (int64_t j = 0; slot >= 0 && j < m; j++) {
+    PyObject* v = PyLong_FromLongLong(ranked[j]);
+    if (!v) {
+      Py_DECREF(list);
+      return NULL;
+    }
+    PyList_SET_ITEM(list, j, v);
+  }
+  return Py_BuildValue("(LN)", (long long)slot, list);
+}
+
+static PyMethodDef methods[] = {
+    {"new", (PyCFunction)(void (*)(void))kvi_new, METH_FASTCALL, "new(words) -> index"},
+    {"grow", (PyCFunction)(void (*)(void))kvi_grow, METH_FASTCALL, "grow(index, words)"},
+    {"store", (PyCFunction)(void (*)(void))kvi_store, METH_FASTCALL, "store(index, slot, hashes)"},
+    {"remove", (PyCFunction)(void (*)(void))kvi_remove, METH_FASTCALL, "remove(index, slot, hashes)"},
+    {"runs", (PyCFunction)(void (*)(void))kvi_runs, METH_FASTCALL, "runs(index, hashes) -> [(mask, n)]"},
+    {"mask", (PyCFunction)(void (*)(void))kvi_mask, METH_FASTCALL, "mask(index, hash) -> int"},
+    {"items", (PyCFunction)(void (*)(void))kvi_items, METH_FASTCALL, "items(index) -> {hash: mask}"},
+    {"unique_counts", (PyCFunction)(void (*)(void))kvi_unique_counts, METH_FASTCALL, "unique_counts(index, slots)"},
+    {"check", (PyCFunction)(void (*)(void))kvi_check, METH_FASTCALL, "check(index) -> None or error"},
+    {"size", (PyCFunction)(void (*)(void))kvi_size, METH_FASTCALL, "size(index) -> (entries, masks, bytes)"},
+    {"decide", (PyCFunction)(void (*)(void))kvi_decide, METH_FASTCALL, "decide(index, hashes, consts, ...) -> (slot, ranked)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "interlock_kvindex", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit_interlock_kvindex(void) {
+  import_array();
+  return PyModule_Create(&module);
+}

@@ -1,0 +1,360 @@
+"""The ``kv`` decision compiled (``csrc/route_kv.c``): cost over every worker, ranked
+candidates and choice in one pass, bit-identical to ``cost.ttft_costs`` + ``cost.cheapest`` +
+``cost.choose`` at temperature 0 (the numpy path, which stays the reference and the fallback).
+
+Over 1,024 workers the numpy path makes about twenty calls over 1,024-long vectors, each a few
+microseconds of dispatch for a few hundred nanoseconds of arithmetic; the kernel makes one
+pass. Plain C, built once per machine with the system compiler (``interlock.cbuild``) and
+called through ctypes. ``load()`` returns None where it cannot be built (no ``cc``) or with
+``INTERLOCK_CPU_KERNELS=0``; the router then decides with numpy, the same decisions. A sampled
+choice (``temperature`` > 0) always uses numpy.
+
+ctypes reads an array's address in about a microsecond, so ``RouteKernel`` remembers the
+addresses of the arrays it was given (the router's vectors live as long as the router; a
+view made per call, ``a[:n]``, is a new object each time): callers pass whole vectors and
+the number of workers.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import dataclasses
+import hashlib
+import inspect
+import logging
+import textwrap
+import threading
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from interlock import cbuild
+from interlock.router import cost
+from interlock.router.cost import CostParams
+from interlock.router.indexer import KvIndexer
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "route_kv.c"
+CFLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-shared", "-fPIC")
+"""No fused multiply-add, no reassociation: the numpy path's rounding, step by step
+(``-fno-trapping-math`` only lets the AVX2 first pass vectorise ``ceil``; no value changes)."""
+MAX_RANKED = 64
+"""The most candidates the kernel ranks (``RouterConfig.num_candidates`` above it: numpy)."""
+_PACKED = (ctypes.c_void_p,) * 3
+"""``route_kv_packed``: int64 addresses, doubles, int64s, in ``route_kv``'s order (``decide``;
+the int64s: n, rotation, k, backlog_charge; what was added since at the end of each)."""
+_MAX_REMEMBERED = 64
+_lock = threading.Lock()
+
+
+MIRRORED = "f67c0a16a87078cb"
+"""``cost_fingerprint()`` of the cost code ``route_kv.c`` mirrors. Where ``cost.py`` changes
+(a new term, a new weight), the compiled decision is switched off (``mirrors_cost``) until
+``route_kv.c`` is brought in line and this updated: the router then decides with numpy, never
+with a cost that differs from the reference. ``tests/router/test_route_kernel.py`` fails
+meanwhile, to say so."""
+_MIRRORED_PARAMS = frozenset(
+    {
+        "block_size",
+        "chunk_tokens",
+        "kv_watermark",
+        "kv_penalty",
+        "miss_weight",
+        "decode_weight",
+        "stall_weight",
+        "backlog_charge",
+        "temperature",
+        "tie_tolerance_s",
+        "price_room",
+    }
+)
+"""The ``CostParams`` fields the compiled decision reads or checks (all of them)."""
+
+
+def cost_fingerprint() -> str:
+    """A hash of the code (docstrings left out) of ``cost.ttft_costs``, ``_room_wait``,
+    ``cheapest`` and ``choose``, and of ``CostParams``' fields."""
+    digest = hashlib.sha256()
+    for fn in (cost.ttft_costs, cost._room_wait, cost.cheapest, cost.choose):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+                if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                    body.pop(0)
+        digest.update(ast.dump(tree).encode())
+    digest.update(" ".join(f.name for f in dataclasses.fields(cost.CostParams)).encode())
+    return digest.hexdigest()[:16]
+
+
+@cache
+def mirrors_cost() -> bool:
+    """The compiled decision computes what ``cost.py`` does (see ``MIRRORED``); says once why
+    not."""
+    names = {f.name for f in dataclasses.fields(cost.CostParams)}
+    if names != _MIRRORED_PARAMS or cost_fingerprint() != MIRRORED:
+        log.warning(
+            "router/cost.py changed since csrc/route_kv.c mirrored it (fingerprint %s, mirrored %s):"
+            " deciding with numpy until the kernel is brought in line",
+            cost_fingerprint(),
+            MIRRORED,
+        )
+        return False
+    return True
+
+
+@cache
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel's library, or None (see the module note)."""
+    if not cbuild.enabled():
+        return None
+    with _lock:
+        try:
+            lib = ctypes.CDLL(str(cbuild.build(SOURCE, CFLAGS, "route_kv")))
+        except Exception as exc:  # any compiler or loader failure: fall back, say why once
+            log.warning("compiled routing kernel unavailable, deciding with numpy: %s", exc)
+            return None
+    lib.route_kv_packed.argtypes = _PACKED
+    lib.route_kv_packed.restype = ctypes.c_int64
+    return lib
+
+
+class RouteKernel:
+    """One router's calls into the kernel, with its output buffers and remembered addresses.
+    ``lib`` None: only ``decide_indexed`` (the kernel inside the compiled prefix index)."""
+
+    def __init__(self, lib: ctypes.CDLL | None) -> None:
+        self._fn = lib.route_kv_packed if lib is not None else None
+        self._ptrs = np.zeros(19, dtype=np.int64)
+        self._reals = np.zeros(10)
+        self._ints = np.zeros(4, dtype=np.int64)
+        self._args = (self._ptrs.ctypes.data, self._reals.ctypes.data, self._ints.ctypes.data)
+        self._addr: dict[int, tuple[np.ndarray, int]] = {}
+        self._cost = np.zeros(0)
+        self._scratch = np.zeros(0)
+        self._uncached = np.zeros(0)
+        self._overlaps = np.zeros(0, dtype=np.int64)
+        self._decode = np.zeros(0)
+        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps, self._decode)
+        """``decide_indexed``'s output buffers, in ``decide``'s order."""
+        self._ranked = np.zeros(MAX_RANKED, dtype=np.int64)
+        self._num_ranked = np.zeros(1, dtype=np.int64)
+        self._ranked_at = self._ranked.ctypes.data
+        self._num_at = self._num_ranked.ctypes.data
+        self._n = 0
+        self._cost_at = self._scratch_at = 0
+        self._params: CostParams | None = None
+        self._consts: tuple[float, float, float, float, float, int, float, bool, float] = (
+            0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, False, 0.0,
+        )  # fmt: skip
+        """``decide_indexed``'s cost constants, for ``_params``."""
+
+    @property
+    def has_library(self) -> bool:
+        """``decide`` can be called (else only ``decide_indexed``)."""
+        return self._fn is not None
+
+    def _at(self, a: np.ndarray | None) -> int:
+        """The address of ``a``'s first element (0 for None); ``a`` is float64 or bool and
+        contiguous (else TypeError: the caller's bug, not a reason to compute anything else)."""
+        if a is None:
+            return 0
+        if len(a) < self._n:
+            raise ValueError(f"route kernel needs {self._n} workers' values, got {len(a)}")
+        seen = self._addr.get(id(a))
+        if seen is not None and seen[0] is a:
+            return seen[1]
+        if not a.flags.c_contiguous or a.dtype not in (np.float64, np.bool_) or a.ndim != 1:
+            raise TypeError(f"route kernel needs contiguous float64 or bool vectors, got {a.dtype}")
+        if len(self._addr) >= _MAX_REMEMBERED:
+            self._addr.clear()
+        at = a.ctypes.data
+        self._addr[id(a)] = (a, at)
+        return at
+
+    def decide(
+        self,
+        params: CostParams,
+        n: int,
+        *,
+        uncached: np.ndarray,
+        queued: np.ndarray,
+        per_token: np.ndarray,
+        overhead: np.ndarray,
+        decode_step: np.ndarray,
+        decode_tokens: int,
+        kv_usage: np.ndarray,
+        busy: np.ndarray,
+        k: int,
+        rotation: int,
+        waiting: np.ndarray | None = None,
+        lower: np.ndarray | None = None,
+        load_s: np.ndarray | None = None,
+        free: np.ndarray | None = None,
+        used: np.ndarray | None = None,
+        drain_tokens: int = 0,
+        weight: np.ndarray | None = None,
+        eligible: np.ndarray | None = None,
+        decoding: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, list[int], int]:
+        """``(costs, ranked, slot)`` for the first ``n`` workers: ``ttft_costs`` (divided by
+        ``weight`` if given), ``cheapest(costs, eligible, k)`` and ``choose`` at temperature 0,
+        -1 for the slot where numpy must choose (no eligible worker with a finite cost, or a
+        NaN cost; ``ranked`` is then empty). Vectors are read up to ``n`` (they may be longer);
+        the wait for room is priced when ``free`` and ``used`` are given, draining in
+        ``decode_step * drain_tokens``; the stall of the worker's decodes with ``decoding``.
+        ``costs`` is a view of a buffer the next call
+        overwrites."""
+        if self._fn is None:
+            raise TypeError("this RouteKernel has no library: only decide_indexed")
+        self._n = n
+        self._pack(
+            params, n, self._at(uncached), queued, per_token, overhead, decode_step, decode_tokens,
+            kv_usage, busy, k, rotation, waiting, lower, load_s, free, used, drain_tokens, weight, eligible,
+            decoding,
+        )  # fmt: skip
+        slot = self._fn(*self._args)
+        ranked = self._ranked[: int(self._num_ranked[0])].tolist() if slot >= 0 else []
+        return self._cost[:n], ranked, int(slot)
+
+    def decide_indexed(
+        self,
+        indexer: KvIndexer,
+        hashes: Sequence[int],
+        params: CostParams,
+        n: int,
+        prompt_tokens: int,
+        decode_tokens: int,
+        drain_tokens: int,
+        k: int,
+        rotation: int,
+        vectors: tuple[object, ...],
+        weight: np.ndarray | None,
+        eligible: np.ndarray | None,
+    ) -> tuple[np.ndarray, list[int], int, np.ndarray]:
+        """``decide`` with the uncached tokens worked out from the compiled prefix index's
+        lookup of ``hashes`` in the same call (``KvIndexer.native_decide``, ``csrc/kvindex.c``;
+        no lower tiers): ``(costs, ranked, slot, overlaps)``, ``overlaps`` the leading blocks
+        each worker holds (int64). ``vectors`` are ``LoadTracker.cost_vectors``'s, in its
+        order (the decode step a vector, or ``LoadTracker.decode_step_terms``). Arguments are positional: a call with twenty keywords cost 2 µs here.
+        ``costs`` and ``overlaps`` are views of buffers the next call overwrites."""
+        self._grow(n)
+        if params is not self._params:
+            self._params = params
+            self._consts = (
+                float(params.chunk_tokens),
+                params.miss_weight,
+                params.decode_weight,
+                params.kv_penalty,
+                params.kv_watermark,
+                params.block_size,
+                params.tie_tolerance_s,
+                params.backlog_charge,
+                params.stall_weight,
+            )
+        decide = indexer.native_decide
+        if decide is None:
+            raise TypeError("decide_indexed needs the compiled prefix index")
+        slot, ranked = decide(
+            hashes, self._consts, n, prompt_tokens, rotation, k, decode_tokens, drain_tokens,
+            vectors, weight, eligible, self._outs,
+        )  # fmt: skip
+        cost, overlaps = self._cost, self._overlaps
+        if len(cost) == n:  # no views to make (a view costs ~0.3 µs)
+            return cost, ranked, slot, overlaps
+        return cost[:n], ranked, slot, overlaps[:n]
+
+    def _grow(self, n: int) -> None:
+        if len(self._cost) >= n:
+            return
+        size = max(n, 2 * len(self._cost))
+        self._cost, self._scratch, self._uncached = np.zeros(size), np.zeros(size), np.zeros(size)
+        self._overlaps = np.zeros(size, dtype=np.int64)
+        self._decode = np.zeros(size)
+        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps, self._decode)
+        self._cost_at, self._scratch_at = self._cost.ctypes.data, self._scratch.ctypes.data
+
+    def _pack(
+        self,
+        params: CostParams,
+        n: int,
+        uncached_at: int,
+        queued: np.ndarray,
+        per_token: np.ndarray,
+        overhead: np.ndarray,
+        decode_step: np.ndarray,
+        decode_tokens: int,
+        kv_usage: np.ndarray,
+        busy: np.ndarray,
+        k: int,
+        rotation: int,
+        waiting: np.ndarray | None,
+        lower: np.ndarray | None,
+        load_s: np.ndarray | None,
+        free: np.ndarray | None,
+        used: np.ndarray | None,
+        drain_tokens: int,
+        weight: np.ndarray | None,
+        eligible: np.ndarray | None,
+        decoding: np.ndarray | None,
+    ) -> None:
+        """``route_kv_packed``'s three arrays (``csrc/route_kv.c``), in its order (what was added
+        since at the end of each)."""
+        if not 0 < k <= MAX_RANKED:
+            raise ValueError(f"k must be in 1..{MAX_RANKED}, got {k}")
+        self._n = n
+        self._grow(n)
+        at = self._at
+        room = free is not None and used is not None
+        self._ptrs[:] = (
+            uncached_at,
+            at(queued),
+            at(per_token),
+            at(overhead),
+            at(waiting),
+            at(decode_step),
+            at(lower) if load_s is not None else 0,
+            at(load_s) if lower is not None else 0,
+            at(kv_usage),
+            at(free) if room else 0,
+            at(used) if room else 0,
+            at(weight),
+            at(eligible),
+            at(busy),
+            self._cost_at,
+            self._scratch_at,
+            self._ranked_at,
+            self._num_at,
+            at(decoding),
+        )
+        self._reals[:] = (
+            params.chunk_tokens,
+            params.miss_weight,
+            params.decode_weight * decode_tokens if params.decode_weight and decode_tokens else 0.0,
+            params.kv_penalty,
+            params.kv_watermark,
+            max(1.0 - params.kv_watermark, 1e-9),
+            max(drain_tokens, 1),
+            params.block_size,
+            params.tie_tolerance_s,
+            params.stall_weight,
+        )
+        self._ints[:] = (n, rotation, k, params.backlog_charge)
+
+
+def main() -> int:
+    """Build the kernel ahead (``scripts/setup.sh``), so no router waits for the compiler."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if load() is None:
+        print("routing kernel: not used on this machine (numpy decides)")
+    else:
+        print(f"routing kernel: ready ({cbuild.build_dir(SOURCE, CFLAGS, 'route_kv')})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

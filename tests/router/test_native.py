@@ -1,0 +1,372 @@
+"""The compiled prefix index (``router.native``, ``csrc/kvindex.c``) against the Python dict it
+replaces: after the same events in any order, the same runs, overlaps, lower-tier overlaps and
+unique counts; the whole compiled decision equal to the numpy one; hashes outside 64 bits
+refused by name; the dict where the module cannot be built."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from interlock.errors import TransportError
+from interlock.protocol.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from interlock.router import native
+from interlock.router.cost import CostParams, cheapest, choose, ttft_costs
+from interlock.router.indexer import KvIndexer
+from interlock.router.route_kernel import MAX_RANKED, RouteKernel
+
+MODULE = native.load()
+pytestmark = pytest.mark.skipif(MODULE is None, reason="no C compiler: the compiled index is not built here")
+
+WORKERS = 70  # past one 64-bit word of slots
+BIG = st.integers(0, 2**64 - 1)
+# A few chains, so that prefixes overlap; and big hashes, so the full 64-bit range is used.
+CHAINS = [[1000 * c + i for i in range(30)] for c in range(3)] + [[2**64 - 1 - i for i in range(30)]]
+
+
+def stored(hashes: tuple[int, ...], tier: str = "device") -> BlockStored:
+    return BlockStored(block_hashes=hashes, parent_block_hash=None, tier=tier)
+
+
+@st.composite
+def events(draw: st.DrawFn) -> list[tuple[int, object]]:
+    out: list[tuple[int, object]] = []
+    for _ in range(draw(st.integers(0, 40))):
+        w = draw(st.integers(0, WORKERS - 1))
+        chain = draw(st.sampled_from(CHAINS))
+        start = draw(st.integers(0, 29))
+        run = tuple(chain[start : start + draw(st.integers(0, 30))])
+        kind = draw(st.sampled_from(["store", "store", "remove", "host", "drop_host", "clear"]))
+        if kind == "store":
+            ev: object = stored(run)
+        elif kind == "remove":
+            ev = BlockRemoved(block_hashes=run)
+        elif kind == "host":
+            ev = stored(run, tier="host")
+        elif kind == "drop_host":
+            ev = BlockRemoved(block_hashes=run, tier="host")
+        else:
+            ev = AllBlocksCleared()
+        out.append((w, ev))
+    return out
+
+
+def both() -> tuple[KvIndexer, KvIndexer]:
+    compiled, plain = KvIndexer(), KvIndexer(compiled=False)
+    assert compiled.compiled and not plain.compiled
+    for ix in (compiled, plain):
+        for w in range(WORKERS):
+            ix.add_worker(f"w{w}")
+    return compiled, plain
+
+
+def apply_all(ix: KvIndexer, evs: list[tuple[int, object]]) -> None:
+    for seq, (w, ev) in enumerate(evs):
+        ix.apply(KVEventBatch(instance_id=f"w{w}", seq=seq, timestamp=0.0, events=(ev,)))  # type: ignore[arg-type]
+
+
+@settings(max_examples=150, deadline=None)
+@given(events(), st.sampled_from(CHAINS), st.integers(0, 29), st.lists(BIG, max_size=3))
+def test_the_compiled_map_answers_as_the_dict_after_any_events(evs, chain, cut, noise) -> None:
+    compiled, plain = both()
+    apply_all(compiled, evs)
+    apply_all(plain, evs)
+    compiled.check_integrity()
+    plain.check_integrity()
+    for query in (chain, chain[:cut] + noise + chain[cut:], noise, [], chain[cut:]):
+        assert compiled.overlap_masks(query) == plain.overlap_masks(query)
+        np.testing.assert_array_equal(compiled.overlaps(query), plain.overlaps(query))
+        np.testing.assert_array_equal(compiled.lower_overlaps(query), plain.lower_overlaps(query))
+    assert compiled.unique_counts() == plain.unique_counts()
+    assert compiled.num_blocks() == plain.num_blocks()
+
+
+def test_removing_every_worker_empties_the_compiled_map() -> None:
+    compiled, _ = both()
+    apply_all(compiled, [(w, stored(tuple(CHAINS[w % 4]))) for w in range(WORKERS)])
+    for w in range(WORKERS):
+        compiled.remove_worker(f"w{w}")
+    compiled.check_integrity()
+    entries, masks, _ = MODULE.size(compiled._cmap)  # type: ignore[union-attr]
+    assert (entries, masks) == (0, 0)
+
+
+def test_a_hash_outside_64_bits_is_refused_by_name_and_nothing_of_the_batch_applied() -> None:
+    compiled, _ = both()
+    batch = KVEventBatch(
+        instance_id="w0",
+        seq=0,
+        timestamp=0.0,
+        events=(stored((1, 2)), stored((3, -5))),
+    )
+    with pytest.raises(TransportError, match="block hash -5 is not a 64-bit unsigned int"):
+        compiled.apply(batch)
+    assert compiled.num_blocks() == 0 and compiled.needs_resync() == [f"w{w}" for w in range(WORKERS)]
+    # a lookup stops at such a hash: no worker can hold it
+    compiled.apply(KVEventBatch(instance_id="w0", seq=0, timestamp=0.0, events=(stored((1, 2)),)))
+    assert compiled.overlap_by_worker([1, -1, 2]) == {"w0": 1}
+    assert compiled.overlap_by_worker([1, 2**64, 2]) == {"w0": 1}
+
+
+def test_many_workers_grow_the_masks_without_losing_blocks() -> None:
+    ix = KvIndexer()
+    ix.add_worker("first")
+    apply_all_named(ix, "first", (1, 2, 3))
+    for w in range(300):
+        ix.add_worker(f"w{w}")
+    apply_all_named(ix, "w299", (1, 2))
+    ix.check_integrity()
+    assert ix.overlap_by_worker([1, 2, 3]) == {"first": 3, "w299": 2}
+
+
+def apply_all_named(ix: KvIndexer, wid: str, hashes: tuple[int, ...]) -> None:
+    ix.apply(KVEventBatch(instance_id=wid, seq=0, timestamp=0.0, events=(stored(hashes),)))
+
+
+# ---- the whole decision ----
+
+FEW = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 7.0, 100.0])
+
+
+@st.composite
+def decisions(draw: st.DrawFn) -> dict:
+    n = WORKERS
+    vec = lambda elem: np.array(draw(st.lists(elem, min_size=n, max_size=n)), dtype=np.float64)  # noqa: E731
+    return {
+        "params": CostParams(
+            block_size=draw(st.sampled_from([1, 16])),
+            chunk_tokens=draw(st.sampled_from([64, 100, 8192])),
+            kv_watermark=draw(st.sampled_from([0.5, 1.0])),
+            kv_penalty=draw(st.sampled_from([0.0, 4.0])),
+            miss_weight=draw(st.sampled_from([1.0, 3.0])),
+            decode_weight=draw(st.sampled_from([0.0, 0.15, 0.225])),
+            backlog_charge=draw(st.booleans()),
+            stall_weight=draw(st.sampled_from([0.0, 1.0, 0.5])),
+            tie_tolerance_s=draw(st.sampled_from([0.0, 1e-3, 1.0])),
+        ),
+        "prompt": draw(st.integers(1, 700)),
+        "queued": vec(st.sampled_from([0.0, 16.0, 9000.0, 0.1, 1e15 / 3])),
+        "per_token": vec(st.sampled_from([1e-4, 5e-4])),
+        "overhead": vec(st.sampled_from([0.01, 0.02])),
+        "decode_step": vec(st.sampled_from([0.01, 0.03])),
+        "decode_tokens": draw(st.sampled_from([0, 1, 200])),
+        "kv": vec(st.sampled_from([0.0, 0.8, 1.0])),
+        "waiting": vec(FEW) if draw(st.booleans()) else None,
+        "decoding": vec(st.sampled_from([0.0, 1.0, 3.0])) if draw(st.booleans()) else None,
+        "room": draw(st.booleans()),
+        "free": vec(st.sampled_from([0.0, 10.0, np.inf])),
+        "used": vec(st.sampled_from([0.0, 20.0, 500.0])),
+        "weight": vec(st.sampled_from([0.25, 1.0])) if draw(st.booleans()) else None,
+        "eligible": np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        if draw(st.booleans())
+        else None,
+        "busy": vec(st.sampled_from([0.0, 1.0, 2.0])),
+        "rotation": draw(st.integers(0, 1000)),
+        "k": draw(st.integers(1, 6)),
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(events(), decisions(), st.sampled_from(CHAINS), st.integers(0, 30))
+def test_the_compiled_decision_equals_numpy_over_the_dict(evs, c, chain, cut) -> None:
+    compiled, plain = both()
+    apply_all(compiled, evs)
+    apply_all(plain, evs)
+    hashes = chain[:cut] + [7]
+    p: CostParams = c["params"]
+    room = {
+        "free_blocks": c["free"],
+        "used_blocks": c["used"],
+        "drain_s": c["decode_step"] * max(c["decode_tokens"], 1),
+    }
+    overlaps = plain.overlaps(hashes, WORKERS)
+    costs = ttft_costs(
+        p,
+        prompt_tokens=c["prompt"],
+        overlap_blocks=overlaps,
+        queued_prefill=c["queued"],
+        per_token_s=c["per_token"],
+        step_overhead_s=c["overhead"],
+        decode_step_s=c["decode_step"],
+        kv_usage=c["kv"],
+        decode_tokens=c["decode_tokens"],
+        waiting=c["waiting"],
+        decoding=c["decoding"],
+        **(room if c["room"] else {}),
+    )
+    if c["weight"] is not None:
+        costs = costs / c["weight"]
+    kernel = RouteKernel(None)
+    vectors = (
+        c["queued"],
+        c["per_token"],
+        c["overhead"],
+        c["waiting"],
+        c["decode_step"],
+        c["kv"],
+        c["free"] if c["room"] else None,
+        c["used"] if c["room"] else None,
+        c["busy"],
+        c["decoding"],
+    )
+    got_costs, ranked, slot, got_overlaps = kernel.decide_indexed(
+        compiled,
+        hashes,
+        p,
+        WORKERS,
+        c["prompt"],
+        c["decode_tokens"],
+        c["decode_tokens"],
+        c["k"],
+        c["rotation"],
+        vectors,
+        c["weight"],
+        c["eligible"],
+    )
+    np.testing.assert_array_equal(got_overlaps, overlaps)
+    np.testing.assert_array_equal(got_costs, costs)  # bit for bit
+    eligible = c["eligible"] if c["eligible"] is not None else np.ones(WORKERS, dtype=bool)
+    if not eligible.any():
+        assert (slot, ranked) == (-1, [])
+        return
+    want_ranked = cheapest(costs, c["eligible"], c["k"])
+    want = choose(
+        costs, eligible, c["busy"], tolerance=p.tie_tolerance_s, rotation=c["rotation"], ranked=want_ranked
+    )
+    assert (slot, ranked) == (want, want_ranked)
+
+
+def test_the_compiled_decision_names_a_wrong_vector() -> None:
+    compiled, _ = both()
+    ok = np.zeros(WORKERS)
+    kernel = RouteKernel(None)
+    bad = (ok, np.zeros(WORKERS, dtype=np.float32), ok, None, ok, ok, None, None, ok, None)
+    with pytest.raises(TypeError, match="per_token must be a contiguous float64 vector of at least 70"):
+        kernel.decide_indexed(compiled, [1], CostParams(), WORKERS, 10, 1, 1, MAX_RANKED, 0, bad, None, None)
+
+
+def test_a_nan_shortfall_prices_no_wait_for_room_as_numpy_does() -> None:
+    # numpy's argmax finds the NaN, so no worker is priced a wait; a running maximum that
+    # skipped the NaN would price one for the worker that lacks room
+    compiled, _ = both()
+    n = WORKERS
+    ones, zeros = np.ones(n), np.zeros(n)
+    free = np.full(n, 1e9)
+    free[0], free[1] = np.nan, 0.0
+    used = np.full(n, 10.0)
+    p = CostParams()
+    want = ttft_costs(
+        p,
+        prompt_tokens=64,
+        uncached_tokens=np.full(n, 64.0),
+        queued_prefill=zeros,
+        per_token_s=ones * 1e-4,
+        step_overhead_s=ones * 0.01,
+        decode_step_s=ones * 0.02,
+        kv_usage=zeros,
+        decode_tokens=8,
+        free_blocks=free,
+        used_blocks=used,
+        drain_s=ones * 0.02 * 8,
+    )
+    vectors = (zeros, ones * 1e-4, ones * 0.01, None, ones * 0.02, zeros, free, used, zeros, None)
+    costs, ranked, slot, _ = RouteKernel(None).decide_indexed(
+        compiled, [], p, n, 64, 8, 8, 3, 0, vectors, None, None
+    )
+    np.testing.assert_array_equal(costs, want)
+    everyone = np.ones(n, dtype=bool)
+    assert ranked == cheapest(want, None, 3)
+    assert slot == choose(want, everyone, zeros, tolerance=p.tie_tolerance_s, ranked=ranked)
+
+
+EXTREME = st.sampled_from([0.0, 1.0, 8191.0, 8192.0, 8193.0, 16384.0, 3e15, 1e300, np.inf, np.nan])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(EXTREME, min_size=WORKERS, max_size=WORKERS),
+    st.lists(st.sampled_from([0.0, 5.0, np.inf, np.nan, -3.0]), min_size=WORKERS, max_size=WORKERS),
+    st.integers(1, 9000),
+)
+def test_the_usual_terms_cost_the_same_at_the_edges(queued, free, prompt) -> None:
+    # The router's defaults (queue depth, decode time, the wait for room; chunk and block size
+    # powers of two) take route_kv's AVX2 first pass where the CPU has one: the same doubles as
+    # numpy at chunk boundaries, past 2^52, at infinities and NaNs.
+    compiled, _ = both()
+    n, p = WORKERS, CostParams()
+    ones = np.ones(n)
+    q, f = np.array(queued), np.array(free)
+    waiting, step, used = ones * 2.0, ones * 0.02, ones * 30.0
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, as intended here
+        want = _usual_costs(p, prompt, q, f, waiting, step, used)
+    vectors = (q, ones * 1e-4, ones * 0.01, waiting, step, ones * 0.5, f, used, ones, ones * 3.0)
+    costs, _, _, _ = RouteKernel(None).decide_indexed(
+        compiled, [], p, n, prompt, 100, 100, 3, 0, vectors, None, None
+    )
+    np.testing.assert_array_equal(costs, want)
+
+
+def _usual_costs(p, prompt, q, f, waiting, step, used):  # type: ignore[no-untyped-def]
+    ones = np.ones(len(q))
+    return ttft_costs(
+        p,
+        prompt_tokens=prompt,
+        uncached_tokens=np.full(len(q), float(max(prompt, 1))),
+        queued_prefill=q,
+        per_token_s=ones * 1e-4,
+        step_overhead_s=ones * 0.01,
+        decode_step_s=step,
+        kv_usage=ones * 0.5,
+        decode_tokens=100,
+        waiting=waiting,
+        decoding=ones * 3.0,
+        free_blocks=f,
+        used_blocks=used,
+        drain_s=step * 100,
+    )
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 1.0), min_size=WORKERS, max_size=WORKERS),
+    st.floats(1e-4, 0.1),
+    st.one_of(st.none(), st.floats(1e-4, 0.1)),
+)
+def test_the_decode_step_from_its_terms_is_numpys(context, mul, add) -> None:
+    # LoadTracker.cost_vectors hands the decode step as (vector, mul, add): computed in C, it
+    # must be the vector LoadTracker.decode_step makes with numpy
+    compiled, _ = both()
+    n, p = WORKERS, CostParams()
+    ones, vector = np.ones(n), np.array(context)
+    step = vector * mul
+    if add is not None:
+        step += add
+    free, used = ones * 3.0, ones * 40.0
+    base = (ones * 500.0, ones * 1e-4, ones * 0.01, ones, None, ones * 0.5, free, used, ones, ones)
+    kernel = RouteKernel(None)
+
+    def costs(decode: object) -> np.ndarray:
+        vectors = base[:4] + (decode,) + base[5:]
+        return kernel.decide_indexed(compiled, [], p, n, 64, 300, 300, 3, 0, vectors, None, None)[0].copy()
+
+    np.testing.assert_array_equal(costs((vector, mul, add)), costs(step))
+
+
+def test_a_staircase_of_prefixes_gives_a_run_per_worker_in_the_decision() -> None:
+    # worker w holds the first w + 1 blocks: the lookup nests 70 runs, one per worker
+    compiled, plain = both()
+    chain = list(range(1, WORKERS + 1))
+    evs = [(w, stored(tuple(chain[: w + 1]))) for w in range(WORKERS)]
+    apply_all(compiled, evs)
+    apply_all(plain, evs)
+    assert len(compiled.overlap_masks(chain)) == WORKERS
+    n, ones = WORKERS, np.ones(WORKERS)
+    vectors = (ones * 0.0, ones * 1e-4, ones * 0.01, None, ones * 0.02, ones * 0.5, None, None, ones, None)
+    p = CostParams(block_size=1, tie_tolerance_s=0.0)
+    costs, ranked, slot, overlaps = RouteKernel(None).decide_indexed(
+        compiled, chain, p, n, 1000, 1, 1, 3, 0, vectors, None, None
+    )
+    np.testing.assert_array_equal(overlaps, plain.overlaps(chain, n))
+    assert ranked == [WORKERS - 1, WORKERS - 2, WORKERS - 3] and slot == WORKERS - 1  # the longest prefix
