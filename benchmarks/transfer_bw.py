@@ -20,6 +20,13 @@ One run, interleaved rounds (so machine noise hits every column alike), median o
                   (``publish_blocks``), the destination imports each chunk once it is ready
                   (``BlockImport``), so the two copies overlap
 * e2e shm seq     the same, the copies in sequence (``stage_blocks``, then the import on DONE)
+* one copy        source KV cache -> destination KV cache in ONE copy (issue 14): the source's
+                  cache lies on a memfd (``PagedKVCache(shared=True)``); the destination maps it
+                  once (``SharedCacheView``, kept across rounds as a worker would keep it per
+                  source) and copies the blocks straight into its own cache
+                  (``copy_from_shared``); timed from the request to the source until DONE is
+                  sent back (the source holds the blocks until then). Not yet the engine's
+                  path: ``engine/disagg.py`` still stages (BENCHMARKS.md, issue 14)
 
 Both ends hold a real ``PagedKVCache`` of SmolLM2-135M bf16 blocks and copy scattered block ids
 (as after churn) with the engine's own calls: ``stage_blocks`` (export straight into the staged
@@ -45,6 +52,7 @@ from multiprocessing.connection import Connection
 import msgspec
 import numpy as np
 
+from interlock.engine.model.kv_cache import SharedCacheView
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import (
     BlockImport,
@@ -63,7 +71,7 @@ class _Copier:
     """A runner's side of the copies (``TorchRunner`` delegates to its cache the same way):
     ``nblocks`` scattered blocks of a cache twice as large."""
 
-    def __init__(self, nblocks: int, seed: int) -> None:
+    def __init__(self, nblocks: int, seed: int, *, shared: bool = False) -> None:
         import torch
 
         from interlock.engine.model.config import ModelArchConfig
@@ -71,7 +79,7 @@ class _Copier:
         from interlock.model_store import resolve_model
 
         arch = ModelArchConfig.from_folder(resolve_model("smollm2", progress=False))
-        self.cache = PagedKVCache(arch, 2 * nblocks, 16, torch.bfloat16, torch.device("cpu"))
+        self.cache = PagedKVCache(arch, 2 * nblocks, 16, torch.bfloat16, torch.device("cpu"), shared=shared)
         assert self.cache.block_nbytes == BLOCK_NBYTES
         gen = torch.Generator().manual_seed(seed)
         self.cache.tensor.copy_(torch.randn(self.cache.tensor.shape, generator=gen).to(torch.bfloat16))
@@ -85,6 +93,7 @@ class _Copier:
 def source_process(conn: Connection, nbytes: int, chunk_bytes: int) -> None:
     kv = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     copier = _Copier(nbytes // BLOCK_NBYTES, seed=0)
+    shared = _Copier(nbytes // BLOCK_NBYTES, seed=2, shared=True)
     with TransferAgent() as agent, socket.create_server(("127.0.0.1", 0)) as raw_server:
         conn.send(raw_server.getsockname()[1])
         raw, _ = raw_server.accept()
@@ -94,6 +103,11 @@ def source_process(conn: Connection, nbytes: int, chunk_bytes: int) -> None:
             if cmd == "raw":
                 raw.recv(1)
                 raw.sendall(memoryview(kv))
+                continue
+            if cmd == "onecopy":  # offer the blocks where they lie; hold them until DONE
+                conn.send((shared.cache.shared_region(), shared.block_ids))
+                if conn.recv() != "done":
+                    raise RuntimeError("one-copy transfer not done")
                 continue
             t = [time.perf_counter()]
             if cmd == "stream":  # the descriptor leaves first, then the export, chunk by chunk
@@ -169,7 +183,9 @@ def run_all(
         "e2e tcp",
         "e2e shm seq",
         "e2e tcp seq",
+        "one copy",
     )
+    views: dict[object, SharedCacheView] = {}
     times: dict[str, list[float]] = {k: [] for k in paths}
     with TransferAgent() as agent:
         for i in range(runs + 1):  # the first round warms up and is dropped
@@ -185,11 +201,14 @@ def run_all(
                     conn, agent, "shm", copier, staged=False, phases=phases if i else None
                 ),
                 "e2e tcp seq": _transfer(conn, agent, "tcp", copier, staged=False),
+                "one copy": _one_copy(conn, copier, views),
             }
             if i:
                 for k, v in sample.items():
                     times[k].append(v)
     raw.close()
+    for view in views.values():
+        view.close()
     return times
 
 
@@ -227,6 +246,17 @@ def _streamed(conn: Connection, agent: TransferAgent, transport: str, copier: _C
     status = BlockImport(dst, copier, copier.block_ids).wait(30)  # each chunk once it is ready
     if status.state is not TransferState.DONE:
         raise RuntimeError(f"{transport} transfer failed: {status.reason}")
+    return time.perf_counter() - t0
+
+
+def _one_copy(conn: Connection, copier: _Copier, views: dict[object, SharedCacheView]) -> float:
+    t0 = time.perf_counter()
+    conn.send("onecopy")
+    region, src_ids = conn.recv()
+    if region not in views:
+        views[region] = SharedCacheView(region)
+    copier.cache.copy_from_shared(views[region], src_ids, copier.block_ids)
+    conn.send("done")
     return time.perf_counter() - t0
 
 
@@ -273,6 +303,7 @@ def report(times: dict[str, list[float]], nbytes: int, nblocks: int, runs: int, 
     gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
     raw_of = {"shm": "memcpy", "tcp": "socket", "e2e shm": "memcpy", "e2e tcp": "socket"}
     raw_of |= {"e2e shm seq": "memcpy", "e2e tcp seq": "socket", "2 memcpys": "memcpy"}
+    raw_of |= {"one copy": "memcpy"}
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
         f"Python {platform.python_version()}, load {os.getloadavg()[0]:.1f}, "

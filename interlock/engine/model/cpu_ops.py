@@ -112,6 +112,10 @@ _COPY_ARGS = (_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr)
 """cache, blocks in the cache, piece bytes, pieces per block, block ids (int64[n]), n, the
 block-major buffer (``kv_import_each``: the address of each block, int64[n]); returns the
 position of the first id out of range (nothing copied) or -1. See ``csrc/kv_copy.c``."""
+_BETWEEN_ARGS = (_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64)
+"""``kv_copy_between``: source cache, its blocks, source ids, our cache, our blocks, piece
+bytes, pieces per block, our ids, n; returns -1, k for a bad ids[k], n + k for a bad
+source id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +126,8 @@ class CopyKernel:
     export: Callable[..., int]
     import_: Callable[..., int]
     import_each: Callable[..., int]
+    between: Callable[..., int]
+    """``kv_copy_between``, arguments as in ``_BETWEEN_ARGS``."""
 
 
 def copy_build_dir() -> Path:
@@ -143,7 +149,14 @@ def load_copy() -> CopyKernel | None:
     for fn in (lib.kv_export, lib.kv_import, lib.kv_import_each):
         fn.argtypes = _COPY_ARGS
         fn.restype = _i64
-    return CopyKernel(export=lib.kv_export, import_=lib.kv_import, import_each=lib.kv_import_each)
+    lib.kv_copy_between.argtypes = _BETWEEN_ARGS
+    lib.kv_copy_between.restype = _i64
+    return CopyKernel(
+        export=lib.kv_export,
+        import_=lib.kv_import,
+        import_each=lib.kv_import_each,
+        between=lib.kv_copy_between,
+    )
 
 
 def _build_copy() -> Path:

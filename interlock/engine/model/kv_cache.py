@@ -19,6 +19,17 @@ whole cache, so with 4 KiB pages nearly every piece is a TLB miss; measured on t
 (64 MiB of scattered blocks, paired against memcpy): import 76% -> 104%, export 93% -> 105%
 with huge pages. Where THP is off, the advice is a no-op and the pages are ordinary.
 
+One copy between processes (``shared=True``): the cache lies on a memfd (``memfd_create``)
+instead, mapped shared; ``shared_region()`` names it (pid, descriptor, layout) and another
+process of the same user opens it through ``/proc/<pid>/fd/<fd>`` (``SharedCacheView``) and
+copies blocks straight into its own cache (``copy_from_shared``): one copy instead of export
+and import. The file's size is checked against the declared layout and every block id
+against it in C, so nothing outside the cache is read. A memfd needs no name in /dev/shm: it
+goes with the last process that maps it (no leak when the worker dies), and a view mapped
+before that stays readable. Shared memory gets no huge pages here (shmem THP is usually
+"never"): reads of scattered 2 KiB pieces stay fast on 4 KiB pages (70% of one memcpy for 64
+MiB, AMD EPYC VM; BENCHMARKS.md), the writes still go to the destination's huge pages.
+
 Export format (what another runner of the same model imports): blocks one after another, each
 ``[layers, 2, kv_heads, block_size, head_dim]`` in the cache dtype, ``block_nbytes`` bytes.
 """
@@ -29,8 +40,11 @@ import array
 import ctypes
 import math
 import mmap
+import os
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -59,6 +73,8 @@ class PagedKVCache:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        *,
+        shared: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -66,7 +82,13 @@ class PagedKVCache:
         self.block_nbytes = block_nbytes(config, block_size, dtype)
         shape = (config.num_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim)
         self._mem: mmap.mmap | None = None
-        if device.type == "cpu":
+        self._memfd = -1
+        if shared and device.type != "cpu":
+            raise ValueError(f"a shared KV cache must be on the CPU, not {device}")
+        if shared:
+            self._memfd, self._mem, self.tensor = _shared_zeros(shape, dtype)
+            weakref.finalize(self, os.close, self._memfd)  # the mapping keeps the memory
+        elif device.type == "cpu":
             self._mem, self.tensor = _huge_page_zeros(shape, dtype)
         else:
             self.tensor = torch.zeros(shape, dtype=dtype, device=device)
@@ -87,6 +109,54 @@ class PagedKVCache:
         self._base = self.tensor.data_ptr()
         self._piece = block_size * config.head_dim * self.tensor.element_size()
         self._pieces = config.num_layers * 2 * config.num_kv_heads
+
+    def shared_region(self) -> SharedCacheRegion | None:
+        """Where another process of this user finds this cache (None unless ``shared``)."""
+        if self._memfd < 0:
+            return None
+        return SharedCacheRegion(
+            pid=os.getpid(),
+            fd=self._memfd,
+            num_blocks=self.num_blocks,
+            piece=self._piece,
+            pieces=self._pieces,
+        )
+
+    def copy_from_shared(
+        self, view: SharedCacheView, src_ids: Sequence[int], block_ids: Sequence[int]
+    ) -> None:
+        """Block ``src_ids[k]`` of another process's cache into our block ``block_ids[k]``: one
+        copy. Raises IndexError naming an id out of range (nothing copied then), ValueError for
+        a cache of another layout or without the kernel."""
+        region = view.region
+        if (region.piece, region.pieces) != (self._piece, self._pieces):
+            raise ValueError(
+                f"shared cache layout {region.pieces} pieces of {region.piece} bytes, "
+                f"this cache {self._pieces} of {self._piece}"
+            )
+        n = len(block_ids)
+        if len(src_ids) != n:
+            raise ValueError(f"{len(src_ids)} source block ids for {n} block ids")
+        if self._kernel is None:
+            raise ValueError("copying from a shared cache needs the block-copy kernel")
+        if not n:
+            return
+        ids, sids = array.array("q", block_ids), array.array("q", src_ids)
+        bad = self._kernel.between(
+            view.address,
+            region.num_blocks,
+            sids.buffer_info()[0],
+            self._base,
+            self.num_blocks,
+            self._piece,
+            self._pieces,
+            ids.buffer_info()[0],
+            n,
+        )
+        if bad >= n:
+            raise IndexError(f"source block id {sids[bad - n]} out of range [0, {region.num_blocks})")
+        if bad >= 0:
+            raise IndexError(f"block id {ids[bad]} out of range [0, {self.num_blocks})")
 
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
         if self._kernel is not None:
@@ -208,6 +278,67 @@ class PagedKVCache:
                 warnings.simplefilter("ignore", UserWarning)
                 flat = torch.frombuffer(buffer, dtype=torch.uint8)
         return flat.view(self.dtype).view(num_blocks, layers, two, heads, bs, dim)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedCacheRegion:
+    """A shared KV cache as another process finds it: ``/proc/<pid>/fd/<fd>``, ``num_blocks``
+    blocks of ``pieces`` pieces of ``piece`` bytes (``kv_copy.c`` has the geometry)."""
+
+    pid: int
+    fd: int
+    num_blocks: int
+    piece: int
+    pieces: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.num_blocks * self.pieces * self.piece
+
+
+class SharedCacheView:
+    """Another process's shared cache mapped read-only here. Raises OSError when it cannot be
+    opened (the process gone, no permission), ValueError when the file is not of the declared
+    size. ``close`` unmaps it (a copy must not run then)."""
+
+    def __init__(self, region: SharedCacheRegion) -> None:
+        if min(region.num_blocks, region.piece, region.pieces) <= 0:
+            raise ValueError(f"shared cache region with an empty layout: {region}")
+        fd = os.open(f"/proc/{region.pid}/fd/{region.fd}", os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size != region.nbytes:
+                raise ValueError(f"shared cache of {size} bytes, its layout declares {region.nbytes}")
+            self._mem: mmap.mmap | None = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        self.region = region
+        self._arr = np.frombuffer(self._mem, dtype=np.uint8)
+        self.address = int(self._arr.__array_interface__["data"][0])
+
+    def close(self) -> None:
+        mem, self._mem = self._mem, None
+        if mem is not None:
+            del self._arr
+            mem.close()
+
+
+def _shared_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, mmap.mmap, torch.Tensor]:
+    """A zeroed CPU tensor on a memfd mapped shared (module note): (fd, mapping, tensor)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    fd = os.memfd_create("interlock-kv-cache", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, nbytes)
+        mem = mmap.mmap(fd, max(1, nbytes), mmap.MAP_SHARED)
+    except BaseException:
+        os.close(fd)
+        raise
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.frombuffer(mem, dtype=torch.uint8, count=nbytes)
+    tensor = flat.view(dtype).view(shape)
+    tensor.zero_()
+    return fd, mem, tensor
 
 
 def _huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[mmap.mmap, torch.Tensor]:
