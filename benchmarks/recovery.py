@@ -156,7 +156,8 @@ def interlock_worker_pid(system: System, instance_id: str) -> int:
             if os.getpgid(int(entry.name)) != group:
                 continue
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"worker" in argv and instance_id.encode() in argv:
+            # `interlock worker ... --instance-id ID` or the builder's `-m interlock.cluster.worker_main ID`
+            if instance_id.encode() in argv and any(b"worker" in arg for arg in argv):
                 return int(entry.name)
     raise RuntimeError(f"no worker process with instance id {instance_id}")
 
