@@ -43,12 +43,13 @@ import os
 import random
 import time
 from collections import deque
+from collections.abc import Iterator
 
 import numpy as np
 
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
-from interlock.router import Pending, RequestMeta, Router, RouterConfig
+from interlock.router import Decision, Pending, RequestMeta, Router, RouterConfig
 
 BLOCK = 16
 REPORTS_PER_DECISION = 4
@@ -134,7 +135,12 @@ def build(num_workers: int, num_blocks: int, rng: random.Random) -> tuple[Router
     return r, fleet, time.perf_counter() - t0
 
 
-def measure(num_workers: int, num_blocks: int, decisions: int) -> dict[str, float]:
+def prepare(
+    num_workers: int, num_blocks: int, decisions: int
+) -> tuple[Router, Fleet, random.Random, list[tuple[list[int], int, int]], float, float, int, int]:
+    """The filled index, the requests to route, and every worker's speed line fitted (eight
+    reports each, the last at the returned time); the index frozen out of the garbage collector,
+    as a server would."""
     rng = random.Random(num_workers * 7 + num_blocks)
     r, fleet, apply_s = build(num_workers, num_blocks, rng)
     blocks_applied = sum(len(b.events[0].block_hashes) for b in fleet.batches)  # type: ignore[attr-defined]
@@ -142,16 +148,24 @@ def measure(num_workers: int, num_blocks: int, decisions: int) -> dict[str, floa
     fleet.batches.clear()
     requests = [fleet.request(i) for i in range(decisions)]
     gc.collect()
-    gc.freeze()  # the index is long-lived; keep the collector off it, as a server would
+    gc.freeze()
     now = 0.0
-    for _ in range(8):  # warm: every worker has reported enough to fit its speed line
+    for _ in range(8):
         for w in range(num_workers):
             now += 1e-6
             r.apply_load(fleet.report(w, now))
+    return r, fleet, rng, requests, now, apply_s, blocks_applied, n_batches
+
+
+def drive(
+    r: Router, fleet: Fleet, rng: random.Random, requests: list[tuple[list[int], int, int]], now: float
+) -> Iterator[tuple[int, list[int], Decision | Pending, int]]:
+    """Route each request as load moves (reports before it, first tokens and finishes a few
+    decisions later); yields (index, hashes, decision, CPU ns of ``route`` alone). A queued
+    request is cancelled after it is yielded."""
+    num_workers = fleet.n
     inflight: deque[str] = deque()
     started: deque[str] = deque()
-    whole, lookup = [], []
-    queued = 0
     for i, (hashes, prompt, max_tokens) in enumerate(requests):
         now += 1e-3
         for w in rng.sample(range(num_workers), min(REPORTS_PER_DECISION, num_workers)):
@@ -164,16 +178,29 @@ def measure(num_workers: int, num_blocks: int, decisions: int) -> dict[str, floa
         c0 = time.thread_time_ns()
         d = r.route(meta, block_hashes=hashes)
         c1 = time.thread_time_ns()
-        r.indexer.overlaps(hashes)
-        c2 = time.thread_time_ns()
+        yield i, hashes, d, c1 - c0
         if isinstance(d, Pending):
-            queued += 1
             r.cancel(meta.request_id)
             continue
-        whole.append(c1 - c0)
-        lookup.append(c2 - c1)
         inflight.append(d.request_id)
         started.append(d.request_id)
+
+
+def measure(num_workers: int, num_blocks: int, decisions: int) -> dict[str, float]:
+    r, fleet, rng, requests, now, apply_s, blocks_applied, n_batches = prepare(
+        num_workers, num_blocks, decisions
+    )
+    whole, lookup = [], []
+    queued = 0
+    for _, hashes, d, cpu_ns in drive(r, fleet, rng, requests, now):
+        if isinstance(d, Pending):
+            queued += 1
+            continue
+        c1 = time.thread_time_ns()
+        r.indexer.overlaps(hashes)
+        c2 = time.thread_time_ns()
+        whole.append(cpu_ns)
+        lookup.append(c2 - c1)
     gc.unfreeze()
     w_us, l_us = np.array(whole) / 1e3, np.array(lookup) / 1e3
     rest = w_us - l_us

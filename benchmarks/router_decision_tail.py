@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import random
 import sys
 import time
-from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -40,39 +38,11 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=1_000_000)
     ap.add_argument("--decisions", type=int, default=3000)
     args = ap.parse_args()
-    nw = args.workers
-    rng = random.Random(nw * 7 + args.blocks)
-    r, fleet, _ = rd.build(nw, args.blocks, rng)
-    fleet.batches.clear()
-    requests = [fleet.request(i) for i in range(args.decisions)]
-    gc.collect()
-    gc.freeze()
-    now = 0.0
-    for _ in range(8):
-        for w in range(nw):
-            now += 1e-6
-            r.apply_load(fleet.report(w, now))
-    inflight: deque[str] = deque()
-    started: deque[str] = deque()
+    r, fleet, rng, requests, now, *_ = rd.prepare(args.workers, args.blocks, args.decisions)
     by_kind: dict[int, list[float]] = {0: [], 1: [], 2: []}
-    for i, (hashes, prompt, max_tokens) in enumerate(requests):
-        now += 1e-3
-        for w in rng.sample(range(nw), min(rd.REPORTS_PER_DECISION, nw)):
-            r.apply_load(fleet.report(w, now))
-        while len(started) > nw // 2:
-            r.on_first_token(started.popleft())
-        while len(inflight) > 2 * nw:
-            r.on_finish(inflight.popleft())
-        meta = RequestMeta(request_id=str(i), prompt_tokens=prompt, max_tokens=max_tokens)
-        c0 = time.thread_time_ns()
-        d = r.route(meta, block_hashes=hashes)
-        c1 = time.thread_time_ns()
-        if isinstance(d, Pending):
-            r.cancel(meta.request_id)
-            continue
-        by_kind[i % 3].append((c1 - c0) / 1e3)
-        inflight.append(d.request_id)
-        started.append(d.request_id)
+    for i, _, d, cpu_ns in rd.drive(r, fleet, rng, requests, now):
+        if not isinstance(d, Pending):
+            by_kind[i % 3].append(cpu_ns / 1e3)
     for kind, name in enumerate(("cached history", "shared system prompt", "prompt nobody holds")):
         print(f"{name:>22}: {pct(by_kind[kind])}")
     hashes, prompt, max_tokens = requests[2]
