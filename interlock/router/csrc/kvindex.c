@@ -299,18 +299,31 @@ static PyObject* kvi_grow(PyObject* self, PyObject* const* args, Py_ssize_t narg
   Py_RETURN_NONE;
 }
 
-/* store(index, slot, hashes): the worker at `slot` holds these blocks. */
-static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (check_nargs(nargs, 3, "store") < 0) return NULL;
+/* The arguments of store/remove (index, slot, hashes): the index, the hashes loaded into
+ * ix->keys (n of them), the slot's mask word and bit; NULL with an exception set. */
+static Index* slot_call(PyObject* const* args, Py_ssize_t nargs, const char* name, int64_t* n, int64_t* w,
+                        uint64_t* bit) {
+  if (check_nargs(nargs, 3, name) < 0) return NULL;
   Index* ix = get_index(args[0]);
   if (!ix) return NULL;
   int64_t slot = PyLong_AsLongLong(args[1]);
   if (PyErr_Occurred()) return NULL;
-  if (slot < 0 || slot >= ix->words * 64) return PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slot);
-  int64_t n;
-  if (load_keys(ix, args[2], &n, 1) < 0) return NULL;
-  int64_t w = slot >> 6;
-  uint64_t bit = 1ull << (slot & 63);
+  if (slot < 0 || slot >= ix->words * 64) {
+    PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slot);
+    return NULL;
+  }
+  if (load_keys(ix, args[2], n, 1) < 0) return NULL;
+  *w = slot >> 6;
+  *bit = 1ull << (slot & 63);
+  return ix;
+}
+
+/* store(index, slot, hashes): the worker at `slot` holds these blocks. */
+static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  int64_t n, w;
+  uint64_t bit;
+  Index* ix = slot_call(args, nargs, "store", &n, &w, &bit);
+  if (!ix) return NULL;
   uint32_t old_of = UINT32_MAX, new_id = 0;
   for (int64_t i = 0; i < n; i++) {
     Entry* e = find_or_insert(ix, ix->keys[i]);
@@ -353,16 +366,10 @@ nomem:
 /* remove(index, slot, hashes): the worker at `slot` no longer holds these blocks (those it
  * does not hold are skipped). */
 static PyObject* kvi_remove(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (check_nargs(nargs, 3, "remove") < 0) return NULL;
-  Index* ix = get_index(args[0]);
+  int64_t n, w;
+  uint64_t bit;
+  Index* ix = slot_call(args, nargs, "remove", &n, &w, &bit);
   if (!ix) return NULL;
-  int64_t slot = PyLong_AsLongLong(args[1]);
-  if (PyErr_Occurred()) return NULL;
-  if (slot < 0 || slot >= ix->words * 64) return PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slot);
-  int64_t n;
-  if (load_keys(ix, args[2], &n, 1) < 0) return NULL;
-  int64_t w = slot >> 6;
-  uint64_t bit = 1ull << (slot & 63);
   uint32_t old_of = UINT32_MAX, new_id = 0;
   for (int64_t i = 0; i < n; i++) {
     Entry* e = find(ix, ix->keys[i]);
