@@ -1,8 +1,8 @@
 """A worker's drain, over a real nats-server and the TCP request plane, with the real router
 service and its dispatcher (mock engines on the real clock, each worker on its own runtime).
 
-A drained worker leaves discovery at once, so new requests go elsewhere, but the streams it is
-serving finish on it: no migration. Only when its grace runs out (it aborts them) or it dies
+A drained worker (or one changing role) leaves discovery at once, so new requests go elsewhere,
+but the streams it is serving finish on it: no migration. Only when its grace runs out (it aborts them) or it dies
 during the drain do they move, and then they continue with exactly the tokens they would have
 had (the mock model's next token is a hash of the KV it reads back)."""
 
@@ -118,9 +118,9 @@ async def collect(
 def test_a_draining_worker_finishes_its_streams_and_new_requests_go_elsewhere(nats: NatsServer) -> None:
     async def main() -> None:
         async with cluster(nats) as c:
-            a = await c.add("a", speedup=1.0)  # ~7 ms steps: 120 tokens take ~1 s
+            a = await c.add("a", speedup=1.0)  # ~7 ms steps: 200 tokens take ~1.4 s
             await c.add("b")
-            reference, _, _ = await collect(c, request("ref", 120), pin="b")
+            reference, _, _ = await collect(c, request("ref", 200), pin="b")
             drained: list[asyncio.Task[None]] = []
             during: list[tuple[list[int], str, str | None]] = []
 
@@ -130,7 +130,7 @@ def test_a_draining_worker_finishes_its_streams_and_new_requests_go_elsewhere(na
                 assert a.in_flight == 1  # ours, still streaming on a
                 during.append(await collect(c, request("new", 8)))
 
-            tokens, worker, finish = await collect(c, request("r", 120), pin="a", after=5, action=drain)
+            tokens, worker, finish = await collect(c, request("r", 200), pin="a", after=5, action=drain)
             assert worker == "a" and tokens == reference and finish == "length"
             m = c.service.dispatcher.metrics
             assert (m.migrations, m.worker_aborts, m.retries, m.stalls) == (0, 0, 0, 0)
@@ -169,5 +169,31 @@ def test_a_draining_worker_s_streams_move_only_when_it_aborts_or_dies(nats: Nats
             m = c.service.dispatcher.metrics
             assert m.migrations == 1 and m.migrations_exhausted == 0
             assert m.worker_aborts == (1 if ending == "grace over" else 0)
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_role_change_lets_the_worker_finish_its_streams_first(nats: NatsServer) -> None:
+    """``set_role`` leaves discovery the same way (the planner's re-role, the control call)."""
+
+    async def main() -> None:
+        async with cluster(nats) as c:
+            a = await c.add("a", speedup=1.0)
+            await c.add("b")
+            reference, _, _ = await collect(c, request("ref", 200), pin="b")
+            changed: list[asyncio.Task[None]] = []
+
+            async def re_role() -> None:
+                changed.append(asyncio.create_task(a.set_role("prefill", grace_s=30.0)))
+                await c.gone("a")
+
+            tokens, worker, finish = await collect(c, request("r", 200), pin="a", after=5, action=re_role)
+            assert worker == "a" and tokens == reference and finish == "length"
+            assert c.service.dispatcher.metrics.migrations == 0
+            async with asyncio.timeout(10):
+                await changed[0]
+                while (info := c.service.instance("a")) is None or info.role != "prefill":
+                    await asyncio.sleep(0.01)
 
     asyncio.run(main())
