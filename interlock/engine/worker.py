@@ -5,7 +5,8 @@ The worker is a thin shell (no decisions): it registers an ``InstanceInfo`` in d
 ``GenerateOutput`` per chunk out), publishes the engine's KV events (numbered batches) and load
 reports on the event plane, answers re-sync requests with a snapshot of its cache, and drains on
 shutdown: unregister first so routers stop sending, refuse new calls, let in-flight requests
-finish within a grace period, abort the rest.
+finish within a grace period, abort the rest. Routers see the unregister as a graceful leave
+(not a death) and let those streams finish here; only the aborted ones migrate.
 
 Subject names come from ``interlock.protocol.subjects``.
 """

@@ -15,8 +15,9 @@ leg and hands over the decode leg). When a leg breaks, the dispatcher starts ano
   across the seam, usage counted once.
 
 A leg breaks when its stream fails (connection lost, a peer silent past the request plane's
-``peer_timeout``), when its worker leaves discovery, when the worker ends it with ``abort``
-(drain, shutdown: the client did not ask) or with a service error, or when no token arrives
+``peer_timeout``), when its worker's lease runs out in discovery (a worker that unregisters
+itself is draining: its legs run on), when the worker ends it with ``abort`` (a drain's grace
+over, shutdown: the client did not ask) or with a service error, or when no token arrives
 for longer than the stall timeout: ``max(stall_floor_s, stall_steps x the worker's last decode
 step time)`` once the first token is out (a hung or SIGSTOPped engine; before the first token a
 queue or a long prefill is no sign of a fault, so only ``first_token_timeout_s`` applies, off by
@@ -406,10 +407,14 @@ class Dispatcher:
                 exc.message,
             )
 
-    def worker_left(self, worker_id: str) -> None:
-        """Break every leg streaming from a worker that left discovery."""
-        for watch in list(self._watches.get(worker_id, ())):
-            watch.break_(LegBroken(f"worker {worker_id} left"))
+    def worker_left(self, worker_id: str, *, graceful: bool = False) -> None:
+        """A worker left discovery. Gone (its lease ran out, or a restart replaced it): break
+        every leg streaming from it. ``graceful`` (it unregistered itself: a drain or a role
+        change): its legs stream on to their end, as a draining worker finishes what it has; if
+        it aborts them when its grace is over, or dies meanwhile, they break and migrate then."""
+        if not graceful:
+            for watch in list(self._watches.get(worker_id, ())):
+                watch.break_(LegBroken(f"worker {worker_id} left"))
         self.breakers.forget(worker_id)
 
     def tick(self, router_of: dict[str, Router]) -> None:

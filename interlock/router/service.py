@@ -296,7 +296,7 @@ class RouterService:
                 if ev.kind == "added":
                     self._add(ev.instance)
                 else:
-                    self._remove(ev.instance.instance_id)
+                    self._remove(ev.instance.instance_id, graceful=ev.graceful)
                 self._changed.set()
 
     def _router_for(self, info: InstanceInfo) -> Router:
@@ -332,7 +332,9 @@ class RouterService:
         if info.publishes_kv_events:
             asyncio.ensure_future(self._publish(subjects.resync(info.instance_id), b""))
 
-    def _remove(self, instance_id: str) -> None:
+    def _remove(self, instance_id: str, *, graceful: bool = False) -> None:
+        """Route nothing more to it; ``graceful`` (it unregistered: a drain) lets its streams
+        finish where they are, else they break and migrate (``Dispatcher.worker_left``)."""
         info = self._instances.pop(instance_id, None)
         self._reports.pop(instance_id, None)
         if info is None:
@@ -344,9 +346,9 @@ class RouterService:
                 del self.routers[info.model]
             else:
                 self.dispatcher.dispatch_queued(router)
-        self.dispatcher.worker_left(instance_id)
+        self.dispatcher.worker_left(instance_id, graceful=graceful)
         self._update_model(info.model)
-        log.info("worker %s left", instance_id)
+        log.info("worker %s left%s", instance_id, " (draining)" if graceful else "")
 
     def _update_model(self, model: str) -> None:
         """Re-derive the model's card from its live workers that take requests (not prefill

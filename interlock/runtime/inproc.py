@@ -49,7 +49,7 @@ class InProcDiscovery:
 
     async def unregister(self, instance_id: str) -> None:
         self._stop_heartbeat(instance_id)
-        self._registry.leases.remove(instance_id)
+        self._registry.leases.remove(instance_id, graceful=True)
 
     async def instances(self, endpoint: EndpointName | str) -> list[InstanceInfo]:
         return self._registry.leases.instances(str(EndpointName.of(endpoint)))

@@ -5,7 +5,8 @@ implementation (in-process, or NATS + TCP). Contracts every implementation keeps
 
 * Discovery: ``register`` keeps the instance alive by heartbeat until ``unregister``; an
   instance whose heartbeats stop leaves every watcher's table within its lease timeout.
-  ``watch`` first yields ``added`` for each current instance, then changes as they happen.
+  ``watch`` first yields ``added`` for each current instance, then changes as they happen; a
+  ``removed`` says whether the instance left by ``unregister`` (``graceful``) or went silent.
 * Request plane: a handler is an async generator function ``handler(payload, ctx)``.
   Closing or cancelling the client's iterator cancels the handler on the server (CancelledError
   at its current ``await``; its ``finally`` runs). A handler failure, a missing handler, a dead
@@ -31,6 +32,10 @@ from interlock.runtime.subscription import Subscription
 class DiscoveryEvent:
     kind: Literal["added", "removed"]
     instance: InstanceInfo
+    graceful: bool = False
+    """``removed`` only: the instance unregistered itself (a drain, a role change), so whatever
+    it is serving goes on to its end; False when its lease ran out or a new registration replaced
+    it (it died or restarted: its calls in flight are lost)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,11 +69,12 @@ class LeaseTable:
             self._emit(DiscoveryEvent("removed", old.info))
         self._emit(DiscoveryEvent("added", info))
 
-    def remove(self, instance_id: str) -> None:
+    def remove(self, instance_id: str, *, graceful: bool = False) -> None:
+        """Drop the instance; ``graceful``: it unregistered itself (else its lease ran out)."""
         lease = self._leases.pop(instance_id, None)
         if lease is not None:
             _cancel(lease)
-            self._emit(DiscoveryEvent("removed", lease.info))
+            self._emit(DiscoveryEvent("removed", lease.info, graceful=graceful))
 
     def suspend(self) -> None:
         """Stop expiring: we cannot hear heartbeats now, so their absence proves nothing."""

@@ -7,9 +7,10 @@ own lease timeout. How it works:
 
 * A registered instance publishes ``Announcement(info, ttl)`` on
   ``interlock.discovery.announce.<instance_id>`` every ``heartbeat_interval``; on ``unregister``
-  it publishes its id on ``interlock.discovery.bye.<instance_id>``. The id is in the subject so
-  that nats-server can confine each worker's login to its own subjects (``nats_permissions``);
-  an announcement or bye whose payload names another instance than its subject is dropped.
+  it publishes its id on ``interlock.discovery.bye.<instance_id>`` (watchers see a ``graceful``
+  removal: it is draining, not dead). The id is in the subject so that nats-server can confine
+  each worker's login to its own subjects (``nats_permissions``); an announcement or bye whose
+  payload names another instance than its subject is dropped.
 * Every process keeps a ``LeaseTable`` fed by those subjects: an announcement (re)arms the
   instance's expiry timer for ``ttl`` seconds, so a killed process leaves every table ``ttl``
   seconds after its last heartbeat.
@@ -127,7 +128,7 @@ class NatsDiscovery:
                 await self._nc.publish(bye_subject(instance_id), instance_id.encode())
             except (OutboundBufferLimitError, NatsError):
                 pass  # in an outage or closed: the others expire it a ttl after they reconnect
-        self._table.remove(instance_id)
+        self._table.remove(instance_id, graceful=True)
 
     async def instances(self, endpoint: EndpointName | str) -> list[InstanceInfo]:
         return self._table.instances(str(EndpointName.of(endpoint)))
@@ -205,7 +206,7 @@ class NatsDiscovery:
         if msg.data.decode(errors="replace") != _subject_id(msg):
             log.warning("dropped a bye of %r on %s", msg.data[:64], msg.subject)
             return
-        self._table.remove(_subject_id(msg))
+        self._table.remove(_subject_id(msg), graceful=True)
 
     async def _on_query(self, msg: Msg) -> None:
         for info in list(self._own.values()):

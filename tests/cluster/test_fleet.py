@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -18,6 +19,8 @@ from interlock.cluster.spec import ClusterSpec, ProcessOptions, fleet_planner_co
 from interlock.deploy import parse_deployment
 from interlock.errors import ConfigError
 from interlock.planner import PlannerConfig, RoleBounds
+from interlock.protocol import GenerateRequest, SamplingParams
+from interlock.protocol.routing import RequestContext
 
 
 def spec(
@@ -76,6 +79,56 @@ def test_fleet_adds_drains_and_reroles_real_workers() -> None:
             assert c.service.instance(first.worker_id) is None
             with pytest.raises(ConfigError, match="not one of this deployment's running workers"):
                 await fleet.remove_worker(first.worker_id)
+            await fleet.close()
+
+    asyncio.run(main())
+
+
+def test_scaling_down_lets_the_worker_finish_its_streams() -> None:
+    """The planner's removal is a drain: the worker leaves the router at once, but a stream it
+    is serving finishes on it (no migration), and it stops once that is done."""
+
+    async def main() -> None:
+        s = replace(spec(), processes=ProcessOptions(in_process=True, drain_grace_s=30.0))
+        async with running(s) as c:
+            fleet = ClusterFleet(c)
+            (first,) = await fleet.workers()
+            [handle] = c.workers()
+            other = await fleet.add_worker("both")
+
+            async def both_ready() -> bool:
+                return all(w.ready for w in await fleet.workers())
+
+            await until(both_ready)
+            req = GenerateRequest(
+                request_id="long",
+                token_ids=tuple(range(10, 40)),
+                model=handle.spec.served_name,
+                sampling=SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True),
+            )
+            ctx = RequestContext(request_id="long", endpoint="completions", worker_id=first.worker_id)
+            got: list[int] = []
+            finish = None
+            async with contextlib.aclosing(c.service.generate(req, ctx)) as stream:
+                async for out in stream:
+                    got += out.token_ids
+                    finish = out.finish_reason
+                    if len(got) >= 5 and c.service.instance(handle.instance_id) is not None:
+                        await fleet.remove_worker(first.worker_id)
+
+                        async def left() -> bool:
+                            return c.service.instance(handle.instance_id) is None
+
+                        await until(left)
+                        assert handle.local.in_flight == 1  # still streaming, on the drained worker
+            assert len(got) == 200 and finish == "length"
+            m = c.service.dispatcher.metrics
+            assert (m.migrations, m.worker_aborts, m.retries) == (0, 0, 0)
+
+            async def gone() -> bool:
+                return [w.worker_id for w in await fleet.workers()] == [other]
+
+            await until(gone)
             await fleet.close()
 
     asyncio.run(main())

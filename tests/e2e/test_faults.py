@@ -98,6 +98,8 @@ def test_sigterm_drains_in_flight_then_sigkill_leaves_discovery(three_workers: S
     lines = got["lines"]
     assert isinstance(lines, list) and lines[-1] == "data: [DONE]"
     assert sum('"text"' in ln for ln in lines) >= 100  # the whole stream arrived
+    metrics = httpx.get(served.url + "/metrics", timeout=30).text
+    assert "interlock_router_migrations_total 0" in metrics  # ... from the drained worker itself
     assert _wait_until(
         lambda: not os.path.exists(f"/proc/{pid}") or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z",
         30,

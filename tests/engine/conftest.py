@@ -1,4 +1,5 @@
-"""Small engines on the mock runner and a virtual clock, built per test (they are cheap)."""
+"""Small engines on the mock runner and a virtual clock (or the real one: ``timed_engine``),
+built per test (they are cheap)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
-from interlock.engine.clock import VirtualClock
+from interlock.engine.clock import RealClock, VirtualClock
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.engine.core import EngineCore
 from interlock.engine.runners.mock import MockRunner
-from interlock.protocol import GenerateOutput, GenerateRequest, SamplingParams
+from interlock.engine.timing import TimingModel
+from interlock.engine.worker import Worker
+from interlock.protocol import GenerateOutput, GenerateRequest, InstanceInfo, SamplingParams, subjects
+from interlock.runtime.runtime import Runtime
+from interlock.transfer import TransferAgent
 
 VOCAB = 1000
 EOS = 2
@@ -55,6 +60,51 @@ def make_engine(clock: VirtualClock | None = None, **kw: object) -> EngineCore:
         eos_token_ids=(EOS,),
     )
     return EngineCore(config, runner, clock=clock or VirtualClock())
+
+
+def timed_engine(speedup: float = 20.0, *, block_size: int = 4) -> EngineCore:
+    """256 blocks on the real clock: the mock runner sleeps its modelled step time divided by
+    ``speedup`` (~7 ms a decode step at 1.0), so a stream is still running when a test acts."""
+    config = make_config(num_blocks=256, block_size=block_size, max_num_batched_tokens=32)
+    runner = MockRunner(
+        num_blocks=256,
+        block_size=block_size,
+        vocab_size=VOCAB,
+        eos_token_ids=(EOS,),
+        timing=TimingModel(speedup=speedup),
+        clock=RealClock(),
+    )
+    return EngineCore(config, runner, clock=RealClock())
+
+
+def timed_worker(
+    wid: str,
+    runtime: Runtime,
+    *,
+    speedup: float = 20.0,
+    role: str = "both",
+    model: str = "m",
+    block_size: int = 4,
+    transfer: TransferAgent | None = None,
+) -> Worker:
+    """A worker (not started yet) over a ``timed_engine``, on ``runtime``'s planes."""
+    core = timed_engine(speedup, block_size=block_size)
+    info = InstanceInfo(
+        instance_id=wid,
+        endpoint=subjects.GENERATE_ENDPOINT,
+        model=model,
+        role=role,
+        block_size=block_size,
+        kv_blocks_total=core.pool.num_blocks,
+    )
+    return Worker(
+        core,
+        info,
+        discovery=runtime.discovery,
+        requests=runtime.requests,
+        events=runtime.events,
+        transfer=transfer,
+    )
 
 
 def request(

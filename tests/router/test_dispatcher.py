@@ -13,72 +13,44 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from interlock.engine.clock import RealClock
-from interlock.engine.core import EngineCore
-from interlock.engine.runners.mock import MockRunner
 from interlock.engine.timing import TimingModel
 from interlock.engine.worker import Worker
 from interlock.errors import TransportError, WorkerFailed
-from interlock.protocol import GenerateOutput, GenerateRequest, InstanceInfo, SamplingParams, subjects
+from interlock.protocol import GenerateOutput, GenerateRequest, SamplingParams
 from interlock.protocol.routing import RequestContext
 from interlock.router.breaker import BreakerConfig
 from interlock.router.disagg import DisaggConfig
 from interlock.router.dispatcher import DispatchOptions
 from interlock.router.facade import RouterConfig
 from interlock.router.service import RouterService, ServiceOptions
-from interlock.runtime import connect_runtime
+from interlock.runtime import InProcRegistry, connect_runtime
 from interlock.runtime.runtime import Runtime
-from tests.engine.conftest import EOS, VOCAB, make_config
+from tests.engine.conftest import timed_worker
 
 MODEL = "m"
 BLOCK = 4
 
 
-def engine(speedup: float = 20.0) -> EngineCore:
-    config = make_config(num_blocks=256, block_size=BLOCK, max_num_batched_tokens=32)
-    runner = MockRunner(
-        num_blocks=256,
-        block_size=BLOCK,
-        vocab_size=VOCAB,
-        eos_token_ids=(EOS,),
-        timing=TimingModel(speedup=speedup),
-        clock=RealClock(),
-    )
-    return EngineCore(config, runner, clock=RealClock())
-
-
 class Fleet:
-    def __init__(self, runtime: Runtime, service: RouterService) -> None:
+    def __init__(self, runtime: Runtime, service: RouterService, registry: InProcRegistry) -> None:
         self.runtime = runtime
         self.service = service
+        self.registry = registry
         self.workers: dict[str, Worker] = {}
 
     async def add(self, wid: str, role: str = "both", speedup: float = 20.0) -> Worker:
-        core = engine(speedup)
-        info = InstanceInfo(
-            instance_id=wid,
-            endpoint=subjects.GENERATE_ENDPOINT,
-            model=MODEL,
-            role=role,
-            block_size=BLOCK,
-            kv_blocks_total=core.pool.num_blocks,
-        )
-        w = Worker(
-            core,
-            info,
-            discovery=self.runtime.discovery,
-            requests=self.runtime.requests,
-            events=self.runtime.events,
-        )
+        w = timed_worker(wid, self.runtime, speedup=speedup, role=role, model=MODEL, block_size=BLOCK)
         await w.start()
         self.workers[wid] = w
         assert await self.service.wait_for_workers(len(self.workers), 5.0) == len(self.workers)
         return w
 
     async def kill(self, wid: str) -> None:
-        """Gone at once: its streams break; it leaves discovery."""
+        """Gone at once, as a dead worker's lease running out (no goodbye: an unregister would
+        be a drain, whose streams run on): its streams break; then it stops."""
         w = self.workers.pop(wid)
-        await self.runtime.discovery.unregister(wid)
+        self.registry.leases.remove(wid)
+        await self.runtime.discovery.unregister(wid)  # its heartbeat: else it would come back
         await w.close()
 
 
@@ -86,7 +58,8 @@ class Fleet:
 async def fleet(
     options: DispatchOptions = DispatchOptions(), *, breaker: BreakerConfig = BreakerConfig()
 ) -> AsyncIterator[Fleet]:
-    runtime = await connect_runtime(None)
+    registry = InProcRegistry()
+    runtime = await connect_runtime(None, registry=registry)
     service = RouterService(
         discovery=runtime.discovery,
         requests=runtime.requests,
@@ -95,7 +68,7 @@ async def fleet(
         options=ServiceOptions(dispatch=options, breaker=breaker),
     )
     await service.start()
-    f = Fleet(runtime, service)
+    f = Fleet(runtime, service, registry)
     try:
         yield f
     finally:
@@ -228,7 +201,9 @@ def test_a_stalled_worker_is_left_after_the_stall_timeout() -> None:
     asyncio.run(main())
 
 
-def test_a_draining_worker_hands_its_requests_over() -> None:
+def test_a_draining_worker_hands_over_what_it_has_not_finished_when_its_grace_is_over() -> None:
+    """(Within the grace its streams finish on it: tests/engine/test_worker.py.)"""
+
     async def main() -> None:
         async with fleet() as f:
             a = await f.add("a", speedup=1.0)
@@ -240,7 +215,8 @@ def test_a_draining_worker_hands_its_requests_over() -> None:
 
             outs = await collect(f, request("r"), pin="a", after=5, action=drain)
             assert toks(outs) == toks(reference)
-            assert f.service.dispatcher.metrics.migrations == 1
+            m = f.service.dispatcher.metrics
+            assert m.migrations == 1 and m.worker_aborts == 1
             f.workers.pop("a")
 
     asyncio.run(main())
@@ -272,7 +248,8 @@ def test_repeated_failures_open_the_breaker_then_a_probe_closes_it() -> None:
 
 def test_disaggregated_decode_worker_killed_mid_stream() -> None:
     async def main() -> None:
-        runtime = await connect_runtime(None)
+        registry = InProcRegistry()
+        runtime = await connect_runtime(None, registry=registry)
         from interlock.transfer import TransferAgent
 
         service = RouterService(
@@ -283,28 +260,12 @@ def test_disaggregated_decode_worker_killed_mid_stream() -> None:
             disagg=DisaggConfig(enforce=True),
         )
         await service.start()
-        f = Fleet(runtime, service)
+        f = Fleet(runtime, service, registry)
         agents = []
         try:
             for wid, role in (("p", "prefill"), ("d1", "decode"), ("d2", "decode")):
-                core = engine()
-                info = InstanceInfo(
-                    instance_id=wid,
-                    endpoint=subjects.GENERATE_ENDPOINT,
-                    model=MODEL,
-                    role=role,
-                    block_size=BLOCK,
-                    kv_blocks_total=core.pool.num_blocks,
-                )
                 agents.append(TransferAgent())
-                w = Worker(
-                    core,
-                    info,
-                    discovery=runtime.discovery,
-                    requests=runtime.requests,
-                    events=runtime.events,
-                    transfer=agents[-1],
-                )
+                w = timed_worker(wid, runtime, role=role, model=MODEL, block_size=BLOCK, transfer=agents[-1])
                 await w.start()
                 f.workers[wid] = w
             assert await service.wait_for_workers(3, 5.0) == 3

@@ -65,8 +65,8 @@ async def test_watch_yields_snapshot_then_changes(make_runtime: MakeRuntime, nam
         await worker.discovery.register(info(namespace, "w2", endpoint="health"))  # other endpoint
         await worker.discovery.register(info(namespace, "w3"))
         assert await next_event(events) == DiscoveryEvent("added", info(namespace, "w3"))
-        await worker.discovery.unregister("w1")
-        assert await next_event(events) == DiscoveryEvent("removed", info(namespace, "w1"))
+        await worker.discovery.unregister("w1")  # it said goodbye: a graceful removal
+        assert await next_event(events) == DiscoveryEvent("removed", info(namespace, "w1"), graceful=True)
 
 
 async def test_heartbeats_keep_an_instance_past_its_timeout(
