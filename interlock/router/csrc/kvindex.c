@@ -9,8 +9,9 @@
  * over worker slots (`words` 64-bit words) in a pool, reference counted: the blocks a worker
  * stored together share one mask, as the Python index shares one int object, so a lookup skips
  * the AND for a block whose mask id is the previous block's. The lookup converts the request's
- * hashes first and prefetches the table lines ahead of the walk: a cold million-entry table
- * costs about one cache miss per block, overlapped.
+ * hashes as its walk reaches them and prefetches the table lines (and the int objects) ahead of
+ * it: a cold million-entry table costs about one cache miss per block, overlapped, and the walk
+ * stops at the first block nobody holds.
  *
  * The result is a function of the mask values only, never of how they are shared, so this index
  * gives exactly the runs of the Python one (tests/router/test_native.py checks it).
@@ -50,8 +51,6 @@ typedef struct {
   uint64_t* runs; /* run masks, runs_cap * words */
   int64_t* run_len;
   int64_t runs_cap;
-  int32_t* depth;
-  int64_t depth_cap;
   double* table;  /* runs_cap + 1: a decision's uncached tokens per depth */
   int64_t* held;  /* runs_cap + 1: its blocks held per depth */
   uint64_t* cur; /* words: the AND so far */
@@ -178,7 +177,6 @@ static void index_free(Index* ix) {
   free(ix->keys);
   free(ix->runs);
   free(ix->run_len);
-  free(ix->depth);
   free(ix->cur);
   free(ix->tmp);
   free(ix->table);
@@ -195,38 +193,68 @@ static Index* get_index(PyObject* cap) { return PyCapsule_GetPointer(cap, CAPSUL
 
 /* ---- argument helpers ---- */
 
-/* The hashes of a sequence of ints into ix->keys, *n the count. Strict: -1 with an exception
- * if one is not a 64-bit unsigned int (nothing of the index changes). Lenient (a lookup): the
- * keys end before such a hash, which no index can hold. */
-static int load_keys(Index* ix, PyObject* seq, int64_t* n, int strict) {
+/* A block hash as a 64-bit key: 0, or -1 (no exception left set) where `o` is not an int in
+ * [0, 2^64). An exact int of up to three 30-bit digits (every hash kvhash makes) is read from
+ * its digits: PyLong_AsUnsignedLongLong goes through _PyLong_AsByteArray there, about 15 ns a
+ * hash, a quarter of a 256-block lookup. Any other int (a subclass, Python 3.12's layout, 15-bit
+ * digits) takes the API, with the same result. */
+static inline int key_of(PyObject* o, uint64_t* out) {
+#if PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+  if (PyLong_CheckExact(o)) {
+    const Py_ssize_t size = Py_SIZE(o);
+    const digit* d = ((PyLongObject*)o)->ob_digit;
+    if (size >= 0 && size <= 3) {
+      if (size == 3 && d[2] >> 4) return -1; /* 2^64 or more */
+      uint64_t v = 0;
+      if (size == 3) v = (uint64_t)d[2] << 60;
+      if (size >= 2) v |= (uint64_t)d[1] << 30;
+      if (size >= 1) v |= d[0];
+      *out = v;
+      return 0;
+    }
+    if (size < 0) return -1;
+  }
+#endif
+  unsigned long long v = PyLong_AsUnsignedLongLong(o);
+  if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+/* ix->keys with room for `len` keys; -1 (MemoryError set) out of memory. */
+static int keys_room(Index* ix, int64_t len) {
+  if (len <= ix->keys_cap) return 0;
+  int64_t cap = len * 2 + 64;
+  uint64_t* k = realloc(ix->keys, (size_t)cap * 8);
+  if (!k) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  ix->keys = k;
+  ix->keys_cap = cap;
+  return 0;
+}
+
+/* The hashes of a sequence of ints into ix->keys, *n the count; -1 with an exception if one is
+ * not a 64-bit unsigned int (nothing of the index changes). */
+static int load_keys(Index* ix, PyObject* seq, int64_t* n) {
   PyObject* fast = PySequence_Fast(seq, "block hashes must be a sequence of ints");
   if (!fast) return -1;
   Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
-  if (len > ix->keys_cap) {
-    int64_t cap = len * 2 + 64;
-    uint64_t* k = realloc(ix->keys, (size_t)cap * 8);
-    if (!k) {
-      Py_DECREF(fast);
-      PyErr_NoMemory();
-      return -1;
-    }
-    ix->keys = k;
-    ix->keys_cap = cap;
+  if (keys_room(ix, len) < 0) {
+    Py_DECREF(fast);
+    return -1;
   }
   PyObject** items = PySequence_Fast_ITEMS(fast);
   for (Py_ssize_t i = 0; i < len; i++) {
-    unsigned long long v = PyLong_AsUnsignedLongLong(items[i]);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-      PyErr_Clear();
-      if (!strict) {
-        len = i;
-        break;
-      }
+    if (key_of(items[i], &ix->keys[i]) < 0) {
       PyErr_Format(PyExc_OverflowError, "block hash %R is not a 64-bit unsigned int", items[i]);
       Py_DECREF(fast);
       return -1;
     }
-    ix->keys[i] = v;
   }
   Py_DECREF(fast);
   *n = len;
@@ -312,7 +340,7 @@ static Index* slot_call(PyObject* const* args, Py_ssize_t nargs, const char* nam
     PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slot);
     return NULL;
   }
-  if (load_keys(ix, args[2], n, 1) < 0) return NULL;
+  if (load_keys(ix, args[2], n) < 0) return NULL;
   *w = slot >> 6;
   *bit = 1ull << (slot & 63);
   return ix;
@@ -431,23 +459,47 @@ static int ensure_runs(Index* ix, int64_t want) {
 }
 
 #define PREFETCH_AHEAD 16
+#define OBJECT_AHEAD 32
 
-/* The nested runs of keys[0..n): run r's mask (ix->runs + r * words) holds the first blocks
- * for run_len[r] more positions; returns the number of runs, -1 out of memory. Python's
- * KvIndexer.overlap_masks, step for step (a mask id equal to the previous block's is the
- * previous block's mask, so the same AND). */
-static int64_t lookup_runs(Index* ix, int64_t n) {
+/* The nested runs of the request's hashes `items[0..n)`: run r's mask (ix->runs + r * words)
+ * holds the first blocks for run_len[r] more positions; returns the number of runs, -1 out of
+ * memory (MemoryError set). Python's KvIndexer.overlap_masks, step for step (a mask id equal to
+ * the previous block's is the previous block's mask, so the same AND). The walk ends at the
+ * first block nobody holds, or before a hash that is no 64-bit int (no index holds one).
+ *
+ * The hashes are converted as the walk reaches them, PREFETCH_AHEAD blocks ahead (their table
+ * lines prefetched), their int objects OBJECT_AHEAD ahead: a prompt nobody holds converts
+ * PREFETCH_AHEAD + 1 hashes, not all of them, and a list built long before the request (cold
+ * objects) costs overlapped misses, not one after another. */
+static int64_t lookup_runs(Index* ix, PyObject* const* items, int64_t n) {
   const int64_t W = ix->words;
   const uint64_t m = ix->cap - 1;
-  if (ensure_runs(ix, n + 1) < 0) return -1;
-  for (int64_t i = 0; i < n && i < PREFETCH_AHEAD; i++) __builtin_prefetch(&ix->tab[home(ix, ix->keys[i])]);
+  if (keys_room(ix, n) < 0) return -1;
+  if (ensure_runs(ix, n + 1) < 0) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  uint64_t* keys = ix->keys;
+  for (int64_t i = 0; i < n && i < OBJECT_AHEAD; i++) __builtin_prefetch(items[i]);
+  int64_t conv = 0; /* keys[0..conv) converted */
+  for (; conv < n && conv < PREFETCH_AHEAD; conv++) {
+    if (key_of(items[conv], &keys[conv]) < 0) {
+      n = conv;
+      break;
+    }
+    __builtin_prefetch(&ix->tab[home(ix, keys[conv])]);
+  }
   int64_t nruns = 0, count = 0;
   uint32_t last = UINT32_MAX;
   uint64_t *cur = ix->cur, *tmp = ix->tmp;
   int started = 0;
   for (int64_t i = 0; i < n; i++) {
-    if (i + PREFETCH_AHEAD < n) __builtin_prefetch(&ix->tab[home(ix, ix->keys[i + PREFETCH_AHEAD])]);
-    uint64_t key = ix->keys[i];
+    if (conv < n) { /* conv == i + PREFETCH_AHEAD: n stays past i */
+      if (conv + OBJECT_AHEAD - PREFETCH_AHEAD < n) __builtin_prefetch(items[conv + OBJECT_AHEAD - PREFETCH_AHEAD]);
+      if (key_of(items[conv], &keys[conv]) < 0) n = conv;
+      else __builtin_prefetch(&ix->tab[home(ix, keys[conv++])]);
+    }
+    uint64_t key = keys[i];
     uint32_t held = 0;
     for (uint64_t j = home(ix, key);; j = (j + 1) & m) {
       const Entry* e = &ix->tab[j];
@@ -515,11 +567,11 @@ static PyObject* kvi_runs(PyObject* self, PyObject* const* args, Py_ssize_t narg
   if (check_nargs(nargs, 2, "runs") < 0) return NULL;
   Index* ix = get_index(args[0]);
   if (!ix) return NULL;
-  int64_t n;
-  if (load_keys(ix, args[1], &n, 0) < 0) return NULL;
-  int64_t nruns = lookup_runs(ix, n);
-  if (nruns < 0) return PyErr_NoMemory();
-  return runs_to_list(ix, nruns);
+  PyObject* fast = PySequence_Fast(args[1], "block hashes must be a sequence of ints");
+  if (!fast) return NULL;
+  int64_t nruns = lookup_runs(ix, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast));
+  Py_DECREF(fast);
+  return nruns < 0 ? NULL : runs_to_list(ix, nruns);
 }
 
 /* mask(index, hash) -> int: the workers holding the block (0: none). */
@@ -624,7 +676,7 @@ static PyObject* kvi_size(PyObject* self, PyObject* const* args, Py_ssize_t narg
   Index* ix = get_index(args[0]);
   if (!ix) return NULL;
   uint64_t bytes = ix->cap * sizeof(Entry) + (uint64_t)ix->masks_cap * (ix->words * 8 + 8) +
-                   ix->keys_cap * 8 + ix->runs_cap * (ix->words * 8 + 8) + ix->depth_cap * 4;
+                   ix->keys_cap * 8 + ix->runs_cap * (ix->words * 8 + 8);
   return Py_BuildValue("(KKK)", (unsigned long long)ix->used,
                        (unsigned long long)(ix->nmasks - 1 - ix->nfree), (unsigned long long)bytes);
 }
@@ -649,25 +701,11 @@ static int vec(PyObject* o, const char* name, int64_t n, int boolean, int option
 
 /* The request's runs scattered over the first n slots: overlap_w = the blocks of the runs
  * holding w, uncached_w = max(prompt - overlap_w * block_size, 1) as a double (the router's
- * _fill_uncached: its table of Python ints, converted exactly). -1 out of memory. */
+ * _fill_uncached: its table of Python ints, converted exactly). The runs are nested, so every
+ * holder is in the first run's mask: every slot gets the prompt, then only those holders their
+ * depth (how many runs hold them) and its values. -1 out of memory. */
 static int scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int64_t bs, double* uncached,
                         int64_t* overlap) {
-  if (n > ix->depth_cap) {
-    int32_t* d = realloc(ix->depth, (size_t)(n * 2) * 4);
-    if (!d) return -1;
-    ix->depth = d;
-    ix->depth_cap = n * 2;
-  }
-  int32_t* depth = ix->depth;
-  memset(depth, 0, (size_t)n * 4);
-  for (int64_t r = 0; r < nruns; r++) { /* nested runs: a slot's depth is how many hold it */
-    const uint64_t* mk = ix->runs + r * ix->words;
-    for (int64_t k = 0; k < ix->words; k++)
-      for (uint64_t b = mk[k]; b; b &= b - 1) {
-        int64_t s = k * 64 + __builtin_ctzll(b);
-        if (s < n) depth[s]++;
-      }
-  }
   /* per depth: tokens left to compute and blocks held, in buffers ensure_runs sized for one
    * more than the runs (heap, not stack: a prompt may have any number of blocks) */
   double* table = ix->table;
@@ -678,10 +716,21 @@ static int scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int
     int64_t u = prompt - held[r] * bs;
     table[r] = (double)(u > 1 ? u : 1);
   }
-  for (int64_t s = 0; s < n; s++) {
-    uncached[s] = table[depth[s]];
-    overlap[s] = held[depth[s]];
-  }
+  const double none = table[0];
+  for (int64_t s = 0; s < n; s++) uncached[s] = none;
+  memset(overlap, 0, (size_t)n * 8);
+  if (!nruns) return 0;
+  const int64_t W = ix->words;
+  const uint64_t* first = ix->runs;
+  for (int64_t k = 0; k < W && k * 64 < n; k++)
+    for (uint64_t b = first[k]; b; b &= b - 1) {
+      int64_t s = k * 64 + __builtin_ctzll(b);
+      if (s >= n) break;
+      int64_t d = 1;
+      while (d < nruns && (ix->runs[d * W + k] >> (s & 63) & 1)) d++;
+      uncached[s] = table[d];
+      overlap[s] = held[d];
+    }
   return 0;
 }
 
@@ -779,10 +828,12 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
     return PyErr_Format(PyExc_TypeError, "decide: out overlap must be a contiguous int64 vector of at least %lld values",
                         (long long)n);
   overlap = PyArray_DATA((PyArrayObject*)ov);
-  int64_t nh;
-  if (load_keys(ix, args[1], &nh, 0) < 0) return NULL;
-  int64_t nruns = nh ? lookup_runs(ix, nh) : (ensure_runs(ix, 1) < 0 ? -1 : 0);
-  if (nruns < 0 || scatter_runs(ix, nruns, n, prompt, bs, uncached, overlap) < 0) return PyErr_NoMemory();
+  PyObject* fast = PySequence_Fast(args[1], "block hashes must be a sequence of ints");
+  if (!fast) return NULL;
+  int64_t nruns = lookup_runs(ix, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast));
+  Py_DECREF(fast);
+  if (nruns < 0) return NULL;
+  if (scatter_runs(ix, nruns, n, prompt, bs, uncached, overlap) < 0) return PyErr_NoMemory();
   /* CostParams -> route_kv's scalars, as route_kernel.RouteKernel._pack derives them */
   double decode_scale = decode_weight != 0.0 && decode_tokens ? decode_weight * (double)decode_tokens : 0.0;
   double span = 1.0 - watermark;

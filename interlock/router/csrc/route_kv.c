@@ -14,6 +14,9 @@
  */
 #include <math.h>
 #include <stdint.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 /* ceil(x) as libm computes it, without the call (baseline x86-64 has no rounding instruction):
  * below 2^52 a double truncates exactly through int64; past it, or for NaN, libm. */
@@ -124,6 +127,70 @@ static int has_avx2(void) {
   return known;
 }
 
+/* cheapest's step for worker i of cost c: the k lowest so far in ranked/best (m of them), equal
+ * costs by index (a later index goes after its equals); a NaN cost noted in *nan. */
+static inline void rank_one(int64_t i, double c, const uint8_t* eligible, int64_t k, int64_t* ranked, double* best,
+                            int64_t* m, int* nan) {
+  if (c != c) *nan = 1;
+  if ((eligible && !eligible[i]) || c == INFINITY) return;
+  if (*m == k && !(c < best[k - 1])) return;
+  int64_t j = *m < k ? *m : k;
+  while (j > 0 && best[j - 1] > c) {
+    if (j < k) {
+      ranked[j] = ranked[j - 1];
+      best[j] = best[j - 1];
+    }
+    j--;
+  }
+  if (j < k) {
+    ranked[j] = i;
+    best[j] = c;
+    if (*m < k) (*m)++;
+  }
+}
+
+#if defined(__x86_64__)
+/* The second pass (KV penalty, wait for room, weight) and cheapest over the first n - n % 4
+ * workers, four at a time with AVX2: the same operations as route_kv's scalar loop, in the same
+ * order (max(0, x) is the loop's `x < 0 ? 0 : x`, NaN kept, as maxpd returns its second operand
+ * for NaN and equals). Four workers go to rank_one only when one of them is cheaper than the
+ * k-th best so far, or NaN: most are turned away by one compare. Returns the workers done. */
+__attribute__((target("avx2"))) static int64_t second_pass_avx2(
+    int64_t n, double* restrict cost, int penalise, const double* restrict kv_usage, double watermark,
+    double watermark_span, double kv_penalty, int wait, const double* restrict scratch,
+    const double* restrict decode_step, double drain_scale, const double* restrict used_blocks,
+    const double* restrict weight, const uint8_t* eligible, int64_t k, int64_t* ranked, double* best, int64_t* m,
+    int* nan) {
+  const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0), wm = _mm256_set1_pd(watermark),
+                span = _mm256_set1_pd(watermark_span), pen = _mm256_set1_pd(kv_penalty),
+                drain = _mm256_set1_pd(drain_scale);
+  __m256d limit = _mm256_set1_pd(INFINITY);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    __m256d c = _mm256_loadu_pd(cost + i);
+    if (penalise) {
+      __m256d over = _mm256_sub_pd(_mm256_loadu_pd(kv_usage + i), wm);
+      over = _mm256_max_pd(zero, over);
+      over = _mm256_div_pd(over, span);
+      c = _mm256_mul_pd(c, _mm256_add_pd(one, _mm256_mul_pd(pen, over)));
+    }
+    if (wait) {
+      __m256d d = _mm256_max_pd(zero, _mm256_loadu_pd(scratch + i));
+      d = _mm256_mul_pd(d, _mm256_mul_pd(_mm256_loadu_pd(decode_step + i), drain));
+      d = _mm256_div_pd(d, _mm256_max_pd(one, _mm256_loadu_pd(used_blocks + i)));
+      c = _mm256_add_pd(c, d);
+    }
+    if (weight) c = _mm256_div_pd(c, _mm256_loadu_pd(weight + i));
+    _mm256_storeu_pd(cost + i, c);
+    if (_mm256_movemask_pd(_mm256_cmp_pd(c, limit, _CMP_NGE_UQ))) { /* below the k-th, or NaN */
+      for (int64_t j = i; j < i + 4; j++) rank_one(j, cost[j], eligible, k, ranked, best, m, nan);
+      if (*m == k) limit = _mm256_set1_pd(best[k - 1]);
+    }
+  }
+  return i;
+}
+#endif
+
 int64_t route_kv(
     int64_t n,
     const double* uncached, const double* queued, const double* per_token, const double* overhead,
@@ -203,7 +270,13 @@ int64_t route_kv(
   int64_t m = 0;
   int nan = 0;
   double best[64];
-  for (int64_t i = 0; i < n; i++) {
+  int64_t done = 0;
+#if defined(__x86_64__)
+  if (has_avx2())
+    done = second_pass_avx2(n, cost, penalise, kv_usage, watermark, watermark_span, kv_penalty, wait, scratch,
+                            decode_step, drain_scale, used_blocks, weight, eligible, k, ranked, best, &m, &nan);
+#endif
+  for (int64_t i = done; i < n; i++) {
     double c = cost[i];
     if (penalise) {
       double over = kv_usage[i] - watermark;
@@ -221,24 +294,7 @@ int64_t route_kv(
     }
     if (weight) c /= weight[i];
     cost[i] = c;
-    if (c != c) nan = 1;
-    if ((eligible && !eligible[i]) || c == INFINITY) continue;
-    /* cheapest: the k lowest, equal costs by index (a later index goes after its equals);
-     * their costs kept in `best` too, so most workers are turned away by one compare */
-    if (m == k && !(c < best[k - 1])) continue;
-    int64_t j = m < k ? m : k;
-    while (j > 0 && best[j - 1] > c) {
-      if (j < k) {
-        ranked[j] = ranked[j - 1];
-        best[j] = best[j - 1];
-      }
-      j--;
-    }
-    if (j < k) {
-      ranked[j] = i;
-      best[j] = c;
-      if (m < k) m++;
-    }
+    rank_one(i, c, eligible, k, ranked, best, &m, &nan);
   }
   *num_ranked = m;
   if (nan || m == 0) return -1;
