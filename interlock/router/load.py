@@ -21,6 +21,9 @@ in-flight count, KV usage, blocks in use and free, the busy mark, the speed line
 to date slot by slot as dispatches and reports arrive, so a decision reads them as they are
 and never rebuilds them from per-worker state (issue 10 item 7: a decision at 1,024 workers
 has a budget of about 50 µs). ``check_derived`` recomputes them from scratch, for tests.
+Where the router's compiled module builds (``router.native``), a dispatch, first token or
+finish updates its slot in one compiled call (``csrc/account.c``, the same doubles as the Python
+here, which stays the reference and the fallback).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from interlock.protocol.events import LoadReport, RouterLoadEvent
+from interlock.router import native
 from interlock.router.speed import StepTimeFit
 
 DEFAULT_PREFILL_TPS = 10_000.0
@@ -98,6 +102,31 @@ _VECTORS: tuple[tuple[str, float, type], ...] = (
     ("_busy", False, bool),
 )
 """Every per-slot vector, with its value for a slot without a worker."""
+ACCOUNT_VECTORS = (
+    # the state a dispatch, first token or finish changes (``_deltas``' order)
+    "dispatched_prefill",
+    "fresh_prefill",
+    "fresh_count",
+    "dispatched_kv",
+    "inflight",
+    "decoding",
+    # read
+    "reported_waiting",
+    "reported_running",
+    "inv_kv_tokens",
+    "kv_used_frac",
+    "reported_prefill",
+    "_queue_limit",
+    # derived
+    "_queued",
+    "_depth",
+    "_busy_n",
+    "_usage",
+    "_context",
+    "_prior",
+    "_busy",
+)
+"""The vectors the compiled accounting (``csrc/account.c``) reads and writes, in its order."""
 
 
 class LoadTracker:
@@ -162,6 +191,7 @@ class LoadTracker:
         busy_kv_usage: float = 0.98,
         busy_kv_footprint: float = 2.0,
         max_inflight: int = 0,
+        compiled: bool = True,
     ) -> None:
         self.router_id = router_id
         self.share = share
@@ -190,6 +220,22 @@ class LoadTracker:
         """``decode_step``'s result, rewritten by each call."""
         self.outbox: list[RouterLoadEvent] = []
         """Events for other routers; the glue drains and publishes them."""
+        module = native.load() if compiled else None
+        self._account = module.account if module is not None else None
+        """The compiled accounting of one slot (``csrc/account.c``), None: the Python."""
+        self._account_vectors: tuple[np.ndarray, ...] = ()
+        self._limits = (
+            float(busy_kv_usage),
+            float(busy_kv_footprint),
+            float(max_inflight),
+            MAX_DECODE_CONTEXT,
+            DECODE_CONTEXT_SLOPE,
+        )
+        self._bind_vectors()
+
+    def _bind_vectors(self) -> None:
+        """``ACCOUNT_VECTORS`` as they are now (after a growth, the new arrays)."""
+        self._account_vectors = tuple(getattr(self, name) for name in ACCOUNT_VECTORS)
 
     # ---- membership ----
     def add_worker(
@@ -230,6 +276,7 @@ class LoadTracker:
         for name, fill, dtype in _VECTORS:
             setattr(self, name, np.concatenate([getattr(self, name), np.full(extra, fill, dtype=dtype)]))
         self._speeds = None
+        self._bind_vectors()
 
     def _refresh(self, s: int, blocks: bool = True) -> None:
         """Recompute slot ``s``'s derived values from its state (same arithmetic as the
@@ -293,20 +340,27 @@ class LoadTracker:
         if key in self._inflight:
             return
         self._inflight[key] = _Dispatched(slot, instance_id, prefill_tokens, kv_tokens, now)
-        self._fresh.setdefault(slot, []).append(key)
-        # the same doubles as ``v[slot] += x``, without a numpy scalar each
-        s = slot
-        v = self.dispatched_prefill
-        v[s] = v.item(s) + prefill_tokens
-        v = self.fresh_prefill
-        v[s] = fresh_prefill = v.item(s) + prefill_tokens
-        v = self.fresh_count
-        v[s] = fresh_count = v.item(s) + 1
-        v = self.dispatched_kv
-        v[s] = dispatched_kv = v.item(s) + kv_tokens
-        v = self.inflight
-        v[s] = inflight = v.item(s) + 1
-        self._derive(s, fresh_prefill, fresh_count, inflight, dispatched_kv)
+        fresh = self._fresh.get(slot)
+        if fresh is None:
+            fresh = self._fresh[slot] = []
+        fresh.append(key)
+        if self._account is not None:
+            deltas = (prefill_tokens, prefill_tokens, 1, kv_tokens, 1, None)
+            self._num_busy += self._account(self._account_vectors, slot, deltas, self._limits)
+        else:
+            # the same doubles as ``v[slot] += x``, without a numpy scalar each
+            s = slot
+            v = self.dispatched_prefill
+            v[s] = v.item(s) + prefill_tokens
+            v = self.fresh_prefill
+            v[s] = fresh_prefill = v.item(s) + prefill_tokens
+            v = self.fresh_count
+            v[s] = fresh_count = v.item(s) + 1
+            v = self.dispatched_kv
+            v[s] = dispatched_kv = v.item(s) + kv_tokens
+            v = self.inflight
+            v[s] = inflight = v.item(s) + 1
+            self._derive(s, fresh_prefill, fresh_count, inflight, dispatched_kv)
         if router_id is None and self.share:
             self.outbox.append(
                 RouterLoadEvent(
@@ -326,12 +380,19 @@ class LoadTracker:
             return
         d.prefill_done = True
         s = d.slot
-        v = self.dispatched_prefill
-        v[s] = v.item(s) - d.prefill_tokens
-        self._unfresh(d)
-        v = self.decoding
-        v[s] = v.item(s) + 1
-        self._refresh(s, blocks=False)
+        if self._account is not None:
+            p = -d.prefill_tokens
+            fresh = d.fresh
+            d.fresh = False
+            deltas = (p, p if fresh else None, -1 if fresh else None, None, None, 1)
+            self._num_busy += self._account(self._account_vectors, s, deltas, self._limits)
+        else:
+            v = self.dispatched_prefill
+            v[s] = v.item(s) - d.prefill_tokens
+            self._unfresh(d)
+            v = self.decoding
+            v[s] = v.item(s) + 1
+            self._refresh(s, blocks=False)
         if router_id is None:
             self._share(request_id, d.instance_id, "first_token", now)
 
@@ -340,18 +401,31 @@ class LoadTracker:
         if d is None:
             return
         s = d.slot
-        if d.prefill_done:
-            v = self.decoding
-            v[s] = v.item(s) - 1
+        if self._account is not None:
+            done, fresh, p = d.prefill_done, d.fresh, -d.prefill_tokens
+            d.fresh = False
+            deltas = (
+                None if done else p,
+                p if fresh else None,
+                -1 if fresh else None,
+                -d.kv_tokens,
+                -1,
+                -1 if done else None,
+            )
+            self._num_busy += self._account(self._account_vectors, s, deltas, self._limits)
         else:
-            v = self.dispatched_prefill
-            v[s] = v.item(s) - d.prefill_tokens
-            self._unfresh(d)
-        v = self.dispatched_kv
-        v[s] = v.item(s) - d.kv_tokens
-        v = self.inflight
-        v[s] = v.item(s) - 1
-        self._refresh(s, blocks=False)
+            if d.prefill_done:
+                v = self.decoding
+                v[s] = v.item(s) - 1
+            else:
+                v = self.dispatched_prefill
+                v[s] = v.item(s) - d.prefill_tokens
+                self._unfresh(d)
+            v = self.dispatched_kv
+            v[s] = v.item(s) - d.kv_tokens
+            v = self.inflight
+            v[s] = v.item(s) - 1
+            self._refresh(s, blocks=False)
         if router_id is None:
             self._share(request_id, d.instance_id, "finish", now)
 

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 NAME = "interlock_kvindex"
 SOURCE = Path(__file__).with_name("csrc") / "kvindex.c"
-DEPENDS = (SOURCE.with_name("route_kv.c"),)
+DEPENDS = (SOURCE.with_name("route_kv.c"), SOURCE.with_name("account.c"))
 CFLAGS = (
     "-O3",
     "-ffp-contract=off",

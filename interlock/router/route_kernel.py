@@ -242,20 +242,8 @@ class RouteKernel:
         each worker holds (int64). ``vectors`` are ``LoadTracker.cost_vectors``'s, in its
         order (the decode step a vector, or ``LoadTracker.decode_step_terms``). Arguments are positional: a call with twenty keywords cost 2 µs here.
         ``costs`` and ``overlaps`` are views of buffers the next call overwrites."""
-        self._grow(n)
-        if params is not self._params:
-            self._params = params
-            self._consts = (
-                float(params.chunk_tokens),
-                params.miss_weight,
-                params.decode_weight,
-                params.kv_penalty,
-                params.kv_watermark,
-                params.block_size,
-                params.tie_tolerance_s,
-                params.backlog_charge,
-                params.stall_weight,
-            )
+        if params is not self._params or len(self._cost) < n:
+            self._prepare(params, n)
         decide = indexer.native_decide
         if decide is None:
             raise TypeError("decide_indexed needs the compiled prefix index")
@@ -267,6 +255,22 @@ class RouteKernel:
         if len(cost) == n:  # no views to make (a view costs ~0.3 µs)
             return cost, ranked, slot, overlaps
         return cost[:n], ranked, slot, overlaps[:n]
+
+    def _prepare(self, params: CostParams, n: int) -> None:
+        """``decide_indexed``'s buffers for ``n`` workers and cost constants for ``params``."""
+        self._grow(n)
+        self._params = params
+        self._consts = (
+            float(params.chunk_tokens),
+            params.miss_weight,
+            params.decode_weight,
+            params.kv_penalty,
+            params.kv_watermark,
+            params.block_size,
+            params.tie_tolerance_s,
+            params.backlog_charge,
+            params.stall_weight,
+        )
 
     def _grow(self, n: int) -> None:
         if len(self._cost) >= n:

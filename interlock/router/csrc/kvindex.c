@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "route_kv.c"
+#include "account.c"
 
 typedef struct {
   uint64_t key;
@@ -857,6 +858,50 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   return Py_BuildValue("(LN)", (long long)slot, list);
 }
 
+/* account(vectors, slot, deltas, limits) -> change in busy slots (-1, 0, 1)
+ * LoadTracker's accounting of slot `slot` (csrc/account.c): vectors = the float64 vectors of
+ * load.ACCOUNT_VECTORS then the bool busy vector; deltas = 6 floats or None (untouched), for
+ * the first six of them; limits = (busy_kv_usage, busy_kv_footprint, max_inflight, max context,
+ * context slope). */
+static PyObject* kvi_account(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 4, "account") < 0) return NULL;
+  PyObject *vectors = args[0], *deltas = args[2], *limits = args[3];
+  if (!PyTuple_Check(vectors) || PyTuple_GET_SIZE(vectors) != A_NUM_DOUBLE + 1)
+    return PyErr_Format(PyExc_TypeError, "account: vectors must be a tuple of %d", A_NUM_DOUBLE + 1);
+  if (!PyTuple_Check(deltas) || PyTuple_GET_SIZE(deltas) != A_NUM_DELTAS)
+    return PyErr_Format(PyExc_TypeError, "account: deltas must be a tuple of %d", A_NUM_DELTAS);
+  if (!PyTuple_Check(limits) || PyTuple_GET_SIZE(limits) != 5)
+    return PyErr_Format(PyExc_TypeError, "account: limits must be a tuple of 5 numbers");
+  int64_t s = PyLong_AsLongLong(args[1]);
+  if (s == -1 && PyErr_Occurred()) return NULL;
+  if (s < 0) return PyErr_Format(PyExc_ValueError, "account: slot %lld out of range", (long long)s);
+  double* v[A_NUM_DOUBLE];
+  void* data = NULL;
+  for (int i = 0; i <= A_NUM_DOUBLE; i++) {
+    PyArrayObject* a = (PyArrayObject*)PyTuple_GET_ITEM(vectors, i);
+    if (!PyArray_Check(a) || PyArray_NDIM(a) != 1 || PyArray_TYPE(a) != (i < A_NUM_DOUBLE ? NPY_DOUBLE : NPY_BOOL) ||
+        !PyArray_IS_C_CONTIGUOUS(a) || PyArray_DIM(a, 0) <= s)
+      return PyErr_Format(PyExc_TypeError, "account: vector %d must be a contiguous %s vector of more than %lld values",
+                          i, i < A_NUM_DOUBLE ? "float64" : "bool", (long long)s);
+    data = PyArray_DATA(a);
+    if (i < A_NUM_DOUBLE) v[i] = data;
+  }
+  double delta[A_NUM_DELTAS];
+  int has[A_NUM_DELTAS];
+  for (int i = 0; i < A_NUM_DELTAS; i++) {
+    PyObject* d = PyTuple_GET_ITEM(deltas, i);
+    has[i] = d != Py_None;
+    delta[i] = has[i] ? PyFloat_AsDouble(d) : 0.0;
+  }
+  AccountLimits lim = {
+      PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 0)), PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 1)),
+      PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 2)), PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 3)),
+      PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 4)),
+  };
+  if (PyErr_Occurred()) return NULL;
+  return PyLong_FromLong(account_slot(v, data, s, delta, has, &lim));
+}
+
 static PyMethodDef methods[] = {
     {"new", (PyCFunction)(void (*)(void))kvi_new, METH_FASTCALL, "new(words) -> index"},
     {"grow", (PyCFunction)(void (*)(void))kvi_grow, METH_FASTCALL, "grow(index, words)"},
@@ -868,6 +913,7 @@ static PyMethodDef methods[] = {
     {"unique_counts", (PyCFunction)(void (*)(void))kvi_unique_counts, METH_FASTCALL, "unique_counts(index, slots)"},
     {"check", (PyCFunction)(void (*)(void))kvi_check, METH_FASTCALL, "check(index) -> None or error"},
     {"size", (PyCFunction)(void (*)(void))kvi_size, METH_FASTCALL, "size(index) -> (entries, masks, bytes)"},
+    {"account", (PyCFunction)(void (*)(void))kvi_account, METH_FASTCALL, "account(vectors, slot, deltas, limits) -> busy change"},
     {"decide", (PyCFunction)(void (*)(void))kvi_decide, METH_FASTCALL, "decide(index, hashes, consts, ...) -> (slot, ranked)"},
     {NULL, NULL, 0, NULL},
 };
