@@ -138,6 +138,13 @@ class Router:
         self._kernel = RouteKernel(lib) if compiled and mirrors_cost() else None
         """The compiled ``kv`` decision (``route_kernel``; with the compiled index, lookup
         included), None: numpy decides (the same)."""
+        self._k = max(self.config.num_candidates, 2)
+        """Candidates ranked (two at least: ``choose`` looks at the second for ties)."""
+        self._ranking_kernel = (
+            self._kernel if self.config.cost.temperature <= 0 and self._k <= MAX_RANKED else None
+        )
+        """``_kernel`` where it can choose (a sampled choice, or more candidates than it ranks:
+        numpy)."""
         self._rng = np.random.default_rng(self.config.seed)
         self._rotation = 0
         self._dispatch_times: deque[float] = deque(maxlen=64)
@@ -424,7 +431,8 @@ class Router:
         """The worker for ``meta`` among ``open_``; None when, with ``wait_for`` (the eligible
         workers, busy ones included), the request is better off waiting for a busy one."""
         t0 = time.perf_counter()
-        self.indexer.expire(now)
+        if self.indexer.num_approx:
+            self.indexer.expire(now)
         self._rotation += 1
         if meta.session_id is not None:
             wid = self.sessions.get(meta.session_id, now)
@@ -483,8 +491,8 @@ class Router:
             slot = pick_simple(policy, mask, busy, queued, self._rng, self._rotation)
             ov = int(self.indexer.overlaps(hashes, n)[slot]) if hashes else 0
             return self._decision(meta, self._slot_ids[slot], reason, ov, t0=t0)
-        k = max(self.config.num_candidates, 2)
-        kernel = self._kernel if self.config.cost.temperature <= 0 and k <= MAX_RANKED else None
+        k = self._k
+        kernel = self._ranking_kernel
         slot = -1
         runs: list[tuple[int, int]] = []
         overlaps = None
@@ -535,12 +543,9 @@ class Router:
                     return None
         ids = self._slot_ids
         if overlaps is not None:  # the compiled lookup's overlap of every worker
-            nc = self.config.num_candidates
-            best = ranked if len(ranked) <= nc else ranked[:nc]
-            # map, not a comprehension: no frame per decision (a third of a microsecond)
-            get = ids.__getitem__
-            cands = tuple(map(Candidate, map(get, best), map(costs.item, best), map(overlaps.item, best)))
-            return self._decision(meta, ids[slot], reason, overlaps.item(slot), t0=t0, candidates=cands)
+            held, cost = overlaps.item, costs.item
+            cands = tuple([Candidate(ids[s], cost(s), held(s)) for s in ranked[: self.config.num_candidates]])
+            return self._decision(meta, ids[slot], reason, held(slot), t0=t0, candidates=cands)
         cands = tuple(
             Candidate(ids[s], float(costs[s]), overlap_of(runs, s))
             for s in ranked[: self.config.num_candidates]
