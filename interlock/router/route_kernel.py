@@ -138,8 +138,7 @@ class RouteKernel:
         self._scratch = np.zeros(0)
         self._uncached = np.zeros(0)
         self._overlaps = np.zeros(0, dtype=np.int64)
-        self._decode = np.zeros(0)
-        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps, self._decode)
+        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps)
         """``decide_indexed``'s output buffers, in ``decide``'s order."""
         self._ranked = np.zeros(MAX_RANKED, dtype=np.int64)
         self._num_ranked = np.zeros(1, dtype=np.int64)
@@ -278,8 +277,7 @@ class RouteKernel:
         size = max(n, 2 * len(self._cost))
         self._cost, self._scratch, self._uncached = np.zeros(size), np.zeros(size), np.zeros(size)
         self._overlaps = np.zeros(size, dtype=np.int64)
-        self._decode = np.zeros(size)
-        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps, self._decode)
+        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps)
         self._cost_at, self._scratch_at = self._cost.ctypes.data, self._scratch.ctypes.data
 
     def _pack(

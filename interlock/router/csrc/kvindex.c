@@ -735,31 +735,25 @@ static int scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int
   return 0;
 }
 
-/* The decode step per worker: a vector as it is, or (vector, mul, add or None) computed into
- * `out` with numpy's two roundings (np.multiply(vector, mul), then += add). */
-static int decode_vec(PyObject* o, PyObject* out, int64_t n, void** data) {
-  if (!PyTuple_Check(o)) return vec(o, "decode_step", n, 0, 0, data);
+/* The decode step per worker: a vector as it is (mul 1, no add), or (vector, mul, add or None),
+ * read by route_kv as it needs each worker's step (DecodeTerms). */
+static int decode_terms(PyObject* o, int64_t n, DecodeTerms* out) {
+  void* data;
+  if (!PyTuple_Check(o)) {
+    if (vec(o, "decode_step", n, 0, 0, &data)) return -1;
+    *out = (DecodeTerms){data, 1.0, 0.0, 0};
+    return 0;
+  }
   if (PyTuple_GET_SIZE(o) != 3) {
     PyErr_SetString(PyExc_TypeError, "decide: decode_step terms must be (vector, mul, add or None)");
     return -1;
   }
-  void *src, *dst;
-  if (vec(PyTuple_GET_ITEM(o, 0), "decode_step vector", n, 0, 0, &src) || vec(out, "out decode", n, 0, 0, &dst))
-    return -1;
+  if (vec(PyTuple_GET_ITEM(o, 0), "decode_step vector", n, 0, 0, &data)) return -1;
   double mul = PyFloat_AsDouble(PyTuple_GET_ITEM(o, 1));
   PyObject* add_o = PyTuple_GET_ITEM(o, 2);
   double add = add_o == Py_None ? 0.0 : PyFloat_AsDouble(add_o);
   if (PyErr_Occurred()) return -1;
-  const double* v = src;
-  double* d = dst;
-  if (add_o == Py_None)
-    for (int64_t i = 0; i < n; i++) d[i] = v[i] * mul;
-  else
-    for (int64_t i = 0; i < n; i++) {
-      double x = v[i] * mul;
-      d[i] = x + add;
-    }
-  *data = dst;
+  *out = (DecodeTerms){data, mul, add, add_o != Py_None};
   return 0;
 }
 
@@ -773,9 +767,10 @@ static int decode_vec(PyObject* o, PyObject* out, int64_t n, void** data) {
  *              tie_tolerance_s, backlog_charge, stall_weight) of CostParams;
  *   vectors = (queued, per_token, overhead, waiting, decode_step, kv_usage, free, used, busy,
  *             decoding) (LoadTracker.cost_vectors; waiting, free, used and decoding may be None:
- *             free and used None, no wait for room; decoding None, no stall); decode_step a vector, or (vector, mul, add or None),
- *             computed here into outs[4] as numpy does: vector * mul, then + add;
- *   weight, eligible: None or vectors; outs = (cost, scratch, uncached, int64 overlap, decode).
+ *             free and used None, no wait for room; decoding None, no stall); decode_step a
+ *             vector, or (vector, mul, add or None), each worker's step read as numpy computes
+ *             it: vector * mul, then + add (route_kv's DecodeTerms);
+ *   weight, eligible: None or vectors; outs = (cost, scratch, uncached, int64 overlap).
  * slot -1: numpy must choose. */
 static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (check_nargs(nargs, DECIDE_ARGS, "decide") < 0) return NULL;
@@ -786,8 +781,8 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
     return PyErr_Format(PyExc_TypeError, "decide: consts must be a tuple of 9 numbers");
   if (!PyTuple_Check(vectors) || PyTuple_GET_SIZE(vectors) != 10)
     return PyErr_Format(PyExc_TypeError, "decide: vectors must be a tuple of 10");
-  if (!PyTuple_Check(outs) || PyTuple_GET_SIZE(outs) != 5)
-    return PyErr_Format(PyExc_TypeError, "decide: outs must be a tuple of 5 vectors");
+  if (!PyTuple_Check(outs) || PyTuple_GET_SIZE(outs) != 4)
+    return PyErr_Format(PyExc_TypeError, "decide: outs must be a tuple of 4 vectors");
   double chunk = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 0));
   double miss_weight = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 1));
   double decode_weight = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 2));
@@ -809,13 +804,14 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
     return PyErr_Format(PyExc_ValueError, "decide: %lld slots, the index has room for %lld", (long long)n,
                         (long long)(ix->words * 64));
   if (k < 1 || k > 64) return PyErr_Format(PyExc_ValueError, "decide: k must be in 1..64, got %lld", (long long)k);
-  void *queued, *per_token, *overhead, *waiting, *decode_step, *kv_usage, *free_b, *used_b, *weight, *eligible,
-      *busy, *decoding, *cost, *scratch, *uncached, *overlap;
+  void *queued, *per_token, *overhead, *waiting, *kv_usage, *free_b, *used_b, *weight, *eligible, *busy, *decoding,
+      *cost, *scratch, *uncached, *overlap;
+  DecodeTerms decode;
 #define V(i) PyTuple_GET_ITEM(vectors, i)
 #define O(i) PyTuple_GET_ITEM(outs, i)
   if (vec(V(0), "queued", n, 0, 0, &queued) || vec(V(1), "per_token", n, 0, 0, &per_token) ||
       vec(V(2), "overhead", n, 0, 0, &overhead) || vec(V(3), "waiting", n, 0, 1, &waiting) ||
-      decode_vec(V(4), O(4), n, &decode_step) || vec(V(5), "kv_usage", n, 0, 0, &kv_usage) ||
+      decode_terms(V(4), n, &decode) || vec(V(5), "kv_usage", n, 0, 0, &kv_usage) ||
       vec(V(6), "free", n, 0, 1, &free_b) || vec(V(7), "used", n, 0, 1, &used_b) ||
       vec(V(8), "busy", n, 0, 0, &busy) || vec(V(9), "decoding", n, 0, 1, &decoding) || vec(args[10], "weight", n, 0, 1, &weight) ||
       vec(args[11], "eligible", n, 1, 1, &eligible) || vec(O(0), "out cost", n, 0, 0, &cost) ||
@@ -841,7 +837,7 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   if (span < 1e-9) span = 1e-9;
   int room = free_b && used_b;
   int64_t ranked[64], m = 0;
-  int64_t slot = route_kv(n, uncached, queued, per_token, overhead, chunk, miss_weight, backlog, waiting, decode_step,
+  int64_t slot = route_kv(n, uncached, queued, per_token, overhead, chunk, miss_weight, backlog, waiting, &decode,
                           decode_scale, decoding, stall_weight, NULL, NULL, kv_usage, kv_penalty, watermark, span, room ? free_b : NULL,
                           room ? used_b : NULL, (double)(drain_tokens > 1 ? drain_tokens : 1), (double)bs, weight,
                           eligible, busy, tolerance, rotation, k, cost, scratch, ranked, &m);
