@@ -203,8 +203,10 @@ class LoadTracker:
         self.busy_kv_usage = busy_kv_usage
         self.busy_kv_footprint = busy_kv_footprint
         self.max_inflight = max_inflight
-        self._fresh: dict[int, list[tuple[str, str]]] = {}
-        self._inflight: dict[tuple[str, str], _Dispatched] = {}
+        self._fresh: dict[int, list[str | tuple[str, str]]] = {}
+        self._inflight: dict[str | tuple[str, str], _Dispatched] = {}
+        """Requests in flight: this router's by request id, another router's by (router id,
+        request id) (``_key``)."""
         for name, fill, dtype in _VECTORS:
             setattr(self, name, np.full(capacity, fill, dtype=dtype))
         self._num_busy = 0
@@ -337,8 +339,7 @@ class LoadTracker:
         now: float,
         router_id: str | None = None,
     ) -> None:
-        rid = router_id or self.router_id
-        key = (rid, request_id)
+        key = self._key(request_id, router_id) if router_id else request_id
         if key in self._inflight:
             return
         self._inflight[key] = _Dispatched(slot, instance_id, prefill_tokens, kv_tokens, now)
@@ -366,7 +367,7 @@ class LoadTracker:
         if router_id is None and self.share:
             self.outbox.append(
                 RouterLoadEvent(
-                    router_id=rid,
+                    router_id=self.router_id,
                     instance_id=instance_id,
                     request_id=request_id,
                     kind="route",
@@ -377,7 +378,7 @@ class LoadTracker:
             )
 
     def on_first_token(self, request_id: str, *, now: float = 0.0, router_id: str | None = None) -> None:
-        d = self._inflight.get((router_id or self.router_id, request_id))
+        d = self._inflight.get(self._key(request_id, router_id) if router_id else request_id)
         if d is None or d.prefill_done:
             return
         d.prefill_done = True
@@ -399,7 +400,7 @@ class LoadTracker:
             self._share(request_id, d.instance_id, "first_token", now)
 
     def on_finish(self, request_id: str, *, now: float = 0.0, router_id: str | None = None) -> None:
-        d = self._inflight.pop((router_id or self.router_id, request_id), None)
+        d = self._inflight.pop(self._key(request_id, router_id) if router_id else request_id, None)
         if d is None:
             return
         s = d.slot
@@ -474,11 +475,20 @@ class LoadTracker:
 
     def forget_router(self, router_id: str) -> None:
         """Another router went away: release everything it had counted."""
-        for rid, req in [k for k in self._inflight if k[0] == router_id]:
-            self.on_finish(req, router_id=rid)
+        for key in [k for k in self._inflight if self._router_of(k) == router_id]:
+            self.on_finish(key if isinstance(key, str) else key[1], router_id=router_id)
 
     def is_inflight(self, request_id: str) -> bool:
-        return (self.router_id, request_id) in self._inflight
+        return request_id in self._inflight
+
+    def _key(self, request_id: str, router_id: str) -> str | tuple[str, str]:
+        """The ``_inflight`` key of a request dispatched by ``router_id``: this router's by its
+        id alone (a string, which the garbage collector does not track: a tuple per request in
+        flight made it collect inside the routing decision), another router's with its id."""
+        return request_id if router_id == self.router_id else (router_id, request_id)
+
+    def _router_of(self, key: str | tuple[str, str]) -> str:
+        return self.router_id if isinstance(key, str) else key[0]
 
     # ---- reports ----
     def apply_report(self, slot: int, r: LoadReport, now: float) -> None:
