@@ -1,5 +1,6 @@
-"""The prefix index's map and the whole ``kv`` decision in C (``csrc/kvindex.c``), loaded as a
-CPython extension module built once per machine (``interlock.cbuild``).
+"""The prefix index's map and the whole ``kv`` decision in C (``csrc/kvindex.c``), and the
+dispatch accounting of one worker slot (``csrc/account.c``, ``LoadTracker``), loaded as a CPython
+extension module built once per machine (``interlock.cbuild``).
 
 Why an extension and not ctypes: a decision at 1,024 workers has a budget of about 50 µs, and a
 ctypes call costs one or two of them before the C starts, and converting a prompt's 256 block

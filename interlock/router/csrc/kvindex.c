@@ -18,6 +18,9 @@
  *
  * Invariants (kvi_check): an entry's mask is non-zero; a mask's refcount is the number of
  * entries holding it (plus one while a store or remove pins it); free ids have refcount 0.
+ *
+ * The module also carries LoadTracker's dispatch accounting of one slot (account, account.c),
+ * the other per-decision piece of the router worth a compiled call.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
