@@ -707,8 +707,8 @@ static int vec(PyObject* o, const char* name, int64_t n, int boolean, int option
  * holding w, uncached_w = max(prompt - overlap_w * block_size, 1) as a double (the router's
  * _fill_uncached: its table of Python ints, converted exactly). The runs are nested, so every
  * holder is in the first run's mask: every slot gets the prompt, then only those holders their
- * depth (how many runs hold them) and its values. -1 out of memory. */
-static int scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int64_t bs, double* uncached,
+ * depth (how many runs hold them) and its values. */
+static void scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int64_t bs, double* uncached,
                         int64_t* overlap) {
   /* per depth: tokens left to compute and blocks held, in buffers ensure_runs sized for one
    * more than the runs (heap, not stack: a prompt may have any number of blocks) */
@@ -723,7 +723,7 @@ static int scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int
   const double none = table[0];
   for (int64_t s = 0; s < n; s++) uncached[s] = none;
   memset(overlap, 0, (size_t)n * 8);
-  if (!nruns) return 0;
+  if (!nruns) return;
   const int64_t W = ix->words;
   const uint64_t* first = ix->runs;
   for (int64_t k = 0; k < W && k * 64 < n; k++)
@@ -735,7 +735,6 @@ static int scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int
       uncached[s] = table[d];
       overlap[s] = held[d];
     }
-  return 0;
 }
 
 /* The decode step per worker: a vector as it is (mul 1, no add), or (vector, mul, add or None),
@@ -833,7 +832,7 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   int64_t nruns = lookup_runs(ix, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast));
   Py_DECREF(fast);
   if (nruns < 0) return NULL;
-  if (scatter_runs(ix, nruns, n, prompt, bs, uncached, overlap) < 0) return PyErr_NoMemory();
+  scatter_runs(ix, nruns, n, prompt, bs, uncached, overlap);
   /* CostParams -> route_kv's scalars, as route_kernel.RouteKernel._pack derives them */
   double decode_scale = decode_weight != 0.0 && decode_tokens ? decode_weight * (double)decode_tokens : 0.0;
   double span = 1.0 - watermark;
