@@ -75,8 +75,10 @@ class RouterMetrics:
         self.decisions += 1
         by = self.by_reason
         by[d.reason] = by.get(d.reason, 0) + 1
-        self.prompt_tokens += d.prompt_tokens
-        self.predicted_cached_tokens += d.cached_tokens
+        prompt = d.prompt_tokens
+        self.prompt_tokens += prompt
+        cached = d.overlap_blocks * d.block_size  # d.cached_tokens, without the property's call
+        self.predicted_cached_tokens += cached if cached < prompt else prompt
         self.overlap_blocks += d.overlap_blocks
         took = d.decision_s
         self.decision_s_total += took

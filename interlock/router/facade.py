@@ -138,6 +138,13 @@ class Router:
         self._kernel = RouteKernel(lib) if compiled and mirrors_cost() else None
         """The compiled ``kv`` decision (``route_kernel``; with the compiled index, lookup
         included), None: numpy decides (the same)."""
+        self._k = max(self.config.num_candidates, 2)
+        """Candidates ranked (two at least: ``choose`` looks at the second for ties)."""
+        self._ranking_kernel = (
+            self._kernel if self.config.cost.temperature <= 0 and self._k <= MAX_RANKED else None
+        )
+        """``_kernel`` where it can choose (a sampled choice, or more candidates than it ranks:
+        numpy)."""
         self._rng = np.random.default_rng(self.config.seed)
         self._rotation = 0
         self._dispatch_times: deque[float] = deque(maxlen=64)
@@ -424,7 +431,8 @@ class Router:
         """The worker for ``meta`` among ``open_``; None when, with ``wait_for`` (the eligible
         workers, busy ones included), the request is better off waiting for a busy one."""
         t0 = time.perf_counter()
-        self.indexer.expire(now)
+        if self.indexer.num_approx:
+            self.indexer.expire(now)
         self._rotation += 1
         if meta.session_id is not None:
             wid = self.sessions.get(meta.session_id, now)
@@ -483,8 +491,8 @@ class Router:
             slot = pick_simple(policy, mask, busy, queued, self._rng, self._rotation)
             ov = int(self.indexer.overlaps(hashes, n)[slot]) if hashes else 0
             return self._decision(meta, self._slot_ids[slot], reason, ov, t0=t0)
-        k = max(self.config.num_candidates, 2)
-        kernel = self._kernel if self.config.cost.temperature <= 0 and k <= MAX_RANKED else None
+        k = self._k
+        kernel = self._ranking_kernel
         slot = -1
         runs: list[tuple[int, int]] = []
         overlaps = None
@@ -672,16 +680,21 @@ class Router:
 
     def _commit(self, d: Decision, meta: RequestMeta, hashes: Sequence[int], now: float) -> Decision:
         w = self._workers[d.worker_id]
-        prefill = max(meta.prompt_tokens - d.cached_tokens, 1)
+        prompt = meta.prompt_tokens
+        cached = d.overlap_blocks * d.block_size  # d.cached_tokens, without the property's call
+        if cached > prompt:
+            cached = prompt
+        prefill = prompt - cached if prompt - cached > 1 else 1
         self.load.on_route(
             meta.request_id,
             w.slot,
             d.worker_id,
             prefill_tokens=prefill,
-            kv_tokens=meta.prompt_tokens + meta.max_tokens,
+            kv_tokens=prompt + meta.max_tokens,
             now=now,
         )
-        self.indexer.record_routed(d.worker_id, hashes, now)
+        if self.indexer.num_approx:
+            self.indexer.record_routed(d.worker_id, hashes, now)
         self._routed[meta.request_id] = d.worker_id
         self._dispatch_times.append(now)
         self.metrics.record(d)

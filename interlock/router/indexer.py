@@ -118,6 +118,9 @@ class KvIndexer:
         self._expiries: deque[tuple[float, int, tuple[int, ...]]] = deque()
         self.events_applied = 0
         """Block-level events applied (stored or removed hashes), for metrics."""
+        self.num_approx = 0
+        """Workers in approximate mode (no batch seen): ``record_routed`` and ``expire`` have
+        nothing to do without one (the predictions left are then dropped at once)."""
 
     # ---- membership ----
     def add_worker(self, instance_id: str, *, publishes_events: bool = True) -> int:
@@ -126,9 +129,17 @@ class KvIndexer:
             self.remove_worker(instance_id)
         slot = self._free_slots.pop() if self._free_slots else self._alloc_slot()
         w = _Worker(instance_id, slot, publishes_events, needs_resync=publishes_events)
+        self.num_approx += 1
         self._workers[instance_id] = w
         self._by_slot[slot] = w
         return slot
+
+    def _left_approx(self, was_approx: bool) -> None:
+        """A worker left approximate mode (or went, ``was_approx``: it was in it); with the last
+        one, the predictions waiting to expire go (``expire`` would skip every one of them)."""
+        self.num_approx -= was_approx
+        if not self.num_approx:
+            self._expiries.clear()
 
     def _alloc_slot(self) -> int:
         self._next_slot += 1
@@ -146,6 +157,7 @@ class KvIndexer:
         w = self._workers.pop(instance_id, None)
         if w is None:
             return
+        self._left_approx(not w.events_seen)
         self._clear(w)
         del self._by_slot[w.slot]
         self._free_slots.append(w.slot)
@@ -201,6 +213,7 @@ class KvIndexer:
         if not w.events_seen:
             # First batch: the worker publishes after all; predictions are dropped.
             w.events_seen = True
+            self._left_approx(True)
             self._clear(w)
         if batch.snapshot:
             self._clear(w)
@@ -443,6 +456,7 @@ class KvIndexer:
         else:
             assert seen == self._holders, "holders out of step with per-worker block sets"
         assert seen_lower == self._lower_holders, "lower holders out of step with per-worker sets"
+        assert self.num_approx == sum(not w.events_seen for w in self._workers.values())
 
 
 _NONE = object()

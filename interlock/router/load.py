@@ -21,15 +21,18 @@ in-flight count, KV usage, blocks in use and free, the busy mark, the speed line
 to date slot by slot as dispatches and reports arrive, so a decision reads them as they are
 and never rebuilds them from per-worker state (issue 10 item 7: a decision at 1,024 workers
 has a budget of about 50 µs). ``check_derived`` recomputes them from scratch, for tests.
+Where the router's compiled module builds (``router.native``), a dispatch, first token or
+finish updates its slot in one compiled call (``csrc/account.c``, the same doubles as the Python
+here, which stays the reference and the fallback).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import numpy as np
 
 from interlock.protocol.events import LoadReport, RouterLoadEvent
+from interlock.router import native
 from interlock.router.speed import StepTimeFit
 
 DEFAULT_PREFILL_TPS = 10_000.0
@@ -50,8 +53,11 @@ saturated worker's footprint runs to 3-4x its KV), and the step time's line must
 extrapolated there (it priced 0.2 s steps where the engine's longest is 34 ms)."""
 
 
-@dataclass(slots=True)
-class _Dispatched:
+class _Dispatched(msgspec.Struct, gc=False):
+    """One dispatched request. A Struct built in C, not a dataclass (whose ``__init__`` is a
+    Python call, a few tenths of a microsecond of every decision); strings and numbers only, so
+    the garbage collector need not track it."""
+
     slot: int
     instance_id: str
     prefill_tokens: int
@@ -98,6 +104,31 @@ _VECTORS: tuple[tuple[str, float, type], ...] = (
     ("_busy", False, bool),
 )
 """Every per-slot vector, with its value for a slot without a worker."""
+ACCOUNT_VECTORS = (
+    # the state a dispatch, first token or finish changes (``_deltas``' order)
+    "dispatched_prefill",
+    "fresh_prefill",
+    "fresh_count",
+    "dispatched_kv",
+    "inflight",
+    "decoding",
+    # read
+    "reported_waiting",
+    "reported_running",
+    "inv_kv_tokens",
+    "kv_used_frac",
+    "reported_prefill",
+    "_queue_limit",
+    # derived
+    "_queued",
+    "_depth",
+    "_busy_n",
+    "_usage",
+    "_context",
+    "_prior",
+    "_busy",
+)
+"""The vectors the compiled accounting (``csrc/account.c``) reads and writes, in its order."""
 
 
 class LoadTracker:
@@ -162,6 +193,7 @@ class LoadTracker:
         busy_kv_usage: float = 0.98,
         busy_kv_footprint: float = 2.0,
         max_inflight: int = 0,
+        compiled: bool = True,
     ) -> None:
         self.router_id = router_id
         self.share = share
@@ -171,8 +203,10 @@ class LoadTracker:
         self.busy_kv_usage = busy_kv_usage
         self.busy_kv_footprint = busy_kv_footprint
         self.max_inflight = max_inflight
-        self._fresh: dict[int, list[tuple[str, str]]] = {}
-        self._inflight: dict[tuple[str, str], _Dispatched] = {}
+        self._fresh: dict[int, list[str | tuple[str, str]]] = {}
+        self._inflight: dict[str | tuple[str, str], _Dispatched] = {}
+        """Requests in flight: this router's by request id, another router's by (router id,
+        request id) (``_key``)."""
         for name, fill, dtype in _VECTORS:
             setattr(self, name, np.full(capacity, fill, dtype=dtype))
         self._num_busy = 0
@@ -190,6 +224,22 @@ class LoadTracker:
         """``decode_step``'s result, rewritten by each call."""
         self.outbox: list[RouterLoadEvent] = []
         """Events for other routers; the glue drains and publishes them."""
+        module = native.load() if compiled else None
+        self._account = module.account if module is not None else None
+        """The compiled accounting of one slot (``csrc/account.c``), None: the Python."""
+        self._account_vectors: tuple[np.ndarray, ...] = ()
+        self._limits = (
+            float(busy_kv_usage),
+            float(busy_kv_footprint),
+            float(max_inflight),
+            MAX_DECODE_CONTEXT,
+            DECODE_CONTEXT_SLOPE,
+        )
+        self._bind_vectors()
+
+    def _bind_vectors(self) -> None:
+        """``ACCOUNT_VECTORS`` as they are now (after a growth, the new arrays)."""
+        self._account_vectors = tuple(getattr(self, name) for name in ACCOUNT_VECTORS)
 
     # ---- membership ----
     def add_worker(
@@ -230,6 +280,7 @@ class LoadTracker:
         for name, fill, dtype in _VECTORS:
             setattr(self, name, np.concatenate([getattr(self, name), np.full(extra, fill, dtype=dtype)]))
         self._speeds = None
+        self._bind_vectors()
 
     def _refresh(self, s: int, blocks: bool = True) -> None:
         """Recompute slot ``s``'s derived values from its state (same arithmetic as the
@@ -288,29 +339,35 @@ class LoadTracker:
         now: float,
         router_id: str | None = None,
     ) -> None:
-        rid = router_id or self.router_id
-        key = (rid, request_id)
+        key = self._key(request_id, router_id) if router_id else request_id
         if key in self._inflight:
             return
         self._inflight[key] = _Dispatched(slot, instance_id, prefill_tokens, kv_tokens, now)
-        self._fresh.setdefault(slot, []).append(key)
-        # the same doubles as ``v[slot] += x``, without a numpy scalar each
-        s = slot
-        v = self.dispatched_prefill
-        v[s] = v.item(s) + prefill_tokens
-        v = self.fresh_prefill
-        v[s] = fresh_prefill = v.item(s) + prefill_tokens
-        v = self.fresh_count
-        v[s] = fresh_count = v.item(s) + 1
-        v = self.dispatched_kv
-        v[s] = dispatched_kv = v.item(s) + kv_tokens
-        v = self.inflight
-        v[s] = inflight = v.item(s) + 1
-        self._derive(s, fresh_prefill, fresh_count, inflight, dispatched_kv)
+        fresh = self._fresh.get(slot)
+        if fresh is None:
+            fresh = self._fresh[slot] = []
+        fresh.append(key)
+        if self._account is not None:
+            deltas = (prefill_tokens, prefill_tokens, 1, kv_tokens, 1, None)
+            self._num_busy += self._account(self._account_vectors, slot, deltas, self._limits)
+        else:
+            # the same doubles as ``v[slot] += x``, without a numpy scalar each
+            s = slot
+            v = self.dispatched_prefill
+            v[s] = v.item(s) + prefill_tokens
+            v = self.fresh_prefill
+            v[s] = fresh_prefill = v.item(s) + prefill_tokens
+            v = self.fresh_count
+            v[s] = fresh_count = v.item(s) + 1
+            v = self.dispatched_kv
+            v[s] = dispatched_kv = v.item(s) + kv_tokens
+            v = self.inflight
+            v[s] = inflight = v.item(s) + 1
+            self._derive(s, fresh_prefill, fresh_count, inflight, dispatched_kv)
         if router_id is None and self.share:
             self.outbox.append(
                 RouterLoadEvent(
-                    router_id=rid,
+                    router_id=self.router_id,
                     instance_id=instance_id,
                     request_id=request_id,
                     kind="route",
@@ -321,37 +378,57 @@ class LoadTracker:
             )
 
     def on_first_token(self, request_id: str, *, now: float = 0.0, router_id: str | None = None) -> None:
-        d = self._inflight.get((router_id or self.router_id, request_id))
+        d = self._inflight.get(self._key(request_id, router_id) if router_id else request_id)
         if d is None or d.prefill_done:
             return
         d.prefill_done = True
         s = d.slot
-        v = self.dispatched_prefill
-        v[s] = v.item(s) - d.prefill_tokens
-        self._unfresh(d)
-        v = self.decoding
-        v[s] = v.item(s) + 1
-        self._refresh(s, blocks=False)
-        if router_id is None:
-            self._share(request_id, d.instance_id, "first_token", now)
-
-    def on_finish(self, request_id: str, *, now: float = 0.0, router_id: str | None = None) -> None:
-        d = self._inflight.pop((router_id or self.router_id, request_id), None)
-        if d is None:
-            return
-        s = d.slot
-        if d.prefill_done:
-            v = self.decoding
-            v[s] = v.item(s) - 1
+        if self._account is not None:
+            p = -d.prefill_tokens
+            fresh = d.fresh
+            d.fresh = False
+            deltas = (p, p if fresh else None, -1 if fresh else None, None, None, 1)
+            self._num_busy += self._account(self._account_vectors, s, deltas, self._limits)
         else:
             v = self.dispatched_prefill
             v[s] = v.item(s) - d.prefill_tokens
             self._unfresh(d)
-        v = self.dispatched_kv
-        v[s] = v.item(s) - d.kv_tokens
-        v = self.inflight
-        v[s] = v.item(s) - 1
-        self._refresh(s, blocks=False)
+            v = self.decoding
+            v[s] = v.item(s) + 1
+            self._refresh(s, blocks=False)
+        if router_id is None:
+            self._share(request_id, d.instance_id, "first_token", now)
+
+    def on_finish(self, request_id: str, *, now: float = 0.0, router_id: str | None = None) -> None:
+        d = self._inflight.pop(self._key(request_id, router_id) if router_id else request_id, None)
+        if d is None:
+            return
+        s = d.slot
+        if self._account is not None:
+            done, fresh, p = d.prefill_done, d.fresh, -d.prefill_tokens
+            d.fresh = False
+            deltas = (
+                None if done else p,
+                p if fresh else None,
+                -1 if fresh else None,
+                -d.kv_tokens,
+                -1,
+                -1 if done else None,
+            )
+            self._num_busy += self._account(self._account_vectors, s, deltas, self._limits)
+        else:
+            if d.prefill_done:
+                v = self.decoding
+                v[s] = v.item(s) - 1
+            else:
+                v = self.dispatched_prefill
+                v[s] = v.item(s) - d.prefill_tokens
+                self._unfresh(d)
+            v = self.dispatched_kv
+            v[s] = v.item(s) - d.kv_tokens
+            v = self.inflight
+            v[s] = v.item(s) - 1
+            self._refresh(s, blocks=False)
         if router_id is None:
             self._share(request_id, d.instance_id, "finish", now)
 
@@ -398,11 +475,20 @@ class LoadTracker:
 
     def forget_router(self, router_id: str) -> None:
         """Another router went away: release everything it had counted."""
-        for rid, req in [k for k in self._inflight if k[0] == router_id]:
-            self.on_finish(req, router_id=rid)
+        for key in [k for k in self._inflight if self._router_of(k) == router_id]:
+            self.on_finish(key if isinstance(key, str) else key[1], router_id=router_id)
 
     def is_inflight(self, request_id: str) -> bool:
-        return (self.router_id, request_id) in self._inflight
+        return request_id in self._inflight
+
+    def _key(self, request_id: str, router_id: str) -> str | tuple[str, str]:
+        """The ``_inflight`` key of a request dispatched by ``router_id``: this router's by its
+        id alone (a string, which the garbage collector does not track: a tuple per request in
+        flight made it collect inside the routing decision), another router's with its id."""
+        return request_id if router_id == self.router_id else (router_id, request_id)
+
+    def _router_of(self, key: str | tuple[str, str]) -> str:
+        return self.router_id if isinstance(key, str) else key[0]
 
     # ---- reports ----
     def apply_report(self, slot: int, r: LoadReport, now: float) -> None:

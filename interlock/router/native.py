@@ -1,5 +1,6 @@
-"""The prefix index's map and the whole ``kv`` decision in C (``csrc/kvindex.c``), loaded as a
-CPython extension module built once per machine (``interlock.cbuild``).
+"""The prefix index's map and the whole ``kv`` decision in C (``csrc/kvindex.c``), and the
+dispatch accounting of one worker slot (``csrc/account.c``, ``LoadTracker``), loaded as a CPython
+extension module built once per machine (``interlock.cbuild``).
 
 Why an extension and not ctypes: a decision at 1,024 workers has a budget of about 50 µs, and a
 ctypes call costs one or two of them before the C starts, and converting a prompt's 256 block
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 NAME = "interlock_kvindex"
 SOURCE = Path(__file__).with_name("csrc") / "kvindex.c"
-DEPENDS = (SOURCE.with_name("route_kv.c"),)
+DEPENDS = (SOURCE.with_name("route_kv.c"), SOURCE.with_name("account.c"))
 CFLAGS = (
     "-O3",
     "-ffp-contract=off",

@@ -138,8 +138,7 @@ class RouteKernel:
         self._scratch = np.zeros(0)
         self._uncached = np.zeros(0)
         self._overlaps = np.zeros(0, dtype=np.int64)
-        self._decode = np.zeros(0)
-        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps, self._decode)
+        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps)
         """``decide_indexed``'s output buffers, in ``decide``'s order."""
         self._ranked = np.zeros(MAX_RANKED, dtype=np.int64)
         self._num_ranked = np.zeros(1, dtype=np.int64)
@@ -242,20 +241,8 @@ class RouteKernel:
         each worker holds (int64). ``vectors`` are ``LoadTracker.cost_vectors``'s, in its
         order (the decode step a vector, or ``LoadTracker.decode_step_terms``). Arguments are positional: a call with twenty keywords cost 2 µs here.
         ``costs`` and ``overlaps`` are views of buffers the next call overwrites."""
-        self._grow(n)
-        if params is not self._params:
-            self._params = params
-            self._consts = (
-                float(params.chunk_tokens),
-                params.miss_weight,
-                params.decode_weight,
-                params.kv_penalty,
-                params.kv_watermark,
-                params.block_size,
-                params.tie_tolerance_s,
-                params.backlog_charge,
-                params.stall_weight,
-            )
+        if params is not self._params or len(self._cost) < n:
+            self._prepare(params, n)
         decide = indexer.native_decide
         if decide is None:
             raise TypeError("decide_indexed needs the compiled prefix index")
@@ -268,14 +255,29 @@ class RouteKernel:
             return cost, ranked, slot, overlaps
         return cost[:n], ranked, slot, overlaps[:n]
 
+    def _prepare(self, params: CostParams, n: int) -> None:
+        """``decide_indexed``'s buffers for ``n`` workers and cost constants for ``params``."""
+        self._grow(n)
+        self._params = params
+        self._consts = (
+            float(params.chunk_tokens),
+            params.miss_weight,
+            params.decode_weight,
+            params.kv_penalty,
+            params.kv_watermark,
+            params.block_size,
+            params.tie_tolerance_s,
+            params.backlog_charge,
+            params.stall_weight,
+        )
+
     def _grow(self, n: int) -> None:
         if len(self._cost) >= n:
             return
         size = max(n, 2 * len(self._cost))
         self._cost, self._scratch, self._uncached = np.zeros(size), np.zeros(size), np.zeros(size)
         self._overlaps = np.zeros(size, dtype=np.int64)
-        self._decode = np.zeros(size)
-        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps, self._decode)
+        self._outs = (self._cost, self._scratch, self._uncached, self._overlaps)
         self._cost_at, self._scratch_at = self._cost.ctypes.data, self._scratch.ctypes.data
 
     def _pack(

@@ -1,12 +1,20 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from interlock.protocol.events import LoadReport, RouterLoadEvent
-from interlock.router.load import DECODE_CONTEXT_SLOPE, DEFAULT_PREFILL_TPS, MAX_DECODE_CONTEXT, LoadTracker
+from interlock.router import native
+from interlock.router.load import (
+    ACCOUNT_VECTORS,
+    DECODE_CONTEXT_SLOPE,
+    DEFAULT_PREFILL_TPS,
+    MAX_DECODE_CONTEXT,
+    LoadTracker,
+)
 from interlock.router.speed import StepTimeFit
 
 
@@ -264,3 +272,59 @@ def test_kept_vectors_equal_a_rebuild_after_any_events(events, max_inflight) -> 
         got = lt.decode_step()
         for slot in registered:
             assert got[slot] == want[slot]
+
+
+# ---- the compiled accounting (csrc/account.c) keeps the vectors the Python does, to the bit ----
+@pytest.mark.skipif(native.load() is None, reason="no C compiler: the compiled accounting is not built here")
+@settings(max_examples=150, deadline=None)
+@given(st.lists(event, max_size=60), st.sampled_from([0, 3]), st.sampled_from([0.0, 5.0]))
+def test_the_compiled_accounting_keeps_every_vector_as_the_python(events, max_inflight, lag) -> None:
+    kw = {"busy_kv_usage": 0.9, "busy_kv_footprint": 1.5, "max_inflight": max_inflight, "report_lag_s": lag}
+    compiled, plain = LoadTracker("r1", capacity=2, **kw), LoadTracker("r1", capacity=2, compiled=False, **kw)
+    assert compiled._account is not None and plain._account is None
+    t = 0.0
+    registered: set[int] = set()
+    for ev in events:
+        t += 1.0
+        kind, *args = ev
+        if kind in ("route", "report") and args[0] not in registered:
+            continue  # a slot with no worker
+        if kind == "add":
+            registered.add(args[0])
+        elif kind == "remove":
+            registered.discard(args[0])
+        for lt in (compiled, plain):
+            if kind == "add":
+                lt.add_worker(args[0], kv_blocks_total=args[1], block_size=16, queue_limit=args[2])
+            elif kind == "remove":
+                lt.remove_worker(args[0])
+            elif kind == "route":
+                slot, rid, tokens = args
+                lt.on_route(f"q{rid}", slot, f"w{slot}", prefill_tokens=tokens, kv_tokens=tokens + 100, now=t)
+                lt.apply_remote(
+                    RouterLoadEvent(
+                        router_id="r2", instance_id="w", request_id=f"q{rid}", kind="route", timestamp=t,
+                        prefill_tokens=tokens // 3, kv_tokens=tokens,
+                    ),
+                    slot,
+                    now=t,
+                )  # fmt: skip
+            elif kind in ("first", "finish"):
+                (lt.on_first_token if kind == "first" else lt.on_finish)(f"q{args[0]}")
+                ev_kind = "first_token" if kind == "first" else "finish"
+                remote = RouterLoadEvent(
+                    router_id="r2", instance_id="w", request_id=f"q{args[0]}", kind=ev_kind, timestamp=t
+                )
+                lt.apply_remote(remote, None, now=t)
+            elif kind == "report":
+                slot, used, tokens, waiting, decode = args
+                rep = LoadReport(
+                    instance_id=f"w{slot}", timestamp=t, num_running=2, num_waiting=waiting, kv_blocks_used=used,
+                    kv_blocks_total=400, queued_prefill_tokens=tokens, step_time_s=0.01 + tokens * 2e-5,
+                    tokens_computed=tokens, decode_step_s=decode,
+                )  # fmt: skip
+                lt.apply_report(slot, rep, now=t)
+        compiled.check_derived()
+        assert compiled.num_busy == plain.num_busy
+        for name in ACCOUNT_VECTORS:
+            assert getattr(compiled, name).tobytes() == getattr(plain, name).tobytes(), name

@@ -110,6 +110,27 @@ def test_a_hash_outside_64_bits_is_refused_by_name_and_nothing_of_the_batch_appl
     assert compiled.overlap_by_worker([1, 2**64, 2]) == {"w0": 1}
 
 
+EDGES = [0, 1, 2**30 - 1, 2**30, 2**60 - 1, 2**60, 2**63, 2**64 - 1]
+"""Hashes of one, two and three 30-bit digits at their edges (the compiled index reads an int's
+digits itself)."""
+
+
+@pytest.mark.parametrize("bad", [2**64, 2**64 + 2**60, 2**90, -1, -(2**62), "1"])
+@pytest.mark.parametrize("at", [0, 3, 17, 40])
+def test_every_64_bit_hash_is_read_and_a_lookup_ends_before_any_other(bad: object, at: int) -> None:
+    compiled, plain = both()
+    chain = EDGES * 6  # 48 blocks: past the hashes converted ahead of the walk
+    for ix in (compiled, plain):
+        apply_all(ix, [(5, stored(tuple(chain)))])
+        assert ix.overlap_by_worker(chain) == {"w5": 48}
+        query = chain[:at] + [bad] + chain[at:]
+        assert ix.overlap_by_worker(query) == ({"w5": at} if at else {})  # type: ignore[arg-type]
+        assert ix.overlap_masks(query) == ([(1 << 5, at)] if at else [])  # type: ignore[arg-type]
+    if isinstance(bad, int):
+        with pytest.raises(TransportError, match="is not a 64-bit unsigned int"):
+            compiled.apply(KVEventBatch(instance_id="w1", seq=0, timestamp=0.0, events=(stored((1, bad)),)))
+
+
 def test_many_workers_grow_the_masks_without_losing_blocks() -> None:
     ix = KvIndexer()
     ix.add_worker("first")
@@ -351,7 +372,13 @@ def test_the_decode_step_from_its_terms_is_numpys(context, mul, add) -> None:
         vectors = base[:4] + (decode,) + base[5:]
         return kernel.decide_indexed(compiled, [], p, n, 64, 300, 300, 3, 0, vectors, None, None)[0].copy()
 
-    np.testing.assert_array_equal(costs((vector, mul, add)), costs(step))
+    assert costs((vector, mul, add)).tobytes() == costs(step).tobytes()
+    # without the stall (no decoding vector: the AVX2 first pass without it)
+    base = base[:9] + (None,)
+    assert costs((vector, mul, add)).tobytes() == costs(step).tobytes()
+    # with the usual terms' AVX2 first pass off (no waiting vector: the scalar loop)
+    base = base[:3] + (None,) + base[4:]
+    assert costs((vector, mul, add)).tobytes() == costs(step).tobytes()
 
 
 def test_a_staircase_of_prefixes_gives_a_run_per_worker_in_the_decision() -> None:

@@ -9,14 +9,18 @@
  * over worker slots (`words` 64-bit words) in a pool, reference counted: the blocks a worker
  * stored together share one mask, as the Python index shares one int object, so a lookup skips
  * the AND for a block whose mask id is the previous block's. The lookup converts the request's
- * hashes first and prefetches the table lines ahead of the walk: a cold million-entry table
- * costs about one cache miss per block, overlapped.
+ * hashes as its walk reaches them and prefetches the table lines (and the int objects) ahead of
+ * it: a cold million-entry table costs about one cache miss per block, overlapped, and the walk
+ * stops at the first block nobody holds.
  *
  * The result is a function of the mask values only, never of how they are shared, so this index
  * gives exactly the runs of the Python one (tests/router/test_native.py checks it).
  *
  * Invariants (kvi_check): an entry's mask is non-zero; a mask's refcount is the number of
  * entries holding it (plus one while a store or remove pins it); free ids have refcount 0.
+ *
+ * The module also carries LoadTracker's dispatch accounting of one slot (account, account.c),
+ * the other per-decision piece of the router worth a compiled call.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,6 +31,7 @@
 #include <string.h>
 
 #include "route_kv.c"
+#include "account.c"
 
 typedef struct {
   uint64_t key;
@@ -50,8 +55,6 @@ typedef struct {
   uint64_t* runs; /* run masks, runs_cap * words */
   int64_t* run_len;
   int64_t runs_cap;
-  int32_t* depth;
-  int64_t depth_cap;
   double* table;  /* runs_cap + 1: a decision's uncached tokens per depth */
   int64_t* held;  /* runs_cap + 1: its blocks held per depth */
   uint64_t* cur; /* words: the AND so far */
@@ -178,7 +181,6 @@ static void index_free(Index* ix) {
   free(ix->keys);
   free(ix->runs);
   free(ix->run_len);
-  free(ix->depth);
   free(ix->cur);
   free(ix->tmp);
   free(ix->table);
@@ -195,38 +197,68 @@ static Index* get_index(PyObject* cap) { return PyCapsule_GetPointer(cap, CAPSUL
 
 /* ---- argument helpers ---- */
 
-/* The hashes of a sequence of ints into ix->keys, *n the count. Strict: -1 with an exception
- * if one is not a 64-bit unsigned int (nothing of the index changes). Lenient (a lookup): the
- * keys end before such a hash, which no index can hold. */
-static int load_keys(Index* ix, PyObject* seq, int64_t* n, int strict) {
+/* A block hash as a 64-bit key: 0, or -1 (no exception left set) where `o` is not an int in
+ * [0, 2^64). An exact int of up to three 30-bit digits (every hash kvhash makes) is read from
+ * its digits: PyLong_AsUnsignedLongLong goes through _PyLong_AsByteArray there, about 15 ns a
+ * hash, a quarter of a 256-block lookup. Any other int (a subclass, Python 3.12's layout, 15-bit
+ * digits) takes the API, with the same result. */
+static inline int key_of(PyObject* o, uint64_t* out) {
+#if PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+  if (PyLong_CheckExact(o)) {
+    const Py_ssize_t size = Py_SIZE(o);
+    const digit* d = ((PyLongObject*)o)->ob_digit;
+    if (size >= 0 && size <= 3) {
+      if (size == 3 && d[2] >> 4) return -1; /* 2^64 or more */
+      uint64_t v = 0;
+      if (size == 3) v = (uint64_t)d[2] << 60;
+      if (size >= 2) v |= (uint64_t)d[1] << 30;
+      if (size >= 1) v |= d[0];
+      *out = v;
+      return 0;
+    }
+    if (size < 0) return -1;
+  }
+#endif
+  unsigned long long v = PyLong_AsUnsignedLongLong(o);
+  if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+/* ix->keys with room for `len` keys; -1 (MemoryError set) out of memory. */
+static int keys_room(Index* ix, int64_t len) {
+  if (len <= ix->keys_cap) return 0;
+  int64_t cap = len * 2 + 64;
+  uint64_t* k = realloc(ix->keys, (size_t)cap * 8);
+  if (!k) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  ix->keys = k;
+  ix->keys_cap = cap;
+  return 0;
+}
+
+/* The hashes of a sequence of ints into ix->keys, *n the count; -1 with an exception if one is
+ * not a 64-bit unsigned int (nothing of the index changes). */
+static int load_keys(Index* ix, PyObject* seq, int64_t* n) {
   PyObject* fast = PySequence_Fast(seq, "block hashes must be a sequence of ints");
   if (!fast) return -1;
   Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
-  if (len > ix->keys_cap) {
-    int64_t cap = len * 2 + 64;
-    uint64_t* k = realloc(ix->keys, (size_t)cap * 8);
-    if (!k) {
-      Py_DECREF(fast);
-      PyErr_NoMemory();
-      return -1;
-    }
-    ix->keys = k;
-    ix->keys_cap = cap;
+  if (keys_room(ix, len) < 0) {
+    Py_DECREF(fast);
+    return -1;
   }
   PyObject** items = PySequence_Fast_ITEMS(fast);
   for (Py_ssize_t i = 0; i < len; i++) {
-    unsigned long long v = PyLong_AsUnsignedLongLong(items[i]);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-      PyErr_Clear();
-      if (!strict) {
-        len = i;
-        break;
-      }
+    if (key_of(items[i], &ix->keys[i]) < 0) {
       PyErr_Format(PyExc_OverflowError, "block hash %R is not a 64-bit unsigned int", items[i]);
       Py_DECREF(fast);
       return -1;
     }
-    ix->keys[i] = v;
   }
   Py_DECREF(fast);
   *n = len;
@@ -312,7 +344,7 @@ static Index* slot_call(PyObject* const* args, Py_ssize_t nargs, const char* nam
     PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slot);
     return NULL;
   }
-  if (load_keys(ix, args[2], n, 1) < 0) return NULL;
+  if (load_keys(ix, args[2], n) < 0) return NULL;
   *w = slot >> 6;
   *bit = 1ull << (slot & 63);
   return ix;
@@ -431,23 +463,47 @@ static int ensure_runs(Index* ix, int64_t want) {
 }
 
 #define PREFETCH_AHEAD 16
+#define OBJECT_AHEAD 32
 
-/* The nested runs of keys[0..n): run r's mask (ix->runs + r * words) holds the first blocks
- * for run_len[r] more positions; returns the number of runs, -1 out of memory. Python's
- * KvIndexer.overlap_masks, step for step (a mask id equal to the previous block's is the
- * previous block's mask, so the same AND). */
-static int64_t lookup_runs(Index* ix, int64_t n) {
+/* The nested runs of the request's hashes `items[0..n)`: run r's mask (ix->runs + r * words)
+ * holds the first blocks for run_len[r] more positions; returns the number of runs, -1 out of
+ * memory (MemoryError set). Python's KvIndexer.overlap_masks, step for step (a mask id equal to
+ * the previous block's is the previous block's mask, so the same AND). The walk ends at the
+ * first block nobody holds, or before a hash that is no 64-bit int (no index holds one).
+ *
+ * The hashes are converted as the walk reaches them, PREFETCH_AHEAD blocks ahead (their table
+ * lines prefetched), their int objects OBJECT_AHEAD ahead: a prompt nobody holds converts
+ * PREFETCH_AHEAD + 1 hashes, not all of them, and a list built long before the request (cold
+ * objects) costs overlapped misses, not one after another. */
+static int64_t lookup_runs(Index* ix, PyObject* const* items, int64_t n) {
   const int64_t W = ix->words;
   const uint64_t m = ix->cap - 1;
-  if (ensure_runs(ix, n + 1) < 0) return -1;
-  for (int64_t i = 0; i < n && i < PREFETCH_AHEAD; i++) __builtin_prefetch(&ix->tab[home(ix, ix->keys[i])]);
+  if (keys_room(ix, n) < 0) return -1;
+  if (ensure_runs(ix, n + 1) < 0) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  uint64_t* keys = ix->keys;
+  for (int64_t i = 0; i < n && i < OBJECT_AHEAD; i++) __builtin_prefetch(items[i]);
+  int64_t conv = 0; /* keys[0..conv) converted */
+  for (; conv < n && conv < PREFETCH_AHEAD; conv++) {
+    if (key_of(items[conv], &keys[conv]) < 0) {
+      n = conv;
+      break;
+    }
+    __builtin_prefetch(&ix->tab[home(ix, keys[conv])]);
+  }
   int64_t nruns = 0, count = 0;
   uint32_t last = UINT32_MAX;
   uint64_t *cur = ix->cur, *tmp = ix->tmp;
   int started = 0;
   for (int64_t i = 0; i < n; i++) {
-    if (i + PREFETCH_AHEAD < n) __builtin_prefetch(&ix->tab[home(ix, ix->keys[i + PREFETCH_AHEAD])]);
-    uint64_t key = ix->keys[i];
+    if (conv < n) { /* conv == i + PREFETCH_AHEAD: n stays past i */
+      if (conv + OBJECT_AHEAD - PREFETCH_AHEAD < n) __builtin_prefetch(items[conv + OBJECT_AHEAD - PREFETCH_AHEAD]);
+      if (key_of(items[conv], &keys[conv]) < 0) n = conv;
+      else __builtin_prefetch(&ix->tab[home(ix, keys[conv++])]);
+    }
+    uint64_t key = keys[i];
     uint32_t held = 0;
     for (uint64_t j = home(ix, key);; j = (j + 1) & m) {
       const Entry* e = &ix->tab[j];
@@ -515,11 +571,11 @@ static PyObject* kvi_runs(PyObject* self, PyObject* const* args, Py_ssize_t narg
   if (check_nargs(nargs, 2, "runs") < 0) return NULL;
   Index* ix = get_index(args[0]);
   if (!ix) return NULL;
-  int64_t n;
-  if (load_keys(ix, args[1], &n, 0) < 0) return NULL;
-  int64_t nruns = lookup_runs(ix, n);
-  if (nruns < 0) return PyErr_NoMemory();
-  return runs_to_list(ix, nruns);
+  PyObject* fast = PySequence_Fast(args[1], "block hashes must be a sequence of ints");
+  if (!fast) return NULL;
+  int64_t nruns = lookup_runs(ix, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast));
+  Py_DECREF(fast);
+  return nruns < 0 ? NULL : runs_to_list(ix, nruns);
 }
 
 /* mask(index, hash) -> int: the workers holding the block (0: none). */
@@ -624,7 +680,7 @@ static PyObject* kvi_size(PyObject* self, PyObject* const* args, Py_ssize_t narg
   Index* ix = get_index(args[0]);
   if (!ix) return NULL;
   uint64_t bytes = ix->cap * sizeof(Entry) + (uint64_t)ix->masks_cap * (ix->words * 8 + 8) +
-                   ix->keys_cap * 8 + ix->runs_cap * (ix->words * 8 + 8) + ix->depth_cap * 4;
+                   ix->keys_cap * 8 + ix->runs_cap * (ix->words * 8 + 8);
   return Py_BuildValue("(KKK)", (unsigned long long)ix->used,
                        (unsigned long long)(ix->nmasks - 1 - ix->nfree), (unsigned long long)bytes);
 }
@@ -649,25 +705,11 @@ static int vec(PyObject* o, const char* name, int64_t n, int boolean, int option
 
 /* The request's runs scattered over the first n slots: overlap_w = the blocks of the runs
  * holding w, uncached_w = max(prompt - overlap_w * block_size, 1) as a double (the router's
- * _fill_uncached: its table of Python ints, converted exactly). -1 out of memory. */
-static int scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int64_t bs, double* uncached,
+ * _fill_uncached: its table of Python ints, converted exactly). The runs are nested, so every
+ * holder is in the first run's mask: every slot gets the prompt, then only those holders their
+ * depth (how many runs hold them) and its values. */
+static void scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int64_t bs, double* uncached,
                         int64_t* overlap) {
-  if (n > ix->depth_cap) {
-    int32_t* d = realloc(ix->depth, (size_t)(n * 2) * 4);
-    if (!d) return -1;
-    ix->depth = d;
-    ix->depth_cap = n * 2;
-  }
-  int32_t* depth = ix->depth;
-  memset(depth, 0, (size_t)n * 4);
-  for (int64_t r = 0; r < nruns; r++) { /* nested runs: a slot's depth is how many hold it */
-    const uint64_t* mk = ix->runs + r * ix->words;
-    for (int64_t k = 0; k < ix->words; k++)
-      for (uint64_t b = mk[k]; b; b &= b - 1) {
-        int64_t s = k * 64 + __builtin_ctzll(b);
-        if (s < n) depth[s]++;
-      }
-  }
   /* per depth: tokens left to compute and blocks held, in buffers ensure_runs sized for one
    * more than the runs (heap, not stack: a prompt may have any number of blocks) */
   double* table = ix->table;
@@ -678,38 +720,42 @@ static int scatter_runs(Index* ix, int64_t nruns, int64_t n, int64_t prompt, int
     int64_t u = prompt - held[r] * bs;
     table[r] = (double)(u > 1 ? u : 1);
   }
-  for (int64_t s = 0; s < n; s++) {
-    uncached[s] = table[depth[s]];
-    overlap[s] = held[depth[s]];
-  }
-  return 0;
+  const double none = table[0];
+  for (int64_t s = 0; s < n; s++) uncached[s] = none;
+  memset(overlap, 0, (size_t)n * 8);
+  if (!nruns) return;
+  const int64_t W = ix->words;
+  const uint64_t* first = ix->runs;
+  for (int64_t k = 0; k < W && k * 64 < n; k++)
+    for (uint64_t b = first[k]; b; b &= b - 1) {
+      int64_t s = k * 64 + __builtin_ctzll(b);
+      if (s >= n) break;
+      int64_t d = 1;
+      while (d < nruns && (ix->runs[d * W + k] >> (s & 63) & 1)) d++;
+      uncached[s] = table[d];
+      overlap[s] = held[d];
+    }
 }
 
-/* The decode step per worker: a vector as it is, or (vector, mul, add or None) computed into
- * `out` with numpy's two roundings (np.multiply(vector, mul), then += add). */
-static int decode_vec(PyObject* o, PyObject* out, int64_t n, void** data) {
-  if (!PyTuple_Check(o)) return vec(o, "decode_step", n, 0, 0, data);
+/* The decode step per worker: a vector as it is (mul 1, no add), or (vector, mul, add or None),
+ * read by route_kv as it needs each worker's step (DecodeTerms). */
+static int decode_terms(PyObject* o, int64_t n, DecodeTerms* out) {
+  void* data;
+  if (!PyTuple_Check(o)) {
+    if (vec(o, "decode_step", n, 0, 0, &data)) return -1;
+    *out = (DecodeTerms){data, 1.0, 0.0, 0};
+    return 0;
+  }
   if (PyTuple_GET_SIZE(o) != 3) {
     PyErr_SetString(PyExc_TypeError, "decide: decode_step terms must be (vector, mul, add or None)");
     return -1;
   }
-  void *src, *dst;
-  if (vec(PyTuple_GET_ITEM(o, 0), "decode_step vector", n, 0, 0, &src) || vec(out, "out decode", n, 0, 0, &dst))
-    return -1;
+  if (vec(PyTuple_GET_ITEM(o, 0), "decode_step vector", n, 0, 0, &data)) return -1;
   double mul = PyFloat_AsDouble(PyTuple_GET_ITEM(o, 1));
   PyObject* add_o = PyTuple_GET_ITEM(o, 2);
   double add = add_o == Py_None ? 0.0 : PyFloat_AsDouble(add_o);
   if (PyErr_Occurred()) return -1;
-  const double* v = src;
-  double* d = dst;
-  if (add_o == Py_None)
-    for (int64_t i = 0; i < n; i++) d[i] = v[i] * mul;
-  else
-    for (int64_t i = 0; i < n; i++) {
-      double x = v[i] * mul;
-      d[i] = x + add;
-    }
-  *data = dst;
+  *out = (DecodeTerms){data, mul, add, add_o != Py_None};
   return 0;
 }
 
@@ -723,9 +769,10 @@ static int decode_vec(PyObject* o, PyObject* out, int64_t n, void** data) {
  *              tie_tolerance_s, backlog_charge, stall_weight) of CostParams;
  *   vectors = (queued, per_token, overhead, waiting, decode_step, kv_usage, free, used, busy,
  *             decoding) (LoadTracker.cost_vectors; waiting, free, used and decoding may be None:
- *             free and used None, no wait for room; decoding None, no stall); decode_step a vector, or (vector, mul, add or None),
- *             computed here into outs[4] as numpy does: vector * mul, then + add;
- *   weight, eligible: None or vectors; outs = (cost, scratch, uncached, int64 overlap, decode).
+ *             free and used None, no wait for room; decoding None, no stall); decode_step a
+ *             vector, or (vector, mul, add or None), each worker's step read as numpy computes
+ *             it: vector * mul, then + add (route_kv's DecodeTerms);
+ *   weight, eligible: None or vectors; outs = (cost, scratch, uncached, int64 overlap).
  * slot -1: numpy must choose. */
 static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (check_nargs(nargs, DECIDE_ARGS, "decide") < 0) return NULL;
@@ -736,8 +783,8 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
     return PyErr_Format(PyExc_TypeError, "decide: consts must be a tuple of 9 numbers");
   if (!PyTuple_Check(vectors) || PyTuple_GET_SIZE(vectors) != 10)
     return PyErr_Format(PyExc_TypeError, "decide: vectors must be a tuple of 10");
-  if (!PyTuple_Check(outs) || PyTuple_GET_SIZE(outs) != 5)
-    return PyErr_Format(PyExc_TypeError, "decide: outs must be a tuple of 5 vectors");
+  if (!PyTuple_Check(outs) || PyTuple_GET_SIZE(outs) != 4)
+    return PyErr_Format(PyExc_TypeError, "decide: outs must be a tuple of 4 vectors");
   double chunk = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 0));
   double miss_weight = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 1));
   double decode_weight = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 2));
@@ -759,13 +806,14 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
     return PyErr_Format(PyExc_ValueError, "decide: %lld slots, the index has room for %lld", (long long)n,
                         (long long)(ix->words * 64));
   if (k < 1 || k > 64) return PyErr_Format(PyExc_ValueError, "decide: k must be in 1..64, got %lld", (long long)k);
-  void *queued, *per_token, *overhead, *waiting, *decode_step, *kv_usage, *free_b, *used_b, *weight, *eligible,
-      *busy, *decoding, *cost, *scratch, *uncached, *overlap;
+  void *queued, *per_token, *overhead, *waiting, *kv_usage, *free_b, *used_b, *weight, *eligible, *busy, *decoding,
+      *cost, *scratch, *uncached, *overlap;
+  DecodeTerms decode;
 #define V(i) PyTuple_GET_ITEM(vectors, i)
 #define O(i) PyTuple_GET_ITEM(outs, i)
   if (vec(V(0), "queued", n, 0, 0, &queued) || vec(V(1), "per_token", n, 0, 0, &per_token) ||
       vec(V(2), "overhead", n, 0, 0, &overhead) || vec(V(3), "waiting", n, 0, 1, &waiting) ||
-      decode_vec(V(4), O(4), n, &decode_step) || vec(V(5), "kv_usage", n, 0, 0, &kv_usage) ||
+      decode_terms(V(4), n, &decode) || vec(V(5), "kv_usage", n, 0, 0, &kv_usage) ||
       vec(V(6), "free", n, 0, 1, &free_b) || vec(V(7), "used", n, 0, 1, &used_b) ||
       vec(V(8), "busy", n, 0, 0, &busy) || vec(V(9), "decoding", n, 0, 1, &decoding) || vec(args[10], "weight", n, 0, 1, &weight) ||
       vec(args[11], "eligible", n, 1, 1, &eligible) || vec(O(0), "out cost", n, 0, 0, &cost) ||
@@ -779,17 +827,19 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
     return PyErr_Format(PyExc_TypeError, "decide: out overlap must be a contiguous int64 vector of at least %lld values",
                         (long long)n);
   overlap = PyArray_DATA((PyArrayObject*)ov);
-  int64_t nh;
-  if (load_keys(ix, args[1], &nh, 0) < 0) return NULL;
-  int64_t nruns = nh ? lookup_runs(ix, nh) : (ensure_runs(ix, 1) < 0 ? -1 : 0);
-  if (nruns < 0 || scatter_runs(ix, nruns, n, prompt, bs, uncached, overlap) < 0) return PyErr_NoMemory();
+  PyObject* fast = PySequence_Fast(args[1], "block hashes must be a sequence of ints");
+  if (!fast) return NULL;
+  int64_t nruns = lookup_runs(ix, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast));
+  Py_DECREF(fast);
+  if (nruns < 0) return NULL;
+  scatter_runs(ix, nruns, n, prompt, bs, uncached, overlap);
   /* CostParams -> route_kv's scalars, as route_kernel.RouteKernel._pack derives them */
   double decode_scale = decode_weight != 0.0 && decode_tokens ? decode_weight * (double)decode_tokens : 0.0;
   double span = 1.0 - watermark;
   if (span < 1e-9) span = 1e-9;
   int room = free_b && used_b;
   int64_t ranked[64], m = 0;
-  int64_t slot = route_kv(n, uncached, queued, per_token, overhead, chunk, miss_weight, backlog, waiting, decode_step,
+  int64_t slot = route_kv(n, uncached, queued, per_token, overhead, chunk, miss_weight, backlog, waiting, &decode,
                           decode_scale, decoding, stall_weight, NULL, NULL, kv_usage, kv_penalty, watermark, span, room ? free_b : NULL,
                           room ? used_b : NULL, (double)(drain_tokens > 1 ? drain_tokens : 1), (double)bs, weight,
                           eligible, busy, tolerance, rotation, k, cost, scratch, ranked, &m);
@@ -806,6 +856,50 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   return Py_BuildValue("(LN)", (long long)slot, list);
 }
 
+/* account(vectors, slot, deltas, limits) -> change in busy slots (-1, 0, 1)
+ * LoadTracker's accounting of slot `slot` (csrc/account.c): vectors = the float64 vectors of
+ * load.ACCOUNT_VECTORS then the bool busy vector; deltas = 6 floats or None (untouched), for
+ * the first six of them; limits = (busy_kv_usage, busy_kv_footprint, max_inflight, max context,
+ * context slope). */
+static PyObject* kvi_account(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 4, "account") < 0) return NULL;
+  PyObject *vectors = args[0], *deltas = args[2], *limits = args[3];
+  if (!PyTuple_Check(vectors) || PyTuple_GET_SIZE(vectors) != A_NUM_DOUBLE + 1)
+    return PyErr_Format(PyExc_TypeError, "account: vectors must be a tuple of %d", A_NUM_DOUBLE + 1);
+  if (!PyTuple_Check(deltas) || PyTuple_GET_SIZE(deltas) != A_NUM_DELTAS)
+    return PyErr_Format(PyExc_TypeError, "account: deltas must be a tuple of %d", A_NUM_DELTAS);
+  if (!PyTuple_Check(limits) || PyTuple_GET_SIZE(limits) != 5)
+    return PyErr_Format(PyExc_TypeError, "account: limits must be a tuple of 5 numbers");
+  int64_t s = PyLong_AsLongLong(args[1]);
+  if (s == -1 && PyErr_Occurred()) return NULL;
+  if (s < 0) return PyErr_Format(PyExc_ValueError, "account: slot %lld out of range", (long long)s);
+  double* v[A_NUM_DOUBLE];
+  void* data = NULL;
+  for (int i = 0; i <= A_NUM_DOUBLE; i++) {
+    PyArrayObject* a = (PyArrayObject*)PyTuple_GET_ITEM(vectors, i);
+    if (!PyArray_Check(a) || PyArray_NDIM(a) != 1 || PyArray_TYPE(a) != (i < A_NUM_DOUBLE ? NPY_DOUBLE : NPY_BOOL) ||
+        !PyArray_IS_C_CONTIGUOUS(a) || PyArray_DIM(a, 0) <= s)
+      return PyErr_Format(PyExc_TypeError, "account: vector %d must be a contiguous %s vector of more than %lld values",
+                          i, i < A_NUM_DOUBLE ? "float64" : "bool", (long long)s);
+    data = PyArray_DATA(a);
+    if (i < A_NUM_DOUBLE) v[i] = data;
+  }
+  double delta[A_NUM_DELTAS];
+  int has[A_NUM_DELTAS];
+  for (int i = 0; i < A_NUM_DELTAS; i++) {
+    PyObject* d = PyTuple_GET_ITEM(deltas, i);
+    has[i] = d != Py_None;
+    delta[i] = has[i] ? PyFloat_AsDouble(d) : 0.0;
+  }
+  AccountLimits lim = {
+      PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 0)), PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 1)),
+      PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 2)), PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 3)),
+      PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 4)),
+  };
+  if (PyErr_Occurred()) return NULL;
+  return PyLong_FromLong(account_slot(v, data, s, delta, has, &lim));
+}
+
 static PyMethodDef methods[] = {
     {"new", (PyCFunction)(void (*)(void))kvi_new, METH_FASTCALL, "new(words) -> index"},
     {"grow", (PyCFunction)(void (*)(void))kvi_grow, METH_FASTCALL, "grow(index, words)"},
@@ -817,6 +911,7 @@ static PyMethodDef methods[] = {
     {"unique_counts", (PyCFunction)(void (*)(void))kvi_unique_counts, METH_FASTCALL, "unique_counts(index, slots)"},
     {"check", (PyCFunction)(void (*)(void))kvi_check, METH_FASTCALL, "check(index) -> None or error"},
     {"size", (PyCFunction)(void (*)(void))kvi_size, METH_FASTCALL, "size(index) -> (entries, masks, bytes)"},
+    {"account", (PyCFunction)(void (*)(void))kvi_account, METH_FASTCALL, "account(vectors, slot, deltas, limits) -> busy change"},
     {"decide", (PyCFunction)(void (*)(void))kvi_decide, METH_FASTCALL, "decide(index, hashes, consts, ...) -> (slot, ranked)"},
     {NULL, NULL, 0, NULL},
 };

@@ -14,6 +14,9 @@
  */
 #include <math.h>
 #include <stdint.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 /* ceil(x) as libm computes it, without the call (baseline x86-64 has no rounding instruction):
  * below 2^52 a double truncates exactly through int64; past it, or for NaN, libm. */
@@ -59,6 +62,21 @@ static inline double exact_reciprocal(double d) {
   return d > 0 && frexp(d, &e) == 0.5 ? 1.0 / d : 0.0;
 }
 
+/* The decode step of each worker, as its terms: v[i] * mul, then + add where has_add (numpy's
+ * two roundings: np.multiply(v, mul), then += add; LoadTracker.decode_step_terms). A vector
+ * of steps is mul 1 and no add (v * 1.0 is v, to the bit). Read where it is used instead of
+ * written to a vector first: one 8 KB vector less through the cache at 1,024 workers. */
+typedef struct {
+  const double* v;
+  double mul, add;
+  int has_add;
+} DecodeTerms;
+
+static inline double decode_at(const DecodeTerms* t, int64_t i) {
+  double x = t->v[i] * t->mul;
+  return t->has_add ? x + t->add : x;
+}
+
 /* The first pass for the router's usual terms (queue depth, decode time, the stall of the
  * worker's decodes, the wait for room; no lower tiers, no KV penalty, chunk and block size
  * powers of two), built for AVX2 where the CPU has it: the same operations as route_kv's loop,
@@ -68,9 +86,9 @@ static inline double exact_reciprocal(double d) {
 __attribute__((target("avx2"), always_inline)) static inline int first_pass_avx2_body(
     int64_t n, const double* restrict uncached, const double* restrict queued, const double* restrict per_token,
     const double* restrict overhead, double inv_chunk, double miss_weight, double behind, const double* restrict waiting,
-    const double* restrict decode_step, double decode_scale, const int stall, const double* restrict decoding,
-    double stall_weight, int stall_one_step, const double* restrict free_blocks, double inv_block,
-    double* restrict cost, double* restrict scratch) {
+    const double* restrict decode_v, double decode_mul, const int has_add, double decode_add, double decode_scale,
+    const int stall, const double* restrict decoding, double stall_weight, int stall_one_step,
+    const double* restrict free_blocks, double inv_block, double* restrict cost, double* restrict scratch) {
   int lack = 0, nan_short = 0;
   for (int64_t i = 0; i < n; i++) {
     double u = uncached[i];
@@ -86,7 +104,9 @@ __attribute__((target("avx2"), always_inline)) static inline int first_pass_avx2
       st *= stall_weight;
       c += st;
     }
-    c += decode_step[i] * decode_scale;
+    double step = decode_v[i] * decode_mul;
+    if (has_add) step += decode_add;
+    c += step * decode_scale;
     cost[i] = c;
     double s = work * inv_block;
     s -= free_blocks[i];
@@ -100,19 +120,21 @@ __attribute__((target("avx2"), always_inline)) static inline int first_pass_avx2
 #define FIRST_PASS_ARGS                                                                                           \
   int64_t n, const double* restrict uncached, const double* restrict queued, const double* restrict per_token,   \
       const double* restrict overhead, double inv_chunk, double miss_weight, double behind,                      \
-      const double* restrict waiting, const double* restrict decode_step, double decode_scale,                   \
-      const double* restrict decoding, double stall_weight, int stall_one_step,                                  \
+      const double* restrict waiting, const double* restrict decode_v, double decode_mul, double decode_add,     \
+      double decode_scale, const double* restrict decoding, double stall_weight, int stall_one_step,             \
       const double* restrict free_blocks, double inv_block, double* restrict cost, double* restrict scratch
-__attribute__((target("avx2"))) static int first_pass_avx2(FIRST_PASS_ARGS) {
-  return first_pass_avx2_body(n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, behind, waiting,
-                              decode_step, decode_scale, 0, decoding, stall_weight, stall_one_step, free_blocks,
-                              inv_block, cost, scratch);
-}
-__attribute__((target("avx2"))) static int first_pass_avx2_stall(FIRST_PASS_ARGS) {
-  return first_pass_avx2_body(n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, behind, waiting,
-                              decode_step, decode_scale, 1, decoding, stall_weight, stall_one_step, free_blocks,
-                              inv_block, cost, scratch);
-}
+/* one loop per (stall, add) pair: each a straight loop the compiler vectorises */
+#define FIRST_PASS(name, stall, has_add)                                                                       \
+  __attribute__((target("avx2"))) static int name(FIRST_PASS_ARGS) {                                           \
+    return first_pass_avx2_body(n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, behind,       \
+                                waiting, decode_v, decode_mul, has_add, decode_add, decode_scale, stall,        \
+                                decoding, stall_weight, stall_one_step, free_blocks, inv_block, cost, scratch); \
+  }
+FIRST_PASS(first_pass_avx2, 0, 0)
+FIRST_PASS(first_pass_avx2_add, 0, 1)
+FIRST_PASS(first_pass_avx2_stall, 1, 0)
+FIRST_PASS(first_pass_avx2_stall_add, 1, 1)
+#undef FIRST_PASS
 #undef FIRST_PASS_ARGS
 
 static int has_avx2(void) {
@@ -124,11 +146,80 @@ static int has_avx2(void) {
   return known;
 }
 
+/* cheapest's step for worker i of cost c: the k lowest so far in ranked/best (m of them), equal
+ * costs by index (a later index goes after its equals); a NaN cost noted in *nan. */
+static inline void rank_one(int64_t i, double c, const uint8_t* eligible, int64_t k, int64_t* ranked, double* best,
+                            int64_t* m, int* nan) {
+  if (c != c) *nan = 1;
+  if ((eligible && !eligible[i]) || c == INFINITY) return;
+  if (*m == k && !(c < best[k - 1])) return;
+  int64_t j = *m < k ? *m : k;
+  while (j > 0 && best[j - 1] > c) {
+    if (j < k) {
+      ranked[j] = ranked[j - 1];
+      best[j] = best[j - 1];
+    }
+    j--;
+  }
+  if (j < k) {
+    ranked[j] = i;
+    best[j] = c;
+    if (*m < k) (*m)++;
+  }
+}
+
+#if defined(__x86_64__)
+/* The second pass (KV penalty, wait for room, weight) and cheapest over the first n - n % 4
+ * workers, four at a time with AVX2: the same operations as route_kv's scalar loop, in the same
+ * order (max(0, x) is the loop's `x < 0 ? 0 : x`, NaN kept, as maxpd returns its second operand
+ * for NaN and equals). Four workers go to rank_one only when one of them is cheaper than the
+ * k-th best so far, or NaN: most are turned away by one compare. Returns the workers done. */
+__attribute__((target("avx2"))) static int64_t second_pass_avx2(
+    int64_t n, double* restrict cost, int penalise, const double* restrict kv_usage, double watermark,
+    double watermark_span, double kv_penalty, int wait, const double* restrict scratch,
+    const DecodeTerms* decode, double drain_scale, const double* restrict used_blocks,
+    const double* restrict weight, const uint8_t* eligible, int64_t k, int64_t* ranked, double* best, int64_t* m,
+    int* nan) {
+  const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0), wm = _mm256_set1_pd(watermark),
+                span = _mm256_set1_pd(watermark_span), pen = _mm256_set1_pd(kv_penalty),
+                drain = _mm256_set1_pd(drain_scale), dmul = _mm256_set1_pd(decode->mul),
+                dadd = _mm256_set1_pd(decode->add);
+  const double* restrict decode_v = decode->v;
+  const int has_add = decode->has_add;
+  __m256d limit = _mm256_set1_pd(INFINITY);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    __m256d c = _mm256_loadu_pd(cost + i);
+    if (penalise) {
+      __m256d over = _mm256_sub_pd(_mm256_loadu_pd(kv_usage + i), wm);
+      over = _mm256_max_pd(zero, over);
+      over = _mm256_div_pd(over, span);
+      c = _mm256_mul_pd(c, _mm256_add_pd(one, _mm256_mul_pd(pen, over)));
+    }
+    if (wait) {
+      __m256d d = _mm256_max_pd(zero, _mm256_loadu_pd(scratch + i));
+      __m256d step = _mm256_mul_pd(_mm256_loadu_pd(decode_v + i), dmul);
+      if (has_add) step = _mm256_add_pd(step, dadd);
+      d = _mm256_mul_pd(d, _mm256_mul_pd(step, drain));
+      d = _mm256_div_pd(d, _mm256_max_pd(one, _mm256_loadu_pd(used_blocks + i)));
+      c = _mm256_add_pd(c, d);
+    }
+    if (weight) c = _mm256_div_pd(c, _mm256_loadu_pd(weight + i));
+    _mm256_storeu_pd(cost + i, c);
+    if (_mm256_movemask_pd(_mm256_cmp_pd(c, limit, _CMP_NGE_UQ))) { /* below the k-th, or NaN */
+      for (int64_t j = i; j < i + 4; j++) rank_one(j, cost[j], eligible, k, ranked, best, m, nan);
+      if (*m == k) limit = _mm256_set1_pd(best[k - 1]);
+    }
+  }
+  return i;
+}
+#endif
+
 int64_t route_kv(
     int64_t n,
     const double* uncached, const double* queued, const double* per_token, const double* overhead,
     double chunk, double miss_weight, int backlog, const double* waiting,
-    const double* decode_step, double decode_scale, const double* decoding, double stall_weight,
+    const DecodeTerms* decode, double decode_scale, const double* decoding, double stall_weight,
     const double* lower, const double* load_s,
     const double* kv_usage, double kv_penalty, double watermark, double watermark_span,
     const double* free_blocks, const double* used_blocks, double drain_scale, double block_size,
@@ -153,9 +244,10 @@ int64_t route_kv(
     for (int64_t i = 0; i < n; i++) stall_one_step &= uncached[i] <= chunk;
   if (waiting && decode_scale != 0.0 && !lower && kv_penalty == 0.0 && room && inv_chunk != 0.0 &&
       inv_block != 0.0 && has_avx2()) {
-    int f = (stall ? first_pass_avx2_stall : first_pass_avx2)(
-        n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, behind, waiting, decode_step, decode_scale,
-        decoding, stall_weight, stall_one_step, free_blocks, inv_block, cost, scratch);
+    int f = (stall ? (decode->has_add ? first_pass_avx2_stall_add : first_pass_avx2_stall)
+                   : (decode->has_add ? first_pass_avx2_add : first_pass_avx2))(
+        n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, behind, waiting, decode->v, decode->mul,
+        decode->add, decode_scale, decoding, stall_weight, stall_one_step, free_blocks, inv_block, cost, scratch);
     lack = f & 1;
     nan_short = f >> 1;
     first = n;
@@ -183,7 +275,7 @@ int64_t route_kv(
       st *= stall_weight;
       c += st;
     }
-    if (decode_scale != 0.0) c += decode_step[i] * decode_scale;
+    if (decode_scale != 0.0) c += decode_at(decode, i) * decode_scale;
     if (lower) c += lower[i] * load_s[i];
     cost[i] = c;
     if (kv_penalty != 0.0) {
@@ -203,7 +295,13 @@ int64_t route_kv(
   int64_t m = 0;
   int nan = 0;
   double best[64];
-  for (int64_t i = 0; i < n; i++) {
+  int64_t done = 0;
+#if defined(__x86_64__)
+  if (has_avx2())
+    done = second_pass_avx2(n, cost, penalise, kv_usage, watermark, watermark_span, kv_penalty, wait, scratch,
+                            decode, drain_scale, used_blocks, weight, eligible, k, ranked, best, &m, &nan);
+#endif
+  for (int64_t i = done; i < n; i++) {
     double c = cost[i];
     if (penalise) {
       double over = kv_usage[i] - watermark;
@@ -214,31 +312,14 @@ int64_t route_kv(
     if (wait) {
       double d = scratch[i];
       if (d < 0.0) d = 0.0;
-      d *= decode_step[i] * drain_scale; /* drain_s = decode_step * drain_tokens */
+      d *= decode_at(decode, i) * drain_scale; /* drain_s = decode_step * drain_tokens */
       double u = used_blocks[i];
       d /= u < 1.0 ? 1.0 : u;
       c += d;
     }
     if (weight) c /= weight[i];
     cost[i] = c;
-    if (c != c) nan = 1;
-    if ((eligible && !eligible[i]) || c == INFINITY) continue;
-    /* cheapest: the k lowest, equal costs by index (a later index goes after its equals);
-     * their costs kept in `best` too, so most workers are turned away by one compare */
-    if (m == k && !(c < best[k - 1])) continue;
-    int64_t j = m < k ? m : k;
-    while (j > 0 && best[j - 1] > c) {
-      if (j < k) {
-        ranked[j] = ranked[j - 1];
-        best[j] = best[j - 1];
-      }
-      j--;
-    }
-    if (j < k) {
-      ranked[j] = i;
-      best[j] = c;
-      if (m < k) m++;
-    }
+    rank_one(i, c, eligible, k, ranked, best, &m, &nan);
   }
   *num_ranked = m;
   if (nan || m == 0) return -1;
@@ -280,7 +361,8 @@ int64_t route_kv(
  * ints[3] backlog, ptrs[18] decoding, reals[9] stall_weight. */
 int64_t route_kv_packed(const int64_t* ptrs, const double* reals, const int64_t* ints) {
 #define P(i) ((const double*)(intptr_t)ptrs[i])
-  return route_kv(ints[0], P(0), P(1), P(2), P(3), reals[0], reals[1], (int)ints[3], P(4), P(5), reals[2], P(18),
+  const DecodeTerms decode = {P(5), 1.0, 0.0, 0};
+  return route_kv(ints[0], P(0), P(1), P(2), P(3), reals[0], reals[1], (int)ints[3], P(4), &decode, reals[2], P(18),
                   reals[9], P(6), P(7), P(8), reals[3], reals[4], reals[5], P(9), P(10), reals[6], reals[7], P(11),
                   (const uint8_t*)(intptr_t)ptrs[12], P(13), reals[8], ints[1], ints[2],
                   (double*)(intptr_t)ptrs[14], (double*)(intptr_t)ptrs[15],
