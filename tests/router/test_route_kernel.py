@@ -301,6 +301,7 @@ def fresh_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pytes
     """``get_env``, ``route_kernel.load`` and ``native.load`` read again, in an empty cache
     folder; restored after."""
     monkeypatch.setenv("INTERLOCK_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("INTERLOCK_CPU_KERNELS", raising=False)  # a suite run with kernels off
     get_env.cache_clear()
     route_kernel.load.cache_clear()
     native.load.cache_clear()
