@@ -4,7 +4,6 @@ cache cannot apply; the worker's engine gets what was resolved (as its process d
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -17,17 +16,7 @@ from interlock.deploy import parse_deployment
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig
 from interlock.engine.factory import build_runner
 from interlock.errors import ConfigError
-
-
-@pytest.fixture
-def model(tmp_path: Path) -> Path:
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text(
-        json.dumps({"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 4096})
-    )
-    (folder / "model.safetensors").write_bytes(b"")
-    return folder
+from tests.cluster.test_spec import model  # noqa: F401 - the fake model folder fixture
 
 
 def _shared(command, model: Path, *flags: str) -> set[bool]:  # type: ignore[no-untyped-def]
