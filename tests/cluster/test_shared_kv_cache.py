@@ -4,6 +4,7 @@ cache cannot apply; the worker's engine gets what was resolved (as its process d
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,15 @@ from interlock.deploy import parse_deployment
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig
 from interlock.engine.factory import build_runner
 from interlock.errors import ConfigError
-from tests.cluster.test_spec import model  # noqa: F401 - the fake model folder fixture
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    """A model folder with nothing to load (only the mock runner runs)."""
+    config = {"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 4096}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    return tmp_path
 
 
 def _shared(command, model: Path, *flags: str) -> set[bool]:  # type: ignore[no-untyped-def]
