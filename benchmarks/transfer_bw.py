@@ -123,10 +123,11 @@ def source_process(conn: Connection, nbytes: int, chunk_bytes: int) -> None:
                     agent, shared, shared.block_ids, cache_region=shared.cache.shared_region()
                 )
                 conn.send((msgspec.msgpack.encode(desc), shared.block_ids))
-                while not src.poll().finished:
-                    time.sleep(0.0001)
+                while not src.poll().finished:  # polled, as the worker's handoff polls
+                    time.sleep(0.001)
                 if src.claim_kind() != "direct" or src.poll().state is not TransferState.DONE:
                     raise RuntimeError(f"one-copy transfer not done: {src.poll().reason}")
+                conn.send("ended")  # after the clock: the next path starts on a quiet source
                 continue
             t = [time.perf_counter()]
             if cmd == "stream":  # the descriptor leaves first, then the export, chunk by chunk
@@ -283,7 +284,10 @@ def _direct(conn: Connection, agent: TransferAgent, copier: _Copier, views: Shar
     if not dst.holding():
         raise RuntimeError(f"one-copy transfer failed: {dst.poll().reason}")
     dst.release()
-    return time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    if conn.recv() != "ended":
+        raise RuntimeError("the source did not see DONE")
+    return elapsed
 
 
 def _one_copy(conn: Connection, copier: _Copier, views: dict[object, SharedCacheView]) -> float:
