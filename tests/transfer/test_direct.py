@@ -5,6 +5,7 @@ destination keeps its copy only if the source still held the blocks after it."""
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterator
 
@@ -147,3 +148,38 @@ def test_a_source_killed_after_the_claim_leaves_a_copy_of_what_it_held(
     assert [int(mine.kv[b][0]) for b in range(1, BLOCKS)] == list(reversed(src_ids))
     assert np.array_equal(mine.kv[1:].min(axis=1), mine.kv[1:].max(axis=1))
     view.close()
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_ends_never_keep_a_copy_of_blocks_the_source_let_go(
+    agent: TransferAgent, region: SharedCacheRegion, seed: int
+) -> None:
+    """Random interleavings of a source abort, a destination abort, the source's timeout and
+    the engine's copy step (``holding`` then ``release``, or ``abort``): a copy is kept only if
+    the source had not let go when it was checked, and every transfer ends on both sides with
+    its source gone from the agent (its blocks freed by the handoff)."""
+    rng = random.Random(seed)
+    src, desc = _offer(agent, region, timeout_s=rng.choice([0.03, 10.0]))
+    dst = agent.pull_direct(desc)
+    kept = None
+    for op in rng.sample(["src_abort", "dst_abort", "wait", "copy"], k=rng.randint(1, 4)):
+        if op == "src_abort":
+            src.abort()
+        elif op == "dst_abort":
+            dst.abort()
+        elif op == "wait":
+            time.sleep(0.05)
+        elif kept is None:  # the engine's copy step, once
+            let_go = src.poll().state is TransferState.FAILED
+            kept = dst.holding()
+            assert not (kept and let_go)
+            dst.release() if kept else dst.abort()
+    if not src.poll().finished and kept is None:
+        dst.abort()  # the request went away
+    deadline = time.monotonic() + 5.0
+    while not src.poll().finished and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert src.poll().finished and dst.poll().finished
+    if src.poll().state is TransferState.DONE:  # (a kept copy may still see the source end
+        assert kept  # otherwise: it aborted or timed out after the check, which is fine)
+    assert agent._lookup(src.transfer_id) is None
