@@ -69,7 +69,14 @@ class Cluster:
         return {wid: w.handoff.agent for wid, w in self.workers.items() if w.handoff is not None}
 
     async def add_worker(
-        self, wid: str, role: str, core: EngineCore, *, agent: bool = True, transfer_timeout_s: float = 30.0
+        self,
+        wid: str,
+        role: str,
+        core: EngineCore,
+        *,
+        agent: bool = True,
+        transfer_timeout_s: float = 30.0,
+        transport: str = "auto",
     ) -> Worker:
         spec = WorkerSpec(
             engine=core.config,
@@ -77,7 +84,7 @@ class Cluster:
             model_path="",
             role=role,
             instance_id=wid,
-            kv_transfer="auto" if agent else "none",
+            kv_transfer=transport if agent else "none",
             kv_transfer_timeout_s=transfer_timeout_s,
         )
         return (await self.running.launch(spec, core=core)).local  # type: ignore[no-any-return]

@@ -48,14 +48,16 @@ async def _clean(c: Cluster) -> None:
             await asyncio.sleep(0.01)
 
 
-def _run(prefill_runner: type[MockRunner], *, n: int = 3) -> tuple[dict[str, int], int, int, int]:
-    """``n`` requests p -> d; (d's pulls by transport, d's refused one-copies, p's one copies
-    served, p's exports)."""
+def _run(
+    prefill_runner: type[MockRunner], *, n: int = 3, transport: str = "auto"
+) -> tuple[dict[str, int], int, int, int]:
+    """``n`` requests p -> d (``transport``: the decode worker's ``cache_transport``); (d's
+    pulls by transport, d's refused one-copies, p's one copies served, d's mapped caches)."""
 
     async def main() -> tuple[dict[str, int], int, int, int]:
         async with cluster() as c:
             await c.add_worker("p", "prefill", mock_engine(shared=True, runner_class=prefill_runner))
-            await c.add_worker("d", "decode", mock_engine())
+            await c.add_worker("d", "decode", mock_engine(), transport=transport)
             await c.wait_for(2)
             hp, hd = c.workers["p"].handoff, c.workers["d"].handoff
             assert hp is not None and hd is not None
@@ -89,3 +91,9 @@ def test_a_cache_of_another_layout_is_pulled_staged() -> None:
 def test_a_cache_that_cannot_be_opened_is_pulled_staged() -> None:
     transports, refused, served, views = _run(Unopenable)
     assert transports == {"inproc": 3} and refused == 3 and served == 0 and views == 0
+
+
+def test_a_decode_worker_with_a_forced_transport_pulls_staged_and_the_source_exports_then() -> None:
+    """The source exports only once a staged claim arrives (here over TCP)."""
+    transports, refused, served, views = _run(MockRunner, transport="tcp")
+    assert transports == {"tcp": 3} and refused == 0 and served == 0 and views == 0
