@@ -124,7 +124,7 @@ def source_process(conn: Connection, nbytes: int, chunk_bytes: int) -> None:
                 )
                 conn.send((msgspec.msgpack.encode(desc), shared.block_ids))
                 while not src.poll().finished:  # polled, as the worker's handoff polls
-                    time.sleep(0.001)
+                    time.sleep(0.002)
                 if src.claim_kind() != "direct" or src.poll().state is not TransferState.DONE:
                     raise RuntimeError(f"one-copy transfer not done: {src.poll().reason}")
                 conn.send("ended")  # after the clock: the next path starts on a quiet source

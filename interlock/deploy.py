@@ -103,9 +103,12 @@ class NodeGroup:
     shared_kv_cache: bool | None = None
     """Each worker's KV cache on a memfd, so a decode worker of the same host copies a
     prefill's blocks straight out of it (the one copy) instead of an export and an import
-    around a staged payload. None (auto): on for workers that may serve prefill to another
-    (role prefill or both) with a KV transfer agent that may use shared memory, on the CPU;
-    True elsewhere is refused (a GPU cache, no agent, ``cache_transport: tcp``)."""
+    around a staged payload. None (auto): on for CPU workers with a KV transfer agent that may
+    use shared memory and that may serve prefill to another: role prefill, or role both
+    without a host or disk KV tier (their onboarding writes into the cache, and shared memory
+    gets no huge pages where ``shmem_enabled`` is "never": 74% against 110% of a memcpy,
+    BENCHMARKS.md). True where it cannot apply is refused (a GPU cache, no agent,
+    ``cache_transport: tcp``)."""
 
     @property
     def transfer(self) -> str:
@@ -382,7 +385,9 @@ def shared_kv_cache(g: ExecutionGroup, n: NodeGroup) -> bool:
     """Node group ``n``'s ``shared_kv_cache``, auto resolved (see ``NodeGroup``)."""
     if n.shared_kv_cache is not None:
         return n.shared_kv_cache
-    return n.node_role != "decode" and not shared_cache_refusal(g, n)
+    if n.node_role == "decode" or (n.node_role == "both" and (n.host_kv_gib or n.disk_kv_gib)):
+        return False
+    return not shared_cache_refusal(g, n)
 
 
 _SECTIONS = {

@@ -74,7 +74,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="KV cache on a memfd, so a decode worker of this host copies a prefill's blocks "
-        "straight out of it (default: on for CPU workers that may serve prefill)",
+        "straight out of it (default: on for CPU prefill workers, and role both without KV tiers)",
     )
     g.add_argument(
         "--max-num-seqs",

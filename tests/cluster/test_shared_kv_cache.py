@@ -1,6 +1,7 @@
 """``shared_kv_cache`` (node key, ``--shared-kv-cache``): on by default for CPU workers that may
-serve prefill to another worker, off for decode-only workers, refused by name where a memfd
-cache cannot apply; the worker's engine gets what was resolved (as its process decodes it)."""
+serve prefill to another worker (role both only without KV tiers), off for decode-only workers,
+refused by name where a memfd cache cannot apply; the worker's engine gets what was resolved
+(as its process decodes it)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def _shared(command, model: Path, *flags: str) -> set[bool]:  # type: ignore[no-
         ((), True),  # role both, CPU, a transfer agent: may serve prefill
         (("--role", "prefill"), True),
         (("--role", "decode"), False),  # copies from others' caches, never read from
+        (("--host-kv-gib", "1"), False),  # both, with a tier: onboarding keeps huge pages
+        (("--role", "prefill", "--host-kv-gib", "1"), True),  # its whole job is to be read
         (("--role", "decode", "--shared-kv-cache"), True),
         (("--no-shared-kv-cache",), False),
         (("--no-kv-cache-transfer",), False),
