@@ -349,6 +349,10 @@ class KVHandoff:
         held the blocks all through it, else the engine computes the prompt."""
         rid, view, src_ids = pull.request_id, pull.view, pull.src_ids
         assert view is not None
+        s = self.engine.core.scheduler  # a hint read off the engine thread (checked again there)
+        req = s.requests.get(rid)
+        if req is None or (req.awaiting_kv and rid not in s.remote_parked):
+            return  # not added or not parked yet: no engine call for nothing (every 2 ms)
         try:
             copied = await self.engine.call(lambda core: core.copy_remote_kv(rid, view, src_ids, dst.holding))
         except Exception:  # noqa: BLE001 - the engine computes the prompt
