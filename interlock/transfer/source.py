@@ -78,9 +78,13 @@ class Source:
 
     @property
     def buffer(self) -> memoryview:
+        """A view of its own: an export still writing when the transfer is aborted (a worker
+        closing, a destination gone) writes into pages nobody reads any more, instead of
+        failing on the staging's released view ("operation forbidden on released
+        memoryview"); a failed transfer's buffer is never recycled."""
         if (self._published and self._ready >= self._nbytes) or self._status.finished:
             raise RuntimeError(f"transfer {self.transfer_id} already complete or ended")
-        return self._staging.payload
+        return self._staging.payload[:]
 
     @property
     def ready_nbytes(self) -> int:
