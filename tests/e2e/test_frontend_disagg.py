@@ -154,21 +154,33 @@ def test_the_decode_worker_copies_each_prompt_straight_from_the_prefill_cache(
 ) -> None:
     """The prefill worker's cache is shared by default (a CPU prefill worker), so every pull
     on this host is the one copy: counted per transport by the decode worker, and afterwards no
-    block and no transfer is left on either side. A second frontend on the same workers
+    block and no transfer is left on either side; the greedy output equals the one served
+    without a transfer. A second frontend on the same workers
     prefills every request remotely (``--enforce-disagg``: the mock's modelled times would
     keep short prompts local)."""
-    _, nats_url = deployment
+    url, nats_url = deployment
+    prompts = [f"one copy {i} " * 40 for i in range(4)]
+    plain = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    # The first frontend's own choice (prefilled on the decode worker itself, as the mock's
+    # times make it) gives the greedy text to compare with.
+    want = [
+        plain.completions.create(model="SmolLM2-135M-Instruct", prompt=p, max_tokens=8, temperature=0)
+        .choices[0]
+        .text
+        for p in prompts
+    ]
+    assert all(want)
     before = _status(nats_url, "d")["pulls_by_transport"]
     port = free_port()
     frontend = spawn("frontend", "--nats-url", nats_url, "--port", str(port), "--enforce-disagg")
     try:
         wait_for_line(frontend, "frontend at", [], 120)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
-        for i in range(4):
+        for p, text in zip(prompts, want, strict=True):
             r = client.completions.create(
-                model="SmolLM2-135M-Instruct", prompt=f"one copy {i} " * 40, max_tokens=4, temperature=0
+                model="SmolLM2-135M-Instruct", prompt=p, max_tokens=8, temperature=0
             )
-            assert r.choices[0].finish_reason in ("stop", "length")
+            assert r.choices[0].text == text  # the same greedy output through the one copy
     finally:
         frontend.terminate()
         frontend.wait(20)
