@@ -15,8 +15,9 @@ Disaggregation hooks (KV never blocks the step: the caller moves bytes, the core
     prompt locally instead). The prefill's first token is this request's first output token.
     A streamed transfer is imported as it arrives: ``import_remote_kv(id, data, k)`` copies
     blocks up to k, and ``finish_remote_kv`` then imports only the rest. The one copy
-    (a prefill's shared cache on this host): ``copy_remote_kv`` copies the blocks straight from
-    the mapped source cache, and keeps them only if the source still held them after the copy.
+    (a prefill's shared cache on this host): ``copy_remote_blocks`` copies them chunk by chunk
+    straight from the mapped source cache, and ``copy_remote_kv`` the rest, keeping them only if
+    the source still held them after the copy.
     On the prefill side, ``keep_held`` hands the hold's end to the caller (no timeout here).
 
 KV tiers (``config.cache`` host/disk sizes, ``interlock.engine.tiers``): each step first hands
@@ -343,6 +344,28 @@ class EngineCore:
             req.remote_kv_imported = end
         return req.remote_kv_imported
 
+    def copy_remote_blocks(
+        self, request_id: str, view: SharedCacheView, src_block_ids: Sequence[int], num_blocks: int
+    ) -> int:
+        """The one copy in steps (so that a long prompt's copy does not hold up the steps of
+        others): the parked request's blocks up to ``num_blocks``, from where the last call
+        stopped. Returns the blocks copied so far: 0 while the request is not parked. Raises
+        ValueError (source ids that do not fit the prompt) or IndexError (an id out of range),
+        nothing copied then. ``copy_remote_kv`` copies the rest, checks the hold and resumes
+        the request."""
+        req = self.scheduler.remote_parked.get(request_id)
+        if req is None:
+            return 0
+        n = cdiv(req.num_prompt_tokens, self.block_size)
+        if len(src_block_ids) != n:
+            raise ValueError(f"{len(src_block_ids)} source blocks for a prompt of {n} blocks")
+        start, end = req.remote_kv_imported, min(num_blocks, n)
+        if end > start:
+            table = self.kv.block_table(request_id)
+            self.runner.copy_from_shared(view, src_block_ids[start:end], table[start:end])
+            req.remote_kv_imported = end
+        return req.remote_kv_imported
+
     def copy_remote_kv(
         self,
         request_id: str,
@@ -369,8 +392,10 @@ class EngineCore:
         if len(src_block_ids) != n:
             log.warning("%s: %d source blocks for %d; computing locally", request_id, len(src_block_ids), n)
         else:
+            start = req.remote_kv_imported  # copied by ``copy_remote_blocks`` already
             try:
-                self.runner.copy_from_shared(view, src_block_ids, self.kv.block_table(request_id)[:n])
+                table = self.kv.block_table(request_id)
+                self.runner.copy_from_shared(view, src_block_ids[start:n], table[start:n])
                 copied = holding()
             except (IndexError, ValueError) as exc:
                 log.warning("%s: no copy from the shared cache (%s); computing locally", request_id, exc)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -345,15 +346,27 @@ class KVHandoff:
             self.counters.pull_failed += 1
 
     async def _copy_direct(self, pull: _Pull, dst: DirectDest) -> None:
-        """The one copy, on the engine thread once the request is parked; DONE if the source
-        held the blocks all through it, else the engine computes the prompt."""
+        """The one copy, on the engine thread once the request is parked, chunk by chunk; DONE
+        if the source held the blocks all through it, else the engine computes the prompt."""
         rid, view, src_ids = pull.request_id, pull.view, pull.src_ids
         assert view is not None
         s = self.engine.core.scheduler  # a hint read off the engine thread (checked again there)
         req = s.requests.get(rid)
         if req is None or (req.awaiting_kv and rid not in s.remote_parked):
             return  # not added or not parked yet: no engine call for nothing (every 2 ms)
+        size = self.engine.core.runner.kv_block_nbytes
+        chunk = max(1, self.chunk_bytes // max(1, size))
         try:
+            # One chunk per engine call, the last one with the hold's check: other requests'
+            # steps run in between, as between the chunks of a streamed import.
+            while pull.imported + chunk < len(src_ids):
+                upto = pull.imported + chunk
+                done = await self.engine.call(functools.partial(_copy_blocks, rid, view, src_ids, upto))
+                if self._pulls.get(rid) is not pull:
+                    return  # the request ended meanwhile (its pull was aborted)
+                if done < upto:
+                    break  # no longer parked: ``copy_remote_kv`` says what became of it
+                pull.imported = done
             copied = await self.engine.call(lambda core: core.copy_remote_kv(rid, view, src_ids, dst.holding))
         except Exception:  # noqa: BLE001 - the engine computes the prompt
             log.exception("copying the KV of %s from its source's cache failed", rid)
@@ -381,6 +394,12 @@ class KVHandoff:
         except Exception:  # noqa: BLE001 - the pull fails: the engine computes the prompt
             log.exception("importing the KV of %s failed", rid)
             dst.abort("import failed")
+
+
+def _copy_blocks(
+    request_id: str, view: SharedCacheView, src_ids: tuple[int, ...], upto: int, core: EngineCore
+) -> int:
+    return core.copy_remote_blocks(request_id, view, src_ids, upto)
 
 
 def _hand_over(core: EngineCore, request_id: str, data: memoryview | None) -> bool:

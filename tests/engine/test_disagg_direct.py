@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import pytest
 
 from interlock.engine.runners.mock import MockRunner, reference_output
 from interlock.protocol.control import ControlRequest
@@ -49,7 +50,7 @@ async def _clean(c: Cluster) -> None:
 
 
 def _run(
-    prefill_runner: type[MockRunner], *, n: int = 3, transport: str = "auto"
+    prefill_runner: type[MockRunner], *, n: int = 3, transport: str = "auto", chunk_blocks: int = 0
 ) -> tuple[dict[str, int], int, int, int]:
     """``n`` requests p -> d (``transport``: the decode worker's ``cache_transport``); (d's
     pulls by transport, d's refused one-copies, p's one copies served, d's mapped caches)."""
@@ -61,6 +62,8 @@ def _run(
             await c.wait_for(2)
             hp, hd = c.workers["p"].handoff, c.workers["d"].handoff
             assert hp is not None and hd is not None
+            if chunk_blocks:  # the decode worker copies that many blocks per engine call
+                hd.chunk_bytes = chunk_blocks * c.workers["d"].engine.core.runner.kv_block_nbytes
             for i in range(n):
                 prompt = PROMPT[i:] + PROMPT[:i]
                 outs = await c.generate(f"r{i}", prompt, 6)
@@ -77,8 +80,9 @@ def _run(
     return asyncio.run(main())
 
 
-def test_the_decode_worker_copies_straight_from_the_prefill_cache() -> None:
-    transports, refused, served, views = _run(MockRunner)
+@pytest.mark.parametrize("chunk_blocks", [0, 3])
+def test_the_decode_worker_copies_straight_from_the_prefill_cache(chunk_blocks: int) -> None:
+    transports, refused, served, views = _run(MockRunner, chunk_blocks=chunk_blocks)
     assert transports == {"direct": 3} and refused == 0 and served == 3
     assert views == 1  # one mapping per source, kept across its transfers
 
