@@ -14,19 +14,27 @@ One run, interleaved rounds (so machine noise hits every column alike), median o
                   published; timed on the destination from ``pull`` until the bytes are in
                   memory it owns (shm: the one copy out of the shared pages into the destination
                   cache, i.e. the import; tcp: received into its buffer) and released
-* e2e shm / tcp   source KV cache -> destination KV cache: export + transfer + import, timed on
+* e2e shm         source KV cache -> destination KV cache on one host, as the engine does it
+                  now (issue 14): ONE copy. The source's cache lies on a memfd
+                  (``PagedKVCache(shared=True)``); it publishes the blocks with its region
+                  (``publish_blocks(cache_region=...)``) and holds them; the destination maps
+                  the cache (``SharedViews``, kept per source as a worker keeps it), claims the
+                  transfer DIRECT (``agent.pull_direct``), copies the blocks straight into its
+                  own cache (``copy_from_shared``), checks the source still held them
+                  (``holding``) and says DONE (``release``); timed on the destination from the
+                  request to the source until DONE
+* e2e shm staged / e2e tcp
+                  source KV cache -> destination KV cache: export + transfer + import, timed on
                   the destination including the request to the source. Streamed, as the engine
-                  does it: the source publishes first and exports chunk by chunk
-                  (``publish_blocks``), the destination imports each chunk once it is ready
-                  (``BlockImport``), so the two copies overlap
-* e2e shm seq     the same, the copies in sequence (``stage_blocks``, then the import on DONE)
-* one copy        source KV cache -> destination KV cache in ONE copy (issue 14): the source's
-                  cache lies on a memfd (``PagedKVCache(shared=True)``); the destination maps it
-                  once (``SharedCacheView``, kept across rounds as a worker would keep it per
-                  source) and copies the blocks straight into its own cache
-                  (``copy_from_shared``); timed from the request to the source until DONE is
-                  sent back (the source holds the blocks until then). Not yet the engine's
-                  path: ``engine/disagg.py`` still stages (BENCHMARKS.md, issue 14)
+                  does it off one host (and on one host without a shared cache): the source
+                  publishes first and exports chunk by chunk (``publish_blocks``), the
+                  destination imports each chunk once it is ready (``BlockImport``), so the two
+                  copies overlap
+* e2e shm staged seq / e2e tcp seq
+                  the same, the copies in sequence (``stage_blocks``, then the import on DONE)
+* one copy        the bare mechanism of "e2e shm", no transfer protocol: the destination
+                  copies the blocks from the mapped cache (``copy_from_shared``); timed from the
+                  request to the source until "done" is sent back
 
 Both ends hold a real ``PagedKVCache`` of SmolLM2-135M bf16 blocks and copy scattered block ids
 (as after churn) with the engine's own calls: ``stage_blocks`` (export straight into the staged
@@ -34,7 +42,7 @@ payload) and ``import_when_done`` (import straight from it), through the block-c
 
 GB/s is 1e9 bytes per second. Usage:
 ``python benchmarks/transfer_bw.py [--runs 7] [--mib 64] [--chunk-mib 8] [--phases]``
-(``--phases``: also print where the time of a sequential e2e shm transfer goes).
+(``--phases``: also print where the time of a sequential e2e shm staged transfer goes).
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ import msgspec
 import numpy as np
 
 from interlock.engine.model.kv_cache import SharedCacheView
+from interlock.engine.shared_cache import SharedViews
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import (
     BlockImport,
@@ -109,6 +118,17 @@ def source_process(conn: Connection, nbytes: int, chunk_bytes: int) -> None:
                 if conn.recv() != "done":
                     raise RuntimeError("one-copy transfer not done")
                 continue
+            if cmd == "direct":  # as KVHandoff: publish with the region, hold until it ends
+                src, desc, _ = publish_blocks(
+                    agent, shared, shared.block_ids, cache_region=shared.cache.shared_region()
+                )
+                conn.send((msgspec.msgpack.encode(desc), shared.block_ids))
+                while not src.poll().finished:  # polled, as the worker's handoff polls
+                    time.sleep(0.002)
+                if src.claim_kind() != "direct" or src.poll().state is not TransferState.DONE:
+                    raise RuntimeError(f"one-copy transfer not done: {src.poll().reason}")
+                conn.send("ended")  # after the clock: the next path starts on a quiet source
+                continue
             t = [time.perf_counter()]
             if cmd == "stream":  # the descriptor leaves first, then the export, chunk by chunk
                 src, desc, export = publish_blocks(agent, copier, copier.block_ids, chunk_bytes=chunk_bytes)
@@ -157,7 +177,7 @@ def main() -> None:
     report(times, nbytes, nblocks, args.runs, chunk_bytes)
     if phases:
         print(
-            "\nPhases of a sequential e2e shm transfer (median ms, perf_counter is one clock across processes):"
+            "\nPhases of a sequential e2e shm staged transfer (median ms, perf_counter is one clock across processes):"
         )
         for k, v in phases.items():
             print(f"  {k:28s} {statistics.median(v) * 1e3:7.3f}")
@@ -180,12 +200,14 @@ def run_all(
         "shm",
         "tcp",
         "e2e shm",
+        "e2e shm staged",
         "e2e tcp",
-        "e2e shm seq",
+        "e2e shm staged seq",
         "e2e tcp seq",
         "one copy",
     )
     views: dict[object, SharedCacheView] = {}
+    shared_views = SharedViews()
     times: dict[str, list[float]] = {k: [] for k in paths}
     with TransferAgent() as agent:
         for i in range(runs + 1):  # the first round warms up and is dropped
@@ -195,9 +217,10 @@ def run_all(
                 "socket": _raw_socket(conn, raw, sink),
                 "shm": _transfer(conn, agent, "shm", copier, staged=True),
                 "tcp": _transfer(conn, agent, "tcp", copier, staged=True),
-                "e2e shm": _streamed(conn, agent, "shm", copier),
+                "e2e shm": _direct(conn, agent, copier, shared_views),
+                "e2e shm staged": _streamed(conn, agent, "shm", copier),
                 "e2e tcp": _streamed(conn, agent, "tcp", copier),
-                "e2e shm seq": _transfer(
+                "e2e shm staged seq": _transfer(
                     conn, agent, "shm", copier, staged=False, phases=phases if i else None
                 ),
                 "e2e tcp seq": _transfer(conn, agent, "tcp", copier, staged=False),
@@ -247,6 +270,24 @@ def _streamed(conn: Connection, agent: TransferAgent, transport: str, copier: _C
     if status.state is not TransferState.DONE:
         raise RuntimeError(f"{transport} transfer failed: {status.reason}")
     return time.perf_counter() - t0
+
+
+def _direct(conn: Connection, agent: TransferAgent, copier: _Copier, views: SharedViews) -> float:
+    t0 = time.perf_counter()
+    conn.send("direct")
+    encoded, src_ids = conn.recv()
+    desc = msgspec.msgpack.decode(encoded, type=TransferDescriptor)
+    assert desc.cache_region is not None
+    view = views.get(desc.cache_region)
+    dst = agent.pull_direct(desc, timeout_s=30)
+    copier.cache.copy_from_shared(view, src_ids, copier.block_ids)
+    if not dst.holding():
+        raise RuntimeError(f"one-copy transfer failed: {dst.poll().reason}")
+    dst.release()
+    elapsed = time.perf_counter() - t0
+    if conn.recv() != "ended":
+        raise RuntimeError("the source did not see DONE")
+    return elapsed
 
 
 def _one_copy(conn: Connection, copier: _Copier, views: dict[object, SharedCacheView]) -> float:
@@ -302,7 +343,8 @@ def report(times: dict[str, list[float]], nbytes: int, nblocks: int, runs: int, 
     path back to back, so the paired figure is steadier when the machine's load swings)."""
     gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
     raw_of = {"shm": "memcpy", "tcp": "socket", "e2e shm": "memcpy", "e2e tcp": "socket"}
-    raw_of |= {"e2e shm seq": "memcpy", "e2e tcp seq": "socket", "2 memcpys": "memcpy"}
+    raw_of |= {"e2e shm staged": "memcpy", "e2e shm staged seq": "memcpy", "e2e tcp seq": "socket"}
+    raw_of |= {"2 memcpys": "memcpy"}
     raw_of |= {"one copy": "memcpy"}
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "

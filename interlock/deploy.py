@@ -100,6 +100,15 @@ class NodeGroup:
     disk_kv_gib: float = 0.0
     """Disk KV tier per worker, GiB (0: none); files under ``disk_kv_path``."""
     disk_kv_path: str | None = None
+    shared_kv_cache: bool | None = None
+    """Each worker's KV cache on a memfd, so a decode worker of the same host copies a
+    prefill's blocks straight out of it (the one copy) instead of an export and an import
+    around a staged payload. None (auto): on for CPU workers with a KV transfer agent that may
+    use shared memory and that may serve prefill to another: role prefill, or role both
+    without a host or disk KV tier (their onboarding writes into the cache, and shared memory
+    gets no huge pages where ``shmem_enabled`` is "never": 74% against 110% of a memcpy,
+    BENCHMARKS.md). True where it cannot apply is refused (a GPU cache, no agent,
+    ``cache_transport: tcp``)."""
 
     @property
     def transfer(self) -> str:
@@ -354,11 +363,31 @@ def _validate_group(g: ExecutionGroup, at: str) -> None:
                 f"{where}: max_batch_size, queue_depth_threshold and max_num_batched_tokens must be >= 1"
             )
         _one_of(n.cache_transport, TRANSPORTS, f"{where}.cache_transport")
+        if n.shared_kv_cache and (why := shared_cache_refusal(g, n)):
+            raise ConfigError(f"{where}.shared_kv_cache: {why}")
         if n.node_role != "both" and not n.kv_cache_transfer:
             raise ConfigError(
                 f"{where}.kv_cache_transfer: a {n.node_role} worker needs it (KV "
                 "moves between prefill and decode workers)"
             )
+
+
+def shared_cache_refusal(g: ExecutionGroup, n: NodeGroup) -> str:
+    """Why workers of node group ``n`` cannot put their KV cache on a memfd ("": they can)."""
+    if g.device != "cpu":
+        return f"needs the KV cache on the CPU, not on {g.device!r}"
+    if not n.kv_cache_transfer or n.cache_transport == "tcp":
+        return "needs a KV transfer agent that may use shared memory (kv_cache_transfer, cache_transport not tcp)"
+    return ""
+
+
+def shared_kv_cache(g: ExecutionGroup, n: NodeGroup) -> bool:
+    """Node group ``n``'s ``shared_kv_cache``, auto resolved (see ``NodeGroup``)."""
+    if n.shared_kv_cache is not None:
+        return n.shared_kv_cache
+    if n.node_role == "decode" or (n.node_role == "both" and (n.host_kv_gib or n.disk_kv_gib)):
+        return False
+    return not shared_cache_refusal(g, n)
 
 
 _SECTIONS = {

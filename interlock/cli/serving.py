@@ -70,6 +70,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--disk-kv-path", default=None, help="directory of the disk KV tier")
     g.add_argument(
+        "--shared-kv-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="KV cache on a memfd, so a decode worker of this host copies a prefill's blocks "
+        "straight out of it (default: on for CPU prefill workers, and role both without KV tiers)",
+    )
+    g.add_argument(
         "--max-num-seqs",
         type=int,
         default=None,
@@ -276,6 +283,7 @@ _NODE_FLAGS = {
     "host_kv_shared": "host_kv_shared",
     "disk_kv_gib": "disk_kv_gib",
     "disk_kv_path": "disk_kv_path",
+    "shared_kv_cache": "shared_kv_cache",
 }
 _PLANE_FLAGS = {
     "host": "listen_host",

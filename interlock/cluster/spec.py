@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from interlock.cluster.supervisor import RestartPolicy
 from interlock.cluster.worker import WorkerSpec
-from interlock.deploy import Deployment, ExecutionGroup, NodeGroup
+from interlock.deploy import Deployment, ExecutionGroup, NodeGroup, shared_kv_cache
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.errors import ConfigError
 from interlock.frontend.config import FrontendConfig
@@ -190,6 +190,7 @@ def worker_spec(
             host_kv_shared=node.host_kv_shared,
             disk_kv_gib=node.disk_kv_gib,
             disk_kv_path=node.disk_kv_path,
+            shared_kv_cache=shared_kv_cache(g, node),
         ),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=node.max_num_batched_tokens,

@@ -32,6 +32,10 @@ class CacheConfig:
     """The disk tier's size in blocks instead of ``disk_kv_gib``."""
     disk_kv_path: str | None = None
     """Directory of the disk tier (one worker per directory)."""
+    shared_kv_cache: bool = False
+    """Put the KV cache on a memfd (CPU only) so a decode worker of this host copies a
+    prefill's blocks straight out of it (one copy, ``interlock.engine.shared_cache``) instead of
+    an export and an import around a staged payload."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -121,3 +125,7 @@ class EngineConfig:
     model: ModelConfig = ModelConfig()
     cache: CacheConfig = CacheConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+
+    def __post_init__(self) -> None:
+        if self.cache.shared_kv_cache and self.model.device != "cpu":
+            raise ConfigError(f"shared_kv_cache needs the KV cache on the CPU, not on {self.model.device!r}")

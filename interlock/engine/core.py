@@ -14,7 +14,11 @@ Disaggregation hooks (KV never blocks the step: the caller moves bytes, the core
     WAITING_FOR_REMOTE_KV; ``finish_remote_kv(id, data)`` imports the bytes (None: compute the
     prompt locally instead). The prefill's first token is this request's first output token.
     A streamed transfer is imported as it arrives: ``import_remote_kv(id, data, k)`` copies
-    blocks up to k, and ``finish_remote_kv`` then imports only the rest.
+    blocks up to k, and ``finish_remote_kv`` then imports only the rest. The one copy
+    (a prefill's shared cache on this host): ``copy_remote_blocks`` copies them chunk by chunk
+    straight from the mapped source cache, and ``copy_remote_kv`` the rest, keeping them only if
+    the source still held them after the copy.
+    On the prefill side, ``keep_held`` hands the hold's end to the caller (no timeout here).
 
 KV tiers (``config.cache`` host/disk sizes, ``interlock.engine.tiers``): each step first hands
 finished loads back to the scheduler, then, right after ``schedule``, copies the blocks the
@@ -26,8 +30,9 @@ through: after ``update``, the blocks hashed in this step are copied up.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from interlock.engine.block_pool import BlockPool
 from interlock.engine.clock import Clock, RealClock
@@ -39,6 +44,9 @@ from interlock.engine.scheduler import Scheduler
 from interlock.engine.tiers import KVTiers, TierIO, build_tiers
 from interlock.errors import EngineError, InterlockError, InvalidRequest
 from interlock.protocol import ErrorInfo, GenerateOutput, GenerateRequest, KVEvent, LoadReport
+
+if TYPE_CHECKING:
+    from interlock.engine.shared_cache import SharedCacheView
 
 log = logging.getLogger(__name__)
 
@@ -286,6 +294,15 @@ class EngineCore:
         self.runner.export_blocks(blocks, memoryview(buf))
         return blocks, bytes(buf)
 
+    def keep_held(self, request_id: str) -> bool:
+        """The caller frees the held blocks itself (``release_request_kv``), by a deadline of
+        its own: the one copy reads them straight from this cache until the decode worker says
+        DONE, and a timeout here must not free them under it. False: nothing held."""
+        if request_id not in self.scheduler.held:
+            return False
+        self._deadlines.pop(request_id, None)
+        return True
+
     def release_request_kv(self, request_id: str) -> bool:
         """The remote decoder has the KV (or gave up): free the held blocks."""
         self._deadlines.pop(request_id, None)
@@ -326,6 +343,66 @@ class EngineCore:
             self.runner.import_blocks(blocks, memoryview(data)[start * size : end * size])
             req.remote_kv_imported = end
         return req.remote_kv_imported
+
+    def copy_remote_blocks(
+        self, request_id: str, view: SharedCacheView, src_block_ids: Sequence[int], num_blocks: int
+    ) -> int:
+        """The one copy in steps (so that a long prompt's copy does not hold up the steps of
+        others): the parked request's blocks up to ``num_blocks``, from where the last call
+        stopped. Returns the blocks copied so far: 0 while the request is not parked. Raises
+        ValueError (source ids that do not fit the prompt) or IndexError (an id out of range),
+        nothing copied then. ``copy_remote_kv`` copies the rest, checks the hold and resumes
+        the request."""
+        req = self.scheduler.remote_parked.get(request_id)
+        if req is None:
+            return 0
+        n = cdiv(req.num_prompt_tokens, self.block_size)
+        if len(src_block_ids) != n:
+            raise ValueError(f"{len(src_block_ids)} source blocks for a prompt of {n} blocks")
+        start, end = req.remote_kv_imported, min(num_blocks, n)
+        if end > start:
+            table = self.kv.block_table(request_id)
+            self.runner.copy_from_shared(view, src_block_ids[start:end], table[start:end])
+            req.remote_kv_imported = end
+        return req.remote_kv_imported
+
+    def copy_remote_kv(
+        self,
+        request_id: str,
+        view: SharedCacheView,
+        src_block_ids: Sequence[int],
+        holding: Callable[[], bool],
+    ) -> bool | None:
+        """The one copy: the parked request's prompt KV straight from a peer's shared cache
+        (blocks ``src_block_ids`` of ``view``) into its blocks, then resume it. ``holding()``,
+        asked after the copy, says the source held those blocks all along; if not (it gave up on
+        the transfer meanwhile and may have reused them), the prompt is computed here instead.
+        Returns None while the request is not parked yet, True when it resumed with the copied
+        KV, False when it computes the prompt itself (or is no longer waiting for KV)."""
+        req = self.scheduler.requests.get(request_id)
+        if req is None:
+            return None
+        if not req.awaiting_kv:
+            return False  # the engine gave up waiting and computes the prompt itself
+        if request_id not in self.scheduler.remote_parked:
+            return None
+        self._deadlines.pop(request_id, None)
+        n = cdiv(req.num_prompt_tokens, self.block_size)
+        copied = False
+        if len(src_block_ids) != n:
+            log.warning("%s: %d source blocks for %d; computing locally", request_id, len(src_block_ids), n)
+        else:
+            start = req.remote_kv_imported  # copied by ``copy_remote_blocks`` already
+            try:
+                table = self.kv.block_table(request_id)
+                self.runner.copy_from_shared(view, src_block_ids[start:n], table[start:n])
+                copied = holding()
+            except (IndexError, ValueError) as exc:
+                log.warning("%s: no copy from the shared cache (%s); computing locally", request_id, exc)
+        computed = min(req.num_prompt_tokens, req.num_tokens - 1) if copied else 0
+        req.remote_kv_imported = 0
+        self.scheduler.resume_remote(request_id, computed)
+        return copied
 
     def _import(self, req: Request, data: bytes | memoryview | None) -> None:
         n = cdiv(req.num_prompt_tokens, self.block_size)

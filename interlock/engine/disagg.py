@@ -20,12 +20,26 @@ to the engine thread, which imports them into the parked request's blocks
 payload is released. A failed pull, or no descriptor, makes the engine compute the prompt
 locally (``finish_remote_kv(id, None)``; blocks imported so far are overwritten, never used). A
 request that ends first (client gone, abort) aborts its pull, which frees the source's payload.
+
+The one copy (same host, the prefill worker's cache shared: ``CacheConfig.shared_kv_cache``):
+the descriptor also names the prefill's cache (``cache_region``), and the prefill side holds the
+blocks and exports nothing until a destination claims the transfer. A decode worker that can
+map that cache (same host, the process alive, ``/proc/<pid>/fd`` openable, the file and the
+layout its own) claims it DIRECT and copies the blocks straight from it into the parked
+request's blocks (``EngineCore.copy_remote_kv``, on the engine thread between steps, as the
+import); the source frees them on DONE, an abort or its timeout (it stops holding only after it
+marked the transfer aborted, and the destination checks that mark after its copy, so a copy
+of blocks given up meanwhile is thrown away and the prompt computed). Anything else (another
+host, a forced transport, a cache it cannot map or of another layout) pulls the staged payload
+as before; the source exports it when that claim arrives. Mapped caches are kept per source
+(``shared_cache.SharedViews``) and forgotten when the source dies.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -34,8 +48,18 @@ import msgspec
 
 from interlock.engine.async_engine import AsyncEngine
 from interlock.engine.core import EngineCore
+from interlock.engine.shared_cache import SharedCacheView, SharedViews
 from interlock.protocol import GenerateOutput, GenerateRequest, KVTransferParams
-from interlock.transfer import BlockExport, DestTransfer, TransferAgent, TransferState, publish_blocks
+from interlock.protocol.transfer import TransferDescriptor
+from interlock.transfer import (
+    BlockExport,
+    DestTransfer,
+    SourceTransfer,
+    TransferAgent,
+    TransferState,
+    publish_blocks,
+)
+from interlock.transfer.dest import DirectDest
 from interlock.transfer.kv import CHUNK_BYTES
 
 log = logging.getLogger(__name__)
@@ -48,6 +72,10 @@ class _Pull:
     """None: nothing to pull (the prefill side could not stage); compute locally."""
     imported: int = 0
     """Blocks the engine has imported so far (as of the last hand-over)."""
+    view: SharedCacheView | None = None
+    """The one copy: the source's mapped cache (``dst`` is then a ``DirectDest``)."""
+    src_ids: tuple[int, ...] = ()
+    """The one copy: the blocks to copy from ``view``."""
 
 
 @dataclass(slots=True)
@@ -62,6 +90,12 @@ class HandoffCounters:
     blocks_streamed: int = 0
     """Blocks imported while their transfer was still under way (the rest came on DONE)."""
     transports: dict[str, int] = field(default_factory=dict)
+    """Pulls ended, by transport ("direct": the one copy)."""
+    direct_served: int = 0
+    """Prefill side: transfers a destination copied straight from this worker's cache."""
+    direct_refused: int = 0
+    """Decode side: transfers that offered the one copy and were pulled staged instead (the
+    cache could not be mapped, another layout, the claim refused)."""
 
 
 class KVHandoff:
@@ -88,6 +122,10 @@ class KVHandoff:
         self._wake = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
         self._exports: set[asyncio.Task[None]] = set()
+        self._held: set[SourceTransfer] = set()
+        """Prefill side: transfers claimed DIRECT whose blocks are held until they end."""
+        self.views = SharedViews()
+        """Decode side: the prefill caches mapped here, one per source."""
 
     def num_pending(self) -> int:
         return len(self._pulls)
@@ -101,6 +139,8 @@ class KVHandoff:
         return self.engine.generate(req)
 
     async def close(self) -> None:
+        for src in list(self._held):  # their destinations recompute: nobody waits for them
+            src.abort("worker closing")
         if self._exports:  # a running export reads the engine's blocks: let it end (bounded)
             await asyncio.wait(list(self._exports), timeout=self.timeout_s)
         if self._poller is not None:
@@ -112,6 +152,7 @@ class KVHandoff:
             if pull.dst is not None:
                 pull.dst.abort("worker closing")
         self._pulls.clear()
+        self.views.clear()
         self.agent.close()  # the worker owns its agent: staged payloads go with it
 
     # ---- prefill side ----
@@ -127,40 +168,60 @@ class KVHandoff:
         rid, blocks, agent, timeout = out.request_id, kt.source_block_ids, self.agent, self.timeout_s
         chunk = self.chunk_bytes
 
-        def publish(core: EngineCore) -> tuple[KVTransferParams, BlockExport | None]:
+        def publish(core: EngineCore) -> tuple[KVTransferParams, BlockExport | None, bool]:
             try:
                 _src, desc, export = publish_blocks(
-                    agent, core.runner, blocks, timeout_s=timeout, chunk_bytes=chunk
+                    agent,
+                    core.runner,
+                    blocks,
+                    timeout_s=timeout,
+                    chunk_bytes=chunk,
+                    cache_region=core.runner.shared_region(),
                 )
+                staged = msgspec.structs.replace(kt, descriptor=desc, source_instance=core.instance_id)
+                if desc.cache_region is not None:  # the one copy offered: hold until claimed
+                    core.keep_held(rid)  # this handoff ends the hold, by the transfer's timeout
+                    return staged, export, True
                 if desc.nbytes <= chunk:  # one chunk: nothing to overlap; the blocks go at once
                     export.run()
                     core.release_request_kv(rid)
-                    return msgspec.structs.replace(
-                        kt, descriptor=desc, source_instance=core.instance_id
-                    ), None
+                    return staged, None, False
             except BaseException:
                 core.release_request_kv(rid)
                 raise
-            return msgspec.structs.replace(kt, descriptor=desc, source_instance=core.instance_id), export
+            return staged, export, False
 
         try:
-            staged, export = await self.engine.call(publish)
+            staged, export, offered = await self.engine.call(publish)
         except Exception:  # noqa: BLE001 - the decode side then computes the prompt itself
             log.warning("staging the KV of %s failed", rid, exc_info=True)
             self.counters.stage_failed += 1
             return msgspec.structs.replace(out, kv_transfer=msgspec.structs.replace(kt, descriptor=None))
         if export is not None:
-            task = asyncio.create_task(self._export(rid, export), name=f"kv-export-{rid}")
+            task = asyncio.create_task(self._export(rid, export, offered), name=f"kv-export-{rid}")
             self._exports.add(task)
             task.add_done_callback(self._exports.discard)
         self.counters.staged += 1
         return msgspec.structs.replace(out, kv_transfer=staged)
 
-    async def _export(self, rid: str, export: BlockExport) -> None:
+    async def _export(self, rid: str, export: BlockExport, offered: bool) -> None:
         """Export the published payload off the engine thread (the copy kernel releases the
-        GIL), then free the blocks: the payload holds their KV."""
+        GIL), then free the blocks: the payload holds their KV. With the one copy ``offered``,
+        first wait for the claim: a DIRECT one exports nothing and holds the blocks until the
+        transfer ends (DONE, an abort, the timeout, the destination dead)."""
+        src = export.src
         try:
-            await asyncio.to_thread(export.run)
+            kind = await self._claimed(src) if offered else "staged"
+            if kind == "direct":
+                self._held.add(src)
+                try:
+                    await self._ended(src)
+                finally:
+                    self._held.discard(src)
+                if src.poll().state is TransferState.DONE:
+                    self.counters.direct_served += 1
+            elif kind == "staged":
+                await asyncio.to_thread(export.run)
         except Exception:  # noqa: BLE001 - the transfer is aborted: the decode side computes
             log.warning("exporting the KV of %s failed", rid, exc_info=True)
             self.counters.export_failed += 1
@@ -168,10 +229,22 @@ class KVHandoff:
             with contextlib.suppress(Exception):  # an engine shut down meanwhile freed them all
                 await self.engine.call(lambda core: core.release_request_kv(rid))
 
+    async def _claimed(self, src: SourceTransfer) -> str:
+        """How the payload was claimed ("direct" or "staged"), or "" if it ended unclaimed."""
+        while not (kind := src.claim_kind()):
+            if src.poll().finished:
+                return ""
+            await asyncio.sleep(self.poll_interval_s)
+        return kind
+
+    async def _ended(self, src: SourceTransfer) -> None:
+        while not src.poll().finished:
+            await asyncio.sleep(self.poll_interval_s)
+
     # ---- decode side ----
     async def _decode(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
         rid = req.request_id
-        self._pulls[rid] = _Pull(rid, self._start_pull(req))
+        self._pulls[rid] = self._start_pull(req)
         self._ensure_poller()
         stream = self.engine.generate(req)
         try:
@@ -184,15 +257,44 @@ class KVHandoff:
                 pull.dst.abort("request ended before its KV arrived")
                 self.counters.pulls_abandoned += 1
 
-    def _start_pull(self, req: GenerateRequest) -> DestTransfer | None:
-        desc = req.kv_transfer.descriptor if req.kv_transfer is not None else None
-        if desc is None:
-            return None
+    def _start_pull(self, req: GenerateRequest) -> _Pull:
+        rid, kt = req.request_id, req.kv_transfer
+        desc = kt.descriptor if kt is not None else None
+        if desc is None or kt is None:
+            return _Pull(rid, None)
+        if desc.cache_region is not None and (direct := self._pull_direct(rid, kt, desc)) is not None:
+            return direct
         try:
-            return self.agent.pull(desc, timeout_s=self.timeout_s)
+            return _Pull(rid, self.agent.pull(desc, timeout_s=self.timeout_s))
         except Exception:  # noqa: BLE001 - no transport reaches it: compute locally
-            log.warning("cannot pull the KV of %s", req.request_id, exc_info=True)
-            return None
+            log.warning("cannot pull the KV of %s", rid, exc_info=True)
+            return _Pull(rid, None)
+
+    def _pull_direct(self, rid: str, kt: KVTransferParams, desc: TransferDescriptor) -> _Pull | None:
+        """Claim the one copy when this worker can map the source's cache; None: pull staged."""
+        region = desc.cache_region
+        agent = self.agent
+        if region is None or agent.transport is not None or desc.host_id != agent.host_id:
+            return None  # another host, or a forced transport: staged, as the source expects
+        runner = self.engine.core.runner
+        why = runner.region_mismatch(region)
+        if not why and len(kt.source_block_ids) * runner.kv_block_nbytes != desc.nbytes:
+            why = f"{len(kt.source_block_ids)} source blocks for a payload of {desc.nbytes} bytes"
+        view = None
+        if not why:
+            self.views.prune()
+            try:
+                view = self.views.get(region)
+            except (OSError, ValueError) as e:
+                why = f"cannot map the source's cache: {e}"
+        if view is not None:
+            dst = agent.pull_direct(desc, timeout_s=self.timeout_s)
+            if dst.poll().state is not TransferState.FAILED:
+                return _Pull(rid, dst, view=view, src_ids=kt.source_block_ids)
+            why = dst.poll().reason
+        log.info("KV of %s pulled staged, not copied from the source's cache: %s", rid, why)
+        self.counters.direct_refused += 1
+        return None
 
     def _ensure_poller(self) -> None:
         if self._poller is None or self._poller.done():
@@ -212,6 +314,9 @@ class KVHandoff:
         dst = pull.dst
         state = dst.poll().state if dst is not None else TransferState.FAILED
         rid = pull.request_id
+        if state is TransferState.PENDING and isinstance(dst, DirectDest):
+            await self._copy_direct(pull, dst)
+            return
         if state is TransferState.PENDING:
             assert dst is not None
             await self._import_arrived(pull, dst)
@@ -223,16 +328,52 @@ class KVHandoff:
             log.exception("importing the KV of %s failed", rid)
             await self.engine.call(lambda core: core.finish_remote_kv(rid, None))
             handed, data = True, None
-        if not handed or self._pulls.get(rid) is not pull:
+        if handed:
+            self._ended_pull(pull, data is not None)
+
+    def _ended_pull(self, pull: _Pull, ok: bool) -> None:
+        """The engine has the KV (``ok``) or computes the prompt: release or abort the pull."""
+        dst = pull.dst
+        if self._pulls.get(pull.request_id) is not pull:
             return
-        del self._pulls[rid]
+        del self._pulls[pull.request_id]
         if dst is not None:
-            dst.release() if data is not None else dst.abort("pull failed")
+            dst.release() if ok else dst.abort("pull failed")
             self.counters.transports[dst.transport] = self.counters.transports.get(dst.transport, 0) + 1
-        if data is not None:
+        if ok:
             self.counters.pulled += 1
         else:
             self.counters.pull_failed += 1
+
+    async def _copy_direct(self, pull: _Pull, dst: DirectDest) -> None:
+        """The one copy, on the engine thread once the request is parked, chunk by chunk; DONE
+        if the source held the blocks all through it, else the engine computes the prompt."""
+        rid, view, src_ids = pull.request_id, pull.view, pull.src_ids
+        assert view is not None
+        s = self.engine.core.scheduler  # a hint read off the engine thread (checked again there)
+        req = s.requests.get(rid)
+        if req is None or (req.awaiting_kv and rid not in s.remote_parked):
+            return  # not added or not parked yet: no engine call for nothing (every 2 ms)
+        size = self.engine.core.runner.kv_block_nbytes
+        chunk = max(1, self.chunk_bytes // max(1, size))
+        try:
+            # One chunk per engine call, the last one with the hold's check: other requests'
+            # steps run in between, as between the chunks of a streamed import.
+            while pull.imported + chunk < len(src_ids):
+                upto = pull.imported + chunk
+                done = await self.engine.call(functools.partial(_copy_blocks, rid, view, src_ids, upto))
+                if self._pulls.get(rid) is not pull:
+                    return  # the request ended meanwhile (its pull was aborted)
+                if done < upto:
+                    break  # no longer parked: ``copy_remote_kv`` says what became of it
+                pull.imported = done
+            copied = await self.engine.call(lambda core: core.copy_remote_kv(rid, view, src_ids, dst.holding))
+        except Exception:  # noqa: BLE001 - the engine computes the prompt
+            log.exception("copying the KV of %s from its source's cache failed", rid)
+            await self.engine.call(lambda core: core.finish_remote_kv(rid, None))
+            copied = False
+        if copied is not None:
+            self._ended_pull(pull, copied)
 
     async def _import_arrived(self, pull: _Pull, dst: DestTransfer) -> None:
         """Hand the blocks that arrived since the last time to the engine (streamed payloads:
@@ -253,6 +394,12 @@ class KVHandoff:
         except Exception:  # noqa: BLE001 - the pull fails: the engine computes the prompt
             log.exception("importing the KV of %s failed", rid)
             dst.abort("import failed")
+
+
+def _copy_blocks(
+    request_id: str, view: SharedCacheView, src_ids: tuple[int, ...], upto: int, core: EngineCore
+) -> int:
+    return core.copy_remote_blocks(request_id, view, src_ids, upto)
 
 
 def _hand_over(core: EngineCore, request_id: str, data: memoryview | None) -> bool:

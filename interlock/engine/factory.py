@@ -25,6 +25,7 @@ def build_runner(config: EngineConfig, *, clock: Clock | None = None, speedup: f
             block_size=config.cache.block_size,
             timing=TimingModel(speedup=speedup),
             clock=clock or RealClock(),
+            shared=config.cache.shared_kv_cache,
         )
     if kind == "torch":
         # Imported here so that the mock path never loads torch.

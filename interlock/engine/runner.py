@@ -15,9 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from interlock.protocol import SamplingParams, TokenLogprobs
+from interlock.protocol.transfer import SharedCacheRegion
+
+if TYPE_CHECKING:
+    from interlock.engine.shared_cache import SharedCacheView
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,4 +80,19 @@ class ModelRunner(Protocol):
     def import_each(self, block_ids: Sequence[int], blocks: Sequence[memoryview]) -> None:
         """``import_blocks`` of blocks that lie apart: ``blocks[k]`` (one exported block) into
         ``block_ids[k]`` (host-tier slots onboarded in one call)."""
+        ...
+
+    def shared_region(self) -> SharedCacheRegion | None:
+        """Where a peer of this host finds this runner's KV cache (None: not shared)."""
+        ...
+
+    def region_mismatch(self, region: SharedCacheRegion) -> str:
+        """Why blocks of a peer's shared cache cannot be copied into this one ("": they can)."""
+        ...
+
+    def copy_from_shared(
+        self, view: SharedCacheView, src_ids: Sequence[int], block_ids: Sequence[int]
+    ) -> None:
+        """Block ``src_ids[k]`` of a peer's mapped cache into our ``block_ids[k]`` (one copy).
+        IndexError names an id out of range (nothing copied then)."""
         ...

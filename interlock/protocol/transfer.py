@@ -11,6 +11,30 @@ from __future__ import annotations
 import msgspec
 
 
+class SharedCacheRegion(msgspec.Struct, frozen=True, kw_only=True):
+    """A source's KV cache on a memfd, as another process of the same user on its host maps it:
+    ``/proc/<pid>/fd/<fd>`` (the file's inode must be ``ino``: a reused pid or fd is refused),
+    ``num_blocks`` blocks of ``pieces`` pieces of ``piece`` bytes of ``dtype`` (the geometry of
+    ``engine/model/csrc/kv_copy.c``). The destination copies blocks straight from it into its
+    own cache when the layouts match (one copy; ``interlock.engine.shared_cache``)."""
+
+    pid: int
+    fd: int
+    ino: int
+    num_blocks: int
+    piece: int
+    pieces: int
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.num_blocks * self.pieces * self.piece
+
+    def layout(self) -> tuple[int, int, str]:
+        """What two caches must share for a block copy between them (not their block counts)."""
+        return (self.piece, self.pieces, self.dtype)
+
+
 class TransferDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     transfer_id: str
     nbytes: int
@@ -29,3 +53,8 @@ class TransferDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     """``host:port`` of the source agent's TCP server; empty when it has none."""
     expires_at: float = 0.0
     """Wall-clock time (time.time()) after which the source frees the payload."""
+    cache_region: SharedCacheRegion | None = None
+    """The source's KV cache when it is shared (a memfd): a destination on this host that can
+    map it claims the transfer DIRECT and copies the blocks straight from it (the request's
+    ``source_block_ids``); the source then exports nothing and holds the blocks until DONE, an
+    abort or the timeout. None: staged only."""

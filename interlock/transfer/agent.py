@@ -5,6 +5,10 @@ in this process -> in-process; the source's host and /dev/shm namespace are ours
 in /dev/shm -> shared memory; otherwise TCP. Sources always stage in /dev/shm when it is
 usable, so one staged payload can be served by any of the three.
 
+A DIRECT pull (``pull_direct``, the one copy from a source's shared KV cache) is the engine's
+choice, made before ``pull`` when it can map the source's cache (``engine.disagg``); it needs the
+same host and the staging header in /dev/shm, and is refused under a forced transport.
+
 The agent's server thread also does housekeeping every ``tick_s``: it polls every live source
 (so timeouts and dead destinations free buffers even if the engine stops polling) and, every
 ``sweep_s``, unlinks /dev/shm payloads of processes that died.
@@ -26,7 +30,7 @@ from interlock.protocol.handshake import is_loopback
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import staging as stg
 from interlock.transfer.base import DEFAULT_TIMEOUT_S, TRANSPORTS, DestTransfer
-from interlock.transfer.dest import InprocDest, ShmDest
+from interlock.transfer.dest import DirectDest, InprocDest, ShmDest
 from interlock.transfer.pool import AttachCache, RecvPool, SegmentPool
 from interlock.transfer.source import AgentIdentity, Source
 from interlock.transfer.tcp import TcpDest, TcpServer
@@ -155,6 +159,17 @@ class TransferAgent:
         if kind == "shm":
             return ShmDest(descriptor, self._attached, timeout_s)
         return TcpDest(descriptor, timeout_s, self._recv_buffers, self.cluster_secret)
+
+    def pull_direct(
+        self, descriptor: TransferDescriptor, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> DirectDest:
+        """Claim the transfer DIRECT (the one copy from the source's shared cache, which the
+        caller has mapped already); FAILED at once when it cannot be claimed so (another host,
+        no shared cache, a forced transport): the caller then pulls it staged, or computes."""
+        if self.transport is not None or descriptor.host_id != self.host_id:
+            why = f"forced transport {self.transport}" if self.transport else "source on another host"
+            return DirectDest(descriptor, self._attached, timeout_s, refuse=why)
+        return DirectDest(descriptor, self._attached, timeout_s)
 
     def num_live_sources(self) -> int:
         with self._lock:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from interlock.names import KV_TRANSPORTS
-from interlock.protocol.transfer import TransferDescriptor
+from interlock.protocol.transfer import SharedCacheRegion, TransferDescriptor
 
 DEFAULT_TIMEOUT_S = 30.0
 """How long a source keeps a published payload, and a destination waits for one."""
@@ -69,9 +69,17 @@ class SourceTransfer(Protocol):
         """Writable payload to export the blocks into, until it is complete."""
         ...
 
-    def publish(self, *, ready: int | None = None) -> TransferDescriptor:
+    def publish(
+        self, *, ready: int | None = None, cache_region: SharedCacheRegion | None = None
+    ) -> TransferDescriptor:
         """Serve the payload until a destination has it or the timeout; its first ``ready``
-        bytes are written (None: all of them; otherwise ``mark_ready`` the rest as written)."""
+        bytes are written (None: all of them; otherwise ``mark_ready`` the rest as written).
+        ``cache_region``: offer the one copy from this shared cache (``DirectDest``)."""
+        ...
+
+    def claim_kind(self) -> str:
+        """ "" until claimed; "direct" (export nothing, hold the blocks until the transfer
+        ends) or "staged" (export into ``buffer``)."""
         ...
 
     def mark_ready(self, nbytes: int) -> None:
@@ -86,7 +94,7 @@ class SourceTransfer(Protocol):
 class DestTransfer(Protocol):
     transfer_id: str
     transport: str
-    """"inproc", "shm" or "tcp"."""
+    """"inproc", "shm", "tcp" or "direct" (``DirectDest``: no payload, the one copy)."""
     finished_event: threading.Event
     """Set once the pull is seen to end (DONE or FAILED), for callers that may block (link
     checks, tests); the engine polls. A TCP pull's thread sets it; an in-process or shared

@@ -160,6 +160,7 @@ class ShmDest(_Dest):
     ``release`` marks the use done and the source recycles the buffer."""
 
     transport = "shm"
+    claim = stg.CLAIM_STAGED
 
     def __init__(self, descriptor: TransferDescriptor, cache: AttachCache, timeout_s: float) -> None:
         super().__init__(descriptor, timeout_s)
@@ -173,7 +174,7 @@ class ShmDest(_Dest):
             self._fail(f"shared memory segment unavailable: {e}")
             return
         self._staging = staging
-        view = self._claim(staging, descriptor)
+        view = self._claim(staging, descriptor, self.claim)
         if isinstance(view, str):
             self._fail(view)
         else:
@@ -208,7 +209,7 @@ class ShmDest(_Dest):
             self._fail("source process died")
 
     @staticmethod
-    def _claim(staging: stg.Staging, desc: TransferDescriptor) -> memoryview | str:
+    def _claim(staging: stg.Staging, desc: TransferDescriptor, kind: int) -> memoryview | str:
         view = staging.view_of(desc.nbytes, desc.shm_generation)
         if isinstance(view, str):
             return view
@@ -221,6 +222,7 @@ class ShmDest(_Dest):
             staging.unlink()
             return "source process died"
         staging.set_word(stg.W_DEST_PID, os.getpid())
+        staging.set_word(stg.W_CLAIM, kind)  # before the claim: the source reads them the other way
         staging.set_word(stg.W_DEST_STATE, stg.DEST_CLAIMED)
         return view
 
@@ -238,3 +240,51 @@ class ShmDest(_Dest):
             staging.set_word(stg.W_DEST_STATE, dest_state)
         if not self._cache.caching:
             staging.release(unlink=False)
+
+
+class DirectDest(ShmDest):
+    """The one copy: claims the use DIRECT in the staging header, so the source exports nothing
+    and holds its blocks; the engine copies them straight from the source's shared cache
+    (``descriptor.cache_region``), then asks ``holding()`` (the source has not given them up:
+    the copy read what it held) and calls ``release()`` (DONE: the source frees them) or, when
+    not holding, ``abort`` and computes the prompt itself. ``payload`` and ``progress`` stay
+    empty. A source that dies after the claim fails nothing: its blocks were held until then
+    and a mapping made before the death stays readable (``engine.shared_cache``)."""
+
+    transport = "direct"
+    claim = stg.CLAIM_DIRECT
+
+    def __init__(
+        self, descriptor: TransferDescriptor, cache: AttachCache, timeout_s: float, *, refuse: str = ""
+    ) -> None:
+        """``refuse``: FAILED at once with this reason, nothing claimed."""
+        if descriptor.cache_region is None or not descriptor.shm_name:
+            refuse = refuse or "the source offers no shared cache (or no shared-memory header)"
+        if not refuse:
+            super().__init__(descriptor, cache, timeout_s)
+            return
+        _Dest.__init__(self, descriptor, timeout_s)
+        self._cache, self._staging, self._claimed_use = cache, None, False
+        self._fail(refuse)
+
+    def poll(self) -> TransferStatus:
+        staging = self._staging
+        if self._status.finished or staging is None:
+            return self._status
+        desc = self.descriptor
+        if not staging.is_use(desc.nbytes, desc.shm_generation):
+            self._fail("transfer no longer staged (buffer reused)")
+        elif staging.word(stg.W_SRC_STATE) == stg.SRC_ABORTED:
+            self._fail("aborted by source")
+        else:
+            self._overdue()
+        return self._status
+
+    def holding(self) -> bool:
+        """After the copy: the source still holds the blocks, so the copy read them whole."""
+        return self.poll().state is TransferState.PENDING
+
+    def release(self) -> None:
+        """The copy is in and was ``holding()``: DONE, the source frees its blocks."""
+        self._advance(self.descriptor.nbytes)
+        super().release()

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from interlock.protocol.transfer import TransferDescriptor
+from interlock.protocol.transfer import SharedCacheRegion, TransferDescriptor
 from interlock.transfer.agent import TransferAgent
 from interlock.transfer.base import (
     DEFAULT_TIMEOUT_S,
@@ -125,14 +125,18 @@ def publish_blocks(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     transfer_id: str | None = None,
     chunk_bytes: int = CHUNK_BYTES,
+    cache_region: SharedCacheRegion | None = None,
 ) -> tuple[SourceTransfer, TransferDescriptor, BlockExport]:
     """Publish a payload for ``block_ids`` before exporting it; the caller sends the descriptor
-    on its way, then runs the returned export (the blocks stay allocated until it returns)."""
+    on its way, then runs the returned export (the blocks stay allocated until it returns).
+    ``cache_region``: the blocks' shared cache, offered for the one copy; the caller then asks
+    ``src.claim_kind()`` before it exports: a DIRECT claim needs no export, but the blocks held
+    until the transfer ends."""
     src = agent.create_source(
         len(block_ids) * runner.kv_block_nbytes, timeout_s=timeout_s, transfer_id=transfer_id
     )
     export = BlockExport(src, runner, block_ids, chunk_bytes)
-    return src, src.publish(ready=0), export
+    return src, src.publish(ready=0, cache_region=cache_region), export
 
 
 class BlockImport:

@@ -9,6 +9,11 @@ view over), shared memory (the destination maps the staging file; the state live
 header) or TCP (the agent's server sends from the payload). State changes happen under a short
 lock from the engine thread (poll/abort) and the agent's threads (claims, completions,
 housekeeping); the lock is never held across I/O.
+
+One copy (``publish(cache_region=...)``): a destination on this host that maps the source's
+shared KV cache claims the payload DIRECT (``staging``: word 10) and copies the blocks itself;
+the owner of the blocks asks ``claim_kind()`` before it exports (nothing to export for a DIRECT
+claim) and holds the blocks until this transfer ends.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from interlock.protocol.transfer import TransferDescriptor
+from interlock.protocol.transfer import SharedCacheRegion, TransferDescriptor
 from interlock.transfer import staging as stg
 from interlock.transfer.base import DONE, PENDING, TransferState, TransferStatus, failed
 from interlock.transfer.pool import SegmentPool
@@ -73,17 +78,25 @@ class Source:
 
     @property
     def buffer(self) -> memoryview:
+        """A view of its own: an export still writing when the transfer is aborted (a worker
+        closing, a destination gone) writes into pages nobody reads any more, instead of
+        failing on the staging's released view ("operation forbidden on released
+        memoryview"); a failed transfer's buffer is never recycled."""
         if (self._published and self._ready >= self._nbytes) or self._status.finished:
             raise RuntimeError(f"transfer {self.transfer_id} already complete or ended")
-        return self._staging.payload
+        return self._staging.payload[:]
 
     @property
     def ready_nbytes(self) -> int:
         return self._ready
 
-    def publish(self, *, ready: int | None = None) -> TransferDescriptor:
+    def publish(
+        self, *, ready: int | None = None, cache_region: SharedCacheRegion | None = None
+    ) -> TransferDescriptor:
         """Serve the payload; its first ``ready`` bytes are written (None: all of them). With
-        fewer, write the rest front to back and report it with ``mark_ready``."""
+        fewer, write the rest front to back and report it with ``mark_ready``. ``cache_region``:
+        the blocks' shared cache, offered for a DIRECT claim (only with a /dev/shm payload:
+        the claim lives in its header)."""
         with self._lock:
             if self._status.finished:
                 raise RuntimeError(f"transfer {self.transfer_id} already ended: {self._status.reason}")
@@ -103,6 +116,7 @@ class Source:
             shm_generation=self._generation,
             tcp_address=ident.tcp_address,
             expires_at=time.time() + self._timeout_s,
+            cache_region=cache_region if self._staging.shared else None,
         )
 
     def mark_ready(self, nbytes: int) -> None:
@@ -122,6 +136,16 @@ class Source:
                 lambda: self._ready > have or self._status.finished, timeout=max(0.0, timeout_s)
             )
             return self._ready
+
+    def claim_kind(self) -> str:
+        """ "" while nobody claimed the payload; then "direct" (the destination copies from the
+        shared cache: export nothing, hold the blocks until this transfer ends) or "staged"."""
+        with self._lock:
+            if self._claimed_by:
+                return "staged"  # in-process and TCP claims come through ``claim``
+            if not self._published or self._staging.word(stg.W_DEST_STATE) == stg.DEST_NONE:
+                return ""
+            return "direct" if self._staging.word(stg.W_CLAIM) == stg.CLAIM_DIRECT else "staged"
 
     def remaining_s(self) -> float:
         return self._deadline - time.monotonic()
@@ -148,7 +172,9 @@ class Source:
                 return "transfer already claimed"
             self._claimed_by = transport
             self._conn = conn
-            return self._staging.payload
+            # A view of its own: releasing the staging's (recycled, aborted) leaves this one
+            # readable until its holder lets it go, instead of "released memoryview" errors.
+            return self._staging.payload[:]
 
     def complete(self) -> None:
         with self._lock:

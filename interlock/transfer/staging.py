@@ -7,8 +7,15 @@ two processes share, one writer per word, so no locks cross the process boundary
 
     word 0 magic, 1 version, 2 source pid, 3 destination pid,
     word 4 source state (WRITING / READY / ABORTED), 5 destination state (NONE / CLAIMED / DONE
-    / ABORTED), words 6-7 payload size, 8-9 generation (random per use),
-    bytes 48-55: bytes ready, one aligned 64-bit word.
+    / ABORTED), words 6-7 payload size, 8-9 generation (random per use), 10 claim kind (STAGED
+    / DIRECT, written before the claim), bytes 48-55: bytes ready, one aligned 64-bit word.
+
+A DIRECT claim (``dest.DirectDest``) is the one copy: the destination copies the blocks straight
+from the source's shared KV cache (``TransferDescriptor.cache_region``), so the source exports
+nothing into the payload and holds the blocks until the destination stores DONE, or ABORTED, or
+the source gives up (timeout, destination dead) and stores ABORTED in word 4 *before* it frees
+them. The destination checks word 4 after its copy: not ABORTED then means nothing was freed
+before the copy's last read (x86-64 keeps loads in order and stores in order, as below).
 
 Streaming (export and import overlapped): a source may publish before it has written the
 payload; it then writes it front to back and advances *bytes ready* after each chunk, and a
@@ -45,13 +52,16 @@ PREFIX = "interlock-kv-"
 HEADER_NBYTES = 4096
 """A full page, so the payload is page aligned."""
 MAGIC = 0x564B4C49
-VERSION = 3
+VERSION = 4
 
-W_MAGIC, W_VERSION, W_SRC_PID, W_DEST_PID, W_SRC_STATE, W_DEST_STATE, W_SIZE_LO, _, W_GEN_LO, _ = range(10)
+W_MAGIC, W_VERSION, W_SRC_PID, W_DEST_PID, W_SRC_STATE, W_DEST_STATE, W_SIZE_LO, _, W_GEN_LO, _, W_CLAIM = (
+    range(11)
+)
 READY_OFFSET = 48
 """Byte offset of the bytes-ready word (8-byte aligned, outside the 32-bit words above)."""
 SRC_WRITING, SRC_READY, SRC_ABORTED = 0, 1, 2
 DEST_NONE, DEST_CLAIMED, DEST_DONE, DEST_ABORTED = 0, 1, 2, 3
+CLAIM_STAGED, CLAIM_DIRECT = 0, 1
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
@@ -86,7 +96,7 @@ class Staging:
         self.name = name
         self.capacity = len(mem) - HEADER_NBYTES
         self._mem: mmap.mmap | None = mem
-        self._words: memoryview | None = memoryview(mem)[:40].cast("I")
+        self._words: memoryview | None = memoryview(mem)[:44].cast("I")
         self._ready: memoryview | None = memoryview(mem)[READY_OFFSET : READY_OFFSET + 8].cast("Q")
         self._body: memoryview | None = memoryview(mem)[HEADER_NBYTES:]
         self._payload: memoryview | None = None
@@ -131,6 +141,7 @@ class Staging:
             (W_VERSION, VERSION),
             (W_SRC_PID, os.getpid()),
             (W_DEST_PID, 0),
+            (W_CLAIM, CLAIM_STAGED),
             (W_DEST_STATE, DEST_NONE),
         ):
             self.set_word(i, value)

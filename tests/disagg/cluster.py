@@ -28,14 +28,26 @@ ENFORCED = Routing(enforce_disagg=True)
 
 
 def mock_engine(
-    *, num_blocks: int = 256, block_size: int = 4, chunk: int = 32, kv_hold_timeout_s: float = 30.0
+    *,
+    num_blocks: int = 256,
+    block_size: int = 4,
+    chunk: int = 32,
+    kv_hold_timeout_s: float = 30.0,
+    shared: bool = False,
+    runner_class: type[MockRunner] = MockRunner,
 ) -> EngineCore:
-    """A mock engine on the real clock (KV hold timeouts fire), no modelled sleeping."""
+    """A mock engine on the real clock (KV hold timeouts fire), no modelled sleeping;
+    ``shared``: its KV on a memfd (the one copy)."""
     from tests.engine.conftest import EOS, VOCAB, make_config
 
     config = make_config(num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=chunk)
-    runner = MockRunner(
-        num_blocks=num_blocks, block_size=block_size, vocab_size=VOCAB, eos_token_ids=(EOS,), timing=None
+    runner = runner_class(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        vocab_size=VOCAB,
+        eos_token_ids=(EOS,),
+        timing=None,
+        shared=shared,
     )
     return EngineCore(config, runner, clock=RealClock(), kv_hold_timeout_s=kv_hold_timeout_s)
 
@@ -57,7 +69,14 @@ class Cluster:
         return {wid: w.handoff.agent for wid, w in self.workers.items() if w.handoff is not None}
 
     async def add_worker(
-        self, wid: str, role: str, core: EngineCore, *, agent: bool = True, transfer_timeout_s: float = 30.0
+        self,
+        wid: str,
+        role: str,
+        core: EngineCore,
+        *,
+        agent: bool = True,
+        transfer_timeout_s: float = 30.0,
+        transport: str = "auto",
     ) -> Worker:
         spec = WorkerSpec(
             engine=core.config,
@@ -65,7 +84,7 @@ class Cluster:
             model_path="",
             role=role,
             instance_id=wid,
-            kv_transfer="auto" if agent else "none",
+            kv_transfer=transport if agent else "none",
             kv_transfer_timeout_s=transfer_timeout_s,
         )
         return (await self.running.launch(spec, core=core)).local  # type: ignore[no-any-return]

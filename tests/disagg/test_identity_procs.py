@@ -1,8 +1,9 @@
-"""The identity test over worker processes: shared memory, then TCP.
+"""The identity test over worker processes: the one copy, then TCP.
 
 ``interlock worker`` processes (SmolLM2, fp32, one thread, 64-token prefill budget) over a
-private nats-server. Phase 1: A prefills (staging in /dev/shm), B decodes (``auto``) -> every
-pull is shared memory. Phase 2: A becomes a decode worker by a control call and C joins as the
+private nats-server. Phase 1: A prefills (its KV cache on a memfd: ``shared_kv_cache``'s
+default for a CPU prefill worker), B decodes (``auto``) -> every pull is the one copy, B copying
+straight from A's cache (``direct``). Phase 2: A becomes a decode worker by a control call and C joins as the
 prefill worker with ``--cache-transport tcp`` (it stages in private memory, so every peer pulls
 from it over TCP) -> every pull, by A or B, is TCP. Both phases must equal the aggregated
 engine's greedy tokens.
@@ -76,7 +77,7 @@ def test_disaggregated_equals_aggregated_over_shm_and_tcp(
             await c.wait_for(2, timeout_s=180.0)
             assert await run_all(c, prompts, "shm") == expected
             assert (await c.control("b", ControlRequest(op="status"))).pulls_by_transport == {
-                "shm": len(prompts)
+                "direct": len(prompts)
             }
 
             assert (await c.control("a", ControlRequest(op="set_role", role="decode"))).ok
@@ -86,7 +87,7 @@ def test_disaggregated_equals_aggregated_over_shm_and_tcp(
             assert await run_all(c, prompts, "tcp") == expected
             pulls = [(await c.control(w, ControlRequest(op="status"))).pulls_by_transport for w in ("a", "b")]
             assert pulls[0].get("tcp", 0) + pulls[1].get("tcp", 0) == len(prompts)
-            assert pulls[1].get("shm") == len(prompts) and "shm" not in pulls[0]
+            assert pulls[1].get("direct") == len(prompts) and "direct" not in pulls[0]
             for wid in ("a", "b", "c"):
                 st = await c.control(wid, ControlRequest(op="check_integrity"))
                 assert st.ok and st.kv_blocks_used == 0, st

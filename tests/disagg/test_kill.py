@@ -1,6 +1,8 @@
 """1,000 requests through 2 prefill + 2 decode worker processes (mock runner) with random
 cancellations, one prefill worker SIGKILLed a third of the way and one decode worker two thirds: every request completes or ends with a
-clean error, and every live worker's block pool is intact with no block left in use."""
+clean error, and every live worker's block pool is intact with no block left in use. The KV moves
+by the one copy (the decode workers copy from the prefill workers' shared caches), so the kill
+hits sources holding blocks for DIRECT claims and destinations in the middle of copies."""
 
 from __future__ import annotations
 
@@ -115,7 +117,8 @@ def test_thousand_requests_cancellations_and_a_killed_prefill_worker() -> None:
                 assert st.kv_blocks_used == 0 and st.live_transfers == 0, st
                 for t, k in st.pulls_by_transport.items():
                     pulls[t] = pulls.get(t, 0) + k
-            assert pulls.get("shm", 0) > N // 3, pulls
+            # Prefill workers' caches are shared (the default on CPU): pulls are the one copy.
+            assert pulls.get("direct", 0) > N // 3, pulls
             # The same call from the command line.
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,

@@ -8,6 +8,7 @@ frontend``) and the official ``openai`` client; the routing decision comes back 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -138,3 +139,57 @@ def test_frontend_disaggregates_like_serve(deployment: tuple[str, str]) -> None:
         if line.startswith("interlock_disagg_choices_total{")
     )
     assert choices == 12  # every request went through the disaggregation choice
+
+
+def _status(nats_url: str, wid: str) -> dict:
+    """The worker's control status, as ``interlock worker control status`` prints it."""
+    proc = spawn("worker", "control", "status", "--instance-id", wid, "--nats-url", nats_url)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_decode_worker_copies_each_prompt_straight_from_the_prefill_cache(
+    deployment: tuple[str, str],
+) -> None:
+    """The prefill worker's cache is shared by default (a CPU prefill worker), so every pull
+    on this host is the one copy: counted per transport by the decode worker, and afterwards no
+    block and no transfer is left on either side; the greedy output equals the one served
+    without a transfer. A second frontend on the same workers
+    prefills every request remotely (``--enforce-disagg``: the mock's modelled times would
+    keep short prompts local)."""
+    url, nats_url = deployment
+    prompts = [f"one copy {i} " * 40 for i in range(4)]
+    plain = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    # The first frontend's own choice (prefilled on the decode worker itself, as the mock's
+    # times make it) gives the greedy text to compare with.
+    want = [
+        plain.completions.create(model="SmolLM2-135M-Instruct", prompt=p, max_tokens=8, temperature=0)
+        .choices[0]
+        .text
+        for p in prompts
+    ]
+    assert all(want)
+    before = _status(nats_url, "d")["pulls_by_transport"]
+    port = free_port()
+    frontend = spawn("frontend", "--nats-url", nats_url, "--port", str(port), "--enforce-disagg")
+    try:
+        wait_for_line(frontend, "frontend at", [], 120)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        for p, text in zip(prompts, want, strict=True):
+            r = client.completions.create(
+                model="SmolLM2-135M-Instruct", prompt=p, max_tokens=8, temperature=0
+            )
+            assert r.choices[0].text == text  # the same greedy output through the one copy
+    finally:
+        frontend.terminate()
+        frontend.wait(20)
+    d = _status(nats_url, "d")
+    assert d["pulls_by_transport"] == {**before, "direct": before.get("direct", 0) + 4}
+    deadline = time.monotonic() + 10
+    while True:  # the prefill side frees its blocks once it sees DONE
+        p, d = _status(nats_url, "p"), _status(nats_url, "d")
+        if p["kv_blocks_used"] == d["kv_blocks_used"] == p["live_transfers"] == d["live_transfers"] == 0:
+            break
+        assert time.monotonic() < deadline, (p, d)
+        time.sleep(0.2)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -10,6 +9,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -34,7 +34,7 @@ _CHILD = textwrap.dedent(
     os.ftruncate(fd, n)
     m = mmap.mmap(fd, n, mmap.MAP_SHARED)
     np.frombuffer(m, np.uint8)[:] = (np.arange(n, dtype=np.int64) * 7 % 251).astype(np.uint8)
-    print(os.getpid(), fd, flush=True)
+    print(os.getpid(), fd, os.fstat(fd).st_ino, flush=True)
     sys.stdin.readline()
     """
 )
@@ -54,8 +54,19 @@ def source() -> Iterator[tuple[subprocess.Popen[str], SharedCacheRegion]]:
     )
     try:
         assert proc.stdout is not None
-        pid, fd = map(int, proc.stdout.readline().split())
-        yield proc, SharedCacheRegion(pid=pid, fd=fd, num_blocks=BLOCKS, piece=kv._piece, pieces=kv._pieces)
+        pid, fd, ino = map(int, proc.stdout.readline().split())
+        yield (
+            proc,
+            SharedCacheRegion(
+                pid=pid,
+                fd=fd,
+                ino=ino,
+                num_blocks=BLOCKS,
+                piece=kv._piece,
+                pieces=kv._pieces,
+                dtype="float32",
+            ),
+        )
     finally:
         proc.kill()
         proc.wait(timeout=10)
@@ -112,14 +123,18 @@ def test_ids_out_of_range_and_a_layout_that_lies_are_refused_by_name(
             kv.copy_from_shared(view, [1, 2], [0, -1])
         with pytest.raises(ValueError, match="2 source block ids for 1"):
             kv.copy_from_shared(view, [1, 2], [0])
-        other = dataclasses.replace(region, piece=region.piece * 2, num_blocks=BLOCKS // 2)
+        other = msgspec.structs.replace(region, piece=region.piece * 2, num_blocks=BLOCKS // 2)
         with pytest.raises(ValueError, match="shared cache layout"):
             kv.copy_from_shared(SharedCacheView(other), [0], [0])
     finally:
         view.close()
     assert not kv.tensor.any()  # nothing copied by a refused call
     with pytest.raises(ValueError, match="its layout declares"):  # more than the file holds
-        SharedCacheView(dataclasses.replace(region, num_blocks=BLOCKS + 1))
+        SharedCacheView(msgspec.structs.replace(region, num_blocks=BLOCKS + 1))
+    with pytest.raises(ValueError, match="is another file"):  # a reused pid or fd
+        SharedCacheView(msgspec.structs.replace(region, ino=region.ino + 1))
+    assert "dtype" in kv.region_mismatch(msgspec.structs.replace(region, dtype="bfloat16"))
+    assert kv.region_mismatch(region) == ""
 
 
 def test_a_shared_cache_is_found_by_its_region_in_this_process() -> None:

@@ -97,3 +97,37 @@ def stalled_dest(conn: Connection, address: str, transfer_id: str) -> None:
     sock.recv(1024)
     conn.send("stalled")
     time.sleep(3600)
+
+
+def direct_source(conn: Connection, num_blocks: int, block_size: int) -> None:
+    """A prefill worker's side of the one copy: a shared mock cache whose block b holds b in
+    every slot, published for blocks 1..num_blocks-1 with its region; obeys ("status",
+    wait_s) like ``agent_peer`` and ("exit",)."""
+    from interlock.engine.runners.mock import MockRunner
+
+    runner = MockRunner(num_blocks=num_blocks, block_size=block_size, timing=None, shared=True)
+    for b in range(num_blocks):
+        runner.kv[b] = b
+    with TransferAgent(pool_bytes=0) as agent:
+        src = agent.create_source((num_blocks - 1) * runner.kv_block_nbytes, timeout_s=10.0)
+        desc = src.publish(ready=0, cache_region=runner.shared_region())
+        conn.send(msgspec.msgpack.encode(desc))
+        while True:
+            cmd = conn.recv()
+            if cmd[0] == "status":
+                deadline = time.monotonic() + cmd[1]
+                while not src.poll().finished and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                conn.send((src.claim_kind(), src.poll().state.value, src.poll().reason))
+            else:
+                return
+
+
+def direct_dest(conn: Connection, descriptor: bytes) -> None:
+    """Claims a transfer DIRECT, says so, then waits to be killed (a decode worker that dies
+    mid-copy)."""
+    desc = msgspec.msgpack.decode(descriptor, type=TransferDescriptor)
+    with TransferAgent(pool_bytes=0) as agent:
+        dst = agent.pull_direct(desc, timeout_s=30.0)
+        conn.send((dst.poll().state.value, dst.poll().reason))
+        time.sleep(3600)

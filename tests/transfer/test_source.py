@@ -96,3 +96,19 @@ def test_publish_twice_or_after_abort(agent):
     src.abort()
     with pytest.raises(RuntimeError):
         src.publish()
+
+
+def test_an_export_still_running_when_the_transfer_is_aborted_writes_nowhere_harmful(agent, other):
+    """A worker closing aborts its in-process pull while the prefill export still writes:
+    the writer's view stays valid (no "operation forbidden on released memoryview"), the
+    destination's too, and the segment is gone."""
+    src = agent.create_source(4096, timeout_s=10.0)
+    buf = src.buffer
+    desc = src.publish(ready=0)
+    dst = agent.pull(desc, transport="inproc")
+    payload = dst.payload
+    dst.abort("worker closing")
+    assert src.poll().state is TransferState.FAILED
+    buf[:10] = b"0123456789"  # the export's next chunk lands in pages nobody reads
+    assert bytes(payload[:10]) == b"0123456789"
+    assert list_segments(os.getpid()) == []

@@ -26,8 +26,8 @@ copies blocks straight into its own cache (``copy_from_shared``): one copy inste
 and import. The file's size is checked against the declared layout and every block id
 against it in C, so nothing outside the cache is read. A memfd needs no name in /dev/shm: it
 goes with the last process that maps it (no leak when the worker dies), and a view mapped
-before that stays readable. Shared memory gets no huge pages here (shmem THP is usually
-"never"): reads of scattered 2 KiB pieces stay fast on 4 KiB pages (70% of one memcpy for 64
+before that stays readable. Shared memory gets huge pages only where ``shmem_enabled`` allows
+"advise" (the mapping is advised; it is "never" on the VM measured): reads of scattered 2 KiB pieces stay fast on 4 KiB pages (70% of one memcpy for 64
 MiB, AMD EPYC VM; BENCHMARKS.md), the writes still go to the destination's huge pages.
 
 Export format (what another runner of the same model imports): blocks one after another, each
@@ -44,13 +44,14 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from interlock.engine.model import cpu_ops
 from interlock.engine.model.config import ModelArchConfig
+from interlock.engine.shared_cache import SharedCacheView, layout_mismatch, region_of, shared_mapping
+from interlock.protocol.transfer import SharedCacheRegion
 
 _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 """Integer dtypes numpy can view a KV dtype's bytes as (bf16 has no numpy dtype)."""
@@ -109,18 +110,25 @@ class PagedKVCache:
         self._base = self.tensor.data_ptr()
         self._piece = block_size * config.head_dim * self.tensor.element_size()
         self._pieces = config.num_layers * 2 * config.num_kv_heads
+        self._dtype_name = str(dtype).removeprefix("torch.")
 
     def shared_region(self) -> SharedCacheRegion | None:
         """Where another process of this user finds this cache (None unless ``shared``)."""
         if self._memfd < 0:
             return None
-        return SharedCacheRegion(
-            pid=os.getpid(),
-            fd=self._memfd,
+        return region_of(
+            self._memfd,
             num_blocks=self.num_blocks,
             piece=self._piece,
             pieces=self._pieces,
+            dtype=self._dtype_name,
         )
+
+    def region_mismatch(self, region: SharedCacheRegion) -> str:
+        """Why blocks of ``region`` cannot be copied into this cache ("" when they can)."""
+        if self._kernel is None:
+            return "no block-copy kernel here (copies from a shared cache need it)"
+        return layout_mismatch(region, self._piece, self._pieces, self._dtype_name)
 
     def copy_from_shared(
         self, view: SharedCacheView, src_ids: Sequence[int], block_ids: Sequence[int]
@@ -129,16 +137,12 @@ class PagedKVCache:
         copy. Raises IndexError naming an id out of range (nothing copied then), ValueError for
         a cache of another layout or without the kernel."""
         region = view.region
-        if (region.piece, region.pieces) != (self._piece, self._pieces):
-            raise ValueError(
-                f"shared cache layout {region.pieces} pieces of {region.piece} bytes, "
-                f"this cache {self._pieces} of {self._piece}"
-            )
+        if reason := self.region_mismatch(region):
+            raise ValueError(reason)
         n = len(block_ids)
         if len(src_ids) != n:
             raise ValueError(f"{len(src_ids)} source block ids for {n} block ids")
-        if self._kernel is None:
-            raise ValueError("copying from a shared cache needs the block-copy kernel")
+        assert self._kernel is not None
         if not n:
             return
         ids, sids = array.array("q", block_ids), array.array("q", src_ids)
@@ -280,59 +284,10 @@ class PagedKVCache:
         return flat.view(self.dtype).view(num_blocks, layers, two, heads, bs, dim)
 
 
-@dataclass(frozen=True, slots=True)
-class SharedCacheRegion:
-    """A shared KV cache as another process finds it: ``/proc/<pid>/fd/<fd>``, ``num_blocks``
-    blocks of ``pieces`` pieces of ``piece`` bytes (``kv_copy.c`` has the geometry)."""
-
-    pid: int
-    fd: int
-    num_blocks: int
-    piece: int
-    pieces: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.num_blocks * self.pieces * self.piece
-
-
-class SharedCacheView:
-    """Another process's shared cache mapped read-only here. Raises OSError when it cannot be
-    opened (the process gone, no permission), ValueError when the file is not of the declared
-    size. ``close`` unmaps it (a copy must not run then)."""
-
-    def __init__(self, region: SharedCacheRegion) -> None:
-        if min(region.num_blocks, region.piece, region.pieces) <= 0:
-            raise ValueError(f"shared cache region with an empty layout: {region}")
-        fd = os.open(f"/proc/{region.pid}/fd/{region.fd}", os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            if size != region.nbytes:
-                raise ValueError(f"shared cache of {size} bytes, its layout declares {region.nbytes}")
-            self._mem: mmap.mmap | None = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
-        finally:
-            os.close(fd)
-        self.region = region
-        self._arr = np.frombuffer(self._mem, dtype=np.uint8)
-        self.address = int(self._arr.__array_interface__["data"][0])
-
-    def close(self) -> None:
-        mem, self._mem = self._mem, None
-        if mem is not None:
-            del self._arr
-            mem.close()
-
-
 def _shared_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, mmap.mmap, torch.Tensor]:
     """A zeroed CPU tensor on a memfd mapped shared (module note): (fd, mapping, tensor)."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    fd = os.memfd_create("interlock-kv-cache", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, nbytes)
-        mem = mmap.mmap(fd, max(1, nbytes), mmap.MAP_SHARED)
-    except BaseException:
-        os.close(fd)
-        raise
+    fd, mem = shared_mapping(nbytes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         flat = torch.frombuffer(mem, dtype=torch.uint8, count=nbytes)

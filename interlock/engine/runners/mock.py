@@ -10,21 +10,33 @@ cache* (the first, the middle one and the last ``context``) and the position, mo
   * a wrong block table, a lost block or a broken KV transfer changes the output, so tests of
     those paths are real tests; export/import copy actual bytes.
 
+With ``shared=True`` the KV array lies on a memfd (``engine.shared_cache``), so a decode worker
+of the same host copies a prefill's blocks straight out of it, as with the torch runner's
+shared cache (layout: one piece of ``block_size`` int32 per block).
+
 Each step's time comes from ``timing.TimingModel``; it is recorded in ``last_step_time_s`` and
 slept only on a real-time clock (a simulation advances its virtual clock itself).
 """
 
 from __future__ import annotations
 
+import os
+import weakref
 from array import array
-from collections.abc import Sequence
+from collections.abc import MutableSequence, Sequence
+from typing import cast
 
 import numpy as np
 
 from interlock.engine.clock import Clock
 from interlock.engine.runner import RunnerOutput, ScheduledRequest, SchedulerOutput
+from interlock.engine.shared_cache import SharedCacheView, layout_mismatch, region_of, shared_mapping
 from interlock.engine.timing import TimingModel
 from interlock.protocol import TokenLogprobs
+from interlock.protocol.transfer import SharedCacheRegion
+
+_DTYPE = "mock-int32"
+"""The mock's KV dtype as a shared cache names it (only another mock copies from it)."""
 
 _MASK = (1 << 64) - 1
 
@@ -54,6 +66,7 @@ class MockRunner:
         context: int = 4,
         timing: TimingModel | None = TimingModel(),
         clock: Clock | None = None,
+        shared: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -63,10 +76,20 @@ class MockRunner:
         self.context = context
         self.timing = timing
         self.clock = clock
-        # One buffer, two views: array.array for fast scalar access in the per-token paths,
-        # numpy for bulk copies (export/import, long chunks).
-        self._flat = array("i", [-1]) * (num_blocks * block_size)
-        self.kv = np.frombuffer(self._flat, dtype=np.int32).reshape(num_blocks, block_size)
+        # One buffer, two views: array.array (a memoryview of a shared one) for fast scalar
+        # access in the per-token paths, numpy for bulk copies (export/import, long chunks).
+        self._memfd = -1
+        self._flat: MutableSequence[int]
+        if shared:
+            self._memfd, self._mem = shared_mapping(num_blocks * block_size * 4, "interlock-mock-kv")
+            weakref.finalize(self, os.close, self._memfd)
+            flat = memoryview(self._mem).cast("i")
+            self._flat = cast("MutableSequence[int]", flat)
+            self.kv = np.frombuffer(flat, dtype=np.int32).reshape(num_blocks, block_size)
+            self.kv[:] = -1
+        else:
+            self._flat = array("i", [-1]) * (num_blocks * block_size)
+            self.kv = np.frombuffer(self._flat, dtype=np.int32).reshape(num_blocks, block_size)
         self.last_step_time_s = 0.0
         self.steps = 0
 
@@ -134,6 +157,32 @@ class MockRunner:
             raise ValueError(f"{len(blocks)} blocks for {len(block_ids)} block ids")
         for b, data in zip(block_ids, blocks, strict=True):
             self.import_blocks([b], data)
+
+    def shared_region(self) -> SharedCacheRegion | None:
+        if self._memfd < 0:
+            return None
+        return region_of(
+            self._memfd, num_blocks=self.num_blocks, piece=self.block_size * 4, pieces=1, dtype=_DTYPE
+        )
+
+    def region_mismatch(self, region: SharedCacheRegion) -> str:
+        return layout_mismatch(region, self.block_size * 4, 1, _DTYPE)
+
+    def copy_from_shared(
+        self, view: SharedCacheView, src_ids: Sequence[int], block_ids: Sequence[int]
+    ) -> None:
+        if reason := self.region_mismatch(view.region):
+            raise ValueError(reason)
+        if len(src_ids) != len(block_ids):
+            raise ValueError(f"{len(src_ids)} source block ids for {len(block_ids)} block ids")
+        src_n = view.region.num_blocks
+        for s, b in zip(src_ids, block_ids, strict=True):  # all checked before anything is copied
+            if not 0 <= s < src_n:
+                raise IndexError(f"source block id {s} out of range [0, {src_n})")
+            if not 0 <= b < self.num_blocks:
+                raise IndexError(f"block id {b} out of range [0, {self.num_blocks})")
+        src = view.array.view(np.int32).reshape(src_n, self.block_size)
+        self.kv[np.asarray(block_ids, dtype=np.int64)] = src[np.asarray(src_ids, dtype=np.int64)]
 
 
 def reference_output(

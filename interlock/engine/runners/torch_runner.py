@@ -21,9 +21,11 @@ from interlock.engine.config import EngineConfig
 from interlock.engine.model import LlamaModel, PagedKVCache, SequenceChunk, blocks_for_budget, build_input
 from interlock.engine.runner import RunnerOutput, SchedulerOutput
 from interlock.engine.sampler import Sampler, SamplingRow
+from interlock.engine.shared_cache import SharedCacheView
 from interlock.env import get_env
 from interlock.errors import ConfigError
 from interlock.model_store import resolve_model
+from interlock.protocol.transfer import SharedCacheRegion
 
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -43,14 +45,18 @@ class TorchRunner:
         num_blocks: int,
         block_size: int = 16,
         seed: int = 0,
+        shared: bool = False,
     ) -> None:
+        """``shared``: the KV cache on a memfd (``CacheConfig.shared_kv_cache``)."""
         self.model = model
         self.device = model.device
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = model.config.eos_token_ids
-        self.cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, model.device)
+        self.cache = PagedKVCache(
+            model.config, num_blocks, block_size, model.dtype, model.device, shared=shared
+        )
         self.fused = model.fused_attention(block_size)
         self.kv_block_nbytes = self.cache.block_nbytes
         self.sampler = Sampler(self.eos_token_ids, seed=seed, device=model.device)
@@ -69,6 +75,7 @@ class TorchRunner:
             seed=config.model.seed,
             num_threads=config.model.num_threads or get_env().num_threads,
             max_rows=config.scheduler.max_num_batched_tokens,
+            shared=config.cache.shared_kv_cache,
         )
 
     @classmethod
@@ -85,6 +92,7 @@ class TorchRunner:
         seed: int = 0,
         num_threads: int = 0,
         max_rows: int = 2048,
+        shared: bool = False,
     ) -> TorchRunner:
         if dtype not in DTYPES:
             raise ConfigError(f"dtype {dtype!r} is not supported (one of {', '.join(DTYPES)})")
@@ -108,7 +116,7 @@ class TorchRunner:
             )
         if num_blocks is None:
             num_blocks = blocks_for_budget(model.config, block_size, torch_dtype, kv_cache_gib)
-        return cls(model, num_blocks=num_blocks, block_size=block_size, seed=seed)
+        return cls(model, num_blocks=num_blocks, block_size=block_size, seed=seed, shared=shared)
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
@@ -139,3 +147,14 @@ class TorchRunner:
 
     def import_each(self, block_ids: Sequence[int], blocks: Sequence[memoryview]) -> None:
         self.cache.import_each(block_ids, blocks)
+
+    def shared_region(self) -> SharedCacheRegion | None:
+        return self.cache.shared_region()
+
+    def region_mismatch(self, region: SharedCacheRegion) -> str:
+        return self.cache.region_mismatch(region)
+
+    def copy_from_shared(
+        self, view: SharedCacheView, src_ids: Sequence[int], block_ids: Sequence[int]
+    ) -> None:
+        self.cache.copy_from_shared(view, src_ids, block_ids)
