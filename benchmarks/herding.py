@@ -2,15 +2,20 @@
 requests over the mean, and the hit ratio against its bound, for the ``kv`` policy with and
 without KV events (the workload of ``tests/sim/test_replay.py``).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/herding.py --rates 20,60,120
+    PYTHONPATH=. .venv/bin/python benchmarks/herding.py --rates 20,60,120 [--cost stall_weight=0]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from interlock.router import RouterConfig
 from interlock.sim import ReplayConfig, SharedPrefixSpec, replay, shared_prefix_requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from replay_compare import parse_cost  # noqa: E402
 
 
 def main() -> None:
@@ -19,7 +24,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1500)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--num-blocks", type=int, default=4000)
+    ap.add_argument("--cost", default="", help="kv cost fields to change, e.g. stall_weight=0")
     args = ap.parse_args()
+    cost = parse_cost(args.cost)
     print("| req/s | KV events | busiest / mean in flight | hit ratio | bound | TTFT p50 / p99 ms |")
     print("|---|---|---|---|---|---|")
     for rate in (float(r) for r in args.rates.split(",")):
@@ -38,7 +45,7 @@ def main() -> None:
             config = ReplayConfig(
                 num_workers=args.workers,
                 num_blocks=args.num_blocks,
-                router=RouterConfig(policy="kv", seed=0),
+                router=RouterConfig(policy="kv", seed=0, cost=cost),
                 publish_events=events,
             )
             rep = replay(requests, config)

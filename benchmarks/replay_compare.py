@@ -17,6 +17,7 @@ the requests refused by the router's admission queue.
 
     .venv/bin/python benchmarks/replay_compare.py [--speedup 7.5] [--json out.json]
     .venv/bin/python benchmarks/replay_compare.py --workload agent --speedups 1,2,3 --policies kv,round-robin
+    .venv/bin/python benchmarks/replay_compare.py --speedup 7.5 --policies kv --cost stall_weight=0,miss_weight=2
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from interlock.mooncake import TRACE_BLOCK_SIZE, load_mooncake, write_mooncake
 from interlock.router import RouterConfig
+from interlock.router.cost import CostParams
 from interlock.sim import ReplayConfig, TraceHasher, mooncake_requests, replay
 from interlock.sim.synthetic import AgentSpec, agent_records
 
@@ -50,12 +53,40 @@ print(json.dumps({"hit_ratio": s["prefix_cache_reused_ratio"], "ttft_p50_ms": s[
 """
 
 
+def parse_cost(text: str) -> CostParams:
+    """``CostParams`` with the fields named in ``text`` (``name=value,...``) changed; an unknown
+    name or a value of the wrong type is an error."""
+    kw: dict[str, object] = {}
+    defaults = CostParams()
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not hasattr(defaults, name):
+            raise SystemExit(f"--cost: {item!r} is not NAME=VALUE with NAME a CostParams field")
+        current = getattr(defaults, name)
+        if isinstance(current, bool):
+            if value.lower() not in ("0", "1", "true", "false", "on", "off"):
+                raise SystemExit(f"--cost: {name} takes 0/1, true/false or on/off, not {value!r}")
+            kw[name] = value.lower() in ("1", "true", "on")
+        else:
+            try:
+                kw[name] = type(current)(value)
+            except ValueError:
+                raise SystemExit(f"--cost: {name} takes a {type(current).__name__}, not {value!r}") from None
+    return replace(defaults, **kw)  # type: ignore[arg-type]
+
+
 def run_ours(records, hasher: TraceHasher, speedup: float, policy: str, args) -> dict:
     reqs = mooncake_requests(records, block_size=64, speedup=speedup, hasher=hasher)
     cfg = ReplayConfig(
         num_workers=args.workers,
         num_blocks=args.blocks,
-        router=RouterConfig(policy=policy, block_size=64, seed=0, max_queue_wait_s=args.max_queue_wait),
+        router=RouterConfig(
+            policy=policy,
+            block_size=64,
+            seed=0,
+            max_queue_wait_s=args.max_queue_wait,
+            cost=parse_cost(args.cost),
+        ),
     )
     return replay(reqs, cfg).to_dict()
 
@@ -133,6 +164,11 @@ def main() -> None:
         type=float,
         default=0.0,
         help="RouterConfig.max_queue_wait_s (0: the queue is bounded by count only)",
+    )
+    ap.add_argument(
+        "--cost",
+        default="",
+        help="kv cost fields to change from their defaults, e.g. stall_weight=0,backlog_charge=off",
     )
     ap.add_argument("--dynamo-python", default="/tmp/dynamo-venv/bin/python")
     ap.add_argument("--json", default=None)
