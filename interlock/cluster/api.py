@@ -14,6 +14,12 @@ worker processes (supervised, restarted when they fail). Every call has an ``asy
 (``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, ...), refused by name
 when unknown, exactly as the HTTP frontend refuses them.
 
+``create_serving_instance(..., planner="reactive")`` (or ``"sla"``, a mapping of the
+deployment file's ``planner:`` keys, a ``PlannerConfig``) sizes the instance with a planner
+within ``min_replicas..max_replicas``, as ``interlock serve --planner`` sizes its fleet;
+``instance.planner_status()`` lists its decisions with their reasons; it stops with the
+instance or the cluster.
+
 The deployment runs on its own event loop in a background thread, so the blocking calls work
 anywhere and the async ones from any loop.
 """

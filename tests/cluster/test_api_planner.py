@@ -119,16 +119,28 @@ def test_bad_planner_arguments_are_refused_by_name_before_any_worker_starts(
     assert len(cluster.running.workers()) == before
 
 
-def test_closing_the_cluster_stops_the_planner_and_its_workers() -> None:
+def test_a_planner_scales_its_own_instance_and_stops_with_the_cluster() -> None:
+    """Two instances (two execution groups): the planner of the second sees only its own
+    workers and its model's router; closing the cluster stops it, then every worker."""
     with interlock.Cluster.local() as c:
+        c.register_model("a", "smollm2", runner="mock", max_model_len=512)
         c.register_model("m", "smollm2", runner="mock", max_model_len=512)
+        fixed = c.create_serving_instance(model="a", num_blocks=64)
         instance = c.create_serving_instance(
             model="m", max_replicas=2, planner={"interval_s": 0.1, "ramp_s": 0}, num_blocks=64
         )
         planned = instance._planner
-        children = [h.child for h in instance.workers if h.child is not None]
-        assert planned is not None and not planned.task.done() and len(children) == 1
-        assert instance.planner_status()["ticks"] >= 0
+        assert planned is not None and not planned.task.done()
+        assert (fixed.group, instance.group, planned.fleet.group) == (0, 1, 1)
+        assert planned.loop.view.model == "m"
+        [mine] = c.call(planned.fleet.workers())
+        assert mine.worker_id == instance.workers[0].instance_id
+        with pytest.raises(ConfigError, match="serving instance of 'a' has no planner"):
+            fixed.planner_status()
+        wait_for(lambda: instance.planner_status()["ticks"] >= 2)
+        assert instance.planner_status()["decisions"] == []  # idle: within its bounds, no change
+        children = [h.child for h in c.running.workers() if h.child is not None]
+        assert len(children) == 2
     assert planned.task.done() and not c.running._planners
     assert all(not child.alive for child in children)
     assert c.running.nats is not None and c.running.nats.returncode is not None
