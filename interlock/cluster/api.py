@@ -43,7 +43,9 @@ from interlock.deploy import ControlPlane, Deployment, ExecutionGroup, NodeGroup
 from interlock.errors import ConfigError
 from interlock.frontend.config import FrontendConfig
 from interlock.names import ROLES
+from interlock.planner.build import build_planner
 from interlock.planner.config import PlannerConfig, RoleBounds, parse_planner_config
+from interlock.planner.core import Planner
 from interlock.runtime.config import NatsAuth
 
 T = TypeVar("T")
@@ -192,9 +194,10 @@ class Cluster:
         group = replace(group, nodes=nodes, max_replicas=cap)
         validate_deployment(Deployment(execution_groups=(group,)))
         planned = None
-        if planner is not None:
+        if planner is not None:  # built (its profile read) before any worker starts
             policy = self._running.spec.deployment.routing.policy
-            planned = instance_planner_config(planner, group, policy, min_replicas)
+            cfg = instance_planner_config(planner, group, policy, min_replicas)
+            planned = await asyncio.to_thread(build_planner, cfg)
         instance = await self._on_loop(
             self._start_instance(model, group, min_replicas, ready_timeout_s, planned)
         )
@@ -207,7 +210,7 @@ class Cluster:
         group: ExecutionGroup,
         replicas: int,
         timeout_s: float,
-        planner: PlannerConfig | None,
+        planner: Planner | None,
     ) -> ServingInstance:
         running = self._running
         index = await running.add_group(group)

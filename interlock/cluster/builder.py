@@ -47,7 +47,7 @@ from interlock.deploy import ExecutionGroup, validate_deployment
 from interlock.env import get_env
 from interlock.errors import ConfigError
 from interlock.names import ROLES
-from interlock.planner.config import PlannerConfig
+from interlock.planner.core import Planner
 from interlock.runtime.config import NatsAuth, RuntimeConfig
 from interlock.runtime.nats_permissions import NatsUser, worker_user
 
@@ -347,32 +347,32 @@ class RunningCluster:
         workers, and its status server; call it once the first workers are ready (those it
         sees ready at its first look count as warm: no routing-weight ramp for them)."""
         from interlock.cluster.spec import fleet_planner_config
+        from interlock.planner.build import build_planner
 
         assert self.spec.planner is not None and self.planner is None
-        planned = await self.run_planner(fleet_planner_config(self.spec), status_port=self.spec.planner_port)
+        planner = await asyncio.to_thread(build_planner, fleet_planner_config(self.spec))
+        planned = await self.run_planner(planner, status_port=self.spec.planner_port)
         self.planner, self.planner_url = planned.loop, planned.url
 
     async def run_planner(
         self,
-        config: PlannerConfig,
+        planner: Planner,
         group: int = 0,
         *,
         model: str | None = None,
         status_port: int | None = None,
     ) -> RunningPlanner:
-        """Run a planner (``config``: a checked ``PlannerConfig``) over the workers of execution
-        group ``group``, until ``stop_planner`` or ``close``. ``model``: the router's view is
+        """Run ``planner`` (``planner.build.build_planner`` of a checked config) over the workers
+        of execution group ``group``, until ``stop_planner`` or ``close``. ``model``: the router's view is
         that model's (its queue, traffic and routing weights; None: every model's).
         ``status_port``: also serve its status (``GET /planner``) there (0: any free port).
         Call it once the group's first workers are ready (see ``start_planner``)."""
         from interlock.cluster.fleet import ClusterFleet
-        from interlock.planner.build import build_planner
         from interlock.planner.live import RouterServiceView
         from interlock.planner.loop import PlannerLoop
         from interlock.planner.status import serve_status
 
         assert self.service is not None, "a planner needs the router here"
-        planner = await asyncio.to_thread(build_planner, config)
         fleet = ClusterFleet(self, group, role_grace_s=self.spec.processes.drain_grace_s)
         loop = PlannerLoop(planner, fleet, RouterServiceView(self.service, model=model))
         server, url = None, None
@@ -392,7 +392,7 @@ class RunningCluster:
         self._planners.append(planned)
         log.info(
             "planner (%s) started over group %d%s",
-            config.policy,
+            planner.config.policy,
             group,
             f"; status at {url}/planner" if url else "",
         )

@@ -93,6 +93,10 @@ def test_a_planner_grows_the_instance_under_load_and_shrinks_it_after(cluster: i
         ({"planner": {"policy": "reactive", "colour": 1}}, "planner.colour: unknown key"),
         ({"planner": "fast"}, "planner.policy: 'fast' is not one of"),
         ({"planner": "sla"}, "planner.policy 'sla' needs planner.profile"),
+        (
+            {"planner": {"policy": "sla", "profile": "/nonexistent/p.json"}, "max_replicas": 2},
+            "capability profile /nonexistent/p.json",
+        ),
         ({"planner": 3}, "planner: expected a policy name, a mapping or a PlannerConfig, got int"),
         ({"planner": "reactive"}, "planner: nothing to scale: max_replicas=1"),
         ({"planner": {"interval_s": 0}}, "planner.interval_s must be positive"),
