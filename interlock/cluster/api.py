@@ -14,6 +14,12 @@ worker processes (supervised, restarted when they fail). Every call has an ``asy
 (``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, ...), refused by name
 when unknown, exactly as the HTTP frontend refuses them.
 
+``create_serving_instance(..., planner="reactive")`` (or ``"sla"``, a mapping of the
+deployment file's ``planner:`` keys, a ``PlannerConfig``) sizes the instance with a planner
+within ``min_replicas..max_replicas``, as ``interlock serve --planner`` sizes its fleet;
+``instance.planner_status()`` lists its decisions with their reasons; it stops with the
+instance or the cluster.
+
 The deployment runs on its own event loop in a background thread, so the blocking calls work
 anywhere and the async ones from any loop.
 """
@@ -24,18 +30,22 @@ import asyncio
 import queue
 import threading
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import msgspec
 
-from interlock.cluster.builder import RunningCluster, WorkerHandle
-from interlock.cluster.spec import ClusterSpec
+from interlock.cluster.builder import RunningCluster, RunningPlanner, WorkerHandle
+from interlock.cluster.spec import ClusterSpec, group_planner_config
 from interlock.deploy import ControlPlane, Deployment, ExecutionGroup, NodeGroup, validate_deployment
 from interlock.errors import ConfigError
 from interlock.frontend.config import FrontendConfig
+from interlock.names import ROLES
+from interlock.planner.build import build_planner
+from interlock.planner.config import PlannerConfig, RoleBounds, parse_planner_config
+from interlock.planner.core import Planner
 from interlock.runtime.config import NatsAuth
 
 T = TypeVar("T")
@@ -129,18 +139,28 @@ class Cluster:
         min_replicas: int = 1,
         max_replicas: int | None = None,
         role: str = "both",
+        planner: PlannerSpec = None,
         ready_timeout_s: float = 600.0,
         **node: Any,
     ) -> ServingInstance:
         """Start ``min_replicas`` worker processes of ``model`` and wait until they serve.
         ``max_replicas``: the most workers the instance may grow to (``scale_to`` and the
-        planner stay within it; default ``min_replicas``). ``node``: ``NodeGroup`` fields."""
+        planner stay within it; default ``min_replicas``). ``node``: ``NodeGroup`` fields.
+
+        ``planner``: a planner that adds and removes the instance's workers as its load asks,
+        once they serve (None: the instance keeps its size; ``scale_to`` sizes it). A policy
+        (``"reactive"``, or ``"sla"`` with a profile), a mapping with the keys of the deployment
+        file's ``planner:`` section (``{"policy": "sla", "profile": "p.json", "ttft_ms": 500}``),
+        or a ``PlannerConfig``. The bounds of the instance's role default to ``min_replicas``
+        .. ``max_replicas`` (a ``PlannerConfig`` brings its own, capped by ``max_replicas``).
+        Its decisions: ``planner_status()``; it stops when the instance or the cluster closes."""
         return self._call(
             self.acreate_serving_instance(
                 model,
                 min_replicas=min_replicas,
                 max_replicas=max_replicas,
                 role=role,
+                planner=planner,
                 ready_timeout_s=ready_timeout_s,
                 **node,
             )
@@ -153,6 +173,7 @@ class Cluster:
         min_replicas: int = 1,
         max_replicas: int | None = None,
         role: str = "both",
+        planner: PlannerSpec = None,
         ready_timeout_s: float = 600.0,
         **node: Any,
     ) -> ServingInstance:
@@ -172,23 +193,36 @@ class Cluster:
             raise ConfigError(f"create_serving_instance: {e}") from None
         group = replace(group, nodes=nodes, max_replicas=cap)
         validate_deployment(Deployment(execution_groups=(group,)))
-        instance = await self._on_loop(self._start_instance(model, group, min_replicas, ready_timeout_s))
+        planned = None
+        if planner is not None:  # built (its profile read) before any worker starts
+            policy = self._running.spec.deployment.routing.policy
+            cfg = instance_planner_config(planner, group, policy, min_replicas)
+            planned = await asyncio.to_thread(build_planner, cfg)
+        instance = await self._on_loop(
+            self._start_instance(model, group, min_replicas, ready_timeout_s, planned)
+        )
         self._instances.append(instance)
         return instance
 
     async def _start_instance(
-        self, model: str, group: ExecutionGroup, replicas: int, timeout_s: float
+        self,
+        model: str,
+        group: ExecutionGroup,
+        replicas: int,
+        timeout_s: float,
+        planner: Planner | None,
     ) -> ServingInstance:
         running = self._running
         index = await running.add_group(group)
-        instance = ServingInstance(
-            self, model, index, replicas if group.max_replicas is None else group.max_replicas
-        )
+        role = group.nodes[0].node_role
+        instance = ServingInstance(self, model, index, group.max_replicas or replicas, role)
         for _ in range(replicas):
-            instance._handles.append(await running.add_worker(group.nodes[0].node_role, index))
+            await running.add_worker(role, index)
         why = await running.wait_ready(count=len(running.workers()), timeout_s=timeout_s)
         if why is not None:
             raise ConfigError(f"serving instance of {model!r} did not start: {why}")
+        if planner is not None:
+            instance._planner = await running.run_planner(planner, index, model=model)
         return instance
 
     @property
@@ -263,16 +297,21 @@ class Cluster:
 class ServingInstance:
     """The workers serving one registered model, and how to ask them for text."""
 
-    def __init__(self, cluster: Cluster, model: str, group: int, max_replicas: int) -> None:
+    def __init__(
+        self, cluster: Cluster, model: str, group: int, max_replicas: int, role: str = "both"
+    ) -> None:
         self.cluster = cluster
         self.model = model
         self.group = group
+        """Its execution group in the cluster's builder (one per instance)."""
         self.max_replicas = max_replicas
-        self._handles: list[WorkerHandle] = []
+        self.role = role
+        self._planner: RunningPlanner | None = None
 
     @property
     def workers(self) -> list[WorkerHandle]:
-        return list(self._handles)
+        """Its running workers (a worker the planner is draining is not listed)."""
+        return [h for h in self.cluster._running.workers() if h.group == self.group]
 
     # ---- text ----
     def generate(self, prompt: str | Sequence[int], **sampling: Any) -> str:
@@ -331,25 +370,60 @@ class ServingInstance:
 
     # ---- replicas ----
     def scale_to(self, replicas: int) -> None:
-        """Start or stop (drained) workers until ``replicas`` serve; within ``max_replicas``."""
+        """Start or stop (drained) workers until ``replicas`` serve; within ``max_replicas``.
+        Refused while a planner sizes the instance."""
         self.cluster._call(self._scale(replicas))
 
+    async def ascale_to(self, replicas: int) -> None:
+        await self.cluster._on_loop(self._scale(replicas))
+
+    def planner_status(self) -> dict[str, Any]:
+        """What ``interlock planner status`` lists: the policy, ticks, failed ticks
+        (``errors``), what each pool wants and why it holds, ``decisions_total`` by kind
+        (add, remove, switch) and every decision with its time, worker and reason."""
+        return self.cluster._call(self._planner_status())
+
+    async def aplanner_status(self) -> dict[str, Any]:
+        return await self.cluster._on_loop(self._planner_status())
+
     def close(self) -> None:
-        """Stop this instance's workers (drained)."""
-        self.cluster._call(self._scale(0))
+        """Stop its planner, if any, then its workers (drained)."""
+        self.cluster._call(self._close())
+
+    async def aclose(self) -> None:
+        await self.cluster._on_loop(self._close())
+
+    async def _planner_status(self) -> dict[str, Any]:
+        if self._planner is None:
+            raise ConfigError(
+                f"serving instance of {self.model!r} has no planner (create_serving_instance(planner=...))"
+            )
+        return self._planner.loop.status()  # type: ignore[no-any-return]
+
+    async def _close(self) -> None:
+        if self._planner is not None:
+            planned, self._planner = self._planner, None
+            await self.cluster._running.stop_planner(planned)
+        await self._resize(0)
 
     async def _scale(self, replicas: int) -> None:
+        if self._planner is not None:
+            raise ConfigError(
+                f"scale_to: a planner sizes the serving instance of {self.model!r} "
+                f"(within {self.max_replicas} max_replicas)"
+            )
         if replicas > self.max_replicas:
             raise ConfigError(
                 f"replicas: {replicas} is above this instance's max_replicas={self.max_replicas}"
             )
+        await self._resize(replicas)
+
+    async def _resize(self, replicas: int) -> None:
         running = self.cluster._running
-        while len(self._handles) < replicas:
-            self._handles.append(
-                await running.add_worker(self._handles[0].role if self._handles else "both", self.group)
-            )
-        while len(self._handles) > max(replicas, 0):
-            await running.remove_worker(self._handles.pop(), drain=True)
+        while len(self.workers) < replicas:
+            await running.add_worker(self.role, self.group)
+        while len(self.workers) > max(replicas, 0):
+            await running.remove_worker(self.workers[-1], drain=True)
 
     # ---- on the cluster's loop ----
     def _body(self, prompt: Any, messages: Any, sampling: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -414,6 +488,44 @@ class ServingInstance:
                     return
         finally:
             await stream.aclose()
+
+
+PlannerSpec = str | PlannerConfig | Mapping[str, Any] | None
+"""What ``create_serving_instance(planner=...)`` takes: a policy name, the deployment file's
+``planner:`` keys, or a ``PlannerConfig`` (None: no planner)."""
+
+
+def instance_planner_config(
+    planner: str | PlannerConfig | Mapping[str, Any],
+    group: ExecutionGroup,
+    routing_policy: str,
+    replicas: int,
+) -> PlannerConfig:
+    """The planner of a serving instance of ``group`` that starts ``replicas`` workers: its
+    role's bounds ``replicas .. max_replicas`` unless given; refused by name, before any
+    worker starts, when unknown or when it could not scale the instance."""
+    role = group.nodes[0].node_role
+    cap = group.max_replicas or replicas
+    if isinstance(planner, PlannerConfig):
+        cfg = planner
+    else:
+        if isinstance(planner, str):
+            raw: Mapping[str, Any] = {"policy": planner}
+        elif isinstance(planner, Mapping):
+            raw = planner
+        else:
+            raise ConfigError(
+                f"planner: expected a policy name, a mapping or a PlannerConfig, got {type(planner).__name__}"
+            )
+        bounds: dict[str, Any] = {r: RoleBounds(replicas, cap) if r == role else RoleBounds() for r in ROLES}
+        cfg = parse_planner_config(raw, base=PlannerConfig(**bounds))
+    cfg = group_planner_config(cfg, group, routing_policy, {role})
+    if cfg.total_max() <= replicas and cfg.bounds(role).min >= replicas:
+        raise ConfigError(
+            f"planner: nothing to scale: max_replicas={cap} and the planner keeps at least {replicas} "
+            "workers (give max_replicas above min_replicas)"
+        )
+    return cfg
 
 
 def _prompt(prompt: str | Sequence[int]) -> str | list[int]:

@@ -47,6 +47,7 @@ from interlock.deploy import ExecutionGroup, validate_deployment
 from interlock.env import get_env
 from interlock.errors import ConfigError
 from interlock.names import ROLES
+from interlock.planner.core import Planner
 from interlock.runtime.config import NatsAuth, RuntimeConfig
 from interlock.runtime.nats_permissions import NatsUser, worker_user
 
@@ -75,6 +76,29 @@ class WorkerHandle:
         return self.spec.group
 
 
+@dataclass(eq=False)
+class RunningPlanner:
+    """One planner ``RunningCluster.run_planner`` started: its loop (``status()``), the fleet
+    it scales, its task, and its status server (None: not served)."""
+
+    loop: Any
+    """The ``planner.loop.PlannerLoop``."""
+    fleet: Any
+    """The ``cluster.fleet.ClusterFleet``."""
+    task: asyncio.Task[None]
+    server: asyncio.Server | None = None
+    url: str | None = None
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+        await self.fleet.close()
+
+
 class RunningCluster:
     """What ``start_cluster`` returns; ``close()`` stops everything it started, in order."""
 
@@ -101,7 +125,7 @@ class RunningCluster:
         """The ``planner.loop.PlannerLoop`` (``start_planner``), or None."""
         self.planner_url: str | None = None
         """Where its status is served (``interlock planner status --url``)."""
-        self._planner_parts: tuple[Any, Any, asyncio.Task[None]] | None = None
+        self._planners: list[RunningPlanner] = []
 
     # ---- start ----
     async def start(self) -> None:
@@ -322,42 +346,64 @@ class RunningCluster:
         """Start the planner the spec asks for (``spec.planner``) over this deployment's
         workers, and its status server; call it once the first workers are ready (those it
         sees ready at its first look count as warm: no routing-weight ramp for them)."""
-        from interlock.cluster.fleet import ClusterFleet
         from interlock.cluster.spec import fleet_planner_config
         from interlock.planner.build import build_planner
+
+        assert self.spec.planner is not None and self.planner is None
+        planner = await asyncio.to_thread(build_planner, fleet_planner_config(self.spec))
+        planned = await self.run_planner(planner, status_port=self.spec.planner_port)
+        self.planner, self.planner_url = planned.loop, planned.url
+
+    async def run_planner(
+        self,
+        planner: Planner,
+        group: int = 0,
+        *,
+        model: str | None = None,
+        status_port: int | None = None,
+    ) -> RunningPlanner:
+        """Run ``planner`` (``planner.build.build_planner`` of a checked config) over the workers
+        of execution group ``group``, until ``stop_planner`` or ``close``. ``model``: the router's view is
+        that model's (its queue, traffic and routing weights; None: every model's).
+        ``status_port``: also serve its status (``GET /planner``) there (0: any free port).
+        Call it once the group's first workers are ready (see ``start_planner``)."""
+        from interlock.cluster.fleet import ClusterFleet
         from interlock.planner.live import RouterServiceView
         from interlock.planner.loop import PlannerLoop
         from interlock.planner.status import serve_status
 
-        assert self.spec.planner is not None and self.planner is None and self.service is not None
-        planner = await asyncio.to_thread(build_planner, fleet_planner_config(self.spec))
-        fleet = ClusterFleet(self, role_grace_s=self.spec.processes.drain_grace_s)
-        self.planner = PlannerLoop(planner, fleet, RouterServiceView(self.service))
-        host = self.spec.deployment.control_plane.listen_host
-        try:
-            server = await serve_status(self.planner, host, self.spec.planner_port)
-        except OSError as e:
-            self.planner = None
-            raise ConfigError(
-                f"planner status: cannot listen on {host}:{self.spec.planner_port} "
-                f"({e.strerror or e}; --planner-port)"
-            ) from None
-        port = server.sockets[0].getsockname()[1]
-        self.planner_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
-        self._planner_parts = (fleet, server, asyncio.create_task(self.planner.run(), name="planner"))
-        log.info("planner (%s) started; status at %s/planner", planner.config.policy, self.planner_url)
+        assert self.service is not None, "a planner needs the router here"
+        fleet = ClusterFleet(self, group, role_grace_s=self.spec.processes.drain_grace_s)
+        loop = PlannerLoop(planner, fleet, RouterServiceView(self.service, model=model))
+        server, url = None, None
+        if status_port is not None:
+            host = self.spec.deployment.control_plane.listen_host
+            try:
+                server = await serve_status(loop, host, status_port)
+            except OSError as e:
+                raise ConfigError(
+                    f"planner status: cannot listen on {host}:{status_port} "
+                    f"({e.strerror or e}; --planner-port)"
+                ) from None
+            port = server.sockets[0].getsockname()[1]
+            url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        task = asyncio.create_task(loop.run(), name=f"planner-{group}")
+        planned = RunningPlanner(loop, fleet, task, server, url)
+        self._planners.append(planned)
+        log.info(
+            "planner (%s) started over group %d%s",
+            planner.config.policy,
+            group,
+            f"; status at {url}/planner" if url else "",
+        )
+        return planned
 
-    async def _stop_planner(self) -> None:
-        if self._planner_parts is None:
-            return
-        fleet, server, task = self._planner_parts
-        self._planner_parts = None
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        server.close()
-        await server.wait_closed()
-        await fleet.close()
+    async def stop_planner(self, planned: RunningPlanner) -> None:
+        """Stop a planner ``run_planner`` started (its task, its status server, the drains it
+        had under way); a second call does nothing."""
+        if planned in self._planners:
+            self._planners.remove(planned)
+            await planned.stop()
 
     # ---- readiness ----
     async def wait_ready(
@@ -397,7 +443,8 @@ class RunningCluster:
 
     # ---- stop ----
     async def close(self) -> None:
-        await self._stop_planner()  # first: nothing may start or stop workers while we do
+        for planned in list(self._planners):  # first: nothing may start or stop workers while we do
+            await self.stop_planner(planned)
         await self.supervisor.close()  # from here on, exits are ours: nothing is restarted
         if self.server is not None:
             await self.server.close()

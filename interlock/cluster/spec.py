@@ -81,8 +81,6 @@ def fleet_planner_config(spec: ClusterSpec) -> PlannerConfig:
     """The planner's configuration for this deployment: its bounds capped by the execution
     group's ``max_replicas`` (``add_worker`` refuses more anyway); refuses a deployment the
     planner cannot drive."""
-    from interlock.sim.planned import UNWEIGHTED_POLICIES
-
     cfg, d = spec.planner, spec.deployment
     assert cfg is not None
     if not (spec.router and spec.start_workers):
@@ -93,18 +91,30 @@ def fleet_planner_config(spec: ClusterSpec) -> PlannerConfig:
         )
     if not 0 <= spec.planner_port < 65536:
         raise ConfigError(f"--planner-port: {spec.planner_port} is not a valid port")
-    if cfg.ramp_s > 0 and d.routing.policy in UNWEIGHTED_POLICIES:
+    started = {n.node_role for n in d.nodes if n.gpu_count}
+    return group_planner_config(cfg, d.execution_groups[0], d.routing.policy, started)
+
+
+def group_planner_config(
+    cfg: PlannerConfig, group: ExecutionGroup, routing_policy: str, started: set[str]
+) -> PlannerConfig:
+    """``cfg`` for a planner that scales ``group`` (whose workers of the roles ``started`` run):
+    its bounds capped by the group's ``max_replicas``; refused, by name, when the planner could
+    not drive the group (``interlock serve`` and ``Cluster.create_serving_instance``)."""
+    from interlock.sim.planned import UNWEIGHTED_POLICIES
+
+    if cfg.ramp_s > 0 and routing_policy in UNWEIGHTED_POLICIES:
         raise ConfigError(
-            f"routing.policy {d.routing.policy!r} has no routing weights: a planner ramp "
+            f"routing.policy {routing_policy!r} has no routing weights: a planner ramp "
             "needs kv, least-loaded or power-of-two (or planner.ramp_s 0)"
         )
-    for role in sorted({n.node_role for n in d.nodes if n.gpu_count}):
+    for role in sorted(started):
         if cfg.bounds(role).max == 0:
             raise ConfigError(
                 f"planner.{role}: the deployment starts {role} workers but the "
                 f"planner's {role} max is 0 (give planner.{role}: {{min: N, max: M}})"
             )
-    cap = d.execution_groups[0].max_replicas
+    cap = group.max_replicas
     if cap is None or cap >= cfg.total_max():
         return cfg
     if cfg.min_workers > cap or sum(cfg.bounds(r).min for r in ROLES) > cap:

@@ -16,22 +16,35 @@ from collections.abc import Sequence
 from interlock.planner.loop import TrafficTotals
 from interlock.protocol.events import LoadReport
 from interlock.router.dispatcher import Completion
+from interlock.router.facade import Router
 from interlock.router.service import RouterService
 
 
 class RouterServiceView:
-    def __init__(self, service: RouterService) -> None:
+    """``model``: see only that model's router (its queue, its traffic, its workers' weights:
+    a planner that scales one model's workers, ``Cluster.create_serving_instance``); None:
+    every model's. Finished requests are the dispatcher's, whatever their model."""
+
+    def __init__(self, service: RouterService, *, model: str | None = None) -> None:
         self.service = service
+        self.model = model
         self._completed = service.dispatcher.metrics.completed
+
+    def _routers(self) -> list[Router]:
+        routers = self.service.routers
+        if self.model is None:
+            return list(routers.values())
+        router = routers.get(self.model)
+        return [] if router is None else [router]
 
     def report(self, instance_id: str) -> LoadReport | None:
         return self.service.report(instance_id)
 
     def queued(self) -> int:
-        return sum(len(r.queue) for r in self.service.routers.values())
+        return sum(len(r.queue) for r in self._routers())
 
     def totals(self) -> TrafficTotals:
-        ms = [r.metrics for r in self.service.routers.values()]
+        ms = [r.metrics for r in self._routers()]
         return TrafficTotals(
             requests=sum(m.decisions for m in ms),
             prompt_tokens=sum(m.prompt_tokens for m in ms),
@@ -44,5 +57,5 @@ class RouterServiceView:
         return list(m.recent)[len(m.recent) - min(new, len(m.recent)) :]
 
     def set_weight(self, instance_id: str, weight: float) -> None:
-        for r in self.service.routers.values():
+        for r in self._routers():
             r.set_weight(instance_id, weight)

@@ -37,6 +37,12 @@ def test_view_reads_reports_queue_totals_and_sets_weights() -> None:
         router.route(RequestMeta(request_id="r1", prompt_tokens=64), token_ids=list(range(64)))
         t = view.totals()
         assert (t.requests, t.prompt_tokens) == (1, 64) and view.queued() == 0
+        # one model's view (a serving instance's planner): that model's router only
+        assert RouterServiceView(svc, model="m").totals() == t
+        other = RouterServiceView(svc, model="other")
+        assert other.totals().requests == 0 and other.queued() == 0
+        other.set_weight("w1", 0.5)
+        assert router._weights(2) is None
         view.set_weight("w1", 0.5)
         assert router._weights(2) is not None
         # finished requests: each handed over once, counted past what the view saw at start
