@@ -6,13 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from interlock.protocol.events import LoadReport, RouterLoadEvent
+from interlock.protocol.events import LoadReport, RouterLoadEvent, TierStats
 from interlock.router import native
 from interlock.router.load import (
     ACCOUNT_VECTORS,
     DECODE_CONTEXT_SLOPE,
     DEFAULT_PREFILL_TPS,
     MAX_DECODE_CONTEXT,
+    _VECTORS,
     LoadTracker,
 )
 from interlock.router.speed import StepTimeFit
@@ -318,13 +319,20 @@ def test_the_compiled_accounting_keeps_every_vector_as_the_python(events, max_in
                 lt.apply_remote(remote, None, now=t)
             elif kind == "report":
                 slot, used, tokens, waiting, decode = args
+                tiers = (TierStats(tier="host", blocks=1, capacity=9, loads=tokens % 5, load_s=tokens * 1e-7),)
                 rep = LoadReport(
                     instance_id=f"w{slot}", timestamp=t, num_running=2, num_waiting=waiting, kv_blocks_used=used,
                     kv_blocks_total=400, queued_prefill_tokens=tokens, step_time_s=0.01 + tokens * 2e-5,
-                    tokens_computed=tokens, decode_step_s=decode,
+                    tokens_computed=tokens, decode_step_s=decode, prefill_tokens_per_s=float(tokens % 3) * 1e3,
+                    kv_tiers=tiers if tokens % 2 else (),
                 )  # fmt: skip
                 lt.apply_report(slot, rep, now=t)
+                lt.apply_report(slot, replace(rep, timestamp=t - 0.5, queued_prefill_tokens=1), now=t)  # older
         compiled.check_derived()
+        plain.check_derived()
         assert compiled.num_busy == plain.num_busy
-        for name in ACCOUNT_VECTORS:
+        for name in (*ACCOUNT_VECTORS, *(v[0] for v in _VECTORS)):
             assert getattr(compiled, name).tobytes() == getattr(plain, name).tobytes(), name
+        for got, want in zip(compiled.speeds(), plain.speeds(), strict=True):
+            assert got.tobytes() == want.tobytes()
+        assert compiled.decode_step().tobytes() == plain.decode_step().tobytes()
