@@ -28,6 +28,8 @@ here, which stays the reference and the fallback).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 import numpy as np
 
@@ -237,7 +239,7 @@ class LoadTracker:
         module = native.load() if compiled else None
         self._account = module.account if module is not None else None
         """The compiled accounting of one slot (``csrc/account.c``), None: the Python."""
-        self._report = module.report if module is not None else None
+        self._report: Callable[..., int] | None = module.report if module is not None else None
         """The compiled figures of a load report (``csrc/account.c``), with ``_account``."""
         self._account_vectors: tuple[np.ndarray, ...] = ()
         self._limits = (
@@ -536,9 +538,10 @@ class LoadTracker:
         waiting = r.num_waiting
         total = r.kv_blocks_total
         frac = r.kv_blocks_used / total if total else None
-        if self._account is not None:  # the figures and ``_refresh`` in one compiled call
+        compiled = self._report
+        if compiled is not None:  # the figures and ``_refresh`` in one compiled call
             figures = (r.queued_prefill_tokens, r.num_running + waiting, waiting, frac)
-            self._num_busy += self._report(self._account_vectors, slot, figures, self._limits)
+            self._num_busy += compiled(self._account_vectors, slot, figures, self._limits)
         else:
             self.reported_prefill[slot] = r.queued_prefill_tokens
             self.reported_running[slot] = r.num_running + waiting
