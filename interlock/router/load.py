@@ -22,8 +22,10 @@ to date slot by slot as dispatches and reports arrive, so a decision reads them 
 and never rebuilds them from per-worker state (issue 10 item 7: a decision at 1,024 workers
 has a budget of about 50 µs). ``check_derived`` recomputes them from scratch, for tests.
 Where the router's compiled module builds (``router.native``), a dispatch, first token or
-finish updates its slot in one compiled call (``csrc/account.c``, the same doubles as the Python
-here, which stays the reference and the fallback).
+finish updates its slot in one compiled call, and so do a load report's figures
+(``csrc/account.c``, the same doubles as the Python here, which stays the reference and the
+fallback). A report costs a few µs at any fleet size (``benchmarks/router_decision.py
+--reports``): every worker sends several a second, and a simulated one sends one per engine step.
 """
 
 from __future__ import annotations
@@ -515,8 +517,9 @@ class LoadTracker:
         Every worker sends these many times a second (a simulated one once per engine step:
         most of a virtual-time replay's work), so this reads and writes its slot's numbers one
         by one as plain floats (a numpy scalar, an ``any()`` over the fleet or a ``min`` call
-        each cost more than the arithmetic) and derives the slot in one compiled call where the
-        module builds; the same doubles as before, in the same order."""
+        each cost more than the arithmetic) and writes the figures and derives the slot in one
+        compiled call where the module builds (the same doubles as the Python branch: the
+        derived values depend on none of the speeds written after it)."""
         ts = r.timestamp
         if ts < self.report_time.item(slot):
             return  # reordered: an older view than the one we have
