@@ -30,7 +30,10 @@ decision's share), and "rest" is the whole minus that. ``INTERLOCK_CPU_KERNELS=0
 Python index and numpy (the reference path).
 
     PYTHONPATH=. .venv/bin/python benchmarks/router_decision.py [--pin] [--decisions 3000]
-        [--workers 8,128,1024] [--blocks 1000000]
+        [--workers 8,128,1024] [--blocks 1000000] [--reports 100000]
+
+``--reports N`` times ``Router.apply_load`` instead: CPU µs per load report (and reports per
+second) over a stream of N reports from ``Fleet.report``, every worker's line already fitted.
 
 ``--pin`` runs on one core (as the Dynamo figures in /work/shared/anchors/dynamo.md were).
 """
@@ -46,6 +49,7 @@ from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
+from msgspec.structs import replace
 
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
@@ -219,6 +223,28 @@ def measure(num_workers: int, num_blocks: int, decisions: int) -> dict[str, floa
     }
 
 
+def measure_reports(num_workers: int, num_reports: int) -> dict[str, float]:
+    """CPU time of ``Router.apply_load`` over a stream of ``num_reports`` reports from random
+    workers (built ahead, not timed), after every worker's speed line is fitted; no blocks are
+    indexed (a report does not read the index). Best of three passes over the same stream."""
+    r, fleet, rng, _, now, *_ = prepare(num_workers, 0, 0)
+    stream = []
+    for _ in range(num_reports):
+        now += 1e-4
+        stream.append(fleet.report(rng.randrange(num_workers), now))
+    apply = r.apply_load
+    best = float("inf")
+    for k in range(3):
+        # each pass a little later, so no report is dropped as older than the last one
+        batch = [replace(rep, timestamp=rep.timestamp + k * (now + 1.0)) for rep in stream]
+        c0 = time.thread_time_ns()
+        for rep in batch:
+            apply(rep)
+        best = min(best, (time.thread_time_ns() - c0) / 1e3 / num_reports)
+    gc.unfreeze()
+    return {"workers": num_workers, "us_per_report": best, "reports_per_s": 1e6 / best}
+
+
 def empty_interval_us(n: int = 3000) -> float:
     """p50 of ``thread_time_ns() - thread_time_ns()`` with nothing between: what reading the
     clock itself adds to each timed decision (a system call on some VMs, about 3 µs here)."""
@@ -236,9 +262,22 @@ def main() -> None:
     ap.add_argument("--decisions", type=int, default=3000)
     ap.add_argument("--workers", default="8,128,1024")
     ap.add_argument("--blocks", default="1000000")
+    ap.add_argument(
+        "--reports",
+        type=int,
+        default=0,
+        help="time applying this many load reports instead (µs per report; no decisions)",
+    )
     args = ap.parse_args()
     if args.pin:
         os.sched_setaffinity(0, {0})
+    if args.reports:
+        print("| workers | load report µs (CPU) | reports/s |")
+        print("|---|---|---|")
+        for w in (int(x) for x in args.workers.split(",")):
+            m = measure_reports(w, args.reports)
+            print(f"| {w:,} | {m['us_per_report']:.2f} | {m['reports_per_s']:,.0f} |", flush=True)
+        return
     print(f"index: {'compiled' if Router().indexer.compiled else 'Python dict'}")
     print(f"clock: an empty interval reads {empty_interval_us():.1f} µs p50 (in every figure below)\n")
     print(

@@ -22,11 +22,15 @@ to date slot by slot as dispatches and reports arrive, so a decision reads them 
 and never rebuilds them from per-worker state (issue 10 item 7: a decision at 1,024 workers
 has a budget of about 50 µs). ``check_derived`` recomputes them from scratch, for tests.
 Where the router's compiled module builds (``router.native``), a dispatch, first token or
-finish updates its slot in one compiled call (``csrc/account.c``, the same doubles as the Python
-here, which stays the reference and the fallback).
+finish updates its slot in one compiled call, and so do a load report's figures
+(``csrc/account.c``, the same doubles as the Python here, which stays the reference and the
+fallback). A report costs a few µs at any fleet size (``benchmarks/router_decision.py
+--reports``): every worker sends several a second, and a simulated one sends one per engine step.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -67,6 +71,9 @@ class _Dispatched(msgspec.Struct, gc=False):
     fresh: bool = True
     """Not yet covered by a load report from its worker."""
 
+
+_NO_DELTAS = (None,) * 6
+"""``account``'s deltas that change nothing: only the slot's derived values recomputed."""
 
 _VECTORS: tuple[tuple[str, float, type], ...] = (
     # state
@@ -119,6 +126,8 @@ ACCOUNT_VECTORS = (
     "kv_used_frac",
     "reported_prefill",
     "_queue_limit",
+    "kv_tokens_total",
+    "_block_size",
     # derived
     "_queued",
     "_depth",
@@ -126,9 +135,12 @@ ACCOUNT_VECTORS = (
     "_usage",
     "_context",
     "_prior",
+    "_used",
+    "_free",
     "_busy",
 )
-"""The vectors the compiled accounting (``csrc/account.c``) reads and writes, in its order."""
+"""The vectors the compiled accounting (``csrc/account.c``: ``account`` and ``report``) reads
+and writes, in its order."""
 
 
 class LoadTracker:
@@ -210,6 +222,8 @@ class LoadTracker:
         for name, fill, dtype in _VECTORS:
             setattr(self, name, np.full(capacity, fill, dtype=dtype))
         self._num_busy = 0
+        self._num_measured = 0
+        """Slots with ``decode_measured`` set."""
         self._fits: dict[int, StepTimeFit] = {}
         """The workers' slots, with their speed fits."""
         self._num_fitted = 0
@@ -227,6 +241,8 @@ class LoadTracker:
         module = native.load() if compiled else None
         self._account = module.account if module is not None else None
         """The compiled accounting of one slot (``csrc/account.c``), None: the Python."""
+        self._report: Callable[..., int] | None = module.report if module is not None else None
+        """The compiled figures of a load report (``csrc/account.c``), with ``_account``."""
         self._account_vectors: tuple[np.ndarray, ...] = ()
         self._limits = (
             float(busy_kv_usage),
@@ -266,6 +282,7 @@ class LoadTracker:
         self._fresh[slot] = []
         self._num_fitted -= bool(self._fitted[slot])
         self._num_busy -= bool(self._busy[slot])
+        self._num_measured -= bool(self.decode_measured[slot])
         for name, fill, _ in _VECTORS:
             getattr(self, name)[slot] = fill
         self._fits.pop(slot, None)
@@ -290,6 +307,9 @@ class LoadTracker:
             total = self.kv_tokens_total.item(s) / self._block_size.item(s)
             self._used[s] = used = self.kv_used_frac.item(s) * total
             self._free[s] = total - used if total > 0 else np.inf
+        if self._account is not None:  # ``_derive`` compiled: no deltas, the slot derived
+            self._num_busy += self._account(self._account_vectors, s, _NO_DELTAS, self._limits)
+            return
         self._derive(
             s,
             self.fresh_prefill.item(s),
@@ -492,62 +512,91 @@ class LoadTracker:
 
     # ---- reports ----
     def apply_report(self, slot: int, r: LoadReport, now: float) -> None:
-        """A worker's report, received at ``now`` (router clock: worker clocks may differ)."""
-        if r.timestamp < self.report_time[slot]:
+        """A worker's report, received at ``now`` (router clock: worker clocks may differ).
+
+        Every worker sends these many times a second (a simulated one once per engine step:
+        most of a virtual-time replay's work), so this reads and writes its slot's numbers one
+        by one as plain floats (a numpy scalar, an ``any()`` over the fleet or a ``min`` call
+        each cost more than the arithmetic) and writes the figures and derives the slot in one
+        compiled call where the module builds (the same doubles as the Python branch: the
+        derived values depend on none of the speeds written after it)."""
+        ts = r.timestamp
+        if ts < self.report_time.item(slot):
             return  # reordered: an older view than the one we have
-        self.report_time[slot] = r.timestamp
-        self.reported_prefill[slot] = r.queued_prefill_tokens
-        covered_before = now - self.report_lag_s
-        fresh = self._fresh.setdefault(slot, [])
-        i = 0
-        for key in fresh:
-            d = self._inflight.get(key)
-            if d is not None and d.routed_at >= covered_before:
-                break
-            if d is not None:
-                self._unfresh(d)
-            i += 1
-        del fresh[:i]
-        self.reported_running[slot] = r.num_running + r.num_waiting
-        self.reported_waiting[slot] = r.num_waiting
-        if r.kv_blocks_total:
-            self.kv_used_frac[slot] = r.kv_blocks_used / r.kv_blocks_total
+        self.report_time[slot] = ts
+        fresh = self._fresh.get(slot)
+        if fresh is None:
+            fresh = self._fresh[slot] = []
+        if fresh:
+            covered_before = now - self.report_lag_s
+            i = 0
+            for key in fresh:
+                d = self._inflight.get(key)
+                if d is not None and d.routed_at >= covered_before:
+                    break
+                if d is not None:
+                    self._unfresh(d)
+                i += 1
+            del fresh[:i]
+        waiting = r.num_waiting
+        total = r.kv_blocks_total
+        frac = r.kv_blocks_used / total if total else None
+        compiled = self._report
+        if compiled is not None:  # the figures and ``_refresh`` in one compiled call
+            figures = (r.queued_prefill_tokens, r.num_running + waiting, waiting, frac)
+            self._num_busy += compiled(self._account_vectors, slot, figures, self._limits)
+        else:
+            self.reported_prefill[slot] = r.queued_prefill_tokens
+            self.reported_running[slot] = r.num_running + waiting
+            self.reported_waiting[slot] = waiting
+            if frac is not None:
+                self.kv_used_frac[slot] = frac
+            self._refresh(slot)
         if r.prefill_tokens_per_s > 0:
             self.prefill_tps[slot] = r.prefill_tokens_per_s
             if not self._num_fitted:
                 self._speeds = None  # 1 / tps prices the workers until one has a line
-        if r.step_time_s > 0 and r.tokens_computed > r.num_running:
+        step_s = r.step_time_s
+        if step_s > 0 and r.tokens_computed > r.num_running:
             # A step that computed prompt tokens (a decode-only step computes one per running
             # request and has no prefill overhead, so it would bend the line).
-            fit = self._fits.setdefault(slot, StepTimeFit())
-            fit.add(r.tokens_computed, r.step_time_s)
+            fit = self._fits.get(slot)
+            if fit is None:
+                fit = self._fits[slot] = StepTimeFit()
+            fit.add(r.tokens_computed, step_s)
             est = fit.estimate()
             if est is not None:
                 self._set_fit(slot, est)
-        loads = sum(t.loads for t in r.kv_tiers)
-        if loads:
-            self.load_s_per_block[slot] = sum(t.load_s for t in r.kv_tiers) / loads
-        if r.decode_step_s > 0:
-            self._note_decode_step(slot, r.decode_step_s)
-            if self.inv_kv_tokens[slot]:
-                self._decode_fit.add(self.context_usage(slot), r.decode_step_s)
+        tiers = r.kv_tiers
+        if tiers:
+            loads = sum(t.loads for t in tiers)
+            if loads:
+                self.load_s_per_block[slot] = sum(t.load_s for t in tiers) / loads
+        decode_s = r.decode_step_s
+        if decode_s > 0:
+            self._note_decode_step(slot, decode_s)
+            if self.inv_kv_tokens.item(slot):
+                # ``context_usage(slot)``: kept in ``_context`` by every change of its inputs
+                self._decode_fit.add(self._context.item(slot), decode_s)
                 self._decode_line_stale = True
-        self._refresh(slot)
 
     def _note_decode_step(self, slot: int, step_s: float) -> None:
         """Record a measured decode step, keeping the fastest one any worker reported."""
         fastest = self._fastest_decode
+        measured = self.decode_measured
         if fastest is not None:
-            if not self.decode_measured.any() or step_s < fastest:
+            if not self._num_measured or step_s < fastest:
                 fastest = step_s
-            elif self.decode_measured[slot] and self.decode_step_s[slot] == fastest and step_s > fastest:
+            elif measured.item(slot) and self.decode_step_s.item(slot) == fastest and step_s > fastest:
                 fastest = None  # the fastest one got slower: look again when needed
         self._fastest_decode = fastest
         self.decode_step_s[slot] = step_s
-        self.decode_measured[slot] = True
+        if not measured.item(slot):
+            measured[slot] = True
+            self._num_measured += 1
 
     def _set_fit(self, slot: int, est: tuple[float, float]) -> None:
-        if not self._fitted[slot]:
+        if not self._fitted.item(slot):
             self._fitted[slot] = True
             self._num_fitted += 1
             self._speeds = None
@@ -704,6 +753,7 @@ class LoadTracker:
         eq(self._busy, busy)
         assert self._num_busy == int(busy.sum())
         assert self._num_fitted == int(self._fitted.sum())
+        assert self._num_measured == int(self.decode_measured.sum())
         measured = self.decode_measured
         if self._fastest_decode is not None and measured.any():
             assert self._fastest_decode == self.decode_step_s[measured].min()

@@ -6,9 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from interlock.protocol.events import LoadReport, RouterLoadEvent
+from interlock.protocol.events import LoadReport, RouterLoadEvent, TierStats
 from interlock.router import native
 from interlock.router.load import (
+    _VECTORS,
     ACCOUNT_VECTORS,
     DECODE_CONTEXT_SLOPE,
     DEFAULT_PREFILL_TPS,
@@ -318,13 +319,38 @@ def test_the_compiled_accounting_keeps_every_vector_as_the_python(events, max_in
                 lt.apply_remote(remote, None, now=t)
             elif kind == "report":
                 slot, used, tokens, waiting, decode = args
+                tier = TierStats(tier="host", blocks=1, capacity=9, loads=tokens % 5, load_s=tokens * 1e-7)
                 rep = LoadReport(
                     instance_id=f"w{slot}", timestamp=t, num_running=2, num_waiting=waiting, kv_blocks_used=used,
                     kv_blocks_total=400, queued_prefill_tokens=tokens, step_time_s=0.01 + tokens * 2e-5,
-                    tokens_computed=tokens, decode_step_s=decode,
+                    tokens_computed=tokens, decode_step_s=decode, prefill_tokens_per_s=float(tokens % 3) * 1e3,
+                    kv_tiers=(tier,) if tokens % 2 else (),
                 )  # fmt: skip
                 lt.apply_report(slot, rep, now=t)
+                older = replace(rep, timestamp=t - 0.5, queued_prefill_tokens=1)
+                lt.apply_report(slot, older, now=t)  # ignored
         compiled.check_derived()
+        plain.check_derived()
         assert compiled.num_busy == plain.num_busy
-        for name in ACCOUNT_VECTORS:
+        for name in (*ACCOUNT_VECTORS, *(v[0] for v in _VECTORS)):
             assert getattr(compiled, name).tobytes() == getattr(plain, name).tobytes(), name
+        for got, want in zip(compiled.speeds(), plain.speeds(), strict=True):
+            assert got.tobytes() == want.tobytes()
+        assert compiled.decode_step().tobytes() == plain.decode_step().tobytes()
+
+
+@pytest.mark.skipif(native.load() is None, reason="no C compiler: the compiled accounting is not built here")
+def test_the_compiled_report_refuses_malformed_arguments_by_name() -> None:
+    lt = LoadTracker("r1", capacity=2)
+    report_figures = native.load().report  # type: ignore[union-attr]
+    vectors, limits = lt._account_vectors, lt._limits
+    with pytest.raises(TypeError, match="report: figures must be a tuple of 4"):
+        report_figures(vectors, 0, (1.0, 2.0, 0.0), limits)
+    with pytest.raises(TypeError, match="report: vectors must be a tuple"):
+        report_figures(vectors[:-1], 0, (1.0, 2.0, 0.0, None), limits)
+    with pytest.raises(TypeError, match="report: vector 0 must be a contiguous float64 vector"):
+        report_figures(vectors, 5, (1.0, 2.0, 0.0, None), limits)
+    with pytest.raises(ValueError, match="report: slot -1 out of range"):
+        report_figures(vectors, -1, (1.0, 2.0, 0.0, None), limits)
+    assert report_figures(vectors, 1, (7, 3, 1, None), limits) == 0
+    assert lt.queued_prefill()[1] == 7 and lt.queue_depth()[1] == 1 and lt.busy()[1] == 3

@@ -19,8 +19,9 @@
  * Invariants (kvi_check): an entry's mask is non-zero; a mask's refcount is the number of
  * entries holding it (plus one while a store or remove pins it); free ids have refcount 0.
  *
- * The module also carries LoadTracker's dispatch accounting of one slot (account, account.c),
- * the other per-decision piece of the router worth a compiled call.
+ * The module also carries LoadTracker's accounting of one slot (account.c: a dispatch,
+ * ``account``; a load report's figures, ``report``), the other per-decision piece of the router
+ * worth a compiled call, and the per-report one.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -856,34 +857,61 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   return Py_BuildValue("(LN)", (long long)slot, list);
 }
 
-/* account(vectors, slot, deltas, limits) -> change in busy slots (-1, 0, 1)
- * LoadTracker's accounting of slot `slot` (csrc/account.c): vectors = the float64 vectors of
- * load.ACCOUNT_VECTORS then the bool busy vector; deltas = 6 floats or None (untouched), for
- * the first six of them; limits = (busy_kv_usage, busy_kv_footprint, max_inflight, max context,
- * context slope). */
-static PyObject* kvi_account(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (check_nargs(nargs, 4, "account") < 0) return NULL;
-  PyObject *vectors = args[0], *deltas = args[2], *limits = args[3];
-  if (!PyTuple_Check(vectors) || PyTuple_GET_SIZE(vectors) != A_NUM_DOUBLE + 1)
-    return PyErr_Format(PyExc_TypeError, "account: vectors must be a tuple of %d", A_NUM_DOUBLE + 1);
-  if (!PyTuple_Check(deltas) || PyTuple_GET_SIZE(deltas) != A_NUM_DELTAS)
-    return PyErr_Format(PyExc_TypeError, "account: deltas must be a tuple of %d", A_NUM_DELTAS);
-  if (!PyTuple_Check(limits) || PyTuple_GET_SIZE(limits) != 5)
-    return PyErr_Format(PyExc_TypeError, "account: limits must be a tuple of 5 numbers");
+/* The arguments account and report share: vectors = the float64 vectors of
+ * load.ACCOUNT_VECTORS then the bool busy vector; slot; limits = (busy_kv_usage,
+ * busy_kv_footprint, max_inflight, max context, context slope). 0, or -1 with an error set. */
+static int account_args(PyObject* const* args, const char* name, double** v, uint8_t** busy, int64_t* slot,
+                        AccountLimits* lim) {
+  PyObject *vectors = args[0], *limits = args[3];
+  if (!PyTuple_Check(vectors) || PyTuple_GET_SIZE(vectors) != A_NUM_DOUBLE + 1) {
+    PyErr_Format(PyExc_TypeError, "%s: vectors must be a tuple of %d", name, A_NUM_DOUBLE + 1);
+    return -1;
+  }
+  if (!PyTuple_Check(limits) || PyTuple_GET_SIZE(limits) != 5) {
+    PyErr_Format(PyExc_TypeError, "%s: limits must be a tuple of 5 numbers", name);
+    return -1;
+  }
   int64_t s = PyLong_AsLongLong(args[1]);
-  if (s == -1 && PyErr_Occurred()) return NULL;
-  if (s < 0) return PyErr_Format(PyExc_ValueError, "account: slot %lld out of range", (long long)s);
-  double* v[A_NUM_DOUBLE];
-  void* data = NULL;
+  if (s == -1 && PyErr_Occurred()) return -1;
+  if (s < 0) {
+    PyErr_Format(PyExc_ValueError, "%s: slot %lld out of range", name, (long long)s);
+    return -1;
+  }
   for (int i = 0; i <= A_NUM_DOUBLE; i++) {
     PyArrayObject* a = (PyArrayObject*)PyTuple_GET_ITEM(vectors, i);
     if (!PyArray_Check(a) || PyArray_NDIM(a) != 1 || PyArray_TYPE(a) != (i < A_NUM_DOUBLE ? NPY_DOUBLE : NPY_BOOL) ||
-        !PyArray_IS_C_CONTIGUOUS(a) || PyArray_DIM(a, 0) <= s)
-      return PyErr_Format(PyExc_TypeError, "account: vector %d must be a contiguous %s vector of more than %lld values",
-                          i, i < A_NUM_DOUBLE ? "float64" : "bool", (long long)s);
-    data = PyArray_DATA(a);
-    if (i < A_NUM_DOUBLE) v[i] = data;
+        !PyArray_IS_C_CONTIGUOUS(a) || PyArray_DIM(a, 0) <= s) {
+      PyErr_Format(PyExc_TypeError, "%s: vector %d must be a contiguous %s vector of more than %lld values", name,
+                   i, i < A_NUM_DOUBLE ? "float64" : "bool", (long long)s);
+      return -1;
+    }
+    if (i < A_NUM_DOUBLE)
+      v[i] = PyArray_DATA(a);
+    else
+      *busy = PyArray_DATA(a);
   }
+  *lim = (AccountLimits){
+      PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 0)), PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 1)),
+      PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 2)), PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 3)),
+      PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 4)),
+  };
+  *slot = s;
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+/* account(vectors, slot, deltas, limits) -> change in busy slots (-1, 0, 1)
+ * LoadTracker's accounting of slot `slot` (csrc/account.c); deltas = 6 floats or None
+ * (untouched), for the first six vectors; the rest as account_args. */
+static PyObject* kvi_account(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 4, "account") < 0) return NULL;
+  PyObject* deltas = args[2];
+  if (!PyTuple_Check(deltas) || PyTuple_GET_SIZE(deltas) != A_NUM_DELTAS)
+    return PyErr_Format(PyExc_TypeError, "account: deltas must be a tuple of %d", A_NUM_DELTAS);
+  double* v[A_NUM_DOUBLE];
+  uint8_t* busy = NULL;
+  int64_t s;
+  AccountLimits lim;
+  if (account_args(args, "account", v, &busy, &s, &lim) < 0) return NULL;
   double delta[A_NUM_DELTAS];
   int has[A_NUM_DELTAS];
   for (int i = 0; i < A_NUM_DELTAS; i++) {
@@ -891,13 +919,33 @@ static PyObject* kvi_account(PyObject* self, PyObject* const* args, Py_ssize_t n
     has[i] = d != Py_None;
     delta[i] = has[i] ? PyFloat_AsDouble(d) : 0.0;
   }
-  AccountLimits lim = {
-      PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 0)), PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 1)),
-      PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 2)), PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 3)),
-      PyFloat_AsDouble(PyTuple_GET_ITEM(limits, 4)),
+  if (PyErr_Occurred()) return NULL;
+  return PyLong_FromLong(account_slot(v, busy, s, delta, has, &lim));
+}
+
+/* report(vectors, slot, figures, limits) -> change in busy slots (-1, 0, 1)
+ * A load report's figures for slot `slot` (csrc/account.c, report_slot): figures = (queued
+ * prefill tokens, running + waiting, waiting, KV used fraction or None: unchanged); the rest as
+ * account_args. */
+static PyObject* kvi_report(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 4, "report") < 0) return NULL;
+  PyObject* figures = args[2];
+  if (!PyTuple_Check(figures) || PyTuple_GET_SIZE(figures) != 4)
+    return PyErr_Format(PyExc_TypeError, "report: figures must be a tuple of 4");
+  double* v[A_NUM_DOUBLE];
+  uint8_t* busy = NULL;
+  int64_t s;
+  AccountLimits lim;
+  if (account_args(args, "report", v, &busy, &s, &lim) < 0) return NULL;
+  PyObject* frac = PyTuple_GET_ITEM(figures, 3);
+  const double rep[4] = {
+      PyFloat_AsDouble(PyTuple_GET_ITEM(figures, 0)),
+      PyFloat_AsDouble(PyTuple_GET_ITEM(figures, 1)),
+      PyFloat_AsDouble(PyTuple_GET_ITEM(figures, 2)),
+      frac == Py_None ? 0.0 : PyFloat_AsDouble(frac),
   };
   if (PyErr_Occurred()) return NULL;
-  return PyLong_FromLong(account_slot(v, data, s, delta, has, &lim));
+  return PyLong_FromLong(report_slot(v, busy, s, rep, frac != Py_None, &lim));
 }
 
 static PyMethodDef methods[] = {
@@ -912,6 +960,7 @@ static PyMethodDef methods[] = {
     {"check", (PyCFunction)(void (*)(void))kvi_check, METH_FASTCALL, "check(index) -> None or error"},
     {"size", (PyCFunction)(void (*)(void))kvi_size, METH_FASTCALL, "size(index) -> (entries, masks, bytes)"},
     {"account", (PyCFunction)(void (*)(void))kvi_account, METH_FASTCALL, "account(vectors, slot, deltas, limits) -> busy change"},
+    {"report", (PyCFunction)(void (*)(void))kvi_report, METH_FASTCALL, "report(vectors, slot, figures, limits) -> busy change"},
     {"decide", (PyCFunction)(void (*)(void))kvi_decide, METH_FASTCALL, "decide(index, hashes, consts, ...) -> (slot, ranked)"},
     {NULL, NULL, 0, NULL},
 };
