@@ -147,3 +147,30 @@ def test_a_shared_cache_is_found_by_its_region_in_this_process() -> None:
     kv.copy_from_shared(view, [4, 5, 6], [4, 5, 6])  # consecutive runs too
     view.close()
     assert torch.equal(kv.tensor[:, :, :, 4:7], src.tensor[:, :, :, 4:7])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_one_copy_equals_copying_block_by_block_in_call_order(seed: int) -> None:
+    """Random id lists: repeated sources, runs consecutive on one side, both or neither, and
+    (every third seed) repeated destinations, where the later copy must win as in call order."""
+    rng = np.random.default_rng(seed)
+    src = PagedKVCache(ARCH, BLOCKS, 4, DTYPE, torch.device("cpu"), shared=True)
+    src.tensor.copy_(torch.randn(src.tensor.shape, generator=torch.Generator().manual_seed(seed)))
+    region = src.shared_region()
+    assert region is not None
+    kv = _local()
+    n = int(rng.integers(1, BLOCKS + 1))
+    start = int(rng.integers(0, BLOCKS - n + 1))
+    dst_ids = [int(b) for b in (rng.permutation(BLOCKS)[:n] if rng.random() < 0.5 else range(start, start + n))]
+    if seed % 3 == 0 and n > 1:
+        dst_ids[-1] = dst_ids[0]
+    src_ids = [int(b) for b in (rng.integers(0, BLOCKS, n) if rng.random() < 0.5 else range(start, start + n))]
+    want = kv.tensor.clone()
+    for s, d in zip(src_ids, dst_ids, strict=True):
+        want[:, :, :, d] = src.tensor[:, :, :, s]
+    view = SharedCacheView(region)
+    try:
+        kv.copy_from_shared(view, src_ids, dst_ids)
+    finally:
+        view.close()
+    assert torch.equal(kv.tensor, want)

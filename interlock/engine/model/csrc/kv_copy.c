@@ -18,6 +18,7 @@
  * Pieces are copied in call order: with a block id given twice, the later copy wins (as numpy).
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(_M_X64)
 #include <emmintrin.h>
@@ -92,6 +93,55 @@ static void gather(const char* src, int64_t src_stride, const int64_t* sids, cha
   fence();
 }
 
+typedef struct {
+  int64_t key, k;
+} Keyed;
+
+static int by_key(const void* a, const void* b) {
+  const Keyed *x = a, *y = b;
+  return (x->key > y->key) - (x->key < y->key);
+}
+
+/* kv_copy_between's order: the blocks sorted by source id and copied one run (layer, k/v,
+   head) at a time, so consecutive reads go up through neighbouring source pages instead of
+   jumping a run stride (num_blocks * piece) per piece, and pieces adjacent on both sides merge
+   into one copy. Measured on the AMD EPYC VM (4 KiB pages only: no huge pages are granted
+   there), 182 scattered SmolLM2 blocks in one call: 79-105% of one memcpy from a 364-block
+   source (was 42-89%), 48-57% from a 4,096-block one (was 26-32%); in 22-block calls (the
+   engine's 8 MiB steps) about the same as before. Only where the
+   destination ids are distinct (else call order decides which copy wins: gather keeps it);
+   returns 0 then, or without memory for the order. */
+static int between_by_run(const char* src, int64_t src_stride, const int64_t* sids, char* dst,
+                          int64_t dst_stride, const int64_t* dids, int64_t piece, int64_t runs, int64_t n) {
+  if (n < 2) return 0;
+  Keyed* order = malloc((size_t)n * sizeof(Keyed));
+  if (!order) return 0;
+  for (int64_t k = 0; k < n; k++) order[k] = (Keyed){dids[k], k};
+  qsort(order, (size_t)n, sizeof(Keyed), by_key);
+  for (int64_t k = 1; k < n; k++)
+    if (order[k].key == order[k - 1].key) {
+      free(order);
+      return 0;
+    }
+  for (int64_t k = 0; k < n; k++) order[k] = (Keyed){sids[k], k};
+  qsort(order, (size_t)n, sizeof(Keyed), by_key);
+  for (int64_t r = 0; r < runs; r++) {
+    const char* s_run = src + r * src_stride;
+    char* d_run = dst + r * dst_stride;
+    for (int64_t k = 0; k < n;) {
+      int64_t first = order[k].k, len = 1;
+      while (k + len < n && sids[order[k + len].k] == sids[first] + len && dids[order[k + len].k] == dids[first] + len)
+        len++;
+      if (k + len + AHEAD - 1 < n) prefetch(s_run + sids[order[k + len + AHEAD - 1].k] * piece, piece);
+      copy_stream(d_run + dids[first] * piece, s_run + sids[first] * piece, len * piece);
+      k += len;
+    }
+  }
+  fence();
+  free(order);
+  return 1;
+}
+
 /* cache -> flat: block ids[k] into flat + k * runs * piece, for k < n. */
 int64_t kv_export(const char* cache, int64_t num_blocks, int64_t piece, int64_t runs, const int64_t* ids,
                   int64_t n, char* flat) {
@@ -142,7 +192,8 @@ int64_t kv_copy_between(const char* src, int64_t src_blocks, const int64_t* src_
   if (bad >= 0) return bad;
   bad = bad_id(src_ids, n, src_blocks);
   if (bad >= 0) return n + bad;
-  gather(src, src_blocks * piece, src_ids, cache, num_blocks * piece, ids, 0, piece, runs, n);
+  if (!between_by_run(src, src_blocks * piece, src_ids, cache, num_blocks * piece, ids, piece, runs, n))
+    gather(src, src_blocks * piece, src_ids, cache, num_blocks * piece, ids, 0, piece, runs, n);
   return -1;
 }
 
