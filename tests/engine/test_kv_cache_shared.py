@@ -161,10 +161,14 @@ def test_the_one_copy_equals_copying_block_by_block_in_call_order(seed: int) -> 
     kv = _local()
     n = int(rng.integers(1, BLOCKS + 1))
     start = int(rng.integers(0, BLOCKS - n + 1))
-    dst_ids = [int(b) for b in (rng.permutation(BLOCKS)[:n] if rng.random() < 0.5 else range(start, start + n))]
+    dst_ids = [
+        int(b) for b in (rng.permutation(BLOCKS)[:n] if rng.random() < 0.5 else range(start, start + n))
+    ]
     if seed % 3 == 0 and n > 1:
         dst_ids[-1] = dst_ids[0]
-    src_ids = [int(b) for b in (rng.integers(0, BLOCKS, n) if rng.random() < 0.5 else range(start, start + n))]
+    src_ids = [
+        int(b) for b in (rng.integers(0, BLOCKS, n) if rng.random() < 0.5 else range(start, start + n))
+    ]
     want = kv.tensor.clone()
     for s, d in zip(src_ids, dst_ids, strict=True):
         want[:, :, :, d] = src.tensor[:, :, :, s]
