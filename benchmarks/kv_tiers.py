@@ -12,7 +12,9 @@ bandwidth  The engine's own copy paths on SmolLM2-135M-shaped blocks (bf16, 368,
            cache's size matters where there are no huge pages: a block is 180 pieces of 2 KiB,
            each a run stride (num_blocks x 2 KiB) apart, so the page walks grow with the
            footprint; the header says how much of the cache's mapping got huge pages
-           (AnonHugePages):
+           (AnonHugePages). ``--shared-cache``: the cache on a memfd, as a worker that may serve
+           prefill to another keeps it (role prefill, or both without a KV tier; shared memory
+           gets no huge pages where ``shmem_enabled`` is "never"):
              host -> device   ``KVTiers`` onboarding (``start_load``, the I/O job run inline,
                               ``poll``): host-tier slots into device blocks (one
                               ``import_each`` call, as the tier I/O thread makes) vs one
@@ -75,7 +77,9 @@ def bandwidth(args: argparse.Namespace) -> None:
     cache_blocks = int(gib * (1 << 30)) // nbytes_block  # as blocks_for_budget
     if cache_blocks < n:
         raise SystemExit(f"--cache-gib {gib} holds {cache_blocks} blocks, fewer than the {n} copied")
-    cache = PagedKVCache(arch, cache_blocks, 16, torch.bfloat16, torch.device("cpu"))
+    cache = PagedKVCache(
+        arch, cache_blocks, 16, torch.bfloat16, torch.device("cpu"), shared=args.shared_cache
+    )
     cache.tensor.view(torch.int16).random_(generator=torch.Generator().manual_seed(0))  # in place
 
     class Copier:  # the runner's side of a copy (TorchRunner delegates to its cache the same way)
@@ -165,7 +169,8 @@ def bandwidth(args: argparse.Namespace) -> None:
     }
     print(
         f"{n} blocks of {nbytes_block:,} B = {total / (1 << 20):.1f} MiB scattered in a KV cache of "
-        f"{cache_blocks} blocks = {cache_blocks * nbytes_block / 2**30:.2f} GiB "
+        f"{cache_blocks} blocks = {cache_blocks * nbytes_block / 2**30:.2f} GiB"
+        f"{', shared (memfd)' if args.shared_cache else ''} "
         f"(AnonHugePages of its mapping: {_huge_kib(cache.tensor.data_ptr())} kB), median of {args.runs}; "
         f"torch threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}\n"
     )
@@ -462,6 +467,7 @@ def main() -> None:
         "--cache-gib", type=float, default=None, help="the KV cache, GiB (default: a worker's default)"
     )
     b.add_argument("--runs", type=int, default=15)
+    b.add_argument("--shared-cache", action="store_true", help="the cache on a memfd (a prefill worker's)")
     r = sub.add_parser("replay")
     r.add_argument("--trace", default=TRACE)
     r.add_argument("--workers", type=int, default=8)
