@@ -60,7 +60,7 @@ static void prefetch(const char* p, int64_t n) {
 /* Touch the first line of a destination piece AHEAD pieces before its streaming stores, so its
    page walk is done by then. Measured on the AMD EPYC VM, import of 64 MiB of scattered SmolLM2
    blocks, paired against one memcpy (kv_cache.py's import_blocks, BENCHMARKS.md "Onboarding
-   bandwidth"): 1 GiB cache 153-157% (was 91-92%), 3 GiB 76-83% (48-75%), 128 MiB 167% (130%). */
+   bandwidth"): 1 GiB cache 147-157% (was 90-92%), 3 GiB 76-104% (48-75%), 128 MiB 167% (130%). */
 static void prefetch_write(char* p) { __builtin_prefetch(p, 1, 3); }
 
 static void fence(void) {
@@ -107,7 +107,7 @@ static void gather(const char* src, int64_t src_stride, const int64_t* sids, cha
    after block every piece is on another page. Measured on the AMD EPYC VM, 182 scattered
    SmolLM2 blocks (64 MiB) in one call, paired against one memcpy (BENCHMARKS.md, "Onboarding
    bandwidth"): kv_copy_between from a 4,096-block memfd source 48-57% (was 26-32% block by
-   block); export from a 1 GiB cache 98-134% (was 77-103%), from 3 GiB 92-96% (was 61-77%).
+   block); export from a 1 GiB cache 66-134% (was 58-89%), from 3 GiB 92-96% (was 61-77%).
    Not for import (writes into the cache): there it scatters the reads from the block-major
    buffer instead and measured no better at 1-3 GiB and worse at 128 MiB (90% against 156%).
    Only where the destination addresses are distinct (else call order decides which copy wins:
