@@ -27,6 +27,12 @@ One run, interleaved rounds (so machine noise hits every column alike), median o
                   request to the source until DONE
 * e2e shm one call
                   the same, the whole copy in one ``copy_from_shared`` call
+* e2e shm run steps (proposed)
+                  the same in steps of about ``--chunk-mib`` that each copy ALL the blocks for a
+                  slice of runs (layer, k/v, head) instead of some blocks for all runs: the
+                  kernel's one-call order (each run's pieces in ascending source order) kept,
+                  the step loop still served every 8 MiB. Not the engine's path yet: the row
+                  calls the block-copy kernel directly with its bases moved by a run stride
 * e2e shm staged / e2e tcp
                   source KV cache -> destination KV cache: export + transfer + import, timed on
                   the destination including the request to the source. Streamed, as the engine
@@ -56,6 +62,7 @@ GB/s is 1e9 bytes per second. Usage:
 from __future__ import annotations
 
 import argparse
+import array
 import multiprocessing as mp
 import os
 import platform
@@ -69,7 +76,7 @@ import msgspec
 import numpy as np
 
 from interlock.engine.config import CacheConfig
-from interlock.engine.model.kv_cache import SharedCacheView
+from interlock.engine.model.kv_cache import PagedKVCache, SharedCacheView
 from interlock.engine.shared_cache import SharedViews
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import (
@@ -93,7 +100,6 @@ class _Copier:
         import torch
 
         from interlock.engine.model.config import ModelArchConfig
-        from interlock.engine.model.kv_cache import PagedKVCache
         from interlock.model_store import resolve_model
 
         arch = ModelArchConfig.from_folder(resolve_model("smollm2", progress=False))
@@ -227,6 +233,7 @@ def run_all(
         "tcp",
         "e2e shm",
         "e2e shm one call",
+        "e2e shm run steps (proposed)",
         "e2e shm staged",
         "e2e tcp",
         "e2e shm staged seq",
@@ -246,6 +253,7 @@ def run_all(
                 "tcp": _transfer(conn, agent, "tcp", copier, staged=True),
                 "e2e shm": _direct(conn, agent, copier, shared_views, step),
                 "e2e shm one call": _direct(conn, agent, copier, shared_views, None),
+                "e2e shm run steps (proposed)": _direct(conn, agent, copier, shared_views, -chunk_bytes),
                 "e2e shm staged": _streamed(conn, agent, "shm", copier),
                 "e2e tcp": _streamed(conn, agent, "tcp", copier),
                 "e2e shm staged seq": _transfer(
@@ -304,7 +312,7 @@ def _direct(
     conn: Connection, agent: TransferAgent, copier: _Copier, views: SharedViews, step: int | None
 ) -> float:
     """``step`` blocks per ``copy_from_shared`` call, as the engine's ``copy_remote_blocks``
-    steps (None: all in one call)."""
+    steps (None: all in one call; negative: slices of runs of about -step bytes each)."""
     t0 = time.perf_counter()
     conn.send("direct")
     encoded, src_ids = conn.recv()
@@ -313,9 +321,12 @@ def _direct(
     view = views.get(desc.cache_region)
     dst = agent.pull_direct(desc, timeout_s=30)
     n = len(src_ids)
-    step = step or n
-    for i in range(0, n, step):
-        copier.cache.copy_from_shared(view, src_ids[i : i + step], copier.block_ids[i : i + step])
+    if step is not None and step < 0:
+        _copy_run_slices(copier.cache, view, src_ids, copier.block_ids, -step)
+    else:
+        step = step or n
+        for i in range(0, n, step):
+            copier.cache.copy_from_shared(view, src_ids[i : i + step], copier.block_ids[i : i + step])
     if not dst.holding():
         raise RuntimeError(f"one-copy transfer failed: {dst.poll().reason}")
     dst.release()
@@ -323,6 +334,32 @@ def _direct(
     if conn.recv() != "ended":
         raise RuntimeError("the source did not see DONE")
     return elapsed
+
+
+def _copy_run_slices(
+    cache: PagedKVCache, view: SharedCacheView, src_ids: list[int], ids: list[int], step_bytes: int
+) -> None:
+    """All the blocks, a slice of runs per kernel call: piece r of block b lies at base + r *
+    run_stride + b * piece, so a call with both bases moved by r0 run strides and ``runs`` = the
+    slice copies runs r0.. of every block (the kernel's private geometry, read here only)."""
+    kernel, piece, runs = cache._kernel, cache._piece, cache._pieces
+    assert kernel is not None
+    src_blocks = view.region.num_blocks
+    per_step = max(1, step_bytes // (len(ids) * piece))
+    sids, dids = array.array("q", src_ids), array.array("q", ids)
+    for r0 in range(0, runs, per_step):
+        bad = kernel.between(
+            view.address + r0 * src_blocks * piece,
+            src_blocks,
+            sids.buffer_info()[0],
+            cache._base + r0 * cache.num_blocks * piece,
+            cache.num_blocks,
+            piece,
+            min(per_step, runs - r0),
+            dids.buffer_info()[0],
+            len(ids),
+        )
+        assert bad < 0, bad
 
 
 def _one_copy(conn: Connection, copier: _Copier, views: dict[object, SharedCacheView]) -> float:
@@ -381,7 +418,7 @@ def report(
     gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
     raw_of = {"shm": "memcpy", "tcp": "socket", "e2e shm": "memcpy", "e2e tcp": "socket"}
     raw_of |= {"e2e shm staged": "memcpy", "e2e shm staged seq": "memcpy", "e2e tcp seq": "socket"}
-    raw_of |= {"2 memcpys": "memcpy", "e2e shm one call": "memcpy"}
+    raw_of |= {"2 memcpys": "memcpy", "e2e shm one call": "memcpy", "e2e shm run steps (proposed)": "memcpy"}
     raw_of |= {"one copy": "memcpy"}
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
