@@ -9,9 +9,9 @@ bandwidth  The engine's own copy paths on SmolLM2-135M-shaped blocks (bf16, 368,
            real ``PagedKVCache`` of ``--cache-gib`` (default 1 GiB, a worker's default
            ``CacheConfig.kv_cache_gib``; filled once), ``--mib`` of scattered block ids (as after
            churn), against raw baselines of the same bytes, interleaved rounds, medians. The
-           cache's size matters where there are no huge pages: a block is 180 pieces of 2 KiB,
-           each a run stride (num_blocks x 2 KiB) apart, so the page walks grow with the
-           footprint; the header says how much of the cache's mapping got huge pages
+           cache's size matters: a block is 180 pieces of 2 KiB, each a run stride (num_blocks
+           x 2 KiB) apart, so the larger the cache the sparser the pieces and the costlier the
+           page walks; the header says how much of the cache's mapping got huge pages
            (AnonHugePages). ``--shared-cache``: the cache on a memfd, as a worker that may serve
            prefill to another keeps it (role prefill, or both without a KV tier; shared memory
            gets no huge pages where ``shmem_enabled`` is "never"):

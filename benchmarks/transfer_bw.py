@@ -17,8 +17,8 @@ One run, interleaved rounds (so machine noise hits every column alike), median o
 * e2e shm         source KV cache -> destination KV cache on one host, as the engine does it
                   now (issue 14): ONE copy, in steps of ``--chunk-mib`` (8 MiB, the engine's:
                   ``EngineCore.copy_remote_blocks`` per step, then ``copy_remote_kv`` for the
-                  last; each step one ``copy_from_shared`` of its blocks). The source's cache lies on a memfd
-                  (``PagedKVCache(shared=True)``); it publishes the blocks with its region
+                  last; each step one ``copy_from_shared`` of its blocks). The source's cache
+                  lies on a memfd (``PagedKVCache(shared=True)``); it publishes the blocks with its region
                   (``publish_blocks(cache_region=...)``) and holds them; the destination maps
                   the cache (``SharedViews``, kept per source as a worker keeps it), claims the
                   transfer DIRECT (``agent.pull_direct``), copies the blocks straight into its
@@ -50,9 +50,11 @@ Both ends hold a real ``PagedKVCache`` of SmolLM2-135M bf16 blocks, ``--cache-gi
 1 GiB, a worker's default ``CacheConfig.kv_cache_gib``: ~2,900 blocks), and copy ``--mib`` of
 scattered block ids (as after churn) with the engine's own calls: ``stage_blocks`` (export
 straight into the staged payload) and ``import_when_done`` (import straight from it), through
-the block-copy kernel. The cache's size matters on a VM without huge pages: a block is 180
-pieces of 2 KiB, each a run stride (num_blocks x 2 KiB) apart, and the page-walk cost grows
-with the footprint. Each cache is filled once per process.
+the block-copy kernel. The cache's size matters: a block is 180 pieces of 2 KiB, each a run
+stride (num_blocks x 2 KiB) apart, so the larger the cache the sparser the pieces and the
+costlier the page walks (the source's shared cache is on 4 KiB pages where shmem gets no huge
+pages, as on the AMD EPYC VM; the private caches on huge pages). Each cache is filled once
+per process.
 
 GB/s is 1e9 bytes per second. Usage:
 ``python benchmarks/transfer_bw.py [--runs 7] [--mib 64] [--cache-gib 1] [--chunk-mib 8] [--phases]``
