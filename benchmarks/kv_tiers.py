@@ -1,13 +1,20 @@
 """KV tiers (issue 14): onboarding bandwidth, the Mooncake replay with tiers, SmolLM2 end to end.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/kv_tiers.py bandwidth [--mib 64] [--runs 15]
+    PYTHONPATH=. .venv/bin/python benchmarks/kv_tiers.py bandwidth [--mib 64] [--cache-gib 1] [--runs 15]
     PYTHONPATH=. .venv/bin/python benchmarks/kv_tiers.py replay [--speedup 7.5]
     PYTHONPATH=. .venv/bin/python benchmarks/kv_tiers.py e2e [--sessions 8] [--rounds 4]
     PYTHONPATH=. .venv/bin/python benchmarks/kv_tiers.py pages [--rounds 6]
 
 bandwidth  The engine's own copy paths on SmolLM2-135M-shaped blocks (bf16, 368,640 B) in a
-           real ``PagedKVCache``, against raw baselines of the same bytes, interleaved rounds,
-           medians:
+           real ``PagedKVCache`` of ``--cache-gib`` (default 1 GiB, a worker's default
+           ``CacheConfig.kv_cache_gib``; filled once), ``--mib`` of scattered block ids (as after
+           churn), against raw baselines of the same bytes, interleaved rounds, medians. The
+           cache's size matters: a block is 180 pieces of 2 KiB, each a run stride (num_blocks
+           x 2 KiB) apart, so the larger the cache the sparser the pieces and the costlier the
+           page walks; the header says how much of the cache's mapping got huge pages
+           (AnonHugePages). ``--shared-cache``: the cache on a memfd, as a worker that may serve
+           prefill to another keeps it (role prefill, or both without a KV tier; shared memory
+           gets no huge pages where ``shmem_enabled`` is "never"):
              host -> device   ``KVTiers`` onboarding (``start_load``, the I/O job run inline,
                               ``poll``): host-tier slots into device blocks (one
                               ``import_each`` call, as the tier I/O thread makes) vs one
@@ -56,6 +63,7 @@ def bandwidth(args: argparse.Namespace) -> None:
     import torch
 
     from interlock.engine.block_pool import Evicted
+    from interlock.engine.config import CacheConfig
     from interlock.engine.model.config import ModelArchConfig
     from interlock.engine.model.kv_cache import PagedKVCache
     from interlock.engine.scheduler import LoadOrder
@@ -65,8 +73,14 @@ def bandwidth(args: argparse.Namespace) -> None:
     arch = ModelArchConfig.from_folder(resolve_model("smollm2", progress=False))
     nbytes_block = PagedKVCache(arch, 1, 16, torch.bfloat16, torch.device("cpu")).block_nbytes
     n = max(1, args.mib * (1 << 20) // nbytes_block)
-    cache = PagedKVCache(arch, 2 * n, 16, torch.bfloat16, torch.device("cpu"))
-    cache.tensor.copy_(torch.randn(cache.tensor.shape).to(torch.bfloat16))
+    gib = CacheConfig.kv_cache_gib if args.cache_gib is None else args.cache_gib
+    cache_blocks = int(gib * (1 << 30)) // nbytes_block  # as blocks_for_budget
+    if cache_blocks < n:
+        raise SystemExit(f"--cache-gib {gib} holds {cache_blocks} blocks, fewer than the {n} copied")
+    cache = PagedKVCache(
+        arch, cache_blocks, 16, torch.bfloat16, torch.device("cpu"), shared=args.shared_cache
+    )
+    cache.tensor.view(torch.int16).random_(generator=torch.Generator().manual_seed(0))  # in place
 
     class Copier:  # the runner's side of a copy (TorchRunner delegates to its cache the same way)
         kv_block_nbytes = nbytes_block
@@ -75,10 +89,10 @@ def bandwidth(args: argparse.Namespace) -> None:
         import_each = cache.import_each
 
     rng = np.random.default_rng(0)
-    device_ids = [int(b) for b in rng.permutation(2 * n)[:n]]  # scattered, as after churn
+    device_ids = [int(b) for b in rng.permutation(cache_blocks)[:n]]  # scattered, as after churn
     evicted = [Evicted(b, 1000 + i, None) for i, b in enumerate(device_ids)]
     hashes = tuple(e.block_hash for e in evicted)
-    targets = tuple(int(b) for b in rng.permutation(2 * n)[:n])
+    targets = tuple(int(b) for b in rng.permutation(cache_blocks)[:n])
     total = n * nbytes_block
     src = np.empty(total, np.uint8)
     src[:] = 1
@@ -154,8 +168,11 @@ def bandwidth(args: argparse.Namespace) -> None:
         "import (disagg)": "memcpy",
     }
     print(
-        f"{n} blocks of {nbytes_block:,} B = {total / (1 << 20):.1f} MiB, median of {args.runs}; "
-        f"torch threads {torch.get_num_threads()}\n"
+        f"{n} blocks of {nbytes_block:,} B = {total / (1 << 20):.1f} MiB scattered in a KV cache of "
+        f"{cache_blocks} blocks = {cache_blocks * nbytes_block / 2**30:.2f} GiB"
+        f"{', shared (memfd)' if args.shared_cache else ''} "
+        f"(AnonHugePages of its mapping: {_huge_kib(cache.tensor.data_ptr())} kB), median of {args.runs}; "
+        f"torch threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}\n"
     )
     print(
         "| path | GB/s (median) | min..max GB/s | vs raw (ratio of medians) | vs raw (median paired ratio) |"
@@ -175,6 +192,23 @@ def bandwidth(args: argparse.Namespace) -> None:
     for t in (host_tiers, disk_tiers, offload_tiers):
         t.close()
     shutil.rmtree(tmp)
+
+
+def _huge_kib(addr: int) -> str:
+    """AnonHugePages of this process's mapping that holds ``addr`` ("?" where unknown)."""
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return "?"
+    inside = False
+    for line in lines:
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and head == "AnonHugePages:":
+            return line.split()[1]
+    return "?"
 
 
 # ---- huge pages A/B ----
@@ -429,7 +463,11 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bandwidth")
     b.add_argument("--mib", type=int, default=64)
+    b.add_argument(
+        "--cache-gib", type=float, default=None, help="the KV cache, GiB (default: a worker's default)"
+    )
     b.add_argument("--runs", type=int, default=15)
+    b.add_argument("--shared-cache", action="store_true", help="the cache on a memfd (a prefill worker's)")
     r = sub.add_parser("replay")
     r.add_argument("--trace", default=TRACE)
     r.add_argument("--workers", type=int, default=8)

@@ -15,14 +15,24 @@ One run, interleaved rounds (so machine noise hits every column alike), median o
                   memory it owns (shm: the one copy out of the shared pages into the destination
                   cache, i.e. the import; tcp: received into its buffer) and released
 * e2e shm         source KV cache -> destination KV cache on one host, as the engine does it
-                  now (issue 14): ONE copy. The source's cache lies on a memfd
-                  (``PagedKVCache(shared=True)``); it publishes the blocks with its region
+                  now (issue 14): ONE copy, in steps of ``--chunk-mib`` (8 MiB, the engine's:
+                  ``EngineCore.copy_remote_blocks`` per step, then ``copy_remote_kv`` for the
+                  last; each step one ``copy_from_shared`` of its blocks). The source's cache
+                  lies on a memfd (``PagedKVCache(shared=True)``); it publishes the blocks with its region
                   (``publish_blocks(cache_region=...)``) and holds them; the destination maps
                   the cache (``SharedViews``, kept per source as a worker keeps it), claims the
                   transfer DIRECT (``agent.pull_direct``), copies the blocks straight into its
                   own cache (``copy_from_shared``), checks the source still held them
                   (``holding``) and says DONE (``release``); timed on the destination from the
                   request to the source until DONE
+* e2e shm one call
+                  the same, the whole copy in one ``copy_from_shared`` call
+* e2e shm run steps (proposed)
+                  the same in steps of about ``--chunk-mib`` that each copy ALL the blocks for a
+                  slice of runs (layer, k/v, head) instead of some blocks for all runs: the
+                  kernel's one-call order (each run's pieces in ascending source order) kept,
+                  the step loop still served every 8 MiB. Not the engine's path yet: the row
+                  calls the block-copy kernel directly with its bases moved by a run stride
 * e2e shm staged / e2e tcp
                   source KV cache -> destination KV cache: export + transfer + import, timed on
                   the destination including the request to the source. Streamed, as the engine
@@ -36,18 +46,25 @@ One run, interleaved rounds (so machine noise hits every column alike), median o
                   copies the blocks from the mapped cache (``copy_from_shared``); timed from the
                   request to the source until "done" is sent back
 
-Both ends hold a real ``PagedKVCache`` of SmolLM2-135M bf16 blocks and copy scattered block ids
-(as after churn) with the engine's own calls: ``stage_blocks`` (export straight into the staged
-payload) and ``import_when_done`` (import straight from it), through the block-copy kernel.
+Both ends hold a real ``PagedKVCache`` of SmolLM2-135M bf16 blocks, ``--cache-gib`` each (default
+1 GiB, a worker's default ``CacheConfig.kv_cache_gib``: ~2,900 blocks), and copy ``--mib`` of
+scattered block ids (as after churn) with the engine's own calls: ``stage_blocks`` (export
+straight into the staged payload) and ``import_when_done`` (import straight from it), through
+the block-copy kernel. The cache's size matters: a block is 180 pieces of 2 KiB, each a run
+stride (num_blocks x 2 KiB) apart, so the larger the cache the sparser the pieces and the
+costlier the page walks (the source's shared cache is on 4 KiB pages where shmem gets no huge
+pages, as on the AMD EPYC VM; the private caches on huge pages). Each cache is filled once
+per process.
 
 GB/s is 1e9 bytes per second. Usage:
-``python benchmarks/transfer_bw.py [--runs 7] [--mib 64] [--chunk-mib 8] [--phases]``
+``python benchmarks/transfer_bw.py [--runs 7] [--mib 64] [--cache-gib 1] [--chunk-mib 8] [--phases]``
 (``--phases``: also print where the time of a sequential e2e shm staged transfer goes).
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import multiprocessing as mp
 import os
 import platform
@@ -60,7 +77,8 @@ from multiprocessing.connection import Connection
 import msgspec
 import numpy as np
 
-from interlock.engine.model.kv_cache import SharedCacheView
+from interlock.engine.config import CacheConfig
+from interlock.engine.model.kv_cache import PagedKVCache, SharedCacheView
 from interlock.engine.shared_cache import SharedViews
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import (
@@ -78,31 +96,30 @@ BLOCK_NBYTES = 30 * 2 * 3 * 64 * 16 * 2
 
 class _Copier:
     """A runner's side of the copies (``TorchRunner`` delegates to its cache the same way):
-    ``nblocks`` scattered blocks of a cache twice as large."""
+    ``nblocks`` scattered blocks of a cache of ``cache_blocks``."""
 
-    def __init__(self, nblocks: int, seed: int, *, shared: bool = False) -> None:
+    def __init__(self, nblocks: int, cache_blocks: int, seed: int, *, shared: bool = False) -> None:
         import torch
 
         from interlock.engine.model.config import ModelArchConfig
-        from interlock.engine.model.kv_cache import PagedKVCache
         from interlock.model_store import resolve_model
 
         arch = ModelArchConfig.from_folder(resolve_model("smollm2", progress=False))
-        self.cache = PagedKVCache(arch, 2 * nblocks, 16, torch.bfloat16, torch.device("cpu"), shared=shared)
+        self.cache = PagedKVCache(arch, cache_blocks, 16, torch.bfloat16, torch.device("cpu"), shared=shared)
         assert self.cache.block_nbytes == BLOCK_NBYTES
         gen = torch.Generator().manual_seed(seed)
-        self.cache.tensor.copy_(torch.randn(self.cache.tensor.shape, generator=gen).to(torch.bfloat16))
+        self.cache.tensor.view(torch.int16).random_(generator=gen)  # in place: no 2x temporary
         self.kv_block_nbytes = BLOCK_NBYTES
         self.export_blocks = self.cache.export_blocks
         self.import_blocks = self.cache.import_blocks
         rng = np.random.default_rng(seed)
-        self.block_ids = [int(b) for b in rng.permutation(2 * nblocks)[:nblocks]]
+        self.block_ids = [int(b) for b in rng.permutation(cache_blocks)[:nblocks]]
 
 
-def source_process(conn: Connection, nbytes: int, chunk_bytes: int) -> None:
+def source_process(conn: Connection, nbytes: int, cache_blocks: int, chunk_bytes: int) -> None:
     kv = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-    copier = _Copier(nbytes // BLOCK_NBYTES, seed=0)
-    shared = _Copier(nbytes // BLOCK_NBYTES, seed=2, shared=True)
+    copier = _Copier(nbytes // BLOCK_NBYTES, cache_blocks, seed=0)
+    shared = _Copier(nbytes // BLOCK_NBYTES, cache_blocks, seed=2, shared=True)
     with TransferAgent() as agent, socket.create_server(("127.0.0.1", 0)) as raw_server:
         conn.send(raw_server.getsockname()[1])
         raw, _ = raw_server.accept()
@@ -152,6 +169,12 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument(
+        "--cache-gib",
+        type=float,
+        default=CacheConfig.kv_cache_gib,
+        help="each end's KV cache, GiB (default: a worker's default)",
+    )
+    ap.add_argument(
         "--chunk-mib",
         type=float,
         default=CHUNK_BYTES / (1 << 20),
@@ -161,20 +184,25 @@ def main() -> None:
     args = ap.parse_args()
     nblocks = max(1, (args.mib << 20) // BLOCK_NBYTES)
     nbytes = nblocks * BLOCK_NBYTES
+    cache_blocks = int(args.cache_gib * (1 << 30)) // BLOCK_NBYTES  # as blocks_for_budget
+    if cache_blocks < nblocks:
+        ap.error(f"--cache-gib {args.cache_gib} holds {cache_blocks} blocks, fewer than the {nblocks} copied")
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     chunk_bytes = int(args.chunk_mib * (1 << 20))
-    child = ctx.Process(target=source_process, args=(child_conn, nbytes, chunk_bytes), daemon=True)
+    child = ctx.Process(
+        target=source_process, args=(child_conn, nbytes, cache_blocks, chunk_bytes), daemon=True
+    )
     child.start()
     phases: dict[str, list[float]] = {}
     try:
-        times = run_all(conn, nbytes, args.runs, phases if args.phases else None)
+        times = run_all(conn, nbytes, cache_blocks, chunk_bytes, args.runs, phases if args.phases else None)
     finally:
         conn.send("exit")
         child.join(10)
         if child.is_alive():
             child.kill()
-    report(times, nbytes, nblocks, args.runs, chunk_bytes)
+    report(times, nbytes, nblocks, cache_blocks, args.runs, chunk_bytes)
     if phases:
         print(
             "\nPhases of a sequential e2e shm staged transfer (median ms, perf_counter is one clock across processes):"
@@ -184,14 +212,20 @@ def main() -> None:
 
 
 def run_all(
-    conn: Connection, nbytes: int, runs: int, phases: dict[str, list[float]] | None
+    conn: Connection,
+    nbytes: int,
+    cache_blocks: int,
+    chunk_bytes: int,
+    runs: int,
+    phases: dict[str, list[float]] | None,
 ) -> dict[str, list[float]]:
     raw = socket.create_connection(("127.0.0.1", conn.recv()))
     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     kv_src = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
     kv_dst = np.ones(nbytes, np.uint8)
     pairs = [(np.full(nbytes, k + 2, np.uint8), np.ones(nbytes, np.uint8)) for k in range(2)]
-    copier = _Copier(nbytes // BLOCK_NBYTES, seed=1)
+    copier = _Copier(nbytes // BLOCK_NBYTES, cache_blocks, seed=1)
+    step = max(1, chunk_bytes // BLOCK_NBYTES)  # blocks per engine call of the one copy
     sink = memoryview(bytearray(b"\1" * nbytes))
     paths = (
         "memcpy",
@@ -200,6 +234,8 @@ def run_all(
         "shm",
         "tcp",
         "e2e shm",
+        "e2e shm one call",
+        "e2e shm run steps (proposed)",
         "e2e shm staged",
         "e2e tcp",
         "e2e shm staged seq",
@@ -217,7 +253,9 @@ def run_all(
                 "socket": _raw_socket(conn, raw, sink),
                 "shm": _transfer(conn, agent, "shm", copier, staged=True),
                 "tcp": _transfer(conn, agent, "tcp", copier, staged=True),
-                "e2e shm": _direct(conn, agent, copier, shared_views),
+                "e2e shm": _direct(conn, agent, copier, shared_views, step),
+                "e2e shm one call": _direct(conn, agent, copier, shared_views, None),
+                "e2e shm run steps (proposed)": _direct(conn, agent, copier, shared_views, -chunk_bytes),
                 "e2e shm staged": _streamed(conn, agent, "shm", copier),
                 "e2e tcp": _streamed(conn, agent, "tcp", copier),
                 "e2e shm staged seq": _transfer(
@@ -272,7 +310,11 @@ def _streamed(conn: Connection, agent: TransferAgent, transport: str, copier: _C
     return time.perf_counter() - t0
 
 
-def _direct(conn: Connection, agent: TransferAgent, copier: _Copier, views: SharedViews) -> float:
+def _direct(
+    conn: Connection, agent: TransferAgent, copier: _Copier, views: SharedViews, step: int | None
+) -> float:
+    """``step`` blocks per ``copy_from_shared`` call, as the engine's ``copy_remote_blocks``
+    steps (None: all in one call; negative: slices of runs of about -step bytes each)."""
     t0 = time.perf_counter()
     conn.send("direct")
     encoded, src_ids = conn.recv()
@@ -280,7 +322,13 @@ def _direct(conn: Connection, agent: TransferAgent, copier: _Copier, views: Shar
     assert desc.cache_region is not None
     view = views.get(desc.cache_region)
     dst = agent.pull_direct(desc, timeout_s=30)
-    copier.cache.copy_from_shared(view, src_ids, copier.block_ids)
+    n = len(src_ids)
+    if step is not None and step < 0:
+        _copy_run_slices(copier.cache, view, src_ids, copier.block_ids, -step)
+    else:
+        step = step or n
+        for i in range(0, n, step):
+            copier.cache.copy_from_shared(view, src_ids[i : i + step], copier.block_ids[i : i + step])
     if not dst.holding():
         raise RuntimeError(f"one-copy transfer failed: {dst.poll().reason}")
     dst.release()
@@ -288,6 +336,32 @@ def _direct(conn: Connection, agent: TransferAgent, copier: _Copier, views: Shar
     if conn.recv() != "ended":
         raise RuntimeError("the source did not see DONE")
     return elapsed
+
+
+def _copy_run_slices(
+    cache: PagedKVCache, view: SharedCacheView, src_ids: list[int], ids: list[int], step_bytes: int
+) -> None:
+    """All the blocks, a slice of runs per kernel call: piece r of block b lies at base + r *
+    run_stride + b * piece, so a call with both bases moved by r0 run strides and ``runs`` = the
+    slice copies runs r0.. of every block (the kernel's private geometry, read here only)."""
+    kernel, piece, runs = cache._kernel, cache._piece, cache._pieces
+    assert kernel is not None
+    src_blocks = view.region.num_blocks
+    per_step = max(1, step_bytes // (len(ids) * piece))
+    sids, dids = array.array("q", src_ids), array.array("q", ids)
+    for r0 in range(0, runs, per_step):
+        bad = kernel.between(
+            view.address + r0 * src_blocks * piece,
+            src_blocks,
+            sids.buffer_info()[0],
+            cache._base + r0 * cache.num_blocks * piece,
+            cache.num_blocks,
+            piece,
+            min(per_step, runs - r0),
+            dids.buffer_info()[0],
+            len(ids),
+        )
+        assert bad < 0, bad
 
 
 def _one_copy(conn: Connection, copier: _Copier, views: dict[object, SharedCacheView]) -> float:
@@ -338,19 +412,22 @@ def _transfer(
     return elapsed
 
 
-def report(times: dict[str, list[float]], nbytes: int, nblocks: int, runs: int, chunk_bytes: int) -> None:
+def report(
+    times: dict[str, list[float]], nbytes: int, nblocks: int, cache_blocks: int, runs: int, chunk_bytes: int
+) -> None:
     """Ratios two ways: of the medians, and the median of per-round ratios (each round runs every
     path back to back, so the paired figure is steadier when the machine's load swings)."""
     gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
     raw_of = {"shm": "memcpy", "tcp": "socket", "e2e shm": "memcpy", "e2e tcp": "socket"}
     raw_of |= {"e2e shm staged": "memcpy", "e2e shm staged seq": "memcpy", "e2e tcp seq": "socket"}
-    raw_of |= {"2 memcpys": "memcpy"}
+    raw_of |= {"2 memcpys": "memcpy", "e2e shm one call": "memcpy", "e2e shm run steps (proposed)": "memcpy"}
     raw_of |= {"one copy": "memcpy"}
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
         f"Python {platform.python_version()}, load {os.getloadavg()[0]:.1f}, "
-        f"{nblocks} blocks x {BLOCK_NBYTES} B = {nbytes / 2**20:.1f} MiB, median of {runs}, "
-        f"streamed in chunks of {chunk_bytes / 2**20:g} MiB"
+        f"{nblocks} blocks x {BLOCK_NBYTES} B = {nbytes / 2**20:.1f} MiB scattered in a KV cache of "
+        f"{cache_blocks} blocks = {cache_blocks * BLOCK_NBYTES / 2**30:.2f} GiB per end, median of {runs}, "
+        f"streamed and one copy in steps of {chunk_bytes / 2**20:g} MiB"
     )
     print(
         "| path | GB/s (median) | min..max GB/s | vs raw (ratio of medians) | vs raw (median paired ratio) |"

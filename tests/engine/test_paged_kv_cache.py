@@ -115,6 +115,30 @@ def test_kernel_copies_random_blocks_as_the_reference_does(
         assert torch.equal(kv.tensor.view(torch.uint8), expected.view(torch.uint8))
 
 
+@pytest.mark.parametrize(
+    "arch, bs", [(ARCH, 4), (ODD, 1), (dataclasses.replace(ODD, num_layers=1, num_kv_heads=1), 2)]
+)
+@pytest.mark.parametrize("seed", range(3))
+def test_export_in_run_order_equals_the_reference_with_repeats_and_neighbours(
+    arch: ModelArchConfig, bs: int, seed: int
+) -> None:
+    """Export reads a run at a time in source-address order (kv_copy.c, by_run): ids repeated,
+    consecutive (merged pieces where the layout allows it) and shuffled come out in call order."""
+    rng = random.Random(seed)
+    blocks = 40
+    caches = _caches(arch, blocks, bs, torch.bfloat16)
+    start = torch.randn(caches[0].tensor.shape).to(torch.bfloat16)
+    ids = [rng.randrange(blocks) for _ in range(30)] + list(range(7, 19)) + [3, 3, 39, 0]
+    rng.shuffle(ids)
+    for kv in caches:
+        kv.tensor.copy_(start)
+    want = _reference_export(caches[0], ids)
+    for kv in caches:
+        out = bytearray(1 + len(ids) * kv.block_nbytes)
+        kv.export_blocks(ids, memoryview(out)[1:])
+        assert bytes(out[1:]) == want
+
+
 def test_kernel_refuses_what_the_fallback_refuses() -> None:
     for kv in _caches(ARCH, 4, 4, torch.bfloat16):
         with pytest.raises(IndexError):

@@ -57,6 +57,12 @@ static void prefetch(const char* p, int64_t n) {
   for (int64_t i = 0; i < n; i += 64) __builtin_prefetch(p + i, 0, 2);
 }
 
+/* Touch the first line of a destination piece AHEAD pieces before its streaming stores, so its
+   page walk is done by then. Measured on the AMD EPYC VM, import of 64 MiB of scattered SmolLM2
+   blocks, paired against one memcpy (kv_cache.py's import_blocks, BENCHMARKS.md "Onboarding
+   bandwidth"): 1 GiB cache 147-157% (was 90-92%), 3 GiB 76-104% (48-75%), 128 MiB 167% (130%). */
+static void prefetch_write(char* p) { __builtin_prefetch(p, 1, 3); }
+
 static void fence(void) {
 #ifdef KV_SSE2
   _mm_sfence(); /* streaming stores are weakly ordered: make them visible before returning */
@@ -93,53 +99,73 @@ static void gather(const char* src, int64_t src_stride, const int64_t* sids, cha
   fence();
 }
 
+/* The run-at-a-time order of the reads from a cache (export, and kv_copy_between): the call's
+   blocks sorted by source address, then copied one run (layer, k/v, head) at a time, so
+   consecutive reads go up through neighbouring pages instead of jumping a run stride
+   (num_blocks * piece) per piece; pieces adjacent on both sides merge into one copy. Why: a
+   block's 180 pieces lie a run stride apart, so in a cache of 1 GiB (a worker's default) block
+   after block every piece is on another page. Measured on the AMD EPYC VM, 182 scattered
+   SmolLM2 blocks (64 MiB) in one call, paired against one memcpy (BENCHMARKS.md, "Onboarding
+   bandwidth"): kv_copy_between from a 4,096-block memfd source 48-57% (was 26-32% block by
+   block); export from a 1 GiB cache 66-134% (was 58-89%), from 3 GiB 92-96% (was 61-77%).
+   Not for import (writes into the cache): there it scatters the reads from the block-major
+   buffer instead and measured no better at 1-3 GiB and worse at 128 MiB (90% against 156%).
+   Only where the destination addresses are distinct (else call order decides which copy wins:
+   the block-by-block paths keep it); returns 0 then, or without memory for the order. */
 typedef struct {
-  int64_t key, k;
-} Keyed;
+  const char* s; /* run 0's piece of the item's source block */
+  char* d;       /* run 0's piece of its destination */
+} Item;
 
-static int by_key(const void* a, const void* b) {
-  const Keyed *x = a, *y = b;
-  return (x->key > y->key) - (x->key < y->key);
+static int by_source(const void* a, const void* b) {
+  const Item *x = a, *y = b;
+  return (x->s > y->s) - (x->s < y->s);
 }
 
-/* kv_copy_between's order: the blocks sorted by source id and copied one run (layer, k/v,
-   head) at a time, so consecutive reads go up through neighbouring source pages instead of
-   jumping a run stride (num_blocks * piece) per piece, and pieces adjacent on both sides merge
-   into one copy. Measured on the AMD EPYC VM (4 KiB pages only: no huge pages are granted
-   there), 182 scattered SmolLM2 blocks in one call: 79-105% of one memcpy from a 364-block
-   source (was 42-89%), 48-57% from a 4,096-block one (was 26-32%); in 22-block calls (the
-   engine's 8 MiB steps) about the same as before. Only where the
-   destination ids are distinct (else call order decides which copy wins: gather keeps it);
-   returns 0 then, or without memory for the order. */
-static int between_by_run(const char* src, int64_t src_stride, const int64_t* sids, char* dst,
-                          int64_t dst_stride, const int64_t* dids, int64_t piece, int64_t runs, int64_t n) {
-  if (n < 2) return 0;
-  Keyed* order = malloc((size_t)n * sizeof(Keyed));
-  if (!order) return 0;
-  for (int64_t k = 0; k < n; k++) order[k] = (Keyed){dids[k], k};
-  qsort(order, (size_t)n, sizeof(Keyed), by_key);
+static int by_dest(const void* a, const void* b) {
+  const Item *x = a, *y = b;
+  return (x->d > y->d) - (x->d < y->d);
+}
+
+static int by_run(Item* items, int64_t n, int64_t s_stride, int64_t d_stride, int64_t piece, int64_t runs) {
+  qsort(items, (size_t)n, sizeof(Item), by_dest);
   for (int64_t k = 1; k < n; k++)
-    if (order[k].key == order[k - 1].key) {
-      free(order);
-      return 0;
-    }
-  for (int64_t k = 0; k < n; k++) order[k] = (Keyed){sids[k], k};
-  qsort(order, (size_t)n, sizeof(Keyed), by_key);
+    if (items[k].d == items[k - 1].d) return 0;
+  qsort(items, (size_t)n, sizeof(Item), by_source);
   for (int64_t r = 0; r < runs; r++) {
-    const char* s_run = src + r * src_stride;
-    char* d_run = dst + r * dst_stride;
     for (int64_t k = 0; k < n;) {
-      int64_t first = order[k].k, len = 1;
-      while (k + len < n && sids[order[k + len].k] == sids[first] + len && dids[order[k + len].k] == dids[first] + len)
+      const char* s = items[k].s + r * s_stride;
+      char* d = items[k].d + r * d_stride;
+      int64_t len = 1;
+      while (k + len < n && items[k + len].s == items[k].s + len * piece && items[k + len].d == items[k].d + len * piece)
         len++;
-      if (k + len + AHEAD - 1 < n) prefetch(s_run + sids[order[k + len + AHEAD - 1].k] * piece, piece);
-      copy_stream(d_run + dids[first] * piece, s_run + sids[first] * piece, len * piece);
+      int64_t j = k + len + AHEAD - 1; /* the piece AHEAD copies on, into the next run at the end */
+      if (j < n)
+        prefetch(items[j].s + r * s_stride, piece);
+      else if (r + 1 < runs && j - n < n)
+        prefetch(items[j - n].s + (r + 1) * s_stride, piece);
+      copy_stream(d, s, len * piece);
       k += len;
     }
   }
   fence();
-  free(order);
   return 1;
+}
+
+/* by_run over the call's blocks: block k from src + sids[k] * piece to dst + (dids ? dids[k] *
+   piece : k * dst_block), sorted by source address; 0 where it did not copy (see by_run). */
+static int copy_by_run(const char* src, const int64_t* sids, int64_t s_stride, char* dst, const int64_t* dids,
+                       int64_t dst_block, int64_t d_stride, int64_t piece, int64_t runs, int64_t n) {
+  if (n < 2) return 0;
+  Item* items = malloc((size_t)n * sizeof(Item));
+  if (!items) return 0;
+  for (int64_t k = 0; k < n; k++) {
+    items[k].s = src + sids[k] * piece;
+    items[k].d = dst + (dids ? dids[k] * piece : k * dst_block);
+  }
+  int done = by_run(items, n, s_stride, d_stride, piece, runs);
+  free(items);
+  return done;
 }
 
 /* cache -> flat: block ids[k] into flat + k * runs * piece, for k < n. */
@@ -147,7 +173,9 @@ int64_t kv_export(const char* cache, int64_t num_blocks, int64_t piece, int64_t 
                   int64_t n, char* flat) {
   int64_t bad = bad_id(ids, n, num_blocks);
   if (bad >= 0) return bad;
-  gather(cache, num_blocks * piece, ids, flat, piece, 0, runs * piece, piece, runs, n);
+  const int64_t run_stride = num_blocks * piece, block = runs * piece;
+  if (!copy_by_run(cache, ids, run_stride, flat, 0, block, piece, piece, runs, n))
+    gather(cache, run_stride, ids, flat, piece, 0, block, piece, runs, n);
   return -1;
 }
 
@@ -160,7 +188,15 @@ static int64_t import_impl(char* cache, int64_t num_blocks, int64_t piece, int64
   for (int64_t k = 0; k < n; k++) {
     char* d = cache + ids[k] * piece;
     const char* s = src ? (const char*)(intptr_t)src[k] : flat + k * block;
-    for (int64_t r = 0; r < runs; r++) copy_stream(d + r * run_stride, s + r * piece, piece);
+    for (int64_t r = 0; r < runs; r++) {
+      int64_t ra = r + AHEAD, ka = k;
+      if (ra >= runs) {
+        ra -= runs;
+        ka += 1;
+      }
+      if (ka < n) prefetch_write(cache + ids[ka] * piece + ra * run_stride);
+      copy_stream(d + r * run_stride, s + r * piece, piece);
+    }
   }
   fence();
   return -1;
@@ -192,7 +228,7 @@ int64_t kv_copy_between(const char* src, int64_t src_blocks, const int64_t* src_
   if (bad >= 0) return bad;
   bad = bad_id(src_ids, n, src_blocks);
   if (bad >= 0) return n + bad;
-  if (!between_by_run(src, src_blocks * piece, src_ids, cache, num_blocks * piece, ids, piece, runs, n))
+  if (!copy_by_run(src, src_ids, src_blocks * piece, cache, ids, 0, num_blocks * piece, piece, runs, n))
     gather(src, src_blocks * piece, src_ids, cache, num_blocks * piece, ids, 0, piece, runs, n);
   return -1;
 }
