@@ -17,7 +17,8 @@ Memory on CPU: the tensor lies on an anonymous mapping advised for transparent h
 ``torch.zeros`` gets 4 KiB pages). A block copy touches 180 pieces of 2 KiB spread over the
 whole cache, so with 4 KiB pages nearly every piece is a TLB miss; measured on the AMD EPYC VM
 (64 MiB of scattered blocks, paired against memcpy): import 76% -> 104%, export 93% -> 105%
-with huge pages. Where THP is off, the advice is a no-op and the pages are ordinary.
+with huge pages (a 128 MiB cache; at 1 GiB the import runs at 140-162% with the kernel's
+look-ahead touches). Where THP is off, the advice is a no-op and the pages are ordinary.
 
 One copy between processes (``shared=True``): the cache lies on a memfd (``memfd_create``)
 instead, mapped shared; ``shared_region()`` names it (pid, descriptor, layout) and another
@@ -27,8 +28,11 @@ and import. The file's size is checked against the declared layout and every blo
 against it in C, so nothing outside the cache is read. A memfd needs no name in /dev/shm: it
 goes with the last process that maps it (no leak when the worker dies), and a view mapped
 before that stays readable. Shared memory gets huge pages only where ``shmem_enabled`` allows
-"advise" (the mapping is advised; it is "never" on the VM measured): reads of scattered 2 KiB pieces stay fast on 4 KiB pages (70% of one memcpy for 64
-MiB, AMD EPYC VM; BENCHMARKS.md), the writes still go to the destination's huge pages.
+"advise" (the mapping is advised; it is "never" on the VM measured), so there a prefill
+worker's cache is on 4 KiB pages; the writes still go to the destination's huge pages. The
+copy's speed falls as the source cache grows (page walks over the whole footprint): on the
+AMD EPYC VM, 64 MiB of scattered blocks in the engine's 8 MiB steps reach 61-86% of one
+memcpy from a 128 MiB cache but 37-47% from a worker's 1 GiB one (BENCHMARKS.md).
 
 Export format (what another runner of the same model imports): blocks one after another, each
 ``[layers, 2, kv_heads, block_size, head_dim]`` in the cache dtype, ``block_nbytes`` bytes.
