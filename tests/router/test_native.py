@@ -16,6 +16,7 @@ from interlock.router import native
 from interlock.router.cost import CostParams, cheapest, choose, ttft_costs
 from interlock.router.indexer import KvIndexer
 from interlock.router.route_kernel import MAX_RANKED, RouteKernel
+from tests.router.test_route_kernel import numpy_decision
 
 MODULE = native.load()
 pytestmark = pytest.mark.skipif(MODULE is None, reason="no C compiler: the compiled index is not built here")
@@ -197,28 +198,10 @@ def test_the_compiled_decision_equals_numpy_over_the_dict(evs, c, chain, cut) ->
     apply_all(plain, evs)
     hashes = chain[:cut] + [7]
     p: CostParams = c["params"]
-    room = {
-        "free_blocks": c["free"],
-        "used_blocks": c["used"],
-        "drain_s": c["decode_step"] * max(c["decode_tokens"], 1),
-    }
     overlaps = plain.overlaps(hashes, WORKERS)
-    costs = ttft_costs(
-        p,
-        prompt_tokens=c["prompt"],
-        overlap_blocks=overlaps,
-        queued_prefill=c["queued"],
-        per_token_s=c["per_token"],
-        step_overhead_s=c["overhead"],
-        decode_step_s=c["decode_step"],
-        kv_usage=c["kv"],
-        decode_tokens=c["decode_tokens"],
-        waiting=c["waiting"],
-        decoding=c["decoding"],
-        **(room if c["room"] else {}),
+    costs, want_ranked, want = numpy_decision(
+        {**c, "n": WORKERS, "overlaps": overlaps, "lower": None, "load_s": None}
     )
-    if c["weight"] is not None:
-        costs = costs / c["weight"]
     kernel = RouteKernel(None)
     vectors = (
         c["queued"],
@@ -248,14 +231,6 @@ def test_the_compiled_decision_equals_numpy_over_the_dict(evs, c, chain, cut) ->
     )
     np.testing.assert_array_equal(got_overlaps, overlaps)
     np.testing.assert_array_equal(got_costs, costs)  # bit for bit
-    eligible = c["eligible"] if c["eligible"] is not None else np.ones(WORKERS, dtype=bool)
-    if not eligible.any():
-        assert (slot, ranked) == (-1, [])
-        return
-    want_ranked = cheapest(costs, c["eligible"], c["k"])
-    want = choose(
-        costs, eligible, c["busy"], tolerance=p.tie_tolerance_s, rotation=c["rotation"], ranked=want_ranked
-    )
     assert (slot, ranked) == (want, want_ranked)
 
 

@@ -274,6 +274,16 @@ static int check_nargs(Py_ssize_t nargs, Py_ssize_t want, const char* name) {
   return 0;
 }
 
+/* (index, int, ...) arguments: the index, and the int in `*value`; NULL with an exception set. */
+static Index* index_and_int(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, const char* name,
+                            int64_t* value) {
+  if (check_nargs(nargs, want, name) < 0) return NULL;
+  Index* ix = get_index(args[0]);
+  if (!ix) return NULL;
+  *value = PyLong_AsLongLong(args[1]);
+  return PyErr_Occurred() ? NULL : ix;
+}
+
 /* ---- module functions ---- */
 
 static PyObject* kvi_new(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -302,11 +312,9 @@ static PyObject* kvi_new(PyObject* self, PyObject* const* args, Py_ssize_t nargs
 
 /* grow(index, words): masks widened to `words` words (more worker slots). */
 static PyObject* kvi_grow(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (check_nargs(nargs, 2, "grow") < 0) return NULL;
-  Index* ix = get_index(args[0]);
+  int64_t words;
+  Index* ix = index_and_int(args, nargs, 2, "grow", &words);
   if (!ix) return NULL;
-  int64_t words = PyLong_AsLongLong(args[1]);
-  if (PyErr_Occurred()) return NULL;
   if (words <= ix->words) Py_RETURN_NONE;
   uint64_t* bits = calloc((size_t)ix->masks_cap * words, 8);
   uint64_t* cur = calloc(words, 8);
@@ -336,11 +344,9 @@ static PyObject* kvi_grow(PyObject* self, PyObject* const* args, Py_ssize_t narg
  * ix->keys (n of them), the slot's mask word and bit; NULL with an exception set. */
 static Index* slot_call(PyObject* const* args, Py_ssize_t nargs, const char* name, int64_t* n, int64_t* w,
                         uint64_t* bit) {
-  if (check_nargs(nargs, 3, name) < 0) return NULL;
-  Index* ix = get_index(args[0]);
+  int64_t slot;
+  Index* ix = index_and_int(args, nargs, 3, name, &slot);
   if (!ix) return NULL;
-  int64_t slot = PyLong_AsLongLong(args[1]);
-  if (PyErr_Occurred()) return NULL;
   if (slot < 0 || slot >= ix->words * 64) {
     PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slot);
     return NULL;
@@ -620,11 +626,9 @@ static PyObject* kvi_items(PyObject* self, PyObject* const* args, Py_ssize_t nar
 
 /* unique_counts(index, slots) -> [blocks only that slot holds, per slot]. */
 static PyObject* kvi_unique_counts(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (check_nargs(nargs, 2, "unique_counts") < 0) return NULL;
-  Index* ix = get_index(args[0]);
+  int64_t slots;
+  Index* ix = index_and_int(args, nargs, 2, "unique_counts", &slots);
   if (!ix) return NULL;
-  int64_t slots = PyLong_AsLongLong(args[1]);
-  if (PyErr_Occurred()) return NULL;
   int64_t* counts = calloc(slots > 0 ? slots : 1, 8);
   if (!counts) return PyErr_NoMemory();
   for (uint64_t i = 0; i < ix->cap; i++) {
