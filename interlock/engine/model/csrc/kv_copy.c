@@ -216,11 +216,11 @@ int64_t kv_import_each(char* cache, int64_t num_blocks, int64_t piece, int64_t r
 }
 
 /* One cache -> another of the same piece and runs (the source's mapped from another process's
-   memfd: the one-copy disaggregated transfer, PagedKVCache.copy_from_shared). Measured on the
-   AMD EPYC VM, 64 MiB of scattered SmolLM2 blocks: 70% of one memcpy with the source on 4 KiB
-   shared pages (reads stay fast there; the writes go to our huge pages), where
-   process_vm_readv of the same pieces (iovecs built in C, batches of 1024) gave 27%: block src_ids[k] of src (src_blocks blocks) into block
-   ids[k] of cache. Both id lists are checked first. Returns -1; k for a bad ids[k]; n + k for a
+   memfd: the one-copy disaggregated transfer, PagedKVCache.copy_from_shared): block src_ids[k]
+   of src (src_blocks blocks) into block ids[k] of cache, in by_run's order. Its speed falls with
+   the source's size (4 KiB shared pages; by_run's note has the figures); process_vm_readv of the
+   same pieces (iovecs built in C, batches of 1024) gave 27% of one memcpy on the AMD EPYC VM
+   from a 128 MiB cache. Both id lists are checked first. Returns -1; k for a bad ids[k]; n + k for a
    bad src_ids[k]. */
 int64_t kv_copy_between(const char* src, int64_t src_blocks, const int64_t* src_ids, char* cache,
                         int64_t num_blocks, int64_t piece, int64_t runs, const int64_t* ids, int64_t n) {
