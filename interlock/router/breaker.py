@@ -108,6 +108,10 @@ class Breakers:
                 out.append(wid)
         return out
 
+    def tracked(self) -> int:
+        """Workers with a breaker entry (one that failed recently, or is open or probing)."""
+        return len(self._b)
+
     def forget(self, worker_id: str) -> None:
         self._b.pop(worker_id, None)
 

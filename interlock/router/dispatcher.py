@@ -397,6 +397,8 @@ class Dispatcher:
         return max(o.stall_floor_s, o.stall_steps * step)
 
     def _worker_failed(self, router: Router, worker_id: str, exc: InterlockError) -> None:
+        if worker_id not in router.workers():
+            return  # it left (a drain whose grace ran out, or a death): no breaker to keep
         router.set_health(worker_id, False)  # until its next load report or health check
         if self.breakers.failure(worker_id, time.monotonic()):
             router.set_blocked(worker_id, True)

@@ -217,6 +217,7 @@ def test_a_draining_worker_hands_over_what_it_has_not_finished_when_its_grace_is
             assert toks(outs) == toks(reference)
             m = f.service.dispatcher.metrics
             assert m.migrations == 1 and m.worker_aborts == 1
+            assert f.service.dispatcher.breakers.tracked() == 0  # a worker that left keeps no breaker
             f.workers.pop("a")
 
     asyncio.run(main())
