@@ -15,24 +15,26 @@ One run, interleaved rounds (so machine noise hits every column alike), median o
                   memory it owns (shm: the one copy out of the shared pages into the destination
                   cache, i.e. the import; tcp: received into its buffer) and released
 * e2e shm         source KV cache -> destination KV cache on one host, as the engine does it
-                  now (issue 14): ONE copy, in steps of ``--chunk-mib`` (8 MiB, the engine's:
-                  ``EngineCore.copy_remote_blocks`` per step, then ``copy_remote_kv`` for the
-                  last; each step one ``copy_from_shared`` of its blocks). The source's cache
-                  lies on a memfd (``PagedKVCache(shared=True)``); it publishes the blocks with its region
-                  (``publish_blocks(cache_region=...)``) and holds them; the destination maps
-                  the cache (``SharedViews``, kept per source as a worker keeps it), claims the
-                  transfer DIRECT (``agent.pull_direct``), copies the blocks straight into its
-                  own cache (``copy_from_shared``), checks the source still held them
-                  (``holding``) and says DONE (``release``); timed on the destination from the
-                  request to the source until DONE
+                  (issue 14): ONE copy, in steps of about ``--chunk-mib`` (8 MiB, the engine's):
+                  ``copy_parts`` parts, one ``copy_from_shared(..., part=(k, parts))`` per step as
+                  ``EngineCore.copy_remote_blocks`` / ``copy_remote_kv`` call it, each part a
+                  slice of the runs (layer, k/v, head) of EVERY block, on the threads the
+                  engine's rule gives (``copy_threads``: two here, torch having two). The source's
+                  cache lies on a memfd (``PagedKVCache(shared=True)``); it publishes the blocks
+                  with its region (``publish_blocks(cache_region=...)``) and holds them; the
+                  destination maps the cache (``SharedViews``, kept per source as a worker keeps
+                  it), claims the transfer DIRECT (``agent.pull_direct``), copies the blocks
+                  straight into its own cache, checks the source still held them (``holding``)
+                  and says DONE (``release``); timed on the destination from the request to the
+                  source until DONE
+* e2e shm 1 thread
+                  the same on a worker with one torch thread (``copy_threads`` gives it one)
 * e2e shm one call
                   the same, the whole copy in one ``copy_from_shared`` call
-* e2e shm run steps (proposed)
-                  the same in steps of about ``--chunk-mib`` that each copy ALL the blocks for a
-                  slice of runs (layer, k/v, head) instead of some blocks for all runs: the
-                  kernel's one-call order (each run's pieces in ascending source order) kept,
-                  the step loop still served every 8 MiB. Not the engine's path yet: the row
-                  calls the block-copy kernel directly with its bases moved by a run stride
+* e2e shm block steps (before)
+                  the same in the engine's earlier steps: some blocks whole per call (8 MiB: 22
+                  SmolLM2 blocks), one thread. Each call reads each run's pieces a run stride /
+                  22 blocks apart, every piece on a page of its own
 * e2e shm staged / e2e tcp
                   source KV cache -> destination KV cache: export + transfer + import, timed on
                   the destination including the request to the source. Streamed, as the engine
@@ -64,7 +66,6 @@ GB/s is 1e9 bytes per second. Usage:
 from __future__ import annotations
 
 import argparse
-import array
 import multiprocessing as mp
 import os
 import platform
@@ -79,7 +80,7 @@ import numpy as np
 
 from interlock.engine.config import CacheConfig
 from interlock.engine.model.kv_cache import PagedKVCache, SharedCacheView
-from interlock.engine.shared_cache import SharedViews
+from interlock.engine.shared_cache import SharedViews, copy_parts
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import (
     BlockImport,
@@ -225,7 +226,6 @@ def run_all(
     kv_dst = np.ones(nbytes, np.uint8)
     pairs = [(np.full(nbytes, k + 2, np.uint8), np.ones(nbytes, np.uint8)) for k in range(2)]
     copier = _Copier(nbytes // BLOCK_NBYTES, cache_blocks, seed=1)
-    step = max(1, chunk_bytes // BLOCK_NBYTES)  # blocks per engine call of the one copy
     sink = memoryview(bytearray(b"\1" * nbytes))
     paths = (
         "memcpy",
@@ -234,8 +234,9 @@ def run_all(
         "shm",
         "tcp",
         "e2e shm",
+        "e2e shm 1 thread",
         "e2e shm one call",
-        "e2e shm run steps (proposed)",
+        "e2e shm block steps (before)",
         "e2e shm staged",
         "e2e tcp",
         "e2e shm staged seq",
@@ -253,9 +254,14 @@ def run_all(
                 "socket": _raw_socket(conn, raw, sink),
                 "shm": _transfer(conn, agent, "shm", copier, staged=True),
                 "tcp": _transfer(conn, agent, "tcp", copier, staged=True),
-                "e2e shm": _direct(conn, agent, copier, shared_views, step),
-                "e2e shm one call": _direct(conn, agent, copier, shared_views, None),
-                "e2e shm run steps (proposed)": _direct(conn, agent, copier, shared_views, -chunk_bytes),
+                "e2e shm": _direct(conn, agent, copier, shared_views, "parts", chunk_bytes),
+                "e2e shm 1 thread": _direct(
+                    conn, agent, copier, shared_views, "parts", chunk_bytes, threads=1
+                ),
+                "e2e shm one call": _direct(conn, agent, copier, shared_views, "parts", nbytes),
+                "e2e shm block steps (before)": _direct(
+                    conn, agent, copier, shared_views, "blocks", chunk_bytes, threads=1
+                ),
                 "e2e shm staged": _streamed(conn, agent, "shm", copier),
                 "e2e tcp": _streamed(conn, agent, "tcp", copier),
                 "e2e shm staged seq": _transfer(
@@ -311,10 +317,21 @@ def _streamed(conn: Connection, agent: TransferAgent, transport: str, copier: _C
 
 
 def _direct(
-    conn: Connection, agent: TransferAgent, copier: _Copier, views: SharedViews, step: int | None
+    conn: Connection,
+    agent: TransferAgent,
+    copier: _Copier,
+    views: SharedViews,
+    steps: str,
+    step_bytes: int,
+    *,
+    threads: int = 0,
 ) -> float:
-    """``step`` blocks per ``copy_from_shared`` call, as the engine's ``copy_remote_blocks``
-    steps (None: all in one call; negative: slices of runs of about -step bytes each)."""
+    """The one copy in steps of about ``step_bytes``: ``"parts"`` as the engine steps
+    (``copy_parts`` parts of every block), ``"blocks"`` some blocks whole per step (the
+    engine's earlier steps); ``threads``: torch's threads meanwhile (0: as they are), which
+    ``copy_threads`` bounds the copy's by."""
+    import torch
+
     t0 = time.perf_counter()
     conn.send("direct")
     encoded, src_ids = conn.recv()
@@ -322,13 +339,21 @@ def _direct(
     assert desc.cache_region is not None
     view = views.get(desc.cache_region)
     dst = agent.pull_direct(desc, timeout_s=30)
-    n = len(src_ids)
-    if step is not None and step < 0:
-        _copy_run_slices(copier.cache, view, src_ids, copier.block_ids, -step)
-    else:
-        step = step or n
-        for i in range(0, n, step):
-            copier.cache.copy_from_shared(view, src_ids[i : i + step], copier.block_ids[i : i + step])
+    n, ids = len(src_ids), copier.block_ids
+    had = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        if steps == "parts":
+            parts = copy_parts(n * BLOCK_NBYTES, step_bytes)
+            for k in range(parts):
+                copier.cache.copy_from_shared(view, src_ids, ids, (k, parts))
+        else:
+            step = max(1, step_bytes // BLOCK_NBYTES)
+            for i in range(0, n, step):
+                copier.cache.copy_from_shared(view, src_ids[i : i + step], ids[i : i + step])
+    finally:
+        torch.set_num_threads(had)
     if not dst.holding():
         raise RuntimeError(f"one-copy transfer failed: {dst.poll().reason}")
     dst.release()
@@ -336,32 +361,6 @@ def _direct(
     if conn.recv() != "ended":
         raise RuntimeError("the source did not see DONE")
     return elapsed
-
-
-def _copy_run_slices(
-    cache: PagedKVCache, view: SharedCacheView, src_ids: list[int], ids: list[int], step_bytes: int
-) -> None:
-    """All the blocks, a slice of runs per kernel call: piece r of block b lies at base + r *
-    run_stride + b * piece, so a call with both bases moved by r0 run strides and ``runs`` = the
-    slice copies runs r0.. of every block (the kernel's private geometry, read here only)."""
-    kernel, piece, runs = cache._kernel, cache._piece, cache._pieces
-    assert kernel is not None
-    src_blocks = view.region.num_blocks
-    per_step = max(1, step_bytes // (len(ids) * piece))
-    sids, dids = array.array("q", src_ids), array.array("q", ids)
-    for r0 in range(0, runs, per_step):
-        bad = kernel.between(
-            view.address + r0 * src_blocks * piece,
-            src_blocks,
-            sids.buffer_info()[0],
-            cache._base + r0 * cache.num_blocks * piece,
-            cache.num_blocks,
-            piece,
-            min(per_step, runs - r0),
-            dids.buffer_info()[0],
-            len(ids),
-        )
-        assert bad < 0, bad
 
 
 def _one_copy(conn: Connection, copier: _Copier, views: dict[object, SharedCacheView]) -> float:
@@ -420,7 +419,8 @@ def report(
     gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
     raw_of = {"shm": "memcpy", "tcp": "socket", "e2e shm": "memcpy", "e2e tcp": "socket"}
     raw_of |= {"e2e shm staged": "memcpy", "e2e shm staged seq": "memcpy", "e2e tcp seq": "socket"}
-    raw_of |= {"2 memcpys": "memcpy", "e2e shm one call": "memcpy", "e2e shm run steps (proposed)": "memcpy"}
+    raw_of |= {"2 memcpys": "memcpy", "e2e shm one call": "memcpy", "e2e shm block steps (before)": "memcpy"}
+    raw_of |= {"e2e shm 1 thread": "memcpy"}
     raw_of |= {"one copy": "memcpy"}
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
