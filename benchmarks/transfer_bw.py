@@ -29,6 +29,9 @@ One run, interleaved rounds (so machine noise hits every column alike), median o
                   source until DONE
 * e2e shm 1 thread
                   the same on a worker with one torch thread (``copy_threads`` gives it one)
+* e2e shm 2 threads (forced)
+                  the same, each step on two threads whether a core is idle or not (the kernel
+                  called directly: what the rule's helper gives, and costs on a busy machine)
 * e2e shm one call
                   the same, the whole copy in one ``copy_from_shared`` call
 * e2e shm block steps (before)
@@ -66,6 +69,7 @@ GB/s is 1e9 bytes per second. Usage:
 from __future__ import annotations
 
 import argparse
+import array
 import multiprocessing as mp
 import os
 import platform
@@ -80,7 +84,7 @@ import numpy as np
 
 from interlock.engine.config import CacheConfig
 from interlock.engine.model.kv_cache import PagedKVCache, SharedCacheView
-from interlock.engine.shared_cache import SharedViews, copy_parts
+from interlock.engine.shared_cache import SharedViews, copy_parts, part_range
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import (
     BlockImport,
@@ -197,13 +201,18 @@ def main() -> None:
     child.start()
     phases: dict[str, list[float]] = {}
     try:
-        times = run_all(conn, nbytes, cache_blocks, chunk_bytes, args.runs, phases if args.phases else None)
+        times, longest = run_all(
+            conn, nbytes, cache_blocks, chunk_bytes, args.runs, phases if args.phases else None
+        )
     finally:
         conn.send("exit")
         child.join(10)
         if child.is_alive():
             child.kill()
     report(times, nbytes, nblocks, cache_blocks, args.runs, chunk_bytes)
+    print("\nLongest step of the one copy (one engine call; the other requests' steps wait), ms:")
+    for row, v in longest.items():
+        print(f"  {row:30s} median {statistics.median(v) * 1e3:6.2f}, max {max(v) * 1e3:6.2f}")
     if phases:
         print(
             "\nPhases of a sequential e2e shm staged transfer (median ms, perf_counter is one clock across processes):"
@@ -219,7 +228,8 @@ def run_all(
     chunk_bytes: int,
     runs: int,
     phases: dict[str, list[float]] | None,
-) -> dict[str, list[float]]:
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(seconds per path and round, the longest step per one-copy path and round)."""
     raw = socket.create_connection(("127.0.0.1", conn.recv()))
     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     kv_src = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
@@ -235,6 +245,7 @@ def run_all(
         "tcp",
         "e2e shm",
         "e2e shm 1 thread",
+        "e2e shm 2 threads (forced)",
         "e2e shm one call",
         "e2e shm block steps (before)",
         "e2e shm staged",
@@ -246,21 +257,51 @@ def run_all(
     views: dict[object, SharedCacheView] = {}
     shared_views = SharedViews()
     times: dict[str, list[float]] = {k: [] for k in paths}
+    longest: dict[str, list[float]] = {}  # the longest step of each one-copy row, per round
     with TransferAgent() as agent:
         for i in range(runs + 1):  # the first round warms up and is dropped
+
+            def steps_of(row: str, i: int = i) -> list[float] | None:
+                return longest.setdefault(row, []) if i else None
+
             sample = {
                 "memcpy": _timed(lambda: np.copyto(kv_dst, kv_src)),
                 "2 memcpys": _two_copies(pairs),
                 "socket": _raw_socket(conn, raw, sink),
                 "shm": _transfer(conn, agent, "shm", copier, staged=True),
                 "tcp": _transfer(conn, agent, "tcp", copier, staged=True),
-                "e2e shm": _direct(conn, agent, copier, shared_views, "parts", chunk_bytes),
+                "e2e shm": _direct(
+                    conn, agent, copier, shared_views, "parts", chunk_bytes, longest=steps_of("e2e shm")
+                ),
                 "e2e shm 1 thread": _direct(
-                    conn, agent, copier, shared_views, "parts", chunk_bytes, threads=1
+                    conn,
+                    agent,
+                    copier,
+                    shared_views,
+                    "parts",
+                    chunk_bytes,
+                    threads=1,
+                    longest=steps_of("e2e shm 1 thread"),
+                ),
+                "e2e shm 2 threads (forced)": _direct(
+                    conn,
+                    agent,
+                    copier,
+                    shared_views,
+                    "forced",
+                    chunk_bytes,
+                    longest=steps_of("e2e shm 2 threads (forced)"),
                 ),
                 "e2e shm one call": _direct(conn, agent, copier, shared_views, "parts", nbytes),
                 "e2e shm block steps (before)": _direct(
-                    conn, agent, copier, shared_views, "blocks", chunk_bytes, threads=1
+                    conn,
+                    agent,
+                    copier,
+                    shared_views,
+                    "blocks",
+                    chunk_bytes,
+                    threads=1,
+                    longest=steps_of("e2e shm block steps (before)"),
                 ),
                 "e2e shm staged": _streamed(conn, agent, "shm", copier),
                 "e2e tcp": _streamed(conn, agent, "tcp", copier),
@@ -276,7 +317,7 @@ def run_all(
     raw.close()
     for view in views.values():
         view.close()
-    return times
+    return times, longest
 
 
 def _timed(fn) -> float:  # type: ignore[no-untyped-def]
@@ -325,11 +366,14 @@ def _direct(
     step_bytes: int,
     *,
     threads: int = 0,
+    longest: list[float] | None = None,
 ) -> float:
     """The one copy in steps of about ``step_bytes``: ``"parts"`` as the engine steps
-    (``copy_parts`` parts of every block), ``"blocks"`` some blocks whole per step (the
-    engine's earlier steps); ``threads``: torch's threads meanwhile (0: as they are), which
-    ``copy_threads`` bounds the copy's by."""
+    (``copy_parts`` parts of every block), ``"forced"`` the same on two threads whatever
+    ``copy_threads`` says, ``"blocks"`` some blocks whole per step (the engine's earlier
+    steps); ``threads``: torch's threads meanwhile (0: as they are), which ``copy_threads``
+    bounds the copy's by. ``longest``: gets the longest step's seconds (an engine call's, during
+    which the other requests' steps wait)."""
     import torch
 
     t0 = time.perf_counter()
@@ -343,17 +387,25 @@ def _direct(
     had = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
+    worst = 0.0
     try:
-        if steps == "parts":
-            parts = copy_parts(n * BLOCK_NBYTES, step_bytes)
-            for k in range(parts):
+        parts = copy_parts(n * BLOCK_NBYTES, step_bytes)
+        step = max(1, step_bytes // BLOCK_NBYTES)
+        for k in range(parts if steps != "blocks" else -(-n // step)):
+            t = time.perf_counter()
+            if steps == "parts":
                 copier.cache.copy_from_shared(view, src_ids, ids, (k, parts))
-        else:
-            step = max(1, step_bytes // BLOCK_NBYTES)
-            for i in range(0, n, step):
-                copier.cache.copy_from_shared(view, src_ids[i : i + step], ids[i : i + step])
+            elif steps == "forced":
+                _forced_two_threads(copier.cache, view, src_ids, ids, (k, parts))
+            else:
+                copier.cache.copy_from_shared(
+                    view, src_ids[k * step : (k + 1) * step], ids[k * step : (k + 1) * step]
+                )
+            worst = max(worst, time.perf_counter() - t)
     finally:
         torch.set_num_threads(had)
+    if longest is not None:
+        longest.append(worst)
     if not dst.holding():
         raise RuntimeError(f"one-copy transfer failed: {dst.poll().reason}")
     dst.release()
@@ -361,6 +413,22 @@ def _direct(
     if conn.recv() != "ended":
         raise RuntimeError("the source did not see DONE")
     return elapsed
+
+
+def _forced_two_threads(
+    cache: PagedKVCache, view: SharedCacheView, src_ids: list[int], ids: list[int], part: tuple[int, int]
+) -> None:
+    """``copy_from_shared`` of ``part``, the kernel called directly with two threads (its
+    private geometry read here only)."""
+    kernel, runs = cache._kernel, cache._pieces
+    assert kernel is not None
+    sids, dids = array.array("q", src_ids), array.array("q", ids)
+    r0, r1 = part_range(part, runs)
+    bad = kernel.between(
+        view.address, view.region.num_blocks, sids.buffer_info()[0], cache._base, cache.num_blocks,
+        cache._piece, runs, dids.buffer_info()[0], len(ids), r0, r1, 2,
+    )  # fmt: skip
+    assert bad < 0, bad
 
 
 def _one_copy(conn: Connection, copier: _Copier, views: dict[object, SharedCacheView]) -> float:
@@ -420,7 +488,7 @@ def report(
     raw_of = {"shm": "memcpy", "tcp": "socket", "e2e shm": "memcpy", "e2e tcp": "socket"}
     raw_of |= {"e2e shm staged": "memcpy", "e2e shm staged seq": "memcpy", "e2e tcp seq": "socket"}
     raw_of |= {"2 memcpys": "memcpy", "e2e shm one call": "memcpy", "e2e shm block steps (before)": "memcpy"}
-    raw_of |= {"e2e shm 1 thread": "memcpy"}
+    raw_of |= {"e2e shm 1 thread": "memcpy", "e2e shm 2 threads (forced)": "memcpy"}
     raw_of |= {"one copy": "memcpy"}
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
