@@ -30,9 +30,12 @@ goes with the last process that maps it (no leak when the worker dies), and a vi
 before that stays readable. Shared memory gets huge pages only where ``shmem_enabled`` allows
 "advise" (the mapping is advised; it is "never" on the VM measured), so there a prefill
 worker's cache is on 4 KiB pages; the writes still go to the destination's huge pages. The
-copy's speed falls as the source cache grows (page walks over the whole footprint): on the
-AMD EPYC VM, 64 MiB of scattered blocks in the engine's 8 MiB steps reach 61-86% of one
-memcpy from a 128 MiB cache but 37-47% from a worker's 1 GiB one (BENCHMARKS.md).
+copy's speed falls as the source cache grows (a page walk per scattered piece, over the whole
+footprint). The engine copies in steps (``part``: a slice of every block's pieces per step, so
+each step reads each run's pieces in ascending order, as one call would), with a page-walk
+look-ahead and, on an idle core, a second thread (``copy_threads``; ``csrc/kv_copy.c``). On the
+AMD EPYC VM, 64 MiB of scattered blocks from a worker's 1 GiB cache: 37-47% of one memcpy in
+the earlier steps of 22 whole blocks, 57-70% in parts on a loaded machine (BENCHMARKS.md).
 
 Export format (what another runner of the same model imports): blocks one after another, each
 ``[layers, 2, kv_heads, block_size, head_dim]`` in the cache dtype, ``block_nbytes`` bytes.
@@ -82,10 +85,11 @@ def copy_threads(nbytes: int, *, allowed: int, idle: int) -> int:
     worker's compute threads wait, so it takes no more than those (1 on a worker given one
     thread), at most ``COPY_THREADS_MAX`` (one memcpy takes all the memory bandwidth there is:
     transfer_bw's ``2 memcpys``), and a helper only on a core that nothing else wants: on a
-    busy machine a helper is preempted mid-run and the copy waits for it (measured on the AMD
-    EPYC VM: two threads a third slower than one in the engine's steps at load 2, a third
-    faster when quiet; BENCHMARKS.md). One below ``COPY_THREADS_MIN_BYTES``, where starting a
-    thread (tens of microseconds) would cost more than it saves."""
+    busy machine a helper is preempted mid-run and the copy waits for it (AMD EPYC VM, 1 GiB
+    caches, BENCHMARKS.md: with a core to spare, two threads 93-121% of memcpy where one gave
+    68-90%; with a helper at every step on a busy machine, 47-70% where one gave 71-87%). One
+    below ``COPY_THREADS_MIN_BYTES``, where starting a thread (tens of microseconds) would cost
+    more than it saves."""
     if nbytes < COPY_THREADS_MIN_BYTES:
         return 1
     return max(1, min(COPY_THREADS_MAX, allowed, 1 + idle))

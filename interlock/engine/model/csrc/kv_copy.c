@@ -122,14 +122,18 @@ static void gather(const char* src, int64_t src_stride, const int64_t* sids, cha
    * the first line of the piece PAGE_AHEAD bytes of copying ahead is prefetched, so its page
      walk has run by the time the whole-piece prefetch (AHEAD pieces ahead) and the copy reach
      it. PAGE_AHEAD = 16 KiB is a latency x bandwidth product (about a microsecond of walk at
-     10-20 GB/s), not a tuned figure: on the VM, 8-32 KiB measured alike (1 GiB source, one
-     thread, 9 calls of 20 runs: 79-81% of memcpy, 69-71% without; 3 GiB 53-54%, 43-47%);
-   * up to `threads` threads (the caller's and helpers started here) claim runs one at a time
-     from a shared counter: each thread's walks overlap the others', the work is shared as the
-     threads get a core, and a helper that never runs (or is never started) leaves its runs to
-     the others, so a busy machine gets about one thread's speed, never less. Measured (same
-     probe): 2 threads 91-95% at 1 GiB, 88-90% at 3 GiB, quiet; with a busy loop on the other
-     core 74% against one thread's 75%. The caller decides how many (kv_cache.py). */
+     10-20 GB/s), not a tuned figure: on the VM, 6-32 KiB measured alike. A probe (182 blocks
+     from a 1 GiB memfd source into a private huge-page cache, one thread, 9 calls of 20 runs,
+     paired against one memcpy; BENCHMARKS.md, "Transfer bandwidth"): 90% against 82% without
+     it quiet, 74-81% against 69-75% at load 1.3, alike at load 2; 3 GiB 53-62% against 43-51%;
+   * up to `threads` threads (the caller's and detached helpers started here) claim runs one
+     at a time from a shared counter: each thread's walks overlap the others', and the caller
+     waits only for runs a helper claimed (a helper that starts late, on a busy machine, finds
+     nothing left and is not waited for). Measured (same probe, 2 threads): 93-95% at 1 GiB and
+     88-90% at 3 GiB at load 0.9, 91% at load 1.9 against one thread's 68%; but a helper
+     preempted in the middle of its run makes the call wait a time slice, and with a helper at
+     every step on the busy machine the engine's path gave 47-70% where one thread gave 71-87%.
+     So the caller (kv_cache.py, copy_threads) asks for a helper only where a core is idle. */
 #define PAGE_AHEAD 16384
 #define MAX_THREADS 8
 
@@ -351,14 +355,15 @@ int64_t kv_import_each(char* cache, int64_t num_blocks, int64_t piece, int64_t r
 /* One cache -> another of the same piece and runs (the source's mapped from another process's
    memfd: the one-copy disaggregated transfer, PagedKVCache.copy_from_shared): runs r0..r1-1 of
    block src_ids[k] of src (src_blocks blocks) into the same runs of block ids[k] of cache, in
-   copy_by_run's order, on up to `threads` threads (copy_by_run's note). A transfer copied in steps takes
-   a slice of runs of every block per call, not some blocks whole: the steps keep the one-call
-   order (each run's pieces in ascending source order, on neighbouring pages), where steps of a
-   few blocks read each run's pieces a run stride / blocks apart, each on a page of its own
-   (BENCHMARKS.md, "Transfer bandwidth": e2e shm at a 1 GiB cache 37-47% of memcpy in 22-block
-   steps). process_vm_readv of the same pieces (iovecs built in C, batches of 1024) gave 27% of
-   one memcpy on the AMD EPYC VM from a 128 MiB cache. Ids and the run range are checked first.
-   Returns -1; k for a bad ids[k]; n + k for a bad src_ids[k]; 2n for a bad run range. */
+   copy_by_run's order, on up to `threads` threads (copy_by_run's note). The engine copies a
+   transfer in steps of a slice of runs of every block, not some blocks whole: each step keeps
+   the one-call order (each run's pieces in ascending source order, on neighbouring pages),
+   where steps of a few blocks read each run's pieces a run stride / blocks apart, each on a
+   page of its own. On the AMD EPYC VM, 64 MiB from a 1 GiB cache in 8 MiB steps (BENCHMARKS.md,
+   "Transfer bandwidth", a loaded machine): 60-67% of one memcpy in parts, 41-46% in 22-block
+   steps. process_vm_readv of the same pieces (iovecs built in C, batches of 1024) gave 27% of
+   one memcpy from a 128 MiB cache. Ids and the run range are checked first, nothing copied
+   then. Returns -1; k for a bad ids[k]; n + k for a bad src_ids[k]; 2n for a bad run range. */
 int64_t kv_copy_between(const char* src, int64_t src_blocks, const int64_t* src_ids, char* cache,
                         int64_t num_blocks, int64_t piece, int64_t runs, const int64_t* ids, int64_t n, int64_t r0,
                         int64_t r1, int64_t threads) {
