@@ -297,7 +297,8 @@ static int copy_by_run(const char* src, const int64_t* sids, int64_t s_stride, c
   j->ahead = ahead > AHEAD ? ahead : AHEAD + 1;
   j->next = j->done = 0;
   j->refs = 1;
-  start_helpers(j, threads < runs ? (threads < MAX_THREADS ? threads : MAX_THREADS) : runs);
+  if (threads > MAX_THREADS) threads = MAX_THREADS;
+  start_helpers(j, threads < runs ? threads : runs);
   double t0 = seconds();
   int64_t mine = claim_runs(j);
   wait_done(j, mine ? (seconds() - t0) / (double)mine : 1e-4);
