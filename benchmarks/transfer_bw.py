@@ -15,24 +15,29 @@ One run, interleaved rounds (so machine noise hits every column alike), median o
                   memory it owns (shm: the one copy out of the shared pages into the destination
                   cache, i.e. the import; tcp: received into its buffer) and released
 * e2e shm         source KV cache -> destination KV cache on one host, as the engine does it
-                  now (issue 14): ONE copy, in steps of ``--chunk-mib`` (8 MiB, the engine's:
-                  ``EngineCore.copy_remote_blocks`` per step, then ``copy_remote_kv`` for the
-                  last; each step one ``copy_from_shared`` of its blocks). The source's cache
-                  lies on a memfd (``PagedKVCache(shared=True)``); it publishes the blocks with its region
-                  (``publish_blocks(cache_region=...)``) and holds them; the destination maps
-                  the cache (``SharedViews``, kept per source as a worker keeps it), claims the
-                  transfer DIRECT (``agent.pull_direct``), copies the blocks straight into its
-                  own cache (``copy_from_shared``), checks the source still held them
-                  (``holding``) and says DONE (``release``); timed on the destination from the
-                  request to the source until DONE
+                  (issue 14): ONE copy, in steps of about ``--chunk-mib`` (8 MiB, the engine's):
+                  ``copy_parts`` parts, one ``copy_from_shared(..., part=(k, parts))`` per step as
+                  ``EngineCore.copy_remote_blocks`` / ``copy_remote_kv`` call it, each part a
+                  slice of the runs (layer, k/v, head) of EVERY block, on the threads the
+                  engine's rule gives (``copy_threads``: two here, torch having two). The source's
+                  cache lies on a memfd (``PagedKVCache(shared=True)``); it publishes the blocks
+                  with its region (``publish_blocks(cache_region=...)``) and holds them; the
+                  destination maps the cache (``SharedViews``, kept per source as a worker keeps
+                  it), claims the transfer DIRECT (``agent.pull_direct``), copies the blocks
+                  straight into its own cache, checks the source still held them (``holding``)
+                  and says DONE (``release``); timed on the destination from the request to the
+                  source until DONE
+* e2e shm 1 thread
+                  the same on a worker with one torch thread (``copy_threads`` gives it one)
+* e2e shm 2 threads (forced)
+                  the same, each step on two threads whether a core is idle or not (the kernel
+                  called directly: what the rule's helper gives, and costs on a busy machine)
 * e2e shm one call
                   the same, the whole copy in one ``copy_from_shared`` call
-* e2e shm run steps (proposed)
-                  the same in steps of about ``--chunk-mib`` that each copy ALL the blocks for a
-                  slice of runs (layer, k/v, head) instead of some blocks for all runs: the
-                  kernel's one-call order (each run's pieces in ascending source order) kept,
-                  the step loop still served every 8 MiB. Not the engine's path yet: the row
-                  calls the block-copy kernel directly with its bases moved by a run stride
+* e2e shm block steps (before)
+                  the same in the engine's earlier steps: some blocks whole per call (8 MiB: 22
+                  SmolLM2 blocks), one thread. Each call reads each run's pieces a run stride /
+                  22 blocks apart, every piece on a page of its own
 * e2e shm staged / e2e tcp
                   source KV cache -> destination KV cache: export + transfer + import, timed on
                   the destination including the request to the source. Streamed, as the engine
@@ -79,7 +84,7 @@ import numpy as np
 
 from interlock.engine.config import CacheConfig
 from interlock.engine.model.kv_cache import PagedKVCache, SharedCacheView
-from interlock.engine.shared_cache import SharedViews
+from interlock.engine.shared_cache import SharedViews, copy_parts, part_range
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import (
     BlockImport,
@@ -196,13 +201,18 @@ def main() -> None:
     child.start()
     phases: dict[str, list[float]] = {}
     try:
-        times = run_all(conn, nbytes, cache_blocks, chunk_bytes, args.runs, phases if args.phases else None)
+        times, longest = run_all(
+            conn, nbytes, cache_blocks, chunk_bytes, args.runs, phases if args.phases else None
+        )
     finally:
         conn.send("exit")
         child.join(10)
         if child.is_alive():
             child.kill()
     report(times, nbytes, nblocks, cache_blocks, args.runs, chunk_bytes)
+    print("\nLongest step of the one copy (one engine call; the other requests' steps wait), ms:")
+    for row, v in longest.items():
+        print(f"  {row:30s} median {statistics.median(v) * 1e3:6.2f}, max {max(v) * 1e3:6.2f}")
     if phases:
         print(
             "\nPhases of a sequential e2e shm staged transfer (median ms, perf_counter is one clock across processes):"
@@ -218,14 +228,14 @@ def run_all(
     chunk_bytes: int,
     runs: int,
     phases: dict[str, list[float]] | None,
-) -> dict[str, list[float]]:
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(seconds per path and round, the longest step per one-copy path and round)."""
     raw = socket.create_connection(("127.0.0.1", conn.recv()))
     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     kv_src = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
     kv_dst = np.ones(nbytes, np.uint8)
     pairs = [(np.full(nbytes, k + 2, np.uint8), np.ones(nbytes, np.uint8)) for k in range(2)]
     copier = _Copier(nbytes // BLOCK_NBYTES, cache_blocks, seed=1)
-    step = max(1, chunk_bytes // BLOCK_NBYTES)  # blocks per engine call of the one copy
     sink = memoryview(bytearray(b"\1" * nbytes))
     paths = (
         "memcpy",
@@ -234,8 +244,10 @@ def run_all(
         "shm",
         "tcp",
         "e2e shm",
+        "e2e shm 1 thread",
+        "e2e shm 2 threads (forced)",
         "e2e shm one call",
-        "e2e shm run steps (proposed)",
+        "e2e shm block steps (before)",
         "e2e shm staged",
         "e2e tcp",
         "e2e shm staged seq",
@@ -245,17 +257,52 @@ def run_all(
     views: dict[object, SharedCacheView] = {}
     shared_views = SharedViews()
     times: dict[str, list[float]] = {k: [] for k in paths}
+    longest: dict[str, list[float]] = {}  # the longest step of each one-copy row, per round
     with TransferAgent() as agent:
         for i in range(runs + 1):  # the first round warms up and is dropped
+
+            def steps_of(row: str, i: int = i) -> list[float] | None:
+                return longest.setdefault(row, []) if i else None
+
             sample = {
                 "memcpy": _timed(lambda: np.copyto(kv_dst, kv_src)),
                 "2 memcpys": _two_copies(pairs),
                 "socket": _raw_socket(conn, raw, sink),
                 "shm": _transfer(conn, agent, "shm", copier, staged=True),
                 "tcp": _transfer(conn, agent, "tcp", copier, staged=True),
-                "e2e shm": _direct(conn, agent, copier, shared_views, step),
-                "e2e shm one call": _direct(conn, agent, copier, shared_views, None),
-                "e2e shm run steps (proposed)": _direct(conn, agent, copier, shared_views, -chunk_bytes),
+                "e2e shm": _direct(
+                    conn, agent, copier, shared_views, "parts", chunk_bytes, longest=steps_of("e2e shm")
+                ),
+                "e2e shm 1 thread": _direct(
+                    conn,
+                    agent,
+                    copier,
+                    shared_views,
+                    "parts",
+                    chunk_bytes,
+                    threads=1,
+                    longest=steps_of("e2e shm 1 thread"),
+                ),
+                "e2e shm 2 threads (forced)": _direct(
+                    conn,
+                    agent,
+                    copier,
+                    shared_views,
+                    "forced",
+                    chunk_bytes,
+                    longest=steps_of("e2e shm 2 threads (forced)"),
+                ),
+                "e2e shm one call": _direct(conn, agent, copier, shared_views, "parts", nbytes),
+                "e2e shm block steps (before)": _direct(
+                    conn,
+                    agent,
+                    copier,
+                    shared_views,
+                    "blocks",
+                    chunk_bytes,
+                    threads=1,
+                    longest=steps_of("e2e shm block steps (before)"),
+                ),
                 "e2e shm staged": _streamed(conn, agent, "shm", copier),
                 "e2e tcp": _streamed(conn, agent, "tcp", copier),
                 "e2e shm staged seq": _transfer(
@@ -270,7 +317,7 @@ def run_all(
     raw.close()
     for view in views.values():
         view.close()
-    return times
+    return times, longest
 
 
 def _timed(fn) -> float:  # type: ignore[no-untyped-def]
@@ -311,10 +358,24 @@ def _streamed(conn: Connection, agent: TransferAgent, transport: str, copier: _C
 
 
 def _direct(
-    conn: Connection, agent: TransferAgent, copier: _Copier, views: SharedViews, step: int | None
+    conn: Connection,
+    agent: TransferAgent,
+    copier: _Copier,
+    views: SharedViews,
+    steps: str,
+    step_bytes: int,
+    *,
+    threads: int = 0,
+    longest: list[float] | None = None,
 ) -> float:
-    """``step`` blocks per ``copy_from_shared`` call, as the engine's ``copy_remote_blocks``
-    steps (None: all in one call; negative: slices of runs of about -step bytes each)."""
+    """The one copy in steps of about ``step_bytes``: ``"parts"`` as the engine steps
+    (``copy_parts`` parts of every block), ``"forced"`` the same on two threads whatever
+    ``copy_threads`` says, ``"blocks"`` some blocks whole per step (the engine's earlier
+    steps); ``threads``: torch's threads meanwhile (0: as they are), which ``copy_threads``
+    bounds the copy's by. ``longest``: gets the longest step's seconds (an engine call's, during
+    which the other requests' steps wait)."""
+    import torch
+
     t0 = time.perf_counter()
     conn.send("direct")
     encoded, src_ids = conn.recv()
@@ -322,13 +383,29 @@ def _direct(
     assert desc.cache_region is not None
     view = views.get(desc.cache_region)
     dst = agent.pull_direct(desc, timeout_s=30)
-    n = len(src_ids)
-    if step is not None and step < 0:
-        _copy_run_slices(copier.cache, view, src_ids, copier.block_ids, -step)
-    else:
-        step = step or n
-        for i in range(0, n, step):
-            copier.cache.copy_from_shared(view, src_ids[i : i + step], copier.block_ids[i : i + step])
+    n, ids = len(src_ids), copier.block_ids
+    had = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    worst = 0.0
+    try:
+        parts = copy_parts(n * BLOCK_NBYTES, step_bytes)
+        step = max(1, step_bytes // BLOCK_NBYTES)
+        for k in range(parts if steps != "blocks" else -(-n // step)):
+            t = time.perf_counter()
+            if steps == "parts":
+                copier.cache.copy_from_shared(view, src_ids, ids, (k, parts))
+            elif steps == "forced":
+                _forced_two_threads(copier.cache, view, src_ids, ids, (k, parts))
+            else:
+                copier.cache.copy_from_shared(
+                    view, src_ids[k * step : (k + 1) * step], ids[k * step : (k + 1) * step]
+                )
+            worst = max(worst, time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(had)
+    if longest is not None:
+        longest.append(worst)
     if not dst.holding():
         raise RuntimeError(f"one-copy transfer failed: {dst.poll().reason}")
     dst.release()
@@ -338,30 +415,20 @@ def _direct(
     return elapsed
 
 
-def _copy_run_slices(
-    cache: PagedKVCache, view: SharedCacheView, src_ids: list[int], ids: list[int], step_bytes: int
+def _forced_two_threads(
+    cache: PagedKVCache, view: SharedCacheView, src_ids: list[int], ids: list[int], part: tuple[int, int]
 ) -> None:
-    """All the blocks, a slice of runs per kernel call: piece r of block b lies at base + r *
-    run_stride + b * piece, so a call with both bases moved by r0 run strides and ``runs`` = the
-    slice copies runs r0.. of every block (the kernel's private geometry, read here only)."""
-    kernel, piece, runs = cache._kernel, cache._piece, cache._pieces
+    """``copy_from_shared`` of ``part``, the kernel called directly with two threads (its
+    private geometry read here only)."""
+    kernel, runs = cache._kernel, cache._pieces
     assert kernel is not None
-    src_blocks = view.region.num_blocks
-    per_step = max(1, step_bytes // (len(ids) * piece))
     sids, dids = array.array("q", src_ids), array.array("q", ids)
-    for r0 in range(0, runs, per_step):
-        bad = kernel.between(
-            view.address + r0 * src_blocks * piece,
-            src_blocks,
-            sids.buffer_info()[0],
-            cache._base + r0 * cache.num_blocks * piece,
-            cache.num_blocks,
-            piece,
-            min(per_step, runs - r0),
-            dids.buffer_info()[0],
-            len(ids),
-        )
-        assert bad < 0, bad
+    r0, r1 = part_range(part, runs)
+    bad = kernel.between(
+        view.address, view.region.num_blocks, sids.buffer_info()[0], cache._base, cache.num_blocks,
+        cache._piece, runs, dids.buffer_info()[0], len(ids), r0, r1, 2,
+    )  # fmt: skip
+    assert bad < 0, bad
 
 
 def _one_copy(conn: Connection, copier: _Copier, views: dict[object, SharedCacheView]) -> float:
@@ -420,7 +487,8 @@ def report(
     gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
     raw_of = {"shm": "memcpy", "tcp": "socket", "e2e shm": "memcpy", "e2e tcp": "socket"}
     raw_of |= {"e2e shm staged": "memcpy", "e2e shm staged seq": "memcpy", "e2e tcp seq": "socket"}
-    raw_of |= {"2 memcpys": "memcpy", "e2e shm one call": "memcpy", "e2e shm run steps (proposed)": "memcpy"}
+    raw_of |= {"2 memcpys": "memcpy", "e2e shm one call": "memcpy", "e2e shm block steps (before)": "memcpy"}
+    raw_of |= {"e2e shm 1 thread": "memcpy", "e2e shm 2 threads (forced)": "memcpy"}
     raw_of |= {"one copy": "memcpy"}
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "

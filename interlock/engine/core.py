@@ -15,9 +15,9 @@ Disaggregation hooks (KV never blocks the step: the caller moves bytes, the core
     prompt locally instead). The prefill's first token is this request's first output token.
     A streamed transfer is imported as it arrives: ``import_remote_kv(id, data, k)`` copies
     blocks up to k, and ``finish_remote_kv`` then imports only the rest. The one copy
-    (a prefill's shared cache on this host): ``copy_remote_blocks`` copies them chunk by chunk
-    straight from the mapped source cache, and ``copy_remote_kv`` the rest, keeping them only if
-    the source still held them after the copy.
+    (a prefill's shared cache on this host): ``copy_remote_blocks`` copies them part by part
+    (each part a slice of every block) straight from the mapped source cache, and
+    ``copy_remote_kv`` the rest, keeping them only if the source still held them after the copy.
     On the prefill side, ``keep_held`` hands the hold's end to the caller (no timeout here).
 
 KV tiers (``config.cache`` host/disk sizes, ``interlock.engine.tiers``): each step first hands
@@ -345,26 +345,32 @@ class EngineCore:
         return req.remote_kv_imported
 
     def copy_remote_blocks(
-        self, request_id: str, view: SharedCacheView, src_block_ids: Sequence[int], num_blocks: int
+        self, request_id: str, view: SharedCacheView, src_block_ids: Sequence[int], upto: int, parts: int
     ) -> int:
         """The one copy in steps (so that a long prompt's copy does not hold up the steps of
-        others): the parked request's blocks up to ``num_blocks``, from where the last call
-        stopped. Returns the blocks copied so far: 0 while the request is not parked. Raises
-        ValueError (source ids that do not fit the prompt) or IndexError (an id out of range),
-        nothing copied then. ``copy_remote_kv`` copies the rest, checks the hold and resumes
-        the request."""
+        others): parts up to ``upto`` of ``parts`` of the parked request's blocks, from where the
+        last call stopped; each part is a slice of every block (``Runner.copy_from_shared``), so
+        the steps keep the copy's one-call order. Returns the parts copied so far: 0 while the
+        request is not parked. Raises ValueError (source ids that do not fit the prompt, a
+        ``parts`` other than the copy's so far) or IndexError (an id out of range), nothing
+        copied then. ``copy_remote_kv`` copies the rest, checks the hold and resumes the
+        request."""
         req = self.scheduler.remote_parked.get(request_id)
         if req is None:
             return 0
         n = cdiv(req.num_prompt_tokens, self.block_size)
         if len(src_block_ids) != n:
             raise ValueError(f"{len(src_block_ids)} source blocks for a prompt of {n} blocks")
-        start, end = req.remote_kv_imported, min(num_blocks, n)
-        if end > start:
-            table = self.kv.block_table(request_id)
-            self.runner.copy_from_shared(view, src_block_ids[start:end], table[start:end])
-            req.remote_kv_imported = end
-        return req.remote_kv_imported
+        done, was = req.remote_kv_copied
+        if done and parts != was:
+            raise ValueError(f"a copy in {parts} parts, {done} of {was} copied already")
+        end = min(upto, parts)
+        if end > done:
+            table = self.kv.block_table(request_id)[:n]
+            for k in range(done, end):
+                self.runner.copy_from_shared(view, src_block_ids, table, (k, parts))
+                req.remote_kv_copied = (k + 1, parts)
+        return req.remote_kv_copied[0]
 
     def copy_remote_kv(
         self,
@@ -374,11 +380,13 @@ class EngineCore:
         holding: Callable[[], bool],
     ) -> bool | None:
         """The one copy: the parked request's prompt KV straight from a peer's shared cache
-        (blocks ``src_block_ids`` of ``view``) into its blocks, then resume it. ``holding()``,
-        asked after the copy, says the source held those blocks all along; if not (it gave up on
-        the transfer meanwhile and may have reused them), the prompt is computed here instead.
-        Returns None while the request is not parked yet, True when it resumed with the copied
-        KV, False when it computes the prompt itself (or is no longer waiting for KV)."""
+        (blocks ``src_block_ids`` of ``view``) into its blocks, then resume it: the parts that
+        ``copy_remote_blocks`` left (all of it, in one part, without such steps).
+        ``holding()``, asked after the copy, says the source held those blocks all along; if
+        not (it gave up on the transfer meanwhile and may have reused them), the prompt is
+        computed here instead. Returns None while the request is not parked yet, True when it
+        resumed with the copied KV, False when it computes the prompt itself (or is no longer
+        waiting for KV)."""
         req = self.scheduler.requests.get(request_id)
         if req is None:
             return None
@@ -392,15 +400,16 @@ class EngineCore:
         if len(src_block_ids) != n:
             log.warning("%s: %d source blocks for %d; computing locally", request_id, len(src_block_ids), n)
         else:
-            start = req.remote_kv_imported  # copied by ``copy_remote_blocks`` already
+            done, parts = req.remote_kv_copied  # copied by ``copy_remote_blocks`` already
             try:
-                table = self.kv.block_table(request_id)
-                self.runner.copy_from_shared(view, src_block_ids[start:n], table[start:n])
+                table = self.kv.block_table(request_id)[:n]
+                for k in range(done, parts):
+                    self.runner.copy_from_shared(view, src_block_ids, table, (k, parts))
                 copied = holding()
             except (IndexError, ValueError) as exc:
                 log.warning("%s: no copy from the shared cache (%s); computing locally", request_id, exc)
         computed = min(req.num_prompt_tokens, req.num_tokens - 1) if copied else 0
-        req.remote_kv_imported = 0
+        req.remote_kv_copied = (0, 1)
         self.scheduler.resume_remote(request_id, computed)
         return copied
 

@@ -48,7 +48,7 @@ import msgspec
 
 from interlock.engine.async_engine import AsyncEngine
 from interlock.engine.core import EngineCore
-from interlock.engine.shared_cache import SharedCacheView, SharedViews
+from interlock.engine.shared_cache import SharedCacheView, SharedViews, copy_parts
 from interlock.protocol import GenerateOutput, GenerateRequest, KVTransferParams
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import (
@@ -71,7 +71,8 @@ class _Pull:
     dst: DestTransfer | None
     """None: nothing to pull (the prefill side could not stage); compute locally."""
     imported: int = 0
-    """Blocks the engine has imported so far (as of the last hand-over)."""
+    """Blocks the engine has imported so far (as of the last hand-over); the one copy: parts
+    copied (``EngineCore.copy_remote_blocks``)."""
     view: SharedCacheView | None = None
     """The one copy: the source's mapped cache (``dst`` is then a ``DirectDest``)."""
     src_ids: tuple[int, ...] = ()
@@ -116,7 +117,8 @@ class KVHandoff:
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
         self.chunk_bytes = chunk_bytes
-        """Bytes exported between two bytes-ready marks (``transfer.kv.CHUNK_BYTES``)."""
+        """Bytes exported between two bytes-ready marks (``transfer.kv.CHUNK_BYTES``), and about
+        the bytes of one engine call of the one copy (``copy_parts``)."""
         self.counters = HandoffCounters()
         self._pulls: dict[str, _Pull] = {}
         self._wake = asyncio.Event()
@@ -355,13 +357,14 @@ class KVHandoff:
         if req is None or (req.awaiting_kv and rid not in s.remote_parked):
             return  # not added or not parked yet: no engine call for nothing (every 2 ms)
         size = self.engine.core.runner.kv_block_nbytes
-        chunk = max(1, self.chunk_bytes // max(1, size))
+        parts = copy_parts(len(src_ids) * size, self.chunk_bytes)
         try:
-            # One chunk per engine call, the last one with the hold's check: other requests'
-            # steps run in between, as between the chunks of a streamed import.
-            while pull.imported + chunk < len(src_ids):
-                upto = pull.imported + chunk
-                done = await self.engine.call(functools.partial(_copy_blocks, rid, view, src_ids, upto))
+            # One part (a slice of every block) per engine call, the last one with the hold's
+            # check: other requests' steps run in between, as between the chunks of a streamed
+            # import.
+            while pull.imported + 1 < parts:
+                upto = pull.imported + 1
+                done = await self.engine.call(functools.partial(_copy_parts, rid, view, src_ids, upto, parts))
                 if self._pulls.get(rid) is not pull:
                     return  # the request ended meanwhile (its pull was aborted)
                 if done < upto:
@@ -396,10 +399,10 @@ class KVHandoff:
             dst.abort("import failed")
 
 
-def _copy_blocks(
-    request_id: str, view: SharedCacheView, src_ids: tuple[int, ...], upto: int, core: EngineCore
+def _copy_parts(
+    request_id: str, view: SharedCacheView, src_ids: tuple[int, ...], upto: int, parts: int, core: EngineCore
 ) -> int:
-    return core.copy_remote_blocks(request_id, view, src_ids, upto)
+    return core.copy_remote_blocks(request_id, view, src_ids, upto, parts)
 
 
 def _hand_over(core: EngineCore, request_id: str, data: memoryview | None) -> bool:

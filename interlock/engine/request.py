@@ -69,6 +69,7 @@ class Request:
         "pending_logprobs",
         "remote_kv_data",
         "remote_kv_imported",
+        "remote_kv_copied",
     )
 
     def __init__(
@@ -108,6 +109,10 @@ class Request:
         self.remote_kv_imported = 0
         """Blocks of a streamed remote KV already imported into this request's blocks (back to
         0 whenever the blocks are taken away)."""
+        self.remote_kv_copied = (0, 1)
+        """The one copy in steps: (parts copied, parts) of its remote KV, each part a slice of
+        every block (``EngineCore.copy_remote_blocks``; back to (0, 1) whenever the blocks are
+        taken away)."""
 
     @classmethod
     def from_generate(cls, req: GenerateRequest, *, block_size: int, arrival: int) -> Request:

@@ -91,8 +91,14 @@ class ModelRunner(Protocol):
         ...
 
     def copy_from_shared(
-        self, view: SharedCacheView, src_ids: Sequence[int], block_ids: Sequence[int]
+        self,
+        view: SharedCacheView,
+        src_ids: Sequence[int],
+        block_ids: Sequence[int],
+        part: tuple[int, int] = (0, 1),
     ) -> None:
-        """Block ``src_ids[k]`` of a peer's mapped cache into our ``block_ids[k]`` (one copy).
-        IndexError names an id out of range (nothing copied then)."""
+        """Block ``src_ids[k]`` of a peer's mapped cache into our ``block_ids[k]`` (one copy);
+        ``part`` = (k, parts): only part k of ``parts`` of every block (parts 0..parts-1 copy
+        the blocks whole: the one copy in steps). IndexError names an id out of range, ValueError
+        a part that does not exist (nothing copied then)."""
         ...

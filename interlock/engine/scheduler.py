@@ -343,6 +343,7 @@ class Scheduler:
         victim = max(holders, key=lambda r: r.arrival)
         self.kv.free(victim.request_id)
         victim.remote_kv_imported = 0  # whatever was imported went with the blocks
+        victim.remote_kv_copied = (0, 1)
         if victim.status == RS.WAITING_FOR_REMOTE_KV:
             del self.remote_parked[victim.request_id]
             victim.status = RS.WAITING

@@ -61,6 +61,22 @@ def region_of(fd: int, *, num_blocks: int, piece: int, pieces: int, dtype: str) 
     )
 
 
+def part_range(part: tuple[int, int], length: int) -> tuple[int, int]:
+    """Part ``k`` of ``parts`` (``part`` = (k, parts)) of ``length`` pieces as a range
+    [start, stop): the parts are as equal as whole pieces allow, together exactly the whole, and
+    empty where there are more parts than pieces. Raises ValueError for a part that does not
+    exist. The one copy in steps copies part k of every block per step (``copy_from_shared``)."""
+    k, parts = part
+    if not 0 <= k < parts:
+        raise ValueError(f"part {k} of {parts} does not exist")
+    return k * length // parts, (k + 1) * length // parts
+
+
+def copy_parts(nbytes: int, step_bytes: int) -> int:
+    """How many parts a one copy of ``nbytes`` takes in steps of about ``step_bytes``."""
+    return max(1, -(-nbytes // max(1, step_bytes)))
+
+
 def layout_mismatch(region: SharedCacheRegion, piece: int, pieces: int, dtype: str) -> str:
     """Why blocks of ``region`` cannot be copied into a cache of this layout ("": they can)."""
     mine = (piece, pieces, dtype)

@@ -132,22 +132,45 @@ def test_source_block_ids_that_do_not_fit_recompute_the_prompt() -> None:
     view.close()
 
 
-def test_the_one_copy_in_chunks_then_the_rest_with_the_hold_check() -> None:
+def test_the_one_copy_in_parts_then_the_rest_with_the_hold_check() -> None:
+    """Each part is a slice of every block (the mock: of its token slots), so the steps copy
+    every block a little at a time; the last parts come with the hold check."""
     kt, prefill = _shared_prefill()
     region = prefill.runner.shared_region()
     assert region is not None
     view = SharedCacheView(region)
     decode = make_engine()
-    assert decode.copy_remote_blocks("d", view, kt.source_block_ids, 1) == 0  # not parked
+    assert decode.copy_remote_blocks("d", view, kt.source_block_ids, 1, 4) == 0  # not parked
     decode = _parked(kt)
     runner = decode.runner
     assert isinstance(runner, MockRunner)
     blocks = list(decode.kv.block_table("d")[:3])
-    assert decode.copy_remote_blocks("d", view, kt.source_block_ids, 1) == 1
-    assert (runner.kv[blocks[1:]] == -1).all() and (runner.kv[blocks[0]] != -1).all()
+    source = prefill.runner
+    assert isinstance(source, MockRunner)
+    src = source.kv[list(kt.source_block_ids)]
+    assert decode.copy_remote_blocks("d", view, kt.source_block_ids, 1, 4) == 1
+    assert (runner.kv[blocks, 1:] == -1).all() and (runner.kv[blocks, :1] == src[:, :1]).all()
     with pytest.raises(ValueError, match="2 source blocks for a prompt of 3"):
-        decode.copy_remote_blocks("d", view, kt.source_block_ids[:2], 2)
-    assert decode.copy_remote_blocks("d", view, kt.source_block_ids, 2) == 2
+        decode.copy_remote_blocks("d", view, kt.source_block_ids[:2], 2, 4)
+    with pytest.raises(ValueError, match="a copy in 2 parts, 1 of 4 copied already"):
+        decode.copy_remote_blocks("d", view, kt.source_block_ids, 2, 2)
+    assert decode.copy_remote_blocks("d", view, kt.source_block_ids, 3, 4) == 3
+    assert (runner.kv[blocks, 3:] == -1).all() and (runner.kv[blocks, :3] == src[:, :3]).all()
+    assert decode.copy_remote_blocks("d", view, kt.source_block_ids, 9, 4) == 4  # at most all
+    assert decode.copy_remote_kv("d", view, kt.source_block_ids, lambda: True) is True
+    outs = run_to_end(decode)["d"]
+    assert tokens(outs) == REF and outs[0].num_cached_tokens == 10
+    assert decode.pool.num_used_blocks == 0
+    view.close()
+
+
+def test_the_one_copy_leaves_the_last_parts_to_the_hold_check() -> None:
+    kt, prefill = _shared_prefill()
+    region = prefill.runner.shared_region()
+    assert region is not None
+    view = SharedCacheView(region)
+    decode = _parked(kt)
+    assert decode.copy_remote_blocks("d", view, kt.source_block_ids, 1, 3) == 1
     assert decode.copy_remote_kv("d", view, kt.source_block_ids, lambda: True) is True
     outs = run_to_end(decode)["d"]
     assert tokens(outs) == REF and outs[0].num_cached_tokens == 10

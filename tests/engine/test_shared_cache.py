@@ -11,7 +11,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from interlock.engine.shared_cache import SharedViews, layout_mismatch
+from interlock.engine.shared_cache import SharedViews, copy_parts, layout_mismatch, part_range
 from interlock.protocol.transfer import SharedCacheRegion
 
 _CHILD = textwrap.dedent(
@@ -56,3 +56,27 @@ def test_layouts_must_match_in_piece_pieces_and_dtype() -> None:
     assert layout_mismatch(region, 1024, 2, "bfloat16") == ""
     for mine in ((2048, 2, "bfloat16"), (1024, 1, "bfloat16"), (1024, 2, "float16")):
         assert "shared cache layout" in layout_mismatch(region, *mine)
+
+
+@pytest.mark.parametrize("length", [1, 4, 180])
+@pytest.mark.parametrize("parts", [1, 2, 7, 9, 200])
+def test_parts_cover_the_pieces_once_in_order(length: int, parts: int) -> None:
+    ranges = [part_range((k, parts), length) for k in range(parts)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == length
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # no gap, no overlap
+    sizes = [stop - start for start, stop in ranges]
+    assert max(sizes) - min(sizes) <= 1  # as equal as whole pieces allow
+
+
+def test_a_part_that_does_not_exist_is_refused_by_name() -> None:
+    for part in ((3, 3), (-1, 3), (0, 0)):
+        with pytest.raises(ValueError, match=f"part {part[0]} of {part[1]} does not exist"):
+            part_range(part, 10)
+
+
+def test_copy_parts_is_the_steps_of_about_the_step_size() -> None:
+    assert copy_parts(64 << 20, 8 << 20) == 8
+    assert copy_parts((64 << 20) + 1, 8 << 20) == 9
+    assert copy_parts(100, 8 << 20) == 1
+    assert copy_parts(0, 8 << 20) == 1  # one (empty) part: the hold check still runs
+    assert copy_parts(100, 0) == 100  # a step size of nothing: a byte a part

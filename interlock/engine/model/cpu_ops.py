@@ -106,16 +106,16 @@ def _build_and_load() -> None:
 
 
 COPY_SOURCE = Path(__file__).with_name("csrc") / "kv_copy.c"
-COPY_CFLAGS = ("-O2", "-shared", "-fPIC")
+COPY_CFLAGS = ("-O2", "-shared", "-fPIC", "-pthread")
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _COPY_ARGS = (_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr)
 """cache, blocks in the cache, piece bytes, pieces per block, block ids (int64[n]), n, the
 block-major buffer (``kv_import_each``: the address of each block, int64[n]); returns the
 position of the first id out of range (nothing copied) or -1. See ``csrc/kv_copy.c``."""
-_BETWEEN_ARGS = (_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64)
+_BETWEEN_ARGS = (_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i64, _i64)
 """``kv_copy_between``: source cache, its blocks, source ids, our cache, our blocks, piece
-bytes, pieces per block, our ids, n; returns -1, k for a bad ids[k], n + k for a bad
-source id."""
+bytes, pieces per block, our ids, n, the runs (pieces of a block) r0..r1-1 to copy, threads at
+most; returns -1, k for a bad ids[k], n + k for a bad source id, 2n for a bad run range."""
 
 
 @dataclass(frozen=True, slots=True)

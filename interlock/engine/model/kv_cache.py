@@ -30,9 +30,12 @@ goes with the last process that maps it (no leak when the worker dies), and a vi
 before that stays readable. Shared memory gets huge pages only where ``shmem_enabled`` allows
 "advise" (the mapping is advised; it is "never" on the VM measured), so there a prefill
 worker's cache is on 4 KiB pages; the writes still go to the destination's huge pages. The
-copy's speed falls as the source cache grows (page walks over the whole footprint): on the
-AMD EPYC VM, 64 MiB of scattered blocks in the engine's 8 MiB steps reach 61-86% of one
-memcpy from a 128 MiB cache but 37-47% from a worker's 1 GiB one (BENCHMARKS.md).
+copy's speed falls as the source cache grows (a page walk per scattered piece, over the whole
+footprint). The engine copies in steps (``part``: a slice of every block's pieces per step, so
+each step reads each run's pieces in ascending order, as one call would), with a page-walk
+look-ahead and, on an idle core, a second thread (``copy_threads``; ``csrc/kv_copy.c``). On the
+AMD EPYC VM, 64 MiB of scattered blocks from a worker's 1 GiB cache: 37-47% of one memcpy in
+the earlier steps of 22 whole blocks, 57-70% in parts on a loaded machine (BENCHMARKS.md).
 
 Export format (what another runner of the same model imports): blocks one after another, each
 ``[layers, 2, kv_heads, block_size, head_dim]`` in the cache dtype, ``block_nbytes`` bytes.
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import functools
 import math
 import mmap
 import os
@@ -54,11 +58,65 @@ import torch
 
 from interlock.engine.model import cpu_ops
 from interlock.engine.model.config import ModelArchConfig
-from interlock.engine.shared_cache import SharedCacheView, layout_mismatch, region_of, shared_mapping
+from interlock.engine.shared_cache import (
+    SharedCacheView,
+    layout_mismatch,
+    part_range,
+    region_of,
+    shared_mapping,
+)
 from interlock.protocol.transfer import SharedCacheRegion
 
 _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 """Integer dtypes numpy can view a KV dtype's bytes as (bf16 has no numpy dtype)."""
+
+
+COPY_THREADS_MAX = 2
+"""Threads of one copy from a shared cache at most (``copy_threads``)."""
+COPY_THREADS_MIN_BYTES = 1 << 20
+"""A copy of fewer bytes runs on the calling thread alone (``copy_threads``)."""
+
+
+def copy_threads(nbytes: int, *, allowed: int, idle: int) -> int:
+    """Threads for a copy of ``nbytes`` from a shared cache (``csrc/kv_copy.c``, copy_by_run's
+    note: its speed is bound by the source's page walks, which more threads overlap), given
+    the threads the worker computes with (``allowed``) and the cores idle at the moment
+    (``idle``, ``idle_cores``). The copy runs on the engine thread between steps, while the
+    worker's compute threads wait, so it takes no more than those (1 on a worker given one
+    thread), at most ``COPY_THREADS_MAX`` (one memcpy takes all the memory bandwidth there is:
+    transfer_bw's ``2 memcpys``), and a helper only on a core that nothing else wants: on a
+    busy machine a helper is preempted mid-run and the copy waits for it (AMD EPYC VM, 1 GiB
+    caches, BENCHMARKS.md: with a core to spare, two threads 93-121% of memcpy where one gave
+    68-90%; with a helper at every step on a busy machine, 47-70% where one gave 71-87%). One
+    below ``COPY_THREADS_MIN_BYTES``, where starting a thread (tens of microseconds) would cost
+    more than it saves."""
+    if nbytes < COPY_THREADS_MIN_BYTES:
+        return 1
+    return max(1, min(COPY_THREADS_MAX, allowed, 1 + idle))
+
+
+def idle_cores() -> int:
+    """Cores of this machine that run nothing at this moment besides the caller (the runnable
+    count in ``/proc/loadavg``, the caller included), as far as this process may use them; 0
+    where that cannot be read."""
+    fd, cores = _loadavg()
+    try:
+        running = int(os.pread(fd, 128, 0).split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return max(0, cores - running)
+
+
+@functools.cache
+def _loadavg() -> tuple[int, int]:
+    """``/proc/loadavg`` opened once (-1 where it cannot be: ``idle_cores`` then says 0), and
+    the cores this process may use."""
+    try:
+        fd = os.open("/proc/loadavg", os.O_RDONLY)
+    except OSError:
+        fd = -1
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return fd, min(usable, os.cpu_count() or 1)
 
 
 def block_nbytes(config: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -135,19 +193,27 @@ class PagedKVCache:
         return layout_mismatch(region, self._piece, self._pieces, self._dtype_name)
 
     def copy_from_shared(
-        self, view: SharedCacheView, src_ids: Sequence[int], block_ids: Sequence[int]
+        self,
+        view: SharedCacheView,
+        src_ids: Sequence[int],
+        block_ids: Sequence[int],
+        part: tuple[int, int] = (0, 1),
     ) -> None:
         """Block ``src_ids[k]`` of another process's cache into our block ``block_ids[k]``: one
-        copy. Raises IndexError naming an id out of range (nothing copied then), ValueError for
-        a cache of another layout or without the kernel."""
+        copy; ``part`` = (k, parts): only part k of ``parts`` of every block (a slice of its
+        pieces, ``part_range``), so that a transfer copied in steps keeps the one-call order
+        (``csrc/kv_copy.c``, ``kv_copy_between``). Raises IndexError naming an id out of range
+        (nothing copied then), ValueError for a part that does not exist, a cache of another
+        layout or without the kernel."""
         region = view.region
         if reason := self.region_mismatch(region):
             raise ValueError(reason)
         n = len(block_ids)
         if len(src_ids) != n:
             raise ValueError(f"{len(src_ids)} source block ids for {n} block ids")
+        r0, r1 = part_range(part, self._pieces)
         assert self._kernel is not None
-        if not n:
+        if not n or r0 == r1:
             return
         ids, sids = array.array("q", block_ids), array.array("q", src_ids)
         bad = self._kernel.between(
@@ -160,11 +226,20 @@ class PagedKVCache:
             self._pieces,
             ids.buffer_info()[0],
             n,
+            r0,
+            r1,
+            self._copy_threads(n * (r1 - r0) * self._piece),
         )
         if bad >= n:
             raise IndexError(f"source block id {sids[bad - n]} out of range [0, {region.num_blocks})")
         if bad >= 0:
             raise IndexError(f"block id {ids[bad]} out of range [0, {self.num_blocks})")
+
+    @staticmethod
+    def _copy_threads(nbytes: int) -> int:
+        if nbytes < COPY_THREADS_MIN_BYTES:
+            return 1  # not worth reading /proc
+        return copy_threads(nbytes, allowed=torch.get_num_threads(), idle=idle_cores())
 
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
         if self._kernel is not None:

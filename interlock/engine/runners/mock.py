@@ -30,7 +30,13 @@ import numpy as np
 
 from interlock.engine.clock import Clock
 from interlock.engine.runner import RunnerOutput, ScheduledRequest, SchedulerOutput
-from interlock.engine.shared_cache import SharedCacheView, layout_mismatch, region_of, shared_mapping
+from interlock.engine.shared_cache import (
+    SharedCacheView,
+    layout_mismatch,
+    part_range,
+    region_of,
+    shared_mapping,
+)
 from interlock.engine.timing import TimingModel
 from interlock.protocol import TokenLogprobs
 from interlock.protocol.transfer import SharedCacheRegion
@@ -169,12 +175,18 @@ class MockRunner:
         return layout_mismatch(region, self.block_size * 4, 1, _DTYPE)
 
     def copy_from_shared(
-        self, view: SharedCacheView, src_ids: Sequence[int], block_ids: Sequence[int]
+        self,
+        view: SharedCacheView,
+        src_ids: Sequence[int],
+        block_ids: Sequence[int],
+        part: tuple[int, int] = (0, 1),
     ) -> None:
+        """A part is a slice of every block's token slots (``part_range``)."""
         if reason := self.region_mismatch(view.region):
             raise ValueError(reason)
         if len(src_ids) != len(block_ids):
             raise ValueError(f"{len(src_ids)} source block ids for {len(block_ids)} block ids")
+        t0, t1 = part_range(part, self.block_size)
         src_n = view.region.num_blocks
         for s, b in zip(src_ids, block_ids, strict=True):  # all checked before anything is copied
             if not 0 <= s < src_n:
@@ -182,7 +194,8 @@ class MockRunner:
             if not 0 <= b < self.num_blocks:
                 raise IndexError(f"block id {b} out of range [0, {self.num_blocks})")
         src = view.array.view(np.int32).reshape(src_n, self.block_size)
-        self.kv[np.asarray(block_ids, dtype=np.int64)] = src[np.asarray(src_ids, dtype=np.int64)]
+        dst, srcs = np.asarray(block_ids, dtype=np.int64), np.asarray(src_ids, dtype=np.int64)
+        self.kv[dst, t0:t1] = src[srcs, t0:t1]
 
 
 def reference_output(

@@ -155,6 +155,10 @@ class TorchRunner:
         return self.cache.region_mismatch(region)
 
     def copy_from_shared(
-        self, view: SharedCacheView, src_ids: Sequence[int], block_ids: Sequence[int]
+        self,
+        view: SharedCacheView,
+        src_ids: Sequence[int],
+        block_ids: Sequence[int],
+        part: tuple[int, int] = (0, 1),
     ) -> None:
-        self.cache.copy_from_shared(view, src_ids, block_ids)
+        self.cache.copy_from_shared(view, src_ids, block_ids, part)
