@@ -66,6 +66,8 @@ class Source:
         self._deadline = time.monotonic() + timeout_s
         self._published = False
         self._claimed_by = ""
+        self._final_claim = ""
+        """``claim_kind`` as it was when the transfer ended."""
         self._conn: socket.socket | None = None
         self._ready = 0
         self._next_liveness = 0.0
@@ -141,11 +143,16 @@ class Source:
         """ "" while nobody claimed the payload; then "direct" (the destination copies from the
         shared cache: export nothing, hold the blocks until this transfer ends) or "staged"."""
         with self._lock:
-            if self._claimed_by:
-                return "staged"  # in-process and TCP claims come through ``claim``
-            if not self._published or self._staging.word(stg.W_DEST_STATE) == stg.DEST_NONE:
-                return ""
-            return "direct" if self._staging.word(stg.W_CLAIM) == stg.CLAIM_DIRECT else "staged"
+            if self._status.finished:
+                return self._final_claim  # the staging may serve another transfer by now
+            return self._claim_kind_locked()
+
+    def _claim_kind_locked(self) -> str:
+        if self._claimed_by:
+            return "staged"  # in-process and TCP claims come through ``claim``
+        if not self._published or self._staging.word(stg.W_DEST_STATE) == stg.DEST_NONE:
+            return ""
+        return "direct" if self._staging.word(stg.W_CLAIM) == stg.CLAIM_DIRECT else "staged"
 
     def remaining_s(self) -> float:
         return self._deadline - time.monotonic()
@@ -217,6 +224,7 @@ class Source:
     def _finish_locked(self, status: TransferStatus) -> None:
         if self._status.finished:
             return
+        self._final_claim = self._claim_kind_locked()  # before the staging goes back to the pool
         self._status = status
         self._progress.notify_all()
         if status.state is TransferState.FAILED:

@@ -55,6 +55,23 @@ def test_a_direct_claim_holds_the_source_until_done(agent: TransferAgent, region
     assert src.poll().state is TransferState.DONE
 
 
+def test_the_claim_is_known_after_the_transfer_ended_and_its_staging_serves_another(
+    agent: TransferAgent, region: SharedCacheRegion
+) -> None:
+    """A destination may copy and say DONE before the source first asks how it was claimed;
+    the answer then must not come from the staging, which the pool hands to the next one."""
+    src, desc = _offer(agent, region)
+    agent.pull_direct(desc).release()
+    assert src.poll().state is TransferState.DONE  # its staging goes back to the pool
+    other, other_desc = _offer(agent, None)
+    agent.pull(other_desc, transport="shm")  # staged, maybe in the same staging
+    assert src.claim_kind() == "direct" and other.claim_kind() == "staged"
+    other.abort()
+    src2, _ = _offer(agent, region)
+    src2.abort()
+    assert src2.claim_kind() == ""  # ended unclaimed
+
+
 def test_a_staged_claim_is_told_apart(agent: TransferAgent, region: SharedCacheRegion) -> None:
     src, desc = _offer(agent, region)
     dst = agent.pull(desc, transport="shm")
