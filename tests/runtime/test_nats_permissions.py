@@ -22,6 +22,7 @@ from interlock.runtime import NatsServer, RuntimeConfig, connect_runtime, genera
 from interlock.runtime.nats_discovery import Announcement, announce_subject, bye_subject
 from interlock.runtime.nats_permissions import nats_config_users, worker_permissions, worker_user
 from interlock.runtime.nats_server import PREFIX, _identity, remove_stale_dirs
+from interlock.runtime.subscription import Subscription
 
 pytestmark = pytest.mark.anyio
 
@@ -46,15 +47,33 @@ async def seen(rt, instance_id: str, wait_s: float = 0.6) -> bool:  # type: igno
     return instance_id in [i.instance_id for i in await rt.discovery.instances(ENDPOINT)]
 
 
+PROBE = b"probe"
+
+
+async def live(publisher, sub: Subscription, subject: str) -> None:  # type: ignore[no-untyped-def]
+    """Publish probes until one arrives: nats-server can drop what another connection publishes
+    in the first moments after a subscription, even after a flush (tests/runtime/test_events.py)."""
+    with anyio.fail_after(3):
+        while True:
+            await publisher.events.publish(subject, PROBE)
+            with anyio.move_on_after(0.1):
+                while (await sub.__anext__())[1] != PROBE:
+                    pass
+                return
+
+
 async def test_a_worker_registers_and_reports_as_itself(server: NatsServer, anyio_backend: str) -> None:
     router = await connect_runtime(server.url, replace(CFG, nats_auth=ADMIN))
     worker = await connect_runtime(server.url, replace(CFG, nats_auth=WA.auth))
     try:
         kv = await router.events.subscribe(subjects.KV_ALL)
         await worker.discovery.register(info("wa"))
+        await live(worker, kv, subjects.kv("wa"))
         await worker.events.publish(subjects.kv("wa"), b"own")
         with anyio.fail_after(3):
-            assert (await kv.__anext__())[1] == b"own"
+            while (item := await kv.__anext__())[1] == PROBE:
+                pass
+            assert item == (subjects.kv("wa"), b"own")
         assert await seen(router, "wa")
         await worker.discovery.unregister("wa")
         assert not await seen(router, "wa", 0.2)
@@ -71,6 +90,8 @@ async def test_a_worker_cannot_speak_for_another(server: NatsServer, anyio_backe
     try:
         kv = await router.events.subscribe(subjects.KV_ALL)
         load = await router.events.subscribe(subjects.LOAD_ALL)
+        await live(honest, kv, subjects.kv("wb"))  # else a drop would pass for a refusal
+        await live(honest, load, subjects.load("wb"))
         await evil.discovery.register(info("wb"))  # announced on wb's subject: refused by the server
         await evil.events.publish(subjects.kv("wb"), b"forged kv")
         await evil.events.publish(subjects.load("wb"), b"forged load")
@@ -88,10 +109,12 @@ async def test_a_worker_cannot_speak_for_another(server: NatsServer, anyio_backe
         assert [i.instance_id for i in await router.discovery.instances(ENDPOINT)] == ["wb"]
         await nc.close()
         with anyio.move_on_after(0.3):
-            await kv.__anext__()
+            while (await kv.__anext__())[1] == PROBE:
+                pass
             pytest.fail("a forged KV batch reached the router")
         with anyio.move_on_after(0.1):
-            await load.__anext__()
+            while (await load.__anext__())[1] == PROBE:
+                pass
             pytest.fail("a forged load report reached the router")
     finally:
         await evil.close()
