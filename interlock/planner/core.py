@@ -15,6 +15,14 @@ on every fluctuation costs more than it saves. Each call:
    else shrinks one that may shrink (never below ``min_workers`` in all), removing the worker
    whose loss costs least (``planner.select``).
 
+One exception to one step at a time: a *surge*, a policy asking for several workers at once
+(``Want.delta > 1``: the SLA policy when arrivals jump far above what the pool, starting
+workers included, can serve). Adding one worker per window after a step in the load leaves the
+fleet short for minutes, and the queue built then takes minutes more to drain; so a surge is
+served before step 2's holds (a worker still starting, the window) with as many workers as it
+asks for, within the pool's max, ``max_workers`` and the change cap (each worker one change).
+The policy counts starting workers in the pool, so it does not ask twice for the same surge.
+
 No I/O and no clock of its own: time is ``Observation.now``. Connectors apply the action and
 report the result in the next observation (a starting worker, a draining one).
 """
@@ -55,6 +63,10 @@ class Planner:
     def decide(self, obs: Observation) -> list[Action]:
         pools = {r: obs.pool(r) for r in ROLES if self.config.bounds(r).max or obs.pool(r)}
         self.last_wants = self.policy.wants(obs, pools)
+        surge = self._surge(obs, pools, self.last_wants)
+        if surge:
+            self.last_hold = ""
+            return surge
         hold = self._hold(obs)
         if hold:
             self.last_hold = hold
@@ -68,11 +80,15 @@ class Planner:
             self.last_hold = self._observing(since)
             return []
         self.last_hold = ""
-        self.last_change = obs.now
-        self._last_was_add = isinstance(action, AddWorker)
-        self._changes.append(obs.now)
-        self.history.append(DecisionRecord(obs.now, action))
-        return [action]
+        return self._record(obs.now, [action])
+
+    def _record(self, now: float, actions: list[Action]) -> list[Action]:
+        self.last_change = now
+        self._last_was_add = isinstance(actions[-1], AddWorker)
+        for a in actions:
+            self._changes.append(now)
+            self.history.append(DecisionRecord(now, a))
+        return actions
 
     # ---- gates ----
     def holding(self, now: float) -> bool:
@@ -103,6 +119,25 @@ class Planner:
         return ""
 
     # ---- choices ----
+    def _surge(self, obs: Observation, pools: dict[str, list[WorkerView]], wants: list[Want]) -> list[Action]:
+        """Several adds at once for the most pressed pool asking for them (module docstring)."""
+        c = self.config
+        asks = sorted((w for w in wants if w.delta > 1 and w.role in pools), key=lambda w: -w.pressure)
+        if not asks:
+            return []
+        w = asks[0]
+        while self._changes and self._changes[0] <= obs.now - c.cap_window_s:
+            self._changes.popleft()
+        room = min(
+            w.delta,
+            c.bounds(w.role).max - len(pools[w.role]),
+            c.total_max() - sum(len(p) for p in pools.values()),
+            c.max_changes - len(self._changes),
+        )
+        if room < 2:
+            return []  # one worker or none: the ordinary path, with its holds
+        return self._record(obs.now, [AddWorker(w.role, f"{w.reason} ({room} at once)") for _ in range(room)])
+
     def _bounds(self, pools: dict[str, list[WorkerView]]) -> Action | None:
         total = sum(len(p) for p in pools.values())
         for role, workers in pools.items():

@@ -17,7 +17,8 @@ from interlock.planner.state import Observation, WorkerView
 class Want:
     role: str
     delta: int
-    """+1: the pool should grow; -1: it may shrink by one and still be fine."""
+    """+1: the pool should grow; -1: it may shrink by one and still be fine; +k (k > 1): a
+    surge, k workers at once (``planner.core``)."""
     pressure: float
     """How strongly (signal / threshold); the core serves the strongest first."""
     reason: str

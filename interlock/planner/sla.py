@@ -17,6 +17,17 @@ the allowed ``1 - attainment``, every need is multiplied by ``sqrt(observed / al
 between 1 and 2. The model sees mean lengths and mean inter-token times; the feedback covers
 what it cannot see (heavy prompt tails, a short answer sharing a step with a long prefill chunk).
 
+A surge (arrivals far above the pool): when the arrivals of the last ``SURGE_S`` alone (no
+smoothing, no trend) need at least ``SURGE`` times the workers the pool has (starting ones
+included), the policy asks for the whole shortfall at once, to the size those arrivals need
+(the core adds it in one decision within the bounds and the change cap). A diurnal rise moves
+the need by a few percent a minute and never gets that far ahead of a pool growing one worker
+per window; a step or a flash crowd does, and there one worker per window leaves the fleet
+short for minutes while the smoothed forecast is still catching up (its level lags a step by
+``TAU_S``, its trend then overshoots it). The size is the model's, without the observed-SLO
+correction: the misses a surge causes say nothing about the size the new rate needs, and
+the ordinary path (one worker at a time, corrected) goes on from there.
+
 Work already queued is the reactive policy's business: a pool also grows when the reactive
 policy says so (a forecast of arrivals does not see a backlog left by a surge). A pool the
 forecast says is too large shrinks when either the reactive policy agrees (a whole window with
@@ -43,7 +54,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from interlock.planner.config import PlannerConfig
 from interlock.planner.forecast import ArrivalForecaster, Forecast
@@ -64,6 +75,12 @@ TAIL_SAMPLE_S = 120.0
 
 MIN_TAIL_JOBS = 50
 """Fewer requests than this in the sample: size from means."""
+
+SURGE = 1.5
+"""A need this many times the pool's size (or more) is a surge: the whole shortfall at once."""
+
+SURGE_S = 10.0
+"""A surge is read from the arrivals of the last this many seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +110,8 @@ class SlaPolicy:
         self.reactive = ReactivePolicy(config)
         self._done: deque[tuple[float, int, int]] = deque()
         """(time, finished, met) over the last window."""
+        self._recent: deque[tuple[float, float, int]] = deque()
+        """(time, seconds, arrivals) over the last ``SURGE_S``."""
         self._jobs: deque[Job] = deque()
         """Requests seen one by one, for the tail model."""
         self._first_seen: float | None = None
@@ -187,6 +206,10 @@ class SlaPolicy:
         self._feedback(t.finished, t.met)
         if t.finished:
             self._done.append((obs.now, t.finished, t.met))
+        if t.duration_s > 0:
+            self._recent.append((obs.now, t.duration_s, t.requests))
+        while self._recent and self._recent[0][0] <= obs.now - SURGE_S:
+            self._recent.popleft()
         jobs = self._remember(t, obs.now)
         met = self.window_attainment(obs.now)
         backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
@@ -194,6 +217,8 @@ class SlaPolicy:
         if f is None:
             return [w for w in backlog.values() if w.delta > 0]
         self.last_need = {r: n * self.correction for r, n in self.needs(f).items()}
+        recent = sum(a for _, _, a in self._recent) / max(sum(d for _, d, _ in self._recent), 1e-9)
+        surge = self.needs(replace(f, rate=recent))
         self.last_tail = None
         if self.config.tail and "both" in self.last_need and len(jobs) >= MIN_TAIL_JOBS:
             self.last_tail = self._tail(jobs, f, len(pools.get("both", ())), obs.now)
@@ -204,7 +229,18 @@ class SlaPolicy:
             queued = backlog.get(role)
             tail = self.last_tail if role == "both" else None
             fits_fewer = tail.fits_fewer if tail else need * (1 + self.config.headroom) <= n - 1
-            if queued is not None and queued.delta > 0 and n >= need:
+            more = surge_size(surge[role], n)
+            if more > 1:
+                out.append(
+                    Want(
+                        role,
+                        more,
+                        surge[role] / max(n, 1),
+                        f"arrivals {recent:.2f} req/s over the last {SURGE_S:g}s need "
+                        f"{surge[role]:.2f} {role} workers, have {n}: a surge",
+                    )
+                )
+            elif queued is not None and queued.delta > 0 and n >= need:
                 out.append(queued)
             elif n < need:
                 shown = "inf" if math.isinf(need) else f"{need:.2f}"
@@ -255,3 +291,11 @@ class SlaPolicy:
         if self.correction <= 1.0:
             return ""
         return f" (x{self.correction:.2f}: {100 * self.missed:.1f}% observed missing the targets)"
+
+
+def surge_size(need: float, n: int) -> int:
+    """Workers to ask for at once (module docstring): the shortfall ``ceil(need) - n`` when
+    ``need`` is at least ``SURGE`` times the pool (of ``n``), else one (the ordinary path)."""
+    if math.isfinite(need) and need >= SURGE * max(n, 1):
+        return max(1, math.ceil(need) - n)
+    return 1

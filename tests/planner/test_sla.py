@@ -17,6 +17,7 @@ from interlock.planner import (
     build_planner,
 )
 from interlock.planner.forecast import ArrivalForecaster
+from interlock.planner.sla import surge_size
 from tests.planner.conftest import mock_profile
 
 CFG = PlannerConfig(
@@ -62,14 +63,60 @@ def test_forecast_follows_a_ramp() -> None:
 
 def test_sla_grows_to_the_need_one_step_per_window_then_holds() -> None:
     planner = build_planner(CFG, mock_profile())
-    workers = [WorkerView("w0", "both")]
+    workers = [WorkerView(f"w{i}", "both") for i in range(6)]
     for t in range(0, 600, 5):
-        for a in planner.decide(Observation(float(t), tuple(workers), traffic=traffic(20.0))):
+        for a in planner.decide(Observation(float(t), tuple(workers), traffic=traffic(50.0))):
             assert isinstance(a, AddWorker)
             workers.append(WorkerView(f"w{len(workers)}", "both"))
     need = planner.policy.last_need["both"]  # type: ignore[attr-defined]
+    assert 6 < need < 1.5 * 6  # short, but not a surge
     assert len(workers) == math.ceil(need)
-    assert [r.at for r in planner.history][:3] == [0.0, 30.0, 60.0]
+    assert [r.at for r in planner.history] == [0.0, 30.0, 60.0]
+
+
+def test_surge_size_is_the_shortfall_only_far_above_the_pool() -> None:
+    assert surge_size(3.47, 1) == 3
+    assert surge_size(1.74, 1) == 1  # over 1.5x, but one worker short
+    assert surge_size(8.7, 6) == 1  # 1.45x: one step per window
+    assert surge_size(9.2, 6) == 4
+    assert surge_size(5.0, 0) == 5
+    assert surge_size(math.inf, 2) == 1  # no size the model knows
+
+
+def test_an_arrival_step_adds_the_shortfall_at_once_while_workers_start() -> None:
+    planner = build_planner(CFG, mock_profile())
+    ready = [WorkerView(f"w{i}", "both") for i in range(2)]
+    starting: list[WorkerView] = []
+    size: dict[float, int] = {}
+    for t in range(0, 90, 5):
+        rate = 6.0 if t < 60 else 36.0  # x6 at 60 s
+        for a in planner.decide(Observation(float(t), (*ready, *starting), traffic=traffic(rate))):
+            assert isinstance(a, AddWorker)
+            starting.append(WorkerView(f"w{len(ready) + len(starting)}", "both", ready=False))
+        size[float(t)] = len(ready) + len(starting)
+        if t % 30 == 25:  # workers take 30 s to start
+            ready, starting = ready + [replace(w, ready=True) for w in starting], []
+    surges = [r for r in planner.history if "a surge" in r.action.reason]
+    assert [r.at for r in surges] == [60.0, 60.0, 65.0, 65.0, 65.0]  # each one decision
+    assert "(3 at once)" in surges[-1].action.reason
+    one = build_planner(CFG, mock_profile())
+    one.decide(Observation(0.0, (WorkerView("w0", "both"),), traffic=traffic(36.0)))
+    assert size[65.0] == math.ceil(one.policy.last_need["both"]) == 7  # type: ignore[attr-defined]
+    assert size[55.0] == 2 and size[85.0] == 7  # no more while the new ones start
+
+
+def test_the_reactive_policy_keeps_one_step_at_a_time() -> None:
+    reactive = build_planner(replace(CFG, policy="reactive", profile=None))
+    ws = tuple(WorkerView(f"w{i}", "both", num_waiting=50) for i in range(2))
+    assert len(reactive.decide(Observation(0.0, ws, traffic=traffic(36.0)))) == 1
+
+
+def test_a_surge_stays_within_the_bounds_and_the_change_cap() -> None:
+    ws = (WorkerView("w0", "both"),)
+    capped = build_planner(replace(CFG, max_changes=2), mock_profile())
+    assert len(capped.decide(Observation(0.0, ws, traffic=traffic(40.0)))) == 2
+    small = build_planner(replace(CFG, both=RoleBounds(1, 4)), mock_profile())
+    assert len(small.decide(Observation(0.0, ws, traffic=traffic(40.0)))) == 3
 
 
 def test_sla_shrinks_only_with_headroom() -> None:
