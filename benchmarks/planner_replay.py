@@ -134,6 +134,12 @@ def main() -> None:
         "--max-changes", type=int, default=PlannerConfig.max_changes, help="changes allowed per 600 s"
     )
     ap.add_argument(
+        "--step-share",
+        type=float,
+        default=PlannerConfig.step_share,
+        help="one step moves at most this share of the pool (0: one worker)",
+    )
+    ap.add_argument(
         "--headroom", type=float, default=PlannerConfig.headroom, help="sla: spare kept when shrinking"
     )
     ap.add_argument("--attainment", type=float, default=PlannerConfig.attainment, help="sla: target share")
@@ -212,6 +218,7 @@ def main() -> None:
         backlog_low_s=args.backlog_low_s,
         headroom=args.headroom,
         max_changes=args.max_changes,
+        step_share=args.step_share,
         attainment=args.attainment,
         horizon_s=args.horizon_s,
         tail=args.tail,

@@ -222,13 +222,14 @@ def test_grow_window_must_fit_in_the_window() -> None:
 
 
 class Asks:
-    """A policy that asks for ``delta`` workers of the aggregated pool at every observation."""
+    """A policy that asks for ``delta`` workers of the aggregated pool at every observation
+    (a surge by default)."""
 
-    def __init__(self, delta: int) -> None:
-        self.delta = delta
+    def __init__(self, delta: int, surge: bool = True) -> None:
+        self.delta, self.surge = delta, surge
 
     def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
-        return [Want("both", self.delta, 9.0, "asked")]
+        return [Want("both", self.delta, 9.0, "asked", surge=self.surge)]
 
 
 def test_a_surge_is_several_adds_in_one_decision_past_the_holds() -> None:
@@ -253,3 +254,25 @@ def test_a_surge_of_one_takes_the_ordinary_path_and_its_holds() -> None:
     p = Planner(replace(CFG, both=RoleBounds(1, 10)), Asks(5))
     ws = (*fleet(*[0] * 8), WorkerView("new", "both", ready=False))  # room for one only
     assert p.decide(Observation(0.0, ws)) == [] and "start" in p.last_hold
+
+
+@pytest.mark.parametrize(
+    ("workers", "delta", "share", "moved"),
+    [(20, 5, 0.1, 2), (30, 5, 0.1, 3), (30, 2, 0.1, 2), (5, 5, 0.1, 1), (30, 5, 0.0, 1), (30, -5, 0.1, 3)],
+)
+def test_a_step_moves_up_to_a_share_of_the_pool(workers: int, delta: int, share: float, moved: int) -> None:
+    cfg = replace(CFG, both=RoleBounds(1, 40), step_share=share)
+    p = Planner(cfg, Asks(delta, surge=False))
+    ws = tuple(WorkerView(f"w{i}", "both", num_running=i % 4, age_s=100.0) for i in range(workers))
+    acts = p.decide(Observation(0.0, ws))
+    assert len(acts) == moved and len({type(a) for a in acts}) == 1
+    if delta < 0:  # the cheapest: fewest requests in flight
+        assert sorted(a.worker_id for a in acts) == ["w0", "w12", "w16"]  # type: ignore[union-attr]
+    if moved > 1:
+        assert f"({moved} at once)" in acts[0].reason
+    assert p.decide(Observation(5.0, ws)) == []  # the next step waits for the window
+
+
+def test_step_share_is_checked() -> None:
+    with pytest.raises(ConfigError, match="step_share"):
+        PlannerConfig(step_share=1.5)

@@ -74,13 +74,14 @@ def test_sla_grows_to_the_need_one_step_per_window_then_holds() -> None:
     assert [r.at for r in planner.history] == [0.0, 30.0, 60.0]
 
 
-def test_surge_size_is_the_shortfall_only_far_above_the_pool() -> None:
-    assert surge_size(3.47, 1) == 3
-    assert surge_size(1.74, 1) == 1  # over 1.5x, but one worker short
-    assert surge_size(8.7, 6) == 1  # 1.45x: one step per window
-    assert surge_size(9.2, 6) == 4
-    assert surge_size(5.0, 0) == 5
-    assert surge_size(math.inf, 2) == 1  # no size the model knows
+def test_surge_size_is_the_shortfall_only_when_arrivals_jump() -> None:
+    assert surge_size(36.0, 6.0, 6.25, 2) == 5  # arrivals x6 their level: the whole shortfall
+    assert surge_size(9.0, 6.0, 6.25, 2) == 5  # x1.5: still a jump
+    assert surge_size(8.9, 6.0, 6.25, 2) == 1  # under x1.5: the ordinary path, one at a time
+    assert surge_size(36.0, 6.0, 6.25, 6) == 1  # one worker short: the ordinary path too
+    assert surge_size(36.0, 6.0, 4.0, 5) == 1  # the pool already holds it
+    assert surge_size(36.0, 0.0, 6.25, 2) == 1  # no level yet
+    assert surge_size(36.0, 6.0, math.inf, 2) == 1  # no size the model knows
 
 
 def test_an_arrival_step_adds_the_shortfall_at_once_while_workers_start() -> None:
@@ -112,11 +113,15 @@ def test_the_reactive_policy_keeps_one_step_at_a_time() -> None:
 
 
 def test_a_surge_stays_within_the_bounds_and_the_change_cap() -> None:
-    ws = (WorkerView("w0", "both"),)
-    capped = build_planner(replace(CFG, max_changes=2), mock_profile())
-    assert len(capped.decide(Observation(0.0, ws, traffic=traffic(40.0)))) == 2
-    small = build_planner(replace(CFG, both=RoleBounds(1, 4)), mock_profile())
-    assert len(small.decide(Observation(0.0, ws, traffic=traffic(40.0)))) == 3
+    def surge(cfg: PlannerConfig) -> int:
+        planner = build_planner(cfg, mock_profile())
+        ws = (WorkerView("w0", "both"),)
+        assert planner.decide(Observation(0.0, ws, traffic=traffic(4.0))) == []
+        return len(planner.decide(Observation(5.0, ws, traffic=traffic(40.0))))
+
+    assert surge(CFG) == 3  # 22 req/s over the last 10 s need 3.8
+    assert surge(replace(CFG, max_changes=2)) == 2
+    assert surge(replace(CFG, both=RoleBounds(1, 3))) == 2
 
 
 def test_sla_shrinks_only_with_headroom() -> None:
