@@ -189,3 +189,15 @@ def test_sla_does_not_shrink_on_attainment_while_arrivals_rise() -> None:
         tr = replace(traffic(0.2 + 0.1 * i), finished=40, met=40)
         planner.decide(Observation(float(t), workers, traffic=tr))
     assert planner.history == []
+
+
+def test_a_steep_smooth_rise_grows_step_by_step_without_a_surge() -> None:
+    # arrivals doubling every minute (far steeper than a day's rise): the 10 s arrivals stay
+    # within 1.5x the smoothed level, so the pool grows by ordinary steps, never past the holds
+    planner = build_planner(replace(CFG, both=RoleBounds(1, 200)), mock_profile())
+    workers = [WorkerView("w0", "both")]
+    for t in range(0, 300, 5):
+        for a in planner.decide(Observation(float(t), tuple(workers), traffic=traffic(2.0 * 2 ** (t / 60)))):
+            assert isinstance(a, AddWorker) and "a surge" not in a.reason
+            workers.append(WorkerView(f"w{len(workers)}", "both"))
+    assert len(workers) >= 6  # grown, one step per grow window
