@@ -21,8 +21,16 @@ instantly and for free (no start-up, no cold cache). Each bucket's misses at eac
 from the fixed runs; a small dynamic programme finds the fewest worker-seconds whose misses
 stay within a budget (the peak fleet's, and each planner's own).
 
+``--causal`` replays that bound's sizes as a fleet schedule (``ReplayConfig.fleet_schedule``):
+each bucket's size from the bucket's start, added workers joining ``--startup-s`` later. It
+knows the size each moment needs but only from that moment on (no foresight, start-up paid):
+at a step, the most any planner can reach. ``--schedule 0:3,300:9`` replays a schedule given by
+hand the same way.
+
 ``--tile K`` runs the trace K times back to back (block hashes salted per copy, so copies share
 no cache) under one period of the curve: a K times slower day with the same trough and peak.
+``--overlay K`` lays K salted copies over the same span, each rotated by 1/K of it: K times the
+users on the same day (a fleet K times larger), the hit ratio about the trace's.
 
 The SLA planner needs ``--profile`` (``interlock profile --runner mock -o FILE``, whose defaults
 match the replay's workers). Figures are deterministic; wall times depend on the machine's load.
@@ -39,7 +47,7 @@ from interlock.mooncake import load_mooncake
 from interlock.planner import PlannerConfig, RoleBounds, load_profile
 from interlock.router import RouterConfig
 from interlock.sim import ReplayConfig, ReplayReport, TraceHasher, mooncake_requests, replay
-from interlock.sim.rate import diurnal, parse_curve, tile, warp
+from interlock.sim.rate import diurnal, overlay, parse_curve, tile, warp
 
 TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
 
@@ -48,7 +56,7 @@ def row(name: str, r: ReplayReport) -> str:
     return (
         f"{name:<26} {100 * r.sla_attainment:>6.1f}% {r.worker_seconds:>9,.0f} "
         f"{r.mean_workers:>6.2f} {r.ttft_p50_ms:>7,.0f} {r.ttft_p99_ms:>8,.0f} "
-        f"{r.itl_p50_ms:>6.1f} {len(r.planner_decisions):>4} {r.wall_s:>6.1f}"
+        f"{r.itl_p50_ms:>6.1f} {100 * r.hit_ratio:>5.1f}% {len(r.planner_decisions):>4} {r.wall_s:>6.1f}"
     )
 
 
@@ -126,13 +134,19 @@ def main() -> None:
         "--max-changes", type=int, default=PlannerConfig.max_changes, help="changes allowed per 600 s"
     )
     ap.add_argument(
+        "--step-share",
+        type=float,
+        default=PlannerConfig.step_share,
+        help="one step moves at most this share of the pool (0: one worker)",
+    )
+    ap.add_argument(
         "--headroom", type=float, default=PlannerConfig.headroom, help="sla: spare kept when shrinking"
     )
     ap.add_argument("--attainment", type=float, default=PlannerConfig.attainment, help="sla: target share")
     ap.add_argument("--startup-s", type=float, default=30.0)
     ap.add_argument("--ramp-s", type=float, default=60.0)
     ap.add_argument("--profile", default=None, help="capability profile (runs the sla planner)")
-    ap.add_argument("--policies", default="reactive,sla")
+    ap.add_argument("--policies", default="reactive,sla", help='planners to run ("": none)')
     ap.add_argument("--fixed", default=None, help="fixed sizes to run (default 2..max-workers)")
     ap.add_argument(
         "--fixed-from",
@@ -141,6 +155,9 @@ def main() -> None:
     )
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--tile", type=int, default=1, help="the trace this many times back to back")
+    ap.add_argument(
+        "--overlay", type=int, default=1, help="this many salted, rotated copies over the same span"
+    )
     ap.add_argument("--horizon-s", type=float, default=PlannerConfig.horizon_s, help="sla: forecast horizon")
     ap.add_argument("--tail", action="store_true", help="sla: the tail model (planner.tail)")
     ap.add_argument(
@@ -149,12 +166,19 @@ def main() -> None:
         default=25.0,
         help="offline bound: one fixed size per bucket of this many seconds (0: no bound)",
     )
+    ap.add_argument(
+        "--causal",
+        action="store_true",
+        help="replay the offline bound's sizes (within the peak fleet's misses) with start-up paid",
+    )
+    ap.add_argument("--schedule", default=None, help="replay this fleet schedule: FROM_S:SIZE,...")
     ap.add_argument("--json", default=None, help="also write every report here")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
     records = load_mooncake(args.trace, limit=args.limit)
     base = tile(mooncake_requests(records, speedup=args.speedup, hasher=TraceHasher(64, 512)), args.tile)
+    base = overlay(base, args.overlay)
     if args.curve:
         curve_text = args.curve
         requests = warp(base, parse_curve(args.curve))
@@ -164,7 +188,8 @@ def main() -> None:
         curve_text = f"diurnal:period={period:.0f},min={args.min:g},max={args.max:g}"
         requests = warp(base, diurnal(period, args.min, args.max))
     print(
-        f"{len(requests)} requests, x{args.speedup:g}{f' tiled x{args.tile}' if args.tile > 1 else ''} "
+        f"{len(requests)} requests, x{args.speedup:g}{f' tiled x{args.tile}' if args.tile > 1 else ''}"
+        f"{f' overlaid x{args.overlay}' if args.overlay > 1 else ''} "
         f"then {curve_text}; SLO TTFT <= "
         f"{args.ttft_slo_ms:g} ms, ITL <= {args.itl_slo_ms:g} ms; trace ready in "
         f"{time.perf_counter() - t0:.0f} s",
@@ -178,7 +203,7 @@ def main() -> None:
     )
     print(
         f"{'run':<26} {'SLA':>7} {'worker-s':>9} {'mean':>6} {'TTFT50':>7} {'TTFT99':>8} "
-        f"{'ITL50':>6} {'dec':>4} {'wall':>6}",
+        f"{'ITL50':>6} {'hit':>6} {'dec':>4} {'wall':>6}",
         flush=True,
     )
     reports: dict[str, ReplayReport] = {}
@@ -193,11 +218,12 @@ def main() -> None:
         backlog_low_s=args.backlog_low_s,
         headroom=args.headroom,
         max_changes=args.max_changes,
+        step_share=args.step_share,
         attainment=args.attainment,
         horizon_s=args.horizon_s,
         tail=args.tail,
     )
-    for policy in args.policies.split(","):
+    for policy in [p for p in args.policies.split(",") if p]:
         if policy == "sla" and not args.profile:
             continue
         pc = replace(planner, policy=policy, profile=args.profile if policy == "sla" else None)
@@ -243,6 +269,7 @@ def main() -> None:
         )
         for rec in r.planner_decisions:
             print(f"    {rec.line()}")
+    scheduled: dict[str, tuple[tuple[float, int], ...]] = {}
     if args.bound_bucket_s > 0:
         span = max(r.arrival_s for r in requests)
         budgets = {"the peak fleet's misses": peak}
@@ -254,6 +281,23 @@ def main() -> None:
                 f"({100 * (1 - ws / peak.worker_seconds):.0f}% fewer than the peak fleet); "
                 f"sizes per {args.bound_bucket_s:g} s: {' '.join(map(str, sizes_used))}"
             )
+            if args.causal and r is peak and sizes_used:
+                sched = [(i * args.bound_bucket_s, n) for i, n in enumerate(sizes_used)]
+                scheduled["causal bound"] = tuple(
+                    p for i, p in enumerate(sched) if i == 0 or p[1] != sched[i - 1][1]
+                )
+    if args.schedule:
+        pieces = [p.split(":") for p in args.schedule.split(",")]
+        scheduled[f"schedule {args.schedule}"] = tuple((float(t), int(n)) for t, n in pieces)
+    for name, sched in scheduled.items():
+        r = replay(requests, replace(cfg, num_workers=sched[0][1], planner=planner, fleet_schedule=sched))
+        reports[name] = r
+        print(row(name[:26], r), flush=True)
+        print(
+            f"    {100 * (1 - r.worker_seconds / peak.worker_seconds):.0f}% fewer worker-s than the peak "
+            f"fleet; schedule {' '.join(f'{t:g}:{n}' for t, n in sched)}",
+            flush=True,
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({k: v.to_dict() for k, v in reports.items()}, f, indent=1)

@@ -17,8 +17,9 @@ when unknown, exactly as the HTTP frontend refuses them.
 ``create_serving_instance(..., planner="reactive")`` (or ``"sla"``, a mapping of the
 deployment file's ``planner:`` keys, a ``PlannerConfig``) sizes the instance with a planner
 within ``min_replicas..max_replicas``, as ``interlock serve --planner`` sizes its fleet;
-``instance.planner_status()`` lists its decisions with their reasons; it stops with the
-instance or the cluster.
+``instance.planner_status()`` lists its decisions with their reasons (and with
+``planner_port=`` it serves them over HTTP too, ``GET instance.planner_url + "/planner"``, as
+``interlock planner status`` reads them); it stops with the instance or the cluster.
 
 The deployment runs on its own event loop in a background thread, so the blocking calls work
 anywhere and the async ones from any loop.
@@ -140,6 +141,7 @@ class Cluster:
         max_replicas: int | None = None,
         role: str = "both",
         planner: PlannerSpec = None,
+        planner_port: int | None = None,
         ready_timeout_s: float = 600.0,
         **node: Any,
     ) -> ServingInstance:
@@ -153,7 +155,9 @@ class Cluster:
         file's ``planner:`` section (``{"policy": "sla", "profile": "p.json", "ttft_ms": 500}``),
         or a ``PlannerConfig``. The bounds of the instance's role default to ``min_replicas``
         .. ``max_replicas`` (a ``PlannerConfig`` brings its own, capped by ``max_replicas``).
-        Its decisions: ``planner_status()``; it stops when the instance or the cluster closes."""
+        Its decisions: ``planner_status()``; it stops when the instance or the cluster closes.
+        ``planner_port``: also serve its status over HTTP (``GET /planner`` and ``/metrics``, on
+        the control plane's listen host; 0: any free port) at ``instance.planner_url``."""
         return self._call(
             self.acreate_serving_instance(
                 model,
@@ -161,6 +165,7 @@ class Cluster:
                 max_replicas=max_replicas,
                 role=role,
                 planner=planner,
+                planner_port=planner_port,
                 ready_timeout_s=ready_timeout_s,
                 **node,
             )
@@ -174,6 +179,7 @@ class Cluster:
         max_replicas: int | None = None,
         role: str = "both",
         planner: PlannerSpec = None,
+        planner_port: int | None = None,
         ready_timeout_s: float = 600.0,
         **node: Any,
     ) -> ServingInstance:
@@ -184,6 +190,12 @@ class Cluster:
             )
         if min_replicas < 1:
             raise ConfigError("min_replicas: must be at least 1")
+        if planner_port is not None and planner is None:
+            raise ConfigError(
+                "planner_port: serves a planner's status; give create_serving_instance(planner=...)"
+            )
+        if planner_port is not None and not 0 <= planner_port < 65536:
+            raise ConfigError(f"planner_port: {planner_port} is not a valid port")
         cap = min_replicas if max_replicas is None else max_replicas
         if cap < min_replicas:
             raise ConfigError(f"max_replicas: {cap} is below min_replicas {min_replicas}")
@@ -199,7 +211,7 @@ class Cluster:
             cfg = instance_planner_config(planner, group, policy, min_replicas)
             planned = await asyncio.to_thread(build_planner, cfg)
         instance = await self._on_loop(
-            self._start_instance(model, group, min_replicas, ready_timeout_s, planned)
+            self._start_instance(model, group, min_replicas, ready_timeout_s, planned, planner_port)
         )
         self._instances.append(instance)
         return instance
@@ -211,6 +223,7 @@ class Cluster:
         replicas: int,
         timeout_s: float,
         planner: Planner | None,
+        planner_port: int | None,
     ) -> ServingInstance:
         running = self._running
         index = await running.add_group(group)
@@ -222,7 +235,9 @@ class Cluster:
         if why is not None:
             raise ConfigError(f"serving instance of {model!r} did not start: {why}")
         if planner is not None:
-            instance._planner = await running.run_planner(planner, index, model=model)
+            instance._planner = await running.run_planner(
+                planner, index, model=model, status_port=planner_port
+            )
         return instance
 
     @property
@@ -376,6 +391,12 @@ class ServingInstance:
 
     async def ascale_to(self, replicas: int) -> None:
         await self.cluster._on_loop(self._scale(replicas))
+
+    @property
+    def planner_url(self) -> str | None:
+        """Where its planner's status is served (``GET {planner_url}/planner``, ``/metrics``;
+        None: no planner, or ``planner_port`` not given)."""
+        return self._planner.url if self._planner is not None else None
 
     def planner_status(self) -> dict[str, Any]:
         """What ``interlock planner status`` lists: the policy, ticks, failed ticks

@@ -52,8 +52,16 @@ class PlannerConfig:
     still waits ``window_s``. A new worker's effect shows once it has started (decisions wait
     for that anyway), while under a surge every window waited costs the queued requests;
     shrinking keeps the whole window (the descent is where flapping would start)."""
+    step_share: float = 0.1
+    """One step moves at most this share of a pool (at least one worker), when the policy
+    asks for several (the SLA policy: its shortfall, or the workers its forecast can spare);
+    0: one worker per step. One worker per window is a step of half the pool at 2 workers and
+    of 1% at 100: a share keeps what a step changes (cold caches added, caches lost, the
+    traffic moved) the same part of the fleet at any size, and lets a large fleet follow a
+    day's rise and descent that one worker per window cannot."""
     max_changes: int = 6
-    """At most this many changes in any ``cap_window_s``."""
+    """At most this many changes in any ``cap_window_s`` (each worker added, removed or
+    switched is one)."""
     cap_window_s: float = 600.0
     queue_high: float = 2.0
     """Reactive: waiting requests per worker above which the pool grows."""
@@ -126,6 +134,8 @@ class PlannerConfig:
                 raise ConfigError(f"planner.{name} must be >= 0")
         if not 0 <= self.grow_window_s <= self.window_s:
             raise ConfigError("planner needs 0 <= grow_window_s <= window_s (0: window_s)")
+        if not 0 <= self.step_share <= 1:
+            raise ConfigError("planner.step_share must be in [0, 1]")
         if self.max_changes < 1:
             raise ConfigError("planner.max_changes must be at least 1")
         if not self.queue_low < self.queue_high:

@@ -12,8 +12,19 @@ on every fluctuation costs more than it saves. Each call:
 4. turns a grow of one disaggregated pool plus a shrink of the other into one role switch
    (the fleet keeps its size, the roles follow the mix);
 5. else grows the most pressed pool that may grow (within its max and ``max_workers``),
-   else shrinks one that may shrink (never below ``min_workers`` in all), removing the worker
+   else shrinks one that may shrink (never below ``min_workers`` in all), removing the workers
    whose loss costs least (``planner.select``).
+
+A step is one worker, or up to ``step_share`` of the pool when the policy asks for several
+(``Want.delta``), within the bounds and the change cap (each worker one change): one worker
+per window is a large step for a small fleet and too slow a one for a large fleet's day.
+
+One exception to one step per window: a *surge* (``Want.surge``: the SLA policy when arrivals
+jump far above what the pool was sized for). Adding one step per window after a jump in the
+load leaves the fleet short for minutes, and the queue built then takes minutes more to
+drain; so a surge is served before step 2's holds (a worker still starting, the window) with
+as many workers as it asks for, within the pool's max, ``max_workers`` and the change cap.
+The policy counts starting workers in the pool, so it does not ask twice for the same surge.
 
 No I/O and no clock of its own: time is ``Observation.now``. Connectors apply the action and
 report the result in the next observation (a starting worker, a draining one).
@@ -21,11 +32,12 @@ report the result in the next observation (a starting worker, a draining one).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from interlock.planner.config import PlannerConfig
 from interlock.planner.policy import Policy, Want
-from interlock.planner.select import cheapest
+from interlock.planner.select import cheapest, cheapest_first
 from interlock.planner.state import (
     Action,
     AddWorker,
@@ -55,24 +67,33 @@ class Planner:
     def decide(self, obs: Observation) -> list[Action]:
         pools = {r: obs.pool(r) for r in ROLES if self.config.bounds(r).max or obs.pool(r)}
         self.last_wants = self.policy.wants(obs, pools)
+        surge = self._surge(obs, pools, self.last_wants)
+        if surge:
+            self.last_hold = ""
+            return surge
         hold = self._hold(obs)
         if hold:
             self.last_hold = hold
             return []
-        action = self._bounds(pools) or self._act(pools, self.last_wants)
-        if action is None:
+        bound = self._bounds(pools)
+        actions = [bound] if bound is not None else self._act(pools, self.last_wants)
+        if not actions:
             self.last_hold = "nothing to do"
             return []
         since = obs.now - self.last_change
-        if since < self.config.window_s and not (isinstance(action, AddWorker) and self._last_was_add):
+        if since < self.config.window_s and not (isinstance(actions[0], AddWorker) and self._last_was_add):
             self.last_hold = self._observing(since)
             return []
         self.last_hold = ""
-        self.last_change = obs.now
-        self._last_was_add = isinstance(action, AddWorker)
-        self._changes.append(obs.now)
-        self.history.append(DecisionRecord(obs.now, action))
-        return [action]
+        return self._record(obs.now, actions)
+
+    def _record(self, now: float, actions: list[Action]) -> list[Action]:
+        self.last_change = now
+        self._last_was_add = isinstance(actions[-1], AddWorker)
+        for a in actions:
+            self._changes.append(now)
+            self.history.append(DecisionRecord(now, a))
+        return actions
 
     # ---- gates ----
     def holding(self, now: float) -> bool:
@@ -103,6 +124,35 @@ class Planner:
         return ""
 
     # ---- choices ----
+    def _surge(self, obs: Observation, pools: dict[str, list[WorkerView]], wants: list[Want]) -> list[Action]:
+        """Several adds at once for the most pressed pool asking for them (module docstring)."""
+        c = self.config
+        asks = sorted((w for w in wants if w.surge and w.role in pools), key=lambda w: -w.pressure)
+        if not asks:
+            return []
+        w = asks[0]
+        while self._changes and self._changes[0] <= obs.now - c.cap_window_s:
+            self._changes.popleft()
+        room = min(
+            w.delta,
+            c.bounds(w.role).max - len(pools[w.role]),
+            c.total_max() - sum(len(p) for p in pools.values()),
+            self._cap_room(),
+        )
+        if room < 2:
+            return []  # one worker or none: the ordinary path, with its holds
+        return self._record(obs.now, [AddWorker(w.role, f"{w.reason} ({room} at once)") for _ in range(room)])
+
+    def _cap_room(self) -> int:
+        """Changes the cap still allows (``_changes`` already trimmed to the cap window)."""
+        return self.config.max_changes - len(self._changes)
+
+    def _step(self, asked: int, pool: int, room: int) -> int:
+        """Workers one ordinary step moves: what the policy asked, at most ``step_share`` of
+        the pool and ``room``, at least one."""
+        share = math.ceil(self.config.step_share * pool) if self.config.step_share else 1
+        return max(1, min(asked, share, room))
+
     def _bounds(self, pools: dict[str, list[WorkerView]]) -> Action | None:
         total = sum(len(p) for p in pools.values())
         for role, workers in pools.items():
@@ -114,9 +164,10 @@ class Planner:
                 return AddWorker(role, f"{len(workers)} {role} workers < min {b.min}")
         return None
 
-    def _act(self, pools: dict[str, list[WorkerView]], wants: list[Want]) -> Action | None:
+    def _act(self, pools: dict[str, list[WorkerView]], wants: list[Want]) -> list[Action]:
         c = self.config
         size = {r: len(p) for r, p in pools.items()}
+        total = sum(size.values())
         grow = sorted(
             (w for w in wants if w.delta > 0 and size[w.role] < c.bounds(w.role).max),
             key=lambda w: -w.pressure,
@@ -133,11 +184,20 @@ class Planner:
             for s in shrink:
                 if g.role in SWITCHABLE and s.role in SWITCHABLE and g.role != s.role:
                     victim = cheapest([v for v in pools[s.role] if v.ready], c.cache_block_cost)
-                    return SwitchRole(victim.worker_id, g.role, f"{g.role}: {g.reason}; {s.role}: {s.reason}")
-        if grow and sum(size.values()) < c.total_max():
-            return AddWorker(grow[0].role, grow[0].reason)
-        if shrink and sum(size.values()) > c.min_workers:
+                    return [
+                        SwitchRole(victim.worker_id, g.role, f"{g.role}: {g.reason}; {s.role}: {s.reason}")
+                    ]
+        if grow and total < c.total_max():
+            g = grow[0]
+            room = min(c.bounds(g.role).max - size[g.role], c.total_max() - total, self._cap_room())
+            k = self._step(g.delta, size[g.role], room)
+            return [AddWorker(g.role, g.reason + (f" ({k} at once)" if k > 1 else "")) for _ in range(k)]
+        if shrink and total > c.min_workers:
             s = shrink[0]
-            victim = cheapest(pools[s.role], c.cache_block_cost)
-            return RemoveWorker(victim.worker_id, s.reason)
-        return None
+            room = min(size[s.role] - c.bounds(s.role).min, total - c.min_workers, self._cap_room())
+            k = self._step(-s.delta, size[s.role], room)
+            why = s.reason + (f" ({k} at once)" if k > 1 else "")
+            return [
+                RemoveWorker(v.worker_id, why) for v in cheapest_first(pools[s.role], c.cache_block_cost)[:k]
+            ]
+        return []

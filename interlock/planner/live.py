@@ -21,9 +21,9 @@ from interlock.router.service import RouterService
 
 
 class RouterServiceView:
-    """``model``: see only that model's router (its queue, its traffic, its workers' weights:
-    a planner that scales one model's workers, ``Cluster.create_serving_instance``); None:
-    every model's. Finished requests are the dispatcher's, whatever their model."""
+    """``model``: see only that model's router and requests (its queue, its traffic, its
+    finished requests, its workers' weights: a planner that scales one model's workers,
+    ``Cluster.create_serving_instance``); None: every model's."""
 
     def __init__(self, service: RouterService, *, model: str | None = None) -> None:
         self.service = service
@@ -54,7 +54,8 @@ class RouterServiceView:
     def completions(self) -> Sequence[Completion]:
         m = self.service.dispatcher.metrics
         new, self._completed = m.completed - self._completed, m.completed
-        return list(m.recent)[len(m.recent) - min(new, len(m.recent)) :]
+        out = list(m.recent)[len(m.recent) - min(new, len(m.recent)) :]
+        return out if self.model is None else [c for c in out if c.model == self.model]
 
     def set_weight(self, instance_id: str, weight: float) -> None:
         for r in self._routers():

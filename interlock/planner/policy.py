@@ -17,10 +17,15 @@ from interlock.planner.state import Observation, WorkerView
 class Want:
     role: str
     delta: int
-    """+1: the pool should grow; -1: it may shrink by one and still be fine."""
+    """> 0: the pool should grow by this many workers; < 0: it may shrink by this many and
+    still be fine. The core moves at most ``step_share`` of the pool per step (at least one
+    worker; ``planner.core``)."""
     pressure: float
     """How strongly (signal / threshold); the core serves the strongest first."""
     reason: str
+    surge: bool = False
+    """A grow that cannot wait: the core adds ``delta`` workers past its holds
+    (``planner.core``)."""
 
 
 class Policy(Protocol):

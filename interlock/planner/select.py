@@ -20,6 +20,15 @@ def removal_cost(w: WorkerView, cache_block_cost: float) -> float:
     return w.in_flight + cache_block_cost * w.unique_blocks
 
 
+def _key(w: WorkerView, cache_block_cost: float) -> tuple[float, float, str]:
+    return removal_cost(w, cache_block_cost), w.age_s, w.worker_id
+
+
 def cheapest(workers: Sequence[WorkerView], cache_block_cost: float) -> WorkerView:
     """The worker whose loss costs least (``workers`` must not be empty)."""
-    return min(workers, key=lambda w: (removal_cost(w, cache_block_cost), w.age_s, w.worker_id))
+    return min(workers, key=lambda w: _key(w, cache_block_cost))
+
+
+def cheapest_first(workers: Sequence[WorkerView], cache_block_cost: float) -> list[WorkerView]:
+    """The workers, the one whose loss costs least first."""
+    return sorted(workers, key=lambda w: _key(w, cache_block_cost))

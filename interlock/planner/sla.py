@@ -6,9 +6,10 @@ Each observation feeds the forecaster (``planner.forecast``). With a forecast of
 requests/s of mean prompt, uncached prompt and output lengths, a pool needs
 ``need = rate / per_worker_rate`` workers (aggregated: ``aggregated_rate``; disaggregated:
 ``prefill_rate`` for the prefill pool and ``decode_rate`` for the decode pool). Grow while the
-pool has fewer than ``need`` workers; shrink only while one fewer would still hold
-``need * (1 + headroom)`` (hysteresis: a need hovering near a whole number moves the pool one
-way only).
+pool has fewer than ``need`` workers (asking for the shortfall); shrink only while one fewer
+would still hold ``need * (1 + headroom)`` (asking for as many as would; hysteresis: a need
+hovering near a whole number moves the pool one way only). The core moves at most
+``step_share`` of the pool per step.
 
 Observed feedback (``slo_feedback``): the share of finished requests that missed a target is
 smoothed over about the last ``FEEDBACK_REQUESTS`` requests (starting from the allowed share, so
@@ -16,6 +17,20 @@ a few early misses move it little: a 1% rate cannot be read from a handful); whe
 the allowed ``1 - attainment``, every need is multiplied by ``sqrt(observed / allowed)``,
 between 1 and 2. The model sees mean lengths and mean inter-token times; the feedback covers
 what it cannot see (heavy prompt tails, a short answer sharing a step with a long prefill chunk).
+
+A surge (arrivals jump far above what the pool was sized for): when the arrivals of the last
+``SURGE_S`` alone (no smoothing, no trend) come at least ``SURGE`` times as fast as the
+forecaster's smoothed level, and the pool (starting workers included) is two or more workers
+short of what that rate needs (with the observed-SLO correction, as the ordinary path sizes),
+the policy asks for the whole shortfall at once; the core adds it in one decision within the
+bounds and the change cap. One worker per window after a step leaves the fleet short for
+minutes while the smoothed level catches up (it lags a step by ``TAU_S``). The test is on
+arrivals against their own recent level, not on the need against the pool, so neither a pool
+that the feedback has sized up (a x6 step then looks like x1.4 of the pool) nor the feedback
+alone decides it; a diurnal rise never comes near it (10 s arrivals at most 1.4x the level on
+the Mooncake day at one and two times the users), a x6 step passes it for the half minute the
+level takes to follow. The correction in the size is the one from before the jump (the misses
+the surge causes finish later).
 
 Work already queued is the reactive policy's business: a pool also grows when the reactive
 policy says so (a forecast of arrivals does not see a backlog left by a surge). A pool the
@@ -43,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from interlock.planner.config import PlannerConfig
 from interlock.planner.forecast import ArrivalForecaster, Forecast
@@ -64,6 +79,12 @@ TAIL_SAMPLE_S = 120.0
 
 MIN_TAIL_JOBS = 50
 """Fewer requests than this in the sample: size from means."""
+
+SURGE = 1.5
+"""Arrivals this many times their smoothed level (or more) are a surge."""
+
+SURGE_S = 10.0
+"""A surge is read from the arrivals of the last this many seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +114,8 @@ class SlaPolicy:
         self.reactive = ReactivePolicy(config)
         self._done: deque[tuple[float, int, int]] = deque()
         """(time, finished, met) over the last window."""
+        self._recent: deque[tuple[float, float, int]] = deque()
+        """(time, seconds, arrivals) over the last ``SURGE_S``."""
         self._jobs: deque[Job] = deque()
         """Requests seen one by one, for the tail model."""
         self._first_seen: float | None = None
@@ -187,6 +210,10 @@ class SlaPolicy:
         self._feedback(t.finished, t.met)
         if t.finished:
             self._done.append((obs.now, t.finished, t.met))
+        if t.duration_s > 0:
+            self._recent.append((obs.now, t.duration_s, t.requests))
+        while self._recent and self._recent[0][0] <= obs.now - SURGE_S:
+            self._recent.popleft()
         jobs = self._remember(t, obs.now)
         met = self.window_attainment(obs.now)
         backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
@@ -194,6 +221,9 @@ class SlaPolicy:
         if f is None:
             return [w for w in backlog.values() if w.delta > 0]
         self.last_need = {r: n * self.correction for r, n in self.needs(f).items()}
+        recent = sum(a for _, _, a in self._recent) / max(sum(d for _, d, _ in self._recent), 1e-9)
+        level = self.forecaster.level or 0.0
+        surge = {r: n * self.correction for r, n in self.needs(replace(f, rate=recent)).items()}
         self.last_tail = None
         if self.config.tail and "both" in self.last_need and len(jobs) >= MIN_TAIL_JOBS:
             self.last_tail = self._tail(jobs, f, len(pools.get("both", ())), obs.now)
@@ -204,14 +234,26 @@ class SlaPolicy:
             queued = backlog.get(role)
             tail = self.last_tail if role == "both" else None
             fits_fewer = tail.fits_fewer if tail else need * (1 + self.config.headroom) <= n - 1
-            if queued is not None and queued.delta > 0 and n >= need:
+            more = surge_size(recent, level, surge[role], n)
+            if more > 1:
+                out.append(
+                    Want(
+                        role,
+                        more,
+                        surge[role] / max(n, 1),
+                        f"arrivals {recent:.2f} req/s over the last {SURGE_S:g}s (level {level:.2f}) "
+                        f"need {surge[role]:.2f} {role} workers, have {n}: a surge" + self._why_corrected(),
+                        surge=True,
+                    )
+                )
+            elif queued is not None and queued.delta > 0 and n >= need:
                 out.append(queued)
             elif n < need:
                 shown = "inf" if math.isinf(need) else f"{need:.2f}"
                 out.append(
                     Want(
                         role,
-                        +1,
+                        max(1, math.ceil(need) - n) if math.isfinite(need) else 1,
                         need / max(n, 1),
                         f"forecast {f.rate:.2f} req/s needs {shown} {role} workers, have {n}"
                         + (self._why_tail(n) if tail else self._why_corrected()),
@@ -230,13 +272,14 @@ class SlaPolicy:
                 why = ""
                 if not agrees and met is not None:
                     why = f", {100 * met:.1f}% met the targets over {self.config.window_s:g}s"
+                spare = 1 if tail else n - math.ceil(need * (1 + self.config.headroom))
                 out.append(
                     Want(
                         role,
-                        -1,
+                        -spare,
                         (n - 1) / max(need, 1e-9),
                         f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers "
-                        f"(+{self.config.headroom:.0%} headroom fits in {n - 1}){why}"
+                        f"(+{self.config.headroom:.0%} headroom fits in {n - spare}){why}"
                         + (self._why_tail(n) if tail else self._why_corrected()),
                     )
                 )
@@ -255,3 +298,14 @@ class SlaPolicy:
         if self.correction <= 1.0:
             return ""
         return f" (x{self.correction:.2f}: {100 * self.missed:.1f}% observed missing the targets)"
+
+
+def surge_size(recent: float, level: float, need: float, n: int) -> int:
+    """Workers to ask for at once (module docstring): the shortfall ``ceil(need) - n`` when the
+    ``recent`` arrival rate is at least ``SURGE`` times the smoothed ``level`` and the pool (of
+    ``n``) is at least two short of ``need`` (the need at the recent rate); else one (the
+    ordinary path)."""
+    if not math.isfinite(need) or recent < SURGE * level or level <= 0:
+        return 1
+    more = math.ceil(need) - n
+    return more if more >= 2 else 1

@@ -103,6 +103,8 @@ class Completion:
     prompt_tokens: int
     cached_tokens: int
     """The router's estimate of its prompt tokens found in a prefix cache."""
+    model: str = ""
+    """The model it asked for (its router's)."""
 
 
 RECENT_COMPLETIONS = 4096
@@ -239,6 +241,7 @@ class Dispatcher:
                         len(progress.tokens),
                         meta.prompt_tokens,
                         d.cached_tokens,
+                        request.model,
                     )
                 )
                 return

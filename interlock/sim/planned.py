@@ -16,18 +16,29 @@ virtual time and carries the planner's actions out on the simulated fleet.
 
 The replay simulates aggregated workers only, so the planner's prefill and decode bounds must
 be 0 here.
+
+``FleetSchedule`` stands in for the planner where a bound needs a fleet that follows a given
+size over time (``ReplayConfig.fleet_schedule``): at each tick it adds or removes as many
+workers as the schedule's size at that moment says, with no window, cap or forecast. A worker
+it adds still starts ``startup_s`` late, so a schedule that changes exactly when the load does
+is a *causal* bound: a planner that knows the fleet each moment needs, but only from that
+moment on.
 """
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from interlock.errors import ConfigError
 from interlock.planner import (
+    Action,
     AddWorker,
     Arrival,
     CapabilityProfile,
+    DecisionRecord,
     Observation,
     PlannerConfig,
     RemoveWorker,
@@ -36,6 +47,7 @@ from interlock.planner import (
     build_planner,
     routing_weight,
 )
+from interlock.planner.select import cheapest
 
 if TYPE_CHECKING:
     from interlock.sim.replay import _Driver
@@ -43,10 +55,63 @@ if TYPE_CHECKING:
 UNWEIGHTED_POLICIES = ("round-robin", "random")
 
 
+class Decider(Protocol):
+    """What the connector drives: the planner, or a ``FleetSchedule``."""
+
+    history: list[DecisionRecord]
+
+    def decide(self, obs: Observation) -> list[Action]: ...
+
+    def holding(self, now: float) -> bool: ...
+
+
+class FleetSchedule:
+    """A fleet of the scheduled size at every moment (module docstring): ``(from_s, size)``
+    pieces in time order, the first from 0."""
+
+    def __init__(self, schedule: Sequence[tuple[float, int]], cache_block_cost: float = 1.0 / 64) -> None:
+        times = [t for t, _ in schedule]
+        if not schedule or times[0] != 0 or times != sorted(times) or any(n < 1 for _, n in schedule):
+            raise ConfigError("a fleet schedule needs (from_s, size) pieces from 0 on, in order, sizes >= 1")
+        self._times = times
+        self._sizes = [n for _, n in schedule]
+        self.cache_block_cost = cache_block_cost
+        self.history: list[DecisionRecord] = []
+
+    def _piece(self, now: float) -> int:
+        return bisect.bisect_right(self._times, now) - 1
+
+    def size_at(self, now: float) -> int:
+        return self._sizes[self._piece(now)]
+
+    def holding(self, now: float) -> bool:
+        return False
+
+    def decide(self, obs: Observation) -> list[Action]:
+        pool = obs.pool("both")
+        i = self._piece(obs.now)
+        want = self._sizes[i]
+        why = f"scheduled {want} workers from t={self._times[i]:g}s"
+        out: list[Action] = [AddWorker("both", why) for _ in range(want - len(pool))]
+        for _ in range(len(pool) - want):
+            victim = cheapest(pool, self.cache_block_cost)
+            pool.remove(victim)
+            out.append(RemoveWorker(victim.worker_id, why))
+        self.history += [DecisionRecord(obs.now, a) for a in out]
+        return out
+
+
 class PlannerConnector:
     def __init__(
-        self, drv: _Driver, config: PlannerConfig, profile: CapabilityProfile | None, router_policy: str
+        self,
+        drv: _Driver,
+        config: PlannerConfig,
+        profile: CapabilityProfile | None,
+        router_policy: str,
+        schedule: Sequence[tuple[float, int]] = (),
     ) -> None:
+        """``schedule``: follow it (``FleetSchedule``) instead of the planner ``config`` builds
+        (whose interval, ramp and removal cost still apply)."""
         if config.prefill.max or config.decode.max:
             raise ConfigError(
                 "the replay simulates aggregated workers: planner prefill and decode bounds must be 0"
@@ -56,11 +121,13 @@ class PlannerConnector:
                 f"router policy {router_policy!r} has no routing weights: "
                 "a planner ramp needs kv, least-loaded or power-of-two (or ramp_s 0)"
             )
-        if config.policy == "sla" and profile is None:
+        if config.policy == "sla" and profile is None and not schedule:
             raise ConfigError("the sla planner needs a capability profile (interlock profile)")
         self.drv = drv
         self.config = config
-        self.planner = build_planner(config, profile)
+        self.planner: Decider = (
+            FleetSchedule(schedule, config.cache_block_cost) if schedule else build_planner(config, profile)
+        )
         self._last_tick = 0.0
         self._done_seen = 0
         self._itl_seen = 0

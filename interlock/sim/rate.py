@@ -11,6 +11,13 @@ where ``integral_0^t m = s``: where ``m`` is 3 the requests come three times as 
 ``tile`` makes a trace longer, so a curve can rise over a longer time than the trace spans at
 its own speed: copies one after another, each with its block hashes salted (a copy shares no
 cache with another: a new day's conversations, not the same ones again).
+
+``overlay`` makes a trace denser the way a larger deployment is: more independent users, not
+the same users faster. Copies share the span, each salted and rotated by its share of the span
+(copy ``i`` of ``k`` starts ``i / k`` of the way in and wraps around), so one copy's bursts and
+long prompts do not coincide with another's; within a copy every request keeps its
+predecessors (conversations cut by the wrap lose a few hits), so the hit ratio stays about the
+trace's while the rate is ``k`` times as high.
 """
 
 from __future__ import annotations
@@ -70,13 +77,29 @@ def tile(requests: Sequence[SimRequest], copies: int) -> list[SimRequest]:
     """``copies`` of the trace back to back (copy ``i`` starts ``i`` spans later; a span is the
     last arrival plus the mean gap), request and session ids suffixed ``#i``, block hashes
     xor-ed with a per-copy salt (the same prefixes within a copy, none across copies)."""
+    return _copies(requests, copies, "tile", lambda t, i, span: t + i * span)
+
+
+def overlay(requests: Sequence[SimRequest], copies: int) -> list[SimRequest]:
+    """``copies`` of the trace over its own span (module docstring): copy ``i`` shifted by
+    ``i / copies`` of the span, arrivals past the span wrapped to its start, ids and block
+    hashes as ``tile`` makes them. Sorted by arrival."""
+    out = _copies(requests, copies, "overlay", lambda t, i, span: (t + i * span / copies) % span)
+    return sorted(out, key=lambda r: r.arrival_s)
+
+
+def _copies(
+    requests: Sequence[SimRequest], copies: int, what: str, place: Callable[[float, int, float], float]
+) -> list[SimRequest]:
+    """The trace, then copies ``1..copies-1`` of it, copy ``i`` of a request arriving at
+    ``place(arrival, i, span)``, its ids suffixed ``#i`` and its block hashes salted."""
     if copies < 1:
-        raise ConfigError("tile needs at least one copy")
+        raise ConfigError(f"{what} needs at least one copy")
     reqs = sorted(requests, key=lambda r: r.arrival_s)
     if any(r.token_ids is not None for r in reqs):
-        raise ConfigError("tile: requests with real tokens (the engine backend) cannot be salted")
+        raise ConfigError(f"{what}: requests with real tokens (the engine backend) cannot be salted")
     if copies == 1 or not reqs:
-        return list(reqs)
+        return reqs
     span = reqs[-1].arrival_s + reqs[-1].arrival_s / max(len(reqs) - 1, 1)
     out = list(reqs)
     for i in range(1, copies):
@@ -85,7 +108,7 @@ def tile(requests: Sequence[SimRequest], copies: int) -> list[SimRequest]:
             replace(
                 r,
                 request_id=f"{r.request_id}#{i}",
-                arrival_s=r.arrival_s + i * span,
+                arrival_s=place(r.arrival_s, i, span),
                 block_hashes=tuple(h ^ salt for h in r.block_hashes),
                 session_id=None if r.session_id is None else f"{r.session_id}#{i}",
             )

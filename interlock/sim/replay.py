@@ -79,6 +79,10 @@ class ReplayConfig:
     mean inter-token time both do)."""
     planner: PlannerConfig | None = None
     """Let the planner grow and shrink the fleet (``num_workers`` is where it starts)."""
+    fleet_schedule: tuple[tuple[float, int], ...] = ()
+    """Instead of a planner's decisions, keep the fleet at these ``(from_s, size)`` sizes
+    (``sim.planned.FleetSchedule``: the oracle behind causal bounds); needs ``planner`` for
+    its interval, ramp and removal cost."""
     profile: CapabilityProfile | None = None
     """The capability profile for ``planner.policy == "sla"``."""
     startup_s: float = 30.0
@@ -87,6 +91,8 @@ class ReplayConfig:
     def __post_init__(self) -> None:
         if self.num_workers < 1 and self.planner is None:
             raise ConfigError("a replay needs at least one worker")
+        if self.fleet_schedule and self.planner is None:
+            raise ConfigError("a fleet schedule needs a planner config (its interval, ramp and removal cost)")
         if self.startup_s < 0:
             raise ConfigError("startup_s must be >= 0")
         if self.host_kv_blocks < 0 or self.workers_per_host < 1:
@@ -338,7 +344,7 @@ def replay(requests: Sequence[SimRequest], cfg: ReplayConfig | None = None) -> R
     drv = _Driver(cfg)
     planned = None
     if cfg.planner is not None:
-        planned = PlannerConnector(drv, cfg.planner, cfg.profile, cfg.router.policy)
+        planned = PlannerConnector(drv, cfg.planner, cfg.profile, cfg.router.policy, cfg.fleet_schedule)
     drv.run(reqs)
     wall = time.perf_counter() - t0
     upper = infinite_cache_hit_ratio(reqs, cfg.block_size)

@@ -7,7 +7,9 @@ before any worker starts; closing stops the planner and every worker."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -56,7 +58,13 @@ async def load(instance: interlock.ServingInstance, clients: int, until: Callabl
 
 def test_a_planner_grows_the_instance_under_load_and_shrinks_it_after(cluster: interlock.Cluster) -> None:
     instance = cluster.create_serving_instance(
-        model="m", min_replicas=1, max_replicas=2, planner=PLANNER, num_blocks=256, max_batch_size=2
+        model="m",
+        min_replicas=1,
+        max_replicas=2,
+        planner=PLANNER,
+        planner_port=0,
+        num_blocks=256,
+        max_batch_size=2,
     )
     try:
         assert len(instance.workers) == 1
@@ -78,10 +86,18 @@ def test_a_planner_grows_the_instance_under_load_and_shrinks_it_after(cluster: i
         assert "queue" in add["reason"] and add["role"] == "both"
         assert remove["worker_id"] != instance.workers[0].instance_id
         assert instance.generate([5, 6, 7], max_tokens=3, temperature=0) is not None
+        # the same status over HTTP, as `interlock planner status` reads it
+        assert instance.planner_url is not None
+        with urllib.request.urlopen(f"{instance.planner_url}/planner", timeout=10) as r:
+            served = json.load(r)
+        assert served["decisions"] == status["decisions"] and served["policy"] == "reactive"
+        with urllib.request.urlopen(f"{instance.planner_url}/metrics", timeout=10) as r:
+            assert 'interlock_planner_decisions_total{kind="add"} 1' in r.read().decode()
     finally:
         planned = instance._planner
         instance.close()
     assert instance.workers == [] and planned is not None and planned.task.done()
+    assert instance.planner_url is None and planned.server is not None and not planned.server.is_serving()
     assert planned not in cluster.running._planners
     with pytest.raises(ConfigError, match="has no planner"):
         instance.planner_status()
@@ -98,6 +114,8 @@ def test_a_planner_grows_the_instance_under_load_and_shrinks_it_after(cluster: i
             "capability profile /nonexistent/p.json",
         ),
         ({"planner": 3}, "planner: expected a policy name, a mapping or a PlannerConfig, got int"),
+        ({"planner_port": 0}, "planner_port: serves a planner's status"),
+        ({"planner": "reactive", "max_replicas": 2, "planner_port": 70000}, "planner_port: 70000 is not"),
         ({"planner": "reactive"}, "planner: nothing to scale: max_replicas=1"),
         ({"planner": {"interval_s": 0}}, "planner.interval_s must be positive"),
         (
@@ -135,6 +153,7 @@ def test_a_planner_scales_its_own_instance_and_stops_with_the_cluster() -> None:
         )
         planned = instance._planner
         assert planned is not None and not planned.task.done()
+        assert instance.planner_url is None  # no planner_port: not served
         assert (fixed.group, instance.group, planned.fleet.group) == (0, 1, 1)
         assert planned.loop.view.model == "m"
         [mine] = c.call(planned.fleet.workers())

@@ -16,6 +16,7 @@ from interlock.planner import (
     WorkerView,
     build_planner,
 )
+from interlock.planner.policy import Want
 
 CFG = PlannerConfig(both=RoleBounds(1, 4), window_s=60.0, max_changes=100)
 
@@ -218,3 +219,60 @@ def test_grow_window_lets_adds_follow_adds_sooner_but_not_removals() -> None:
 def test_grow_window_must_fit_in_the_window() -> None:
     with pytest.raises(ConfigError, match="grow_window_s"):
         PlannerConfig(window_s=30.0, grow_window_s=60.0)
+
+
+class Asks:
+    """A policy that asks for ``delta`` workers of the aggregated pool at every observation
+    (a surge by default)."""
+
+    def __init__(self, delta: int, surge: bool = True) -> None:
+        self.delta, self.surge = delta, surge
+
+    def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
+        return [Want("both", self.delta, 9.0, "asked", surge=self.surge)]
+
+
+def test_a_surge_is_several_adds_in_one_decision_past_the_holds() -> None:
+    p = Planner(replace(CFG, both=RoleBounds(1, 10), max_changes=6), Asks(5))
+    p.last_change = 0.0  # a change a moment ago: the window holds the ordinary path
+    ws = (*fleet(0), WorkerView("new", "both", ready=False))  # and so does a starting worker
+    acts = p.decide(Observation(5.0, ws))
+    assert len(acts) == 5 and all(isinstance(x, AddWorker) and "(5 at once)" in x.reason for x in acts)
+    assert [r.at for r in p.history] == [5.0] * 5
+
+
+@pytest.mark.parametrize(
+    ("workers", "max_changes", "adds"),
+    [(9, 100, 1), (7, 100, 3), (1, 3, 3), (1, 2, 2)],  # 9 of max 10: one add, the ordinary path
+)
+def test_a_surge_stays_within_max_and_the_change_cap(workers: int, max_changes: int, adds: int) -> None:
+    p = Planner(replace(CFG, both=RoleBounds(1, 10), max_changes=max_changes), Asks(5))
+    assert len(p.decide(Observation(0.0, fleet(*[0] * workers)))) == adds
+
+
+def test_a_surge_of_one_takes_the_ordinary_path_and_its_holds() -> None:
+    p = Planner(replace(CFG, both=RoleBounds(1, 10)), Asks(5))
+    ws = (*fleet(*[0] * 8), WorkerView("new", "both", ready=False))  # room for one only
+    assert p.decide(Observation(0.0, ws)) == [] and "start" in p.last_hold
+
+
+@pytest.mark.parametrize(
+    ("workers", "delta", "share", "moved"),
+    [(20, 5, 0.1, 2), (30, 5, 0.1, 3), (30, 2, 0.1, 2), (5, 5, 0.1, 1), (30, 5, 0.0, 1), (30, -5, 0.1, 3)],
+)
+def test_a_step_moves_up_to_a_share_of_the_pool(workers: int, delta: int, share: float, moved: int) -> None:
+    cfg = replace(CFG, both=RoleBounds(1, 40), step_share=share)
+    p = Planner(cfg, Asks(delta, surge=False))
+    ws = tuple(WorkerView(f"w{i}", "both", num_running=i % 4, age_s=100.0) for i in range(workers))
+    acts = p.decide(Observation(0.0, ws))
+    assert len(acts) == moved and len({type(a) for a in acts}) == 1
+    if delta < 0:  # the cheapest: fewest requests in flight
+        assert sorted(a.worker_id for a in acts) == ["w0", "w12", "w16"]  # type: ignore[union-attr]
+    if moved > 1:
+        assert f"({moved} at once)" in acts[0].reason
+    assert p.decide(Observation(5.0, ws)) == []  # the next step waits for the window
+
+
+def test_step_share_is_checked() -> None:
+    with pytest.raises(ConfigError, match="step_share"):
+        PlannerConfig(step_share=1.5)

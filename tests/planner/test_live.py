@@ -52,5 +52,12 @@ def test_view_reads_reports_queue_totals_and_sets_weights() -> None:
         m.complete(c)
         m.complete(c)
         assert view.completions() == [c, c] and view.completions() == []
+        # one model's view: that model's finished requests only
+        mine, theirs = RouterServiceView(svc, model="m"), RouterServiceView(svc, model="other")
+        cm, co = Completion(1.0, 0.2, 1.0, 11, 64, 0, "m"), Completion(1.0, 0.2, 1.0, 11, 64, 0, "other")
+        for done in (cm, co, cm):
+            m.complete(done)
+        assert mine.completions() == [cm, cm] and theirs.completions() == [co]
+        assert view.completions() == [cm, co, cm]
 
     _run(body)

@@ -17,6 +17,7 @@ from interlock.planner import (
     build_planner,
 )
 from interlock.planner.forecast import ArrivalForecaster
+from interlock.planner.sla import surge_size
 from tests.planner.conftest import mock_profile
 
 CFG = PlannerConfig(
@@ -62,14 +63,65 @@ def test_forecast_follows_a_ramp() -> None:
 
 def test_sla_grows_to_the_need_one_step_per_window_then_holds() -> None:
     planner = build_planner(CFG, mock_profile())
-    workers = [WorkerView("w0", "both")]
+    workers = [WorkerView(f"w{i}", "both") for i in range(6)]
     for t in range(0, 600, 5):
-        for a in planner.decide(Observation(float(t), tuple(workers), traffic=traffic(20.0))):
+        for a in planner.decide(Observation(float(t), tuple(workers), traffic=traffic(50.0))):
             assert isinstance(a, AddWorker)
             workers.append(WorkerView(f"w{len(workers)}", "both"))
     need = planner.policy.last_need["both"]  # type: ignore[attr-defined]
+    assert 6 < need < 1.5 * 6  # short, but not a surge
     assert len(workers) == math.ceil(need)
-    assert [r.at for r in planner.history][:3] == [0.0, 30.0, 60.0]
+    assert [r.at for r in planner.history] == [0.0, 30.0, 60.0]
+
+
+def test_surge_size_is_the_shortfall_only_when_arrivals_jump() -> None:
+    assert surge_size(36.0, 6.0, 6.25, 2) == 5  # arrivals x6 their level: the whole shortfall
+    assert surge_size(9.0, 6.0, 6.25, 2) == 5  # x1.5: still a jump
+    assert surge_size(8.9, 6.0, 6.25, 2) == 1  # under x1.5: the ordinary path, one at a time
+    assert surge_size(36.0, 6.0, 6.25, 6) == 1  # one worker short: the ordinary path too
+    assert surge_size(36.0, 6.0, 4.0, 5) == 1  # the pool already holds it
+    assert surge_size(36.0, 0.0, 6.25, 2) == 1  # no level yet
+    assert surge_size(36.0, 6.0, math.inf, 2) == 1  # no size the model knows
+
+
+def test_an_arrival_step_adds_the_shortfall_at_once_while_workers_start() -> None:
+    planner = build_planner(CFG, mock_profile())
+    ready = [WorkerView(f"w{i}", "both") for i in range(2)]
+    starting: list[WorkerView] = []
+    size: dict[float, int] = {}
+    for t in range(0, 90, 5):
+        rate = 6.0 if t < 60 else 36.0  # x6 at 60 s
+        for a in planner.decide(Observation(float(t), (*ready, *starting), traffic=traffic(rate))):
+            assert isinstance(a, AddWorker)
+            starting.append(WorkerView(f"w{len(ready) + len(starting)}", "both", ready=False))
+        size[float(t)] = len(ready) + len(starting)
+        if t % 30 == 25:  # workers take 30 s to start
+            ready, starting = ready + [replace(w, ready=True) for w in starting], []
+    surges = [r for r in planner.history if "a surge" in r.action.reason]
+    assert [r.at for r in surges] == [60.0, 60.0, 65.0, 65.0, 65.0]  # each one decision
+    assert "(3 at once)" in surges[-1].action.reason
+    one = build_planner(CFG, mock_profile())
+    one.decide(Observation(0.0, (WorkerView("w0", "both"),), traffic=traffic(36.0)))
+    assert size[65.0] == math.ceil(one.policy.last_need["both"]) == 7  # type: ignore[attr-defined]
+    assert size[55.0] == 2 and size[85.0] == 7  # no more while the new ones start
+
+
+def test_the_reactive_policy_keeps_one_step_at_a_time() -> None:
+    reactive = build_planner(replace(CFG, policy="reactive", profile=None))
+    ws = tuple(WorkerView(f"w{i}", "both", num_waiting=50) for i in range(2))
+    assert len(reactive.decide(Observation(0.0, ws, traffic=traffic(36.0)))) == 1
+
+
+def test_a_surge_stays_within_the_bounds_and_the_change_cap() -> None:
+    def surge(cfg: PlannerConfig) -> int:
+        planner = build_planner(cfg, mock_profile())
+        ws = (WorkerView("w0", "both"),)
+        assert planner.decide(Observation(0.0, ws, traffic=traffic(4.0))) == []
+        return len(planner.decide(Observation(5.0, ws, traffic=traffic(40.0))))
+
+    assert surge(CFG) == 3  # 22 req/s over the last 10 s need 3.8
+    assert surge(replace(CFG, max_changes=2)) == 2
+    assert surge(replace(CFG, both=RoleBounds(1, 3))) == 2
 
 
 def test_sla_shrinks_only_with_headroom() -> None:
@@ -137,3 +189,15 @@ def test_sla_does_not_shrink_on_attainment_while_arrivals_rise() -> None:
         tr = replace(traffic(0.2 + 0.1 * i), finished=40, met=40)
         planner.decide(Observation(float(t), workers, traffic=tr))
     assert planner.history == []
+
+
+def test_a_steep_smooth_rise_grows_step_by_step_without_a_surge() -> None:
+    # arrivals doubling every minute (far steeper than a day's rise): the 10 s arrivals stay
+    # within 1.5x the smoothed level, so the pool grows by ordinary steps, never past the holds
+    planner = build_planner(replace(CFG, both=RoleBounds(1, 200)), mock_profile())
+    workers = [WorkerView("w0", "both")]
+    for t in range(0, 300, 5):
+        for a in planner.decide(Observation(float(t), tuple(workers), traffic=traffic(2.0 * 2 ** (t / 60)))):
+            assert isinstance(a, AddWorker) and "a surge" not in a.reason
+            workers.append(WorkerView(f"w{len(workers)}", "both"))
+    assert len(workers) >= 6  # grown, one step per grow window

@@ -294,7 +294,7 @@ def test_a_finished_request_is_recorded_for_the_planner() -> None:
             m = f.service.dispatcher.metrics
             [c] = list(m.recent)
             assert m.completed == 1 and c.output_tokens == len(toks(outs)) == 12
-            assert c.prompt_tokens == 21 and 0 < c.ttft_s and 0 < c.decode_s
+            assert c.prompt_tokens == 21 and 0 < c.ttft_s and 0 < c.decode_s and c.model == MODEL
             assert time.monotonic() - c.arrived_s >= c.ttft_s + c.decode_s
 
     asyncio.run(body())

@@ -130,3 +130,24 @@ def test_cli_replay_refuses_planner_flags_without_a_planner(tmp_path, capsys) ->
     trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}')
     assert replay_main([str(trace), "--max-workers", "3"]) == 2
     assert "interlock replay: --max-workers needs --planner" in capsys.readouterr().err
+
+
+def test_a_fleet_schedule_keeps_the_scheduled_size_with_start_up_paid() -> None:
+    sched = ((0.0, 1), (120.0, 3), (240.0, 1))
+    r = replay(stepped(), replace(BASE, planner=PLANNER, fleet_schedule=sched))
+    adds = [d.at for d in r.planner_decisions if isinstance(d.action, AddWorker)]
+    removes = [d.at for d in r.planner_decisions if isinstance(d.action, RemoveWorker)]
+    assert adds == [120.0, 120.0] and removes == [240.0, 240.0]  # both at once, no window
+    assert r.num_completed == r.num_requests
+    # 1 worker throughout, 2 more from 120 s until their last request after 240 s
+    assert r.worker_seconds > r.duration_s + 2 * 120.0
+
+
+def test_a_fleet_schedule_is_checked() -> None:
+    from interlock.sim.planned import FleetSchedule
+
+    for bad in ((), ((5.0, 1),), ((0.0, 1), (10.0, 0)), ((0.0, 2), (20.0, 1), (10.0, 3))):
+        with pytest.raises(ConfigError, match="fleet schedule"):
+            FleetSchedule(bad)
+    with pytest.raises(ConfigError, match="fleet schedule needs a planner"):
+        ReplayConfig(fleet_schedule=((0.0, 1),))

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from interlock.errors import ConfigError
-from interlock.sim.rate import parse_curve, tile, warp
+from interlock.sim.rate import overlay, parse_curve, tile, warp
 from interlock.sim.trace import SimRequest
 
 
@@ -62,3 +62,24 @@ def test_tile_repeats_the_trace_with_caches_apart() -> None:
         tile(reqs, 0)
     with pytest.raises(ConfigError, match="real tokens"):
         tile([SimRequest("t", 0.0, 64, 1, (1,), token_ids=(5,) * 64)], 2)
+
+
+def test_overlay_lays_rotated_salted_copies_over_the_same_span() -> None:
+    reqs = [SimRequest(f"r{i}", float(i), 128, 4, (1, 2 + i)) for i in range(4)]  # span 4 s
+    out = overlay(reqs, 2)
+    assert [(r.request_id, r.arrival_s) for r in out] == [
+        ("r0", 0.0),
+        ("r2#1", 0.0),  # copy 1 starts half the span in and wraps around
+        ("r1", 1.0),
+        ("r3#1", 1.0),
+        ("r2", 2.0),
+        ("r0#1", 2.0),
+        ("r3", 3.0),
+        ("r1#1", 3.0),
+    ]
+    copy = [r for r in out if r.request_id.endswith("#1")]
+    assert len({r.block_hashes[0] for r in copy}) == 1  # the shared prefix within the copy
+    assert copy[0].block_hashes[0] != reqs[0].block_hashes[0]  # but not with the original
+    assert overlay(reqs, 1) == reqs
+    with pytest.raises(ConfigError, match="overlay needs at least one copy"):
+        overlay(reqs, 0)
