@@ -140,6 +140,12 @@ def main() -> None:
         help="one step moves at most this share of the pool (0: one worker)",
     )
     ap.add_argument(
+        "--surge",
+        type=float,
+        default=PlannerConfig.surge,
+        help="sla: arrivals this many times their level are a surge (0: off)",
+    )
+    ap.add_argument(
         "--headroom", type=float, default=PlannerConfig.headroom, help="sla: spare kept when shrinking"
     )
     ap.add_argument("--attainment", type=float, default=PlannerConfig.attainment, help="sla: target share")
@@ -219,6 +225,7 @@ def main() -> None:
         headroom=args.headroom,
         max_changes=args.max_changes,
         step_share=args.step_share,
+        surge=args.surge,
         attainment=args.attainment,
         horizon_s=args.horizon_s,
         tail=args.tail,

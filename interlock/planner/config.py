@@ -59,6 +59,10 @@ class PlannerConfig:
     of 1% at 100: a share keeps what a step changes (cold caches added, caches lost, the
     traffic moved) the same part of the fleet at any size, and lets a large fleet follow a
     day's rise and descent that one worker per window cannot."""
+    surge: float = 1.5
+    """SLA: arrivals of the last 10 s at least this many times their smoothed level (with the
+    pool two or more workers short of them) are a surge, served with the whole shortfall in
+    one decision (``planner.sla``); 0: no surges, every add one step."""
     max_changes: int = 6
     """At most this many changes in any ``cap_window_s`` (each worker added, removed or
     switched is one)."""
@@ -136,6 +140,10 @@ class PlannerConfig:
             raise ConfigError("planner needs 0 <= grow_window_s <= window_s (0: window_s)")
         if not 0 <= self.step_share <= 1:
             raise ConfigError("planner.step_share must be in [0, 1]")
+        if self.surge and self.surge <= 1:
+            raise ConfigError(
+                "planner.surge must be above 1 (arrivals that many times their level), or 0 (off)"
+            )
         if self.max_changes < 1:
             raise ConfigError("planner.max_changes must be at least 1")
         if not self.queue_low < self.queue_high:

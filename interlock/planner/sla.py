@@ -19,7 +19,7 @@ between 1 and 2. The model sees mean lengths and mean inter-token times; the fee
 what it cannot see (heavy prompt tails, a short answer sharing a step with a long prefill chunk).
 
 A surge (arrivals jump far above what the pool was sized for): when the arrivals of the last
-``SURGE_S`` alone (no smoothing, no trend) come at least ``SURGE`` times as fast as the
+``SURGE_S`` alone (no smoothing, no trend) come at least ``surge`` (a key) times as fast as the
 forecaster's smoothed level, and the pool (starting workers included) is two or more workers
 short of what that rate needs (with the observed-SLO correction, as the ordinary path sizes),
 the policy asks for the whole shortfall at once; the core adds it in one decision within the
@@ -79,9 +79,6 @@ TAIL_SAMPLE_S = 120.0
 
 MIN_TAIL_JOBS = 50
 """Fewer requests than this in the sample: size from means."""
-
-SURGE = 1.5
-"""Arrivals this many times their smoothed level (or more) are a surge."""
 
 SURGE_S = 10.0
 """A surge is read from the arrivals of the last this many seconds."""
@@ -234,7 +231,7 @@ class SlaPolicy:
             queued = backlog.get(role)
             tail = self.last_tail if role == "both" else None
             fits_fewer = tail.fits_fewer if tail else need * (1 + self.config.headroom) <= n - 1
-            more = surge_size(recent, level, surge[role], n)
+            more = surge_size(recent, level, surge[role], n, self.config.surge)
             if more > 1:
                 out.append(
                     Want(
@@ -300,12 +297,12 @@ class SlaPolicy:
         return f" (x{self.correction:.2f}: {100 * self.missed:.1f}% observed missing the targets)"
 
 
-def surge_size(recent: float, level: float, need: float, n: int) -> int:
+def surge_size(recent: float, level: float, need: float, n: int, factor: float = 1.5) -> int:
     """Workers to ask for at once (module docstring): the shortfall ``ceil(need) - n`` when the
-    ``recent`` arrival rate is at least ``SURGE`` times the smoothed ``level`` and the pool (of
-    ``n``) is at least two short of ``need`` (the need at the recent rate); else one (the
-    ordinary path)."""
-    if not math.isfinite(need) or recent < SURGE * level or level <= 0:
+    ``recent`` arrival rate is at least ``factor`` (``PlannerConfig.surge``; 0: never) times
+    the smoothed ``level`` and the pool (of ``n``) is at least two short of ``need`` (the need
+    at the recent rate); else one (the ordinary path)."""
+    if not factor or not math.isfinite(need) or recent < factor * level or level <= 0:
         return 1
     more = math.ceil(need) - n
     return more if more >= 2 else 1

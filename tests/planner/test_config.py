@@ -29,6 +29,8 @@ def test_parse_section() -> None:
         ({"policy": "sla"}, "needs planner.profile"),
         ({"slo_feedback": "yes"}, "planner.slo_feedback: expected true or false"),
         ({"both": {"min": 0, "max": 0}}, "no worker allowed"),
+        ({"surge": 0.8}, "planner.surge must be above 1"),
+        ({"step_share": 2}, "planner.step_share must be in"),
         ([1, 2], "expected a mapping"),
     ],
 )

@@ -82,6 +82,8 @@ def test_surge_size_is_the_shortfall_only_when_arrivals_jump() -> None:
     assert surge_size(36.0, 6.0, 4.0, 5) == 1  # the pool already holds it
     assert surge_size(36.0, 0.0, 6.25, 2) == 1  # no level yet
     assert surge_size(36.0, 6.0, math.inf, 2) == 1  # no size the model knows
+    assert surge_size(36.0, 6.0, 6.25, 2, factor=0.0) == 1  # surges off (planner.surge: 0)
+    assert surge_size(11.0, 6.0, 6.25, 2, factor=2.0) == 1  # under x2 with surge 2
 
 
 def test_an_arrival_step_adds_the_shortfall_at_once_while_workers_start() -> None:
