@@ -25,6 +25,7 @@ import threading
 
 import numpy as np
 
+from interlock.engine.kv_cache_manager import cdiv
 from interlock.protocol.transfer import SharedCacheRegion
 from interlock.transfer.staging import pid_alive
 
@@ -74,7 +75,7 @@ def part_range(part: tuple[int, int], length: int) -> tuple[int, int]:
 
 def copy_parts(nbytes: int, step_bytes: int) -> int:
     """How many parts a one copy of ``nbytes`` takes in steps of about ``step_bytes``."""
-    return max(1, -(-nbytes // max(1, step_bytes)))
+    return max(1, cdiv(nbytes, max(1, step_bytes)))
 
 
 def layout_mismatch(region: SharedCacheRegion, piece: int, pieces: int, dtype: str) -> str:

@@ -288,11 +288,15 @@ def test_the_kernel_on_threads_copies_a_run_range_as_the_reference(seed: int) ->
 
 def test_copy_threads_takes_what_the_worker_computes_with_and_idle_cores_only() -> None:
     big = COPY_THREADS_MIN_BYTES
-    assert copy_threads(big, allowed=8, idle=8) == 2  # at most two
-    assert copy_threads(big, allowed=1, idle=8) == 1  # a worker given one thread
-    assert copy_threads(big, allowed=8, idle=0) == 1  # a busy machine: no helper
-    assert copy_threads(big, allowed=0, idle=3) == 1
-    assert copy_threads(big - 1, allowed=8, idle=8) == 1  # too small to be worth a thread
+
+    def never() -> int:
+        raise AssertionError("idle cores read for a copy that takes no helper anyway")
+
+    assert copy_threads(big, allowed=8, idle=lambda: 8) == 2  # at most two
+    assert copy_threads(big, allowed=1, idle=never) == 1  # a worker given one thread
+    assert copy_threads(big, allowed=8, idle=lambda: 0) == 1  # a busy machine: no helper
+    assert copy_threads(big, allowed=0, idle=never) == 1
+    assert copy_threads(big - 1, allowed=8, idle=never) == 1  # too small to be worth a thread
     assert 0 <= idle_cores() < (os.cpu_count() or 1)  # the caller runs on one of them
 
 

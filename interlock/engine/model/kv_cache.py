@@ -77,11 +77,11 @@ COPY_THREADS_MIN_BYTES = 1 << 20
 """A copy of fewer bytes runs on the calling thread alone (``copy_threads``)."""
 
 
-def copy_threads(nbytes: int, *, allowed: int, idle: int) -> int:
+def copy_threads(nbytes: int, *, allowed: int, idle: Callable[[], int]) -> int:
     """Threads for a copy of ``nbytes`` from a shared cache (``csrc/kv_copy.c``, copy_by_run's
     note: its speed is bound by the source's page walks, which more threads overlap), given
     the threads the worker computes with (``allowed``) and the cores idle at the moment
-    (``idle``, ``idle_cores``). The copy runs on the engine thread between steps, while the
+    (``idle()``, ``idle_cores``; asked only for a copy that may take a helper). The copy runs on the engine thread between steps, while the
     worker's compute threads wait, so it takes no more than those (1 on a worker given one
     thread), at most ``COPY_THREADS_MAX`` (one memcpy takes all the memory bandwidth there is:
     transfer_bw's ``2 memcpys``), and a helper only on a core that nothing else wants: on a
@@ -90,9 +90,9 @@ def copy_threads(nbytes: int, *, allowed: int, idle: int) -> int:
     68-90%; with a helper at every step on a busy machine, 47-70% where one gave 71-87%). One
     below ``COPY_THREADS_MIN_BYTES``, where starting a thread (tens of microseconds) would cost
     more than it saves."""
-    if nbytes < COPY_THREADS_MIN_BYTES:
+    if nbytes < COPY_THREADS_MIN_BYTES or allowed < 2:
         return 1
-    return max(1, min(COPY_THREADS_MAX, allowed, 1 + idle))
+    return max(1, min(COPY_THREADS_MAX, allowed, 1 + idle()))
 
 
 def idle_cores() -> int:
@@ -228,18 +228,12 @@ class PagedKVCache:
             n,
             r0,
             r1,
-            self._copy_threads(n * (r1 - r0) * self._piece),
+            copy_threads(n * (r1 - r0) * self._piece, allowed=torch.get_num_threads(), idle=idle_cores),
         )
         if bad >= n:
             raise IndexError(f"source block id {sids[bad - n]} out of range [0, {region.num_blocks})")
         if bad >= 0:
             raise IndexError(f"block id {ids[bad]} out of range [0, {self.num_blocks})")
-
-    @staticmethod
-    def _copy_threads(nbytes: int) -> int:
-        if nbytes < COPY_THREADS_MIN_BYTES:
-            return 1  # not worth reading /proc
-        return copy_threads(nbytes, allowed=torch.get_num_threads(), idle=idle_cores())
 
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
         if self._kernel is not None:
