@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from interlock.engine.runners.mock import MockRunner, reference_output
-from interlock.errors import NoWorkers
+from interlock.errors import NoWorkers, Overloaded
 from interlock.protocol import GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlRequest
 from interlock.router.disagg import DisaggConfig
@@ -65,10 +65,14 @@ async def add(f: Fleet, wid: str, role: str, *, gated: bool = False) -> Gated | 
 
 
 @contextlib.asynccontextmanager
-async def enforced(max_inflight: int, queue_timeout_s: float = 30.0) -> AsyncIterator[Fleet]:
+async def enforced(
+    max_inflight: int, *, queue_timeout_s: float = 30.0, queue_capacity: int = 1024
+) -> AsyncIterator[Fleet]:
     async with fleet(
         DispatchOptions(queue_timeout_s=queue_timeout_s),
-        config=RouterConfig(block_size=BLOCK, max_inflight_per_worker=max_inflight),
+        config=RouterConfig(
+            block_size=BLOCK, max_inflight_per_worker=max_inflight, queue_capacity=queue_capacity
+        ),
         disagg=DisaggConfig(enforce=True),
     ) as f:
         try:
@@ -114,23 +118,65 @@ async def integrity(f: Fleet, wid: str) -> None:
     assert st.ok and st.kv_blocks_used == 0 and st.live_transfers == 0, st
 
 
-def test_a_burst_waits_for_the_busy_prefill_worker_instead_of_a_503() -> None:
-    """One prefill worker taking 2 at a time, 2 decode workers: 10 at once. Before, the 3rd on
+@pytest.mark.parametrize("workers", [("p", "d1", "d2"), ("p1", "p2", "d")])
+def test_a_burst_waits_for_busy_workers_instead_of_a_503(workers: tuple[str, ...]) -> None:
+    """Workers taking 2 at a time, 10 requests at once. With one prefill worker the 3rd on
     found the prefill pool busy and got 503 Retry-After (``no_prefill_worker``); now each
-    waits its turn and every one is prefilled remotely."""
+    waits its turn and every one is prefilled remotely. With one decode worker, requests that
+    have their prefill worker wait for the decode worker in turn."""
 
     async def main() -> None:
         async with enforced(max_inflight=2) as f:
-            for wid, role in (("p", "prefill"), ("d1", "decode"), ("d2", "decode")):
-                await add(f, wid, role)
+            for wid in workers:
+                await add(f, wid, "prefill" if wid.startswith("p") else "decode")
             results = await asyncio.gather(*(serve(f, i) for i in range(10)))
             assert results == ["ok"] * 10
             assert flow(f).choices == {"enforced": 10} and flow(f).fallbacks == {}
-            assert router(f).metrics.queued >= 8 and router(f).metrics.rejected == 0
+            assert router(f).metrics.queued >= 6 and router(f).metrics.rejected == 0
             assert queued(f) == 0 and flow(f).pending == {}
             assert not any(in_flight(f, f"r{i}") for i in range(10))
-            for wid in ("p", "d1", "d2"):
+            for wid in workers:
                 await integrity(f, wid)
+
+    asyncio.run(main())
+
+
+def test_a_client_that_leaves_while_waiting_for_a_decode_worker_frees_its_prefill_worker() -> None:
+    async def main() -> None:
+        async with enforced(max_inflight=1) as f:
+            await add(f, "p", "prefill")
+            d = await add(f, "d", "decode", gated=True)
+            tasks = [asyncio.create_task(serve(f, i)) for i in range(3)]
+            # r0 decodes (gated); r1 has the prefill worker and waits for the decode worker;
+            # r2 waits for the prefill worker.
+            await eventually(lambda: queued(f) == 2 and in_flight(f, "r1"))
+            assert router(f).load.is_inflight("r1" + PREFILL_SUFFIX)
+            tasks[1].cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await tasks[1]
+            assert not in_flight(f, "r1")
+            assert router(f).load.is_inflight("r2" + PREFILL_SUFFIX)  # it took the freed worker
+            assert d is not None
+            d.gate.set()
+            assert [await tasks[0], await tasks[2]] == ["ok", "ok"]
+            assert queued(f) == 0 and flow(f).pending == {} and not in_flight(f, "r2")
+
+    asyncio.run(main())
+
+
+def test_a_full_queue_answers_overloaded() -> None:
+    async def main() -> None:
+        async with enforced(max_inflight=1, queue_capacity=1) as f:
+            p = await add(f, "p", "prefill", gated=True)
+            await add(f, "d", "decode")
+            tasks = [asyncio.create_task(serve(f, i)) for i in range(2)]
+            await eventually(lambda: queued(f) == 1)
+            with pytest.raises(Overloaded, match="all workers busy and 1 requests already waiting"):
+                await serve(f, 2)
+            assert not in_flight(f, "r2") and flow(f).choices == {"enforced": 1}
+            assert p is not None
+            p.gate.set()
+            assert [await t for t in tasks] == ["ok", "ok"]
 
     asyncio.run(main())
 
