@@ -4,7 +4,8 @@
 
 Starts ``interlock serve -f <file>`` with mock runners (no model compute: the step times are
 modelled, divided by ``--speedup``): 1 prefill worker that counts as busy past
-``--queue-depth`` waiting requests, 1 decode worker, ``routing.enforce-disagg``. Then
+``--queue-depth`` waiting requests, 1 decode worker (busy past ``--decode-queue-depth``),
+``routing.enforce-disagg``. Then
 ``interlock bench --concurrency`` sends the burst over HTTP (completions API) and the script
 prints what came back (ok, 503s), TTFT and the router's counters (queued, rejected, prefill
 placement reasons).
@@ -32,7 +33,7 @@ execution-group:
   block-size: 16
   nodes:
     - {{node-role: prefill, count: 1, max-num-batched-tokens: 256, queue-depth-threshold: {depth}, num-blocks: 4096}}
-    - {{node-role: decode, count: 1, max-num-batched-tokens: 256, num-blocks: 4096}}
+    - {{node-role: decode, count: 1, max-num-batched-tokens: 256, queue-depth-threshold: {decode_depth}, num-blocks: 4096}}
 """
 
 COUNTERS = ("interlock_router_queued_total", "interlock_router_rejected_total", "interlock_disagg_")
@@ -51,12 +52,17 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--speedup", type=float, default=4.0)
-    ap.add_argument("--queue-depth", type=int, default=2)
+    ap.add_argument("--queue-depth", type=int, default=2, help="the prefill worker's busy mark")
+    ap.add_argument("--decode-queue-depth", type=int, default=32, help="the decode worker's")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="disagg-burst-"))
     port = free_port()
     deploy = work / "enforce.yaml"
-    deploy.write_text(DEPLOY.format(port=port, speedup=args.speedup, depth=args.queue_depth))
+    deploy.write_text(
+        DEPLOY.format(
+            port=port, speedup=args.speedup, depth=args.queue_depth, decode_depth=args.decode_queue_depth
+        )
+    )
     results = work / "bench.json"
     proc = serve(deploy)
     try:
