@@ -161,8 +161,10 @@ class DisaggFlow:
         ``queue_timeout_s``, cancellation). Only then is the decode worker chosen: it has
         nothing to do until the prefill answers, and a decode worker chosen first would carry
         this request's slot and KV footprint through the whole wait, so a prefill-bound
-        burst would make idle decode workers look busy to everyone else. Both legs are taken
-        in the same order by every request, so neither wait can deadlock the other."""
+        burst would make idle decode workers look busy to everyone else. Every request takes
+        the legs in the same order, and the router's queue passes over a role whose workers
+        are all busy (``Router.dispatch_queued``), so a decode leg holding a prefill worker
+        never waits behind prefill legs waiting for it."""
         dispatcher = self.svc.dispatcher
         pmeta = self._prefill_meta(meta)
         try:
