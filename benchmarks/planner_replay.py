@@ -54,7 +54,7 @@ TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
 
 def row(name: str, r: ReplayReport) -> str:
     return (
-        f"{name:<26} {100 * r.sla_attainment:>6.1f}% {r.worker_seconds:>9,.0f} "
+        f"{name:<26} {100 * r.sla_attainment:>6.2f}% {r.worker_seconds:>9,.0f} "
         f"{r.mean_workers:>6.2f} {r.ttft_p50_ms:>7,.0f} {r.ttft_p99_ms:>8,.0f} "
         f"{r.itl_p50_ms:>6.1f} {100 * r.hit_ratio:>5.1f}% {len(r.planner_decisions):>4} {r.wall_s:>6.1f}"
     )

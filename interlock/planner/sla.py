@@ -61,7 +61,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from interlock.planner.config import PlannerConfig
-from interlock.planner.forecast import ArrivalForecaster, Forecast
+from interlock.planner.forecast import SHIFT_S, ArrivalForecaster, Forecast
 from interlock.planner.policy import Want
 from interlock.planner.profile import CapabilityProfile, needed
 from interlock.planner.reactive import ReactivePolicy
@@ -80,8 +80,8 @@ TAIL_SAMPLE_S = 120.0
 MIN_TAIL_JOBS = 50
 """Fewer requests than this in the sample: size from means."""
 
-SURGE_S = 10.0
-"""A surge is read from the arrivals of the last this many seconds."""
+SURGE_S = SHIFT_S
+"""A surge is read from the arrivals of the last this many seconds (the forecaster's recent rate)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +111,6 @@ class SlaPolicy:
         self.reactive = ReactivePolicy(config)
         self._done: deque[tuple[float, int, int]] = deque()
         """(time, finished, met) over the last window."""
-        self._recent: deque[tuple[float, float, int]] = deque()
-        """(time, seconds, arrivals) over the last ``SURGE_S``."""
         self._jobs: deque[Job] = deque()
         """Requests seen one by one, for the tail model."""
         self._first_seen: float | None = None
@@ -207,10 +205,6 @@ class SlaPolicy:
         self._feedback(t.finished, t.met)
         if t.finished:
             self._done.append((obs.now, t.finished, t.met))
-        if t.duration_s > 0:
-            self._recent.append((obs.now, t.duration_s, t.requests))
-        while self._recent and self._recent[0][0] <= obs.now - SURGE_S:
-            self._recent.popleft()
         jobs = self._remember(t, obs.now)
         met = self.window_attainment(obs.now)
         backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
@@ -218,7 +212,7 @@ class SlaPolicy:
         if f is None:
             return [w for w in backlog.values() if w.delta > 0]
         self.last_need = {r: n * self.correction for r, n in self.needs(f).items()}
-        recent = sum(a for _, _, a in self._recent) / max(sum(d for _, d, _ in self._recent), 1e-9)
+        recent = self.forecaster.recent
         level = self.forecaster.level or 0.0
         surge = {r: n * self.correction for r, n in self.needs(replace(f, rate=recent)).items()}
         self.last_tail = None
@@ -262,7 +256,7 @@ class SlaPolicy:
                     met is not None
                     and met >= self.config.attainment
                     and queued is None
-                    and self.forecaster.trend <= 0
+                    and not self.forecaster.rising()
                 )
                 if not (agrees or meeting):
                     continue

@@ -61,6 +61,34 @@ def test_forecast_follows_a_ramp() -> None:
     assert fc.prompt_tokens == pytest.approx(8000) and fc.uncached_tokens == pytest.approx(6000)
 
 
+def test_forecast_after_a_step_neither_overshoots_nor_undershoots() -> None:
+    # Holt's trend reads a step as a steep ramp: the forecast 120 s ahead passed the new rate
+    # by 60% (58 req/s after 6 -> 36) and the level itself by 10%; now within 2%
+    up = ArrivalForecaster()
+    for i in range(120):
+        up.observe(traffic(6.0 if i < 12 else 36.0))
+        fc = up.forecast(120.0)
+        assert fc is not None and fc.rate <= 36.0 * 1.02
+    assert up.forecast(120.0).rate == pytest.approx(36.0, rel=0.01)  # type: ignore[union-attr]
+    down = ArrivalForecaster()
+    for i in range(120):
+        down.observe(traffic(36.0 if i < 60 else 6.0))
+        assert down.level is not None and down.level >= 6.0 * 0.99  # no undershoot after a drop
+    assert down.level == pytest.approx(6.0, rel=0.01)
+
+
+def test_a_ramp_keeps_its_trend_and_noise_is_no_level_shift() -> None:
+    ramp = ArrivalForecaster()
+    for i in range(60):
+        ramp.observe(traffic(10.0 + i * 0.25))  # x2.5 in 5 min: steep, but a ramp
+        assert not ramp.shifting()
+    assert ramp.trend > 0.04
+    few = ArrivalForecaster()
+    for i in range(60):
+        few.observe(traffic((0.2, 0.6)[i % 2]))  # one request, then three: x3 swings of a handful
+        assert not few.shifting()
+
+
 def test_sla_grows_to_the_need_one_step_per_window_then_holds() -> None:
     planner = build_planner(CFG, mock_profile())
     workers = [WorkerView(f"w{i}", "both") for i in range(6)]
@@ -106,6 +134,25 @@ def test_an_arrival_step_adds_the_shortfall_at_once_while_workers_start() -> Non
     one.decide(Observation(0.0, (WorkerView("w0", "both"),), traffic=traffic(36.0)))
     assert size[65.0] == math.ceil(one.policy.last_need["both"]) == 7  # type: ignore[attr-defined]
     assert size[55.0] == 2 and size[85.0] == 7  # no more while the new ones start
+
+
+def test_after_a_step_the_pool_settles_at_the_need_without_overshoot() -> None:
+    # 6 -> 36 req/s at 60 s: 7 workers hold the new rate (the surge adds them); the trend read
+    # from the level catching up used to ask for 10 over the next two minutes
+    planner = build_planner(CFG, mock_profile())
+    ready = [WorkerView(f"w{i}", "both") for i in range(2)]
+    starting: list[WorkerView] = []
+    sizes = []
+    for t in range(0, 600, 5):
+        rate = 6.0 if t < 60 else 36.0
+        for a in planner.decide(Observation(float(t), (*ready, *starting), traffic=traffic(rate))):
+            assert isinstance(a, AddWorker)
+            starting.append(WorkerView(f"w{len(ready) + len(starting)}", "both", ready=False))
+        sizes.append(len(ready) + len(starting))
+        if t % 30 == 25:
+            ready, starting = ready + [replace(w, ready=True) for w in starting], []
+    assert max(sizes) == sizes[-1] == 7
+    assert planner.policy.last_need["both"] == pytest.approx(6.25, rel=0.01)  # type: ignore[attr-defined]
 
 
 def test_the_reactive_policy_keeps_one_step_at_a_time() -> None:
