@@ -131,6 +131,12 @@ def main() -> None:
         help="after an add, a further add this soon (0: --window-s)",
     )
     ap.add_argument(
+        "--shrink-window-s",
+        type=float,
+        default=0.0,
+        help="after a removal, a further removal this soon (0: --window-s)",
+    )
+    ap.add_argument(
         "--max-changes", type=int, default=PlannerConfig.max_changes, help="changes allowed per 600 s"
     )
     ap.add_argument(
@@ -217,6 +223,7 @@ def main() -> None:
         both=RoleBounds(args.min_workers, args.max_workers),
         window_s=args.window_s,
         grow_window_s=args.grow_window_s,
+        shrink_window_s=args.shrink_window_s,
         ramp_s=args.ramp_s,
         ttft_ms=args.ttft_slo_ms,
         itl_ms=args.itl_slo_ms,
