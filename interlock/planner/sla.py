@@ -42,6 +42,12 @@ ask to grow (on a rise the window's success says nothing about the next one): wa
 every reactive signal to settle kept the peak's fleet for minutes after the peak, with the
 observed SLO saying there was room.
 
+A removal that the pool had to turn back from (it grew again within two windows, the load per
+worker not having risen) is not repeated for half an hour (``planner.turns``): when the model's
+need is short of the real one by more than the headroom, the headroom rule removes into misses,
+the feedback grows the pool back, the correction fades and the same removal came again every
+two windows on a steady load.
+
 Tail-aware sizing (``tail``, aggregated pools, when the connector reports requests one by one):
 means cannot see bursts and heavy-tailed prompts, which at a trough make two workers lose one
 request in twelve. The policy then replays the requests of the last ``TAIL_SAMPLE_S`` against
@@ -67,6 +73,7 @@ from interlock.planner.profile import CapabilityProfile, needed
 from interlock.planner.reactive import ReactivePolicy
 from interlock.planner.state import Observation, Traffic, WorkerView
 from interlock.planner.tail import Job, StepTimes, miss_share, workers_needed
+from interlock.planner.turns import TurnMemory
 
 FEEDBACK_REQUESTS = 500
 """Memory of the observed-miss estimate, in finished requests."""
@@ -109,6 +116,8 @@ class SlaPolicy:
         """Smoothed share of finished requests that missed a target."""
         self.correction = 1.0
         self.reactive = ReactivePolicy(config)
+        self.turns = TurnMemory(2 * config.window_s)
+        """Removals the pool had to turn back from (``planner.turns``)."""
         self._done: deque[tuple[float, int, int]] = deque()
         """(time, finished, met) over the last window."""
         self._jobs: deque[Job] = deque()
@@ -211,7 +220,9 @@ class SlaPolicy:
         f = self.forecaster.forecast(self.config.horizon_s)
         if f is None:
             return [w for w in backlog.values() if w.delta > 0]
-        self.last_need = {r: n * self.correction for r, n in self.needs(f).items()}
+        raw = self.needs(f)
+        self.last_need = {r: n * self.correction for r, n in raw.items()}
+        self.turns.observe(obs.now, {r: len(ws) for r, ws in pools.items()}, raw)
         recent = self.forecaster.recent
         level = self.forecaster.level or 0.0
         surge = {r: n * self.correction for r, n in self.needs(replace(f, rate=recent)).items()}
@@ -264,13 +275,22 @@ class SlaPolicy:
                 if not agrees and met is not None:
                     why = f", {100 * met:.1f}% met the targets over {self.config.window_s:g}s"
                 spare = 1 if tail else n - math.ceil(need * (1 + self.config.headroom))
+                why = f" (+{self.config.headroom:.0%} headroom fits in {n - spare}){why}"
+                fewest = self.turns.fewest(role, raw[role])
+                if n - spare < fewest:
+                    spare = n - fewest
+                    why += (
+                        f", not under {fewest}: a removal to x{self.turns.floor(role):.2f} "
+                        f"the model's need was turned back from"
+                    )
+                    if spare < 1:
+                        continue
                 out.append(
                     Want(
                         role,
                         -spare,
                         (n - 1) / max(need, 1e-9),
-                        f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers "
-                        f"(+{self.config.headroom:.0%} headroom fits in {n - spare}){why}"
+                        f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers{why}"
                         + (self._why_tail(n) if tail else self._why_corrected()),
                     )
                 )
