@@ -288,6 +288,9 @@ def test_disaggregated_decode_worker_killed_mid_stream() -> None:
             reference = await collect(f, request("ref"), pin="d2")
             outs = await collect(f, request("r"), pin="d1", after=6, action=f.kill)
             assert toks(outs) == toks(reference) and len(toks(outs)) == 60
+            # usage: the prefill worker's hit (5 blocks of 4: "ref" prefilled the same prompt
+            # there), not the decode worker's import (all 21) nor what the migrated leg found
+            assert {o.num_cached_tokens for o in outs} == {20}
             assert f.service.dispatcher.metrics.migrations == 1
             assert f.service.disagg is not None and not f.service.disagg.pending
 
