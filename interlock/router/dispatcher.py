@@ -498,6 +498,15 @@ class Dispatcher:
             else:
                 router.on_finish(d.request_id)
 
+    def fail_stranded(self, router: Router) -> None:
+        """Fail at once the queued requests whose role's last worker left (``NoWorkers``: 503 +
+        Retry-After, as a new request gets), instead of leaving them to the queue timeout."""
+        for meta in router.take_stranded():
+            fut = self._waiters.get(meta.request_id)
+            if fut is not None and not fut.done():
+                role = f"{meta.role} " if meta.role else ""
+                fut.set_exception(NoWorkers(f"no {role}worker left while it waited", retry_after=1.0))
+
     def close(self) -> None:
         for fut in self._waiters.values():
             if not fut.done():

@@ -189,6 +189,22 @@ class Router:
             del self._routed[rid]
         self._forget_eligible()
 
+    def take_stranded(self) -> list[RequestMeta]:
+        """Take out of the queue the requests no registered worker could take (the last worker
+        of their role left) and return them: the glue fails them at once, as it would a new
+        request, instead of letting them wait out the queue timeout. A worker merely unhealthy,
+        held by its circuit breaker or draining still counts: it comes back by itself (a load
+        report, a probe) or leaves, and then its waiters fail."""
+        waiting = self.queue.roles()
+        if not waiting:
+            return []
+        roles: set[str | None] = {w.info.role for w in self._workers.values()}
+        if "both" in roles:
+            return []  # it takes any role
+        if roles:
+            roles.add(None)  # a request of no role takes any worker
+        return self.queue.take_roles(waiting - roles)
+
     def set_health(self, instance_id: str, healthy: bool) -> None:
         w = self._workers.get(instance_id)
         if w is not None and w.healthy != healthy:

@@ -322,10 +322,13 @@ class RouterService:
         if old is not None and old.model != info.model:
             self._remove(info.instance_id)
         try:
-            self._router_for(info).add_worker(info)
+            router = self._router_for(info)
+            router.add_worker(info)
         except Exception:  # noqa: BLE001 - a misconfigured worker must not stop routing
             log.exception("cannot add worker %s", info.instance_id)
             return
+        if old is not None:  # a new role may leave the old one's waiters without a worker
+            self.dispatcher.fail_stranded(router)
         self._instances[info.instance_id] = info
         self._update_model(info.model)
         log.info("worker %s joined (%s, %s)", info.instance_id, info.model, info.role)
@@ -342,6 +345,7 @@ class RouterService:
         router = self.routers.get(info.model)
         if router is not None:
             router.remove_worker(instance_id)
+            self.dispatcher.fail_stranded(router)  # the last of a role: its waiters fail now
             if not router.workers():
                 del self.routers[info.model]
             else:

@@ -244,6 +244,29 @@ def test_a_queued_request_is_not_held_behind_one_whose_role_is_all_busy() -> Non
     assert r.queue.roles() == set() and len(r.queue) == 0
 
 
+def test_requests_queued_for_a_role_whose_last_worker_left_are_taken_out() -> None:
+    """Taken out (the glue fails them with NoWorkers at once) when no registered worker can
+    take them; a worker that is only unhealthy, blocked or draining keeps its waiters."""
+    r, _ = make(0, max_inflight_per_worker=1)
+    r.add_worker(info("p", role="prefill"))
+    r.add_worker(info("d", role="decode"))
+    route(r, "a#prefill", PROMPT, role="prefill")
+    route(r, "b", PROMPT, role="decode")
+    for rid, role in (("c#prefill", "prefill"), ("x", "decode"), ("y", None)):
+        assert isinstance(r.route(req(rid, role=role), token_ids=PROMPT), Pending)
+    r.set_health("p", False)
+    r.set_blocked("p", True)
+    assert r.take_stranded() == [] and len(r.queue) == 3
+    r.remove_worker("p")
+    assert [m.request_id for m in r.take_stranded()] == ["c#prefill"]
+    assert r.queue.roles() == {"decode", None} and r.take_stranded() == []
+    r.add_worker(info("b", role="both"))
+    r.remove_worker("d")
+    assert r.take_stranded() == []  # a "both" worker takes either
+    r.remove_worker("b")
+    assert sorted(m.request_id for m in r.take_stranded()) == ["x", "y"] and len(r.queue) == 0
+
+
 def usage(wid: str, frac: float, t: float) -> LoadReport:
     return LoadReport(
         instance_id=wid,
