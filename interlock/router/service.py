@@ -236,7 +236,6 @@ class RouterService:
                 "Prompt tokens expected from cache where routed",
                 lambda m: m.predicted_cached_tokens,
             ),
-            ("queued_total", "Requests that waited for a free worker", lambda m: m.queued),
             ("rejected_total", "Requests rejected with 503 (queue full)", lambda m: m.rejected),
             ("resyncs_total", "KV index re-syncs requested", lambda m: m.resyncs_requested),
             ("decision_seconds_total", "Time spent deciding", lambda m: m.decision_s_total),
@@ -245,6 +244,15 @@ class RouterService:
             lines += [f"# HELP interlock_router_{name} {help_}", f"# TYPE interlock_router_{name} counter"]
             for model, router in sorted(self.routers.items()):
                 lines.append(f'interlock_router_{name}{{model="{model}"}} {get(router.metrics)}')
+        lines += [
+            "# HELP interlock_router_queued_total Waits in the router's queue for a free worker, by the "
+            'role waited for ("any": an aggregated request); a disaggregated request may wait twice, '
+            "for a prefill worker and then a decode worker",
+            "# TYPE interlock_router_queued_total counter",
+        ]
+        for model, router in sorted(self.routers.items()):
+            for role, n in sorted(router.metrics.queued_by_role.items()):
+                lines.append(f'interlock_router_queued_total{{model="{model}",role="{role}"}} {n}')
         lines += self.dispatcher.prometheus_lines()
         if self.disagg is not None:
             lines += self.disagg.prometheus_lines()

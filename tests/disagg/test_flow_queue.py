@@ -132,7 +132,15 @@ def test_a_burst_waits_for_busy_workers_instead_of_a_503(workers: tuple[str, ...
             results = await asyncio.gather(*(serve(f, i) for i in range(10)))
             assert results == ["ok"] * 10
             assert flow(f).choices == {"enforced": 10} and flow(f).fallbacks == {}
-            assert router(f).metrics.queued >= 6 and router(f).metrics.rejected == 0
+            m = router(f).metrics
+            assert m.queued >= 6 and m.rejected == 0
+            # one request may wait twice (each leg): the metric says for which role
+            assert (
+                set(m.queued_by_role) <= {"prefill", "decode"} and sum(m.queued_by_role.values()) == m.queued
+            )
+            text = f.service.prometheus_text()
+            for role, n in m.queued_by_role.items():
+                assert f'interlock_router_queued_total{{model="{MODEL}",role="{role}"}} {n}\n' in text
             assert queued(f) == 0 and flow(f).pending == {}
             assert not any(in_flight(f, f"r{i}") for i in range(10))
             for wid in workers:

@@ -216,6 +216,9 @@ def test_queue_when_all_busy_then_dispatch_reject_past_capacity() -> None:
     with pytest.raises(Overloaded):
         r.route(req("e"), token_ids=PROMPT)
     assert r.metrics.rejected == 1
+    assert r.metrics.queued == 2 and r.metrics.queued_by_role == {"any": 2}  # "e" never waited
+    probe = r.route(req("f"), token_ids=PROMPT, may_wait=False)  # nothing free: not queued
+    assert isinstance(probe, Pending) and len(r.queue) == 2 and r.metrics.queued == 2
     r.on_finish("a")
     out = r.dispatch_queued()
     assert [d.request_id for d in out] == ["d"] and out[0].reason == "kv+queued"
@@ -236,6 +239,7 @@ def test_a_queued_request_is_not_held_behind_one_whose_role_is_all_busy() -> Non
     assert isinstance(r.route(req("c#prefill", role="prefill"), token_ids=PROMPT), Pending)
     assert isinstance(r.route(req("a", role="decode"), token_ids=PROMPT), Pending)
     assert r.queue.roles() == {"prefill", "decode"}
+    assert r.metrics.queued_by_role == {"prefill": 1, "decode": 1}
     r.on_finish("b")
     assert [d.request_id for d in r.dispatch_queued()] == ["a"]
     assert r.queue.roles() == {"prefill"} and len(r.queue) == 1
