@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -270,5 +271,31 @@ def test_with_no_prefill_worker_left_a_waiting_request_gets_a_clear_503_at_once(
                 "no healthy worker available"
             )
             assert flow(f).choices == {"enforced": 1, "no_prefill_worker": 2}
+
+    asyncio.run(main())
+
+
+def test_a_failed_link_sends_the_prefill_to_another_prefill_worker() -> None:
+    """The prefill worker holding the prompt's prefix (the ``kv`` policy's pick) failed its
+    link check to the decode worker: the request is prefilled on the other one (it was
+    refused, ``link_failed``, under enforce); with no other one it still is."""
+
+    async def main() -> None:
+        async with enforced(max_inflight=4) as f:
+            for wid, role in (("p1", "prefill"), ("p2", "prefill"), ("d", "decode")):
+                await add(f, wid, role)
+            await eventually(lambda: {("p1", "d"), ("p2", "d")} <= set(flow(f).links), timeout_s=10.0)
+            assert await serve(f, 0) == "ok"
+            staged = {w: f.workers[w].handoff.counters.staged for w in ("p1", "p2")}  # type: ignore[union-attr]
+            holder, other = ("p1", "p2") if staged["p1"] else ("p2", "p1")
+            link, when = flow(f).links[(holder, "d")]
+            flow(f).links[(holder, "d")] = (replace(link, ok=False), when)
+            assert await serve(f, 0) == "ok"  # the same prompt: its prefix is on the holder
+            assert f.workers[other].handoff.counters.staged == 1  # type: ignore[union-attr]
+            assert flow(f).choices == {"enforced": 2} and flow(f).fallbacks == {}
+            assert not in_flight(f, "r0") and queued(f) == 0
+            flow(f).links[(other, "d")] = (replace(link, ok=False), when)
+            assert await serve(f, 1) == "disaggregation enforced but link_failed"
+            assert not in_flight(f, "r1") and flow(f).pending == {}
 
     asyncio.run(main())
