@@ -120,7 +120,7 @@ class DisaggFlow:
             if not self.config.enforce:
                 p = self._tentative_prefill(router, meta, hashes, d.worker_id)
             if p is not None:
-                p = self._relink(router, meta, hashes, p, d.worker_id)
+                p = await self._relink(router, meta, hashes, p, d.worker_id)
             choice = self._choose(request, d, p)
             self._count(self.choices, choice.reason)
             log.info(choice.log_line(rid))
@@ -202,7 +202,7 @@ class DisaggFlow:
             return None
         return p
 
-    def _relink(
+    async def _relink(
         self, router: Router, meta: RequestMeta, hashes: list[int], p: Decision, decode_id: str
     ) -> Decision:
         """``p``, or, when its link to the decode worker failed its last check, the next of its
@@ -218,18 +218,12 @@ class DisaggFlow:
                 continue
             if not self._usable_prefill(w, decode_id):
                 continue
-            router.cancel(p.request_id)  # free: a queued request may take it
-            q = router.route(replace(self._prefill_meta(meta), worker_id=w), block_hashes=hashes)
-            assert not isinstance(q, Pending)  # a pinned request is never queued
-            log.info(
-                "link %s -> %s failed its check: %s prefills on %s",
-                p.worker_id,
-                decode_id,
-                meta.request_id,
-                w,
-            )
-            self.svc.dispatcher.dispatch_queued(router)
-            self.svc.share(router)
+            dispatcher = self.svc.dispatcher
+            router.cancel(p.request_id)  # not finish: its queue must not take w first
+            pinned = replace(self._prefill_meta(meta), worker_id=w)
+            q = await dispatcher.route(router, pinned, hashes)  # pinned: never queued
+            log.info("link %s -> %s failed: %s prefills on %s", p.worker_id, decode_id, meta.request_id, w)
+            dispatcher.dispatch_queued(router)  # p is free again
             return q
         return p
 

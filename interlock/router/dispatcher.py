@@ -227,8 +227,8 @@ class Dispatcher:
         if leg is None:
             return
         first_at = time.monotonic() if first is not None and first.token_ids else None
+        # the prompt's cache hit where it was computed, for every leg (the module docstring)
         cached = first.num_cached_tokens if first is not None else None
-        """The prompt's cache hit where it was computed (see the module docstring)."""
         attempts = migrations = 0
         while True:
             d = leg.decision
