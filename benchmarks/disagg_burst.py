@@ -7,8 +7,8 @@ modelled, divided by ``--speedup``): 1 prefill worker that counts as busy past
 ``--queue-depth`` waiting requests, 1 decode worker (busy past ``--decode-queue-depth``),
 ``routing.enforce-disagg``. Then
 ``interlock bench --concurrency`` sends the burst over HTTP (completions API) and the script
-prints what came back (ok, 503s), TTFT and the router's counters (queued, rejected, prefill
-placement reasons).
+prints what came back (ok, 503s), TTFT, the prompt tokens the responses' usage reports as
+cached, and the router's counters (queued by role, rejected, prefill placement reasons).
 """
 
 from __future__ import annotations
@@ -86,9 +86,12 @@ def main() -> None:
             key = str(r["error"])[:60]
             errors[key] = errors.get(key, 0) + 1
     ttft = [r["ttft_s"] * 1e3 for r in ok]
+    prompt = sum(r["prompt_tokens_usage"] or 0 for r in ok)
+    cached = sum(r["cached_tokens_usage"] or 0 for r in ok)
     print(
         f"{len(recs)} requests at concurrency {args.concurrency}: {len(ok)} ok, errors {errors or 'none'}; "
-        f"TTFT p50 {pct(ttft, 50):.0f} ms, p99 {pct(ttft, 99):.0f} ms"
+        f"TTFT p50 {pct(ttft, 50):.0f} ms, p99 {pct(ttft, 99):.0f} ms; "
+        f"usage: {cached} of {prompt} prompt tokens cached"
     )
     for line in lines:
         print(line)

@@ -98,6 +98,13 @@ class AdmissionQueue:
         self._cancelled.add(request_id)
         return True
 
+    def take_roles(self, roles: set[str | None]) -> list[RequestMeta]:
+        """Take every waiting request of these roles out of the queue (as ``cancel`` does)."""
+        metas = [p.meta for p in self._heap if self._ids.get(p.meta.request_id, "?") in roles]
+        for meta in metas:
+            self.cancel(meta.request_id)
+        return metas
+
     def _add(self, meta: RequestMeta) -> None:
         self._ids[meta.request_id] = meta.role
         self._roles[meta.role] = self._roles.get(meta.role, 0) + 1

@@ -67,6 +67,10 @@ class RouterMetrics:
     decision_s_total: float = 0.0
     decision_s_max: float = 0.0
     queued: int = 0
+    """Queue entries: a disaggregated request may wait twice (for a prefill worker, then a
+    decode worker), so this counts legs; ``queued_by_role`` splits it."""
+    queued_by_role: dict[str, int] = field(default_factory=dict)
+    """``queued`` by the role waited for ("any": a request of no role, an aggregated one)."""
     rejected: int = 0
     resyncs_requested: int = 0
     duplicate_batches: int = 0
@@ -84,6 +88,11 @@ class RouterMetrics:
         self.decision_s_total += took
         if took > self.decision_s_max:  # max() without the call (the same first of equals)
             self.decision_s_max = took
+
+    def record_queued(self, role: str | None) -> None:
+        self.queued += 1
+        key = role or "any"
+        self.queued_by_role[key] = self.queued_by_role.get(key, 0) + 1
 
     @property
     def hit_rate(self) -> float:

@@ -23,8 +23,9 @@ worker produced it) and the decode ``Leg``.
 
 Link checks: a background loop asks each decode worker (control call ``measure_link``) to
 measure its link to each prefill worker's transfer agent, when a pair first appears and every
-``link_check_interval_s`` after; a failed check keeps requests local on that pair until a
-later check passes.
+``link_check_interval_s`` after; a failed check keeps requests off that pair until a later
+check passes: the prefill goes to another free prefill worker whose link passed (``_relink``),
+else it is local (refused under ``enforce``).
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ class DisaggFlow:
         try:
             if not self.config.enforce:
                 p = self._tentative_prefill(router, meta, hashes, d.worker_id)
+            if p is not None:
+                p = await self._relink(router, meta, hashes, p, d.worker_id)
             choice = self._choose(request, d, p)
             self._count(self.choices, choice.reason)
             log.info(choice.log_line(rid))
@@ -179,7 +182,7 @@ class DisaggFlow:
         except BaseException:
             dispatcher.finish(router, pmeta.request_id)
             raise
-        if not self._usable_prefill(p, d.worker_id):
+        if not self._usable_prefill(p.worker_id, d.worker_id):
             dispatcher.finish(router, pmeta.request_id)
             return d, None
         return d, p
@@ -194,10 +197,39 @@ class DisaggFlow:
             p = router.route(pmeta, block_hashes=hashes, may_wait=False)
         except ServiceUnavailable:
             return None
-        if isinstance(p, Pending) or not self._usable_prefill(p, decode_id):
+        if isinstance(p, Pending) or not self._usable_prefill(p.worker_id, decode_id):
             self.svc.dispatcher.finish(router, pmeta.request_id)
             return None
         return p
+
+    async def _relink(
+        self, router: Router, meta: RequestMeta, hashes: list[int], p: Decision, decode_id: str
+    ) -> Decision:
+        """``p``, or, when its link to the decode worker failed its last check, the next of its
+        candidates (the ``kv`` policy ranks the free ones) whose link did not: the request goes
+        remote there instead of ``link_failed`` (local, or a 503 under ``enforce``). Other
+        policies rank no candidates, and none free with a sound link is ``link_failed`` still:
+        waiting for one would need a queue per decode worker."""
+        if not self._link_failed(p.worker_id, decode_id):
+            return p
+        for c in p.candidates:
+            w = c.worker_id
+            if w == p.worker_id or not router.is_eligible(w) or self._link_failed(w, decode_id):
+                continue
+            if not self._usable_prefill(w, decode_id):
+                continue
+            dispatcher = self.svc.dispatcher
+            router.cancel(p.request_id)  # not finish: its queue must not take w first
+            pinned = replace(self._prefill_meta(meta), worker_id=w)
+            q = await dispatcher.route(router, pinned, hashes)  # pinned: never queued
+            log.info("link %s -> %s failed: %s prefills on %s", p.worker_id, decode_id, meta.request_id, w)
+            dispatcher.dispatch_queued(router)  # p is free again
+            return q
+        return p
+
+    def _link_failed(self, prefill_id: str, decode_id: str) -> bool:
+        link = self.links.get((prefill_id, decode_id))
+        return link is not None and not link[0].ok
 
     @staticmethod
     def _prefill_meta(meta: RequestMeta) -> RequestMeta:
@@ -205,9 +237,9 @@ class DisaggFlow:
             meta, request_id=meta.request_id + PREFILL_SUFFIX, role="prefill", session_id=None, worker_id=None
         )
 
-    def _usable_prefill(self, p: Decision, decode_id: str) -> bool:
+    def _usable_prefill(self, worker_id: str, decode_id: str) -> bool:
         """Another worker than the decode one (a "both" worker can be either), with an agent."""
-        return p.worker_id != decode_id and self._has_agent(p.worker_id)
+        return worker_id != decode_id and self._has_agent(worker_id)
 
     def _has_agent(self, worker_id: str) -> bool:
         info = self.svc.instance(worker_id)

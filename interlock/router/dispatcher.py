@@ -14,6 +14,13 @@ leg and hands over the decode leg). When a leg breaks, the dispatcher starts ano
   continues: same id, no gap in tokens or logprobs, stop strings still matched by the frontend
   across the seam, usage counted once.
 
+Usage: a request's cached prompt tokens (``GenerateOutput.num_cached_tokens``, the client's
+``usage.prompt_tokens_details.cached_tokens``) are the prefix-cache hit of the worker that
+computed its prompt and first token, and every later leg's chunks carry that same figure. A
+disaggregated decode worker imported the whole prompt's KV (its engine counts every prompt
+token as cached), and a migrated leg recomputes KV the client was already served: neither is
+a cache hit the request got.
+
 A leg breaks when its stream fails (connection lost, a peer silent past the request plane's
 ``peer_timeout``), when its worker's lease runs out in discovery (a worker that unregisters
 itself is draining: its legs run on), when the worker ends it with ``abort`` (a drain's grace
@@ -220,6 +227,8 @@ class Dispatcher:
         if leg is None:
             return
         first_at = time.monotonic() if first is not None and first.token_ids else None
+        # the prompt's cache hit where it was computed, for every leg (the module docstring)
+        cached = first.num_cached_tokens if first is not None else None
         attempts = migrations = 0
         while True:
             d = leg.decision
@@ -230,6 +239,11 @@ class Dispatcher:
                         progress.broke_at = 0.0
                     if first_at is None and out.token_ids:
                         first_at = time.monotonic()
+                    if cached is None:
+                        if out.token_ids or out.finished:
+                            cached = out.num_cached_tokens
+                    elif out.num_cached_tokens != cached:
+                        out = msgspec.structs.replace(out, num_cached_tokens=cached)
                     progress.tokens += out.token_ids
                     yield out
                 done = time.monotonic()
@@ -483,6 +497,15 @@ class Dispatcher:
                 fut.set_result(d)
             else:
                 router.on_finish(d.request_id)
+
+    def fail_stranded(self, router: Router) -> None:
+        """Fail at once the queued requests whose role's last worker left (``NoWorkers``: 503 +
+        Retry-After, as a new request gets), instead of leaving them to the queue timeout."""
+        for meta in router.take_stranded():
+            fut = self._waiters.get(meta.request_id)
+            if fut is not None and not fut.done():
+                role = f"{meta.role} " if meta.role else ""
+                fut.set_exception(NoWorkers(f"no {role}worker left while it waited", retry_after=1.0))
 
     def close(self) -> None:
         for fut in self._waiters.values():

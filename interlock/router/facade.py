@@ -189,6 +189,22 @@ class Router:
             del self._routed[rid]
         self._forget_eligible()
 
+    def take_stranded(self) -> list[RequestMeta]:
+        """Take out of the queue the requests no registered worker could take (the last worker
+        of their role left) and return them: the glue fails them at once, as it would a new
+        request, instead of letting them wait out the queue timeout. A worker merely unhealthy,
+        held by its circuit breaker or draining still counts: it comes back by itself (a load
+        report, a probe) or leaves, and then its waiters fail."""
+        waiting = self.queue.roles()
+        if not waiting:
+            return []
+        roles: set[str | None] = {w.info.role for w in self._workers.values()}
+        if "both" in roles:
+            return []  # it takes any role
+        if roles:
+            roles.add(None)  # a request of no role takes any worker
+        return self.queue.take_roles(waiting - roles)
+
     def set_health(self, instance_id: str, healthy: bool) -> None:
         w = self._workers.get(instance_id)
         if w is not None and w.healthy != healthy:
@@ -276,7 +292,8 @@ class Router:
         """Decide now, or queue when every eligible worker is busy or, with ``may_wait``, when
         a busy one is worth waiting for (raises ``Overloaded`` when the queue is full,
         ``NoWorkers`` when no worker could ever take it). A probe that only wants to know
-        where a request could go now passes ``may_wait=False``."""
+        where a request could go now passes ``may_wait=False``: with every eligible worker busy
+        it gets a ``Pending`` that was never queued (nor counted as queued)."""
         hashes = block_hashes if block_hashes is not None else self.block_hashes(token_ids or ())
         now = self.clock()
         eligible = self._eligible(meta.role)
@@ -286,6 +303,8 @@ class Router:
             raise NoWorkers("no healthy worker available", retry_after=self.config.retry_after_s)
         open_ = eligible & ~self._busy_mask() if self.load.num_busy else eligible
         if open_ is not eligible and not open_.any():
+            if not may_wait:  # a probe: nothing free now is its answer
+                return Pending((meta.priority, -1), meta, hashes, now)
             return self._wait(meta, hashes, now)
         d = self._decide(meta, hashes, open_, now, wait_for=eligible if may_wait else None)
         if d is None:  # a busy worker is worth waiting for
@@ -293,13 +312,14 @@ class Router:
         return self._commit(d, meta, hashes, now)
 
     def _wait(self, meta: RequestMeta, hashes: Sequence[int], now: float) -> Pending:
-        self.metrics.queued += 1
         try:
             self._check_queue_wait(now)
-            return self.queue.push(meta, hashes, now)
+            p = self.queue.push(meta, hashes, now)
         except Overloaded:
             self.metrics.rejected += 1
             raise
+        self.metrics.record_queued(meta.role)
+        return p
 
     def _check_queue_wait(self, now: float) -> None:
         limit = self.config.max_queue_wait_s

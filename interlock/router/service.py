@@ -236,7 +236,6 @@ class RouterService:
                 "Prompt tokens expected from cache where routed",
                 lambda m: m.predicted_cached_tokens,
             ),
-            ("queued_total", "Requests that waited for a free worker", lambda m: m.queued),
             ("rejected_total", "Requests rejected with 503 (queue full)", lambda m: m.rejected),
             ("resyncs_total", "KV index re-syncs requested", lambda m: m.resyncs_requested),
             ("decision_seconds_total", "Time spent deciding", lambda m: m.decision_s_total),
@@ -245,6 +244,15 @@ class RouterService:
             lines += [f"# HELP interlock_router_{name} {help_}", f"# TYPE interlock_router_{name} counter"]
             for model, router in sorted(self.routers.items()):
                 lines.append(f'interlock_router_{name}{{model="{model}"}} {get(router.metrics)}')
+        lines += [
+            "# HELP interlock_router_queued_total Waits in the router's queue for a free worker, by the "
+            'role waited for ("any": an aggregated request); a disaggregated request may wait twice, '
+            "for a prefill worker and then a decode worker",
+            "# TYPE interlock_router_queued_total counter",
+        ]
+        for model, router in sorted(self.routers.items()):
+            for role, n in sorted(router.metrics.queued_by_role.items()):
+                lines.append(f'interlock_router_queued_total{{model="{model}",role="{role}"}} {n}')
         lines += self.dispatcher.prometheus_lines()
         if self.disagg is not None:
             lines += self.disagg.prometheus_lines()
@@ -322,10 +330,13 @@ class RouterService:
         if old is not None and old.model != info.model:
             self._remove(info.instance_id)
         try:
-            self._router_for(info).add_worker(info)
+            router = self._router_for(info)
+            router.add_worker(info)
         except Exception:  # noqa: BLE001 - a misconfigured worker must not stop routing
             log.exception("cannot add worker %s", info.instance_id)
             return
+        if old is not None:  # a new role may leave the old one's waiters without a worker
+            self.dispatcher.fail_stranded(router)
         self._instances[info.instance_id] = info
         self._update_model(info.model)
         log.info("worker %s joined (%s, %s)", info.instance_id, info.model, info.role)
@@ -342,6 +353,7 @@ class RouterService:
         router = self.routers.get(info.model)
         if router is not None:
             router.remove_worker(instance_id)
+            self.dispatcher.fail_stranded(router)  # the last of a role: its waiters fail now
             if not router.workers():
                 del self.routers[info.model]
             else:

@@ -8,7 +8,7 @@ import contextlib
 from interlock.deploy import Routing
 from interlock.engine.runners.mock import reference_output
 from interlock.errors import NoWorkers
-from interlock.protocol import GenerateRequest, SamplingParams
+from interlock.protocol import GenerateOutput, GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlRequest
 from tests.disagg.cluster import MODEL, cluster, eventually, mock_engine, tokens
 from tests.engine.conftest import VOCAB
@@ -36,6 +36,29 @@ def test_remote_prefill_streams_the_reference_tokens_once() -> None:
             for wid in ("p", "d"):
                 st = await c.control(wid, ControlRequest(op="check_integrity"))
                 assert st.ok and st.kv_blocks_used == 0, st
+
+    asyncio.run(main())
+
+
+def cached(outs: list[GenerateOutput]) -> set[int]:
+    """The cached prompt tokens every chunk reports (the frontend's usage takes their max)."""
+    return {o.num_cached_tokens for o in outs}
+
+
+def test_a_remote_prefill_reports_the_prefill_worker_s_cache_hit() -> None:
+    """The decode worker imports the whole prompt's KV, so its engine counts every prompt token
+    as cached; the request's usage is the hit of the prefill that computed it: none the first
+    time, the prompt's full blocks (5 of 4 tokens, less the last token's) the second."""
+
+    async def main() -> None:
+        async with cluster() as c:
+            await c.add_worker("p", "prefill", mock_engine())
+            await c.add_worker("d", "decode", mock_engine())
+            await c.wait_for(2)
+            p = prompt(7, 22)
+            assert cached(await c.generate("a", p, 5)) == {0}
+            assert cached(await c.generate("b", p, 5)) == {20}
+            assert c.service.disagg is not None and c.service.disagg.choices == {"enforced": 2}
 
     asyncio.run(main())
 
@@ -106,8 +129,12 @@ def test_prefill_worker_gone_falls_back_to_local_prefill() -> None:
             # The router still believes in "p", but its endpoint is gone.
             await c.workers["p"]._requests.unserve(c.workers["p"]._address)
             p = prompt(4, 13)
-            assert tokens(await c.generate("a", p, 5)) == reference_output(p, 5, vocab_size=VOCAB)
-            assert c.service.disagg is not None and c.service.disagg.fallbacks == {"prefill_failed": 1}
+            outs = await c.generate("a", p, 5)
+            assert tokens(outs) == reference_output(p, 5, vocab_size=VOCAB) and cached(outs) == {0}
+            # prefilled where it decodes: the usage is that worker's own hit (3 blocks of 4)
+            c.service.routers[MODEL].set_health("p", True)  # as if it had reported again
+            assert cached(await c.generate("b", p, 5)) == {12}
+            assert c.service.disagg is not None and c.service.disagg.fallbacks == {"prefill_failed": 2}
 
     asyncio.run(main())
 

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -132,7 +133,15 @@ def test_a_burst_waits_for_busy_workers_instead_of_a_503(workers: tuple[str, ...
             results = await asyncio.gather(*(serve(f, i) for i in range(10)))
             assert results == ["ok"] * 10
             assert flow(f).choices == {"enforced": 10} and flow(f).fallbacks == {}
-            assert router(f).metrics.queued >= 6 and router(f).metrics.rejected == 0
+            m = router(f).metrics
+            assert m.queued >= 6 and m.rejected == 0
+            # one request may wait twice (each leg): the metric says for which role
+            assert (
+                set(m.queued_by_role) <= {"prefill", "decode"} and sum(m.queued_by_role.values()) == m.queued
+            )
+            text = f.service.prometheus_text()
+            for role, n in m.queued_by_role.items():
+                assert f'interlock_router_queued_total{{model="{MODEL}",role="{role}"}} {n}\n' in text
             assert queued(f) == 0 and flow(f).pending == {}
             assert not any(in_flight(f, f"r{i}") for i in range(10))
             for wid in workers:
@@ -241,9 +250,11 @@ def test_requests_waiting_when_a_prefill_worker_dies_go_to_another() -> None:
     asyncio.run(main())
 
 
-def test_with_no_prefill_worker_left_a_waiting_request_gets_a_clear_503() -> None:
+def test_with_no_prefill_worker_left_a_waiting_request_gets_a_clear_503_at_once() -> None:
+    """Not after the queue timeout (30 s here; it waited that long before): as a new request."""
+
     async def main() -> None:
-        async with enforced(max_inflight=1, queue_timeout_s=0.5) as f:
+        async with enforced(max_inflight=1) as f:
             p = await add(f, "p", "prefill", gated=True)
             await add(f, "d", "decode")
             first = asyncio.create_task(serve(f, 0))
@@ -251,15 +262,40 @@ def test_with_no_prefill_worker_left_a_waiting_request_gets_a_clear_503() -> Non
             await eventually(lambda: queued(f) == 1)
             assert p is not None
             await kill(f, "p", p)
-            assert await first == "ok"  # its prefill failed: prefilled where it decodes
-            assert await waiting == (
-                "disaggregation enforced but no_prefill_worker: "
-                "timed out after 0.5 s waiting for a free prefill worker"
+            assert await asyncio.wait_for(waiting, 5) == (
+                "disaggregation enforced but no_prefill_worker: no prefill worker left while it waited"
             )
+            assert await first == "ok"  # its prefill failed: prefilled where it decodes
             assert queued(f) == 0 and flow(f).pending == {} and not in_flight(f, "r1")
             assert await serve(f, 2) == "disaggregation enforced but no_prefill_worker: " + (
                 "no healthy worker available"
             )
             assert flow(f).choices == {"enforced": 1, "no_prefill_worker": 2}
+
+    asyncio.run(main())
+
+
+def test_a_failed_link_sends_the_prefill_to_another_prefill_worker() -> None:
+    """The prefill worker holding the prompt's prefix (the ``kv`` policy's pick) failed its
+    link check to the decode worker: the request is prefilled on the other one (it was
+    refused, ``link_failed``, under enforce); with no other one it still is."""
+
+    async def main() -> None:
+        async with enforced(max_inflight=4) as f:
+            for wid, role in (("p1", "prefill"), ("p2", "prefill"), ("d", "decode")):
+                await add(f, wid, role)
+            await eventually(lambda: {("p1", "d"), ("p2", "d")} <= set(flow(f).links), timeout_s=10.0)
+            assert await serve(f, 0) == "ok"
+            staged = {w: f.workers[w].handoff.counters.staged for w in ("p1", "p2")}  # type: ignore[union-attr]
+            holder, other = ("p1", "p2") if staged["p1"] else ("p2", "p1")
+            link, when = flow(f).links[(holder, "d")]
+            flow(f).links[(holder, "d")] = (replace(link, ok=False), when)
+            assert await serve(f, 0) == "ok"  # the same prompt: its prefix is on the holder
+            assert f.workers[other].handoff.counters.staged == 1  # type: ignore[union-attr]
+            assert flow(f).choices == {"enforced": 2} and flow(f).fallbacks == {}
+            assert not in_flight(f, "r0") and queued(f) == 0
+            flow(f).links[(other, "d")] = (replace(link, ok=False), when)
+            assert await serve(f, 1) == "disaggregation enforced but link_failed"
+            assert not in_flight(f, "r1") and flow(f).pending == {}
 
     asyncio.run(main())

@@ -181,6 +181,10 @@ def test_the_decode_worker_copies_each_prompt_straight_from_the_prefill_cache(
                 model="SmolLM2-135M-Instruct", prompt=p, max_tokens=8, temperature=0
             )
             assert r.choices[0].text == text  # the same greedy output through the one copy
+            # the prefill worker's cache hit (a prompt it never saw), not the decode worker's
+            # import of the whole prompt
+            assert r.usage is not None and r.usage.prompt_tokens_details is not None
+            assert r.usage.prompt_tokens_details.cached_tokens == 0 < r.usage.prompt_tokens
     finally:
         frontend.terminate()
         frontend.wait(20)

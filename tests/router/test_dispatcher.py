@@ -288,6 +288,9 @@ def test_disaggregated_decode_worker_killed_mid_stream() -> None:
             reference = await collect(f, request("ref"), pin="d2")
             outs = await collect(f, request("r"), pin="d1", after=6, action=f.kill)
             assert toks(outs) == toks(reference) and len(toks(outs)) == 60
+            # usage: the prefill worker's hit (5 blocks of 4: "ref" prefilled the same prompt
+            # there), not the decode worker's import (all 21) nor what the migrated leg found
+            assert {o.num_cached_tokens for o in outs} == {20}
             assert f.service.dispatcher.metrics.migrations == 1
             assert f.service.disagg is not None and not f.service.disagg.pending
 
@@ -337,5 +340,31 @@ def test_a_queued_wait_that_ends_early_leaves_no_entry_and_no_load() -> None:
             with pytest.raises(asyncio.CancelledError):
                 await raced
             assert not router.load.is_inflight("d") and len(router.queue) == 0
+
+    asyncio.run(body())
+
+
+def test_requests_queued_when_the_last_worker_leaves_fail_at_once() -> None:
+    """With every worker gone a queued request gets NoWorkers (503 + Retry-After) at once, as a
+    new one does, not after the queue timeout (30 s). One whose worker is only unhealthy (a
+    failed stream, a restart under way) keeps waiting for it."""
+
+    async def body() -> None:
+        one = RouterConfig(block_size=BLOCK, max_inflight_per_worker=1)
+        async with fleet(config=one) as f:
+            await f.add("w0")
+            disp, router = f.service.dispatcher, f.service.routers[MODEL]
+            await disp.route(router, RequestMeta("a", prompt_tokens=8), [])
+            waiting = asyncio.create_task(disp.route(router, RequestMeta("b", prompt_tokens=8), []))
+            await asyncio.sleep(0)
+            router.set_health("w0", False)
+            disp.fail_stranded(router)
+            await asyncio.sleep(0)
+            assert len(router.queue) == 1 and not waiting.done()
+            await f.kill("w0")
+            with pytest.raises(NoWorkers, match="no worker left while it waited") as exc:
+                await asyncio.wait_for(waiting, 5)
+            assert exc.value.retry_after == 1.0 and len(router.queue) == 0
+            assert MODEL not in f.service.routers
 
     asyncio.run(body())

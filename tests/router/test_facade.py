@@ -216,6 +216,9 @@ def test_queue_when_all_busy_then_dispatch_reject_past_capacity() -> None:
     with pytest.raises(Overloaded):
         r.route(req("e"), token_ids=PROMPT)
     assert r.metrics.rejected == 1
+    assert r.metrics.queued == 2 and r.metrics.queued_by_role == {"any": 2}  # "e" never waited
+    probe = r.route(req("f"), token_ids=PROMPT, may_wait=False)  # nothing free: not queued
+    assert isinstance(probe, Pending) and len(r.queue) == 2 and r.metrics.queued == 2
     r.on_finish("a")
     out = r.dispatch_queued()
     assert [d.request_id for d in out] == ["d"] and out[0].reason == "kv+queued"
@@ -236,12 +239,36 @@ def test_a_queued_request_is_not_held_behind_one_whose_role_is_all_busy() -> Non
     assert isinstance(r.route(req("c#prefill", role="prefill"), token_ids=PROMPT), Pending)
     assert isinstance(r.route(req("a", role="decode"), token_ids=PROMPT), Pending)
     assert r.queue.roles() == {"prefill", "decode"}
+    assert r.metrics.queued_by_role == {"prefill": 1, "decode": 1}
     r.on_finish("b")
     assert [d.request_id for d in r.dispatch_queued()] == ["a"]
     assert r.queue.roles() == {"prefill"} and len(r.queue) == 1
     r.on_finish("a#prefill")
     assert [d.request_id for d in r.dispatch_queued()] == ["c#prefill"]
     assert r.queue.roles() == set() and len(r.queue) == 0
+
+
+def test_requests_queued_for_a_role_whose_last_worker_left_are_taken_out() -> None:
+    """Taken out (the glue fails them with NoWorkers at once) when no registered worker can
+    take them; a worker that is only unhealthy, blocked or draining keeps its waiters."""
+    r, _ = make(0, max_inflight_per_worker=1)
+    r.add_worker(info("p", role="prefill"))
+    r.add_worker(info("d", role="decode"))
+    route(r, "a#prefill", PROMPT, role="prefill")
+    route(r, "b", PROMPT, role="decode")
+    for rid, role in (("c#prefill", "prefill"), ("x", "decode"), ("y", None)):
+        assert isinstance(r.route(req(rid, role=role), token_ids=PROMPT), Pending)
+    r.set_health("p", False)
+    r.set_blocked("p", True)
+    assert r.take_stranded() == [] and len(r.queue) == 3
+    r.remove_worker("p")
+    assert [m.request_id for m in r.take_stranded()] == ["c#prefill"]
+    assert r.queue.roles() == {"decode", None} and r.take_stranded() == []
+    r.add_worker(info("b", role="both"))
+    r.remove_worker("d")
+    assert r.take_stranded() == []  # a "both" worker takes either
+    r.remove_worker("b")
+    assert sorted(m.request_id for m in r.take_stranded()) == ["x", "y"] and len(r.queue) == 0
 
 
 def usage(wid: str, frac: float, t: float) -> LoadReport:
