@@ -2,8 +2,9 @@
 report per worker, its routers' queues and counters), plus the routing-weight ramp applied to
 every router that knows a worker.
 
-Traffic totals come from the routers' decision counters (requests, prompt tokens, predicted
-cached tokens); finished requests (their TTFT, decode time and output length) from the
+Traffic totals come from the routers' request counters (requests, prompt tokens, predicted
+cached tokens where each prompt is computed: once per request, not per decision, so a
+disaggregated request's two legs, retries and migrated legs do not count as arrivals); finished requests (their TTFT, decode time and output length) from the
 dispatcher's completions, which the view reads past its own count (``DispatchMetrics.recent``
 keeps the last few thousand: a planner that looks less often than that many finish sees the
 newest ones).
@@ -46,9 +47,9 @@ class RouterServiceView:
     def totals(self) -> TrafficTotals:
         ms = [r.metrics for r in self._routers()]
         return TrafficTotals(
-            requests=sum(m.decisions for m in ms),
-            prompt_tokens=sum(m.prompt_tokens for m in ms),
-            cached_tokens=sum(m.predicted_cached_tokens for m in ms),
+            requests=sum(m.requests for m in ms),
+            prompt_tokens=sum(m.request_prompt_tokens for m in ms),
+            cached_tokens=sum(m.request_cached_tokens for m in ms),
         )
 
     def completions(self) -> Sequence[Completion]:

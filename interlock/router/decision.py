@@ -72,6 +72,13 @@ class RouterMetrics:
     queued_by_role: dict[str, int] = field(default_factory=dict)
     """``queued`` by the role waited for ("any": a request of no role, an aggregated one)."""
     rejected: int = 0
+    requests: int = 0
+    """Requests placed, each once: not a disaggregated request's second leg, a probe for a free
+    prefill worker, a retry or a migrated leg (``decisions`` counts every one of those)."""
+    request_prompt_tokens: int = 0
+    request_cached_tokens: int = 0
+    """Prompt tokens expected from cache where each request's prompt is computed (the prefill
+    worker's, for a request prefilled remotely)."""
     resyncs_requested: int = 0
     duplicate_batches: int = 0
 
@@ -88,6 +95,11 @@ class RouterMetrics:
         self.decision_s_total += took
         if took > self.decision_s_max:  # max() without the call (the same first of equals)
             self.decision_s_max = took
+
+    def record_request(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.requests += 1
+        self.request_prompt_tokens += prompt_tokens
+        self.request_cached_tokens += min(cached_tokens, prompt_tokens)
 
     def record_queued(self, role: str | None) -> None:
         self.queued += 1

@@ -124,6 +124,8 @@ class DisaggFlow:
             choice = self._choose(request, d, p)
             self._count(self.choices, choice.reason)
             log.info(choice.log_line(rid))
+            computes = p if choice.remote and p is not None else d
+            router.metrics.record_request(meta.prompt_tokens, computes.cached_tokens)
             if not choice.remote:
                 if p is not None:
                     dispatcher.finish(router, p.request_id)

@@ -214,6 +214,7 @@ class Dispatcher:
             first, leg = await disagg.prepare(router, request, meta, hashes)
         else:
             leg = Leg(await self.route(router, meta, hashes), request)
+            router.metrics.record_request(meta.prompt_tokens, leg.decision.cached_tokens)
         if ctx is not None and ctx.explain and leg is not None:
             ctx.response_headers[EXPLAIN_HEADER] = leg.decision.header()
         if first is not None:  # the prefill worker's first token

@@ -229,7 +229,12 @@ class RouterService:
             lines.append(f'interlock_worker_busy_seconds_total{{worker="{wid}",model="{model}"}} {r.busy_s}')
         lines += self._tier_lines()
         counters = (
-            ("decisions_total", "Routing decisions", lambda m: m.decisions),
+            (
+                "decisions_total",
+                "Routing decisions (a disaggregated request's legs, retries and migrations each count)",
+                lambda m: m.decisions,
+            ),
+            ("requests_total", "Requests placed, each once", lambda m: m.requests),
             ("prompt_tokens_total", "Prompt tokens routed", lambda m: m.prompt_tokens),
             (
                 "predicted_cached_tokens_total",

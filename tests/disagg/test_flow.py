@@ -8,6 +8,8 @@ import contextlib
 from interlock.deploy import Routing
 from interlock.engine.runners.mock import reference_output
 from interlock.errors import NoWorkers
+from interlock.planner.live import RouterServiceView
+from interlock.planner.loop import TrafficTotals
 from interlock.protocol import GenerateOutput, GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlRequest
 from tests.disagg.cluster import MODEL, cluster, eventually, mock_engine, tokens
@@ -59,6 +61,10 @@ def test_a_remote_prefill_reports_the_prefill_worker_s_cache_hit() -> None:
             assert cached(await c.generate("a", p, 5)) == {0}
             assert cached(await c.generate("b", p, 5)) == {20}
             assert c.service.disagg is not None and c.service.disagg.choices == {"enforced": 2}
+            # the planner's arrivals: two requests, though four legs were routed
+            m = c.service.routers[MODEL].metrics
+            assert (m.decisions, m.requests, m.request_prompt_tokens) == (4, 2, 44)
+            assert RouterServiceView(c.service).totals() == TrafficTotals(2, 44, m.request_cached_tokens)
 
     asyncio.run(main())
 
@@ -75,6 +81,9 @@ def test_auto_choice_stays_local_without_queue_and_counts_the_reason() -> None:
             assert tokens(await c.generate("a", p, 4)) == reference_output(p, 4, vocab_size=VOCAB)
             assert c.service.disagg is not None
             assert c.service.disagg.choices == {"local_faster": 1}
+            m = c.service.routers[MODEL].metrics  # the probe for a prefill worker is no request
+            assert (m.decisions, m.requests, m.request_prompt_tokens) == (2, 1, 30)
+            assert 'interlock_router_requests_total{model="m"} 1' in c.service.prometheus_text()
             assert 'interlock_disagg_choices_total{reason="local_faster"} 1' in c.service.prometheus_text()
 
     asyncio.run(main())

@@ -35,8 +35,10 @@ def test_view_reads_reports_queue_totals_and_sets_weights() -> None:
         assert view.report("w0") == rep and view.report("w1") is None
         router = svc.routers["m"]
         router.route(RequestMeta(request_id="r1", prompt_tokens=64), token_ids=list(range(64)))
+        assert view.totals().requests == 0  # a decision is not a request (a leg, a probe, a retry)
+        router.metrics.record_request(64, 16)  # the dispatcher's count, once per request
         t = view.totals()
-        assert (t.requests, t.prompt_tokens) == (1, 64) and view.queued() == 0
+        assert (t.requests, t.prompt_tokens, t.cached_tokens) == (1, 64, 16) and view.queued() == 0
         # one model's view (a serving instance's planner): that model's router only
         assert RouterServiceView(svc, model="m").totals() == t
         other = RouterServiceView(svc, model="other")

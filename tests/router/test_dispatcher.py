@@ -173,6 +173,9 @@ def test_a_killed_worker_s_stream_continues_elsewhere_unchanged(logprobs: int | 
             m = f.service.dispatcher.metrics
             assert m.migrations == 1 and m.migrations_exhausted == 0
             assert "interlock_router_migrations_total 1" in f.service.prometheus_text()
+            # the planner's arrivals: two requests, though the migrated leg was routed too
+            rm = f.service.routers[MODEL].metrics
+            assert (rm.decisions, rm.requests, rm.request_prompt_tokens) == (3, 2, 42)
 
     asyncio.run(main())
 
