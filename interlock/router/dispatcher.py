@@ -109,7 +109,8 @@ class Completion:
     output_tokens: int
     prompt_tokens: int
     cached_tokens: int
-    """The router's estimate of its prompt tokens found in a prefix cache."""
+    """Its prompt tokens found in a prefix cache where the prompt was computed (the engine's
+    count, the prefill worker's for a remote prefill; the router's estimate if none came)."""
     model: str = ""
     """The model it asked for (its router's)."""
 
@@ -255,7 +256,7 @@ class Dispatcher:
                         done - (first_at or done),
                         len(progress.tokens),
                         meta.prompt_tokens,
-                        d.cached_tokens,
+                        d.cached_tokens if cached is None else cached,
                         request.model,
                     )
                 )

@@ -295,6 +295,7 @@ def test_disaggregated_decode_worker_killed_mid_stream() -> None:
             # there), not the decode worker's import (all 21) nor what the migrated leg found
             assert {o.num_cached_tokens for o in outs} == {20}
             assert f.service.dispatcher.metrics.migrations == 1
+            assert f.service.dispatcher.metrics.recent[-1].cached_tokens == 20  # the planner's too
             assert f.service.disagg is not None and not f.service.disagg.pending
 
     asyncio.run(main())
