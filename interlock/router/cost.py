@@ -81,15 +81,17 @@ ms (BENCHMARKS.md, Saturation).
 Stall at scale (``stall_over``, "decoding" by default): counted over the requests decoding
 now, the stall misses those queued on the worker, which decode while this request's chunks
 run. On a worker busy with long prefills few requests are past their first token, so another
-long prompt is priced cheap there, and the same workers keep taking the long prompts: on the
-Mooncake trace at the planner's load (``planner_replay.py --overlay K``, K salted copies on
-K x 7 workers) the busiest worker computed 1.04x the mean prefill at 7 workers and 1.26x at 28,
-with a quarter of the ITL and TTFT misses on a few such workers, and SLA attainment fell from
-98.2% (7) to 97.5% (28; the same copies on four fleets of 7: 98.1%). More workers give more
-chances that one of those is the cheapest at the moment. Counted over every request in flight
-("inflight") 28 workers get 98.3% and 7 get 98.6%; but at conversation x12 (8 workers, deep
-past saturation, where queues are seconds long everywhere) the hit ratio falls from 90% to
-88% of the pooled bound, so it is not the default (BENCHMARKS.md, Router at scale).
+long prompt is priced cheap there, and the same workers keep taking the long prompts; the
+requests queued behind them miss their TTFT, and the short answers decoding there their ITL.
+The larger the fleet, the likelier one such worker is the cheapest at a given moment: on the
+Mooncake trace at the planner's load (``benchmarks/router_scale.py``: K salted copies of the
+trace on K x 7 workers) the worker computing the most prefill had 1.04x the mean at 7 workers
+and 1.26x at 28, and SLA attainment fell from 98.2% to 97.5%, where the four copies on four
+fleets of 7 get 98.1% on average. Counted over every request in flight ("inflight"): 98.55%
+at 7, 98.27% at 28 against 98.35% on four fleets of 7, and lower TTFT p99 on the conversation
+trace at x7.5-x10 and the agent workload; but at x12 (8 workers far past saturation, queues
+seconds long everywhere) the hit ratio falls from 90% to 88% of the pooled bound, so it is not
+the default (BENCHMARKS.md, Router at scale).
 
 KV tiers: ``lower_blocks_w`` more blocks right after the device-pool prefix that worker ``w``
 holds in host memory or on disk are not computed but loaded (the engine always loads them);
