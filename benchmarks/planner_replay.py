@@ -44,9 +44,10 @@ import time
 from dataclasses import replace
 
 from interlock.mooncake import load_mooncake
+from interlock.names import STALL_OVER
 from interlock.planner import PlannerConfig, RoleBounds, load_profile
 from interlock.router import RouterConfig
-from interlock.router.cost import STALL_OVER, CostParams
+from interlock.router.cost import CostParams
 from interlock.sim import ReplayConfig, ReplayReport, TraceHasher, mooncake_requests, replay
 from interlock.sim.rate import diurnal, overlay, parse_curve, tile, warp
 

@@ -28,8 +28,9 @@ from collections import defaultdict
 import numpy as np
 
 from interlock.mooncake import load_mooncake
+from interlock.names import STALL_OVER
 from interlock.router import RouterConfig
-from interlock.router.cost import STALL_OVER, CostParams
+from interlock.router.cost import CostParams
 from interlock.sim import ReplayConfig, TraceHasher, mooncake_requests
 from interlock.sim.bounds import pooled_cache_hit_ratio
 from interlock.sim.rate import diurnal, overlay, warp

@@ -135,9 +135,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from interlock.errors import ConfigError
-
-STALL_OVER = ("decoding", "inflight")
-"""What ``CostParams.stall_over`` may be."""
+from interlock.names import STALL_OVER
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 
 import interlock.router.route_kernel as route_kernel
 from interlock.env import get_env
+from interlock.names import STALL_OVER
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
 from interlock.router import Decision, RequestMeta, Router, RouterConfig, native
-from interlock.router.cost import STALL_OVER, CostParams, cheapest, choose, ttft_costs, uncached_tokens_of
+from interlock.router.cost import CostParams, cheapest, choose, ttft_costs, uncached_tokens_of
 from interlock.router.route_kernel import RouteKernel
 
 LIB = route_kernel.load()
