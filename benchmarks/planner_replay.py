@@ -56,7 +56,7 @@ TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
 
 def row(name: str, r: ReplayReport) -> str:
     return (
-        f"{name:<26} {100 * r.sla_attainment:>6.1f}% {r.worker_seconds:>9,.0f} "
+        f"{name:<26} {100 * r.sla_attainment:>6.2f}% {r.worker_seconds:>9,.0f} "
         f"{r.mean_workers:>6.2f} {r.ttft_p50_ms:>7,.0f} {r.ttft_p99_ms:>8,.0f} "
         f"{r.itl_p50_ms:>6.1f} {100 * r.hit_ratio:>5.1f}% {len(r.planner_decisions):>4} {r.wall_s:>6.1f}"
     )
@@ -131,6 +131,12 @@ def main() -> None:
         type=float,
         default=0.0,
         help="after an add, a further add this soon (0: --window-s)",
+    )
+    ap.add_argument(
+        "--shrink-window-s",
+        type=float,
+        default=0.0,
+        help="after a removal, a further removal this soon (0: --window-s)",
     )
     ap.add_argument(
         "--max-changes", type=int, default=PlannerConfig.max_changes, help="changes allowed per 600 s"
@@ -225,6 +231,7 @@ def main() -> None:
         both=RoleBounds(args.min_workers, args.max_workers),
         window_s=args.window_s,
         grow_window_s=args.grow_window_s,
+        shrink_window_s=args.shrink_window_s,
         ramp_s=args.ramp_s,
         ttft_ms=args.ttft_slo_ms,
         itl_ms=args.itl_slo_ms,

@@ -201,7 +201,8 @@ def add_routing_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--enforce-disagg",
         action="store_true",
-        help="prefill every request on a prefill worker; 503 when one cannot be",
+        help="prefill every request on a prefill worker (waiting in the queue while all are busy); "
+        "503 when one cannot be",
     )
     add_dispatch_args(p)
 

@@ -6,8 +6,8 @@ on every fluctuation costs more than it saves. Each call:
 
 1. asks the policy (reactive or SLA) what each pool wants: grow, or may shrink;
 2. decides nothing while a worker is still starting, within ``window_s`` of the last change
-   (an add right after an add: ``grow_window_s``), or once ``max_changes`` changes happened in
-   the last ``cap_window_s``;
+   (an add right after an add: ``grow_window_s``; a removal right after a removal:
+   ``shrink_window_s``), or once ``max_changes`` changes happened in the last ``cap_window_s``;
 3. puts a pool outside its bounds back in (one worker);
 4. turns a grow of one disaggregated pool plus a shrink of the other into one role switch
    (the fleet keeps its size, the roles follow the mix);
@@ -57,7 +57,8 @@ class Planner:
         self.config = config
         self.policy = policy
         self.last_change = -float("inf")
-        self._last_was_add = False
+        self._last: type[Action] | None = None
+        """The kind of the last change (None: none yet)."""
         self._changes: deque[float] = deque()
         self.history: list[DecisionRecord] = []
         self.last_wants: list[Want] = []
@@ -81,7 +82,7 @@ class Planner:
             self.last_hold = "nothing to do"
             return []
         since = obs.now - self.last_change
-        if since < self.config.window_s and not (isinstance(actions[0], AddWorker) and self._last_was_add):
+        if since < self.config.window_s and not isinstance(actions[0], self._last or ()):
             self.last_hold = self._observing(since)
             return []
         self.last_hold = ""
@@ -89,7 +90,7 @@ class Planner:
 
     def _record(self, now: float, actions: list[Action]) -> list[Action]:
         self.last_change = now
-        self._last_was_add = isinstance(actions[-1], AddWorker)
+        self._last = type(actions[-1])
         for a in actions:
             self._changes.append(now)
             self.history.append(DecisionRecord(now, a))
@@ -105,7 +106,11 @@ class Planner:
 
     def _gap(self) -> float:
         """The least time after the last change before the next one may come."""
-        return self.config.add_window_s() if self._last_was_add else self.config.window_s
+        if self._last is AddWorker:
+            return self.config.add_window_s()
+        if self._last is RemoveWorker:
+            return self.config.remove_window_s()
+        return self.config.window_s
 
     def _observing(self, since: float) -> str:
         return f"observing: {since:.0f}s of the {self.config.window_s:g}s window since the last change"

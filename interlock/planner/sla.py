@@ -42,6 +42,12 @@ ask to grow (on a rise the window's success says nothing about the next one): wa
 every reactive signal to settle kept the peak's fleet for minutes after the peak, with the
 observed SLO saying there was room.
 
+A removal that the pool had to turn back from (it grew again within two windows, the load per
+worker not having risen) is not repeated for half an hour (``planner.turns``): when the model's
+need is short of the real one by more than the headroom, the headroom rule removes into misses,
+the feedback grows the pool back, the correction fades and the same removal came again every
+two windows on a steady load.
+
 Tail-aware sizing (``tail``, aggregated pools, when the connector reports requests one by one):
 means cannot see bursts and heavy-tailed prompts, which at a trough make two workers lose one
 request in twelve. The policy then replays the requests of the last ``TAIL_SAMPLE_S`` against
@@ -61,12 +67,13 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from interlock.planner.config import PlannerConfig
-from interlock.planner.forecast import ArrivalForecaster, Forecast
+from interlock.planner.forecast import SHIFT_S, ArrivalForecaster, Forecast
 from interlock.planner.policy import Want
 from interlock.planner.profile import CapabilityProfile, needed
 from interlock.planner.reactive import ReactivePolicy
 from interlock.planner.state import Observation, Traffic, WorkerView
 from interlock.planner.tail import Job, StepTimes, miss_share, workers_needed
+from interlock.planner.turns import TurnMemory
 
 FEEDBACK_REQUESTS = 500
 """Memory of the observed-miss estimate, in finished requests."""
@@ -80,8 +87,8 @@ TAIL_SAMPLE_S = 120.0
 MIN_TAIL_JOBS = 50
 """Fewer requests than this in the sample: size from means."""
 
-SURGE_S = 10.0
-"""A surge is read from the arrivals of the last this many seconds."""
+SURGE_S = SHIFT_S
+"""A surge is read from the arrivals of the last this many seconds (the forecaster's recent rate)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +116,10 @@ class SlaPolicy:
         """Smoothed share of finished requests that missed a target."""
         self.correction = 1.0
         self.reactive = ReactivePolicy(config)
+        self.turns = TurnMemory(2 * config.window_s)
+        """Removals the pool had to turn back from (``planner.turns``)."""
         self._done: deque[tuple[float, int, int]] = deque()
         """(time, finished, met) over the last window."""
-        self._recent: deque[tuple[float, float, int]] = deque()
-        """(time, seconds, arrivals) over the last ``SURGE_S``."""
         self._jobs: deque[Job] = deque()
         """Requests seen one by one, for the tail model."""
         self._first_seen: float | None = None
@@ -207,18 +214,16 @@ class SlaPolicy:
         self._feedback(t.finished, t.met)
         if t.finished:
             self._done.append((obs.now, t.finished, t.met))
-        if t.duration_s > 0:
-            self._recent.append((obs.now, t.duration_s, t.requests))
-        while self._recent and self._recent[0][0] <= obs.now - SURGE_S:
-            self._recent.popleft()
         jobs = self._remember(t, obs.now)
         met = self.window_attainment(obs.now)
         backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
         f = self.forecaster.forecast(self.config.horizon_s)
         if f is None:
             return [w for w in backlog.values() if w.delta > 0]
-        self.last_need = {r: n * self.correction for r, n in self.needs(f).items()}
-        recent = sum(a for _, _, a in self._recent) / max(sum(d for _, d, _ in self._recent), 1e-9)
+        raw = self.needs(f)
+        self.last_need = {r: n * self.correction for r, n in raw.items()}
+        self.turns.observe(obs.now, {r: len(ws) for r, ws in pools.items()}, raw)
+        recent = self.forecaster.recent
         level = self.forecaster.level or 0.0
         surge = {r: n * self.correction for r, n in self.needs(replace(f, rate=recent)).items()}
         self.last_tail = None
@@ -262,7 +267,7 @@ class SlaPolicy:
                     met is not None
                     and met >= self.config.attainment
                     and queued is None
-                    and self.forecaster.trend <= 0
+                    and not self.forecaster.rising()
                 )
                 if not (agrees or meeting):
                     continue
@@ -270,13 +275,22 @@ class SlaPolicy:
                 if not agrees and met is not None:
                     why = f", {100 * met:.1f}% met the targets over {self.config.window_s:g}s"
                 spare = 1 if tail else n - math.ceil(need * (1 + self.config.headroom))
+                why = f" (+{self.config.headroom:.0%} headroom fits in {n - spare}){why}"
+                fewest = self.turns.fewest(role, raw[role])
+                if n - spare < fewest:
+                    spare = n - fewest
+                    why += (
+                        f", not under {fewest}: a removal to x{self.turns.floor(role):.2f} "
+                        f"the model's need was turned back from"
+                    )
+                    if spare < 1:
+                        continue
                 out.append(
                     Want(
                         role,
                         -spare,
                         (n - 1) / max(need, 1e-9),
-                        f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers "
-                        f"(+{self.config.headroom:.0%} headroom fits in {n - spare}){why}"
+                        f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers{why}"
                         + (self._why_tail(n) if tail else self._why_corrected()),
                     )
                 )

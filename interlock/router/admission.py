@@ -4,6 +4,10 @@ Lower ``priority`` value first (the meaning of priority is defined once, in
 ``interlock.protocol.generate``), first-come first within a priority. Past ``capacity`` a new request
 is rejected with ``Overloaded`` (503 + Retry-After) rather than queued without bound: a queue
 longer than a few service times only converts overload into timeouts.
+
+One queue holds requests for every role (a disaggregated request may wait for a prefill
+worker, then for a decode worker while it holds the prefill one); ``roles`` says which roles
+have requests waiting, so the router can pass over those whose workers are all busy.
 """
 
 from __future__ import annotations
@@ -48,7 +52,10 @@ class AdmissionQueue:
         self.retry_after_s = retry_after_s
         self._heap: list[Pending] = []
         self._cancelled: set[str] = set()
-        self._ids: set[str] = set()
+        self._ids: dict[str, str | None] = {}
+        """Waiting request id -> its role."""
+        self._roles: dict[str | None, int] = {}
+        """Role -> requests of it waiting (no zero counts)."""
         self._counter = itertools.count()
 
     def __len__(self) -> int:
@@ -62,8 +69,12 @@ class AdmissionQueue:
             )
         p = Pending((meta.priority, next(self._counter)), meta, hashes, now)
         heapq.heappush(self._heap, p)
-        self._ids.add(meta.request_id)
+        self._add(meta)
         return p
+
+    def roles(self) -> set[str | None]:
+        """The roles (``RequestMeta.role``) of the requests waiting."""
+        return set(self._roles)
 
     def peek(self) -> Pending | None:
         self._drop_cancelled()
@@ -72,20 +83,32 @@ class AdmissionQueue:
     def pop(self) -> Pending:
         self._drop_cancelled()
         p = heapq.heappop(self._heap)
-        self._ids.discard(p.meta.request_id)
+        self._remove(p.meta.request_id)
         return p
 
     def requeue(self, p: Pending) -> None:
         """Put back a request taken with ``pop`` (it keeps its place; no capacity check)."""
         heapq.heappush(self._heap, p)
-        self._ids.add(p.meta.request_id)
+        self._add(p.meta)
 
     def cancel(self, request_id: str) -> bool:
         if request_id not in self._ids:
             return False
-        self._ids.discard(request_id)
+        self._remove(request_id)
         self._cancelled.add(request_id)
         return True
+
+    def _add(self, meta: RequestMeta) -> None:
+        self._ids[meta.request_id] = meta.role
+        self._roles[meta.role] = self._roles.get(meta.role, 0) + 1
+
+    def _remove(self, request_id: str) -> None:
+        role = self._ids.pop(request_id)
+        left = self._roles[role] - 1
+        if left:
+            self._roles[role] = left
+        else:
+            del self._roles[role]
 
     def _drop_cancelled(self) -> None:
         while self._heap and self._heap[0].meta.request_id in self._cancelled:

@@ -11,7 +11,8 @@ Pure: plain values in, a ``DisaggChoice`` out. Estimated time to first token eac
 Go remote only when ``remote < local``. Stay local, whatever the times, when the request's KV is
 larger than ``max_kv_bytes``, when the decode worker lacks the free blocks to receive it, when
 the link failed its last check, or when no prefill worker is alive. With ``enforce`` every
-request goes remote unless one of those holds, and then it fails (the caller answers 503).
+request goes remote unless one of those holds, and then it fails (the caller answers 503); a
+prefill pool that is only busy is waited for in the router's queue (``disagg_flow``).
 
 Why the decode worker's running batch is charged: on a worker that decodes, a long prefill
 stretches every step of the batch (that is the reason to disaggregate at all); its own TTFT is

@@ -1,8 +1,11 @@
 """The router's disaggregated path: decode worker, maybe a prefill worker, one client stream.
 
-Per request (``DisaggFlow.generate``):
+Per request (``DisaggFlow.prepare``):
   1. route to a decode worker (role "decode" or "both"), and tentatively to a prefill worker
-     (role "prefill"; the ``kv`` policy prefers the one holding the prefix);
+     (role "prefill"; the ``kv`` policy prefers the one holding the prefix) if one is free now:
+     with the prefill pool busy the decode worker prefills itself. With ``enforce`` the prefill
+     leg is routed first and waits in the router's queue for a prefill worker like any request
+     (see ``_place_enforced``), then the decode worker is chosen;
   2. ``disagg.choose`` decides remote or local from the workers' last load reports, the KV
      index's overlaps and the link's last check; the reason is logged and counted;
   3. remote: the prefill worker computes the prompt and the first token, stages the KV and
@@ -108,9 +111,13 @@ class DisaggFlow:
         when the request already finished at its first token)."""
         rid = request.request_id
         dispatcher = self.svc.dispatcher
-        d = await dispatcher.route(router, replace(meta, role="decode"), hashes)
+        if self.config.enforce:
+            d, p = await self._place_enforced(router, meta, hashes)
+        else:
+            d, p = await dispatcher.route(router, replace(meta, role="decode"), hashes), None
         try:
-            p = self._tentative_prefill(router, meta, hashes, d.worker_id)
+            if not self.config.enforce:
+                p = self._tentative_prefill(router, meta, hashes, d.worker_id)
             choice = self._choose(request, d, p)
             self._count(self.choices, choice.reason)
             log.info(choice.log_line(rid))
@@ -124,6 +131,8 @@ class DisaggFlow:
             final = await self._prefill(router, request, p)
         except BaseException:
             dispatcher.finish(router, rid)
+            if p is not None:  # not started, or its leg already finished it: then a no-op
+                dispatcher.finish(router, p.request_id)
             raise
         if final is None or final.kv_transfer is None and final.error is not None:
             self._count(self.fallbacks, "prefill_failed")
@@ -142,20 +151,63 @@ class DisaggFlow:
         """The decode worker prefills itself; its prompt tokens count as pending there."""
         return Leg(d, request, held_tokens=self.hold(d.worker_id, len(request.token_ids) - d.cached_tokens))
 
+    async def _place_enforced(
+        self, router: Router, meta: RequestMeta, hashes: list[int]
+    ) -> tuple[Decision, Decision | None]:
+        """(decode worker, prefill worker or None) for a request that must prefill remotely.
+
+        The prefill leg is routed first and, with every prefill worker busy, waits in the
+        router's queue like any request (priority, ``Overloaded`` when the queue is full,
+        ``queue_timeout_s``, cancellation). Only then is the decode worker chosen: it has
+        nothing to do until the prefill answers, and a decode worker chosen first would carry
+        this request's slot and KV footprint through the whole wait, so a prefill-bound
+        burst would make idle decode workers look busy to everyone else. Every request takes
+        the legs in the same order, and the router's queue passes over a role whose workers
+        are all busy (``Router.dispatch_queued``), so a decode leg holding a prefill worker
+        never waits behind prefill legs waiting for it."""
+        dispatcher = self.svc.dispatcher
+        pmeta = self._prefill_meta(meta)
+        try:
+            p = await dispatcher.route(router, pmeta, hashes)
+        except NoWorkers as exc:  # none alive, or none free within the queue timeout
+            self._count(self.choices, "no_prefill_worker")
+            raise NoWorkers(
+                f"disaggregation enforced but no_prefill_worker: {exc.message}", retry_after=exc.retry_after
+            ) from None
+        try:
+            d = await dispatcher.route(router, replace(meta, role="decode"), hashes)
+        except BaseException:
+            dispatcher.finish(router, pmeta.request_id)
+            raise
+        if not self._usable_prefill(p, d.worker_id):
+            dispatcher.finish(router, pmeta.request_id)
+            return d, None
+        return d, p
+
     def _tentative_prefill(
         self, router: Router, meta: RequestMeta, hashes: list[int], decode_id: str
     ) -> Decision | None:
-        pmeta = replace(
-            meta, request_id=meta.request_id + PREFILL_SUFFIX, role="prefill", session_id=None, worker_id=None
-        )
+        """A prefill worker free now, or None: with a busy prefill pool the decode worker
+        prefills itself (the per-request choice; only ``enforce`` waits for one)."""
+        pmeta = self._prefill_meta(meta)
         try:
             p = router.route(pmeta, block_hashes=hashes, may_wait=False)
         except ServiceUnavailable:
             return None
-        if isinstance(p, Pending) or p.worker_id == decode_id or not self._has_agent(p.worker_id):
+        if isinstance(p, Pending) or not self._usable_prefill(p, decode_id):
             self.svc.dispatcher.finish(router, pmeta.request_id)
             return None
         return p
+
+    @staticmethod
+    def _prefill_meta(meta: RequestMeta) -> RequestMeta:
+        return replace(
+            meta, request_id=meta.request_id + PREFILL_SUFFIX, role="prefill", session_id=None, worker_id=None
+        )
+
+    def _usable_prefill(self, p: Decision, decode_id: str) -> bool:
+        """Another worker than the decode one (a "both" worker can be either), with an agent."""
+        return p.worker_id != decode_id and self._has_agent(p.worker_id)
 
     def _has_agent(self, worker_id: str) -> bool:
         info = self.svc.instance(worker_id)

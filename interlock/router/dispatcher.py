@@ -432,15 +432,29 @@ class Dispatcher:
 
     # ---- routing (also used by the disaggregated flow) ----
     async def route(self, router: Router, meta: RequestMeta, hashes: list[int]) -> Decision:
+        """The worker for ``meta``, waiting in the router's queue while every eligible one is
+        busy (``queue_timeout_s`` at most: then ``NoWorkers``). A wait that ends otherwise (the
+        client gone, the router closing) leaves nothing behind: the queue entry is dropped, or,
+        if the request was dispatched in the same instant, that dispatch is released."""
         d = router.route(meta, block_hashes=hashes)
         if isinstance(d, Pending):
             fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
             self._waiters[meta.request_id] = fut
             try:
-                d = await asyncio.wait_for(fut, self.options.queue_timeout_s)
+                # Not wait_for: on 3.11 it returns a result that lands with a cancel, and the
+                # cancel is lost; a bare await raises it, and the dispatch is released below.
+                async with asyncio.timeout(self.options.queue_timeout_s):
+                    d = await fut
             except TimeoutError:
-                router.cancel(meta.request_id)
-                raise NoWorkers("timed out waiting for a free worker", retry_after=1.0) from None
+                self.finish(router, meta.request_id)
+                raise NoWorkers(
+                    f"timed out after {self.options.queue_timeout_s:g} s waiting for a free "
+                    f"{meta.role + ' ' if meta.role else ''}worker",
+                    retry_after=1.0,
+                ) from None
+            except BaseException:
+                self.finish(router, meta.request_id)
+                raise
             finally:
                 self._waiters.pop(meta.request_id, None)
         if self.breakers.dispatched(d.worker_id):

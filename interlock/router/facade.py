@@ -318,9 +318,14 @@ class Router:
         has room. A request keeps its preference (``kv``): if its best worker, priced with the
         wait for room (``cost.room_wait_s``), is a busy one, it stays queued for it as long as
         it has waited less than going elsewhere would cost it; requests behind it may go first
-        (at most ``queue_scan`` of them looked at per call)."""
+        (at most ``queue_scan`` of them looked at per call). Requests of a role whose workers
+        are all busy are passed over while a request of another role waits behind them: a
+        disaggregated request holding a prefill worker while it waits for a decode worker must
+        not wait behind requests waiting for that prefill worker (a deadlock)."""
         out: list[Decision] = []
         kept: list[Pending] = []
+        skipped: list[Pending] = []
+        closed: set[str | None] = set()
         now = self.clock()
         busy = self._busy_mask()
         stamp = (busy.tobytes(), len(self.queue))
@@ -330,8 +335,12 @@ class Router:
         while (p := self.queue.peek()) is not None and len(kept) < self.config.queue_scan:
             eligible = self._eligible(p.meta.role)
             open_ = eligible & ~busy
-            if not open_.any():
-                break
+            if not open_.any():  # and it stays so in this call: dispatching only adds load
+                closed.add(p.meta.role)
+                if self.queue.roles() <= closed:
+                    break
+                skipped.append(self.queue.pop())
+                continue
             self.queue.pop()
             d = self._decide(
                 p.meta,
@@ -347,7 +356,7 @@ class Router:
                 continue
             out.append(self._commit(d, p.meta, p.hashes, now))
             busy = self._busy_mask()
-        for p in kept:
+        for p in kept + skipped:
             self.queue.requeue(p)
         self._queue_stamp = (busy.tobytes(), len(self.queue))
         return out

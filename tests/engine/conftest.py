@@ -86,9 +86,11 @@ def timed_worker(
     model: str = "m",
     block_size: int = 4,
     transfer: TransferAgent | None = None,
+    core: EngineCore | None = None,
 ) -> Worker:
-    """A worker (not started yet) over a ``timed_engine``, on ``runtime``'s planes."""
-    core = timed_engine(speedup, block_size=block_size)
+    """A worker (not started yet) over ``core`` (default: a ``timed_engine``), on ``runtime``'s
+    planes."""
+    core = core or timed_engine(speedup, block_size=block_size)
     info = InstanceInfo(
         instance_id=wid,
         endpoint=subjects.GENERATE_ENDPOINT,

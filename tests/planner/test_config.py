@@ -13,6 +13,7 @@ def test_parse_section() -> None:
         {"policy": "reactive", "window-s": 30, "both": {"min": 2, "max": 5}, "queue_high": 3}
     )
     assert cfg.window_s == 30.0 and cfg.both == RoleBounds(2, 5) and cfg.queue_high == 3.0
+    assert parse_planner_config({"shrink-window-s": 30}).remove_window_s() == 30.0
     assert parse_planner_config(None) == PlannerConfig()
 
 
@@ -31,6 +32,7 @@ def test_parse_section() -> None:
         ({"both": {"min": 0, "max": 0}}, "no worker allowed"),
         ({"surge": 0.8}, "planner.surge must be above 1"),
         ({"step_share": 2}, "planner.step_share must be in"),
+        ({"shrink_window_s": 120}, "planner needs 0 <= shrink_window_s <= window_s"),
         ([1, 2], "expected a mapping"),
     ],
 )

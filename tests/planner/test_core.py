@@ -221,6 +221,30 @@ def test_grow_window_must_fit_in_the_window() -> None:
         PlannerConfig(window_s=30.0, grow_window_s=60.0)
 
 
+def test_shrink_window_lets_removals_follow_removals_sooner_but_not_an_add() -> None:
+    cfg = replace(CFG, both=RoleBounds(1, 10), shrink_window_s=30.0)
+    p = Planner(cfg, Asks(-1, surge=False))
+    ws = list(fleet(*[0] * 8))
+    for t in range(0, 100, 5):
+        for a in p.decide(Observation(float(t), tuple(ws))):
+            assert isinstance(a, RemoveWorker)
+            ws = [w for w in ws if w.worker_id != a.worker_id]
+    assert [r.at for r in p.history] == [0.0, 30.0, 60.0, 90.0]
+    # turning round: an add after a removal waits the whole window
+    p.policy = Asks(1, surge=False)
+    assert p.decide(Observation(120.0, tuple(ws))) == []
+    assert p.last_hold.startswith("observing: 30s of the 60s window")
+    assert len(p.decide(Observation(150.0, tuple(ws)))) == 1
+
+
+def test_shrink_window_must_fit_in_the_window() -> None:
+    with pytest.raises(ConfigError, match="shrink_window_s"):
+        PlannerConfig(window_s=30.0, shrink_window_s=60.0)
+    with pytest.raises(ConfigError, match="shrink_window_s"):
+        PlannerConfig(shrink_window_s=-1.0)
+    assert PlannerConfig(window_s=60.0).remove_window_s() == 60.0
+
+
 class Asks:
     """A policy that asks for ``delta`` workers of the aggregated pool at every observation
     (a surge by default)."""

@@ -26,3 +26,16 @@ def test_cancelled_requests_are_skipped() -> None:
     q.push(meta("b"), (), 0.0)
     assert q.cancel("a") and not q.cancel("zzz")
     assert len(q) == 1 and q.pop().meta.request_id == "b"
+
+
+def test_roles_of_the_waiting_requests() -> None:
+    q = AdmissionQueue()
+    q.push(RequestMeta("a", 10, role="prefill"), (), 0.0)
+    q.push(RequestMeta("b", 10, role="decode"), (), 0.0)
+    q.push(RequestMeta("c", 10), (), 0.0)
+    assert q.roles() == {"prefill", "decode", None}
+    assert q.cancel("b") and q.roles() == {"prefill", None}
+    p = q.pop()
+    assert p.meta.request_id == "a" and q.roles() == {None}
+    q.requeue(p)
+    assert q.roles() == {"prefill", None} and len(q) == 2

@@ -13,11 +13,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from interlock.engine.core import EngineCore
 from interlock.engine.timing import TimingModel
 from interlock.engine.worker import Worker
-from interlock.errors import TransportError, WorkerFailed
+from interlock.errors import NoWorkers, TransportError, WorkerFailed
 from interlock.protocol import GenerateOutput, GenerateRequest, SamplingParams
 from interlock.protocol.routing import RequestContext
+from interlock.router.admission import RequestMeta
 from interlock.router.breaker import BreakerConfig
 from interlock.router.disagg import DisaggConfig
 from interlock.router.dispatcher import DispatchOptions
@@ -25,6 +27,7 @@ from interlock.router.facade import RouterConfig
 from interlock.router.service import RouterService, ServiceOptions
 from interlock.runtime import InProcRegistry, connect_runtime
 from interlock.runtime.runtime import Runtime
+from interlock.transfer import TransferAgent
 from tests.engine.conftest import timed_worker
 
 MODEL = "m"
@@ -37,9 +40,32 @@ class Fleet:
         self.service = service
         self.registry = registry
         self.workers: dict[str, Worker] = {}
+        self.agents: list[TransferAgent] = []
 
-    async def add(self, wid: str, role: str = "both", speedup: float = 20.0) -> Worker:
-        w = timed_worker(wid, self.runtime, speedup=speedup, role=role, model=MODEL, block_size=BLOCK)
+    async def add(
+        self,
+        wid: str,
+        role: str = "both",
+        speedup: float = 20.0,
+        *,
+        core: EngineCore | None = None,
+        agent: bool = False,
+    ) -> Worker:
+        """A started worker over ``core`` (default: a timed mock engine); ``agent``: with a KV
+        transfer agent (disaggregation)."""
+        transfer = TransferAgent() if agent else None
+        if transfer is not None:
+            self.agents.append(transfer)
+        w = timed_worker(
+            wid,
+            self.runtime,
+            speedup=speedup,
+            role=role,
+            model=MODEL,
+            block_size=BLOCK,
+            transfer=transfer,
+            core=core,
+        )
         await w.start()
         self.workers[wid] = w
         assert await self.service.wait_for_workers(len(self.workers), 5.0) == len(self.workers)
@@ -56,7 +82,11 @@ class Fleet:
 
 @contextlib.asynccontextmanager
 async def fleet(
-    options: DispatchOptions = DispatchOptions(), *, breaker: BreakerConfig = BreakerConfig()
+    options: DispatchOptions = DispatchOptions(),
+    *,
+    breaker: BreakerConfig = BreakerConfig(),
+    config: RouterConfig = RouterConfig(block_size=BLOCK),
+    disagg: DisaggConfig | None = None,
 ) -> AsyncIterator[Fleet]:
     registry = InProcRegistry()
     runtime = await connect_runtime(None, registry=registry)
@@ -64,8 +94,9 @@ async def fleet(
         discovery=runtime.discovery,
         requests=runtime.requests,
         events=runtime.events,
-        config=RouterConfig(block_size=BLOCK),
+        config=config,
         options=ServiceOptions(dispatch=options, breaker=breaker),
+        disagg=disagg,
     )
     await service.start()
     f = Fleet(runtime, service, registry)
@@ -74,6 +105,8 @@ async def fleet(
     finally:
         for w in list(f.workers.values()):
             await w.close()
+        for ag in f.agents:
+            ag.close()
         await service.close()
         await runtime.close()
 
@@ -249,39 +282,14 @@ def test_repeated_failures_open_the_breaker_then_a_probe_closes_it() -> None:
 
 def test_disaggregated_decode_worker_killed_mid_stream() -> None:
     async def main() -> None:
-        registry = InProcRegistry()
-        runtime = await connect_runtime(None, registry=registry)
-        from interlock.transfer import TransferAgent
-
-        service = RouterService(
-            discovery=runtime.discovery,
-            requests=runtime.requests,
-            events=runtime.events,
-            config=RouterConfig(block_size=BLOCK),
-            disagg=DisaggConfig(enforce=True),
-        )
-        await service.start()
-        f = Fleet(runtime, service, registry)
-        agents = []
-        try:
+        async with fleet(disagg=DisaggConfig(enforce=True)) as f:
             for wid, role in (("p", "prefill"), ("d1", "decode"), ("d2", "decode")):
-                agents.append(TransferAgent())
-                w = timed_worker(wid, runtime, role=role, model=MODEL, block_size=BLOCK, transfer=agents[-1])
-                await w.start()
-                f.workers[wid] = w
-            assert await service.wait_for_workers(3, 5.0) == 3
+                await f.add(wid, role, agent=True)
             reference = await collect(f, request("ref"), pin="d2")
             outs = await collect(f, request("r"), pin="d1", after=6, action=f.kill)
             assert toks(outs) == toks(reference) and len(toks(outs)) == 60
-            assert service.dispatcher.metrics.migrations == 1
-            assert service.disagg is not None and not service.disagg.pending
-        finally:
-            for w in list(f.workers.values()):
-                await w.close()
-            for ag in agents:
-                ag.close()
-            await service.close()
-            await runtime.close()
+            assert f.service.dispatcher.metrics.migrations == 1
+            assert f.service.disagg is not None and not f.service.disagg.pending
 
     asyncio.run(main())
 
@@ -296,5 +304,38 @@ def test_a_finished_request_is_recorded_for_the_planner() -> None:
             assert m.completed == 1 and c.output_tokens == len(toks(outs)) == 12
             assert c.prompt_tokens == 21 and 0 < c.ttft_s and 0 < c.decode_s and c.model == MODEL
             assert time.monotonic() - c.arrived_s >= c.ttft_s + c.decode_s
+
+    asyncio.run(body())
+
+
+def test_a_queued_wait_that_ends_early_leaves_no_entry_and_no_load() -> None:
+    """A request waiting in the router's queue whose client leaves, whose wait times out, or
+    which is dispatched in the same instant as it is cancelled: nothing stays queued or counted
+    on the worker (a leaked dispatch would keep the worker busy for good)."""
+
+    async def body() -> None:
+        one = RouterConfig(block_size=BLOCK, max_inflight_per_worker=1)
+        async with fleet(DispatchOptions(queue_timeout_s=0.2), config=one) as f:
+            await f.add("w0")
+            disp, router = f.service.dispatcher, f.service.routers[MODEL]
+            await disp.route(router, RequestMeta("a", prompt_tokens=8), [])
+            gone = asyncio.create_task(disp.route(router, RequestMeta("b", prompt_tokens=8), []))
+            await asyncio.sleep(0)
+            assert len(router.queue) == 1
+            gone.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await gone
+            assert len(router.queue) == 0 and not router.load.is_inflight("b")
+            with pytest.raises(NoWorkers, match="timed out after 0.2 s waiting for a free decode worker"):
+                await disp.route(router, RequestMeta("c", prompt_tokens=8, role="decode"), [])
+            assert len(router.queue) == 0 and not router.load.is_inflight("c")
+            raced = asyncio.create_task(disp.route(router, RequestMeta("d", prompt_tokens=8), []))
+            await asyncio.sleep(0)
+            disp.finish(router, "a")  # "d" is dispatched: its wait is over, but not yet resumed
+            assert router.load.is_inflight("d")
+            raced.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await raced
+            assert not router.load.is_inflight("d") and len(router.queue) == 0
 
     asyncio.run(body())

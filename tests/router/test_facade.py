@@ -225,6 +225,26 @@ def test_queue_when_all_busy_then_dispatch_reject_past_capacity() -> None:
     assert r.dispatch_queued() == []
 
 
+def test_a_queued_request_is_not_held_behind_one_whose_role_is_all_busy() -> None:
+    """A disaggregated request holding the prefill worker waits for the decode worker behind a
+    request waiting for that prefill worker: once the decode worker frees, it goes (before,
+    the busy head blocked the queue: both waited for each other)."""
+    r, _ = make(0, max_inflight_per_worker=1)
+    r.add_worker(info("p", role="prefill"))
+    r.add_worker(info("d", role="decode"))
+    route(r, "a#prefill", PROMPT, role="prefill")
+    route(r, "b", PROMPT, role="decode")
+    assert isinstance(r.route(req("c#prefill", role="prefill"), token_ids=PROMPT), Pending)
+    assert isinstance(r.route(req("a", role="decode"), token_ids=PROMPT), Pending)
+    assert r.queue.roles() == {"prefill", "decode"}
+    r.on_finish("b")
+    assert [d.request_id for d in r.dispatch_queued()] == ["a"]
+    assert r.queue.roles() == {"prefill"} and len(r.queue) == 1
+    r.on_finish("a#prefill")
+    assert [d.request_id for d in r.dispatch_queued()] == ["c#prefill"]
+    assert r.queue.roles() == set() and len(r.queue) == 0
+
+
 def usage(wid: str, frac: float, t: float) -> LoadReport:
     return LoadReport(
         instance_id=wid,
