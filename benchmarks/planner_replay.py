@@ -44,8 +44,10 @@ import time
 from dataclasses import replace
 
 from interlock.mooncake import load_mooncake
+from interlock.names import STALL_OVER
 from interlock.planner import PlannerConfig, RoleBounds, load_profile
 from interlock.router import RouterConfig
+from interlock.router.cost import CostParams
 from interlock.sim import ReplayConfig, ReplayReport, TraceHasher, mooncake_requests, replay
 from interlock.sim.rate import diurnal, overlay, parse_curve, tile, warp
 
@@ -184,6 +186,12 @@ def main() -> None:
         help="replay the offline bound's sizes (within the peak fleet's misses) with start-up paid",
     )
     ap.add_argument("--schedule", default=None, help="replay this fleet schedule: FROM_S:SIZE,...")
+    ap.add_argument(
+        "--stall-over",
+        choices=STALL_OVER,
+        default=CostParams.stall_over,
+        help="the kv cost's stall counts these requests (CostParams.stall_over)",
+    )
     ap.add_argument("--json", default=None, help="also write every report here")
     args = ap.parse_args()
 
@@ -208,7 +216,7 @@ def main() -> None:
         flush=True,
     )
     cfg = ReplayConfig(
-        router=RouterConfig(policy="kv", block_size=64, seed=0),
+        router=RouterConfig(policy="kv", block_size=64, seed=0, cost=CostParams(stall_over=args.stall_over)),
         ttft_slo_ms=args.ttft_slo_ms,
         itl_slo_ms=args.itl_slo_ms,
         startup_s=args.startup_s,

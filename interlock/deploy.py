@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from interlock.errors import ConfigError
-from interlock.names import POLICIES, ROLES, RUNNERS, TRANSPORTS, policy_name
+from interlock.names import POLICIES, ROLES, RUNNERS, STALL_OVER, TRANSPORTS, policy_name
 
 METRIC_FAMILIES = (
     "requests",
@@ -163,6 +163,10 @@ class Routing:
     preempted for priority."""
     kv_usage_watermark: float = 0.7
     queue_size: int = 256
+    stall_over: str = "decoding"
+    """Whom the ``kv`` cost's stall term counts on each worker: ``decoding`` (the requests past
+    their first token) or ``inflight`` (every request there: better SLA on large fleets at
+    moderate load, fewer hits far past saturation; BENCHMARKS.md, Router at scale)."""
 
 
 @dataclass(frozen=True)
@@ -322,6 +326,7 @@ def validate_deployment(d: Deployment) -> None:
         _validate_group(g, at)
     r = d.routing
     _one_of(r.policy, POLICIES, "routing.policy")
+    _one_of(r.stall_over, STALL_OVER, "routing.stall_over")
     if r.route_key is not None and not r.route_key.strip():
         raise ConfigError("routing.route_key: must be a header name")
     if not 0.0 < r.kv_usage_watermark <= 1.0:

@@ -13,6 +13,10 @@ POLICIES = ("kv", "round-robin", "random", "least-loaded", "power-of-two")
 """Base routing policies. Session affinity, route keys and direct pins are per-request overlays
 (headers), on top of whichever base policy is chosen."""
 
+STALL_OVER = ("decoding", "inflight")
+"""Whom the ``kv`` cost's stall term counts on a worker (``CostParams.stall_over``): the
+requests decoding there, or every request in flight there."""
+
 RUNNERS = ("torch", "mock")
 """Model runners: the PyTorch model, or the mock with Dynamo's timing model."""
 

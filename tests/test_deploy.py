@@ -98,6 +98,10 @@ def test_older_names_are_aliases():
     [
         ({"routing": {"polcy": "kv"}}, "routing.polcy: unknown key"),
         ({"routing": {"policy": "fastest"}}, "routing.policy: 'fastest' is not one of kv, round-robin"),
+        (
+            {"routing": {"stall_over": "queued"}},
+            "routing.stall_over: 'queued' is not one of decoding, inflight",
+        ),
         ({"bogus": {}}, "bogus: unknown section"),
         ({"control-plane": {"listen_port": 70000}}, "control-plane.listen_port"),
         (

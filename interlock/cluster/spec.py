@@ -127,7 +127,11 @@ def router_config(spec: ClusterSpec) -> RouterConfig:
     return RouterConfig(
         policy=r.policy,
         queue_capacity=r.queue_size,
-        cost=CostParams(kv_watermark=r.kv_usage_watermark, chunk_tokens=chunk_tokens(spec.deployment)),
+        cost=CostParams(
+            kv_watermark=r.kv_usage_watermark,
+            chunk_tokens=chunk_tokens(spec.deployment),
+            stall_over=r.stall_over,
+        ),
     )
 
 

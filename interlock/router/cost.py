@@ -78,6 +78,21 @@ alone costs less (x9 2.0 -> 2.3 s, x10 2.4 -> 2.9 s; Dynamo's 2.4 / 5.4 s), took
 to 90% of the pooled bound and the agent workload's p99 over x1.25-x3.5 from 194-292 to 223-283
 ms (BENCHMARKS.md, Saturation).
 
+Stall at scale (``stall_over``, "decoding" by default): counted over the requests decoding
+now, the stall misses those queued on the worker, which decode while this request's chunks
+run. On a worker busy with long prefills few requests are past their first token, so another
+long prompt is priced cheap there, and the same workers keep taking the long prompts; the
+requests queued behind them miss their TTFT, and the short answers decoding there their ITL.
+The larger the fleet, the likelier one such worker is the cheapest at a given moment: on the
+Mooncake trace at the planner's load (``benchmarks/router_scale.py``: K salted copies of the
+trace on K x 7 workers) the worker computing the most prefill had 1.04x the mean at 7 workers
+and 1.26x at 28, and SLA attainment fell from 98.2% to 97.5%, where the four copies on four
+fleets of 7 get 98.1% on average. Counted over every request in flight ("inflight"): 98.55%
+at 7, 98.27% at 28 against 98.35% on four fleets of 7, and lower TTFT p99 on the conversation
+trace at x7.5-x10 and the agent workload; but at x12 (8 workers far past saturation, queues
+seconds long everywhere) the hit ratio falls from 90% to 88% of the pooled bound, so it is not
+the default (BENCHMARKS.md, Router at scale).
+
 KV tiers: ``lower_blocks_w`` more blocks right after the device-pool prefix that worker ``w``
 holds in host memory or on disk are not computed but loaded (the engine always loads them);
 they count as hits in ``uncached_w`` and cost ``lower_blocks_w * load_s_per_block_w``, the
@@ -120,6 +135,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from interlock.errors import ConfigError
+from interlock.names import STALL_OVER
 
 
 @dataclass(frozen=True)
@@ -147,6 +163,11 @@ class CostParams:
     price_room: bool = True
     """Add the wait for KV room (``room_wait_s``); off: a full worker is priced as an empty
     one with the same queue."""
+    stall_over: str = "decoding"
+    """Whom the stall term counts on each worker (``STALL_OVER``): "decoding", the requests
+    past their first token; "inflight", every request in flight there (those still queued
+    decode while this one's chunks run; see "Stall at scale" above). The router picks the
+    vector it passes as ``decoding``; the formula is the same."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.chunk_tokens < 1:
@@ -155,6 +176,8 @@ class CostParams:
             raise ConfigError("kv_watermark must be in (0, 1]")
         if self.temperature < 0 or self.kv_penalty < 0 or self.decode_weight < 0 or self.stall_weight < 0:
             raise ConfigError("temperature, kv_penalty, decode_weight and stall_weight must be >= 0")
+        if self.stall_over not in STALL_OVER:
+            raise ConfigError(f"stall_over must be one of {STALL_OVER}, not {self.stall_over!r}")
 
 
 def ttft_costs(

@@ -537,7 +537,7 @@ class Router:
                 meta.max_tokens,
                 k,
                 self._rotation,
-                self.load.cost_vectors(self.config.cost.price_room),
+                self.load.cost_vectors(self.config.cost.price_room, self.config.cost.stall_over),
                 weight,
                 None if self._is_whole(mask) else mask,
             )
@@ -627,7 +627,7 @@ class Router:
             drain_tokens=meta.max_tokens,
             weight=weight,
             eligible=None if self._is_whole(mask) else mask,
-            decoding=load.decoding,
+            decoding=load.stalled(self.config.cost.stall_over),
         )
 
     def _fill_uncached(self, meta: RequestMeta, runs: list[tuple[int, int]], n: int) -> np.ndarray:
@@ -670,7 +670,7 @@ class Router:
             kv_usage=load.kv_used_frac[:n],
             decode_tokens=meta.max_tokens,
             waiting=load.reported_waiting[:n],
-            decoding=load.decoding[:n],
+            decoding=load.stalled(self.config.cost.stall_over)[:n],
             lower_blocks=lower,
             load_s_per_block=load.load_s_per_block[:n] if lower is not None else None,
             **self._room(n, meta.max_tokens, decode_step),

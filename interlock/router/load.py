@@ -688,12 +688,17 @@ class LoadTracker:
             )
         return self._fastest_decode
 
-    def cost_vectors(self, price_room: bool) -> tuple[object, ...]:
+    def stalled(self, over: str) -> np.ndarray:
+        """Per slot: the requests a prefill step there stalls, as ``CostParams.stall_over``
+        counts them: "decoding" (past their first token), else every request in flight."""
+        return self.decoding if over == "decoding" else self._busy_n
+
+    def cost_vectors(self, price_room: bool, stall_over: str = "decoding") -> tuple[object, ...]:
         """What the compiled ``kv`` decision reads, in its order (``csrc/kvindex.c``,
         ``decide``): queue ahead, per-token and per-step speed, reported queue depth, decode
         step (as ``decode_step_terms``, computed there), KV usage as reported, blocks free and in
-        use (None, None without ``price_room``), in-flight requests, requests decoding. One call
-        instead of seven on the decision's path."""
+        use (None, None without ``price_room``), in-flight requests, the requests a prefill
+        stalls (``stalled``). One call instead of seven on the decision's path."""
         overhead, per_token = self.speeds()
         room = price_room
         return (
@@ -706,7 +711,7 @@ class LoadTracker:
             self._free if room else None,
             self._used if room else None,
             self._busy_n,
-            self.decoding,
+            self.stalled(stall_over),
         )
 
     def blocks_in_use(self) -> tuple[np.ndarray, np.ndarray]:

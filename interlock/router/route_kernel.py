@@ -51,7 +51,7 @@ _MAX_REMEMBERED = 64
 _lock = threading.Lock()
 
 
-MIRRORED = "f67c0a16a87078cb"
+MIRRORED = "6b24e6a44a026863"
 """``cost_fingerprint()`` of the cost code ``route_kv.c`` mirrors. Where ``cost.py`` changes
 (a new term, a new weight), the compiled decision is switched off (``mirrors_cost``) until
 ``route_kv.c`` is brought in line and this updated: the router then decides with numpy, never
@@ -70,6 +70,7 @@ _MIRRORED_PARAMS = frozenset(
         "temperature",
         "tie_tolerance_s",
         "price_room",
+        "stall_over",  # which vector the router passes as ``decoding``: read in Python
     }
 )
 """The ``CostParams`` fields the compiled decision reads or checks (all of them)."""

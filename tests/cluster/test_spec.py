@@ -158,15 +158,17 @@ def test_routing_keys_shape_the_router(model: Path) -> None:
             "kv_usage_watermark": 0.5,
             "queue_size": 9,
             "max_remote_kv_bytes": 1000,
+            "stall_over": "inflight",
         },
     )
     spec = ClusterSpec(deployment=d)
     rc = router_config(spec)
-    assert (rc.policy, rc.queue_capacity, rc.cost.kv_watermark, rc.cost.chunk_tokens) == (
+    assert (rc.policy, rc.queue_capacity, rc.cost.kv_watermark, rc.cost.chunk_tokens, rc.cost.stall_over) == (
         "power-of-two",
         9,
         0.5,
         512,
+        "inflight",
     )
     dc = disagg_config(spec)
     assert (dc.enforce, dc.max_kv_bytes, dc.chunk_tokens) == (False, 1000, 512)

@@ -122,6 +122,8 @@ def test_params_are_validated() -> None:
         CostParams(kv_watermark=0.0)
     with pytest.raises(ConfigError):
         CostParams(temperature=-1)
+    with pytest.raises(ConfigError, match="stall_over"):
+        CostParams(stall_over="queued")
 
 
 def test_room_wait_is_the_deficit_released_at_the_rate_blocks_in_use_free() -> None:

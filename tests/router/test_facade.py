@@ -7,6 +7,7 @@ from interlock.errors import ConfigError, NoWorkers, Overloaded
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
 from interlock.router import Decision, Pending, RequestMeta, Router, RouterConfig
+from interlock.router.cost import CostParams
 
 BS = 4
 
@@ -402,3 +403,16 @@ def test_removed_worker_takes_its_blocks_and_sessions() -> None:
     r.remove_worker("w0")
     d = route(r, "b", PROMPT, session_id="s")
     assert d.worker_id == "w1" and d.overlap_blocks == 0
+
+
+@pytest.mark.parametrize(("over", "pick"), [("decoding", "w0"), ("inflight", "w1")])
+def test_the_stall_counts_queued_requests_with_stall_over_inflight(over: str, pick: str) -> None:
+    # w0 has three requests queued (none past its first token), w1 one decoding: a 10-chunk
+    # prompt stalls nobody on w0 counted by "decoding", but the three once they decode, and
+    # "inflight" counts them
+    r, _ = make(2, share_load=False, cost=CostParams(chunk_tokens=400, stall_over=over))
+    for i in range(3):
+        route(r, f"q{i}", [7], worker_id="w0")
+    route(r, "d0", [8], worker_id="w1")
+    r.on_first_token("d0")
+    assert route(r, "long", [9] * 4000).worker_id == pick

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import interlock.router.route_kernel as route_kernel
 from interlock.env import get_env
+from interlock.names import STALL_OVER
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
 from interlock.router import Decision, RequestMeta, Router, RouterConfig, native
@@ -242,10 +243,12 @@ def test_the_backlog_is_the_mean_numpy_takes(n: int, waiting: bool) -> None:
     assert (ranked, slot) == (want_ranked, want_slot)
 
 
-def _routes(seed: int) -> list[tuple[str, tuple[tuple[str, float], ...]]]:
-    """A small fleet's decisions: shared prefixes, load reports, in-flight requests."""
+def _routes(seed: int, stall_over: str = "decoding") -> list[tuple[str, tuple[tuple[str, float], ...]]]:
+    """A small fleet's decisions: shared prefixes, load reports, in-flight requests, some of
+    them past their first token."""
     rng = random.Random(seed)
-    r = Router(RouterConfig(block_size=4, seed=0), clock=lambda: 0.0)
+    cost = CostParams(stall_over=stall_over)
+    r = Router(RouterConfig(block_size=4, seed=0, cost=cost), clock=lambda: 0.0)
     for w in range(12):
         r.add_worker(
             InstanceInfo(
@@ -290,6 +293,8 @@ def _routes(seed: int) -> list[tuple[str, tuple[tuple[str, float], ...]]]:
         if isinstance(d, Decision):
             out.append((d.worker_id, tuple((c.worker_id, c.cost_s) for c in d.candidates)))
             inflight.append(f"r{i}")
+            if rng.random() < 0.5:
+                r.on_first_token(f"r{i}")
         if len(inflight) > 20:
             r.on_finish(inflight.pop(rng.randrange(len(inflight))))
         out.extend((d.worker_id, ()) for d in r.dispatch_queued())
@@ -313,20 +318,23 @@ def fresh_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pytes
 
 
 @needs_kernel
-def test_a_router_decides_the_same_with_or_without_the_kernel(fresh_env: pytest.MonkeyPatch) -> None:
-    with_kernel = _routes(7)  # the compiled index and decision in one call, where it builds
+@pytest.mark.parametrize("over", STALL_OVER)
+def test_a_router_decides_the_same_with_or_without_the_kernel(
+    fresh_env: pytest.MonkeyPatch, over: str
+) -> None:
+    with_kernel = _routes(7, over)  # the compiled index and decision in one call, where it builds
     if native.load() is not None:  # the kernel alone over the Python index (no Python headers)
         with pytest.MonkeyPatch.context() as no_index:
             no_index.setattr(native, "load", lambda: None)
             r = Router(RouterConfig())
             assert not r.indexer.compiled and r._kernel is not None and r._kernel.has_library
-            assert _routes(7) == with_kernel
+            assert _routes(7, over) == with_kernel
     fresh_env.setenv("INTERLOCK_CPU_KERNELS", "0")
     get_env.cache_clear()
     route_kernel.load.cache_clear()
     native.load.cache_clear()
     assert Router(RouterConfig())._kernel is None
-    assert _routes(7) == with_kernel
+    assert _routes(7, over) == with_kernel
 
 
 def test_without_a_compiler_the_router_decides_with_numpy(
