@@ -4,7 +4,7 @@ Pure functions over per-worker vectors (numpy), no state. For worker ``w``::
 
     uncached_w = max(prompt_tokens - overlap_w * block_size, 1)    # prefix hits are free
     work_w     = queued_prefill_w + uncached_w                      # tokens ahead of our 1st token
-    backlog    = mean(queued_prefill) / chunk_tokens                # the fleet's, one number
+    backlog    = sum(queued_prefill) / workers / chunk_tokens      # the fleet's mean, one number
     ttft_w     = (work_w + miss_weight * ((1 + backlog) + waiting_w) * uncached_w) * per_token_s_w
                + ceil(work_w / chunk_tokens) * step_overhead_s_w    # per-step cost, decodes included
                + stall_weight * decoding_w * ceil(uncached_w / chunk_tokens) * step_overhead_s_w
@@ -42,8 +42,12 @@ holding the prefix, median 33k tokens). A chunk of queue is taken for one reques
 prefill budget, the most of one prompt a step computes). Charging a worker's own queue instead
 changed nothing (x10: 88% of the pooled bound either way); the fleet's took x9 / x10 / x12 to
 97% / 96% / 89% and agent x3.5 TTFT p99 to 292 ms (BENCHMARKS.md, Saturation). The mean is over
-the vector given (slots without a worker count as empty queues). With every queue empty it is 0
-and the cost is the same as without it, to the last bit.
+the fleet's workers (``backlog_workers``; the router passes every worker it has registered, the
+unhealthy, held and draining ones and those of other roles too: each one's queue is in the sum,
+and its own load reports keep it there), not over the vector's slots: the slots of workers that
+left hold empty queues, and counted, after a planner shrank a fleet from 40 workers to 8, they
+cut the charge by up to 5x. With every queue empty it is 0 and the cost is the same as without
+it, to the last bit.
 
 ``decode_weight`` (default 0.15) adds that share of the request's own decode time at the
 worker's expected decode step (``LoadTracker.decode_step``, which grows with the context the
@@ -199,11 +203,14 @@ def ttft_costs(
     drain_s: np.ndarray | None = None,
     waiting: np.ndarray | None = None,
     decoding: np.ndarray | None = None,
+    backlog_workers: int | None = None,
 ) -> np.ndarray:
     """Estimated seconds to first token on each worker, a miss charged for the requests it
     delays (``behind``: 1 + the fleet's backlog in chunks, plus ``waiting``; see the module
     docstring); with ``free_blocks``, ``used_blocks`` and ``drain_s`` the
-    wait for room is added last.
+    wait for room is added last. ``backlog_workers``: the workers the fleet's mean queue is
+    over (None: every entry of ``queued_prefill``; the entries of slots without a worker must
+    be 0).
 
     Give either ``overlap_blocks`` (and optionally ``lower_blocks``) or ``uncached_tokens``,
     the ``uncached_w`` of the formula already worked out (the router builds it straight from
@@ -222,7 +229,8 @@ def ttft_costs(
     work = queued_prefill + uncached
     behind = 1.0  # the next request, and one per chunk of the fleet's mean queue
     if params.backlog_charge:
-        behind += float(queued_prefill.mean()) / params.chunk_tokens
+        fleet = len(queued_prefill) if backlog_workers is None else backlog_workers
+        behind += float(queued_prefill.sum()) / fleet / params.chunk_tokens
     if waiting is None:
         cost = work + (params.miss_weight * behind) * uncached
     else:

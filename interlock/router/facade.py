@@ -540,6 +540,7 @@ class Router:
                 self.load.cost_vectors(self.config.cost.price_room, self.config.cost.stall_over),
                 weight,
                 None if self._is_whole(mask) else mask,
+                len(self._workers),
             )
         elif kernel is not None and kernel.has_library:
             runs = self.indexer.overlap_masks(hashes) if hashes else []
@@ -628,6 +629,7 @@ class Router:
             weight=weight,
             eligible=None if self._is_whole(mask) else mask,
             decoding=load.stalled(self.config.cost.stall_over),
+            fleet=len(self._workers),
         )
 
     def _fill_uncached(self, meta: RequestMeta, runs: list[tuple[int, int]], n: int) -> np.ndarray:
@@ -648,7 +650,9 @@ class Router:
     def _kv_costs(
         self, meta: RequestMeta, hashes: Sequence[int], runs: list[tuple[int, int]], n: int
     ) -> np.ndarray:
-        """The ``kv`` cost of every slot (numpy)."""
+        """The ``kv`` cost of every slot (numpy); the fleet's backlog is the mean over every
+        registered worker, whatever its health or role (each one's queue is in the sum; a slot
+        freed by a removed worker holds 0 and is not counted: ``cost.py``)."""
         load = self.load
         overhead, per_token = load.speeds()
         decode_step = load.decode_step()[:n]
@@ -671,6 +675,7 @@ class Router:
             decode_tokens=meta.max_tokens,
             waiting=load.reported_waiting[:n],
             decoding=load.stalled(self.config.cost.stall_over)[:n],
+            backlog_workers=len(self._workers),
             lower_blocks=lower,
             load_s_per_block=load.load_s_per_block[:n] if lower is not None else None,
             **self._room(n, meta.max_tokens, decode_step),

@@ -46,12 +46,12 @@ MAX_RANKED = 64
 """The most candidates the kernel ranks (``RouterConfig.num_candidates`` above it: numpy)."""
 _PACKED = (ctypes.c_void_p,) * 3
 """``route_kv_packed``: int64 addresses, doubles, int64s, in ``route_kv``'s order (``decide``;
-the int64s: n, rotation, k, backlog_charge; what was added since at the end of each)."""
+the int64s: n, rotation, k, backlog_charge, fleet; what was added since at the end of each)."""
 _MAX_REMEMBERED = 64
 _lock = threading.Lock()
 
 
-MIRRORED = "6b24e6a44a026863"
+MIRRORED = "27f7e1b11452087c"
 """``cost_fingerprint()`` of the cost code ``route_kv.c`` mirrors. Where ``cost.py`` changes
 (a new term, a new weight), the compiled decision is switched off (``mirrors_cost``) until
 ``route_kv.c`` is brought in line and this updated: the router then decides with numpy, never
@@ -132,7 +132,7 @@ class RouteKernel:
         self._fn = lib.route_kv_packed if lib is not None else None
         self._ptrs = np.zeros(19, dtype=np.int64)
         self._reals = np.zeros(10)
-        self._ints = np.zeros(4, dtype=np.int64)
+        self._ints = np.zeros(5, dtype=np.int64)
         self._args = (self._ptrs.ctypes.data, self._reals.ctypes.data, self._ints.ctypes.data)
         self._addr: dict[int, tuple[np.ndarray, int]] = {}
         self._cost = np.zeros(0)
@@ -200,13 +200,15 @@ class RouteKernel:
         weight: np.ndarray | None = None,
         eligible: np.ndarray | None = None,
         decoding: np.ndarray | None = None,
+        fleet: int | None = None,
     ) -> tuple[np.ndarray, list[int], int]:
         """``(costs, ranked, slot)`` for the first ``n`` workers: ``ttft_costs`` (divided by
         ``weight`` if given), ``cheapest(costs, eligible, k)`` and ``choose`` at temperature 0,
         -1 for the slot where numpy must choose (no eligible worker with a finite cost, or a
         NaN cost; ``ranked`` is then empty). Vectors are read up to ``n`` (they may be longer);
         the wait for room is priced when ``free`` and ``used`` are given, draining in
-        ``decode_step * drain_tokens``; the stall of the worker's decodes with ``decoding``.
+        ``decode_step * drain_tokens``; the stall of the worker's decodes with ``decoding``;
+        the backlog's mean over ``fleet`` workers (``ttft_costs``' ``backlog_workers``; None: n).
         ``costs`` is a view of a buffer the next call
         overwrites."""
         if self._fn is None:
@@ -215,7 +217,7 @@ class RouteKernel:
         self._pack(
             params, n, self._at(uncached), queued, per_token, overhead, decode_step, decode_tokens,
             kv_usage, busy, k, rotation, waiting, lower, load_s, free, used, drain_tokens, weight, eligible,
-            decoding,
+            decoding, n if fleet is None else fleet,
         )  # fmt: skip
         slot = self._fn(*self._args)
         ranked = self._ranked[: int(self._num_ranked[0])].tolist() if slot >= 0 else []
@@ -235,12 +237,14 @@ class RouteKernel:
         vectors: tuple[object, ...],
         weight: np.ndarray | None,
         eligible: np.ndarray | None,
+        fleet: int,
     ) -> tuple[np.ndarray, list[int], int, np.ndarray]:
         """``decide`` with the uncached tokens worked out from the compiled prefix index's
         lookup of ``hashes`` in the same call (``KvIndexer.native_decide``, ``csrc/kvindex.c``;
         no lower tiers): ``(costs, ranked, slot, overlaps)``, ``overlaps`` the leading blocks
         each worker holds (int64). ``vectors`` are ``LoadTracker.cost_vectors``'s, in its
-        order (the decode step a vector, or ``LoadTracker.decode_step_terms``). Arguments are positional: a call with twenty keywords cost 2 µs here.
+        order (the decode step a vector, or ``LoadTracker.decode_step_terms``); ``fleet`` as
+        ``decide``'s (here given, 1..n). Arguments are positional: a call with twenty keywords cost 2 µs here.
         ``costs`` and ``overlaps`` are views of buffers the next call overwrites."""
         if params is not self._params or len(self._cost) < n:
             self._prepare(params, n)
@@ -249,7 +253,7 @@ class RouteKernel:
             raise TypeError("decide_indexed needs the compiled prefix index")
         slot, ranked = decide(
             hashes, self._consts, n, prompt_tokens, rotation, k, decode_tokens, drain_tokens,
-            vectors, weight, eligible, self._outs,
+            vectors, weight, eligible, self._outs, fleet,
         )  # fmt: skip
         cost, overlaps = self._cost, self._overlaps
         if len(cost) == n:  # no views to make (a view costs ~0.3 µs)
@@ -304,11 +308,14 @@ class RouteKernel:
         weight: np.ndarray | None,
         eligible: np.ndarray | None,
         decoding: np.ndarray | None,
+        fleet: int,
     ) -> None:
         """``route_kv_packed``'s three arrays (``csrc/route_kv.c``), in its order (what was added
         since at the end of each)."""
         if not 0 < k <= MAX_RANKED:
             raise ValueError(f"k must be in 1..{MAX_RANKED}, got {k}")
+        if n and not 0 < fleet <= n:
+            raise ValueError(f"fleet must be in 1..{n} workers, got {fleet}")
         self._n = n
         self._grow(n)
         at = self._at
@@ -346,7 +353,7 @@ class RouteKernel:
             params.tie_tolerance_s,
             params.stall_weight,
         )
-        self._ints[:] = (n, rotation, k, params.backlog_charge)
+        self._ints[:] = (n, rotation, k, params.backlog_charge, fleet)
 
 
 def main() -> int:

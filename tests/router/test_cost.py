@@ -75,6 +75,28 @@ def test_a_miss_is_charged_once_more_per_chunk_of_the_fleets_mean_queue() -> Non
     assert np.array_equal(costs(p, **idle), costs(replace(p, backlog_charge=False), **idle))
 
 
+def test_the_backlog_is_the_mean_over_the_fleets_workers_not_its_empty_slots() -> None:
+    # three workers left of eight slots (the others left: queue 0): priced as three workers
+    p = CostParams(block_size=100, chunk_tokens=8000, miss_weight=1.0, decode_weight=0.0)
+    queued = np.array([80_000.0, 50_000.0, 50_000.0])
+    kw = dict(prompt_tokens=9000, waiting=np.zeros(3))
+    three = costs(p, overlap_blocks=np.array([80, 0, 0]), queued_prefill=queued, **kw)
+    n = 8
+    slots = dict(
+        overlap_blocks=np.array([80, 0, 0, 0, 0, 0, 0, 0]),
+        queued_prefill=np.concatenate([queued, np.zeros(n - 3)]),
+        per_token_s=np.full(n, 1e-4),
+        step_overhead_s=np.full(n, 0.01),
+        decode_step_s=np.full(n, 0.02),
+        kv_usage=np.zeros(n),
+        waiting=np.zeros(n),
+        prompt_tokens=9000,
+    )
+    assert costs(p, **slots, backlog_workers=3)[:3].tobytes() == three.tobytes()
+    diluted = costs(p, **slots)  # every slot counted: 22,500 tokens on average, not 60,000
+    assert np.allclose(diluted[1], (59_000 + (1 + 22_500 / 8000) * 9000) * 1e-4 + 8 * 0.01)
+
+
 def test_a_prefill_is_charged_the_steps_it_stalls_each_decoding_request() -> None:
     # the prompt's holder has 6 requests decoding, the others 1: each prefill step there costs
     # each of them a step overhead (10 ms) between two tokens

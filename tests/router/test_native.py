@@ -16,7 +16,7 @@ from interlock.router import native
 from interlock.router.cost import CostParams, cheapest, choose, ttft_costs
 from interlock.router.indexer import KvIndexer
 from interlock.router.route_kernel import MAX_RANKED, RouteKernel
-from tests.router.test_route_kernel import numpy_decision
+from tests.router.test_route_kernel import left_slots, numpy_decision
 
 MODULE = native.load()
 pytestmark = pytest.mark.skipif(MODULE is None, reason="no C compiler: the compiled index is not built here")
@@ -157,6 +157,7 @@ def decisions(draw: st.DrawFn) -> dict:
     n = WORKERS
     vec = lambda elem: np.array(draw(st.lists(elem, min_size=n, max_size=n)), dtype=np.float64)  # noqa: E731
     return {
+        **left_slots(draw, vec(st.sampled_from([0.0, 16.0, 9000.0, 0.1, 1e15 / 3]))),
         "params": CostParams(
             block_size=draw(st.sampled_from([1, 16])),
             chunk_tokens=draw(st.sampled_from([64, 100, 8192])),
@@ -169,7 +170,6 @@ def decisions(draw: st.DrawFn) -> dict:
             tie_tolerance_s=draw(st.sampled_from([0.0, 1e-3, 1.0])),
         ),
         "prompt": draw(st.integers(1, 700)),
-        "queued": vec(st.sampled_from([0.0, 16.0, 9000.0, 0.1, 1e15 / 3])),
         "per_token": vec(st.sampled_from([1e-4, 5e-4])),
         "overhead": vec(st.sampled_from([0.01, 0.02])),
         "decode_step": vec(st.sampled_from([0.01, 0.03])),
@@ -228,6 +228,7 @@ def test_the_compiled_decision_equals_numpy_over_the_dict(evs, c, chain, cut) ->
         vectors,
         c["weight"],
         c["eligible"],
+        WORKERS if c["fleet"] is None else c["fleet"],
     )
     np.testing.assert_array_equal(got_overlaps, overlaps)
     np.testing.assert_array_equal(got_costs, costs)  # bit for bit
@@ -240,7 +241,15 @@ def test_the_compiled_decision_names_a_wrong_vector() -> None:
     kernel = RouteKernel(None)
     bad = (ok, np.zeros(WORKERS, dtype=np.float32), ok, None, ok, ok, None, None, ok, None)
     with pytest.raises(TypeError, match="per_token must be a contiguous float64 vector of at least 70"):
-        kernel.decide_indexed(compiled, [1], CostParams(), WORKERS, 10, 1, 1, MAX_RANKED, 0, bad, None, None)
+        kernel.decide_indexed(
+            compiled, [1], CostParams(), WORKERS, 10, 1, 1, MAX_RANKED, 0, bad, None, None, WORKERS
+        )
+    good = (ok, ok, ok, None, ok, ok, None, None, ok, None)
+    for fleet in (0, WORKERS + 1):
+        with pytest.raises(ValueError, match=f"fleet must be in 1..70 workers, got {fleet}"):
+            kernel.decide_indexed(
+                compiled, [1], CostParams(), WORKERS, 10, 1, 1, 3, 0, good, None, None, fleet
+            )
 
 
 def test_a_nan_shortfall_prices_no_wait_for_room_as_numpy_does() -> None:
@@ -269,7 +278,7 @@ def test_a_nan_shortfall_prices_no_wait_for_room_as_numpy_does() -> None:
     )
     vectors = (zeros, ones * 1e-4, ones * 0.01, None, ones * 0.02, zeros, free, used, zeros, None)
     costs, ranked, slot, _ = RouteKernel(None).decide_indexed(
-        compiled, [], p, n, 64, 8, 8, 3, 0, vectors, None, None
+        compiled, [], p, n, 64, 8, 8, 3, 0, vectors, None, None, n
     )
     np.testing.assert_array_equal(costs, want)
     everyone = np.ones(n, dtype=bool)
@@ -299,7 +308,7 @@ def test_the_usual_terms_cost_the_same_at_the_edges(queued, free, prompt) -> Non
         want = _usual_costs(p, prompt, q, f, waiting, step, used)
     vectors = (q, ones * 1e-4, ones * 0.01, waiting, step, ones * 0.5, f, used, ones, ones * 3.0)
     costs, _, _, _ = RouteKernel(None).decide_indexed(
-        compiled, [], p, n, prompt, 100, 100, 3, 0, vectors, None, None
+        compiled, [], p, n, prompt, 100, 100, 3, 0, vectors, None, None, n
     )
     np.testing.assert_array_equal(costs, want)
 
@@ -345,7 +354,7 @@ def test_the_decode_step_from_its_terms_is_numpys(context, mul, add) -> None:
 
     def costs(decode: object) -> np.ndarray:
         vectors = base[:4] + (decode,) + base[5:]
-        return kernel.decide_indexed(compiled, [], p, n, 64, 300, 300, 3, 0, vectors, None, None)[0].copy()
+        return kernel.decide_indexed(compiled, [], p, n, 64, 300, 300, 3, 0, vectors, None, None, n)[0].copy()
 
     assert costs((vector, mul, add)).tobytes() == costs(step).tobytes()
     # without the stall (no decoding vector: the AVX2 first pass without it)
@@ -368,7 +377,7 @@ def test_a_staircase_of_prefixes_gives_a_run_per_worker_in_the_decision() -> Non
     vectors = (ones * 0.0, ones * 1e-4, ones * 0.01, None, ones * 0.02, ones * 0.5, None, None, ones, None)
     p = CostParams(block_size=1, tie_tolerance_s=0.0)
     costs, ranked, slot, overlaps = RouteKernel(None).decide_indexed(
-        compiled, chain, p, n, 1000, 1, 1, 3, 0, vectors, None, None
+        compiled, chain, p, n, 1000, 1, 1, 3, 0, vectors, None, None, n
     )
     np.testing.assert_array_equal(overlaps, plain.overlaps(chain, n))
     assert ranked == [WORKERS - 1, WORKERS - 2, WORKERS - 3] and slot == WORKERS - 1  # the longest prefix

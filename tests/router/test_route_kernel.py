@@ -47,7 +47,9 @@ def cases(draw: st.DrawFn) -> dict:
     )
     lower = draw(st.booleans())
     overlaps = np.array(draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)), dtype=np.int32)
+    queued = vec(st.sampled_from([0.0, 16.0, 300.0, 9000.0, 0.1, 1e15 / 3]))
     return {
+        **left_slots(draw, queued),
         "n": n,
         "params": params,
         "prompt": draw(st.integers(1, 700)),
@@ -55,7 +57,6 @@ def cases(draw: st.DrawFn) -> dict:
         "lower": np.array(draw(st.lists(st.integers(0, 8), min_size=n, max_size=n)), dtype=np.int32)
         if lower
         else None,
-        "queued": vec(st.sampled_from([0.0, 16.0, 300.0, 9000.0, 0.1, 1e15 / 3])),
         "per_token": vec(SPEED),
         "overhead": vec(st.sampled_from([0.01, 0.02])),
         "decode_step": vec(st.sampled_from([0.01, 0.03])),
@@ -77,6 +78,18 @@ def cases(draw: st.DrawFn) -> dict:
     }
 
 
+def left_slots(draw: st.DrawFn, queued: np.ndarray) -> dict:
+    """``queued`` and ``fleet`` for a case, with the slots of workers that left (queue 0, not
+    counted in the backlog's mean) in about half of the cases."""
+    n = len(queued)
+    if not draw(st.booleans()):
+        return {"queued": queued, "fleet": None}
+    gone = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    gone[draw(st.integers(0, n - 1))] = False  # one worker at least
+    queued[gone] = 0.0
+    return {"queued": queued, "fleet": int(n - gone.sum())}
+
+
 def numpy_decision(c: dict) -> tuple[np.ndarray, list[int], int]:
     """What the router computes without the kernel."""
     p: CostParams = c["params"]
@@ -94,6 +107,7 @@ def numpy_decision(c: dict) -> tuple[np.ndarray, list[int], int]:
         decode_tokens=c["decode_tokens"],
         waiting=c["waiting"],
         decoding=c["decoding"],
+        backlog_workers=c.get("fleet"),
         **(
             {
                 "free_blocks": c["free"],
@@ -141,6 +155,7 @@ def kernel_decision(kernel: RouteKernel, c: dict) -> tuple[np.ndarray, list[int]
         drain_tokens=c["decode_tokens"],
         weight=c["weight"],
         eligible=c["eligible"],
+        fleet=c.get("fleet"),
     )
     return costs.copy(), ranked, slot
 
@@ -196,6 +211,10 @@ def test_the_kernel_refuses_short_or_mistyped_vectors() -> None:
     c["queued"], c["k"] = np.zeros(4), route_kernel.MAX_RANKED + 1
     with pytest.raises(ValueError, match="k must be in"):
         kernel_decision(kernel, c)
+    c["k"] = 2
+    for fleet in (0, 5):  # the backlog's mean over more workers than slots, or none
+        with pytest.raises(ValueError, match=f"fleet must be in 1..4 workers, got {fleet}"):
+            kernel_decision(kernel, {**c, "fleet": fleet})
 
 
 @needs_kernel
@@ -335,6 +354,48 @@ def test_a_router_decides_the_same_with_or_without_the_kernel(
     native.load.cache_clear()
     assert Router(RouterConfig())._kernel is None
     assert _routes(7, over) == with_kernel
+
+
+def _survivors_prices(grown: int, kernels: str) -> list[tuple[tuple[str, float], ...]]:
+    """The candidates (and their costs) of misses routed over eight workers with queues, in a
+    router that had ``grown`` workers before all but those eight left."""
+    r = Router(RouterConfig(block_size=4, seed=0), clock=lambda: 0.0)
+    assert (r._kernel is None) == (kernels == "numpy")
+    for w in range(grown):
+        r.add_worker(
+            InstanceInfo(instance_id=f"w{w}", endpoint="e", model="m", block_size=4, kv_blocks_total=900)
+        )
+    for w in range(8, grown):
+        r.remove_worker(f"w{w}")
+    for w in range(8):
+        report = LoadReport(
+            instance_id=f"w{w}", timestamp=1.0, num_running=2, num_waiting=0, kv_blocks_used=100,
+            kv_blocks_total=900, queued_prefill_tokens=4000 * w, step_time_s=0.05, tokens_computed=2000,
+        )  # fmt: skip
+        r.apply_load(report)
+    out = []
+    for i in range(3):
+        d = r.route(RequestMeta(f"r{i}", 500, max_tokens=64), token_ids=list(range(i, i + 500)))
+        assert isinstance(d, Decision)
+        out.append(tuple((c.worker_id, c.cost_s) for c in d.candidates))
+    return out
+
+
+@pytest.mark.parametrize("kernels", ["compiled", "kernel", "numpy"])
+def test_a_shrunk_fleet_prices_the_backlog_as_one_that_never_grew(
+    fresh_env: pytest.MonkeyPatch, kernels: str
+) -> None:
+    # The slots of the 32 workers that left hold empty queues: counted in the fleet's mean
+    # backlog, they cut a miss's charge by up to 5x.
+    if kernels == "numpy":
+        fresh_env.setenv("INTERLOCK_CPU_KERNELS", "0")
+        get_env.cache_clear()
+    elif kernels == "kernel":  # the kernel alone, over the Python index
+        fresh_env.setattr(native, "load", lambda: None)
+    router = Router(RouterConfig())
+    if kernels != "numpy" and (router._kernel is None or router.indexer.compiled != (kernels == "compiled")):
+        pytest.skip("no C compiler (or no Python headers): that kernel is not built here")
+    assert _survivors_prices(40, kernels) == _survivors_prices(8, kernels)
 
 
 def test_without_a_compiler_the_router_decides_with_numpy(

@@ -764,10 +764,10 @@ static int decode_terms(PyObject* o, int64_t n, DecodeTerms* out) {
   return 0;
 }
 
-#define DECIDE_ARGS 13
+#define DECIDE_ARGS 14
 
 /* decide(index, hashes, consts, n, prompt_tokens, rotation, k, decode_tokens, drain_tokens,
- *        vectors, weight, eligible, outs) -> (slot, ranked)
+ *        vectors, weight, eligible, outs, fleet) -> (slot, ranked)
  * The whole kv decision: the lookup of `hashes`, the uncached tokens and overlap of every
  * slot (scatter_runs), then route_kv over the first n slots.
  *   consts  = (chunk_tokens, miss_weight, decode_weight, kv_penalty, kv_watermark, block_size,
@@ -777,7 +777,8 @@ static int decode_terms(PyObject* o, int64_t n, DecodeTerms* out) {
  *             free and used None, no wait for room; decoding None, no stall); decode_step a
  *             vector, or (vector, mul, add or None), each worker's step read as numpy computes
  *             it: vector * mul, then + add (route_kv's DecodeTerms);
- *   weight, eligible: None or vectors; outs = (cost, scratch, uncached, int64 overlap).
+ *   weight, eligible: None or vectors; outs = (cost, scratch, uncached, int64 overlap);
+ *   fleet: the workers the backlog's mean is over (1..n; route_kv).
  * slot -1: numpy must choose. */
 static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (check_nargs(nargs, DECIDE_ARGS, "decide") < 0) return NULL;
@@ -806,10 +807,14 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   int64_t k = PyLong_AsLongLong(args[6]);
   int64_t decode_tokens = PyLong_AsLongLong(args[7]);
   int64_t drain_tokens = PyLong_AsLongLong(args[8]);
+  int64_t fleet = PyLong_AsLongLong(args[13]);
   if (PyErr_Occurred()) return NULL;
   if (n < 0 || n > ix->words * 64)
     return PyErr_Format(PyExc_ValueError, "decide: %lld slots, the index has room for %lld", (long long)n,
                         (long long)(ix->words * 64));
+  if (n > 0 && (fleet < 1 || fleet > n))
+    return PyErr_Format(PyExc_ValueError, "decide: fleet must be in 1..%lld workers, got %lld", (long long)n,
+                        (long long)fleet);
   if (k < 1 || k > 64) return PyErr_Format(PyExc_ValueError, "decide: k must be in 1..64, got %lld", (long long)k);
   void *queued, *per_token, *overhead, *waiting, *kv_usage, *free_b, *used_b, *weight, *eligible, *busy, *decoding,
       *cost, *scratch, *uncached, *overlap;
@@ -844,8 +849,8 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   if (span < 1e-9) span = 1e-9;
   int room = free_b && used_b;
   int64_t ranked[64], m = 0;
-  int64_t slot = route_kv(n, uncached, queued, per_token, overhead, chunk, miss_weight, backlog, waiting, &decode,
-                          decode_scale, decoding, stall_weight, NULL, NULL, kv_usage, kv_penalty, watermark, span, room ? free_b : NULL,
+  int64_t slot = route_kv(n, uncached, queued, per_token, overhead, chunk, miss_weight, backlog, fleet, waiting,
+                          &decode, decode_scale, decoding, stall_weight, NULL, NULL, kv_usage, kv_penalty, watermark, span, room ? free_b : NULL,
                           room ? used_b : NULL, (double)(drain_tokens > 1 ? drain_tokens : 1), (double)bs, weight,
                           eligible, busy, tolerance, rotation, k, cost, scratch, ranked, &m);
   PyObject* list = PyList_New(slot >= 0 ? m : 0);

@@ -10,7 +10,8 @@
  * worker with a finite cost, or a NaN cost). Optional vectors are NULL when absent. A worker's
  * time to release its blocks (drain_s) is decode_step * drain_scale, as the router prices it.
  * With `backlog` (CostParams.backlog_charge) a miss is charged `behind` = 1 + mean(queued) /
- * chunk times instead of once, the mean summed as numpy sums (pairwise_sum below).
+ * chunk times instead of once, the mean summed as numpy sums (pairwise_sum below) and divided
+ * by `fleet`, the workers registered (ttft_costs' backlog_workers; the slots without one hold 0).
  */
 #include <math.h>
 #include <stdint.h>
@@ -218,7 +219,7 @@ __attribute__((target("avx2"))) static int64_t second_pass_avx2(
 int64_t route_kv(
     int64_t n,
     const double* uncached, const double* queued, const double* per_token, const double* overhead,
-    double chunk, double miss_weight, int backlog, const double* waiting,
+    double chunk, double miss_weight, int backlog, int64_t fleet, const double* waiting,
     const DecodeTerms* decode, double decode_scale, const double* decoding, double stall_weight,
     const double* lower, const double* load_s,
     const double* kv_usage, double kv_penalty, double watermark, double watermark_span,
@@ -232,9 +233,9 @@ int64_t route_kv(
   int room = free_blocks && used_blocks;
   const double inv_chunk = exact_reciprocal(chunk), inv_block = exact_reciprocal(block_size);
   int64_t first = 0; /* workers the first pass has done */
-  /* cost.py: behind = 1.0, += float(queued.mean()) / chunk_tokens (the mean: sum / n) */
+  /* cost.py: behind = 1.0, += float(queued.sum()) / fleet / chunk_tokens */
   double behind = 1.0;
-  if (backlog && n > 0) behind += pairwise_sum(queued, n) / (double)n / chunk;
+  if (backlog && n > 0) behind += pairwise_sum(queued, n) / (double)fleet / chunk;
   const double miss_behind = miss_weight * behind; /* without waiting: (miss_weight * behind) * u */
   /* the stall: numpy takes one prefill step everywhere (no ceil) when uncached[argmax] <= chunk,
    * i.e. every value is (NaN is not); elsewhere ceil(u / chunk) is 1 for u in (0, chunk] too */
@@ -358,11 +359,11 @@ int64_t route_kv(
 /* The same with its arguments packed (one ctypes call converts 3 arguments, not 30): the
  * addresses in `ptrs`, the doubles in `reals`, the integers in `ints`, each in the order of
  * route_kv's parameters (route_kernel.py fills them), but for those added since, at the end:
- * ints[3] backlog, ptrs[18] decoding, reals[9] stall_weight. */
+ * ints[3] backlog, ptrs[18] decoding, reals[9] stall_weight, ints[4] fleet. */
 int64_t route_kv_packed(const int64_t* ptrs, const double* reals, const int64_t* ints) {
 #define P(i) ((const double*)(intptr_t)ptrs[i])
   const DecodeTerms decode = {P(5), 1.0, 0.0, 0};
-  return route_kv(ints[0], P(0), P(1), P(2), P(3), reals[0], reals[1], (int)ints[3], P(4), &decode, reals[2], P(18),
+  return route_kv(ints[0], P(0), P(1), P(2), P(3), reals[0], reals[1], (int)ints[3], ints[4], P(4), &decode, reals[2], P(18),
                   reals[9], P(6), P(7), P(8), reals[3], reals[4], reals[5], P(9), P(10), reals[6], reals[7], P(11),
                   (const uint8_t*)(intptr_t)ptrs[12], P(13), reals[8], ints[1], ints[2],
                   (double*)(intptr_t)ptrs[14], (double*)(intptr_t)ptrs[15],
