@@ -66,11 +66,9 @@ class RouterMetrics:
     overlap_blocks: int = 0
     decision_s_total: float = 0.0
     decision_s_max: float = 0.0
-    queued: int = 0
-    """Queue entries: a disaggregated request may wait twice (for a prefill worker, then a
-    decode worker), so this counts legs; ``queued_by_role`` splits it."""
     queued_by_role: dict[str, int] = field(default_factory=dict)
-    """``queued`` by the role waited for ("any": a request of no role, an aggregated one)."""
+    """Queue entries by the role waited for ("any": a request of no role, an aggregated one):
+    a disaggregated request may wait twice (for a prefill worker, then a decode worker)."""
     rejected: int = 0
     requests: int = 0
     """Requests placed, each once: not a disaggregated request's second leg, a probe for a free
@@ -102,9 +100,13 @@ class RouterMetrics:
         self.request_cached_tokens += min(cached_tokens, prompt_tokens)
 
     def record_queued(self, role: str | None) -> None:
-        self.queued += 1
         key = role or "any"
         self.queued_by_role[key] = self.queued_by_role.get(key, 0) + 1
+
+    @property
+    def queued(self) -> int:
+        """Queue entries, every role (legs, not requests)."""
+        return sum(self.queued_by_role.values())
 
     @property
     def hit_rate(self) -> float:

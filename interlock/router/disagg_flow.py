@@ -214,13 +214,13 @@ class DisaggFlow:
         waiting for one would need a queue per decode worker."""
         if not self._link_failed(p.worker_id, decode_id):
             return p
+        dispatcher = self.svc.dispatcher
         for c in p.candidates:
             w = c.worker_id
             if w == p.worker_id or not router.is_eligible(w) or self._link_failed(w, decode_id):
                 continue
             if not self._usable_prefill(w, decode_id):
                 continue
-            dispatcher = self.svc.dispatcher
             router.cancel(p.request_id)  # not finish: its queue must not take w first
             pinned = replace(self._prefill_meta(meta), worker_id=w)
             q = await dispatcher.route(router, pinned, hashes)  # pinned: never queued
