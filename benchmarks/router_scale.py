@@ -102,6 +102,8 @@ def main() -> None:
     period = max(r.arrival_s for r in base) / ((args.min + args.max) / 2)
     reqs = warp(base, diurnal(period, args.min, args.max))
     runs = set(args.runs.split(","))
+    if not runs <= {"shared", "copies"}:
+        ap.error(f"--runs takes shared and/or copies, not {args.runs!r}")
     print(
         f"{len(reqs)} requests (x4, overlay {args.overlay}, diurnal {args.min:g}..{args.max:g}); "
         f"stall over {args.stall_over}\n"
