@@ -96,14 +96,14 @@ def main() -> None:
     ap.add_argument("--stall-over", choices=STALL_OVER, default=CostParams.stall_over)
     ap.add_argument("--runs", default="shared,copies", help="shared, copies (each copy alone), or both")
     args = ap.parse_args()
+    runs = set(args.runs.split(","))
+    if not runs <= {"shared", "copies"}:
+        ap.error(f"--runs takes shared and/or copies, not {args.runs!r}")
 
     base = mooncake_requests(load_mooncake(args.trace), speedup=4.0, hasher=TraceHasher(64, 512))
     base = overlay(base, args.overlay)
     period = max(r.arrival_s for r in base) / ((args.min + args.max) / 2)
     reqs = warp(base, diurnal(period, args.min, args.max))
-    runs = set(args.runs.split(","))
-    if not runs <= {"shared", "copies"}:
-        ap.error(f"--runs takes shared and/or copies, not {args.runs!r}")
     print(
         f"{len(reqs)} requests (x4, overlay {args.overlay}, diurnal {args.min:g}..{args.max:g}); "
         f"stall over {args.stall_over}\n"
