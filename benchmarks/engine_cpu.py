@@ -104,6 +104,17 @@ def measure(generate: Generate, plan: dict[str, object]) -> dict[str, float]:
 
 
 # ---- engines (each runs in its own subprocess) ----
+DTYPE_ENV = "ENGINE_CPU_DTYPE"
+"""The ``--dtype`` the parent passes to each engine's child process."""
+
+
+def _dtype(default: str) -> str:
+    """The ``--dtype`` asked for; with ``--dtype default``, the engine's own default (``default``
+    here: Interlock's and vLLM's "auto", transformers' checkpoint dtype)."""
+    asked = os.environ.get(DTYPE_ENV, "bfloat16")
+    return default if asked == "default" else asked
+
+
 def interlock_generate(folder: str, threads: int) -> Generate:
     return _interlock(folder, threads)[1]
 
@@ -116,7 +127,7 @@ def _interlock(folder: str, threads: int) -> tuple[Any, Generate]:
     from interlock.protocol import GenerateRequest, SamplingParams
 
     config = EngineConfig(
-        model=ModelConfig(model=folder, dtype="bfloat16", num_threads=threads),
+        model=ModelConfig(model=folder, dtype=_dtype("auto"), num_threads=threads),
         cache=CacheConfig(kv_cache_gib=2.0, enable_prefix_caching=False),
         scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=2048),
     )
@@ -144,7 +155,7 @@ def transformers_generate(folder: str, threads: int) -> Generate:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=_dtype("auto")).eval()
 
     def generate(prompts: list[list[int]], max_tokens: int) -> float:
         ids = torch.tensor(prompts)  # equal lengths: no padding needed
@@ -169,7 +180,7 @@ def vllm_generate(folder: str, threads: int) -> Generate:
 
     llm = LLM(
         model=folder,
-        dtype="bfloat16",
+        dtype=_dtype("auto"),
         max_model_len=2048,
         enable_prefix_caching=False,
         max_num_seqs=64,
@@ -337,12 +348,21 @@ OMP_SETTINGS = {
 
 
 def run_child(
-    engine: str, plan_file: str, folder: str, threads: int, timeout: float, omp: str, mode: str = "--child"
+    engine: str,
+    plan_file: str,
+    folder: str,
+    threads: int,
+    timeout: float,
+    omp: str,
+    mode: str = "--child",
+    dtype: str = "bfloat16",
 ) -> dict[str, Any] | str:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
     for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         env.pop(name, None)
     env.update(OMP_SETTINGS[omp])
+    engine, _, own = engine.partition("@")
+    env[DTYPE_ENV] = own or dtype
     python = sys.executable
     if engine == "vllm":
         python = str(VLLM_VENV / "bin" / "python")
@@ -493,6 +513,13 @@ def main(argv: list[str] | None = None) -> int:
         "a busy shared machine), or spin (GOMP_SPINCOUNT=10000, as Interlock's workers)",
     )
     parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        help="every engine's dtype: bfloat16 (the default), float32, or default (each engine's own "
+        "default: Interlock's and vLLM's auto, transformers' checkpoint dtype); ENGINE@DTYPE in "
+        "--engines sets one engine's (e.g. interlock@float32)",
+    )
+    parser.add_argument(
         "--omp-passive", action="store_const", dest="omp", const="passive", help="same as --omp passive"
     )
     parser.add_argument(
@@ -514,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.profile:
         return profile(opts, fh.name, folder)
     results = {
-        e: run_child(e, fh.name, folder, opts.threads, opts.timeout, opts.omp)
+        e: run_child(e, fh.name, folder, opts.threads, opts.timeout, opts.omp, dtype=opts.dtype)
         for e in opts.engines.split(",")
     }
     os.unlink(fh.name)
@@ -533,7 +560,9 @@ def profile(opts: argparse.Namespace, plan_file: str, folder: str) -> int:
         print("--profile times Interlock's engine only: name interlock or interlock-plain in --engines")
         return 2
     for engine in engines:
-        r = run_child(engine, plan_file, folder, opts.threads, opts.timeout, opts.omp, mode="--profile-child")
+        r = run_child(
+            engine, plan_file, folder, opts.threads, opts.timeout, opts.omp, "--profile-child", opts.dtype
+        )
         print(profile_table(engine, r) if isinstance(r, dict) else f"{engine}: {r}", end="\n\n", flush=True)
     os.unlink(plan_file)
     return 0

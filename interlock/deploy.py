@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from interlock.errors import ConfigError
-from interlock.names import POLICIES, ROLES, RUNNERS, STALL_OVER, TRANSPORTS, policy_name
+from interlock.names import DTYPES, POLICIES, ROLES, RUNNERS, STALL_OVER, TRANSPORTS, policy_name
 
 METRIC_FAMILIES = (
     "requests",
@@ -122,7 +122,9 @@ class ExecutionGroup:
     served_model_name: str | None = None
     runner: str = "torch"
     device: str = "cpu"
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
+    """bf16, fp32 or fp16; ``auto``: bf16 where this machine computes it fast, else fp32
+    (measured, ``engine.model.dtype_choice``)."""
     block_size: int = 16
     max_model_len: int | None = None
     """None: the model's own context length (``max_position_embeddings``)."""
@@ -343,6 +345,7 @@ def validate_deployment(d: Deployment) -> None:
 
 def _validate_group(g: ExecutionGroup, at: str) -> None:
     _one_of(g.runner, RUNNERS, f"{at}.runner")
+    _one_of(g.dtype, DTYPES, f"{at}.dtype")
     if g.block_size < 1 or (g.max_model_len is not None and g.max_model_len < 1):
         raise ConfigError(f"{at}: block_size and max_model_len must be positive")
     for key in ("tensor_parallel_size", "pipeline_parallel_size"):
@@ -350,6 +353,8 @@ def _validate_group(g: ExecutionGroup, at: str) -> None:
             raise ConfigError(
                 f"{at}.{key}: {getattr(g, key)} is not supported yet (only 1: one device per worker)"
             )
+    if g.runner == "mock" and g.dtype != "auto":
+        raise ConfigError(f"{at}.dtype: the mock runner has no dtype (only the torch runner takes one)")
     if g.speedup <= 0 or (g.speedup != 1.0 and g.runner != "mock"):
         raise ConfigError(f"{at}.speedup: only the mock runner takes one, and it must be positive")
     if g.threads < 0:

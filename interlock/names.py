@@ -17,6 +17,10 @@ STALL_OVER = ("decoding", "inflight")
 """Whom the ``kv`` cost's stall term counts on a worker (``CostParams.stall_over``): the
 requests decoding there, or every request in flight there."""
 
+DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32", "float16", "fp16")
+"""Model dtypes (``--dtype``): ``auto`` (the default) is bf16 where the machine computes bf16
+fast and fp32 where it does not, by measurement (``engine.model.dtype_choice``)."""
+
 RUNNERS = ("torch", "mock")
 """Model runners: the PyTorch model, or the mock with Dynamo's timing model."""
 

@@ -1,5 +1,6 @@
 """``interlock doctor link``: bandwidth and round-trip time of KV-transfer links.
-``interlock doctor kernels``: which kernel each operation of a model (linear layers, attention
+``interlock doctor kernels``: the model dtype ``auto`` picks here (bf16 or fp32, measured), and
+which kernel each operation of a model (linear layers, attention
 by kind, element-wise kernels) uses per size on this machine, with the timings it was chosen
 from (measured now if not cached; ``scripts/setup.sh`` measures the default model ahead).
 
@@ -22,6 +23,7 @@ from multiprocessing.connection import Connection
 
 from interlock.cli import flags
 from interlock.errors import TransferError
+from interlock.names import DTYPES
 from interlock.transfer import LinkStats, TransferAgent, measure_link
 
 KV_BLOCK_NBYTES = 30 * 2 * 3 * 64 * 16 * 2
@@ -47,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     kernels.add_argument("--max-rows", type=int, default=2048, help="largest row count measured")
     kernels.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="the model dtype to check (default auto: as serve)"
+    )
+    kernels.add_argument(
         "--summary", action="store_true", help="the chosen ranges without the timings (what setup prints)"
     )
     return flags.apply_environment(ap)
@@ -70,13 +75,25 @@ def _kernels(args: argparse.Namespace) -> int:
 
     import torch
 
+    from interlock.engine.model import dtype_choice
     from interlock.engine.model.config import ModelArchConfig
     from interlock.engine.model.dispatch import kernel_table
+    from interlock.env import get_env
     from interlock.model_store import resolve_model
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     config = ModelArchConfig.from_folder(resolve_model(args.model))
+    env = get_env()
+    choice = dtype_choice.resolve(
+        args.dtype, torch.device("cpu"), config, cache_dir=env.cache_dir, fused=env.cpu_kernels
+    )
+    print(f"model dtype: {choice.why}", flush=True)
+    if choice.dtype != torch.bfloat16:
+        print(
+            f"no choice to make here: the model runs in {choice.dtype} (plain PyTorch path, oneDNN for every layer)"
+        )
+        return 0
     logging.getLogger("interlock.engine.model.kernel_choice").setLevel(logging.WARNING)  # printed below
     table = kernel_table(
         config,

@@ -27,6 +27,7 @@ from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, Sche
 from interlock.engine.core import EngineCore
 from interlock.engine.factory import build_engine
 from interlock.errors import ConfigError
+from interlock.names import DTYPES
 from interlock.planner import CapabilityProfile, DecodePoint, PrefillPoint
 from interlock.protocol.generate import GenerateRequest
 from interlock.protocol.sampling import SamplingParams
@@ -64,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", required=True, help="where to write the profile (JSON)")
     p.add_argument("--runner", choices=tuple(DEFAULTS), default="torch")
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument(
+        "--dtype", choices=DTYPES, default=None, help="torch runner: model dtype (default: auto, as serve)"
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     p.add_argument("--speedup", type=float, default=1.0, help="mock runner: divide model time by this")
     for flag in (
@@ -158,14 +161,16 @@ def main(argv: list[str]) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     bs, blocks, chunk, seqs, mml, lengths, batches, contexts = DEFAULTS[args.runner]
-    if args.runner == "mock" and (args.threads or args.dtype != "bfloat16"):
+    if args.runner == "mock" and (args.threads or args.dtype is not None):
         raise ConfigError("--threads and --dtype apply to the torch runner only")
     if args.runner == "torch" and args.speedup != 1.0:
         raise ConfigError("--speedup applies to the mock runner only")
     if args.decode_steps < 1 or args.repeats < 1:
         raise ConfigError("--decode-steps and --repeats must be at least 1")
     config = EngineConfig(
-        model=ModelConfig(model=args.model, runner=args.runner, dtype=args.dtype, num_threads=args.threads),
+        model=ModelConfig(
+            model=args.model, runner=args.runner, dtype=args.dtype or "auto", num_threads=args.threads
+        ),
         cache=CacheConfig(
             block_size=args.block_size or bs,
             num_blocks=args.num_blocks if args.num_blocks is not None else blocks,

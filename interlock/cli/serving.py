@@ -25,7 +25,7 @@ from interlock.deploy import (
     validate_deployment,
 )
 from interlock.errors import ConfigError
-from interlock.names import POLICIES, RUNNERS, TRANSPORTS, policy_name
+from interlock.names import DTYPES, POLICIES, RUNNERS, TRANSPORTS, policy_name
 from interlock.router.dispatcher import DispatchOptions
 
 _G, _N, _R, _C = ExecutionGroup(), NodeGroup(), Routing(), ControlPlane()
@@ -40,7 +40,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--device", default=None, help="cpu, cuda (workers spread over the devices) or cuda:N (default: cpu)"
     )
-    g.add_argument("--dtype", default=None, help=f"model dtype (default: {_G.dtype})")
+    g.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help=f"model dtype (default: {_G.dtype}: bf16 where this machine computes it fast, else fp32)",
+    )
     g.add_argument(
         "--block-size", type=int, default=None, help=f"tokens per KV block (default: {_G.block_size})"
     )

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from interlock.errors import ConfigError
+from interlock.names import DTYPES
 
 _SEGMENT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 
@@ -114,10 +115,16 @@ class ModelConfig:
     runner: str = "torch"
     """"torch" or "mock"."""
     device: str = "cpu"
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
+    """``names.DTYPES``; ``auto``: bf16 where this machine computes it fast, else fp32 (measured
+    when the model loads, ``engine.model.dtype_choice``)."""
     seed: int = 0
     num_threads: int = 0
     """torch intra-op threads; 0 keeps torch's default."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype {self.dtype!r} is not supported (one of {', '.join(DTYPES)})")
 
 
 @dataclass(frozen=True)

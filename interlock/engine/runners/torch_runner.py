@@ -7,18 +7,28 @@ per-request state: everything a step needs is in the ``SchedulerOutput`` (block 
 start positions, and the output count that seeds per-request sampling), so preemption,
 prefix hits and imported KV need nothing from the runner.
 
-Runs on CPU (bf16 by default) and, unchanged, on CUDA (``device="cuda"``).
+Runs on CPU (``dtype`` "auto" by default: bf16 where the CPU computes it fast, else fp32;
+``engine.model.dtype_choice``) and, unchanged, on CUDA (``device="cuda"``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from interlock.engine.config import EngineConfig
-from interlock.engine.model import LlamaModel, PagedKVCache, SequenceChunk, blocks_for_budget, build_input
+from interlock.engine.model import (
+    LlamaModel,
+    PagedKVCache,
+    SequenceChunk,
+    blocks_for_budget,
+    build_input,
+    dtype_choice,
+)
+from interlock.engine.model.config import ModelArchConfig
 from interlock.engine.runner import RunnerOutput, SchedulerOutput
 from interlock.engine.sampler import Sampler, SamplingRow
 from interlock.engine.shared_cache import SharedCacheView
@@ -27,14 +37,7 @@ from interlock.errors import ConfigError
 from interlock.model_store import resolve_model
 from interlock.protocol.transfer import SharedCacheRegion
 
-DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
+log = logging.getLogger(__name__)
 
 
 class TorchRunner:
@@ -84,7 +87,7 @@ class TorchRunner:
         folder: Path,
         *,
         device: str = "cpu",
-        dtype: str = "bfloat16",
+        dtype: str = "auto",
         max_model_len: int = 2048,
         block_size: int = 16,
         num_blocks: int | None = None,
@@ -94,19 +97,27 @@ class TorchRunner:
         max_rows: int = 2048,
         shared: bool = False,
     ) -> TorchRunner:
-        if dtype not in DTYPES:
-            raise ConfigError(f"dtype {dtype!r} is not supported (one of {', '.join(DTYPES)})")
+        dtype_choice.check(dtype)
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError(f"device {device!r} requested but no CUDA device is available")
         if num_threads > 0:
             torch.set_num_threads(num_threads)
-        torch_dtype = DTYPES[dtype]
+        env = get_env()
+        choice = dtype_choice.resolve(
+            dtype,
+            torch.device(device),
+            ModelArchConfig.from_folder(folder),
+            cache_dir=env.cache_dir,
+            fused=env.cpu_kernels,
+        )
+        log.info("model dtype %s", choice.why)
+        torch_dtype = choice.dtype
         model = LlamaModel.load(
             folder,
             torch_dtype,
             torch.device(device),
             max_len=max_model_len,
-            kernels=get_env().kernels,
+            kernels=env.kernels,
             max_rows=max_rows,
         )
         if max_model_len > model.config.max_position_embeddings:
