@@ -105,7 +105,7 @@ def test_node_keys_reach_every_worker(model: Path, node: dict, field, want) -> N
     ("group", "field", "want"),
     [
         ({"served_model_name": "mine"}, lambda s: s.served_name, "mine"),
-        ({"dtype": "float32"}, lambda s: s.engine.model.dtype, "float32"),
+        ({"dtype": "float32", "runner": "torch"}, lambda s: s.engine.model.dtype, "float32"),
         ({"block_size": 32}, lambda s: s.engine.cache.block_size, 32),
         ({"max_model_len": 1000}, lambda s: s.engine.scheduler.max_model_len, 1000),
         ({}, lambda s: s.engine.scheduler.max_model_len, 4096),  # the model's own
