@@ -87,6 +87,16 @@ TAIL_SAMPLE_S = 120.0
 MIN_TAIL_JOBS = 50
 """Fewer requests than this in the sample: size from means."""
 
+SAMPLE = 2000
+"""The M/G/1 prefill model reads the prefill times of at most this many recent requests..."""
+
+SAMPLE_S = 600.0
+"""...that arrived within this many seconds..."""
+
+MIN_SAMPLE = 200
+"""...and of at least this many (else the mean's M/M/1): a second moment read from a few
+dozen heavy-tailed prompts swings by half."""
+
 SURGE_S = SHIFT_S
 """A surge is read from the arrivals of the last this many seconds (the forecaster's recent rate)."""
 
@@ -129,6 +139,11 @@ class SlaPolicy:
         self._predicted: float | None = None
         """The tail model's smoothed miss share for the recent requests at the size they met."""
         self.last_tail: TailSizing | None = None
+        self._times: deque[tuple[float, float]] = deque(maxlen=SAMPLE)
+        """(arrival, prefill seconds) of the recent requests seen one by one."""
+        self._needs: dict[str, deque[tuple[float, float]]] = {}
+        """role -> (time, need) over the last ``horizon_s`` (``_high``)."""
+        """(arrival, prefill seconds) of the recent requests seen one by one."""
 
     def window_attainment(self, now: float) -> float | None:
         """Share of the requests finished over the last ``window_s`` that met the targets
@@ -141,15 +156,45 @@ class SlaPolicy:
     def needs(self, f: Forecast) -> dict[str, float]:
         c, p = self.config, self.profile
         ttft, itl = c.ttft_ms / 1000.0, c.itl_ms / 1000.0
+        times = self.prefill_times()
         if c.prefill.max == 0 and c.decode.max == 0:
             per = p.aggregated_rate(
-                f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl, c.attainment
+                f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl, c.attainment, times
             )
             return {"both": needed(f.rate, per)}
+        prefill = (
+            p.prefill_rate_of(times, ttft, c.attainment)
+            if times is not None
+            else p.prefill_rate(f.uncached_tokens, ttft, c.attainment)
+        )
         return {
-            "prefill": needed(f.rate, p.prefill_rate(f.uncached_tokens, ttft, c.attainment)),
+            "prefill": needed(f.rate, prefill),
             "decode": needed(f.rate, p.decode_rate(f.prompt_tokens, f.output_tokens, itl)),
         }
+
+    def _high(self, role: str, now: float, need: float) -> float:
+        """The largest need of the pool over the last ``horizon_s`` (this one included): a
+        removal must fit every need of the last horizon, the likeliest size of the swings over
+        the next one, so a need that swings (a trough's few requests a second, in bursts) does
+        not take the pool down at a low swing and back up at the next high one."""
+        seen = self._needs.setdefault(role, deque())
+        seen.append((now, need))
+        while seen[0][0] <= now - self.config.horizon_s:
+            seen.popleft()
+        return max(n for _, n in seen)
+
+    def prefill_times(self) -> list[float] | None:
+        """Prefill times of the recent requests seen one by one (the M/G/1 prefill model,
+        ``CapabilityProfile.prefill_rate_of``); None: too few, size from the mean."""
+        if len(self._times) < MIN_SAMPLE:
+            return None
+        return [s for _, s in self._times]
+
+    def _sample(self, t: Traffic, now: float) -> None:
+        for a in t.arrivals:
+            self._times.append((a.at, self.profile.prefill_s(max(a.prompt_tokens - a.cached_tokens, 1))))
+        while self._times and self._times[0][0] < now - SAMPLE_S:
+            self._times.popleft()
 
     def _feedback(self, finished: int, met: int) -> None:
         if not self.config.slo_feedback or finished <= 0:
@@ -215,6 +260,7 @@ class SlaPolicy:
         if t.finished:
             self._done.append((obs.now, t.finished, t.met))
         jobs = self._remember(t, obs.now)
+        self._sample(t, obs.now)
         met = self.window_attainment(obs.now)
         backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
         f = self.forecaster.forecast(self.config.horizon_s)
@@ -235,7 +281,8 @@ class SlaPolicy:
             n = len(pools.get(role, ()))
             queued = backlog.get(role)
             tail = self.last_tail if role == "both" else None
-            fits_fewer = tail.fits_fewer if tail else need * (1 + self.config.headroom) <= n - 1
+            high = self._high(role, obs.now, need)
+            fits_fewer = tail.fits_fewer if tail else high * (1 + self.config.headroom) <= n - 1
             more = surge_size(recent, level, surge[role], n, self.config.surge)
             if more > 1:
                 out.append(
@@ -274,7 +321,7 @@ class SlaPolicy:
                 why = ""
                 if not agrees and met is not None:
                     why = f", {100 * met:.1f}% met the targets over {self.config.window_s:g}s"
-                spare = 1 if tail else n - math.ceil(need * (1 + self.config.headroom))
+                spare = 1 if tail else n - math.ceil(high * (1 + self.config.headroom))
                 why = f" (+{self.config.headroom:.0%} headroom fits in {n - spare}){why}"
                 fewest = self.turns.fewest(role, raw[role])
                 if n - spare < fewest:
@@ -285,12 +332,13 @@ class SlaPolicy:
                     )
                     if spare < 1:
                         continue
+                held = f" (at most {high:.2f} over {self.config.horizon_s:g}s)" if high > need else ""
                 out.append(
                     Want(
                         role,
                         -spare,
-                        (n - 1) / max(need, 1e-9),
-                        f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers{why}"
+                        (n - 1) / max(high, 1e-9),
+                        f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers{held}{why}"
                         + (self._why_tail(n) if tail else self._why_corrected()),
                     )
                 )

@@ -19,6 +19,7 @@ from interlock.planner import (
     build_planner,
 )
 from interlock.planner.forecast import ArrivalForecaster, Forecast
+from interlock.planner.state import Arrival
 from interlock.planner.sla import surge_size
 from tests.planner.conftest import mock_profile
 
@@ -317,3 +318,55 @@ def test_a_falling_load_is_followed_without_turning_back() -> None:
     assert sizes[119] >= 14 and sizes[260] <= 5 + 1  # 5 workers hold 15 req/s here
     assert turnarounds(planner) <= 2
     assert missed < 0.01
+
+
+def need_for(prompts: list[int], *, one_by_one: bool = True, cfg: PlannerConfig = CFG) -> dict[str, float]:
+    """The SLA policy's need after 5 min of 20 req/s whose prompt lengths cycle through
+    ``prompts`` (``one_by_one``: the connector reports each request, else means alone)."""
+    planner = build_planner(cfg, mock_profile())
+    ws = tuple(WorkerView(f"w{i}", "both") for i in range(20))
+    k = 0
+    for t in range(0, 300, 5):
+        lengths = [prompts[(k + i) % len(prompts)] for i in range(100)]
+        k += 100
+        arrivals = tuple(Arrival(t + i / 20, n, 0, 300) for i, n in enumerate(lengths)) if one_by_one else ()
+        tr = Traffic(5.0, 100, sum(lengths), 0, 100 * 300, arrivals=arrivals)
+        planner.decide(Observation(float(t), ws, traffic=tr))
+    return planner.policy.last_need  # type: ignore[attr-defined,no-any-return]
+
+
+EXPONENTIAL = [round(-4900 * math.log1p(-(i + 0.5) / 200)) for i in range(0, 200, 2)] + [
+    round(-4900 * math.log1p(-(i + 0.5) / 200)) for i in range(199, 0, -2)
+]
+"""Prompt lengths of mean about 4,900, spread as an exponential, interleaved short and long."""
+HEAVY = [2000] * 19 + [60_000]
+"""The same mean, from one long prompt in twenty."""
+
+
+def test_a_heavy_tailed_mix_needs_more_workers_than_its_mean() -> None:
+    means = need_for([4900], one_by_one=False)["both"]
+    assert need_for([4900])["both"] == pytest.approx(means)  # no spread: the ITL side binds
+    assert need_for(EXPONENTIAL)["both"] == pytest.approx(means, rel=0.1)  # about M/M/1
+    assert need_for(HEAVY)["both"] > 2 * means  # the mean alone hides the long prompts
+    assert need_for(HEAVY, one_by_one=False)["both"] == pytest.approx(means)
+    dis = replace(CFG, both=RoleBounds(0, 0), prefill=RoleBounds(1, 20), decode=RoleBounds(1, 20))
+    prefill = need_for([4900], one_by_one=False, cfg=dis)["prefill"]
+    assert need_for([4900], cfg=dis)["prefill"] < prefill  # equal prompts queue less than M/M/1
+    assert need_for(HEAVY, cfg=dis)["prefill"] > 2 * prefill
+
+
+def test_a_need_that_swings_between_observations_does_not_take_the_pool_down_and_up() -> None:
+    # arrivals alternate between 1 and 2.6 req/s every minute (a trough's bursts): the need
+    # swings across the pool; a removal at the low swing came back as an add at the next high
+    cfg = replace(CFG, headroom=0.5, window_s=60.0, grow_window_s=30.0, both=RoleBounds(1, 10))
+    planner = build_planner(cfg, mock_profile())
+    ws = [WorkerView(f"w{i}", "both") for i in range(3)]
+    for t in range(0, 1800, 5):
+        rate = 1.0 if (t // 60) % 2 else 2.6
+        tr = replace(traffic(rate, isl=20_000), finished=round(rate * 5), met=round(rate * 5))
+        for a in planner.decide(Observation(float(t), tuple(ws), traffic=tr)):
+            if isinstance(a, AddWorker):
+                ws.append(WorkerView(f"n{t}", "both"))
+            else:
+                ws = [w for w in ws if w.worker_id != a.worker_id]
+    assert turnarounds(planner) == 0
