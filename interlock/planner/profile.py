@@ -17,14 +17,6 @@ From them, per worker and for a given mix (mean uncached prompt tokens, output t
   a share ``a`` of requests (the target attainment) to see their first token within the TTFT
   target, it takes ``r = mu + ln(1 - a) / TTFT`` requests/s at most (the time a request spends
   in an M/M/1 queue is exponential with rate ``mu - r``: ``P(T > TTFT) = exp(-(mu - r) TTFT)``);
-* with the prefill times of recent requests known one by one (``prefill_rate_of``), the queue
-  is M/G/1: a heavy-tailed mix waits longer than its mean says. The wait ``W`` is taken as
-  Kingman's heavy-traffic form, ``P(W > x) = rho exp(-x / w)`` with ``w = E[S^2] / (2 E[S]
-  (1 - rho))`` (Pollaczek-Khinchine's mean wait, given that one waits), and each request's
-  first token comes after its wait plus its own prefill ``s``: ``P(TTFT > T) = mean over the
-  sample of (s >= T ? 1 : rho exp(-(T - s) / w))``. For exponential prefill times this is the
-  M/M/1 line above exactly; the prompts that miss on any worker (``s >= T``) are allowed on
-  top of ``1 - a``, as no pool size serves them;
 * a decode worker runs the largest batch ``B`` whose ITL meets the target, and so finishes
   ``B / (osl * itl(B))`` requests/s;
 * an aggregated worker does both: prefill takes a share ``rho = r t`` of its time and stretches
@@ -36,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -119,11 +110,6 @@ class CapabilityProfile:
         t = self.prefill_s(uncached)
         return max(0.0, 1.0 / t + math.log(1.0 - attainment) / ttft_s)
 
-    def prefill_rate_of(self, times: Sequence[float], ttft_s: float, attainment: float) -> float:
-        """``prefill_rate`` from a sample of prefill times, one per recent request (module
-        docstring: M/G/1 with Kingman's wait; the M/M/1 line for exponential times)."""
-        return mg1_rate(np.asarray(times, dtype=float), ttft_s, 1.0 - attainment)
-
     def decode_batch(self, context: float, itl_target_s: float) -> int:
         """Largest batch whose ITL meets the target (0 if not even one), within KV capacity."""
         hi = min(self.max_batch, max(int(self.kv_tokens // max(context, 1.0)), 0))
@@ -149,17 +135,19 @@ class CapabilityProfile:
         ttft_s: float,
         itl_target_s: float,
         attainment: float,
-        times: Sequence[float] | None = None,
+        *,
+        prefill_s: float | None = None,
     ) -> float:
-        """Requests/s one worker both prefills and decodes within the targets (module docstring);
-        ``times``: recent requests' prefill times, one each (``prefill_rate_of``; None: the
-        mean's M/M/1)."""
-        if times is not None and len(times):
-            t = float(np.mean(times))
-            top = self.prefill_rate_of(times, ttft_s, attainment)
-        else:
+        """Requests/s one worker both prefills and decodes within the targets (module
+        docstring). ``prefill_s``: the mean prefill seconds per request, measured over recent
+        requests; the TTFT target is then left out here (the SLA policy sizes the pool for it
+        with ``planner.queueing``, which sees the spread of prompts and of arrivals) and the
+        rate is the ITL target's alone, prefill taking its share of the worker's time."""
+        if prefill_s is None:
             t = self.prefill_s(uncached)
             top = self.prefill_rate(uncached, ttft_s, attainment)
+        else:
+            t, top = prefill_s, math.inf
         ctx = prompt + output / 2
 
         def feasible(r: float) -> bool:
@@ -189,35 +177,6 @@ class CapabilityProfile:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
-
-
-def ttft_miss(times: np.ndarray, rate: float, ttft_s: float) -> float:
-    """Share of requests whose prefill times are ``times`` that see their first token after
-    ``ttft_s`` on one worker receiving ``rate`` requests/s (module docstring; 1 when
-    overloaded)."""
-    mean = float(times.mean())
-    rho = rate * mean
-    if rho >= 1.0:
-        return 1.0
-    if rho <= 0.0:
-        return float(np.mean(times >= ttft_s))
-    w = float(np.mean(times * times)) / (2.0 * mean * (1.0 - rho))
-    waits = rho * np.exp(-np.maximum(ttft_s - times, 0.0) / w)
-    return float(np.mean(np.where(times >= ttft_s, 1.0, waits)))
-
-
-def mg1_rate(times: np.ndarray, ttft_s: float, allowed: float) -> float:
-    """Largest arrival rate at which ``ttft_miss`` stays within ``allowed`` plus the share no
-    worker serves in time (``times >= ttft_s``); the miss share rises with the rate, so a
-    bisection finds it."""
-    if not len(times) or float(times.mean()) <= 0:
-        return 0.0
-    budget = float(np.mean(times >= ttft_s)) + allowed
-    lo, hi = 0.0, 1.0 / float(times.mean())
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if ttft_miss(times, mid, ttft_s) <= budget else (lo, mid)
-    return lo
 
 
 def needed(rate: float, per_worker: float) -> float:

@@ -67,9 +67,10 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from interlock.planner.config import PlannerConfig
-from interlock.planner.forecast import SHIFT_S, ArrivalForecaster, Forecast
+from interlock.planner.forecast import SHIFT_S, TAU_S, ArrivalForecaster, Forecast
 from interlock.planner.policy import Want
 from interlock.planner.profile import CapabilityProfile, needed
+from interlock.planner.queueing import PrefillSample, workers_for_ttft
 from interlock.planner.reactive import ReactivePolicy
 from interlock.planner.state import Observation, Traffic, WorkerView
 from interlock.planner.tail import Job, StepTimes, miss_share, workers_needed
@@ -88,14 +89,17 @@ MIN_TAIL_JOBS = 50
 """Fewer requests than this in the sample: size from means."""
 
 SAMPLE = 2000
-"""The M/G/1 prefill model reads the prefill times of at most this many recent requests..."""
+"""The queueing model (``planner.queueing``) reads at most this many recent requests..."""
 
 SAMPLE_S = 600.0
 """...that arrived within this many seconds..."""
 
 MIN_SAMPLE = 200
-"""...and of at least this many (else the mean's M/M/1): a second moment read from a few
-dozen heavy-tailed prompts swings by half."""
+"""...and at least this many (else the means' model): a spread read from a few dozen
+heavy-tailed prompts swings by half."""
+
+NOISE_Z = 1.0
+"""A removal must fit the need at the forecast rate plus this many deviations of its noise."""
 
 SURGE_S = SHIFT_S
 """A surge is read from the arrivals of the last this many seconds (the forecaster's recent rate)."""
@@ -139,10 +143,9 @@ class SlaPolicy:
         self._predicted: float | None = None
         """The tail model's smoothed miss share for the recent requests at the size they met."""
         self.last_tail: TailSizing | None = None
-        self._times: deque[tuple[float, float]] = deque(maxlen=SAMPLE)
-        """(arrival, prefill seconds) of the recent requests seen one by one."""
-        self._needs: dict[str, deque[tuple[float, float]]] = {}
-        """role -> (time, need) over the last ``horizon_s`` (``_high``)."""
+        self._times: deque[tuple[float, float, int, int]] = deque(maxlen=SAMPLE)
+        """(arrival, prefill seconds, prompt tokens, output tokens) of the recent requests seen
+        one by one."""
         """(arrival, prefill seconds) of the recent requests seen one by one."""
 
     def window_attainment(self, now: float) -> float | None:
@@ -155,44 +158,65 @@ class SlaPolicy:
 
     def needs(self, f: Forecast) -> dict[str, float]:
         c, p = self.config, self.profile
+        f = self.lengths(f)
         ttft, itl = c.ttft_ms / 1000.0, c.itl_ms / 1000.0
-        times = self.prefill_times()
+        sample = self.prefill_sample()
+        allowed = 1.0 - c.attainment
         if c.prefill.max == 0 and c.decode.max == 0:
+            if sample is None:
+                per = p.aggregated_rate(
+                    f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl, c.attainment
+                )
+                return {"both": needed(f.rate, per)}
             per = p.aggregated_rate(
-                f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl, c.attainment, times
+                f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl, c.attainment, prefill_s=sample.mean
             )
-            return {"both": needed(f.rate, per)}
+            return {"both": max(needed(f.rate, per), workers_for_ttft(sample, f.rate, ttft, allowed))}
         prefill = (
-            p.prefill_rate_of(times, ttft, c.attainment)
-            if times is not None
-            else p.prefill_rate(f.uncached_tokens, ttft, c.attainment)
+            workers_for_ttft(sample, f.rate, ttft, allowed)
+            if sample is not None
+            else needed(f.rate, p.prefill_rate(f.uncached_tokens, ttft, c.attainment))
         )
         return {
-            "prefill": needed(f.rate, prefill),
+            "prefill": prefill,
             "decode": needed(f.rate, p.decode_rate(f.prompt_tokens, f.output_tokens, itl)),
         }
 
-    def _high(self, role: str, now: float, need: float) -> float:
-        """The largest need of the pool over the last ``horizon_s`` (this one included): a
-        removal must fit every need of the last horizon, the likeliest size of the swings over
-        the next one, so a need that swings (a trough's few requests a second, in bursts) does
-        not take the pool down at a low swing and back up at the next high one."""
-        seen = self._needs.setdefault(role, deque())
-        seen.append((now, need))
-        while seen[0][0] <= now - self.config.horizon_s:
-            seen.popleft()
-        return max(n for _, n in seen)
+    def upper(self, f: Forecast) -> dict[str, float]:
+        """The need at the forecast rate plus ``NOISE_Z`` standard deviations of its noise (a
+        count smoothed over ``TAU_S``, as bursty as the sample's arrivals): what a removal must
+        fit. A few requests a second in bursts swing the smoothed rate by a fifth either way, and
+        a removal at a low swing came back as an add at the next high one; at tens of requests a
+        second the band is a few percent and the descent keeps its pace."""
+        sample = self.prefill_sample()
+        ca2 = sample.ca2 if sample is not None else 1.0
+        sd = math.sqrt(f.rate * max(ca2, 1.0) / (2 * TAU_S))
+        return {r: n * self.correction for r, n in self.needs(replace(f, rate=f.rate + NOISE_Z * sd)).items()}
 
-    def prefill_times(self) -> list[float] | None:
-        """Prefill times of the recent requests seen one by one (the M/G/1 prefill model,
-        ``CapabilityProfile.prefill_rate_of``); None: too few, size from the mean."""
+    def prefill_sample(self) -> PrefillSample | None:
+        """The recent requests seen one by one (``planner.queueing``); None: too few, size
+        from means."""
         if len(self._times) < MIN_SAMPLE:
             return None
-        return [s for _, s in self._times]
+        seen = sorted(self._times)
+        return PrefillSample.of([x[0] for x in seen], [x[1] for x in seen])
+
+    def lengths(self, f: Forecast) -> Forecast:
+        """``f`` with the sample's mean prompt and output lengths (over its minutes, not the
+        forecaster's half minute: a few dozen heavy-tailed prompts swing their mean by half)."""
+        if len(self._times) < MIN_SAMPLE:
+            return f
+        n = len(self._times)
+        return replace(
+            f,
+            prompt_tokens=sum(x[2] for x in self._times) / n,
+            output_tokens=sum(x[3] for x in self._times) / n,
+        )
 
     def _sample(self, t: Traffic, now: float) -> None:
         for a in t.arrivals:
-            self._times.append((a.at, self.profile.prefill_s(max(a.prompt_tokens - a.cached_tokens, 1))))
+            uncached = max(a.prompt_tokens - a.cached_tokens, 1)
+            self._times.append((a.at, self.profile.prefill_s(uncached), a.prompt_tokens, a.output_tokens))
         while self._times and self._times[0][0] < now - SAMPLE_S:
             self._times.popleft()
 
@@ -272,6 +296,7 @@ class SlaPolicy:
         recent = self.forecaster.recent
         level = self.forecaster.level or 0.0
         surge = {r: n * self.correction for r, n in self.needs(replace(f, rate=recent)).items()}
+        upper = self.upper(f)
         self.last_tail = None
         if self.config.tail and "both" in self.last_need and len(jobs) >= MIN_TAIL_JOBS:
             self.last_tail = self._tail(jobs, f, len(pools.get("both", ())), obs.now)
@@ -281,7 +306,7 @@ class SlaPolicy:
             n = len(pools.get(role, ()))
             queued = backlog.get(role)
             tail = self.last_tail if role == "both" else None
-            high = self._high(role, obs.now, need)
+            high = max(upper.get(role, need), need)
             fits_fewer = tail.fits_fewer if tail else high * (1 + self.config.headroom) <= n - 1
             more = surge_size(recent, level, surge[role], n, self.config.surge)
             if more > 1:
@@ -332,7 +357,7 @@ class SlaPolicy:
                     )
                     if spare < 1:
                         continue
-                held = f" (at most {high:.2f} over {self.config.horizon_s:g}s)" if high > need else ""
+                held = f" ({high:.2f} at the rate's noise)" if high > need else ""
                 out.append(
                     Want(
                         role,
