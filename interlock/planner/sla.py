@@ -11,6 +11,20 @@ would still hold ``need * (1 + headroom)`` (asking for as many as would; hystere
 hovering near a whole number moves the pool one way only). The core moves at most
 ``step_share`` of the pool per step.
 
+Requests seen one by one (``Traffic.arrivals``: the replay, and live the finished requests with
+their arrival times): once ``MIN_SAMPLE`` of the last ``SAMPLE_S`` are known, the TTFT side is
+sized by ``planner.queueing`` (the pool as one G/G/c queue over the sample's prefill times and
+inter-arrival gaps: heavy-tailed prompts and bursts need more workers at a trough, and a busy
+pool fewer per request than ``n`` separate M/M/1 queues), the ITL side by ``aggregated_rate``
+with the sample's mean prefill time, the larger need deciding; mean lengths then come from the
+sample too (minutes of requests, not the forecaster's half minute). On the Mooncake day the
+means' model was 0.25-1.4x the offline bound's sizes over the day (short at the trough and on
+the descent, so the headroom had to cover a bias that moves); this one is 0.5-0.9x.
+
+A removal must also fit the need at the forecast rate plus ``NOISE_Z`` deviations of the rate's
+own noise (``upper``): a smoothed count of a few bursty requests a second swings by a fifth
+between observations, and a removal at a low swing came back as an add at the next high one.
+
 Observed feedback (``slo_feedback``): the share of finished requests that missed a target is
 smoothed over about the last ``FEEDBACK_REQUESTS`` requests (starting from the allowed share, so
 a few early misses move it little: a 1% rate cannot be read from a handful); when it exceeds
@@ -42,11 +56,12 @@ ask to grow (on a rise the window's success says nothing about the next one): wa
 every reactive signal to settle kept the peak's fleet for minutes after the peak, with the
 observed SLO saying there was room.
 
-A removal that the pool had to turn back from (it grew again within two windows, the load per
-worker not having risen) is not repeated for half an hour (``planner.turns``): when the model's
-need is short of the real one by more than the headroom, the headroom rule removes into misses,
-the feedback grows the pool back, the correction fades and the same removal came again every
-two windows on a steady load.
+A removal that the pool had to turn back from (it grew again within ``TURN_WINDOWS`` windows,
+the load per worker not having risen) is not repeated for half an hour (``planner.turns``): when
+the model's need is short of the real one by more than the headroom, the headroom rule removes
+into misses, the feedback grows the pool back, the correction fades and the same removal came
+again every two windows on a steady load; at a trough the misses that turn it back take minutes
+to count (a few requests a second), so the memory looks five windows back.
 
 Tail-aware sizing (``tail``, aggregated pools, when the connector reports requests one by one):
 means cannot see bursts and heavy-tailed prompts, which at a trough make two workers lose one
@@ -98,6 +113,9 @@ MIN_SAMPLE = 200
 """...and at least this many (else the means' model): a spread read from a few dozen
 heavy-tailed prompts swings by half."""
 
+TURN_WINDOWS = 5
+"""An add this many windows after a removal, the load per worker not having risen, refutes it."""
+
 NOISE_Z = 1.0
 """A removal must fit the need at the forecast rate plus this many deviations of its noise."""
 
@@ -130,7 +148,7 @@ class SlaPolicy:
         """Smoothed share of finished requests that missed a target."""
         self.correction = 1.0
         self.reactive = ReactivePolicy(config)
-        self.turns = TurnMemory(2 * config.window_s)
+        self.turns = TurnMemory(TURN_WINDOWS * config.window_s)
         """Removals the pool had to turn back from (``planner.turns``)."""
         self._done: deque[tuple[float, int, int]] = deque()
         """(time, finished, met) over the last window."""
