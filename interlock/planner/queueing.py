@@ -131,4 +131,3 @@ def workers_for_ttft(
             return c - 1 + math.log(prev / budget) / math.log(prev / miss)
         prev = miss
     return math.inf
-

@@ -187,7 +187,13 @@ class SlaPolicy:
                 )
                 return {"both": needed(f.rate, per)}
             per = p.aggregated_rate(
-                f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl, c.attainment, prefill_s=sample.mean
+                f.prompt_tokens,
+                f.uncached_tokens,
+                f.output_tokens,
+                ttft,
+                itl,
+                c.attainment,
+                prefill_s=sample.mean,
             )
             return {"both": max(needed(f.rate, per), workers_for_ttft(sample, f.rate, ttft, allowed))}
         prefill = (

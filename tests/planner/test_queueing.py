@@ -51,7 +51,9 @@ def test_heavy_tailed_prompts_and_bursty_arrivals_need_more_workers() -> None:
     )
     # a trough of a conversation trace: requests in bursts (gaps' squared CV 9, as Mooncake's)
     bursty = PrefillSample(heavy, 9.0)
-    assert workers_for_ttft(bursty, rate, TTFT, ALLOWED) > 1.4 * workers_for_ttft(poisson(heavy), rate, TTFT, ALLOWED)
+    assert workers_for_ttft(bursty, rate, TTFT, ALLOWED) > 1.4 * workers_for_ttft(
+        poisson(heavy), rate, TTFT, ALLOWED
+    )
 
 
 def test_prompts_no_pool_serves_in_time_are_allowed_on_top() -> None:

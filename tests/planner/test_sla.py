@@ -20,8 +20,8 @@ from interlock.planner import (
     build_planner,
 )
 from interlock.planner.forecast import ArrivalForecaster, Forecast
-from interlock.planner.state import Arrival
 from interlock.planner.sla import surge_size
+from interlock.planner.state import Arrival
 from tests.planner.conftest import mock_profile
 
 CFG = PlannerConfig(
@@ -322,7 +322,12 @@ def test_a_falling_load_is_followed_without_turning_back() -> None:
 
 
 def need_for(
-    prompts: list[int], rate: float = 20.0, *, burst: int = 1, one_by_one: bool = True, cfg: PlannerConfig = CFG
+    prompts: list[int],
+    rate: float = 20.0,
+    *,
+    burst: int = 1,
+    one_by_one: bool = True,
+    cfg: PlannerConfig = CFG,
 ) -> dict[str, float]:
     """The SLA policy's need after 5 min of ``rate`` req/s whose prompt lengths cycle through
     ``prompts``, ``burst`` requests at one instant (``one_by_one``: the connector reports each
@@ -334,7 +339,9 @@ def need_for(
         lengths = [prompts[(k + i) % len(prompts)] for i in range(n)]
         k += n
         at = [t + (i // burst) * burst / rate for i in range(n)]
-        arrivals = tuple(Arrival(a, x, 0, 300) for a, x in zip(at, lengths, strict=True)) if one_by_one else ()
+        arrivals = (
+            tuple(Arrival(a, x, 0, 300) for a, x in zip(at, lengths, strict=True)) if one_by_one else ()
+        )
         tr = Traffic(5.0, n, sum(lengths), 0, n * 300, arrivals=arrivals)
         planner.decide(Observation(float(t), ws, traffic=tr))
     return planner.policy.last_need  # type: ignore[attr-defined,no-any-return]
@@ -358,7 +365,10 @@ def test_requests_seen_one_by_one_size_the_pool_for_their_spread() -> None:
     dis = replace(CFG, both=RoleBounds(0, 0), prefill=RoleBounds(1, 20), decode=RoleBounds(1, 20))
     prefill = need_for([4900], one_by_one=False, cfg=dis)["prefill"]
     assert need_for([4900], cfg=dis)["prefill"] < prefill  # a pool pools: fewer than n M/M/1 queues
-    assert need_for(HEAVY, 3.0, burst=6, cfg=dis)["prefill"] > need_for(HEAVY, 3.0, one_by_one=False, cfg=dis)["prefill"]
+    assert (
+        need_for(HEAVY, 3.0, burst=6, cfg=dis)["prefill"]
+        > need_for(HEAVY, 3.0, one_by_one=False, cfg=dis)["prefill"]
+    )
 
 
 def test_a_bursty_trough_does_not_take_the_pool_down_and_up() -> None:
@@ -377,7 +387,9 @@ def test_a_bursty_trough_does_not_take_the_pool_down_and_up() -> None:
             arrivals += [Arrival(at, int(rng.choice(HEAVY)), 0, 300) for _ in range(rng.integers(1, 12))]
         arrivals.sort(key=lambda a: a.at)
         n = len(arrivals)
-        tr = Traffic(5.0, n, sum(a.prompt_tokens for a in arrivals), 0, 300 * n, n, n, arrivals=tuple(arrivals))
+        tr = Traffic(
+            5.0, n, sum(a.prompt_tokens for a in arrivals), 0, 300 * n, n, n, arrivals=tuple(arrivals)
+        )
         for act in planner.decide(Observation(float(t), tuple(ws), traffic=tr)):
             if isinstance(act, AddWorker):
                 ws.append(WorkerView(f"n{t}", "both"))
