@@ -18,8 +18,8 @@ inter-arrival gaps: heavy-tailed prompts and bursts need more workers at a troug
 pool fewer per request than ``n`` separate M/M/1 queues), the ITL side by ``aggregated_rate``
 with the sample's mean prefill time, the larger need deciding; mean lengths then come from the
 sample too (minutes of requests, not the forecaster's half minute). On the Mooncake day the
-means' model was 0.25-1.4x the offline bound's sizes over the day (short at the trough and on
-the descent, so the headroom had to cover a bias that moves); this one is 0.5-0.9x.
+means' model's need was 0.29-0.83 of the offline bound's sizes (phase means, from the trough to
+the peak: the headroom had to cover a bias that moved by 3x); this one's is 0.54-0.84.
 
 A removal must also fit the need at the forecast rate plus ``NOISE_Z`` deviations of the rate's
 own noise (``upper``): a smoothed count of a few bursty requests a second swings by a fifth
