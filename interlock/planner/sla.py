@@ -164,7 +164,6 @@ class SlaPolicy:
         self._times: deque[tuple[float, float, int, int]] = deque(maxlen=SAMPLE)
         """(arrival, prefill seconds, prompt tokens, output tokens) of the recent requests seen
         one by one."""
-        """(arrival, prefill seconds) of the recent requests seen one by one."""
 
     def window_attainment(self, now: float) -> float | None:
         """Share of the requests finished over the last ``window_s`` that met the targets
