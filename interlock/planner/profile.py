@@ -135,10 +135,20 @@ class CapabilityProfile:
         ttft_s: float,
         itl_target_s: float,
         attainment: float,
+        *,
+        prefill_s: float | None = None,
     ) -> float:
-        t = self.prefill_s(uncached)
+        """Requests/s one worker both prefills and decodes within the targets (module
+        docstring). ``prefill_s``: the mean prefill seconds per request, measured over recent
+        requests; the TTFT target is then left out here (the SLA policy sizes the pool for it
+        with ``planner.queueing``, which sees the spread of prompts and of arrivals) and the
+        rate is the ITL target's alone, prefill taking its share of the worker's time."""
+        if prefill_s is None:
+            t = self.prefill_s(uncached)
+            top = self.prefill_rate(uncached, ttft_s, attainment)
+        else:
+            t, top = prefill_s, math.inf
         ctx = prompt + output / 2
-        top = self.prefill_rate(uncached, ttft_s, attainment)
 
         def feasible(r: float) -> bool:
             rho = r * t

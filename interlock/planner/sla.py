@@ -11,6 +11,20 @@ would still hold ``need * (1 + headroom)`` (asking for as many as would; hystere
 hovering near a whole number moves the pool one way only). The core moves at most
 ``step_share`` of the pool per step.
 
+Requests seen one by one (``Traffic.arrivals``: the replay, and live the finished requests with
+their arrival times): once ``MIN_SAMPLE`` of the last ``SAMPLE_S`` are known, the TTFT side is
+sized by ``planner.queueing`` (the pool as one G/G/c queue over the sample's prefill times and
+inter-arrival gaps: heavy-tailed prompts and bursts need more workers at a trough, and a busy
+pool fewer per request than ``n`` separate M/M/1 queues), the ITL side by ``aggregated_rate``
+with the sample's mean prefill time, the larger need deciding; mean lengths then come from the
+sample too (minutes of requests, not the forecaster's half minute). On the Mooncake day the
+means' model's need was 0.29-0.83 of the offline bound's sizes (phase means, from the trough to
+the peak: the headroom had to cover a bias that moved by 3x); this one's is 0.54-0.84.
+
+A removal must also fit the need at the forecast rate plus ``NOISE_Z`` deviations of the rate's
+own noise (``upper``): a smoothed count of a few bursty requests a second swings by a fifth
+between observations, and a removal at a low swing came back as an add at the next high one.
+
 Observed feedback (``slo_feedback``): the share of finished requests that missed a target is
 smoothed over about the last ``FEEDBACK_REQUESTS`` requests (starting from the allowed share, so
 a few early misses move it little: a 1% rate cannot be read from a handful); when it exceeds
@@ -42,11 +56,12 @@ ask to grow (on a rise the window's success says nothing about the next one): wa
 every reactive signal to settle kept the peak's fleet for minutes after the peak, with the
 observed SLO saying there was room.
 
-A removal that the pool had to turn back from (it grew again within two windows, the load per
-worker not having risen) is not repeated for half an hour (``planner.turns``): when the model's
-need is short of the real one by more than the headroom, the headroom rule removes into misses,
-the feedback grows the pool back, the correction fades and the same removal came again every
-two windows on a steady load.
+A removal that the pool had to turn back from (it grew again within ``TURN_WINDOWS`` windows,
+the load per worker not having risen) is not repeated for half an hour (``planner.turns``): when
+the model's need is short of the real one by more than the headroom, the headroom rule removes
+into misses, the feedback grows the pool back, the correction fades and the same removal came
+again every two windows on a steady load; at a trough the misses that turn it back take minutes
+to count (a few requests a second), so the memory looks five windows back.
 
 Tail-aware sizing (``tail``, aggregated pools, when the connector reports requests one by one):
 means cannot see bursts and heavy-tailed prompts, which at a trough make two workers lose one
@@ -67,9 +82,10 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from interlock.planner.config import PlannerConfig
-from interlock.planner.forecast import SHIFT_S, ArrivalForecaster, Forecast
+from interlock.planner.forecast import SHIFT_S, TAU_S, ArrivalForecaster, Forecast
 from interlock.planner.policy import Want
 from interlock.planner.profile import CapabilityProfile, needed
+from interlock.planner.queueing import PrefillSample, workers_for_ttft
 from interlock.planner.reactive import ReactivePolicy
 from interlock.planner.state import Observation, Traffic, WorkerView
 from interlock.planner.tail import Job, StepTimes, miss_share, workers_needed
@@ -86,6 +102,22 @@ TAIL_SAMPLE_S = 120.0
 
 MIN_TAIL_JOBS = 50
 """Fewer requests than this in the sample: size from means."""
+
+SAMPLE = 2000
+"""The queueing model (``planner.queueing``) reads at most this many recent requests..."""
+
+SAMPLE_S = 600.0
+"""...that arrived within this many seconds..."""
+
+MIN_SAMPLE = 200
+"""...and at least this many (else the means' model): a spread read from a few dozen
+heavy-tailed prompts swings by half."""
+
+TURN_WINDOWS = 5
+"""An add this many windows after a removal, the load per worker not having risen, refutes it."""
+
+NOISE_Z = 1.0
+"""A removal must fit the need at the forecast rate plus this many deviations of its noise."""
 
 SURGE_S = SHIFT_S
 """A surge is read from the arrivals of the last this many seconds (the forecaster's recent rate)."""
@@ -116,7 +148,7 @@ class SlaPolicy:
         """Smoothed share of finished requests that missed a target."""
         self.correction = 1.0
         self.reactive = ReactivePolicy(config)
-        self.turns = TurnMemory(2 * config.window_s)
+        self.turns = TurnMemory(TURN_WINDOWS * config.window_s)
         """Removals the pool had to turn back from (``planner.turns``)."""
         self._done: deque[tuple[float, int, int]] = deque()
         """(time, finished, met) over the last window."""
@@ -129,6 +161,9 @@ class SlaPolicy:
         self._predicted: float | None = None
         """The tail model's smoothed miss share for the recent requests at the size they met."""
         self.last_tail: TailSizing | None = None
+        self._times: deque[tuple[float, float, int, int]] = deque(maxlen=SAMPLE)
+        """(arrival, prefill seconds, prompt tokens, output tokens) of the recent requests seen
+        one by one."""
 
     def window_attainment(self, now: float) -> float | None:
         """Share of the requests finished over the last ``window_s`` that met the targets
@@ -140,16 +175,73 @@ class SlaPolicy:
 
     def needs(self, f: Forecast) -> dict[str, float]:
         c, p = self.config, self.profile
+        f = self.lengths(f)
         ttft, itl = c.ttft_ms / 1000.0, c.itl_ms / 1000.0
+        sample = self.prefill_sample()
+        allowed = 1.0 - c.attainment
         if c.prefill.max == 0 and c.decode.max == 0:
+            if sample is None:
+                per = p.aggregated_rate(
+                    f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl, c.attainment
+                )
+                return {"both": needed(f.rate, per)}
             per = p.aggregated_rate(
-                f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl, c.attainment
+                f.prompt_tokens,
+                f.uncached_tokens,
+                f.output_tokens,
+                ttft,
+                itl,
+                c.attainment,
+                prefill_s=sample.mean,
             )
-            return {"both": needed(f.rate, per)}
+            return {"both": max(needed(f.rate, per), workers_for_ttft(sample, f.rate, ttft, allowed))}
+        prefill = (
+            workers_for_ttft(sample, f.rate, ttft, allowed)
+            if sample is not None
+            else needed(f.rate, p.prefill_rate(f.uncached_tokens, ttft, c.attainment))
+        )
         return {
-            "prefill": needed(f.rate, p.prefill_rate(f.uncached_tokens, ttft, c.attainment)),
+            "prefill": prefill,
             "decode": needed(f.rate, p.decode_rate(f.prompt_tokens, f.output_tokens, itl)),
         }
+
+    def upper(self, f: Forecast) -> dict[str, float]:
+        """The need at the forecast rate plus ``NOISE_Z`` standard deviations of its noise (a
+        count smoothed over ``TAU_S``, as bursty as the sample's arrivals): what a removal must
+        fit. A few requests a second in bursts swing the smoothed rate by a fifth either way, and
+        a removal at a low swing came back as an add at the next high one; at tens of requests a
+        second the band is a few percent and the descent keeps its pace."""
+        sample = self.prefill_sample()
+        ca2 = sample.ca2 if sample is not None else 1.0
+        sd = math.sqrt(f.rate * max(ca2, 1.0) / (2 * TAU_S))
+        return {r: n * self.correction for r, n in self.needs(replace(f, rate=f.rate + NOISE_Z * sd)).items()}
+
+    def prefill_sample(self) -> PrefillSample | None:
+        """The recent requests seen one by one (``planner.queueing``); None: too few, size
+        from means."""
+        if len(self._times) < MIN_SAMPLE:
+            return None
+        seen = sorted(self._times)
+        return PrefillSample.of([x[0] for x in seen], [x[1] for x in seen])
+
+    def lengths(self, f: Forecast) -> Forecast:
+        """``f`` with the sample's mean prompt and output lengths (over its minutes, not the
+        forecaster's half minute: a few dozen heavy-tailed prompts swing their mean by half)."""
+        if len(self._times) < MIN_SAMPLE:
+            return f
+        n = len(self._times)
+        return replace(
+            f,
+            prompt_tokens=sum(x[2] for x in self._times) / n,
+            output_tokens=sum(x[3] for x in self._times) / n,
+        )
+
+    def _sample(self, t: Traffic, now: float) -> None:
+        for a in t.arrivals:
+            uncached = max(a.prompt_tokens - a.cached_tokens, 1)
+            self._times.append((a.at, self.profile.prefill_s(uncached), a.prompt_tokens, a.output_tokens))
+        while self._times and self._times[0][0] < now - SAMPLE_S:
+            self._times.popleft()
 
     def _feedback(self, finished: int, met: int) -> None:
         if not self.config.slo_feedback or finished <= 0:
@@ -215,6 +307,7 @@ class SlaPolicy:
         if t.finished:
             self._done.append((obs.now, t.finished, t.met))
         jobs = self._remember(t, obs.now)
+        self._sample(t, obs.now)
         met = self.window_attainment(obs.now)
         backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
         f = self.forecaster.forecast(self.config.horizon_s)
@@ -226,6 +319,7 @@ class SlaPolicy:
         recent = self.forecaster.recent
         level = self.forecaster.level or 0.0
         surge = {r: n * self.correction for r, n in self.needs(replace(f, rate=recent)).items()}
+        upper = self.upper(f)
         self.last_tail = None
         if self.config.tail and "both" in self.last_need and len(jobs) >= MIN_TAIL_JOBS:
             self.last_tail = self._tail(jobs, f, len(pools.get("both", ())), obs.now)
@@ -235,7 +329,8 @@ class SlaPolicy:
             n = len(pools.get(role, ()))
             queued = backlog.get(role)
             tail = self.last_tail if role == "both" else None
-            fits_fewer = tail.fits_fewer if tail else need * (1 + self.config.headroom) <= n - 1
+            high = max(upper.get(role, need), need)
+            fits_fewer = tail.fits_fewer if tail else high * (1 + self.config.headroom) <= n - 1
             more = surge_size(recent, level, surge[role], n, self.config.surge)
             if more > 1:
                 out.append(
@@ -274,7 +369,7 @@ class SlaPolicy:
                 why = ""
                 if not agrees and met is not None:
                     why = f", {100 * met:.1f}% met the targets over {self.config.window_s:g}s"
-                spare = 1 if tail else n - math.ceil(need * (1 + self.config.headroom))
+                spare = 1 if tail else n - math.ceil(high * (1 + self.config.headroom))
                 why = f" (+{self.config.headroom:.0%} headroom fits in {n - spare}){why}"
                 fewest = self.turns.fewest(role, raw[role])
                 if n - spare < fewest:
@@ -285,12 +380,13 @@ class SlaPolicy:
                     )
                     if spare < 1:
                         continue
+                held = f" ({high:.2f} at the rate's noise)" if high > need else ""
                 out.append(
                     Want(
                         role,
                         -spare,
-                        (n - 1) / max(need, 1e-9),
-                        f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers{why}"
+                        (n - 1) / max(high, 1e-9),
+                        f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers{held}{why}"
                         + (self._why_tail(n) if tail else self._why_corrected()),
                     )
                 )

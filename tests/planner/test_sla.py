@@ -4,6 +4,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from interlock.engine.timing import TimingModel
@@ -20,6 +21,7 @@ from interlock.planner import (
 )
 from interlock.planner.forecast import ArrivalForecaster, Forecast
 from interlock.planner.sla import surge_size
+from interlock.planner.state import Arrival
 from tests.planner.conftest import mock_profile
 
 CFG = PlannerConfig(
@@ -317,3 +319,81 @@ def test_a_falling_load_is_followed_without_turning_back() -> None:
     assert sizes[119] >= 14 and sizes[260] <= 5 + 1  # 5 workers hold 15 req/s here
     assert turnarounds(planner) <= 2
     assert missed < 0.01
+
+
+def need_for(
+    prompts: list[int],
+    rate: float = 20.0,
+    *,
+    burst: int = 1,
+    one_by_one: bool = True,
+    cfg: PlannerConfig = CFG,
+) -> dict[str, float]:
+    """The SLA policy's need after 5 min of ``rate`` req/s whose prompt lengths cycle through
+    ``prompts``, ``burst`` requests at one instant (``one_by_one``: the connector reports each
+    request, else means alone)."""
+    planner = build_planner(cfg, mock_profile())
+    ws = tuple(WorkerView(f"w{i}", "both") for i in range(20))
+    n, k = round(rate * 5), 0
+    for t in range(0, 300, 5):
+        lengths = [prompts[(k + i) % len(prompts)] for i in range(n)]
+        k += n
+        at = [t + (i // burst) * burst / rate for i in range(n)]
+        arrivals = (
+            tuple(Arrival(a, x, 0, 300) for a, x in zip(at, lengths, strict=True)) if one_by_one else ()
+        )
+        tr = Traffic(5.0, n, sum(lengths), 0, n * 300, arrivals=arrivals)
+        planner.decide(Observation(float(t), ws, traffic=tr))
+    return planner.policy.last_need  # type: ignore[attr-defined,no-any-return]
+
+
+EXPONENTIAL = [round(-4900 * math.log1p(-(i + 0.5) / 200)) for i in range(0, 200, 2)] + [
+    round(-4900 * math.log1p(-(i + 0.5) / 200)) for i in range(199, 0, -2)
+]
+"""Prompt lengths of mean about 4,900, spread as an exponential, interleaved short and long."""
+HEAVY = [2000] * 19 + [60_000]
+"""The same mean, from one long prompt in twenty."""
+
+
+def test_requests_seen_one_by_one_size_the_pool_for_their_spread() -> None:
+    # the means' model sees neither bursts nor long prompts; the queueing model does
+    means = need_for([4900], one_by_one=False)["both"]
+    assert need_for(EXPONENTIAL)["both"] == pytest.approx(means, rel=0.15)  # Poisson-like: about the same
+    trough = need_for(HEAVY, 3.0, one_by_one=False)["both"]
+    assert need_for(HEAVY, 3.0)["both"] > trough  # long prompts at a trough
+    assert need_for(HEAVY, 3.0, burst=6)["both"] > 2 * trough  # ...arriving six at a time
+    dis = replace(CFG, both=RoleBounds(0, 0), prefill=RoleBounds(1, 20), decode=RoleBounds(1, 20))
+    prefill = need_for([4900], one_by_one=False, cfg=dis)["prefill"]
+    assert need_for([4900], cfg=dis)["prefill"] < prefill  # a pool pools: fewer than n M/M/1 queues
+    assert (
+        need_for(HEAVY, 3.0, burst=6, cfg=dis)["prefill"]
+        > need_for(HEAVY, 3.0, one_by_one=False, cfg=dis)["prefill"]
+    )
+
+
+def test_a_bursty_trough_does_not_take_the_pool_down_and_up() -> None:
+    # 3 req/s in bursts (one to eleven requests at one instant), one prompt in twenty 60k
+    # tokens, every request meeting the targets: the smoothed rate and the mean prompt swing
+    # from one observation to the next, and a removal at a low swing came back as an add at
+    # the next high one (the x6 step's long trough); the removal must fit the rate's noise
+    rng = np.random.default_rng(1)
+    cfg = replace(DESCENT, shrink_window_s=30.0, both=RoleBounds(1, 10))
+    planner = build_planner(cfg, mock_profile())
+    ws = [WorkerView(f"w{i}", "both") for i in range(6)]
+    for t in range(0, 3600, 5):
+        arrivals: list[Arrival] = []
+        for _ in range(rng.poisson(5 * 3.0 / 6)):  # bursts of 6 on average
+            at = t + float(rng.uniform(0, 5))
+            arrivals += [Arrival(at, int(rng.choice(HEAVY)), 0, 300) for _ in range(rng.integers(1, 12))]
+        arrivals.sort(key=lambda a: a.at)
+        n = len(arrivals)
+        tr = Traffic(
+            5.0, n, sum(a.prompt_tokens for a in arrivals), 0, 300 * n, n, n, arrivals=tuple(arrivals)
+        )
+        for act in planner.decide(Observation(float(t), tuple(ws), traffic=tr)):
+            if isinstance(act, AddWorker):
+                ws.append(WorkerView(f"n{t}", "both"))
+            else:
+                ws = [w for w in ws if w.worker_id != act.worker_id]
+    assert turnarounds(planner) == 0
+    assert 2 <= len(ws) < 6  # it did come down
