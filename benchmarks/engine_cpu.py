@@ -416,7 +416,7 @@ ROWS = [
 
 def table(results: dict[str, dict[str, float] | str]) -> str:
     names = list(results)
-    others = [o for o in ("vllm", "interlock-plain", "transformers") if o in results]
+    others = [o for o in results if o.partition("@")[0] in ("vllm", "interlock-plain", "transformers")]
     head = "| metric | " + " | ".join(names) + " | " + " | ".join(f"Interlock / {o}" for o in others) + " |"
     lines = [head, "|---" * (len(names) + len(others) + 1) + "|"]
     for key, label in ROWS:

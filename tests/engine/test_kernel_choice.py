@@ -144,6 +144,19 @@ def test_each_kernel_computes_the_reference(impl: str, rows: int) -> None:
     assert (lin(x).float() - reference).abs().max() < 0.02 * float(reference.abs().max())
 
 
+@pytest.mark.parametrize("rows", [1, 8, 300])
+def test_fp32_weights_run_packed_for_onednn_and_agree_with_f_linear(rows: int) -> None:
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this build of torch")
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 64, generator=gen) * 0.1
+    bias = torch.randn(96, generator=gen) * 0.1
+    lin = Linear(weight, bias, fused=False)  # what the model's layers get without a table
+    assert lin.kernel_for(rows) == "onednn" and lin.weight is None  # the plain copy is not kept
+    x = torch.randn(rows, 64, generator=gen)
+    assert torch.allclose(lin(x), F.linear(x, weight, bias), rtol=1e-4, atol=1e-5)
+
+
 def test_a_mixed_plan_switches_kernel_by_rows() -> None:
     if cpu_ops.load() is None:
         pytest.skip("no fused CPU kernels on this machine")

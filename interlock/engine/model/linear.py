@@ -10,8 +10,11 @@ by the layer's ``Plan`` (measured on this machine, see ``kernel_choice`` and ``d
 * ``onednn``: oneDNN with the weight re-laid out once (what inductor's weight freezing does):
   ``F.linear`` re-lays out a bf16 weight on every call; packing once halved the time of a
   one-row matmul and saved 10-25% at 32 rows, bit-identical. Verified on a sample at load. On a
-  CPU with AMX this is the kernel that uses the tiles.
-* ``torch``: ``F.linear`` on the plain weight (also what fp32, CUDA, or a missing op get).
+  CPU with AMX this is the kernel that uses the tiles. fp32 weights (``dtype`` auto on a CPU
+  without fast bf16) are packed too, equal to ``F.linear`` within rounding: on an AMD Zen 3 the
+  model's 120 linear layers, weights streamed from memory, took 36 / 45 / 85 / 398 ms at 1 / 8 /
+  32 / 256 rows packed against 45 / 82 / 122 / 472 ms through ``F.linear``.
+* ``torch``: ``F.linear`` on the plain weight (also what fp16, CUDA, or a missing op get).
 
 Without a plan a layer uses ``small`` where it can, else ``onednn``, else ``torch``. A layer
 keeps only the packings its plan uses (two when it switches kernels between row ranges).
@@ -126,7 +129,7 @@ def _fused_ops(weight: torch.Tensor) -> Any:
 
 
 def _pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+    if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float32):
         return None
     if not torch.backends.mkldnn.is_available():
         return None
@@ -136,4 +139,7 @@ def _pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | Non
         got = torch.ops.mkldnn._linear_pointwise(sample, packed, bias, "none", [], "")
     except (RuntimeError, AttributeError):
         return None
-    return packed if torch.equal(got, F.linear(sample, weight, bias)) else None
+    want = F.linear(sample, weight, bias)
+    if weight.dtype == torch.float32:  # another summation order: equal to rounding, not to the bit
+        return packed if torch.allclose(got, want, rtol=1e-4, atol=1e-5) else None
+    return packed if torch.equal(got, want) else None
