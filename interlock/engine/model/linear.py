@@ -12,8 +12,8 @@ by the layer's ``Plan`` (measured on this machine, see ``kernel_choice`` and ``d
   one-row matmul and saved 10-25% at 32 rows, bit-identical. Verified on a sample at load. On a
   CPU with AMX this is the kernel that uses the tiles. fp32 weights (``dtype`` auto on a CPU
   without fast bf16) are packed too, equal to ``F.linear`` within rounding: on an AMD Zen 3 the
-  model's 120 linear layers, weights streamed from memory, took 36 / 45 / 85 / 398 ms at 1 / 8 /
-  32 / 256 rows packed against 45 / 82 / 122 / 472 ms through ``F.linear``.
+  model's 120 linear layers, weights streamed from memory, took 1.12-1.49x less time packed
+  than through ``F.linear`` at 1 to 256 rows (``benchmarks/linear_packing.py``).
 * ``torch``: ``F.linear`` on the plain weight (also what fp16, CUDA, or a missing op get).
 
 Without a plan a layer uses ``small`` where it can, else ``onednn``, else ``torch``. A layer
