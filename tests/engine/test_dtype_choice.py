@@ -11,30 +11,16 @@ import torch
 from interlock.deploy import ExecutionGroup, _validate_group
 from interlock.engine.config import EngineConfig, ModelConfig
 from interlock.engine.model import dtype_choice
-from interlock.engine.model.config import ModelArchConfig, RopeScaling
+from interlock.engine.model.config import ModelArchConfig
 from interlock.engine.runners.torch_runner import TorchRunner
 from interlock.env import get_env
 from interlock.errors import ConfigError
 from interlock.model_store import resolve_model
+from tests.engine.test_paged_kv_cache import ARCH as TINY
 
 CPU = torch.device("cpu")
-ARCH = ModelArchConfig(
-    architecture="llama",
-    vocab_size=10,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=1,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    rope_theta=1e4,
-    rope_scaling=RopeScaling(),
-    max_position_embeddings=64,
-    tie_word_embeddings=True,
-    qkv_bias=False,
-    eos_token_ids=(2,),
-)
+ARCH = replace(TINY, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4, head_dim=16)
+"""Large enough for a measurement to mean something, small enough to take milliseconds."""
 
 
 @pytest.mark.parametrize(
