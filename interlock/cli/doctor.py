@@ -91,7 +91,8 @@ def _kernels(args: argparse.Namespace) -> int:
     print(f"model dtype: {choice.why}", flush=True)
     if choice.dtype != torch.bfloat16:
         print(
-            f"no choice to make here: the model runs in {choice.dtype} (plain PyTorch path, oneDNN for every layer)"
+            f"no choice to make here: the model runs in {str(choice.dtype).removeprefix('torch.')} "
+            "(plain PyTorch path, oneDNN for every layer)"
         )
         return 0
     logging.getLogger("interlock.engine.model.kernel_choice").setLevel(logging.WARNING)  # printed below

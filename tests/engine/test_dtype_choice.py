@@ -82,3 +82,17 @@ def test_the_runner_loads_the_model_in_the_dtype_auto_picks() -> None:
     runner = TorchRunner.from_config(EngineConfig(model=ModelConfig(model="smollm2")))
     assert ModelConfig().dtype == "auto"
     assert runner.model.dtype == expected.dtype and runner.cache.tensor.dtype == expected.dtype
+
+
+def _resolve_in_child(cache_dir: str) -> tuple[str, float | None]:
+    choice = dtype_choice.resolve("auto", CPU, ARCH, cache_dir=Path(cache_dir), fused=False)
+    return choice.why, choice.ratio
+
+
+def test_workers_starting_together_measure_once_and_agree(tmp_path: Path) -> None:
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(2) as pool:
+        got = pool.map(_resolve_in_child, [str(tmp_path)] * 2)
+    assert sorted("measured now" in why for why, _ in got) == [False, True]
+    assert got[0][1] == got[1][1]

@@ -24,6 +24,7 @@ given.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
@@ -101,21 +102,36 @@ def _measured(config: ModelArchConfig, cache_dir: Path) -> DtypeChoice:
     shapes = _shapes(config)
     machine = machine_key([f"shapes={shapes}"])
     path = cache_dir / "dtype" / f"{hashlib.sha256(machine.encode()).hexdigest()[:16]}-v{FORMAT}.json"
-    try:
-        saved = json.loads(path.read_text())
-        if saved.get("machine") == machine:
-            return _choice(float(saved["ratio"]), cached=True)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    ratio = bf16_over_fp32(shapes)
+    ratio = _read(path, machine)
+    if ratio is not None:
+        return _choice(ratio, cached=True)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "a")  # held until measured and saved
+    except OSError as e:  # a read-only cache costs a measurement per start, nothing else
+        log.warning("dtype choice not cached (%s)", e)
+        return _choice(bf16_over_fp32(shapes), cached=False)
+    with lock:
+        # Workers starting together measure once: the first, under the lock; the others then
+        # read its answer (two measurements near the margin could disagree, and workers of
+        # one model must load it in one dtype to share KV).
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ratio = _read(path, machine)
+        if ratio is not None:
+            return _choice(ratio, cached=True)
+        ratio = bf16_over_fp32(shapes)
         scratch = path.with_suffix(f".{os.getpid()}.tmp")
         scratch.write_text(json.dumps({"machine": machine, "ratio": ratio}))
         os.replace(scratch, path)
-    except OSError as e:  # a read-only cache costs a measurement per start, nothing else
-        log.warning("dtype choice not cached (%s)", e)
     return _choice(ratio, cached=False)
+
+
+def _read(path: Path, machine: str) -> float | None:
+    try:
+        saved = json.loads(path.read_text())
+        return float(saved["ratio"]) if saved.get("machine") == machine else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _choice(ratio: float, *, cached: bool) -> DtypeChoice:
