@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,9 +77,11 @@ def main() -> None:
             stdout=subprocess.DEVNULL,
         )
         lines = counters(port)
+        report = json.loads(results.read_text())
     finally:
         stop(proc)
-    recs = [r for run in json.loads(results.read_text())["runs"] for r in run["requests"]]
+        shutil.rmtree(work, ignore_errors=True)
+    recs = [r for run in report["runs"] for r in run["requests"]]
     ok = [r for r in recs if r["error"] is None and r["ttft_s"] is not None]
     errors: dict[str, int] = {}
     for r in recs:
