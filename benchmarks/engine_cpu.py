@@ -12,7 +12,9 @@ time of the engine's thread: what the step spends outside the model, measurable 
 machine (with ``--threads 1`` that thread does all the compute).
 
 Every engine runs in its own subprocess (vLLM's in its own virtual environment) on the same
-converted SmolLM2-135M-Instruct folder, bf16, prefix caching off, and answers the same plan
+converted SmolLM2-135M-Instruct folder, each in its own default dtype (``--dtype``: Interlock's
+and vLLM's "auto", transformers' checkpoint bf16; bf16 for all where Interlock's auto picks it),
+prefix caching off, and answers the same plan
 of random token-id prompts with greedy sampling and ``ignore_eos``. Each engine is driven only
 through one call, "generate these prompts, N tokens each, wait for all", so the figures are
 derived the same way for all three:
@@ -111,7 +113,7 @@ DTYPE_ENV = "ENGINE_CPU_DTYPE"
 def _dtype(default: str) -> str:
     """The ``--dtype`` asked for; with ``--dtype default``, the engine's own default (``default``
     here: Interlock's and vLLM's "auto", transformers' checkpoint dtype)."""
-    asked = os.environ.get(DTYPE_ENV, "bfloat16")
+    asked = os.environ.get(DTYPE_ENV, "default")
     return default if asked == "default" else asked
 
 
@@ -355,7 +357,7 @@ def run_child(
     timeout: float,
     omp: str,
     mode: str = "--child",
-    dtype: str = "bfloat16",
+    dtype: str = "default",
 ) -> dict[str, Any] | str:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
     for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
@@ -514,9 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--dtype",
-        default="bfloat16",
-        help="every engine's dtype: bfloat16 (the default), float32, or default (each engine's own "
-        "default: Interlock's and vLLM's auto, transformers' checkpoint dtype); ENGINE@DTYPE in "
+        default="default",
+        help="every engine's dtype: default (each engine's own: Interlock's and vLLM's auto, "
+        "transformers' checkpoint dtype), bfloat16 or float32; ENGINE@DTYPE in "
         "--engines sets one engine's (e.g. interlock@float32)",
     )
     parser.add_argument(

@@ -164,6 +164,10 @@ class SlaPolicy:
         self._times: deque[tuple[float, float, int, int]] = deque(maxlen=SAMPLE)
         """(arrival, prefill seconds, prompt tokens, output tokens) of the recent requests seen
         one by one."""
+        self._built: PrefillSample | None = None
+        self._means: tuple[float, float] | None = None
+        """The sample and its mean prompt and output lengths, built from ``_times`` at most
+        once per observation."""
 
     def window_attainment(self, now: float) -> float | None:
         """Share of the requests finished over the last ``window_s`` that met the targets
@@ -180,11 +184,6 @@ class SlaPolicy:
         sample = self.prefill_sample()
         allowed = 1.0 - c.attainment
         if c.prefill.max == 0 and c.decode.max == 0:
-            if sample is None:
-                per = p.aggregated_rate(
-                    f.prompt_tokens, f.uncached_tokens, f.output_tokens, ttft, itl, c.attainment
-                )
-                return {"both": needed(f.rate, per)}
             per = p.aggregated_rate(
                 f.prompt_tokens,
                 f.uncached_tokens,
@@ -192,8 +191,10 @@ class SlaPolicy:
                 ttft,
                 itl,
                 c.attainment,
-                prefill_s=sample.mean,
+                prefill_s=sample.mean if sample is not None else None,
             )
+            if sample is None:
+                return {"both": needed(f.rate, per)}
             return {"both": max(needed(f.rate, per), workers_for_ttft(sample, f.rate, ttft, allowed))}
         prefill = (
             workers_for_ttft(sample, f.rate, ttft, allowed)
@@ -218,23 +219,24 @@ class SlaPolicy:
 
     def prefill_sample(self) -> PrefillSample | None:
         """The recent requests seen one by one (``planner.queueing``); None: too few, size
-        from means."""
+        from means. Built once per observation (the needs, the surge's and the noise band's
+        read it several times)."""
         if len(self._times) < MIN_SAMPLE:
             return None
-        seen = sorted(self._times)
-        return PrefillSample.of([x[0] for x in seen], [x[1] for x in seen])
+        if self._built is None:
+            seen = sorted(self._times)
+            self._built = PrefillSample.of([x[0] for x in seen], [x[1] for x in seen])
+        return self._built
 
     def lengths(self, f: Forecast) -> Forecast:
         """``f`` with the sample's mean prompt and output lengths (over its minutes, not the
         forecaster's half minute: a few dozen heavy-tailed prompts swing their mean by half)."""
         if len(self._times) < MIN_SAMPLE:
             return f
-        n = len(self._times)
-        return replace(
-            f,
-            prompt_tokens=sum(x[2] for x in self._times) / n,
-            output_tokens=sum(x[3] for x in self._times) / n,
-        )
+        if self._means is None:
+            n = len(self._times)
+            self._means = (sum(x[2] for x in self._times) / n, sum(x[3] for x in self._times) / n)
+        return replace(f, prompt_tokens=self._means[0], output_tokens=self._means[1])
 
     def _sample(self, t: Traffic, now: float) -> None:
         for a in t.arrivals:
@@ -242,6 +244,7 @@ class SlaPolicy:
             self._times.append((a.at, self.profile.prefill_s(uncached), a.prompt_tokens, a.output_tokens))
         while self._times and self._times[0][0] < now - SAMPLE_S:
             self._times.popleft()
+        self._built, self._means = None, None
 
     def _feedback(self, finished: int, met: int) -> None:
         if not self.config.slo_feedback or finished <= 0:

@@ -97,7 +97,6 @@ class TorchRunner:
         max_rows: int = 2048,
         shared: bool = False,
     ) -> TorchRunner:
-        dtype_choice.check(dtype)
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError(f"device {device!r} requested but no CUDA device is available")
         if num_threads > 0:
