@@ -139,7 +139,10 @@ def main() -> None:
         help="after a removal, a further removal this soon (0: --window-s)",
     )
     ap.add_argument(
-        "--max-changes", type=int, default=PlannerConfig.max_changes, help="changes allowed per 600 s"
+        "--max-changes",
+        type=int,
+        default=PlannerConfig.max_changes,
+        help="changes allowed per 600 s (0: max(6, --max-workers))",
     )
     ap.add_argument(
         "--step-share",

@@ -71,9 +71,11 @@ class PlannerConfig:
     """SLA: arrivals of the last 10 s at least this many times their smoothed level (with the
     pool two or more workers short of them) are a surge, served with the whole shortfall in
     one decision (``planner.sla``); 0: no surges, every add one step."""
-    max_changes: int = 6
+    max_changes: int = 0
     """At most this many changes in any ``cap_window_s`` (each worker added, removed or
-    switched is one)."""
+    switched is one); 0: ``max(6, the fleet's maximum)``, so the cap lets the fleet turn over
+    once per ``cap_window_s`` whatever its size (a fixed 6 stopped a 20-worker fleet's rise at
+    10). The cap is a safety net against churn; the windows and ``step_share`` pace a day."""
     cap_window_s: float = 600.0
     queue_high: float = 2.0
     """Reactive: waiting requests per worker above which the pool grows."""
@@ -154,8 +156,8 @@ class PlannerConfig:
             raise ConfigError(
                 "planner.surge must be above 1 (arrivals that many times their level), or 0 (off)"
             )
-        if self.max_changes < 1:
-            raise ConfigError("planner.max_changes must be at least 1")
+        if self.max_changes < 0:
+            raise ConfigError("planner.max_changes must be >= 0 (0: max(6, the fleet's maximum))")
         if not self.queue_low < self.queue_high:
             raise ConfigError("planner.queue_low must be below planner.queue_high (hysteresis)")
         if not 0 <= self.backlog_low_s < self.backlog_high_s:
@@ -182,6 +184,10 @@ class PlannerConfig:
     def remove_window_s(self) -> float:
         """How long after a removal a further removal may come."""
         return self.shrink_window_s or self.window_s
+
+    def change_cap(self) -> int:
+        """Changes allowed in any ``cap_window_s``."""
+        return self.max_changes or max(6, self.total_max())
 
     def bounds(self, role: str) -> RoleBounds:
         b: RoleBounds = getattr(self, role)

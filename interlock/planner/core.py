@@ -7,7 +7,7 @@ on every fluctuation costs more than it saves. Each call:
 1. asks the policy (reactive or SLA) what each pool wants: grow, or may shrink;
 2. decides nothing while a worker is still starting, within ``window_s`` of the last change
    (an add right after an add: ``grow_window_s``; a removal right after a removal:
-   ``shrink_window_s``), or once ``max_changes`` changes happened in the last ``cap_window_s``;
+   ``shrink_window_s``), or once ``max_changes`` changes (``PlannerConfig.change_cap``) happened in the last ``cap_window_s``;
 3. puts a pool outside its bounds back in (one worker);
 4. turns a grow of one disaggregated pool plus a shrink of the other into one role switch
    (the fleet keeps its size, the roles follow the mix);
@@ -102,7 +102,7 @@ class Planner:
         may then skip observing what only matters to an action, like cache ownership)."""
         c = self.config
         recent = sum(1 for t in self._changes if t > now - c.cap_window_s)
-        return now - self.last_change < self._gap() or recent >= c.max_changes
+        return now - self.last_change < self._gap() or recent >= c.change_cap()
 
     def _gap(self) -> float:
         """The least time after the last change before the next one may come."""
@@ -124,8 +124,8 @@ class Planner:
             return self._observing(obs.now - self.last_change)
         while self._changes and self._changes[0] <= obs.now - c.cap_window_s:
             self._changes.popleft()
-        if len(self._changes) >= c.max_changes:
-            return f"{len(self._changes)} changes in the last {c.cap_window_s:g}s (cap {c.max_changes})"
+        if len(self._changes) >= c.change_cap():
+            return f"{len(self._changes)} changes in the last {c.cap_window_s:g}s (cap {c.change_cap()})"
         return ""
 
     # ---- choices ----
@@ -150,7 +150,7 @@ class Planner:
 
     def _cap_room(self) -> int:
         """Changes the cap still allows (``_changes`` already trimmed to the cap window)."""
-        return self.config.max_changes - len(self._changes)
+        return self.config.change_cap() - len(self._changes)
 
     def _step(self, asked: int, pool: int, room: int) -> int:
         """Workers one ordinary step moves: what the policy asked, at most ``step_share`` of

@@ -62,7 +62,7 @@ def add_planner_flags(p: argparse.ArgumentParser) -> None:
         "--planner-max-changes",
         type=int,
         default=None,
-        help="changes allowed per cap window (planner.cap_window_s)",
+        help="changes allowed per cap window (planner.cap_window_s; 0, the default: max(6, the fleet's maximum))",
     )
     g.add_argument(
         "--ramp-s",

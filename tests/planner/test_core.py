@@ -118,6 +118,17 @@ def test_change_cap() -> None:
     assert "cap" in p.last_hold
 
 
+def test_the_default_change_cap_grows_with_the_fleet() -> None:
+    assert replace(CFG, max_changes=0).change_cap() == 6
+    big = replace(CFG, both=RoleBounds(1, 20), window_s=1.0, max_changes=0, cap_window_s=600.0)
+    assert big.change_cap() == 20
+    p = build_planner(big)
+    sim = Sim(p, fleet(9))
+    for t in range(0, 200, 5):
+        sim.tick(float(t), 9.0)
+    assert len(sim.log) == 19  # from 1 worker to the max of 20 within one cap window (a fixed 6 stopped at 7)
+
+
 def test_bounds_pull_a_fleet_back_inside() -> None:
     p = build_planner(replace(CFG, both=RoleBounds(2, 3)))
     [a] = p.decide(Observation(0.0, fleet(9, 9, 9, 9, 0)))
