@@ -94,6 +94,8 @@ class HandoffCounters:
     """Pulls ended, by transport ("direct": the one copy)."""
     direct_served: int = 0
     """Prefill side: transfers a destination copied straight from this worker's cache."""
+    layout_refused: int = 0
+    """Decode side: staged payloads of another block layout (dtype), not imported."""
     direct_refused: int = 0
     """Decode side: transfers that offered the one copy and were pulled staged instead (the
     cache could not be mapped, another layout, the claim refused)."""
@@ -179,6 +181,7 @@ class KVHandoff:
                     timeout_s=timeout,
                     chunk_bytes=chunk,
                     cache_region=core.runner.shared_region(),
+                    layout=core.runner.kv_layout(),
                 )
                 staged = msgspec.structs.replace(kt, descriptor=desc, source_instance=core.instance_id)
                 if desc.cache_region is not None:  # the one copy offered: hold until claimed
@@ -267,10 +270,19 @@ class KVHandoff:
         if desc.cache_region is not None and (direct := self._pull_direct(rid, kt, desc)) is not None:
             return direct
         try:
-            return _Pull(rid, self.agent.pull(desc, timeout_s=self.timeout_s))
+            dst = self.agent.pull(desc, timeout_s=self.timeout_s)
         except Exception:  # noqa: BLE001 - no transport reaches it: compute locally
             log.warning("cannot pull the KV of %s", rid, exc_info=True)
             return _Pull(rid, None)
+        mine = self.engine.core.runner.kv_layout()
+        if desc.layout is not None and tuple(desc.layout) != mine:
+            # Same bytes per block, another meaning (fp16 against bf16): the pull fails as an
+            # import would, the source learns it at once and the engine computes the prompt.
+            why = f"KV layout {tuple(desc.layout)}, this worker's {mine} (piece, pieces, dtype)"
+            log.warning("not importing the KV of %s: %s", rid, why)
+            self.counters.layout_refused += 1
+            dst.abort(why)
+        return _Pull(rid, dst)
 
     def _pull_direct(self, rid: str, kt: KVTransferParams, desc: TransferDescriptor) -> _Pull | None:
         """Claim the one copy when this worker can map the source's cache; None: pull staged."""

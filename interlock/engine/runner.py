@@ -90,6 +90,11 @@ class ModelRunner(Protocol):
         """Why blocks of a peer's shared cache cannot be copied into this one ("": they can)."""
         ...
 
+    def kv_layout(self) -> tuple[int, int, str]:
+        """``(piece, pieces, dtype)`` of an exported block (``SharedCacheRegion.layout``): what
+        a peer's blocks must share to be imported here."""
+        ...
+
     def copy_from_shared(
         self,
         view: SharedCacheView,

@@ -53,6 +53,11 @@ class TransferDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     """``host:port`` of the source agent's TCP server; empty when it has none."""
     expires_at: float = 0.0
     """Wall-clock time (time.time()) after which the source frees the payload."""
+    layout: tuple[int, int, str] | None = None
+    """The payload's block layout, ``(piece, pieces, dtype)`` as ``SharedCacheRegion.layout``:
+    a destination whose cache differs (another dtype of the same size per block: fp16 against
+    bf16) refuses the pull and computes the prompt instead of importing bytes it would misread.
+    None: the source did not say (blocks of other sizes still fail the payload's size check)."""
     cache_region: SharedCacheRegion | None = None
     """The source's KV cache when it is shared (a memfd): a destination on this host that can
     map it claims the transfer DIRECT and copies the blocks straight from it (the request's

@@ -126,17 +126,18 @@ def publish_blocks(
     transfer_id: str | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     cache_region: SharedCacheRegion | None = None,
+    layout: tuple[int, int, str] | None = None,
 ) -> tuple[SourceTransfer, TransferDescriptor, BlockExport]:
     """Publish a payload for ``block_ids`` before exporting it; the caller sends the descriptor
     on its way, then runs the returned export (the blocks stay allocated until it returns).
     ``cache_region``: the blocks' shared cache, offered for the one copy; the caller then asks
     ``src.claim_kind()`` before it exports: a DIRECT claim needs no export, but the blocks held
-    until the transfer ends."""
+    until the transfer ends. ``layout``: the blocks' layout, for the destination to check."""
     src = agent.create_source(
         len(block_ids) * runner.kv_block_nbytes, timeout_s=timeout_s, transfer_id=transfer_id
     )
     export = BlockExport(src, runner, block_ids, chunk_bytes)
-    return src, src.publish(ready=0, cache_region=cache_region), export
+    return src, src.publish(ready=0, cache_region=cache_region, layout=layout), export
 
 
 class BlockImport:

@@ -93,12 +93,17 @@ class Source:
         return self._ready
 
     def publish(
-        self, *, ready: int | None = None, cache_region: SharedCacheRegion | None = None
+        self,
+        *,
+        ready: int | None = None,
+        cache_region: SharedCacheRegion | None = None,
+        layout: tuple[int, int, str] | None = None,
     ) -> TransferDescriptor:
         """Serve the payload; its first ``ready`` bytes are written (None: all of them). With
         fewer, write the rest front to back and report it with ``mark_ready``. ``cache_region``:
         the blocks' shared cache, offered for a DIRECT claim (only with a /dev/shm payload:
-        the claim lives in its header)."""
+        the claim lives in its header). ``layout``: the payload's block layout, for the
+        destination to check (``TransferDescriptor.layout``)."""
         with self._lock:
             if self._status.finished:
                 raise RuntimeError(f"transfer {self.transfer_id} already ended: {self._status.reason}")
@@ -118,6 +123,7 @@ class Source:
             shm_generation=self._generation,
             tcp_address=ident.tcp_address,
             expires_at=time.time() + self._timeout_s,
+            layout=layout,
             cache_region=cache_region if self._staging.shared else None,
         )
 

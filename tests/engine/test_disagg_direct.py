@@ -1,8 +1,10 @@
 """The one copy between two workers of a host (in-process deployment, mock engines): the
 prefill worker's KV cache is shared (a memfd), the decode worker maps it and copies the blocks
 straight into its own, and the prefill side exports nothing; where the one copy cannot be had
-(a layout of another kind, a cache it cannot open) the staged payload is pulled instead. Each
-time: the reference output, the path counted, and no block or transfer left on either side."""
+(a layout of another kind, a cache it cannot open) the staged payload is pulled instead; a
+payload of another layout (fp16 against bf16: the same bytes per block) is refused and the
+prompt computed. Each time: the reference output, the path counted, and no block or transfer
+left on either side."""
 
 from __future__ import annotations
 
@@ -26,6 +28,14 @@ class OtherDtype(MockRunner):
     def shared_region(self) -> SharedCacheRegion | None:
         region = super().shared_region()
         return None if region is None else msgspec.structs.replace(region, dtype="mock-int16")
+
+
+class OtherPayload(MockRunner):
+    """Says its exported blocks hold another dtype (same bytes per block)."""
+
+    def kv_layout(self) -> tuple[int, int, str]:
+        piece, pieces, _ = super().kv_layout()
+        return (piece, pieces, "mock-int16")
 
 
 class Unopenable(MockRunner):
@@ -101,3 +111,23 @@ def test_a_decode_worker_with_a_forced_transport_pulls_staged_and_the_source_exp
     """The source exports only once a staged claim arrives (here over TCP)."""
     transports, refused, served, views = _run(MockRunner, transport="tcp")
     assert transports == {"tcp": 3} and refused == 0 and served == 0 and views == 0
+
+
+def test_a_payload_of_another_layout_is_refused_and_the_prompt_computed() -> None:
+    async def main() -> None:
+        async with cluster() as c:
+            await c.add_worker("p", "prefill", mock_engine(runner_class=OtherPayload))
+            await c.add_worker("d", "decode", mock_engine())
+            await c.wait_for(2)
+            hd = c.workers["d"].handoff
+            assert hd is not None
+            for i in range(2):
+                prompt = PROMPT[i:] + PROMPT[:i]
+                outs = await c.generate(f"r{i}", prompt, 6)
+                assert tokens(outs) == reference_output(prompt, 6, vocab_size=VOCAB)
+            await _clean(c)
+            assert (
+                hd.counters.layout_refused == 2 and hd.counters.pulled == 0 and hd.counters.pull_failed == 2
+            )
+
+    asyncio.run(main())

@@ -186,6 +186,10 @@ class PagedKVCache:
             dtype=self._dtype_name,
         )
 
+    def layout(self) -> tuple[int, int, str]:
+        """``(piece, pieces, dtype)`` of a block (``SharedCacheRegion.layout``)."""
+        return (self._piece, self._pieces, self._dtype_name)
+
     def region_mismatch(self, region: SharedCacheRegion) -> str:
         """Why blocks of ``region`` cannot be copied into this cache ("" when they can)."""
         if self._kernel is None:

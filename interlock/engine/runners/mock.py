@@ -174,6 +174,9 @@ class MockRunner:
     def region_mismatch(self, region: SharedCacheRegion) -> str:
         return layout_mismatch(region, self.block_size * 4, 1, _DTYPE)
 
+    def kv_layout(self) -> tuple[int, int, str]:
+        return (self.block_size * 4, 1, _DTYPE)
+
     def copy_from_shared(
         self,
         view: SharedCacheView,

@@ -164,6 +164,9 @@ class TorchRunner:
     def region_mismatch(self, region: SharedCacheRegion) -> str:
         return self.cache.region_mismatch(region)
 
+    def kv_layout(self) -> tuple[int, int, str]:
+        return self.cache.layout()
+
     def copy_from_shared(
         self,
         view: SharedCacheView,
