@@ -48,13 +48,13 @@ class PlannerConfig:
     window_s: float = 60.0
     """After a change, observe this long before deciding again (one step per window)."""
     grow_window_s: float = 0.0
-    """After an add, a further add may come this soon (0: ``window_s``); any other change
-    still waits ``window_s``. A new worker's effect shows once it has started (decisions wait
+    """After an add, a further add may come this soon (0: half of ``window_s``); any other
+    change still waits ``window_s``. A new worker's effect shows once it has started (decisions wait
     for that anyway), while under a surge every window waited costs the queued requests;
     shrinking keeps the whole window (the descent is where flapping would start)."""
     shrink_window_s: float = 0.0
-    """After a removal, a further removal may come this soon (0: ``window_s``); any other
-    change still waits ``window_s``. A descent moves in the direction the last step took, and
+    """After a removal, a further removal may come this soon (0: half of ``window_s``); any
+    other change still waits ``window_s``. A descent moves in the direction the last step took, and
     each removal is already backed by the policy's evidence (the SLA policy: the forecast fits
     in fewer with ``headroom`` and the last window met the targets with arrivals not rising;
     the reactive policy: a whole window at the current size with every signal low); a whole
@@ -147,9 +147,9 @@ class PlannerConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"planner.{name} must be >= 0")
         if not 0 <= self.grow_window_s <= self.window_s:
-            raise ConfigError("planner needs 0 <= grow_window_s <= window_s (0: window_s)")
+            raise ConfigError("planner needs 0 <= grow_window_s <= window_s (0: half of window_s)")
         if not 0 <= self.shrink_window_s <= self.window_s:
-            raise ConfigError("planner needs 0 <= shrink_window_s <= window_s (0: window_s)")
+            raise ConfigError("planner needs 0 <= shrink_window_s <= window_s (0: half of window_s)")
         if not 0 <= self.step_share <= 1:
             raise ConfigError("planner.step_share must be in [0, 1]")
         if self.surge and self.surge <= 1:
@@ -179,11 +179,11 @@ class PlannerConfig:
 
     def add_window_s(self) -> float:
         """How long after an add a further add may come."""
-        return self.grow_window_s or self.window_s
+        return self.grow_window_s or self.window_s / 2
 
     def remove_window_s(self) -> float:
         """How long after a removal a further removal may come."""
-        return self.shrink_window_s or self.window_s
+        return self.shrink_window_s or self.window_s / 2
 
     def change_cap(self) -> int:
         """Changes allowed in any ``cap_window_s``."""

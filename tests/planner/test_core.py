@@ -18,7 +18,11 @@ from interlock.planner import (
 )
 from interlock.planner.policy import Want
 
-CFG = PlannerConfig(both=RoleBounds(1, 4), window_s=60.0, max_changes=100)
+CFG = PlannerConfig(
+    both=RoleBounds(1, 4), window_s=60.0, grow_window_s=60.0, shrink_window_s=60.0, max_changes=100
+)
+"""Every step a whole window apart (the defaults let an add follow an add, a removal a removal,
+in half of it)."""
 
 
 def fleet(*waiting: int, role: str = "both", kv: float = 0.1) -> tuple[WorkerView, ...]:
@@ -110,7 +114,17 @@ def test_starting_worker_holds_decisions() -> None:
 
 
 def test_change_cap() -> None:
-    p = build_planner(replace(CFG, both=RoleBounds(1, 50), window_s=1.0, max_changes=3, cap_window_s=100.0))
+    p = build_planner(
+        replace(
+            CFG,
+            both=RoleBounds(1, 50),
+            window_s=1.0,
+            grow_window_s=1.0,
+            shrink_window_s=1.0,
+            max_changes=3,
+            cap_window_s=100.0,
+        )
+    )
     sim = Sim(p, fleet(9))
     for t in range(0, 200, 5):
         sim.tick(float(t), 9.0)
@@ -120,7 +134,9 @@ def test_change_cap() -> None:
 
 def test_the_default_change_cap_grows_with_the_fleet() -> None:
     assert replace(CFG, max_changes=0).change_cap() == 6
-    big = replace(CFG, both=RoleBounds(1, 20), window_s=1.0, max_changes=0, cap_window_s=600.0)
+    big = replace(
+        CFG, both=RoleBounds(1, 20), window_s=1.0, grow_window_s=1.0, shrink_window_s=1.0, max_changes=0
+    )
     assert big.change_cap() == 20
     p = build_planner(big)
     sim = Sim(p, fleet(9))
@@ -253,7 +269,8 @@ def test_shrink_window_must_fit_in_the_window() -> None:
         PlannerConfig(window_s=30.0, shrink_window_s=60.0)
     with pytest.raises(ConfigError, match="shrink_window_s"):
         PlannerConfig(shrink_window_s=-1.0)
-    assert PlannerConfig(window_s=60.0).remove_window_s() == 60.0
+    assert PlannerConfig(window_s=60.0).remove_window_s() == 30.0
+    assert PlannerConfig(window_s=60.0).add_window_s() == 30.0
 
 
 class Asks:

@@ -15,7 +15,14 @@ from interlock.planner.status import serve_status
 from interlock.protocol.events import LoadReport
 from interlock.router.dispatcher import Completion
 
-CFG = PlannerConfig(both=RoleBounds(1, 4), window_s=30.0, interval_s=5.0, max_changes=100)
+CFG = PlannerConfig(
+    both=RoleBounds(1, 4),
+    window_s=30.0,
+    grow_window_s=30.0,
+    shrink_window_s=30.0,
+    interval_s=5.0,
+    max_changes=100,
+)
 
 
 def report(wid: str, waiting: int) -> LoadReport:

@@ -20,7 +20,15 @@ from interlock.planner import (
     build_planner,
 )
 
-CFG = PlannerConfig(both=RoleBounds(1, 4), window_s=60.0, max_changes=100, itl_ms=200.0, itl_low=0.5)
+CFG = PlannerConfig(
+    both=RoleBounds(1, 4),
+    window_s=60.0,
+    grow_window_s=60.0,
+    shrink_window_s=60.0,
+    max_changes=100,
+    itl_ms=200.0,
+    itl_low=0.5,
+)
 
 
 def busy(n: int, step_s: float, role: str = "both", running: int = 8) -> tuple[WorkerView, ...]:

@@ -17,7 +17,15 @@ from interlock.sim.rate import parse_curve, warp
 # by a ramped weight on top kept the added workers nearly idle for the ramp: attainment 0.50
 # with a 10 s ramp, 0.80 without (the test's bound is 0.70). With the router pricing a
 # request's whole decode (`decode_weight` 1.0, how this test ran before) 0.80 and 0.84.
-PLANNER = PlannerConfig(both=RoleBounds(1, 6), window_s=20.0, interval_s=2.0, ramp_s=0.0, itl_ms=200.0)
+PLANNER = PlannerConfig(
+    both=RoleBounds(1, 6),
+    window_s=20.0,
+    grow_window_s=20.0,
+    shrink_window_s=20.0,
+    interval_s=2.0,
+    ramp_s=0.0,
+    itl_ms=200.0,
+)
 BASE = ReplayConfig(
     num_workers=1,
     num_blocks=4000,
