@@ -10,6 +10,9 @@ States, per worker:
   open       not routed for ``cooldown_s`` (doubled each time a probe fails, up to ``max_cooldown_s``);
   half-open  the cool-down is over: the next request routed there is the probe, and no other
              request goes there until the probe's first token (closed) or its failure (open).
+             A probe that ends with neither (its request prefilled elsewhere, finished on
+             another worker at its first token, or its client left) leaves it half-open: the
+             next request is the probe.
 
 Pure: every method takes ``now`` and returns what changed; the router service applies it.
 """
@@ -98,6 +101,15 @@ class Breakers:
             b.state = State.PROBING
             return True
         return False
+
+    def unanswered(self, worker_id: str) -> bool:
+        """The probe's request ended with neither output from the worker nor a failure; True
+        when the worker was probing (it is half-open again: the next request is the probe)."""
+        b = self._b.get(worker_id)
+        if b is None or b.state is not State.PROBING:
+            return False
+        b.state = State.HALF_OPEN
+        return True
 
     def tick(self, now: float) -> list[str]:
         """Workers whose cool-down ended now (half-open: eligible for one probe)."""

@@ -187,6 +187,8 @@ class Dispatcher:
         self.breakers = breakers or Breakers()
         self.metrics = DispatchMetrics()
         self._waiters: dict[str, asyncio.Future[Decision]] = {}
+        self._probes: dict[str, str] = {}
+        """Request id -> the worker it probes (until the request finishes)."""
         self._watches: dict[str, set[_Watch]] = {}
 
     # ---- the request's life ----
@@ -475,6 +477,7 @@ class Dispatcher:
                 self._waiters.pop(meta.request_id, None)
         if self.breakers.dispatched(d.worker_id):
             router.set_blocked(d.worker_id, True)  # the probe: nothing else until it answers
+            self._probes[d.request_id] = d.worker_id
         if log.isEnabledFor(logging.DEBUG):  # the line lists every candidate: build it only if shown
             log.debug(d.log_line())
         self.svc.share(router)
@@ -488,6 +491,10 @@ class Dispatcher:
             yield out
 
     def finish(self, router: Router, request_id: str) -> None:
+        wid = self._probes.pop(request_id, None)
+        if wid is not None and self.breakers.unanswered(wid):
+            router.set_blocked(wid, False)
+            log.info("worker %s: its probe ended unanswered, the next request is the probe", wid)
         router.cancel(request_id)
         self.svc.share(router)
         self.dispatch_queued(router)

@@ -36,6 +36,19 @@ def test_one_probe_after_the_cooldown_then_closed_on_success() -> None:
     assert b.state("w") is State.CLOSED and not b.blocked("w")
 
 
+def test_a_probe_that_ends_unanswered_leaves_the_worker_half_open() -> None:
+    b = Breakers(CFG)
+    for t in (0.0, 2.0, 4.0):
+        b.failure("w", t)
+    b.tick(9.0)
+    assert b.dispatched("w") and b.blocked("w")
+    assert b.unanswered("w")  # its request went elsewhere: no verdict
+    assert b.state("w") is State.HALF_OPEN and not b.blocked("w")
+    assert b.dispatched("w")  # the next request is the probe
+    assert b.success("w") and not b.unanswered("w")
+    assert b.state("w") is State.CLOSED
+
+
 def test_a_failed_probe_doubles_the_cooldown_up_to_the_cap() -> None:
     b = Breakers(CFG)
     for t in (0.0, 2.0, 4.0):

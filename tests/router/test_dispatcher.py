@@ -283,6 +283,34 @@ def test_repeated_failures_open_the_breaker_then_a_probe_closes_it() -> None:
     asyncio.run(main())
 
 
+def test_a_probe_whose_request_ends_without_streaming_there_unblocks_the_worker() -> None:
+    """A probe routed, then released with neither output nor failure (a disaggregated prefill
+    leg that stays local, a request finished elsewhere, a client gone): the worker is not left
+    blocked; the next request routed there is the probe."""
+
+    async def main() -> None:
+        cfg = BreakerConfig(failures=1, window_s=30.0, cooldown_s=0.05, incident_s=0.0)
+        async with fleet(breaker=cfg) as f:
+            await f.add("a")
+            await f.add("b")
+            svc = f.service
+            router, breakers = svc.routers[MODEL], svc.dispatcher.breakers
+            svc.dispatcher._worker_failed(router, "a", TransportError("x"))
+            deadline = asyncio.get_running_loop().time() + 5
+            while not router.is_eligible("a"):
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)
+            meta = RequestMeta(request_id="probe", prompt_tokens=8, worker_id="a")
+            d = await svc.dispatcher.route(router, meta, [])
+            assert d.worker_id == "a" and breakers.blocked("a")
+            svc.dispatcher.finish(router, "probe")  # released unstreamed
+            assert not breakers.blocked("a") and router.is_eligible("a")
+            outs = await collect(f, request("next", 4), pin="a")  # the next one is the probe
+            assert len(toks(outs)) == 4 and breakers.tracked() == 0
+
+    asyncio.run(main())
+
+
 def test_disaggregated_decode_worker_killed_mid_stream() -> None:
     async def main() -> None:
         async with fleet(disagg=DisaggConfig(enforce=True)) as f:
