@@ -6,15 +6,16 @@ is rejected with ``Overloaded`` (503 + Retry-After) rather than queued without b
 longer than a few service times only converts overload into timeouts.
 
 One queue holds requests for every role (a disaggregated request may wait for a prefill
-worker, then for a decode worker while it holds the prefill one); ``roles`` says which roles
-have requests waiting, so the router can pass over those whose workers are all busy.
+worker, then for a decode worker while it holds the prefill one), one heap per role inside;
+``roles`` says which roles have requests waiting, and ``peek``/``pop`` pass over the roles the
+router names (those whose workers are all busy) without touching their requests.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from interlock.errors import Overloaded
@@ -50,7 +51,9 @@ class AdmissionQueue:
     def __init__(self, capacity: int = 1024, retry_after_s: float = 1.0) -> None:
         self.capacity = capacity
         self.retry_after_s = retry_after_s
-        self._heap: list[Pending] = []
+        self._heaps: dict[str | None, list[Pending]] = {}
+        """One heap per role: passing over a role whose workers are all busy costs nothing
+        per request of it (one heap of all of them was popped and pushed back whole)."""
         self._cancelled: set[str] = set()
         self._ids: dict[str, str | None] = {}
         """Waiting request id -> its role."""
@@ -68,7 +71,7 @@ class AdmissionQueue:
                 retry_after=self.retry_after_s,
             )
         p = Pending((meta.priority, next(self._counter)), meta, hashes, now)
-        heapq.heappush(self._heap, p)
+        heapq.heappush(self._heaps.setdefault(meta.role, []), p)
         self._add(meta)
         return p
 
@@ -76,19 +79,29 @@ class AdmissionQueue:
         """The roles (``RequestMeta.role``) of the requests waiting."""
         return set(self._roles)
 
-    def peek(self) -> Pending | None:
-        self._drop_cancelled()
-        return self._heap[0] if self._heap else None
+    def peek(self, skip: Collection[str | None] = ()) -> Pending | None:
+        """The first request waiting, of a role not in ``skip``."""
+        best: Pending | None = None
+        for role, heap in self._heaps.items():
+            if role in skip:
+                continue
+            self._drop_cancelled(heap)
+            if heap and (best is None or heap[0] < best):
+                best = heap[0]
+        return best
 
-    def pop(self) -> Pending:
-        self._drop_cancelled()
-        p = heapq.heappop(self._heap)
+    def pop(self, skip: Collection[str | None] = ()) -> Pending:
+        """Take the request ``peek(skip)`` names (IndexError when there is none)."""
+        p = self.peek(skip)
+        if p is None:
+            raise IndexError("no request waiting")
+        heapq.heappop(self._heaps[p.meta.role])
         self._remove(p.meta.request_id)
         return p
 
     def requeue(self, p: Pending) -> None:
         """Put back a request taken with ``pop`` (it keeps its place; no capacity check)."""
-        heapq.heappush(self._heap, p)
+        heapq.heappush(self._heaps.setdefault(p.meta.role, []), p)
         self._add(p.meta)
 
     def cancel(self, request_id: str) -> bool:
@@ -100,7 +113,12 @@ class AdmissionQueue:
 
     def take_roles(self, roles: set[str | None]) -> list[RequestMeta]:
         """Take every waiting request of these roles out of the queue (as ``cancel`` does)."""
-        metas = [p.meta for p in self._heap if self._ids.get(p.meta.request_id, "?") in roles]
+        metas = [
+            p.meta
+            for role in roles
+            for p in self._heaps.get(role, ())
+            if self._ids.get(p.meta.request_id, "?") == role
+        ]
         for meta in metas:
             self.cancel(meta.request_id)
         return metas
@@ -117,6 +135,6 @@ class AdmissionQueue:
         else:
             del self._roles[role]
 
-    def _drop_cancelled(self) -> None:
-        while self._heap and self._heap[0].meta.request_id in self._cancelled:
-            self._cancelled.discard(heapq.heappop(self._heap).meta.request_id)
+    def _drop_cancelled(self, heap: list[Pending]) -> None:
+        while heap and heap[0].meta.request_id in self._cancelled:
+            self._cancelled.discard(heapq.heappop(heap).meta.request_id)

@@ -344,7 +344,6 @@ class Router:
         not wait behind requests waiting for that prefill worker (a deadlock)."""
         out: list[Decision] = []
         kept: list[Pending] = []
-        skipped: list[Pending] = []
         closed: set[str | None] = set()
         now = self.clock()
         busy = self._busy_mask()
@@ -352,16 +351,13 @@ class Router:
         if stamp == self._queue_stamp and now < self._revisit_at:
             return out  # nothing opened, nothing queued, nobody's wait ran out: same answer
         self._revisit_at = np.inf
-        while (p := self.queue.peek()) is not None and len(kept) < self.config.queue_scan:
+        while (p := self.queue.peek(closed)) is not None and len(kept) < self.config.queue_scan:
             eligible = self._eligible(p.meta.role)
             open_ = eligible & ~busy
             if not open_.any():  # and it stays so in this call: dispatching only adds load
                 closed.add(p.meta.role)
-                if self.queue.roles() <= closed:
-                    break
-                skipped.append(self.queue.pop())
                 continue
-            self.queue.pop()
+            self.queue.pop(closed)
             d = self._decide(
                 p.meta,
                 p.hashes,
@@ -376,7 +372,7 @@ class Router:
                 continue
             out.append(self._commit(d, p.meta, p.hashes, now))
             busy = self._busy_mask()
-        for p in kept + skipped:
+        for p in kept:
             self.queue.requeue(p)
         self._queue_stamp = (busy.tobytes(), len(self.queue))
         return out

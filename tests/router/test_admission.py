@@ -39,3 +39,28 @@ def test_roles_of_the_waiting_requests() -> None:
     assert p.meta.request_id == "a" and q.roles() == {None}
     q.requeue(p)
     assert q.roles() == {"prefill", None} and len(q) == 2
+
+
+def test_roles_passed_over_keep_their_order_and_others_go_first() -> None:
+    q = AdmissionQueue()
+    for i in range(5):
+        q.push(RequestMeta(f"p{i}", 10, role="prefill"), (), 0.0)
+    q.push(RequestMeta("d", 10, role="decode", priority=1), (), 0.0)
+    q.push(RequestMeta("x", 10, role="prefill"), (), 0.0)
+    assert q.cancel("p0")
+    assert q.peek().meta.request_id == "p1"  # type: ignore[union-attr]
+    assert q.pop({"prefill"}).meta.request_id == "d"  # behind six prefill requests
+    assert q.peek({"prefill"}) is None
+    with pytest.raises(IndexError):
+        q.pop({"prefill"})
+    assert [q.pop().meta.request_id for _ in range(len(q))] == ["p1", "p2", "p3", "p4", "x"]
+
+
+def test_take_roles_takes_only_those_roles() -> None:
+    q = AdmissionQueue()
+    q.push(RequestMeta("a", 10, role="prefill"), (), 0.0)
+    q.push(RequestMeta("b", 10, role="decode"), (), 0.0)
+    q.push(RequestMeta("c", 10, role="prefill"), (), 0.0)
+    assert q.cancel("c")
+    assert [m.request_id for m in q.take_roles({"prefill"})] == ["a"]
+    assert q.roles() == {"decode"} and q.pop().meta.request_id == "b"
