@@ -49,13 +49,13 @@ class PlannerConfig:
     """After a change, observe this long before deciding again (one step per window)."""
     grow_window_s: float = 0.0
     """After an add, a further add may come this soon (0: half of ``window_s``); any other
-    change still waits ``window_s``. A new worker's effect shows once it has started (decisions wait
-    for that anyway), while under a surge every window waited costs the queued requests;
-    shrinking keeps the whole window (the descent is where flapping would start)."""
+    change still waits ``window_s``. A new worker's effect shows once it has started (decisions
+    wait for that anyway), while under a surge or a day's rise every window waited costs the
+    queued requests (one step per 60 s window left a 20-worker fleet 10 short of a rise)."""
     shrink_window_s: float = 0.0
     """After a removal, a further removal may come this soon (0: half of ``window_s``); any
-    other change still waits ``window_s``. A descent moves in the direction the last step took, and
-    each removal is already backed by the policy's evidence (the SLA policy: the forecast fits
+    other change still waits ``window_s``. A descent moves in the direction the last step took,
+    and each removal is already backed by the policy's evidence (the SLA policy: the forecast fits
     in fewer with ``headroom`` and the last window met the targets with arrivals not rising;
     the reactive policy: a whole window at the current size with every signal low); a whole
     window per step left the peak's fleet in place for minutes after the load fell. Turning

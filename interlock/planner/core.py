@@ -7,7 +7,8 @@ on every fluctuation costs more than it saves. Each call:
 1. asks the policy (reactive or SLA) what each pool wants: grow, or may shrink;
 2. decides nothing while a worker is still starting, within ``window_s`` of the last change
    (an add right after an add: ``grow_window_s``; a removal right after a removal:
-   ``shrink_window_s``), or once ``max_changes`` changes (``PlannerConfig.change_cap``) happened in the last ``cap_window_s``;
+   ``shrink_window_s``), or once ``PlannerConfig.change_cap`` changes happened in the last
+   ``cap_window_s``;
 3. puts a pool outside its bounds back in (one worker);
 4. turns a grow of one disaggregated pool plus a shrink of the other into one role switch
    (the fleet keeps its size, the roles follow the mix);
