@@ -23,7 +23,7 @@ from interlock.router.admission import RequestMeta
 from interlock.router.breaker import BreakerConfig
 from interlock.router.disagg import DisaggConfig
 from interlock.router.dispatcher import DispatchOptions
-from interlock.router.facade import RouterConfig
+from interlock.router.facade import Router, RouterConfig
 from interlock.router.service import RouterService, ServiceOptions
 from interlock.runtime import InProcRegistry, connect_runtime
 from interlock.runtime.runtime import Runtime
@@ -259,6 +259,14 @@ def test_a_draining_worker_hands_over_what_it_has_not_finished_when_its_grace_is
     asyncio.run(main())
 
 
+async def eligible_again(router: Router, worker_id: str) -> None:
+    """Wait (5 s at most) for the worker's cool-down to end: routable again."""
+    deadline = asyncio.get_running_loop().time() + 5
+    while not router.is_eligible(worker_id):
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.05)
+
+
 def test_repeated_failures_open_the_breaker_then_a_probe_closes_it() -> None:
     async def main() -> None:
         cfg = BreakerConfig(failures=2, window_s=30.0, cooldown_s=0.5, incident_s=0.0)
@@ -273,10 +281,7 @@ def test_repeated_failures_open_the_breaker_then_a_probe_closes_it() -> None:
             assert svc.dispatcher.breakers.blocked("a")
             await asyncio.sleep(0.2)  # a load report makes it healthy, the breaker still holds it
             assert not router.is_eligible("a")
-            deadline = asyncio.get_running_loop().time() + 5
-            while not router.is_eligible("a"):
-                assert asyncio.get_running_loop().time() < deadline
-                await asyncio.sleep(0.05)
+            await eligible_again(router, "a")
             outs = await collect(f, request("probe", 4), pin="a")  # the probe passes
             assert len(toks(outs)) == 4 and not svc.dispatcher.breakers.blocked("a")
 
@@ -296,10 +301,7 @@ def test_a_probe_whose_request_ends_without_streaming_there_unblocks_the_worker(
             svc = f.service
             router, breakers = svc.routers[MODEL], svc.dispatcher.breakers
             svc.dispatcher._worker_failed(router, "a", TransportError("x"))
-            deadline = asyncio.get_running_loop().time() + 5
-            while not router.is_eligible("a"):
-                assert asyncio.get_running_loop().time() < deadline
-                await asyncio.sleep(0.05)
+            await eligible_again(router, "a")
             meta = RequestMeta(request_id="probe", prompt_tokens=8, worker_id="a")
             d = await svc.dispatcher.route(router, meta, [])
             assert d.worker_id == "a" and breakers.blocked("a")
