@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from interlock.errors import ConfigError
-from interlock.names import DTYPES, POLICIES, ROLES, RUNNERS, STALL_OVER, TRANSPORTS, policy_name
+from interlock.names import DTYPES, ENGINES, POLICIES, ROLES, RUNNERS, STALL_OVER, TRANSPORTS, policy_name
 
 METRIC_FAMILIES = (
     "requests",
@@ -120,12 +120,21 @@ class NodeGroup:
 class ExecutionGroup:
     model: str = "smollm2"
     served_model_name: str | None = None
+    engine: str = "interlock"
+    """``interlock`` (this project's engine, ``runner`` says which runner) or ``vllm`` (vLLM's
+    async engine in each worker process: docs/vllm.md)."""
+    engine_args: tuple[tuple[str, Any], ...] = ()
+    """vLLM only: more of vLLM's engine arguments, a mapping named as vLLM names them
+    (``{enforce_eager: true}``); they win over what Interlock's keys map to. Unknown names, and
+    those the worker owns (``model``, ``kv_events_config``, ...), are refused by name."""
     runner: str = "torch"
     device: str = "cpu"
     dtype: str = "auto"
     """bf16, fp32 or fp16; ``auto``: bf16 where this machine computes it fast, else fp32
     (measured, ``engine.model.dtype_choice``)."""
-    block_size: int = 16
+    block_size: int | None = None
+    """Tokens per KV block; None: the engine's default (``default_block_size``: 16, or 32 for
+    vLLM on a CPU, whose blocks must be a multiple of 32)."""
     max_model_len: int | None = None
     """None: the model's own context length (``max_position_embeddings``)."""
     enable_prefix_caching: bool = True
@@ -285,6 +294,10 @@ def _legacy_transfer(value: str, raw: dict[Any, Any], where: str) -> dict[str, A
 
 def _coerce(typ: Any, value: Any, where: str) -> Any:
     t = str(typ)
+    if t.startswith("tuple[tuple[str, Any]"):
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{where}: expected a mapping of vLLM engine argument names to values")
+        return tuple((k.replace("-", "_"), v) for k, v in value.items())
     if t.startswith("tuple[NodeGroup"):
         if not isinstance(value, list) or not value:
             raise ConfigError(f"{where}: expected a non-empty list of node groups")
@@ -343,10 +356,53 @@ def validate_deployment(d: Deployment) -> None:
         raise ConfigError(f"metrics.figures: unknown {sorted(unknown)} (known: {', '.join(METRIC_FAMILIES)})")
 
 
+def default_block_size(engine: str, device: str) -> int:
+    """Tokens per KV block when the group does not say: vLLM on a CPU needs a multiple of 32
+    (32: the finest the router can match prefixes at), elsewhere 16."""
+    return 32 if engine == "vllm" and device == "cpu" else 16
+
+
+_VLLM_REFUSED_NODE = {
+    "host_kv_gib": "vLLM's own KV offloading is an engine_arg (kv_offloading_size)",
+    "disk_kv_gib": "vLLM's own KV offloading is an engine_arg",
+    "host_kv_shared": "the shared host tier is the interlock engine's",
+    "shared_kv_cache": "the one-copy KV cache is the interlock engine's",
+}
+
+
+def _validate_vllm_group(g: ExecutionGroup, at: str) -> None:
+    """What a vLLM group cannot honour, refused by name."""
+    if g.engine != "vllm":
+        if g.engine_args:
+            raise ConfigError(f"{at}.engine_args: vLLM's engine arguments need engine: vllm")
+        return
+    if g.runner != "torch":
+        raise ConfigError(f"{at}.runner: {g.runner!r} is the interlock engine's (engine vllm runs vLLM)")
+    if g.speedup != 1.0:
+        raise ConfigError(f"{at}.speedup: only the interlock engine's mock runner takes one")
+    bs = g.block_size
+    if bs is not None and g.device == "cpu" and bs % 32:
+        raise ConfigError(f"{at}.block_size: vLLM on a CPU needs a multiple of 32, got {bs}")
+    for i, n in enumerate(g.nodes):
+        where = f"{at}.nodes[{i}]"
+        if n.node_role != "both":
+            raise ConfigError(
+                f"{where}.node_role: {n.node_role!r}: disaggregation with vLLM workers is not "
+                "supported yet (docs/vllm.md); use role both"
+            )
+        for key, why in _VLLM_REFUSED_NODE.items():
+            if getattr(n, key):
+                raise ConfigError(f"{where}.{key}: not with engine vllm: {why}")
+
+
 def _validate_group(g: ExecutionGroup, at: str) -> None:
+    _one_of(g.engine, ENGINES, f"{at}.engine")
+    _validate_vllm_group(g, at)
     _one_of(g.runner, RUNNERS, f"{at}.runner")
     _one_of(g.dtype, DTYPES, f"{at}.dtype")
-    if g.block_size < 1 or (g.max_model_len is not None and g.max_model_len < 1):
+    if (g.block_size is not None and g.block_size < 1) or (
+        g.max_model_len is not None and g.max_model_len < 1
+    ):
         raise ConfigError(f"{at}: block_size and max_model_len must be positive")
     for key in ("tensor_parallel_size", "pipeline_parallel_size"):
         if getattr(g, key) != 1:
@@ -395,7 +451,11 @@ def shared_kv_cache(g: ExecutionGroup, n: NodeGroup) -> bool:
     """Node group ``n``'s ``shared_kv_cache``, auto resolved (see ``NodeGroup``)."""
     if n.shared_kv_cache is not None:
         return n.shared_kv_cache
-    if n.node_role == "decode" or (n.node_role == "both" and (n.host_kv_gib or n.disk_kv_gib)):
+    if (
+        g.engine != "interlock"
+        or n.node_role == "decode"
+        or (n.node_role == "both" and (n.host_kv_gib or n.disk_kv_gib))
+    ):
         return False
     return not shared_cache_refusal(g, n)
 

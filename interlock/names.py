@@ -21,6 +21,10 @@ DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32", "float16", "fp16")
 """Model dtypes (``--dtype``): ``auto`` (the default) is bf16 where the machine computes bf16
 fast and fp32 where it does not, by measurement (``engine.model.dtype_choice``)."""
 
+ENGINES = ("interlock", "vllm")
+"""Engines a worker can run (``--engine``): Interlock's own (with a ``RUNNERS`` runner), or
+vLLM's async engine inside the worker process (``interlock.engine.vllm``)."""
+
 RUNNERS = ("torch", "mock")
 """Model runners: the PyTorch model, or the mock with Dynamo's timing model."""
 

@@ -148,6 +148,31 @@ def test_older_names_are_aliases():
         ({"execution-group": {"nodes": [{"gpu_count": 0}]}}, "at least one worker"),
         ({"metrics": {"figures": ["ttft", "vibes"]}}, "metrics.figures: unknown ['vibes']"),
         ({"routing": {"route_key": " "}}, "routing.route_key"),
+        (
+            {"execution-group": {"engine": "sglang"}},
+            "execution-group.engine: 'sglang' is not one of interlock, vllm",
+        ),
+        (
+            {"execution-group": {"engine_args": {"enforce_eager": True}}},
+            "engine_args: vLLM's engine arguments need",
+        ),
+        ({"execution-group": {"engine": "vllm", "engine_args": ["x"]}}, "engine_args: expected a mapping"),
+        (
+            {"execution-group": {"engine": "vllm", "block_size": 16}},
+            "block_size: vLLM on a CPU needs a multiple of 32",
+        ),
+        (
+            {"execution-group": {"engine": "vllm", "runner": "mock"}},
+            "execution-group.runner: 'mock' is the interlock",
+        ),
+        (
+            {"execution-group": {"engine": "vllm", "nodes": [{"node_role": "prefill"}]}},
+            "nodes[0].node_role: 'prefill': disaggregation with vLLM workers",
+        ),
+        (
+            {"execution-group": {"engine": "vllm", "nodes": [{"host_kv_gib": 1}]}},
+            "nodes[0].host_kv_gib: not with engine vllm",
+        ),
     ],
 )
 def test_bad_values_are_refused_naming_the_key(raw, named):
@@ -176,3 +201,21 @@ def test_names_are_defined_once():
     from interlock.router.policies import POLICIES as ROUTER_POLICIES
 
     assert DEPLOY_POLICIES is POLICIES is ROUTER_POLICIES and WIRE_ROLES is ROLES
+
+
+def test_a_vllm_group_carries_its_engine_args_to_the_worker_spec():
+    from interlock.cluster.spec import ClusterSpec, ResolvedGroup, worker_spec
+
+    d = parse_deployment(
+        {"execution-group": {"engine": "vllm", "engine_args": {"enforce-eager": True, "swap_space": 0}}}
+    )
+    g = d.execution_groups[0]
+    assert g.engine_args == (("enforce_eager", True), ("swap_space", 0))
+    spec = ClusterSpec(deployment=d)
+    ws = worker_spec(
+        spec, ResolvedGroup(0, g, "/m", "m", 2048), g.nodes[0], instance_id="w0", device="cpu", threads=1
+    )
+    assert ws.engine.model.engine == "vllm"
+    assert ws.engine.model.engine_args == g.engine_args
+    assert ws.engine.cache.block_size == 32  # vLLM's CPU blocks are multiples of 32
+    assert ws.kv_transfer == "none" and not ws.engine.cache.shared_kv_cache

@@ -24,8 +24,9 @@ from interlock.deploy import (
     load_deployment,
     validate_deployment,
 )
+from interlock.engine.vllm.args import normalize, parse_engine_arg
 from interlock.errors import ConfigError
-from interlock.names import DTYPES, POLICIES, RUNNERS, TRANSPORTS, policy_name
+from interlock.names import DTYPES, ENGINES, POLICIES, RUNNERS, TRANSPORTS, policy_name
 from interlock.router.dispatcher import DispatchOptions
 
 _G, _N, _R, _C = ExecutionGroup(), NodeGroup(), Routing(), ControlPlane()
@@ -36,6 +37,21 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None, help=f"model name, HF folder or GGUF file (default: {_G.model})")
     g.add_argument("--served-model-name", default=None, help="name clients use (default: the model folder's)")
+    g.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=None,
+        help=f"engine each worker runs (default: {_G.engine}; vllm: vLLM's engine, docs/vllm.md)",
+    )
+    g.add_argument(
+        "--engine-arg",
+        dest="engine_arg",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="with --engine vllm: one of vLLM's engine arguments, as vLLM names it "
+        "(--engine-arg enforce_eager=true; repeat for more; values parse as JSON when they can)",
+    )
     g.add_argument("--runner", choices=RUNNERS, default=None, help=f"model runner (default: {_G.runner})")
     g.add_argument(
         "--device", default=None, help="cpu, cuda (workers spread over the devices) or cuda:N (default: cpu)"
@@ -47,7 +63,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help=f"model dtype (default: {_G.dtype}: bf16 where this machine computes it fast, else fp32)",
     )
     g.add_argument(
-        "--block-size", type=int, default=None, help=f"tokens per KV block (default: {_G.block_size})"
+        "--block-size",
+        type=int,
+        default=None,
+        help="tokens per KV block (default: 16; 32 for vLLM on a CPU, a multiple of 32 there)",
     )
     g.add_argument(
         "--num-blocks", type=int, default=None, help="KV blocks per worker (default: from --kv-cache-gib)"
@@ -266,6 +285,7 @@ def _given(a: argparse.Namespace, mapping: dict[str, str], cls: type) -> dict[st
 _GROUP_FLAGS = {
     "model": "model",
     "served_model_name": "served_model_name",
+    "engine": "engine",
     "runner": "runner",
     "device": "device",
     "dtype": "dtype",
@@ -317,6 +337,8 @@ def deployment_from_args(a: argparse.Namespace, *, nodes: tuple[NodeGroup, ...] 
         if legacy != "none":
             node_changes.setdefault("cache_transport", legacy)
     group_changes = _given(a, _GROUP_FLAGS, ExecutionGroup)
+    if getattr(a, "engine_arg", None):
+        group_changes["engine_args"] = normalize(parse_engine_arg(item) for item in a.engine_arg)
     groups = tuple(
         replace(g, **group_changes, nodes=tuple(replace(n, **node_changes) for n in g.nodes))
         for g in d.execution_groups

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from interlock.cluster.supervisor import RestartPolicy
 from interlock.cluster.worker import WorkerSpec
-from interlock.deploy import Deployment, ExecutionGroup, NodeGroup, shared_kv_cache
+from interlock.deploy import Deployment, ExecutionGroup, NodeGroup, default_block_size, shared_kv_cache
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.errors import ConfigError
 from interlock.frontend.config import FrontendConfig
@@ -193,10 +193,16 @@ def worker_spec(
     g, d, p = rg.group, spec.deployment, spec.processes
     engine = EngineConfig(
         model=ModelConfig(
-            model=rg.model_path, runner=g.runner, device=device, dtype=g.dtype, num_threads=threads
+            model=rg.model_path,
+            runner=g.runner,
+            device=device,
+            dtype=g.dtype,
+            num_threads=threads,
+            engine=g.engine,
+            engine_args=g.engine_args,
         ),
         cache=CacheConfig(
-            block_size=g.block_size,
+            block_size=g.block_size or default_block_size(g.engine, device.split(":")[0]),
             num_blocks=node.num_blocks,
             kv_cache_gib=node.kv_cache_gib,
             enable_prefix_caching=g.enable_prefix_caching,
@@ -220,7 +226,7 @@ def worker_spec(
         role=node.node_role,
         instance_id=instance_id,
         speedup=g.speedup,
-        kv_transfer=node.transfer,
+        kv_transfer=node.transfer if g.engine == "interlock" else "none",
         kv_transfer_port=p.kv_transfer_port,
         kv_transfer_timeout_s=p.kv_transfer_timeout_s,
         host=p.host,

@@ -74,7 +74,9 @@ def files_only(auth: NatsAuth) -> NatsAuth:
     )
 
 
-def worker_info(spec: WorkerSpec, *, block_size: int, kv_blocks_total: int) -> InstanceInfo:
+def worker_info(
+    spec: WorkerSpec, *, block_size: int, kv_blocks_total: int, context_length: int | None = None
+) -> InstanceInfo:
     """What the worker registers in discovery (the engine gives its block figures)."""
     return InstanceInfo(
         instance_id=spec.instance_id,
@@ -84,7 +86,8 @@ def worker_info(spec: WorkerSpec, *, block_size: int, kv_blocks_total: int) -> I
         role=spec.role,
         block_size=block_size,
         kv_blocks_total=kv_blocks_total,
-        context_length=spec.engine.scheduler.max_model_len,
+        context_length=context_length or spec.engine.scheduler.max_model_len,
+        metadata={"engine": spec.engine.model.engine},
         queue_depth_threshold=spec.queue_depth_threshold,
     )
 
@@ -105,16 +108,37 @@ def transfer_agent(spec: WorkerSpec, cluster_secret: bytes | None = None):  # ty
     )
 
 
-async def start_worker(spec: WorkerSpec, runtime, *, core=None):  # type: ignore[no-untyped-def]
-    """Build the engine (or take ``core``, tests) and a Worker on ``runtime``; the started Worker."""
+async def build_serving_engine(spec: WorkerSpec):  # type: ignore[no-untyped-def]
+    """The engine behind the worker's seam: Interlock's (an ``EngineCore``, run by the worker's
+    ``AsyncEngine``) or vLLM's (``engine.vllm``, started here: tens of seconds)."""
+    if spec.engine.model.engine == "vllm":
+        from interlock.engine.vllm import VllmEngine
+
+        return await VllmEngine.create(spec.engine, instance_id=spec.instance_id)
     from interlock.engine.factory import build_engine
+
+    return await asyncio.to_thread(
+        build_engine, spec.engine, instance_id=spec.instance_id, speedup=spec.speedup
+    )
+
+
+async def start_worker(spec: WorkerSpec, runtime, *, core=None):  # type: ignore[no-untyped-def]
+    """Build the engine (or take ``core``: an ``EngineCore`` or any ``ServingEngine``, tests)
+    and a Worker on ``runtime``; the started Worker."""
+    from interlock.engine.core import EngineCore
     from interlock.engine.worker import Worker, WorkerOptions
 
     if core is None:
-        core = await asyncio.to_thread(
-            build_engine, spec.engine, instance_id=spec.instance_id, speedup=spec.speedup
+        core = await build_serving_engine(spec)
+    if isinstance(core, EngineCore):
+        info = worker_info(spec, block_size=core.block_size, kv_blocks_total=core.pool.num_blocks)
+    else:
+        info = worker_info(
+            spec,
+            block_size=core.block_size,
+            kv_blocks_total=core.kv_blocks_total,
+            context_length=core.context_length,
         )
-    info = worker_info(spec, block_size=core.block_size, kv_blocks_total=core.pool.num_blocks)
     options = WorkerOptions(
         drain_grace_s=spec.drain_grace_s,
         kv_transfer_timeout_s=spec.kv_transfer_timeout_s,
@@ -154,8 +178,20 @@ async def run_worker(launch: WorkerLaunch, *, cluster_secret: bytes | None, auth
         loop.add_signal_handler(sig, stop.set)
     try:
         worker = await start_worker(spec, runtime)
-        print(f"worker {spec.instance_id} ready: model={spec.served_name} role={spec.role}", flush=True)
-        await stop.wait()
+        print(
+            f"worker {spec.instance_id} ready: model={spec.served_name} role={spec.role} "
+            f"engine={spec.engine.model.engine}",
+            flush=True,
+        )
+        stopped, dead = asyncio.ensure_future(stop.wait()), asyncio.ensure_future(worker.dead.wait())
+        await asyncio.wait([stopped, dead], return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (stopped, dead):
+            waiter.cancel()
+        if worker.dead.is_set():
+            # The engine died under a live process: exit non-zero so a supervisor restarts us.
+            log.error("worker %s exits: %s", spec.instance_id, worker.problem)
+            await worker.close()
+            return 1
         log.info("draining (grace %.0fs)", spec.drain_grace_s)
         await worker.drain()
     finally:

@@ -21,9 +21,10 @@ import sys
 import threading
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from interlock.engine.core import EngineCore, StepResult, error_info
+from interlock.engine.serving import KVEventSink, NullKVEventSink
 from interlock.errors import EngineError, InvalidRequest, ServiceUnavailable
 from interlock.protocol import GenerateOutput, GenerateRequest, KVEvent, LoadReport
 from interlock.runtime.channel import Channel
@@ -41,26 +42,14 @@ _IDLE_CHECK_AFTER_S = 0.25
 """Idle this long before the pool's integrity check runs."""
 
 
-class KVEventSink(Protocol):
-    """Where a worker publishes what its engine did; called on the engine's event loop."""
-
-    def on_kv_events(self, events: list[KVEvent]) -> None: ...
-
-    def on_load(self, load: LoadReport) -> None: ...
-
-
-class NullKVEventSink:
-    def on_kv_events(self, events: list[KVEvent]) -> None:
-        pass
-
-    def on_load(self, load: LoadReport) -> None:
-        pass
-
-
 _Stream = tuple[asyncio.AbstractEventLoop, _Outputs]
 
 
 class AsyncEngine:
+    """Interlock's engine behind the seam (``engine.serving.ServingEngine``)."""
+
+    name = "interlock"
+
     def __init__(self, core: EngineCore, *, sink: KVEventSink | None = None) -> None:
         self.core = core
         self._sink: KVEventSink = sink or NullKVEventSink()
@@ -74,9 +63,38 @@ class AsyncEngine:
         self._dirty = False
         """A step ran since the last idle integrity check."""
 
+    # ---- the seam ----
+    @property
+    def block_size(self) -> int:
+        return self.core.block_size
+
+    @property
+    def kv_blocks_total(self) -> int:
+        return self.core.pool.num_blocks
+
+    @property
+    def context_length(self) -> int:
+        return self.core.config.scheduler.max_model_len
+
+    async def kv_snapshot(self) -> list[KVEvent]:
+        """The whole cache as events, taken on the engine thread between steps."""
+        return await self.call(lambda core: core.kv_snapshot())
+
+    async def pool_status(self) -> tuple[int, int, str]:
+        return await self.call(pool_figures)
+
+    def problem(self) -> str | None:
+        thread = self._thread
+        if thread is not None and not thread.is_alive() and not self._stopping:
+            return "the engine thread has stopped"
+        return None
+
     # ---- lifecycle ----
-    def start(self) -> None:
-        """Start the step thread; call from the event loop that should receive sink calls."""
+    def start(self, sink: KVEventSink | None = None) -> None:
+        """Start the step thread; call from the event loop that should receive sink calls
+        (``sink``, when given, replaces the one given at construction)."""
+        if sink is not None:
+            self._sink = sink
         if self._thread is not None:
             return
         if self._stopping:
@@ -292,6 +310,16 @@ class AsyncEngine:
             except Exception:  # noqa: BLE001
                 log.exception("abort after a failed step failed")
             _deliver(loop, q, GenerateOutput(request_id=rid, finish_reason="error", error=err))
+
+
+def pool_figures(core: EngineCore) -> tuple[int, int, str]:
+    """(used blocks, total blocks, integrity error or ""), on the engine thread."""
+    try:
+        core.check_integrity()
+        err = ""
+    except AssertionError as exc:
+        err = str(exc) or "integrity check failed"
+    return core.pool.num_used_blocks, core.pool.num_blocks, err
 
 
 def _precise_sleeps() -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from interlock.errors import ConfigError
-from interlock.names import DTYPES
+from interlock.names import DTYPES, ENGINES
 
 _SEGMENT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 
@@ -121,8 +122,16 @@ class ModelConfig:
     seed: int = 0
     num_threads: int = 0
     """torch intra-op threads; 0 keeps torch's default."""
+    engine: str = "interlock"
+    """``names.ENGINES``: Interlock's engine (``runner`` says which runner), or ``vllm``."""
+    engine_args: tuple[tuple[str, Any], ...] = ()
+    """vLLM only: more of vLLM's engine arguments, as vLLM names them (``enforce_eager``)."""
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine {self.engine!r} is not known (one of {', '.join(ENGINES)})")
+        if self.engine_args and self.engine != "vllm":
+            raise ConfigError("engine_args are vLLM's engine arguments: they need engine vllm")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not supported (one of {', '.join(DTYPES)})")
 

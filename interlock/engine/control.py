@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from interlock.engine.core import EngineCore
 from interlock.names import ROLES
 from interlock.protocol.control import ControlReply, ControlRequest
 from interlock.runtime.interfaces import RequestContext
@@ -27,16 +26,6 @@ log = logging.getLogger(__name__)
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(ControlRequest).decode
-
-
-def pool_figures(core: EngineCore) -> tuple[int, int, str]:
-    """(used blocks, total blocks, integrity error or ""), on the engine thread."""
-    try:
-        core.check_integrity()
-        err = ""
-    except AssertionError as exc:
-        err = str(exc) or "integrity check failed"
-    return core.pool.num_used_blocks, core.pool.num_blocks, err
 
 
 class WorkerControl:
@@ -66,7 +55,7 @@ class WorkerControl:
 
     async def _status(self) -> ControlReply:
         w = self.worker
-        used, total, err = await w.engine.call(pool_figures)
+        used, total, err = await w.engine.pool_status()
         live, transports = 0, {}
         if w.handoff is not None:
             live = w.handoff.num_pending() + w.handoff.agent.num_live_sources()

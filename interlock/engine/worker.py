@@ -1,5 +1,12 @@
 """A worker: one engine behind the runtime planes.
 
+The engine is anything that serves the seam (``engine.serving.ServingEngine``): Interlock's
+own (an ``EngineCore`` given here is run by an ``AsyncEngine``), vLLM's, or the fake. The
+worker announces which in ``InstanceInfo.metadata["engine"]``; a KV hand-off for
+disaggregation exists only for Interlock's engine (``engine.disagg``). A worker whose engine
+reports a problem (``ServingEngine.problem``: a dead engine process) leaves discovery, ends its
+streams (they migrate) and sets ``dead``; its process then exits for a supervisor to restart.
+
 The worker is a thin shell (no decisions): it registers an ``InstanceInfo`` in discovery, serves
 ``generate`` on the request plane (msgpack ``GenerateRequest`` in, one msgpack
 ``GenerateOutput`` per chunk out), publishes the engine's KV events (numbered batches) and load
@@ -25,6 +32,7 @@ import msgspec
 from interlock.engine.async_engine import AsyncEngine
 from interlock.engine.core import EngineCore
 from interlock.engine.disagg import KVHandoff
+from interlock.engine.serving import ServingEngine
 from interlock.protocol import GenerateRequest, InstanceInfo, KVEvent, KVEventBatch, LoadReport, subjects
 from interlock.protocol.control import CONTROL_ENDPOINT
 from interlock.runtime.interfaces import Discovery, EventPlane, RequestContext, RequestPlane
@@ -41,6 +49,8 @@ class WorkerOptions:
     drain_grace_s: float = 30.0
     kv_transfer_timeout_s: float = 30.0
     """Disaggregation: how long a staged KV payload waits to be pulled, and a pull to finish."""
+    health_interval_s: float = 0.5
+    """How often the engine's ``problem()`` is checked."""
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -50,7 +60,7 @@ _decode_request = msgspec.msgpack.Decoder(GenerateRequest).decode
 class Worker:
     def __init__(
         self,
-        core: EngineCore,
+        engine: EngineCore | ServingEngine,
         info: InstanceInfo,
         *,
         discovery: Discovery,
@@ -59,10 +69,12 @@ class Worker:
         options: WorkerOptions = WorkerOptions(),
         transfer: TransferAgent | None = None,
     ) -> None:
-        self.engine = AsyncEngine(core, sink=self)
+        if isinstance(engine, EngineCore):
+            engine = AsyncEngine(engine, sink=self)
+        self.engine: ServingEngine = engine
         self.handoff = (
-            KVHandoff(self.engine, transfer, timeout_s=options.kv_transfer_timeout_s)
-            if transfer is not None
+            KVHandoff(engine, transfer, timeout_s=options.kv_transfer_timeout_s)
+            if transfer is not None and isinstance(engine, AsyncEngine)
             else None
         )
         """Disaggregation: stages prefill KV and pulls remote KV (None: no transfer agent)."""
@@ -81,6 +93,9 @@ class Worker:
         self._address = ""
         self._last_load = 0.0
         self._draining = False
+        self.dead = asyncio.Event()
+        """Set when the engine can no longer serve (``problem``); the worker has left."""
+        self.problem: str | None = None
 
     @property
     def instance_id(self) -> str:
@@ -88,7 +103,7 @@ class Worker:
 
     # ---- lifecycle ----
     async def start(self) -> InstanceInfo:
-        self.engine.start()
+        self.engine.start(self)
         self._address = await self._requests.serve(
             self.info.endpoint, self._handle, instance_id=self.instance_id
         )
@@ -98,6 +113,7 @@ class Worker:
         self._tasks = [
             asyncio.create_task(self._publisher(), name="worker-publisher"),
             asyncio.create_task(self._resync_loop(resync), name="worker-resync"),
+            asyncio.create_task(self._health_loop(), name="worker-health"),
         ]
         await self._discovery.register(self.info)
         await self.publish_snapshot()
@@ -161,10 +177,10 @@ class Worker:
         self._control_address = await self._requests.serve(
             CONTROL_ENDPOINT, WorkerControl(self).handle, instance_id=self.instance_id
         )
-        meta = dict(self.info.metadata, control_address=self._control_address)
+        meta = dict(self.info.metadata, control_address=self._control_address, engine=self.engine.name)
         if self.handoff is not None:
             meta["kv_transfer_address"] = self.handoff.agent.tcp_address
-            meta["kv_block_nbytes"] = str(self.engine.core.runner.kv_block_nbytes)
+            meta["kv_block_nbytes"] = str(self.handoff.engine.core.runner.kv_block_nbytes)
         self.info = msgspec.structs.replace(self.info, metadata=meta)
 
     async def set_role(self, role: str, *, grace_s: float = 30.0) -> None:
@@ -206,7 +222,7 @@ class Worker:
     async def publish_snapshot(self) -> None:
         """Publish the whole cache as one ``snapshot`` batch, in order with the step events
         (taken on the engine thread between steps; earlier steps' events are queued first)."""
-        events = await self.engine.call(lambda core: core.kv_snapshot())
+        events = await self.engine.kv_snapshot()
         self.publish_kv(events, snapshot=True)
 
     # KVEventSink: the async engine calls these on this event loop after each step.
@@ -228,6 +244,19 @@ class Worker:
                 await self._events.publish(subject, payload)
             except Exception:  # noqa: BLE001 - a lost event is recovered by re-sync
                 log.warning("event publish failed on %s", subject, exc_info=True)
+
+    async def _health_loop(self) -> None:
+        while (problem := self.engine.problem()) is None:
+            await asyncio.sleep(self._options.health_interval_s)
+        log.error("worker %s: the engine cannot serve (%s): leaving", self.instance_id, problem)
+        self.problem = problem
+        # Not a drain: the streams cannot finish here, so routers see a death and migrate them.
+        self._draining = True
+        with contextlib.suppress(Exception):
+            await self._requests.unserve(self._address)
+        with contextlib.suppress(Exception):
+            await self._discovery.unregister(self.instance_id)
+        self.dead.set()
 
     async def _resync_loop(self, subscription: AsyncIterator[tuple[str, bytes]]) -> None:
         async for _subject, _payload in subscription:

@@ -1,0 +1,183 @@
+"""The engine seam: what a worker serves, whichever engine runs behind it.
+
+A ``Worker`` (``engine.worker``) puts one ``ServingEngine`` on the planes. Interlock's own engine
+(``AsyncEngine`` over an ``EngineCore``), vLLM's (``engine.vllm.VllmEngine``) and the fake below
+sit behind it; nothing above the worker knows which one runs beyond what the worker announces
+(its ``InstanceInfo``: block size, KV blocks, context length, and ``metadata["engine"]``).
+
+The contract, for every implementation:
+- ``generate(req)`` streams ``GenerateOutput`` chunks (new tokens only) for one request until a
+  finished one; closing the stream early aborts the request. A request refused by the engine
+  ends with one output whose ``finish_reason`` is ``"error"``, never with an exception.
+- ``resume_token_ids`` (migration) are continued after, as if generated here: counted against
+  ``max_tokens``, never streamed again.
+- after ``start(sink)`` the engine hands its KV events (``interlock.protocol.events``, block
+  hashes from ``interlock.kvhash``) and load reports to ``sink``, on the loop that started it.
+- ``kv_snapshot()`` lists the whole cache as events (a router's re-sync), in an order where
+  each block's parent comes first.
+- ``problem()`` is None while the engine can serve; otherwise why not (a dead engine process):
+  the worker then leaves discovery and exits, so a supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from typing import Protocol
+
+from interlock.kvhash import hash_blocks
+from interlock.protocol import BlockStored, GenerateOutput, GenerateRequest, KVEvent, LoadReport
+
+
+class KVEventSink(Protocol):
+    """Where a worker publishes what its engine did; called on the engine's event loop."""
+
+    def on_kv_events(self, events: list[KVEvent]) -> None: ...
+
+    def on_load(self, load: LoadReport) -> None: ...
+
+
+class NullKVEventSink:
+    def on_kv_events(self, events: list[KVEvent]) -> None:
+        pass
+
+    def on_load(self, load: LoadReport) -> None:
+        pass
+
+
+class ServingEngine(Protocol):
+    name: str
+    """Announced in ``InstanceInfo.metadata["engine"]`` (``names.ENGINES``, or ``fake``)."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def kv_blocks_total(self) -> int: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    def start(self, sink: KVEventSink) -> None: ...
+
+    def generate(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]: ...
+
+    def load(self) -> LoadReport: ...
+
+    async def kv_snapshot(self) -> list[KVEvent]: ...
+
+    async def pool_status(self) -> tuple[int, int, str]:
+        """(KV blocks used, KV blocks total, integrity error or "")."""
+        ...
+
+    def problem(self) -> str | None: ...
+
+    async def shutdown(self) -> None: ...
+
+
+class FakeEngine:
+    """A deterministic engine for tests of what sits above the seam: output token i of a
+    request is ``(last prompt token + 1 + i) % vocab``, one token per ``step_s``; every full
+    block of a prompt is announced as stored (``kvhash``), cached ones count as cached tokens."""
+
+    name = "fake"
+
+    def __init__(self, *, block_size: int = 16, num_blocks: int = 1024, step_s: float = 0.001) -> None:
+        self._block_size = block_size
+        self._num_blocks = num_blocks
+        self._step_s = step_s
+        self._sink: KVEventSink = NullKVEventSink()
+        self._stored: dict[int, tuple[int, tuple[int, ...]]] = {}
+        """Block hash -> (parent hash, its tokens), in the order stored."""
+        self._running = 0
+        self._dead: str | None = None
+        self.vocab = 49152
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def kv_blocks_total(self) -> int:
+        return self._num_blocks
+
+    @property
+    def context_length(self) -> int:
+        return 2048
+
+    def start(self, sink: KVEventSink) -> None:
+        self._sink = sink
+
+    def kill(self, why: str = "the fake engine died") -> None:
+        self._dead = why
+
+    def problem(self) -> str | None:
+        return self._dead
+
+    async def generate(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
+        hashes = hash_blocks(req.token_ids, self._block_size)
+        cached = 0
+        for h in hashes:
+            if h not in self._stored:
+                break
+            cached += self._block_size
+        new = [h for h in hashes if h not in self._stored]
+        parent = 0
+        for i, h in enumerate(hashes):
+            if h in new:
+                block = req.token_ids[i * self._block_size : (i + 1) * self._block_size]
+                self._stored[h] = (parent, tuple(block))
+            parent = h
+        if new:
+            self._sink.on_kv_events(self._events(new))
+        self._running += 1
+        try:
+            last = req.token_ids[-1] if req.token_ids else 0
+            done = len(req.resume_token_ids)
+            for i in range(done, req.sampling.max_tokens):
+                await asyncio.sleep(self._step_s)
+                finish = "length" if i + 1 == req.sampling.max_tokens else None
+                yield GenerateOutput(
+                    request_id=req.request_id,
+                    token_ids=((last + 1 + i) % self.vocab,),
+                    finish_reason=finish,
+                    num_prompt_tokens=len(req.token_ids),
+                    num_cached_tokens=cached,
+                )
+        finally:
+            self._running -= 1
+        self._sink.on_load(self.load())
+
+    def _events(self, hashes: list[int]) -> list[KVEvent]:
+        return [
+            BlockStored(
+                block_hashes=(h,),
+                parent_block_hash=self._stored[h][0] or None,
+                token_ids=self._stored[h][1],
+                block_size=self._block_size,
+            )
+            for h in hashes
+        ]
+
+    def load(self) -> LoadReport:
+        return LoadReport(
+            instance_id="",
+            timestamp=time.time(),
+            num_running=self._running,
+            num_waiting=0,
+            kv_blocks_used=len(self._stored),
+            kv_blocks_total=self._num_blocks,
+            queued_prefill_tokens=0,
+            step_time_s=self._step_s,
+            tokens_computed=self._running,
+        )
+
+    async def kv_snapshot(self) -> list[KVEvent]:
+        return self._events(list(self._stored))
+
+    async def pool_status(self) -> tuple[int, int, str]:
+        return len(self._stored), self._num_blocks, ""
+
+    async def shutdown(self) -> None:
+        self._dead = self._dead or "shut down"

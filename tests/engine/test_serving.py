@@ -1,0 +1,101 @@
+"""The engine seam: a worker serves any ``ServingEngine`` (here the in-package fake) on the
+planes, and the router above it routes, caches and fails over without knowing which engine runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from interlock.engine.serving import FakeEngine
+from interlock.engine.worker import Worker, WorkerOptions
+from interlock.protocol import GenerateRequest, InstanceInfo, SamplingParams, subjects
+from interlock.protocol.routing import RequestContext
+from interlock.router.dispatcher import EXPLAIN_HEADER
+from interlock.router.facade import RouterConfig
+from interlock.router.service import RouterService
+from interlock.runtime import InProcRegistry, connect_runtime
+
+BLOCK = 16
+PROMPT = tuple(range(1000, 1100))  # six full blocks
+
+
+def worker(wid: str, engine: FakeEngine, runtime) -> Worker:  # type: ignore[no-untyped-def]
+    info = InstanceInfo(
+        instance_id=wid,
+        endpoint=subjects.GENERATE_ENDPOINT,
+        model="m",
+        block_size=engine.block_size,
+        kv_blocks_total=engine.kv_blocks_total,
+    )
+    return Worker(
+        engine,
+        info,
+        discovery=runtime.discovery,
+        requests=runtime.requests,
+        events=runtime.events,
+        options=WorkerOptions(health_interval_s=0.02),
+    )
+
+
+async def ask(
+    service: RouterService, rid: str, prompt: tuple[int, ...], n: int = 4
+) -> tuple[list[int], str, int]:
+    req = GenerateRequest(request_id=rid, token_ids=prompt, model="m", sampling=SamplingParams(max_tokens=n))
+    ctx = RequestContext(request_id=rid, endpoint="completions", explain=True)
+    tokens, cached = [], 0
+    async with asyncio.timeout(10):
+        async for out in service.generate(req, ctx):
+            tokens += out.token_ids
+            cached = out.num_cached_tokens
+    return tokens, ctx.response_headers[EXPLAIN_HEADER].split(";")[0].split("=")[-1], cached
+
+
+@pytest.mark.timeout(60)
+def test_the_router_routes_to_the_fake_engine_that_holds_the_prefix_and_survives_its_death() -> None:
+    async def main() -> None:
+        registry = InProcRegistry()
+        rt = await connect_runtime(None, registry=registry)
+        service = RouterService(
+            discovery=rt.discovery,
+            requests=rt.requests,
+            events=rt.events,
+            config=RouterConfig(block_size=BLOCK),
+        )
+        await service.start()
+        engines = {"a": FakeEngine(block_size=BLOCK), "b": FakeEngine(block_size=BLOCK)}
+        workers = {}
+        try:
+            for wid, engine in engines.items():
+                wrt = await connect_runtime(None, registry=registry)
+                workers[wid] = (worker(wid, engine, wrt), wrt)
+                await workers[wid][0].start()
+            assert await service.wait_for_workers(2, 5.0) == 2
+            assert service.instance("a").metadata["engine"] == "fake"
+
+            tokens, first, cached = await ask(service, "r0", PROMPT)
+            assert tokens == [1100, 1101, 1102, 1103] and cached == 0
+            # The KV events of the first request reach the router: the same prefix goes back.
+            for i in range(4):
+                _, where, cached = await ask(service, f"r{i + 1}", (*PROMPT, 7 + i))
+                assert where == first and cached == 96
+
+            # A dead engine under a live worker: the worker leaves and says why; requests go on.
+            engines[first].kill("engine core process died")
+            async with asyncio.timeout(5):
+                await workers[first][0].dead.wait()
+                while service.instance(first) is not None:
+                    await asyncio.sleep(0.01)
+            assert workers[first][0].problem == "engine core process died"
+            _, where, _ = await ask(service, "after", PROMPT)
+            assert where != first
+        finally:
+            for w, wrt in workers.values():
+                with contextlib.suppress(Exception):
+                    await w.close()
+                await wrt.close()
+            await service.close()
+            await rt.close()
+
+    asyncio.run(main())
