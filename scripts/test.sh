@@ -2,7 +2,8 @@
 # Install everything and run the whole test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+# With vLLM's CPU build, so the vLLM worker tests run (tests/e2e/test_vllm*.py skip without it).
+./scripts/setup.sh --vllm
 .venv/bin/ruff check interlock tests benchmarks
 .venv/bin/ruff format --check interlock tests benchmarks
 .venv/bin/lint-imports

@@ -244,6 +244,11 @@ def worker_specs(
     """One spec per device of every node group, in order (``w0-<pid>``, ``w1-<pid>``, ...)."""
     prefix = prefix or f"{os.getpid():x}"
     total = spec.deployment.num_workers
+    if any(rg.group.engine == "vllm" and rg.group.num_workers for rg in groups):
+        from interlock.engine import vllm
+
+        if not vllm.installed():
+            raise ConfigError(vllm.INSTALL_HINT)
     specs: list[WorkerSpec] = []
     for rg in groups:
         threads = rg.group.threads or max(1, (os.cpu_count() or 1) // max(1, total))

@@ -2,6 +2,14 @@
 installed: ``pip install 'interlock[vllm]'``), its argument mapping and its KV event
 translation (pure, no vLLM needed)."""
 
+import importlib.util
+
 from interlock.engine.vllm.engine import INSTALL_HINT, VllmEngine
 
-__all__ = ["INSTALL_HINT", "VllmEngine"]
+
+def installed() -> bool:
+    """Whether vLLM can be imported here (without importing it: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+__all__ = ["INSTALL_HINT", "VllmEngine", "installed"]

@@ -41,8 +41,8 @@ from interlock.protocol import ErrorInfo, GenerateOutput, GenerateRequest, KVEve
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = (
-    "vLLM is not installed in this environment: `pip install 'interlock[vllm]'` "
-    "(on a CPU machine: `./scripts/setup.sh --vllm`; docs/vllm.md)"
+    "vLLM is not installed in this environment: on a CPU machine `./scripts/setup.sh --vllm` "
+    "(vLLM's CPU build), on a GPU machine `pip install vllm` (docs/vllm.md)"
 )
 _END_SEQ = -1
 _REPLAY_TIMEOUT_S = 2.0

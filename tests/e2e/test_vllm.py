@@ -1,0 +1,265 @@
+"""vLLM workers behind Interlock, end to end: the real SmolLM2, vLLM's CPU build in each worker
+process, NATS, the openai client.
+
+One cluster of two vLLM workers (fp32, eager: greedy output does not depend on the batch) serves
+every test here, in order: greedy output equals vLLM's own OpenAI server on the same prompts and
+settings; a repeated long prefix goes to the worker that holds it and vLLM reports the cached
+tokens; a dead engine core under a live worker process takes that worker out (it exits and is
+restarted) and no request fails; a worker SIGKILLed under 16 streams loses none of them and each
+ends with the same text as an uninterrupted run. Skipped where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from interlock.engine import vllm
+from tests.e2e.conftest import FAST_LEASES, Served, free_port, start_serve, wait_until
+
+if not vllm.installed():
+    pytest.skip(f"vLLM is not installed ({vllm.INSTALL_HINT})", allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+ENGINE = ("--dtype", "float32", "--max-model-len", "2048", "--block-size", "32")
+"""The same engine settings for vLLM's server and Interlock's vLLM workers."""
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "def fibonacci(n):",
+    "List three primary colors:",
+    "Once upon a time, in a small village,",
+]
+PREFIX = " ".join(f"Rule {i}: every answer must be short and polite." for i in range(60))
+
+
+def model_dir() -> str:
+    from interlock.model_store import resolve_model
+
+    return str(resolve_model("smollm2", progress=False))
+
+
+class VllmServer:
+    """vLLM's own OpenAI server (the reference), in its own session, killed whole at the end."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                model_dir(),
+                "--served-model-name",
+                MODEL,
+                "--port",
+                str(self.port),
+                "--enforce-eager",
+                "--kv-cache-memory-bytes",
+                str(512 << 20),
+                *ENGINE,
+            ],  # fmt: skip
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none", max_retries=0)
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        def up() -> bool:
+            try:
+                return bool(self.client().models.list().data)
+            except openai.APIError:
+                return False
+
+        if (
+            not wait_until(lambda: up() or self.proc.poll() is not None, timeout_s)
+            or self.proc.poll() is not None
+        ):
+            self.stop()
+            pytest.fail("vLLM's server did not start:\n" + "".join(self.lines[-40:]))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, str]:
+    """vLLM's own greedy completions of ``PROMPTS`` (its server, then stopped)."""
+    server = VllmServer()
+    try:
+        server.wait_ready()
+        client = server.client()
+        return {p: complete(client, p) for p in PROMPTS}
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def served(reference: dict[str, str]) -> Iterator[Served]:
+    """Two vLLM workers under ``interlock serve`` (after the reference server is gone)."""
+    s = start_serve(
+        "--engine", "vllm", "--workers", "2", "--kv-cache-gib", "0.5", "--engine-arg", "enforce_eager=true",
+        *ENGINE, *FAST_LEASES, timeout_s=420,
+    )  # fmt: skip
+    yield s
+    s.stop()
+
+
+def complete(client: openai.OpenAI, prompt: str, max_tokens: int = 32) -> str:
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0)
+    return r.choices[0].text
+
+
+def client_of(served: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served.base_url, api_key="none", max_retries=0, timeout=120)
+
+
+def test_greedy_output_equals_vllms_own_server(reference: dict[str, str], served: Served) -> None:
+    client = client_of(served)
+    for prompt, text in reference.items():
+        assert complete(client, prompt) == text, prompt
+    # Chat goes through the frontend's chat template and detokenizer, vLLM's engine below.
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=16,
+        temperature=0,
+    )
+    assert "Paris" in (r.choices[0].message.content or "")
+
+
+def routed(client: openai.OpenAI, prompt: str) -> tuple[str, int]:
+    raw = client.completions.with_raw_response.create(
+        model=MODEL, prompt=prompt, max_tokens=4, temperature=0, extra_headers={"x-interlock-explain": "1"}
+    )
+    worker = raw.headers["x-interlock-route"].split(";")[0].split("=")[-1]
+    usage = raw.parse().usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    return worker, usage.prompt_tokens_details.cached_tokens or 0
+
+
+def test_a_repeated_long_prefix_goes_to_the_worker_that_holds_it(served: Served) -> None:
+    client = client_of(served)
+    first, cached = routed(client, PREFIX + " Question 0: why?")
+    assert cached == 0
+    for i in range(1, 6):
+        worker, cached = routed(client, PREFIX + f" Question {i}: why?")
+        assert worker == first
+        assert cached >= 32 * 20  # vLLM's own count of the prompt tokens it did not compute
+
+
+def worker_pids(served: Served) -> list[int]:
+    return served.worker_pids()
+
+
+def engine_core_of(worker_pid: int) -> int | None:
+    """vLLM's engine core: the worker process's child started by multiprocessing's spawn
+    (its other child is multiprocessing's resource tracker)."""
+    for task in Path(f"/proc/{worker_pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"EngineCore" in cmd or b"spawn_main" in cmd:
+                    return int(pid)
+            except OSError:
+                continue
+    return None
+
+
+def test_a_dead_engine_core_takes_its_worker_out_and_no_request_fails(served: Served) -> None:
+    client = client_of(served)
+    before = worker_pids(served)
+    assert len(before) == 2
+    victim = before[0]
+    core = engine_core_of(victim)
+    assert core is not None, "no vLLM engine core under the worker"
+    os.kill(core, signal.SIGKILL)
+    # The worker process notices, leaves discovery and exits; serve restarts it.
+    assert wait_until(lambda: not Path(f"/proc/{victim}").exists() or _zombie(victim), 30)
+    for prompt in PROMPTS:
+        assert complete(client, prompt, max_tokens=8)
+    assert wait_until(lambda: len(worker_pids(served)) == 2 and victim not in worker_pids(served), 60)
+    assert wait_until(lambda: _ready_workers(served) == 2, 300), "".join(served.lines[-40:])
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _ready_workers(served: Served) -> int:
+    import httpx
+
+    try:
+        text = httpx.get(served.url + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return 0
+    return sum(1 for line in text.splitlines() if line.startswith("interlock_worker_kv_blocks_total{"))
+
+
+def test_a_worker_killed_under_16_streams_loses_none(served: Served) -> None:
+    client = client_of(served)
+    prompts = [f"Story {i}: a fox and a crow" for i in range(16)]
+    want = {p: complete(client, p, max_tokens=48) for p in prompts}
+    got: dict[str, str] = {}
+    progress: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def stream(p: str) -> None:
+        try:
+            chunks = client.completions.create(
+                model=MODEL, prompt=p, max_tokens=48, temperature=0, stream=True
+            )
+            text = ""
+            for chunk in chunks:
+                if chunk.choices:
+                    text += chunk.choices[0].text
+                    progress[p] = progress.get(p, 0) + 1
+            got[p] = text
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=stream, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    assert wait_until(lambda: len(progress) == 16 and min(progress.values()) >= 3, 120)
+    victim = worker_pids(served)[0]
+    os.kill(victim, signal.SIGKILL)
+    started = time.monotonic()
+    for t in threads:
+        t.join(max(1.0, 180 - (time.monotonic() - started)))
+    assert not errors, errors
+    assert got == want
