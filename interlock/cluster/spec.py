@@ -226,7 +226,7 @@ def worker_spec(
         role=node.node_role,
         instance_id=instance_id,
         speedup=g.speedup,
-        kv_transfer=node.transfer if g.engine == "interlock" else "none",
+        kv_transfer=node.transfer,
         kv_transfer_port=p.kv_transfer_port,
         kv_transfer_timeout_s=p.kv_transfer_timeout_s,
         host=p.host,

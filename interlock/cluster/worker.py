@@ -94,8 +94,8 @@ def worker_info(
 
 def transfer_agent(spec: WorkerSpec, cluster_secret: bytes | None = None):  # type: ignore[no-untyped-def]
     """The worker's KV-transfer agent, or None (``kv_transfer`` none)."""
-    if spec.kv_transfer == "none":
-        return None
+    if spec.kv_transfer == "none" or spec.engine.model.engine != "interlock":
+        return None  # a guest engine brings its own KV connector
     from interlock.transfer import TransferAgent
 
     return TransferAgent(
@@ -112,9 +112,16 @@ async def build_serving_engine(spec: WorkerSpec):  # type: ignore[no-untyped-def
     """The engine behind the worker's seam: Interlock's (an ``EngineCore``, run by the worker's
     ``AsyncEngine``) or vLLM's (``engine.vllm``, started here: tens of seconds)."""
     if spec.engine.model.engine == "vllm":
-        from interlock.engine.vllm import VllmEngine
+        from interlock.engine.vllm import Handoff, VllmEngine
 
-        return await VllmEngine.create(spec.engine, instance_id=spec.instance_id)
+        handoff = None
+        if spec.role != "both" and spec.kv_transfer != "none":
+            handoff = Handoff(
+                host=spec.advertise_host or spec.host,
+                lease_s=spec.kv_transfer_timeout_s,
+                transport=spec.kv_transfer,
+            )
+        return await VllmEngine.create(spec.engine, instance_id=spec.instance_id, handoff=handoff)
     from interlock.engine.factory import build_engine
 
     return await asyncio.to_thread(

@@ -83,6 +83,12 @@ class AsyncEngine:
     async def pool_status(self) -> tuple[int, int, str]:
         return await self.call(pool_figures)
 
+    def announce(self) -> dict[str, str]:
+        return {}  # the KV hand-off (engine.disagg) announces its own agent
+
+    def handoff_counts(self) -> dict[str, int]:
+        return {}
+
     def problem(self) -> str | None:
         thread = self._thread
         if thread is not None and not thread.is_alive() and not self._stopping:

@@ -56,7 +56,7 @@ class WorkerControl:
     async def _status(self) -> ControlReply:
         w = self.worker
         used, total, err = await w.engine.pool_status()
-        live, transports = 0, {}
+        live, transports = 0, dict(w.engine.handoff_counts())
         if w.handoff is not None:
             live = w.handoff.num_pending() + w.handoff.agent.num_live_sources()
             transports = dict(w.handoff.counters.transports)

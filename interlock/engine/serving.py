@@ -73,6 +73,15 @@ class ServingEngine(Protocol):
 
     def problem(self) -> str | None: ...
 
+    def announce(self) -> dict[str, str]:
+        """More ``InstanceInfo.metadata`` for the worker to register (``kv_connector``:
+        the guest engine's KV hand-off, which a router pairs only with the same kind)."""
+        ...
+
+    def handoff_counts(self) -> dict[str, int]:
+        """The engine's own KV hand-offs by outcome (a worker's control ``status``)."""
+        ...
+
     async def shutdown(self) -> None: ...
 
 
@@ -108,6 +117,12 @@ class FakeEngine:
 
     def start(self, sink: KVEventSink) -> None:
         self._sink = sink
+
+    def announce(self) -> dict[str, str]:
+        return {}
+
+    def handoff_counts(self) -> dict[str, int]:
+        return {}
 
     def kill(self, why: str = "the fake engine died") -> None:
         self._dead = why

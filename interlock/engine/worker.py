@@ -178,6 +178,7 @@ class Worker:
             CONTROL_ENDPOINT, WorkerControl(self).handle, instance_id=self.instance_id
         )
         meta = dict(self.info.metadata, control_address=self._control_address, engine=self.engine.name)
+        meta.update(self.engine.announce())
         if self.handoff is not None:
             meta["kv_transfer_address"] = self.handoff.agent.tcp_address
             meta["kv_block_nbytes"] = str(self.handoff.engine.core.runner.kv_block_nbytes)

@@ -64,12 +64,18 @@ class CapabilityProfile:
     """KV capacity in tokens (blocks x block size)."""
     prefill: tuple[PrefillPoint, ...]
     decode: tuple[DecodePoint, ...]
+    startup_s: float = 0.0
+    """Measured seconds from starting a worker to its engine serving (vLLM: tens of seconds
+    eager, minutes when it compiles). The SLA policy forecasts at least this far ahead: an add
+    decided now serves only then."""
 
     def __post_init__(self) -> None:
         if len(self.prefill) < 3 or len(self.decode) < 4:
             raise ConfigError("a capability profile needs >= 3 prefill and >= 4 decode points")
         if self.chunk_tokens < 1 or self.max_batch < 1 or self.kv_tokens < 1:
             raise ConfigError("profile chunk_tokens, max_batch and kv_tokens must be positive")
+        if not 0.0 <= self.startup_s < 86_400:
+            raise ConfigError("profile startup_s must be in [0, 86400) seconds")
 
     # ---- the fits ----
     @cached_property
@@ -207,6 +213,7 @@ def load_profile(path: str | Path) -> CapabilityProfile:
             decode=tuple(
                 DecodePoint(int(p["batch"]), int(p["context"]), float(p["itl_s"])) for p in raw["decode"]
             ),
+            startup_s=float(raw.get("startup_s", 0.0)),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"capability profile {path}: missing or bad field ({e!r})") from None

@@ -303,6 +303,12 @@ class SlaPolicy:
         fits = n > 1 and share(n - 1, wider) <= share(most, wider) + allowed
         return TailSizing(need, fits, share(n, scale) if n else 1.0, self._floor)
 
+    @property
+    def horizon_s(self) -> float:
+        """How far ahead arrivals are forecast: ``horizon_s``, or the measured start-up of a
+        worker when longer (an add decided now serves only then)."""
+        return max(self.config.horizon_s, self.profile.startup_s)
+
     def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
         t = obs.traffic
         self.forecaster.observe(t)
@@ -313,7 +319,7 @@ class SlaPolicy:
         self._sample(t, obs.now)
         met = self.window_attainment(obs.now)
         backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
-        f = self.forecaster.forecast(self.config.horizon_s)
+        f = self.forecaster.forecast(self.horizon_s)
         if f is None:
             return [w for w in backlog.values() if w.delta > 0]
         raw = self.needs(f)

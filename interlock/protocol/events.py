@@ -93,6 +93,10 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     ``rate()`` of it is the device utilisation)."""
     kv_tiers: tuple[TierStats, ...] = ()
     """The worker's KV tiers below the device pool, fastest first (empty: none)."""
+    kv_handoffs: tuple[tuple[str, int], ...] = ()
+    """A guest engine's own KV hand-offs since it started, by outcome (vLLM's NIXL connector:
+    ``nixl_prefills`` handed over, ``nixl_pulls`` received, ``nixl_failed`` pulls that failed
+    and were computed locally instead); empty for Interlock's engine (``engine.disagg``)."""
 
 
 class RouterLoadEvent(msgspec.Struct, frozen=True, kw_only=True):

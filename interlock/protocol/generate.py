@@ -37,6 +37,10 @@ class KVTransferParams(msgspec.Struct, frozen=True, kw_only=True):
     first_token_id: int | None = None
     descriptor: TransferDescriptor | None = None
     """Where the staged KV payload can be pulled from (set by the prefill worker)."""
+    engine_params: bytes = b""
+    """A guest engine's own hand-off, opaque above the worker (vLLM's ``kv_transfer_params``,
+    msgpack): set by the prefill worker, passed unchanged to the decode worker, which must
+    announce the same ``kv_connector`` (``InstanceInfo.metadata``)."""
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -145,7 +145,7 @@ class DisaggFlow:
         if final.kv_transfer is None:  # finished at its first token (EOS or max_tokens 1)
             dispatcher.finish(router, rid)
             return final, None
-        if final.kv_transfer.descriptor is None:
+        if final.kv_transfer.descriptor is None and not final.kv_transfer.engine_params:
             self._count(self.fallbacks, "not_staged")
         kt = msgspec.structs.replace(final.kv_transfer, do_remote_decode=False, do_remote_prefill=True)
         decode_req = msgspec.structs.replace(request, kv_transfer=kt)
@@ -240,12 +240,18 @@ class DisaggFlow:
         )
 
     def _usable_prefill(self, worker_id: str, decode_id: str) -> bool:
-        """Another worker than the decode one (a "both" worker can be either), with an agent."""
-        return worker_id != decode_id and self._has_agent(worker_id)
-
-    def _has_agent(self, worker_id: str) -> bool:
-        info = self.svc.instance(worker_id)
-        return info is not None and "kv_transfer_address" in info.metadata
+        """Another worker than the decode one (a "both" worker can be either) that can hand
+        its KV to it: an Interlock transfer agent, or the same guest-engine connector on both
+        (``metadata["kv_connector"]``: vLLM's NIXL; a vLLM worker pulls from no other kind)."""
+        if worker_id == decode_id:
+            return False
+        p, d = self.svc.instance(worker_id), self.svc.instance(decode_id)
+        if p is None or d is None:
+            return False
+        connector = p.metadata.get("kv_connector")
+        if connector is not None or d.metadata.get("kv_connector") is not None:
+            return connector == d.metadata.get("kv_connector")
+        return "kv_transfer_address" in p.metadata
 
     def _choose(self, request: GenerateRequest, d: Decision, p: Decision | None) -> DisaggChoice:
         info = self.svc.instance(d.worker_id)

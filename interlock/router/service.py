@@ -228,6 +228,17 @@ class RouterService:
             model = self._instances[wid].model if wid in self._instances else ""
             lines.append(f'interlock_worker_busy_seconds_total{{worker="{wid}",model="{model}"}} {r.busy_s}')
         lines += self._tier_lines()
+        lines += [
+            "# HELP interlock_worker_kv_handoffs_total A guest engine's KV hand-offs, by outcome "
+            "(vLLM's NIXL connector: prefills handed over, pulls, pulls failed and computed locally)",
+            "# TYPE interlock_worker_kv_handoffs_total counter",
+        ]
+        for wid, r in sorted(self._reports.items()):
+            model = self._instances[wid].model if wid in self._instances else ""
+            for outcome, n in r.kv_handoffs:
+                lines.append(
+                    f'interlock_worker_kv_handoffs_total{{worker="{wid}",model="{model}",outcome="{outcome}"}} {n}'
+                )
         counters = (
             (
                 "decisions_total",

@@ -6,12 +6,14 @@ every test here, in order: greedy output equals vLLM's own OpenAI server on the 
 settings; a repeated long prefix goes to the worker that holds it and vLLM reports the cached
 tokens; a dead engine core under a live worker process takes that worker out (it exits and is
 restarted) and no request fails; a worker SIGKILLed under 16 streams loses none of them and each
-ends with the same text as an uninterrupted run. Skipped where vLLM is not installed.
+ends with the same text as an uninterrupted run, and its vLLM engine core does not outlive it.
+Skipped where vLLM is not installed.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -159,6 +162,55 @@ def test_greedy_output_equals_vllms_own_server(reference: dict[str, str], served
     assert "Paris" in (r.choices[0].message.content or "")
 
 
+def test_disaggregated_over_vllms_connector_gives_the_aggregated_output(
+    reference: dict[str, str], tmp_path: Path
+) -> None:
+    """One prefill and one decode vLLM worker, every request prefilled remotely (enforced):
+    vLLM's NIXL connector moves the KV, and the output is the aggregated one."""
+    cfg = tmp_path / "disagg.yaml"
+    cfg.write_text(
+        """
+execution-group:
+  engine: vllm
+  engine_args: {enforce_eager: true}
+  nodes:
+    - {node_role: prefill, gpu_count: 1, kv_cache_gib: 0.5}
+    - {node_role: decode, gpu_count: 1, kv_cache_gib: 0.5}
+routing: {policy: kv, enforce_disagg: true}
+"""
+    )
+    s = start_serve("-f", str(cfg), *ENGINE, *FAST_LEASES, timeout_s=420)
+    try:
+        client = client_of(s)
+        for prompt, text in reference.items():
+            assert complete(client, prompt) == text, prompt
+        # A long prompt: most of its KV crosses over, and the decode side's own prefix hit on
+        # a repeat is kept (it pulls only what it lacks).
+        long = PREFIX + " And so"
+        first, again = complete(client, long, 16), complete(client, long, 16)
+        assert first == again
+        metrics = httpx.get(s.url + "/metrics", timeout=10).text
+        assert 'interlock_disagg_choices_total{reason="enforced"' in metrics, metrics
+        assert "not_staged" not in metrics and "prefill_failed" not in metrics
+
+        # The decode worker pulled every prompt over NIXL; none fell back to computing it.
+        def handoffs() -> dict[str, float]:
+            text = httpx.get(s.url + "/metrics", timeout=10).text
+            found = re.findall(r'interlock_worker_kv_handoffs_total\{[^}]*outcome="(\w+)"\} (\S+)', text)
+            total: dict[str, float] = {}
+            for k, v in found:  # summed over the two workers
+                total[k] = total.get(k, 0.0) + float(v)
+            return total
+
+        n = len(PROMPTS) + 2
+        want = {"nixl_prefills": n, "nixl_pulls": n, "nixl_failed": 0}
+        assert wait_until(
+            lambda: {k: v for k, v in handoffs().items() if v or k == "nixl_failed"} == want, 15
+        )
+    finally:
+        s.stop()
+
+
 def routed(client: openai.OpenAI, prompt: str) -> tuple[str, int]:
     raw = client.completions.with_raw_response.create(
         model=MODEL, prompt=prompt, max_tokens=4, temperature=0, extra_headers={"x-interlock-explain": "1"}
@@ -221,8 +273,6 @@ def _zombie(pid: int) -> bool:
 
 
 def _ready_workers(served: Served) -> int:
-    import httpx
-
     try:
         text = httpx.get(served.url + "/metrics", timeout=5).text
     except httpx.HTTPError:
@@ -257,9 +307,12 @@ def test_a_worker_killed_under_16_streams_loses_none(served: Served) -> None:
         t.start()
     assert wait_until(lambda: len(progress) == 16 and min(progress.values()) >= 3, 120)
     victim = worker_pids(served)[0]
+    core = engine_core_of(victim)
     os.kill(victim, signal.SIGKILL)
     started = time.monotonic()
     for t in threads:
         t.join(max(1.0, 180 - (time.monotonic() - started)))
     assert not errors, errors
     assert got == want
+    # vLLM's engine core outlives a SIGKILLed worker by itself: serve kills it with the worker.
+    assert core is not None and wait_until(lambda: _zombie(core), 30)

@@ -4,7 +4,7 @@ translation (pure, no vLLM needed)."""
 
 import importlib.util
 
-from interlock.engine.vllm.engine import INSTALL_HINT, VllmEngine
+from interlock.engine.vllm.engine import INSTALL_HINT, KV_CONNECTOR, Handoff, VllmEngine
 
 
 def installed() -> bool:
@@ -12,4 +12,4 @@ def installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-__all__ = ["INSTALL_HINT", "VllmEngine", "installed"]
+__all__ = ["INSTALL_HINT", "KV_CONNECTOR", "Handoff", "VllmEngine", "installed"]

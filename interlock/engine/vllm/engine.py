@@ -13,7 +13,16 @@ always does); this adapter translates at its edge and no vLLM type crosses it:
   subscribes) through ``events.Translator``; a gap is filled from vLLM's replay socket;
 - load: a vLLM stat logger (running, waiting, KV usage, tokens per iteration) into
   ``LoadReport``s with measured prefill speed and decode step time;
-- health: ``problem()`` is vLLM's ``errored`` (its engine core process died).
+- health: ``problem()`` is vLLM's ``errored`` (its engine core process died);
+- disaggregation (``Handoff``): vLLM's NIXL connector. A prefill leg
+  (``kv_transfer.do_remote_decode``) runs with vLLM's ``do_remote_decode`` and one output token;
+  vLLM's ``kv_transfer_params`` come back msgpacked in ``KVTransferParams.engine_params``, which
+  the router passes unchanged to a decode worker announcing the same ``kv_connector``. There
+  vLLM pulls the blocks it lacks (its own prefix hits are kept) and, when the pull fails,
+  computes the prompt itself (``kv_load_failure_policy: recompute``; counted). Each set of
+  params is used once (the router sends one decode leg per prefill), within the prefill
+  side's lease (``kv_lease_duration`` = the worker's KV transfer timeout), which the decode
+  side extends while it holds the request: a pull after the lease reads reused blocks.
 """
 
 from __future__ import annotations
@@ -21,12 +30,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -36,7 +49,15 @@ from interlock.engine.serving import KVEventSink, NullKVEventSink
 from interlock.engine.vllm.args import vllm_engine_args
 from interlock.engine.vllm.events import Translator
 from interlock.errors import ConfigError, EngineError, InterlockError, InvalidRequest, ServiceUnavailable
-from interlock.protocol import ErrorInfo, GenerateOutput, GenerateRequest, KVEvent, LoadReport, TokenLogprobs
+from interlock.protocol import (
+    ErrorInfo,
+    GenerateOutput,
+    GenerateRequest,
+    KVEvent,
+    KVTransferParams,
+    LoadReport,
+    TokenLogprobs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +69,51 @@ _END_SEQ = -1
 _REPLAY_TIMEOUT_S = 2.0
 _EMA = 0.2
 """Weight of the newest sample in the measured prefill speed and decode step time."""
+
+
+KV_CONNECTOR = "vllm-nixl"
+"""What a vLLM worker with the NIXL connector announces (``metadata["kv_connector"]``)."""
+_pack = msgspec.msgpack.Encoder().encode
+_unpack = msgspec.msgpack.Decoder(dict[str, Any]).decode
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """vLLM's NIXL connector for a worker that takes part in disaggregation."""
+
+    host: str = "127.0.0.1"
+    """Where other workers reach this one's NIXL side channel."""
+    lease_s: float = 30.0
+    """How long a prefill's blocks wait for their decode worker (``kv_lease_duration``)."""
+    transport: str = "auto"
+    """``tcp`` forces UCX onto TCP (``UCX_TLS``); ``auto`` and ``shm`` let UCX choose."""
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _connector_config(handoff: Handoff, instance_id: str, device: str) -> dict[str, Any]:
+    """vLLM's ``kv_transfer_config``; sets the side channel's environment (read by vLLM)."""
+    if importlib.util.find_spec("nixl") is None:
+        raise ConfigError(
+            "vLLM's NIXL connector needs nixl: `pip install nixl==1.5.1` (setup.sh --vllm installs it)"
+        )
+    os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = handoff.host
+    os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(_free_port(handoff.host))
+    if handoff.transport == "tcp":
+        os.environ["UCX_TLS"] = "tcp"
+    return {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_both",  # a worker's role can change while it runs
+        "kv_buffer_device": "cpu" if device == "cpu" else "cuda",
+        # Handshakes are cached by engine id: a restarted worker must not reuse its old one.
+        "engine_id": f"{instance_id or 'vllm'}-{uuid.uuid4().hex[:8]}",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"kv_lease_duration": handoff.lease_s},
+    }
 
 
 def _guest_environment(config: EngineConfig) -> None:
@@ -92,8 +158,17 @@ def _error(rid: str, exc: BaseException) -> GenerateOutput:
 class VllmEngine:
     name = "vllm"
 
-    def __init__(self, llm: Any, config: EngineConfig, workdir: str, endpoints: tuple[str, str]) -> None:
+    def __init__(
+        self,
+        llm: Any,
+        config: EngineConfig,
+        workdir: str,
+        endpoints: tuple[str, str],
+        handoff: Handoff | None = None,
+    ) -> None:
         self._llm = llm
+        self._handoff = handoff
+        self._counts = {"nixl_prefills": 0, "nixl_pulls": 0, "nixl_failed": 0}
         self._config = config
         self._workdir = workdir
         self._endpoints = endpoints
@@ -115,8 +190,11 @@ class VllmEngine:
 
     # ---- construction ----
     @classmethod
-    async def create(cls, config: EngineConfig, *, instance_id: str = "") -> VllmEngine:
-        """Start vLLM for ``config`` (tens of seconds; minutes when it compiles)."""
+    async def create(
+        cls, config: EngineConfig, *, instance_id: str = "", handoff: Handoff | None = None
+    ) -> VllmEngine:
+        """Start vLLM for ``config`` (tens of seconds; minutes when it compiles); with
+        ``handoff``, its NIXL connector for disaggregation."""
         _guest_environment(config)
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
@@ -134,6 +212,8 @@ class VllmEngine:
             "replay_endpoint": endpoints[1],
             "topic": "kv",
         }
+        if handoff is not None:
+            kwargs["kv_transfer_config"] = _connector_config(handoff, instance_id, config.model.device)
         holder: list[VllmEngine] = []
         started = time.monotonic()
         try:
@@ -144,7 +224,7 @@ class VllmEngine:
             if isinstance(exc, (ValueError, TypeError)):
                 raise ConfigError(f"vLLM refused its engine arguments: {exc}") from exc
             raise
-        engine = cls(llm, config, workdir, endpoints)
+        engine = cls(llm, config, workdir, endpoints, handoff)
         holder.append(engine)
         log.info(
             "vLLM engine ready in %.1fs: block size %d, %d KV blocks, context %d",
@@ -173,6 +253,21 @@ class VllmEngine:
         if self._events_task is None:
             self._events_task = asyncio.create_task(self._events_loop(), name="vllm-kv-events")
 
+    def announce(self) -> dict[str, str]:
+        if self._handoff is None:
+            return {}
+        return {"kv_connector": KV_CONNECTOR, "kv_block_nbytes": str(self._block_nbytes())}
+
+    def handoff_counts(self) -> dict[str, int]:
+        return dict(self._counts) if self._handoff is not None else {}
+
+    def _block_nbytes(self) -> int:
+        """Bytes of one KV block (all layers, K and V): what a hand-off moves per block."""
+        mc = self._llm.vllm_config.model_config
+        pc = self._llm.vllm_config.parallel_config
+        per_token = 2 * mc.get_num_layers(pc) * mc.get_num_kv_heads(pc) * mc.get_head_size()
+        return int(per_token * self._block_size * mc.dtype.itemsize)
+
     def problem(self) -> str | None:
         if self._llm.errored:
             return "vLLM's engine core is dead"
@@ -199,7 +294,7 @@ class VllmEngine:
     async def generate(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
         rid = req.request_id
         try:
-            prompt, params = self._vllm_request(req)
+            prompt, params, handing_off = self._vllm_request(req)
         except InterlockError as exc:
             yield _error(rid, exc)
             return
@@ -210,7 +305,10 @@ class VllmEngine:
             async with contextlib.aclosing(stream):
                 async for out in stream:
                     self._pending_prefill.pop(rid, None)
-                    yield self._output(rid, out, n_prompt)
+                    output = self._output(rid, out, n_prompt)
+                    if handing_off and out.finished:
+                        output = self._handed_off(output, out)
+                    yield output
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error output
@@ -220,19 +318,20 @@ class VllmEngine:
             self._pending_prefill.pop(rid, None)
 
     # ---- translation ----
-    def _vllm_request(self, req: GenerateRequest) -> tuple[Any, Any]:
+    def _vllm_request(self, req: GenerateRequest) -> tuple[Any, Any, bool]:
+        """vLLM's prompt and sampling params, and whether this is a prefill handing off."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        if req.kv_transfer is not None:
-            raise ServiceUnavailable("this vLLM worker does not take part in disaggregation (docs/vllm.md)")
         s = req.sampling
         done = len(req.resume_token_ids)
         if done >= s.max_tokens:
             raise InvalidRequest("resume_token_ids already reach max_tokens", param="max_tokens")
+        hand = self._transfer_params(req)
+        prefill_only = hand is not None and bool(hand.get("do_remote_decode"))  # vLLM edits the dict
         params = SamplingParams(
-            max_tokens=s.max_tokens - done,
+            max_tokens=1 if prefill_only else s.max_tokens - done,
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k if s.top_k > 0 else -1,
@@ -244,8 +343,40 @@ class VllmEngine:
             logprobs=s.logprobs,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
+            extra_args={"kv_transfer_params": hand} if hand is not None else None,
         )
-        return TokensPrompt(prompt_token_ids=[*req.token_ids, *req.resume_token_ids]), params
+        return TokensPrompt(prompt_token_ids=[*req.token_ids, *req.resume_token_ids]), params, prefill_only
+
+    def _transfer_params(self, req: GenerateRequest) -> dict[str, Any] | None:
+        """vLLM's ``kv_transfer_params`` for this leg, or None (computed here as usual)."""
+        kt = req.kv_transfer
+        if kt is None:
+            return None
+        if self._handoff is None:
+            raise ServiceUnavailable("this vLLM worker has no KV connector (its role is both)")
+        if kt.do_remote_decode:
+            if req.sampling.max_tokens - len(req.resume_token_ids) <= 1:
+                return None  # finished at its first token: nothing to hand over
+            self._counts["nixl_prefills"] += 1
+            return {"do_remote_decode": True}
+        if kt.do_remote_prefill and kt.engine_params:
+            self._counts["nixl_pulls"] += 1
+            return _unpack(kt.engine_params)
+        return None  # no params (the prefill side could not hand over): compute the prompt
+
+    def _handed_off(self, output: GenerateOutput, out: Any) -> GenerateOutput:
+        """The prefill leg's last output, with vLLM's params for the decode worker. None from
+        vLLM (a prompt shorter than a block: nothing to move) still hands over, with empty
+        params: the decode worker computes the prompt. A request that ended at its first token
+        (EOS) is simply finished."""
+        if output.finish_reason == "stop":
+            return output
+        params = getattr(out, "kv_transfer_params", None)
+        first = output.token_ids[0] if output.token_ids else None
+        kt = KVTransferParams(
+            do_remote_decode=True, first_token_id=first, engine_params=_pack(params) if params else b""
+        )
+        return msgspec.structs.replace(output, kv_transfer=kt)
 
     def _output(self, rid: str, out: Any, n_prompt: int) -> GenerateOutput:
         o = out.outputs[0]
@@ -345,6 +476,8 @@ class VllmEngine:
         self._last_iteration = now if busy else 0.0
         if scheduler is None:
             return
+        if scheduler.kv_connector_stats:
+            self._counts["nixl_failed"] += _failed_transfers(scheduler.kv_connector_stats)
         used = round(scheduler.kv_cache_usage * self._num_blocks)
         self._load = self._report(scheduler.num_running_reqs, scheduler.num_waiting_reqs, step, used, tokens)
         self._sink.on_load(self._load)
@@ -363,7 +496,22 @@ class VllmEngine:
             prefill_tokens_per_s=self._prefill_tps,
             decode_step_s=self._decode_step_s,
             busy_s=self._busy_s,
+            kv_handoffs=tuple(self.handoff_counts().items()),
         )
+
+
+def _failed_transfers(stats: Any) -> int:
+    """Failed pulls and handshakes in one record of vLLM's connector stats (nested dicts of
+    lists, one entry per event); each made the decode side compute the prompt itself."""
+    if isinstance(stats, dict):
+        n = 0
+        for key, value in stats.items():
+            if key in ("num_failed_transfers", "num_failed_handshakes") and isinstance(value, list):
+                n += len(value)
+            else:
+                n += _failed_transfers(value)
+        return n
+    return _failed_transfers(getattr(stats, "data", None)) if hasattr(stats, "data") else 0
 
 
 _batch_decoder = msgspec.msgpack.Decoder()
