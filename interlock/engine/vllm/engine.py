@@ -56,6 +56,7 @@ from interlock.protocol import (
     KVEvent,
     KVTransferParams,
     LoadReport,
+    SamplingParams,
     TokenLogprobs,
 )
 
@@ -226,6 +227,7 @@ class VllmEngine:
             raise
         engine = cls(llm, config, workdir, endpoints, handoff)
         holder.append(engine)
+        await engine._warm_up()
         log.info(
             "vLLM engine ready in %.1fs: block size %d, %d KV blocks, context %d",
             time.monotonic() - started,
@@ -234,6 +236,29 @@ class VllmEngine:
             engine.context_length,
         )
         return engine
+
+    async def _warm_up(self) -> None:
+        """Two requests before serving: vLLM's first steps pay one-time costs, and the second
+        gives the first load report this engine's measured prefill speed and decode step, so
+        the router's cost model never prices a vLLM worker with Interlock's figures. Their
+        blocks are dropped from vLLM's cache (the router is told with ``AllBlocksCleared``)."""
+        n = max(1, min(self._block_size * 8, self._context_length - 8))
+        for i in range(2):
+            tokens = tuple(100 + (j * 7 + i) % 900 for j in range(n))
+            params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+            req = GenerateRequest(request_id=f"interlock-warm-up-{i}", token_ids=tokens, sampling=params)
+            t0, arrivals = time.perf_counter(), list[float]()
+            async for out in self.generate(req):
+                if out.error is not None:
+                    raise EngineError(f"vLLM failed its warm-up request: {out.error.message}")
+                arrivals += [time.perf_counter()] * len(out.token_ids)
+        if arrivals:
+            self._prefill_tps = n / max(arrivals[0] - t0, 1e-6)
+            if len(arrivals) > 1:
+                self._decode_step_s = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
+        self._pending_prefill.clear()
+        await self._llm.reset_prefix_cache()
+        self._load = self._report(0, 0, 0.0, 0.0, 0)
 
     # ---- the seam ----
     @property
@@ -320,7 +345,7 @@ class VllmEngine:
     # ---- translation ----
     def _vllm_request(self, req: GenerateRequest) -> tuple[Any, Any, bool]:
         """vLLM's prompt and sampling params, and whether this is a prefill handing off."""
-        from vllm import SamplingParams
+        from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
@@ -330,7 +355,7 @@ class VllmEngine:
             raise InvalidRequest("resume_token_ids already reach max_tokens", param="max_tokens")
         hand = self._transfer_params(req)
         prefill_only = hand is not None and bool(hand.get("do_remote_decode"))  # vLLM edits the dict
-        params = SamplingParams(
+        params = VllmSamplingParams(
             max_tokens=1 if prefill_only else s.max_tokens - done,
             temperature=s.temperature,
             top_p=s.top_p,
