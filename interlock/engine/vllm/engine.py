@@ -48,6 +48,7 @@ from interlock.engine.config import EngineConfig
 from interlock.engine.serving import KVEventSink, NullKVEventSink
 from interlock.engine.vllm.args import vllm_engine_args
 from interlock.engine.vllm.events import Translator
+from interlock.engine.vllm.subscriber import EventSubscriber
 from interlock.errors import ConfigError, EngineError, InterlockError, InvalidRequest, ServiceUnavailable
 from interlock.protocol import (
     ErrorInfo,
@@ -66,8 +67,6 @@ INSTALL_HINT = (
     "vLLM is not installed in this environment: on a CPU machine `./scripts/setup.sh --vllm` "
     "(vLLM's CPU build), on a GPU machine `pip install vllm` (docs/vllm.md)"
 )
-_END_SEQ = -1
-_REPLAY_TIMEOUT_S = 2.0
 _EMA = 0.2
 """Weight of the newest sample in the measured prefill speed and decode step time."""
 
@@ -276,7 +275,8 @@ class VllmEngine:
     def start(self, sink: KVEventSink) -> None:
         self._sink = sink
         if self._events_task is None:
-            self._events_task = asyncio.create_task(self._events_loop(), name="vllm-kv-events")
+            subscriber = EventSubscriber(*self._endpoints, self._translator, self._publish)
+            self._events_task = asyncio.create_task(subscriber.run(), name="vllm-kv-events")
 
     def announce(self) -> dict[str, str]:
         if self._handoff is None:
@@ -418,62 +418,6 @@ class VllmEngine:
         )
 
     # ---- KV events ----
-    async def _events_loop(self) -> None:
-        import zmq
-        import zmq.asyncio
-
-        ctx = zmq.asyncio.Context.instance()
-        sub = ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
-        sub.connect(self._endpoints[0])
-        try:
-            while True:
-                _topic, seq_b, payload = await sub.recv_multipart()
-                await self._on_batch(int.from_bytes(seq_b, "big"), payload)
-        finally:
-            sub.close(linger=0)
-
-    async def _on_batch(self, seq: int, payload: bytes) -> None:
-        tr = self._translator
-        gap = tr.check(seq)
-        if gap is not None:
-            replayed = await self._replay(gap.first, gap.upto)
-            if replayed is None:
-                log.warning(
-                    "vLLM KV events %d..%d lost: the router forgets this worker's blocks",
-                    gap.first,
-                    gap.upto - 1,
-                )
-                self._publish(tr.reset(seq))
-            else:
-                for rseq, rpayload in replayed:
-                    self._publish(tr.feed(rseq, _decode_events(rpayload)))
-        self._publish(tr.feed(seq, _decode_events(payload)))
-
-    async def _replay(self, first: int, upto: int) -> list[tuple[int, bytes]] | None:
-        """Batches ``first`` .. ``upto - 1`` from vLLM's replay buffer, or None."""
-        import zmq
-        import zmq.asyncio
-
-        sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        sock.connect(self._endpoints[1])
-        got: list[tuple[int, bytes]] = []
-        try:
-            await sock.send_multipart((b"", first.to_bytes(8, "big")))
-            while await sock.poll(int(_REPLAY_TIMEOUT_S * 1000)):
-                frames = await sock.recv_multipart()
-                seq = int.from_bytes(frames[2], "big", signed=True)
-                if seq == _END_SEQ:
-                    break
-                if first <= seq < upto:
-                    got.append((seq, frames[3]))
-        finally:
-            sock.close(linger=0)
-        got.sort()
-        if [s for s, _ in got] != list(range(first, upto)):
-            return None
-        return got
-
     def _publish(self, events: list[KVEvent]) -> None:
         if events:
             self._sink.on_kv_events(events)
@@ -537,16 +481,6 @@ def _failed_transfers(stats: Any) -> int:
                 n += _failed_transfers(value)
         return n
     return _failed_transfers(getattr(stats, "data", None)) if hasattr(stats, "data") else 0
-
-
-_batch_decoder = msgspec.msgpack.Decoder()
-
-
-def _decode_events(payload: bytes) -> list[dict[str, Any]]:
-    """vLLM's batch ``[timestamp, [events], dp_rank]``: each event a map with a ``type`` tag."""
-    batch = _batch_decoder.decode(payload)
-    events = batch[1] if isinstance(batch, list) and len(batch) > 1 else []
-    return [e for e in events if isinstance(e, dict)]
 
 
 def _logprobs(token_ids: Any, entries: Any) -> tuple[TokenLogprobs, ...]:
