@@ -510,14 +510,9 @@ def parse_args() -> argparse.Namespace:
     return a
 
 
-def main() -> None:
-    a = parse_args()
-
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # runs the finally blocks that stop every process
-
-    signal.signal(signal.SIGTERM, interrupted)
-    settings = EngineSettings(
+def settings_from_args(a: argparse.Namespace) -> EngineSettings:
+    """The engine settings the shared flags give (both benchmarks take the same ones)."""
+    return EngineSettings(
         model=a.model,
         served=a.served_model_name,
         dtype=a.dtype,
@@ -528,6 +523,16 @@ def main() -> None:
         max_num_batched_tokens=a.max_num_batched_tokens,
         compiled=a.compiled,
     )
+
+
+def main() -> None:
+    a = parse_args()
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # runs the finally blocks that stop every process
+
+    signal.signal(signal.SIGTERM, interrupted)
+    settings = settings_from_args(a)
     levels = [int(c) for c in a.concurrency.split(",") if c.strip()]
     names = [s.strip() for s in a.systems.split(",") if s.strip()]
     if set(names) - {"vllm", "interlock"}:

@@ -70,6 +70,7 @@ from benchmarks.vllm_overhead import (
     machine,
     run_bench,
     running,
+    settings_from_args,
     spawn,
     start_interlock,
     start_vllm_server,
@@ -268,17 +269,7 @@ def main() -> None:
         raise KeyboardInterrupt  # runs the finally blocks that stop every process
 
     signal.signal(signal.SIGTERM, interrupted)
-    settings = EngineSettings(
-        model=a.model,
-        served=a.served_model_name,
-        dtype=a.dtype,
-        block_size=a.block_size,
-        max_model_len=a.max_model_len,
-        kv_cache_gib=a.kv_cache_gib,
-        max_num_seqs=a.max_num_seqs,
-        max_num_batched_tokens=a.max_num_batched_tokens,
-        compiled=a.compiled,
-    )
+    settings = settings_from_args(a)
     names = [s.strip() for s in a.systems.split(",") if s.strip()]
     if set(names) - {"kv", "round-robin", "vllm-router"}:
         raise SystemExit(f"unknown systems: {sorted(set(names) - {'kv', 'round-robin', 'vllm-router'})}")

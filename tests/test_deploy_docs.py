@@ -1,5 +1,5 @@
-"""docs/deploy.md: every ``interlock`` command in its shell blocks parses with the real parser, so
-a renamed flag fails here rather than on a user's third machine."""
+"""docs/deploy.md and docs/vllm.md: every ``interlock`` command in their shell blocks parses with
+the real parser, so a renamed flag fails here rather than on a user's third machine."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import pytest
 from interlock.cli.main import SUBCOMMANDS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "deploy.md"
+VLLM_DOC = DOC.with_name("vllm.md")
 
 
-def commands() -> list[list[str]]:
-    blocks = re.findall(r"```sh\n(.*?)```", DOC.read_text(), re.DOTALL)
+def commands(doc: Path = DOC) -> list[list[str]]:
+    blocks = re.findall(r"```(?:sh|bash)\n(.*?)```", doc.read_text(), re.DOTALL)
     lines = [line.strip() for block in blocks for line in block.replace("\\\n", " ").splitlines()]
     found = []
     for line in lines:
@@ -30,7 +31,11 @@ def test_the_walkthrough_has_its_commands() -> None:
     assert {argv[0] for argv in commands()} >= {"nats", "frontend", "worker"}
 
 
-@pytest.mark.parametrize("argv", commands(), ids=lambda a: " ".join(a[:3]))
+def test_the_vllm_page_has_its_commands() -> None:
+    assert {argv[0] for argv in commands(VLLM_DOC)} >= {"serve", "worker"}
+
+
+@pytest.mark.parametrize("argv", commands() + commands(VLLM_DOC), ids=lambda a: " ".join(a[:3]))
 def test_each_command_parses(argv: list[str]) -> None:
     module = importlib.import_module(SUBCOMMANDS[argv[0]])
     if argv[:2] == ["worker", "control"]:

@@ -122,6 +122,10 @@ class Cluster:
             raise ConfigError(
                 f"register_model: unknown {', '.join(unknown)} (known: {', '.join(sorted(known))})"
             )
+        if isinstance(engine.get("engine_args"), Mapping):  # vLLM's arguments, as a dict
+            engine["engine_args"] = tuple(
+                (str(k).replace("-", "_"), v) for k, v in engine["engine_args"].items()
+            )
         group = ExecutionGroup(
             model=path,
             served_model_name=name,

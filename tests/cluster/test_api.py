@@ -85,6 +85,11 @@ def test_bad_input_is_refused_by_name(instance: interlock.ServingInstance) -> No
         cluster.create_serving_instance(model="nope")
     with pytest.raises(ConfigError, match="register_model: unknown colour"):
         cluster.register_model("x", "smollm2", colour="red")
+    with pytest.raises(ConfigError, match="engine_args: vLLM's engine arguments need engine: vllm"):
+        cluster.register_model("x", "smollm2", engine_args={"enforce_eager": True})
+    # vLLM's arguments as a dict, as docs/vllm.md shows (nothing starts until an instance does)
+    cluster.register_model("v", "smollm2", engine="vllm", engine_args={"enforce-eager": True})
+    assert cluster._models["v"].engine_args == (("enforce_eager", True),)
 
 
 def test_connect_joins_a_running_deployment(instance: interlock.ServingInstance) -> None:

@@ -323,8 +323,9 @@ class VllmEngine:
         except InterlockError as exc:
             yield _error(rid, exc)
             return
-        self._pending_prefill[rid] = len(req.token_ids)
         n_prompt = len(req.token_ids)
+        # What this prompt adds to the worker's prefill backlog: the part vLLM's cache lacks.
+        self._pending_prefill[rid] = max(1, n_prompt - self._translator.cached_tokens(req.token_ids))
         try:
             stream = self._llm.generate(prompt, params, rid, priority=req.priority if self._priority else 0)
             async with contextlib.aclosing(stream):
@@ -427,7 +428,9 @@ class VllmEngine:
         now = time.monotonic()
         tokens, prompt = 0, 0
         if iteration is not None:
-            prompt = int(iteration.num_prompt_tokens)
+            # Prompt tokens computed (not those read from the cache): the prefill work done.
+            stats = getattr(iteration, "prompt_token_stats", None)
+            prompt = int(stats.computed) if stats is not None else int(iteration.num_prompt_tokens)
             tokens = prompt + int(iteration.num_generation_tokens)
         step = now - self._last_iteration if self._last_iteration else 0.0
         busy = scheduler is not None and (scheduler.num_running_reqs or scheduler.num_waiting_reqs)

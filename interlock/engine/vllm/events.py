@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.kvhash import ROOT_PARENT, hash_block
+from interlock.kvhash import ROOT_PARENT, hash_block, hash_blocks
 from interlock.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 _TIERS = {None: "device", "GPU": "device", "CPU": "host"}
@@ -59,6 +59,8 @@ class Translator:
     resets: int = 0
     _blocks: dict[tuple[str, int], _Block] = field(default_factory=dict)
     """(tier, vLLM hash) -> the block, in store order."""
+    _on_device: dict[int, int] = field(default_factory=dict)
+    """Our hash -> how many device-tier entries carry it (vLLM may hold a block twice)."""
 
     def check(self, seq: int) -> Gap | None:
         """Where batch ``seq`` stands: None when it is the next one, or a restart (then the
@@ -86,12 +88,14 @@ class Translator:
                 out += self._removed(event)
             elif kind == "AllBlocksCleared":
                 self._blocks.clear()
+                self._on_device.clear()
                 out.append(AllBlocksCleared())
         return out
 
     def reset(self, next_seq: int | None = None) -> list[KVEvent]:
         """Forget every block (events were lost for good); continue at ``next_seq``."""
         self._blocks.clear()
+        self._on_device.clear()
         self.resets += 1
         if next_seq is not None:
             self.next_seq = next_seq
@@ -113,6 +117,31 @@ class Translator:
     @property
     def num_blocks(self) -> int:
         return len(self._blocks)
+
+    def cached_tokens(self, token_ids: tuple[int, ...] | list[int]) -> int:
+        """Tokens of the prompt's prefix held in vLLM's device cache, as its events said."""
+        n = 0
+        for h in hash_blocks(token_ids, self.block_size):
+            if h not in self._on_device:
+                break
+            n += self.block_size
+        return n
+
+    def _put(self, key: tuple[str, Any], block: _Block) -> None:
+        old = self._blocks.pop(key, None)
+        if old is not None:
+            self._drop_device(old)
+        self._blocks[key] = block
+        if block.tier == "device":
+            self._on_device[block.ours] = self._on_device.get(block.ours, 0) + 1
+
+    def _drop_device(self, block: _Block) -> None:
+        if block.tier == "device":
+            left = self._on_device.get(block.ours, 0) - 1
+            if left > 0:
+                self._on_device[block.ours] = left
+            else:
+                self._on_device.pop(block.ours, None)
 
     def _stored(self, e: dict[str, Any]) -> list[KVEvent]:
         hashes = list(e.get("block_hashes") or ())
@@ -139,7 +168,7 @@ class Translator:
         for i, h in enumerate(hashes):
             block = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
             mine = hash_block(parent, block)
-            self._blocks[(tier, _key(h))] = _Block(mine, parent, block, tier)
+            self._put((tier, _key(h)), _Block(mine, parent, block, tier))
             ours.append(mine)
             parent = mine
         return [
@@ -154,8 +183,14 @@ class Translator:
 
     def _removed(self, e: dict[str, Any]) -> list[KVEvent]:
         tier = _TIERS.get(e.get("medium"), "disk")
-        gone = [self._blocks.pop((tier, _key(h)), None) for h in e.get("block_hashes") or ()]
-        ours = tuple(b.ours for b in gone if b is not None)
+        gone = [
+            b
+            for h in e.get("block_hashes") or ()
+            if (b := self._blocks.pop((tier, _key(h)), None)) is not None
+        ]
+        for b in gone:
+            self._drop_device(b)
+        ours = tuple(b.ours for b in gone)
         return [BlockRemoved(block_hashes=ours, tier=tier)] if ours else []
 
     def _any_tier(self, key: int) -> _Block | None:

@@ -131,3 +131,16 @@ def test_tiers_are_kept_apart():
     assert out == [BlockRemoved(block_hashes=(hash_blocks(TOKENS[:4], BS)[0],))]
     assert tr.num_blocks == 1
     assert tr.snapshot()[0].tier == "host"
+
+
+def test_cached_tokens_follow_the_device_tier():
+    tr = Translator(BS)
+    tr.feed(0, [stored([11, 12], None, TOKENS[:8]), stored([21], None, TOKENS[:4], medium="CPU")])
+    assert tr.cached_tokens(TOKENS) == 8  # the third block is not held
+    assert tr.cached_tokens([1, 2, 3, 4, *TOKENS]) == 0  # another prefix
+    tr.feed(1, [removed([12])])
+    assert tr.cached_tokens(TOKENS) == 4
+    tr.feed(2, [removed([11])])
+    assert tr.cached_tokens(TOKENS) == 0  # the host-tier copy of block 0 is not the device's
+    tr.feed(3, [stored([11], None, TOKENS[:4]), {"type": "AllBlocksCleared"}])
+    assert tr.cached_tokens(TOKENS) == 0
