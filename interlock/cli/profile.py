@@ -8,8 +8,8 @@ virtual clock, whose times are the mock's step-time model) and measures:
 * decode: the mean time of --decode-steps decode-only steps with B requests of C
   context tokens running, for each --batches x --contexts that fits the KV cache.
 
-With --engine vllm the engine is vLLM's (``engine.vllm``, started here; the start-up is
-measured and written as ``startup_s``), measured through the worker's seam in wall-clock time:
+With --engine vllm the engine is vLLM's (interlock.engine.vllm, started here; the start-up is
+measured and written as startup_s), measured through the worker's seam in wall-clock time:
 prefill as the time to the one output token of a prompt alone, decode as the mean gap between
 tokens of B streams of C context tokens once all of them decode.
 

@@ -13,8 +13,8 @@ The contract, for every implementation:
   ``max_tokens``, never streamed again.
 - after ``start(sink)`` the engine hands its KV events (``interlock.protocol.events``, block
   hashes from ``interlock.kvhash``) and load reports to ``sink``, on the loop that started it.
-- ``kv_snapshot()`` lists the whole cache as events (a router's re-sync), in an order where
-  each block's parent comes first.
+- ``kv_snapshot()`` lists the whole cache as events (a router's re-sync): ``AllBlocksCleared``,
+  then the blocks, each after its parent.
 - ``problem()`` is None while the engine can serve; otherwise why not (a dead engine process):
   the worker then leaves discovery and exits, so a supervisor restarts it.
 """
@@ -27,7 +27,14 @@ from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from interlock.kvhash import hash_blocks
-from interlock.protocol import BlockStored, GenerateOutput, GenerateRequest, KVEvent, LoadReport
+from interlock.protocol import (
+    AllBlocksCleared,
+    BlockStored,
+    GenerateOutput,
+    GenerateRequest,
+    KVEvent,
+    LoadReport,
+)
 
 
 class KVEventSink(Protocol):
@@ -189,7 +196,7 @@ class FakeEngine:
         )
 
     async def kv_snapshot(self) -> list[KVEvent]:
-        return self._events(list(self._stored))
+        return [AllBlocksCleared(), *self._events(list(self._stored))]
 
     async def pool_status(self) -> tuple[int, int, str]:
         return len(self._stored), self._num_blocks, ""

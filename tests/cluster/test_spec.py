@@ -20,6 +20,7 @@ from interlock.cluster.spec import (
 )
 from interlock.cluster.worker import WorkerLaunch, WorkerSpec, transfer_agent
 from interlock.deploy import Deployment, parse_deployment
+from interlock.engine.config import EngineConfig
 from interlock.errors import ConfigError
 
 
@@ -126,7 +127,7 @@ def test_export_interval_is_the_workers_report_period(model: Path) -> None:
 def test_cache_transport_forces_the_pull_transport() -> None:
     from interlock.transfer import TransferAgent
 
-    base = WorkerSpec(engine=None, served_name="m", model_path="/m", role="decode", instance_id="x")  # type: ignore[arg-type]
+    base = WorkerSpec(engine=EngineConfig(), served_name="m", model_path="/m", role="decode", instance_id="x")
     assert transfer_agent(replace(base, kv_transfer="none")) is None
     with (
         TransferAgent() as source,

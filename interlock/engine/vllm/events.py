@@ -102,8 +102,10 @@ class Translator:
         return [AllBlocksCleared()]
 
     def snapshot(self) -> list[KVEvent]:
-        """The mirror as events, each block after its parent (store order)."""
-        return [
+        """The mirror as a re-sync's events: ``AllBlocksCleared``, then each block after its
+        parent (store order)."""
+        events: list[KVEvent] = [AllBlocksCleared()]
+        return events + [
             BlockStored(
                 block_hashes=(b.ours,),
                 parent_block_hash=b.parent if b.parent != ROOT_PARENT else None,

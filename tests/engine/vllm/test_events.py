@@ -81,7 +81,7 @@ def test_all_cleared_empties_the_mirror():
     tr = Translator(BS)
     tr.feed(0, [stored([11], None, TOKENS[:4])])
     assert tr.feed(1, [{"type": "AllBlocksCleared"}]) == [AllBlocksCleared()]
-    assert tr.snapshot() == []
+    assert tr.snapshot() == [AllBlocksCleared()]
 
 
 def test_sequence_gaps_and_restarts():
@@ -110,7 +110,8 @@ def test_snapshot_replays_the_mirror_parents_first():
     tr = Translator(BS)
     tr.feed(0, [stored([11, 12], None, TOKENS[:8]), stored([13], 12, TOKENS[8:])])
     tr.feed(1, [stored([21], None, [7, 7, 7, 7], medium="CPU")])
-    snap = tr.snapshot()
+    cleared, *snap = tr.snapshot()
+    assert cleared == AllBlocksCleared()
     ours = hash_blocks(TOKENS, BS)
     assert [e.block_hashes for e in snap] == [
         (ours[0],),
@@ -130,7 +131,7 @@ def test_tiers_are_kept_apart():
     out = tr.feed(1, [removed([11])])
     assert out == [BlockRemoved(block_hashes=(hash_blocks(TOKENS[:4], BS)[0],))]
     assert tr.num_blocks == 1
-    assert tr.snapshot()[0].tier == "host"
+    assert tr.snapshot()[1].tier == "host"
 
 
 def test_cached_tokens_follow_the_device_tier():
