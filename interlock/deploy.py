@@ -348,6 +348,8 @@ def validate_deployment(d: Deployment) -> None:
         raise ConfigError("routing.kv_usage_watermark: must be in (0, 1]")
     if r.queue_size < 0 or r.max_remote_kv_bytes < 0:
         raise ConfigError("routing.queue_size and max_remote_kv_bytes must be >= 0")
+    if r.preempt_enabled and any(g.engine != "interlock" for g in d.execution_groups):
+        raise ConfigError("routing.preempt_enabled: the interlock engine's; vLLM preempts by its own policy")
     if d.metrics.export_interval <= 0:
         raise ConfigError("metrics.export_interval: must be positive")
     known = set(METRIC_FAMILIES) | set(_FAMILY_ALIASES)

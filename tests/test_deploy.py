@@ -170,6 +170,10 @@ def test_older_names_are_aliases():
             "nodes[0].cache_transport: vLLM workers hand KV over NIXL",
         ),
         (
+            {"execution-group": {"engine": "vllm"}, "routing": {"preempt_enabled": True}},
+            "routing.preempt_enabled: the interlock engine's",
+        ),
+        (
             {"execution-group": {"engine": "vllm", "nodes": [{"host_kv_gib": 1}]}},
             "nodes[0].host_kv_gib: not with engine vllm",
         ),

@@ -87,7 +87,6 @@ def worker_info(
         block_size=block_size,
         kv_blocks_total=kv_blocks_total,
         context_length=context_length or spec.engine.scheduler.max_model_len,
-        metadata={"engine": spec.engine.model.engine},
         queue_depth_threshold=spec.queue_depth_threshold,
     )
 
@@ -132,27 +131,26 @@ async def build_serving_engine(spec: WorkerSpec):  # type: ignore[no-untyped-def
 async def start_worker(spec: WorkerSpec, runtime, *, core=None):  # type: ignore[no-untyped-def]
     """Build the engine (or take ``core``: an ``EngineCore`` or any ``ServingEngine``, tests)
     and a Worker on ``runtime``; the started Worker."""
+    from interlock.engine.async_engine import AsyncEngine
     from interlock.engine.core import EngineCore
     from interlock.engine.worker import Worker, WorkerOptions
 
     if core is None:
         core = await build_serving_engine(spec)
-    if isinstance(core, EngineCore):
-        info = worker_info(spec, block_size=core.block_size, kv_blocks_total=core.pool.num_blocks)
-    else:
-        info = worker_info(
-            spec,
-            block_size=core.block_size,
-            kv_blocks_total=core.kv_blocks_total,
-            context_length=core.context_length,
-        )
+    engine = AsyncEngine(core) if isinstance(core, EngineCore) else core
+    info = worker_info(
+        spec,
+        block_size=engine.block_size,
+        kv_blocks_total=engine.kv_blocks_total,
+        context_length=engine.context_length,
+    )
     options = WorkerOptions(
         drain_grace_s=spec.drain_grace_s,
         kv_transfer_timeout_s=spec.kv_transfer_timeout_s,
         idle_report_s=spec.export_interval_s,
     )
     worker = Worker(
-        core,
+        engine,
         info,
         discovery=runtime.discovery,
         requests=runtime.requests,

@@ -60,6 +60,7 @@ _SAMPLING: dict[str, Any] = {
     "n": {"enum": [1, None]},
     "presence_penalty": {"enum": [0, None]},
     "frequency_penalty": {"enum": [0, None]},
+    "repetition_penalty": {"enum": [1, None]},
     "stop": {"maxItems": MAX_STOP_STRINGS},
 }
 _STREAM_OPTIONS_NEED_STREAM = {

@@ -65,6 +65,8 @@ class _Sampling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     skip_special_tokens: bool = True
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    """vLLM's extension; only its neutral 1.0 (what ``vllm bench serve`` always sends)."""
     priority: Annotated[int, msgspec.Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)] | None = None
     user: str | None = None
 
@@ -189,6 +191,10 @@ def _check_common(req: _Sampling) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(req, name):
             raise InvalidRequest(f"{name} is not supported", param=name)
+    if req.repetition_penalty not in (None, 1.0):
+        raise InvalidRequest(
+            "repetition_penalty is not supported (only 1.0, no penalty)", param="repetition_penalty"
+        )
     if req.stream_options is not None and not req.stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
     if req.stop is not None and not isinstance(req.stop, str) and len(req.stop) > MAX_STOP_STRINGS:

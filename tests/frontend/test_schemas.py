@@ -198,6 +198,7 @@ SAMPLING: dict[str, dict[str, Any]] = {
     "skip_special_tokens": {"skip_special_tokens": False},
     "presence_penalty": {"presence_penalty": 0.5},
     "frequency_penalty": {"frequency_penalty": 0.5},
+    "repetition_penalty": {"repetition_penalty": 1.3},
     "priority": {"priority": 3},
 }
 # ``user`` identifies the end user for the logs and, as at OpenAI, never changes the output.
