@@ -211,9 +211,10 @@ class RunningCluster:
             config=router_config(self.spec),
             options=service_options(self.spec),
             disagg=disagg_config(self.spec),
+            link=rt.link,
         )
         await self.service.start()
-        self.service.extra_health.append(self.supervisor.problems)  # crash loops, a down nats-server
+        self.service.degraded_sources.append(self.supervisor.problems)  # crash loops, a down nats-server
 
     async def launch(self, ws: WorkerSpec, *, core: Any = None) -> WorkerHandle:
         """Start a worker from a whole spec (``add_worker`` derives one from the deployment):

@@ -8,8 +8,12 @@ looping*: it is reported (log and ``problems()``, which feeds ``/health``) but s
 the capped delay, because the cause (a full disk, a busy GPU, a NATS outage) may go away and
 a person would expect the worker to come back by itself.
 
-Not failures: exit code 0 (a worker that drained on its own) and every exit after serve asked
-for the stop (``close()`` stops watching before serve stops the processes).
+Every exit the cluster did not decide is restarted, whatever its code: a worker that drained
+and exited 0 because someone outside sent it SIGTERM still leaves the fleet a worker short, and
+the fleet's size is the cluster's to choose (planner, ``remove_worker``, ``scale_to``). Those
+decisions, and serve's own stop, ``forget`` the process (or ``close()``) before stopping it, so
+what is still watched when it exits left unasked. A clean exit counts in the backoff and the
+crash-loop window like any other (a process that exits 0 at once, over and over, is looping).
 
 Pure decisions (``on_exit``, ``problem``, ``startup_failure``) are plain functions over frozen
 values; ``Supervisor`` is the thin async shell that waits on processes and sleeps.
@@ -24,7 +28,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 log = logging.getLogger("interlock.supervisor")
@@ -61,10 +65,6 @@ class Exit:
     """Popen's returncode: negative means killed by that signal; None: it could not be started."""
     at: float
     uptime_s: float
-
-    @property
-    def failed(self) -> bool:
-        return self.code != 0
 
 
 @dataclass(frozen=True)
@@ -108,10 +108,6 @@ def on_exit(
     history: History, exit: Exit, policy: RestartPolicy, backoff: Backoff
 ) -> tuple[History, Restart | Leave]:
     """The next history and what to do about a process that just exited unasked."""
-    if not exit.failed:
-        return replace(history, last=exit), Leave(
-            f"exited with {describe_exit(exit.code)} and is not restarted"
-        )
     recent = tuple(t for t in history.failures if t > exit.at - backoff.loop_window_s) + (exit.at,)
     attempt = 1 if exit.uptime_s >= backoff.stable_s else history.attempt + 1
     history = History(failures=recent, attempt=attempt, total_failures=history.total_failures + 1, last=exit)

@@ -104,18 +104,21 @@ class Frontend:
         }
 
     async def health(self, request: web.Request) -> web.Response:
+        """Readiness: 200 while every served model has a worker taking requests (``ok``, or
+        ``degraded`` with the reasons: a restart, a control-plane outage), else 503."""
         names = [e.name for e in self.catalog.entries()]
-        check = getattr(self.backend, "health", None)  # optional: see Backend's docstring
-        problems: list[str] = list(check()) if check is not None else []
+        problems, degraded, details = _backend_health(self.backend)
         if not names and not problems:
             problems = ["no model is being served"]
         if problems:
             return _json(
-                {"status": "unavailable", "models": names, "problems": problems},
+                {"status": "unavailable", "models": names, "problems": problems + degraded, **details},
                 status=503,
                 headers={"Retry-After": "1"},
             )
-        return _json({"status": "ok", "models": names})
+        if degraded:
+            return _json({"status": "degraded", "models": names, "degraded": degraded, **details})
+        return _json({"status": "ok", "models": names, **details})
 
     async def openapi(self, request: web.Request) -> web.Response:
         return _json(openapi_document(_version()))
@@ -369,6 +372,14 @@ def error_response(exc: InterlockError) -> web.Response:
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
     return _json(error_body(exc), status=exc.status, headers=headers)
+
+
+def _backend_health(backend: object) -> tuple[list[str], list[str], dict[str, object]]:
+    """The backend's optional ``health`` (unavailable), ``degraded`` and ``health_details``
+    (see ``Backend``'s docstring)."""
+    parts = [getattr(backend, name, None) for name in ("health", "degraded", "health_details")]
+    health, degraded, details = (part() if part is not None else None for part in parts)
+    return list(health or []), list(degraded or []), dict(details or {})
 
 
 def _json(payload: object, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

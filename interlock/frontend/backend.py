@@ -16,9 +16,11 @@ Contract of ``Backend.generate``:
 ``ModelEntry`` and ``RequestContext`` live in ``interlock.protocol.routing`` (the router service
 implements this protocol without importing the frontend).
 
-``health`` (optional) lists what keeps the backend from serving fully: a served model with no
-live worker, a local worker in a crash loop. Empty means healthy; ``/health`` answers 503 with
-the reasons otherwise.
+Optional, for ``/health``: ``health()`` lists what keeps a served model from being served at
+all (a model with no live worker: 503); ``degraded()`` what is wrong while requests are still
+served (a worker restarting or crash looping, the control plane unreachable: 200,
+``"status": "degraded"``), so a load balancer never takes a serving frontend out;
+``health_details()`` a mapping added to the body (the control plane's state).
 """
 
 from __future__ import annotations

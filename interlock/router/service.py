@@ -38,6 +38,7 @@ from interlock.router.dispatcher import EXPLAIN_HEADER, Dispatcher, DispatchOpti
 from interlock.router.facade import Router, RouterConfig
 from interlock.router.indexer import ApplyResult
 from interlock.runtime.interfaces import Discovery, EventPlane, RequestPlane
+from interlock.runtime.link import ControlLink
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class RouterService:
         options: ServiceOptions = ServiceOptions(),
         router_id: str | None = None,
         disagg: DisaggConfig | None = None,
+        link: ControlLink | None = None,
     ) -> None:
         self._discovery = discovery
         self._requests = requests
@@ -107,8 +109,9 @@ class RouterService:
         self.dispatcher = Dispatcher(self, options.dispatch, Breakers(options.breaker))
         self.disagg = DisaggFlow(self, disagg) if disagg is not None else None
         """Disaggregated prefill/decode (``router.disagg_flow``); None: aggregated only."""
-        self.extra_health: list[Callable[[], list[str]]] = []
-        """More sources of ``health`` problems (``serve`` adds its process supervisor)."""
+        self._link = link
+        self.degraded_sources: list[Callable[[], list[str]]] = []
+        """More sources of ``degraded`` reasons (``serve`` adds its process supervisor)."""
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -174,16 +177,42 @@ class RouterService:
         return sorted(self._known_models.values(), key=lambda m: m.name)
 
     def health(self) -> list[str]:
-        """Problems that keep a served model from being served (empty: healthy)."""
-        problems = [
+        """Problems that keep a served model from being served at all (empty: every model has
+        a worker taking requests)."""
+        return [
             f"model '{m}' has no live worker"
             for m in sorted(self._known_models)
             if m not in self.routers
             or not any(self.routers[m].is_eligible(w) for w in self.routers[m].workers())
         ]
-        for source in self.extra_health:
-            problems += source()
-        return problems
+
+    def degraded(self) -> list[str]:
+        """What is wrong while requests are still served: a process restarting or crash
+        looping, the control plane unreachable, workers heard only on their request plane."""
+        found: list[str] = []
+        for source in self.degraded_sources:
+            found += source()
+        if self._link is not None and (status := self._link.status()).state != "connected":
+            found.append(f"control plane unreachable for {status.since_s:.0f} s ({status.reason})")
+        vouched = self._discovery.vouched()
+        if vouched:
+            found.append(
+                f"{len(vouched)} worker(s) silent on the control plane, kept by request-plane checks"
+            )
+        return found
+
+    def health_details(self) -> dict[str, object]:
+        """The control plane's state, for ``/health``'s body."""
+        link: dict[str, object] = {"state": "in-process"}
+        if self._link is not None:
+            status = self._link.status()
+            link = {
+                "state": status.state,
+                "since_s": round(status.since_s, 1),
+                "outages": status.outages,
+                **({"reason": status.reason} if status.reason else {}),
+            }
+        return {"control_plane": link, "vouched_workers": self._discovery.vouched()}
 
     def instances(self) -> list[InstanceInfo]:
         return sorted(self._instances.values(), key=lambda i: i.instance_id)
@@ -208,6 +237,22 @@ class RouterService:
     def prometheus_text(self) -> str:
         """Workers' last load reports and the routers' counters, in Prometheus text format."""
         lines: list[str] = []
+        if self._link is not None:
+            status = self._link.status()
+            lines += [
+                "# HELP interlock_control_plane_up 1 while this process reaches the NATS server",
+                "# TYPE interlock_control_plane_up gauge",
+                f"interlock_control_plane_up {int(status.state == 'connected')}",
+                "# HELP interlock_control_plane_outages_total Times the NATS server became unreachable",
+                "# TYPE interlock_control_plane_outages_total counter",
+                f"interlock_control_plane_outages_total {status.outages}",
+            ]
+        lines += [
+            "# HELP interlock_workers_vouched Workers silent on the control plane but answering "
+            "on their request plane (kept routable)",
+            "# TYPE interlock_workers_vouched gauge",
+            f"interlock_workers_vouched {len(self._discovery.vouched())}",
+        ]
         per_worker = (
             ("kv_blocks_used", "KV blocks in use (last report)", lambda r: r.kv_blocks_used),
             ("kv_blocks_total", "KV blocks in the pool", lambda r: r.kv_blocks_total),

@@ -8,6 +8,10 @@ from typing import Literal
 from interlock.errors import ConfigError
 from interlock.protocol.handshake import MIN_SECRET_BYTES
 
+MIN_TTL_S = 0.1
+MAX_TTL_S = 600.0
+"""The lease timeouts anyone may announce (others drop an announcement outside them)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NatsAuth:
@@ -73,6 +77,10 @@ class RuntimeConfig:
         for name in ("heartbeat_interval", "lease_timeout", "connect_timeout", "peer_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive", param=name)
+        if not MIN_TTL_S <= self.lease_timeout <= MAX_TTL_S:
+            raise ConfigError(
+                f"lease_timeout must be within {MIN_TTL_S:g}..{MAX_TTL_S:g} s", param="lease_timeout"
+            )
         if self.lease_timeout <= self.heartbeat_interval:
             raise ConfigError("lease_timeout must exceed heartbeat_interval", param="lease_timeout")
         if not 0 <= self.port <= 65535:

@@ -58,6 +58,9 @@ class InProcDiscovery:
         name = None if endpoint is None else str(EndpointName.of(endpoint))
         return self._registry.leases.watch(name, owner=self)
 
+    def vouched(self) -> list[str]:
+        return []  # one process: a silent instance is a dead one
+
     def abandon(self) -> None:
         """Stop heartbeating without unregistering: what a crashed process looks like."""
         for instance_id in list(self._heartbeats):

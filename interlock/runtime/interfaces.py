@@ -71,6 +71,10 @@ class Discovery(Protocol):
         Close it (``aclose``/``aclosing``) when done."""
         ...
 
+    def vouched(self) -> list[str]:
+        """Instances whose lease ran out but that answer on their request plane (kept)."""
+        ...
+
     async def close(self) -> None:
         """Unregister everything this client registered; end its watches."""
         ...

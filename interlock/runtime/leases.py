@@ -11,16 +11,29 @@ receive. ``resume`` re-arms each lease for a full ttl and marks it *unconfirmed*
 announcement for it reaches watchers as ``added`` even if nothing changed, because whatever
 watchers derived from the instance (a router's KV index, fed by events) went stale while we
 were away. An instance never heard from again expires ``ttl`` after ``resume``.
+
+Silence can also be the link between that instance and the control plane, while the instance
+itself serves on (a partition between it and NATS; a hung server we have not noticed yet).
+So a lease that runs out is not the end by itself: when the table has a ``vouch`` check (the
+request plane's ping to the instance's address), the instance is asked directly, and one that
+answers keeps its place for another ttl, *unconfirmed* (its events went missing meanwhile) and
+counted in ``vouched``. Only an instance that is silent on both planes leaves.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
 from interlock.protocol import InstanceInfo
 from interlock.runtime.interfaces import DiscoveryEvent
+
+log = logging.getLogger(__name__)
+
+Vouch = Callable[[InstanceInfo], Awaitable[bool]]
+"""Whether an instance whose lease ran out still answers on another plane (never raises)."""
 
 
 @dataclass(slots=True)
@@ -30,7 +43,9 @@ class _Lease:
     timer: asyncio.TimerHandle | None
     """None while the table is suspended."""
     confirmed: bool = True
-    """False from ``resume`` until the instance is heard from again."""
+    """False from ``resume`` (or a vouch) until the instance is heard from again."""
+    vouched: bool = False
+    """Kept alive by the vouch check since its lease ran out (not heard from since)."""
 
 
 class _Watcher:
@@ -45,14 +60,16 @@ class _Watcher:
 
 
 class LeaseTable:
-    def __init__(self) -> None:
+    def __init__(self, vouch: Vouch | None = None) -> None:
         self._leases: dict[str, _Lease] = {}
         self._watchers: set[_Watcher] = set()
         self._suspended = False
+        self._vouch = vouch
+        self._checks: set[asyncio.Task[None]] = set()
 
-    @property
-    def suspended(self) -> bool:
-        return self._suspended
+    def vouched(self) -> list[str]:
+        """Instances silent on discovery but answering the vouch check, sorted."""
+        return sorted(i for i, lease in self._leases.items() if lease.vouched)
 
     def refresh(self, info: InstanceInfo, ttl: float) -> None:
         """Add or renew ``info``'s lease for ``ttl`` seconds from now (from ``resume`` if
@@ -116,6 +133,8 @@ class LeaseTable:
 
     def close(self) -> None:
         """Cancel every timer and end every watch (without ``removed`` events)."""
+        for check in self._checks:
+            check.cancel()
         for lease in self._leases.values():
             _cancel(lease)
         self._leases.clear()
@@ -125,7 +144,36 @@ class LeaseTable:
     def _arm(self, instance_id: str, ttl: float) -> asyncio.TimerHandle | None:
         if self._suspended:
             return None
-        return asyncio.get_running_loop().call_later(ttl, self.remove, instance_id)
+        return asyncio.get_running_loop().call_later(ttl, self._expire, instance_id)
+
+    def _expire(self, instance_id: str) -> None:
+        lease = self._leases.get(instance_id)
+        if lease is None:
+            return
+        lease.timer = None
+        if self._vouch is None:
+            self.remove(instance_id)
+            return
+        check = asyncio.ensure_future(self._check(instance_id, lease))
+        self._checks.add(check)
+        check.add_done_callback(self._checks.discard)
+
+    async def _check(self, instance_id: str, lease: _Lease) -> None:
+        assert self._vouch is not None
+        alive = await self._vouch(lease.info)
+        if self._leases.get(instance_id) is not lease or lease.timer is not None:
+            return  # heard from, replaced or removed meanwhile
+        if not alive:
+            self.remove(instance_id)
+            return
+        if not lease.vouched:
+            log.warning(
+                "%s: no heartbeat for %.1f s, but it answers on its request plane: kept",
+                instance_id,
+                lease.ttl,
+            )
+        lease.vouched, lease.confirmed = True, False
+        lease.timer = self._arm(instance_id, lease.ttl)
 
     def _emit(self, event: DiscoveryEvent) -> None:
         for watcher in self._watchers:

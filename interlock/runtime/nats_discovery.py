@@ -27,6 +27,11 @@ own lease timeout. How it works:
   start-up query is sent again; each instance heard from again then reaches watchers as a new
   ``added``, even if unchanged, because what they derived from events (a router's KV index)
   missed whatever was published in the outage. Instances not heard from expire a ttl later.
+  "Disconnected" includes a server that stopped answering on an open socket (``probe_link``).
+* A lease that runs out is checked on the request plane before the instance is dropped
+  (``LeaseTable``'s vouch): an instance cut off from NATS that still serves keeps serving.
+* An announcement's ttl must be finite and within ``MIN_TTL_S``..``MAX_TTL_S``: a worker may
+  not make itself immortal or vanish-and-return at will (it is dropped and logged).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncGenerator
 
 import msgspec
@@ -44,9 +50,9 @@ from nats.errors import Error as NatsError
 from nats.errors import OutboundBufferLimitError
 
 from interlock.protocol import InstanceInfo
-from interlock.runtime.config import RuntimeConfig
+from interlock.runtime.config import MAX_TTL_S, MIN_TTL_S, RuntimeConfig
 from interlock.runtime.interfaces import DiscoveryEvent
-from interlock.runtime.leases import LeaseTable
+from interlock.runtime.leases import LeaseTable, Vouch
 from interlock.runtime.naming import SUBJECT_PREFIX, EndpointName, check_token
 
 ANNOUNCE = f"{SUBJECT_PREFIX}.discovery.announce"
@@ -82,10 +88,10 @@ _decoder = msgspec.msgpack.Decoder(Announcement)
 
 
 class NatsDiscovery:
-    def __init__(self, nc: NatsClient, config: RuntimeConfig) -> None:
+    def __init__(self, nc: NatsClient, config: RuntimeConfig, vouch: Vouch | None = None) -> None:
         self._nc = nc
         self._config = config
-        self._table = LeaseTable()
+        self._table = LeaseTable(vouch)
         self._own: dict[str, InstanceInfo] = {}
         self._heartbeats: dict[str, asyncio.Task[None]] = {}
         self._subs: list[NatsSubscription] = []
@@ -136,6 +142,10 @@ class NatsDiscovery:
     def watch(self, endpoint: EndpointName | str | None = None) -> AsyncGenerator[DiscoveryEvent, None]:
         name = None if endpoint is None else str(EndpointName.of(endpoint))
         return self._table.watch(name)
+
+    def vouched(self) -> list[str]:
+        """Instances kept alive by their request plane while silent on NATS."""
+        return self._table.vouched()
 
     def abandon(self) -> None:
         """Stop heartbeating and answering without unregistering: a crash, for tests."""
@@ -199,6 +209,16 @@ class NatsDiscovery:
             return  # a foreign or newer publisher: not ours to crash on
         if announcement.info.instance_id != _subject_id(msg):
             log.warning("dropped an announcement of %r on %s", announcement.info.instance_id, msg.subject)
+            return
+        ttl = announcement.ttl
+        if not (math.isfinite(ttl) and MIN_TTL_S <= ttl <= MAX_TTL_S):
+            log.warning(
+                "dropped an announcement of %s: ttl %r outside %g..%g s",
+                announcement.info.instance_id,
+                ttl,
+                MIN_TTL_S,
+                MAX_TTL_S,
+            )
             return
         self._table.refresh(announcement.info, announcement.ttl)
 

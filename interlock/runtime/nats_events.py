@@ -1,8 +1,10 @@
 """Event plane over NATS subjects: KV events and load reports, fire-and-forget.
 
-While the NATS link is down, publishes are buffered by nats-py up to ``PENDING_BYTES`` and then
-dropped (counted in ``dropped``) rather than raised: they would be stale when the link returns,
-and subscribers re-sync anyway (discovery re-announces every instance after a reconnect).
+While the NATS link is down (``ControlLink``: disconnected, or a server that stopped answering),
+publishes are dropped (counted in ``dropped``) rather than raised or buffered: they would be
+stale when the link returns, and subscribers re-sync anyway (discovery re-announces every
+instance after an outage; a KV event stream with a gap asks for a snapshot). A publish that
+finds nats-py's buffer full in the moment before the link is known to be down is dropped too.
 Subscriptions made before or during an outage are replayed by nats-py on reconnect.
 """
 
@@ -16,17 +18,22 @@ from nats.aio.subscription import Subscription as NatsSubscription
 from nats.errors import Error as NatsError
 from nats.errors import OutboundBufferLimitError
 
+from interlock.runtime.link import ControlLink
 from interlock.runtime.subscription import Subscription
 
 
 class NatsEventPlane:
-    def __init__(self, nc: NatsClient) -> None:
+    def __init__(self, nc: NatsClient, link: ControlLink | None = None) -> None:
         self._nc = nc
+        self._link = link
         self._own: list[Subscription] = []
         self.dropped = 0
-        """Publishes refused because the outage buffer was full."""
+        """Publishes dropped in an outage."""
 
     async def publish(self, subject: str, payload: bytes) -> None:
+        if self._link is not None and not self._link.up:
+            self.dropped += 1
+            return
         try:
             await self._nc.publish(subject, payload)
         except OutboundBufferLimitError:

@@ -8,15 +8,18 @@ direct TCP request plane (or NATS request/reply with ``request_plane="nats"``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from interlock.protocol import InstanceInfo
 from interlock.runtime.config import RuntimeConfig
 from interlock.runtime.inproc import InProcDiscovery, InProcEventPlane, InProcRegistry, InProcRequestPlane
 from interlock.runtime.interfaces import Discovery, EventPlane, RequestPlane
-from interlock.runtime.nats_connection import ConnectionEvents, connect_nats
+from interlock.runtime.link import ControlLink
+from interlock.runtime.nats_connection import connect_nats, probe_link, probe_timeout_s
 from interlock.runtime.nats_discovery import NatsDiscovery
 from interlock.runtime.nats_events import NatsEventPlane
 from interlock.runtime.nats_requests import NatsRequestPlane
@@ -45,6 +48,8 @@ class Runtime:
     requests: RequestPlane
     events: EventPlane
     config: RuntimeConfig
+    link: ControlLink | None = None
+    """This process's link to NATS (None in-process: there is no link to lose)."""
     _extra_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list, repr=False)
     _closed: bool = field(default=False, repr=False)
 
@@ -86,16 +91,32 @@ async def connect_runtime(
             InProcEventPlane(registry),
             config,
         )
-    link = ConnectionEvents()
+    link = ControlLink()
     nc = await connect_nats(nats_url, config, name, link)
-    discovery = NatsDiscovery(nc, config)
-    link.on_lost(discovery.connection_lost)
-    link.on_restored(discovery.connection_restored)
-    await discovery.start()
     requests: RequestPlane
     requests = NatsRequestPlane(nc, config) if config.request_plane == "nats" else TcpRequestPlane(config)
 
+    async def vouch(info: InstanceInfo) -> bool:
+        """A silent instance that answers a ping on its request plane is alive (over the NATS
+        request plane that proves nothing new: the same server carries both)."""
+        if config.request_plane == "nats":
+            return False
+        try:
+            await requests.ping(info.address, timeout=config.connect_timeout)
+        except Exception:  # noqa: BLE001 - TransportError, or a check that broke: not alive
+            return False
+        return True
+
+    discovery = NatsDiscovery(nc, config, vouch)
+    link.on_lost(discovery.connection_lost)
+    link.on_restored(discovery.connection_restored)
+    await discovery.start()
+    prober = asyncio.create_task(probe_link(nc, link, probe_timeout_s(config)), name="nats-link-probe")
+
     async def disconnect() -> None:
+        prober.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await prober
         if not nc.is_closed:
             try:
                 if nc.is_connected:  # reconnecting, it would only wait out the timeout
@@ -110,4 +131,4 @@ async def connect_runtime(
                 # transport, which uvloop refuses. Nothing is left to deliver or to release.
                 pass
 
-    return Runtime(discovery, requests, NatsEventPlane(nc), config, [disconnect])
+    return Runtime(discovery, requests, NatsEventPlane(nc, link), config, link, [disconnect])

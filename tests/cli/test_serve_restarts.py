@@ -106,3 +106,28 @@ def test_a_killed_nats_server_comes_back_on_the_same_port(served: Served) -> Non
     assert "nats-server exited with signal 9 (SIGKILL); restart 1 in 0.5 s" in log(served)
     assert wait_until(lambda: "nats-server restarted (pid" in log(served), 5)
     assert served.process.poll() is None
+
+
+def test_a_sigtermed_worker_drains_and_is_restarted_while_health_stays_200(served: Served) -> None:
+    """A SIGTERM from outside (not serve's decision) drains the worker and it exits 0: serve
+    starts it again, and /health never leaves 200 while the other worker serves."""
+    assert wait_until(lambda: len(registered(served)) == 2, 10)
+    before = children(served, b"worker")
+    statuses: list[int] = []
+    os.kill(before[0], signal.SIGTERM)
+    exited = re.compile(r"(worker-\d) exited with code 0; restart 1 in 0.5 s")
+
+    def watched() -> bool:
+        statuses.append(httpx.get(served.url + "/health", timeout=10).status_code)
+        return "restarted (pid" in log(served) and len(registered(served)) == 2
+
+    assert wait_until(watched, 30), log(served)[-3000:]
+    assert len(exited.findall(log(served))) == 1, log(served)[-3000:]
+    assert set(statuses) == {200}, statuses
+    assert len(children(served, b"worker")) == 2
+    r = httpx.post(
+        served.base_url + "/completions",
+        timeout=30,
+        json={"model": MODEL, "prompt": "Hello", "max_tokens": 3, "temperature": 0},
+    )
+    assert r.status_code == 200, r.text

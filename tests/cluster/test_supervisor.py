@@ -69,10 +69,13 @@ def test_failures_outside_the_window_do_not_count() -> None:
     assert h.failures == (60.0, 80.0, 100.0)
 
 
-def test_exit_code_zero_is_not_a_failure() -> None:
+def test_an_unasked_clean_exit_is_restarted_too() -> None:
+    """A worker drained by a SIGTERM from outside exits 0: the fleet is still a worker short."""
     h, d = on_exit(History(), Exit(0, at=5.0, uptime_s=5.0), ON_FAILURE, B)
-    assert d == Leave("exited with code 0 and is not restarted")
-    assert h.total_failures == 0
+    assert d == Restart(delay_s=B.initial_s, attempt=1, crash_loop=False)
+    assert h.total_failures == 1
+    h, d = on_exit(History(), Exit(0, at=5.0, uptime_s=5.0), RestartPolicy.NEVER, B)
+    assert d == Leave("exited with code 0 and is not restarted (--restart-policy never)")
 
 
 def test_never_policy_leaves_a_failed_process_down() -> None:
@@ -180,7 +183,7 @@ def test_shell_never_policy_and_clean_exit() -> None:
         await asyncio.sleep(0.2)
         assert sup.problems() == [
             "failing exited with code 3 and is not restarted (--restart-policy never)",
-            "clean exited with code 0 and is not restarted",
+            "clean exited with code 0 and is not restarted (--restart-policy never)",
         ]
         assert sup.history("failing").total_failures == 1
         await sup.close()
