@@ -37,6 +37,7 @@ from interlock.router.disagg_flow import DisaggFlow
 from interlock.router.dispatcher import EXPLAIN_HEADER, Dispatcher, DispatchOptions
 from interlock.router.facade import Router, RouterConfig
 from interlock.router.indexer import ApplyResult
+from interlock.router.model_card import Card, majority_card
 from interlock.runtime.interfaces import Discovery, EventPlane, RequestPlane
 from interlock.runtime.link import ControlLink
 
@@ -102,6 +103,8 @@ class RouterService:
         self._changed = asyncio.Event()
         self._reports: dict[str, LoadReport] = {}
         self._known_models: dict[str, ModelEntry] = {}
+        self._held: dict[str, InstanceInfo] = {}
+        """Workers whose card the model's majority disagrees with (``model_card``): not routed."""
         self._shared_out: list[RouterLoadEvent] = []
         self._share_timer: asyncio.TimerHandle | None = None
         self.requests = requests
@@ -172,8 +175,8 @@ class RouterService:
     def models(self) -> list[ModelEntry]:
         """Every model a valid worker has served since start: one whose workers are all gone
         stays listed, so its requests get 503 + Retry-After (not 404) until a worker comes back.
-        Its card comes from the live workers (the smallest context length among them), or,
-        with none live, from the last ones; a refused registration never shapes it."""
+        Its card is the one most of its live workers announce (``model_card``), or, with none
+        live, the last one; a refused or held registration never shapes it alone."""
         return sorted(self._known_models.values(), key=lambda m: m.name)
 
     def health(self) -> list[str]:
@@ -194,6 +197,11 @@ class RouterService:
             found += source()
         if self._link is not None and (status := self._link.status()).state != "connected":
             found.append(f"control plane unreachable for {status.since_s:.0f} s ({status.reason})")
+        found += [
+            f"worker {i.instance_id} held out of routing: it announces {_card(i)}, model "
+            f"'{i.model}' is {self._current_card(i.model)}"
+            for i in self._held.values()
+        ]
         vouched = self._discovery.vouched()
         if vouched:
             found.append(
@@ -383,6 +391,10 @@ class RouterService:
         if problem is not None:
             log.warning("refused registration of worker %r: %s", info.instance_id[:64], problem)
             return
+        held = self._held.pop(info.instance_id, None)
+        if held == info:  # heard again, still disagreeing with the model's card
+            self._held[info.instance_id] = info
+            return
         old = self._instances.get(info.instance_id)
         if old == info:  # heard again after a NATS outage: keep its load and sessions, resync KV
             if info.publishes_kv_events:
@@ -390,27 +402,51 @@ class RouterService:
             return
         if old is not None and old.model != info.model:
             self._remove(info.instance_id)
+        if info.role != "prefill" and _card(info) != self._card_with(info):
+            if info.instance_id in self._instances:  # its card changed under it: out of routing
+                self._unroute(info.instance_id)
+            self._held[info.instance_id] = info
+            log.warning(
+                "worker %s announces %s but most of model %r's workers announce %s: held out of "
+                "routing until most agree (model_card.py)",
+                info.instance_id,
+                _card(info),
+                info.model,
+                self._card_with(info),
+            )
+            self._update_model(info.model)
+            return
+        if self._route(info, old):
+            self._update_model(info.model)
+
+    def _route(self, info: InstanceInfo, old: InstanceInfo | None = None) -> bool:
+        """Put ``info`` in its model's router (replacing ``old``); False if the router refused."""
         try:
             router = self._router_for(info)
             router.add_worker(info)
         except Exception:  # noqa: BLE001 - a misconfigured worker must not stop routing
             log.exception("cannot add worker %s", info.instance_id)
-            return
+            return False
         if old is not None:  # a new role may leave the old one's waiters without a worker
             self.dispatcher.fail_stranded(router)
         self._instances[info.instance_id] = info
-        self._update_model(info.model)
         log.info("worker %s joined (%s, %s)", info.instance_id, info.model, info.role)
         if info.publishes_kv_events:
             asyncio.ensure_future(self._publish(subjects.resync(info.instance_id), b""))
+        return True
 
     def _remove(self, instance_id: str, *, graceful: bool = False) -> None:
         """Route nothing more to it; ``graceful`` (it unregistered: a drain) lets its streams
         finish where they are, else they break and migrate (``Dispatcher.worker_left``)."""
+        info = self._held.pop(instance_id, None) or self._unroute(instance_id, graceful=graceful)
+        if info is not None:
+            self._update_model(info.model)
+
+    def _unroute(self, instance_id: str, *, graceful: bool = False) -> InstanceInfo | None:
         info = self._instances.pop(instance_id, None)
         self._reports.pop(instance_id, None)
         if info is None:
-            return
+            return None
         router = self.routers.get(info.model)
         if router is not None:
             router.remove_worker(instance_id)
@@ -420,20 +456,44 @@ class RouterService:
             else:
                 self.dispatcher.dispatch_queued(router)
         self.dispatcher.worker_left(instance_id, graceful=graceful)
-        self._update_model(info.model)
         log.info("worker %s left%s", instance_id, " (draining)" if graceful else "")
+        return info
+
+    def _members(self, model: str) -> list[InstanceInfo]:
+        """The model's live workers that take requests (not prefill only), routed or held."""
+        return [
+            i
+            for i in (*self._instances.values(), *self._held.values())
+            if i.model == model and i.role != "prefill"
+        ]
+
+    def _current_card(self, model: str) -> Card | None:
+        entry = self._known_models.get(model)
+        return Card(entry.model_path, entry.context_length) if entry is not None else None
+
+    def _card_with(self, info: InstanceInfo) -> Card:
+        """The model's card were ``info`` one of its live workers."""
+        others = [_card(i) for i in self._members(info.model) if i.instance_id != info.instance_id]
+        return majority_card([*others, _card(info)], self._current_card(info.model))
 
     def _update_model(self, model: str) -> None:
-        """Re-derive the model's card from its live workers that take requests (not prefill
-        only); with none, the last card stays (503, not 404)."""
-        live = sorted(
-            (i for i in self._instances.values() if i.model == model and i.role != "prefill"),
-            key=lambda i: i.instance_id,
-        )
-        if live:
-            self._known_models[model] = ModelEntry(
-                model, live[0].model_path, min(i.context_length for i in live)
+        """Re-derive the model's card from its live workers by majority (``model_card``); with
+        none, the last card stays (503, not 404). Routed workers the new majority disagrees with
+        step aside (their streams finish); held ones it agrees with are routed."""
+        live = self._members(model)
+        if not live:
+            return
+        card = majority_card([_card(i) for i in live], self._current_card(model))
+        self._known_models[model] = ModelEntry(model, card.model_path, card.context_length)
+        for info in [i for i in live if i.instance_id in self._instances and _card(i) != card]:
+            self._unroute(info.instance_id, graceful=True)
+            self._held[info.instance_id] = info
+            log.warning(
+                "worker %s held out of routing: model %r's card is now %s", info.instance_id, model, card
             )
+        for info in [i for i in live if i.instance_id in self._held and _card(i) == card]:
+            del self._held[info.instance_id]
+            self._route(info)
 
     def _router_of(self, instance_id: str) -> Router | None:
         info = self._instances.get(instance_id)
@@ -508,3 +568,7 @@ class RouterService:
                 router = self._router_of(ev.instance_id)
                 if router is not None:
                     router.apply_remote_load(ev)
+
+
+def _card(info: InstanceInfo) -> Card:
+    return Card(info.model_path, info.context_length)

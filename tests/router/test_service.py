@@ -77,14 +77,53 @@ def test_the_card_follows_the_live_workers() -> None:
     async def body(runtime: Runtime, svc: RouterService) -> None:
         await runtime.discovery.register(info("real"))
         await _settle(svc, lambda: _ctx(svc) == {"m": 2048})
-        await runtime.discovery.register(info("odd", context_length=100))  # valid, but small
-        await _settle(svc, lambda: _ctx(svc) == {"m": 100})  # min: every live worker can serve it
         await runtime.discovery.register(info("big", context_length=8192))
-        await runtime.discovery.unregister("odd")
-        await _settle(svc, lambda: _ctx(svc) == {"m": 2048})  # no trace of the one that left
+        await runtime.discovery.unregister("real")
+        await _settle(svc, lambda: _ctx(svc) == {"m": 8192})  # no trace of the one that left
         await runtime.discovery.register(info("pre", context_length=16, role="prefill"))
         await _settle(svc, lambda: svc.instance("pre") is not None)
-        assert _ctx(svc) == {"m": 2048}  # a prefill-only worker takes no requests of its own
+        assert _ctx(svc) == {"m": 8192}  # a prefill-only worker takes no requests of its own
+
+    _run(body)
+
+
+def test_one_worker_cannot_shrink_the_model_for_everyone(caplog: pytest.LogCaptureFixture) -> None:
+    """A worker re-announcing itself with context_length=1 (its own login allows that) is held
+    out of routing; the model's card, and every other worker, serve on."""
+
+    async def body(runtime: Runtime, svc: RouterService) -> None:
+        await runtime.discovery.register(info("a"))
+        await runtime.discovery.register(info("b"))
+        await _settle(svc, lambda: svc.instance("b") is not None)
+        with caplog.at_level(logging.WARNING, logger="interlock.router.service"):
+            await runtime.discovery.register(info("b", context_length=1))
+            await runtime.discovery.register(info("c", context_length=100))
+            await _settle(svc, lambda: svc.instance("b") is None and len(svc.degraded()) == 2)
+        assert _ctx(svc) == {"m": 2048}
+        assert [i.instance_id for i in svc.instances()] == ["a"]
+        assert "worker b announces" in caplog.text and "held out of routing" in caplog.text
+        await runtime.discovery.register(info("b"))  # back to the model's card: routed again
+        await _settle(svc, lambda: svc.instance("b") is not None)
+        assert len(svc.degraded()) == 1
+
+    _run(body)
+
+
+def test_a_rolling_upgrade_moves_the_card_once_most_workers_carry_the_new_one() -> None:
+    async def body(runtime: Runtime, svc: RouterService) -> None:
+        for wid in ("old1", "old2"):
+            await runtime.discovery.register(info(wid))
+        await _settle(svc, lambda: len(svc.instances()) == 2)
+        await runtime.discovery.register(info("new1", context_length=4096))
+        await runtime.discovery.register(info("new2", context_length=4096))
+        await _settle(svc, lambda: len(svc.degraded()) == 2)
+        assert _ctx(svc) == {"m": 2048}  # a tie keeps the card the model has
+        await runtime.discovery.register(info("new3", context_length=4096))
+        await _settle(svc, lambda: _ctx(svc) == {"m": 4096})
+        await _settle(svc, lambda: [i.instance_id for i in svc.instances()] == ["new1", "new2", "new3"])
+        await runtime.discovery.unregister("old1")
+        await runtime.discovery.unregister("old2")
+        await _settle(svc, lambda: svc.degraded() == [])
 
     _run(body)
 
