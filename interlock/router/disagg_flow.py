@@ -78,6 +78,11 @@ async def control_call(requests: RequestPlane, address: str, req: ControlRequest
     raise TransportError(f"no control reply from {address}")
 
 
+NO_PREFILL_WAIT_S = 5.0
+"""Enforced disaggregation with no prefill worker alive: how long a request waits for one to
+come back (a restart) before its 503."""
+
+
 class DisaggFlow:
     def __init__(self, service: RouterService, config: DisaggConfig) -> None:
         self.svc = service
@@ -113,7 +118,7 @@ class DisaggFlow:
         rid = request.request_id
         dispatcher = self.svc.dispatcher
         if self.config.enforce:
-            d, p = await self._place_enforced(router, meta, hashes)
+            d, p = await self._place_enforced(router, request.model, meta, hashes)
         else:
             d, p = await dispatcher.route(router, replace(meta, role="decode"), hashes), None
         try:
@@ -157,7 +162,7 @@ class DisaggFlow:
         return Leg(d, request, held_tokens=self.hold(d.worker_id, len(request.token_ids) - d.cached_tokens))
 
     async def _place_enforced(
-        self, router: Router, meta: RequestMeta, hashes: list[int]
+        self, router: Router, model: str, meta: RequestMeta, hashes: list[int]
     ) -> tuple[Decision, Decision | None]:
         """(decode worker, prefill worker or None) for a request that must prefill remotely.
 
@@ -169,12 +174,23 @@ class DisaggFlow:
         burst would make idle decode workers look busy to everyone else. Every request takes
         the legs in the same order, and the router's queue passes over a role whose workers
         are all busy (``Router.dispatch_queued``), so a decode leg holding a prefill worker
-        never waits behind prefill legs waiting for it."""
+        never waits behind prefill legs waiting for it. With no prefill worker alive at all (the
+        pool restarting: about a second under ``serve``), the request waits up to
+        ``NO_PREFILL_WAIT_S`` for one rather than failing at once."""
         dispatcher = self.svc.dispatcher
         pmeta = self._prefill_meta(meta)
         try:
-            p = await dispatcher.route(router, pmeta, hashes)
-        except NoWorkers as exc:  # none alive, or none free within the queue timeout
+            try:
+                p = await dispatcher.route(router, pmeta, hashes)
+            except NoWorkers:
+                if router.has_eligible("prefill"):
+                    raise  # alive but none free within the queue timeout
+                wait_s = min(NO_PREFILL_WAIT_S, dispatcher.options.queue_timeout_s)
+                ready = await self.svc.router_when_ready(model, wait_s, role="prefill")
+                if ready is not router:
+                    raise
+                p = await dispatcher.route(router, pmeta, hashes)
+        except NoWorkers as exc:
             self._count(self.choices, "no_prefill_worker")
             raise NoWorkers(
                 f"disaggregation enforced but no_prefill_worker: {exc.message}", retry_after=exc.retry_after

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from interlock.errors import ConfigError, NoWorkers, Overloaded
+from interlock.errors import ConfigError, InvalidRequest, NoWorkers, Overloaded
 from interlock.kvhash import hash_blocks
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import KVEventBatch, LoadReport, RouterLoadEvent
@@ -40,6 +40,8 @@ from interlock.router.policies import (
 )
 from interlock.router.route_kernel import MAX_RANKED, RouteKernel, mirrors_cost
 from interlock.router.route_kernel import load as load_route_kernel
+
+MAX_SEEN_WORKERS = 65536
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,9 @@ class Router:
         self.sessions = SessionTable(self.config.session_ttl_s)
         self.metrics = RouterMetrics()
         self._workers: dict[str, _WorkerState] = {}
+        self._seen: dict[str, None] = {}
+        """Every worker id this router has had (insertion order, bounded): a pin to one of them
+        that is away (restarting, draining) is a 503 to retry, to any other id a 400."""
         self._slot_ids: dict[int, str] = {}
         self._eligible_cache: dict[str | None, np.ndarray] = {}
         self._whole: list[np.ndarray] = []
@@ -173,6 +178,9 @@ class Router:
             queue_limit=info.queue_depth_threshold,
         )
         self._workers[info.instance_id] = _WorkerState(info, slot)
+        self._seen[info.instance_id] = None
+        if len(self._seen) > MAX_SEEN_WORKERS:
+            del self._seen[next(iter(self._seen))]
         self._slot_ids[slot] = info.instance_id
         self.set_weight(info.instance_id, 1.0)
         self._forget_eligible()
@@ -236,6 +244,10 @@ class Router:
             self._weighted.discard(w.slot)
         else:
             self._weighted.add(w.slot)
+
+    def has_eligible(self, role: str | None = None) -> bool:
+        """Some worker (of ``role``, or a ``both`` worker) could take a request now or later."""
+        return bool(self._eligible(role).any())
 
     def is_eligible(self, instance_id: str) -> bool:
         w = self._workers.get(instance_id)
@@ -436,6 +448,10 @@ class Router:
 
     def _direct(self, meta: RequestMeta, hashes: Sequence[int], eligible: np.ndarray) -> Decision:
         w = self._workers.get(meta.worker_id or "")
+        if w is None and meta.worker_id not in self._seen:
+            raise InvalidRequest(
+                f"no worker {(meta.worker_id or '')[:64]!r} serves this model", param="x-worker-id"
+            )
         if w is None or not eligible[w.slot]:
             raise NoWorkers(
                 f"worker {meta.worker_id!r} is not available", retry_after=self.config.retry_after_s

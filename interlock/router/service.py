@@ -154,15 +154,15 @@ class RouterService:
                 await asyncio.wait_for(self._changed.wait(), left)
         return len(self._instances)
 
-    async def router_when_ready(self, model: str, timeout_s: float) -> Router | None:
-        """The model's router once it has an eligible worker (None after ``timeout_s``): a
-        request between legs waits out a moment with no worker (one restarting, a lease that
-        lapsed while its worker was busy) instead of failing."""
+    async def router_when_ready(self, model: str, timeout_s: float, role: str | None = None) -> Router | None:
+        """The model's router once it has an eligible worker (of ``role``, or any; None after
+        ``timeout_s``): a request waits out a moment with no worker (one restarting, a lease
+        that lapsed while its worker was busy) instead of failing."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
             router = self.routers.get(model)
-            if router is not None and any(router.is_eligible(w) for w in router.workers()):
+            if router is not None and router.has_eligible(role):
                 return router
             left = deadline - loop.time()
             if left <= 0:

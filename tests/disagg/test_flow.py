@@ -12,6 +12,7 @@ from interlock.planner.live import RouterServiceView
 from interlock.planner.loop import TrafficTotals
 from interlock.protocol import GenerateOutput, GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlRequest
+from interlock.router.disagg_flow import NO_PREFILL_WAIT_S
 from tests.disagg.cluster import MODEL, cluster, eventually, mock_engine, tokens
 from tests.engine.conftest import VOCAB
 
@@ -94,10 +95,12 @@ def test_no_prefill_worker_falls_back_or_fails_when_enforced() -> None:
         async with cluster(Routing(enforce_disagg=True)) as c:
             await c.add_worker("d", "decode", mock_engine())
             await c.wait_for(1)
+            started = asyncio.get_running_loop().time()
             try:
                 await c.generate("a", prompt(2, 9), 3)
             except NoWorkers as exc:
                 assert "no_prefill_worker" in exc.message
+                assert asyncio.get_running_loop().time() - started >= NO_PREFILL_WAIT_S  # it waited
             else:
                 raise AssertionError("enforced disaggregation served a request locally")
         async with cluster(Routing()) as c:
@@ -105,6 +108,24 @@ def test_no_prefill_worker_falls_back_or_fails_when_enforced() -> None:
             await c.wait_for(1)
             p = prompt(2, 9)
             assert tokens(await c.generate("a", p, 3)) == reference_output(p, 3, vocab_size=VOCAB)
+
+    asyncio.run(main())
+
+
+def test_an_enforced_request_waits_for_a_prefill_worker_coming_back() -> None:
+    """The prefill pool restarting (none alive for a moment): new requests wait for it."""
+
+    async def main() -> None:
+        async with cluster(Routing(enforce_disagg=True)) as c:
+            await c.add_worker("d", "decode", mock_engine())
+            await c.wait_for(1)
+            p = prompt(3, 12)
+            waiting = asyncio.create_task(c.generate("a", p, 3))
+            await asyncio.sleep(0.5)
+            assert not waiting.done()
+            await c.add_worker("p", "prefill", mock_engine())
+            assert tokens(await waiting) == reference_output(p, 3, vocab_size=VOCAB)
+            assert c.service.disagg is not None and c.service.disagg.choices == {"enforced": 1}
 
     asyncio.run(main())
 

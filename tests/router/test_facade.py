@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 import interlock.router as router_pkg
-from interlock.errors import ConfigError, NoWorkers, Overloaded
+from interlock.errors import ConfigError, InvalidRequest, NoWorkers, Overloaded
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
 from interlock.router import Decision, Pending, RequestMeta, Router, RouterConfig
@@ -183,8 +183,12 @@ def test_direct_pins_a_worker() -> None:
     cache(r, "w0", PROMPT)
     d = route(r, "a", PROMPT, worker_id="w2")
     assert d.worker_id == "w2" and d.reason == "direct"
-    with pytest.raises(NoWorkers):
-        r.route(req("b", worker_id="nope"), token_ids=PROMPT)
+    with pytest.raises(InvalidRequest, match="no worker 'nope' serves this model") as unknown:
+        r.route(req("b", worker_id="nope"), token_ids=PROMPT)  # never seen: the client's mistake
+    assert unknown.value.param == "x-worker-id"
+    r.remove_worker("w1")
+    with pytest.raises(NoWorkers):  # away (restarting, say): retry later
+        r.route(req("c", worker_id="w1"), token_ids=PROMPT)
 
 
 def test_session_affinity_sticks_until_ttl() -> None:
