@@ -1,7 +1,10 @@
 """``interlock convert MODEL``: resolve a model name, GGUF file or folder into a local HF folder.
 
 Converting is what every worker would do at its first start; running it ahead of time keeps
-the first start fast. Prints the folder on stdout (progress goes to stderr).
+the first start fast. Prints the folder on stdout (progress goes to stderr). A converted folder
+already in the cache is verified against its manifest first and reused only if it passes
+(``model_store``). Exit status 2, with the reason on stderr, for an unknown name or a file that
+is not a GGUF the converter can read; nothing is left in the cache then.
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ are closed by its kernel), and a stalled peer hits the transfer's deadline.
 
 With a cluster secret every connection opens with the mutual handshake (``protocol.handshake``)
 before its first frame: a peer without the secret can neither pull a payload (someone's prompt,
-in KV form) nor pose as a source.
+in KV form) nor pose as a source. The server's handshakes all run on its accept thread
+(``gate``); a connection gets a thread of its own only once it has passed.
 """
 
 from __future__ import annotations
 
-import logging
 import select
 import socket
 import threading
@@ -27,17 +27,12 @@ from collections.abc import Callable
 import msgspec
 
 from interlock.errors import AuthError
-from interlock.protocol.handshake import (
-    CHALLENGE_SIZE,
-    HELLO_SIZE,
-    RESPONSE_SIZE,
-    ClientHandshake,
-    ServerHandshake,
-)
+from interlock.protocol.handshake import CHALLENGE_SIZE, ClientHandshake
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import frames as fr
 from interlock.transfer.base import TransferStatus
 from interlock.transfer.dest import _Dest
+from interlock.transfer.gate import Gate
 from interlock.transfer.pool import RecvPool
 from interlock.transfer.source import Source, _shutdown
 
@@ -46,10 +41,6 @@ CONTROL_TIMEOUT_S = 30.0
 STREAM_CHECK_S = 0.05
 """While a streamed payload waits for its next chunk, how often the sender checks that the
 destination is still connected (one that gave up frees the source at once, not at its timeout)."""
-HANDSHAKE_TIMEOUT_S = 5.0
-"""A connection that has not passed the handshake after this long is dropped."""
-
-log = logging.getLogger(__name__)
 
 
 def _recv(sock: socket.socket, size: int) -> bytes:
@@ -67,22 +58,14 @@ def client_handshake(sock: socket.socket, secret: bytes | None) -> None:
     sock.sendall(hs.answer(_recv(sock, CHALLENGE_SIZE)))
 
 
-def server_handshake(sock: socket.socket, secret: bytes | None) -> None:
-    """Check the client knows the secret (AuthError if not), proving we do."""
-    if secret is None:
-        return
-    hs = ServerHandshake(secret)
-    sock.sendall(hs.challenge(_recv(sock, HELLO_SIZE)))
-    hs.verify(_recv(sock, RESPONSE_SIZE))
-
-
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
 
 
 class TcpServer:
-    """Accepts pulls, pings and probes; runs ``tick`` about every ``tick_s`` on its thread."""
+    """Accepts pulls, pings and probes; runs ``tick`` about every ``tick_s`` on its thread,
+    which also runs every handshake (``gate``)."""
 
     def __init__(
         self,
@@ -97,17 +80,25 @@ class TcpServer:
         secret: bytes | None = None,
     ) -> None:
         self._lookup, self._probe, self._tick = lookup, probe, tick
-        self._secret = secret
-        self.refused = 0
-        """Connections dropped because they failed the handshake."""
+        self._tick_s = tick_s
         self._listener = socket.create_server((host, port))
-        self._listener.settimeout(tick_s)
         self.address = f"{advertise_host}:{self._listener.getsockname()[1]}"
+        self._gate = Gate(self._listener, secret)
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._accept_loop, name="interlock-transfer", daemon=True)
         self._thread.start()
+
+    @property
+    def refused(self) -> int:
+        """Connections dropped before they passed the handshake."""
+        return self._gate.refused
+
+    @property
+    def num_pending(self) -> int:
+        """Connections waiting for their handshake."""
+        return self._gate.num_pending
 
     def close(self) -> None:
         self._closed = True
@@ -119,31 +110,24 @@ class TcpServer:
         self._listener.close()
 
     def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                self._tick()
-                continue
-            except OSError:
-                return
-            with self._lock:
-                self._conns.add(conn)
-            threading.Thread(
-                target=self._serve, args=(conn,), name="interlock-transfer-conn", daemon=True
-            ).start()
-            self._tick()
+        next_tick = time.monotonic()
+        try:
+            while not self._closed:
+                for conn in self._gate.poll(max(0.0, next_tick - time.monotonic())):
+                    with self._lock:
+                        self._conns.add(conn)
+                    threading.Thread(
+                        target=self._serve, args=(conn,), name="interlock-transfer-conn", daemon=True
+                    ).start()
+                if time.monotonic() >= next_tick:
+                    self._tick()
+                    next_tick = time.monotonic() + self._tick_s
+        finally:
+            self._gate.close()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.settimeout(HANDSHAKE_TIMEOUT_S)
-            try:
-                server_handshake(conn, self._secret)
-            except (AuthError, OSError, ValueError) as e:
-                self.refused += 1
-                log.warning("KV transfer: refused connection from %s: %s", _peer(conn), e or type(e).__name__)
-                return
             conn.settimeout(CONTROL_TIMEOUT_S)
             while (frame := fr.recv_frame(conn)) is not None:
                 if isinstance(frame, fr.Ping):
@@ -324,10 +308,3 @@ def _peer_closed(conn: socket.socket) -> bool:
         return False
     except OSError:
         return True
-
-
-def _peer(conn: socket.socket) -> object:
-    try:
-        return conn.getpeername()
-    except OSError:
-        return "?"

