@@ -33,19 +33,28 @@ from interlock.errors import (
     InterlockError,
     InvalidRequest,
     RateLimited,
-    RequestTimeout,
     ServiceError,
     ServiceUnavailable,
     Unauthorized,
 )
 from interlock.frontend.assembler import OutputAssembler, error_from_info
-from interlock.frontend.auth import Auth
+from interlock.frontend.auth import KEY_INDEX, Auth
 from interlock.frontend.backend import HEADER_REQUEST_ID, Backend, ModelEntry, RequestContext, header_context
+from interlock.frontend.body import BodyRules, read_body
+from interlock.frontend.budget import TokenBudget
 from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.config import FrontendConfig
 from interlock.frontend.connections import ConnectionTracker
-from interlock.frontend.generation import Generation, collect, stream_sse
-from interlock.frontend.limits import MAX_PRIORITY, MIN_PRIORITY, check_prompt_chars, check_prompt_tokens
+from interlock.frontend.fairness import ConnectionLimits, InFlight
+from interlock.frontend.generation import Generation, StreamLimits, collect, stream_sse
+from interlock.frontend.limits import (
+    KEPT_HEADERS,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    check_header_values,
+    check_prompt_chars,
+    check_prompt_tokens,
+)
 from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics, keep_families
 from interlock.frontend.openapi import openapi_document
 from interlock.frontend.prepare import prompt_ids, sampling_params
@@ -64,10 +73,6 @@ log = logging.getLogger(__name__)
 _encode = msgspec.json.Encoder().encode
 
 
-class BodyTooLarge(InvalidRequest):
-    status = 413
-
-
 class Frontend:
     """The handlers, bound to one backend."""
 
@@ -78,6 +83,16 @@ class Frontend:
         self.auth = Auth(config.auth)
         self.metrics = FrontendMetrics()
         self.created = int(time.time())
+        limits = ConnectionLimits(
+            config.max_connections, config.max_client_connections, config.reserved_connections
+        )
+        self.connections = ConnectionTracker(limits, on_shed=lambda reason: self.metrics.shed.inc((reason,)))
+        self.in_flight = InFlight(config.max_client_requests)
+        self.body_rules = BodyRules(
+            config.max_body_bytes, config.body_timeout_s, config.min_body_rate, config.body_grace_s
+        )
+        self.stream_limits = StreamLimits(config.max_stream_buffer_bytes, config.stream_stall_timeout_s)
+        self.kept_headers = frozenset(h.lower() for h in (*KEPT_HEADERS, config.route_key_header))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._guarded(request, "chat")
@@ -136,6 +151,19 @@ class Frontend:
 
     async def _guarded(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         status = 499  # stays so if the client leaves and the handler is cancelled
+        # Per address, and per API key when one was checked: neither many connections nor many
+        # addresses buy one client more requests in flight.
+        clients: tuple[object, ...] = (self.connections.client(request),)
+        if KEY_INDEX in request:
+            clients += (("key", request[KEY_INDEX]),)
+        if not self.in_flight.admit(clients):
+            self.metrics.shed.inc(("client_requests",))
+            self.metrics.requests.inc((endpoint, "429"))
+            refusal = RateLimited(
+                f"too many requests in flight from this client (address or API key): at most "
+                f"{self.in_flight.cap} (max_client_requests); retry when one ends"
+            )
+            return _unread_closes(request, error_response(refusal))
         self.metrics.in_flight.inc()
         try:
             resp = await self._generate(request, endpoint)
@@ -143,18 +171,24 @@ class Frontend:
             return resp
         except InterlockError as exc:
             status = exc.status
-            return error_response(exc)
+            return _unread_closes(request, error_response(exc))
+        except ConnectionResetError:  # the connection closed under the handler: nobody to answer
+            gone = web.Response(status=499)
+            gone.force_close()
+            return gone
         except Exception:
             log.exception("unexpected error serving %s", request.path)
             status = 500
-            return error_response(ServiceError("internal server error"))
+            return _unread_closes(request, error_response(ServiceError("internal server error")))
         finally:
+            self.in_flight.release(clients)
             self.metrics.in_flight.dec()
             self.metrics.requests.inc((endpoint, str(status)))
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         started = perf_counter()
         cfg = self.config
+        check_header_values(request.headers.items(), self.kept_headers, cfg.max_header_chars)
         req = await self._read_request(request, endpoint)
         ctx = self._context(request, endpoint)
         if req.priority is not None:  # the body's priority (vLLM's extension) beats the header
@@ -167,7 +201,8 @@ class Frontend:
         )
         entry = self.catalog.find(req.model)
         tok = await self.catalog.tokenizer(entry)
-        ids = await prompt_ids(req, tok, max_chars=cfg.max_prompt_chars)
+        budget = TokenBudget(cfg.max_prompt_tokens, entry.context_length)
+        ids = await prompt_ids(req, tok, max_chars=cfg.max_prompt_chars, budget=budget)
         check_prompt_tokens(len(ids), cfg.max_prompt_tokens, param=prompt_chars(req)[1])
         self.auth.admit_tokens(request, len(ids))
         sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
@@ -199,7 +234,7 @@ class Frontend:
             if first.error is not None or first.finish_reason == "error":
                 raise error_from_info(first.error)  # still before any byte: give it its status
             if req.stream:
-                return await stream_sse(request, gen, first, _include_usage(req))
+                return await stream_sse(request, gen, first, _include_usage(req), self.stream_limits)
             return await collect(gen, first)
         finally:
             await gen.close()
@@ -210,13 +245,8 @@ class Frontend:
     ) -> ChatCompletionRequest | CompletionRequest:
         """The parsed body, refused if over a size limit before it costs anything more."""
         cfg = self.config
-        try:
-            async with asyncio.timeout(cfg.body_timeout_s):
-                body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise BodyTooLarge(f"request body larger than {cfg.max_body_bytes} bytes") from None
-        except TimeoutError:
-            raise RequestTimeout(f"the request body did not arrive within {cfg.body_timeout_s} s") from None
+        body = await read_body(request, self.body_rules)
+        self.connections.body_read(request)
         if endpoint == "chat":
             req: ChatCompletionRequest | CompletionRequest = parse_chat(body, max_depth=cfg.max_json_depth)
         else:
@@ -251,7 +281,7 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
     the AppRunner (as ``serve_frontend`` does) so a client disconnect aborts its request."""
     config = config or FrontendConfig()
     frontend = Frontend(backend, config)
-    connections = ConnectionTracker()
+    connections = frontend.connections
     app = web.Application(
         client_max_size=config.max_body_bytes,
         middlewares=[connections.middleware, _errors_middleware, frontend.auth.middleware],
@@ -312,7 +342,7 @@ async def serve_frontend(
     await runner.setup()
     assert runner.server is not None
     # Our own listener rather than a TCPSite: its protocol factory enforces the connection cap.
-    factory = app[CONNECTIONS_KEY].capped(runner.server, config.max_connections)
+    factory = app[CONNECTIONS_KEY].factory(runner.server)
     ssl_context = _ssl_context(config)
     listener = await asyncio.get_running_loop().create_server(
         factory, host, port, backlog=1024, ssl=ssl_context
@@ -363,6 +393,15 @@ async def _errors_middleware(
         return await handler(request)
     except InterlockError as exc:
         return error_response(exc)
+
+
+def _unread_closes(request: web.Request, resp: web.Response) -> web.Response:
+    """``resp``, closing the connection after it if the request's body was left unread (aiohttp
+    reads and drops what is still arriving for at most its lingering time, so the client gets
+    the response rather than a reset; a lingering connection counts as idle)."""
+    if request.can_read_body:
+        resp.force_close()
+    return resp
 
 
 def error_response(exc: InterlockError) -> web.Response:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from interlock.errors import ConfigError
@@ -28,9 +29,34 @@ class FrontendConfig:
     between requests (keep-alive), or sending its headers too slowly."""
     body_timeout_s: float = 60.0
     """Time to receive a request's whole body once its head arrived (408 beyond)."""
+    min_body_rate: int = 1024
+    """Bytes a second a request body must average once ``body_grace_s`` has passed (408 below
+    it); 0: only ``body_timeout_s`` bounds a slow body."""
+    body_grace_s: float = 5.0
+    """Time a request body may take before ``min_body_rate`` applies."""
     max_connections: int = 4096
-    """Open connections at most; at the cap the oldest one with no request in flight is closed
-    to make room (a 503 when all are busy)."""
+    """Regular open connections at most. At the cap a newcomer takes the slot of a connection
+    with no request being served (idle first, then one whose body is still arriving) from the
+    client holding the most connections, if that client holds more than the newcomer's does
+    (``fairness.py``); else it gets a reserve slot."""
+    max_client_connections: int = 1024
+    """Open connections one client (peer address; an IPv6 /64) may hold; at the cap its own
+    oldest idle one makes room, else the newcomer is refused (503). Behind a proxy every client
+    is the proxy: raise it to ``max_connections``."""
+    reserved_connections: int = 8
+    """Connections beyond ``max_connections`` that serve only /health, /live and /metrics, so
+    probes answer while every regular connection is serving (0: none)."""
+    max_client_requests: int = 1024
+    """Generation requests in flight per client address, and per API key when the request
+    carries one (429 beyond)."""
+    max_header_chars: int = 256
+    """Longest value of a request header the server keeps (``KEPT_HEADERS`` and the route-key
+    header: routing tables, logs, the echoed id); longer is a 400 naming the header."""
+    max_stream_buffer_bytes: int = 256 * 1024
+    """Bytes of a stream its client has not read that the frontend holds; past it the stream
+    waits for the client (``generation.py``)."""
+    stream_stall_timeout_s: float = 30.0
+    """How long a stream waits for its client to read before it is aborted."""
     ssl_certfile: str | None = None
     """Serve HTTPS with this certificate chain (PEM) and ``ssl_keyfile``."""
     ssl_keyfile: str | None = None
@@ -60,10 +86,15 @@ class FrontendConfig:
             raise ConfigError("max_prompt_tokens must be at least 1 (or None)")
         if self.max_json_depth < 2:
             raise ConfigError("max_json_depth must be at least 2")
-        for name in ("idle_timeout_s", "body_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be positive")
-        if self.max_connections < 1:
-            raise ConfigError("max_connections must be at least 1")
+        for name in ("idle_timeout_s", "body_timeout_s", "body_grace_s", "stream_stall_timeout_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ConfigError(f"{name} must be a positive number of seconds")
+        for name in ("max_connections", "max_client_connections", "max_client_requests", "max_header_chars"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        if self.reserved_connections < 0 or self.min_body_rate < 0:
+            raise ConfigError("reserved_connections and min_body_rate must be at least 0")
+        if self.max_stream_buffer_bytes < 16 * 1024:
+            raise ConfigError("max_stream_buffer_bytes must be at least 16384")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ConfigError("ssl_certfile and ssl_keyfile go together")

@@ -1,14 +1,21 @@
-"""Open connections: a cap, and which of them are idle.
+"""Open connections: a fair cap, a reserve for probes, and what each connection is doing.
 
 Idle and slow connections are closed by aiohttp's keep-alive timer (``idle_timeout_s``): it runs
 from the moment a connection opens, and again from the end of each response, until a complete
 request head has arrived, so it bounds both an idle keep-alive connection and one that sends its
-headers slowly (slowloris). The body has its own deadline, in the handler.
+headers slowly (slowloris). A body has its own deadline and minimum rate (``body.py``).
 
-The cap counts open connections. At the cap, a new connection closes the oldest connection with
-no request in flight (idle, or still sending its head) to make room: a crowd of idle or slow
-clients cannot lock others out, and /health keeps answering. Only when every connection is
-serving a request is the newcomer turned away, with a 503.
+Who gives way when the frontend is full is decided in ``fairness.admit``; this module carries it
+out. A protocol wrapper asks for admission when a connection opens (then the peer's address is
+known; the registry counts a connection from that moment, so a burst the event loop accepted in
+one go is counted one by one), closes the connection it was told to evict, and leaves the
+registry when its connection closes. The middleware marks a connection RECEIVING while its
+request's body may still arrive, the handler marks it SERVING once the body is read
+(``body_read``), and it is IDLE again when the handler returns. A connection admitted into the
+reserve answers any request but the reserved paths with a 503 and is closed.
+
+With TLS the wrapper sees a connection once its handshake is done; the handshake itself is
+bounded by asyncio's ``ssl_handshake_timeout``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from interlock.frontend.fairness import RESERVED_PATHS, ConnectionLimits, State, admit, client_of
+
 _REFUSAL_BODY = (
     b'{"error":{"message":"too many open connections; retry later","type":"service_unavailable",'
     b'"param":null,"code":"too_many_connections"}}'
@@ -29,65 +38,104 @@ _REFUSAL = (
     b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(_REFUSAL_BODY)
 ) + _REFUSAL_BODY
 
+Shed = Callable[[str], None]
+"""Told the reason each time a connection or request is shed (for a metric)."""
+
 
 class ConnectionTracker:
-    """Knows the open connections (through the protocol wrapper it makes) and which of them have
-    a request in flight (through its middleware); builds the capped protocol factory."""
+    """The registry of open connections, their clients and states; the capped protocol factory
+    and the middleware that keeps the states."""
 
-    def __init__(self) -> None:
-        self._busy: Counter[object] = Counter()
-        self._open: dict[_Counted, None] = {}  # in the order they opened
+    def __init__(self, limits: ConnectionLimits, on_shed: Shed | None = None) -> None:
+        self.limits = limits
+        self._on_shed = on_shed or (lambda reason: None)
+        self._regular: dict[_Tracked, None] = {}  # in the order they opened
+        self._reserve: dict[_Tracked, None] = {}
+        self._counts: Counter[str] = Counter()
+        self._by_handler: dict[RequestHandler, _Tracked] = {}
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._regular) + len(self._reserve)
+
+    def factory(self, server: web.Server) -> Callable[[], asyncio.BaseProtocol]:
+        return lambda: _Tracked(self, server)
 
     @web.middleware
     async def middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        protocol = request.protocol
-        self._busy[protocol] += 1
+        conn = self._by_handler.get(request.protocol)
+        if conn is None:  # served through some other listener: nothing to track
+            return await handler(request)
+        if conn.reserve and request.path not in RESERVED_PATHS:
+            self._on_shed("reserve_only")
+            refusal = web.Response(
+                body=_REFUSAL_BODY, status=503, content_type="application/json", headers={"Retry-After": "1"}
+            )
+            refusal.force_close()
+            return refusal
+        conn.state = State.RECEIVING if request.can_read_body else State.SERVING
         try:
             return await handler(request)
         finally:
-            self._busy[protocol] -= 1
-            if self._busy[protocol] <= 0:
-                del self._busy[protocol]
+            conn.state = State.IDLE
 
-    @property
-    def open_connections(self) -> int:
-        return len(self._open)
+    def body_read(self, request: web.Request) -> None:
+        """The request's body is in: its connection now serves it and is never evicted."""
+        conn = self._by_handler.get(request.protocol)
+        if conn is not None:
+            conn.state = State.SERVING
 
-    def capped(self, server: web.Server, max_connections: int) -> Callable[[], asyncio.BaseProtocol]:
-        # Counted here, not from server.connections: the event loop accepts a burst of
-        # connections before any of them reaches aiohttp's connection_made.
-        def factory() -> asyncio.BaseProtocol:
-            if len(self._open) >= max_connections:
-                idle = next((c for c in self._open if c.handler not in self._busy), None)
-                if idle is None:
-                    return _Refuse()
-                self._open.pop(idle)
-                idle.close()
-            conn = _Counted(server(), self._open)
-            self._open[conn] = None
-            return conn
+    def client(self, request: web.Request) -> str:
+        conn = self._by_handler.get(request.protocol)
+        return conn.client if conn is not None else client_of(request.remote)
 
-        return factory
+    def _admit(self, conn: _Tracked) -> bool:
+        decision = admit(conn.client, self._regular.keys(), self._reserve.keys(), self._counts, self.limits)
+        if decision is None:
+            self._on_shed("refused")
+            return False
+        if decision.evict is not None:
+            self._on_shed(f"evicted_{decision.evict.state.name.lower()}")
+            self._forget(decision.evict)
+            decision.evict.close()
+        conn.reserve = decision.reserve
+        (self._reserve if conn.reserve else self._regular)[conn] = None
+        self._counts[conn.client] += 1
+        self._by_handler[conn.handler] = conn
+        return True
+
+    def _forget(self, conn: _Tracked) -> None:
+        pool = self._reserve if conn.reserve else self._regular
+        if conn in pool:  # an evicted connection was forgotten already
+            del pool[conn]
+            self._by_handler.pop(conn.handler, None)
+            self._counts[conn.client] -= 1
+            if self._counts[conn.client] <= 0:
+                del self._counts[conn.client]
 
 
-class _Counted(asyncio.Protocol):
-    """aiohttp's protocol for one connection, which leaves the tracker's registry when closed."""
+class _Tracked(asyncio.Protocol):
+    """aiohttp's protocol for one connection, admitted by the tracker when it opens."""
 
-    def __init__(self, handler: RequestHandler, registry: dict[_Counted, None]) -> None:
-        self.handler = handler
-        self._registry = registry
+    def __init__(self, tracker: ConnectionTracker, server: web.Server) -> None:
+        self._tracker = tracker
+        self.handler: RequestHandler = server()
+        self.client = "?"
+        self.state = State.IDLE
+        self.reserve = False
         self._connected = False
-        self._closed = False
 
     def close(self) -> None:
-        self._closed = True
         if self._connected:
             self.handler.force_close()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if self._closed:  # evicted between accept and here: aiohttp never saw it
+        self.client = client_of(transport.get_extra_info("peername"))
+        if not self._tracker._admit(self):
+            assert isinstance(transport, asyncio.Transport)
+            transport.write(_REFUSAL)
             transport.close()
             return
         self._connected = True
@@ -98,22 +146,18 @@ class _Counted(asyncio.Protocol):
             self.handler.data_received(data)
 
     def eof_received(self) -> None:
-        self.handler.eof_received()
+        if self._connected:
+            self.handler.eof_received()
 
     def pause_writing(self) -> None:
-        self.handler.pause_writing()
+        if self._connected:
+            self.handler.pause_writing()
 
     def resume_writing(self) -> None:
-        self.handler.resume_writing()
+        if self._connected:
+            self.handler.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._registry.pop(self, None)
         if self._connected:
+            self._tracker._forget(self)
             self.handler.connection_lost(exc)
-
-
-class _Refuse(asyncio.Protocol):
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(_REFUSAL)
-        transport.close()

@@ -7,19 +7,34 @@ carries the HTTP headers too, the last the finish chunk, the usage chunk, ``[DON
 of the chunked body. In between, the chunks of one event-loop turn leave in one socket write
 (``Coalescer``): under load a stream's outputs arrive several at a time (the workers run ahead
 of the frontend), and one write per token was the frontend's largest cost.
+
+A client that reads a stream slowly, or never, must not make the frontend buffer the output:
+what it has not read is held to ``max_stream_buffer_bytes`` (the transport's high-water mark; an
+HTTP/1.0 stream, written through aiohttp, to aiohttp's own 64 KiB).
+Past it the stream stops pulling outputs and waits for the client to read the buffer down; if it
+has not within ``stream_stall_timeout_s`` the stream is aborted: the connection is reset (the
+buffer dropped, not flushed) and the backend stream closed, which aborts the request on its
+worker, with the reason in the log and ``interlock_http_shed_total{reason="stream_stalled"}``.
+Waiting alone (back-pressure without an end) was the other choice, and the worse one: the
+request plane has no flow control, so a paused stream still holds its worker's KV blocks and
+batch slot, and its outputs pile up in the frontend's channel instead of the socket's buffer;
+a client that never reads would hold all of that for as long as it keeps the connection. The
+stall timeout bounds a stall's cost by the token rate times the timeout, and a reader that only
+lags (a slow link, a paused tab) still gets every token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
 import msgspec
 from aiohttp import HttpVersion11, web
+from aiohttp.abc import AbstractStreamWriter
 
 from interlock.errors import EngineError, InterlockError, ServiceError
 from interlock.frontend.assembler import OutputAssembler
@@ -90,6 +105,18 @@ class SSEResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
+@dataclass(frozen=True)
+class StreamLimits:
+    max_buffer_bytes: int
+    """Unread bytes a stream may leave in its connection's buffer before it waits."""
+    stall_timeout_s: float
+    """How long it waits for the client to read before the stream is aborted."""
+
+
+class StreamStalled(Exception):
+    """The client did not read its stream for ``stall_timeout_s`` with the buffer full."""
+
+
 class Coalescer:
     """SSE bytes of one chunked HTTP/1.1 response, written once per event-loop turn.
 
@@ -97,21 +124,25 @@ class Coalescer:
     gets without waiting leave in one write (one HTTP chunk), and a lone chunk leaves as soon as
     the stream waits for its next output. Written straight to the transport, after aiohttp has
     sent the headers (the response's first write goes through aiohttp) and before its
-    ``write_eof``. There is no drain: what a slow client has not read
-    stays in the transport's buffer, bounded by the response's size (``max_tokens``). At the end
-    ``take`` hands what is pending to ``write_eof``, so it leaves with the end of the body."""
+    ``write_eof``. The transport's high-water mark is the stream's buffer limit: past it the
+    transport pauses aiohttp's protocol, and ``wait_for_reader`` waits on aiohttp's drain until
+    the client has read the buffer down to a quarter of it. At the end ``take`` hands what is
+    pending to ``write_eof``, so it leaves with the end of the body."""
 
-    __slots__ = ("_transport", "_parts", "_scheduled")
+    __slots__ = ("_transport", "_parts", "_pending", "_scheduled")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, max_buffer_bytes: int) -> None:
         self._transport = transport
         self._parts: list[bytes] = []
+        self._pending = 0
         self._scheduled = False
+        transport.set_write_buffer_limits(high=max_buffer_bytes)
 
     def add(self, data: bytes) -> None:
         if self._transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
         self._parts.append(data)
+        self._pending += len(data)
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -126,48 +157,97 @@ class Coalescer:
         """What is pending, now no longer pending."""
         data = b"".join(self._parts)
         self._parts.clear()
+        self._pending = 0
         return data
+
+    def backlog(self) -> int:
+        """Bytes the client has not read: pending here and in the transport's buffer."""
+        return self._pending + self._transport.get_write_buffer_size()
+
+    async def wait_for_reader(self, writer: AbstractStreamWriter, limits: StreamLimits) -> None:
+        """Flush, then wait until the client has read the buffer down, or StreamStalled."""
+        self.flush()
+        waiting = self._transport.get_write_buffer_size()
+        await _within(limits, writer.drain(), waiting)
 
 
 async def stream_sse(
-    request: web.Request, gen: Generation, first: GenerateOutput, include_usage: bool
+    request: web.Request, gen: Generation, first: GenerateOutput, include_usage: bool, limits: StreamLimits
 ) -> web.StreamResponse:
     resp = SSEResponse(headers={**SSE_HEADERS, **gen.ctx.response_headers})
     chunked = request.version >= HttpVersion11
     if chunked:
         resp.enable_chunked_encoding()  # the framing Coalescer writes
     await resp.prepare(request)
+    try:
+        await _stream(request, resp, gen, first, include_usage, limits)
+    except ConnectionResetError:
+        pass  # the client went away; closing the stream aborts the request
+    except StreamStalled as exc:
+        log.warning("stream %s aborted: %s", gen.ctx.request_id, exc)
+        gen.metrics.shed.inc(("stream_stalled",))
+        transport = request.transport
+        if transport is not None:
+            transport.abort()  # close() would wait to flush what the client never reads
+    return resp
+
+
+async def _stream(
+    request: web.Request,
+    resp: web.StreamResponse,
+    gen: Generation,
+    out: GenerateOutput,
+    include_usage: bool,
+    limits: StreamLimits,
+) -> None:
+    chunked = request.version >= HttpVersion11
     coalescer: Coalescer | None = None
-    out = first
     try:
         while True:
             delta = gen.assembler.push(out)
             if delta.finish_reason is not None:
                 tail = gen.formatter.usage_chunk(gen.assembler) if include_usage else b""
                 pending = coalescer.take() if coalescer is not None else b""
-                await resp.write_eof(pending + gen.formatter.chunk(delta) + tail + DONE)
+                await _within(limits, resp.write_eof(pending + gen.formatter.chunk(delta) + tail + DONE))
                 gen.finish_metrics()
-                return resp
+                return
             if delta.text or delta.logprobs is not None:
                 data = gen.formatter.chunk(delta)
                 if coalescer is not None:
                     coalescer.add(data)
-                else:
-                    await resp.write(data)  # the headers go with it
+                    if coalescer.backlog() > limits.max_buffer_bytes:
+                        await coalescer.wait_for_reader(request.writer, limits)
+                elif chunked:  # the first chunk, with the headers: too small for aiohttp to drain
+                    await resp.write(data)
                     transport = request.transport
-                    if chunked and transport is not None:
-                        coalescer = Coalescer(transport)  # type: ignore[arg-type]  # uvloop's
+                    if transport is not None:
+                        coalescer = Coalescer(transport, limits.max_buffer_bytes)  # type: ignore[arg-type]  # uvloop's
+                else:  # HTTP/1.0: every chunk through aiohttp, which waits for the reader past 64 KiB
+                    await _within(limits, resp.write(data))
             out = await gen.next_output()
-    except ConnectionResetError:
-        pass  # the client went away; closing the stream aborts the request
+    except (ConnectionResetError, StreamStalled):
+        raise  # nothing more can reach the client: stream_sse ends it
     except InterlockError as exc:
         pending = coalescer.take() if coalescer is not None else b""
-        await resp.write_eof(pending + sse(error_body(exc)) + DONE)
+        await _within(limits, resp.write_eof(pending + sse(error_body(exc)) + DONE))
     except Exception:  # the headers are out: a new response cannot be sent, so report in-band
         log.exception("unexpected error while streaming %s", gen.ctx.request_id)
         pending = coalescer.take() if coalescer is not None else b""
-        await resp.write_eof(pending + sse(error_body(ServiceError("internal server error"))) + DONE)
-    return resp
+        error = sse(error_body(ServiceError("internal server error")))
+        await _within(limits, resp.write_eof(pending + error + DONE))
+
+
+async def _within(limits: StreamLimits, write: Awaitable[None], waiting: int | None = None) -> None:
+    """``write`` (which waits for the client to read when the buffer is full), or StreamStalled."""
+    try:
+        async with asyncio.timeout(limits.stall_timeout_s):
+            await write
+    except TimeoutError:
+        unread = f"{waiting} bytes unread" if waiting is not None else "its buffer full"
+        raise StreamStalled(
+            f"the client left {unread} for {limits.stall_timeout_s} s (stream_stall_timeout_s; "
+            f"max_stream_buffer_bytes is {limits.max_buffer_bytes})"
+        ) from None
 
 
 async def collect(gen: Generation, first: GenerateOutput) -> web.Response:

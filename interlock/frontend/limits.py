@@ -7,15 +7,22 @@ after the JSON is decoded (and the rendered chat template again before it is enc
 size in tokens right after encoding. Nesting depth is checked on the few fields whose JSON
 shape is free (``Any``); every other field has a fixed type, so msgspec refuses deep nesting
 there at the first level that does not match.
+
+The headers the server keeps beyond the request (the session id in the router's affinity table,
+up to 100,000 entries; the request id in logs and the reply) are held to ``max_header_chars``
+before the body is read: aiohttp alone allows 8 KiB a header, which made the session table
+~780 MB at its cap.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
 from interlock.errors import LimitExceeded
+from interlock.frontend.backend import HEADER_PRIORITY, HEADER_REQUEST_ID, HEADER_SESSION_ID, HEADER_WORKER_ID
 
 DEFAULT_MAX_PROMPT_CHARS = 1_000_000
 DEFAULT_MAX_JSON_DEPTH = 32
@@ -24,6 +31,22 @@ DEFAULT_MAX_JSON_DEPTH = 32
 # at the edge: more than any scheduling policy, vocabulary or top-k needs.
 MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 MAX_INT32 = 2**31 - 1
+
+
+KEPT_HEADERS = (HEADER_REQUEST_ID, HEADER_SESSION_ID, HEADER_WORKER_ID, HEADER_PRIORITY)
+"""Headers whose values outlive parsing (with the configured route-key header)."""
+
+
+def check_header_values(headers: Iterable[tuple[str, str]], kept: frozenset[str], max_chars: int) -> None:
+    """Refuse a request with a value of one of ``kept`` (lower-case names) longer than
+    ``max_chars`` (every occurrence counts: a repeated header is not a way around the limit)."""
+    for name, value in headers:
+        if len(value) > max_chars and name.lower() in kept:
+            raise LimitExceeded(
+                f"the {name.lower()} header is {len(value)} characters; this server accepts at most "
+                f"{max_chars} (max_header_chars)",
+                param=name.lower(),
+            )
 
 
 def check_prompt_chars(size: int, max_chars: int, *, param: str) -> None:

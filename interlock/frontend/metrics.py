@@ -21,6 +21,7 @@ Labels = tuple[str, ...]
 FAMILIES = {
     "interlock_http_requests_total": "requests",
     "interlock_requests_in_flight": "requests",
+    "interlock_http_shed_total": "requests",
     "interlock_time_to_first_token_seconds": "ttft",
     "interlock_inter_token_latency_seconds": "itl",
     "interlock_request_duration_seconds": "e2e",
@@ -154,6 +155,12 @@ class FrontendMetrics:
             ("endpoint", "status"),
         )
         self.in_flight = Gauge("interlock_requests_in_flight", "Generation requests being served now.")
+        self.shed = Counter(
+            "interlock_http_shed_total",
+            "Connections closed or refused, and requests cut, to keep the frontend fair and its "
+            "memory bounded, by reason.",
+            ("reason",),
+        )
         self.ttft = Histogram(
             "interlock_time_to_first_token_seconds", "Time from request arrival to first token.", ("model",)
         )
@@ -184,6 +191,7 @@ class FrontendMetrics:
         for metric in (
             self.requests,
             self.in_flight,
+            self.shed,
             self.ttft,
             self.itl,
             self.e2e,

@@ -12,6 +12,7 @@ import msgspec
 
 from interlock.errors import InvalidRequest, PromptTooLong
 from interlock.frontend.backend import ModelEntry
+from interlock.frontend.budget import TokenBudget, encode_within
 from interlock.frontend.limits import check_prompt_chars
 from interlock.frontend.schemas import (
     ChatCompletionRequest,
@@ -26,19 +27,24 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 async def prompt_ids(
-    req: ChatCompletionRequest | CompletionRequest, tok: ModelTokenizer, *, max_chars: int | None = None
+    req: ChatCompletionRequest | CompletionRequest,
+    tok: ModelTokenizer,
+    *,
+    max_chars: int | None = None,
+    budget: TokenBudget | None = None,
 ) -> list[int]:
     """The prompt's token ids (long texts are encoded off the event loop). A rendered chat
-    prompt longer than ``max_chars`` is refused before it is encoded."""
+    prompt longer than ``max_chars`` is refused before it is encoded, a text over ``budget``
+    before it is encoded in full (``budget.py``)."""
     if isinstance(req, ChatCompletionRequest):
         text = chat_prompt_text(req, tok)
         if max_chars is not None:
             check_prompt_chars(len(text), max_chars, param="messages")
         # The template already wrote the special tokens (BOS, turn markers): add none.
-        return await tok.encode_async(text, add_special_tokens=False)
+        return await encode_within(tok, text, add_special_tokens=False, budget=budget, param="messages")
     prompt = completion_prompt(req)
     if isinstance(prompt, str):
-        return await tok.encode_async(prompt, add_special_tokens=True)
+        return await encode_within(tok, prompt, add_special_tokens=True, budget=budget, param="prompt")
     check_token_ids(prompt, tok)
     return prompt
 

@@ -56,6 +56,15 @@ class ModelTokenizer:
         )
         return batch[0].ids
 
+    def count(self, text: str) -> int:
+        """How many tokens ``text`` encodes to, special tokens left out (releases the GIL)."""
+        return len(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
+
+    @property
+    def num_special_tokens(self) -> int:
+        """Special tokens ``encode(..., add_special_tokens=True)`` adds to a text (BOS, say)."""
+        return int(self.tokenizer.num_special_tokens_to_add(False))
+
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 

@@ -1,23 +1,31 @@
-"""Connection limits: idle, slow-header and slow-body timeouts, and the cap on open connections."""
+"""Connection limits: idle, slow-header and slow-body timeouts and rates, the fair cap on open
+connections with its reserve for probes, and the per-client caps. A client is an address: the
+tests connect from several loopback addresses (127.0.0.0/8 is all loopback)."""
 
 from __future__ import annotations
 
+import re
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import httpx2
+import openai
 import pytest
 
 from interlock.frontend import FakeScript, FrontendConfig
+from interlock.frontend.app import CONNECTIONS_KEY
+from interlock.frontend.auth import AuthConfig
 from tests.certs import needs_openssl, self_signed
 from tests.frontend.conftest import MODEL, Served, serving
 
 TIMEOUT = 0.5
 CAP = 6
+CROWD, NORMAL, OTHER = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +41,31 @@ def capped(smol_path: Path) -> Iterator[Served]:
         yield s
 
 
-def connect(served: Served) -> socket.socket:
-    sock = socket.create_connection((served.server.host, served.server.port), timeout=10)
+def connect(served: Served, source: str | None = None) -> socket.socket:
+    """A connection to ``served``, from the loopback address ``source`` if given: 127.0.0.0/8 is
+    all loopback, so each address is a client of its own to the server."""
+    address = (source, 0) if source else None
+    sock = socket.create_connection(
+        (served.server.host, served.server.port), timeout=10, source_address=address
+    )
     sock.settimeout(10)
     return sock
+
+
+def post_head(length: int, route_key: str = "none") -> bytes:
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"x-route-key: %s\r\nContent-Length: %d\r\n\r\n" % (route_key.encode(), length)
+    )
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def closed_within(sock: socket.socket, seconds: float) -> bool:
@@ -109,31 +138,26 @@ def test_health_answers_while_idle_connections_fill_the_cap(capped: Served) -> N
             sock.close()
 
 
-def test_a_newcomer_is_refused_with_a_503_when_every_connection_is_busy(capped: Served) -> None:
+def test_when_every_connection_is_serving_probes_answer_from_the_reserve(capped: Served) -> None:
     limited = capped
     headers = limited.script("slow", FakeScript(token_delay_s=0.05))
     body = b'{"model": "%s", "prompt": "x", "max_tokens": 200}' % MODEL.encode()
-    busy = [connect(limited) for _ in range(CAP)]
+    busy = [connect(limited, CROWD) for _ in range(CAP)]
     try:
         for sock in busy:
-            sock.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"x-route-key: %s\r\nContent-Length: %d\r\n\r\n%s"
-                % (headers["x-route-key"].encode(), len(body), body)
-            )
-        deadline = time.monotonic() + 5
-        while limited.backend.active < CAP and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert limited.backend.active == CAP
-        with connect(limited) as newcomer:
-            assert newcomer.recv(65536).startswith(b"HTTP/1.1 503")
+            sock.sendall(post_head(len(body), headers["x-route-key"]) + body)
+        assert wait_until(lambda: limited.backend.active == CAP)
+        with connect(limited, NORMAL) as probe:
+            probe.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert probe.recv(65536).startswith(b"HTTP/1.1 200")
+        with connect(limited, NORMAL) as newcomer:  # a reserve slot serves probes only
+            newcomer.sendall(post_head(len(body), headers["x-route-key"]) + body)
+            reply = newcomer.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 503") and b"too_many_connections" in reply
     finally:
         for sock in busy:
             sock.close()
-    deadline = time.monotonic() + 5
-    while limited.backend.active and time.monotonic() < deadline:  # the busy ones were aborted
-        time.sleep(0.01)
-    assert limited.backend.active == 0
+    assert wait_until(lambda: limited.backend.active == 0)  # the busy ones were aborted
 
 
 def test_many_requests_reuse_connections_under_the_cap(capped: Served) -> None:
@@ -169,3 +193,138 @@ def test_tls(smol_path: Path, tmp_path: Path) -> None:
             httpx.Client(base_url=tls.url.replace("https", "http")) as plain,
         ):
             plain.get("/live")
+
+
+SLOW_BODIES = 4000
+FAIR_CAP = 10
+
+
+@pytest.fixture(scope="module")
+def fair(smol_path: Path) -> Iterator[Served]:
+    # The defaults (no API key, no per-client cap in reach) but for a small cap and a short grace.
+    with serving(smol_path, FrontendConfig(max_connections=FAIR_CAP, body_grace_s=0.5)) as s:
+        yield s
+
+
+def test_4000_slow_bodies_while_a_normal_client_and_health_are_still_served(fair: Served) -> None:
+    """The report: slow bodies from one process against a small --max-connections reset every
+    new connection, /health included, for up to the body timeout."""
+    tracker = fair.server.runner.app[CONNECTIONS_KEY]
+    normal = openai.OpenAI(
+        base_url=fair.url + "/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=10,
+        http_client=httpx2.Client(transport=httpx2.HTTPTransport(local_address=NORMAL)),  # openai's httpx
+    )
+    probe = httpx.Client(base_url=fair.url, transport=httpx.HTTPTransport(local_address=OTHER), timeout=10)
+    crowd: list[socket.socket] = []
+    finished: list[str] = []
+    most_open = 0
+    try:
+        for i in range(SLOW_BODIES):
+            try:
+                sock = connect(fair, CROWD)
+                crowd.append(sock)
+                sock.sendall(post_head(100_000) + b'{"model": ')  # and not another byte
+            except OSError:
+                pass  # refused or reset already: the crowd just opens the next one
+            most_open = max(most_open, tracker.open_connections)
+            if i % 400 == 399:
+                r = normal.completions.create(model=MODEL, prompt="Say hi", max_tokens=4)
+                finished.append(r.choices[0].finish_reason)
+                assert probe.get("/health").status_code == 200
+    finally:
+        for sock in crowd:
+            sock.close()
+        probe.close()
+        normal.close()
+    assert finished == ["length"] * (SLOW_BODIES // 400)
+    assert most_open <= FAIR_CAP + FrontendConfig().reserved_connections
+    shed = probe_metrics(fair)
+    assert shed.get("reserve_only", 0) > 0  # the crowd's extra connections got probes-only slots
+
+
+def probe_metrics(served: Served) -> dict[str, float]:
+    with httpx.Client(base_url=served.url, transport=httpx.HTTPTransport(local_address=OTHER)) as http:
+        text = http.get("/metrics").text
+    return {
+        m[0]: float(m[1])
+        for m in re.findall(r'^interlock_http_shed_total\{reason="(\w+)"\} (\S+)', text, re.M)
+    }
+
+
+def test_a_body_slower_than_the_minimum_rate_gets_a_408_before_the_body_timeout(smol_path: Path) -> None:
+    config = FrontendConfig(min_body_rate=1000, body_grace_s=0.3, body_timeout_s=60)
+    with serving(smol_path, config) as slow, connect(slow) as sock:
+        sock.sendall(post_head(10_000))
+        reply = b""
+        while not reply:  # a byte every 50 ms: 20 bytes/s, under the 1000 required
+            sock.sendall(b" ")
+            time.sleep(0.05)
+            sock.setblocking(False)
+            try:
+                reply = sock.recv(65536)
+            except BlockingIOError:
+                pass
+            sock.setblocking(True)
+        assert reply.startswith(b"HTTP/1.1 408") and b"min_body_rate" in reply
+        assert b"Connection: close" in reply  # no keep-alive after a body left unread
+
+
+def test_one_address_holds_at_most_max_client_connections(smol_path: Path) -> None:
+    with serving(smol_path, FrontendConfig(max_client_connections=3)) as s:
+        uploading = [connect(s, CROWD) for _ in range(3)]
+        try:
+            for sock in uploading:
+                sock.sendall(post_head(1000) + b"{")
+            tracker = s.server.runner.app[CONNECTIONS_KEY]
+            assert wait_until(lambda: tracker.open_connections == 3)
+            with connect(s, CROWD) as fourth:  # no idle one of its own to make room: refused
+                reply = fourth.recv(65536)
+                assert reply.startswith(b"HTTP/1.1 503") and b"too_many_connections" in reply
+            with connect(s, NORMAL) as other:
+                other.sendall(b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert other.recv(65536).startswith(b"HTTP/1.1 200")
+        finally:
+            for sock in uploading:
+                sock.close()
+
+
+def test_requests_in_flight_are_capped_per_address_and_per_api_key(smol_path: Path) -> None:
+    config = FrontendConfig(max_client_requests=2, auth=AuthConfig(api_keys=("k1", "k2")))
+    with serving(smol_path, config) as s:
+        headers = s.script("held", FakeScript(token_delay_s=0.05))
+        body = b'{"model": "%s", "prompt": "x", "max_tokens": 1000, "stream": true}' % MODEL.encode()
+
+        def start(source: str, key: str) -> socket.socket:
+            sock = connect(s, source)
+            head = post_head(len(body), headers["x-route-key"])
+            sock.sendall(head[:-2] + b"Authorization: Bearer %s\r\n\r\n" % key.encode() + body)
+            return sock
+
+        def refusal(source: str, key: str) -> bytes:
+            with start(source, key) as sock:
+                return sock.recv(65536)
+
+        held = [start(CROWD, "k1"), start(CROWD, "k2")]
+        try:
+            assert wait_until(lambda: s.backend.active == 2)
+            reply = refusal(CROWD, "k2")  # the address is at its cap, whatever the key
+            assert reply.startswith(b"HTTP/1.1 429") and b"max_client_requests" in reply
+            held.append(start(NORMAL, "k1"))
+            assert wait_until(lambda: s.backend.active == 3)
+            reply = refusal(OTHER, "k1")  # k1 is at its cap from two addresses
+            assert reply.startswith(b"HTTP/1.1 429") and b"max_client_requests" in reply
+            assert s.backend.active == 3
+        finally:
+            for sock in held:
+                sock.close()
+        assert wait_until(lambda: s.backend.active == 0)
+        with httpx.Client(base_url=s.url, timeout=10) as http:  # every count was released
+            r = http.post(
+                "/v1/completions",
+                json={"model": MODEL, "prompt": "x", "max_tokens": 2},
+                headers={"Authorization": "Bearer k1"},
+            )
+            assert r.status_code == 200
