@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,13 @@ class CacheConfig:
     """Put the KV cache on a memfd (CPU only) so a decode worker of this host copies a
     prefill's blocks straight out of it (one copy, ``interlock.engine.shared_cache``) instead of
     an export and an import around a staged payload."""
+    tier_load_timeout_s: float = 2.0
+    """A load from the host or disk tier not done within this, plus its bytes at
+    ``tier_load_min_mib_s``, is abandoned: the request computes those blocks instead (a hung
+    or dying disk; ``interlock.engine.tiers.deadline``)."""
+    tier_load_min_mib_s: float = 50.0
+    """The slowest read rate, MiB/s, a working disk is allowed when sizing that deadline (a
+    loaded HDD or NFS mount reads faster: the deadline catches hangs, not slow disks)."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -54,6 +62,10 @@ class CacheConfig:
                 raise ConfigError(f"{tier}_kv_blocks must be positive")
             if blocks is not None and gib:
                 raise ConfigError(f"give {tier}_kv_gib or {tier}_kv_blocks, not both")
+        for name in ("tier_load_timeout_s", "tier_load_min_mib_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"{name} must be positive and finite")
         if self.has_disk_tier and not self.disk_kv_path:
             raise ConfigError("a disk KV tier (disk_kv_gib) needs disk_kv_path")
         if self.disk_kv_path and not self.has_disk_tier:

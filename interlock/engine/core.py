@@ -85,7 +85,9 @@ class EngineCore:
         self.instance_id = instance_id
         self.kv_hold_timeout_s = kv_hold_timeout_s
         self.block_size = runner.block_size
-        self.tiers: KVTiers | None = build_tiers(config, runner, block_size=runner.block_size, io=tier_io)
+        self.tiers: KVTiers | None = build_tiers(
+            config, runner, block_size=runner.block_size, io=tier_io, clock=self.clock.now
+        )
         self.pool = BlockPool(
             runner.num_blocks,
             runner.block_size,

@@ -68,6 +68,10 @@ class TierStats(msgspec.Struct, frozen=True, kw_only=True):
     """Measured seconds to load one block (moving average; 0 until measured)."""
     stores: int = 0
     evictions: int = 0
+    load_timeouts: int = 0
+    """Blocks of loads abandoned at their deadline (a stuck or very slow disk): computed."""
+    write_failures: int = 0
+    """Blocks that could not be written (disk full, I/O error): not stored, nothing lost."""
 
 
 class LoadReport(msgspec.Struct, frozen=True, kw_only=True):

@@ -75,6 +75,13 @@ _TIER_METRICS = (
     ("load_failures_total", "counter", "Blocks that could not be loaded (computed again)", "load_failures"),
     ("load_seconds_total", "counter", "Time spent loading from the tier", "load_s"),
     ("evictions_total", "counter", "Blocks the tier evicted", "evictions"),
+    (
+        "load_timeouts_total",
+        "counter",
+        "Blocks of loads given up past their deadline (a slow disk)",
+        "load_timeouts",
+    ),
+    ("write_failures_total", "counter", "Blocks the tier failed to write (a full disk)", "write_failures"),
 )
 
 

@@ -74,10 +74,10 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(10)
 
 
-def port_of(runtime: object) -> int:
-    nc = runtime.discovery._nc  # type: ignore[attr-defined]
-    assert nc.connected_url is not None
-    return int(nc.connected_url.port)
+def port_of(runtime: object) -> int | None:
+    """The port of the server ``runtime`` is connected to (None while it reconnects)."""
+    url = runtime.discovery._nc.connected_url  # type: ignore[attr-defined]
+    return None if url is None else int(url.port)
 
 
 def info(instance_id: str, address: str) -> InstanceInfo:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from interlock.engine.block_pool import Evicted
 from interlock.engine.config import EngineConfig
+from interlock.engine.tiers.deadline import LoadDeadline
 from interlock.engine.tiers.disk import DiskTier, layout_digest
 from interlock.engine.tiers.host import HostStore, HostTier
 from interlock.engine.tiers.io import ManualIO, ThreadIO, TierIO
@@ -18,6 +21,7 @@ __all__ = [
     "HostStore",
     "HostTier",
     "KVTiers",
+    "LoadDeadline",
     "LoadDone",
     "ManualIO",
     "SharedHostTier",
@@ -28,9 +32,14 @@ __all__ = [
 
 
 def build_tiers(
-    config: EngineConfig, runner: BlockCopier, *, block_size: int, io: TierIO | None = None
+    config: EngineConfig,
+    runner: BlockCopier,
+    *,
+    block_size: int,
+    io: TierIO | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> KVTiers | None:
-    """The tiers ``config.cache`` asks for, or None."""
+    """The tiers ``config.cache`` asks for, or None; ``clock`` times their load deadlines."""
     cache = config.cache
     if not (cache.has_host_tier or cache.has_disk_tier):
         return None
@@ -49,4 +58,5 @@ def build_tiers(
     if disk_blocks:
         assert cache.disk_kv_path is not None
         disk = DiskTier(Path(cache.disk_kv_path), disk_blocks, nbytes, layout, io)
-    return KVTiers(runner, io, host=host, disk=disk)
+    deadline = LoadDeadline(cache.tier_load_timeout_s, cache.tier_load_min_mib_s * (1 << 20))
+    return KVTiers(runner, io, host=host, disk=disk, deadline=deadline, clock=clock)

@@ -18,13 +18,22 @@ restarted worker reuses (and first empties) a dead one's directory.
 
 A block a queued read needs is pinned (``acquire``/``release``): never evicted meanwhile.
 
-Invariants (``check_integrity``): the index holds at most ``capacity`` blocks; every entry is
-WRITING (its job pending) or READY; pending writes are exactly the WRITING entries; pins are
-positive and on READY entries only.
+A full file system (ENOSPC, EDQUOT: other files, or a size larger than the disk) costs no
+request: the failed write leaves no file (its temporary one is removed, else it would keep the
+space), the block is forgotten and counted (``write_failures``), and the tier then keeps as
+many blocks as it holds (``room``), evicting old blocks for new ones as if it were that size.
+Each time it has written as many blocks as it keeps, ``room`` grows by one (back up to
+``capacity``), so space freed meanwhile is found again at one failed write per turnover.
+
+Invariants (``check_integrity``): the index holds at most ``room`` <= ``capacity`` blocks;
+every entry is WRITING (its job pending) or READY; pending writes are exactly the WRITING
+entries; pins are positive and on READY entries only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -68,10 +77,17 @@ def write_block(directory: Path, block_hash: int, layout: bytes, data: bytes | m
     )
     final = block_path(directory, block_hash)
     tmp = final.with_suffix(f".{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(header)
-        f.write(payload)
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header)
+            f.write(payload)
+        os.replace(tmp, final)
+    except BaseException:
+        # A full disk fails part-way through: what was written must not keep the space (on a
+        # tmpfs, nothing else would ever free it).
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_block(
@@ -133,6 +149,10 @@ class DiskTier:
         self._pins: dict[int, int] = {}
         """Blocks a queued read needs: not evicted until ``release``."""
         self.write_failures = 0
+        self.room = capacity
+        """Blocks kept: ``capacity``, or what fit when the file system ran out of space."""
+        self._fits = 0
+        """Writes that succeeded since ``room`` last changed."""
         self.directory, fd = _claim_directory(directory)
         self._lock_fd: int | None = fd
         _clean(self.directory)
@@ -167,7 +187,7 @@ class DiskTier:
             self.touch(block_hash)
             return False, []
         evicted: list[int] = []
-        while len(self._lru) >= self.capacity:
+        while len(self._lru) >= self.room:
             pins = self._pins
             victim = next((h for h, s in self._lru.items() if s == READY and h not in pins), None)
             if victim is None:
@@ -189,15 +209,40 @@ class DiskTier:
                 continue
             del self._writes[h]
             if job.error is not None:
-                log.warning("writing KV block %016x to %s failed: %s", h, self.directory, job.error)
                 self.write_failures += 1
                 del self._lru[h]
                 self._submit_delete(h)
                 failed.append(h)
+                if _is_full(job.error):
+                    self._shrink()
+                else:
+                    log.warning("writing KV block %016x to %s failed: %s", h, self.directory, job.error)
             else:
                 self._lru[h] = READY
                 ready.append(h)
+                self._grow()
         return ready, failed
+
+    def _shrink(self) -> None:
+        """The file system is full (other files, or a size larger than it): keep what is here
+        and make room for new blocks by evicting old ones, as if the tier were this size."""
+        room = max(1, len(self._lru))
+        if room < self.room:
+            log.warning(
+                "disk KV tier %s is full: keeping %d blocks (of %d configured)",
+                self.directory,
+                room,
+                self.capacity,
+            )
+        self.room, self._fits = min(room, self.room), 0
+
+    def _grow(self) -> None:
+        """One block more each time the tier has written as many as it keeps."""
+        if self.room >= self.capacity:
+            return
+        self._fits += 1
+        if self._fits >= self.room:
+            self.room, self._fits = self.room + 1, 0
 
     def reader(self, block_hash: int) -> tuple[Path, int, bytes, int]:
         """What a read job needs (the index is not touched off the engine thread)."""
@@ -238,7 +283,7 @@ class DiskTier:
         self.io.submit(lambda: delete_block(d, block_hash))
 
     def check_integrity(self) -> None:
-        _check(len(self._lru) <= self.capacity, "over capacity")
+        _check(len(self._lru) <= self.room <= self.capacity, "over capacity")
         writing = {h for h, s in self._lru.items() if s == WRITING}
         _check(writing == set(self._writes), "pending writes out of step with the index")
         _check(all(s in (WRITING, READY) for s in self._lru.values()), "unknown state")
@@ -279,6 +324,10 @@ def _clean(directory: Path) -> None:
     for p in directory.iterdir():
         if p.suffix in (".kv", ".tmp"):
             p.unlink(missing_ok=True)
+
+
+def _is_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _check(ok: bool, message: str) -> None:

@@ -58,8 +58,9 @@ class TierIO(Protocol):
 
     def submit(self, fn: Callable[[], T]) -> Job[T]: ...
 
-    def close(self) -> None:
-        """Run what is queued, then stop."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Run what is queued, then stop; False if ``timeout`` passed first (a job is stuck:
+        a hung disk must not hang the worker's shutdown too)."""
         ...
 
 
@@ -81,12 +82,12 @@ class ThreadIO:
         self._queue.put(job)  # type: ignore[arg-type]
         return job
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join()
+    def close(self, timeout: float | None = None) -> bool:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while True:
@@ -123,5 +124,6 @@ class ManualIO:
                 self.on_done()
         return count
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> bool:
         self.run_pending()
+        return True

@@ -16,6 +16,15 @@ queues one job on the I/O thread that copies the blocks in (host: from a pinned 
 read, check, copy); the step loop never waits for it. ``poll`` (once per step) hands back the
 finished loads: how many leading blocks arrived intact. The rest are computed as usual.
 
+Deadlines (``deadline``): a load not done in time is handed back with the blocks that arrived
+by then, and its request computes the rest; the job, whenever it ends, copies nothing more
+(``CopyGuard``). All copies share one I/O thread, in order, so a job past its load's deadline
+is taken for a stuck thread (a hung disk): until it ends, lookups find nothing below the pool
+(a new load would only queue behind it, and wait out its own deadline) and no block is queued
+for the disk (each write would hold a block's bytes in memory behind it, and the disk is the
+suspect). The host tier keeps taking evicted blocks (a copy on the engine thread). When the
+job ends, everything works as before.
+
 A host tier shared by the workers of a host is written through instead (``write_through``):
 every block the pool hashes is copied up right after the step that computed it, so another
 worker can load a prefix this one still holds on its device. Measured on the Mooncake
@@ -35,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -43,6 +52,7 @@ from typing import Any, Protocol
 
 from interlock.engine.block_pool import Evicted
 from interlock.engine.scheduler import LoadOrder
+from interlock.engine.tiers.deadline import Abandoned, CopyGuard, LoadDeadline
 from interlock.engine.tiers.disk import HEADER_BYTES, DiskTier, read_block
 from interlock.engine.tiers.host import HostStore
 from interlock.engine.tiers.io import Job, TierIO
@@ -83,6 +93,7 @@ class _Counters:
     load_s_per_block: float = 0.0
     stores: int = 0
     evictions: int = 0
+    load_timeouts: int = 0
 
 
 @dataclass(slots=True)
@@ -90,10 +101,15 @@ class _Load:
     request_id: str
     job: Job[tuple[int, list[float]]] | None
     handles: list[Any]
-    """The host tier's read handles (released at the end)."""
+    """The host tier's read handles (released when the job ends)."""
     disk_pins: list[int]
     tiers: list[str]
     """Source tier of each block, in order."""
+    deadline: float = float("inf")
+    """Clock time by which the job should have ended (``_queue``)."""
+    guard: CopyGuard = field(default_factory=CopyGuard)
+    handed_back: int | None = None
+    """Abandoned: the leading blocks handed back then (its job has not ended yet)."""
 
 
 @dataclass(slots=True)
@@ -109,6 +125,10 @@ class KVTiers:
     io: TierIO
     host: HostStore | None = None
     disk: DiskTier | None = None
+    deadline: LoadDeadline | None = None
+    """None: a load is waited for however long it takes."""
+    clock: Callable[[], float] = time.monotonic
+    """The engine's clock (seconds), for the deadlines."""
     _loads: list[_Load] = field(default_factory=list)
     _events: list[KVEvent] = field(default_factory=list)
     _counters: dict[str, _Counters] = field(default_factory=dict)
@@ -128,6 +148,8 @@ class KVTiers:
     # ---- lookup ----
     def lookup(self, hashes: Sequence[int]) -> int:
         """How many leading ``hashes`` some tier here holds (readable now)."""
+        if self._stuck():
+            return 0
         host, disk = self.host, self.disk
         n = 0
         for h in hashes:
@@ -140,7 +162,8 @@ class KVTiers:
     def offload(self, evicted: Sequence[Evicted]) -> None:
         """Copy blocks the device pool just evicted one tier down (engine thread, before the
         blocks are written again)."""
-        host, disk = self.host, self.disk
+        host = self.host
+        disk = None if self._stuck() else self.disk  # (see the module note on deadlines)
         for ev in evicted:
             h = ev.block_hash
             if host is not None:
@@ -185,15 +208,24 @@ class KVTiers:
         if evicted:
             self.offload(evicted)
         for load, sources in plans:
-            load.job = self.io.submit(partial(self._copy_in, sources))
-            self._loads.append(load)
+            self._queue(load, sources)
 
     def start_load(self, order: LoadOrder) -> int:
         """Queue one load alone (``move`` with nothing evicted); returns blocks queued."""
         load, sources = self._plan(order)
-        load.job = self.io.submit(lambda: self._copy_in(sources))
-        self._loads.append(load)
+        self._queue(load, sources)
         return len(sources)
+
+    def _queue(self, load: _Load, sources: list[_Source]) -> None:
+        """Submit the copy. Its deadline counts from those of the loads queued before it: the
+        jobs run one at a time, in order."""
+        if self.deadline is not None:
+            now = self.clock()
+            after = max((x.deadline for x in self._loads if x.handed_back is None), default=now)
+            nbytes = len(sources) * self.runner.kv_block_nbytes
+            load.deadline = max(now, after) + self.deadline.seconds(nbytes)
+        load.job = self.io.submit(partial(self._copy_in, sources, load.guard))
+        self._loads.append(load)
 
     def _plan(self, order: LoadOrder) -> tuple[_Load, list[_Source]]:
         """Sources of the leading blocks of ``order`` found here (host slots pinned)."""
@@ -217,8 +249,9 @@ class KVTiers:
         disk_pins = [h for h, t in zip(order.block_hashes, tiers, strict=False) if t == "disk"]
         return _Load(order.request_id, None, handles, disk_pins, tiers), sources
 
-    def _copy_in(self, sources: list[_Source]) -> tuple[int, list[float]]:
-        """I/O thread: copy in order; stops at the first block that cannot be read intact.
+    def _copy_in(self, sources: list[_Source], guard: CopyGuard) -> tuple[int, list[float]]:
+        """I/O thread: copy in order; stops at the first block that cannot be read intact, or
+        when the load is abandoned (every copy into device blocks runs inside ``guard``).
 
         Consecutive host blocks go in one copy call (``read_many`` + ``import_each``): per
         block, the Python around a call cost about half of a SmolLM2 block's copy. A disk
@@ -228,73 +261,117 @@ class KVTiers:
         host, runner = self.host, self.runner
         times: list[float] = []
         i = 0
-        while i < len(sources):
-            t0 = time.perf_counter()
-            if sources[i].handle is not None:
-                assert host is not None
-                j = i
-                while j < len(sources) and sources[j].handle is not None:
-                    j += 1
-                group = sources[i:j]
-                ids = [s.block_id for s in group]
-                n = host.read_many([s.handle for s in group], partial(_import_each, runner, ids))
-                per_block = (time.perf_counter() - t0) / max(1, len(group))
-                times.extend([per_block] * n)
-                if n < len(group):
+        try:
+            while i < len(sources):
+                t0 = time.perf_counter()
+                if sources[i].handle is not None:
+                    assert host is not None
+                    j = i
+                    while j < len(sources) and sources[j].handle is not None:
+                        j += 1
+                    group = sources[i:j]
+                    ids = [s.block_id for s in group]
+                    sink = partial(_import_each, runner, ids, guard)
+                    n = host.read_many([s.handle for s in group], sink)
+                    per_block = (time.perf_counter() - t0) / max(1, len(group))
+                    times.extend([per_block] * n)
+                    guard.arrived(len(times))
+                    if n < len(group):
+                        break
+                    i = j
+                    continue
+                s = sources[i]
+                assert s.disk is not None
+                if not self._scratch:
+                    self._scratch = bytearray(HEADER_BYTES + runner.kv_block_nbytes + 1)
+                data = read_block(*s.disk, self._scratch)
+                if data is None:
                     break
-                i = j
-                continue
-            s = sources[i]
-            assert s.disk is not None
-            if not self._scratch:
-                self._scratch = bytearray(HEADER_BYTES + runner.kv_block_nbytes + 1)
-            data = read_block(*s.disk, self._scratch)
-            if data is None:
-                break
-            runner.import_blocks([s.block_id], data)
-            times.append(time.perf_counter() - t0)
-            i += 1
+                with guard.copying():
+                    runner.import_blocks([s.block_id], data)
+                times.append(time.perf_counter() - t0)
+                guard.arrived(len(times))
+                i += 1
+        except Abandoned:
+            pass  # the request went on without the rest: nothing more is copied
         return len(times), times
 
     def poll(self) -> list[LoadDone]:
-        """Engine thread, once per step: finished disk writes become findable; finished loads
-        are handed back."""
+        """Engine thread, once per step: finished disk writes become findable; finished loads,
+        and loads past their deadline, are handed back."""
         if self.disk is not None:
             ready, _failed = self.disk.poll()
             for h in ready:
                 self._stored(self.disk.name, h, None)
+        now = self.clock()
         done: list[LoadDone] = []
         still: list[_Load] = []
-        for load in self._loads:
+        stuck = False
+        for load in self._loads:  # in the order their jobs run
             job = load.job
             assert job is not None
-            if not job.done:
-                still.append(load)
+            if job.done:
+                self._finish(load, job, done)
                 continue
-            if self.host is not None:
-                for handle in load.handles:
-                    self.host.release(handle)
-            if self.disk is not None:
-                for h in load.disk_pins:
-                    self.disk.release(h)
-            n, times = job.result if job.result is not None else (0, [])
-            if job.error is not None:
-                log.warning("loading KV for %s failed: %s", load.request_id, job.error)
-            for tier, t in zip(load.tiers, times, strict=False):
-                c = self._counters[tier]
-                c.loads += 1
-                c.load_s += t
-                c.load_s_per_block = (
-                    t if not c.load_s_per_block else (1 - _EMA) * c.load_s_per_block + _EMA * t
-                )
-            for tier in load.tiers[n : n + 1]:
-                self._counters[tier].load_failures += 1
-            done.append(LoadDone(load.request_id, n))
+            if load.handed_back is None and (stuck or now >= load.deadline):
+                self._abandon(load, done)  # behind a stuck job: it would not come either
+            stuck = stuck or load.handed_back is not None
+            still.append(load)
         self._loads = still
         return done
 
+    def _finish(self, load: _Load, job: Job[tuple[int, list[float]]], done: list[LoadDone]) -> None:
+        """The job ended: its pins go; its request goes on unless it did at the deadline."""
+        if self.host is not None:
+            for handle in load.handles:
+                self.host.release(handle)
+        if self.disk is not None:
+            for h in load.disk_pins:
+                self.disk.release(h)
+        n, times = job.result if job.result is not None else (0, [])
+        if job.error is not None:
+            log.warning("loading KV for %s failed: %s", load.request_id, job.error)
+        if load.handed_back is not None:
+            n = load.handed_back
+            times = times[:n]
+        else:
+            for tier in load.tiers[n : n + 1]:
+                self._counters[tier].load_failures += 1
+            done.append(LoadDone(load.request_id, n))
+        for tier, t in zip(load.tiers, times, strict=False):
+            c = self._counters[tier]
+            c.loads += 1
+            c.load_s += t
+            c.load_s_per_block = t if not c.load_s_per_block else (1 - _EMA) * c.load_s_per_block + _EMA * t
+
+    def _abandon(self, load: _Load, done: list[LoadDone]) -> None:
+        """Past the deadline: hand the request back with the blocks that arrived, unless a
+        copy runs right now (then at the next poll). The pins stay until the job ends."""
+        n = load.guard.abandon()
+        if n is None:
+            return
+        load.handed_back = n
+        for tier in load.tiers[n:]:
+            self._counters[tier].load_timeouts += 1
+        log.warning(
+            "loading KV for %s abandoned, tier I/O stuck past a load's deadline: %d of %d "
+            "blocks arrived, computing the rest (no loads or disk writes until it ends)",
+            load.request_id,
+            n,
+            len(load.tiers),
+        )
+        done.append(LoadDone(load.request_id, n))
+
+    def _stuck(self) -> bool:
+        """A load's job ran past its deadline and has not ended (see the module note)."""
+        return any(load.handed_back is not None for load in self._loads)
+
     def has_pending(self) -> bool:
-        return bool(self._loads) or (self.disk is not None and self.disk.num_writing > 0)
+        """A step could hand something back: a load not yet done or abandoned, a disk write
+        (not while the I/O thread is stuck: its end wakes the engine anyway)."""
+        if any(load.handed_back is None for load in self._loads):
+            return True
+        return not self._stuck() and self.disk is not None and self.disk.num_writing > 0
 
     # ---- events, figures, maintenance ----
     def _stored(self, tier: str, block_hash: int, parent: int | None) -> None:
@@ -326,7 +403,12 @@ class KVTiers:
         out = []
         for t in self.tiers:
             counters = asdict(self._counters[t.name])
-            out.append(TierStats(tier=t.name, blocks=len(t), capacity=t.capacity, **counters))
+            failures = t.write_failures if isinstance(t, DiskTier) else 0
+            out.append(
+                TierStats(
+                    tier=t.name, blocks=len(t), capacity=t.capacity, write_failures=failures, **counters
+                )
+            )
         return tuple(out)
 
     def check_integrity(self) -> None:
@@ -341,8 +423,19 @@ class KVTiers:
                 raise AssertionError("kv tiers: disk pins out of step with the loads")
 
     def close(self) -> None:
-        """Finish queued I/O and release the disk directory."""
-        self.io.close()
+        """Finish queued I/O and release the tiers. A stuck I/O thread is not waited for (a
+        slow one for the deadline's floor at most): nothing more is copied into device blocks,
+        and the tiers stay open (queued jobs may still touch them) until the process exits,
+        which also drops the disk directory's lock."""
+        if self._stuck():
+            timeout: float | None = 0.0
+        else:
+            timeout = self.deadline.floor_s if self.deadline is not None else None
+        if not self.io.close(timeout):
+            for load in self._loads:
+                load.guard.abandon()
+            log.warning("KV tier I/O is stuck: shutting down without waiting for it")
+            return
         if self.host is not None:
             self.host.close()
         if self.disk is not None:
@@ -354,6 +447,9 @@ def _export(runner: BlockCopier, block_id: int, out: memoryview) -> None:
     runner.export_blocks([block_id], out)
 
 
-def _import_each(runner: BlockCopier, block_ids: list[int], views: list[memoryview]) -> None:
+def _import_each(
+    runner: BlockCopier, block_ids: list[int], guard: CopyGuard, views: list[memoryview]
+) -> None:
     """The leading ``len(views)`` blocks (a shared tier may hand fewer than asked)."""
-    runner.import_each(block_ids[: len(views)], views)
+    with guard.copying():
+        runner.import_each(block_ids[: len(views)], views)
