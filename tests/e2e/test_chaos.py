@@ -162,6 +162,24 @@ async def stream(
     return r
 
 
+async def stream_loop(
+    c: openai.AsyncOpenAI, k: int, max_tokens: int, results: list[Result], stop: asyncio.Event
+) -> None:
+    """Streams one after another until ``stop``, each whole or its error kept in ``results``."""
+    i = 0
+    while not stop.is_set():
+        r = Result()
+        results.append(r)
+        try:
+            await stream(c, f"loop {k} request {i}", max_tokens, into=r)
+            assert_whole(r, max_tokens)
+        except Exception as exc:  # noqa: BLE001 - collected, asserted by the caller
+            r.error = f"{type(exc).__name__}: {exc}"
+            r.ended = time.monotonic()
+            await asyncio.sleep(0.1)
+        i += 1
+
+
 def assert_whole(r: Result, max_tokens: int) -> None:
     assert (r.tokens, r.usage, r.finish, len(r.ids)) == (max_tokens, max_tokens, "length", 1)
 
@@ -384,19 +402,8 @@ async def _nats_outage(served: Served, kill: Callable[[], Awaitable[None]]) -> N
     results: list[Result] = []
     stop = asyncio.Event()
 
-    async def loop(k: int) -> None:
-        i = 0
-        while not stop.is_set():
-            r = Result()
-            results.append(r)
-            try:
-                await stream(c, f"loop {k} request {i}", 60, into=r)
-                assert_whole(r, 60)
-            except Exception as exc:  # noqa: BLE001 - collected, asserted below
-                r.error = f"{type(exc).__name__}: {exc}"
-                r.ended = time.monotonic()
-                await asyncio.sleep(0.1)
-            i += 1
+    def loop(k: int) -> Awaitable[None]:
+        return stream_loop(c, k, 60, results, stop)
 
     async def discovery_back() -> float:
         """When a fresh client of the NATS server sees both workers again (they re-register)."""

@@ -28,6 +28,7 @@ from tests.e2e.test_chaos import (
     counter,
     instance_ids,
     stream,
+    stream_loop,
     wait_for,
 )
 
@@ -61,20 +62,6 @@ async def _hang(served: Served) -> None:
     results: list[Result] = []
     stop = asyncio.Event()
 
-    async def loop(k: int) -> None:
-        i = 0
-        while not stop.is_set():
-            r = Result()
-            results.append(r)
-            try:
-                await stream(c, f"loop {k} request {i}", 40, into=r)
-                assert_whole(r, 40)
-            except Exception as exc:  # noqa: BLE001 - collected, asserted below
-                r.error = f"{type(exc).__name__}: {exc}"
-                r.ended = time.monotonic()
-                await asyncio.sleep(0.1)
-            i += 1
-
     async def long(k: int) -> Result:
         r = Result()
         try:
@@ -94,7 +81,7 @@ async def _hang(served: Served) -> None:
 
     before = {name: counter(served, name) for name in _COUNTERS}
     longs = [asyncio.create_task(long(k)) for k in range(LONG)]
-    loops = [asyncio.create_task(loop(k)) for k in range(LOOPS)]
+    loops = [asyncio.create_task(stream_loop(c, k, 40, results, stop)) for k in range(LOOPS)]
     watcher = asyncio.create_task(watch_health())
     await asyncio.sleep(2.0)
     os.kill(nats, signal.SIGSTOP)
