@@ -12,20 +12,49 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from interlock.cluster.builder import RunningCluster, WorkerHandle
 from interlock.errors import ConfigError
 from interlock.planner.fleet import FleetWorker
 
 log = logging.getLogger(__name__)
 
 
+class Handle(Protocol):
+    """One running worker, as ``cluster.builder.WorkerHandle`` describes it."""
+
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def group(self) -> int: ...
+
+
+class Workers(Protocol):
+    """The running deployment's calls this fleet makes (``cluster.builder.RunningCluster``)."""
+
+    service: Any
+    """The router service (None before it starts): a worker is ready once it knows it."""
+
+    def workers(self) -> Sequence[Handle]: ...
+
+    async def add_worker(self, role: str, group: int) -> Handle: ...
+
+    async def remove_worker(self, handle: Any, *, drain: bool) -> None: ...
+
+    async def set_role(self, handle: Any, role: str, *, grace_s: float) -> None: ...
+
+
 class ClusterFleet:
-    def __init__(self, running: RunningCluster, group: int = 0, *, role_grace_s: float = 30.0) -> None:
+    def __init__(self, running: Workers, group: int = 0, *, role_grace_s: float = 30.0) -> None:
         self.running = running
         self.group = group
         self.role_grace_s = role_grace_s
-        self._draining: dict[str, tuple[WorkerHandle, asyncio.Task[None]]] = {}
+        self._draining: dict[str, tuple[Handle, asyncio.Task[None]]] = {}
 
     def _ready(self, instance_id: str) -> bool:
         service = self.running.service
@@ -47,7 +76,7 @@ class ClusterFleet:
         ]
         return out
 
-    def _handle(self, worker_id: str) -> WorkerHandle:
+    def _handle(self, worker_id: str) -> Handle:
         for h in self.running.workers():
             if h.instance_id == worker_id and h.group == self.group:
                 return h

@@ -10,17 +10,31 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
+from interlock.engine.disagg import KVHandoff
+from interlock.engine.serving import ServingEngine
 from interlock.names import ROLES
+from interlock.protocol import InstanceInfo
 from interlock.protocol.control import ControlReply, ControlRequest
 from interlock.runtime.interfaces import RequestContext
 from interlock.transfer import measure_link
 
-if TYPE_CHECKING:
-    from interlock.engine.worker import Worker
+
+class ControlTarget(Protocol):
+    """What the control endpoint reads and drives of its worker (``engine.worker.Worker``)."""
+
+    info: InstanceInfo
+    engine: ServingEngine
+    handoff: KVHandoff | None
+
+    @property
+    def in_flight(self) -> int: ...
+
+    async def set_role(self, role: str, *, grace_s: float = 30.0) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +43,7 @@ _decode = msgspec.msgpack.Decoder(ControlRequest).decode
 
 
 class WorkerControl:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: ControlTarget) -> None:
         self.worker = worker
 
     async def handle(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import msgspec
 
 from interlock.engine.async_engine import AsyncEngine
+from interlock.engine.control import WorkerControl
 from interlock.engine.core import EngineCore
 from interlock.engine.disagg import KVHandoff
 from interlock.engine.serving import ServingEngine
@@ -172,8 +173,6 @@ class Worker:
         return self._in_flight
 
     async def _serve_control(self) -> None:
-        from interlock.engine.control import WorkerControl
-
         self._control_address = await self._requests.serve(
             CONTROL_ENDPOINT, WorkerControl(self).handle, instance_id=self.instance_id
         )

@@ -36,7 +36,6 @@ import logging
 import math
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -45,6 +44,7 @@ from interlock.protocol import GenerateOutput, GenerateRequest, InstanceInfo, KV
 from interlock.protocol.control import ControlReply, ControlRequest
 from interlock.router.admission import Pending, RequestMeta
 from interlock.router.decision import Decision
+from interlock.router.directory import Leg, WorkerDirectory
 from interlock.router.disagg import (
     STAY_REASONS,
     DisaggChoice,
@@ -53,12 +53,9 @@ from interlock.router.disagg import (
     WorkerEstimate,
     choose,
 )
-from interlock.router.dispatcher import Leg
+from interlock.router.dispatcher import Dispatcher
 from interlock.router.facade import Router
 from interlock.runtime.interfaces import RequestPlane
-
-if TYPE_CHECKING:
-    from interlock.router.service import RouterService
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +81,9 @@ come back (a restart) before its 503."""
 
 
 class DisaggFlow:
-    def __init__(self, service: RouterService, config: DisaggConfig) -> None:
-        self.svc = service
+    def __init__(self, directory: WorkerDirectory, dispatcher: Dispatcher, config: DisaggConfig) -> None:
+        self.svc = directory
+        self.dispatcher = dispatcher
         self.config = config
         self.links: dict[tuple[str, str], tuple[LinkEstimate, float]] = {}
         """(prefill id, decode id) -> (last check, when)."""
@@ -116,7 +114,7 @@ class DisaggFlow:
         """Place the prefill and run it if remote: (first output or None, decode leg or None
         when the request already finished at its first token)."""
         rid = request.request_id
-        dispatcher = self.svc.dispatcher
+        dispatcher = self.dispatcher
         if self.config.enforce:
             d, p = await self._place_enforced(router, request.model, meta, hashes)
         else:
@@ -177,7 +175,7 @@ class DisaggFlow:
         never waits behind prefill legs waiting for it. With no prefill worker alive at all (the
         pool restarting: about a second under ``serve``), the request waits up to
         ``NO_PREFILL_WAIT_S`` for one rather than failing at once."""
-        dispatcher = self.svc.dispatcher
+        dispatcher = self.dispatcher
         pmeta = self._prefill_meta(meta)
         try:
             try:
@@ -216,7 +214,7 @@ class DisaggFlow:
         except ServiceUnavailable:
             return None
         if isinstance(p, Pending) or not self._usable_prefill(p.worker_id, decode_id):
-            self.svc.dispatcher.finish(router, pmeta.request_id)
+            self.dispatcher.finish(router, pmeta.request_id)
             return None
         return p
 
@@ -230,7 +228,7 @@ class DisaggFlow:
         waiting for one would need a queue per decode worker."""
         if not self._link_failed(p.worker_id, decode_id):
             return p
-        dispatcher = self.svc.dispatcher
+        dispatcher = self.dispatcher
         for c in p.candidates:
             w = c.worker_id
             if w == p.worker_id or not router.is_eligible(w) or self._link_failed(w, decode_id):
@@ -325,7 +323,7 @@ class DisaggFlow:
         final: GenerateOutput | None = None
         uncached = self.hold(p.worker_id, len(request.token_ids) - p.cached_tokens)
         try:
-            async for out in self.svc.dispatcher.stream(router, p, req):
+            async for out in self.dispatcher.stream(router, p, req):
                 if out.finished:
                     final = out
         except ServiceError as exc:  # gone, draining, engine fault: not the request's fault

@@ -43,7 +43,6 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -59,10 +58,8 @@ from interlock.protocol.routing import RequestContext
 from interlock.router.admission import Pending, RequestMeta
 from interlock.router.breaker import Breakers
 from interlock.router.decision import Decision
+from interlock.router.directory import Leg, PrefillFlow, WorkerDirectory
 from interlock.router.facade import Router
-
-if TYPE_CHECKING:
-    from interlock.router.service import RouterService
 
 log = logging.getLogger(__name__)
 
@@ -158,18 +155,6 @@ class _Watch:
 
 
 @dataclass(slots=True)
-class Leg:
-    """What the next stream is: where, what to send, and how its output joins the response."""
-
-    decision: Decision
-    request: GenerateRequest
-    skip_first: bool = False
-    """The worker repeats a token the client already has (a disaggregated decode's first chunk)."""
-    held_tokens: int = 0
-    """Prompt tokens the disaggregated flow counts as pending on this worker until it starts."""
-
-
-@dataclass(slots=True)
 class _Progress:
     tokens: list[int] = field(default_factory=list)
     broke_at: float = 0.0
@@ -178,11 +163,13 @@ class _Progress:
 class Dispatcher:
     def __init__(
         self,
-        service: RouterService,
+        directory: WorkerDirectory,
         options: DispatchOptions = DispatchOptions(),
         breakers: Breakers | None = None,
     ) -> None:
-        self.svc = service
+        self.svc = directory
+        self.disagg: PrefillFlow | None = None
+        """The disaggregated flow, when the owner has one (it sets this after building both)."""
         self.options = options
         self.breakers = breakers or Breakers()
         self.metrics = DispatchMetrics()
@@ -208,7 +195,7 @@ class Dispatcher:
         )
         hashes = router.block_hashes(request.token_ids)
         progress = _Progress()
-        disagg = self.svc.disagg
+        disagg = self.disagg
         role: str | None = None
         leg: Leg | None
         first: GenerateOutput | None = None
@@ -312,7 +299,7 @@ class Dispatcher:
         return ready
 
     def _release_unstarted(self, router: Router, leg: Leg) -> None:
-        disagg = self.svc.disagg
+        disagg = self.disagg
         if leg.held_tokens and disagg is not None:
             disagg.release(leg.decision.worker_id, leg.held_tokens)
         self.finish(router, leg.decision.request_id)
@@ -344,7 +331,7 @@ class Dispatcher:
     async def _leg(self, router: Router, leg: Leg) -> AsyncIterator[GenerateOutput]:
         """Stream one leg to its end; raise ``LegBroken`` (or the plane's error) if it breaks."""
         d = leg.decision
-        disagg = self.svc.disagg
+        disagg = self.disagg
         held = leg.held_tokens
         watch = _Watch(d.worker_id)
         self._watches.setdefault(d.worker_id, set()).add(watch)

@@ -117,8 +117,9 @@ class RouterService:
         self.requests = requests
         """The request plane (streams to workers, control calls)."""
         self.dispatcher = Dispatcher(self, options.dispatch, Breakers(options.breaker))
-        self.disagg = DisaggFlow(self, disagg) if disagg is not None else None
+        self.disagg = DisaggFlow(self, self.dispatcher, disagg) if disagg is not None else None
         """Disaggregated prefill/decode (``router.disagg_flow``); None: aggregated only."""
+        self.dispatcher.disagg = self.disagg
         self._link = link
         self.degraded_sources: list[Callable[[], list[str]]] = []
         """More sources of ``degraded`` reasons (``serve`` adds its process supervisor)."""

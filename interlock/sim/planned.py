@@ -28,9 +28,10 @@ moment on.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from interlock.errors import ConfigError
 from interlock.planner import (
@@ -48,9 +49,61 @@ from interlock.planner import (
     routing_weight,
 )
 from interlock.planner.select import cheapest
+from interlock.protocol.events import LoadReport
+from interlock.router import Router
+from interlock.sim.trace import SimRequest
+from interlock.sim.worker import SimSeq
 
-if TYPE_CHECKING:
-    from interlock.sim.replay import _Driver
+
+class _Reporting(Protocol):
+    def load_report(self, now: float) -> LoadReport: ...
+
+
+class _Startup(Protocol):
+    @property
+    def startup_s(self) -> float: ...
+
+
+class SimFleet(Protocol):
+    """What the connector reads and drives of the replay (``sim.replay._Driver``)."""
+
+    @property
+    def now(self) -> float: ...
+
+    @property
+    def cfg(self) -> _Startup: ...
+
+    @property
+    def router(self) -> Router: ...
+
+    @property
+    def workers(self) -> Mapping[str, _Reporting]: ...
+
+    @property
+    def ready(self) -> Mapping[str, float]: ...
+
+    @property
+    def draining(self) -> AbstractSet[str]: ...
+
+    @property
+    def done(self) -> Sequence[SimSeq]: ...
+
+    @property
+    def itl_s(self) -> Sequence[float]: ...
+
+    @property
+    def itl_w(self) -> Sequence[int]: ...
+
+    def start_worker(self) -> str: ...
+
+    def join(self, wid: str) -> None: ...
+
+    def drain(self, wid: str) -> None: ...
+
+    def call_at(self, t: float, fn: Callable[[], None]) -> None: ...
+
+    def take_arrivals(self) -> list[tuple[SimRequest, int]]: ...
+
 
 UNWEIGHTED_POLICIES = ("round-robin", "random")
 
@@ -104,7 +157,7 @@ class FleetSchedule:
 class PlannerConnector:
     def __init__(
         self,
-        drv: _Driver,
+        drv: SimFleet,
         config: PlannerConfig,
         profile: CapabilityProfile | None,
         router_policy: str,
