@@ -26,7 +26,7 @@ on ``cpu`` a device is a worker process with an equal share of the machine's cor
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -517,11 +517,6 @@ def load_deployment(path: str | Path, *, read_by: tuple[str, ...] = ()) -> Deplo
     return parse_deployment(raw, read_by=read_by)
 
 
-def with_group(d: Deployment, **changes: Any) -> Deployment:
-    """``d`` with ``changes`` applied to every execution group (flags that override a file)."""
-    return replace(d, execution_groups=tuple(replace(g, **changes) for g in d.execution_groups))
-
-
 __all__ = [
     "METRIC_FAMILIES",
     "PLANNER_SECTION",
@@ -535,5 +530,4 @@ __all__ = [
     "parse_deployment",
     "parse_duration",
     "validate_deployment",
-    "with_group",
 ]

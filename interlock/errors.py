@@ -79,13 +79,6 @@ class ModelNotFound(RequestError):
     error_type = "not_found_error"
 
 
-class RequestAborted(RequestError):
-    """The request was cancelled (client gone or explicit abort)."""
-
-    status = 499
-    error_type = "aborted"
-
-
 # ---- service errors (server side) ----
 class ServiceError(InterlockError):
     status = 500

@@ -271,10 +271,3 @@ def device_of(device: str, index: int) -> str:
     """``cuda`` spreads a machine's workers over its devices in order (one device each);
     ``cpu`` and an explicit ``cuda:N`` are kept."""
     return f"cuda:{index}" if device == "cuda" else device
-
-
-def with_nodes(spec: ClusterSpec, group: int, nodes: tuple[NodeGroup, ...]) -> ClusterSpec:
-    d = spec.deployment
-    groups = list(d.execution_groups)
-    groups[group] = replace(groups[group], nodes=nodes)
-    return replace(spec, deployment=replace(d, execution_groups=tuple(groups)))

@@ -183,7 +183,7 @@ class KVHandoff:
                     cache_region=core.runner.shared_region(),
                     layout=core.runner.kv_layout(),
                 )
-                staged = msgspec.structs.replace(kt, descriptor=desc, source_instance=core.instance_id)
+                staged = msgspec.structs.replace(kt, descriptor=desc)
                 if desc.cache_region is not None:  # the one copy offered: hold until claimed
                     core.keep_held(rid)  # this handoff ends the hold, by the transfer's timeout
                     return staged, export, True

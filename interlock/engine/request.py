@@ -135,11 +135,6 @@ class Request:
         """This worker prefills only and keeps the KV for a remote decoder."""
         return self.kv_transfer is not None and self.kv_transfer.do_remote_decode
 
-    @property
-    def remote_prefill(self) -> bool:
-        """The prompt's KV comes from another worker instead of being computed here."""
-        return self.kv_transfer is not None and self.kv_transfer.do_remote_prefill
-
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         toks = self.all_token_ids

@@ -62,7 +62,7 @@ class Sampler:
         raw = logits
         logits = self._mask_stops(logits, rows)
         tokens = logits.argmax(dim=-1)
-        random_rows = [i for i, row in enumerate(rows) if not _greedy(row.params)]
+        random_rows = [i for i, row in enumerate(rows) if not row.params.greedy]
         if random_rows:
             index = torch.tensor(random_rows, device=logits.device)
             picked = self._sample(logits.index_select(0, index), [rows[i] for i in random_rows])
@@ -105,11 +105,6 @@ class Sampler:
                 self._row_generator.manual_seed(seed_for_step(row.params.seed, row.num_output_tokens))
                 noise[i] = torch.rand(vocab, device=self.device, generator=self._row_generator)
         return noise.log_().neg_()
-
-
-def _greedy(params: SamplingParams) -> bool:
-    t = params.temperature
-    return not (t == t) or t <= 1e-5  # NaN counts as greedy
 
 
 def _clamp(value: float, low: float, high: float) -> float:

@@ -30,8 +30,6 @@ class KVTransferParams(msgspec.Struct, frozen=True, kw_only=True):
     do_remote_decode: bool = False
     do_remote_prefill: bool = False
     transfer_id: str = ""
-    source_instance: str = ""
-    source_address: str = ""
     source_block_ids: tuple[int, ...] = ()
     num_computed_tokens: int = 0
     first_token_id: int | None = None

@@ -28,7 +28,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 1e-5
+        """Sample the most likely token (a temperature of ~0; NaN counts as greedy)."""
+        return not self.temperature > 1e-5
 
     def validate(self) -> None:
         """Raise InvalidRequest naming the first bad field."""

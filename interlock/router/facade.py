@@ -73,10 +73,10 @@ class RouterConfig:
     approx_ttl_s: float = 120.0
     num_candidates: int = 3
     report_lag_s: float = 0.0
+    """A load report received at t is taken to include requests routed before t - lag."""
     share_load: bool = True
     """Keep dispatch events for ``drain_shared`` (several routers side by side). Whoever drives
     the router must then drain them; turn it off for a router nobody drains."""
-    """A load report received at t is taken to include requests routed before t - lag."""
     seed: int | None = None
 
     def __post_init__(self) -> None:

@@ -424,10 +424,6 @@ class KvIndexer:
             return mask
         return self._holders.get(h, 0)
 
-    def memory_bytes(self) -> int | None:
-        """Bytes the compiled map holds (table, masks, scratch); None for the dict."""
-        return None if self._c is None else int(self._c.size(self._cmap)[2])
-
     def has_lower_tiers(self) -> bool:
         return bool(self._lower_holders)
 

@@ -134,9 +134,6 @@ class FleetSchedule:
     def _piece(self, now: float) -> int:
         return bisect.bisect_right(self._times, now) - 1
 
-    def size_at(self, now: float) -> int:
-        return self._sizes[self._piece(now)]
-
     def holding(self, now: float) -> bool:
         return False
 
