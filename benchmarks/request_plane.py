@@ -41,10 +41,10 @@ sys.path.insert(0, str(ROOT))
 
 from interlock.protocol import GenerateOutput, InstanceInfo  # noqa: E402
 from interlock.runtime import (  # noqa: E402
+    CallContext,
     EndpointName,
     InProcRegistry,
     NatsServer,
-    RequestContext,
     Runtime,
     RuntimeConfig,
     connect_runtime,
@@ -58,7 +58,7 @@ CHUNKS = [
 ]
 
 
-async def handler(payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+async def handler(payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
     for chunk in CHUNKS:
         yield chunk
 

@@ -19,7 +19,7 @@ from interlock.engine.serving import ServingEngine
 from interlock.names import ROLES
 from interlock.protocol import InstanceInfo
 from interlock.protocol.control import ControlReply, ControlRequest
-from interlock.runtime.interfaces import RequestContext
+from interlock.runtime.interfaces import CallContext
 from interlock.transfer import measure_link
 
 
@@ -46,7 +46,7 @@ class WorkerControl:
     def __init__(self, worker: ControlTarget) -> None:
         self.worker = worker
 
-    async def handle(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def handle(self, payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
         try:
             reply = await self._dispatch(_decode(payload))
         except Exception as exc:  # noqa: BLE001 - answered, not raised

@@ -36,7 +36,7 @@ from interlock.engine.disagg import KVHandoff
 from interlock.engine.serving import ServingEngine
 from interlock.protocol import GenerateRequest, InstanceInfo, KVEvent, KVEventBatch, LoadReport, subjects
 from interlock.protocol.control import CONTROL_ENDPOINT
-from interlock.runtime.interfaces import Discovery, EventPlane, RequestContext, RequestPlane
+from interlock.runtime.interfaces import CallContext, Discovery, EventPlane, RequestPlane
 from interlock.transfer import TransferAgent
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class Worker:
         await self._requests.unserve(self._address)
 
     # ---- request plane ----
-    async def _handle(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def _handle(self, payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
         req = _decode_request(payload)
         self._in_flight += 1
         self._idle.clear()

@@ -8,11 +8,11 @@ Start here: ``rt = await connect_runtime(nats_url_or_None, RuntimeConfig(...))``
 from interlock.runtime.config import NatsAuth, RuntimeConfig
 from interlock.runtime.inproc import InProcRegistry
 from interlock.runtime.interfaces import (
+    CallContext,
     Discovery,
     DiscoveryEvent,
     EventPlane,
     Handler,
-    RequestContext,
     RequestPlane,
 )
 from interlock.runtime.naming import EndpointName, subject_matches
@@ -29,7 +29,7 @@ __all__ = [
     "InProcRegistry",
     "NatsAuth",
     "NatsServer",
-    "RequestContext",
+    "CallContext",
     "RequestPlane",
     "Runtime",
     "RuntimeConfig",

@@ -15,7 +15,7 @@ from interlock.errors import TransportError
 from interlock.protocol import InstanceInfo
 from interlock.runtime.channel import Channel, Item
 from interlock.runtime.config import RuntimeConfig
-from interlock.runtime.interfaces import DiscoveryEvent, Handler, RequestContext
+from interlock.runtime.interfaces import CallContext, DiscoveryEvent, Handler
 from interlock.runtime.leases import LeaseTable
 from interlock.runtime.naming import EndpointName, check_token, subject_matches
 from interlock.runtime.remote import remote_error, run_handler
@@ -108,7 +108,7 @@ class InProcRequestPlane:
         if entry is None:
             raise TransportError(f"no handler at {address}")
         server, handler = entry
-        ctx = RequestContext(key=_key_of(address), stream_id=next(self._registry.stream_ids))
+        ctx = CallContext(key=_key_of(address), stream_id=next(self._registry.stream_ids))
         channel, task = server._start(handler, payload, ctx)
         finished = False
         try:
@@ -139,7 +139,7 @@ class InProcRequestPlane:
             channel.put(TransportError("server closed"))
 
     def _start(
-        self, handler: Handler, payload: bytes, ctx: RequestContext
+        self, handler: Handler, payload: bytes, ctx: CallContext
     ) -> tuple[Channel[Item], asyncio.Task[None]]:
         channel = Channel[Item]()
 

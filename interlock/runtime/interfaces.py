@@ -39,7 +39,7 @@ class DiscoveryEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestContext:
+class CallContext:
     """What a handler knows about the call it serves."""
 
     key: str
@@ -48,7 +48,7 @@ class RequestContext:
     """Unique per connection (TCP) or per server (in-process, NATS); for logs."""
 
 
-Handler = Callable[[bytes, RequestContext], AsyncIterator[bytes]]
+Handler = Callable[[bytes, CallContext], AsyncIterator[bytes]]
 """An async generator function: ``async def h(payload, ctx): yield b"..."``."""
 
 

@@ -27,7 +27,7 @@ from nats.aio.subscription import Subscription as NatsSubscription
 from interlock.errors import TransportError
 from interlock.runtime.channel import Channel, Item
 from interlock.runtime.config import RuntimeConfig
-from interlock.runtime.interfaces import Handler, RequestContext
+from interlock.runtime.interfaces import CallContext, Handler
 from interlock.runtime.naming import SUBJECT_PREFIX, EndpointName
 from interlock.runtime.remote import remote_error, run_handler
 
@@ -108,7 +108,7 @@ class NatsRequestPlane:
         async def fail(type_name: str, message: str) -> None:
             await publish(reply, b"X" + msgspec.msgpack.encode((type_name, message)))
 
-        ctx = RequestContext(key, next(self._ids))
+        ctx = CallContext(key, next(self._ids))
         task = asyncio.create_task(run_handler(handler, msg.data[1:], ctx, send, end, fail))
         self._serving[reply] = task
         task.add_done_callback(lambda _: self._serving.pop(reply, None))

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import interlock.errors as errors_module
 from interlock.errors import InterlockError, TransportError
-from interlock.runtime.interfaces import Handler, RequestContext
+from interlock.runtime.interfaces import CallContext, Handler
 
 
 def describe_error(exc: BaseException) -> tuple[str, str]:
@@ -36,7 +36,7 @@ def remote_error(type_name: str, message: str) -> InterlockError:
 async def run_handler(
     handler: Handler,
     payload: bytes,
-    ctx: RequestContext,
+    ctx: CallContext,
     send: Callable[[bytes], Awaitable[None]],
     end: Callable[[], Awaitable[None]],
     fail: Callable[[str, str], Awaitable[None]],

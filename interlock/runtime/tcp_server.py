@@ -17,7 +17,7 @@ import logging
 from interlock.errors import AuthError
 from interlock.protocol.handshake import HELLO_SIZE, RESPONSE_SIZE, ServerHandshake
 from interlock.runtime.frames import Cancel, Data, End, Fail, Frame, FramedProtocol, Open, Ping, Pong
-from interlock.runtime.interfaces import Handler, RequestContext
+from interlock.runtime.interfaces import CallContext, Handler
 from interlock.runtime.remote import run_handler
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class ServerConnection(FramedProtocol):
         async def fail(type_name: str, message: str) -> None:
             self.send(Fail(sid, type_name, message))
 
-        ctx = RequestContext(frame.key, sid)
+        ctx = CallContext(frame.key, sid)
         task = asyncio.create_task(run_handler(handler, frame.payload, ctx, send, end, fail))
         self._calls[sid] = task
         task.add_done_callback(lambda _: self._calls.pop(sid, None))

@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from interlock.protocol import InstanceInfo
-from interlock.runtime import DiscoveryEvent, RequestContext, connect_runtime
+from interlock.runtime import CallContext, DiscoveryEvent, connect_runtime
 from interlock.runtime.nats_connection import FAILOVER_AFTER_S
 from interlock.runtime.nats_server import find_binary
 
@@ -90,7 +90,7 @@ async def test_runtimes_move_to_another_server_of_the_cluster_when_theirs_hangs(
     url = ",".join(f"nats://127.0.0.1:{port}" for _, port in two_servers)
     async with await connect_runtime(url, FAST) as worker, await connect_runtime(url, FAST) as router:
 
-        async def echo(payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+        async def echo(payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
             yield payload
 
         address = await worker.requests.serve(ENDPOINT, echo, instance_id="w1")

@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from interlock.protocol import InstanceInfo
-from interlock.runtime import DiscoveryEvent, NatsServer, RequestContext, connect_runtime
+from interlock.runtime import CallContext, DiscoveryEvent, NatsServer, connect_runtime
 from interlock.runtime.leases import LeaseTable
 
 from .conftest import FAST
@@ -43,7 +43,7 @@ def info(instance_id: str, address: str) -> InstanceInfo:
     return InstanceInfo(instance_id=instance_id, endpoint=ENDPOINT, model="m", address=address)
 
 
-async def echo(payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+async def echo(payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
     yield payload
 
 

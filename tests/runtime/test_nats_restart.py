@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from interlock.protocol import InstanceInfo
-from interlock.runtime import DiscoveryEvent, NatsServer, RequestContext, Runtime, connect_runtime
+from interlock.runtime import CallContext, DiscoveryEvent, NatsServer, Runtime, connect_runtime
 
 from .conftest import FAST
 
@@ -159,7 +159,7 @@ async def test_instance_that_died_in_the_outage_leaves_a_ttl_after_reconnect(
 async def test_tcp_stream_in_flight_survives_the_outage(server: NatsServer, anyio_backend: str) -> None:
     chunks = 40
 
-    async def slow(payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def slow(payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
         for i in range(chunks):
             await asyncio.sleep(0.05)
             yield b"%d" % i

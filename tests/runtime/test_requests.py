@@ -10,14 +10,14 @@ import anyio
 import pytest
 
 from interlock.errors import PromptTooLong, TransportError
-from interlock.runtime import RequestContext, Runtime
+from interlock.runtime import CallContext, Runtime
 
 from .conftest import MakeRuntime
 
 pytestmark = pytest.mark.anyio
 
 
-async def echo(payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+async def echo(payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
     for i in range(int(payload)):
         yield str(i).encode()
 
@@ -29,7 +29,7 @@ class Endless:
         self.started = asyncio.Event()
         self.cancelled = asyncio.Event()
 
-    async def __call__(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def __call__(self, payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
         self.started.set()
         try:
             while True:
@@ -58,7 +58,7 @@ async def test_stream_round_trip(make_runtime: MakeRuntime, namespace: str) -> N
 async def test_concurrent_streams_do_not_mix(make_runtime: MakeRuntime, namespace: str) -> None:
     server, client = await pair(make_runtime)
 
-    async def tagged(payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def tagged(payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
         for i in range(20):
             await asyncio.sleep(0)
             yield payload + b":%d" % i
@@ -100,7 +100,7 @@ async def test_client_task_cancel_cancels_handler(make_runtime: MakeRuntime, nam
 async def test_handler_failure_is_a_transport_error(make_runtime: MakeRuntime, namespace: str) -> None:
     server, client = await pair(make_runtime)
 
-    async def broken(payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def broken(payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
         yield b"first"
         raise ValueError("boom")
 
@@ -115,7 +115,7 @@ async def test_handler_failure_is_a_transport_error(make_runtime: MakeRuntime, n
 async def test_interlock_errors_keep_their_class(make_runtime: MakeRuntime, namespace: str) -> None:
     server, client = await pair(make_runtime)
 
-    async def too_long(payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def too_long(payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
         raise PromptTooLong("prompt has 9000 tokens, limit 2048")
         yield b""
 

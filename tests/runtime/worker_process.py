@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from interlock.protocol import InstanceInfo
-from interlock.runtime import EndpointName, RequestContext, connect_runtime
+from interlock.runtime import CallContext, EndpointName, connect_runtime
 
 from .conftest import FAST
 
 
-async def tokens(payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+async def tokens(payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
     while True:
         yield b"tok"
         await asyncio.sleep(0.01)
