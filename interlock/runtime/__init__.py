@@ -21,6 +21,7 @@ from interlock.runtime.runtime import Runtime, connect_runtime
 from interlock.runtime.subscription import Subscription
 
 __all__ = [
+    "CallContext",
     "Discovery",
     "DiscoveryEvent",
     "EndpointName",
@@ -29,7 +30,6 @@ __all__ = [
     "InProcRegistry",
     "NatsAuth",
     "NatsServer",
-    "CallContext",
     "RequestPlane",
     "Runtime",
     "RuntimeConfig",

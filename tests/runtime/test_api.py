@@ -5,6 +5,7 @@ import interlock.runtime
 
 def test_public_names() -> None:
     assert sorted(interlock.runtime.__all__) == [
+        "CallContext",
         "Discovery",
         "DiscoveryEvent",
         "EndpointName",
@@ -13,7 +14,6 @@ def test_public_names() -> None:
         "InProcRegistry",
         "NatsAuth",
         "NatsServer",
-        "RequestContext",
         "RequestPlane",
         "Runtime",
         "RuntimeConfig",
