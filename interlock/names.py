@@ -12,6 +12,8 @@ ROLES = ("both", "prefill", "decode")
 POLICIES = ("kv", "round-robin", "random", "least-loaded", "power-of-two")
 """Base routing policies. Session affinity, route keys and direct pins are per-request overlays
 (headers), on top of whichever base policy is chosen."""
+UNWEIGHTED_POLICIES = ("round-robin", "random")
+"""Policies that ignore routing weights (a planner's ramp needs one of the others)."""
 
 STALL_OVER = ("decoding", "inflight")
 """Whom the ``kv`` cost's stall term counts on a worker (``CostParams.stall_over``): the

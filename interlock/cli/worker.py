@@ -98,7 +98,7 @@ async def _control(a: argparse.Namespace) -> int:
     import json
 
     from interlock.protocol.control import ControlRequest
-    from interlock.router.disagg_flow import control_call
+    from interlock.router.worker_control import control_call
     from interlock.runtime import RuntimeConfig, connect_runtime
 
     if not a.nats_url:

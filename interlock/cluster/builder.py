@@ -308,7 +308,7 @@ class RunningCluster:
             await handle.local.set_role(role, grace_s=grace_s)
         else:
             from interlock.protocol.control import ControlRequest
-            from interlock.router.disagg_flow import control_call
+            from interlock.router.worker_control import control_call
 
             info = self.service.instance(handle.instance_id) if self.service is not None else None
             if info is None or "control_address" not in info.metadata:

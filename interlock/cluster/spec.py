@@ -101,7 +101,7 @@ def group_planner_config(
     """``cfg`` for a planner that scales ``group`` (whose workers of the roles ``started`` run):
     its bounds capped by the group's ``max_replicas``; refused, by name, when the planner could
     not drive the group (``interlock serve`` and ``Cluster.create_serving_instance``)."""
-    from interlock.sim.planned import UNWEIGHTED_POLICIES
+    from interlock.names import UNWEIGHTED_POLICIES
 
     if cfg.ramp_s > 0 and routing_policy in UNWEIGHTED_POLICIES:
         raise ConfigError(

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from interlock.planner.loop import TrafficTotals
 from interlock.protocol.events import LoadReport
-from interlock.router.dispatcher import Completion
+from interlock.protocol.routing import Completion
 from interlock.router.facade import Router
 from interlock.router.service import RouterService
 

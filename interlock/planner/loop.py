@@ -30,7 +30,7 @@ from interlock.planner.state import (
     WorkerView,
 )
 from interlock.protocol.events import LoadReport
-from interlock.router.dispatcher import Completion
+from interlock.protocol.routing import Completion
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,8 @@ Defined once here so that the frontend (``frontend.backend.Backend``) and the ro
 ``ModelEntry`` is a served model as clients see it. ``RequestContext`` carries a request's
 routing hints, read from HTTP headers, and a dict where the backend may put headers for the
 response (an explain header, say); they leave with the response, so the backend sets them
-before its first output. Not wire types: they never leave the frontend's process.
+before its first output. ``Completion`` is one finished request as the router's dispatcher
+saw it, for the planner. Not wire types: they never leave the frontend's process.
 """
 
 from __future__ import annotations
@@ -41,3 +42,21 @@ class RequestContext:
     """The client asked for the routing decision to be explained (in a response header)."""
     response_headers: dict[str, str] = field(default_factory=dict)
     """Filled by the backend; sent with the HTTP response."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One request that finished (for the planner: what it cost, what it got)."""
+
+    arrived_s: float
+    """``time.monotonic()`` when the dispatcher took it."""
+    ttft_s: float
+    decode_s: float
+    """From its first token to its last."""
+    output_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    """Its prompt tokens found in a prefix cache where the prompt was computed (the engine's
+    count, the prefill worker's for a remote prefill; the router's estimate if none came)."""
+    model: str = ""
+    """The model it asked for (its router's)."""

@@ -31,7 +31,6 @@ else it is local (refused under ``enforce``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -55,24 +54,13 @@ from interlock.router.disagg import (
 )
 from interlock.router.dispatcher import Dispatcher
 from interlock.router.facade import Router
-from interlock.runtime.interfaces import RequestPlane
+from interlock.router.worker_control import control_call
 
 log = logging.getLogger(__name__)
 
-_encode = msgspec.msgpack.Encoder().encode
-_decode_reply = msgspec.msgpack.Decoder(ControlReply).decode
 
 PREFILL_SUFFIX = "#prefill"
 """Router-side id of a request's prefill leg (its load is tracked apart from the decode's)."""
-
-
-async def control_call(requests: RequestPlane, address: str, req: ControlRequest) -> ControlReply:
-    """One control call to a worker (``InstanceInfo.metadata["control_address"]``)."""
-    stream = requests.stream(address, _encode(req))
-    async with contextlib.aclosing(stream):
-        async for chunk in stream:
-            return _decode_reply(chunk)
-    raise TransportError(f"no control reply from {address}")
 
 
 NO_PREFILL_WAIT_S = 5.0

@@ -54,7 +54,7 @@ from interlock.errors import (
     WorkerFailed,
 )
 from interlock.protocol import GenerateOutput, GenerateRequest
-from interlock.protocol.routing import RequestContext
+from interlock.protocol.routing import Completion, RequestContext
 from interlock.router.admission import Pending, RequestMeta
 from interlock.router.breaker import Breakers
 from interlock.router.decision import Decision
@@ -92,24 +92,6 @@ class DispatchOptions:
             raise ConfigError("migration_limit must be >= 0", param="migration_limit")
         if self.stall_floor_s <= 0 or self.stall_steps <= 0:
             raise ConfigError("stall timeouts must be positive", param="stall_floor_s")
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """One request that finished (for the planner: what it cost, what it got)."""
-
-    arrived_s: float
-    """``time.monotonic()`` when the dispatcher took it."""
-    ttft_s: float
-    decode_s: float
-    """From its first token to its last."""
-    output_tokens: int
-    prompt_tokens: int
-    cached_tokens: int
-    """Its prompt tokens found in a prefix cache where the prompt was computed (the engine's
-    count, the prefill worker's for a remote prefill; the router's estimate if none came)."""
-    model: str = ""
-    """The model it asked for (its router's)."""
 
 
 RECENT_COMPLETIONS = 4096

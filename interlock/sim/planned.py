@@ -34,6 +34,7 @@ from functools import partial
 from typing import Protocol
 
 from interlock.errors import ConfigError
+from interlock.names import UNWEIGHTED_POLICIES
 from interlock.planner import (
     Action,
     AddWorker,
@@ -103,9 +104,6 @@ class SimFleet(Protocol):
     def call_at(self, t: float, fn: Callable[[], None]) -> None: ...
 
     def take_arrivals(self) -> list[tuple[SimRequest, int]]: ...
-
-
-UNWEIGHTED_POLICIES = ("round-robin", "random")
 
 
 class Decider(Protocol):

@@ -19,8 +19,8 @@ from interlock.engine.runners.mock import MockRunner
 from interlock.engine.worker import Worker
 from interlock.protocol import GenerateOutput, GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlReply, ControlRequest
-from interlock.router.disagg_flow import control_call
 from interlock.router.service import RouterService
+from interlock.router.worker_control import control_call
 from interlock.transfer import TransferAgent
 
 MODEL = "m"

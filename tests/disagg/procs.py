@@ -17,8 +17,8 @@ from interlock.cluster.builder import RunningCluster, start_cluster
 from interlock.cluster.spec import ClusterSpec
 from interlock.deploy import ControlPlane, Deployment, Routing
 from interlock.protocol.control import ControlReply, ControlRequest
-from interlock.router.disagg_flow import control_call
 from interlock.router.service import RouterService
+from interlock.router.worker_control import control_call
 from interlock.runtime import NatsServer
 from interlock.runtime.runtime import Runtime
 

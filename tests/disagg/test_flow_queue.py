@@ -20,9 +20,10 @@ from interlock.errors import NoWorkers, Overloaded
 from interlock.protocol import GenerateRequest, SamplingParams
 from interlock.protocol.control import ControlRequest
 from interlock.router.disagg import DisaggConfig
-from interlock.router.disagg_flow import PREFILL_SUFFIX, DisaggFlow, control_call
+from interlock.router.disagg_flow import PREFILL_SUFFIX, DisaggFlow
 from interlock.router.dispatcher import DispatchOptions
 from interlock.router.facade import Router, RouterConfig
+from interlock.router.worker_control import control_call
 from tests.disagg.cluster import eventually, mock_engine
 from tests.engine.conftest import VOCAB
 from tests.router.test_dispatcher import BLOCK, MODEL, Fleet, fleet

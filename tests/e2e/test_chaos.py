@@ -31,7 +31,7 @@ import pytest
 from interlock.cluster.secrets import child_env
 from interlock.protocol.control import ControlRequest
 from interlock.protocol.subjects import GENERATE_ENDPOINT
-from interlock.router.disagg_flow import control_call
+from interlock.router.worker_control import control_call
 from interlock.runtime import NatsServer, RuntimeConfig, connect_runtime
 from interlock.runtime.config import NatsAuth
 from tests.e2e.conftest import FAST_LEASES, Served, children, free_port, start_serve

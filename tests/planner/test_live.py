@@ -6,8 +6,8 @@ import msgspec
 
 from interlock.planner.live import RouterServiceView
 from interlock.protocol import LoadReport, subjects
+from interlock.protocol.routing import Completion
 from interlock.router import RequestMeta
-from interlock.router.dispatcher import Completion
 from interlock.router.service import RouterService
 from interlock.runtime.runtime import Runtime
 from tests.router.test_service import _run, _settle, info

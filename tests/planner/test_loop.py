@@ -13,7 +13,7 @@ from interlock.planner.fleet import FakeFleet
 from interlock.planner.loop import FakeLoadView, PlannerLoop, TrafficTotals
 from interlock.planner.status import serve_status
 from interlock.protocol.events import LoadReport
-from interlock.router.dispatcher import Completion
+from interlock.protocol.routing import Completion
 
 CFG = PlannerConfig(
     both=RoleBounds(1, 4),

@@ -139,7 +139,7 @@ async def test_a_control_call_without_the_secret_is_refused(anyio_backend: str) 
     from interlock.engine.worker import Worker
     from interlock.protocol import InstanceInfo, subjects
     from interlock.protocol.control import ControlRequest
-    from interlock.router.disagg_flow import control_call
+    from interlock.router.worker_control import control_call
     from interlock.runtime import InProcRegistry, connect_runtime
     from tests.disagg.cluster import mock_engine
 
