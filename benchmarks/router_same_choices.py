@@ -21,7 +21,7 @@ import sys
 
 from interlock.mooncake import load_mooncake
 from interlock.router import RouterConfig
-from interlock.router.facade import Router
+from interlock.router.model_router import Router
 from interlock.sim import ReplayConfig, TraceHasher, mooncake_requests, replay
 from interlock.sim.synthetic import AgentSpec, agent_records
 

@@ -20,7 +20,7 @@ from interlock.planner.config import PlannerConfig
 from interlock.router.cost import CostParams
 from interlock.router.disagg import DisaggConfig
 from interlock.router.dispatcher import DispatchOptions
-from interlock.router.facade import RouterConfig
+from interlock.router.model_router import RouterConfig
 from interlock.router.service import ServiceOptions
 from interlock.runtime.config import NatsAuth
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from interlock.planner.loop import TrafficTotals
 from interlock.protocol.events import LoadReport
 from interlock.protocol.routing import Completion
-from interlock.router.facade import Router
+from interlock.router.model_router import Router
 from interlock.router.service import RouterService
 
 

@@ -14,7 +14,7 @@ from typing import Protocol
 from interlock.protocol import GenerateOutput, GenerateRequest, InstanceInfo, LoadReport
 from interlock.router.admission import RequestMeta
 from interlock.router.decision import Decision
-from interlock.router.facade import Router
+from interlock.router.model_router import Router
 from interlock.runtime.interfaces import RequestPlane
 
 

@@ -53,7 +53,7 @@ from interlock.router.disagg import (
     choose,
 )
 from interlock.router.dispatcher import Dispatcher
-from interlock.router.facade import Router
+from interlock.router.model_router import Router
 from interlock.router.worker_control import control_call
 
 log = logging.getLogger(__name__)

@@ -59,7 +59,7 @@ from interlock.router.admission import Pending, RequestMeta
 from interlock.router.breaker import Breakers
 from interlock.router.decision import Decision
 from interlock.router.directory import Leg, PrefillFlow, WorkerDirectory
-from interlock.router.facade import Router
+from interlock.router.model_router import Router
 
 log = logging.getLogger(__name__)
 

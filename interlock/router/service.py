@@ -35,9 +35,9 @@ from interlock.router.breaker import BreakerConfig, Breakers
 from interlock.router.disagg import DisaggConfig
 from interlock.router.disagg_flow import DisaggFlow
 from interlock.router.dispatcher import EXPLAIN_HEADER, Dispatcher, DispatchOptions
-from interlock.router.facade import Router, RouterConfig
 from interlock.router.indexer import ApplyResult
 from interlock.router.model_card import Card, majority_card
+from interlock.router.model_router import Router, RouterConfig
 from interlock.runtime.interfaces import Discovery, EventPlane, RequestPlane
 from interlock.runtime.link import ControlLink
 

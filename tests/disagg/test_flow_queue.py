@@ -22,7 +22,7 @@ from interlock.protocol.control import ControlRequest
 from interlock.router.disagg import DisaggConfig
 from interlock.router.disagg_flow import PREFILL_SUFFIX, DisaggFlow
 from interlock.router.dispatcher import DispatchOptions
-from interlock.router.facade import Router, RouterConfig
+from interlock.router.model_router import Router, RouterConfig
 from interlock.router.worker_control import control_call
 from tests.disagg.cluster import eventually, mock_engine
 from tests.engine.conftest import VOCAB

@@ -13,7 +13,7 @@ from interlock.engine.worker import Worker, WorkerOptions
 from interlock.protocol import GenerateRequest, InstanceInfo, SamplingParams, subjects
 from interlock.protocol.routing import RequestContext
 from interlock.router.dispatcher import EXPLAIN_HEADER
-from interlock.router.facade import RouterConfig
+from interlock.router.model_router import RouterConfig
 from interlock.router.service import RouterService
 from interlock.runtime import InProcRegistry, connect_runtime
 

@@ -18,7 +18,7 @@ from interlock.engine.worker import Worker
 from interlock.protocol import GenerateOutput, GenerateRequest, SamplingParams
 from interlock.protocol.routing import RequestContext
 from interlock.router.dispatcher import EXPLAIN_HEADER
-from interlock.router.facade import RouterConfig
+from interlock.router.model_router import RouterConfig
 from interlock.router.service import RouterService
 from interlock.runtime import NatsServer, RuntimeConfig, connect_runtime
 from interlock.runtime.runtime import Runtime

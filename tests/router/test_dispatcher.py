@@ -23,7 +23,7 @@ from interlock.router.admission import RequestMeta
 from interlock.router.breaker import BreakerConfig
 from interlock.router.disagg import DisaggConfig
 from interlock.router.dispatcher import DispatchOptions
-from interlock.router.facade import Router, RouterConfig
+from interlock.router.model_router import Router, RouterConfig
 from interlock.router.service import RouterService, ServiceOptions
 from interlock.runtime import InProcRegistry, connect_runtime
 from interlock.runtime.runtime import Runtime

@@ -139,7 +139,7 @@ def test_the_load_tracker_keeps_the_measured_load_time_per_block() -> None:
 
 
 def test_the_router_sends_a_prefix_to_the_worker_that_holds_it_below_its_pool() -> None:
-    from tests.router.test_facade import PROMPT, make, route
+    from tests.router.test_model_router import PROMPT, make, route
 
     # a miss charged once more (computing 400 tokens at the default 10,000 tokens/s: 0.08 s)
     r, _ = make(3, cost=CostParams(miss_weight=1.0))

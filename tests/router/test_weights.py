@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from interlock.errors import ConfigError
-from tests.router.test_facade import PROMPT, cache, info, make, route
+from tests.router.test_model_router import PROMPT, cache, info, make, route
 
 
 @pytest.mark.parametrize("policy", ["kv", "least-loaded", "power-of-two"])
