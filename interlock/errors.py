@@ -8,20 +8,46 @@ Two families, because callers treat them differently:
   or transport fault). Maps to 5xx; may be retried elsewhere.
 
 Each class carries the HTTP status and the OpenAI error ``type`` it maps to, so the frontend
-never guesses.
+never guesses, and a ``code`` (its name in snake case) by which it crosses a process boundary:
+``rebuild`` is the one way back from (code, message, param) to the error, on every plane
+(request-plane failures, an engine's error in an output chunk).
 """
 
 from __future__ import annotations
+
+import re
+from typing import ClassVar
 
 
 class InterlockError(Exception):
     status: int = 500
     error_type: str = "internal_error"
+    code: ClassVar[str] = "interlock_error"
+    """Stable name on the wire (set from the class name for every subclass)."""
+    _by_code: ClassVar[dict[str, type[InterlockError]]] = {}
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.code = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+        InterlockError._by_code[cls.code] = cls
+
+
+def rebuild(code: str, message: str, param: str | None, *, unknown: type[InterlockError]) -> InterlockError:
+    """The error another process sent as ``(code, message, param)``, of the class ``code``
+    names (so a RequestError stays a 4xx), ``param`` kept; ``unknown`` for a code we do not
+    know (a foreign exception, a newer peer)."""
+    cls = InterlockError._by_code.get(code, unknown)
+    try:
+        return cls(message, param=param)
+    except TypeError:  # a subclass whose constructor takes other keywords (retry_after)
+        err = cls(message)
+        err.param = param
+        return err
 
 
 class ConfigError(InterlockError):

@@ -64,8 +64,8 @@ class StepResult:
 
 def error_info(exc: BaseException) -> ErrorInfo:
     if isinstance(exc, InterlockError):
-        return ErrorInfo(type=type(exc).__name__, message=exc.message, status=exc.status, param=exc.param)
-    return ErrorInfo(type="EngineError", message=f"{type(exc).__name__}: {exc}", status=500)
+        return ErrorInfo(code=exc.code, message=exc.message, status=exc.status, param=exc.param)
+    return ErrorInfo(code=EngineError.code, message=f"{type(exc).__name__}: {exc}", status=500)
 
 
 class EngineCore:

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from interlock import errors
-from interlock.errors import EngineError, InterlockError
+from interlock.errors import EngineError, InterlockError, rebuild
 from interlock.frontend.detokenizer import IncrementalDetokenizer
 from interlock.frontend.stops import StopMatcher
 from interlock.frontend.tokenizer import ModelTokenizer
@@ -66,11 +65,4 @@ def error_from_info(info: ErrorInfo | None) -> InterlockError:
     """Rebuild the error a worker reported in an output chunk (EngineError if unknown)."""
     if info is None:
         return EngineError("the engine reported an error")
-    cls = getattr(errors, info.type, None)
-    if isinstance(cls, type) and issubclass(cls, InterlockError):
-        for kwargs in ({"param": info.param}, {}):
-            try:
-                return cls(info.message, **kwargs)
-            except TypeError:  # a subclass with a different constructor
-                continue
-    return EngineError(info.message, param=info.param)
+    return rebuild(info.code, info.message, info.param, unknown=EngineError)

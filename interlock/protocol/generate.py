@@ -64,8 +64,9 @@ class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
-    type: str
-    """Name of the interlock.errors class, so the receiver can re-raise the same error."""
+    code: str
+    """The ``interlock.errors`` class's ``code``, so the receiver rebuilds the same error
+    (``errors.rebuild``)."""
     message: str
     status: int = 500
     param: str | None = None

@@ -33,8 +33,10 @@ class End(msgspec.Struct, array_like=True, tag=2, tag_field="frame"):
 
 class Fail(msgspec.Struct, array_like=True, tag=3, tag_field="frame"):
     stream_id: int
-    type: str
+    code: str
+    """``errors.InterlockError.code`` ("" for a foreign exception)."""
     message: str
+    param: str | None = None
 
 
 class Cancel(msgspec.Struct, array_like=True, tag=4, tag_field="frame"):

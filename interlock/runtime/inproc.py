@@ -149,8 +149,8 @@ class InProcRequestPlane:
         async def end() -> None:
             channel.put(None)
 
-        async def fail(type_name: str, message: str) -> None:
-            channel.put(remote_error(type_name, message))
+        async def fail(code: str, message: str, param: str | None) -> None:
+            channel.put(remote_error(code, message, param))
 
         task = asyncio.create_task(run_handler(handler, payload, ctx, send, end, fail))
         self._calls[task] = channel

@@ -105,8 +105,8 @@ class NatsRequestPlane:
         async def end() -> None:
             await publish(reply, b"E")
 
-        async def fail(type_name: str, message: str) -> None:
-            await publish(reply, b"X" + msgspec.msgpack.encode((type_name, message)))
+        async def fail(code: str, message: str, param: str | None) -> None:
+            await publish(reply, b"X" + msgspec.msgpack.encode((code, message, param)))
 
         ctx = CallContext(key, next(self._ids))
         task = asyncio.create_task(run_handler(handler, msg.data[1:], ctx, send, end, fail))
@@ -195,8 +195,8 @@ class NatsRequestPlane:
         elif kind in (b"E", b"P"):
             call.channel.put(None)
         elif kind == b"X":
-            type_name, message = msgspec.msgpack.decode(data[1:])
-            call.channel.put(remote_error(type_name, message))
+            code, message, param = msgspec.msgpack.decode(data[1:])
+            call.channel.put(remote_error(code, message, param))
         elif not data and msg.headers and msg.headers.get("Status") == "503":
             call.channel.put(_NO_RESPONDERS)
 
@@ -210,7 +210,7 @@ class NatsRequestPlane:
     async def close(self) -> None:
         if self._keepalive_task is not None:
             self._keepalive_task.cancel()
-        closing = msgspec.msgpack.encode(("TransportError", "server closed"))
+        closing = msgspec.msgpack.encode((TransportError.code, "server closed", None))
         for reply, task in list(self._serving.items()):
             task.cancel()
             if not self._nc.is_closed:

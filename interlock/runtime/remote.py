@@ -9,28 +9,25 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-import interlock.errors as errors_module
-from interlock.errors import InterlockError, TransportError
+from interlock.errors import InterlockError, TransportError, rebuild
 from interlock.runtime.interfaces import CallContext, Handler
 
+WireError = tuple[str, str, str | None]
+"""``(code, message, param)``: a handler's failure as it crosses the wire."""
 
-def describe_error(exc: BaseException) -> tuple[str, str]:
-    """``(type, message)`` to send to the client."""
+
+def describe_error(exc: BaseException) -> WireError:
+    """What to send the client: our own errors by code (their ``param`` kept); anything else
+    with no code, so the client sees a TransportError naming it."""
     if isinstance(exc, InterlockError):
-        return type(exc).__name__, exc.message
-    return type(exc).__name__, f"{type(exc).__name__}: {exc}"
+        return exc.code, exc.message, exc.param
+    return "", f"remote handler failed: {type(exc).__name__}: {exc}", None
 
 
-def remote_error(type_name: str, message: str) -> InterlockError:
-    """Rebuild an error sent by ``describe_error``: our own error classes keep their class
-    (so a RequestError stays a 4xx); anything else is a TransportError."""
-    cls = getattr(errors_module, type_name, None)
-    if isinstance(cls, type) and issubclass(cls, InterlockError):
-        try:
-            return cls(message)
-        except TypeError:  # a subclass with a different constructor: keep the family
-            pass
-    return TransportError(f"remote handler failed: {message}")
+def remote_error(code: str, message: str, param: str | None = None) -> InterlockError:
+    """Rebuild an error sent by ``describe_error`` (``errors.rebuild``; TransportError when
+    the code is not ours)."""
+    return rebuild(code, message, param, unknown=TransportError)
 
 
 async def run_handler(
@@ -39,7 +36,7 @@ async def run_handler(
     ctx: CallContext,
     send: Callable[[bytes], Awaitable[None]],
     end: Callable[[], Awaitable[None]],
-    fail: Callable[[str, str], Awaitable[None]],
+    fail: Callable[[str, str, str | None], Awaitable[None]],
 ) -> None:
     """Drive ``handler`` to completion, forwarding chunks with ``send``.
 

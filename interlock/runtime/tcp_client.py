@@ -104,7 +104,7 @@ class ClientConnection(FramedProtocol):
             assert isinstance(frame, Fail)
             channel = self._calls.pop(frame.stream_id, None)
             if channel is not None:
-                channel.put(remote_error(frame.type, frame.message))
+                channel.put(remote_error(frame.code, frame.message, frame.param))
         elif kind is Pong:
             assert isinstance(frame, Pong)
             future = self._pings.get(frame.nonce)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from interlock.errors import AuthError
+from interlock.errors import AuthError, TransportError
 from interlock.protocol.handshake import HELLO_SIZE, RESPONSE_SIZE, ServerHandshake
 from interlock.runtime.frames import Cancel, Data, End, Fail, Frame, FramedProtocol, Open, Ping, Pong
 from interlock.runtime.interfaces import CallContext, Handler
@@ -107,7 +107,7 @@ class ServerConnection(FramedProtocol):
         sid = frame.stream_id
         handler = self._server.handlers.get(frame.key)
         if handler is None:
-            self.send(Fail(sid, "TransportError", f"no handler for {frame.key!r}"))
+            self.send(Fail(sid, TransportError.code, f"no handler for {frame.key!r}"))
             return
 
         async def send(chunk: bytes) -> None:
@@ -117,8 +117,8 @@ class ServerConnection(FramedProtocol):
         async def end() -> None:
             self.send(End(sid))
 
-        async def fail(type_name: str, message: str) -> None:
-            self.send(Fail(sid, type_name, message))
+        async def fail(code: str, message: str, param: str | None) -> None:
+            self.send(Fail(sid, code, message, param))
 
         ctx = CallContext(frame.key, sid)
         task = asyncio.create_task(run_handler(handler, frame.payload, ctx, send, end, fail))

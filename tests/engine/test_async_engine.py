@@ -95,13 +95,13 @@ def test_bad_request_errors_and_the_loop_goes_on() -> None:
             _collect(engine, "bad", [VOCAB + 1], 4), _collect(engine, "good", PROMPT, 4)
         )
         assert bad[-1].finish_reason == "error" and bad[-1].error is not None
-        assert bad[-1].error.type == "InvalidRequest"
+        assert bad[-1].error.code == "invalid_request"
         assert tokens(good) == reference_output(PROMPT, 4, vocab_size=VOCAB)
         # A stream id already in flight is refused without touching the first one.
         agen = engine.generate(request("x", PROMPT, 50))
         await agen.__anext__()
         dup = await _collect(engine, "x", PROMPT, 4)
-        assert dup[-1].error is not None and dup[-1].error.type == "InvalidRequest"
+        assert dup[-1].error is not None and dup[-1].error.code == "invalid_request"
         await agen.aclose()
         await engine.shutdown()
 
@@ -149,7 +149,7 @@ def test_shutdown_ends_open_streams() -> None:
         rest = [o async for o in agen]
         assert rest[-1].finish_reason == "abort" and rest[-1].error is not None
         late = await _collect(engine, "b", PROMPT, 4)
-        assert late[-1].error is not None and late[-1].error.type == "ServiceUnavailable"
+        assert late[-1].error is not None and late[-1].error.code == "service_unavailable"
 
     _run(body)
 

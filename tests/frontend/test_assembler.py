@@ -44,13 +44,15 @@ def test_error_chunks_raise_the_named_error(tok: ModelTokenizer) -> None:
     with pytest.raises(NoWorkers, match="gone"):
         a.push(
             GenerateOutput(
-                request_id="r", finish_reason="error", error=ErrorInfo(type="NoWorkers", message="gone")
+                request_id="r", finish_reason="error", error=ErrorInfo(code="no_workers", message="gone")
             )
         )
-    assert isinstance(error_from_info(ErrorInfo(type="NoSuchError", message="x")), EngineError)
+    assert isinstance(error_from_info(ErrorInfo(code="no_such_error", message="x")), EngineError)
     assert isinstance(error_from_info(None), EngineError)
     # the field an engine-side error is about reaches the client's error.param
-    err = error_from_info(ErrorInfo(type="PromptTooLong", message="too long", status=400, param="max_tokens"))
+    err = error_from_info(
+        ErrorInfo(code="prompt_too_long", message="too long", status=400, param="max_tokens")
+    )
     assert (type(err).__name__, err.param) == ("PromptTooLong", "max_tokens")
 
 

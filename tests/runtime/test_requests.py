@@ -9,7 +9,7 @@ from contextlib import aclosing
 import anyio
 import pytest
 
-from interlock.errors import PromptTooLong, TransportError
+from interlock.errors import NoWorkers, PromptTooLong, TransportError
 from interlock.runtime import CallContext, Runtime
 
 from .conftest import MakeRuntime
@@ -116,11 +116,19 @@ async def test_interlock_errors_keep_their_class(make_runtime: MakeRuntime, name
     server, client = await pair(make_runtime)
 
     async def too_long(payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
-        raise PromptTooLong("prompt has 9000 tokens, limit 2048")
+        raise PromptTooLong("prompt has 9000 tokens, limit 2048", param="messages")
+        yield b""
+
+    async def no_workers(payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
+        raise NoWorkers("none")  # a constructor with other keywords (retry_after)
         yield b""
 
     address = await server.requests.serve(f"{namespace}.worker.generate", too_long)
-    with pytest.raises(PromptTooLong, match="limit 2048"):
+    with pytest.raises(PromptTooLong, match="limit 2048") as caught:
+        await collect(client, address, b"")
+    assert caught.value.param == "messages"  # on every plane: the field the error is about
+    address = await server.requests.serve(f"{namespace}.worker.other", no_workers)
+    with pytest.raises(NoWorkers, match="none"):
         await collect(client, address, b"")
 
 

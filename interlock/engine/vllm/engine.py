@@ -149,9 +149,7 @@ def _error(rid: str, exc: BaseException) -> GenerateOutput:
         err = exc
     else:
         err = EngineError(f"vLLM failed the request: {type(exc).__name__}: {exc}")
-    info = ErrorInfo(
-        type=type(err).__name__, message=str(err), status=err.status, param=getattr(err, "param", None)
-    )
+    info = ErrorInfo(code=err.code, message=err.message, status=err.status, param=err.param)
     return GenerateOutput(request_id=rid, finish_reason="error", error=info)
 
 
