@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -41,3 +42,29 @@ class Channel(Generic[T]):
             finally:
                 self._waiter = None
         return items.popleft()
+
+
+Opened = tuple[Channel[Item], Callable[[], object]]
+"""A call's channel and how to cancel the call on the server."""
+
+
+async def drain(open_call: Callable[[], Awaitable[Opened]]) -> AsyncGenerator[bytes, None]:
+    """A call's chunks as they come, until its clean end or the error that ends it; a reader
+    that stops first (the client gone) cancels the call on the server. ``open_call`` runs on
+    the first ``anext``, so an iterator never started opens nothing."""
+    channel, cancel = await open_call()
+    finished = False
+    try:
+        while True:
+            item = await channel.get()
+            if type(item) is bytes:
+                yield item
+            elif item is None:
+                finished = True
+                return
+            else:
+                finished = True
+                raise item  # type: ignore[misc]
+    finally:
+        if not finished:
+            cancel()

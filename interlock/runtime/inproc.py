@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator
 
 from interlock.errors import TransportError
 from interlock.protocol import InstanceInfo
-from interlock.runtime.channel import Channel, Item
+from interlock.runtime.channel import Channel, Item, Opened, drain
 from interlock.runtime.config import RuntimeConfig
 from interlock.runtime.interfaces import CallContext, DiscoveryEvent, Handler
 from interlock.runtime.leases import LeaseTable
@@ -103,28 +103,17 @@ class InProcRequestPlane:
         if entry is not None and entry[0] is self:
             del self._registry.handlers[key]
 
-    async def stream(self, address: str, payload: bytes) -> AsyncGenerator[bytes, None]:
-        entry = self._registry.handlers.get(_key_of(address))
-        if entry is None:
-            raise TransportError(f"no handler at {address}")
-        server, handler = entry
-        ctx = CallContext(key=_key_of(address), stream_id=next(self._registry.stream_ids))
-        channel, task = server._start(handler, payload, ctx)
-        finished = False
-        try:
-            while True:
-                item = await channel.get()
-                if type(item) is bytes:
-                    yield item
-                elif item is None:
-                    finished = True
-                    return
-                else:
-                    finished = True
-                    raise item  # type: ignore[misc]
-        finally:
-            if not finished:
-                task.cancel()  # client gone: the handler sees CancelledError at once
+    def stream(self, address: str, payload: bytes) -> AsyncGenerator[bytes, None]:
+        async def open_call() -> Opened:
+            entry = self._registry.handlers.get(_key_of(address))
+            if entry is None:
+                raise TransportError(f"no handler at {address}")
+            server, handler = entry
+            ctx = CallContext(key=_key_of(address), stream_id=next(self._registry.stream_ids))
+            channel, task = server._start(handler, payload, ctx)
+            return channel, task.cancel  # client gone: the handler sees CancelledError at once
+
+        return drain(open_call)
 
     async def ping(self, address: str, timeout: float | None = None) -> float:
         if _key_of(address) not in self._registry.handlers:

@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator
 
 from interlock.errors import TransportError
 from interlock.protocol.handshake import is_loopback
+from interlock.runtime.channel import Opened, drain
 from interlock.runtime.config import RuntimeConfig
 from interlock.runtime.interfaces import Handler
 from interlock.runtime.naming import EndpointName
@@ -64,25 +65,14 @@ class TcpRequestPlane:
     async def unserve(self, address: str) -> None:
         self._server.handlers.pop(parse_address(address)[2], None)
 
-    async def stream(self, address: str, payload: bytes) -> AsyncGenerator[bytes, None]:
-        host, port, key = parse_address(address)
-        conn = await self._connection(host, port)
-        sid, channel = conn.open(key, payload)
-        finished = False
-        try:
-            while True:
-                item = await channel.get()
-                if type(item) is bytes:
-                    yield item
-                elif item is None:
-                    finished = True
-                    return
-                else:
-                    finished = True
-                    raise item  # type: ignore[misc]
-        finally:
-            if not finished:
-                conn.cancel(sid)  # client gone: the server cancels the handler
+    def stream(self, address: str, payload: bytes) -> AsyncGenerator[bytes, None]:
+        async def open_call() -> Opened:
+            host, port, key = parse_address(address)
+            conn = await self._connection(host, port)
+            sid, channel = conn.open(key, payload)
+            return channel, lambda: conn.cancel(sid)  # client gone: the server cancels the handler
+
+        return drain(open_call)
 
     async def ping(self, address: str, timeout: float | None = None) -> float:
         host, port, key = parse_address(address)
