@@ -178,6 +178,12 @@ class Routing:
     """Whom the ``kv`` cost's stall term counts on each worker: ``decoding`` (the requests past
     their first token) or ``inflight`` (every request there: better SLA on large fleets at
     moderate load, fewer hits far past saturation; BENCHMARKS.md, Router at scale)."""
+    migration_limit: int = 3
+    """Times a request whose worker fails mid-stream moves to another worker (0: off; the
+    client gets the error). ``--migration-limit``; the Python API's ``migration_limit``."""
+    stall_timeout_s: float = 10.0
+    """Seconds without a token (once the first is out) after which a stream counts as stalled
+    and migrates; raised on workers with slow steps. ``--stall-timeout``."""
 
 
 @dataclass(frozen=True)
@@ -348,6 +354,10 @@ def validate_deployment(d: Deployment) -> None:
         raise ConfigError("routing.kv_usage_watermark: must be in (0, 1]")
     if r.queue_size < 0 or r.max_remote_kv_bytes < 0:
         raise ConfigError("routing.queue_size and max_remote_kv_bytes must be >= 0")
+    if r.migration_limit < 0:
+        raise ConfigError("routing.migration_limit must be >= 0", param="migration_limit")
+    if not r.stall_timeout_s > 0:
+        raise ConfigError("routing.stall_timeout_s must be positive", param="stall_timeout_s")
     if r.preempt_enabled and any(g.engine != "interlock" for g in d.execution_groups):
         raise ConfigError("routing.preempt_enabled: the interlock engine's; vLLM preempts by its own policy")
     if d.metrics.export_interval <= 0:

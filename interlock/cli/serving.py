@@ -27,7 +27,6 @@ from interlock.deploy import (
 from interlock.engine.vllm.args import normalize, parse_engine_arg
 from interlock.errors import ConfigError
 from interlock.names import DTYPES, ENGINES, POLICIES, RUNNERS, TRANSPORTS, policy_name
-from interlock.router.dispatcher import DispatchOptions
 
 _G, _N, _R, _C = ExecutionGroup(), NodeGroup(), Routing(), ControlPlane()
 
@@ -232,21 +231,21 @@ def add_routing_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_dispatch_args(p: argparse.ArgumentParser) -> None:
-    """Flags of the router's dispatcher (retries, migration, stall timeouts)."""
-    d = DispatchOptions()
+    """Flags of the router's dispatcher (migration, stall timeouts): ``routing.migration_limit``
+    and ``routing.stall_timeout_s`` of the deployment file, which a flag given overrides."""
     p.add_argument(
         "--migration-limit",
         type=int,
-        default=d.migration_limit,
+        default=None,
         help="times a request whose worker fails mid-stream moves to another worker "
-        "(0: off; the client gets the error)",
+        f"(0: off; the client gets the error) (default: {_R.migration_limit})",
     )
     p.add_argument(
         "--stall-timeout",
         type=float,
-        default=d.stall_floor_s,
+        default=None,
         help="seconds without a token (once the first is out) after which a stream "
-        "counts as stalled and migrates; raised on workers with slow steps",
+        f"counts as stalled and migrates; raised on workers with slow steps (default: {_R.stall_timeout_s:g})",
     )
 
 
@@ -264,10 +263,6 @@ def add_process_args(p: argparse.ArgumentParser) -> None:
         default=d.kv_transfer_timeout_s,
         help="seconds a staged KV payload waits to be pulled (and a pull may take)",
     )
-
-
-def dispatch_options(a: argparse.Namespace) -> DispatchOptions:
-    return DispatchOptions(migration_limit=a.migration_limit, stall_floor_s=a.stall_timeout)
 
 
 def _given(a: argparse.Namespace, mapping: dict[str, str], cls: type) -> dict[str, Any]:
@@ -318,7 +313,13 @@ _PLANE_FLAGS = {
     "heartbeat_interval": "heartbeat_interval",
     "heartbeat_timeout": "heartbeat_timeout",
 }
-_ROUTING_FLAGS = {"policy": "policy", "route_key_header": "route_key", "preempt_enabled": "preempt_enabled"}
+_ROUTING_FLAGS = {
+    "policy": "policy",
+    "route_key_header": "route_key",
+    "preempt_enabled": "preempt_enabled",
+    "migration_limit": "migration_limit",
+    "stall_timeout": "stall_timeout_s",
+}
 
 
 def deployment_from_args(a: argparse.Namespace, *, nodes: tuple[NodeGroup, ...] | None = None) -> Deployment:
@@ -380,7 +381,6 @@ def cluster_spec(a: argparse.Namespace, d: Deployment, **changes: Any) -> Cluste
         "frontend": frontend_config(a, env_api_keys=get_env().api_keys)
         if hasattr(a, "max_prompt_chars")
         else None,
-        "dispatch": dispatch_options(a) if hasattr(a, "migration_limit") else DispatchOptions(),
     }
     return ClusterSpec(
         deployment=d, cluster_secret=cluster_secret(a), nats_auth=nats_auth(a), **{**parts, **changes}

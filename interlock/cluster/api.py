@@ -40,7 +40,7 @@ import msgspec
 
 from interlock.cluster.builder import RunningCluster, RunningPlanner, WorkerHandle
 from interlock.cluster.spec import ClusterSpec, group_planner_config
-from interlock.deploy import ControlPlane, Deployment, ExecutionGroup, NodeGroup, validate_deployment
+from interlock.deploy import ControlPlane, Deployment, ExecutionGroup, NodeGroup, Routing, validate_deployment
 from interlock.errors import ConfigError
 from interlock.frontend.config import FrontendConfig
 from interlock.names import ROLES
@@ -72,11 +72,20 @@ class Cluster:
 
     # ---- construction ----
     @classmethod
-    def local(cls, *, http_port: int | None = None, heartbeat_interval: float = 1.0) -> Cluster:
+    def local(
+        cls,
+        *,
+        http_port: int | None = None,
+        heartbeat_interval: float = 1.0,
+        migration_limit: int = Routing.migration_limit,
+        stall_timeout_s: float = Routing.stall_timeout_s,
+    ) -> Cluster:
         """Everything on this machine: a private nats-server and a router here; workers start
         as processes with ``create_serving_instance``. ``http_port``: also serve the OpenAI
-        HTTP API on 127.0.0.1 (0: any free port, see ``http_url``)."""
-        return cls(_spec(None, http_port, heartbeat_interval, None, NatsAuth()))
+        HTTP API on 127.0.0.1 (0: any free port, see ``http_url``). ``migration_limit`` and
+        ``stall_timeout_s``: the router's, as the deployment file's ``routing:`` keys."""
+        routing = Routing(migration_limit=migration_limit, stall_timeout_s=stall_timeout_s)
+        return cls(_spec(None, http_port, heartbeat_interval, None, NatsAuth(), routing))
 
     @classmethod
     def connect(
@@ -87,15 +96,18 @@ class Cluster:
         nats_auth: NatsAuth | None = None,
         http_port: int | None = None,
         heartbeat_interval: float = 1.0,
+        migration_limit: int = Routing.migration_limit,
+        stall_timeout_s: float = Routing.stall_timeout_s,
     ) -> Cluster:
         """Join the deployment whose NATS server is ``url``: a router here sees its workers,
-        and serving instances add worker processes to it."""
+        and serving instances add worker processes to it (the other keywords: as ``local``)."""
         from interlock.env import get_env
 
         env = get_env()
         auth = nats_auth or NatsAuth(user=env.nats_user, password=env.nats_password, token=env.nats_token)
         secret = cluster_secret if cluster_secret is not None else env.cluster_secret
-        return cls(_spec(url, http_port, heartbeat_interval, secret, auth))
+        routing = Routing(migration_limit=migration_limit, stall_timeout_s=stall_timeout_s)
+        return cls(_spec(url, http_port, heartbeat_interval, secret, auth, routing))
 
     # ---- models and instances ----
     def register_model(
@@ -558,10 +570,15 @@ def _prompt(prompt: str | Sequence[int]) -> str | list[int]:
 
 
 def _spec(
-    url: str | None, http_port: int | None, heartbeat_interval: float, secret: bytes | None, auth: NatsAuth
+    url: str | None,
+    http_port: int | None,
+    heartbeat_interval: float,
+    secret: bytes | None,
+    auth: NatsAuth,
+    routing: Routing,
 ) -> ClusterSpec:
     cp = ControlPlane(nats_url=url, listen_port=http_port or 0, heartbeat_interval=heartbeat_interval)
-    d = Deployment(control_plane=cp, execution_groups=())
+    d = Deployment(control_plane=cp, routing=routing, execution_groups=())
     validate_deployment(d)
     return ClusterSpec(
         deployment=d,

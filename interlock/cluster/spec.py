@@ -11,7 +11,14 @@ from dataclasses import dataclass, field, replace
 
 from interlock.cluster.supervisor import RestartPolicy
 from interlock.cluster.worker import WorkerSpec
-from interlock.deploy import Deployment, ExecutionGroup, NodeGroup, default_block_size, shared_kv_cache
+from interlock.deploy import (
+    Deployment,
+    ExecutionGroup,
+    NodeGroup,
+    Routing,
+    default_block_size,
+    shared_kv_cache,
+)
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.errors import ConfigError
 from interlock.frontend.config import FrontendConfig
@@ -48,7 +55,6 @@ class ClusterSpec:
     """False: no router in this process (``interlock worker``)."""
     start_workers: bool = True
     """False: only the router and frontend join an existing deployment (``interlock frontend``)."""
-    dispatch: DispatchOptions = DispatchOptions()
     processes: ProcessOptions = ProcessOptions()
     cluster_secret: bytes | None = field(default=None, repr=False)
     nats_auth: NatsAuth = NatsAuth()
@@ -140,10 +146,15 @@ def chunk_tokens(d: Deployment) -> int:
     return min((n.max_num_batched_tokens for n in d.nodes), default=NodeGroup().max_num_batched_tokens)
 
 
+def dispatch_options(r: Routing) -> DispatchOptions:
+    return DispatchOptions(migration_limit=r.migration_limit, stall_floor_s=r.stall_timeout_s)
+
+
 def service_options(spec: ClusterSpec) -> ServiceOptions:
     cp = spec.deployment.control_plane
     return ServiceOptions(
-        dispatch=spec.dispatch, health_check_s=cp.heartbeat_interval if cp.health_check_enabled else None
+        dispatch=dispatch_options(spec.deployment.routing),
+        health_check_s=cp.heartbeat_interval if cp.health_check_enabled else None,
     )
 
 

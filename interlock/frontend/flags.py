@@ -57,14 +57,14 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         default=_DEFAULTS.min_body_rate,
         metavar="BYTES",
         help="bytes a second a request body must average once --body-grace has passed; slower gets "
-        f"a 408 (default {_DEFAULTS.min_body_rate}; 0: only --body-timeout)",
+        "a 408 (0: only --body-timeout)",
     )
     g.add_argument(
         "--body-grace",
         type=float,
         default=_DEFAULTS.body_grace_s,
         metavar="S",
-        help=f"seconds a request body may take before --min-body-rate applies (default {_DEFAULTS.body_grace_s})",
+        help="seconds a request body may take before --min-body-rate applies",
     )
     g.add_argument(
         "--max-connections",
@@ -72,51 +72,47 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         default=_DEFAULTS.max_connections,
         help="open connections at most; at the cap a newcomer takes the slot of an idle or "
         "still-uploading connection of the client holding the most, if it holds more than the "
-        f"newcomer's (default {_DEFAULTS.max_connections})",
+        "newcomer's",
     )
     g.add_argument(
         "--max-client-connections",
         type=int,
         default=_DEFAULTS.max_client_connections,
         help="open connections per client address (an IPv6 /64); behind a proxy, raise it to "
-        f"--max-connections (default {_DEFAULTS.max_client_connections})",
+        "--max-connections",
     )
     g.add_argument(
         "--reserved-connections",
         type=int,
         default=_DEFAULTS.reserved_connections,
-        help="connections beyond --max-connections that serve only /health, /live and /metrics "
-        f"(default {_DEFAULTS.reserved_connections}; 0: none)",
+        help="connections beyond --max-connections that serve only /health, /live and /metrics (0: none)",
     )
     g.add_argument(
         "--max-client-requests",
         type=int,
         default=_DEFAULTS.max_client_requests,
-        help="generation requests in flight per client address, and per API key; more get a 429 "
-        f"(default {_DEFAULTS.max_client_requests})",
+        help="generation requests in flight per client address, and per API key; more get a 429",
     )
     g.add_argument(
         "--max-header-chars",
         type=int,
         default=_DEFAULTS.max_header_chars,
         help="longest value of x-request-id, x-session-id, x-worker-id, x-priority and the route-key "
-        f"header; longer gets a 400 (default {_DEFAULTS.max_header_chars})",
+        "header; longer gets a 400",
     )
     g.add_argument(
         "--max-stream-buffer",
         type=int,
         default=_DEFAULTS.max_stream_buffer_bytes,
         metavar="BYTES",
-        help="bytes of a stream its client has not read that are held before the stream waits "
-        f"for it (default {_DEFAULTS.max_stream_buffer_bytes})",
+        help="bytes of a stream its client has not read that are held before the stream waits for it",
     )
     g.add_argument(
         "--stream-stall-timeout",
         type=float,
         default=_DEFAULTS.stream_stall_timeout_s,
         metavar="S",
-        help="seconds a stream waits for its client to read before it is aborted "
-        f"(default {_DEFAULTS.stream_stall_timeout_s})",
+        help="seconds a stream waits for its client to read before it is aborted",
     )
     g.add_argument("--ssl-certfile", default=None)
     g.add_argument("--ssl-keyfile", default=None)

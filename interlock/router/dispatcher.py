@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 
 import msgspec
 
+from interlock.deploy import Routing
 from interlock.errors import (
     InterlockError,
     NoWorkers,
@@ -73,11 +74,11 @@ EXPLAIN_HEADER = "x-interlock-route"
 class DispatchOptions:
     max_attempts: int = 3
     """Workers tried for a request that fails before its first token."""
-    migration_limit: int = 3
+    migration_limit: int = Routing.migration_limit
     """Migrations per request once tokens were sent (0: a broken stream fails the request)."""
     queue_timeout_s: float = 30.0
     """How long a queued request waits for a worker before a 503."""
-    stall_floor_s: float = 10.0
+    stall_floor_s: float = Routing.stall_timeout_s
     stall_steps: float = 50.0
     """Stall timeout after the first token: max(stall_floor_s, stall_steps x decode step time)."""
     first_token_timeout_s: float | None = None

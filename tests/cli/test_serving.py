@@ -107,6 +107,25 @@ def test_frontend_takes_routing_from_a_file(tmp_path: Path) -> None:
     )
 
 
+def test_migration_and_stall_settings_are_file_keys_that_flags_override(tmp_path: Path) -> None:
+    from interlock.cluster.spec import service_options
+
+    f = tmp_path / "d.yaml"
+    f.write_text("routing: {migration_limit: 0, stall_timeout_s: 4.5}\n")
+    a = frontend.build_parser().parse_args(["-f", str(f), "--nats-url", "nats://h:4222"])
+    options = service_options(cluster_spec(a, deployment_from_args(a))).dispatch
+    assert (options.migration_limit, options.stall_floor_s) == (0, 4.5)
+    a = frontend.build_parser().parse_args(
+        ["-f", str(f), "--nats-url", "nats://h:4222", "--migration-limit", "2"]
+    )
+    options = service_options(cluster_spec(a, deployment_from_args(a))).dispatch
+    assert (options.migration_limit, options.stall_floor_s) == (2, 4.5)
+    f.write_text("routing: {migration_limit: -1}\n")
+    a = frontend.build_parser().parse_args(["-f", str(f), "--nats-url", "nats://h:4222"])
+    with pytest.raises(ConfigError, match="migration_limit"):
+        deployment_from_args(a)
+
+
 def test_worker_spec_is_derived_as_serve_derives_it(tmp_path: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()
@@ -231,7 +250,11 @@ def test_process_flags_reach_the_builder() -> None:
         9.0,
         4.0,
     )
-    assert s.frontend is not None and s.frontend.auth.api_keys == ("k1",) and s.dispatch.stall_floor_s == 7.0
+    assert (
+        s.frontend is not None
+        and s.frontend.auth.api_keys == ("k1",)
+        and s.deployment.routing.stall_timeout_s == 7.0
+    )
     w = worker.build_parser().parse_args(
         [
             "--nats-url",
