@@ -138,9 +138,24 @@ class _Watch:
 
 
 @dataclass(slots=True)
-class _Progress:
+class _Life:
+    """One request's progress across its legs (what the client has, and what it cost)."""
+
+    request: GenerateRequest
+    meta: RequestMeta
+    hashes: list[int]
+    role: str | None
+    """``decode`` on the disaggregated path: every later leg routes to a decode worker."""
+    arrived: float
     tokens: list[int] = field(default_factory=list)
+    """Every token the client was sent."""
     broke_at: float = 0.0
+    """When the current break happened (0: streaming normally)."""
+    first_at: float | None = None
+    cached: int | None = None
+    """The prompt's cache hit where it was computed: every leg's chunks report it."""
+    attempts: int = 0
+    migrations: int = 0
 
 
 class Dispatcher:
@@ -165,113 +180,120 @@ class Dispatcher:
     async def generate(
         self, router: Router, request: GenerateRequest, ctx: RequestContext | None
     ) -> AsyncIterator[GenerateOutput]:
-        rid = request.request_id
-        arrived = time.monotonic()
-        meta = RequestMeta(
-            request_id=rid,
-            prompt_tokens=len(request.token_ids),
-            max_tokens=request.sampling.max_tokens,
-            priority=request.priority or (ctx.priority if ctx is not None else 0),
-            session_id=ctx.session_id if ctx is not None else None,
-            route_key=ctx.route_key if ctx is not None else None,
-            worker_id=ctx.worker_id if ctx is not None else None,
-        )
+        """The request's whole life: its first leg (through the disaggregated flow when that is
+        active), then leg after leg until one finishes; a leg that breaks is retried before any
+        output and migrated after (``_next_leg``)."""
         hashes = router.block_hashes(request.token_ids)
-        progress = _Progress()
-        disagg = self.disagg
-        role: str | None = None
-        leg: Leg | None
-        first: GenerateOutput | None = None
-        if disagg is not None and disagg.active(router, request):
-            role = "decode"
-            first, leg = await disagg.prepare(router, request, meta, hashes)
-        else:
-            leg = Leg(await self.route(router, meta, hashes), request)
-            router.metrics.record_request(meta.prompt_tokens, leg.decision.cached_tokens)
-        if ctx is not None and ctx.explain and leg is not None:
-            ctx.response_headers[EXPLAIN_HEADER] = leg.decision.header()
+        life = _Life(request, _meta(request, ctx), hashes, None, time.monotonic())
+        first, leg = await self._first_leg(router, life)
+        _explain(ctx, leg)
         if first is not None:  # the prefill worker's first token
-            progress.tokens += first.token_ids
+            life.tokens += first.token_ids
+            life.first_at = time.monotonic() if first.token_ids else None
+            life.cached = first.num_cached_tokens
             try:
                 yield first
             except BaseException:  # closed before the decode leg started: release what it holds
                 if leg is not None:
                     self._release_unstarted(router, leg)
                 raise
-        if leg is None:
-            return
-        first_at = time.monotonic() if first is not None and first.token_ids else None
-        # the prompt's cache hit where it was computed, for every leg (the module docstring)
-        cached = first.num_cached_tokens if first is not None else None
-        attempts = migrations = 0
-        while True:
-            d = leg.decision
+        while leg is not None:
             try:
                 async for out in self._leg(router, leg):
-                    if progress.broke_at:
-                        self.metrics.recovery_s_total += time.monotonic() - progress.broke_at
-                        progress.broke_at = 0.0
-                    if first_at is None and out.token_ids:
-                        first_at = time.monotonic()
-                    if cached is None:
-                        if out.token_ids or out.finished:
-                            cached = out.num_cached_tokens
-                    elif out.num_cached_tokens != cached:
-                        out = msgspec.structs.replace(out, num_cached_tokens=cached)
-                    progress.tokens += out.token_ids
-                    yield out
-                done = time.monotonic()
-                self.metrics.complete(
-                    Completion(
-                        arrived,
-                        (first_at or done) - arrived,
-                        done - (first_at or done),
-                        len(progress.tokens),
-                        meta.prompt_tokens,
-                        d.cached_tokens if cached is None else cached,
-                        request.model,
-                    )
-                )
+                    yield self._passed_on(life, out)
+                self._completed(life, leg)
                 return
             except ServiceError as exc:  # LegBroken too; a RequestError is the client's
-                self._worker_failed(router, d.worker_id, exc)
-                if not progress.tokens and not leg.skip_first:
-                    attempts += 1
-                    if attempts >= self.options.max_attempts:
-                        raise
-                    self.metrics.retries += 1
-                    log.warning(
-                        "worker %s failed before output (%s): routing %s again", d.worker_id, exc.message, rid
-                    )
-                    retry_meta = replace(meta, role=role, worker_id=None)
-                    router = await self._router_again(router, request.model)
-                    leg = Leg(
-                        await self.route(router, retry_meta, hashes), leg.request, held_tokens=leg.held_tokens
-                    )
-                    if ctx is not None and ctx.explain:  # nothing sent yet: name the new worker
-                        ctx.response_headers[EXPLAIN_HEADER] = leg.decision.header()
-                    continue
-                if migrations >= self.options.migration_limit:
-                    self.metrics.migrations_exhausted += 1
-                    if self.options.migration_limit == 0:
-                        raise
-                    raise WorkerFailed(
-                        f"the request's worker failed {migrations + 1} times; giving up "
-                        f"(migration limit {self.options.migration_limit})"
-                    ) from exc
-                migrations += 1
-                progress.broke_at = progress.broke_at or time.monotonic()
-                router = await self._router_again(router, request.model)
-                leg = await self._migrate(router, request, meta, role, progress.tokens, migrations)
-                self.metrics.migrations += 1
-                log.warning(
-                    "migrating request %s from worker %s to %s after %d tokens (%s)",
-                    rid,
-                    d.worker_id,
-                    leg.decision.worker_id,
-                    len(progress.tokens),
-                    exc.message,
-                )
+                self._worker_failed(router, leg.decision.worker_id, exc)
+                router, leg = await self._next_leg(router, life, leg, exc)
+                if not life.tokens and not leg.skip_first:
+                    _explain(ctx, leg)  # nothing sent yet: name the new worker
+
+    async def _first_leg(self, router: Router, life: _Life) -> tuple[GenerateOutput | None, Leg | None]:
+        """(the prefill's first output or None, the leg to stream; None if the request already
+        finished at its first token)."""
+        disagg = self.disagg
+        if disagg is not None and disagg.active(router, life.request):
+            life.role = "decode"
+            return await disagg.prepare(router, life.request, life.meta, life.hashes)
+        leg = Leg(await self.route(router, life.meta, life.hashes), life.request)
+        router.metrics.record_request(life.meta.prompt_tokens, leg.decision.cached_tokens)
+        return None, leg
+
+    def _passed_on(self, life: _Life, out: GenerateOutput) -> GenerateOutput:
+        """``out`` as the client gets it (every leg reports the first leg's cache hit), after
+        noting what it tells of the request's progress."""
+        if life.broke_at:
+            self.metrics.recovery_s_total += time.monotonic() - life.broke_at
+            life.broke_at = 0.0
+        if life.first_at is None and out.token_ids:
+            life.first_at = time.monotonic()
+        if life.cached is None:
+            if out.token_ids or out.finished:
+                life.cached = out.num_cached_tokens
+        elif out.num_cached_tokens != life.cached:
+            out = msgspec.structs.replace(out, num_cached_tokens=life.cached)
+        life.tokens += out.token_ids
+        return out
+
+    def _completed(self, life: _Life, leg: Leg) -> None:
+        done = time.monotonic()
+        first_at = life.first_at or done
+        cached = leg.decision.cached_tokens if life.cached is None else life.cached
+        self.metrics.complete(
+            Completion(
+                life.arrived,
+                first_at - life.arrived,
+                done - first_at,
+                len(life.tokens),
+                life.meta.prompt_tokens,
+                cached,
+                life.request.model,
+            )
+        )
+
+    async def _next_leg(self, router: Router, life: _Life, leg: Leg, exc: ServiceError) -> tuple[Router, Leg]:
+        """Where the request goes after ``leg`` broke: another worker before any output
+        (``max_attempts``), a migration after (``migration_limit``); else ``exc`` (or
+        ``WorkerFailed``) is raised."""
+        broken = leg.decision.worker_id
+        if not life.tokens and not leg.skip_first:
+            life.attempts += 1
+            if life.attempts >= self.options.max_attempts:
+                raise exc
+            self.metrics.retries += 1
+            log.warning(
+                "worker %s failed before output (%s): routing %s again",
+                broken,
+                exc.message,
+                life.meta.request_id,
+            )
+            router = await self._router_again(router, life.request.model)
+            retry_meta = replace(life.meta, role=life.role, worker_id=None)
+            decision = await self.route(router, retry_meta, life.hashes)
+            return router, Leg(decision, leg.request, held_tokens=leg.held_tokens)
+        if life.migrations >= self.options.migration_limit:
+            self.metrics.migrations_exhausted += 1
+            if self.options.migration_limit == 0:
+                raise exc
+            raise WorkerFailed(
+                f"the request's worker failed {life.migrations + 1} times; giving up "
+                f"(migration limit {self.options.migration_limit})"
+            ) from exc
+        life.migrations += 1
+        life.broke_at = life.broke_at or time.monotonic()
+        router = await self._router_again(router, life.request.model)
+        leg = await self._migrate(router, life.request, life.meta, life.role, life.tokens, life.migrations)
+        self.metrics.migrations += 1
+        log.warning(
+            "migrating request %s from worker %s to %s after %d tokens (%s)",
+            life.meta.request_id,
+            broken,
+            leg.decision.worker_id,
+            len(life.tokens),
+            exc.message,
+        )
+        return router, leg
 
     async def _router_again(self, router: Router, model: str) -> Router:
         """The router to route the next leg with, once some worker can take it (the router
@@ -526,3 +548,22 @@ def _drop_first_token(out: GenerateOutput) -> GenerateOutput:
     if logprobs is not None and len(logprobs) == len(out.token_ids):
         logprobs = logprobs[1:]
     return msgspec.structs.replace(out, token_ids=out.token_ids[1:], logprobs=logprobs)
+
+
+def _meta(request: GenerateRequest, ctx: RequestContext | None) -> RequestMeta:
+    """What the router decides on: the request's size and the client's routing hints."""
+    return RequestMeta(
+        request_id=request.request_id,
+        prompt_tokens=len(request.token_ids),
+        max_tokens=request.sampling.max_tokens,
+        priority=request.priority or (ctx.priority if ctx is not None else 0),
+        session_id=ctx.session_id if ctx is not None else None,
+        route_key=ctx.route_key if ctx is not None else None,
+        worker_id=ctx.worker_id if ctx is not None else None,
+    )
+
+
+def _explain(ctx: RequestContext | None, leg: Leg | None) -> None:
+    """The routing decision in the response's headers, when the client asked for it."""
+    if ctx is not None and ctx.explain and leg is not None:
+        ctx.response_headers[EXPLAIN_HEADER] = leg.decision.header()
