@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from interlock.engine.tiers.pins import Pins
+
 
 class HostStore(Protocol):
     """What the tier manager needs of a host tier: this private one, or the one shared by the
@@ -70,7 +72,7 @@ class HostTier:
         self._lru: OrderedDict[int, int] = OrderedDict()
         """hash -> slot, least recently used first."""
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
-        self._pins: dict[int, int] = {}
+        self._pins = Pins()
 
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._lru
@@ -133,7 +135,7 @@ class HostTier:
         if slot is None:
             return None
         self._lru.move_to_end(block_hash)
-        self._pins[slot] = self._pins.get(slot, 0) + 1
+        self._pins.pin(slot)
         return ReadHandle(block_hash, slot)
 
     def read(self, handle: ReadHandle, sink: Callable[[memoryview], None]) -> bool:
@@ -153,11 +155,7 @@ class HostTier:
 
     def release(self, handle: ReadHandle) -> None:
         """Engine thread: the read is over."""
-        n = self._pins[handle.slot] - 1
-        if n:
-            self._pins[handle.slot] = n
-        else:
-            del self._pins[handle.slot]
+        self._pins.unpin(handle.slot)
 
     @property
     def num_pinned(self) -> int:
@@ -171,7 +169,6 @@ class HostTier:
         _check(len(set(slots)) == len(slots), "two hashes share a slot")
         _check(not set(slots) & set(self._free), "a held slot is also free")
         _check(len(slots) + len(self._free) == self.capacity, "slots leaked")
-        _check(all(n > 0 for n in self._pins.values()), "non-positive pin")
         _check(set(self._pins) <= set(slots), "a free slot is pinned")
 
 

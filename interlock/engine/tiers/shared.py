@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from interlock.engine.tiers.pins import Pins
 from interlock.errors import ConfigError
 from interlock.transfer.staging import pid_alive
 
@@ -103,7 +104,7 @@ class SharedHostTier:
         self._pid = os.getpid()
         self._index: dict[int, int] = {}
         self._seen_changes = -1
-        self._pins: dict[int, int] = {}
+        self._pins = Pins()
         """Slots this process is reading: its own stores never take them (other processes'
         may: their reads are checked by the sequence number)."""
 
@@ -226,7 +227,7 @@ class SharedHostTier:
         if seq % 2:
             return None
         self.touch(block_hash)
-        self._pins[slot] = self._pins.get(slot, 0) + 1
+        self._pins.pin(slot)
         return SharedHandle(block_hash, slot, seq)
 
     def read(self, handle: SharedHandle, sink: Callable[[memoryview], None]) -> bool:
@@ -249,11 +250,7 @@ class SharedHostTier:
         return int(row["seq"]) == h.seq and int(row["hash"]) == h.block_hash and int(row["state"]) == READY
 
     def release(self, handle: SharedHandle) -> None:
-        n = self._pins[handle.slot] - 1
-        if n:
-            self._pins[handle.slot] = n
-        else:
-            del self._pins[handle.slot]
+        self._pins.unpin(handle.slot)
 
     @property
     def num_pinned(self) -> int:
