@@ -486,9 +486,9 @@ class ServingInstance:
 
     async def _pieces(self, body: dict[str, Any], endpoint: str) -> AsyncIterator[str]:
         from interlock.frontend.assembler import OutputAssembler
-        from interlock.frontend.prepare import prompt_ids, sampling_params
+        from interlock.frontend.config import FrontendConfig
+        from interlock.frontend.prepare import generate_request
         from interlock.frontend.schemas import parse_chat, parse_completion, stop_strings
-        from interlock.protocol import GenerateRequest
         from interlock.protocol.routing import RequestContext
 
         service = self.cluster._running.service
@@ -501,15 +501,16 @@ class ServingInstance:
         if entry is None:
             raise ConfigError(f"model {self.model!r} has no worker")
         tok = await tokenizers.tokenizer(entry)
-        ids = await prompt_ids(req, tok)
-        sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
+        limits = self.cluster._running.spec.frontend or FrontendConfig()  # the HTTP API's limits
         rid = f"py-{uuid.uuid4().hex}"
-        greq = GenerateRequest(
+        greq, ids = await generate_request(
+            req,
+            entry,
+            tok,
             request_id=rid,
-            token_ids=tuple(ids),
-            sampling=sampling,
-            model=entry.name,
             priority=req.priority or 0,
+            max_prompt_chars=limits.max_prompt_chars,
+            max_prompt_tokens=limits.max_prompt_tokens,
         )
         ctx = RequestContext(request_id=rid, endpoint=endpoint, priority=req.priority or 0)
         assembler = OutputAssembler(

@@ -41,7 +41,6 @@ from interlock.frontend.assembler import OutputAssembler, error_from_info
 from interlock.frontend.auth import KEY_INDEX, Auth
 from interlock.frontend.backend import HEADER_REQUEST_ID, Backend, ModelEntry, RequestContext, header_context
 from interlock.frontend.body import BodyRules, read_body
-from interlock.frontend.budget import TokenBudget
 from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.config import FrontendConfig
 from interlock.frontend.connections import ConnectionTracker
@@ -53,11 +52,10 @@ from interlock.frontend.limits import (
     MIN_PRIORITY,
     check_header_values,
     check_prompt_chars,
-    check_prompt_tokens,
 )
 from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics, keep_families
 from interlock.frontend.openapi import openapi_document
-from interlock.frontend.prepare import prompt_ids, sampling_params
+from interlock.frontend.prepare import generate_request as build_request
 from interlock.frontend.responses import ChatFormatter, CompletionFormatter, error_body
 from interlock.frontend.schemas import (
     ChatCompletionRequest,
@@ -67,7 +65,6 @@ from interlock.frontend.schemas import (
     prompt_chars,
     stop_strings,
 )
-from interlock.protocol import GenerateRequest
 
 log = logging.getLogger(__name__)
 _encode = msgspec.json.Encoder().encode
@@ -201,18 +198,16 @@ class Frontend:
         )
         entry = self.catalog.find(req.model)
         tok = await self.catalog.tokenizer(entry)
-        budget = TokenBudget(cfg.max_prompt_tokens, entry.context_length)
-        ids = await prompt_ids(req, tok, max_chars=cfg.max_prompt_chars, budget=budget)
-        check_prompt_tokens(len(ids), cfg.max_prompt_tokens, param=prompt_chars(req)[1])
-        self.auth.admit_tokens(request, len(ids))
-        sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
-        generate_request = GenerateRequest(
+        generate_request, ids = await build_request(
+            req,
+            entry,
+            tok,
             request_id=ctx.request_id,
-            token_ids=tuple(ids),
-            sampling=sampling,
-            model=entry.name,
             priority=ctx.priority,
+            max_prompt_chars=cfg.max_prompt_chars,
+            max_prompt_tokens=cfg.max_prompt_tokens,
         )
+        self.auth.admit_tokens(request, len(ids))
         formatter_cls = ChatFormatter if endpoint == "chat" else CompletionFormatter
         gen = Generation(
             stream=self.backend.generate(generate_request, ctx),

@@ -13,17 +13,40 @@ import msgspec
 from interlock.errors import InvalidRequest, PromptTooLong
 from interlock.frontend.backend import ModelEntry
 from interlock.frontend.budget import TokenBudget, encode_within
-from interlock.frontend.limits import check_prompt_chars
+from interlock.frontend.limits import check_prompt_chars, check_prompt_tokens
 from interlock.frontend.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     chat_messages,
     completion_prompt,
+    prompt_chars,
 )
 from interlock.frontend.tokenizer import ModelTokenizer
-from interlock.protocol import SamplingParams
+from interlock.protocol import GenerateRequest, SamplingParams
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+async def generate_request(
+    req: ChatCompletionRequest | CompletionRequest,
+    entry: ModelEntry,
+    tok: ModelTokenizer,
+    *,
+    request_id: str,
+    priority: int,
+    max_prompt_chars: int | None,
+    max_prompt_tokens: int | None,
+) -> tuple[GenerateRequest, list[int]]:
+    """The one text pipeline from a parsed request to what the backend serves, with the prompt
+    limits (the HTTP frontend and the Python API both call it): the request and its prompt ids."""
+    budget = TokenBudget(max_prompt_tokens, entry.context_length)
+    ids = await prompt_ids(req, tok, max_chars=max_prompt_chars, budget=budget)
+    check_prompt_tokens(len(ids), max_prompt_tokens, param=prompt_chars(req)[1])
+    sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
+    request = GenerateRequest(
+        request_id=request_id, token_ids=tuple(ids), sampling=sampling, model=entry.name, priority=priority
+    )
+    return request, ids
 
 
 async def prompt_ids(
