@@ -5,11 +5,12 @@ from __future__ import annotations
 import msgspec
 
 from interlock.planner.live import RouterServiceView
-from interlock.protocol import LoadReport, subjects
+from interlock.protocol import subjects
 from interlock.protocol.routing import Completion
 from interlock.router import RequestMeta
 from interlock.router.service import RouterService
 from interlock.runtime.runtime import Runtime
+from tests.factories import load_report
 from tests.router.test_service import _run, _settle, info
 
 
@@ -19,13 +20,11 @@ def test_view_reads_reports_queue_totals_and_sets_weights() -> None:
         await runtime.discovery.register(info("w0"))
         await runtime.discovery.register(info("w1"))
         await _settle(svc, lambda: svc.instance("w1") is not None and "m" in svc.routers)
-        rep = LoadReport(
-            instance_id="w0",
-            timestamp=0.0,
+        rep = load_report(
+            "w0",
             num_running=2,
             num_waiting=5,
             kv_blocks_used=32,
-            kv_blocks_total=64,
             queued_prefill_tokens=100,
             step_time_s=0.01,
             tokens_computed=10,

@@ -14,6 +14,7 @@ from interlock.planner.loop import FakeLoadView, PlannerLoop, TrafficTotals
 from interlock.planner.status import serve_status
 from interlock.protocol.events import LoadReport
 from interlock.protocol.routing import Completion
+from tests.factories import load_report
 
 CFG = PlannerConfig(
     both=RoleBounds(1, 4),
@@ -26,14 +27,12 @@ CFG = PlannerConfig(
 
 
 def report(wid: str, waiting: int) -> LoadReport:
-    return LoadReport(
-        instance_id=wid,
-        timestamp=0.0,
+    return load_report(
+        wid,
         num_running=4,
         num_waiting=waiting,
         kv_blocks_used=10,
         kv_blocks_total=100,
-        queued_prefill_tokens=0,
         step_time_s=0.01,
         tokens_computed=4,
     )

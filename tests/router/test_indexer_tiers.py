@@ -6,11 +6,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interlock.protocol import LoadReport, TierStats
+from interlock.protocol import TierStats
 from interlock.protocol.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from interlock.router.cost import CostParams, ttft_costs
 from interlock.router.indexer import KvIndexer
 from interlock.router.load import LoadTracker
+from tests.factories import load_report
 
 
 def stored(*hashes: int, tier: str = "device") -> BlockStored:
@@ -119,16 +120,10 @@ def test_a_lower_tier_hit_costs_its_load_time_not_its_prefill() -> None:
 def test_the_load_tracker_keeps_the_measured_load_time_per_block() -> None:
     lt = LoadTracker()
     lt.add_worker(0, kv_blocks_total=10)
-    report = LoadReport(
-        instance_id="w",
+    report = load_report(
+        "w",
         timestamp=1.0,
-        num_running=0,
-        num_waiting=0,
-        kv_blocks_used=0,
         kv_blocks_total=10,
-        queued_prefill_tokens=0,
-        step_time_s=0.0,
-        tokens_computed=0,
         kv_tiers=(
             TierStats(tier="host", blocks=1, capacity=4, loads=3, load_s=0.003),
             TierStats(tier="disk", blocks=1, capacity=4, loads=1, load_s=0.005),
@@ -158,16 +153,10 @@ def test_the_router_sends_a_prefix_to_the_worker_that_holds_it_below_its_pool() 
     # Unmeasured, 100 blocks of 4 tokens at the pessimistic 1 ms each lose to computing them.
     assert route(r, "a", PROMPT).worker_id != "w1"
     r.apply_load(
-        LoadReport(
-            instance_id="w1",
+        load_report(
+            "w1",
             timestamp=1.0,
-            num_running=0,
-            num_waiting=0,
-            kv_blocks_used=0,
             kv_blocks_total=100_000,
-            queued_prefill_tokens=0,
-            step_time_s=0.0,
-            tokens_computed=0,
             kv_tiers=(TierStats(tier="host", blocks=10, capacity=10, loads=10, load_s=1e-4),),
         )
     )
@@ -185,16 +174,8 @@ def test_the_service_exports_per_tier_metrics() -> None:
     async def body(runtime, svc) -> None:  # type: ignore[no-untyped-def]
         await runtime.discovery.register(info("w"))
         await _settle(svc, lambda: svc.instance("w") is not None)
-        report = LoadReport(
-            instance_id="w",
-            timestamp=0.0,
-            num_running=0,
-            num_waiting=0,
-            kv_blocks_used=0,
-            kv_blocks_total=64,
-            queued_prefill_tokens=0,
-            step_time_s=0.0,
-            tokens_computed=0,
+        report = load_report(
+            "w",
             kv_tiers=(
                 TierStats(tier="host", blocks=3, capacity=8, hits=5, loads=4, load_s=0.25, evictions=2),
             ),

@@ -10,10 +10,11 @@ import msgspec
 import pytest
 
 from interlock.errors import NoWorkers
-from interlock.protocol import GenerateRequest, InstanceInfo, LoadReport, SamplingParams, subjects
+from interlock.protocol import GenerateRequest, InstanceInfo, SamplingParams, subjects
 from interlock.router.service import RouterService
 from interlock.runtime import InProcRegistry, RuntimeConfig, connect_runtime
 from interlock.runtime.runtime import Runtime
+from tests.factories import load_report
 
 CFG = RuntimeConfig(heartbeat_interval=0.05, lease_timeout=0.3)
 
@@ -149,18 +150,7 @@ def test_a_load_report_on_another_worker_s_subject_is_ignored() -> None:
     async def body(runtime: Runtime, svc: RouterService) -> None:
         await runtime.discovery.register(info("real"))
         await _settle(svc, lambda: svc.instance("real") is not None)
-        forged = LoadReport(
-            instance_id="real",
-            timestamp=0.0,
-            num_running=0,
-            num_waiting=0,
-            kv_blocks_used=0,
-            kv_blocks_total=64,
-            queued_prefill_tokens=0,
-            step_time_s=0.0,
-            tokens_computed=0,
-            draining=True,
-        )
+        forged = load_report("real", draining=True)
         await runtime.events.publish(subjects.load("attacker"), msgspec.msgpack.encode(forged))
         await runtime.events.publish(
             subjects.load("real"),

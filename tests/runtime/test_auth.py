@@ -18,12 +18,13 @@ import nats
 import pytest
 
 from interlock.errors import AuthError, ConfigError, TransportError
-from interlock.protocol import InstanceInfo, LoadReport, subjects
+from interlock.protocol import InstanceInfo, subjects
 from interlock.runtime import NatsAuth, NatsServer, RuntimeConfig, connect_runtime, generate_auth
 from interlock.runtime.frames import Open, _encoder
 from interlock.runtime.nats_server import find_binary
 from interlock.runtime.tcp import TcpRequestPlane
 from tests.certs import needs_openssl, self_signed
+from tests.factories import load_report
 
 pytestmark = pytest.mark.anyio
 
@@ -217,18 +218,7 @@ async def test_unauthenticated_clients_can_neither_listen_nor_speak(
                 )  # type: ignore[arg-type]
         with anyio.fail_after(5), pytest.raises(AuthError):
             await connect_runtime(authed.url, _fast())  # a fake worker: cannot even connect
-        forged = LoadReport(
-            instance_id="w1",
-            timestamp=0.0,
-            num_running=0,
-            num_waiting=0,
-            kv_blocks_used=0,
-            kv_blocks_total=1,
-            queued_prefill_tokens=0,
-            step_time_s=0.0,
-            tokens_computed=0,
-            draining=True,
-        )
+        forged = load_report("w1", kv_blocks_total=1, draining=True)
         await real.events.publish(subjects.load("w1"), msgspec.msgpack.encode(forged))  # the real path works
         with anyio.fail_after(2):
             subject, _ = await heard.__anext__()
