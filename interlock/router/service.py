@@ -252,23 +252,7 @@ class RouterService:
 
     def prometheus_text(self) -> str:
         """Workers' last load reports and the routers' counters, in Prometheus text format."""
-        lines: list[str] = []
-        if self._link is not None:
-            status = self._link.status()
-            lines += [
-                "# HELP interlock_control_plane_up 1 while this process reaches the NATS server",
-                "# TYPE interlock_control_plane_up gauge",
-                f"interlock_control_plane_up {int(status.state == 'connected')}",
-                "# HELP interlock_control_plane_outages_total Times the NATS server became unreachable",
-                "# TYPE interlock_control_plane_outages_total counter",
-                f"interlock_control_plane_outages_total {status.outages}",
-            ]
-        lines += [
-            "# HELP interlock_workers_vouched Workers silent on the control plane but answering "
-            "on their request plane (kept routable)",
-            "# TYPE interlock_workers_vouched gauge",
-            f"interlock_workers_vouched {len(self._discovery.vouched())}",
-        ]
+        lines = self._liveness_lines()
         per_worker = (
             ("kv_blocks_used", "KV blocks in use (last report)", lambda r: r.kv_blocks_used),
             ("kv_blocks_total", "KV blocks in the pool", lambda r: r.kv_blocks_total),
@@ -351,6 +335,27 @@ class RouterService:
                         f'tier="{t.tier}"}} {getattr(t, field)}'
                     )
         return lines
+
+    def _liveness_lines(self) -> list[str]:
+        """The control plane's state and the workers kept by their request plane."""
+        lines: list[str] = []
+        if self._link is not None:
+            status = self._link.status()
+            lines += [
+                "# HELP interlock_control_plane_up 1 while this process reaches the NATS server",
+                "# TYPE interlock_control_plane_up gauge",
+                f"interlock_control_plane_up {int(status.state == 'connected')}",
+                "# HELP interlock_control_plane_outages_total Times the NATS server became unreachable",
+                "# TYPE interlock_control_plane_outages_total counter",
+                f"interlock_control_plane_outages_total {status.outages}",
+            ]
+        return [
+            *lines,
+            "# HELP interlock_workers_vouched Workers silent on the control plane but answering "
+            "on their request plane (kept routable)",
+            "# TYPE interlock_workers_vouched gauge",
+            f"interlock_workers_vouched {len(self._discovery.vouched())}",
+        ]
 
     def share(self, router: Router) -> None:
         """Queue this router's dispatch events for the other routers (sent every few ms)."""

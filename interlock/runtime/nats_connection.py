@@ -83,6 +83,22 @@ def auth_options(auth: NatsAuth) -> dict[str, Any]:
     return options
 
 
+def _connect_options(config: RuntimeConfig) -> dict[str, Any]:
+    """nats-py's timing, buffering and credentials for ``config``."""
+    return {
+        "connect_timeout": max(1, round(config.connect_timeout)),
+        "max_reconnect_attempts": 1,
+        "reconnect_time_wait": RECONNECT_WAIT_MIN_S,
+        "ping_interval": PING_INTERVAL_S,
+        "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
+        "pending_size": PENDING_BYTES,
+        # A publish that finds the buffer full waits this long for the socket, not for ever: a
+        # hung server must not freeze a publisher (the event plane drops instead).
+        "flush_timeout": config.connect_timeout,
+        **auth_options(config.nats_auth),
+    }
+
+
 async def connect_nats(url: str, config: RuntimeConfig, name: str, link: ControlLink) -> NatsClient:
     """Connect once (TransportError fast if the server is not there), then reconnect forever."""
     connected: list[NatsClient] = []  # the callbacks are made before the client exists
@@ -116,19 +132,10 @@ async def connect_nats(url: str, config: RuntimeConfig, name: str, link: Control
             nats.connect(
                 server_urls(url),
                 name=name,
-                connect_timeout=max(1, round(config.connect_timeout)),
-                max_reconnect_attempts=1,
-                reconnect_time_wait=RECONNECT_WAIT_MIN_S,  # type: ignore[arg-type]  # int in its hints, any number works
-                ping_interval=PING_INTERVAL_S,
-                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
-                pending_size=PENDING_BYTES,
-                # A publish that finds the buffer full waits this long for the socket, not for
-                # ever: a hung server must not freeze a publisher (the event plane drops instead).
-                flush_timeout=config.connect_timeout,
                 error_cb=on_error,
                 disconnected_cb=on_disconnected,
                 reconnected_cb=on_reconnected,
-                **auth_options(config.nats_auth),
+                **_connect_options(config),
             ),
             timeout=4 * max(1, round(config.connect_timeout)) + 2,
         )
