@@ -28,13 +28,14 @@ anywhere and the async ones from any loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import threading
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import msgspec
 
@@ -50,7 +51,23 @@ from interlock.planner.core import Planner
 from interlock.runtime.config import NatsAuth
 
 T = TypeVar("T")
+P = ParamSpec("P")
 _DONE = object()
+
+
+def blocking(
+    method: Callable[Concatenate[Cluster, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[Cluster, P], T]:
+    """The blocking twin of an async method of ``Cluster``, from its one signature: it runs the
+    method on the cluster's loop and waits (the pattern of every twin here: one definition, the
+    other derived)."""
+
+    @functools.wraps(method)
+    def run(self: Cluster, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._call(method(self, *args, **kwargs))
+
+    run.__name__ = run.__qualname__ = method.__name__.removeprefix("a")
+    return run
 
 
 class Cluster:
@@ -149,7 +166,7 @@ class Cluster:
         validate_deployment(Deployment(execution_groups=(group,)))
         self._models[name] = group
 
-    def create_serving_instance(
+    async def acreate_serving_instance(
         self,
         model: str,
         *,
@@ -174,31 +191,6 @@ class Cluster:
         Its decisions: ``planner_status()``; it stops when the instance or the cluster closes.
         ``planner_port``: also serve its status over HTTP (``GET /planner`` and ``/metrics``, on
         the control plane's listen host; 0: any free port) at ``instance.planner_url``."""
-        return self._call(
-            self.acreate_serving_instance(
-                model,
-                min_replicas=min_replicas,
-                max_replicas=max_replicas,
-                role=role,
-                planner=planner,
-                planner_port=planner_port,
-                ready_timeout_s=ready_timeout_s,
-                **node,
-            )
-        )
-
-    async def acreate_serving_instance(
-        self,
-        model: str,
-        *,
-        min_replicas: int = 1,
-        max_replicas: int | None = None,
-        role: str = "both",
-        planner: PlannerSpec = None,
-        planner_port: int | None = None,
-        ready_timeout_s: float = 600.0,
-        **node: Any,
-    ) -> ServingInstance:
         group = self._models.get(model)
         if group is None:
             raise ConfigError(
@@ -231,6 +223,8 @@ class Cluster:
         )
         self._instances.append(instance)
         return instance
+
+    create_serving_instance = blocking(acreate_serving_instance)
 
     async def _start_instance(
         self,
