@@ -124,7 +124,11 @@ async def build_serving_engine(spec: WorkerSpec):  # type: ignore[no-untyped-def
     from interlock.engine.factory import build_engine
 
     return await asyncio.to_thread(
-        build_engine, spec.engine, instance_id=spec.instance_id, speedup=spec.speedup
+        build_engine,
+        spec.engine,
+        instance_id=spec.instance_id,
+        speedup=spec.speedup,
+        kv_hold_timeout_s=spec.kv_transfer_timeout_s,
     )
 
 

@@ -165,7 +165,13 @@ class KVHandoff:
         async with contextlib.aclosing(stream):
             async for out in stream:
                 if out.kv_transfer is not None:
-                    out = await self._stage(out, out.kv_transfer)
+                    # Shielded: once staging has begun, it must end in an export or a release
+                    # even if the caller goes away (a router that gave up on a hung worker):
+                    # cancelled between the hold and the export task, the blocks were held for good.
+                    staging = asyncio.ensure_future(self._stage(out, out.kv_transfer))
+                    self._exports.add(staging)  # type: ignore[arg-type]
+                    staging.add_done_callback(self._exports.discard)  # type: ignore[arg-type]
+                    out = await asyncio.shield(staging)
                 yield out
 
     async def _stage(self, out: GenerateOutput, kt: KVTransferParams) -> GenerateOutput:

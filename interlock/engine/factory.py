@@ -42,6 +42,11 @@ def build_engine(
     clock: Clock | None = None,
     speedup: float = 1.0,
     instance_id: str = "",
+    kv_hold_timeout_s: float = 30.0,
 ) -> EngineCore:
+    """``kv_hold_timeout_s``: how long a prefill's KV waits to be staged or pulled before it is
+    freed (the worker's ``kv_transfer_timeout_s``)."""
     runner = build_runner(config, clock=clock, speedup=speedup)
-    return EngineCore(config, runner, clock=clock, instance_id=instance_id)
+    return EngineCore(
+        config, runner, clock=clock, instance_id=instance_id, kv_hold_timeout_s=kv_hold_timeout_s
+    )

@@ -211,25 +211,32 @@ class DisaggFlow:
     ) -> Decision:
         """``p``, or, when its link to the decode worker failed its last check, the next of its
         candidates (the ``kv`` policy ranks the free ones) whose link did not: the request goes
-        remote there instead of ``link_failed`` (local, or a 503 under ``enforce``). Other
-        policies rank no candidates, and none free with a sound link is ``link_failed`` still:
-        waiting for one would need a queue per decode worker."""
+        remote there instead of ``link_failed`` (local, or a 503 under ``enforce``). Under
+        ``enforce``, with no free candidate, any other live prefill worker with a sound link
+        takes it though busy (a hung prefill worker's link fails its checks before its lease
+        runs out: its requests must not become 503s meanwhile). Without ``enforce``, none free
+        with a sound link is ``link_failed`` still, and the decode worker prefills itself."""
         if not self._link_failed(p.worker_id, decode_id):
             return p
-        dispatcher = self.dispatcher
-        for c in p.candidates:
-            w = c.worker_id
+        others = [c.worker_id for c in p.candidates]
+        if self.config.enforce:
+            others += [w for w in router.workers() if w not in others and self._is_prefill(w)]
+        for w in others:
             if w == p.worker_id or not router.is_eligible(w) or self._link_failed(w, decode_id):
                 continue
             if not self._usable_prefill(w, decode_id):
                 continue
             router.cancel(p.request_id)  # not finish: its queue must not take w first
             pinned = replace(self._prefill_meta(meta), worker_id=w)
-            q = await dispatcher.route(router, pinned, hashes)  # pinned: never queued
+            q = await self.dispatcher.route(router, pinned, hashes)  # pinned: never queued
             log.info("link %s -> %s failed: %s prefills on %s", p.worker_id, decode_id, meta.request_id, w)
-            dispatcher.dispatch_queued(router)  # p is free again
+            self.dispatcher.dispatch_queued(router)  # p is free again
             return q
         return p
+
+    def _is_prefill(self, worker_id: str) -> bool:
+        info = self.svc.instance(worker_id)
+        return info is not None and info.role in ("prefill", "both")
 
     def _link_failed(self, prefill_id: str, decode_id: str) -> bool:
         link = self.links.get((prefill_id, decode_id))
