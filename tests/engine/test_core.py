@@ -72,11 +72,11 @@ def test_bad_requests_get_clear_errors_and_do_not_harm_others() -> None:
     engine.add_request(request("good", PROMPT))  # duplicate id
     outs = run_to_end(engine)
     errors = {rid: o[-1].error for rid, o in outs.items() if rid != "good"}
-    assert {rid: e.type for rid, e in errors.items() if e} == {
-        "empty": "InvalidRequest",
-        "vocab": "InvalidRequest",
-        "temp": "InvalidRequest",
-        "long": "PromptTooLong",
+    assert {rid: e.code for rid, e in errors.items() if e} == {
+        "empty": "invalid_request",
+        "vocab": "invalid_request",
+        "temp": "invalid_request",
+        "long": "prompt_too_long",
     }
     assert all(e is not None and e.status == 400 and e.message for e in errors.values())
     good = outs["good"]
@@ -99,7 +99,7 @@ def test_runner_failure_fails_the_batch_and_the_engine_goes_on() -> None:
     engine.add_request(request("bad", [13, 14]))
     outs = run_to_end(engine)
     err = outs["bad"][-1].error
-    assert outs["bad"][-1].finish_reason == "error" and err is not None and err.type == "EngineError"
+    assert outs["bad"][-1].finish_reason == "error" and err is not None and err.code == "engine_error"
     engine.add_request(request("good", PROMPT, 12))
     assert tokens(run_to_end(engine)["good"]) == REF
 
