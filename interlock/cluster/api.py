@@ -66,7 +66,8 @@ def blocking(
     def run(self: Cluster, *args: P.args, **kwargs: P.kwargs) -> T:
         return self._call(method(self, *args, **kwargs))
 
-    run.__name__ = run.__qualname__ = method.__name__.removeprefix("a")
+    run.__name__ = method.__name__.removeprefix("a")
+    run.__qualname__ = f"{method.__qualname__.rpartition('.')[0]}.{run.__name__}"
     return run
 
 

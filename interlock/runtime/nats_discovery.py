@@ -88,7 +88,7 @@ _decoder = msgspec.msgpack.Decoder(Announcement)
 
 
 class NatsDiscovery:
-    def __init__(self, nc: NatsClient, config: RuntimeConfig, vouch: Vouch | None = None) -> None:
+    def __init__(self, nc: NatsClient, config: RuntimeConfig, vouch: Vouch) -> None:
         self._nc = nc
         self._config = config
         self._table = LeaseTable(vouch)

@@ -23,7 +23,7 @@ from interlock.runtime.subscription import Subscription
 
 
 class NatsEventPlane:
-    def __init__(self, nc: NatsClient, link: ControlLink | None = None) -> None:
+    def __init__(self, nc: NatsClient, link: ControlLink) -> None:
         self._nc = nc
         self._link = link
         self._own: list[Subscription] = []
@@ -31,7 +31,7 @@ class NatsEventPlane:
         """Publishes dropped in an outage."""
 
     async def publish(self, subject: str, payload: bytes) -> None:
-        if self._link is not None and not self._link.up:
+        if not self._link.up:
             self.dropped += 1
             return
         try:
