@@ -218,15 +218,58 @@ def ttft_costs(
     per worker (a step count of 1 when no worker's work passes a chunk, no wait for room when
     every worker has it): the result is the same to the last bit, at a fraction of the cost
     over 1,024 workers."""
+    uncached = _uncached(params, prompt_tokens, overlap_blocks, uncached_tokens, lower_blocks)
+    work = queued_prefill + uncached
+    cost = _prefill_s(
+        params, work, uncached, queued_prefill, per_token_s, step_overhead_s, waiting, backlog_workers
+    )
+    if params.stall_weight and decoding is not None:
+        cost += _stall_s(params, uncached, step_overhead_s, decoding)
+    if params.decode_weight and decode_tokens:
+        decode = decode_step_s * (params.decode_weight * decode_tokens)
+        cost += decode
+    if lower_blocks is not None and load_s_per_block is not None:
+        cost += lower_blocks * load_s_per_block
+    if params.kv_penalty and kv_usage.max() > params.kv_watermark:
+        over = np.maximum(kv_usage - params.kv_watermark, 0.0) / max(1.0 - params.kv_watermark, 1e-9)
+        cost *= 1.0 + params.kv_penalty * over
+    if free_blocks is not None and used_blocks is not None and drain_s is not None:
+        short = work / params.block_size
+        short -= free_blocks
+        if short[short.argmax()] > 0:  # elsewhere the wait is 0
+            cost += _room_wait(short, used_blocks, drain_s)
+    return cost
+
+
+def _uncached(
+    params: CostParams,
+    prompt_tokens: int,
+    overlap_blocks: np.ndarray | None,
+    uncached_tokens: np.ndarray | None,
+    lower_blocks: np.ndarray | None,
+) -> np.ndarray:
+    """``uncached_w``: given, or from the overlaps (one of the two)."""
     if uncached_tokens is None:
         if overlap_blocks is None:
             raise TypeError("ttft_costs needs overlap_blocks or uncached_tokens")
-        uncached = uncached_tokens_of(params, prompt_tokens, overlap_blocks, lower_blocks)
-    elif overlap_blocks is not None or lower_blocks is not None:
+        return uncached_tokens_of(params, prompt_tokens, overlap_blocks, lower_blocks)
+    if overlap_blocks is not None or lower_blocks is not None:
         raise TypeError("ttft_costs takes uncached_tokens or overlap_blocks (and lower_blocks), not both")
-    else:
-        uncached = uncached_tokens
-    work = queued_prefill + uncached
+    return uncached_tokens
+
+
+def _prefill_s(
+    params: CostParams,
+    work: np.ndarray,
+    uncached: np.ndarray,
+    queued_prefill: np.ndarray,
+    per_token_s: np.ndarray,
+    step_overhead_s: np.ndarray,
+    waiting: np.ndarray | None,
+    backlog_workers: int | None,
+) -> np.ndarray:
+    """The work ahead of the first token and the miss charged per request it delays, at each
+    worker's per-token speed, plus a step overhead per chunk of work (a new array)."""
     behind = 1.0  # the next request, and one per chunk of the fleet's mean queue
     if params.backlog_charge:
         fleet = len(queued_prefill) if backlog_workers is None else backlog_workers
@@ -245,30 +288,23 @@ def ttft_costs(
         np.ceil(steps, out=steps)
         steps *= step_overhead_s
         cost += steps
-    if params.stall_weight and decoding is not None:
-        if uncached[uncached.argmax()] <= params.chunk_tokens:
-            stall = step_overhead_s * decoding  # one prefill step everywhere
-        else:
-            stall = uncached / params.chunk_tokens
-            np.ceil(stall, out=stall)
-            stall *= step_overhead_s
-            stall *= decoding
-        stall *= params.stall_weight
-        cost += stall
-    if params.decode_weight and decode_tokens:
-        decode = decode_step_s * (params.decode_weight * decode_tokens)
-        cost += decode
-    if lower_blocks is not None and load_s_per_block is not None:
-        cost += lower_blocks * load_s_per_block
-    if params.kv_penalty and kv_usage.max() > params.kv_watermark:
-        over = np.maximum(kv_usage - params.kv_watermark, 0.0) / max(1.0 - params.kv_watermark, 1e-9)
-        cost *= 1.0 + params.kv_penalty * over
-    if free_blocks is not None and used_blocks is not None and drain_s is not None:
-        short = work / params.block_size
-        short -= free_blocks
-        if short[short.argmax()] > 0:  # elsewhere the wait is 0
-            cost += _room_wait(short, used_blocks, drain_s)
     return cost
+
+
+def _stall_s(
+    params: CostParams, uncached: np.ndarray, step_overhead_s: np.ndarray, decoding: np.ndarray
+) -> np.ndarray:
+    """The step overheads this request's prefill adds between the tokens of the requests
+    decoding on each worker, weighted (one step everywhere when no prompt passes a chunk)."""
+    if uncached[uncached.argmax()] <= params.chunk_tokens:
+        stall = step_overhead_s * decoding  # one prefill step everywhere
+    else:
+        stall = uncached / params.chunk_tokens
+        np.ceil(stall, out=stall)
+        stall *= step_overhead_s
+        stall *= decoding
+    stall *= params.stall_weight
+    return stall
 
 
 def uncached_tokens_of(

@@ -524,6 +524,13 @@ class LoadTracker:
         if ts < self.report_time.item(slot):
             return  # reordered: an older view than the one we have
         self.report_time[slot] = ts
+        self._retire_fresh(slot, now)
+        self._write_figures(slot, r)
+        self._note_speeds(slot, r)
+
+    def _retire_fresh(self, slot: int, now: float) -> None:
+        """The slot's dispatches routed before ``now - report_lag_s`` are in its report now:
+        no longer counted on top of it."""
         fresh = self._fresh.get(slot)
         if fresh is None:
             fresh = self._fresh[slot] = []
@@ -538,6 +545,9 @@ class LoadTracker:
                     self._unfresh(d)
                 i += 1
             del fresh[:i]
+
+    def _write_figures(self, slot: int, r: LoadReport) -> None:
+        """The report's queue and KV figures, and the slot's derived values."""
         waiting = r.num_waiting
         total = r.kv_blocks_total
         frac = r.kv_blocks_used / total if total else None
@@ -552,6 +562,10 @@ class LoadTracker:
             if frac is not None:
                 self.kv_used_frac[slot] = frac
             self._refresh(slot)
+
+    def _note_speeds(self, slot: int, r: LoadReport) -> None:
+        """The report's measured speeds: prefill throughput, the step-time line, lower-tier
+        load time per block, the decode step."""
         if r.prefill_tokens_per_s > 0:
             self.prefill_tps[slot] = r.prefill_tokens_per_s
             if not self._num_fitted:

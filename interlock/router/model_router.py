@@ -27,9 +27,10 @@ from interlock.kvhash import hash_blocks
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import KVEventBatch, LoadReport, RouterLoadEvent
 from interlock.router.admission import AdmissionQueue, Pending, RequestMeta
-from interlock.router.cost import CostParams, cheapest, choose, ttft_costs, uncached_tokens_of
+from interlock.router.cost import CostParams
 from interlock.router.decision import Candidate, Decision, RouterMetrics
-from interlock.router.indexer import ApplyResult, KvIndexer, fill_by_depth, overlap_of
+from interlock.router.indexer import ApplyResult, KvIndexer
+from interlock.router.kv_decide import KvDecider, KvRequest, ReferenceDecider
 from interlock.router.load import LoadTracker
 from interlock.router.policies import (
     POLICIES,
@@ -38,8 +39,7 @@ from interlock.router.policies import (
     rendezvous_subset,
     should_spill,
 )
-from interlock.router.route_kernel import MAX_RANKED, RouteKernel, mirrors_cost
-from interlock.router.route_kernel import load as load_route_kernel
+from interlock.router.route_kernel import CompiledDecider
 
 MAX_SEEN_WORKERS = 65536
 
@@ -136,21 +136,13 @@ class Router:
         """Per slot: routing weight in (0, 1] (``set_weight``), 1 where never set."""
         self._weighted: set[int] = set()
         """Slots whose weight is not 1."""
-        self._uncached = np.zeros(0)
-        """Scratch: the request's uncached prompt tokens per slot (``_pick``)."""
-        lib = load_route_kernel()
-        compiled = lib is not None or self.indexer.compiled
-        self._kernel = RouteKernel(lib) if compiled and mirrors_cost() else None
-        """The compiled ``kv`` decision (``route_kernel``; with the compiled index, lookup
-        included), None: numpy decides (the same)."""
-        self._k = max(self.config.num_candidates, 2)
-        """Candidates ranked (two at least: ``choose`` looks at the second for ties)."""
-        self._ranking_kernel = (
-            self._kernel if self.config.cost.temperature <= 0 and self._k <= MAX_RANKED else None
-        )
-        """``_kernel`` where it can choose (a sampled choice, or more candidates than it ranks:
-        numpy)."""
         self._rng = np.random.default_rng(self.config.seed)
+        reference = ReferenceDecider(
+            self.indexer, self.load, self.config.cost, max(self.config.num_candidates, 2), self._rng
+        )
+        self.decider: KvDecider = CompiledDecider.for_router(reference) or reference
+        """How the ``kv`` policy decides (``kv_decide``): compiled where it is built and
+        decides as the reference does, else the reference; chosen once."""
         self._rotation = 0
         self._dispatch_times: deque[float] = deque(maxlen=64)
         """When the last requests were dispatched (the rate the queue drains at)."""
@@ -521,186 +513,52 @@ class Router:
         wait_for: np.ndarray | None = None,
         waited_s: float = 0.0,
     ) -> Decision | None:
+        """The worker for ``meta`` among ``mask`` by the base policy; None when, with
+        ``wait_for``, the request is better off waiting for a worker outside ``mask``."""
         n = len(mask)
         weight = self._weights(n)
-        policy = self.config.policy
-        if policy != "kv":
-            busy = self.load.busy()[:n]
-            queued = self.load.queued_prefill()[:n]
-            if weight is not None:
-                busy, queued = (busy + 1) / weight, (queued + 1) / weight
-            slot = pick_simple(policy, mask, busy, queued, self._rng, self._rotation)
+        if self.config.policy != "kv":
+            slot = self._pick_simple(mask, weight)
             ov = int(self.indexer.overlaps(hashes, n)[slot]) if hashes else 0
             return self._decision(meta, self._slot_ids[slot], reason, ov, t0=t0)
-        k = self._k
-        kernel = self._ranking_kernel
-        slot = -1
-        runs: list[tuple[int, int]] = []
-        overlaps = None
-        if kernel is not None and self.indexer.compiled and not self.indexer.has_lower_tiers():
-            # lookup, cost, candidates and choice in one compiled call
-            costs, ranked, slot, overlaps = kernel.decide_indexed(
-                self.indexer,
-                hashes,
-                self.config.cost,
-                n,
-                meta.prompt_tokens,
-                meta.max_tokens,
-                meta.max_tokens,
-                k,
-                self._rotation,
-                self.load.cost_vectors(self.config.cost.price_room, self.config.cost.stall_over),
-                weight,
-                None if self._is_whole(mask) else mask,
-                len(self._workers),
-            )
-        elif kernel is not None and kernel.has_library:
-            runs = self.indexer.overlap_masks(hashes) if hashes else []
-            costs, ranked, slot = self._kv_decide(kernel, meta, hashes, runs, mask, weight, k)
-        else:
-            runs = self.indexer.overlap_masks(hashes) if hashes else []
-            costs = self._kv_costs(meta, hashes, runs, n)
-            if weight is not None:
-                costs = costs / weight
-        if slot < 0:  # numpy chooses (a sampled choice, or one the kernel leaves to it)
-            ranked = cheapest(costs, None if self._is_whole(mask) else mask, k)
-            slot = choose(
-                costs,
-                mask,
-                self.load.busy()[:n],
-                tolerance=self.config.cost.tie_tolerance_s,
-                temperature=self.config.cost.temperature,
-                rng=self._rng,
-                rotation=self._rotation,
-                ranked=ranked,
-            )
-        if wait_for is not None and wait_for is not mask:
-            closed = wait_for & ~mask
-            if closed.any():
-                best_closed = float(costs[closed].min())
-                # wait while what we have waited is less than the preferred worker saves
-                gap = float(costs[slot]) - self.config.cost.tie_tolerance_s - best_closed
-                if waited_s < gap:
-                    self._revisit_at = min(self._revisit_at, self.clock() + gap - waited_s)
-                    return None
-        ids = self._slot_ids
-        if overlaps is not None:  # the compiled lookup's overlap of every worker
-            held, cost = overlaps.item, costs.item
-            cands = tuple([Candidate(ids[s], cost(s), held(s)) for s in ranked[: self.config.num_candidates]])
-            return self._decision(meta, ids[slot], reason, held(slot), t0=t0, candidates=cands)
-        cands = tuple(
-            Candidate(ids[s], float(costs[s]), overlap_of(runs, s))
-            for s in ranked[: self.config.num_candidates]
-        )
-        return self._decision(meta, ids[slot], reason, overlap_of(runs, slot), t0=t0, candidates=cands)
+        req = KvRequest(
+            hashes, meta.prompt_tokens, meta.max_tokens, mask, self._is_whole(mask), weight,
+            self._rotation, len(self._workers),
+        )  # fmt: skip
+        costs, ranked, slot, held = self.decider.decide(req)
+        if (
+            wait_for is not None
+            and wait_for is not mask
+            and self._worth_waiting(costs, slot, mask, wait_for, waited_s)
+        ):
+            return None
+        ids, cost = self._slot_ids, costs.item
+        cands = tuple([Candidate(ids[s], cost(s), held(s)) for s in ranked[: self.config.num_candidates]])
+        return self._decision(meta, ids[slot], reason, held(slot), t0=t0, candidates=cands)
 
-    def _kv_decide(
-        self,
-        kernel: RouteKernel,
-        meta: RequestMeta,
-        hashes: Sequence[int],
-        runs: list[tuple[int, int]],
-        mask: np.ndarray,
-        weight: np.ndarray | None,
-        k: int,
-    ) -> tuple[np.ndarray, list[int], int]:
-        """``_kv_costs`` (over ``weight``), ``cheapest`` and ``choose`` in the compiled kernel:
-        ``(costs, ranked, slot)``, slot -1 where numpy must choose. Whole vectors are passed
-        (the kernel remembers their addresses) with the number of slots."""
-        load, n = self.load, len(mask)
-        overhead, per_token = load.speeds()
-        lower = None
-        if self.indexer.has_lower_tiers():
-            overlaps = self.indexer.overlaps(hashes, n) if hashes else np.zeros(n, dtype=np.int32)
-            lower_blocks = self.indexer.lower_overlaps(hashes, n)
-            uncached = uncached_tokens_of(self.config.cost, meta.prompt_tokens, overlaps, lower_blocks)
-            uncached, lower = uncached.astype(np.float64), lower_blocks.astype(np.float64)
-        else:
-            self._fill_uncached(meta, runs, n)
-            uncached = self._uncached
-        used, free = load.blocks_in_use() if self.config.cost.price_room else (None, None)
-        return kernel.decide(
-            self.config.cost,
-            n,
-            uncached=uncached,
-            queued=load.queued_prefill(),
-            per_token=per_token,
-            overhead=overhead,
-            decode_step=load.decode_step(),
-            decode_tokens=meta.max_tokens,
-            kv_usage=load.kv_used_frac,
-            busy=load.busy(),
-            k=k,
-            rotation=self._rotation,
-            waiting=load.reported_waiting,
-            lower=lower,
-            load_s=load.load_s_per_block if lower is not None else None,
-            free=free,
-            used=used,
-            drain_tokens=meta.max_tokens,
-            weight=weight,
-            eligible=None if self._is_whole(mask) else mask,
-            decoding=load.stalled(self.config.cost.stall_over),
-            fleet=len(self._workers),
-        )
+    def _pick_simple(self, mask: np.ndarray, weight: np.ndarray | None) -> int:
+        """The slot a policy other than ``kv`` picks (``policies.pick_simple``)."""
+        n = len(mask)
+        busy = self.load.busy()[:n]
+        queued = self.load.queued_prefill()[:n]
+        if weight is not None:
+            busy, queued = (busy + 1) / weight, (queued + 1) / weight
+        return pick_simple(self.config.policy, mask, busy, queued, self._rng, self._rotation)
 
-    def _fill_uncached(self, meta: RequestMeta, runs: list[tuple[int, int]], n: int) -> np.ndarray:
-        """The request's uncached tokens per slot, scattered straight from the lookup's runs
-        (every worker outside them has the whole prompt to compute), in ``self._uncached``."""
-        if len(self._uncached) < n:
-            self._uncached = np.zeros(max(n, 2 * len(self._uncached)))
-        uncached = self._uncached[:n]
-        prompt, bs = meta.prompt_tokens, self.config.block_size
-        table = [max(prompt, 1)]
-        held = 0
-        for _, length in runs:
-            held += length
-            table.append(max(prompt - held * bs, 1))
-        fill_by_depth(uncached, runs, table)
-        return uncached
-
-    def _kv_costs(
-        self, meta: RequestMeta, hashes: Sequence[int], runs: list[tuple[int, int]], n: int
-    ) -> np.ndarray:
-        """The ``kv`` cost of every slot (numpy); the fleet's backlog is the mean over every
-        registered worker, whatever its health or role (each one's queue is in the sum; a slot
-        freed by a removed worker holds 0 and is not counted: ``cost.py``)."""
-        load = self.load
-        overhead, per_token = load.speeds()
-        decode_step = load.decode_step()[:n]
-        overlaps = lower = uncached = None
-        if self.indexer.has_lower_tiers():
-            overlaps = self.indexer.overlaps(hashes, n) if hashes else np.zeros(n, dtype=np.int32)
-            lower = self.indexer.lower_overlaps(hashes, n)
-        else:
-            uncached = self._fill_uncached(meta, runs, n)
-        return ttft_costs(
-            self.config.cost,
-            prompt_tokens=meta.prompt_tokens,
-            overlap_blocks=overlaps,
-            uncached_tokens=uncached,
-            queued_prefill=load.queued_prefill()[:n],
-            per_token_s=per_token[:n],
-            step_overhead_s=overhead[:n],
-            decode_step_s=decode_step,
-            kv_usage=load.kv_used_frac[:n],
-            decode_tokens=meta.max_tokens,
-            waiting=load.reported_waiting[:n],
-            decoding=load.stalled(self.config.cost.stall_over)[:n],
-            backlog_workers=len(self._workers),
-            lower_blocks=lower,
-            load_s_per_block=load.load_s_per_block[:n] if lower is not None else None,
-            **self._room(n, meta.max_tokens, decode_step),
-        )
-
-    def _room(self, n: int, max_tokens: int, decode_step: np.ndarray) -> dict[str, np.ndarray]:
-        """What ``ttft_costs`` needs to price the wait for KV room (nothing when it is off):
-        blocks in use and free as last reported, and the time to release them all (one
-        request's decode, at this request's length)."""
-        if not self.config.cost.price_room:
-            return {}
-        used, free = self.load.blocks_in_use()
-        return {"free_blocks": free[:n], "used_blocks": used[:n], "drain_s": decode_step * max(max_tokens, 1)}
+    def _worth_waiting(
+        self, costs: np.ndarray, slot: int, mask: np.ndarray, wait_for: np.ndarray, waited_s: float
+    ) -> bool:
+        """Wait for a busy worker (in ``wait_for``, not in ``mask``) while what the request has
+        waited is less than what the busy one saves over ``slot``; marks when to look again."""
+        closed = wait_for & ~mask
+        if not closed.any():
+            return False
+        best_closed = float(costs[closed].min())
+        gap = float(costs[slot]) - self.config.cost.tie_tolerance_s - best_closed
+        if waited_s >= gap:
+            return False
+        self._revisit_at = min(self._revisit_at, self.clock() + gap - waited_s)
+        return True
 
     def _decision(
         self,

@@ -25,16 +25,17 @@ import inspect
 import logging
 import textwrap
 import threading
-from collections.abc import Sequence
-from functools import cache
+from collections.abc import Callable, Sequence
+from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
 
 from interlock import cbuild
 from interlock.router import cost
-from interlock.router.cost import CostParams
-from interlock.router.indexer import KvIndexer
+from interlock.router.cost import CostParams, uncached_tokens_of
+from interlock.router.indexer import KvIndexer, fill_by_depth, overlap_of
+from interlock.router.kv_decide import KvChoice, KvRequest, ReferenceDecider
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ _MAX_REMEMBERED = 64
 _lock = threading.Lock()
 
 
-MIRRORED = "27f7e1b11452087c"
+MIRRORED = "3667d2c30bc97e5c"
 """``cost_fingerprint()`` of the cost code ``route_kv.c`` mirrors. Where ``cost.py`` changes
 (a new term, a new weight), the compiled decision is switched off (``mirrors_cost``) until
 ``route_kv.c`` is brought in line and this updated: the router then decides with numpy, never
@@ -77,10 +78,19 @@ _MIRRORED_PARAMS = frozenset(
 
 
 def cost_fingerprint() -> str:
-    """A hash of the code (docstrings left out) of ``cost.ttft_costs``, ``_room_wait``,
-    ``cheapest`` and ``choose``, and of ``CostParams``' fields."""
+    """A hash of the code (docstrings left out) of ``cost.ttft_costs`` and the terms it adds
+    up (``_uncached``, ``_prefill_s``, ``_stall_s``, ``_room_wait``), ``cheapest`` and
+    ``choose``, and of ``CostParams``' fields."""
     digest = hashlib.sha256()
-    for fn in (cost.ttft_costs, cost._room_wait, cost.cheapest, cost.choose):
+    for fn in (
+        cost.ttft_costs,
+        cost._uncached,
+        cost._prefill_s,
+        cost._stall_s,
+        cost._room_wait,
+        cost.cheapest,
+        cost.choose,
+    ):
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
         for node in ast.walk(tree):
             body = getattr(node, "body", None)
@@ -214,10 +224,10 @@ class RouteKernel:
         if self._fn is None:
             raise TypeError("this RouteKernel has no library: only decide_indexed")
         self._n = n
-        self._pack(
-            params, n, self._at(uncached), queued, per_token, overhead, decode_step, decode_tokens,
-            kv_usage, busy, k, rotation, waiting, lower, load_s, free, used, drain_tokens, weight, eligible,
-            decoding, n if fleet is None else fleet,
+        self._pack_numbers(params, n, decode_tokens, drain_tokens, k, rotation, n if fleet is None else fleet)
+        self._pack_vectors(
+            uncached, queued, per_token, overhead, waiting, decode_step, lower, load_s, kv_usage, free, used,
+            weight, eligible, busy, decoding,
         )  # fmt: skip
         slot = self._fn(*self._args)
         ranked = self._ranked[: int(self._num_ranked[0])].tolist() if slot >= 0 else []
@@ -285,62 +295,24 @@ class RouteKernel:
         self._outs = (self._cost, self._scratch, self._uncached, self._overlaps)
         self._cost_at, self._scratch_at = self._cost.ctypes.data, self._scratch.ctypes.data
 
-    def _pack(
+    def _pack_numbers(
         self,
         params: CostParams,
         n: int,
-        uncached_at: int,
-        queued: np.ndarray,
-        per_token: np.ndarray,
-        overhead: np.ndarray,
-        decode_step: np.ndarray,
         decode_tokens: int,
-        kv_usage: np.ndarray,
-        busy: np.ndarray,
+        drain_tokens: int,
         k: int,
         rotation: int,
-        waiting: np.ndarray | None,
-        lower: np.ndarray | None,
-        load_s: np.ndarray | None,
-        free: np.ndarray | None,
-        used: np.ndarray | None,
-        drain_tokens: int,
-        weight: np.ndarray | None,
-        eligible: np.ndarray | None,
-        decoding: np.ndarray | None,
         fleet: int,
     ) -> None:
-        """``route_kv_packed``'s three arrays (``csrc/route_kv.c``), in its order (what was added
-        since at the end of each)."""
+        """``route_kv_packed``'s doubles and int64s (``csrc/route_kv.c``), in its order (what was
+        added since at the end of each)."""
         if not 0 < k <= MAX_RANKED:
             raise ValueError(f"k must be in 1..{MAX_RANKED}, got {k}")
         if n and not 0 < fleet <= n:
             raise ValueError(f"fleet must be in 1..{n} workers, got {fleet}")
         self._n = n
         self._grow(n)
-        at = self._at
-        room = free is not None and used is not None
-        self._ptrs[:] = (
-            uncached_at,
-            at(queued),
-            at(per_token),
-            at(overhead),
-            at(waiting),
-            at(decode_step),
-            at(lower) if load_s is not None else 0,
-            at(load_s) if lower is not None else 0,
-            at(kv_usage),
-            at(free) if room else 0,
-            at(used) if room else 0,
-            at(weight),
-            at(eligible),
-            at(busy),
-            self._cost_at,
-            self._scratch_at,
-            self._ranked_at,
-            self._num_at,
-            at(decoding),
-        )
         self._reals[:] = (
             params.chunk_tokens,
             params.miss_weight,
@@ -354,6 +326,155 @@ class RouteKernel:
             params.stall_weight,
         )
         self._ints[:] = (n, rotation, k, params.backlog_charge, fleet)
+
+    def _pack_vectors(
+        self,
+        uncached: np.ndarray,
+        queued: np.ndarray,
+        per_token: np.ndarray,
+        overhead: np.ndarray,
+        waiting: np.ndarray | None,
+        decode_step: np.ndarray,
+        lower: np.ndarray | None,
+        load_s: np.ndarray | None,
+        kv_usage: np.ndarray,
+        free: np.ndarray | None,
+        used: np.ndarray | None,
+        weight: np.ndarray | None,
+        eligible: np.ndarray | None,
+        busy: np.ndarray,
+        decoding: np.ndarray | None,
+    ) -> None:
+        """``route_kv_packed``'s addresses, in its order (arguments in that order too; the
+        outputs in between, ``decoding`` added since at the end). Lower tiers need both of
+        their vectors, the room both of its."""
+        at = self._at
+        tiers, room = lower is not None and load_s is not None, free is not None and used is not None
+        self._ptrs[:] = (
+            at(uncached), at(queued), at(per_token), at(overhead), at(waiting), at(decode_step),
+            at(lower) if tiers else 0, at(load_s) if tiers else 0, at(kv_usage),
+            at(free) if room else 0, at(used) if room else 0, at(weight), at(eligible), at(busy),
+            self._cost_at, self._scratch_at, self._ranked_at, self._num_at, at(decoding),
+        )  # fmt: skip
+
+
+class CompiledDecider:
+    """The ``kv`` decision compiled (``kv_decide.KvDecider``): lookup, cost, ranking and choice
+    in one call into the compiled prefix index (``decide_indexed``) where the index is the
+    compiled one and no worker has lower tiers; else the prefix lookup in Python and the rest in
+    ``route_kv.c`` (``decide``). Where the kernel leaves the choice to numpy (NaN costs), the
+    reference chooses among its costs. Built only where it decides as the reference does
+    (``for_router``)."""
+
+    name = "compiled"
+
+    def __init__(self, kernel: RouteKernel, reference: ReferenceDecider) -> None:
+        self.kernel, self.reference = kernel, reference
+        self.indexer, self.load, self.params = reference.indexer, reference.load, reference.params
+        self._uncached = np.zeros(0)
+        """Scratch: the request's uncached prompt tokens per slot (``_fill_uncached``)."""
+
+    @classmethod
+    def for_router(cls, reference: ReferenceDecider) -> CompiledDecider | None:
+        """The compiled decider where it is built, mirrors ``cost.py`` and can choose (at
+        temperature 0, ranking at most ``MAX_RANKED``); None: the reference decides."""
+        lib = load()
+        if lib is None and not reference.indexer.compiled:
+            return None
+        if reference.params.temperature > 0 or reference.k > MAX_RANKED or not mirrors_cost():
+            return None
+        return cls(RouteKernel(lib), reference)
+
+    def decide(self, req: KvRequest) -> KvChoice:
+        held: Callable[[int], int]
+        if self.indexer.compiled and not self.indexer.has_lower_tiers():
+            costs, ranked, slot, overlaps = self._decide_indexed(req)
+            held = overlaps.item
+        elif self.kernel.has_library:
+            costs, ranked, slot, held = self._decide_over_lookup(req)
+        else:
+            return self.reference.decide(req)
+        if slot < 0:
+            return self.reference.choose(req, costs, held)
+        return KvChoice(costs, ranked, slot, held)
+
+    def _decide_indexed(self, req: KvRequest) -> tuple[np.ndarray, list[int], int, np.ndarray]:
+        params = self.params
+        return self.kernel.decide_indexed(
+            self.indexer,
+            req.hashes,
+            params,
+            len(req.mask),
+            req.prompt_tokens,
+            req.max_tokens,
+            req.max_tokens,
+            self.reference.k,
+            req.rotation,
+            self.load.cost_vectors(params.price_room, params.stall_over),
+            req.weight,
+            None if req.whole else req.mask,
+            req.fleet,
+        )
+
+    def _decide_over_lookup(self, req: KvRequest) -> tuple[np.ndarray, list[int], int, Callable[[int], int]]:
+        """The prefix lookup in Python, the rest in ``route_kv.c``. Whole vectors are passed
+        (the kernel remembers their addresses) with the number of slots."""
+        load, n, params = self.load, len(req.mask), self.params
+        overhead, per_token = load.speeds()
+        lower = None
+        if self.indexer.has_lower_tiers():
+            overlaps = self.indexer.overlaps(req.hashes, n) if req.hashes else np.zeros(n, dtype=np.int32)
+            lower_blocks = self.indexer.lower_overlaps(req.hashes, n)
+            uncached = uncached_tokens_of(params, req.prompt_tokens, overlaps, lower_blocks)
+            uncached, lower = uncached.astype(np.float64), lower_blocks.astype(np.float64)
+            held: Callable[[int], int] = overlaps.item
+        else:
+            runs = self.indexer.overlap_masks(req.hashes) if req.hashes else []
+            self._fill_uncached(req.prompt_tokens, runs, n)
+            uncached = self._uncached  # the whole vector (its address is remembered)
+            held = partial(overlap_of, runs)
+        used, free = load.blocks_in_use() if params.price_room else (None, None)
+        costs, ranked, slot = self.kernel.decide(
+            params,
+            n,
+            uncached=uncached,
+            queued=load.queued_prefill(),
+            per_token=per_token,
+            overhead=overhead,
+            decode_step=load.decode_step(),
+            decode_tokens=req.max_tokens,
+            kv_usage=load.kv_used_frac,
+            busy=load.busy(),
+            k=self.reference.k,
+            rotation=req.rotation,
+            waiting=load.reported_waiting,
+            lower=lower,
+            load_s=load.load_s_per_block if lower is not None else None,
+            free=free,
+            used=used,
+            drain_tokens=req.max_tokens,
+            weight=req.weight,
+            eligible=None if req.whole else req.mask,
+            decoding=load.stalled(params.stall_over),
+            fleet=req.fleet,
+        )
+        return costs, ranked, slot, held
+
+    def _fill_uncached(self, prompt: int, runs: list[tuple[int, int]], n: int) -> np.ndarray:
+        """The request's uncached tokens per slot, scattered straight from the lookup's runs
+        (every worker outside them has the whole prompt to compute), in ``self._uncached``
+        (a whole vector: the kernel remembers its address)."""
+        if len(self._uncached) < n:
+            self._uncached = np.zeros(max(n, 2 * len(self._uncached)))
+        uncached = self._uncached[:n]
+        bs = self.params.block_size
+        table = [max(prompt, 1)]
+        held = 0
+        for _, length in runs:
+            held += length
+            table.append(max(prompt - held * bs, 1))
+        fill_by_depth(uncached, runs, table)
+        return uncached
 
 
 def main() -> int:

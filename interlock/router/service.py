@@ -252,38 +252,57 @@ class RouterService:
 
     def prometheus_text(self) -> str:
         """Workers' last load reports and the routers' counters, in Prometheus text format."""
-        lines = self._liveness_lines()
-        per_worker = (
-            ("kv_blocks_used", "KV blocks in use (last report)", lambda r: r.kv_blocks_used),
-            ("kv_blocks_total", "KV blocks in the pool", lambda r: r.kv_blocks_total),
-            ("running_requests", "Requests running (last report)", lambda r: r.num_running),
-            ("waiting_requests", "Requests waiting (last report)", lambda r: r.num_waiting),
-        )
-        for name, help_, get in per_worker:
-            lines += [f"# HELP interlock_worker_{name} {help_}", f"# TYPE interlock_worker_{name} gauge"]
-            for wid, r in sorted(self._reports.items()):
-                model = self._instances[wid].model if wid in self._instances else ""
-                lines.append(f'interlock_worker_{name}{{worker="{wid}",model="{model}"}} {get(r)}')
-        lines += [
-            "# HELP interlock_worker_busy_seconds_total Seconds the worker's engine spent in steps "
-            "(rate(): its device utilisation)",
-            "# TYPE interlock_worker_busy_seconds_total counter",
-        ]
-        for wid, r in sorted(self._reports.items()):
-            model = self._instances[wid].model if wid in self._instances else ""
-            lines.append(f'interlock_worker_busy_seconds_total{{worker="{wid}",model="{model}"}} {r.busy_s}')
+        lines = self._liveness_lines() + self._worker_lines()
         lines += self._tier_lines()
-        lines += [
-            "# HELP interlock_worker_kv_handoffs_total A guest engine's KV hand-offs, by outcome "
-            "(vLLM's NIXL connector: prefills handed over, pulls, pulls failed and computed locally)",
-            "# TYPE interlock_worker_kv_handoffs_total counter",
-        ]
+        lines += self._handoff_lines()
+        lines += self._router_lines()
+        lines += self.dispatcher.prometheus_lines()
+        if self.disagg is not None:
+            lines += self.disagg.prometheus_lines()
+        return "\n".join(lines) + "\n"
+
+    def _labelled_reports(self) -> list[tuple[str, LoadReport]]:
+        """``(labels, report)`` per worker with a report, by worker id: its worker and model
+        labels (the model empty once it left)."""
+        out = []
         for wid, r in sorted(self._reports.items()):
             model = self._instances[wid].model if wid in self._instances else ""
+            out.append((f'worker="{wid}",model="{model}"', r))
+        return out
+
+    def _worker_lines(self) -> list[str]:
+        per_worker = (
+            ("kv_blocks_used", "gauge", "KV blocks in use (last report)", lambda r: r.kv_blocks_used),
+            ("kv_blocks_total", "gauge", "KV blocks in the pool", lambda r: r.kv_blocks_total),
+            ("running_requests", "gauge", "Requests running (last report)", lambda r: r.num_running),
+            ("waiting_requests", "gauge", "Requests waiting (last report)", lambda r: r.num_waiting),
+            (
+                "busy_seconds_total",
+                "counter",
+                "Seconds the worker's engine spent in steps (rate(): its device utilisation)",
+                lambda r: r.busy_s,
+            ),
+        )
+        lines: list[str] = []
+        reports = self._labelled_reports()
+        for name, kind, help_, get in per_worker:
+            lines += _family(f"interlock_worker_{name}", kind, help_)
+            lines += [f"interlock_worker_{name}{{{labels}}} {get(r)}" for labels, r in reports]
+        return lines
+
+    def _handoff_lines(self) -> list[str]:
+        lines = _family(
+            "interlock_worker_kv_handoffs_total",
+            "counter",
+            "A guest engine's KV hand-offs, by outcome (vLLM's NIXL connector: prefills handed over, "
+            "pulls, pulls failed and computed locally)",
+        )
+        for labels, r in self._labelled_reports():
             for outcome, n in r.kv_handoffs:
-                lines.append(
-                    f'interlock_worker_kv_handoffs_total{{worker="{wid}",model="{model}",outcome="{outcome}"}} {n}'
-                )
+                lines.append(f'interlock_worker_kv_handoffs_total{{{labels},outcome="{outcome}"}} {n}')
+        return lines
+
+    def _router_lines(self) -> list[str]:
         counters = (
             (
                 "decisions_total",
@@ -301,23 +320,21 @@ class RouterService:
             ("resyncs_total", "KV index re-syncs requested", lambda m: m.resyncs_requested),
             ("decision_seconds_total", "Time spent deciding", lambda m: m.decision_s_total),
         )
+        lines: list[str] = []
+        routers = sorted(self.routers.items())
         for name, help_, get in counters:
-            lines += [f"# HELP interlock_router_{name} {help_}", f"# TYPE interlock_router_{name} counter"]
-            for model, router in sorted(self.routers.items()):
-                lines.append(f'interlock_router_{name}{{model="{model}"}} {get(router.metrics)}')
-        lines += [
-            "# HELP interlock_router_queued_total Waits in the router's queue for a free worker, by the "
-            'role waited for ("any": an aggregated request); a disaggregated request may wait twice, '
-            "for a prefill worker and then a decode worker",
-            "# TYPE interlock_router_queued_total counter",
-        ]
-        for model, router in sorted(self.routers.items()):
+            lines += _family(f"interlock_router_{name}", "counter", help_)
+            lines += [f'interlock_router_{name}{{model="{model}"}} {get(r.metrics)}' for model, r in routers]
+        lines += _family(
+            "interlock_router_queued_total",
+            "counter",
+            'Waits in the router\'s queue for a free worker, by the role waited for ("any": an aggregated '
+            "request); a disaggregated request may wait twice, for a prefill worker and then a decode worker",
+        )
+        for model, router in routers:
             for role, n in sorted(router.metrics.queued_by_role.items()):
                 lines.append(f'interlock_router_queued_total{{model="{model}",role="{role}"}} {n}')
-        lines += self.dispatcher.prometheus_lines()
-        if self.disagg is not None:
-            lines += self.disagg.prometheus_lines()
-        return "\n".join(lines) + "\n"
+        return lines
 
     def _tier_lines(self) -> list[str]:
         """Per worker and KV tier below its device pool (``LoadReport.kv_tiers``)."""
@@ -585,3 +602,8 @@ class RouterService:
 
 def _card(info: InstanceInfo) -> Card:
     return Card(info.model_path, info.context_length)
+
+
+def _family(name: str, kind: str, help_: str) -> list[str]:
+    """A metric family's HELP and TYPE lines."""
+    return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]

@@ -1,6 +1,5 @@
-"""The router's fast decision path (issue 10 item 7) decides exactly as the plain definitions:
-the cost from uncached tokens scattered from the lookup equals the cost from the overlap
-vector, bit for bit, with the state vectors rebuilt from scratch; shortcuts in ``ttft_costs``
+"""The router's decision equals the plain definitions: the reference decider's costs
+(``kv_decide``) equal ``ttft_costs`` over state vectors rebuilt from scratch, bit for bit; shortcuts in ``ttft_costs``
 (one step per worker, no wait for room) and in ``choose`` (a clear winner) change nothing."""
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
 from interlock.router import Decision, RequestMeta, Router, RouterConfig
 from interlock.router.cost import CostParams, cheapest, choose, room_wait_s, ttft_costs
+from interlock.router.kv_decide import KvRequest, ReferenceDecider
 from interlock.router.load import DECODE_CONTEXT_SLOPE, MAX_DECODE_CONTEXT
 
 BS = 16
@@ -105,7 +105,11 @@ def test_decisions_cost_exactly_what_the_plain_definitions_give() -> None:
             max_tokens=rng.randint(1, 600),
         )
         n = r.indexer.num_slots
-        got = r._kv_costs(meta, hashes, r.indexer.overlap_masks(hashes), n)
+        mask = np.ones(n, dtype=bool)
+        req = KvRequest(hashes, meta.prompt_tokens, meta.max_tokens, mask, True, None, 0, 96)
+        got = ReferenceDecider(r.indexer, r.load, r.config.cost, 3, np.random.default_rng(0)).costs(
+            req, r.indexer.overlaps(hashes, n)
+        )
         assert np.array_equal(got, reference_costs(r, meta, hashes))
         d = r.route(meta, block_hashes=hashes, may_wait=False)  # costs are the point, not waits
         assert isinstance(d, Decision)

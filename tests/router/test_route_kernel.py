@@ -20,7 +20,7 @@ from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
 from interlock.router import Decision, RequestMeta, Router, RouterConfig, native
 from interlock.router.cost import CostParams, cheapest, choose, ttft_costs, uncached_tokens_of
-from interlock.router.route_kernel import RouteKernel
+from interlock.router.route_kernel import CompiledDecider, RouteKernel
 
 LIB = route_kernel.load()
 needs_kernel = pytest.mark.skipif(LIB is None, reason="no C compiler: the kernel is not built here")
@@ -346,13 +346,14 @@ def test_a_router_decides_the_same_with_or_without_the_kernel(
         with pytest.MonkeyPatch.context() as no_index:
             no_index.setattr(native, "load", lambda: None)
             r = Router(RouterConfig())
-            assert not r.indexer.compiled and r._kernel is not None and r._kernel.has_library
+            assert not r.indexer.compiled and isinstance(r.decider, CompiledDecider)
+            assert r.decider.kernel.has_library
             assert _routes(7, over) == with_kernel
     fresh_env.setenv("INTERLOCK_CPU_KERNELS", "0")
     get_env.cache_clear()
     route_kernel.load.cache_clear()
     native.load.cache_clear()
-    assert Router(RouterConfig())._kernel is None
+    assert Router(RouterConfig()).decider.name == "reference"
     assert _routes(7, over) == with_kernel
 
 
@@ -360,7 +361,7 @@ def _survivors_prices(grown: int, kernels: str) -> list[tuple[tuple[str, float],
     """The candidates (and their costs) of misses routed over eight workers with queues, in a
     router that had ``grown`` workers before all but those eight left."""
     r = Router(RouterConfig(block_size=4, seed=0), clock=lambda: 0.0)
-    assert (r._kernel is None) == (kernels == "numpy")
+    assert (r.decider.name == "reference") == (kernels == "numpy")
     for w in range(grown):
         r.add_worker(
             InstanceInfo(instance_id=f"w{w}", endpoint="e", model="m", block_size=4, kv_blocks_total=900)
@@ -393,7 +394,7 @@ def test_a_shrunk_fleet_prices_the_backlog_as_one_that_never_grew(
     elif kernels == "kernel":  # the kernel alone, over the Python index
         fresh_env.setattr(native, "load", lambda: None)
     router = Router(RouterConfig())
-    if kernels != "numpy" and (router._kernel is None or router.indexer.compiled != (kernels == "compiled")):
+    if kernels != "numpy" and (router.decider.name == "reference" or router.indexer.compiled != (kernels == "compiled")):
         pytest.skip("no C compiler (or no Python headers): that kernel is not built here")
     assert _survivors_prices(40, kernels) == _survivors_prices(8, kernels)
 
@@ -405,7 +406,7 @@ def test_without_a_compiler_the_router_decides_with_numpy(
     assert route_kernel.load() is None
     assert native.load() is None
     assert "no C compiler" in caplog.text
-    assert Router(RouterConfig())._kernel is None
+    assert Router(RouterConfig()).decider.name == "reference"
     assert len(_routes(3)) > 100
 
 
@@ -424,12 +425,12 @@ def test_a_changed_cost_formula_switches_the_kernel_off(
     fresh_env.setattr(route_kernel, "MIRRORED", "0" * 16)
     route_kernel.mirrors_cost.cache_clear()
     try:
-        assert Router(RouterConfig())._kernel is None
+        assert Router(RouterConfig()).decider.name == "reference"
         assert "changed since csrc/route_kv.c mirrored it" in caplog.text
     finally:
         fresh_env.undo()
         route_kernel.mirrors_cost.cache_clear()
-    assert Router(RouterConfig())._kernel is not None
+    assert Router(RouterConfig()).decider.name == "compiled"
 
 
 @needs_kernel
