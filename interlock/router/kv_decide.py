@@ -20,8 +20,9 @@ states and on whole replays (``tests/router/test_kv_decide.py``, ``test_route_ke
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
+import msgspec
 import numpy as np
 
 from interlock.router.cost import CostParams, cheapest, choose, ttft_costs
@@ -29,8 +30,9 @@ from interlock.router.indexer import KvIndexer
 from interlock.router.load import LoadTracker
 
 
-class KvRequest(NamedTuple):
-    """One request to place, as the decision sees it."""
+class KvRequest(msgspec.Struct, frozen=True, gc=False):
+    """One request to place, as the decision sees it (a ``msgspec.Struct``, as ``Decision``: a
+    named tuple took 0.3 µs to build, this 0.03)."""
 
     hashes: Sequence[int]
     """The prompt's block hashes, in order."""
@@ -48,7 +50,7 @@ class KvRequest(NamedTuple):
     """Registered workers, whatever their health or role: the fleet's mean backlog is over them."""
 
 
-class KvChoice(NamedTuple):
+class KvChoice(msgspec.Struct, frozen=True, gc=False):
     costs: np.ndarray
     """Every slot's cost (seconds to first token, over its weight); may be a view of a buffer
     the decider's next call overwrites."""

@@ -525,15 +525,15 @@ class Router:
             hashes, meta.prompt_tokens, meta.max_tokens, mask, self._is_whole(mask), weight,
             self._rotation, len(self._workers),
         )  # fmt: skip
-        costs, ranked, slot, held = self.decider.decide(req)
-        if (
-            wait_for is not None
-            and wait_for is not mask
-            and self._worth_waiting(costs, slot, mask, wait_for, waited_s)
-        ):
-            return None
-        ids, cost = self._slot_ids, costs.item
-        cands = tuple([Candidate(ids[s], cost(s), held(s)) for s in ranked[: self.config.num_candidates]])
+        choice = self.decider.decide(req)
+        slot, held = choice.slot, choice.held
+        if wait_for is not None and wait_for is not mask:
+            if self._worth_waiting(choice.costs, slot, mask, wait_for, waited_s):
+                return None
+        ids, cost = self._slot_ids, choice.costs.item
+        cands = tuple(
+            [Candidate(ids[s], cost(s), held(s)) for s in choice.ranked[: self.config.num_candidates]]
+        )
         return self._decision(meta, ids[slot], reason, held(slot), t0=t0, candidates=cands)
 
     def _pick_simple(self, mask: np.ndarray, weight: np.ndarray | None) -> int:
