@@ -3,16 +3,17 @@
     control-plane: {listen_port: 8000, heartbeat_interval: 5s, health_check_enabled: true}
     execution-group:
       nodes:
-        - {node_role: prefill, gpu_count: 2, max_batch_size: 32, queue_depth_threshold: 24}
-        - {node_role: decode, gpu_count: 4, max_batch_size: 64, kv_cache_transfer: true, cache_transport: tcp}
+        - {node_role: prefill, gpu_count: 2, max_num_seqs: 32, queue_depth_threshold: 24}
+        - {node_role: decode, gpu_count: 4, max_num_seqs: 64, kv_cache_transfer: true, cache_transport: tcp}
     routing: {policy: least-loaded, route_key: x-business-line, fallback_to_local: true, preempt_enabled: false}
     metrics: {export_interval: 10s, collect_queue_depth: true, collect_gpu_utilization: true, collect_kv_cache_miss: true}
 
 Every section and key is known and acts; an unknown key or a bad value is refused with a
 message naming it (``routing.policy: 'fastest' is not one of ...``). Durations take units
 (``5s``, ``500ms``, ``2m``; a plain number is seconds). Older key names are aliases
-(``count`` for ``gpu_count``, ``health_checks`` for ``health_check_enabled``,
-``kv_cache_transfer: tcp`` for ``kv_cache_transfer: true, cache_transport: tcp``, ...).
+(``count`` for ``gpu_count``, ``max_batch_size`` for ``max_num_seqs``, ``health_checks`` for
+``health_check_enabled``, ``kv_cache_transfer: tcp`` for ``kv_cache_transfer: true,
+cache_transport: tcp``, ...).
 
 A *device* is what one worker process drives: ``gpu_count: 4`` starts four workers of the
 group, one per device (until tensor parallelism groups several devices under one worker).
@@ -25,7 +26,9 @@ on ``cpu`` a device is a worker process with an equal share of the machine's cor
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,19 @@ METRIC_FAMILIES = (
 """Families of figures on ``/metrics`` (see ``interlock.frontend.metrics.FAMILIES`` for the
 metric names in each); ``metrics.figures`` lists those exported."""
 _FAMILY_ALIASES = {"load": "queue_depth"}
+
+# Defaults of what the engine's config and a node group share, defined once here (this module sits
+# below the engine: ``interlock.engine.config`` imports them; the flags show them).
+DEFAULT_MAX_NUM_SEQS = 64
+"""Requests one worker runs at once unless told (``max_num_seqs``, as vLLM names it)."""
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+"""Tokens one engine step computes at most unless told (``max_num_batched_tokens``)."""
+DEFAULT_KV_CACHE_GIB = 1.0
+"""Device KV cache per worker, GiB, unless ``kv_cache_gib`` or ``num_blocks`` says otherwise."""
+DEFAULT_TIER_LOAD_TIMEOUT_S = 2.0
+"""Floor of a host- or disk-tier load's deadline, seconds (``interlock.engine.tiers.deadline``)."""
+DEFAULT_TIER_LOAD_MIN_MIB_S = 50.0
+"""Slowest read rate, MiB/s, a working tier is allowed when that deadline is sized."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +92,9 @@ class NodeGroup:
     node_role: str = "both"
     gpu_count: int = 1
     """Devices of this group: one worker process per device (module docstring)."""
-    max_batch_size: int = 64
-    """Requests one worker runs at once (its scheduler's ``max_num_seqs``)."""
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    """Requests one worker runs at once (its scheduler's ``max_num_seqs``; older key:
+    ``max_batch_size``)."""
     queue_depth_threshold: int = 32
     """Waiting requests above which the worker counts as busy for routing: the router then
     queues new requests (its admission queue, ``routing.queue_size``) instead of sending them.
@@ -90,8 +107,8 @@ class NodeGroup:
     one host, else TCP); ``shm``/``tcp``/``inproc`` force one (a pull the forced transport cannot
     make fails, and the worker computes the prompt itself). ``tcp`` also never stages KV in
     /dev/shm."""
-    max_num_batched_tokens: int = 2048
-    kv_cache_gib: float = 1.0
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    kv_cache_gib: float = DEFAULT_KV_CACHE_GIB
     num_blocks: int | None = None
     host_kv_gib: float = 0.0
     """Host-memory KV tier below each worker's pool, GiB (0: none; ``docs/design.md``, "KV tiers")."""
@@ -100,6 +117,13 @@ class NodeGroup:
     disk_kv_gib: float = 0.0
     """Disk KV tier per worker, GiB (0: none); files under ``disk_kv_path``."""
     disk_kv_path: str | None = None
+    tier_load_timeout_s: float = DEFAULT_TIER_LOAD_TIMEOUT_S
+    """A load from the host or disk tier not done within this many seconds, plus its bytes at
+    ``tier_load_min_mib_s``, is abandoned and the request computes those blocks (a hung or
+    dying disk; ``CacheConfig.tier_load_timeout_s``)."""
+    tier_load_min_mib_s: float = DEFAULT_TIER_LOAD_MIN_MIB_S
+    """The slowest read rate, MiB/s, that deadline allows a working tier (it catches hangs, not
+    slow disks)."""
     shared_kv_cache: bool | None = None
     """Each worker's KV cache on a memfd, so a decode worker of the same host copies a
     prefill's blocks straight out of it (the one copy) instead of an export and an import
@@ -233,10 +257,10 @@ class Deployment:
 
 _ALIASES: dict[type, dict[str, str]] = {
     ControlPlane: {"health_checks": "health_check_enabled", "host": "listen_host", "port": "listen_port"},
-    NodeGroup: {"count": "gpu_count", "role": "node_role", "max_num_seqs": "max_batch_size"},
+    NodeGroup: {"count": "gpu_count", "role": "node_role", "max_batch_size": "max_num_seqs"},
     Routing: {"router_mode": "policy"},
 }
-"""Older or ecosystem names of keys (Dynamo's ``router_mode``, vLLM's ``max_num_seqs``)."""
+"""Older or ecosystem names of keys (Dynamo's ``router_mode``, this file's older ``max_batch_size``)."""
 _DURATIONS = {"heartbeat_interval", "heartbeat_timeout", "export_interval"}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -282,6 +306,13 @@ def _build(cls: type, raw: Any, where: str) -> Any:
             continue
         kwargs[name] = _coerce(f.type, value, f"{where}.{key}")
     return cls(**kwargs)
+
+
+def node_group(raw: Mapping[str, Any], where: str) -> NodeGroup:
+    """A node group from a mapping of its keys (the Python API's ``create_serving_instance``
+    keywords), read as the file reads one: aliases, unknown keys and bad types refused by name."""
+    built: NodeGroup = _build(NodeGroup, dict(raw), where)
+    return built
 
 
 def _legacy_transfer(value: str, raw: dict[Any, Any], where: str) -> dict[str, Any]:
@@ -374,10 +405,13 @@ def default_block_size(engine: str, device: str) -> int:
     return 32 if engine == "vllm" and device == "cpu" else 16
 
 
+_NODE_DEFAULTS = NodeGroup()
 _VLLM_REFUSED_NODE = {
     "host_kv_gib": "vLLM's own KV offloading is an engine_arg (kv_offloading_size)",
     "disk_kv_gib": "vLLM's own KV offloading is an engine_arg",
     "host_kv_shared": "the shared host tier is the interlock engine's",
+    "tier_load_timeout_s": "the host and disk tiers are the interlock engine's",
+    "tier_load_min_mib_s": "the host and disk tiers are the interlock engine's",
     "shared_kv_cache": "the one-copy KV cache is the interlock engine's",
 }
 
@@ -400,7 +434,8 @@ def _validate_vllm_group(g: ExecutionGroup, at: str) -> None:
         if n.cache_transport == "inproc":
             raise ConfigError(f"{where}.cache_transport: vLLM workers hand KV over NIXL (auto, shm or tcp)")
         for key, why in _VLLM_REFUSED_NODE.items():
-            if getattr(n, key):
+            value = getattr(n, key)
+            if value and value != getattr(_NODE_DEFAULTS, key):
                 raise ConfigError(f"{where}.{key}: not with engine vllm: {why}")
 
 
@@ -433,10 +468,13 @@ def _validate_group(g: ExecutionGroup, at: str) -> None:
         _one_of(n.node_role, ROLES, f"{where}.node_role")
         if n.gpu_count < 0:
             raise ConfigError(f"{where}.gpu_count: must be >= 0")
-        if n.max_batch_size < 1 or n.queue_depth_threshold < 1 or n.max_num_batched_tokens < 1:
+        if n.max_num_seqs < 1 or n.queue_depth_threshold < 1 or n.max_num_batched_tokens < 1:
             raise ConfigError(
-                f"{where}: max_batch_size, queue_depth_threshold and max_num_batched_tokens must be >= 1"
+                f"{where}: max_num_seqs, queue_depth_threshold and max_num_batched_tokens must be >= 1"
             )
+        for key in ("tier_load_timeout_s", "tier_load_min_mib_s"):
+            if not 0 < getattr(n, key) < math.inf:
+                raise ConfigError(f"{where}.{key}: must be positive and finite")
         _one_of(n.cache_transport, TRANSPORTS, f"{where}.cache_transport")
         if n.shared_kv_cache and (why := shared_cache_refusal(g, n)):
             raise ConfigError(f"{where}.shared_kv_cache: {why}")
@@ -528,6 +566,11 @@ def load_deployment(path: str | Path, *, read_by: tuple[str, ...] = ()) -> Deplo
 
 
 __all__ = [
+    "DEFAULT_KV_CACHE_GIB",
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "DEFAULT_MAX_NUM_SEQS",
+    "DEFAULT_TIER_LOAD_MIN_MIB_S",
+    "DEFAULT_TIER_LOAD_TIMEOUT_S",
     "METRIC_FAMILIES",
     "PLANNER_SECTION",
     "ControlPlane",
@@ -537,6 +580,7 @@ __all__ = [
     "NodeGroup",
     "Routing",
     "load_deployment",
+    "node_group",
     "parse_deployment",
     "parse_duration",
     "validate_deployment",

@@ -44,10 +44,19 @@ def rebuild(code: str, message: str, param: str | None, *, unknown: type[Interlo
     cls = InterlockError._by_code.get(code, unknown)
     try:
         return cls(message, param=param)
-    except TypeError:  # a subclass whose constructor takes other keywords (retry_after)
+    except TypeError:  # a subclass (outside this module) whose constructor takes no ``param``
         err = cls(message)
         err.param = param
         return err
+
+
+class Retryable(InterlockError):
+    """An error the client should retry after ``retry_after`` seconds (its ``Retry-After``):
+    the base of the request and service errors that carry one."""
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after: float = 1.0) -> None:
+        super().__init__(message, param=param)
+        self.retry_after = retry_after
 
 
 class ConfigError(InterlockError):
@@ -89,15 +98,11 @@ class Unauthorized(RequestError):
     error_type = "authentication_error"
 
 
-class RateLimited(RequestError):
+class RateLimited(Retryable, RequestError):
     """The API key used up its requests or tokens for this minute; retry after ``retry_after`` s."""
 
     status = 429
     error_type = "rate_limit_error"
-
-    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class ModelNotFound(RequestError):
@@ -111,15 +116,11 @@ class ServiceError(InterlockError):
     error_type = "internal_error"
 
 
-class ServiceUnavailable(ServiceError):
+class ServiceUnavailable(Retryable, ServiceError):
     """No worker can take the request now; the client should retry after ``retry_after`` s."""
 
     status = 503
     error_type = "service_unavailable"
-
-    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class NoWorkers(ServiceUnavailable):

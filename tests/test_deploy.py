@@ -21,7 +21,7 @@ def test_the_seed_file_loads_as_written():
         True,
     )
     prefill, decode = d.execution_groups[0].nodes
-    assert (prefill.node_role, prefill.gpu_count, prefill.max_batch_size, prefill.queue_depth_threshold) == (
+    assert (prefill.node_role, prefill.gpu_count, prefill.max_num_seqs, prefill.queue_depth_threshold) == (
         "prefill",
         2,
         32,
@@ -64,7 +64,7 @@ def test_older_names_are_aliases():
     old = parse_deployment(
         {
             "control-plane": {"health_checks": False, "heartbeat-interval": 0.5, "heartbeat-timeout": 2},
-            "execution-group": {"nodes": [{"count": 3, "kv_cache_transfer": "tcp", "max_num_seqs": 8}]},
+            "execution-group": {"nodes": [{"count": 3, "kv_cache_transfer": "tcp", "max_batch_size": 8}]},
             "routing": {"router_mode": "round_robin"},
             "metrics": {"figures": ["ttft", "load"]},
         }
@@ -78,7 +78,7 @@ def test_older_names_are_aliases():
             },
             "execution-group": {
                 "nodes": [
-                    {"gpu_count": 3, "kv_cache_transfer": True, "cache_transport": "tcp", "max_batch_size": 8}
+                    {"gpu_count": 3, "kv_cache_transfer": True, "cache_transport": "tcp", "max_num_seqs": 8}
                 ]
             },
             "routing": {"policy": "round-robin"},
@@ -176,6 +176,30 @@ def test_older_names_are_aliases():
         (
             {"execution-group": {"engine": "vllm", "nodes": [{"host_kv_gib": 1}]}},
             "nodes[0].host_kv_gib: not with engine vllm",
+        ),
+        (
+            {"execution-group": {"engine": "vllm", "nodes": [{"tier_load_timeout_s": 5}]}},
+            "nodes[0].tier_load_timeout_s: not with engine vllm",
+        ),
+        (
+            {"execution-group": {"nodes": [{"tier_load_timeout_s": 0}]}},
+            "execution-group.nodes[0].tier_load_timeout_s: must be positive and finite",
+        ),
+        (
+            {"execution-group": {"nodes": [{"tier_load_min_mib_s": float("inf")}]}},
+            "execution-group.nodes[0].tier_load_min_mib_s: must be positive and finite",
+        ),
+        (
+            {"execution-group": {"nodes": [{"tier_load_timeout_s": "2s"}]}},
+            "execution-group.nodes[0].tier_load_timeout_s: expected float",
+        ),
+        (
+            {"execution-group": {"nodes": [{"tier_load_deadline_s": 2}]}},
+            "execution-group.nodes[0].tier_load_deadline_s: unknown key",
+        ),
+        (
+            {"execution-group": {"nodes": [{"max_batch_size": 4, "max_num_seqs": 8}]}},
+            "max_num_seqs: given twice",
         ),
     ],
 )

@@ -10,7 +10,8 @@ from interlock.errors import EngineError, InterlockError, NoWorkers, PromptTooLo
 
 
 def _all(cls: type[InterlockError]) -> list[type[InterlockError]]:
-    return [cls, *(c for sub in cls.__subclasses__() for c in _all(sub))]
+    """``cls`` and its subclasses, each once (``Retryable`` ones have two bases)."""
+    return list(dict.fromkeys([cls, *(c for sub in cls.__subclasses__() for c in _all(sub))]))
 
 
 def test_every_error_class_has_a_code_of_its_own() -> None:

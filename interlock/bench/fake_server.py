@@ -86,7 +86,7 @@ class FakeOpenAIServer:
         )
 
     def _fault(self, k: int) -> int | None:
-        return next((status for n, status in self.timing.fail_every if n > 0 and k % n == 0), None)
+        return next((status for n, status in self.timing.fail_every if _every(n, k)), None)
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         arrived = time.perf_counter()
@@ -115,10 +115,10 @@ class FakeOpenAIServer:
         while sent < n:
             count = min(per, n - sent)
             await _sleep_until(arrived + self.timing.ttft_s + (sent + count - 1) * self.timing.itl_s)
-            if chunk_no == 1 and self._every(self.timing.stream_error_every, k):
+            if chunk_no == 1 and _every(self.timing.stream_error_every, k):
                 await _send(resp, {"error": {"message": "injected stream error", "type": "fake"}})
                 return resp
-            if chunk_no == 1 and self._every(self.timing.drop_every, k):
+            if chunk_no == 1 and _every(self.timing.drop_every, k):
                 assert request.transport is not None
                 request.transport.close()
                 return resp
@@ -141,25 +141,14 @@ class FakeOpenAIServer:
         await resp.write_eof()
         return resp
 
-    @staticmethod
-    def _every(n: int, k: int) -> bool:
-        return n > 0 and k % n == 0
-
     def _chunk(self, chat: bool, text: str, finish: str | None, role: bool = False) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": finish}
         if chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
-            return {
-                "id": "fake",
-                "object": "chat.completion.chunk",
-                "created": int(time.time()),
-                "model": self.model,
-                "choices": [choice],
-            }
-        choice = {"index": 0, "text": text, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
         return {
             "id": "fake",
-            "object": "text_completion",
+            "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()),
             "model": self.model,
             "choices": [choice],
@@ -198,6 +187,11 @@ def _usage(body: dict[str, Any], n: int) -> dict[str, Any]:
         "total_tokens": prompt_tokens + n,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
+
+
+def _every(n: int, k: int) -> bool:
+    """Request ``k`` (1-based) is one of every ``n`` (0: none)."""
+    return n > 0 and k % n == 0
 
 
 async def _send(resp: web.StreamResponse, event: dict[str, Any]) -> None:

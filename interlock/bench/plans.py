@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from interlock import mooncake
 from interlock.bench.loadgen import LoadPlan
 from interlock.bench.prompts import SyntheticSpec, synthetic_prompt
@@ -15,13 +17,8 @@ from interlock.mooncake import TRACE_BLOCK_SIZE, MooncakeRecord
 def concurrency_plan(spec: SyntheticSpec, vocab: Vocab, concurrency: int, max_requests: int) -> LoadPlan:
     if concurrency < 1:
         raise ConfigError("concurrency must be at least 1")
-    return LoadPlan(
-        label=f"c={concurrency}",
-        load={"mode": "concurrency", "concurrency": concurrency, **_spec_json(spec)},
-        prompt=lambda i: synthetic_prompt(spec, vocab, i),
-        count=max_requests,
-        concurrency=concurrency,
-    )
+    load: dict[str, object] = {"mode": "concurrency", "concurrency": concurrency}
+    return _synthetic_plan(spec, vocab, max_requests, f"c={concurrency}", load, concurrency=concurrency)
 
 
 def rate_plan(
@@ -32,19 +29,15 @@ def rate_plan(
     arrival: Arrival = "poisson",
     max_concurrency: int | None = None,
 ) -> LoadPlan:
-    return LoadPlan(
-        label=f"rate={rate:g}/s",
-        load={
-            "mode": "rate",
-            "rate": rate,
-            "arrival": arrival,
-            "max_concurrency": max_concurrency,
-            **_spec_json(spec),
-        },
-        prompt=lambda i: synthetic_prompt(spec, vocab, i),
-        count=max_requests,
-        offsets=arrival_offsets(rate, max_requests, arrival, spec.seed),
-        concurrency=max_concurrency,
+    load: dict[str, object] = {
+        "mode": "rate",
+        "rate": rate,
+        "arrival": arrival,
+        "max_concurrency": max_concurrency,
+    }
+    offsets = arrival_offsets(rate, max_requests, arrival, spec.seed)
+    return _synthetic_plan(
+        spec, vocab, max_requests, f"rate={rate:g}/s", load, offsets=offsets, concurrency=max_concurrency
     )
 
 
@@ -71,6 +64,27 @@ def trace_plan(
         count=len(records),
         offsets=mooncake.arrival_offsets(records, speedup),
         concurrency=max_concurrency,
+    )
+
+
+def _synthetic_plan(
+    spec: SyntheticSpec,
+    vocab: Vocab,
+    max_requests: int,
+    label: str,
+    load: dict[str, object],
+    *,
+    offsets: Sequence[float] | None = None,
+    concurrency: int | None = None,
+) -> LoadPlan:
+    """``max_requests`` prompts of ``spec``; ``load`` (the mode's options) gets the spec's."""
+    return LoadPlan(
+        label=label,
+        load={**load, **_spec_json(spec)},
+        prompt=lambda i: synthetic_prompt(spec, vocab, i),
+        count=max_requests,
+        offsets=offsets,
+        concurrency=concurrency,
     )
 
 

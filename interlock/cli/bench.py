@@ -53,6 +53,19 @@ def parse_targets(items: list[str] | None) -> Targets:
 
 def run_parser() -> argparse.ArgumentParser:
     p = flags.parser("interlock bench", __doc__.splitlines()[0])
+    _add_endpoint_args(p)
+    _add_load_args(p)
+    _add_prompt_args(p)
+    _add_run_args(p)
+    p.add_argument("--out", help="results JSON (default bench-YYYYmmdd-HHMMSS.json)")
+    p.add_argument("--png", help="report PNG (default: the results path with .png)")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    return flags.apply_environment(p)
+
+
+def _add_endpoint_args(p: argparse.ArgumentParser) -> None:
+    """What is measured: the server, its model and API, and how prompts are sent."""
     p.add_argument("--url", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     p.add_argument("--api", choices=("chat", "completions"), default="chat")
@@ -63,6 +76,10 @@ def run_parser() -> argparse.ArgumentParser:
         default="text",
         help="ids: send token ids as the completions prompt (needs --tokenizer)",
     )
+
+
+def _add_load_args(p: argparse.ArgumentParser) -> None:
+    """The load mode (exactly one) and how arrivals come."""
     load_mode = p.add_mutually_exclusive_group(required=True)
     load_mode.add_argument("--concurrency", type=_floats, help="fixed concurrency (comma list: sweep)")
     load_mode.add_argument("--rate", type=_floats, help="requests per second (comma list: sweep)")
@@ -77,6 +94,10 @@ def run_parser() -> argparse.ArgumentParser:
         "fast, as in interlock replay; comma list: sweep)",
     )
     p.add_argument("--block-size", type=int, default=TRACE_BLOCK_SIZE, help="tokens per trace hash id")
+
+
+def _add_prompt_args(p: argparse.ArgumentParser) -> None:
+    """The synthetic prompts: lengths, shared prefixes and the seed."""
     p.add_argument(
         "--input-len",
         type=LengthDist.parse,
@@ -93,6 +114,10 @@ def run_parser() -> argparse.ArgumentParser:
         help="prompt seed; a rerun with the same seed sends the same prompts, which a server "
         "with a prefix cache answers from cache: change it for cold prompts",
     )
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """How long each run lasts, what each request carries, and the goodput targets."""
     p.add_argument("--num-requests", type=int, default=100, help="at most this many requests per run")
     p.add_argument("--duration", type=float, default=300.0, help="send no request after this many seconds")
     p.add_argument(
@@ -103,11 +128,6 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos")
     p.add_argument("--extra-body", type=json.loads, default={}, help="JSON merged into every request")
     p.add_argument("--goodput", nargs="*", help="targets in ms, e.g. ttft=500 itl=50 e2e=5000")
-    p.add_argument("--out", help="results JSON (default bench-YYYYmmdd-HHMMSS.json)")
-    p.add_argument("--png", help="report PNG (default: the results path with .png)")
-    p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
-    return flags.apply_environment(p)
 
 
 def compare_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ from dataclasses import asdict
 from multiprocessing.connection import Connection
 
 from interlock.cli import flags
+from interlock.deploy import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from interlock.errors import TransferError
 from interlock.names import DTYPES
 from interlock.transfer import LinkStats, TransferAgent, measure_link
@@ -47,7 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     kernels = sub.add_parser("kernels", help="the kernel chosen per operation and size on this machine")
     kernels.add_argument("--model", default="smollm2", help="model name or folder (default smollm2)")
     kernels.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
-    kernels.add_argument("--max-rows", type=int, default=2048, help="largest row count measured")
+    kernels.add_argument(
+        "--max-rows",
+        type=int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help="largest row count measured (serve measures up to --max-num-batched-tokens)",
+    )
     kernels.add_argument(
         "--dtype", choices=DTYPES, default="auto", help="the model dtype to check (default auto: as serve)"
     )

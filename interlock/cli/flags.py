@@ -6,10 +6,15 @@ docstrings' markup, and every flag also read from an ``INTERLOCK_<FLAG>`` enviro
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from typing import Any
 
-from interlock.env import flag_environment
+from interlock.env import flag_environment, get_env
 from interlock.errors import ConfigError
+
+Flags = argparse._ActionsContainer
+"""Where a group of flags goes: a parser or one of its argument groups (both have ``add_argument``)."""
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -31,6 +36,21 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
+
+
+def add_log_level_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-level", type=str.upper, default=get_env().log_level, help="DEBUG, INFO, WARNING or ERROR"
+    )
+
+
+def run_checked(prog: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """``run(args)``, a ConfigError reported as ``prog: message`` on stderr with exit status 2."""
+    try:
+        return run(args)
+    except ConfigError as e:
+        print(f"{prog}: {e.message}", file=sys.stderr)
+        return 2
 
 
 def env_var(action: argparse.Action) -> str:

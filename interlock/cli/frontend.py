@@ -18,6 +18,7 @@ import signal
 from interlock.cli import flags
 from interlock.cli.security import add_security_args
 from interlock.cli.serving import (
+    add_listen_args,
     add_plane_args,
     add_routing_args,
     cluster_spec,
@@ -25,8 +26,9 @@ from interlock.cli.serving import (
 )
 from interlock.cluster.builder import RunningCluster
 from interlock.cluster.runner import run_command
+from interlock.cluster.spec import ClusterSpec, ProcessOptions
 from interlock.env import get_env
-from interlock.frontend.flags import add_frontend_args
+from interlock.frontend.flags import add_frontend_args, frontend_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,11 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="deployment file: its control-plane, routing and metrics sections apply "
         "(its workers are started elsewhere)",
     )
-    p.add_argument("--host", default=None, help="interface the HTTP frontend listens on (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="HTTP port (default: 8000)")
-    p.add_argument(
-        "--log-level", type=str.upper, default=get_env().log_level, help="DEBUG, INFO, WARNING or ERROR"
-    )
+    add_listen_args(p)
+    flags.add_log_level_arg(p)
     add_plane_args(p, nats_default=get_env().nats_url)
     add_routing_args(p)
     add_frontend_args(p)
@@ -50,8 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
     return flags.apply_environment(p)
 
 
+def spec_from_args(a: argparse.Namespace) -> ClusterSpec:
+    """The router and HTTP frontend of a deployment whose workers run elsewhere (no process
+    flags: this command starts no worker)."""
+    d = deployment_from_args(a)
+    frontend = frontend_config(a, env_api_keys=get_env().api_keys)
+    return cluster_spec(a, d, frontend=frontend, processes=ProcessOptions(), start_workers=False)
+
+
 async def _run(a: argparse.Namespace) -> int:
-    spec = cluster_spec(a, deployment_from_args(a), start_workers=False)
+    spec = spec_from_args(a)
     running = RunningCluster(spec)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

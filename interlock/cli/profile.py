@@ -27,34 +27,47 @@ import random
 import statistics
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from interlock.cli import flags
+from interlock.cli.serving import add_dtype_arg, add_vllm_args
+from interlock.deploy import DEFAULT_KV_CACHE_GIB, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from interlock.engine.clock import VirtualClock
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.engine.core import EngineCore
 from interlock.engine.factory import build_engine
 from interlock.engine.vllm.args import normalize, parse_engine_arg
 from interlock.errors import ConfigError
-from interlock.names import DTYPES, ENGINES
+from interlock.model_store import DEFAULT_MODEL, resolve_model
+from interlock.names import ENGINES, RUNNERS
 from interlock.planner import CapabilityProfile, DecodePoint, PrefillPoint
 from interlock.protocol.generate import GenerateRequest
 from interlock.protocol.sampling import SamplingParams
 
+
+class RunnerDefaults(NamedTuple):
+    """What a flag left out means, per runner (``--runner``, or vllm with ``--engine vllm``)."""
+
+    block_size: int
+    num_blocks: int | None
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    lengths: str
+    batches: str
+    contexts: str
+
+
+_TORCH = RunnerDefaults(
+    16, None, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, 2048, "64,256,512,1024", "1,4,16", "128,512"
+)  # fmt: skip
 DEFAULTS = {
-    # runner: (block size, blocks, batched tokens, seqs, model len, lengths, batches, contexts)
-    "mock": (
-        64,
-        61_000,
-        8192,
-        256,
-        1 << 17,
-        "256,1024,2048,4096,8192,16384",
-        "1,16,64,256",
-        "1024,4096,12288",
+    "mock": RunnerDefaults(
+        64, 61_000, 8192, 256, 1 << 17, "256,1024,2048,4096,8192,16384", "1,16,64,256", "1024,4096,12288"
     ),
-    "torch": (16, None, 2048, 64, 2048, "64,256,512,1024", "1,4,16", "128,512"),
-    "vllm": (32, None, 2048, 64, 2048, "64,256,512,1024", "1,4,16", "128,512"),
+    "torch": _TORCH,
+    "vllm": _TORCH._replace(block_size=32),  # vLLM's CPU build: blocks of 32
 }
 
 
@@ -69,27 +82,9 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="interlock profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = flags.parser("interlock profile", __doc__)
     p.add_argument("-o", "--out", required=True, help="where to write the profile (JSON)")
-    p.add_argument("--runner", choices=("torch", "mock"), default="torch")
-    p.add_argument(
-        "--engine", choices=ENGINES, default="interlock", help="vllm: vLLM's engine (docs/vllm.md)"
-    )
-    p.add_argument(
-        "--engine-arg",
-        action="append",
-        default=None,
-        metavar="KEY=VALUE",
-        help="with --engine vllm: one of vLLM's engine arguments (repeat for more)",
-    )
-    p.add_argument("--model", default="smollm2")
-    p.add_argument(
-        "--dtype", choices=DTYPES, default=None, help="torch runner: model dtype (default: auto, as serve)"
-    )
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
-    p.add_argument("--speedup", type=float, default=1.0, help="mock runner: divide model time by this")
+    _add_engine_args(p)
     for flag in (
         "--block-size",
         "--num-blocks",
@@ -98,13 +93,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-model-len",
     ):
         p.add_argument(flag, type=int, default=None, help="default: by runner (see the source)")
-    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="torch: KV cache size")
+    p.add_argument("--kv-cache-gib", type=float, default=DEFAULT_KV_CACHE_GIB, help="torch: KV cache size")
+    _add_grid_args(p)
+    return flags.apply_environment(p)
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The one engine measured (as ``serve``'s engine flags, with this command's defaults)."""
+    p.add_argument("--runner", choices=RUNNERS, default="torch")
+    p.add_argument(
+        "--engine", choices=ENGINES, default="interlock", help="vllm: vLLM's engine (docs/vllm.md)"
+    )
+    add_vllm_args(p)
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    add_dtype_arg(p)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    p.add_argument("--speedup", type=float, default=1.0, help="mock runner: divide model time by this")
+
+
+def _add_grid_args(p: argparse.ArgumentParser) -> None:
+    """What is measured: prefill lengths and decode batch x context points, and how often."""
     p.add_argument("--lengths", default=None, help="prefill prompt lengths, comma-separated")
     p.add_argument("--batches", default=None, help="decode batch sizes, comma-separated")
     p.add_argument("--contexts", default=None, help="decode context lengths, comma-separated")
     p.add_argument("--decode-steps", type=int, default=8, help="decode steps timed per point")
     p.add_argument("--repeats", type=int, default=2, help="prefill runs per length (median kept)")
-    return flags.apply_environment(p)
 
 
 class Profiler:
@@ -171,77 +184,124 @@ class Profiler:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except ConfigError as e:
-        print(f"interlock profile: {e.message}", file=sys.stderr)
-        return 2
+    return flags.run_checked("interlock profile", _run, build_parser().parse_args(argv))
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return asyncio.run(_run_vllm(args))
+    _check_interlock_flags(args)
+    d = DEFAULTS[args.runner]
+    model = ModelConfig(
+        model=args.model, runner=args.runner, dtype=args.dtype or "auto", num_threads=args.threads
+    )
+    config = _engine_config(args, d, model)
+    t0 = time.perf_counter()
+    print(f"profiling the {args.runner} runner ({args.model})...", file=sys.stderr, flush=True)
+    clock = VirtualClock() if args.runner == "mock" else None
+    core = build_engine(config, clock=clock, speedup=args.speedup, instance_id="profile")
+    kv_tokens = core.pool.num_blocks * config.cache.block_size
+    points = _measure(core, args, d, kv_tokens)
+    _save(args, _profile(args, args.runner, config, kv_tokens, points), t0)
+    return 0
+
+
+def _check_interlock_flags(args: argparse.Namespace) -> None:
     if args.engine_arg:
         raise ConfigError("--engine-arg needs --engine vllm")
-    bs, blocks, chunk, seqs, mml, lengths, batches, contexts = DEFAULTS[args.runner]
     if args.runner == "mock" and (args.threads or args.dtype is not None):
         raise ConfigError("--threads and --dtype apply to the torch runner only")
     if args.runner == "torch" and args.speedup != 1.0:
         raise ConfigError("--speedup applies to the mock runner only")
     if args.decode_steps < 1 or args.repeats < 1:
         raise ConfigError("--decode-steps and --repeats must be at least 1")
-    config = EngineConfig(
-        model=ModelConfig(
-            model=args.model, runner=args.runner, dtype=args.dtype or "auto", num_threads=args.threads
-        ),
+
+
+def _engine_config(args: argparse.Namespace, d: RunnerDefaults, model: ModelConfig) -> EngineConfig:
+    """The engine measured: ``model``, sized by the flags given and the runner's defaults."""
+    return EngineConfig(
+        model=model,
         cache=CacheConfig(
-            block_size=args.block_size or bs,
-            num_blocks=args.num_blocks if args.num_blocks is not None else blocks,
+            block_size=args.block_size or d.block_size,
+            num_blocks=args.num_blocks if args.num_blocks is not None else d.num_blocks,
             kv_cache_gib=args.kv_cache_gib,
         ),
         scheduler=SchedulerConfig(
-            max_num_batched_tokens=args.max_num_batched_tokens or chunk,
-            max_num_seqs=args.max_num_seqs or seqs,
-            max_model_len=args.max_model_len or mml,
+            max_num_batched_tokens=args.max_num_batched_tokens or d.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs or d.max_num_seqs,
+            max_model_len=args.max_model_len or d.max_model_len,
         ),
     )
-    t0 = time.perf_counter()
-    print(f"profiling the {args.runner} runner ({args.model})...", file=sys.stderr, flush=True)
-    clock = VirtualClock() if args.runner == "mock" else None
-    core = build_engine(config, clock=clock, speedup=args.speedup, instance_id="profile")
-    kv_tokens = core.pool.num_blocks * config.cache.block_size
-    vocab = int(getattr(core.runner, "vocab_size", 49152))
-    prof = Profiler(core, vocab, config.scheduler.max_model_len)
+
+
+def _grid(
+    args: argparse.Namespace,
+    d: RunnerDefaults,
+    max_model_len: int,
+    max_num_seqs: int,
+    fits: Callable[[int, int], bool],
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """The prefill lengths and decode (batch, context) points to measure: those that leave room
+    for the decode steps in ``max_model_len``, and whose KV ``fits`` the cache."""
+    max_len = max_model_len - args.decode_steps - 2
+    lengths = [n for n in _ints(args.lengths or d.lengths, "--lengths") if n <= max_len]
+    points = [
+        (b, c)
+        for b in _ints(args.batches or d.batches, "--batches")
+        for c in _ints(args.contexts or d.contexts, "--contexts")
+        if c <= max_len and b <= max_num_seqs and fits(b, c)
+    ]
+    return lengths, points
+
+
+Points = tuple[list[PrefillPoint], list[DecodePoint]]
+
+
+def _measure(core: EngineCore, args: argparse.Namespace, d: RunnerDefaults, kv_tokens: int) -> Points:
+    scheduler, block_size = core.config.scheduler, core.config.cache.block_size
+    lengths, grid = _grid(
+        args,
+        d,
+        scheduler.max_model_len,
+        scheduler.max_num_seqs,
+        lambda b, c: b * (c + args.decode_steps + 2 + block_size) < kv_tokens,
+    )
+    prof = Profiler(core, int(getattr(core.runner, "vocab_size", 49152)), scheduler.max_model_len)
     prof.warm_up()
-    max_len = config.scheduler.max_model_len - args.decode_steps - 2
-    prefill = [
-        prof.prefill(n, args.repeats) for n in _ints(args.lengths or lengths, "--lengths") if n <= max_len
+    return [prof.prefill(n, args.repeats) for n in lengths], [
+        prof.decode(b, c, args.decode_steps) for b, c in grid
     ]
-    decode = [
-        prof.decode(b, c, args.decode_steps)
-        for b in _ints(args.batches or batches, "--batches")
-        for c in _ints(args.contexts or contexts, "--contexts")
-        if c <= max_len
-        and b <= config.scheduler.max_num_seqs
-        and b * (c + args.decode_steps + 2 + config.cache.block_size) < kv_tokens
-    ]
-    profile = CapabilityProfile(
-        runner=args.runner,
+
+
+def _profile(
+    args: argparse.Namespace,
+    runner: str,
+    config: EngineConfig,
+    kv_tokens: int,
+    points: Points,
+    startup_s: float = 0.0,
+) -> CapabilityProfile:
+    prefill, decode = points
+    return CapabilityProfile(
+        runner=runner,
         model=args.model,
         chunk_tokens=config.scheduler.max_num_batched_tokens,
         max_batch=config.scheduler.max_num_seqs,
         kv_tokens=kv_tokens,
         prefill=tuple(prefill),
         decode=tuple(decode),
+        startup_s=startup_s,
     )
+
+
+def _save(args: argparse.Namespace, profile: CapabilityProfile, t0: float) -> None:
     profile.save(args.out)
+    startup = f", start-up {profile.startup_s:.1f} s," if profile.runner == "vllm" else ""
     print(
-        f"wrote {args.out}: {len(prefill)} prefill and {len(decode)} decode points in "
-        f"{time.perf_counter() - t0:.1f} s",
+        f"wrote {args.out}: {len(profile.prefill)} prefill and {len(profile.decode)} decode points"
+        f"{startup} in {time.perf_counter() - t0:.1f} s",
         file=sys.stderr,
     )
-    return 0
 
 
 class EngineProfiler:
@@ -323,71 +383,45 @@ async def _run_vllm(args: argparse.Namespace) -> int:
         raise ConfigError("--runner and --speedup are the interlock engine's")
     if not vllm.installed():
         raise ConfigError(vllm.INSTALL_HINT)
-    from interlock.model_store import resolve_model
+    from interlock.engine.serving import NullKVEventSink
 
-    bs, blocks, chunk, seqs, mml, lengths, batches, contexts = DEFAULTS["vllm"]
+    d = DEFAULTS["vllm"]
     engine_args = normalize(parse_engine_arg(item) for item in args.engine_arg or ())
-    path = str(resolve_model(args.model))
-    config = EngineConfig(
-        model=ModelConfig(
-            model=path,
-            dtype=args.dtype or "auto",
-            num_threads=args.threads,
-            engine="vllm",
-            engine_args=engine_args,
-        ),
-        cache=CacheConfig(
-            block_size=args.block_size or bs, num_blocks=args.num_blocks, kv_cache_gib=args.kv_cache_gib
-        ),
-        scheduler=SchedulerConfig(
-            max_num_batched_tokens=args.max_num_batched_tokens or chunk,
-            max_num_seqs=args.max_num_seqs or seqs,
-            max_model_len=args.max_model_len or mml,
-        ),
+    model = ModelConfig(
+        model=str(resolve_model(args.model)),
+        dtype=args.dtype or "auto",
+        num_threads=args.threads,
+        engine="vllm",
+        engine_args=engine_args,
     )
-    print(f"profiling vLLM ({path})...", file=sys.stderr, flush=True)
+    config = _engine_config(args, d, model)
+    print(f"profiling vLLM ({model.model})...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     engine = await vllm.VllmEngine.create(config, instance_id="profile")
     startup = time.perf_counter() - t0
     print(f"vLLM started in {startup:.1f} s", file=sys.stderr, flush=True)
     try:
-        from interlock.engine.serving import NullKVEventSink
-
         engine.start(NullKVEventSink())
-        mml = engine.context_length
         kv_tokens = engine.kv_blocks_total * engine.block_size
-        prof = EngineProfiler(engine, 49152, mml)
-        await prof.warm_up()
-        max_len = mml - args.decode_steps - 2
-        prefill = [
-            await prof.prefill(n, args.repeats)
-            for n in _ints(args.lengths or lengths, "--lengths")
-            if n <= max_len
-        ]
-        decode = [
-            await prof.decode(b, c, args.decode_steps)
-            for b in _ints(args.batches or batches, "--batches")
-            for c in _ints(args.contexts or contexts, "--contexts")
-            if c <= max_len
-            and b <= config.scheduler.max_num_seqs
-            and b * (c + 4 * (args.decode_steps + 2 + b) + engine.block_size) < kv_tokens
-        ]
+        points = await _measure_vllm(engine, args, d, config.scheduler.max_num_seqs, kv_tokens)
     finally:
         await engine.shutdown()
-    profile = CapabilityProfile(
-        runner="vllm",
-        model=args.model,
-        chunk_tokens=config.scheduler.max_num_batched_tokens,
-        max_batch=config.scheduler.max_num_seqs,
-        kv_tokens=kv_tokens,
-        prefill=tuple(prefill),
-        decode=tuple(decode),
-        startup_s=startup,
-    )
-    profile.save(args.out)
-    print(
-        f"wrote {args.out}: {len(prefill)} prefill and {len(decode)} decode points, start-up {startup:.1f} s, "
-        f"in {time.perf_counter() - t0:.1f} s",
-        file=sys.stderr,
-    )
+    _save(args, _profile(args, "vllm", config, kv_tokens, points, startup), t0)
     return 0
+
+
+async def _measure_vllm(
+    engine: Any, args: argparse.Namespace, d: RunnerDefaults, max_num_seqs: int, kv_tokens: int
+) -> Points:
+    # Each stream may decode 4 x (steps + 2 + batch) tokens (EngineProfiler.decode): room for them.
+    lengths, grid = _grid(
+        args,
+        d,
+        engine.context_length,
+        max_num_seqs,
+        lambda b, c: b * (c + 4 * (args.decode_steps + 2 + b) + engine.block_size) < kv_tokens,
+    )
+    prof = EngineProfiler(engine, 49152, engine.context_length)
+    await prof.warm_up()
+    prefill = [await prof.prefill(n, args.repeats) for n in lengths]
+    return prefill, [await prof.decode(b, c, args.decode_steps) for b, c in grid]

@@ -17,34 +17,66 @@ from dataclasses import replace
 
 from interlock.cli import flags
 from interlock.errors import ConfigError
-from interlock.mooncake import load_mooncake
+from interlock.mooncake import TRACE_BLOCK_SIZE, load_mooncake
 from interlock.planner import load_profile
 from interlock.planner.flags import add_planner_flags, planner_config_from_args
 from interlock.router import POLICIES, RouterConfig
 from interlock.router.cost import CostParams
-from interlock.sim import ReplayConfig, TraceHasher, mooncake_requests, replay
+from interlock.sim import ReplayConfig, SimRequest, TraceHasher, mooncake_requests, replay
 from interlock.sim.rate import parse_curve, warp
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = flags.parser("interlock replay", __doc__)
     p.add_argument("trace", help="Mooncake-format JSONL trace")
-    p.add_argument("--workers", type=int, default=8)
-    p.add_argument("--policy", choices=POLICIES, default="kv")
+    p.add_argument("--workers", type=int, default=ReplayConfig.num_workers)
+    p.add_argument("--policy", choices=POLICIES, default=RouterConfig.policy)
     p.add_argument(
         "--speedup", type=float, default=1.0, help="arrival speed-up: divide inter-arrival times by this"
     )
-    p.add_argument("--blocks-per-worker", type=int, default=61_000)
-    p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--trace-block-size", type=int, default=512)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--engine-speedup", type=float, default=1.0, help="divide step times by this")
+    _add_worker_args(p)
+    _add_router_args(p)
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    p.add_argument(
+        "--backend",
+        choices=("fast", "engine"),
+        default=ReplayConfig.backend,
+        help="fast: the event-driven worker model; engine: the real EngineCore with "
+        "the mock runner (exact, one Python step per token: small traces only)",
+    )
+    _add_host_tier_args(p)
+    p.add_argument(
+        "--rate-curve",
+        default=None,
+        metavar="SPEC",
+        help="multiply the arrival rate: steps:600x1,600x3,600x1 or "
+        "diurnal:period=3600,min=0.5,max=2 (after --speedup)",
+    )
+    _add_slo_args(p)
+    add_planner_flags(p)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    return flags.apply_environment(p)
+
+
+def _add_worker_args(p: argparse.ArgumentParser) -> None:
+    """The simulated workers: KV cache, batching, speed, and whether they publish KV events."""
+    p.add_argument("--blocks-per-worker", type=int, default=ReplayConfig.num_blocks)
+    p.add_argument("--block-size", type=int, default=ReplayConfig.block_size)
+    p.add_argument("--trace-block-size", type=int, default=TRACE_BLOCK_SIZE)
+    p.add_argument("--max-num-batched-tokens", type=int, default=ReplayConfig.max_num_batched_tokens)
+    p.add_argument("--max-num-seqs", type=int, default=ReplayConfig.max_num_seqs)
+    p.add_argument(
+        "--engine-speedup", type=float, default=ReplayConfig.engine_speedup, help="divide step times by this"
+    )
     p.add_argument(
         "--no-kv-events",
         action="store_true",
         help="workers publish no KV events (router predicts their caches)",
     )
+
+
+def _add_router_args(p: argparse.ArgumentParser) -> None:
+    """The router's queue and the cost its kv policy minimises (``RouterConfig``, ``CostParams``)."""
     p.add_argument(
         "--queue-capacity",
         type=int,
@@ -54,23 +86,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--queue-depth-threshold",
         type=int,
-        default=0,
+        default=ReplayConfig.queue_depth_threshold,
         help="a worker with more requests waiting is busy for routing (0: never)",
     )
     p.add_argument("--miss-weight", type=float, default=CostParams.miss_weight)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
-    p.add_argument(
-        "--backend",
-        choices=("fast", "engine"),
-        default="fast",
-        help="fast: the event-driven worker model; engine: the real EngineCore with "
-        "the mock runner (exact, one Python step per token: small traces only)",
-    )
+    p.add_argument("--temperature", type=float, default=CostParams.temperature)
+
+
+def _add_host_tier_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host-kv-blocks",
         type=int,
-        default=0,
+        default=ReplayConfig.host_kv_blocks,
         help="host-memory KV tier per host, shared by its workers (0: none; fast backend)",
     )
     p.add_argument(
@@ -86,13 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"modelled ms to load one block from host (default: {ReplayConfig.host_load_s_per_block * 1000:g};"
         " needs --host-kv-blocks)",
     )
-    p.add_argument(
-        "--rate-curve",
-        default=None,
-        metavar="SPEC",
-        help="multiply the arrival rate: steps:600x1,600x3,600x1 or "
-        "diurnal:period=3600,min=0.5,max=2 (after --speedup)",
-    )
+
+
+def _add_slo_args(p: argparse.ArgumentParser) -> None:
+    """The latency targets, and how long a started worker takes to join (for the planner)."""
     p.add_argument(
         "--ttft-slo-ms",
         type=float,
@@ -111,32 +135,44 @@ def build_parser() -> argparse.ArgumentParser:
         default=ReplayConfig.startup_s,
         help="a worker the planner starts joins the router this much later",
     )
-    add_planner_flags(p)
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    return flags.apply_environment(p)
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except ConfigError as e:
-        print(f"interlock replay: {e.message}", file=sys.stderr)
-        return 2
+    return flags.run_checked("interlock replay", _run, build_parser().parse_args(argv))
 
 
 def _run(args: argparse.Namespace) -> int:
+    requests = _requests(args)
+    cfg = _replay_config(args)
+    report = replay(requests, cfg)
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=2)
+        print()
+        return 0
+    planner = f" to start, planner {cfg.planner.policy}" if cfg.planner else ""
+    print(
+        f"trace {args.trace}: {len(requests)} requests, arrivals x{args.speedup}"
+        f"{' then ' + args.rate_curve if args.rate_curve else ''}, "
+        f"{args.workers} workers{planner} x {args.blocks_per_worker} blocks of {args.block_size}"
+    )
+    print(report.render())
+    return 0
+
+
+def _requests(args: argparse.Namespace) -> list[SimRequest]:
+    """The trace's requests as the simulated workers take them, arrivals warped by the curve."""
     records = load_mooncake(args.trace, limit=args.limit)
-    hasher = TraceHasher(args.block_size, args.trace_block_size)
     requests = mooncake_requests(
         records,
         block_size=args.block_size,
         speedup=args.speedup,
-        hasher=hasher,
+        hasher=TraceHasher(args.block_size, args.trace_block_size),
         with_tokens=args.backend == "engine",
     )
-    if args.rate_curve:
-        requests = warp(requests, parse_curve(args.rate_curve))
+    return warp(requests, parse_curve(args.rate_curve)) if args.rate_curve else requests
+
+
+def _replay_config(args: argparse.Namespace) -> ReplayConfig:
     planner = planner_config_from_args(args, ttft_ms=args.ttft_slo_ms, itl_ms=args.itl_slo_ms)
     if planner is None and args.startup_s != ReplayConfig.startup_s:
         raise ConfigError("--startup-s needs --planner (only the planner starts workers)")
@@ -145,8 +181,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--workers-per-host and --host-load-ms shape a host tier: give --host-kv-blocks too"
         )
-    cost = replace(CostParams(), miss_weight=args.miss_weight, temperature=args.temperature)
-    cfg = ReplayConfig(
+    return ReplayConfig(
         num_workers=args.workers,
         num_blocks=args.blocks_per_worker,
         block_size=args.block_size,
@@ -163,29 +198,21 @@ def _run(args: argparse.Namespace) -> int:
         host_load_s_per_block=(
             ReplayConfig.host_load_s_per_block if args.host_load_ms is None else args.host_load_ms / 1000.0
         ),
-        router=RouterConfig(
-            policy=args.policy,
-            block_size=args.block_size,
-            cost=cost,
-            queue_capacity=args.queue_capacity,
-            seed=0,
-        ),
+        router=_router_config(args),
         ttft_slo_ms=args.ttft_slo_ms,
         itl_slo_ms=args.itl_slo_ms,
         planner=planner,
         profile=profile,
         startup_s=args.startup_s,
     )
-    report = replay(requests, cfg)
-    if args.json:
-        json.dump(report.to_dict(), sys.stdout, indent=2)
-        print()
-    else:
-        print(
-            f"trace {args.trace}: {len(requests)} requests, arrivals x{args.speedup}"
-            f"{' then ' + args.rate_curve if args.rate_curve else ''}, "
-            f"{args.workers} workers{' to start, planner ' + planner.policy if planner else ''} "
-            f"x {args.blocks_per_worker} blocks of {args.block_size}"
-        )
-        print(report.render())
-    return 0
+
+
+def _router_config(args: argparse.Namespace) -> RouterConfig:
+    cost = replace(CostParams(), miss_weight=args.miss_weight, temperature=args.temperature)
+    return RouterConfig(
+        policy=args.policy,
+        block_size=args.block_size,
+        cost=cost,
+        queue_capacity=args.queue_capacity,
+        seed=0,
+    )

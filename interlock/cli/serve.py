@@ -35,21 +35,23 @@ from interlock.cli import flags
 from interlock.cli.security import add_security_args
 from interlock.cli.serving import (
     add_engine_args,
+    add_listen_args,
     add_plane_args,
     add_process_args,
     add_routing_args,
     cluster_spec,
     deployment_from_args,
+    process_options,
     refuse_with_file,
 )
 from interlock.cluster.builder import RunningCluster
 from interlock.cluster.runner import run_command
 from interlock.cluster.spec import ClusterSpec
 from interlock.cluster.supervisor import RestartPolicy
-from interlock.deploy import NodeGroup
+from interlock.deploy import PLANNER_SECTION, NodeGroup
 from interlock.env import get_env
 from interlock.errors import ConfigError
-from interlock.frontend.flags import add_frontend_args
+from interlock.frontend.flags import add_frontend_args, frontend_config
 from interlock.planner.flags import add_planner_flags, planner_config_from_args
 
 log = logging.getLogger("interlock.serve")
@@ -59,8 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = flags.parser("interlock serve", __doc__)
     p.add_argument("-f", "--file", default=None, help="deployment file (YAML)")
     p.add_argument("--workers", type=int, default=None, help="aggregated workers, without -f (default: 2)")
-    p.add_argument("--host", default=None, help="interface the HTTP frontend listens on (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="HTTP port (default: 8000)")
+    add_listen_args(p)
     p.add_argument("--single-process", action="store_true", help="in-process planes, no NATS")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for workers")
     p.add_argument(
@@ -70,9 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="restart local workers and the private nats-server when they fail "
         "(backoff 0.5 s doubling to 30 s)",
     )
-    p.add_argument(
-        "--log-level", type=str.upper, default=get_env().log_level, help="DEBUG, INFO, WARNING or ERROR"
-    )
+    flags.add_log_level_arg(p)
     add_engine_args(p)
     add_plane_args(p)
     add_routing_args(p)
@@ -90,23 +89,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def spec_from_args(a: argparse.Namespace) -> ClusterSpec:
+    # serve runs the planner, so it reads the file's planner: section itself (planner.flags).
     if a.file:
         refuse_with_file(a, "--workers")
-        d = deployment_from_args(a)
+        d = deployment_from_args(a, read_by=(PLANNER_SECTION,))
     else:
         workers = 2 if a.workers is None else a.workers
         if workers < 1:
             raise ConfigError("--workers must be at least 1")
-        d = deployment_from_args(a, nodes=(NodeGroup(gpu_count=workers),))
+        d = deployment_from_args(a, read_by=(PLANNER_SECTION,), nodes=(NodeGroup(gpu_count=workers),))
     if d.num_workers < 1:
         raise ConfigError("the deployment starts no worker (every gpu_count is 0)")
     planner = planner_config_from_args(a, deployment_file=a.file)
-    if planner is None:
-        if a.planner_port is not None:
-            raise ConfigError("--planner-port needs --planner")
-        return cluster_spec(a, d)
+    if planner is None and a.planner_port is not None:
+        raise ConfigError("--planner-port needs --planner")
+    processes = process_options(
+        a,
+        in_process=a.single_process,
+        restart_policy=RestartPolicy(a.restart_policy),
+        ready_timeout_s=a.ready_timeout,
+    )
     return cluster_spec(
-        a, d, planner=planner, planner_port=8010 if a.planner_port is None else a.planner_port
+        a,
+        d,
+        frontend=frontend_config(a, env_api_keys=get_env().api_keys),
+        processes=processes,
+        planner=planner,
+        planner_port=8010 if a.planner_port is None else a.planner_port,
     )
 
 

@@ -12,10 +12,9 @@ import argparse
 from dataclasses import fields, replace
 from typing import Any
 
+from interlock.cli.flags import Flags
 from interlock.cluster.spec import ClusterSpec, ProcessOptions
-from interlock.cluster.supervisor import RestartPolicy
 from interlock.deploy import (
-    PLANNER_SECTION,
     ControlPlane,
     Deployment,
     ExecutionGroup,
@@ -26,6 +25,7 @@ from interlock.deploy import (
 )
 from interlock.engine.vllm.args import normalize, parse_engine_arg
 from interlock.errors import ConfigError
+from interlock.frontend.config import FrontendConfig
 from interlock.names import DTYPES, ENGINES, POLICIES, RUNNERS, TRANSPORTS, policy_name
 
 _G, _N, _R, _C = ExecutionGroup(), NodeGroup(), Routing(), ControlPlane()
@@ -34,6 +34,17 @@ _G, _N, _R, _C = ExecutionGroup(), NodeGroup(), Routing(), ControlPlane()
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Flags of an execution group and its node groups (``deploy.ExecutionGroup``/``NodeGroup``)."""
     g = p.add_argument_group("engine")
+    _add_model_args(g)
+    _add_kv_cache_args(g)
+    _add_kv_tier_args(g)
+    _add_batching_args(g)
+    _add_parallel_args(g)
+    _add_step_args(g)
+    _add_disagg_args(g)
+
+
+def _add_model_args(g: Flags) -> None:
+    """What each worker runs: the model, the engine and its runner."""
     g.add_argument("--model", default=None, help=f"model name, HF folder or GGUF file (default: {_G.model})")
     g.add_argument("--served-model-name", default=None, help="name clients use (default: the model folder's)")
     g.add_argument(
@@ -42,6 +53,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"engine each worker runs (default: {_G.engine}; vllm: vLLM's engine, docs/vllm.md)",
     )
+    add_vllm_args(g)
+    g.add_argument("--runner", choices=RUNNERS, default=None, help=f"model runner (default: {_G.runner})")
+    g.add_argument(
+        "--device", default=None, help="cpu, cuda (workers spread over the devices) or cuda:N (default: cpu)"
+    )
+    add_dtype_arg(g)
+
+
+def add_vllm_args(g: Flags) -> None:
+    """``--engine-arg``: vLLM's own engine arguments, passed through (``serve``, ``worker``, ``profile``)."""
     g.add_argument(
         "--engine-arg",
         dest="engine_arg",
@@ -51,16 +72,20 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="with --engine vllm: one of vLLM's engine arguments, as vLLM names it "
         "(--engine-arg enforce_eager=true; repeat for more; values parse as JSON when they can)",
     )
-    g.add_argument("--runner", choices=RUNNERS, default=None, help=f"model runner (default: {_G.runner})")
-    g.add_argument(
-        "--device", default=None, help="cpu, cuda (workers spread over the devices) or cuda:N (default: cpu)"
-    )
+
+
+def add_dtype_arg(g: Flags) -> None:
+    """``--dtype`` of the model (``serve``, ``worker``, ``profile``)."""
     g.add_argument(
         "--dtype",
         choices=DTYPES,
         default=None,
         help=f"model dtype (default: {_G.dtype}: bf16 where this machine computes it fast, else fp32)",
     )
+
+
+def _add_kv_cache_args(g: Flags) -> None:
+    """The device KV cache: block size and how many blocks."""
     g.add_argument(
         "--block-size",
         type=int,
@@ -76,6 +101,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"KV cache per worker, GiB (default: {_N.kv_cache_gib})",
     )
+
+
+def _add_kv_tier_args(g: Flags) -> None:
+    """The KV tiers below the device (host memory, disk) and sharing the cache on one host."""
     g.add_argument(
         "--host-kv-gib",
         type=float,
@@ -93,17 +122,36 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--disk-kv-path", default=None, help="directory of the disk KV tier")
     g.add_argument(
+        "--tier-load-timeout",
+        type=float,
+        default=None,
+        help="seconds a load from the host or disk KV tier may take, plus its bytes at "
+        "--tier-load-min-mib-s, before it is abandoned and the request computes those blocks "
+        f"(a hung or dying disk) (default: {_N.tier_load_timeout_s:g})",
+    )
+    g.add_argument(
+        "--tier-load-min-mib-s",
+        type=float,
+        default=None,
+        help="slowest read rate, MiB/s, a working KV tier is allowed when that deadline is sized "
+        f"(default: {_N.tier_load_min_mib_s:g})",
+    )
+    g.add_argument(
         "--shared-kv-cache",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="KV cache on a memfd, so a decode worker of this host copies a prefill's blocks "
         "straight out of it (default: on for CPU prefill workers, and role both without KV tiers)",
     )
+
+
+def _add_batching_args(g: Flags) -> None:
+    """How much one engine step takes on, and prefix reuse."""
     g.add_argument(
         "--max-num-seqs",
         type=int,
         default=None,
-        help=f"requests a worker runs at once, max_batch_size (default: {_N.max_batch_size})",
+        help=f"requests a worker runs at once (default: {_N.max_num_seqs})",
     )
     g.add_argument(
         "--max-num-batched-tokens",
@@ -130,6 +178,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="same as --no-enable-prefix-caching",
     )
+
+
+def _add_parallel_args(g: Flags) -> None:
     g.add_argument(
         "--tensor-parallel-size",
         "-tp",
@@ -144,6 +195,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="pipeline stages per worker (only 1 until pipeline parallelism exists)",
     )
+
+
+def _add_step_args(g: Flags) -> None:
+    """Preemption, the step's speed (threads, the mock's speed-up) and when a worker counts busy."""
     g.add_argument(
         "--preempt-enabled",
         action=argparse.BooleanOptionalAction,
@@ -165,6 +220,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="routers count a worker busy while more requests wait in its queue "
         f"(default: {_N.queue_depth_threshold})",
     )
+
+
+def _add_disagg_args(g: Flags) -> None:
+    """KV transfer between workers, which disaggregated prefill needs."""
     g.add_argument(
         "--kv-cache-transfer",
         action=argparse.BooleanOptionalAction,
@@ -183,6 +242,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="older form: none is --no-kv-cache-transfer, else --cache-transport",
     )
+
+
+def add_listen_args(p: argparse.ArgumentParser) -> None:
+    """Where the HTTP frontend listens (``serve``, ``frontend``): ``control_plane.listen_*``."""
+    p.add_argument("--host", default=None, help="interface the HTTP frontend listens on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="HTTP port (default: 8000)")
 
 
 def add_plane_args(p: argparse.ArgumentParser, *, nats_default: str | None = None) -> None:
@@ -295,7 +360,7 @@ _GROUP_FLAGS = {
 _NODE_FLAGS = {
     "num_blocks": "num_blocks",
     "kv_cache_gib": "kv_cache_gib",
-    "max_num_seqs": "max_batch_size",
+    "max_num_seqs": "max_num_seqs",
     "max_num_batched_tokens": "max_num_batched_tokens",
     "queue_depth_threshold": "queue_depth_threshold",
     "kv_cache_transfer": "kv_cache_transfer",
@@ -304,6 +369,8 @@ _NODE_FLAGS = {
     "host_kv_shared": "host_kv_shared",
     "disk_kv_gib": "disk_kv_gib",
     "disk_kv_path": "disk_kv_path",
+    "tier_load_timeout": "tier_load_timeout_s",
+    "tier_load_min_mib_s": "tier_load_min_mib_s",
     "shared_kv_cache": "shared_kv_cache",
 }
 _PLANE_FLAGS = {
@@ -322,12 +389,15 @@ _ROUTING_FLAGS = {
 }
 
 
-def deployment_from_args(a: argparse.Namespace, *, nodes: tuple[NodeGroup, ...] | None = None) -> Deployment:
+def deployment_from_args(
+    a: argparse.Namespace, *, read_by: tuple[str, ...] = (), nodes: tuple[NodeGroup, ...] | None = None
+) -> Deployment:
     """The deployment the flags describe: ``-f FILE`` (when the command has it) with the given
-    flags applied on top, or the defaults with ``nodes`` (when given) and the flags."""
+    flags applied on top, or the defaults with ``nodes`` (when given) and the flags.
+
+    ``read_by``: the file's sections this command reads itself (``serve``: ``PLANNER_SECTION``),
+    which ``load_deployment`` would otherwise refuse."""
     file = getattr(a, "file", None)
-    # A command with the planner's flags (serve) reads the file's planner: section itself.
-    read_by = (PLANNER_SECTION,) if hasattr(a, "planner") else ()
     d = load_deployment(file, read_by=read_by) if file else Deployment()
     if nodes is not None:
         d = replace(d, execution_groups=tuple(replace(g, nodes=nodes) for g in d.execution_groups))
@@ -353,37 +423,33 @@ def deployment_from_args(a: argparse.Namespace, *, nodes: tuple[NodeGroup, ...] 
     return d
 
 
-_PROCESS_FLAGS = {
-    "single_process": "in_process",
-    "restart_policy": "restart_policy",
-    "drain_grace": "drain_grace_s",
-    "ready_timeout": "ready_timeout_s",
-    "bind_host": "host",
-    "advertise_host": "advertise_host",
-    "kv_transfer_port": "kv_transfer_port",
-    "kv_transfer_timeout": "kv_transfer_timeout_s",
-}
+def process_options(a: argparse.Namespace, **command_flags: Any) -> ProcessOptions:
+    """The process handling ``add_process_args`` gives, with ``command_flags`` (the
+    ``ProcessOptions`` fields that only the calling command has flags for)."""
+    return ProcessOptions(
+        drain_grace_s=a.drain_grace, kv_transfer_timeout_s=a.kv_transfer_timeout, **command_flags
+    )
 
 
-def cluster_spec(a: argparse.Namespace, d: Deployment, **changes: Any) -> ClusterSpec:
-    """The builder's input for a command: the deployment plus what only flags give (frontend
-    limits and keys, dispatch, secrets, process handling). A command without a group of flags
-    (``worker`` has no HTTP limits) gets that part's defaults, or None for the frontend."""
+def cluster_spec(
+    a: argparse.Namespace,
+    d: Deployment,
+    *,
+    frontend: FrontendConfig | None,
+    processes: ProcessOptions,
+    **changes: Any,
+) -> ClusterSpec:
+    """The builder's input for a command: the deployment, the command's ``frontend`` (None:
+    no HTTP server) and ``processes``, and the secrets every command reads from its flags."""
     from interlock.cli.security import cluster_secret, nats_auth
-    from interlock.env import get_env
-    from interlock.frontend.flags import frontend_config
 
-    given = {field: getattr(a, flag) for flag, field in _PROCESS_FLAGS.items() if hasattr(a, flag)}
-    if "restart_policy" in given:
-        given["restart_policy"] = RestartPolicy(given["restart_policy"])
-    parts: dict[str, Any] = {
-        "processes": ProcessOptions(**given),
-        "frontend": frontend_config(a, env_api_keys=get_env().api_keys)
-        if hasattr(a, "max_prompt_chars")
-        else None,
-    }
     return ClusterSpec(
-        deployment=d, cluster_secret=cluster_secret(a), nats_auth=nats_auth(a), **{**parts, **changes}
+        deployment=d,
+        frontend=frontend,
+        processes=processes,
+        cluster_secret=cluster_secret(a),
+        nats_auth=nats_auth(a),
+        **changes,
     )
 
 

@@ -26,9 +26,10 @@ from interlock.cli.serving import (
     add_process_args,
     cluster_spec,
     deployment_from_args,
+    process_options,
 )
 from interlock.cluster.runner import run_command
-from interlock.cluster.spec import resolve_groups, worker_specs
+from interlock.cluster.spec import ClusterSpec, resolve_groups, worker_specs
 from interlock.cluster.worker import WorkerLaunch, files_only, run_worker
 from interlock.deploy import NodeGroup
 from interlock.env import get_env
@@ -50,25 +51,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="interface the request plane and the KV transfer agent bind to",
     )
     p.add_argument("--kv-transfer-port", type=int, default=0, help="TCP port of the transfer agent (0: any)")
-    p.add_argument(
-        "--log-level", type=str.upper, default=get_env().log_level, help="DEBUG, INFO, WARNING or ERROR"
-    )
+    flags.add_log_level_arg(p)
     add_plane_args(p, nats_default=get_env().nats_url)
     add_process_args(p)
     add_security_args(p)
     return flags.apply_environment(p)
 
 
-def launch_from_args(a: argparse.Namespace) -> WorkerLaunch:
+def spec_from_args(a: argparse.Namespace) -> ClusterSpec:
+    """A deployment of this one worker, with no router and no HTTP frontend."""
     d = deployment_from_args(a, nodes=(NodeGroup(node_role=a.role, gpu_count=1),))
-    url = d.control_plane.nats_url
-    if not url:
+    if not d.control_plane.nats_url:
         raise ConfigError("--nats-url is required (or set INTERLOCK_NATS_URL)")
-    spec = cluster_spec(a, d, router=False, frontend=None)
-    (ws,) = worker_specs(spec, resolve_groups(d))
+    processes = process_options(
+        a, host=a.bind_host, advertise_host=a.advertise_host, kv_transfer_port=a.kv_transfer_port
+    )
+    return cluster_spec(a, d, frontend=None, processes=processes, router=False)
+
+
+def launch_from_args(a: argparse.Namespace) -> WorkerLaunch:
+    spec = spec_from_args(a)
+    cp = spec.deployment.control_plane
+    assert cp.nats_url  # spec_from_args refuses a deployment without one
+    (ws,) = worker_specs(spec, resolve_groups(spec.deployment))
     ws = replace(ws, instance_id=a.instance_id or uuid.uuid4().hex[:12])
-    cp = d.control_plane
-    return WorkerLaunch(ws, url, cp.heartbeat_interval, cp.lease_timeout, files_only(spec.nats_auth))
+    return WorkerLaunch(ws, cp.nats_url, cp.heartbeat_interval, cp.lease_timeout, files_only(spec.nats_auth))
 
 
 async def _run(a: argparse.Namespace) -> int:
@@ -86,9 +93,7 @@ def build_control_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", default="", help="set_role: prefill, decode or both")
     p.add_argument("--peer", default="", help="measure_link: the peer's transfer agent HOST:PORT")
     p.add_argument("--grace", type=float, default=30.0, help="set_role: seconds to finish in-flight work")
-    p.add_argument(
-        "--log-level", type=str.upper, default=get_env().log_level, help="DEBUG, INFO, WARNING or ERROR"
-    )
+    flags.add_log_level_arg(p)
     add_security_args(p)
     return flags.apply_environment(p)
 

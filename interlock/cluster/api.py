@@ -41,7 +41,15 @@ import msgspec
 
 from interlock.cluster.builder import RunningCluster, RunningPlanner, WorkerHandle
 from interlock.cluster.spec import ClusterSpec, group_planner_config
-from interlock.deploy import ControlPlane, Deployment, ExecutionGroup, NodeGroup, Routing, validate_deployment
+from interlock.deploy import (
+    ControlPlane,
+    Deployment,
+    ExecutionGroup,
+    NodeGroup,
+    Routing,
+    node_group,
+    validate_deployment,
+)
 from interlock.errors import ConfigError
 from interlock.frontend.config import FrontendConfig
 from interlock.names import ROLES
@@ -139,8 +147,9 @@ class Cluster:
     ) -> None:
         """Make ``path`` (a model folder, a GGUF file or a known name such as ``smollm2``)
         servable as ``name``. ``engine``: more ``ExecutionGroup`` fields (``runner``, ``dtype``,
-        ``max_model_len``, ``block_size``, ``speedup``, ...); node fields (``max_batch_size``,
-        ``kv_cache_gib``, ``num_blocks``, ...) go to ``create_serving_instance``."""
+        ``max_model_len``, ``block_size``, ``speedup``, ...); node fields (``max_num_seqs``,
+        ``kv_cache_gib``, ``num_blocks``, ``host_kv_gib``, ``tier_load_timeout_s``, ...) go to
+        ``create_serving_instance``."""
         known = {f for f in ExecutionGroup.__dataclass_fields__} - {
             "model",
             "served_model_name",
@@ -181,7 +190,9 @@ class Cluster:
     ) -> ServingInstance:
         """Start ``min_replicas`` worker processes of ``model`` and wait until they serve.
         ``max_replicas``: the most workers the instance may grow to (``scale_to`` and the
-        planner stay within it; default ``min_replicas``). ``node``: ``NodeGroup`` fields.
+        planner stay within it; default ``min_replicas``). ``node``: ``NodeGroup`` fields, the
+        deployment file's node keys (``max_num_seqs``, ``num_blocks``, ``host_kv_gib``,
+        ``tier_load_timeout_s``, ...; its older names too), except the role and the count.
 
         ``planner``: a planner that adds and removes the instance's workers as its load asks,
         once they serve (None: the instance keeps its size; ``scale_to`` sizes it). A policy
@@ -208,11 +219,7 @@ class Cluster:
         cap = min_replicas if max_replicas is None else max_replicas
         if cap < min_replicas:
             raise ConfigError(f"max_replicas: {cap} is below min_replicas {min_replicas}")
-        try:
-            nodes = (NodeGroup(node_role=role, gpu_count=0, **node),)
-        except TypeError as e:
-            raise ConfigError(f"create_serving_instance: {e}") from None
-        group = replace(group, nodes=nodes, max_replicas=cap)
+        group = replace(group, nodes=(instance_node(role, node),), max_replicas=cap)
         validate_deployment(Deployment(execution_groups=(group,)))
         planned = None
         if planner is not None:  # built (its profile read) before any worker starts
@@ -526,6 +533,18 @@ class ServingInstance:
 PlannerSpec = str | PlannerConfig | Mapping[str, Any] | None
 """What ``create_serving_instance(planner=...)`` takes: a policy name, the deployment file's
 ``planner:`` keys, or a ``PlannerConfig`` (None: no planner)."""
+
+
+def instance_node(role: str, node: Mapping[str, Any]) -> NodeGroup:
+    """The node group of a serving instance: ``create_serving_instance``'s ``node`` keywords, read
+    as a deployment file reads a node group, with ``role``. It starts no worker itself (the
+    instance adds them one by one), so its role and count are not keywords."""
+    given = sorted({"node_role", "role", "gpu_count", "count"} & set(node))
+    if given:
+        raise ConfigError(
+            f"create_serving_instance: {', '.join(given)}: give role= and min_replicas= instead"
+        )
+    return replace(node_group(node, "create_serving_instance"), node_role=role, gpu_count=0)
 
 
 def instance_planner_config(

@@ -46,8 +46,11 @@ class RestartPolicy(enum.StrEnum):
 @dataclass(frozen=True)
 class Backoff:
     initial_s: float = 0.5
+    """Delay before the first restart."""
     factor: float = 2.0
+    """Each further restart waits this many times longer."""
     cap_s: float = 30.0
+    """The longest delay."""
     stable_s: float = 60.0
     """A run this long resets the delay to ``initial_s``."""
     loop_window_s: float = 60.0

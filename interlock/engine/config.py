@@ -7,6 +7,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from interlock.deploy import (
+    DEFAULT_KV_CACHE_GIB,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_TIER_LOAD_MIN_MIB_S,
+    DEFAULT_TIER_LOAD_TIMEOUT_S,
+)
 from interlock.errors import ConfigError
 from interlock.names import DTYPES, ENGINES
 
@@ -18,7 +25,7 @@ class CacheConfig:
     block_size: int = 16
     num_blocks: int | None = None
     """KV blocks in the pool; None derives it from ``kv_cache_gib`` and the model shape."""
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: float = DEFAULT_KV_CACHE_GIB
     enable_prefix_caching: bool = True
     watermark: float = 0.01
     """Fraction of blocks kept free at admission so running requests are rarely preempted."""
@@ -39,11 +46,11 @@ class CacheConfig:
     """Put the KV cache on a memfd (CPU only) so a decode worker of this host copies a
     prefill's blocks straight out of it (one copy, ``interlock.engine.shared_cache``) instead of
     an export and an import around a staged payload."""
-    tier_load_timeout_s: float = 2.0
+    tier_load_timeout_s: float = DEFAULT_TIER_LOAD_TIMEOUT_S
     """A load from the host or disk tier not done within this, plus its bytes at
     ``tier_load_min_mib_s``, is abandoned: the request computes those blocks instead (a hung
     or dying disk; ``interlock.engine.tiers.deadline``)."""
-    tier_load_min_mib_s: float = 50.0
+    tier_load_min_mib_s: float = DEFAULT_TIER_LOAD_MIN_MIB_S
     """The slowest read rate, MiB/s, a working disk is allowed when sizing that deadline (a
     loaded HDD or NFS mount reads faster: the deadline catches hangs, not slow disks)."""
 
@@ -105,8 +112,8 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
     preempt_enabled: bool = False

@@ -82,12 +82,17 @@ class _Pull:
 @dataclass(slots=True)
 class HandoffCounters:
     staged: int = 0
+    """Prefill side: payloads staged for a decode worker to pull."""
     stage_failed: int = 0
+    """Prefill side: staging failed (its KV not offered: the decode side computes the prompt)."""
     export_failed: int = 0
     """Published, then the export failed (the transfer is aborted; the decode side computes)."""
     pulled: int = 0
+    """Decode side: payloads imported."""
     pull_failed: int = 0
+    """Decode side: pulls that failed (the decode worker computed the prompt itself)."""
     pulls_abandoned: int = 0
+    """Decode side: pulls given up because the request ended first."""
     blocks_streamed: int = 0
     """Blocks imported while their transfer was still under way (the rest came on DONE)."""
     transports: dict[str, int] = field(default_factory=dict)

@@ -18,6 +18,18 @@ _DEFAULTS = FrontendConfig()
 
 def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("HTTP limits, API keys and TLS")
+    _add_auth_args(g)
+    _add_request_size_args(g)
+    _add_body_pace_args(g)
+    _add_connection_args(g)
+    _add_client_args(g)
+    _add_stream_args(g)
+    g.add_argument("--ssl-certfile", default=None)
+    g.add_argument("--ssl-keyfile", default=None)
+
+
+def _add_auth_args(g: argparse._ArgumentGroup) -> None:
+    """API keys, the paths open without one, and the rate limits per key (``AuthConfig``)."""
     g.add_argument(
         "--api-key",
         action="append",
@@ -40,10 +52,17 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--rate-limit-rpm", type=int, default=None, help="requests per minute per API key")
     g.add_argument("--rate-limit-tpm", type=int, default=None, help="tokens per minute per API key")
+
+
+def _add_request_size_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--max-prompt-chars", type=int, default=_DEFAULTS.max_prompt_chars)
     g.add_argument("--max-prompt-tokens", type=int, default=_DEFAULTS.max_prompt_tokens)
     g.add_argument("--max-body-bytes", type=int, default=_DEFAULTS.max_body_bytes)
     g.add_argument("--max-json-depth", type=int, default=_DEFAULTS.max_json_depth)
+
+
+def _add_body_pace_args(g: argparse._ArgumentGroup) -> None:
+    """How slowly a request head and body may arrive."""
     g.add_argument(
         "--idle-timeout",
         type=float,
@@ -66,6 +85,9 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds a request body may take before --min-body-rate applies",
     )
+
+
+def _add_connection_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--max-connections",
         type=int,
@@ -87,6 +109,10 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         default=_DEFAULTS.reserved_connections,
         help="connections beyond --max-connections that serve only /health, /live and /metrics (0: none)",
     )
+
+
+def _add_client_args(g: argparse._ArgumentGroup) -> None:
+    """What one client may ask for at once."""
     g.add_argument(
         "--max-client-requests",
         type=int,
@@ -100,6 +126,10 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         help="longest value of x-request-id, x-session-id, x-worker-id, x-priority and the route-key "
         "header; longer gets a 400",
     )
+
+
+def _add_stream_args(g: argparse._ArgumentGroup) -> None:
+    """A client that reads its stream slowly."""
     g.add_argument(
         "--max-stream-buffer",
         type=int,
@@ -114,8 +144,6 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds a stream waits for its client to read before it is aborted",
     )
-    g.add_argument("--ssl-certfile", default=None)
-    g.add_argument("--ssl-keyfile", default=None)
 
 
 def frontend_config(

@@ -76,6 +76,9 @@ class _Metric:
     def header(self) -> list[str]:
         return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
 
+    def render(self) -> list[str]:
+        raise NotImplementedError
+
     def _labels(self, values: Labels, extra: str = "") -> str:
         parts = [f'{k}="{_escape(v)}"' for k, v in zip(self.labelnames, values, strict=True)]
         if extra:
@@ -177,30 +180,21 @@ class FrontendMetrics:
         self.cached_tokens = Counter(
             "interlock_prompt_tokens_cached_total", "Prompt tokens served from a prefix cache.", ("model",)
         )
-        self.completion_tokens = Counter(
-            "interlock_completion_tokens_total", "Completion tokens generated.", ("model",)
-        )
         self.cache_miss_tokens = Counter(
             "interlock_kv_cache_miss_tokens_total",
             "Prompt tokens computed because no prefix cache held them (prompt less cached).",
             ("model",),
         )
+        self.completion_tokens = Counter(
+            "interlock_completion_tokens_total", "Completion tokens generated.", ("model",)
+        )
 
     def render(self) -> str:
+        """Every metric above, in the order it is made (the attributes are the registry)."""
         lines: list[str] = []
-        for metric in (
-            self.requests,
-            self.in_flight,
-            self.shed,
-            self.ttft,
-            self.itl,
-            self.e2e,
-            self.prompt_tokens,
-            self.cached_tokens,
-            self.cache_miss_tokens,
-            self.completion_tokens,
-        ):
-            lines.extend(metric.render())
+        for metric in vars(self).values():
+            if isinstance(metric, _Metric):
+                lines.extend(metric.render())
         return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,6 @@ encoded from dicts.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,12 +85,16 @@ def error_code(exc: InterlockError) -> str:
         return "context_length_exceeded"
     if isinstance(exc, ModelNotFound):
         return "model_not_found"
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+    return exc.code
 
 
 class _Formatter:
     object_name = ""
     chunk_object = ""
+    _text_open = b""
+    _text_close = b""
+    """A text-only chunk's choice around its text: what follows ``{"index":0,`` and what comes
+    before ``,"logprobs":null,...``."""
 
     def __init__(self, request_id: str, model: str, created: int, tokenizer: ModelTokenizer) -> None:
         self.request_id = request_id
@@ -99,9 +102,20 @@ class _Formatter:
         self.created = created
         self._tok = tokenizer
         self._head = {"id": request_id, "object": self.chunk_object, "created": created, "model": model}
+        head = _encode({**self._head, "choices": None})[: -len(b"null}")]
+        self._text_prefix = b"data: " + head + b'[{"index":0,' + self._text_open
+        self._text_suffix = self._text_close + b',"logprobs":null,"finish_reason":null}]}\n\n'
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return sse({**self._head, "choices": choices, **extra})
+
+    def _choice(
+        self, key: str, value: Any, logprobs: Sequence[TokenLogprobs] | None, finish_reason: str | None
+    ) -> dict[str, Any]:
+        return {"index": 0, key: value, "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
+
+    def _logprobs(self, logprobs: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:
+        raise NotImplementedError
 
     def usage_chunk(self, a: OutputAssembler) -> bytes:
         return self._chunk([], usage=usage(a))
@@ -114,12 +128,11 @@ class _Formatter:
 class ChatFormatter(_Formatter):
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
+    _text_open = b'"delta":{"content":'
+    _text_close = b"}"
 
     def __init__(self, request_id: str, model: str, created: int, tokenizer: ModelTokenizer) -> None:
         super().__init__(request_id, model, created, tokenizer)
-        head = _encode({**self._head, "choices": None})[: -len(b"null}")]
-        self._text_prefix = b"data: " + head + b'[{"index":0,"delta":{"content":'
-        self._text_suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
         self._sent_role = False
 
     def chunk(self, delta: Delta) -> bytes:
@@ -131,23 +144,13 @@ class ChatFormatter(_Formatter):
             self._sent_role = True
         if delta.text or "role" in body:
             body["content"] = delta.text
-        choice = {
-            "index": 0,
-            "delta": body,
-            "logprobs": self._logprobs(delta.logprobs),
-            "finish_reason": delta.finish_reason,
-        }
-        return self._chunk([choice])
+        return self._chunk([self._choice("delta", body, delta.logprobs, delta.finish_reason)])
 
     def response(
         self, text: str, logprobs: Sequence[TokenLogprobs] | None, a: OutputAssembler
     ) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": self._logprobs(logprobs),
-            "finish_reason": a.finish_reason,
-        }
+        message = {"role": "assistant", "content": text}
+        choice = self._choice("message", message, logprobs, a.finish_reason)
         head = {**self._head, "object": self.object_name}
         return {**head, "choices": [choice], "usage": usage(a)}
 
@@ -171,34 +174,21 @@ class ChatFormatter(_Formatter):
 class CompletionFormatter(_Formatter):
     object_name = "text_completion"
     chunk_object = "text_completion"
+    _text_open = b'"text":'
 
     def __init__(self, request_id: str, model: str, created: int, tokenizer: ModelTokenizer) -> None:
         super().__init__(request_id, model, created, tokenizer)
-        head = _encode({**self._head, "choices": None})[: -len(b"null}")]
-        self._text_prefix = b"data: " + head + b'[{"index":0,"text":'
-        self._text_suffix = b',"logprobs":null,"finish_reason":null}]}\n\n'
         self._text_offset = 0
 
     def chunk(self, delta: Delta) -> bytes:
         if delta.logprobs is None and delta.finish_reason is None:
             return self._text_prefix + _encode(delta.text) + self._text_suffix
-        choice = {
-            "index": 0,
-            "text": delta.text,
-            "logprobs": self._logprobs(delta.logprobs),
-            "finish_reason": delta.finish_reason,
-        }
-        return self._chunk([choice])
+        return self._chunk([self._choice("text", delta.text, delta.logprobs, delta.finish_reason)])
 
     def response(
         self, text: str, logprobs: Sequence[TokenLogprobs] | None, a: OutputAssembler
     ) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": self._logprobs(logprobs),
-            "finish_reason": a.finish_reason,
-        }
+        choice = self._choice("text", text, logprobs, a.finish_reason)
         return {**self._head, "choices": [choice], "usage": usage(a)}
 
     def _logprobs(self, logprobs: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:

@@ -137,6 +137,23 @@ class TailSizing:
     """Predicted miss share at the largest allowed size (no size does better)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Sizing:
+    """What one observation sized, read by each pool's decision."""
+
+    f: Forecast
+    raw: dict[str, float]
+    """The model's needs at the forecast, before the correction."""
+    surge: dict[str, float]
+    """The needs at the recent arrival rate (corrected)."""
+    upper: dict[str, float]
+    """The needs at the rate's noise (``upper``)."""
+    recent: float
+    level: float
+    met: float | None
+    """The window's attainment (``window_attainment``)."""
+
+
 class SlaPolicy:
     def __init__(self, config: PlannerConfig, profile: CapabilityProfile) -> None:
         self.config = config
@@ -215,7 +232,7 @@ class SlaPolicy:
         sample = self.prefill_sample()
         ca2 = sample.ca2 if sample is not None else 1.0
         sd = math.sqrt(f.rate * max(ca2, 1.0) / (2 * TAU_S))
-        return {r: n * self.correction for r, n in self.needs(replace(f, rate=f.rate + NOISE_Z * sd)).items()}
+        return self._corrected(self.needs(replace(f, rate=f.rate + NOISE_Z * sd)))
 
     def prefill_sample(self) -> PrefillSample | None:
         """The recent requests seen one by one (``planner.queueing``); None: too few, size
@@ -310,6 +327,22 @@ class SlaPolicy:
         return max(self.config.horizon_s, self.profile.startup_s)
 
     def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
+        jobs, met = self._record(obs)
+        backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
+        f = self.forecaster.forecast(self.horizon_s)
+        if f is None:
+            return [w for w in backlog.values() if w.delta > 0]
+        sizing = self._size(f, jobs, met, pools, obs.now)
+        out: list[Want] = []
+        for role, need in self.last_need.items():
+            want = self._want(role, need, len(pools.get(role, ())), backlog.get(role), sizing)
+            if want is not None:
+                out.append(want)
+        return out
+
+    def _record(self, obs: Observation) -> tuple[list[Job], float | None]:
+        """Feed one observation to the forecaster, the feedback, the window and the samples;
+        the tail model's jobs and the window's attainment."""
         t = obs.traffic
         self.forecaster.observe(t)
         self._feedback(t.finished, t.met)
@@ -317,89 +350,108 @@ class SlaPolicy:
             self._done.append((obs.now, t.finished, t.met))
         jobs = self._remember(t, obs.now)
         self._sample(t, obs.now)
-        met = self.window_attainment(obs.now)
-        backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
-        f = self.forecaster.forecast(self.horizon_s)
-        if f is None:
-            return [w for w in backlog.values() if w.delta > 0]
+        return jobs, self.window_attainment(obs.now)
+
+    def _size(
+        self, f: Forecast, jobs: list[Job], met: float | None, pools: dict[str, list[WorkerView]], now: float
+    ) -> _Sizing:
+        """The needs at the forecast (``last_need``; the tail model's for an aggregated pool),
+        at the recent arrival rate (a surge's) and at the rate's noise (a removal's)."""
         raw = self.needs(f)
-        self.last_need = {r: n * self.correction for r, n in raw.items()}
-        self.turns.observe(obs.now, {r: len(ws) for r, ws in pools.items()}, raw)
+        self.last_need = self._corrected(raw)
+        self.turns.observe(now, {r: len(ws) for r, ws in pools.items()}, raw)
         recent = self.forecaster.recent
         level = self.forecaster.level or 0.0
-        surge = {r: n * self.correction for r, n in self.needs(replace(f, rate=recent)).items()}
+        surge = self._corrected(self.needs(replace(f, rate=recent)))
         upper = self.upper(f)
         self.last_tail = None
         if self.config.tail and "both" in self.last_need and len(jobs) >= MIN_TAIL_JOBS:
-            self.last_tail = self._tail(jobs, f, len(pools.get("both", ())), obs.now)
+            self.last_tail = self._tail(jobs, f, len(pools.get("both", ())), now)
             self.last_need["both"] = float(self.last_tail.need)
-        out: list[Want] = []
-        for role, need in self.last_need.items():
-            n = len(pools.get(role, ()))
-            queued = backlog.get(role)
-            tail = self.last_tail if role == "both" else None
-            high = max(upper.get(role, need), need)
-            fits_fewer = tail.fits_fewer if tail else high * (1 + self.config.headroom) <= n - 1
-            more = surge_size(recent, level, surge[role], n, self.config.surge)
-            if more > 1:
-                out.append(
-                    Want(
-                        role,
-                        more,
-                        surge[role] / max(n, 1),
-                        f"arrivals {recent:.2f} req/s over the last {SURGE_S:g}s (level {level:.2f}) "
-                        f"need {surge[role]:.2f} {role} workers, have {n}: a surge" + self._why_corrected(),
-                        surge=True,
-                    )
-                )
-            elif queued is not None and queued.delta > 0 and n >= need:
-                out.append(queued)
-            elif n < need:
-                shown = "inf" if math.isinf(need) else f"{need:.2f}"
-                out.append(
-                    Want(
-                        role,
-                        max(1, math.ceil(need) - n) if math.isfinite(need) else 1,
-                        need / max(n, 1),
-                        f"forecast {f.rate:.2f} req/s needs {shown} {role} workers, have {n}"
-                        + (self._why_tail(n) if tail else self._why_corrected()),
-                    )
-                )
-            elif n >= 1 and fits_fewer:
-                agrees = queued is not None and queued.delta < 0
-                meeting = (
-                    met is not None
-                    and met >= self.config.attainment
-                    and queued is None
-                    and not self.forecaster.rising()
-                )
-                if not (agrees or meeting):
-                    continue
-                why = ""
-                if not agrees and met is not None:
-                    why = f", {100 * met:.1f}% met the targets over {self.config.window_s:g}s"
-                spare = 1 if tail else n - math.ceil(high * (1 + self.config.headroom))
-                why = f" (+{self.config.headroom:.0%} headroom fits in {n - spare}){why}"
-                fewest = self.turns.fewest(role, raw[role])
-                if n - spare < fewest:
-                    spare = n - fewest
-                    why += (
-                        f", not under {fewest}: a removal to x{self.turns.floor(role):.2f} "
-                        f"the model's need was turned back from"
-                    )
-                    if spare < 1:
-                        continue
-                held = f" ({high:.2f} at the rate's noise)" if high > need else ""
-                out.append(
-                    Want(
-                        role,
-                        -spare,
-                        (n - 1) / max(high, 1e-9),
-                        f"forecast {f.rate:.2f} req/s needs {need:.2f} {role} workers{held}{why}"
-                        + (self._why_tail(n) if tail else self._why_corrected()),
-                    )
-                )
-        return out
+        return _Sizing(f, raw, surge, upper, recent, level, met)
+
+    def _corrected(self, needs: dict[str, float]) -> dict[str, float]:
+        """``needs`` times the observed-SLO correction."""
+        return {r: n * self.correction for r, n in needs.items()}
+
+    def _want(self, role: str, need: float, n: int, queued: Want | None, s: _Sizing) -> Want | None:
+        """What one pool of ``n`` workers needing ``need`` asks for: a surge, the reactive
+        policy's grow, a grow to the need, a removal, or nothing."""
+        tail = self.last_tail if role == "both" else None
+        high = max(s.upper.get(role, need), need)
+        more = surge_size(s.recent, s.level, s.surge[role], n, self.config.surge)
+        if more > 1:
+            return self._surge_want(role, more, n, s)
+        if queued is not None and queued.delta > 0 and n >= need:
+            return queued
+        if n < need:
+            shown = "inf" if math.isinf(need) else f"{need:.2f}"
+            return Want(
+                role,
+                max(1, math.ceil(need) - n) if math.isfinite(need) else 1,
+                need / max(n, 1),
+                f"forecast {s.f.rate:.2f} req/s needs {shown} {role} workers, have {n}" + self._why(tail, n),
+            )
+        fits_fewer = tail.fits_fewer if tail else high * (1 + self.config.headroom) <= n - 1
+        if n >= 1 and fits_fewer:
+            return self._shrink_want(role, need, high, n, queued, s, tail)
+        return None
+
+    def _surge_want(self, role: str, more: int, n: int, s: _Sizing) -> Want:
+        return Want(
+            role,
+            more,
+            s.surge[role] / max(n, 1),
+            f"arrivals {s.recent:.2f} req/s over the last {SURGE_S:g}s (level {s.level:.2f}) "
+            f"need {s.surge[role]:.2f} {role} workers, have {n}: a surge" + self._why_corrected(),
+            surge=True,
+        )
+
+    def _shrink_want(
+        self,
+        role: str,
+        need: float,
+        high: float,
+        n: int,
+        queued: Want | None,
+        s: _Sizing,
+        tail: TailSizing | None,
+    ) -> Want | None:
+        """A removal, when the reactive policy agrees or the window met the targets on arrivals
+        that are not rising; never under the size a removal was turned back from."""
+        agrees = queued is not None and queued.delta < 0
+        meeting = (
+            s.met is not None
+            and s.met >= self.config.attainment
+            and queued is None
+            and not self.forecaster.rising()
+        )
+        if not (agrees or meeting):
+            return None
+        why = ""
+        if not agrees and s.met is not None:
+            why = f", {100 * s.met:.1f}% met the targets over {self.config.window_s:g}s"
+        spare = 1 if tail else n - math.ceil(high * (1 + self.config.headroom))
+        why = f" (+{self.config.headroom:.0%} headroom fits in {n - spare}){why}"
+        fewest = self.turns.fewest(role, s.raw[role])
+        if n - spare < fewest:
+            spare = n - fewest
+            why += (
+                f", not under {fewest}: a removal to x{self.turns.floor(role):.2f} "
+                f"the model's need was turned back from"
+            )
+            if spare < 1:
+                return None
+        held = f" ({high:.2f} at the rate's noise)" if high > need else ""
+        return Want(
+            role,
+            -spare,
+            (n - 1) / max(high, 1e-9),
+            f"forecast {s.f.rate:.2f} req/s needs {need:.2f} {role} workers{held}{why}" + self._why(tail, n),
+        )
+
+    def _why(self, tail: TailSizing | None, n: int) -> str:
+        return self._why_tail(n) if tail else self._why_corrected()
 
     def _why_tail(self, n: int) -> str:
         t = self.last_tail

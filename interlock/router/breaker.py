@@ -36,8 +36,11 @@ class BreakerConfig:
     failures: int = 3
     """Failures within ``window_s`` that open the breaker."""
     window_s: float = 30.0
+    """How far back failures count."""
     cooldown_s: float = 5.0
+    """How long an open breaker keeps the worker out before a probe."""
     max_cooldown_s: float = 60.0
+    """The cooldown doubles after each failed probe, up to this."""
     incident_s: float = 1.0
     """Failures this close together are one incident (a dead worker breaks all its streams at once)."""
 

@@ -145,10 +145,13 @@ from interlock.names import STALL_OVER
 @dataclass(frozen=True)
 class CostParams:
     block_size: int = 16
+    """Tokens per KV block (the router's)."""
     chunk_tokens: int = 8192
     """Prefill tokens per engine step (the workers' max_num_batched_tokens)."""
     kv_watermark: float = 0.7
+    """KV usage above which the pressure multiplier applies (see "Pressure" above)."""
     kv_penalty: float = 0.0
+    """The pressure multiplier's slope (0: off)."""
     miss_weight: float = 3.0
     """Extra weight on this request's own uncached prefill, per request it will delay (one,
     plus those waiting in the worker's queue): the work a miss adds to the whole system,

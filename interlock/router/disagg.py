@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from interlock.deploy import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from interlock.errors import ConfigError
 
 STAY_REASONS = ("no_prefill_worker", "kv_too_large", "no_free_blocks", "link_failed")
@@ -43,7 +44,7 @@ class DisaggConfig:
     default_rtt_s: float = 1e-3
     default_prefill_tokens_per_s: float = 1000.0
     """Prefill speed assumed for a worker that has not reported one yet."""
-    chunk_tokens: int = 2048
+    chunk_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     """Workers' prefill budget per step (max_num_batched_tokens)."""
     link_check_interval_s: float = 60.0
 

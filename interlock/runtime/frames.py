@@ -16,22 +16,26 @@ MAX_FRAME = 256 * 1024 * 1024
 """Larger frames mean a corrupt stream (or a bug): the connection is dropped."""
 
 
-class Open(msgspec.Struct, array_like=True, tag=0, tag_field="frame"):
+class _Frame(msgspec.Struct, array_like=True, tag_field="frame"):
+    """A frame's wire form: a msgpack array led by its tag (each frame sets its own)."""
+
+
+class Open(_Frame, tag=0):
     stream_id: int
     key: str
     payload: bytes
 
 
-class Data(msgspec.Struct, array_like=True, tag=1, tag_field="frame"):
+class Data(_Frame, tag=1):
     stream_id: int
     payload: bytes
 
 
-class End(msgspec.Struct, array_like=True, tag=2, tag_field="frame"):
+class End(_Frame, tag=2):
     stream_id: int
 
 
-class Fail(msgspec.Struct, array_like=True, tag=3, tag_field="frame"):
+class Fail(_Frame, tag=3):
     stream_id: int
     code: str
     """``errors.InterlockError.code`` ("" for a foreign exception)."""
@@ -39,17 +43,17 @@ class Fail(msgspec.Struct, array_like=True, tag=3, tag_field="frame"):
     param: str | None = None
 
 
-class Cancel(msgspec.Struct, array_like=True, tag=4, tag_field="frame"):
+class Cancel(_Frame, tag=4):
     stream_id: int
 
 
-class Ping(msgspec.Struct, array_like=True, tag=5, tag_field="frame"):
+class Ping(_Frame, tag=5):
     nonce: int
     key: str
     """Handler key to check, or "" for a connection keepalive."""
 
 
-class Pong(msgspec.Struct, array_like=True, tag=6, tag_field="frame"):
+class Pong(_Frame, tag=6):
     nonce: int
     ok: bool
 

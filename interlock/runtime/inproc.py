@@ -19,7 +19,7 @@ from interlock.runtime.interfaces import CallContext, DiscoveryEvent, Handler
 from interlock.runtime.leases import LeaseTable
 from interlock.runtime.naming import EndpointName, check_token, subject_matches
 from interlock.runtime.remote import remote_error, run_handler
-from interlock.runtime.subscription import Subscription
+from interlock.runtime.subscription import Subscription, Subscriptions
 
 SCHEME = "inproc://"
 
@@ -150,7 +150,7 @@ class InProcRequestPlane:
 class InProcEventPlane:
     def __init__(self, registry: InProcRegistry) -> None:
         self._registry = registry
-        self._own: list[Subscription] = []
+        self._own = Subscriptions()
 
     async def publish(self, subject: str, payload: bytes) -> None:
         for sub in self._registry.subscriptions:
@@ -163,13 +163,10 @@ class InProcEventPlane:
 
         sub = Subscription(subject, on_close)
         self._registry.subscriptions.append(sub)
-        self._own.append(sub)
-        return sub
+        return self._own.add(sub)
 
     async def close(self) -> None:
-        for sub in self._own:
-            await sub.close()
-        self._own.clear()
+        await self._own.close()
 
 
 def _key_of(address: str) -> str:

@@ -19,14 +19,14 @@ from nats.errors import Error as NatsError
 from nats.errors import OutboundBufferLimitError
 
 from interlock.runtime.link import ControlLink
-from interlock.runtime.subscription import Subscription
+from interlock.runtime.subscription import Subscription, Subscriptions
 
 
 class NatsEventPlane:
     def __init__(self, nc: NatsClient, link: ControlLink) -> None:
         self._nc = nc
         self._link = link
-        self._own: list[Subscription] = []
+        self._own = Subscriptions()
         self.dropped = 0
         """Publishes dropped in an outage."""
 
@@ -58,10 +58,7 @@ class NatsEventPlane:
         # reconnect replays it, and flush would only wait out its timeout.)
         if self._nc.is_connected:
             await self._nc.flush()
-        self._own.append(sub)
-        return sub
+        return self._own.add(sub)
 
     async def close(self) -> None:
-        for sub in self._own:
-            await sub.close()
-        self._own.clear()
+        await self._own.close()

@@ -49,3 +49,19 @@ class Subscription:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class Subscriptions:
+    """The subscriptions one event plane opened: all closed when the plane closes."""
+
+    def __init__(self) -> None:
+        self._open: list[Subscription] = []
+
+    def add(self, sub: Subscription) -> Subscription:
+        self._open.append(sub)
+        return sub
+
+    async def close(self) -> None:
+        for sub in self._open:
+            await sub.close()
+        self._open.clear()

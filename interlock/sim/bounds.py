@@ -16,46 +16,47 @@ earlier request left in the cache (at least one token of each prompt is always c
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Container, Iterable
 
 from interlock.sim.trace import SimRequest
 
 
-def _hit_tokens(r: SimRequest, cached_blocks: int, block_size: int) -> int:
-    return max(min(cached_blocks * block_size, r.prompt_tokens - 1), 0)
+def _hit_ratio(
+    requests: Iterable[SimRequest],
+    block_size: int,
+    cached: Container[int],
+    keep: Callable[[tuple[int, ...]], None],
+) -> float:
+    """The walk both bounds share: each request, in arrival order, hits its leading blocks in
+    ``cached`` (all but its last token at most), then ``keep`` puts its blocks there."""
+    hit = total = 0
+    for r in sorted(requests, key=lambda r: r.arrival_s):
+        n = 0
+        for h in r.block_hashes:
+            if h not in cached:
+                break
+            n += 1
+        hit += max(min(n * block_size, r.prompt_tokens - 1), 0)
+        total += r.prompt_tokens
+        keep(r.block_hashes)
+    return hit / total if total else 0.0
 
 
 def infinite_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int) -> float:
     """Share of prompt tokens one infinite cache could serve."""
     seen: set[int] = set()
-    hit = total = 0
-    for r in sorted(requests, key=lambda r: r.arrival_s):
-        n = 0
-        for h in r.block_hashes:
-            if h not in seen:
-                break
-            n += 1
-        hit += _hit_tokens(r, n, block_size)
-        total += r.prompt_tokens
-        seen.update(r.block_hashes)
-    return hit / total if total else 0.0
+    return _hit_ratio(requests, block_size, seen, seen.update)
 
 
 def pooled_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int, capacity_blocks: int) -> float:
     """Share of prompt tokens one shared LRU cache of ``capacity_blocks`` blocks could serve."""
     lru: OrderedDict[int, None] = OrderedDict()
-    hit = total = 0
-    for r in sorted(requests, key=lambda r: r.arrival_s):
-        n = 0
-        for h in r.block_hashes:
-            if h not in lru:
-                break
-            n += 1
-        hit += _hit_tokens(r, n, block_size)
-        total += r.prompt_tokens
-        for h in reversed(r.block_hashes[:capacity_blocks]):
+
+    def keep(hashes: tuple[int, ...]) -> None:
+        for h in reversed(hashes[:capacity_blocks]):
             lru[h] = None
             lru.move_to_end(h)
         while len(lru) > capacity_blocks:
             lru.popitem(last=False)
-    return hit / total if total else 0.0
+
+    return _hit_ratio(requests, block_size, lru, keep)

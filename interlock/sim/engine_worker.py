@@ -16,12 +16,11 @@ from interlock.engine.clock import VirtualClock
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.engine.core import EngineCore, StepResult
 from interlock.engine.runners.mock import MockRunner
-from interlock.engine.timing import TimingModel
 from interlock.protocol.events import KVEventBatch, LoadReport
 from interlock.protocol.generate import GenerateRequest
 from interlock.protocol.sampling import SamplingParams
 from interlock.sim.trace import SimRequest
-from interlock.sim.worker import SimSeq, WorkerSink
+from interlock.sim.worker import KVBatches, SimSeq, WorkerShape, WorkerSink
 
 
 @dataclass(slots=True)
@@ -35,37 +34,33 @@ class EngineWorker:
     def __init__(
         self,
         instance_id: str,
+        shape: WorkerShape,
         *,
-        num_blocks: int,
-        block_size: int = 64,
-        max_num_batched_tokens: int = 8192,
-        max_num_seqs: int = 256,
-        timing: TimingModel | None = None,
-        publish_events: bool = True,
         sink: WorkerSink | None = None,
         max_model_len: int = 1 << 20,
     ) -> None:
         self.instance_id = instance_id
-        self.publish_events = publish_events
+        self.publish_events = shape.publish_events
         self.sink = sink or WorkerSink()
         self.clock = VirtualClock()
+        num_blocks, block_size = shape.num_blocks, shape.block_size
         config = EngineConfig(
             model=ModelConfig(runner="mock"),
             cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
             scheduler=SchedulerConfig(
-                max_num_batched_tokens=max_num_batched_tokens,
-                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=shape.max_num_batched_tokens,
+                max_num_seqs=shape.max_num_seqs,
                 max_model_len=max_model_len,
             ),
         )
         runner = MockRunner(
-            num_blocks=num_blocks, block_size=block_size, timing=timing or TimingModel(), clock=self.clock
+            num_blocks=num_blocks, block_size=block_size, timing=shape.timing, clock=self.clock
         )
         self.core = EngineCore(config, runner, clock=self.clock, instance_id=instance_id)
         self.step: _Step | None = None
         self.version = 0
         self._seqs: dict[str, SimSeq] = {}
-        self._event_seq = 0
+        self._batches = KVBatches(instance_id)
 
     @property
     def num_inflight(self) -> int:
@@ -121,25 +116,11 @@ class EngineWorker:
         if decode_tokens:
             self.sink.itl(st.end - st.start, decode_tokens)
         if st.result.kv_events and self.publish_events:
-            self.sink.kv_events(
-                KVEventBatch(
-                    instance_id=self.instance_id,
-                    seq=self._event_seq,
-                    timestamp=now,
-                    events=tuple(st.result.kv_events),
-                )
-            )
-            self._event_seq += 1
+            self.sink.kv_events(self._batches.live(now, st.result.kv_events))
         self.sink.load(st.result.load)
 
     def load_report(self, now: float) -> LoadReport:
         return self.core.load
 
     def snapshot(self, now: float) -> KVEventBatch:
-        return KVEventBatch(
-            instance_id=self.instance_id,
-            seq=self._event_seq - 1,
-            timestamp=now,
-            events=tuple(self.core.kv_snapshot()),
-            snapshot=True,
-        )
+        return self._batches.snapshot(now, self.core.kv_snapshot())

@@ -44,7 +44,7 @@ from interlock.sim.planned import PlannerConnector
 from interlock.sim.report import ReplayReport, build_report
 from interlock.sim.tiers import SimTiers
 from interlock.sim.trace import SimRequest
-from interlock.sim.worker import SimSeq, SimWorker, WorkerSink
+from interlock.sim.worker import MOCKER_MAX_NUM_SEQS, SimSeq, SimWorker, WorkerShape, WorkerSink
 
 Worker = SimWorker | EngineWorker
 
@@ -55,8 +55,11 @@ class ReplayConfig:
     num_blocks: int = 61_000
     """KV blocks per worker."""
     block_size: int = 64
+    """Tokens per KV block (the trace's hash block size is set apart, ``TraceHasher``)."""
     max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
+    """Prompt and decode tokens one engine step may compute."""
+    max_num_seqs: int = MOCKER_MAX_NUM_SEQS
+    """As Dynamo's mocker, not this project's engine (``sim.worker.MOCKER_MAX_NUM_SEQS``)."""
     engine_speedup: float = 1.0
     """Divides modelled step times (Dynamo's ``--speedup-ratio``); arrival speed-up is applied
     when building the requests."""
@@ -99,6 +102,18 @@ class ReplayConfig:
             raise ConfigError("host_kv_blocks must be >= 0 and workers_per_host >= 1")
         if self.host_kv_blocks and self.backend != "fast":
             raise ConfigError("host KV tiers are modelled by the fast backend only")
+
+    @property
+    def worker_shape(self) -> WorkerShape:
+        """Every worker's shape (either backend), from the fields above."""
+        return WorkerShape(
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            timing=TimingModel(self.engine_speedup),
+            publish_events=self.publish_events,
+        )
 
     @property
     def num_hosts(self) -> int:
@@ -161,16 +176,7 @@ class _Driver(WorkerSink):
                     )
                 tiers = self.host_tiers[host]
             make = partial(SimWorker, tiers=tiers)
-        self.workers[wid] = make(
-            wid,
-            num_blocks=cfg.num_blocks,
-            block_size=cfg.block_size,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_num_seqs=cfg.max_num_seqs,
-            timing=TimingModel(cfg.engine_speedup),
-            publish_events=cfg.publish_events,
-            sink=self,
-        )
+        self.workers[wid] = make(wid, cfg.worker_shape, sink=self)
         self.started[wid] = self.now
         self.inflight_area[wid] = 0.0
         self._last_change[wid] = self.now

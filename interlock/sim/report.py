@@ -139,52 +139,74 @@ def build_report(
     slo_ms: tuple[float, float] = (2000.0, 50.0),
     decisions: tuple[DecisionRecord, ...] = (),
 ) -> ReplayReport:
-    # from the request's arrival: time waiting in the router's queue counts
-    ttft = np.asarray([s.first_token_s - s.req.arrival_s for s in done]) * 1000.0
-    multi = [s for s in done if s.req.output_tokens > 1]
-    tpot = [(s.finish_s - s.first_token_s) / (s.req.output_tokens - 1) * 1000.0 for s in multi]
-    prompt = sum(s.req.prompt_tokens for s in done)
-    hits = sum(s.hit_tokens for s in done)
-    out_tokens = sum(s.req.output_tokens for s in done)
-    areas = np.asarray(list(inflight_area.values()))
-    counts = np.asarray(list(per_worker_requests.values()), dtype=float)
+    ttft = np.asarray([_ttft_s(s) for s in done]) * 1000.0
     dur = max(duration_s, 1e-9)
-    missed = sorted(
-        s.req.arrival_s
-        for s in done
-        if s.first_token_s - s.req.arrival_s > slo_ms[0] / 1000.0
-        or (
-            s.req.output_tokens > 1
-            and (s.finish_s - s.first_token_s) / (s.req.output_tokens - 1) > slo_ms[1] / 1000.0
-        )
-    )
-    met = len(done) - len(missed)
+    missed = _missed_arrivals(done, slo_ms)
     return ReplayReport(
         policy=policy,
         num_requests=num_submitted,
         num_completed=len(done),
         num_rejected=sum((rejected or {}).values()),
         rejected=dict(rejected or {}),
-        hit_ratio=hits / prompt if prompt else 0.0,
+        hit_ratio=_hit_ratio(done),
         upper_bound=upper_bound,
         pooled_bound=pooled_bound,
         ttft_p50_ms=pct(ttft, 50),
         ttft_p99_ms=pct(ttft, 99),
         itl_p50_ms=weighted_percentile(itl_s, itl_w, 50) * 1000.0,
         itl_p99_ms=weighted_percentile(itl_s, itl_w, 99) * 1000.0,
-        tpot_mean_ms=float(np.mean(tpot)) if tpot else 0.0,
+        tpot_mean_ms=_mean_tpot_ms(done),
         requests_per_s=len(done) / dur,
-        output_tokens_per_s=out_tokens / dur,
+        output_tokens_per_s=sum(s.req.output_tokens for s in done) / dur,
         duration_s=duration_s,
-        inflight_imbalance=float(areas.max() / areas.mean()) if areas.mean() > 0 else 1.0,
-        requests_imbalance=float(counts.max() / counts.mean()) if counts.mean() > 0 else 1.0,
+        inflight_imbalance=_imbalance(np.asarray(list(inflight_area.values()))),
+        requests_imbalance=_imbalance(np.asarray(list(per_worker_requests.values()), dtype=float)),
         decision_p50_us=pct(decision_s, 50) * 1e6,
         decision_p99_us=pct(decision_s, 99) * 1e6,
         wall_s=wall_s,
         ttft_slo_ms=slo_ms[0],
         itl_slo_ms=slo_ms[1],
-        sla_attainment=met / num_submitted if num_submitted else 0.0,
+        sla_attainment=(len(done) - len(missed)) / num_submitted if num_submitted else 0.0,
         worker_seconds=worker_seconds,
         planner_decisions=decisions,
-        missed_arrivals_s=tuple(missed),
+        missed_arrivals_s=missed,
     )
+
+
+def _ttft_s(s: SimSeq) -> float:
+    """From the request's arrival: time waiting in the router's queue counts."""
+    return s.first_token_s - s.req.arrival_s
+
+
+def _tpot_s(s: SimSeq) -> float | None:
+    """Mean time per output token after the first (None: a single output token)."""
+    if s.req.output_tokens <= 1:
+        return None
+    return (s.finish_s - s.first_token_s) / (s.req.output_tokens - 1)
+
+
+def _mean_tpot_ms(done: Sequence[SimSeq]) -> float:
+    tpot = [t * 1000.0 for s in done if (t := _tpot_s(s)) is not None]
+    return float(np.mean(tpot)) if tpot else 0.0
+
+
+def _missed_arrivals(done: Sequence[SimSeq], slo_ms: tuple[float, float]) -> tuple[float, ...]:
+    """Arrival times, sorted, of the requests whose TTFT or TPOT missed its target."""
+    ttft_slo, itl_slo = slo_ms[0] / 1000.0, slo_ms[1] / 1000.0
+    return tuple(
+        sorted(
+            s.req.arrival_s
+            for s in done
+            if _ttft_s(s) > ttft_slo or ((tpot := _tpot_s(s)) is not None and tpot > itl_slo)
+        )
+    )
+
+
+def _hit_ratio(done: Sequence[SimSeq]) -> float:
+    prompt = sum(s.req.prompt_tokens for s in done)
+    return sum(s.hit_tokens for s in done) / prompt if prompt else 0.0
+
+
+def _imbalance(loads: np.ndarray) -> float:
+    """The largest of ``loads`` over their mean (1 when there is no load)."""
+    return float(loads.max() / loads.mean()) if loads.mean() > 0 else 1.0

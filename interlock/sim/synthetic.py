@@ -23,11 +23,15 @@ from interlock.sim.trace import VOCAB_SIZE, SimRequest
 @dataclass(frozen=True)
 class SharedPrefixSpec:
     num_requests: int = 1000
+    """Requests in all (every turn of every session counts)."""
     num_groups: int = 1
+    """Distinct system prompts; each request draws one."""
     system_tokens: int = 2000
     suffix_tokens: int = 200
+    """A request's own user message after the system prompt (a new one each turn)."""
     output_tokens: int = 100
     turns: int = 1
+    """Turns per session; a later turn re-sends the conversation so far."""
     think_time_s: float = 2.0
     """Delay between a turn's arrival and the session's next turn."""
     rate: float = 10.0

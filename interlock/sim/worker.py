@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,12 +45,18 @@ from interlock.engine.timing import TimingModel, decode_ms
 from interlock.protocol.events import (
     AllBlocksCleared,
     BlockStored,
+    KVEvent,
     KVEventBatch,
     LoadReport,
 )
 from interlock.sim.pool import SimPool
 from interlock.sim.tiers import SimTiers
 from interlock.sim.trace import SimRequest
+
+MOCKER_MAX_NUM_SEQS = 256
+"""The replay's workers model Dynamo's mocker (``MockEngineArgs``: 256 sequences, 8,192 batched
+tokens, blocks of 64), whose replay this one is checked against (BENCHMARKS.md), not this
+project's engine: deliberately not ``deploy.DEFAULT_MAX_NUM_SEQS`` (64)."""
 
 _A, _B, _C = -25.74, 54.01, 5.74
 """decode_ms(u) = A u^2 + B u + C on [0, 1] (checked against ``timing.decode_ms`` at import)."""
@@ -97,6 +104,20 @@ class SimSeq:
         return hashes[i] if i < len(hashes) else -((self.uid << 24) | i) - 1
 
 
+@dataclass(frozen=True)
+class WorkerShape:
+    """What a simulated worker is, whichever backend runs it (``SimWorker``, or the exact
+    ``engine_worker.EngineWorker``): its KV pool, its step budget, its step-time model."""
+
+    num_blocks: int
+    block_size: int = 64
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = MOCKER_MAX_NUM_SEQS
+    timing: TimingModel = TimingModel()
+    publish_events: bool = True
+    """False: no KV events (the router predicts the caches)."""
+
+
 class WorkerSink:
     """What a worker tells the replay driver (override the ones you need)."""
 
@@ -105,6 +126,33 @@ class WorkerSink:
     def kv_events(self, batch: KVEventBatch) -> None: ...
     def load(self, report: LoadReport) -> None: ...
     def itl(self, step_s: float, tokens: int) -> None: ...
+
+
+class KVBatches:
+    """Numbers one worker's KV event batches: live ones 0, 1, ...; a snapshot carries the seq
+    of the last batch it includes, so live ones go on from +1."""
+
+    __slots__ = ("_instance_id", "_next")
+
+    def __init__(self, instance_id: str) -> None:
+        self._instance_id = instance_id
+        self._next = 0
+
+    def live(self, now: float, events: Iterable[KVEvent]) -> KVEventBatch:
+        batch = KVEventBatch(
+            instance_id=self._instance_id, seq=self._next, timestamp=now, events=tuple(events)
+        )
+        self._next += 1
+        return batch
+
+    def snapshot(self, now: float, events: Iterable[KVEvent]) -> KVEventBatch:
+        return KVEventBatch(
+            instance_id=self._instance_id,
+            seq=self._next - 1,
+            timestamp=now,
+            events=tuple(events),
+            snapshot=True,
+        )
 
 
 @dataclass(slots=True)
@@ -131,25 +179,20 @@ class SimWorker:
     def __init__(
         self,
         instance_id: str,
+        shape: WorkerShape,
         *,
-        num_blocks: int,
-        block_size: int = 64,
-        max_num_batched_tokens: int = 8192,
-        max_num_seqs: int = 256,
-        timing: TimingModel | None = None,
-        publish_events: bool = True,
         sink: WorkerSink | None = None,
         watermark: float = 0.01,
         preempt_enabled: bool = False,
         tiers: SimTiers | None = None,
     ) -> None:
         self.instance_id = instance_id
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.max_tokens = max_num_batched_tokens
-        self.max_seqs = max_num_seqs
-        self.timing = timing or TimingModel()
-        self.publish_events = publish_events
+        self.num_blocks = num_blocks = shape.num_blocks
+        self.block_size = block_size = shape.block_size
+        self.max_tokens = shape.max_num_batched_tokens
+        self.max_seqs = shape.max_num_seqs
+        self.timing = shape.timing
+        self.publish_events = shape.publish_events
         self.preempt_enabled = preempt_enabled
         self.sink = sink or WorkerSink()
         self.tiers = tiers
@@ -168,7 +211,7 @@ class SimWorker:
         self.version = 0
         """Bumped whenever the current step's end time changes (stale heap entries skipped)."""
         self._arrivals = 0
-        self._event_seq = 0
+        self._batches = KVBatches(instance_id)
         self._prefill_tps = 0.0
         self._decode_step_s = 0.0
         self.num_preemptions = 0
@@ -474,12 +517,7 @@ class SimWorker:
     def _publish(self, now: float, step_s: float, tokens: int, queued: int) -> None:
         events = self.pool.take_events()
         if events and self.publish_events:
-            self.sink.kv_events(
-                KVEventBatch(
-                    instance_id=self.instance_id, seq=self._event_seq, timestamp=now, events=tuple(events)
-                )
-            )
-            self._event_seq += 1
+            self.sink.kv_events(self._batches.live(now, events))
         self.sink.load(self._report(now, step_s, tokens, queued))
 
     def load_report(self, now: float) -> LoadReport:
@@ -502,19 +540,10 @@ class SimWorker:
 
     def snapshot(self, now: float) -> KVEventBatch:
         """The whole cache as a re-sync batch."""
-        # A snapshot carries the seq of the last batch it includes; live batches go on from +1.
-        return KVEventBatch(
-            instance_id=self.instance_id,
-            seq=self._event_seq - 1,
-            timestamp=now,
-            events=(
-                AllBlocksCleared(),
-                BlockStored(
-                    block_hashes=tuple(self.pool.keys()), parent_block_hash=None, block_size=self.block_size
-                ),
-            ),
-            snapshot=True,
+        stored = BlockStored(
+            block_hashes=tuple(self.pool.keys()), parent_block_hash=None, block_size=self.block_size
         )
+        return self._batches.snapshot(now, (AllBlocksCleared(), stored))
 
     def check_integrity(self) -> None:
         self.pool.check()

@@ -14,7 +14,8 @@ copies in sequence.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 from interlock.protocol.transfer import SharedCacheRegion, TransferDescriptor
@@ -27,6 +28,7 @@ from interlock.transfer.base import (
     TransferState,
     TransferStatus,
 )
+from interlock.transfer.source import Source
 
 CHUNK_BYTES = 8 << 20
 """Bytes exported between two bytes-ready marks (whole blocks, at least one): the destination
@@ -53,6 +55,28 @@ def chunk_blocks(block_nbytes: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     return max(1, chunk_bytes // max(1, block_nbytes))
 
 
+@contextmanager
+def _aborting(transfer: SourceTransfer | DestTransfer, reason: str) -> Iterator[None]:
+    """Abort ``transfer`` with ``reason`` if the block copy inside fails (then re-raise)."""
+    try:
+        yield
+    except BaseException:
+        transfer.abort(reason)
+        raise
+
+
+def _source_for(
+    agent: TransferAgent,
+    runner: BlockExporter,
+    block_ids: Sequence[int],
+    timeout_s: float,
+    transfer_id: str | None,
+) -> Source:
+    """A new staged payload sized for ``block_ids``."""
+    nbytes = len(block_ids) * runner.kv_block_nbytes
+    return agent.create_source(nbytes, timeout_s=timeout_s, transfer_id=transfer_id)
+
+
 def stage_blocks(
     agent: TransferAgent,
     runner: BlockExporter,
@@ -63,15 +87,10 @@ def stage_blocks(
 ) -> tuple[SourceTransfer, TransferDescriptor]:
     """Export ``block_ids`` into a new staged payload and publish it. The blocks may be freed
     as soon as this returns: the payload holds their KV."""
-    src = agent.create_source(
-        len(block_ids) * runner.kv_block_nbytes, timeout_s=timeout_s, transfer_id=transfer_id
-    )
-    try:
+    src = _source_for(agent, runner, block_ids, timeout_s, transfer_id)
+    with _aborting(src, "export failed"):
         runner.export_blocks(block_ids, src.buffer)
         return src, src.publish()
-    except BaseException:
-        src.abort("export failed")
-        raise
 
 
 class BlockExport:
@@ -101,12 +120,9 @@ class BlockExport:
         if self._done >= n or self.src.poll().finished:
             return False
         i, j = self._done, min(n, self._done + self._chunk)
-        try:
+        with _aborting(self.src, "export failed"):
             self._runner.export_blocks(self._block_ids[i:j], self._buffer[i * size : j * size])
             self.src.mark_ready(j * size)
-        except BaseException:
-            self.src.abort("export failed")
-            raise
         self._done = j
         return j < n
 
@@ -133,9 +149,7 @@ def publish_blocks(
     ``cache_region``: the blocks' shared cache, offered for the one copy; the caller then asks
     ``src.claim_kind()`` before it exports: a DIRECT claim needs no export, but the blocks held
     until the transfer ends. ``layout``: the blocks' layout, for the destination to check."""
-    src = agent.create_source(
-        len(block_ids) * runner.kv_block_nbytes, timeout_s=timeout_s, transfer_id=transfer_id
-    )
+    src = _source_for(agent, runner, block_ids, timeout_s, transfer_id)
     export = BlockExport(src, runner, block_ids, chunk_bytes)
     return src, src.publish(ready=0, cache_region=cache_region, layout=layout), export
 
@@ -165,11 +179,8 @@ class BlockImport:
         ready = n if status.state is TransferState.DONE else min(n, self.dst.progress() // max(1, size))
         if ready > self.imported:
             i = self.imported
-            try:
+            with _aborting(self.dst, "import failed"):
                 self._runner.import_blocks(self.block_ids[i:ready], self.dst.payload[i * size : ready * size])
-            except BaseException:
-                self.dst.abort("import failed")
-                raise
             self.imported = ready
         if status.state is TransferState.DONE:
             self.dst.release()
@@ -195,10 +206,7 @@ def import_when_done(dst: DestTransfer, runner: BlockImporter, block_ids: Sequen
     status (DONE only after the import)."""
     status = dst.poll()
     if status.state is TransferState.DONE:
-        try:
+        with _aborting(dst, "import failed"):
             runner.import_blocks(block_ids, dst.payload)
-        except BaseException:
-            dst.abort("import failed")
-            raise
         dst.release()
     return status

@@ -10,7 +10,7 @@ import pytest
 
 from interlock.cli import frontend, serve, worker
 from interlock.cli.main import SUBCOMMANDS, main
-from interlock.cli.serving import cluster_spec, deployment_from_args
+from interlock.cli.serving import deployment_from_args
 from interlock.env import flag_environment
 from interlock.errors import ConfigError
 
@@ -32,9 +32,9 @@ def test_flags_are_read_from_interlock_variables_and_the_command_line_wins(env: 
     env.setenv("INTERLOCK_ROUTER_MODE", "ignored: the flag's name is --policy")
     env.setenv("INTERLOCK_POLICY", "round_robin")
     d = serve_deployment()
-    assert d.nodes[0].max_batch_size == 7 and not d.execution_groups[0].enable_prefix_caching
+    assert d.nodes[0].max_num_seqs == 7 and not d.execution_groups[0].enable_prefix_caching
     assert d.routing.policy == "round-robin"
-    assert serve_deployment("--max-num-seqs", "9").nodes[0].max_batch_size == 9
+    assert serve_deployment("--max-num-seqs", "9").nodes[0].max_num_seqs == 9
 
 
 def test_a_bad_variable_is_refused_by_name(env: pytest.MonkeyPatch) -> None:
@@ -66,6 +66,29 @@ def test_ecosystem_names(argv: tuple[str, ...], check) -> None:  # type: ignore[
     assert check(serve_deployment(*argv))
 
 
+def test_tier_load_flags_reach_every_node_group(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from interlock.deploy import DEFAULT_TIER_LOAD_MIN_MIB_S, DEFAULT_TIER_LOAD_TIMEOUT_S
+
+    d = serve_deployment()
+    assert (d.nodes[0].tier_load_timeout_s, d.nodes[0].tier_load_min_mib_s) == (
+        DEFAULT_TIER_LOAD_TIMEOUT_S,
+        DEFAULT_TIER_LOAD_MIN_MIB_S,
+    )
+    f = tmp_path / "d.yaml"
+    f.write_text(
+        "execution-group: {nodes: [{node_role: prefill}, {node_role: decode, tier_load_timeout_s: 9}]}\n"
+    )
+    d = serve_deployment("-f", str(f), "--tier-load-timeout", "0.5", "--tier-load-min-mib-s", "20")
+    assert [(n.tier_load_timeout_s, n.tier_load_min_mib_s) for n in d.nodes] == [(0.5, 20.0), (0.5, 20.0)]
+    env.setenv("INTERLOCK_TIER_LOAD_TIMEOUT", "3")
+    env.setenv("INTERLOCK_TIER_LOAD_MIN_MIB_S", "10")
+    flag_environment.cache_clear()
+    d = serve_deployment()
+    assert (d.nodes[0].tier_load_timeout_s, d.nodes[0].tier_load_min_mib_s) == (3.0, 10.0)
+    with pytest.raises(ConfigError, match="tier_load_timeout_s"):
+        serve_deployment("--tier-load-timeout", "0")
+
+
 def test_parallelism_above_one_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="tensor_parallel_size: 2 is not supported yet"):
         serve_deployment("--tensor-parallel-size", "2")
@@ -81,16 +104,16 @@ def test_flags_override_the_file_and_workers_is_refused_with_it(tmp_path: Path) 
                 "execution-group": {
                     "dtype": "float32",
                     "nodes": [
-                        {"node_role": "prefill", "max_batch_size": 4},
-                        {"node_role": "decode", "max_batch_size": 5},
+                        {"node_role": "prefill", "max_num_seqs": 4},
+                        {"node_role": "decode", "max_num_seqs": 5},
                     ],
                 }
             }
         )
     )
     d = serve_deployment("-f", str(f), "--max-num-seqs", "8")
-    assert [n.max_batch_size for n in d.nodes] == [8, 8] and d.execution_groups[0].dtype == "float32"
-    assert [n.max_batch_size for n in serve_deployment("-f", str(f)).nodes] == [4, 5]
+    assert [n.max_num_seqs for n in d.nodes] == [8, 8] and d.execution_groups[0].dtype == "float32"
+    assert [n.max_num_seqs for n in serve_deployment("-f", str(f)).nodes] == [4, 5]
     with pytest.raises(ConfigError, match="--workers: not used with -f"):
         serve_deployment("-f", str(f), "--workers", "3")
 
@@ -113,12 +136,12 @@ def test_migration_and_stall_settings_are_file_keys_that_flags_override(tmp_path
     f = tmp_path / "d.yaml"
     f.write_text("routing: {migration_limit: 0, stall_timeout_s: 4.5}\n")
     a = frontend.build_parser().parse_args(["-f", str(f), "--nats-url", "nats://h:4222"])
-    options = service_options(cluster_spec(a, deployment_from_args(a))).dispatch
+    options = service_options(frontend.spec_from_args(a)).dispatch
     assert (options.migration_limit, options.stall_floor_s) == (0, 4.5)
     a = frontend.build_parser().parse_args(
         ["-f", str(f), "--nats-url", "nats://h:4222", "--migration-limit", "2"]
     )
-    options = service_options(cluster_spec(a, deployment_from_args(a))).dispatch
+    options = service_options(frontend.spec_from_args(a)).dispatch
     assert (options.migration_limit, options.stall_floor_s) == (2, 4.5)
     f.write_text("routing: {migration_limit: -1}\n")
     a = frontend.build_parser().parse_args(["-f", str(f), "--nats-url", "nats://h:4222"])
@@ -148,6 +171,10 @@ def test_worker_spec_is_derived_as_serve_derives_it(tmp_path: Path) -> None:
             "--max-num-seqs",
             "3",
             "--preempt-enabled",
+            "--tier-load-timeout",
+            "4",
+            "--tier-load-min-mib-s",
+            "25",
         ]
     )
     launch = worker.launch_from_args(a)
@@ -159,6 +186,7 @@ def test_worker_spec_is_derived_as_serve_derives_it(tmp_path: Path) -> None:
         3,
     )
     assert s.engine.scheduler.preempt_enabled and s.engine.scheduler.max_model_len == 2048
+    assert (s.engine.cache.tier_load_timeout_s, s.engine.cache.tier_load_min_mib_s) == (4.0, 25.0)
     assert launch.nats_url == "nats://h:1"
 
 
@@ -214,7 +242,7 @@ def test_frontend_builds_the_router_serve_builds(tmp_path: Path) -> None:
     fa = frontend.build_parser().parse_args(
         ["-f", str(f), "--nats-url", "nats://h:1", "--migration-limit", "1"]
     )
-    fr = cluster_spec(fa, deployment_from_args(fa), start_workers=False)
+    fr = frontend.spec_from_args(fa)
     for derive in (router_config, disagg_config, service_options):
         assert derive(s) == derive(fr), derive.__name__
     assert disagg_config(fr).enforce and router_config(fr).cost.chunk_tokens == 256
@@ -267,7 +295,7 @@ def test_process_flags_reach_the_builder() -> None:
             "5557",
         ]
     )
-    wp = cluster_spec(w, deployment_from_args(w), frontend=None).processes
+    wp = worker.spec_from_args(w).processes
     assert (wp.host, wp.advertise_host, wp.kv_transfer_port, wp.in_process) == (
         "0.0.0.0",
         "10.0.0.2",

@@ -10,7 +10,7 @@ import pytest
 
 from interlock.cli import serve, worker
 from interlock.cli.serving import cluster_spec, deployment_from_args
-from interlock.cluster.spec import resolve_groups, worker_specs
+from interlock.cluster.spec import ProcessOptions, resolve_groups, worker_specs
 from interlock.cluster.worker import WorkerLaunch
 from interlock.errors import ConfigError
 
@@ -32,7 +32,11 @@ def model(tmp_path: Path) -> Path:
 def test_tier_flags_reach_every_workers_cache_config(command, model: Path) -> None:  # type: ignore[no-untyped-def]
     a = command.build_parser().parse_args(["--model", str(model), "--runner", "mock", *TIERS])
     d = deployment_from_args(a)
-    specs = worker_specs(cluster_spec(a, d), resolve_groups(d, progress=False), prefix="t")
+    specs = worker_specs(
+        cluster_spec(a, d, frontend=None, processes=ProcessOptions()),
+        resolve_groups(d, progress=False),
+        prefix="t",
+    )
     caches = {
         WorkerLaunch.decode(WorkerLaunch(s, "nats://127.0.0.1:4222").encode()).spec.engine.cache
         for s in specs
@@ -46,4 +50,8 @@ def test_a_disk_tier_without_a_path_is_refused(model: Path) -> None:
     a = worker.build_parser().parse_args(["--model", str(model), "--runner", "mock", "--disk-kv-gib", "8"])
     d = deployment_from_args(a)
     with pytest.raises(ConfigError, match="disk_kv_path"):
-        worker_specs(cluster_spec(a, d), resolve_groups(d, progress=False), prefix="t")
+        worker_specs(
+            cluster_spec(a, d, frontend=None, processes=ProcessOptions()),
+            resolve_groups(d, progress=False),
+            prefix="t",
+        )

@@ -64,7 +64,7 @@ def test_a_planner_grows_the_instance_under_load_and_shrinks_it_after(cluster: i
         planner=PLANNER,
         planner_port=0,
         num_blocks=256,
-        max_batch_size=2,
+        max_num_seqs=2,
     )
     try:
         assert len(instance.workers) == 1

@@ -12,7 +12,7 @@ import pytest
 
 from interlock.cli import serve, worker
 from interlock.cli.serving import cluster_spec, deployment_from_args
-from interlock.cluster.spec import resolve_groups, worker_specs
+from interlock.cluster.spec import ProcessOptions, resolve_groups, worker_specs
 from interlock.cluster.worker import WorkerLaunch
 from interlock.deploy import parse_deployment
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig
@@ -34,7 +34,11 @@ def _shared(command, model: Path, *flags: str) -> set[bool]:  # type: ignore[no-
     if command is worker:
         return {worker.launch_from_args(a).spec.engine.cache.shared_kv_cache}
     d = deployment_from_args(a)
-    specs = worker_specs(cluster_spec(a, d), resolve_groups(d, progress=False), prefix="t")
+    specs = worker_specs(
+        cluster_spec(a, d, frontend=None, processes=ProcessOptions()),
+        resolve_groups(d, progress=False),
+        prefix="t",
+    )
     launches = [WorkerLaunch.decode(WorkerLaunch(s, "nats://127.0.0.1:4222").encode()).spec for s in specs]
     return {s.engine.cache.shared_kv_cache for s in launches}
 

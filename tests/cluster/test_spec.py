@@ -19,7 +19,7 @@ from interlock.cluster.spec import (
     worker_specs,
 )
 from interlock.cluster.worker import WorkerLaunch, WorkerSpec, transfer_agent
-from interlock.deploy import Deployment, parse_deployment
+from interlock.deploy import DEFAULT_MAX_NUM_SEQS, Deployment, load_deployment, parse_deployment
 from interlock.engine.config import EngineConfig
 from interlock.errors import ConfigError
 
@@ -81,7 +81,11 @@ def test_cpu_threads_are_shared_unless_given(model: Path) -> None:
 @pytest.mark.parametrize(
     ("node", "field", "want"),
     [
-        ({"max_batch_size": 7}, lambda s: s.engine.scheduler.max_num_seqs, 7),
+        ({"max_num_seqs": 7}, lambda s: s.engine.scheduler.max_num_seqs, 7),
+        ({"max_batch_size": 7}, lambda s: s.engine.scheduler.max_num_seqs, 7),  # the older key
+        ({}, lambda s: s.engine.scheduler.max_num_seqs, DEFAULT_MAX_NUM_SEQS),
+        ({"tier_load_timeout_s": 0.5}, lambda s: s.engine.cache.tier_load_timeout_s, 0.5),
+        ({"tier_load_min_mib_s": 8}, lambda s: s.engine.cache.tier_load_min_mib_s, 8.0),
         ({"max_num_batched_tokens": 96}, lambda s: s.engine.scheduler.max_num_batched_tokens, 96),
         ({"kv_cache_gib": 0.25}, lambda s: s.engine.cache.kv_cache_gib, 0.25),
         ({"num_blocks": 77}, lambda s: s.engine.cache.num_blocks, 77),
@@ -100,6 +104,20 @@ def test_cpu_threads_are_shared_unless_given(model: Path) -> None:
 )
 def test_node_keys_reach_every_worker(model: Path, node: dict, field, want) -> None:
     assert {field(s) for s in specs(deployment(model, node=node))} == {want}
+
+
+def test_a_files_tier_load_deadline_reaches_the_engines_cache_config(model: Path, tmp_path: Path) -> None:
+    file = tmp_path / "deploy.yaml"
+    node = {"gpu_count": 1, "host_kv_gib": 0.5, "tier_load_timeout_s": 0.25, "tier_load_min_mib_s": 10}
+    file.write_text(
+        yaml.safe_dump({"execution-group": {"model": str(model), "runner": "mock", "nodes": [node]}})
+    )
+    [spec] = specs(load_deployment(file))
+    cache = spec.engine.cache
+    assert (cache.host_kv_gib, cache.tier_load_timeout_s, cache.tier_load_min_mib_s) == (0.5, 0.25, 10.0)
+    file.write_text(file.read_text().replace("tier_load_min_mib_s", "tier_load_min_mbps"))
+    with pytest.raises(ConfigError, match=r"nodes\[0\]\.tier_load_min_mbps: unknown key"):
+        load_deployment(file)
 
 
 @pytest.mark.parametrize(

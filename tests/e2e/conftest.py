@@ -137,11 +137,11 @@ control-plane: {heartbeat_interval: 0.25, heartbeat_timeout: 2.0}
 execution-groups:
   - model: smollm2
     max_model_len: 1024
-    nodes: [{node_role: both, count: 2, max_batch_size: 16, num_blocks: 256}]
+    nodes: [{node_role: both, count: 2, max_num_seqs: 16, num_blocks: 256}]
   - model: smollm2
     served_model_name: smollm2-b
     max_model_len: 1024
-    nodes: [{node_role: both, count: 1, max_batch_size: 16, num_blocks: 256}]
+    nodes: [{node_role: both, count: 1, max_num_seqs: 16, num_blocks: 256}]
 routing: {policy: kv}
 """
     )

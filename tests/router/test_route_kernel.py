@@ -394,7 +394,9 @@ def test_a_shrunk_fleet_prices_the_backlog_as_one_that_never_grew(
     elif kernels == "kernel":  # the kernel alone, over the Python index
         fresh_env.setattr(native, "load", lambda: None)
     router = Router(RouterConfig())
-    if kernels != "numpy" and (router.decider.name == "reference" or router.indexer.compiled != (kernels == "compiled")):
+    if kernels != "numpy" and (
+        router.decider.name == "reference" or router.indexer.compiled != (kernels == "compiled")
+    ):
         pytest.skip("no C compiler (or no Python headers): that kernel is not built here")
     assert _survivors_prices(40, kernels) == _survivors_prices(8, kernels)
 

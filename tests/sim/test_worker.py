@@ -7,7 +7,7 @@ from interlock.protocol.events import BlockRemoved, BlockStored, KVEventBatch
 from interlock.sim.engine_worker import EngineWorker
 from interlock.sim.synthetic import SharedPrefixSpec, shared_prefix_requests
 from interlock.sim.trace import SimRequest
-from interlock.sim.worker import SimSeq, SimWorker, WorkerSink
+from interlock.sim.worker import SimSeq, SimWorker, WorkerShape, WorkerSink
 
 
 class Sink(WorkerSink):
@@ -50,7 +50,7 @@ def req(rid: str, blocks: tuple[int, ...], prompt: int, out: int = 3) -> SimRequ
 
 def test_second_request_hits_the_prefix_and_events_are_published() -> None:
     sink = Sink()
-    w = SimWorker("w", num_blocks=100, block_size=16, sink=sink)
+    w = SimWorker("w", WorkerShape(num_blocks=100, block_size=16), sink=sink)
     run(w, [(0.0, req("a", (1, 2, 3, 4), 64)), (1.0, req("b", (1, 2, 3, 9), 64))])
     assert sink.done["a"].hit_tokens == 0 and sink.done["b"].hit_tokens == 48
     stored = [h for b in sink.batches for e in b.events if isinstance(e, BlockStored) for h in e.block_hashes]
@@ -62,7 +62,7 @@ def test_second_request_hits_the_prefix_and_events_are_published() -> None:
 
 def test_lru_evicts_old_prefixes_and_publishes_removals() -> None:
     sink = Sink()
-    w = SimWorker("w", num_blocks=8, block_size=16, sink=sink)
+    w = SimWorker("w", WorkerShape(num_blocks=8, block_size=16), sink=sink)
     run(
         w,
         [
@@ -83,7 +83,7 @@ def test_lru_evicts_old_prefixes_and_publishes_removals() -> None:
 
 def test_decode_macro_steps_match_step_by_step_time() -> None:
     timing = TimingModel()
-    w = SimWorker("w", num_blocks=1000, block_size=16, timing=timing, sink=Sink())
+    w = SimWorker("w", WorkerShape(num_blocks=1000, block_size=16, timing=timing), sink=Sink())
     ctx, n, k = 5000, 7, 40
     by_step = sum(timing.step_s(0, n, (ctx + i * n) / 16000) for i in range(k))
     assert abs(w._decode_span(ctx, n, k) - by_step) < 1e-9
@@ -91,7 +91,7 @@ def test_decode_macro_steps_match_step_by_step_time() -> None:
 
 def test_an_arrival_cuts_a_decode_macro_step() -> None:
     sink = Sink()
-    w = SimWorker("w", num_blocks=1000, block_size=16, sink=sink)
+    w = SimWorker("w", WorkerShape(num_blocks=1000, block_size=16), sink=sink)
     run(w, [(0.0, req("long", (1,), 20, out=2000)), (1.0, req("late", (2,), 20, out=2))])
     # "late" starts at the first step boundary after its arrival, not after "long" ends
     assert sink.first["late"] - 1.0 < 0.05
@@ -122,14 +122,10 @@ def test_every_request_times_exactly_as_on_the_engine(num_blocks, budget, rate) 
     sinks = []
     for make in (SimWorker, EngineWorker):
         sink = Sink()
-        w = make(
-            "w",
-            num_blocks=num_blocks,
-            block_size=bs,
-            max_num_batched_tokens=budget,
-            max_num_seqs=8,
-            sink=sink,
+        shape = WorkerShape(
+            num_blocks=num_blocks, block_size=bs, max_num_batched_tokens=budget, max_num_seqs=8
         )
+        w = make("w", shape, sink=sink)
         run(w, [(r.arrival_s, r) for r in reqs])
         sinks.append(sink)
         if isinstance(w, SimWorker):
@@ -146,7 +142,7 @@ def test_every_request_times_exactly_as_on_the_engine(num_blocks, budget, rate) 
 def test_no_blocks_are_reserved_for_the_output_up_front() -> None:
     # 10 blocks of 16: each request needs 4 for its prompt and 8 once its 64 outputs are in
     sink = Sink()
-    w = SimWorker("w", num_blocks=10, block_size=16, watermark=0.0, sink=sink)
+    w = SimWorker("w", WorkerShape(num_blocks=10, block_size=16), watermark=0.0, sink=sink)
     run(w, [(0.0, req("a", (1, 2, 3, 4), 64, out=64)), (0.0, req("b", (5, 6, 7, 8), 64, out=64))])
     # "b" starts while "a" decodes (reserving a's output would have made it wait for a's end)
     assert sink.first["b"] < sink.first["a"] + 0.1 < sink.done["a"].finish_s

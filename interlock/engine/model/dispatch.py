@@ -4,7 +4,7 @@ per-step choice that follows the measured table.
 Operations (table key) and candidates:
 
 * linear layers (``linear <out>x<in>``, by rows): ``linear.LINEAR_IMPLS`` (small / onednn / torch),
-  the output head too (by sampled rows, up to ``MAX_DECODE_BATCH``);
+  the output head too (by sampled rows, up to the default ``max_num_seqs``, ``deploy.DEFAULT_MAX_NUM_SEQS``);
 * attention over decode rows (``attention decode <heads>/<kv heads>x<dim> ctx <C>``, by decode
   batch, measured at ``DECODE_CONTEXTS`` tokens): ``fused`` (``cpu_ops.paged_attention``, AVX-512
   flash attention) or ``torch`` (gather + two batched matmuls, ``attention.decode_attention``);
@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from interlock.deploy import DEFAULT_MAX_NUM_SEQS
 from interlock.engine.model import cpu_ops
 from interlock.engine.model.attention import AttentionMetadata, decode_attention, prefill_attention, write_kv
 from interlock.engine.model.batch import SequenceChunk, build_input, split_attention
@@ -53,9 +54,6 @@ FUSED_IMPLS = ("fused", "torch")
 FAMILIES = {"linear": LINEAR_IMPLS, "attention": FUSED_IMPLS, "elementwise": FUSED_IMPLS}
 """What can be forced (``INTERLOCK_<FAMILY>_KERNEL``), and to which implementations."""
 DECODE_CONTEXTS = (256, 2048)
-MAX_DECODE_BATCH = 64
-"""Decode batches are measured up to here (the engine's default ``max_num_seqs``); larger ones
-use the last range's choice."""
 BLOCK_SIZE = 16
 
 
@@ -151,7 +149,9 @@ def model_ops(config: ModelArchConfig, max_rows: int) -> list[Op]:
     """Every operation the fused model path runs, with its candidates (what is measured)."""
     c = config
     ops = [Op(linear_key(s), buckets(max_rows), linear_calls(s)) for s in layer_shapes(c)]
-    batch = min(MAX_DECODE_BATCH, max_rows)
+    # Decode batches are measured up to the engine's default max_num_seqs; larger ones use the
+    # last range's choice.
+    batch = min(DEFAULT_MAX_NUM_SEQS, max_rows)
     head = (c.vocab_size, c.hidden_size)  # sees only the rows that sample: one per sequence
     ops.append(Op(linear_key(head), buckets(batch), linear_calls(head)))
     if not fused_layers_usable(c):

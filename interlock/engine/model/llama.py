@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from interlock.deploy import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from interlock.engine.model import cpu_ops
 from interlock.engine.model.attention import (
     AttentionMetadata,
@@ -77,7 +78,7 @@ class LlamaModel:
         *,
         fused: bool = True,
         kernels: dict[str, str] | None = None,
-        max_rows: int = 2048,
+        max_rows: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     ) -> LlamaModel:
         """``fused=False``: the plain PyTorch path even where the fused CPU kernels run.
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from interlock.deploy import DEFAULT_KV_CACHE_GIB, DEFAULT_MAX_NUM_BATCHED_TOKENS
 from interlock.engine.config import EngineConfig
 from interlock.engine.model import (
     LlamaModel,
@@ -91,10 +92,10 @@ class TorchRunner:
         max_model_len: int = 2048,
         block_size: int = 16,
         num_blocks: int | None = None,
-        kv_cache_gib: float = 1.0,
+        kv_cache_gib: float = DEFAULT_KV_CACHE_GIB,
         seed: int = 0,
         num_threads: int = 0,
-        max_rows: int = 2048,
+        max_rows: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         shared: bool = False,
     ) -> TorchRunner:
         if device.startswith("cuda") and not torch.cuda.is_available():

@@ -44,6 +44,7 @@ from pathlib import Path
 import xxhash
 
 from interlock.engine.tiers.io import Job, TierIO
+from interlock.engine.tiers.pins import Pins
 from interlock.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class DiskTier:
         self._lru: OrderedDict[int, int] = OrderedDict()
         """hash -> WRITING or READY, least recently used first."""
         self._writes: dict[int, Job[None]] = {}
-        self._pins: dict[int, int] = {}
+        self._pins = Pins()
         """Blocks a queued read needs: not evicted until ``release``."""
         self.write_failures = 0
         self.room = capacity
@@ -251,19 +252,15 @@ class DiskTier:
 
     def acquire(self, block_hash: int) -> tuple[Path, int, bytes, int]:
         """Engine thread: pin a READY block for a read job (``reader``'s arguments)."""
-        self._pins[block_hash] = self._pins.get(block_hash, 0) + 1
+        self._pins.pin(block_hash)
         return self.reader(block_hash)
 
     def release(self, block_hash: int) -> None:
-        n = self._pins[block_hash] - 1
-        if n:
-            self._pins[block_hash] = n
-        else:
-            del self._pins[block_hash]
+        self._pins.unpin(block_hash)
 
     @property
     def num_pinned(self) -> int:
-        return sum(self._pins.values())
+        return self._pins.reads()
 
     def remove(self, block_hash: int) -> bool:
         if self._lru.get(block_hash) != READY or block_hash in self._pins:
@@ -273,10 +270,8 @@ class DiskTier:
         return True
 
     def clear(self) -> list[int]:
-        gone = self.hashes()
-        for h in gone:
-            self.remove(h)
-        return gone
+        """Forget every readable block not pinned; returns their hashes."""
+        return [h for h in self.hashes() if self.remove(h)]
 
     def _submit_delete(self, block_hash: int) -> None:
         d = self.directory
@@ -288,7 +283,7 @@ class DiskTier:
         _check(writing == set(self._writes), "pending writes out of step with the index")
         _check(all(s in (WRITING, READY) for s in self._lru.values()), "unknown state")
         _check(
-            all(self._lru.get(h) == READY and n > 0 for h, n in self._pins.items()),
+            all(self._lru.get(h) == READY for h in self._pins),
             "a pin on a block that is not readable",
         )
 

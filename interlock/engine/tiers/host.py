@@ -123,10 +123,7 @@ class HostTier:
 
     def clear(self) -> list[int]:
         """Forget every unpinned block; returns their hashes."""
-        gone = [h for h, s in self._lru.items() if s not in self._pins]
-        for h in gone:
-            self.remove(h)
-        return gone
+        return [h for h in self.hashes() if self.remove(h)]
 
     # ---- reads for onboarding ----
     def acquire(self, block_hash: int) -> ReadHandle | None:

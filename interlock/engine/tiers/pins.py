@@ -1,7 +1,8 @@
 """Reference counts of tier slots being read: a pinned slot is never evicted nor reused.
 
-One definition for the host tier and the shared host tier. A slot is in the table exactly while
-its count is positive, so ``in`` and ``len`` answer "pinned?" and "how many?" directly.
+One definition for every tier: the host tier and the shared host tier pin slots, the disk tier
+block hashes. A slot is in the table exactly while its count is positive, so ``in`` and ``len``
+answer "pinned?" and "how many?" directly.
 """
 
 from __future__ import annotations
@@ -34,3 +35,7 @@ class Pins:
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._counts)
+
+    def reads(self) -> int:
+        """Reads in progress: a slot pinned twice counts twice."""
+        return sum(self._counts.values())

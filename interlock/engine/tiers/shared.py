@@ -213,10 +213,8 @@ class SharedHostTier:
         return True
 
     def clear(self) -> list[int]:
-        gone = self.hashes()
-        for h in gone:
-            self.remove(h)
-        return gone
+        """Forget every READY block; returns their hashes."""
+        return [h for h in self.hashes() if self.remove(h)]
 
     # ---- lock-free reads ----
     def acquire(self, block_hash: int) -> SharedHandle | None:

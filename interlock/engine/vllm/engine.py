@@ -45,7 +45,7 @@ from typing import Any
 import msgspec
 
 from interlock.engine.config import EngineConfig
-from interlock.engine.serving import KVEventSink, NullKVEventSink
+from interlock.engine.serving import FixedSizes, KVEventSink, NullKVEventSink
 from interlock.engine.vllm.args import vllm_engine_args
 from interlock.engine.vllm.events import Translator
 from interlock.engine.vllm.subscriber import EventSubscriber
@@ -153,7 +153,7 @@ def _error(rid: str, exc: BaseException) -> GenerateOutput:
     return GenerateOutput(request_id=rid, finish_reason="error", error=info)
 
 
-class VllmEngine:
+class VllmEngine(FixedSizes):
     name = "vllm"
 
     def __init__(
@@ -171,9 +171,11 @@ class VllmEngine:
         self._workdir = workdir
         self._endpoints = endpoints
         cache = llm.vllm_config.cache_config
-        self._block_size = int(cache.block_size)
-        self._num_blocks = int(cache.num_gpu_blocks or 0)
-        self._context_length = int(llm.vllm_config.model_config.max_model_len)
+        super().__init__(
+            int(cache.block_size),
+            int(cache.num_gpu_blocks or 0),
+            int(llm.vllm_config.model_config.max_model_len),
+        )
         self._priority = llm.vllm_config.scheduler_config.policy == "priority"
         self._sink: KVEventSink = NullKVEventSink()
         self._translator = Translator(self._block_size)
@@ -258,18 +260,6 @@ class VllmEngine:
         self._load = self._report(0, 0, 0.0, 0.0, 0)
 
     # ---- the seam ----
-    @property
-    def block_size(self) -> int:
-        return self._block_size
-
-    @property
-    def kv_blocks_total(self) -> int:
-        return self._num_blocks
-
-    @property
-    def context_length(self) -> int:
-        return self._context_length
-
     def start(self, sink: KVEventSink) -> None:
         self._sink = sink
         if self._events_task is None:

@@ -357,6 +357,21 @@ static Index* slot_call(PyObject* const* args, Py_ssize_t nargs, const char* nam
   return ix;
 }
 
+/* A run of blocks with one mask shares one new mask: the memo (`old_of` -> `new_id`, each
+ * pinned while the memo holds it) moves on to `old` -> `id`. */
+static void memo_move(Index* ix, uint32_t* old_of, uint32_t* new_id, uint32_t old, uint32_t id) {
+  mask_incref(ix, old);
+  if (*old_of != UINT32_MAX) mask_decref(ix, *old_of);
+  mask_decref(ix, *new_id);
+  *old_of = old;
+  *new_id = id;
+}
+
+static void memo_release(Index* ix, uint32_t old_of, uint32_t new_id) {
+  if (old_of != UINT32_MAX) mask_decref(ix, old_of);
+  mask_decref(ix, new_id);
+}
+
 /* store(index, slot, hashes): the worker at `slot` holds these blocks. */
 static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   int64_t n, w;
@@ -382,23 +397,17 @@ static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nar
       else memset(mask_at(ix, id), 0, ix->words * 8);
       mask_at(ix, id)[w] |= bit;
       mask_incref(ix, id); /* pinned while it is the run's new mask */
-      mask_incref(ix, old);
-      if (old_of != UINT32_MAX) mask_decref(ix, old_of);
-      mask_decref(ix, new_id);
-      old_of = old;
-      new_id = id;
+      memo_move(ix, &old_of, &new_id, old, id);
     }
     mask_incref(ix, new_id);
     e->mask = new_id;
     mask_decref(ix, old);
   }
-  if (old_of != UINT32_MAX) mask_decref(ix, old_of);
-  mask_decref(ix, new_id);
+  memo_release(ix, old_of, new_id);
   Py_RETURN_NONE;
 nomem:
   /* an entry inserted without a mask would read as empty: the table stays consistent */
-  if (old_of != UINT32_MAX) mask_decref(ix, old_of);
-  mask_decref(ix, new_id);
+  memo_release(ix, old_of, new_id);
   return PyErr_NoMemory();
 }
 
@@ -427,11 +436,7 @@ static PyObject* kvi_remove(PyObject* self, PyObject* const* args, Py_ssize_t na
         mask_at(ix, id)[w] &= ~bit;
         mask_incref(ix, id);
       }
-      mask_incref(ix, old);
-      if (old_of != UINT32_MAX) mask_decref(ix, old_of);
-      mask_decref(ix, new_id);
-      old_of = old;
-      new_id = id;
+      memo_move(ix, &old_of, &new_id, old, id);
     }
     if (new_id) {
       mask_incref(ix, new_id);
@@ -441,12 +446,10 @@ static PyObject* kvi_remove(PyObject* self, PyObject* const* args, Py_ssize_t na
     }
     mask_decref(ix, old);
   }
-  if (old_of != UINT32_MAX) mask_decref(ix, old_of);
-  mask_decref(ix, new_id);
+  memo_release(ix, old_of, new_id);
   Py_RETURN_NONE;
 nomem:
-  if (old_of != UINT32_MAX) mask_decref(ix, old_of);
-  mask_decref(ix, new_id);
+  memo_release(ix, old_of, new_id);
   return PyErr_NoMemory();
 }
 

@@ -74,6 +74,24 @@ def test_writes_become_readable_when_done_and_lru_deletes_files(tmp_path: Path) 
     tier.close()
 
 
+def test_a_pinned_block_outlives_clear_until_its_reads_are_over(tmp_path: Path) -> None:
+    io = ManualIO()
+    tier = DiskTier(tmp_path, 4, 8, "mock", io)
+    tier.put(1, b"a" * 8)
+    tier.put(2, b"b" * 8)
+    io.run_pending()
+    tier.poll()
+    tier.acquire(1)
+    tier.acquire(1)
+    assert tier.num_pinned == 2
+    assert tier.clear() == [2] and 1 in tier and 2 not in tier
+    tier.release(1)
+    tier.release(1)
+    tier.check_integrity()
+    assert tier.num_pinned == 0 and tier.clear() == [1] and len(tier) == 0
+    tier.close()
+
+
 def test_a_failed_write_is_forgotten(tmp_path: Path) -> None:
     io = ManualIO()
     tier = DiskTier(tmp_path, 2, 8, "mock", io)
