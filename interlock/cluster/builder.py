@@ -425,7 +425,7 @@ class RunningCluster:
         children = [w.child for w in self._workers.values() if w.child is not None]
         seen = -1
         while True:
-            have = len(self.service.instances())
+            have = self.service.num_workers()  # once per join while a fleet starts: no sort
             if progress and have != seen:
                 print(f"waiting for workers: {have}/{count} ready", file=sys.stderr, flush=True)
             seen = have

@@ -13,8 +13,10 @@ what it serves only for itself, never the model's card for others.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
+
+from interlock.protocol import InstanceInfo
 
 
 class Card(NamedTuple):
@@ -22,12 +24,21 @@ class Card(NamedTuple):
     context_length: int
 
 
+def card_of(info: InstanceInfo) -> Card:
+    """The card a worker announces."""
+    return Card(info.model_path, info.context_length)
+
+
 def majority_card(cards: Iterable[Card], current: Card | None) -> Card:
     """The card most of ``cards`` carry; ties go to ``current``, then to the smallest context."""
-    counts = Counter(cards)
-    if not counts:
+    return majority_of(Counter(cards), current)
+
+
+def majority_of(counts: Mapping[Card, int], current: Card | None) -> Card:
+    """``majority_card`` of cards already counted (a count of 0 is no card)."""
+    top = max(counts.values(), default=0)
+    if top <= 0:
         raise ValueError("no cards")
-    top = max(counts.values())
     tied = [card for card, n in counts.items() if n == top]
     if current in tied:
         assert current is not None

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 
@@ -35,9 +36,10 @@ from interlock.router.breaker import BreakerConfig, Breakers
 from interlock.router.disagg import DisaggConfig
 from interlock.router.disagg_flow import DisaggFlow
 from interlock.router.dispatcher import EXPLAIN_HEADER, Dispatcher, DispatchOptions
-from interlock.router.indexer import ApplyResult
-from interlock.router.model_card import Card, majority_card
+from interlock.router.kv_sync import KvSync
+from interlock.router.model_card import Card, card_of
 from interlock.router.model_router import Router, RouterConfig
+from interlock.router.roster import Roster
 from interlock.runtime.interfaces import Discovery, EventPlane, RequestPlane
 from interlock.runtime.link import ControlLink
 
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 _encode = msgspec.msgpack.Encoder().encode
 _decode_batch = msgspec.msgpack.Decoder(KVEventBatch).decode
 _decode_load = msgspec.msgpack.Decoder(LoadReport).decode
+_FromWorker = TypeVar("_FromWorker", KVEventBatch, LoadReport)
 _decode_router_load = msgspec.msgpack.Decoder(list[RouterLoadEvent] | RouterLoadEvent).decode
 
 SHARE_INTERVAL_S = 0.01
@@ -105,12 +108,15 @@ class RouterService:
         self._options = options
         self.router_id = router_id or uuid.uuid4().hex[:12]
         self.routers: dict[str, Router] = {}
-        self._instances: dict[str, InstanceInfo] = {}
+        self._roster = Roster()
+        """Routed and held workers, filed by model and card: a join or a leave is O(1)."""
+        self._instances = self._roster.routed
+        """Routed workers by id (read only: through ``_roster``)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._reports: dict[str, LoadReport] = {}
         self._known_models: dict[str, ModelEntry] = {}
-        self._held: dict[str, InstanceInfo] = {}
+        self._held = self._roster.held
         """Workers whose card the model's majority disagrees with (``model_card``): not routed."""
         self._shared_out: list[RouterLoadEvent] = []
         self._share_timer: asyncio.TimerHandle | None = None
@@ -120,6 +126,8 @@ class RouterService:
         self.disagg = DisaggFlow(self, self.dispatcher, disagg) if disagg is not None else None
         """Disaggregated prefill/decode (``router.disagg_flow``); None: aggregated only."""
         self.dispatcher.disagg = self.disagg
+        self.kv_sync = KvSync(requests, self._ask_snapshot)
+        """Pulls of workers' KV state: a gap replayed, a whole cache (``router/kv_sync.py``)."""
         self._link = link
         self.degraded_sources: list[Callable[[], list[str]]] = []
         """More sources of ``degraded`` reasons (``serve`` adds its process supervisor)."""
@@ -148,6 +156,7 @@ class RouterService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
+        await self.kv_sync.close()
         self.dispatcher.close()
 
     async def wait_for_workers(self, count: int, timeout_s: float) -> int:
@@ -206,7 +215,7 @@ class RouterService:
         if self._link is not None and (status := self._link.status()).state != "connected":
             found.append(f"control plane unreachable for {status.since_s:.0f} s ({status.reason})")
         found += [
-            f"worker {i.instance_id} held out of routing: it announces {_card(i)}, model "
+            f"worker {i.instance_id} held out of routing: it announces {card_of(i)}, model "
             f"'{i.model}' is {self._current_card(i.model)}"
             for i in self._held.values()
         ]
@@ -233,6 +242,10 @@ class RouterService:
     def instances(self) -> list[InstanceInfo]:
         return sorted(self._instances.values(), key=lambda i: i.instance_id)
 
+    def num_workers(self) -> int:
+        """How many workers are routed: ``len(instances())`` without listing and sorting them."""
+        return len(self._instances)
+
     def instance(self, instance_id: str) -> InstanceInfo | None:
         return self._instances.get(instance_id)
 
@@ -256,6 +269,7 @@ class RouterService:
         lines += self._tier_lines()
         lines += self._handoff_lines()
         lines += self._router_lines()
+        lines += self._kv_sync_lines()
         lines += self.dispatcher.prometheus_lines()
         if self.disagg is not None:
             lines += self.disagg.prometheus_lines()
@@ -300,6 +314,29 @@ class RouterService:
         for labels, r in self._labelled_reports():
             for outcome, n in r.kv_handoffs:
                 lines.append(f'interlock_worker_kv_handoffs_total{{{labels},outcome="{outcome}"}} {n}')
+        return lines
+
+    def _kv_sync_lines(self) -> list[str]:
+        st = self.kv_sync.stats
+        lines = _family(
+            "interlock_router_kv_syncs_total",
+            "counter",
+            "Pulls of a worker's KV state: a gap replayed from its ring, its whole cache, or failed",
+        )
+        lines += [
+            f'interlock_router_kv_syncs_total{{kind="{kind}"}} {n}'
+            for kind, n in (("replay", st.replays), ("snapshot", st.snapshots), ("failed", st.failed))
+        ]
+        lines += _family(
+            "interlock_router_kv_sync_bytes_total", "counter", "Bytes pulled from workers' KV state"
+        )
+        lines.append(f"interlock_router_kv_sync_bytes_total {st.bytes}")
+        lines += _family(
+            "interlock_router_kv_syncing_workers",
+            "gauge",
+            "Workers whose KV state is being pulled (routed by what the index has meanwhile)",
+        )
+        lines.append(f"interlock_router_kv_syncing_workers {self.kv_sync.syncing}")
         return lines
 
     def _router_lines(self) -> list[str]:
@@ -421,26 +458,28 @@ class RouterService:
         if problem is not None:
             log.warning("refused registration of worker %r: %s", info.instance_id[:64], problem)
             return
-        held = self._held.pop(info.instance_id, None)
+        held = self._roster.unhold(info.instance_id)
         if held == info:  # heard again, still disagreeing with the model's card
-            self._held[info.instance_id] = info
+            self._roster.hold(info)
             return
         old = self._instances.get(info.instance_id)
-        if old == info:  # heard again after a NATS outage: keep its load and sessions, resync KV
-            if info.publishes_kv_events:
-                asyncio.ensure_future(self._publish(subjects.resync(info.instance_id), b""))
+        if old == info:  # heard again after a NATS outage: keep its load and sessions, pull the gap
+            router = self.routers.get(info.model)
+            if info.publishes_kv_events and router is not None:
+                since = router.kv_seq(info.instance_id)
+                self.kv_sync.pull(router, info.instance_id, _kv_sync_address(info), since=since)
             return
         if old is not None and old.model != info.model:
             self._remove(info.instance_id)
-        if info.role != "prefill" and _card(info) != self._card_with(info):
+        if info.role != "prefill" and card_of(info) != self._card_with(info):
             if info.instance_id in self._instances:  # its card changed under it: out of routing
                 self._unroute(info.instance_id)
-            self._held[info.instance_id] = info
+            self._roster.hold(info)
             log.warning(
                 "worker %s announces %s but most of model %r's workers announce %s: held out of "
                 "routing until most agree (model_card.py)",
                 info.instance_id,
-                _card(info),
+                card_of(info),
                 info.model,
                 self._card_with(info),
             )
@@ -459,21 +498,23 @@ class RouterService:
             return False
         if old is not None:  # a new role may leave the old one's waiters without a worker
             self.dispatcher.fail_stranded(router)
-        self._instances[info.instance_id] = info
+        self._roster.route(info)
         log.info("worker %s joined (%s, %s)", info.instance_id, info.model, info.role)
         if info.publishes_kv_events:
-            asyncio.ensure_future(self._publish(subjects.resync(info.instance_id), b""))
+            since = router.kv_seq(info.instance_id)
+            self.kv_sync.pull(router, info.instance_id, _kv_sync_address(info), since=since)
         return True
 
     def _remove(self, instance_id: str, *, graceful: bool = False) -> None:
         """Route nothing more to it; ``graceful`` (it unregistered: a drain) lets its streams
         finish where they are, else they break and migrate (``Dispatcher.worker_left``)."""
-        info = self._held.pop(instance_id, None) or self._unroute(instance_id, graceful=graceful)
+        info = self._roster.unhold(instance_id) or self._unroute(instance_id, graceful=graceful)
         if info is not None:
             self._update_model(info.model)
 
     def _unroute(self, instance_id: str, *, graceful: bool = False) -> InstanceInfo | None:
-        info = self._instances.pop(instance_id, None)
+        info = self._roster.unroute(instance_id)
+        self.kv_sync.forget(instance_id)
         self._reports.pop(instance_id, None)
         if info is None:
             return None
@@ -481,7 +522,7 @@ class RouterService:
         if router is not None:
             router.remove_worker(instance_id)
             self.dispatcher.fail_stranded(router)  # the last of a role: its waiters fail now
-            if not router.workers():
+            if not self._roster.serving(info.model):
                 del self.routers[info.model]
             else:
                 self.dispatcher.dispatch_queued(router)
@@ -489,40 +530,30 @@ class RouterService:
         log.info("worker %s left%s", instance_id, " (draining)" if graceful else "")
         return info
 
-    def _members(self, model: str) -> list[InstanceInfo]:
-        """The model's live workers that take requests (not prefill only), routed or held."""
-        return [
-            i
-            for i in (*self._instances.values(), *self._held.values())
-            if i.model == model and i.role != "prefill"
-        ]
-
     def _current_card(self, model: str) -> Card | None:
         entry = self._known_models.get(model)
         return Card(entry.model_path, entry.context_length) if entry is not None else None
 
     def _card_with(self, info: InstanceInfo) -> Card:
         """The model's card were ``info`` one of its live workers."""
-        others = [_card(i) for i in self._members(info.model) if i.instance_id != info.instance_id]
-        return majority_card([*others, _card(info)], self._current_card(info.model))
+        return self._roster.card_with(info, self._current_card(info.model))
 
     def _update_model(self, model: str) -> None:
         """Re-derive the model's card from its live workers by majority (``model_card``); with
         none, the last card stays (503, not 404). Routed workers the new majority disagrees with
         step aside (their streams finish); held ones it agrees with are routed."""
-        live = self._members(model)
-        if not live:
+        card = self._roster.majority(model, self._current_card(model))
+        if card is None:
             return
-        card = majority_card([_card(i) for i in live], self._current_card(model))
         self._known_models[model] = ModelEntry(model, card.model_path, card.context_length)
-        for info in [i for i in live if i.instance_id in self._instances and _card(i) != card]:
+        for info in self._roster.routed_off(model, card):
             self._unroute(info.instance_id, graceful=True)
-            self._held[info.instance_id] = info
+            self._roster.hold(info)
             log.warning(
                 "worker %s held out of routing: model %r's card is now %s", info.instance_id, model, card
             )
-        for info in [i for i in live if i.instance_id in self._held and _card(i) == card]:
-            del self._held[info.instance_id]
+        for info in self._roster.held_on(model, card):
+            self._roster.unhold(info.instance_id)
             self._route(info)
 
     def _router_of(self, instance_id: str) -> Router | None:
@@ -535,6 +566,8 @@ class RouterService:
             self.dispatcher.tick(
                 {wid: self.routers[i.model] for wid, i in self._instances.items() if i.model in self.routers}
             )
+            for router in self.routers.values():
+                self.kv_sync.tick(router, self._kv_sync_address_of)
 
     async def _health_checks(self, interval_s: float) -> None:
         while True:
@@ -552,31 +585,39 @@ class RouterService:
                         log.warning("worker %s failed its health check: %s", info.instance_id, result)
                     router.set_health(info.instance_id, healthy)
 
-    async def _on_kv(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:
+    async def _from_workers(
+        self,
+        sub: AsyncIterator[tuple[str, bytes]],
+        decode: Callable[[bytes], _FromWorker],
+        subject_of: Callable[[str], str],
+    ) -> AsyncIterator[tuple[Router, _FromWorker]]:
+        """The messages of ``sub`` that decode and came on their own worker's subject (one
+        worker speaking for another is forged or confused), with that worker's router."""
         async for subject, payload in sub:
             try:
-                batch = _decode_batch(payload)
+                message = decode(payload)
             except msgspec.DecodeError:
                 continue
-            if subject != subjects.kv(batch.instance_id):
-                continue  # one worker's subject speaking for another: forged or confused
-            router = self._router_of(batch.instance_id)
-            if router is None:
+            if subject != subject_of(message.instance_id):
                 continue
-            if router.apply_events(batch) is ApplyResult.GAP:
-                await self._publish(subjects.resync(batch.instance_id), b"")
+            router = self._router_of(message.instance_id)
+            if router is not None:
+                yield router, message
+
+    async def _on_kv(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:
+        async for router, batch in self._from_workers(sub, _decode_batch, subjects.kv):
+            self.kv_sync.offer(router, self._kv_sync_address_of(batch.instance_id), batch)
+
+    def _kv_sync_address_of(self, instance_id: str) -> str | None:
+        info = self._instances.get(instance_id)
+        return _kv_sync_address(info) if info is not None else None
+
+    def _ask_snapshot(self, instance_id: str) -> None:
+        """A worker with no KV-sync endpoint: ask it to publish its whole cache (the old way)."""
+        asyncio.ensure_future(self._publish(subjects.resync(instance_id), b""))
 
     async def _on_load(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:
-        async for subject, payload in sub:
-            try:
-                report = _decode_load(payload)
-            except msgspec.DecodeError:
-                continue
-            if subject != subjects.load(report.instance_id):
-                continue
-            router = self._router_of(report.instance_id)
-            if router is None:
-                continue
+        async for router, report in self._from_workers(sub, _decode_load, subjects.load):
             if not self._options.health_check_s:  # else the pings alone decide health
                 router.set_health(report.instance_id, True)
             router.apply_load(report)
@@ -600,10 +641,11 @@ class RouterService:
                     router.apply_remote_load(ev)
 
 
-def _card(info: InstanceInfo) -> Card:
-    return Card(info.model_path, info.context_length)
-
-
 def _family(name: str, kind: str, help_: str) -> list[str]:
     """A metric family's HELP and TYPE lines."""
     return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+
+
+def _kv_sync_address(info: InstanceInfo) -> str | None:
+    """Where the worker serves KV pulls (``protocol/kv_sync.py``); None: an older worker."""
+    return info.metadata.get("kv_sync_address") or None
