@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
 from interlock.kvhash import hash_blocks
@@ -92,23 +92,14 @@ class ServingEngine(Protocol):
     async def shutdown(self) -> None: ...
 
 
-class FakeEngine:
-    """A deterministic engine for tests of what sits above the seam: output token i of a
-    request is ``(last prompt token + 1 + i) % vocab``, one token per ``step_s``; every full
-    block of a prompt is announced as stored (``kvhash``), cached ones count as cached tokens."""
+class FixedSizes:
+    """The sizes a worker announces (``ServingEngine.block_size``, ``kv_blocks_total``,
+    ``context_length``), for an engine that knows them once it is built (the fake, vLLM's)."""
 
-    name = "fake"
-
-    def __init__(self, *, block_size: int = 16, num_blocks: int = 1024, step_s: float = 0.001) -> None:
+    def __init__(self, block_size: int, kv_blocks_total: int, context_length: int) -> None:
         self._block_size = block_size
-        self._num_blocks = num_blocks
-        self._step_s = step_s
-        self._sink: KVEventSink = NullKVEventSink()
-        self._stored: dict[int, tuple[int, tuple[int, ...]]] = {}
-        """Block hash -> (parent hash, its tokens), in the order stored."""
-        self._running = 0
-        self._dead: str | None = None
-        self.vocab = 49152
+        self._num_blocks = kv_blocks_total
+        self._context_length = context_length
 
     @property
     def block_size(self) -> int:
@@ -120,7 +111,25 @@ class FakeEngine:
 
     @property
     def context_length(self) -> int:
-        return 2048
+        return self._context_length
+
+
+class FakeEngine(FixedSizes):
+    """A deterministic engine for tests of what sits above the seam: output token i of a
+    request is ``(last prompt token + 1 + i) % vocab``, one token per ``step_s``; every full
+    block of a prompt is announced as stored (``kvhash``), cached ones count as cached tokens."""
+
+    name = "fake"
+
+    def __init__(self, *, block_size: int = 16, num_blocks: int = 1024, step_s: float = 0.001) -> None:
+        super().__init__(block_size, num_blocks, context_length=2048)
+        self._step_s = step_s
+        self._sink: KVEventSink = NullKVEventSink()
+        self._stored: dict[int, tuple[int, tuple[int, ...]]] = {}
+        """Block hash -> (parent hash, its tokens), in the order stored."""
+        self._running = 0
+        self._dead: str | None = None
+        self.vocab = 49152
 
     def start(self, sink: KVEventSink) -> None:
         self._sink = sink
@@ -170,6 +179,19 @@ class FakeEngine:
         finally:
             self._running -= 1
         self._sink.on_load(self.load())
+
+    def fill(self, hashes: Sequence[int], *, announce: bool = True) -> None:
+        """Hold ``hashes`` as one cached chain (a synthetic cache: fleet simulations, tests);
+        ``announce``: as KV events, as a prompt's blocks are."""
+        parent = 0
+        new = []
+        for h in hashes:
+            if h not in self._stored:
+                self._stored[h] = (parent, ())
+                new.append(h)
+            parent = h
+        if new and announce:
+            self._sink.on_kv_events(self._events(new))
 
     def _events(self, hashes: list[int]) -> list[KVEvent]:
         return [

@@ -10,7 +10,9 @@ streams (they migrate) and sets ``dead``; its process then exits for a superviso
 The worker is a thin shell (no decisions): it registers an ``InstanceInfo`` in discovery, serves
 ``generate`` on the request plane (msgpack ``GenerateRequest`` in, one msgpack
 ``GenerateOutput`` per chunk out), publishes the engine's KV events (numbered batches) and load
-reports on the event plane, answers re-sync requests with a snapshot of its cache, and drains on
+reports on the event plane, keeps its last batches in a ring for a router that missed some and
+serves them, or its whole cache, on the request plane (``engine.kv_sync``; a router of an older
+kind asks on the event plane and gets its cache published there), and drains on
 shutdown: unregister first so routers stop sending, refuse new calls, let in-flight requests
 finish within a grace period, abort the rest. Routers see the unregister as a graceful leave
 (not a death) and let those streams finish here; only the aborted ones migrate.
@@ -33,9 +35,11 @@ from interlock.engine.async_engine import AsyncEngine
 from interlock.engine.control import WorkerControl
 from interlock.engine.core import EngineCore
 from interlock.engine.disagg import KVHandoff
+from interlock.engine.kv_sync import KvEventLog, KvSyncServer
 from interlock.engine.serving import ServingEngine
 from interlock.protocol import GenerateRequest, InstanceInfo, KVEvent, KVEventBatch, LoadReport, subjects
 from interlock.protocol.control import CONTROL_ENDPOINT
+from interlock.protocol.kv_sync import KV_SYNC_ENDPOINT
 from interlock.runtime.interfaces import CallContext, Discovery, EventPlane, RequestPlane
 from interlock.transfer import TransferAgent
 
@@ -48,6 +52,7 @@ class WorkerOptions:
     """Most frequent load report; an idle worker reports every ``idle_report_s``."""
     idle_report_s: float = 1.0
     drain_grace_s: float = 30.0
+    """How long a draining worker lets its requests finish before it aborts them."""
     kv_transfer_timeout_s: float = 30.0
     """Disaggregation: how long a staged KV payload waits to be pulled, and a pull to finish."""
     health_interval_s: float = 0.5
@@ -86,6 +91,9 @@ class Worker:
         self._events = events
         self._options = options
         self._seq = 0
+        self.kv_log = KvEventLog()
+        """The batches published last, for a router that missed some (``engine/kv_sync.py``)."""
+        self.kv_sync = KvSyncServer(self.engine, self.kv_log)
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -109,7 +117,7 @@ class Worker:
             self.info.endpoint, self._handle, instance_id=self.instance_id
         )
         self.info = msgspec.structs.replace(self.info, address=self._address)
-        await self._serve_control()
+        await self._serve_endpoints()
         resync = await self._events.subscribe(subjects.resync(self.instance_id))
         self._tasks = [
             asyncio.create_task(self._publisher(), name="worker-publisher"),
@@ -117,7 +125,6 @@ class Worker:
             asyncio.create_task(self._health_loop(), name="worker-health"),
         ]
         await self._discovery.register(self.info)
-        await self.publish_snapshot()
         log.info("worker %s serving %s at %s", self.instance_id, self.info.model, self._address)
         return self.info
 
@@ -172,11 +179,20 @@ class Worker:
     def in_flight(self) -> int:
         return self._in_flight
 
-    async def _serve_control(self) -> None:
+    async def _serve_endpoints(self) -> None:
+        """The control and KV-sync endpoints, their addresses announced in the metadata."""
         self._control_address = await self._requests.serve(
             CONTROL_ENDPOINT, WorkerControl(self).handle, instance_id=self.instance_id
         )
-        meta = dict(self.info.metadata, control_address=self._control_address, engine=self.engine.name)
+        kv_sync_address = await self._requests.serve(
+            KV_SYNC_ENDPOINT, self.kv_sync.handle, instance_id=self.instance_id
+        )
+        meta = dict(
+            self.info.metadata,
+            control_address=self._control_address,
+            kv_sync_address=kv_sync_address,
+            engine=self.engine.name,
+        )
         meta.update(self.engine.announce())
         if self.handoff is not None:
             meta["kv_transfer_address"] = self.handoff.agent.tcp_address
@@ -207,7 +223,9 @@ class Worker:
             snapshot=snapshot,
         )
         self._seq += 1
-        self._outbox.put_nowait((subjects.kv(self.instance_id), _encode(batch)))
+        payload = _encode(batch)
+        self.kv_log.append(batch.seq, payload)
+        self._outbox.put_nowait((subjects.kv(self.instance_id), payload))
 
     def publish_load(self, load: LoadReport, *, force: bool = False) -> None:
         now = time.monotonic()

@@ -181,6 +181,14 @@ class KvIndexer:
         """Workers whose index may be wrong until they send a snapshot."""
         return [w.instance_id for w in self._workers.values() if w.needs_resync]
 
+    def kv_seq(self, instance_id: str) -> int | None:
+        """The seq of the worker's last batch applied; None where that says nothing (an unknown
+        worker, no batch yet, or one that needs a snapshot)."""
+        w = self._workers.get(instance_id)
+        if w is None or w.needs_resync or not w.events_seen:
+            return None
+        return w.last_seq
+
     def num_blocks(self, instance_id: str | None = None) -> int:
         if instance_id is None:
             return sum(len(w.blocks) for w in self._workers.values())

@@ -262,6 +262,9 @@ class Router:
     def needs_resync(self) -> list[str]:
         return self.indexer.needs_resync()
 
+    def kv_seq(self, instance_id: str) -> int | None:
+        return self.indexer.kv_seq(instance_id)
+
     def apply_load(self, report: LoadReport) -> None:
         w = self._workers.get(report.instance_id)
         if w is None:

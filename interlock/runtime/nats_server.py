@@ -102,6 +102,7 @@ class NatsServer:
         tls: ServerTLS | None = None,
         monitor_port: int | None = None,
         log_to_stderr: bool = False,
+        max_pending_bytes: int | None = None,
     ) -> None:
         if auth is not None and (auth.creds_file is not None or auth.tls):
             raise ConfigError(
@@ -117,6 +118,9 @@ class NatsServer:
         self.users = users
         """Confined logins besides ``auth`` (which may do everything)."""
         self.tls = tls
+        self.max_pending_bytes = max_pending_bytes
+        """Bytes a client may leave unread before the server cuts it as a slow consumer (None:
+        the server's default, 64 MiB)."""
         self.monitor_port = monitor_port
         """HTTP monitoring (``/healthz``, ``/varz``) on this port of ``host``; None: off."""
         self.log_to_stderr = log_to_stderr
@@ -181,7 +185,7 @@ class NatsServer:
             return  # the next start writes them
         log = Path(self._dir.name) / "log"
         before = _reloads(log)
-        _write_config(Path(self._dir.name), server_config(self.auth, self.tls, self.users))
+        _write_config(Path(self._dir.name), self._config())
         self._process.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + self.start_timeout
         while _reloads(log) <= before:
@@ -198,6 +202,12 @@ class NatsServer:
             self._dir = None
         atexit.unregister(self.stop)
 
+    def _config(self) -> str:
+        body = server_config(self.auth, self.tls, self.users)
+        if self.max_pending_bytes is not None:
+            body += f"max_pending: {int(self.max_pending_bytes)}\n"
+        return body
+
     def _spawn(self) -> None:
         assert self._dir is not None
         args = [str(find_binary()), "-a", self.host, "-p", str(self.port)]
@@ -206,11 +216,8 @@ class NatsServer:
             args += ["-l", str(Path(self._dir.name) / "log")]
         if self.monitor_port is not None:
             args += ["-m", str(self.monitor_port)]
-        if self.auth is not None or self.tls is not None:
-            args += [
-                "-c",
-                str(_write_config(Path(self._dir.name), server_config(self.auth, self.tls, self.users))),
-            ]
+        if self.auth is not None or self.tls is not None or self.max_pending_bytes is not None:
+            args += ["-c", str(_write_config(Path(self._dir.name), self._config()))]
         out = None if self.log_to_stderr else subprocess.DEVNULL
         self._process = subprocess.Popen(
             args,

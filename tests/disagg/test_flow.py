@@ -142,7 +142,10 @@ def test_prefill_worker_without_staging_falls_back_to_local_prefill() -> None:
             c.agents["p"].close()  # staging now fails: the output carries no descriptor
             p = prompt(3, 21)
             assert tokens(await c.generate("a", p, 5)) == reference_output(p, 5, vocab_size=VOCAB)
-            assert c.service.disagg is not None and c.service.disagg.fallbacks == {"not_staged": 1}
+            assert c.service.disagg is not None
+            # the link loop may also check p -> d after its agent closed, and count that
+            fallbacks = dict(c.service.disagg.fallbacks)
+            assert fallbacks.pop("not_staged") == 1 and set(fallbacks) <= {"link_check_failed"}
             for wid in ("p", "d"):
                 st = await c.control(wid, ControlRequest(op="check_integrity"))
                 assert st.ok and st.kv_blocks_used == 0, st
