@@ -175,7 +175,7 @@ class Router:
             del self._seen[next(iter(self._seen))]
         self._slot_ids[slot] = info.instance_id
         self.set_weight(info.instance_id, 1.0)
-        self._forget_eligible()
+        self._update_eligible(slot)
 
     def remove_worker(self, instance_id: str) -> None:
         w = self._workers.pop(instance_id, None)
@@ -187,7 +187,7 @@ class Router:
         del self._slot_ids[w.slot]
         for rid in [r for r, wid in self._routed.items() if wid == instance_id]:
             del self._routed[rid]
-        self._forget_eligible()
+        self._update_eligible(w.slot)
 
     def take_stranded(self) -> list[RequestMeta]:
         """Take out of the queue the requests no registered worker could take (the last worker
@@ -209,13 +209,13 @@ class Router:
         w = self._workers.get(instance_id)
         if w is not None and w.healthy != healthy:
             w.healthy = healthy
-            self._forget_eligible()
+            self._update_eligible(w.slot)
 
     def set_blocked(self, instance_id: str, blocked: bool) -> None:
         w = self._workers.get(instance_id)
         if w is not None and w.blocked != blocked:
             w.blocked = blocked
-            self._forget_eligible()
+            self._update_eligible(w.slot)
 
     def set_weight(self, instance_id: str, weight: float) -> None:
         """Routing weight of a worker, in (0, 1]: the ``kv`` cost and the load that
@@ -272,7 +272,7 @@ class Router:
         self.load.apply_report(w.slot, report, self.clock())
         if w.draining != report.draining:
             w.draining = report.draining
-            self._forget_eligible()
+            self._update_eligible(w.slot)
 
     def apply_remote_load(self, ev: RouterLoadEvent) -> None:
         """Dispatch-time load shared by another router."""
@@ -398,18 +398,14 @@ class Router:
 
     # ---- internals ----
     def _eligible(self, role: str | None) -> np.ndarray:
+        """Per slot: the worker may take a request of ``role`` (None: any) now or once it is not
+        busy. Built once per role, then kept up to date one slot at a time (``_update_eligible``)."""
         cached = self._eligible_cache.get(role)
         if cached is not None:
             return cached
         mask = np.zeros(self.indexer.num_slots, dtype=bool)
         for w in self._workers.values():
-            if (
-                w.healthy
-                and not w.blocked
-                and not w.draining
-                and (role is None or w.info.role in (role, "both"))
-            ):
-                mask[w.slot] = True
+            mask[w.slot] = _takes(w, role)
         self._eligible_cache[role] = mask
         if len(mask) and mask.all():
             self._whole.append(mask)
@@ -421,9 +417,22 @@ class Router:
                 return True
         return False
 
-    def _forget_eligible(self) -> None:
-        self._eligible_cache.clear()
+    def _update_eligible(self, slot: int) -> None:
+        """The worker in ``slot`` (or none: it left) changed: set its bit in every cached mask,
+        which grows with the slots (a join or a leave costs no walk over the fleet)."""
+        n = self.indexer.num_slots
+        sid = self._slot_ids.get(slot)
+        w = self._workers.get(sid) if sid is not None else None
         self._whole.clear()
+        for role, mask in list(self._eligible_cache.items()):
+            if len(mask) != n:  # new slots: a new mask object (cached costs keyed by it stay right)
+                grown = np.zeros(n, dtype=bool)
+                grown[: min(len(mask), n)] = mask[:n]
+                self._eligible_cache[role] = mask = grown
+            if slot < n:
+                mask[slot] = w is not None and _takes(w, role)
+            if n and mask.all():
+                self._whole.append(mask)
 
     def _weights(self, n: int) -> np.ndarray | None:
         """Per-slot routing weights for ``n`` slots, None when all are 1 (the common case)."""
@@ -606,3 +615,8 @@ class Router:
         self._dispatch_times.append(now)
         self.metrics.record(d)
         return d
+
+
+def _takes(w: _WorkerState, role: str | None) -> bool:
+    """``w`` may take a request of ``role`` (None: any) now or once it is not busy."""
+    return w.healthy and not w.blocked and not w.draining and (role is None or w.info.role in (role, "both"))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import interlock.router as router_pkg
@@ -8,6 +9,7 @@ from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
 from interlock.router import Decision, Pending, RequestMeta, Router, RouterConfig
 from interlock.router.cost import CostParams
+from tests.factories import load_report
 
 BS = 4
 
@@ -420,3 +422,36 @@ def test_the_stall_counts_queued_requests_with_stall_over_inflight(over: str, pi
     route(r, "d0", [8], worker_id="w1")
     r.on_first_token("d0")
     assert route(r, "long", [9] * 4000).worker_id == pick
+
+
+def test_the_eligible_masks_kept_up_to_date_equal_masks_built_afresh() -> None:
+    """Joins, leaves, health, breakers and drains change one slot of the cached masks each; after
+    every step the masks equal ones built from every worker."""
+    import random
+
+    rng = random.Random(5)
+    r = Router(RouterConfig(seed=0))
+    live: list[str] = []
+    for step in range(600):
+        op = rng.random()
+        if op < 0.35 or not live:
+            wid = f"w{step}"
+            role = rng.choice(("both", "prefill", "decode"))
+            r.add_worker(InstanceInfo(instance_id=wid, endpoint="e", model="m", role=role))
+            live.append(wid)
+        elif op < 0.5:
+            r.remove_worker(live.pop(rng.randrange(len(live))))
+        elif op < 0.65:
+            r.set_health(rng.choice(live), rng.random() < 0.5)
+        elif op < 0.8:
+            r.set_blocked(rng.choice(live), rng.random() < 0.5)
+        else:
+            wid = rng.choice(live)
+            r.apply_load(load_report(wid, timestamp=float(step), draining=rng.random() < 0.3))
+        for role in (None, "prefill", "decode"):
+            kept = r._eligible(role).copy()
+            whole = r._is_whole(r._eligible(role))
+            r._eligible_cache.pop(role)
+            fresh = r._eligible(role)
+            assert np.array_equal(kept, fresh), (step, role)
+            assert whole == (len(fresh) > 0 and bool(fresh.all())), (step, role)
