@@ -371,6 +371,7 @@ class CompiledDecider:
     def __init__(self, kernel: RouteKernel, reference: ReferenceDecider) -> None:
         self.kernel, self.reference = kernel, reference
         self.indexer, self.load, self.params = reference.indexer, reference.load, reference.params
+        self.k = reference.k
         self._uncached = np.zeros(0)
         """Scratch: the request's uncached prompt tokens per slot (``_fill_uncached``)."""
 
@@ -386,10 +387,17 @@ class CompiledDecider:
         return cls(RouteKernel(lib), reference)
 
     def decide(self, req: KvRequest) -> KvChoice:
-        held: Callable[[int], int]
-        if self.indexer.compiled and not self.indexer.has_lower_tiers():
-            costs, ranked, slot, overlaps = self._decide_indexed(req)
-            held = overlaps.item
+        indexer = self.indexer
+        if indexer.compiled and not indexer.has_lower_tiers():
+            # lookup, cost, ranking and choice in one call (inline: a decision's budget is ~15 µs)
+            params = self.params
+            costs, ranked, slot, overlaps = self.kernel.decide_indexed(
+                indexer, req.hashes, params, len(req.mask), req.prompt_tokens, req.max_tokens,
+                req.max_tokens, self.k, req.rotation,
+                self.load.cost_vectors(params.price_room, params.stall_over),
+                req.weight, None if req.whole else req.mask, req.fleet,
+            )  # fmt: skip
+            held: Callable[[int], int] = overlaps.item
         elif self.kernel.has_library:
             costs, ranked, slot, held = self._decide_over_lookup(req)
         else:
@@ -397,24 +405,6 @@ class CompiledDecider:
         if slot < 0:
             return self.reference.choose(req, costs, held)
         return KvChoice(costs, ranked, slot, held)
-
-    def _decide_indexed(self, req: KvRequest) -> tuple[np.ndarray, list[int], int, np.ndarray]:
-        params = self.params
-        return self.kernel.decide_indexed(
-            self.indexer,
-            req.hashes,
-            params,
-            len(req.mask),
-            req.prompt_tokens,
-            req.max_tokens,
-            req.max_tokens,
-            self.reference.k,
-            req.rotation,
-            self.load.cost_vectors(params.price_room, params.stall_over),
-            req.weight,
-            None if req.whole else req.mask,
-            req.fleet,
-        )
 
     def _decide_over_lookup(self, req: KvRequest) -> tuple[np.ndarray, list[int], int, Callable[[int], int]]:
         """The prefix lookup in Python, the rest in ``route_kv.c``. Whole vectors are passed
@@ -445,7 +435,7 @@ class CompiledDecider:
             decode_tokens=req.max_tokens,
             kv_usage=load.kv_used_frac,
             busy=load.busy(),
-            k=self.reference.k,
+            k=self.k,
             rotation=req.rotation,
             waiting=load.reported_waiting,
             lower=lower,
