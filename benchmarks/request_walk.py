@@ -31,7 +31,6 @@ import interlock
 from interlock.cli.serve import build_parser, spec_from_args
 from interlock.cluster.builder import RunningCluster
 
-names: list[str] = []
 ROOT = str(Path(interlock.__file__).resolve().parent) + "/"
 LEAVES = {"protocol", "errors.py", "names.py", "kvhash.py", "env.py", "deploy.py", "__init__.py"}
 LAYERS = ("cli", "cluster", "frontend", "router", "runtime", "engine")
@@ -42,10 +41,9 @@ def _package(rel: str) -> str:
     return rel.split("/", 1)[0]
 
 
-async def _traced_request(url: str) -> list[tuple[str, str]]:
+async def _traced_request(url: str) -> list[tuple[str, str, str]]:
     body: dict = {"model": "", "messages": [{"role": "user", "content": "Where is Paris?"}], "max_tokens": 4}
-    calls: list[tuple[str, str]] = []  # (callee, caller) files under interlock/
-    names.clear()
+    calls: list[tuple[str, str, str]] = []  # (callee, caller) files under interlock/, the functions
     entered: set[object] = set()  # frames already entered: a coroutine's resumption is no call
     before: set[asyncio.Task] = set()  # the tasks that ran before the request (not its own)
     current = asyncio.current_task
@@ -57,8 +55,8 @@ async def _traced_request(url: str) -> list[tuple[str, str]]:
             if f.startswith(ROOT):
                 back = frame.f_back
                 caller = back.f_code.co_filename if back is not None else ""
-                calls.append((f[len(ROOT) :], caller[len(ROOT) :] if caller.startswith(ROOT) else ""))
-                names.append(f"{back.f_code.co_name if back else ''} -> {frame.f_code.co_name}")
+                called = f"{back.f_code.co_name if back else ''} -> {frame.f_code.co_name}"
+                calls.append((f[len(ROOT) :], caller[len(ROOT) :] if caller.startswith(ROOT) else "", called))
 
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         body["model"] = (await client.get("/v1/models")).json()["data"][0]["id"]
@@ -94,15 +92,21 @@ def _report(name: str, visits: list[str]) -> None:
     print(f"{name}: {len(seen)} entered, {len(visits)} visits, {sum(returns.values())} returns ({most})")
 
 
-def _edges(name: str, calls: list[tuple[str, str]]) -> None:
-    """Calls from one layer's package into another's, counted; upward ones named."""
+def _edges(name: str, calls: list[tuple[str, str, str]], full: bool = False, judge: bool = True) -> None:
+    """Calls from one layer's package into another's, counted; upward ones named; with
+    ``full``, each call (caller -> callee)."""
     edges: collections.Counter[tuple[str, str]] = collections.Counter()
-    for callee, caller in calls:
+    for callee, caller, called in calls:
         a, b = _package(caller), _package(callee)
         if caller and a != b and a in LAYERS and b in LAYERS:
             edges[(a, b)] += 1
-    up = {e: n for e, n in edges.items() if LAYERS.index(e[0]) > LAYERS.index(e[1])}
+            if full:
+                print(f"  {caller} -> {callee}: {called}")
     listed = ", ".join(f"{a}->{b} {n}" for (a, b), n in sorted(edges.items()))
+    if not judge:  # both ways: the replies come back up by design
+        print(f"{name}: {listed}")
+        return
+    up = {e: n for e, n in edges.items() if LAYERS.index(e[0]) > LAYERS.index(e[1])}
     print(f"{name}: {listed}; upward: {up or 'none'}")
 
 
@@ -120,7 +124,7 @@ async def main() -> None:
         calls = await _traced_request(running.server.url)
     finally:
         await running.close()
-    files = [callee for callee, _ in calls]
+    files = [callee for callee, _, _ in calls]
     first_engine = next((i for i, c in enumerate(files) if c.startswith("engine/")), len(files))
     down = _visits(files[: first_engine + 1])
     _report("files, HTTP to the engine", down)
@@ -128,8 +132,8 @@ async def main() -> None:
     _report("packages, HTTP to the engine (leaves left out)", packages)
     print("package walk:", " -> ".join(packages))
     _report("files, the whole request (both ways)", _visits(files))
-    _edges("calls between packages, HTTP to the engine", calls[: first_engine + 1])
-    _edges("calls between packages, the whole request", calls)
+    _edges("calls between packages, HTTP to the engine", calls[: first_engine + 1], args.full)
+    _edges("calls between packages, the whole request", calls, judge=False)
     if args.full:
         print("\n".join(down))
 
