@@ -17,8 +17,8 @@ FAST = Backoff(initial_s=0.05, cap_s=0.1)
 class NoWorkersYet:
     """The two calls ``wait_ready`` makes on the router service, with nobody registering."""
 
-    def instances(self) -> list[object]:
-        return []
+    def num_workers(self) -> int:
+        return 0
 
     async def wait_for_workers(self, count: int, timeout_s: float) -> bool:
         await asyncio.sleep(min(timeout_s, 0.05))
