@@ -12,15 +12,13 @@ import msgspec
 
 from interlock.engine.serving import ServingEngine
 from interlock.protocol import BlockStored, KVEvent
-from interlock.protocol.kv_sync import KvSnapshotPart, KvSyncHeader, KvSyncRequest
+from interlock.protocol.kv_sync import PART_BLOCKS, KvSyncHeader, KvSyncRequest, snapshot_parts
 from interlock.runtime.interfaces import CallContext
 
 RING_BATCHES = 4096
 RING_BYTES = 8 << 20
 """The ring keeps at most this many batches and bytes (the oldest go first): a link down for a
 few seconds on a busy worker is replayed, a longer one costs a snapshot."""
-PART_BLOCKS = 16384
-"""Block hashes per snapshot part (about 150 KB encoded)."""
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_request = msgspec.msgpack.Decoder(KvSyncRequest).decode
@@ -68,18 +66,14 @@ class KvEventLog:
         return self._bytes
 
 
-def snapshot_parts(events: Iterable[KVEvent], part_blocks: int = PART_BLOCKS) -> list[KvSnapshotPart]:
+def stored_by_tier(events: Iterable[KVEvent]) -> dict[str, list[int]]:
     """A cache snapshot's ``BlockStored`` events (``ServingEngine.kv_snapshot``: after an
-    ``AllBlocksCleared``, nothing removed) as parts of at most ``part_blocks`` hashes per tier."""
+    ``AllBlocksCleared``, nothing removed) as block hashes by tier."""
     by_tier: dict[str, list[int]] = {}
     for ev in events:
         if isinstance(ev, BlockStored):
             by_tier.setdefault(ev.tier, []).extend(ev.block_hashes)
-    return [
-        KvSnapshotPart(tier=tier, hashes=hashes[i : i + part_blocks])
-        for tier, hashes in by_tier.items()
-        for i in range(0, len(hashes), part_blocks)
-    ]
+    return by_tier
 
 
 class KvSyncServer:
@@ -100,7 +94,7 @@ class KvSyncServer:
                 yield frame
             return
         as_of = self.log.last_seq  # read before the snapshot: every batch up to it is in it
-        parts = snapshot_parts(await self.engine.kv_snapshot(), self.part_blocks)
+        parts = snapshot_parts(stored_by_tier(await self.engine.kv_snapshot()), self.part_blocks)
         self.snapshots += 1
         blocks = sum(len(p.hashes) for p in parts)
         yield _encode(KvSyncHeader(kind="snapshot", seq=as_of, frames=len(parts), blocks=blocks))

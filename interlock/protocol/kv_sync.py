@@ -18,6 +18,13 @@ reply stream opens with a
 Nothing here goes through the NATS server (the request plane is TCP between the two): a
 frontend that joins a fleet pulls its snapshots a few workers at a time, with no slow-consumer
 limit to run into.
+
+A router replica (a frontend, a standalone router) serves the same snapshots of what its own
+index holds, per worker, at ``KV_REPLICA_ENDPOINT`` (registered in discovery under the router's
+id): a frontend that joins while another runs copies its index from it and asks the workers
+for nothing but the gaps (``router/kv_replica.py``). The reply is a ``snapshot`` as of the
+replica's last applied batch from that worker, or ``missing`` (no frames) where the replica
+holds no whole state of it (not known, or still being pulled).
 """
 
 from __future__ import annotations
@@ -25,7 +32,13 @@ from __future__ import annotations
 import msgspec
 
 KV_SYNC_ENDPOINT = "interlock.worker.kv_sync"
-KV_SYNC_KINDS = ("replay", "snapshot")
+KV_REPLICA_ENDPOINT = "interlock.router.kv_replica"
+REPLICA_ID_PREFIX = "router-"
+"""A replica registers as ``router-<router id>``, and only such registrations are asked: no
+worker login may announce an id with this prefix (``nats_permissions.worker_permissions``), so
+where workers have logins of their own none can pose as a replica and feed a new frontend a
+false index."""
+KV_SYNC_KINDS = ("replay", "snapshot", "missing")
 
 
 class KvSyncRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,9 +47,14 @@ class KvSyncRequest(msgspec.Struct, frozen=True, kw_only=True):
     first); None: the whole cache."""
 
 
+class KvReplicaRequest(msgspec.Struct, frozen=True, kw_only=True):
+    instance_id: str
+    """The worker whose state the replica is asked for (always whole: a replica keeps no ring)."""
+
+
 class KvSyncHeader(msgspec.Struct, frozen=True, kw_only=True):
     kind: str
-    """``replay`` or ``snapshot`` (``KV_SYNC_KINDS``)."""
+    """``replay``, ``snapshot`` or (a replica's answer) ``missing`` (``KV_SYNC_KINDS``)."""
     seq: int
     """replay: the seq of the last batch replayed; snapshot: the seq it is taken as of (-1:
     before any batch)."""
@@ -50,3 +68,16 @@ class KvSnapshotPart(msgspec.Struct, frozen=True, kw_only=True, array_like=True)
     tier: str
     """``device``, ``host`` or ``disk`` (``protocol.events.TIERS``)."""
     hashes: list[int]
+
+
+PART_BLOCKS = 16384
+"""Block hashes per snapshot part (about 150 KB encoded)."""
+
+
+def snapshot_parts(by_tier: dict[str, list[int]], part_blocks: int = PART_BLOCKS) -> list[KvSnapshotPart]:
+    """A whole state's block hashes by tier as parts of at most ``part_blocks`` hashes."""
+    return [
+        KvSnapshotPart(tier=tier, hashes=hashes[i : i + part_blocks])
+        for tier, hashes in by_tier.items()
+        for i in range(0, len(hashes), part_blocks)
+    ]

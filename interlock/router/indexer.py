@@ -211,6 +211,21 @@ class KvIndexer:
     def blocks_of(self, instance_id: str) -> frozenset[int]:
         return frozenset(self._workers[instance_id].blocks)
 
+    def export(self, instance_id: str) -> tuple[int, dict[str, list[int]]] | None:
+        """The worker's whole state as of its last applied batch: (that seq, block hashes by
+        tier), what a snapshot of it would hold; None where the index has no whole state of
+        it (unknown, approximate, or waiting for a snapshot: ``kv_seq`` is None)."""
+        seq = self.kv_seq(instance_id)
+        if seq is None:
+            return None
+        w = self._workers[instance_id]
+        tiers: dict[str, list[int]] = {"device": list(w.blocks)}
+        for tier, bit in _TIER_BITS.items():
+            held = [h for h, bits in w.lower.items() if bits & bit]
+            if held:
+                tiers[tier] = held
+        return seq, tiers
+
     # ---- events ----
     def apply(self, batch: KVEventBatch) -> ApplyResult:
         w = self._workers.get(batch.instance_id)

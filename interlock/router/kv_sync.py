@@ -9,6 +9,11 @@ ones the pull covered dropped as duplicates by the index. At most ``max_pulls`` 
 once, each bounded in time; a failed one is retried with backoff (``tick``), the worker routed
 meanwhile by what the index has (nothing, for one that just joined: by load alone).
 
+A whole state is asked of another router replica first where one is known (``peers``, the
+replicas' ``kv_replica`` addresses; ``router/kv_replica.py``): a frontend that joins while
+another runs copies that one's index and asks the workers only for the gaps since. A replica
+that answers ``missing``, fails or is slow leaves it to the worker.
+
 A worker without a ``kv_sync_address`` (an older one) is asked the old way: its whole cache
 published on the event plane (``fallback``).
 """
@@ -19,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,7 +32,7 @@ import msgspec
 
 from interlock.errors import TransportError
 from interlock.protocol import AllBlocksCleared, BlockStored, KVEvent, KVEventBatch
-from interlock.protocol.kv_sync import KvSnapshotPart, KvSyncHeader, KvSyncRequest
+from interlock.protocol.kv_sync import KvReplicaRequest, KvSnapshotPart, KvSyncHeader, KvSyncRequest
 from interlock.router.indexer import ApplyResult
 from interlock.runtime.interfaces import RequestPlane
 
@@ -41,6 +46,10 @@ MAX_HELD = 4096
 leave is pulled next."""
 RETRY_S = (1.0, 30.0)
 """A failed pull's first retry, and the longest (doubling)."""
+REPLICA_TIMEOUT_S = 5.0
+"""A replica's answer for one worker (a few hundred KB at most): past it, the worker is asked."""
+MAX_REPLICA_TRIES = 2
+"""Replicas asked for one worker's state before the worker is."""
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_header = msgspec.msgpack.Decoder(KvSyncHeader).decode
@@ -68,7 +77,12 @@ class KvSyncStats:
     replayed_batches: int = 0
     snapshot_blocks: int = 0
     bytes: int = 0
-    """Bytes pulled, every frame."""
+    """Bytes pulled from workers, every frame."""
+    replicas: int = 0
+    """Whole states copied from another router replica instead of the worker."""
+    replica_misses: int = 0
+    """Asks of a replica that it could not answer (``missing``, failed, slow)."""
+    replica_bytes: int = 0
 
 
 class KvSync:
@@ -80,9 +94,12 @@ class KvSync:
         max_pulls: int = MAX_PULLS,
         timeout_s: float = PULL_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        peers: Callable[[str], list[str]] = lambda wid: [],
     ) -> None:
         self._requests = requests
         self._fallback = fallback
+        self._peers = peers
+        """The ``kv_replica`` addresses to ask for a worker's whole state, in order."""
         self._sem = asyncio.Semaphore(max_pulls)
         self._timeout_s = timeout_s
         self._clock = clock
@@ -182,6 +199,10 @@ class KvSync:
                 router.apply_events(batch)
 
     async def _fetch(self, router: KvIndexTarget, wid: str, address: str, since: int | None) -> None:
+        if since is None:
+            for peer in self._peers(wid)[:MAX_REPLICA_TRIES]:
+                if await self._from_replica(router, wid, peer):
+                    return
         stream = self._requests.stream(address, _encode(KvSyncRequest(since=since)))
         async with contextlib.aclosing(stream):
             frames = aiter(stream)
@@ -198,19 +219,51 @@ class KvSync:
                 return
             if header.kind != "snapshot":
                 raise TransportError(f"worker {wid} answered a KV pull with {header.kind!r}")
-            by_tier: dict[str, list[int]] = {}
-            for _ in range(header.frames):
-                frame = await anext(frames)
-                self.stats.bytes += len(frame)
-                part = _decode_part(frame)
-                by_tier.setdefault(part.tier, []).extend(part.hashes)
-        events: list[KVEvent] = [AllBlocksCleared()]
-        events += [
-            BlockStored(block_hashes=tuple(h), parent_block_hash=None, tier=t) for t, h in by_tier.items()
-        ]
-        batch = KVEventBatch(
-            instance_id=wid, seq=header.seq, timestamp=time.time(), events=tuple(events), snapshot=True
-        )
-        router.apply_events(batch)
+            by_tier, nbytes = await _read_parts(frames, header.frames)
+            self.stats.bytes += nbytes
+        _apply_snapshot(router, wid, header.seq, by_tier)
         self.stats.snapshots += 1
         self.stats.snapshot_blocks += sum(len(h) for h in by_tier.values())
+
+    async def _from_replica(self, router: KvIndexTarget, wid: str, peer: str) -> bool:
+        """Copy ``wid``'s whole state from the replica at ``peer``; False where it could not."""
+        stream = self._requests.stream(peer, _encode(KvReplicaRequest(instance_id=wid)))
+        try:
+            async with contextlib.aclosing(stream), asyncio.timeout(REPLICA_TIMEOUT_S):
+                frames = aiter(stream)
+                first = await anext(frames)
+                header = _decode_header(first)
+                if header.kind != "snapshot":
+                    self.stats.replica_misses += 1
+                    return False
+                by_tier, nbytes = await _read_parts(frames, header.frames)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the worker is asked instead
+            self.stats.replica_misses += 1
+            log.info("KV state of %s from replica %s failed (%s): asking the worker", wid, peer, exc)
+            return False
+        self.stats.replica_bytes += len(first) + nbytes
+        _apply_snapshot(router, wid, header.seq, by_tier)
+        self.stats.replicas += 1
+        self.stats.snapshot_blocks += sum(len(h) for h in by_tier.values())
+        return True
+
+
+async def _read_parts(frames: AsyncIterator[bytes], count: int) -> tuple[dict[str, list[int]], int]:
+    """A snapshot's ``count`` parts: block hashes by tier, and the bytes they took."""
+    by_tier: dict[str, list[int]] = {}
+    nbytes = 0
+    for _ in range(count):
+        frame = await anext(frames)
+        nbytes += len(frame)
+        part = _decode_part(frame)
+        by_tier.setdefault(part.tier, []).extend(part.hashes)
+    return by_tier, nbytes
+
+
+def _apply_snapshot(router: KvIndexTarget, wid: str, seq: int, by_tier: dict[str, list[int]]) -> None:
+    events: list[KVEvent] = [AllBlocksCleared()]
+    events += [BlockStored(block_hashes=tuple(h), parent_block_hash=None, tier=t) for t, h in by_tier.items()]
+    batch = KVEventBatch(instance_id=wid, seq=seq, timestamp=time.time(), events=tuple(events), snapshot=True)
+    router.apply_events(batch)

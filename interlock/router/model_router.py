@@ -265,6 +265,9 @@ class Router:
     def kv_seq(self, instance_id: str) -> int | None:
         return self.indexer.kv_seq(instance_id)
 
+    def kv_export(self, instance_id: str) -> tuple[int, dict[str, list[int]]] | None:
+        return self.indexer.export(instance_id)
+
     def apply_load(self, report: LoadReport) -> None:
         w = self._workers.get(report.instance_id)
         if w is None:

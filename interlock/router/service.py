@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -29,18 +30,20 @@ from interlock.protocol import (
     LoadReport,
     subjects,
 )
-from interlock.protocol.discovery import instance_problem
+from interlock.protocol.discovery import ADDRESS_SCHEMES, instance_problem
 from interlock.protocol.events import RouterLoadEvent
+from interlock.protocol.kv_sync import KV_REPLICA_ENDPOINT, REPLICA_ID_PREFIX
 from interlock.protocol.routing import ModelEntry, RequestContext
 from interlock.router.breaker import BreakerConfig, Breakers
 from interlock.router.disagg import DisaggConfig
 from interlock.router.disagg_flow import DisaggFlow
 from interlock.router.dispatcher import EXPLAIN_HEADER, Dispatcher, DispatchOptions
+from interlock.router.kv_replica import KvReplicaServer
 from interlock.router.kv_sync import KvSync
 from interlock.router.model_card import Card, card_of
 from interlock.router.model_router import Router, RouterConfig
 from interlock.router.roster import Roster
-from interlock.runtime.interfaces import Discovery, EventPlane, RequestPlane
+from interlock.runtime.interfaces import Discovery, DiscoveryEvent, EventPlane, RequestPlane
 from interlock.runtime.link import ControlLink
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,10 @@ class ServiceOptions:
     health_check_s: float | None = None
     """Ping every worker this often; one that does not answer gets no requests until it does
     (None: rely on discovery leases and request failures alone)."""
+    replica: bool = True
+    """Serve this router's index to other router replicas (registered in discovery under the
+    router's id) and copy workers' states from theirs before asking the workers
+    (``router/kv_replica.py``)."""
 
 
 _TIER_METRICS = (
@@ -126,8 +133,13 @@ class RouterService:
         self.disagg = DisaggFlow(self, self.dispatcher, disagg) if disagg is not None else None
         """Disaggregated prefill/decode (``router.disagg_flow``); None: aggregated only."""
         self.dispatcher.disagg = self.disagg
-        self.kv_sync = KvSync(requests, self._ask_snapshot)
+        self._replicas: dict[str, str] = {}
+        """Other router replicas' ``kv_replica`` addresses by router id."""
+        self.kv_sync = KvSync(requests, self._ask_snapshot, peers=self._replicas_for)
         """Pulls of workers' KV state: a gap replayed, a whole cache (``router/kv_sync.py``)."""
+        self.kv_replica = KvReplicaServer(self._kv_export)
+        """This router's index, served to other replicas (``router/kv_replica.py``)."""
+        self._replica_address: str | None = None
         self._link = link
         self.degraded_sources: list[Callable[[], list[str]]] = []
         """More sources of ``degraded`` reasons (``serve`` adds its process supervisor)."""
@@ -137,6 +149,11 @@ class RouterService:
         kv = await self._events.subscribe(subjects.KV_ALL)
         load = await self._events.subscribe(subjects.LOAD_ALL)
         loops = [self._watch(), self._on_kv(kv), self._on_load(load), self._ticks()]
+        if self._options.replica:  # the replicas known before the first worker is pulled
+            await self._serve_replica()
+            for info in await self._discovery.instances(KV_REPLICA_ENDPOINT):
+                self._on_replica(DiscoveryEvent("added", info))
+            loops.append(self._watch_replicas())
         if self.disagg is not None:
             loops.append(self.disagg.link_loop())
         if self._options.share_load:
@@ -156,6 +173,11 @@ class RouterService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
+        if self._replica_address is not None:
+            with contextlib.suppress(Exception):  # closing: the lease expires anyway
+                await self._discovery.unregister(self._replica_id)
+                await self._requests.unserve(self._replica_address)
+            self._replica_address = None
         await self.kv_sync.close()
         self.dispatcher.close()
 
@@ -321,16 +343,33 @@ class RouterService:
         lines = _family(
             "interlock_router_kv_syncs_total",
             "counter",
-            "Pulls of a worker's KV state: a gap replayed from its ring, its whole cache, or failed",
+            "Pulls of a worker's KV state: a gap replayed from its ring, its whole cache, or failed; "
+            "its whole state copied from another router replica, or the replica could not",
         )
-        lines += [
-            f'interlock_router_kv_syncs_total{{kind="{kind}"}} {n}'
-            for kind, n in (("replay", st.replays), ("snapshot", st.snapshots), ("failed", st.failed))
-        ]
+        kinds = (
+            ("replay", st.replays),
+            ("snapshot", st.snapshots),
+            ("failed", st.failed),
+            ("replica", st.replicas),
+            ("replica_missing", st.replica_misses),
+        )
+        lines += [f'interlock_router_kv_syncs_total{{kind="{kind}"}} {n}' for kind, n in kinds]
         lines += _family(
             "interlock_router_kv_sync_bytes_total", "counter", "Bytes pulled from workers' KV state"
         )
         lines.append(f"interlock_router_kv_sync_bytes_total {st.bytes}")
+        lines += _family(
+            "interlock_router_kv_replica_bytes_total",
+            "counter",
+            "Bytes of workers' KV states copied from other router replicas",
+        )
+        lines.append(f"interlock_router_kv_replica_bytes_total {st.replica_bytes}")
+        lines += _family(
+            "interlock_router_kv_replica_served_total",
+            "counter",
+            "Workers' KV states this router sent to other replicas",
+        )
+        lines.append(f"interlock_router_kv_replica_served_total {self.kv_replica.served}")
         lines += _family(
             "interlock_router_kv_syncing_workers",
             "gauge",
@@ -442,6 +481,52 @@ class RouterService:
                 else:
                     self._remove(ev.instance.instance_id, graceful=ev.graceful)
                 self._changed.set()
+
+    async def _serve_replica(self) -> None:
+        self._replica_address = await self._requests.serve(
+            KV_REPLICA_ENDPOINT, self.kv_replica.handle, instance_id=self.router_id
+        )
+        await self._discovery.register(
+            InstanceInfo(
+                instance_id=self._replica_id,
+                endpoint=KV_REPLICA_ENDPOINT,
+                model="",
+                address=self._replica_address,
+                metadata={"kind": "router"},
+            )
+        )
+
+    async def _watch_replicas(self) -> None:
+        watch = self._discovery.watch(KV_REPLICA_ENDPOINT)
+        async with contextlib.aclosing(watch):
+            async for ev in watch:
+                self._on_replica(ev)
+
+    @property
+    def _replica_id(self) -> str:
+        return REPLICA_ID_PREFIX + self.router_id
+
+    def _on_replica(self, ev: DiscoveryEvent) -> None:
+        rid = ev.instance.instance_id
+        if rid == self._replica_id or not rid.startswith(REPLICA_ID_PREFIX):
+            return  # ourselves, or not a replica (a worker cannot take the prefix)
+        if ev.kind == "added" and ev.instance.address.startswith(ADDRESS_SCHEMES):
+            self._replicas[rid] = ev.instance.address
+        else:
+            self._replicas.pop(rid, None)
+
+    def _replicas_for(self, instance_id: str) -> list[str]:
+        """The other replicas to ask for a worker's state: each worker starts at its own one,
+        so a joining frontend's pulls spread over them."""
+        peers = sorted(self._replicas.values())
+        if not peers:
+            return peers
+        first = zlib.crc32(instance_id.encode()) % len(peers)
+        return peers[first:] + peers[:first]
+
+    def _kv_export(self, instance_id: str) -> tuple[int, dict[str, list[int]]] | None:
+        router = self._router_of(instance_id)
+        return router.kv_export(instance_id) if router is not None else None
 
     def _router_for(self, info: InstanceInfo) -> Router:
         router = self.routers.get(info.model)

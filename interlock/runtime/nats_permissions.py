@@ -19,6 +19,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from interlock.protocol import subjects
+from interlock.protocol.kv_sync import REPLICA_ID_PREFIX
 from interlock.runtime.config import NatsAuth
 from interlock.runtime.naming import check_token
 from interlock.runtime.nats_discovery import QUERY, announce_subject, bye_subject
@@ -38,6 +39,10 @@ class Permissions:
 
 def worker_permissions(instance_id: str) -> Permissions:
     check_token(instance_id, "instance_id")
+    if instance_id.startswith(REPLICA_ID_PREFIX):
+        raise ValueError(
+            f"a worker's instance_id may not start with {REPLICA_ID_PREFIX!r} (router replicas' ids)"
+        )
     return Permissions(
         publish=(
             announce_subject(instance_id),

@@ -1,0 +1,148 @@
+"""A second router replica copies its index from a live one (``router/kv_replica.py``): the
+workers are asked for nothing but gaps; a replica that cannot answer leaves it to the worker."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from interlock.engine.serving import FakeEngine
+from interlock.protocol import AllBlocksCleared, BlockStored, KVEventBatch
+from interlock.protocol.kv_sync import REPLICA_ID_PREFIX
+from interlock.router.indexer import KvIndexer
+from interlock.router.service import RouterService
+from interlock.runtime import InProcRegistry, connect_runtime
+from interlock.runtime.nats_permissions import worker_permissions
+from tests.router.test_kv_sync import BLOCK, CFG, chain, indexed, make_worker, settle, stored
+
+
+def test_export_is_a_worker_s_whole_state_by_tier_or_none() -> None:
+    idx = KvIndexer(compiled=False)
+    idx.add_worker("w")
+    assert idx.export("w") is None  # nothing applied yet: no whole state
+    assert idx.export("other") is None
+    events = (
+        AllBlocksCleared(),
+        BlockStored(block_hashes=(1, 2, 3), parent_block_hash=None),
+        BlockStored(block_hashes=(7, 8), parent_block_hash=None, tier="host"),
+        BlockStored(block_hashes=(8, 9), parent_block_hash=None, tier="disk"),
+    )
+    idx.apply(KVEventBatch(instance_id="w", seq=4, timestamp=0.0, events=events, snapshot=True))
+    seq, tiers = idx.export("w") or (None, {})
+    assert seq == 4
+    assert {t: sorted(h) for t, h in tiers.items()} == {"device": [1, 2, 3], "host": [7, 8], "disk": [8, 9]}
+    idx.apply(KVEventBatch(instance_id="w", seq=6, timestamp=0.0, events=()))  # a gap: 5 lost
+    assert idx.export("w") is None  # waiting for a snapshot: not a whole state
+
+
+def test_no_worker_login_may_take_a_replica_s_id() -> None:
+    with pytest.raises(ValueError, match="router-"):
+        worker_permissions(REPLICA_ID_PREFIX + "abc")
+    assert worker_permissions("router2") is not None
+
+
+def _run(body) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        registry = InProcRegistry()
+        rt = await connect_runtime(None, CFG, registry=registry)
+        try:
+            await body(rt)
+        finally:
+            await rt.close()
+            registry.leases.close()
+
+    asyncio.run(main())
+
+
+async def _fleet(rt, n: int, blocks: int):  # type: ignore[no-untyped-def]
+    engines = {}
+    for i in range(n):
+        engines[f"w{i}"] = e = FakeEngine(block_size=BLOCK, num_blocks=100_000)
+        e.fill(chain(blocks), announce=False)
+    workers = [make_worker(wid, e, rt)[0] for wid, e in engines.items()]
+    await asyncio.gather(*(w.start() for w in workers))
+    return engines, workers
+
+
+def _converged(svc: RouterService, engines: dict[str, FakeEngine]) -> bool:
+    return all(indexed(svc, wid) == stored(e) for wid, e in engines.items())
+
+
+@pytest.mark.timeout(60)
+def test_a_second_replica_copies_the_index_and_asks_no_worker_for_a_snapshot() -> None:
+    async def body(rt) -> None:  # type: ignore[no-untyped-def]
+        engines, workers = await _fleet(rt, 6, 3000)
+        first = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
+        await first.start()
+        await settle(lambda: _converged(first, engines))
+        assert [w.kv_sync.snapshots for w in workers] == [1] * 6
+        second = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
+        await second.start()
+        try:
+            await settle(lambda: _converged(second, engines))
+            stats = second.kv_sync.stats
+            assert (stats.replicas, stats.snapshots, stats.replica_misses) == (6, 0, 0)
+            assert stats.snapshot_blocks == 6 * 3000 and stats.replica_bytes / stats.snapshot_blocks < 10
+            assert [w.kv_sync.snapshots for w in workers] == [1] * 6  # the workers sent nothing more
+            assert first.kv_replica.served == 6
+            engines["w0"].fill(chain(5))  # live events go on from the copied state's seq
+            await settle(lambda: _converged(second, engines) and _converged(first, engines))
+            assert (stats.snapshots, stats.replays) == (0, 0)
+            text = second.prometheus_text()
+            assert 'interlock_router_kv_syncs_total{kind="replica"} 6' in text
+            assert f"interlock_router_kv_replica_bytes_total {stats.replica_bytes}" in text
+        finally:
+            await second.close()
+            await first.close()
+            await asyncio.gather(*(w.drain(0.0) for w in workers))
+
+    _run(body)
+
+
+@pytest.mark.timeout(60)
+def test_a_replica_that_cannot_answer_leaves_the_state_to_the_worker() -> None:
+    async def body(rt) -> None:  # type: ignore[no-untyped-def]
+        engines, workers = await _fleet(rt, 3, 500)
+        first = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
+        await first.start()
+        await settle(lambda: _converged(first, engines))
+        assert first._replica_address is not None
+        await rt.requests.unserve(first._replica_address)  # registered, but its endpoint is gone
+        second = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
+        await second.start()
+        try:
+            await settle(lambda: _converged(second, engines))
+            stats = second.kv_sync.stats
+            assert (stats.replicas, stats.snapshots, stats.replica_misses) == (0, 3, 3)
+            assert [w.kv_sync.snapshots for w in workers] == [2] * 3
+        finally:
+            await second.close()
+            await first.close()
+            await asyncio.gather(*(w.drain(0.0) for w in workers))
+
+    _run(body)
+
+
+@pytest.mark.timeout(60)
+def test_a_replica_without_the_worker_s_whole_state_answers_missing() -> None:
+    async def body(rt) -> None:  # type: ignore[no-untyped-def]
+        engines, workers = await _fleet(rt, 2, 200)
+        first = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
+        await first.start()
+        await settle(lambda: _converged(first, engines))
+        first.routers["m"].indexer._workers["w1"].needs_resync = True  # as after a lost batch
+        first.kv_sync.pull = lambda *a, **k: None  # type: ignore[method-assign] # and not yet pulled again
+        second = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
+        await second.start()
+        try:
+            await settle(lambda: _converged(second, engines))
+            stats = second.kv_sync.stats
+            assert (stats.replicas, stats.snapshots, stats.replica_misses) == (1, 1, 1)
+            assert first.kv_replica.missing == 1
+        finally:
+            await second.close()
+            await first.close()
+            await asyncio.gather(*(w.drain(0.0) for w in workers))
+
+    _run(body)
