@@ -70,6 +70,10 @@ class PhaseResult:
     to_holder: int = 0
     counters: dict[str, int] = field(default_factory=dict)
     """The frontend's counters at the phase's end (``Frontend.counters``)."""
+    joined: dict[str, int] = field(default_factory=dict)
+    """``second``: the second frontend's counters once it converged."""
+    joined_cpu_s: float = 0.0
+    """``second``: the second frontend's CPU seconds until it converged."""
     errors: list[str] = field(default_factory=list)
 
 

@@ -53,8 +53,9 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
 class FrontendProcess:
     """``interlock frontend`` on a free port; keeps the CPU of the ones it stopped."""
 
-    def __init__(self, nats_url: str, logs: Path, lease: tuple[float, float]) -> None:
+    def __init__(self, nats_url: str, logs: Path, lease: tuple[float, float], tag: str = "frontend") -> None:
         self.nats_url = nats_url
+        self.tag = tag
         self.port = free_port()
         self.logs = logs
         self.lease = lease
@@ -76,7 +77,7 @@ class FrontendProcess:
 
     def start(self) -> None:
         self.starts += 1
-        log = open(self.logs / f"frontend-{self.starts}.log", "wb")  # noqa: SIM115 - the child owns it
+        log = open(self.logs / f"{self.tag}-{self.starts}.log", "wb")  # noqa: SIM115 - the child owns it
         args = ["--port", str(self.port), "--nats-url", self.nats_url, "--log-level", "WARNING"]
         args += ["--heartbeat-interval", str(self.lease[0]), "--heartbeat-timeout", str(self.lease[1])]
         self.spawned = time.monotonic()

@@ -100,7 +100,7 @@ from interlock.runtime.nats_server import NatsServer
 
 MODEL = "smollm2"
 CANARIES = 16
-PHASES = ("steady", "restart", "cut")
+PHASES = ("steady", "restart", "cut", "second")
 
 
 # ---- phases ----
@@ -117,6 +117,7 @@ class Bench:
     proxy: subprocess.Popen[bytes]
     fleet_pids: list[int]
     nats_pid: int
+    nats_url: str
     rng: random.Random = field(default_factory=lambda: random.Random(7))
 
     def probes(self) -> dict[str, tuple[list[int], int]]:
@@ -173,16 +174,24 @@ class Bench:
             result.timed_out.append("discovered")
 
         watcher = asyncio.create_task(discovered())
-        while not await self.fe.healthy():
-            if time.monotonic() > deadline or self.fe_proc.pid is None:
-                watcher.cancel()
-                raise RuntimeError(f"the frontend did not become healthy; see {self.fe_proc.logs}")
-            await asyncio.sleep(0.1)
-        result.healthy_s = time.monotonic() - t0
+        try:
+            await self._healthy(self.fe, self.fe_proc, result)
+        except RuntimeError:
+            watcher.cancel()
+            raise
         self.load.gate.set()
         done = await converge(self.fe, self.probes(), deadline)
         self._converged(result, done, t0)
         await watcher
+
+    async def _healthy(self, fe: Frontend, proc: FrontendProcess, result: PhaseResult) -> None:
+        """Wait for ``/health`` 200 from a frontend just spawned (``healthy_s``)."""
+        deadline = proc.spawned + self.args.converge_timeout
+        while not await fe.healthy():
+            if time.monotonic() > deadline or proc.pid is None:
+                raise RuntimeError(f"the frontend did not become healthy; see {proc.logs}")
+            await asyncio.sleep(0.1)
+        result.healthy_s = time.monotonic() - proc.spawned
 
     @staticmethod
     def _converged(result: PhaseResult, done: float | None, since: float) -> None:
@@ -205,6 +214,23 @@ class Bench:
         self.fe_proc.start()
         await self.join(result)
         await self.lag_until(result, t0 + self.args.duration)
+
+    async def second(self, result: PhaseResult) -> None:
+        """A second frontend joins beside the first (which keeps the load): its convergence,
+        and how it got the workers' states (``joined``: copied from the first, or pulled)."""
+        t0 = time.monotonic()
+        proc = FrontendProcess(self.nats_url, self.fe_proc.logs, self.fe_proc.lease, tag="second")
+        proc.start()
+        try:
+            fe = Frontend(self.fe.session, proc.url, MODEL)
+            await self._healthy(fe, proc, result)
+            done = await converge(fe, self.probes(), proc.spawned + self.args.converge_timeout)
+            self._converged(result, done, proc.spawned)
+            result.joined = await fe.counters()
+            result.joined_cpu_s = proc.cpu()
+            await self.lag_until(result, t0 + self.args.duration)
+        finally:
+            proc.stop()
 
     async def cut(self, result: PhaseResult) -> None:
         t0 = time.monotonic()
@@ -252,10 +278,17 @@ def _s(r: PhaseResult, what: str) -> str:
 
 
 def _syncs(counts: dict[str, int]) -> str:
-    pulls = [
-        f"{counts[k]} {k[6:]}" for k in ("pulls_snapshot", "pulls_replay", "pulls_failed") if k in counts
-    ]
+    kinds = ("pulls_snapshot", "pulls_replay", "pulls_failed", "pulls_replica", "pulls_replica_missing")
+    pulls = [f"{counts[k]} {k[6:]}" for k in kinds if counts.get(k)]
     return f"{counts.get('resyncs', 0)} / {', '.join(pulls) or '-'}"
+
+
+def _all_syncs(r: PhaseResult) -> str:
+    if not r.joined:
+        return _syncs(r.counters)
+    return (
+        f"{_syncs(r.counters)}; second frontend: {_syncs(r.joined)}, {r.joined_cpu_s:.1f} CPU s to converge"
+    )
 
 
 def table(results: list[PhaseResult]) -> str:
@@ -292,7 +325,7 @@ def row(r: PhaseResult) -> str:
         str(r.failed),
         holder,
         str(r.counters.get("outages", "-")),
-        _syncs(r.counters),
+        _all_syncs(r),
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -386,7 +419,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             max_payload = int((await sampler.varz()).get("max_payload", 1 << 20))
             load = Load(fe, shape, args.workers, args.rate * args.workers, args.max_tokens, args.seed)
             bench = Bench(
-                args, shape, fe_proc, fe, sampler, load, proxy, [p.pid for p in procs], nats.pid or 0
+                args,
+                shape,
+                fe_proc,
+                fe,
+                sampler,
+                load,
+                proxy,
+                [p.pid for p in procs],
+                nats.pid or 0,
+                nats.url,
             )
             tasks = [asyncio.create_task(sampler.run()), asyncio.create_task(load.run())]
             results = []

@@ -1,7 +1,8 @@
 """``benchmarks/fleet_scale.py`` at a tiny size: 6 synthetic workers of 64 blocks, every phase.
 
 It starts a nats-server, a TCP proxy, two fleet processes and the frontend (twice): the run
-must converge after the start, the restart and the link cut, and serve every request.
+must converge after the start, the restart and the link cut, and serve every request; a second
+frontend joining copies every worker's state from the first and asks no worker for a snapshot.
 """
 
 from __future__ import annotations
@@ -35,14 +36,16 @@ def test_a_tiny_fleet_converges_in_every_phase_and_fails_no_request(tmp_path: Pa
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     report = json.loads(out.read_text())
     phases = {p["name"]: p for p in report["phases"]}
-    assert list(phases) == ["start", "steady", "restart", "cut"]
-    for name in ("start", "restart", "cut"):
+    assert list(phases) == ["start", "steady", "restart", "cut", "second"]
+    for name in ("start", "restart", "cut", "second"):
         assert phases[name]["converged_s"] is not None, name
-        assert phases[name]["discovered_s"] is not None, name
+        assert phases[name]["discovered_s"] is not None or name == "second", name
         assert phases[name]["timed_out"] == [], name
     for p in phases.values():
         assert p["failed"] == 0, (p["name"], p["errors"])
         assert p["slow_consumers"] == 0
+    joined = phases["second"]["joined"]
+    assert joined.get("pulls_replica") == 6 and joined.get("pulls_snapshot") == 0, joined
     assert phases["steady"]["ok"] > 0
     assert phases["steady"]["lags_ms"] and phases["steady"]["lag_timeouts"] == 0
     assert "| steady |" in report["report"]
