@@ -36,6 +36,10 @@ class Decision(msgspec.Struct, frozen=True, gc=False):
     candidates: tuple[Candidate, ...] = ()
     """Best few workers, best first (kv policy only)."""
     decision_s: float = 0.0
+    kv_loading: int = 0
+    """Workers of the model whose KV state was still loading (a frontend that just started, a
+    worker that just joined or lost events): the index knows less of them than they hold, so
+    their share of this choice was by load alone."""
 
     @property
     def cached_tokens(self) -> int:
@@ -46,6 +50,8 @@ class Decision(msgspec.Struct, frozen=True, gc=False):
         parts = [f"worker={self.worker_id}", f"reason={self.reason}", f"overlap={self.overlap_blocks}"]
         if self.candidates:
             parts.append(f"cost={self.candidates[0].cost_s:.4f}")
+        if self.kv_loading:
+            parts.append(f"kv_loading={self.kv_loading}")
         return "; ".join(parts)
 
     def log_line(self) -> str:

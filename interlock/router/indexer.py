@@ -118,6 +118,9 @@ class KvIndexer:
         self._expiries: deque[tuple[float, int, tuple[int, ...]]] = deque()
         self.events_applied = 0
         """Block-level events applied (stored or removed hashes), for metrics."""
+        self.loading = 0
+        """Workers flagged ``needs_resync``: their state is loading (or lost), so the index
+        knows less of them than they hold and they are chosen by load meanwhile."""
         self.num_approx = 0
         """Workers in approximate mode (no batch seen): ``record_routed`` and ``expire`` have
         nothing to do without one (the predictions left are then dropped at once)."""
@@ -129,6 +132,7 @@ class KvIndexer:
             self.remove_worker(instance_id)
         slot = self._free_slots.pop() if self._free_slots else self._alloc_slot()
         w = _Worker(instance_id, slot, publishes_events, needs_resync=publishes_events)
+        self.loading += publishes_events
         self.num_approx += 1
         self._workers[instance_id] = w
         self._by_slot[slot] = w
@@ -158,6 +162,7 @@ class KvIndexer:
         if w is None:
             return
         self._left_approx(not w.events_seen)
+        self.loading -= w.needs_resync
         self._clear(w)
         del self._by_slot[w.slot]
         self._free_slots.append(w.slot)
@@ -240,6 +245,7 @@ class KvIndexer:
             self._clear(w)
         if batch.snapshot:
             self._clear(w)
+            self.loading -= w.needs_resync
             w.needs_resync = False
             w.last_seq = batch.seq
             self._apply_events(w, batch.events)
@@ -248,6 +254,7 @@ class KvIndexer:
             return ApplyResult.DUPLICATE
         result = ApplyResult.APPLIED
         if w.last_seq is not None and batch.seq != w.last_seq + 1:
+            self.loading += not w.needs_resync
             w.needs_resync = True
             result = ApplyResult.GAP
         w.last_seq = batch.seq
@@ -467,6 +474,7 @@ class KvIndexer:
                 assert tiers, w.instance_id
                 seen_lower[h] = seen_lower.get(h, 0) | bit
             assert not (w.events_seen and w.approx_expiry), w.instance_id
+        assert self.loading == sum(w.needs_resync for w in self._workers.values())
         if self._c is not None:
             broken = self._c.check(self._cmap)
             assert broken is None, broken

@@ -595,6 +595,7 @@ class Router:
             self.config.block_size,
             candidates,
             took,
+            self.indexer.loading,
         )
 
     def _commit(self, d: Decision, meta: RequestMeta, hashes: Sequence[int], now: float) -> Decision:

@@ -19,6 +19,8 @@ def test_rendering_and_metrics() -> None:
     )
     plain = Decision("r2", "w1", "round-robin", overlap_blocks=9, prompt_tokens=100, block_size=16)
     assert plain.cached_tokens == 100 and plain.header() == "worker=w1; reason=round-robin; overlap=9"
+    loading = Decision("r3", "w2", "kv", overlap_blocks=0, prompt_tokens=10, block_size=16, kv_loading=7)
+    assert loading.header() == "worker=w2; reason=kv; overlap=0; kv_loading=7"
     m = RouterMetrics()
     m.record(d)
     m.record(plain)

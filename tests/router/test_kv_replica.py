@@ -36,6 +36,23 @@ def test_export_is_a_worker_s_whole_state_by_tier_or_none() -> None:
     assert idx.export("w") is None  # waiting for a snapshot: not a whole state
 
 
+def test_the_index_counts_the_workers_whose_state_is_loading() -> None:
+    idx = KvIndexer(compiled=False)
+    idx.add_worker("a")
+    idx.add_worker("b")
+    idx.add_worker("approx", publishes_events=False)
+    assert idx.loading == 2  # joined: waiting for their snapshots
+    snap = KVEventBatch(instance_id="a", seq=0, timestamp=0.0, events=(AllBlocksCleared(),), snapshot=True)
+    idx.apply(snap)
+    assert idx.loading == 1
+    idx.apply(KVEventBatch(instance_id="a", seq=3, timestamp=0.0, events=()))  # lost 1 and 2
+    idx.apply(KVEventBatch(instance_id="a", seq=5, timestamp=0.0, events=()))  # lost again: still one
+    assert idx.loading == 2
+    idx.remove_worker("b")
+    assert idx.loading == 1
+    idx.check_integrity()
+
+
 def test_no_worker_login_may_take_a_replica_s_id() -> None:
     with pytest.raises(ValueError, match="router-"):
         worker_permissions(REPLICA_ID_PREFIX + "abc")
