@@ -105,7 +105,7 @@ class Sampler:
     monitor_url: str
     frontend_pid: Any  # () -> int | None
     fleet_pids: list[int]
-    frontend_conn: str = "interlock"
+    frontend_conn: str = "interlock-frontend"
     interval_s: float = 0.5
     peaks: Peaks = field(default_factory=Peaks)
 

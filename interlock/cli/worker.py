@@ -109,7 +109,9 @@ async def _control(a: argparse.Namespace) -> int:
     if not a.nats_url:
         raise ConfigError("--nats-url is required (or set INTERLOCK_NATS_URL)")
     runtime = await connect_runtime(
-        a.nats_url, RuntimeConfig(cluster_secret=cluster_secret(a), nats_auth=nats_auth(a))
+        a.nats_url,
+        RuntimeConfig(cluster_secret=cluster_secret(a), nats_auth=nats_auth(a)),
+        name="interlock-worker-control",
     )
     try:
         infos = {i.instance_id: i for i in await runtime.discovery.instances(subjects.GENERATE_ENDPOINT)}

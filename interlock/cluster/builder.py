@@ -159,7 +159,8 @@ class RunningCluster:
         )
         from interlock.runtime import connect_runtime
 
-        self.runtime = await connect_runtime(self.url, rt)
+        role = "frontend" if spec.frontend is not None else "router" if spec.router else "launcher"
+        self.runtime = await connect_runtime(self.url, rt, name=f"interlock-{role}")
         if spec.router:
             await self._start_router()
         for ws in initial:
@@ -201,9 +202,13 @@ class RunningCluster:
         return user.auth
 
     async def _start_router(self) -> None:
+        from interlock.protocol import subjects
         from interlock.router.service import RouterService
 
         rt = self.runtime
+        # The first look fills discovery's table (over NATS: it subscribes, asks who is alive
+        # and waits for the answers), so the router starts from every live worker.
+        await rt.discovery.instances(subjects.GENERATE_ENDPOINT)
         self.service = RouterService(
             discovery=rt.discovery,
             requests=rt.requests,

@@ -180,7 +180,7 @@ async def run_worker(launch: WorkerLaunch, *, cluster_secret: bytes | None, auth
         cluster_secret=cluster_secret,
         nats_auth=auth,
     )
-    runtime = await connect_runtime(launch.nats_url, cfg)
+    runtime = await connect_runtime(launch.nats_url, cfg, name=f"interlock-worker-{spec.instance_id}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -66,7 +66,8 @@ class RuntimeConfig:
     request_plane: Literal["tcp", "nats"] = "tcp"
     """Transport for token streams when running over NATS (see docs/design.md for why TCP)."""
     discovery_sync_s: float = 0.1
-    """NATS: how long connect waits for live instances to answer the start-up query."""
+    """NATS: how long discovery's first look (``instances``, ``watch``) waits for live instances
+    to answer the start-up query."""
     cluster_secret: bytes | None = field(default=None, repr=False)
     """Shared by every process of a deployment: TCP request-plane peers prove they know it
     (``protocol.handshake``) before any request. None: no handshake (loopback use)."""

@@ -63,7 +63,8 @@ class Discovery(Protocol):
         ...
 
     async def instances(self, endpoint: EndpointName | str) -> list[InstanceInfo]:
-        """Live instances serving ``endpoint``, sorted by instance_id."""
+        """Live instances serving ``endpoint``, sorted by instance_id. The first look (this or
+        ``watch``) may wait ``discovery_sync_s`` while the table fills."""
         ...
 
     def watch(self, endpoint: EndpointName | str | None = None) -> AsyncGenerator[DiscoveryEvent, None]:

@@ -11,22 +11,27 @@ own lease timeout. How it works:
   removal: it is draining, not dead). The id is in the subject so that nats-server can confine
   each worker's login to its own subjects (``nats_permissions``); an announcement or bye whose
   payload names another instance than its subject is dropped.
-* Every process keeps a ``LeaseTable`` fed by those subjects: an announcement (re)arms the
-  instance's expiry timer for ``ttl`` seconds, so a killed process leaves every table ``ttl``
-  seconds after its last heartbeat.
-* A newcomer does not wait a heartbeat to learn who is alive: on connect it publishes a query,
-  every registrar re-announces its instances at once (on their own subjects, never on a reply
-  inbox, where the subject could not vouch for the payload), and connect waits
+* A process that reads the table keeps a ``LeaseTable`` fed by those subjects: an announcement
+  (re)arms the instance's expiry timer for ``ttl`` seconds, so a killed process leaves every
+  table ``ttl`` seconds after its last heartbeat.
+* Only such a process subscribes to the announcements: the table starts on the first
+  ``instances()``, ``watch()`` or ``start()`` (a frontend looks before its router starts, so it
+  knows every live worker before it serves). A process that only registers (a worker)
+  subscribes to the query alone: N workers cost N messages per heartbeat interval, not N².
+* A newcomer does not wait a heartbeat to learn who is alive: when its table starts it publishes
+  a query, every registrar re-announces its instances at once (on their own subjects, never on
+  a reply inbox, where the subject could not vouch for the payload), and the start waits
   ``discovery_sync_s`` for them.
 * Core NATS delivers at most once, and nats-server was seen to drop ~2% of the first messages
   sent to a subscription made a moment before (even after a flush). Heartbeats repair a missed
   announcement within one interval, and the start-up query is sent twice.
 * The server restarting (or the link dropping) is our silence, not theirs: while disconnected
   the table's expiry is suspended and no heartbeats are sent (buffered ones would be stale). On
-  reconnect every lease gets a fresh ttl, our own instances are announced at once and the
-  start-up query is sent again; each instance heard from again then reaches watchers as a new
-  ``added``, even if unchanged, because what they derived from events (a router's KV index)
-  missed whatever was published in the outage. Instances not heard from expire a ttl later.
+  reconnect every lease gets a fresh ttl, our own instances are announced at once and (once the
+  table has started) the start-up query is sent again; each instance heard from again then
+  reaches watchers as a new ``added``, even if unchanged, because what they derived from
+  events (a router's KV index) missed whatever was published in the outage. Instances not heard
+  from expire a ttl later.
   "Disconnected" includes a server that stopped answering on an open socket (``probe_link``).
 * A lease that runs out is checked on the request plane before the instance is dropped
   (``LeaseTable``'s vouch): an instance cut off from NATS that still serves keeps serving.
@@ -97,12 +102,21 @@ class NatsDiscovery:
         self._subs: list[NatsSubscription] = []
         self._answering: NatsSubscription | None = None
         self._rejoin: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[None] | None = None
+        """The table's start, shared by its first callers; None: nobody asked for the table."""
+        self._closed = False
 
     async def start(self) -> None:
-        """Subscribe to announcements, then ask who is alive and wait for the answers."""
-        self._subs.append(await self._nc.subscribe(announce_subject("*"), cb=self._on_announce))
-        self._subs.append(await self._nc.subscribe(bye_subject("*"), cb=self._on_bye))
-        await self._ask()
+        """Start the table now if nobody has: subscribe to announcements, ask who is alive and
+        wait for the answers. Concurrent callers share one start; one that failed is retried."""
+        if self._closed:
+            return
+        task = self._starting
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = self._starting = asyncio.create_task(self._start(), name="discovery-start")
+        await asyncio.wait([task])  # a caller cancelled here leaves the start to the others
+        if not task.cancelled():  # cancelled: by close()
+            task.result()
 
     def connection_lost(self) -> None:
         """The NATS link dropped: stop expiring leases until it is back."""
@@ -110,7 +124,7 @@ class NatsDiscovery:
 
     def connection_restored(self) -> None:
         """The link is back (subscriptions already replayed): re-arm leases, re-announce our
-        own instances and ask who is alive, in the background."""
+        own instances and, if the table has started, ask who is alive, in the background."""
         self._table.resume()
         if self._rejoin is not None:
             self._rejoin.cancel()
@@ -123,7 +137,8 @@ class NatsDiscovery:
             self._answering = await self._nc.subscribe(QUERY, cb=self._on_query)
         self._stop_heartbeat(info.instance_id)
         self._own[info.instance_id] = info
-        self._table.refresh(info, self._config.lease_timeout)  # visible here at once
+        if self._starting is not None:  # visible here at once (else ``_start`` adds it)
+            self._table.refresh(info, self._config.lease_timeout)
         await self._announce(info)
         self._heartbeats[info.instance_id] = asyncio.create_task(self._heartbeat(info))
 
@@ -137,14 +152,18 @@ class NatsDiscovery:
         self._table.remove(instance_id, graceful=True)
 
     async def instances(self, endpoint: EndpointName | str) -> list[InstanceInfo]:
+        await self.start()
         return self._table.instances(str(EndpointName.of(endpoint)))
 
     def watch(self, endpoint: EndpointName | str | None = None) -> AsyncGenerator[DiscoveryEvent, None]:
         name = None if endpoint is None else str(EndpointName.of(endpoint))
-        return self._table.watch(name)
+        return self._watch(name)
 
     def vouched(self) -> list[str]:
-        """Instances kept alive by their request plane while silent on NATS."""
+        """Instances kept alive by their request plane while silent on NATS (none before the
+        table starts)."""
+        if self._starting is None:
+            return []
         return self._table.vouched()
 
     def abandon(self) -> None:
@@ -154,8 +173,10 @@ class NatsDiscovery:
         self._own.clear()
 
     async def close(self) -> None:
-        if self._rejoin is not None:
-            self._rejoin.cancel()
+        self._closed = True
+        for task in (self._rejoin, self._starting):
+            if task is not None:
+                task.cancel()
         for instance_id in list(self._own):
             await self.unregister(instance_id)
         for sub in self._subs + ([self._answering] if self._answering else []):
@@ -165,8 +186,30 @@ class NatsDiscovery:
         self._answering = None
         self._table.close()
 
+    async def _start(self) -> None:
+        for info in list(self._own.values()):  # registered before the table started
+            self._table.refresh(info, self._config.lease_timeout)
+        if not self._subs:  # a retried start may have subscribed already
+            self._subs.append(await self._nc.subscribe(announce_subject("*"), cb=self._on_announce))
+            self._subs.append(await self._nc.subscribe(bye_subject("*"), cb=self._on_bye))
+        try:
+            await self._ask()
+        except NatsError:
+            log.debug("discovery query failed; the reconnect asks again", exc_info=True)
+
+    async def _watch(self, name: str | None) -> AsyncGenerator[DiscoveryEvent, None]:
+        await self.start()
+        if self._closed:
+            return
+        events = self._table.watch(name)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield event
+
     async def _ask(self) -> None:
         """Ask who is alive and wait ``discovery_sync_s`` for the answers."""
+        if not self._nc.is_connected:
+            return  # a flush would wait for the reconnect, which asks anyway
         # Asked twice: nats-server can drop a reply sent to a just-made subscription.
         for _ in range(2):
             await self._nc.publish(QUERY, b"")
@@ -177,7 +220,8 @@ class NatsDiscovery:
         try:
             for info in list(self._own.values()):
                 await self._announce(info)
-            await self._ask()
+            if self._starting is not None:
+                await self._ask()
         except NatsError:
             pass  # dropped again meanwhile: the next reconnect starts this over
 

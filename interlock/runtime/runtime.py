@@ -81,7 +81,12 @@ async def connect_runtime(
     registry: InProcRegistry | None = None,
     name: str = "interlock",
 ) -> Runtime:
-    """NATS-backed runtime when ``nats_url`` is given, else the in-process one."""
+    """NATS-backed runtime when ``nats_url`` is given, else the in-process one.
+
+    ``name`` is the NATS connection's name, as nats-server's ``/connz`` lists it: say the
+    process's role (``interlock-frontend``, ``interlock-worker-<id>``). NATS discovery starts
+    its table on first use (``instances``, ``watch``), not here: a worker that only registers
+    never hears the others' heartbeats (``nats_discovery``)."""
     config = config or RuntimeConfig()
     if nats_url is None:
         registry = registry or default_registry()
@@ -110,7 +115,6 @@ async def connect_runtime(
     discovery = NatsDiscovery(nc, config, vouch)
     link.on_lost(discovery.connection_lost)
     link.on_restored(discovery.connection_restored)
-    await discovery.start()
     prober = asyncio.create_task(probe_link(nc, link, probe_timeout_s(config)), name="nats-link-probe")
 
     async def disconnect() -> None:
