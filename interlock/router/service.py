@@ -58,6 +58,10 @@ SHARE_INTERVAL_S = 0.01
 """Dispatch load for other routers leaves in one message per this interval (not one per event:
 three NATS messages per request, each echoed back, were a fifth of the frontend's time)."""
 
+TURN_S = 0.002
+"""The longest stretch of worker messages (KV events, load reports) taken in one turn of the
+event loop before requests get theirs."""
+
 __all__ = ["EXPLAIN_HEADER", "RouterService", "ServiceOptions"]
 
 
@@ -677,8 +681,15 @@ class RouterService:
         subject_of: Callable[[str], str],
     ) -> AsyncIterator[tuple[Router, _FromWorker]]:
         """The messages of ``sub`` that decode and came on their own worker's subject (one
-        worker speaking for another is forged or confused), with that worker's router."""
+        worker speaking for another is forged or confused), with that worker's router.
+
+        A queued burst would otherwise be taken in one turn of the event loop (a queue that
+        holds items is read without a pause): every ``TURN_S`` of it, requests get their turn."""
+        turn = time.perf_counter()
         async for subject, payload in sub:
+            if time.perf_counter() - turn > TURN_S:
+                await asyncio.sleep(0)
+                turn = time.perf_counter()
             try:
                 message = decode(payload)
             except msgspec.DecodeError:
