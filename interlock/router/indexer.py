@@ -78,7 +78,10 @@ class _Worker:
     instance_id: str
     slot: int
     publishes_events: bool
-    blocks: set[int] = field(default_factory=set)
+    blocks: dict[int, None] = field(default_factory=dict)
+    """The worker's device blocks (a dict as a set: one of ints and None the garbage collector
+    does not track, where a set is traversed on every full collection, 0.43 s at 300 workers x
+    30,000 blocks: a stall of every request in flight)."""
     last_seq: int | None = None
     """Last applied batch's seq; None until the first batch or snapshot."""
     events_seen: bool = False
@@ -279,7 +282,7 @@ class KvIndexer:
     def _store(self, w: _Worker, hashes: Sequence[int]) -> None:
         if self._c is not None:
             self._compiled(self._c.store, w, hashes)
-            w.blocks.update(hashes)
+            w.blocks.update(dict.fromkeys(hashes))
             self.events_applied += len(hashes)
             return
         bit = 1 << w.slot
@@ -292,13 +295,15 @@ class KvIndexer:
             if old is not old_of:  # else: the previous block's mask, so the same new one
                 old_of, new = old, old | bit
             holders[h] = new
-            blocks.add(h)
+            blocks[h] = None
         self.events_applied += len(hashes)
 
     def _remove(self, w: _Worker, hashes: Sequence[int]) -> None:
         if self._c is not None:
             self._compiled(self._c.remove, w, hashes)
-            w.blocks.difference_update(hashes)
+            drop = w.blocks.pop
+            for h in hashes:
+                drop(h, None)
             self.events_applied += len(hashes)
             return
         mask = ~(1 << w.slot)
@@ -308,7 +313,7 @@ class KvIndexer:
         new = 0
         for h in hashes:
             if h in blocks:
-                blocks.discard(h)
+                del blocks[h]
                 old = holders[h]
                 if old is not old_of:
                     old_of, new = old, old & mask

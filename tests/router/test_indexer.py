@@ -237,3 +237,24 @@ def test_dropouts_say_where_each_worker_stops() -> None:
     runs = [(0b111, 2), (0b101, 3), (0b100, 1)]
     assert dropouts(runs) == [(0b010, 2), (0b001, 5), (0b100, 6)]
     assert [overlap_of(runs, s) for s in range(4)] == [5, 2, 6, 0]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_index_holds_no_container_the_garbage_collector_must_walk(compiled: bool) -> None:
+    """A full collection walks every tracked container's items: per-worker block sets would cost
+    every request in flight a stall that grows with the fleet's blocks (0.43 s at 9 M)."""
+    import gc
+
+    ix = KvIndexer(compiled=compiled)
+    ix.add_worker("a")
+    events = (
+        AllBlocksCleared(),
+        BlockStored(block_hashes=tuple(range(1, 1000)), parent_block_hash=None),
+        BlockStored(block_hashes=(5, 6), parent_block_hash=None, tier="host"),
+    )
+    ix.apply(KVEventBatch(instance_id="a", seq=0, timestamp=0.0, events=events, snapshot=True))
+    ix.apply(KVEventBatch(instance_id="a", seq=1, timestamp=0.0, events=(BlockRemoved(block_hashes=(3, 4)),)))
+    w = ix._workers["a"]
+    assert len(w.blocks) == 997 and 3 not in w.blocks
+    assert not gc.is_tracked(w.blocks) and not gc.is_tracked(w.lower)
+    assert not gc.is_tracked(ix._holders) and not gc.is_tracked(ix._lower_holders)
