@@ -24,6 +24,7 @@ _WORKER_LABEL = re.compile(r'^interlock_worker_kv_blocks_total\{worker="([^"]+)"
 _RESYNCS = re.compile(r"^interlock_router_resyncs_total\{[^}]*\} (\d+)", re.M)
 _OUTAGES = re.compile(r"^interlock_control_plane_outages_total (\d+)", re.M)
 _PULLS = re.compile(r'^interlock_router_kv_syncs_total\{kind="(\w+)"\} (\d+)', re.M)
+_PULLED = re.compile(r"^interlock_router_kv_(sync|replica)_bytes_total (\d+)", re.M)
 
 
 def cpu_s(pid: int) -> float:
@@ -70,6 +71,8 @@ class PhaseResult:
     to_holder: int = 0
     counters: dict[str, int] = field(default_factory=dict)
     """The frontend's counters at the phase's end (``Frontend.counters``)."""
+    pulled_mb: float = 0.0
+    """KV state the (first) frontend pulled during the phase, from workers and replicas."""
     joined: dict[str, int] = field(default_factory=dict)
     """``second``: the second frontend's counters once it converged."""
     joined_cpu_s: float = 0.0
@@ -221,7 +224,8 @@ class Frontend:
     async def counters(self) -> dict[str, int]:
         """Since this frontend started: its NATS link's outages, re-syncs asked on the event
         plane (``resyncs``), and where the router pulls KV state over the request plane, its
-        pulls by kind (``pulls_snapshot``, ...)."""
+        pulls by kind (``pulls_snapshot``, ...) and the bytes they moved, from workers
+        (``bytes_sync``) and from other replicas (``bytes_replica``)."""
         status, text = await self._get("/metrics")
         if status != 200:
             return {}
@@ -230,4 +234,41 @@ class Frontend:
             "resyncs": sum(int(n) for n in _RESYNCS.findall(text)),
         }
         counts.update({f"pulls_{kind}": int(n) for kind, n in _PULLS.findall(text)})
+        counts.update({f"bytes_{source}": int(n) for source, n in _PULLED.findall(text)})
         return counts
+
+
+async def nats_throughput(url: str, total_bytes: int = 64 << 20, size: int = 150_000) -> float:
+    """MB/s one nats-py client publishing ``size``-byte messages gets through the server to one
+    nats-py subscriber (what a pushed snapshot would ride on), on this machine now."""
+    import nats
+
+    pub, sub_nc = (
+        await nats.connect(url, name="throughput-pub"),
+        await nats.connect(url, name="throughput-sub"),
+    )
+    count = max(1, total_bytes // size)
+    got = 0
+    done = asyncio.Event()
+
+    async def on_msg(msg: Any) -> None:
+        nonlocal got
+        got += 1
+        if got == count:
+            done.set()
+
+    try:
+        sub = await sub_nc.subscribe("throughput.probe", cb=on_msg, pending_bytes_limit=1 << 30)
+        await sub_nc.flush()
+        payload = b"x" * size
+        t0 = time.perf_counter()
+        for _ in range(count):
+            await pub.publish("throughput.probe", payload)
+        await pub.flush()
+        await asyncio.wait_for(done.wait(), 120)
+        dt = time.perf_counter() - t0
+        await sub.unsubscribe()
+    finally:
+        await pub.close()
+        await sub_nc.close()
+    return count * size / dt / 1e6

@@ -26,7 +26,8 @@ Phases (a row each): ``start`` (always first: the frontend starts into the runni
 then ``--phases`` in order: ``steady`` (``--duration`` s of load), ``restart`` (traffic held
 and in-flight requests finished, as a load balancer would; SIGTERM; a new frontend; traffic
 again once ``/health`` is 200), ``cut`` (the frontend's NATS link cut for ``--cut-s`` s, in
-``--cut-mode`` hang or drop, then restored). A phase lasts ``--duration`` s, or until it has
+``--cut-mode`` hang or drop, then restored), ``second`` (a second frontend joins beside the
+first, which keeps the load; stopped at the phase's end). A phase lasts ``--duration`` s, or until it has
 converged if that takes longer.
 
 What is measured, per phase:
@@ -55,7 +56,9 @@ What is measured, per phase:
   frontend's **link outages** (``interlock_control_plane_outages_total``, since it started);
 * **re-syncs asked / KV pulls**: the frontend's ``interlock_router_resyncs_total`` (a gap in a
   worker's KV event stream) and, where the router pulls KV state over the request plane
-  (``interlock_router_kv_syncs_total``), its pulls by kind; both since the frontend started;
+  (``interlock_router_kv_syncs_total``), its pulls by kind and the bytes they moved
+  (``..._kv_sync_bytes_total`` + ``..._kv_replica_bytes_total``); all since the frontend
+  started. ``second`` adds the second frontend's, once it converged, and its CPU until then;
 * **frontend CPU** s/s over the phase and peak RSS (``/proc``); the fleet's and nats-server's
   CPU s/s (on this machine they share its cores with the frontend);
 * **NATS** messages and bytes per second in and out (``/varz``);
@@ -64,7 +67,8 @@ What is measured, per phase:
 
 The table heads with the command line, where ``interlock`` was imported from, the date, the CPU
 (``lscpu``), the snapshot size per worker and in all (as one KV event batch, what a re-sync
-publishes on the event plane), how long the fleet took to start and the machine's load average.
+publishes on the event plane), the NATS throughput on this machine (``nats_throughput``) and
+how long those snapshots would take at it, how long the fleet took to start and the machine's load average.
 Each phase's row is also printed to stderr as soon as it ends.
 """
 
@@ -91,7 +95,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
-from fleet_measure import Frontend, Peaks, PhaseResult, Sampler, cpu_s
+from fleet_measure import Frontend, Peaks, PhaseResult, Sampler, cpu_s, nats_throughput
 from fleet_procs import FrontendProcess, free_port, start_fleet, start_proxy, stop
 from fleet_traffic import LAG_BLOCKS, Load, converge, kv_lag, store_fresh
 from fleet_workers import ChainShape, FleetLaunch, chain_tokens, snapshot_bytes, worker_id
@@ -131,6 +135,7 @@ class Bench:
         result = PhaseResult(name)
         self.sampler.peaks = Peaks()
         n0 = await self.sampler.counters()
+        starts, pulled0 = self.fe_proc.starts, _pulled(await self.fe.counters())
         cpu0 = (self.fe_proc.cpu(), sum(cpu_s(p) for p in self.fleet_pids), cpu_s(self.nats_pid))
         self.load.phase = result
         await body(result)
@@ -147,6 +152,9 @@ class Bench:
         result.frontend_rss_mib = self.sampler.peaks.rss_mib
         result.pending_mib = self.sampler.peaks.pending_bytes / 2**20
         result.counters = await self.fe.counters()
+        result.pulled_mb = (
+            _pulled(result.counters) - (pulled0 if self.fe_proc.starts == starts else 0)
+        ) / 1e6
         return result
 
     async def lag_until(self, result: PhaseResult, end: float) -> None:
@@ -280,7 +288,12 @@ def _s(r: PhaseResult, what: str) -> str:
 def _syncs(counts: dict[str, int]) -> str:
     kinds = ("pulls_snapshot", "pulls_replay", "pulls_failed", "pulls_replica", "pulls_replica_missing")
     pulls = [f"{counts[k]} {k[6:]}" for k in kinds if counts.get(k)]
-    return f"{counts.get('resyncs', 0)} / {', '.join(pulls) or '-'}"
+    return f"{counts.get('resyncs', 0)} / {', '.join(pulls) or '-'} ({_pulled(counts) / 1e6:.1f} MB)"
+
+
+def _pulled(counts: dict[str, int]) -> int:
+    """Bytes of KV state a frontend pulled, from workers and from other replicas."""
+    return counts.get("bytes_sync", 0) + counts.get("bytes_replica", 0)
 
 
 def _all_syncs(r: PhaseResult) -> str:
@@ -296,7 +309,7 @@ def table(results: list[PhaseResult]) -> str:
         "| phase | healthy s | discovered s | converged s | slow consumers | frontend pending MiB (max) | "
         "frontend CPU s/s | frontend RSS MiB | fleet CPU s/s | nats CPU s/s | NATS msgs/s in / out | "
         "NATS MB/s out | KV lag p50 / p99 ms (n) | request p50 / p99 ms | requests ok | failed | "
-        "to holder | link outages | re-syncs asked / KV pulls |"
+        "to holder | link outages | KV pulled in phase MB | re-syncs asked / KV pulls (MB) |"
     )
     return "\n".join([head, "|" + "---|" * (head.count("|") - 1), *(row(r) for r in results)])
 
@@ -325,6 +338,7 @@ def row(r: PhaseResult) -> str:
         str(r.failed),
         holder,
         str(r.counters.get("outages", "-")),
+        f"{r.pulled_mb:.2f}",
         _all_syncs(r),
     ]
     return "| " + " | ".join(cells) + " |"
@@ -390,6 +404,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             stack.callback(shutil.rmtree, logs, ignore_errors=True)
         monitor_port = free_port()
         nats = stack.enter_context(NatsServer(monitor_port=monitor_port))
+        nats_mb_s = await nats_throughput(nats.url)
         proxy, proxy_port = start_proxy(nats.port, args.cut_mode)
         stack.callback(stop, proxy)
         fe_proc = FrontendProcess(
@@ -445,7 +460,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         await task
     wall = time.monotonic() - t_run
     loads = (loads[0], load_average())
-    report = header(args, snap, max_payload, fleet_s, loads) + "\n\n" + table(results)
+    report = header(args, snap, max_payload, fleet_s, loads)
+    pulled = results[0].pulled_mb if results else 0.0
+    report += (
+        f"\nNATS throughput {nats_mb_s:.0f} MB/s (one nats-py publisher to one subscriber, 150 kB "
+        f"messages, measured before the fleet started): the {pulled:.1f} MB the frontend pulled at "
+        f"start need {pulled / nats_mb_s:.2f} s at it (1.5x: {1.5 * pulled / nats_mb_s:.2f} s); the "
+        f"snapshots pushed the old way, {snap * args.workers / 1e6:.0f} MB, would need "
+        f"{snap * args.workers / 1e6 / nats_mb_s:.1f} s"
+    )
+    report += "\n\n" + table(results)
     report += f"\n\nrun took {wall:.0f} s"
     errors = [f"{r.name}: {e}" for r in results for e in r.errors]
     if errors:
@@ -455,6 +479,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "report": report,
         "snapshot_bytes": snap,
+        "nats_mb_s": nats_mb_s,
         "max_payload": max_payload,
         "fleet_start_s": fleet_s,
         "wall_s": wall,
