@@ -80,6 +80,10 @@ class AsyncEngine:
         """The whole cache as events, taken on the engine thread between steps."""
         return await self.call(lambda core: core.kv_snapshot())
 
+    async def kv_state(self) -> dict[str, list[int]]:
+        """The whole cache as block hashes by tier, taken on the engine thread between steps."""
+        return await self.call(lambda core: core.kv_state())
+
     async def pool_status(self) -> tuple[int, int, str]:
         return await self.call(pool_figures)
 

@@ -234,6 +234,11 @@ class BlockPool:
         stored, self._stored = self._stored, []
         return stored
 
+    def cached_hashes(self) -> list[int]:
+        """The hash of every cached block, in no order."""
+        block_hash = self.block_hash
+        return [block_hash[b] for b in self._info]  # type: ignore[misc]  # cached: hashed
+
     def snapshot(self) -> list[KVEvent]:
         """Events that describe every cached block now, parents first (for a router re-sync)."""
         events: list[KVEvent] = [AllBlocksCleared()]

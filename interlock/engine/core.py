@@ -478,6 +478,13 @@ class EngineCore:
             events += self.tiers.snapshot()
         return events
 
+    def kv_state(self) -> dict[str, list[int]]:
+        """The blocks of ``kv_snapshot`` as hashes by tier, nothing else (a router's pull)."""
+        state = {"device": self.pool.cached_hashes()}
+        if self.tiers is not None:
+            state.update(self.tiers.hashes_by_tier())
+        return state
+
     def set_wakeup(self, wake: Callable[[], None]) -> None:
         """``wake`` is called (from the tier I/O thread) whenever a tier job ends, so the owner
         of the step loop can step at once (a load is ready) instead of after an idle pause."""

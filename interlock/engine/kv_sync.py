@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 
 import msgspec
 
 from interlock.engine.serving import ServingEngine
-from interlock.protocol import BlockStored, KVEvent
 from interlock.protocol.kv_sync import PART_BLOCKS, KvSyncHeader, KvSyncRequest, snapshot_parts
 from interlock.runtime.interfaces import CallContext
 
@@ -66,16 +65,6 @@ class KvEventLog:
         return self._bytes
 
 
-def stored_by_tier(events: Iterable[KVEvent]) -> dict[str, list[int]]:
-    """A cache snapshot's ``BlockStored`` events (``ServingEngine.kv_snapshot``: after an
-    ``AllBlocksCleared``, nothing removed) as block hashes by tier."""
-    by_tier: dict[str, list[int]] = {}
-    for ev in events:
-        if isinstance(ev, BlockStored):
-            by_tier.setdefault(ev.tier, []).extend(ev.block_hashes)
-    return by_tier
-
-
 class KvSyncServer:
     """The ``kv_sync`` endpoint of one worker."""
 
@@ -94,7 +83,7 @@ class KvSyncServer:
                 yield frame
             return
         as_of = self.log.last_seq  # read before the snapshot: every batch up to it is in it
-        parts = snapshot_parts(stored_by_tier(await self.engine.kv_snapshot()), self.part_blocks)
+        parts = snapshot_parts(await self.engine.kv_state(), self.part_blocks)
         self.snapshots += 1
         blocks = sum(len(p.hashes) for p in parts)
         yield _encode(KvSyncHeader(kind="snapshot", seq=as_of, frames=len(parts), blocks=blocks))

@@ -29,7 +29,11 @@ holds no whole state of it (not known, or still being pulled).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import msgspec
+
+from interlock.protocol.events import BlockStored, KVEvent
 
 KV_SYNC_ENDPOINT = "interlock.worker.kv_sync"
 KV_REPLICA_ENDPOINT = "interlock.router.kv_replica"
@@ -81,3 +85,13 @@ def snapshot_parts(by_tier: dict[str, list[int]], part_blocks: int = PART_BLOCKS
         for tier, hashes in by_tier.items()
         for i in range(0, len(hashes), part_blocks)
     ]
+
+
+def stored_by_tier(events: Iterable[KVEvent]) -> dict[str, list[int]]:
+    """A cache snapshot's ``BlockStored`` events (``ServingEngine.kv_snapshot``: after an
+    ``AllBlocksCleared``, nothing removed) as block hashes by tier."""
+    by_tier: dict[str, list[int]] = {}
+    for ev in events:
+        if isinstance(ev, BlockStored):
+            by_tier.setdefault(ev.tier, []).extend(ev.block_hashes)
+    return by_tier

@@ -394,6 +394,10 @@ class KVTiers:
             for h in t.hashes()
         ]
 
+    def hashes_by_tier(self) -> dict[str, list[int]]:
+        """The blocks of ``snapshot`` as hashes, by tier (tiers holding none left out)."""
+        return {t.name: hashes for t in self.tiers if (hashes := t.hashes())}
+
     def clear(self) -> None:
         """Forget every block (the pool's ``AllBlocksCleared`` covers every tier)."""
         for t in self.tiers:

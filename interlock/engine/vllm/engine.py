@@ -60,6 +60,7 @@ from interlock.protocol import (
     SamplingParams,
     TokenLogprobs,
 )
+from interlock.protocol.kv_sync import stored_by_tier
 
 log = logging.getLogger(__name__)
 
@@ -291,6 +292,9 @@ class VllmEngine(FixedSizes):
 
     async def kv_snapshot(self) -> list[KVEvent]:
         return self._translator.snapshot()
+
+    async def kv_state(self) -> dict[str, list[int]]:
+        return stored_by_tier(self._translator.snapshot())
 
     async def pool_status(self) -> tuple[int, int, str]:
         return self._load.kv_blocks_used, self._num_blocks, ""

@@ -18,6 +18,7 @@ from interlock.engine.tiers import ManualIO
 from interlock.engine.tiers.shared import segment_path
 from interlock.errors import ConfigError
 from interlock.protocol import BlockRemoved, BlockStored
+from interlock.protocol.kv_sync import stored_by_tier
 from tests.engine.conftest import EOS, VOCAB, request, run_to_end, tokens
 
 BS = 4
@@ -175,6 +176,9 @@ def test_tier_events_and_snapshot_name_the_tier() -> None:
     snap = engine.kv_snapshot()
     held = {e.block_hashes[0] for e in snap if isinstance(e, BlockStored) and e.tier == "host"}
     assert held == set(engine.tiers.host.hashes())  # type: ignore[union-attr]
+    state = engine.kv_state()  # what a router's pull sends: the same blocks, hashes by tier
+    assert {t: sorted(h) for t, h in state.items()} == {t: sorted(h) for t, h in stored_by_tier(snap).items()}
+    assert "host" in state
 
 
 @pytest.fixture
