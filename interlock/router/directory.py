@@ -42,6 +42,10 @@ class WorkerDirectory(Protocol):
 
     def instances(self) -> list[InstanceInfo]: ...
 
+    def has_prefill(self, router: Router) -> bool:
+        """``router``'s model has a routed prefill worker (a count, not a scan)."""
+        ...
+
     def report(self, instance_id: str) -> LoadReport | None:
         """The worker's last load report."""
         ...

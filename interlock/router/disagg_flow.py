@@ -87,13 +87,7 @@ class DisaggFlow:
         """This request takes the disaggregated path: its model has prefill workers."""
         if request.kv_transfer is not None or not self.config.enabled:
             return False
-        if self.config.enforce:
-            return True
-        for w in router.workers():
-            info = self.svc.instance(w)
-            if info is not None and info.role == "prefill":
-                return True
-        return False
+        return self.config.enforce or self.svc.has_prefill(router)
 
     # ---- per request ----
     async def prepare(

@@ -40,6 +40,8 @@ class Roster:
         self.held: Mapping[str, InstanceInfo] = MappingProxyType(self._held)
         """Workers held out of routing by id, in the order they were held (``hold``, ``unhold``)."""
         self._serving: Counter[str] = Counter()
+        self._prefill: Counter[str] = Counter()
+        """Routed prefill workers by model."""
         self._votes: dict[str, Counter[Card]] = {}
         self._files: dict[_File, dict[str, int]] = {}
         """Member id -> its place (``_place``) in ``routed`` or ``held`` order."""
@@ -84,6 +86,10 @@ class Roster:
     def serving(self, model: str) -> int:
         """How many workers of ``model`` are routed (every role)."""
         return self._serving[model]
+
+    def prefill(self, model: str) -> int:
+        """Routed prefill workers of ``model``."""
+        return self._prefill[model]
 
     def majority(self, model: str, current: Card | None) -> Card | None:
         """The card most of the model's members announce (``majority_card``); None: no member."""
@@ -130,11 +136,14 @@ class Roster:
         assert files == self._files, "members filed wrong"
         assert votes == self._votes, "card counts wrong"
         assert self._serving == Counter(info.model for info in self._routed.values())
+        assert self._prefill == Counter(i.model for i in self._routed.values() if i.role == "prefill")
 
     # ---- internals ----
     def _file(self, info: InstanceInfo, *, routed: bool) -> None:
         if routed:
             self._serving[info.model] += 1
+            if info.role == "prefill":
+                self._prefill[info.model] += 1
         if not _is_member(info):
             return
         card = card_of(info)
@@ -146,6 +155,8 @@ class Roster:
     def _unfile(self, info: InstanceInfo, *, routed: bool) -> None:
         if routed:
             _decrement(self._serving, info.model)
+            if info.role == "prefill":
+                _decrement(self._prefill, info.model)
         if not _is_member(info):
             return
         card = card_of(info)

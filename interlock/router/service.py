@@ -272,6 +272,11 @@ class RouterService:
         """How many workers are routed: ``len(instances())`` without listing and sorting them."""
         return len(self._instances)
 
+    def has_prefill(self, router: Router) -> bool:
+        """``router``'s model has a routed prefill worker (O(models), not O(workers))."""
+        model = next((m for m, r in self.routers.items() if r is router), None)
+        return model is not None and self._roster.prefill(model) > 0
+
     def instance(self, instance_id: str) -> InstanceInfo | None:
         return self._instances.get(instance_id)
 
