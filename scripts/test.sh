@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff format --check interlock tests benchmarks
 .venv/bin/lint-imports
 .venv/bin/mypy interlock
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
