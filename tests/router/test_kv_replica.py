@@ -4,6 +4,7 @@ workers are asked for nothing but gaps; a replica that cannot answer leaves it t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -86,18 +87,35 @@ def _converged(svc: RouterService, engines: dict[str, FakeEngine]) -> bool:
     return all(indexed(svc, wid) == stored(e) for wid, e in engines.items())
 
 
-@pytest.mark.timeout(60)
-def test_a_second_replica_copies_the_index_and_asks_no_worker_for_a_snapshot() -> None:
-    async def body(rt) -> None:  # type: ignore[no-untyped-def]
-        engines, workers = await _fleet(rt, 6, 3000)
-        first = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
-        await first.start()
+@contextlib.asynccontextmanager
+async def _two_routers(rt, n: int, blocks: int, between):  # type: ignore[no-untyped-def]
+    """``n`` workers, a first router converged on them, ``await between(rt, first, workers)``, then a
+    second router, converged too: (engines, workers, first, second)."""
+    engines, workers = await _fleet(rt, n, blocks)
+    first = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
+    await first.start()
+    second = None
+    try:
         await settle(lambda: _converged(first, engines))
-        assert [w.kv_sync.snapshots for w in workers] == [1] * 6
+        await between(rt, first, workers)
         second = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
         await second.start()
-        try:
-            await settle(lambda: _converged(second, engines))
+        await settle(lambda: _converged(second, engines))
+        yield engines, workers, first, second
+    finally:
+        if second is not None:
+            await second.close()
+        await first.close()
+        await asyncio.gather(*(w.drain(0.0) for w in workers))
+
+
+@pytest.mark.timeout(60)
+def test_a_second_replica_copies_the_index_and_asks_no_worker_for_a_snapshot() -> None:
+    async def once_each(rt, first, workers) -> None:  # type: ignore[no-untyped-def]
+        assert [w.kv_sync.snapshots for w in workers] == [1] * 6
+
+    async def body(rt) -> None:  # type: ignore[no-untyped-def]
+        async with _two_routers(rt, 6, 3000, once_each) as (engines, workers, first, second):
             stats = second.kv_sync.stats
             assert (stats.replicas, stats.snapshots, stats.replica_misses) == (6, 0, 0)
             assert stats.snapshot_blocks == 6 * 3000 and stats.replica_bytes / stats.snapshot_blocks < 10
@@ -109,57 +127,35 @@ def test_a_second_replica_copies_the_index_and_asks_no_worker_for_a_snapshot() -
             text = second.prometheus_text()
             assert 'interlock_router_kv_syncs_total{kind="replica"} 6' in text
             assert f"interlock_router_kv_replica_bytes_total {stats.replica_bytes}" in text
-        finally:
-            await second.close()
-            await first.close()
-            await asyncio.gather(*(w.drain(0.0) for w in workers))
 
     _run(body)
 
 
 @pytest.mark.timeout(60)
 def test_a_replica_that_cannot_answer_leaves_the_state_to_the_worker() -> None:
-    async def body(rt) -> None:  # type: ignore[no-untyped-def]
-        engines, workers = await _fleet(rt, 3, 500)
-        first = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
-        await first.start()
-        await settle(lambda: _converged(first, engines))
+    async def endpoint_gone(rt, first, workers) -> None:  # type: ignore[no-untyped-def]
         assert first._replica_address is not None
-        await rt.requests.unserve(first._replica_address)  # registered, but its endpoint is gone
-        second = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
-        await second.start()
-        try:
-            await settle(lambda: _converged(second, engines))
+        await rt.requests.unserve(first._replica_address)  # registered, but the endpoint is gone
+
+    async def body(rt) -> None:  # type: ignore[no-untyped-def]
+        async with _two_routers(rt, 3, 500, endpoint_gone) as (_, workers, _first, second):
             stats = second.kv_sync.stats
             assert (stats.replicas, stats.snapshots, stats.replica_misses) == (0, 3, 3)
             assert [w.kv_sync.snapshots for w in workers] == [2] * 3
-        finally:
-            await second.close()
-            await first.close()
-            await asyncio.gather(*(w.drain(0.0) for w in workers))
 
     _run(body)
 
 
 @pytest.mark.timeout(60)
 def test_a_replica_without_the_worker_s_whole_state_answers_missing() -> None:
-    async def body(rt) -> None:  # type: ignore[no-untyped-def]
-        engines, workers = await _fleet(rt, 2, 200)
-        first = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
-        await first.start()
-        await settle(lambda: _converged(first, engines))
+    async def w1_lost(rt, first, workers) -> None:  # type: ignore[no-untyped-def]
         first.routers["m"].indexer._workers["w1"].needs_resync = True  # as after a lost batch
-        first.kv_sync.pull = lambda *a, **k: None  # type: ignore[method-assign] # and not yet pulled again
-        second = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
-        await second.start()
-        try:
-            await settle(lambda: _converged(second, engines))
+        first.kv_sync.pull = lambda *a, **k: None  # and not yet pulled again
+
+    async def body(rt) -> None:  # type: ignore[no-untyped-def]
+        async with _two_routers(rt, 2, 200, w1_lost) as (_, _workers, first, second):
             stats = second.kv_sync.stats
             assert (stats.replicas, stats.snapshots, stats.replica_misses) == (1, 1, 1)
             assert first.kv_replica.missing == 1
-        finally:
-            await second.close()
-            await first.close()
-            await asyncio.gather(*(w.drain(0.0) for w in workers))
 
     _run(body)
