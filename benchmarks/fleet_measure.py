@@ -24,6 +24,7 @@ _WORKER_LABEL = re.compile(r'^interlock_worker_kv_blocks_total\{worker="([^"]+)"
 _RESYNCS = re.compile(r"^interlock_router_resyncs_total\{[^}]*\} (\d+)", re.M)
 _OUTAGES = re.compile(r"^interlock_control_plane_outages_total (\d+)", re.M)
 _PULLS = re.compile(r'^interlock_router_kv_syncs_total\{kind="(\w+)"\} (\d+)', re.M)
+_LOOKUPS = re.compile(r'^interlock_router_kv_lookups_total\{outcome="(\w+)"\} (\d+)', re.M)
 _PULLED = re.compile(r"^interlock_router_kv_(sync|replica)_bytes_total (\d+)", re.M)
 
 
@@ -76,7 +77,8 @@ class PhaseResult:
     joined: dict[str, int] = field(default_factory=dict)
     """``second``: the second frontend's counters once it converged."""
     joined_cpu_s: float = 0.0
-    """``second``: the second frontend's CPU seconds until it converged."""
+    """``second``: the second frontend's CPU seconds until it converged; ``remote``: the
+    frontend without an index, CPU seconds per second after it converged."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -235,6 +237,7 @@ class Frontend:
         }
         counts.update({f"pulls_{kind}": int(n) for kind, n in _PULLS.findall(text)})
         counts.update({f"bytes_{source}": int(n) for source, n in _PULLED.findall(text)})
+        counts.update({f"lookups_{outcome}": int(n) for outcome, n in _LOOKUPS.findall(text)})
         return counts
 
 

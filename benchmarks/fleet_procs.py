@@ -53,9 +53,18 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
 class FrontendProcess:
     """``interlock frontend`` on a free port; keeps the CPU of the ones it stopped."""
 
-    def __init__(self, nats_url: str, logs: Path, lease: tuple[float, float], tag: str = "frontend") -> None:
+    def __init__(
+        self,
+        nats_url: str,
+        logs: Path,
+        lease: tuple[float, float],
+        tag: str = "frontend",
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.nats_url = nats_url
         self.tag = tag
+        self.extra = extra
+        """More flags for ``interlock frontend``."""
         self.port = free_port()
         self.logs = logs
         self.lease = lease
@@ -80,6 +89,7 @@ class FrontendProcess:
         log = open(self.logs / f"{self.tag}-{self.starts}.log", "wb")  # noqa: SIM115 - the child owns it
         args = ["--port", str(self.port), "--nats-url", self.nats_url, "--log-level", "WARNING"]
         args += ["--heartbeat-interval", str(self.lease[0]), "--heartbeat-timeout", str(self.lease[1])]
+        args += self.extra
         self.spawned = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "interlock.cli.main", "frontend", *args],

@@ -27,7 +27,8 @@ then ``--phases`` in order: ``steady`` (``--duration`` s of load), ``restart`` (
 and in-flight requests finished, as a load balancer would; SIGTERM; a new frontend; traffic
 again once ``/health`` is 200), ``cut`` (the frontend's NATS link cut for ``--cut-s`` s, in
 ``--cut-mode`` hang or drop, then restored), ``second`` (a second frontend joins beside the
-first, which keeps the load; stopped at the phase's end). A phase lasts ``--duration`` s, or until it has
+first, which keeps the load; stopped at the phase's end), ``remote`` (the same with
+``--kv-index remote``: it keeps no index and asks the first per request). A phase lasts ``--duration`` s, or until it has
 converged if that takes longer.
 
 What is measured, per phase:
@@ -104,7 +105,7 @@ from interlock.runtime.nats_server import NatsServer
 
 MODEL = "smollm2"
 CANARIES = 16
-PHASES = ("steady", "restart", "cut", "second")
+PHASES = ("steady", "restart", "cut", "second", "remote")
 
 
 # ---- phases ----
@@ -226,17 +227,31 @@ class Bench:
     async def second(self, result: PhaseResult) -> None:
         """A second frontend joins beside the first (which keeps the load): its convergence,
         and how it got the workers' states (``joined``: copied from the first, or pulled)."""
+        await self._beside(result, "second", ())
+
+    async def remote(self, result: PhaseResult) -> None:
+        """A frontend without an index (``--kv-index remote``) joins beside the first: it routes
+        to the holders by the first one's lookups; its CPU once converged is what a frontend
+        pays that ingests no KV event (``joined_cpu_s``, s/s)."""
+        await self._beside(result, "remote", ("--kv-index", "remote"))
+
+    async def _beside(self, result: PhaseResult, tag: str, extra: tuple[str, ...]) -> None:
         t0 = time.monotonic()
-        proc = FrontendProcess(self.nats_url, self.fe_proc.logs, self.fe_proc.lease, tag="second")
+        proc = FrontendProcess(self.nats_url, self.fe_proc.logs, self.fe_proc.lease, tag=tag, extra=extra)
         proc.start()
         try:
             fe = Frontend(self.fe.session, proc.url, MODEL)
             await self._healthy(fe, proc, result)
             done = await converge(fe, self.probes(), proc.spawned + self.args.converge_timeout)
             self._converged(result, done, proc.spawned)
+            cpu, since = proc.cpu(), time.monotonic()
             result.joined = await fe.counters()
-            result.joined_cpu_s = proc.cpu()
             await self.lag_until(result, t0 + self.args.duration)
+            if tag == "remote":
+                result.joined = await fe.counters()
+                result.joined_cpu_s = (proc.cpu() - cpu) / max(time.monotonic() - since, 1e-9)
+            else:
+                result.joined_cpu_s = cpu
         finally:
             proc.stop()
 
@@ -299,6 +314,9 @@ def _pulled(counts: dict[str, int]) -> int:
 def _all_syncs(r: PhaseResult) -> str:
     if not r.joined:
         return _syncs(r.counters)
+    if r.name == "remote":
+        lookups = r.joined.get("lookups_answered", 0)
+        return f"{_syncs(r.counters)}; frontend without an index: {lookups} lookups, {r.joined_cpu_s:.2f} CPU s/s"
     return (
         f"{_syncs(r.counters)}; second frontend: {_syncs(r.joined)}, {r.joined_cpu_s:.1f} CPU s to converge"
     )

@@ -36,7 +36,17 @@ from typing import Any
 import yaml
 
 from interlock.errors import ConfigError
-from interlock.names import DTYPES, ENGINES, POLICIES, ROLES, RUNNERS, STALL_OVER, TRANSPORTS, policy_name
+from interlock.names import (
+    DTYPES,
+    ENGINES,
+    KV_INDEX_MODES,
+    POLICIES,
+    ROLES,
+    RUNNERS,
+    STALL_OVER,
+    TRANSPORTS,
+    policy_name,
+)
 
 METRIC_FAMILIES = (
     "requests",
@@ -208,6 +218,10 @@ class Routing:
     stall_timeout_s: float = 10.0
     """Seconds without a token (once the first is out) after which a stream counts as stalled
     and migrates; raised on workers with slow steps. ``--stall-timeout``."""
+    kv_index: str = "local"
+    """``local``: the router keeps the fleet's KV index (ingests every KV event) and answers
+    other frontends' lookups; ``remote``: it keeps none and asks a ``local`` one per request, so
+    several frontends share one ingestion (``docs/scale.md``). ``--kv-index``."""
 
 
 @dataclass(frozen=True)
@@ -379,6 +393,7 @@ def validate_deployment(d: Deployment) -> None:
     r = d.routing
     _one_of(r.policy, POLICIES, "routing.policy")
     _one_of(r.stall_over, STALL_OVER, "routing.stall_over")
+    _one_of(r.kv_index, KV_INDEX_MODES, "routing.kv_index")
     if r.route_key is not None and not r.route_key.strip():
         raise ConfigError("routing.route_key: must be a header name")
     if not 0.0 < r.kv_usage_watermark <= 1.0:

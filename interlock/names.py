@@ -18,6 +18,8 @@ UNWEIGHTED_POLICIES = ("round-robin", "random")
 STALL_OVER = ("decoding", "inflight")
 """Whom the ``kv`` cost's stall term counts on a worker (``CostParams.stall_over``): the
 requests decoding there, or every request in flight there."""
+KV_INDEX_MODES = ("local", "remote")
+"""Where a router's KV index is (``routing.kv_index``, ``--kv-index``)."""
 
 DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32", "float16", "fp16")
 """Model dtypes (``--dtype``): ``auto`` (the default) is bf16 where the machine computes bf16

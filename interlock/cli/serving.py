@@ -26,7 +26,7 @@ from interlock.deploy import (
 from interlock.engine.vllm.args import normalize, parse_engine_arg
 from interlock.errors import ConfigError
 from interlock.frontend.config import FrontendConfig
-from interlock.names import DTYPES, ENGINES, POLICIES, RUNNERS, TRANSPORTS, policy_name
+from interlock.names import DTYPES, ENGINES, KV_INDEX_MODES, POLICIES, RUNNERS, TRANSPORTS, policy_name
 
 _G, _N, _R, _C = ExecutionGroup(), NodeGroup(), Routing(), ControlPlane()
 
@@ -287,6 +287,13 @@ def add_routing_args(p: argparse.ArgumentParser) -> None:
         help="header whose value picks a consistent subset of workers (default: x-route-key)",
     )
     g.add_argument(
+        "--kv-index",
+        choices=KV_INDEX_MODES,
+        default=None,
+        help="local: keep the fleet's KV index here (every KV event is ingested); remote: keep none "
+        "and ask a frontend that keeps one, per request (default: local)",
+    )
+    g.add_argument(
         "--enforce-disagg",
         action="store_true",
         help="prefill every request on a prefill worker (waiting in the queue while all are busy); "
@@ -386,6 +393,7 @@ _ROUTING_FLAGS = {
     "preempt_enabled": "preempt_enabled",
     "migration_limit": "migration_limit",
     "stall_timeout": "stall_timeout_s",
+    "kv_index": "kv_index",
 }
 
 

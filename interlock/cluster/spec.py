@@ -155,6 +155,7 @@ def service_options(spec: ClusterSpec) -> ServiceOptions:
     return ServiceOptions(
         dispatch=dispatch_options(spec.deployment.routing),
         health_check_s=cp.heartbeat_interval if cp.health_check_enabled else None,
+        kv_index=spec.deployment.routing.kv_index,
     )
 
 

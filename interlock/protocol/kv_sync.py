@@ -37,6 +37,9 @@ from interlock.protocol.events import BlockStored, KVEvent
 
 KV_SYNC_ENDPOINT = "interlock.worker.kv_sync"
 KV_REPLICA_ENDPOINT = "interlock.router.kv_replica"
+KV_LOOKUP_ENDPOINT = "interlock.router.kv_lookup"
+"""Served by every replica with an index beside ``kv_replica``; its address is in the replica's
+registration (``metadata["kv_lookup_address"]``)."""
 REPLICA_ID_PREFIX = "router-"
 """A replica registers as ``router-<router id>``, and only such registrations are asked: no
 worker login may announce an id with this prefix (``nats_permissions.worker_permissions``), so
@@ -54,6 +57,26 @@ class KvSyncRequest(msgspec.Struct, frozen=True, kw_only=True):
 class KvReplicaRequest(msgspec.Struct, frozen=True, kw_only=True):
     instance_id: str
     """The worker whose state the replica is asked for (always whole: a replica keeps no ring)."""
+
+
+class KvLookupRequest(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """A frontend without an index of its own (``--kv-index remote``) asks a router replica
+    which workers hold a prefix of one request's blocks (``router/kv_lookup.py``)."""
+
+    model: str
+    hashes: list[int]
+    """The request's block hashes, in order."""
+
+
+class KvLookupReply(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """The workers holding a prefix of the request's blocks (the others hold none)."""
+
+    workers: list[str]
+    device: list[int]
+    """Leading blocks each of ``workers`` holds in its device pool."""
+    lower: list[int] | None = None
+    """Blocks right after that prefix each holds in a lower tier (host, disk); None: the
+    replica knows of no lower tier anywhere."""
 
 
 class KvSyncHeader(msgspec.Struct, frozen=True, kw_only=True):

@@ -42,6 +42,11 @@ class WorkerDirectory(Protocol):
 
     def instances(self) -> list[InstanceInfo]: ...
 
+    async def looked_up(self, router: Router, hashes: list[int]) -> list[int]:
+        """``hashes``, with a replica's prefix lookup attached where this router keeps no KV
+        index of its own (``kv_lookup.RemoteChain``); as they are otherwise."""
+        ...
+
     def has_prefill(self, router: Router) -> bool:
         """``router``'s model has a routed prefill worker (a count, not a scan)."""
         ...

@@ -97,6 +97,7 @@ class DisaggFlow:
         when the request already finished at its first token)."""
         rid = request.request_id
         dispatcher = self.dispatcher
+        hashes = await self.svc.looked_up(router, hashes)  # once for every leg and probe
         if self.config.enforce:
             d, p = await self._place_enforced(router, request.model, meta, hashes)
         else:

@@ -446,6 +446,7 @@ class Dispatcher:
         busy (``queue_timeout_s`` at most: then ``NoWorkers``). A wait that ends otherwise (the
         client gone, the router closing) leaves nothing behind: the queue entry is dropped, or,
         if the request was dispatched in the same instant, that dispatch is released."""
+        hashes = await self.svc.looked_up(router, hashes)
         d = router.route(meta, block_hashes=hashes)
         if isinstance(d, Pending):
             fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()

@@ -27,6 +27,7 @@ import numpy as np
 
 from interlock.router.cost import CostParams, cheapest, choose, ttft_costs
 from interlock.router.indexer import KvIndexer
+from interlock.router.kv_lookup import KvLookup
 from interlock.router.load import LoadTracker
 
 
@@ -48,6 +49,9 @@ class KvRequest(msgspec.Struct, frozen=True, gc=False):
     """Breaks ties that remain after the least-busy rule."""
     fleet: int
     """Registered workers, whatever their health or role: the fleet's mean backlog is over them."""
+    lookup: KvLookup | None = None
+    """The prefix lookup a replica made (a frontend without an index, ``kv_lookup.py``), used
+    in place of the index's; None: look up in the index."""
 
 
 class KvChoice(msgspec.Struct, frozen=True, gc=False):
@@ -91,7 +95,10 @@ class ReferenceDecider:
 
     def decide(self, req: KvRequest) -> KvChoice:
         n = len(req.mask)
-        overlaps = self.indexer.overlaps(req.hashes, n) if req.hashes else np.zeros(n, dtype=np.int32)
+        if req.lookup is not None:
+            overlaps = req.lookup.device
+        else:
+            overlaps = self.indexer.overlaps(req.hashes, n) if req.hashes else np.zeros(n, dtype=np.int32)
         costs = self.costs(req, overlaps)
         if req.weight is not None:
             costs = costs / req.weight
@@ -103,7 +110,10 @@ class ReferenceDecider:
         n, load, params = len(overlaps), self.load, self.params
         overhead, per_token = load.speeds()
         decode_step = load.decode_step()[:n]
-        lower = self.indexer.lower_overlaps(req.hashes, n) if self.indexer.has_lower_tiers() else None
+        if req.lookup is not None:
+            lower = req.lookup.lower
+        else:
+            lower = self.indexer.lower_overlaps(req.hashes, n) if self.indexer.has_lower_tiers() else None
         room = {}
         if params.price_room:
             used, free = load.blocks_in_use()

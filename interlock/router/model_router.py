@@ -31,6 +31,7 @@ from interlock.router.cost import CostParams
 from interlock.router.decision import Candidate, Decision, RouterMetrics
 from interlock.router.indexer import ApplyResult, KvIndexer
 from interlock.router.kv_decide import KvDecider, KvRequest, ReferenceDecider
+from interlock.router.kv_lookup import RemoteChain, lookup_of
 from interlock.router.load import LoadTracker
 from interlock.router.policies import (
     POLICIES,
@@ -463,8 +464,7 @@ class Router:
             raise NoWorkers(
                 f"worker {meta.worker_id!r} is not available", retry_after=self.config.retry_after_s
             )
-        ov = int(self.indexer.overlaps(hashes)[w.slot]) if hashes else 0
-        return self._decision(meta, w.info.instance_id, "direct", ov)
+        return self._decision(meta, w.info.instance_id, "direct", self._overlap(hashes, w.slot))
 
     def _decide(
         self,
@@ -486,7 +486,7 @@ class Router:
             wid = self.sessions.get(meta.session_id, now)
             w = self._workers.get(wid) if wid else None
             if w is not None and open_[w.slot]:
-                ov = int(self.indexer.overlaps(hashes)[w.slot]) if hashes else 0
+                ov = self._overlap(hashes, w.slot)
                 return self._decision(meta, w.info.instance_id, "session" + suffix, ov, t0=t0)
         reason = self.config.policy
         mask = open_
@@ -534,11 +534,10 @@ class Router:
         weight = self._weights(n)
         if self.config.policy != "kv":
             slot = self._pick_simple(mask, weight)
-            ov = int(self.indexer.overlaps(hashes, n)[slot]) if hashes else 0
-            return self._decision(meta, self._slot_ids[slot], reason, ov, t0=t0)
+            return self._decision(meta, self._slot_ids[slot], reason, self._overlap(hashes, slot), t0=t0)
         req = KvRequest(
             hashes, meta.prompt_tokens, meta.max_tokens, mask, self._is_whole(mask), weight,
-            self._rotation, len(self._workers),
+            self._rotation, len(self._workers), lookup_of(hashes, self._slot_of, n),
         )  # fmt: skip
         choice = self.decider.decide(req)
         slot, held = choice.slot, choice.held
@@ -550,6 +549,33 @@ class Router:
             [Candidate(ids[s], cost(s), held(s)) for s in choice.ranked[: self.config.num_candidates]]
         )
         return self._decision(meta, ids[slot], reason, held(slot), t0=t0, candidates=cands)
+
+    def _overlap(self, hashes: Sequence[int], slot: int) -> int:
+        """Leading blocks of ``hashes`` the worker at ``slot`` holds: as a replica answered
+        (``kv_lookup.RemoteChain``), else as this router's index has it."""
+        if isinstance(hashes, RemoteChain):
+            return hashes.holders.get(self._slot_ids[slot], (0, 0))[0]
+        return int(self.indexer.overlaps(hashes)[slot]) if hashes else 0
+
+    def _slot_of(self, instance_id: str) -> int | None:
+        w = self._workers.get(instance_id)
+        return w.slot if w is not None else None
+
+    def kv_holders(self, hashes: Sequence[int]) -> tuple[list[str], list[int], list[int] | None]:
+        """The workers holding a prefix of ``hashes`` in this router's index: (their ids, the
+        leading device blocks each holds, the lower-tier blocks right after those; None
+        without lower tiers). What a ``kv_lookup`` replies (``kv_lookup.py``)."""
+        ix = self.indexer
+        n = ix.num_slots
+        device = ix.overlaps(hashes, n)
+        lower = ix.lower_overlaps(hashes, n) if ix.has_lower_tiers() else None
+        slots = np.flatnonzero(device if lower is None else device + lower)
+        ids = self._slot_ids
+        return (
+            [ids[s] for s in slots.tolist()],
+            device[slots].tolist(),
+            lower[slots].tolist() if lower is not None else None,
+        )
 
     def _pick_simple(self, mask: np.ndarray, weight: np.ndarray | None) -> int:
         """The slot a policy other than ``kv`` picks (``policies.pick_simple``)."""

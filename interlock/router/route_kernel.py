@@ -388,7 +388,7 @@ class CompiledDecider:
 
     def decide(self, req: KvRequest) -> KvChoice:
         indexer = self.indexer
-        if indexer.compiled and not indexer.has_lower_tiers():
+        if req.lookup is None and indexer.compiled and not indexer.has_lower_tiers():
             # lookup, cost, ranking and choice in one call (inline: a decision's budget is ~15 µs)
             params = self.params
             costs, ranked, slot, overlaps = self.kernel.decide_indexed(
@@ -412,12 +412,19 @@ class CompiledDecider:
         load, n, params = self.load, len(req.mask), self.params
         overhead, per_token = load.speeds()
         lower = None
-        if self.indexer.has_lower_tiers():
+        if req.lookup is not None:  # a replica's lookup (``kv_lookup.py``)
+            overlaps, lower_blocks = req.lookup.device, req.lookup.lower
+            uncached = uncached_tokens_of(params, req.prompt_tokens, overlaps, lower_blocks).astype(
+                np.float64
+            )
+            lower = lower_blocks.astype(np.float64) if lower_blocks is not None else None
+            held: Callable[[int], int] = overlaps.item
+        elif self.indexer.has_lower_tiers():
             overlaps = self.indexer.overlaps(req.hashes, n) if req.hashes else np.zeros(n, dtype=np.int32)
             lower_blocks = self.indexer.lower_overlaps(req.hashes, n)
             uncached = uncached_tokens_of(params, req.prompt_tokens, overlaps, lower_blocks)
             uncached, lower = uncached.astype(np.float64), lower_blocks.astype(np.float64)
-            held: Callable[[int], int] = overlaps.item
+            held = overlaps.item
         else:
             runs = self.indexer.overlap_masks(req.hashes) if req.hashes else []
             self._fill_uncached(req.prompt_tokens, runs, n)

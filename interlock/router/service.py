@@ -21,7 +21,8 @@ from typing import TypeVar
 
 import msgspec
 
-from interlock.errors import ModelNotFound, NoWorkers
+from interlock.errors import ConfigError, ModelNotFound, NoWorkers
+from interlock.names import KV_INDEX_MODES
 from interlock.protocol import (
     GenerateOutput,
     GenerateRequest,
@@ -32,12 +33,13 @@ from interlock.protocol import (
 )
 from interlock.protocol.discovery import ADDRESS_SCHEMES, instance_problem
 from interlock.protocol.events import RouterLoadEvent
-from interlock.protocol.kv_sync import KV_REPLICA_ENDPOINT, REPLICA_ID_PREFIX
+from interlock.protocol.kv_sync import KV_LOOKUP_ENDPOINT, KV_REPLICA_ENDPOINT, REPLICA_ID_PREFIX
 from interlock.protocol.routing import ModelEntry, RequestContext
 from interlock.router.breaker import BreakerConfig, Breakers
 from interlock.router.disagg import DisaggConfig
 from interlock.router.disagg_flow import DisaggFlow
 from interlock.router.dispatcher import EXPLAIN_HEADER, Dispatcher, DispatchOptions
+from interlock.router.kv_lookup import KvLookupClient, KvLookupServer, RemoteChain
 from interlock.router.kv_replica import KvReplicaServer
 from interlock.router.kv_sync import KvSync
 from interlock.router.model_card import Card, card_of
@@ -79,6 +81,21 @@ class ServiceOptions:
     """Serve this router's index to other router replicas (registered in discovery under the
     router's id) and copy workers' states from theirs before asking the workers
     (``router/kv_replica.py``)."""
+    kv_index: str = "local"
+    """``local``: keep the fleet's KV index here (ingest every KV event, pull workers' states)
+    and answer other frontends' lookups; ``remote``: keep none, ask a replica with one per
+    request (``router/kv_lookup.py``): several frontends then share one ingestion."""
+
+    def __post_init__(self) -> None:
+        if self.kv_index not in KV_INDEX_MODES:
+            raise ConfigError(
+                f"kv_index must be one of {', '.join(KV_INDEX_MODES)}, not {self.kv_index!r}",
+                param="kv_index",
+            )
+        if self.kv_index == "remote" and not self.replica:
+            raise ConfigError(
+                "kv_index 'remote' finds the replicas to ask through replica=True", param="kv_index"
+            )
 
 
 _TIER_METRICS = (
@@ -144,17 +161,24 @@ class RouterService:
         self.kv_replica = KvReplicaServer(self._kv_export)
         """This router's index, served to other replicas (``router/kv_replica.py``)."""
         self._replica_address: str | None = None
+        self._remote = options.kv_index == "remote"
+        """No KV index here: a replica with one is asked per request (``router/kv_lookup.py``)."""
+        self.kv_lookup = KvLookupClient(requests)
+        self.kv_lookup_server = KvLookupServer(self.routers.get)
+        self._lookup_address: str | None = None
         self._link = link
         self.degraded_sources: list[Callable[[], list[str]]] = []
         """More sources of ``degraded`` reasons (``serve`` adds its process supervisor)."""
 
     # ---- lifecycle ----
     async def start(self) -> None:
-        kv = await self._events.subscribe(subjects.KV_ALL)
         load = await self._events.subscribe(subjects.LOAD_ALL)
-        loops = [self._watch(), self._on_kv(kv), self._on_load(load), self._ticks()]
+        loops = [self._watch(), self._on_load(load), self._ticks()]
+        if not self._remote:
+            loops.append(self._on_kv(await self._events.subscribe(subjects.KV_ALL)))
         if self._options.replica:  # the replicas known before the first worker is pulled
-            await self._serve_replica()
+            if not self._remote:  # a replica with an index: it serves it
+                await self._serve_replica()
             for info in await self._discovery.instances(KV_REPLICA_ENDPOINT):
                 self._on_replica(DiscoveryEvent("added", info))
             loops.append(self._watch_replicas())
@@ -181,7 +205,9 @@ class RouterService:
             with contextlib.suppress(Exception):  # closing: the lease expires anyway
                 await self._discovery.unregister(self._replica_id)
                 await self._requests.unserve(self._replica_address)
-            self._replica_address = None
+                if self._lookup_address is not None:
+                    await self._requests.unserve(self._lookup_address)
+            self._replica_address = self._lookup_address = None
         await self.kv_sync.close()
         self.dispatcher.close()
 
@@ -380,6 +406,21 @@ class RouterService:
         )
         lines.append(f"interlock_router_kv_replica_served_total {self.kv_replica.served}")
         lines += _family(
+            "interlock_router_kv_lookups_total",
+            "counter",
+            "Per-request prefix lookups of a frontend without an index (--kv-index remote), by "
+            "outcome: answered by a replica, failed or no replica known (placed by load)",
+        )
+        ls = self.kv_lookup.stats
+        outcomes = (("answered", ls.answered), ("failed", ls.failed), ("no_replica", ls.no_replica))
+        lines += [f'interlock_router_kv_lookups_total{{outcome="{o}"}} {n}' for o, n in outcomes]
+        lines += _family(
+            "interlock_router_kv_lookups_served_total",
+            "counter",
+            "Prefix lookups answered for other frontends",
+        )
+        lines.append(f"interlock_router_kv_lookups_served_total {self.kv_lookup_server.answered}")
+        lines += _family(
             "interlock_router_kv_syncing_workers",
             "gauge",
             "Workers whose KV state is being pulled (routed by what the index has meanwhile)",
@@ -495,13 +536,16 @@ class RouterService:
         self._replica_address = await self._requests.serve(
             KV_REPLICA_ENDPOINT, self.kv_replica.handle, instance_id=self.router_id
         )
+        self._lookup_address = await self._requests.serve(
+            KV_LOOKUP_ENDPOINT, self.kv_lookup_server.handle, instance_id=self.router_id
+        )
         await self._discovery.register(
             InstanceInfo(
                 instance_id=self._replica_id,
                 endpoint=KV_REPLICA_ENDPOINT,
                 model="",
                 address=self._replica_address,
-                metadata={"kind": "router"},
+                metadata={"kind": "router", "kv_lookup_address": self._lookup_address},
             )
         )
 
@@ -519,10 +563,14 @@ class RouterService:
         rid = ev.instance.instance_id
         if rid == self._replica_id or not rid.startswith(REPLICA_ID_PREFIX):
             return  # ourselves, or not a replica (a worker cannot take the prefix)
+        lookup = ev.instance.metadata.get("kv_lookup_address", "")
         if ev.kind == "added" and ev.instance.address.startswith(ADDRESS_SCHEMES):
             self._replicas[rid] = ev.instance.address
+            if lookup.startswith(ADDRESS_SCHEMES):
+                self.kv_lookup.addresses[rid] = lookup
         else:
             self._replicas.pop(rid, None)
+            self.kv_lookup.addresses.pop(rid, None)
 
     def _replicas_for(self, instance_id: str) -> list[str]:
         """The other replicas to ask for a worker's state: each worker starts at its own one,
@@ -532,6 +580,13 @@ class RouterService:
             return peers
         first = zlib.crc32(instance_id.encode()) % len(peers)
         return peers[first:] + peers[:first]
+
+    async def looked_up(self, router: Router, hashes: list[int]) -> list[int]:
+        """``hashes`` with a replica's lookup where this router keeps no index (``remote``)."""
+        if not self._remote or not hashes or isinstance(hashes, RemoteChain):
+            return hashes
+        model = next((m for m, r in self.routers.items() if r is router), "")
+        return await self.kv_lookup.chain(model, hashes)
 
     def _kv_export(self, instance_id: str) -> tuple[int, dict[str, list[int]]] | None:
         router = self._router_of(instance_id)
@@ -559,7 +614,7 @@ class RouterService:
         old = self._instances.get(info.instance_id)
         if old == info:  # heard again after a NATS outage: keep its load and sessions, pull the gap
             router = self.routers.get(info.model)
-            if info.publishes_kv_events and router is not None:
+            if info.publishes_kv_events and router is not None and not self._remote:
                 since = router.kv_seq(info.instance_id)
                 self.kv_sync.pull(router, info.instance_id, _kv_sync_address(info), since=since)
             return
@@ -586,7 +641,10 @@ class RouterService:
         """Put ``info`` in its model's router (replacing ``old``); False if the router refused."""
         try:
             router = self._router_for(info)
-            router.add_worker(info)
+            # With no index here (``remote``), nothing of the worker's KV events is heard.
+            router.add_worker(
+                msgspec.structs.replace(info, publishes_kv_events=False) if self._remote else info
+            )
         except Exception:  # noqa: BLE001 - a misconfigured worker must not stop routing
             log.exception("cannot add worker %s", info.instance_id)
             return False
@@ -594,7 +652,7 @@ class RouterService:
             self.dispatcher.fail_stranded(router)
         self._roster.route(info)
         log.info("worker %s joined (%s, %s)", info.instance_id, info.model, info.role)
-        if info.publishes_kv_events:
+        if info.publishes_kv_events and not self._remote:
             since = router.kv_seq(info.instance_id)
             self.kv_sync.pull(router, info.instance_id, _kv_sync_address(info), since=since)
         return True

@@ -2,7 +2,8 @@
 
 It starts a nats-server, a TCP proxy, two fleet processes and the frontend (twice): the run
 must converge after the start, the restart and the link cut, and serve every request; a second
-frontend joining copies every worker's state from the first and asks no worker for a snapshot.
+frontend joining copies every worker's state from the first and asks no worker for a snapshot;
+a frontend without an index routes to the holders by the first one's lookups.
 """
 
 from __future__ import annotations
@@ -36,16 +37,18 @@ def test_a_tiny_fleet_converges_in_every_phase_and_fails_no_request(tmp_path: Pa
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     report = json.loads(out.read_text())
     phases = {p["name"]: p for p in report["phases"]}
-    assert list(phases) == ["start", "steady", "restart", "cut", "second"]
-    for name in ("start", "restart", "cut", "second"):
+    assert list(phases) == ["start", "steady", "restart", "cut", "second", "remote"]
+    for name in ("start", "restart", "cut", "second", "remote"):
         assert phases[name]["converged_s"] is not None, name
-        assert phases[name]["discovered_s"] is not None or name == "second", name
+        assert phases[name]["discovered_s"] is not None or name in ("second", "remote"), name
         assert phases[name]["timed_out"] == [], name
     for p in phases.values():
         assert p["failed"] == 0, (p["name"], p["errors"])
         assert p["slow_consumers"] == 0
     joined = phases["second"]["joined"]
     assert joined.get("pulls_replica") == 6 and joined.get("pulls_snapshot") == 0, joined
+    remote = phases["remote"]["joined"]  # no index of its own: it asked the first, and pulled nothing
+    assert remote.get("lookups_answered", 0) > 0 and not remote.get("pulls_snapshot"), remote
     assert phases["steady"]["ok"] > 0
     assert phases["steady"]["lags_ms"] and phases["steady"]["lag_timeouts"] == 0
     assert "| steady |" in report["report"]

@@ -1,12 +1,14 @@
 """The contract between the two ``kv`` deciders (``router/kv_decide.py``): the compiled one
 decides exactly as the reference, costs to the last bit, ranking, choice and overlaps, on
 randomized router states (weights, masks, lower tiers, both stall counts, room priced or not)
-and on a whole replay."""
+and on a whole replay; and either decides the same on a replica's lookup (``kv_lookup``) as on
+its own index."""
 
 from __future__ import annotations
 
 import random
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from interlock.protocol.events import BlockStored, KVEventBatch, LoadReport
 from interlock.router import RequestMeta, Router, RouterConfig
 from interlock.router.cost import CostParams
 from interlock.router.kv_decide import KvRequest, ReferenceDecider
+from interlock.router.kv_lookup import RemoteChain, lookup_of
 from interlock.router.route_kernel import CompiledDecider
 from interlock.sim import ReplayConfig, TraceHasher, mooncake_requests, replay
 from interlock.sim.synthetic import AgentSpec, agent_records
@@ -99,10 +102,28 @@ def test_the_compiled_decider_decides_as_the_reference(cost: CostParams, seed: i
         assert np.array_equal(got.costs, want.costs), i
         assert (got.ranked, got.slot) == (want.ranked, want.slot), i
         assert [got.held(s) for s in range(n)] == [want.held(s) for s in range(n)], i
+        looked = _as_looked_up(r, req)  # the same lookup, made by a replica (``kv_lookup``)
+        for decider in (reference, compiled):
+            alt = decider.decide(looked)
+            assert np.array_equal(alt.costs, want.costs), (decider.name, i)
+            assert (alt.ranked, alt.slot) == (want.ranked, want.slot), (decider.name, i)
+            assert [alt.held(s) for s in range(n)] == [want.held(s) for s in range(n)], (decider.name, i)
         if rng.random() < 0.5:  # some load of its own on the workers (in flight, decoding)
             d = r.route(RequestMeta(f"r{i}", prompt, max_tokens=64), block_hashes=hashes, may_wait=False)
             if rng.random() < 0.5:
                 r.on_first_token(d.request_id)
+
+
+def _as_looked_up(r: Router, req: KvRequest) -> KvRequest:
+    """``req`` with its prefix lookup made as a frontend without an index gets it: a replica's
+    ``kv_holders`` answer, carried by a ``RemoteChain``, as per-slot vectors."""
+    workers, device, lower = r.kv_holders(req.hashes)
+    below = lower if lower is not None else [0] * len(workers)
+    chain = RemoteChain(
+        req.hashes, dict(zip(workers, zip(device, below, strict=True), strict=True)), lower is not None
+    )
+    lookup = lookup_of(chain, r._slot_of, len(req.mask))
+    return msgspec.structs.replace(req, hashes=chain, lookup=lookup)
 
 
 def _replay_decisions(monkeypatch: pytest.MonkeyPatch, compiled: bool) -> tuple[list[tuple], float]:

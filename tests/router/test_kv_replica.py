@@ -13,9 +13,16 @@ from interlock.protocol import AllBlocksCleared, BlockStored, KVEventBatch
 from interlock.protocol.kv_sync import REPLICA_ID_PREFIX
 from interlock.router.indexer import KvIndexer
 from interlock.router.service import RouterService
-from interlock.runtime import InProcRegistry, connect_runtime
 from interlock.runtime.nats_permissions import worker_permissions
-from tests.router.test_kv_sync import BLOCK, CFG, chain, indexed, make_worker, settle, stored
+from tests.router.test_kv_sync import (
+    BLOCK,
+    chain,
+    indexed,
+    make_worker,
+    run_with_runtime,
+    settle,
+    stored,
+)
 
 
 def test_export_is_a_worker_s_whole_state_by_tier_or_none() -> None:
@@ -58,19 +65,6 @@ def test_no_worker_login_may_take_a_replica_s_id() -> None:
     with pytest.raises(ValueError, match="router-"):
         worker_permissions(REPLICA_ID_PREFIX + "abc")
     assert worker_permissions("router2") is not None
-
-
-def _run(body) -> None:  # type: ignore[no-untyped-def]
-    async def main() -> None:
-        registry = InProcRegistry()
-        rt = await connect_runtime(None, CFG, registry=registry)
-        try:
-            await body(rt)
-        finally:
-            await rt.close()
-            registry.leases.close()
-
-    asyncio.run(main())
 
 
 async def _fleet(rt, n: int, blocks: int):  # type: ignore[no-untyped-def]
@@ -128,7 +122,7 @@ def test_a_second_replica_copies_the_index_and_asks_no_worker_for_a_snapshot() -
             assert 'interlock_router_kv_syncs_total{kind="replica"} 6' in text
             assert f"interlock_router_kv_replica_bytes_total {stats.replica_bytes}" in text
 
-    _run(body)
+    run_with_runtime(body)
 
 
 @pytest.mark.timeout(60)
@@ -143,7 +137,7 @@ def test_a_replica_that_cannot_answer_leaves_the_state_to_the_worker() -> None:
             assert (stats.replicas, stats.snapshots, stats.replica_misses) == (0, 3, 3)
             assert [w.kv_sync.snapshots for w in workers] == [2] * 3
 
-    _run(body)
+    run_with_runtime(body)
 
 
 @pytest.mark.timeout(60)
@@ -158,4 +152,4 @@ def test_a_replica_without_the_worker_s_whole_state_answers_missing() -> None:
             assert (stats.replicas, stats.snapshots, stats.replica_misses) == (1, 1, 1)
             assert first.kv_replica.missing == 1
 
-    _run(body)
+    run_with_runtime(body)

@@ -100,6 +100,21 @@ def run(body: Callable[[Runtime, RouterService, list[bytes]], Awaitable[None]]) 
     asyncio.run(main())
 
 
+def run_with_runtime(body: Callable[[Runtime], Awaitable[None]]) -> None:
+    """``body`` on a fresh in-process runtime of its own registry, closed after."""
+
+    async def main() -> None:
+        registry = InProcRegistry()
+        rt = await connect_runtime(None, CFG, registry=registry)
+        try:
+            await body(rt)
+        finally:
+            await rt.close()
+            registry.leases.close()
+
+    asyncio.run(main())
+
+
 def indexed(svc: RouterService, wid: str) -> frozenset[int]:
     router = svc.routers.get("m")
     if router is None or wid not in router.workers():

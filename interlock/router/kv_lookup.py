@@ -1,0 +1,145 @@
+"""A frontend that keeps no KV index of its own (``ServiceOptions.kv_index="remote"``,
+``interlock frontend --kv-index remote``) asks a router replica that does, once per request:
+which workers hold a prefix of its blocks (``protocol/kv_sync.py``, ``KV_LOOKUP_ENDPOINT``).
+
+So several frontends share one ingestion of the fleet's KV events: the replicas with an index
+(``local``, the default) decode and apply every event; the ``remote`` ones subscribe to none and
+pay one lookup round trip per request instead.
+
+- ``RemoteChain``: a request's block hashes with the answer attached. It goes wherever the
+  hashes go (the router's queue too), so a request decided later is decided on the same answer.
+- ``KvLookup``: that answer as per-slot vectors for one decision (``lookup_of``); the deciders
+  use it in place of their index's lookup (``router/kv_decide.py``, ``route_kernel.py``).
+- ``KvLookupServer``: the endpoint, answered from a replica's routers.
+- ``KvLookupClient``: asks the known replicas in turn, bounded in time. No replica, or no answer
+  in time, leaves the plain hashes: the request is placed by load (and the router's own
+  predictions of what it routed), as while a worker's state loads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+import numpy as np
+
+from interlock.protocol.kv_sync import KvLookupReply, KvLookupRequest
+from interlock.runtime.interfaces import CallContext, RequestPlane
+
+if TYPE_CHECKING:
+    from interlock.router.model_router import Router
+
+log = logging.getLogger(__name__)
+
+LOOKUP_TIMEOUT_S = 0.1
+"""A lookup's answer, at most (a round trip on a data-centre network is well under 1 ms)."""
+MAX_LOOKUP_BLOCKS = 1 << 16
+"""Hashes one lookup may carry (a million-token prompt at 16 tokens a block); more: no answer."""
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_request = msgspec.msgpack.Decoder(KvLookupRequest).decode
+_decode_reply = msgspec.msgpack.Decoder(KvLookupReply).decode
+_EMPTY = _encode(KvLookupReply(workers=[], device=[]))
+
+
+class RemoteChain(list[int]):
+    """A request's block hashes, and who holds a prefix of them (from a replica's index)."""
+
+    __slots__ = ("holders", "lower_known")
+
+    def __init__(self, hashes: Iterable[int], holders: dict[str, tuple[int, int]], lower_known: bool) -> None:
+        super().__init__(hashes)
+        self.holders = holders
+        """Worker id -> (leading device blocks, lower-tier blocks right after them)."""
+        self.lower_known = lower_known
+        """The replica knows of lower tiers (else the lower counts are all 0 and unused)."""
+
+
+class KvLookup(msgspec.Struct, frozen=True, gc=False):
+    """One decision's prefix lookup, per slot (what ``KvIndexer.overlaps`` and
+    ``lower_overlaps`` would give)."""
+
+    device: np.ndarray
+    lower: np.ndarray | None
+
+
+def lookup_of(hashes: Sequence[int], slot_of: Callable[[str], int | None], n: int) -> KvLookup | None:
+    """``hashes``' remote answer over ``n`` slots; None for plain hashes (look them up locally)."""
+    if not isinstance(hashes, RemoteChain):
+        return None
+    device = np.zeros(n, dtype=np.int32)
+    lower = np.zeros(n, dtype=np.int32) if hashes.lower_known else None
+    for wid, (held, below) in hashes.holders.items():
+        slot = slot_of(wid)
+        if slot is not None and slot < n:
+            device[slot] = held
+            if lower is not None:
+                lower[slot] = below
+    return KvLookup(device, lower)
+
+
+class KvLookupServer:
+    """The ``kv_lookup`` endpoint of a router service with an index."""
+
+    def __init__(self, router_of_model: Callable[[str], Router | None]) -> None:
+        self._router_of_model = router_of_model
+        self.answered = 0
+
+    async def handle(self, payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
+        req = _decode_request(payload)
+        router = self._router_of_model(req.model)
+        self.answered += 1
+        if router is None or not req.hashes or len(req.hashes) > MAX_LOOKUP_BLOCKS:
+            yield _EMPTY
+            return
+        workers, device, lower = router.kv_holders(req.hashes)
+        yield _encode(KvLookupReply(workers=workers, device=device, lower=lower))
+
+
+@dataclass(slots=True)
+class KvLookupStats:
+    answered: int = 0
+    failed: int = 0
+    """No answer in time, or a replica that failed: placed by load."""
+    no_replica: int = 0
+    """No replica with an index known: placed by load."""
+
+
+class KvLookupClient:
+    def __init__(self, requests: RequestPlane, timeout_s: float = LOOKUP_TIMEOUT_S) -> None:
+        self._requests = requests
+        self._timeout_s = timeout_s
+        self.addresses: dict[str, str] = {}
+        """Replicas with an index: router id -> ``kv_lookup`` address."""
+        self._turn = 0
+        self.stats = KvLookupStats()
+
+    async def chain(self, model: str, hashes: list[int]) -> list[int]:
+        """``hashes`` with a replica's answer (a ``RemoteChain``), or as they are without one."""
+        if not hashes:
+            return hashes
+        if not self.addresses:
+            self.stats.no_replica += 1
+            return hashes
+        addresses = sorted(self.addresses.values())
+        self._turn += 1
+        address = addresses[self._turn % len(addresses)]
+        try:
+            stream = self._requests.stream(address, _encode(KvLookupRequest(model=model, hashes=hashes)))
+            async with contextlib.aclosing(stream), asyncio.timeout(self._timeout_s):
+                reply = _decode_reply(await anext(aiter(stream)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - placed by load instead
+            self.stats.failed += 1
+            log.debug("KV lookup at %s failed: %s", address, exc)
+            return hashes
+        self.stats.answered += 1
+        lower = reply.lower or [0] * len(reply.workers)
+        holders = dict(zip(reply.workers, zip(reply.device, lower, strict=True), strict=True))
+        return RemoteChain(hashes, holders, reply.lower is not None)

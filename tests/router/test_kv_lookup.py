@@ -1,0 +1,103 @@
+"""A frontend without a KV index of its own (``kv_index="remote"``) asks one that has it, per
+request (``router/kv_lookup.py``): it subscribes to no KV event, yet sends a request to the
+worker holding its prefix; with no such replica, or none answering, it places by load."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from interlock.engine.serving import FakeEngine
+from interlock.errors import ConfigError
+from interlock.kvhash import hash_blocks
+from interlock.router.admission import RequestMeta
+from interlock.router.kv_lookup import RemoteChain
+from interlock.router.service import RouterService, ServiceOptions
+from tests.router.test_kv_sync import BLOCK, make_worker, run_with_runtime, settle
+
+REMOTE = ServiceOptions(kv_index="remote")
+
+
+def _prompt(worker: int) -> list[int]:
+    return [1000 * worker + t for t in range(BLOCK * 8)]
+
+
+async def _fleet(rt, n: int):  # type: ignore[no-untyped-def]
+    """``n`` workers, worker ``i`` holding the blocks of ``_prompt(i)``."""
+    workers = []
+    for i in range(n):
+        engine = FakeEngine(block_size=BLOCK, num_blocks=10_000)
+        engine.fill(hash_blocks(_prompt(i), BLOCK), announce=False)
+        workers.append(make_worker(f"w{i}", engine, rt)[0])
+    await asyncio.gather(*(w.start() for w in workers))
+    return workers
+
+
+async def _route(svc: RouterService, i: int, worker: int):  # type: ignore[no-untyped-def]
+    router = await svc.router_when_ready("m", 5.0)
+    assert router is not None
+    prompt = _prompt(worker) + [7, 7, 7]
+    meta = RequestMeta(f"r{i}", len(prompt), max_tokens=4)
+    d = await svc.dispatcher.route(router, meta, hash_blocks(prompt, BLOCK))
+    svc.dispatcher.finish(router, d.request_id)
+    return d
+
+
+def test_remote_mode_needs_replicas() -> None:
+    with pytest.raises(ConfigError, match="kv_index"):
+        ServiceOptions(kv_index="elsewhere")
+    with pytest.raises(ConfigError, match="replica"):
+        ServiceOptions(kv_index="remote", replica=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_frontend_without_an_index_routes_to_the_holder_by_a_replica_s_lookup() -> None:
+    async def body(rt) -> None:  # type: ignore[no-untyped-def]
+        workers = await _fleet(rt, 4)
+        local = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events)
+        remote = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events, options=REMOTE)
+        await local.start()
+        await remote.start()
+        try:
+            await settle(lambda: local.num_workers() == 4 and remote.num_workers() == 4)
+            await settle(lambda: local.kv_sync.stats.snapshots == 4)
+            for i in range(8):
+                d = await _route(remote, i, worker=i % 4)
+                assert d.worker_id == f"w{i % 4}" and d.overlap_blocks == 8, d.header()
+            assert remote.kv_lookup.stats.answered == 8 and local.kv_lookup_server.answered == 8
+            router = remote.routers["m"]
+            assert all(router.indexer.mode(f"w{i}") == "approx" for i in range(4))  # no KV event heard
+            assert remote.kv_sync.stats.snapshots == 0 and remote._replica_address is None
+            assert 'interlock_router_kv_lookups_total{outcome="answered"} 8' in remote.prometheus_text()
+            hashes = hash_blocks(_prompt(2), BLOCK)
+            chain = await remote.looked_up(router, hashes)
+            assert isinstance(chain, RemoteChain) and chain.holders == {"w2": (8, 0)}
+            assert await remote.looked_up(router, chain) is chain  # looked up once per request
+        finally:
+            await remote.close()
+            await local.close()
+            await asyncio.gather(*(w.drain(0.0) for w in workers))
+
+    run_with_runtime(body)
+
+
+@pytest.mark.timeout(60)
+def test_with_no_replica_to_ask_a_frontend_without_an_index_places_by_load() -> None:
+    async def body(rt) -> None:  # type: ignore[no-untyped-def]
+        workers = await _fleet(rt, 2)
+        remote = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events, options=REMOTE)
+        await remote.start()
+        try:
+            await settle(lambda: remote.num_workers() == 2)
+            d = await _route(remote, 0, worker=1)
+            assert d.worker_id in ("w0", "w1") and d.overlap_blocks == 0
+            assert remote.kv_lookup.stats.no_replica == 1
+            remote.kv_lookup.addresses["router-gone"] = "inproc://nowhere"  # known, but not there
+            await _route(remote, 1, worker=1)
+            assert remote.kv_lookup.stats.failed == 1
+        finally:
+            await remote.close()
+            await asyncio.gather(*(w.drain(0.0) for w in workers))
+
+    run_with_runtime(body)
