@@ -28,7 +28,8 @@ and in-flight requests finished, as a load balancer would; SIGTERM; a new fronte
 again once ``/health`` is 200), ``cut`` (the frontend's NATS link cut for ``--cut-s`` s, in
 ``--cut-mode`` hang or drop, then restored), ``second`` (a second frontend joins beside the
 first, which keeps the load; stopped at the phase's end), ``remote`` (the same with
-``--kv-index remote``: it keeps no index and asks the first per request). A phase lasts ``--duration`` s, or until it has
+``--kv-index remote``: it keeps no index, asks the first per request, and takes the load once
+converged). A phase lasts ``--duration`` s, or until it has
 converged if that takes longer.
 
 What is measured, per phase:
@@ -230,9 +231,10 @@ class Bench:
         await self._beside(result, "second", ())
 
     async def remote(self, result: PhaseResult) -> None:
-        """A frontend without an index (``--kv-index remote``) joins beside the first: it routes
-        to the holders by the first one's lookups; its CPU once converged is what a frontend
-        pays that ingests no KV event (``joined_cpu_s``, s/s)."""
+        """A frontend without an index (``--kv-index remote``) joins beside the first and, once
+        converged (routing to the holders by the first one's lookups), takes the whole load:
+        the row's requests went through it, its CPU s/s is ``joined_cpu_s``, and the first
+        frontend's CPU is then ingestion and lookups alone."""
         await self._beside(result, "remote", ("--kv-index", "remote"))
 
     async def _beside(self, result: PhaseResult, tag: str, extra: tuple[str, ...]) -> None:
@@ -246,7 +248,12 @@ class Bench:
             self._converged(result, done, proc.spawned)
             cpu, since = proc.cpu(), time.monotonic()
             result.joined = await fe.counters()
-            await self.lag_until(result, t0 + self.args.duration)
+            if tag == "remote":  # the load goes through it; the first keeps ingesting, answers lookups
+                self.load.fe = fe
+            try:
+                await self.lag_until(result, t0 + self.args.duration)
+            finally:
+                self.load.fe = self.fe
             if tag == "remote":
                 result.joined = await fe.counters()
                 result.joined_cpu_s = (proc.cpu() - cpu) / max(time.monotonic() - since, 1e-9)
