@@ -23,16 +23,13 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 import numpy as np
 
 from interlock.protocol.kv_sync import KvLookupReply, KvLookupRequest
 from interlock.runtime.interfaces import CallContext, RequestPlane
-
-if TYPE_CHECKING:
-    from interlock.router.model_router import Router
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +80,16 @@ def lookup_of(hashes: Sequence[int], slot_of: Callable[[str], int | None], n: in
     return KvLookup(device, lower)
 
 
+class HoldersIndex(Protocol):
+    """What the endpoint asks of a model's router (``model_router.Router.kv_holders``)."""
+
+    def kv_holders(self, hashes: Sequence[int]) -> tuple[list[str], list[int], list[int] | None]: ...
+
+
 class KvLookupServer:
     """The ``kv_lookup`` endpoint of a router service with an index."""
 
-    def __init__(self, router_of_model: Callable[[str], Router | None]) -> None:
+    def __init__(self, router_of_model: Callable[[str], HoldersIndex | None]) -> None:
         self._router_of_model = router_of_model
         self.answered = 0
 
