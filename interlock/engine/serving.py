@@ -15,8 +15,8 @@ The contract, for every implementation:
   hashes from ``interlock.kvhash``) and load reports to ``sink``, on the loop that started it.
 - ``kv_snapshot()`` lists the whole cache as events (a router's re-sync): ``AllBlocksCleared``,
   then the blocks, each after its parent; ``kv_state()`` the same blocks as hashes by tier, with
-  no parents or tokens (a router's pull, ``engine/kv_sync.py``: 1 ms where the events take 30 at
-  30,000 blocks, on the engine's step thread).
+  no parents or tokens (a router's pull, ``engine/kv_sync.py``: 0.4 ms where the events take 51
+  at 30,000 blocks, on the engine's step thread; ``benchmarks/index_costs.py``).
 - ``problem()`` is None while the engine can serve; otherwise why not (a dead engine process):
   the worker then leaves discovery and exits, so a supervisor restarts it.
 """

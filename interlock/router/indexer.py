@@ -80,8 +80,8 @@ class _Worker:
     publishes_events: bool
     blocks: dict[int, None] = field(default_factory=dict)
     """The worker's device blocks (a dict as a set: one of ints and None the garbage collector
-    does not track, where a set is traversed on every full collection, 0.43 s at 300 workers x
-    30,000 blocks: a stall of every request in flight)."""
+    does not track, where a set is traversed on every full collection, 0.34 s at 300 workers x
+    30,000 blocks: a stall of every request in flight; ``benchmarks/index_costs.py``)."""
     last_seq: int | None = None
     """Last applied batch's seq; None until the first batch or snapshot."""
     events_seen: bool = False

@@ -300,8 +300,12 @@ class RouterService:
 
     def has_prefill(self, router: Router) -> bool:
         """``router``'s model has a routed prefill worker (O(models), not O(workers))."""
-        model = next((m for m, r in self.routers.items() if r is router), None)
+        model = self._model_of(router)
         return model is not None and self._roster.prefill(model) > 0
+
+    def _model_of(self, router: Router) -> str | None:
+        """The model ``router`` routes (a scan of the models, not of the workers)."""
+        return next((m for m, r in self.routers.items() if r is router), None)
 
     def instance(self, instance_id: str) -> InstanceInfo | None:
         return self._instances.get(instance_id)
@@ -585,8 +589,7 @@ class RouterService:
         """``hashes`` with a replica's lookup where this router keeps no index (``remote``)."""
         if not self._remote or not hashes or isinstance(hashes, RemoteChain):
             return hashes
-        model = next((m for m, r in self.routers.items() if r is router), "")
-        return await self.kv_lookup.chain(model, hashes)
+        return await self.kv_lookup.chain(self._model_of(router) or "", hashes)
 
     def _kv_export(self, instance_id: str) -> tuple[int, dict[str, list[int]]] | None:
         router = self._router_of(instance_id)

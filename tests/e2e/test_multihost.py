@@ -1,6 +1,7 @@
 """Three machines on this one, joined as docs/deploy.md says (network namespaces on a bridge).
 
-- ``control`` (198.18.0.1): ``interlock nats`` with a login, and ``interlock frontend``;
+- ``control`` (198.18.0.1): ``interlock nats`` with a login, and ``interlock frontend``, and a
+  second ``interlock frontend --kv-index remote`` that keeps no KV index and asks the first;
 - ``prefill`` (198.18.0.2): ``interlock worker --role prefill`` (real SmolLM2);
 - ``decode`` (198.18.0.3): ``interlock worker --role decode``;
 - ``client`` (198.18.0.4): the official ``openai`` client.
@@ -36,6 +37,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 NATS_PORT, FRONTEND_PORT, KV_PORT = 4222, 8000, 5557
 """The ports docs/deploy.md opens."""
+REMOTE_PORT = 8001
+"""The frontend without a KV index of its own."""
 LEASES = ("--heartbeat-interval", "0.25", "--heartbeat-timeout", "2.0")
 DRAIN = ("--drain-grace", "2")
 ENGINE = ("--model", "smollm2", "--threads", "1", "--num-blocks", "256", "--max-model-len", "1024")
@@ -77,16 +80,15 @@ class Deployment:
     procs: dict[str, Proc]
     login: tuple[str, ...]
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.hosts['control'].address}:{FRONTEND_PORT}"
+    def base_url(self, port: int = FRONTEND_PORT) -> str:
+        return f"http://{self.hosts['control'].address}:{port}"
 
-    def get(self, path: str) -> str:
-        """GET from the frontend, as the client machine."""
+    def get(self, path: str, port: int = FRONTEND_PORT) -> str:
+        """GET from a frontend, as the client machine."""
 
         def fetch() -> str:
             no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-            with no_proxy.open(self.base_url + path, timeout=10) as r:
+            with no_proxy.open(self.base_url(port) + path, timeout=10) as r:
                 return str(r.read().decode())
 
         return self.hosts["client"].call(fetch)
@@ -218,6 +220,20 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 *LEASES,
                 "--enforce-disagg",
             ).wait_for("frontend at", 120)
+            start(
+                "frontend-remote",
+                h["control"],
+                "frontend",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(REMOTE_PORT),
+                *login,
+                *LEASES,
+                "--enforce-disagg",
+                "--kv-index",
+                "remote",
+            ).wait_for("frontend at", 120)
             dep = Deployment(h, procs, login)
             _wait_for_workers(dep, ("prefill", "decode"))
             yield dep
@@ -242,12 +258,12 @@ def _wait_for_workers(dep: Deployment, workers: tuple[str, ...]) -> None:
     raise AssertionError(f"workers {workers} did not join within {START_TIMEOUT_S} s:\n{dep.logs()}")
 
 
-def _client(dep: Deployment):  # type: ignore[no-untyped-def]
+def _client(dep: Deployment, port: int = FRONTEND_PORT):  # type: ignore[no-untyped-def]
     import httpx
     import openai
 
     return openai.OpenAI(
-        base_url=dep.base_url + "/v1",
+        base_url=dep.base_url(port) + "/v1",
         api_key="unused",
         max_retries=0,
         http_client=httpx.Client(trust_env=False, timeout=120),
@@ -309,3 +325,30 @@ def _enforced(metrics: str) -> int:
     """Remote prefills the frontend's router chose because disaggregation is enforced."""
     key = 'interlock_disagg_choices_total{reason="enforced"} '
     return sum(int(line[len(key) :]) for line in metrics.splitlines() if line.startswith(key))
+
+
+def test_a_frontend_without_an_index_serves_the_openai_client_by_the_first_one_s_lookups(
+    deployment: Deployment,
+) -> None:
+    """``--kv-index remote``: no KV event reaches it; each request asks the first frontend which
+    worker holds its prefix, and answers as the first does (greedy)."""
+    prompt = "Tell me about Lyon. " * 20
+
+    def chat(port: int) -> tuple[str, str]:
+        raw = _client(deployment, port).chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=8,
+            temperature=0.0,
+            extra_headers={"x-interlock-explain": "1"},
+        )
+        return raw.parse().choices[0].message.content or "", raw.headers.get("x-interlock-route", "")
+
+    local_text, _ = deployment.hosts["client"].call(lambda: chat(FRONTEND_PORT))
+    remote_text, route = deployment.hosts["client"].call(lambda: chat(REMOTE_PORT))
+    assert remote_text == local_text and remote_text.strip()
+    assert route.startswith("worker=decode"), route
+    metrics = deployment.get("/metrics", REMOTE_PORT)
+    assert 'interlock_router_kv_lookups_total{outcome="answered"} 1' in metrics, metrics[-2000:]
+    assert 'interlock_router_kv_lookups_total{outcome="failed"} 0' in metrics
+    assert "interlock_router_kv_lookups_served_total 1" in deployment.get("/metrics")

@@ -143,8 +143,12 @@ def test_a_replica_that_cannot_answer_leaves_the_state_to_the_worker() -> None:
 @pytest.mark.timeout(60)
 def test_a_replica_without_the_worker_s_whole_state_answers_missing() -> None:
     async def w1_lost(rt, first, workers) -> None:  # type: ignore[no-untyped-def]
-        first.routers["m"].indexer._workers["w1"].needs_resync = True  # as after a lost batch
-        first.kv_sync.pull = lambda *a, **k: None  # and not yet pulled again
+        router = first.routers["m"]
+        seq = router.kv_seq("w1")
+        assert seq is not None
+        first.kv_sync.pull = lambda *a, **k: None  # the gap below is not pulled (yet)
+        router.apply_events(KVEventBatch(instance_id="w1", seq=seq + 2, timestamp=0.0, events=()))
+        assert router.kv_seq("w1") is None  # a batch was lost: no whole state of w1 here
 
     async def body(rt) -> None:  # type: ignore[no-untyped-def]
         async with _two_routers(rt, 2, 200, w1_lost) as (_, _workers, first, second):
