@@ -138,7 +138,10 @@ class ModelConfig:
     dtype: str = "auto"
     """``names.DTYPES``; ``auto``: bf16 where this machine computes it fast, else fp32 (measured
     when the model loads, ``engine.model.dtype_choice``)."""
-    seed: int = 0
+    seed: int | None = None
+    """Seeds the randomness of requests without a ``seed`` of their own. None (the default):
+    fresh in every process (``os.urandom``), so two workers never give the same "random" reply;
+    an int makes a run reproducible. A request's own ``seed`` is reproducible either way."""
     num_threads: int = 0
     """torch intra-op threads; 0 keeps torch's default."""
     engine: str = "interlock"

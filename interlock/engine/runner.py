@@ -38,6 +38,12 @@ class ScheduledRequest:
     """True when this chunk ends at the last known token: sample the next one."""
     num_output_tokens: int = 0
     """Output tokens generated so far (for per-request seeded generators)."""
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
+    """The request's prompt and output so far (migrated ``resume_token_ids`` included), for
+    sampling penalties. References to the request's own sequences, never copies: valid during
+    this step's ``execute`` only (the output grows after it), and read only by rows whose
+    sampling sets a penalty, so a long prompt costs a step nothing otherwise."""
 
 
 @dataclass(frozen=True, slots=True)

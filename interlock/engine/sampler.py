@@ -1,22 +1,37 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, min-p, seeds, min_tokens, logprobs.
+"""Batched sampling: penalties, logit bias, greedy, temperature, top-k, top-p, min-p, seeds,
+min_tokens, logprobs.
 
-One call handles every row that samples in a step. Greedy rows take the argmax; the others go
-through one vectorised pipeline (temperature -> top-k/top-p on sorted logits -> min-p ->
-softmax) and draw with the exponential race ``argmax(p / E)``, ``E ~ Exp(1)``, which picks
-token i with probability p_i.
+One call handles every row that samples in a step, in vLLM's order:
 
-Reproducibility: a row with a seed draws its noise from a generator seeded with
-``mix(seed, num_output_tokens)``. The draw for the n-th output token therefore depends on the
-request alone, never on what else shares the batch, nor on whether the request was preempted
-and recomputed. Unseeded rows share the sampler's generator.
+1. ``logit_bias``, then ``repetition_penalty`` (tokens of the prompt and the output), then
+   ``frequency_penalty``/``presence_penalty`` (tokens of the output), with the meanings pinned in
+   ``interlock.protocol.sampling``. They change greedy rows too. Only rows that set one pay for
+   it, and only at the tokens they have seen (one ``unique`` over those rows' tokens); a batch
+   where none does skips the step entirely, the logits untouched.
+2. Before ``min_tokens`` output tokens, stop tokens (and EOS unless ``ignore_eos``) are masked.
+3. Greedy rows take the argmax; the others go through one vectorised pipeline (temperature ->
+   top-k/top-p on sorted logits -> min-p -> softmax) and draw with the exponential race
+   ``argmax(p / E)``, ``E ~ Exp(1)``, which picks token i with probability p_i.
 
-Logprobs are of the model's raw distribution (before temperature and truncation), as in
-vLLM's default. Parameters are validated at the edge (SamplingParams.validate); here bad
-values are clamped to safe ones so that one request can never break the batch.
+Randomness (the seed contract):
+- a row with a ``seed`` draws its noise from a generator seeded with
+  ``mix(seed, num_output_tokens)``. The draw for the n-th output token therefore depends on the
+  request alone, never on what else shares the batch, nor on whether the request was preempted
+  and recomputed, nor on which process (or worker) runs it;
+- unseeded rows share the sampler's generator, seeded once when the sampler is built: from the
+  engine's ``seed`` when one is configured (a reproducible run of the same requests in the same
+  order), else from ``os.urandom`` (the default), so two workers, or two runs, never repeat each
+  other's "random" replies.
+
+Logprobs are of the model's raw distribution (before penalties, bias, masking, temperature and
+truncation), as in vLLM's default (``logprobs_mode="raw_logprobs"``). Parameters are validated at
+the edge (SamplingParams.validate); here bad values are clamped to safe ones, and ``logit_bias``
+ids beyond the vocabulary dropped, so that one request can never break the batch.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +49,11 @@ class SamplingRow:
     params: SamplingParams
     num_output_tokens: int
     """Output tokens the request had before this one (for seeds and min_tokens)."""
+    prompt_token_ids: Sequence[int] = ()
+    """The request's prompt, by reference: read only for a ``repetition_penalty``."""
+    output_token_ids: Sequence[int] = ()
+    """Its output so far (``num_output_tokens`` long when given), by reference: read only for
+    penalties."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,20 +67,30 @@ def seed_for_step(seed: int, step: int) -> int:
     return ((seed & _U64) ^ ((step + 1) * _GOLDEN)) & (_U64 >> 1)
 
 
+def fresh_seed() -> int:
+    """A seed from the operating system's entropy (a different one in every process)."""
+    return int.from_bytes(os.urandom(8), "little")
+
+
 class Sampler:
     def __init__(
-        self, eos_token_ids: Sequence[int], seed: int = 0, device: torch.device | None = None
+        self,
+        eos_token_ids: Sequence[int],
+        seed: int | None = None,
+        device: torch.device | None = None,
     ) -> None:
+        """``seed``: of the generator unseeded rows share; None: ``fresh_seed()``."""
         self.eos_token_ids = tuple(eos_token_ids)
         self.device = device or torch.device("cpu")
         self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(seed)
+        self.generator.manual_seed(fresh_seed() if seed is None else seed)
         self._row_generator = torch.Generator(device=self.device)
 
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
         """``logits``: fp32 ``[len(rows), vocab]``. Returns one token (and logprobs) per row."""
         raw = logits
-        logits = self._mask_stops(logits, rows)
+        logits = penalize(logits, rows)
+        logits = self._mask_stops(logits, rows, owned=logits is not raw)
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, row in enumerate(rows) if not row.params.greedy]
         if random_rows:
@@ -70,8 +100,9 @@ class Sampler:
         token_list = tokens.tolist()
         return SampleResult(token_list, _logprobs(raw, rows, token_list))
 
-    def _mask_stops(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-        """Before min_tokens, stop tokens may not be sampled (on a copy: ``raw`` stays intact)."""
+    def _mask_stops(self, logits: torch.Tensor, rows: Sequence[SamplingRow], *, owned: bool) -> torch.Tensor:
+        """Before min_tokens, stop tokens may not be sampled (on a copy unless ``owned``: ``raw``
+        stays intact)."""
         masked = logits
         for i, row in enumerate(rows):
             p = row.params
@@ -79,7 +110,7 @@ class Sampler:
                 stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
                 ids = [t for t in stops if 0 <= t < logits.shape[-1]]
                 if ids:
-                    masked = logits.clone() if masked is logits else masked
+                    masked = logits.clone() if masked is logits and not owned else masked
                     masked[i, ids] = _MASK
         return masked
 
@@ -107,8 +138,93 @@ class Sampler:
         return noise.log_().neg_()
 
 
-def _clamp(value: float, low: float, high: float) -> float:
-    return low if not (value == value) else min(max(value, low), high)
+def _clamp(value: float, low: float, high: float, *, nan: float | None = None) -> float:
+    """``value`` within [low, high]; NaN becomes ``nan`` (default: ``low``)."""
+    if not (value == value):
+        return low if nan is None else nan
+    return min(max(value, low), high)
+
+
+def penalize(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """``logits`` with each row's bias and penalties applied (a copy), or ``logits`` itself when
+    no row sets any."""
+    if not any(row.params.penalized for row in rows):
+        return logits
+    out = logits.clone(memory_format=torch.contiguous_format)  # the penalties index it flat
+    _add_bias(out, rows)
+    _repetition_penalty(out, rows)
+    _frequency_presence_penalty(out, rows)
+    return out
+
+
+def _add_bias(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """Add each row's ``logit_bias`` in place (ids outside the vocabulary dropped; an id given
+    twice: its last bias)."""
+    vocab = logits.shape[-1]
+    row_ids: list[int] = []
+    token_ids: list[int] = []
+    biases: list[float] = []
+    for i, row in enumerate(rows):
+        for token_id, bias in dict(row.params.logit_bias).items():
+            if 0 <= token_id < vocab:
+                row_ids.append(i)
+                token_ids.append(token_id)
+                biases.append(_clamp(bias, -100.0, 100.0, nan=0.0))
+    if row_ids:
+        device = logits.device
+        where = (torch.tensor(row_ids, device=device), torch.tensor(token_ids, device=device))
+        logits.index_put_(where, torch.tensor(biases, dtype=logits.dtype, device=device), accumulate=True)
+
+
+def _repetition_penalty(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """In place: logits of tokens in a row's prompt or output divided by its penalty when
+    positive, multiplied by it otherwise."""
+    picked = [i for i, row in enumerate(rows) if row.params.repetition_penalty != 1.0]
+    if not picked:
+        return
+    history = [(i, rows[i].prompt_token_ids) for i in picked] + [
+        (i, rows[i].output_token_ids) for i in picked
+    ]
+    seen = _flat_ids(history, logits).unique()
+    penalty = _per_row([_clamp(r.params.repetition_penalty, 1e-4, 1e4, nan=1.0) for r in rows], logits)
+    flat = logits.view(-1)
+    values, factor = flat[seen], penalty[seen // logits.shape[-1]]
+    flat[seen] = torch.where(values > 0, values / factor, values * factor)
+
+
+def _frequency_presence_penalty(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """In place: ``frequency * count + presence * (count > 0)`` off each token's logit, ``count``
+    its occurrences in the row's output."""
+    picked = [i for i, row in enumerate(rows) if row.params.frequency_penalty or row.params.presence_penalty]
+    if not picked:
+        return
+    ids, counts = _flat_ids([(i, rows[i].output_token_ids) for i in picked], logits).unique(
+        return_counts=True
+    )
+    frequency = _per_row([_clamp(r.params.frequency_penalty, -2.0, 2.0, nan=0.0) for r in rows], logits)
+    presence = _per_row([_clamp(r.params.presence_penalty, -2.0, 2.0, nan=0.0) for r in rows], logits)
+    row = ids // logits.shape[-1]
+    flat = logits.view(-1)
+    flat[ids] -= frequency[row] * counts.to(logits.dtype) + presence[row]
+
+
+def _per_row(values: list[float], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=like.dtype, device=like.device)
+
+
+def _flat_ids(sequences: Sequence[tuple[int, Sequence[int]]], like: torch.Tensor) -> torch.Tensor:
+    """The tokens of ``(row, token ids)`` pairs as indices into ``like.view(-1)``
+    (``like``: ``[rows, vocab]``), ids outside the vocabulary left out. Penalties touch only these
+    positions (after ``unique``): dense ``[rows, vocab]`` counts cost a pass over every logit per
+    operation (8 rows, 49k vocabulary, 2,000-token prompts, one CPU thread: 12.5 ms a step,
+    against 3.4 ms this way)."""
+    vocab = like.shape[-1]
+    parts = [torch.empty(0, dtype=torch.long, device=like.device)]
+    for r, seq in sequences:
+        if len(seq):
+            ids = torch.tensor(seq, dtype=torch.long, device=like.device)
+            parts.append(ids[(ids >= 0) & (ids < vocab)] + r * vocab)
+    return torch.cat(parts)
 
 
 def _top_k_top_p(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:

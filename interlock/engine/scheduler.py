@@ -400,6 +400,8 @@ class Scheduler:
             sampling=req.sampling,
             do_sample=start + n == req.num_tokens,
             num_output_tokens=len(req.output_token_ids),
+            prompt_token_ids=req.prompt_token_ids,
+            output_token_ids=req.output_token_ids,
         )
 
     # ---- after the runner ----

@@ -17,7 +17,7 @@ from interlock.protocol.generate import (
     KVTransferParams,
     TokenLogprobs,
 )
-from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.sampling import SamplingParams, StructuredOutput
 
 __all__ = [
     "AllBlocksCleared",
@@ -32,6 +32,7 @@ __all__ = [
     "KVTransferParams",
     "LoadReport",
     "SamplingParams",
+    "StructuredOutput",
     "TierStats",
     "TokenLogprobs",
 ]

@@ -1,4 +1,5 @@
-"""Sampler: greedy, seeds independent of the batch, top-k/top-p/min-p masks, logprobs."""
+"""Sampler: greedy, seeds independent of the batch, top-k/top-p/min-p masks, logprobs, penalties
+and logit bias, fresh randomness."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from interlock.engine.sampler import Sampler, SamplingRow
+from interlock.engine.sampler import Sampler, SamplingRow, penalize
 from interlock.protocol import SamplingParams
 
 VOCAB = 50
@@ -114,3 +115,134 @@ def test_bad_values_never_break_the_batch() -> None:
     assert len(result.token_ids) == 4
     assert result.token_ids[0] == int(logits[0].argmax())
     assert all(0 <= t < VOCAB for t in result.token_ids)
+
+
+# ---- penalties and logit bias (vLLM's meaning, interlock.protocol.sampling) ----
+
+
+def _hist(prompt: tuple[int, ...] = (), output: tuple[int, ...] = (), **params: object) -> SamplingRow:
+    return SamplingRow(SamplingParams(**params), len(output), prompt, output)  # type: ignore[arg-type]
+
+
+def test_frequency_penalty_takes_its_value_per_occurrence_in_the_output() -> None:
+    logits = _logits()
+    out = penalize(logits, [_hist(prompt=(7, 7), output=(3, 3, 3, 5), frequency_penalty=0.5)])
+    expected = logits.clone()
+    expected[0, 3] -= 1.5
+    expected[0, 5] -= 0.5
+    assert torch.equal(out, expected)  # the prompt's token 7 is not counted
+
+
+def test_presence_penalty_takes_its_value_once_per_token_in_the_output() -> None:
+    logits = _logits()
+    out = penalize(logits, [_hist(output=(3, 3, 3, 5), presence_penalty=0.25, frequency_penalty=-1.0)])
+    expected = logits.clone()
+    expected[0, 3] -= -3.0 + 0.25
+    expected[0, 5] -= -1.0 + 0.25
+    assert torch.equal(out, expected)
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 1], logits[0, 2], logits[0, 4], logits[0, 6], logits[0, 8] = 2.0, -2.0, 3.0, 5.0, -1.0
+    out = penalize(logits, [_hist(prompt=(1, 2, 0), output=(4,), repetition_penalty=2.0)])
+    expected = logits.clone()
+    expected[0, 1], expected[0, 2], expected[0, 4] = 1.0, -4.0, 1.5  # 6 and 8 were never seen
+    assert torch.equal(out, expected)
+
+
+def test_penalties_apply_in_vllms_order() -> None:
+    """Bias, then repetition, then frequency: 1 + 1 -> /2 -> 1.0 (not 1/2 + 1), and
+    -1 -> *2 -> -1 -> -3.0 (not (-1 - 1) * 2)."""
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 3], logits[0, 4] = 1.0, -1.0
+    row = _hist(output=(3, 4), logit_bias=((3, 1.0),), repetition_penalty=2.0, frequency_penalty=1.0)
+    out = penalize(logits, [row])
+    assert (float(out[0, 3]), float(out[0, 4])) == (0.0, -3.0)
+
+
+def test_logit_bias_forces_or_bans_a_token_under_greedy() -> None:
+    logits = _logits()
+    best, second = logits[0].topk(2).indices.tolist()
+    sampler = Sampler(())
+    assert sampler(logits, [_row(temperature=0.0, logit_bias=((17, 100.0),))]).token_ids == [17]
+    assert sampler(logits, [_row(temperature=0.0, logit_bias=((best, -100.0),))]).token_ids == [second]
+    assert _draws(logits, logit_bias=((best, -100.0),), n=200).isdisjoint({best})
+
+
+def test_a_greedy_repeat_gives_way_to_a_frequency_penalty() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 5], logits[0, 9] = 3.0, 2.0
+    sampler = Sampler(())
+    plain = _hist(output=(5, 5), temperature=0.0)
+    assert sampler(logits, [plain]).token_ids == [5]
+    assert sampler(logits, [_hist(output=(5, 5), temperature=0.0, frequency_penalty=0.6)]).token_ids == [9]
+    assert sampler(logits, [_hist(output=(5, 5), temperature=0.0, frequency_penalty=0.4)]).token_ids == [5]
+
+
+def test_neutral_rows_cost_nothing_and_keep_their_logits() -> None:
+    logits = _logits(3)
+    rows = [_hist(prompt=(1, 2), output=(3,)), _row(temperature=0.0), _row(seed=3)]
+    assert penalize(logits, rows) is logits  # no copy, no counting
+    mixed = rows + [_hist(prompt=(1, 2), output=(3,), repetition_penalty=1.5, presence_penalty=1.0)]
+    out = penalize(torch.cat([logits, _logits(1, seed=9)]), mixed)
+    assert torch.equal(out[:3], logits)
+
+
+def test_plain_rows_sample_the_same_beside_penalized_ones() -> None:
+    logits = _logits(4)
+    plain = [_row(temperature=0.0), _row(step=2, temperature=0.8, seed=11)]
+    alone = Sampler((), seed=5)(logits[:2], plain).token_ids
+    penalized = [
+        _hist(prompt=(1, 2), output=tuple(range(20)), repetition_penalty=1.7, temperature=0.0),
+        _hist(output=(4, 4), frequency_penalty=2.0, logit_bias=((0, 50.0),), seed=11),
+    ]
+    mixed = Sampler((), seed=77)(logits, [*plain, *penalized]).token_ids
+    assert mixed[:2] == alone
+
+
+def test_seeded_penalized_rows_do_not_depend_on_the_batch() -> None:
+    logits = _logits(3)
+    row = _hist(prompt=(1, 2, 3), output=(4, 4, 9), seed=123, repetition_penalty=1.3, presence_penalty=0.7)
+    alone = Sampler((), seed=0)(logits[1:2], [row]).token_ids[0]
+    others = [_row(temperature=1.0), row, _hist(output=(1,), frequency_penalty=1.0)]
+    assert Sampler((), seed=42)(logits, others).token_ids[1] == alone
+
+
+def test_logprobs_stay_of_the_raw_distribution_under_penalties() -> None:
+    logits = _logits()
+    raw = logits.clone()
+    row = _hist(prompt=(1,), output=(2,), temperature=0.0, logprobs=2, logit_bias=((9, 100.0),), min_tokens=5)
+    result = Sampler(eos_token_ids=(9,))(logits, [row])
+    lp = result.logprobs[0]
+    assert lp is not None and lp.token_id == result.token_ids[0] != 9  # eos is masked despite the bias
+    assert lp.logprob == pytest.approx(float(torch.log_softmax(raw[0], -1)[lp.token_id]), abs=1e-6)
+    assert torch.equal(logits, raw)  # the caller's logits are never written
+
+
+def test_bad_penalties_never_break_the_batch() -> None:
+    logits = _logits(4)
+    rows = [
+        _hist(output=(3, VOCAB + 4, -2), repetition_penalty=float("nan"), frequency_penalty=float("inf")),
+        _hist(prompt=(VOCAB, 1), repetition_penalty=0.0, presence_penalty=float("nan")),
+        _row(temperature=0.0, logit_bias=((VOCAB + 1, 5.0), (3, float("nan")), (4, 1e9))),
+        _hist(output=(1,), temperature=0.0, repetition_penalty=-3.0),
+    ]
+    result = Sampler(())(logits, rows)
+    assert all(0 <= t < VOCAB for t in result.token_ids)
+    assert torch.isfinite(penalize(logits, rows)).all()
+
+
+# ---- the sampler's own randomness ----
+
+
+def test_unseeded_samplers_draw_fresh_randomness() -> None:
+    logits = torch.zeros(1, VOCAB)
+    runs = [[s(logits, [_row()]).token_ids[0] for _ in range(30)] for s in (Sampler(()), Sampler(()))]
+    assert runs[0] != runs[1]
+
+
+def test_an_engine_seed_makes_unseeded_draws_reproducible() -> None:
+    logits = torch.zeros(1, VOCAB)
+    runs = [[s(logits, [_row()]).token_ids[0] for _ in range(30)] for s in (Sampler((), 9), Sampler((), 9))]
+    assert runs[0] == runs[1]

@@ -20,6 +20,7 @@ def test_public_api_is_pinned():
             "KVTransferParams",
             "LoadReport",
             "SamplingParams",
+            "StructuredOutput",
             "TierStats",
             "TokenLogprobs",
         ]

@@ -1,7 +1,8 @@
 """vLLM's engine arguments for one worker: Interlock's configuration mapped onto vLLM's names,
 then the user's own vLLM arguments on top (``engine_args``: as vLLM names them, they win).
 
-Pure: the names vLLM accepts are given (``known``), so this is tested without vLLM installed.
+Pure (but for a fresh seed when none is configured): the names vLLM accepts are given
+(``known``), so this is tested without vLLM installed.
 Refused by name: an argument vLLM does not have, and those the worker owns (what it needs to
 serve behind the seam: the model it registers, the KV events it translates, the stats its load
 reports come from, one engine per worker).
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from collections.abc import Collection, Iterable
 from typing import Any
 
@@ -38,6 +40,12 @@ _DTYPE = {
     "float16": "float16",
     "fp16": "float16",
 }
+
+
+def fresh_seed() -> int:
+    """vLLM needs a seed (its default, 0, gives every worker the same unseeded draws): one from
+    the operating system's entropy, below 2**32 (vLLM seeds numpy with it)."""
+    return int.from_bytes(os.urandom(4), "little")
 
 
 def parse_engine_arg(item: str) -> tuple[str, Any]:
@@ -79,7 +87,7 @@ def vllm_engine_args(config: EngineConfig, known: Collection[str]) -> dict[str, 
         "max_num_batched_tokens": s.max_num_batched_tokens,
         "enable_prefix_caching": c.enable_prefix_caching,
         "enable_chunked_prefill": s.enable_chunked_prefill,
-        "seed": m.seed,
+        "seed": m.seed if m.seed is not None else fresh_seed(),
     }
     if c.num_blocks is not None:
         args["num_gpu_blocks_override"] = c.num_blocks

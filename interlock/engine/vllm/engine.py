@@ -3,10 +3,12 @@
 vLLM's ``AsyncLLM`` runs in the worker process (its engine core in a child process, as vLLM
 always does); this adapter translates at its edge and no vLLM type crosses it:
 - requests: ``GenerateRequest`` (token ids, Interlock's sampling) into vLLM's ``TokensPrompt``
-  and ``SamplingParams`` (delta outputs, no detokenization: the frontend detokenizes); a
-  migrated request's ``resume_token_ids`` are appended to the prompt and taken off
-  ``max_tokens``, so greedy output continues exactly (a seeded draw does not: vLLM restarts its
-  generator; Interlock's engine continues at (seed, i));
+  and ``SamplingParams``, every sampling field mapped (``vllm.sampling``: penalties, logit bias,
+  structured outputs; delta outputs, no detokenization: the frontend detokenizes); a migrated
+  request's ``resume_token_ids`` are appended to the prompt and taken off ``max_tokens``, so
+  greedy output continues exactly (a seeded draw does not: vLLM restarts its generator;
+  Interlock's engine continues at (seed, i); nor does one with a frequency or presence penalty,
+  which vLLM counts over its own output only);
 - outputs: vLLM's ``RequestOutput`` deltas into ``GenerateOutput`` (cached tokens, logprobs);
   errors into Interlock's error tree (a dead engine is 503, so the router migrates);
 - KV events: vLLM's ZMQ publisher (``ipc://`` in a private directory: vLLM binds, the adapter
@@ -48,6 +50,7 @@ from interlock.engine.config import EngineConfig
 from interlock.engine.serving import FixedSizes, KVEventSink, NullKVEventSink
 from interlock.engine.vllm.args import vllm_engine_args
 from interlock.engine.vllm.events import Translator
+from interlock.engine.vllm.sampling import sampling_kwargs
 from interlock.engine.vllm.subscriber import EventSubscriber
 from interlock.errors import ConfigError, EngineError, InterlockError, InvalidRequest, ServiceUnavailable
 from interlock.protocol import (
@@ -340,7 +343,7 @@ class VllmEngine(FixedSizes):
         """vLLM's prompt and sampling params, and whether this is a prefill handing off."""
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         s = req.sampling
         done = len(req.resume_token_ids)
@@ -348,17 +351,11 @@ class VllmEngine(FixedSizes):
             raise InvalidRequest("resume_token_ids already reach max_tokens", param="max_tokens")
         hand = self._transfer_params(req)
         prefill_only = hand is not None and bool(hand.get("do_remote_decode"))  # vLLM edits the dict
+        kwargs = sampling_kwargs(s, done=done, prefill_only=prefill_only)
+        structured = kwargs.pop("structured_outputs")
         params = VllmSamplingParams(
-            max_tokens=1 if prefill_only else s.max_tokens - done,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k if s.top_k > 0 else -1,
-            min_p=s.min_p,
-            seed=s.seed,
-            stop_token_ids=list(s.stop_token_ids),
-            ignore_eos=s.ignore_eos,
-            min_tokens=max(0, s.min_tokens - done),
-            logprobs=s.logprobs,
+            **kwargs,
+            structured_outputs=StructuredOutputsParams(**structured) if structured is not None else None,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
             extra_args={"kv_transfer_params": hand} if hand is not None else None,

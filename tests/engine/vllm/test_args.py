@@ -76,3 +76,10 @@ def test_a_key_given_twice_is_refused():
         normalize([("enforce-eager", True), ("enforce_eager", False)])
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_engine_arg("=3")
+
+
+def test_the_seed_is_fresh_unless_configured():
+    fresh = {vllm_engine_args(config(), KNOWN)["seed"] for _ in range(4)}
+    assert len(fresh) > 1 and all(0 <= s < 2**32 for s in fresh)
+    seeded = EngineConfig(model=ModelConfig(model="/m", engine="vllm", seed=5))
+    assert vllm_engine_args(seeded, KNOWN)["seed"] == 5
