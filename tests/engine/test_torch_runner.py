@@ -1,5 +1,6 @@
-"""TorchRunner: the ModelRunner contract on the real model (sampling rows, logprobs, KV export
-and import between two runners, construction from an EngineConfig)."""
+"""TorchRunner: the ModelRunner contract on the real model (sampling rows, logprobs, penalties
+over the request's tokens, KV export and import between two runners, construction from an
+EngineConfig)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import pytest
 import torch
 
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from interlock.engine.core import EngineCore
 from interlock.engine.model import LlamaModel, block_nbytes
 from interlock.engine.runner import ScheduledRequest, SchedulerOutput
 from interlock.engine.runners.torch_runner import TorchRunner
 from interlock.errors import ConfigError
 from interlock.model_store import resolve_model
-from interlock.protocol import SamplingParams
+from interlock.protocol import GenerateRequest, SamplingParams
+from tests.engine.conftest import run_to_end, tokens
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = [
@@ -142,3 +145,31 @@ def test_from_config_resolves_the_model_and_sizes_the_pool() -> None:
     assert runner.execute(SchedulerOutput([_request("a", PROMPT, 0, [0, 1])])).sampled["a"] >= 0
     with pytest.raises(ConfigError, match="dtype"):
         TorchRunner.from_config(EngineConfig(model=ModelConfig(dtype="int3")))
+
+
+def _greedy(core: EngineCore, rid: str, resume: tuple[int, ...] = (), **penalties: float) -> list[int]:
+    sampling = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, **penalties)
+    core.add_request(
+        GenerateRequest(request_id=rid, token_ids=tuple(PROMPT), sampling=sampling, resume_token_ids=resume)
+    )
+    return tokens(run_to_end(core)[rid])
+
+
+def test_penalties_see_the_requests_tokens_through_the_engine(model: LlamaModel) -> None:
+    """The scheduler hands the runner the prompt and output: a greedy repeat (newline, 198, twice)
+    gives way to a frequency or presence penalty from the second token on, a repetition penalty
+    (198 is in the prompt) changes the first; a migrated request's resume tokens count as output."""
+    config = EngineConfig(
+        model=ModelConfig(dtype="float32"),
+        cache=CacheConfig(block_size=16, num_blocks=16),
+        scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=4, max_model_len=256),
+    )
+    core = EngineCore(config, TorchRunner(model, num_blocks=16, block_size=16, seed=0))
+    plain = _greedy(core, "plain")
+    assert plain[:2] == [198, 198]
+    frequency = _greedy(core, "frequency", frequency_penalty=2.0)
+    assert frequency[0] == 198 and frequency[1] != 198
+    assert _greedy(core, "presence", presence_penalty=2.0)[:2] == frequency[:2]
+    assert _greedy(core, "repetition", repetition_penalty=1.5)[0] != 198
+    resumed = _greedy(core, "resumed", resume=(198,), frequency_penalty=2.0)
+    assert resumed == frequency[1:]

@@ -5,7 +5,9 @@ forward pass (which writes every computed token's K/V into the slots of its bloc
 and samples one token for each request whose chunk ends at its last known token. It holds no
 per-request state: everything a step needs is in the ``SchedulerOutput`` (block tables,
 start positions, and the output count that seeds per-request sampling), so preemption,
-prefix hits and imported KV need nothing from the runner.
+prefix hits and imported KV need nothing from the runner. The one exception, structured
+outputs' grammar matchers (``engine.constraints``), is a cache: a matcher that disagrees with
+the request's outputs is rebuilt from them.
 
 Runs on CPU (``dtype`` "auto" by default: bf16 where the CPU computes it fast, else fp32;
 ``engine.model.dtype_choice``) and, unchanged, on CUDA (``device="cuda"``).
@@ -21,6 +23,7 @@ import torch
 
 from interlock.deploy import DEFAULT_KV_CACHE_GIB, DEFAULT_MAX_NUM_BATCHED_TOKENS
 from interlock.engine.config import EngineConfig
+from interlock.engine.constraints import Constraints
 from interlock.engine.model import (
     LlamaModel,
     PagedKVCache,
@@ -48,10 +51,13 @@ class TorchRunner:
         *,
         num_blocks: int,
         block_size: int = 16,
-        seed: int = 0,
+        seed: int | None = None,
         shared: bool = False,
+        folder: Path | None = None,
     ) -> None:
-        """``shared``: the KV cache on a memfd (``CacheConfig.shared_kv_cache``)."""
+        """``seed``: the sampler's, for unseeded requests (None: fresh randomness, see
+        ``engine.sampler``); ``shared``: the KV cache on a memfd (``CacheConfig.shared_kv_cache``);
+        ``folder``: the model's, whose tokenizer structured outputs need (None: refused rows)."""
         self.model = model
         self.device = model.device
         self.block_size = block_size
@@ -64,6 +70,7 @@ class TorchRunner:
         self.fused = model.fused_attention(block_size)
         self.kv_block_nbytes = self.cache.block_nbytes
         self.sampler = Sampler(self.eos_token_ids, seed=seed, device=model.device)
+        self.constraints = Constraints(folder, vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> TorchRunner:
@@ -93,7 +100,7 @@ class TorchRunner:
         block_size: int = 16,
         num_blocks: int | None = None,
         kv_cache_gib: float = DEFAULT_KV_CACHE_GIB,
-        seed: int = 0,
+        seed: int | None = None,
         num_threads: int = 0,
         max_rows: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         shared: bool = False,
@@ -127,10 +134,13 @@ class TorchRunner:
             )
         if num_blocks is None:
             num_blocks = blocks_for_budget(model.config, block_size, torch_dtype, kv_cache_gib)
-        return cls(model, num_blocks=num_blocks, block_size=block_size, seed=seed, shared=shared)
+        return cls(
+            model, num_blocks=num_blocks, block_size=block_size, seed=seed, shared=shared, folder=folder
+        )
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
+        self.constraints.forget(batch.finished_request_ids)
         scheduled = [r for r in batch.scheduled if len(r.token_ids)]
         if not scheduled:
             return RunnerOutput()
@@ -142,7 +152,15 @@ class TorchRunner:
         if not sampling:
             return RunnerOutput()
         requests = [scheduled[i] for i in sampling]
-        result = self.sampler(logits, [SamplingRow(r.sampling, r.num_output_tokens) for r in requests])
+        self.constraints.mask(logits, requests)
+        result = self.sampler(
+            logits,
+            [
+                SamplingRow(r.sampling, r.num_output_tokens, r.prompt_token_ids, r.output_token_ids)
+                for r in requests
+            ],
+        )
+        self.constraints.accept(requests, result.token_ids)
         output = RunnerOutput()
         for request, token, logprobs in zip(requests, result.token_ids, result.logprobs, strict=True):
             output.sampled[request.request_id] = token
