@@ -4,7 +4,7 @@
     with Cluster.local() as cluster:
         cluster.register_model("smollm2", "smollm2")
         instance = cluster.create_serving_instance(model="smollm2", min_replicas=1)
-        print(instance.generate("Capital of France?", max_tokens=32))
+        print(instance.generate("The capital of France is", max_tokens=32))
 
 ``Cluster`` and ``ServingInstance`` load on first use (importing ``interlock.errors`` stays cheap).
 """

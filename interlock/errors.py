@@ -110,6 +110,20 @@ class ModelNotFound(RequestError):
     error_type = "not_found_error"
 
 
+class NotFound(RequestError):
+    """No such path on this server."""
+
+    status = 404
+    error_type = "not_found_error"
+
+
+class MethodNotAllowed(RequestError):
+    """The path exists but not for this HTTP method."""
+
+    status = 405
+    error_type = "invalid_request_error"
+
+
 # ---- service errors (server side) ----
 class ServiceError(InterlockError):
     status = 500

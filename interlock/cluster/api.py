@@ -4,7 +4,7 @@
     with Cluster.local() as cluster:                     # or Cluster.connect("nats://host:4222")
         cluster.register_model("smollm2", "smollm2")
         instance = cluster.create_serving_instance(model="smollm2", min_replicas=1, max_replicas=4)
-        print(instance.generate("Capital of France?", max_tokens=32))
+        print(instance.generate("The capital of France is", max_tokens=32))
 
 ``Cluster.local()`` starts a private nats-server; ``Cluster.connect(url)`` joins an existing
 deployment (its secrets from ``INTERLOCK_CLUSTER_SECRET`` / ``INTERLOCK_NATS_*`` unless given).
@@ -50,7 +50,7 @@ from interlock.deploy import (
     node_group,
     validate_deployment,
 )
-from interlock.errors import ConfigError
+from interlock.errors import ConfigError, InvalidRequest
 from interlock.frontend.config import FrontendConfig
 from interlock.names import ROLES
 from interlock.planner.build import build_planner
@@ -499,6 +499,7 @@ class ServingInstance:
             raise ConfigError("stream: use stream() / astream()")
         raw = msgspec.json.encode({**body, "model": self.model})
         req = parse_chat(raw) if endpoint == "chat" else parse_completion(raw)
+        _one_text(body)
         entry = next((m for m in service.models() if m.name == self.model), None)
         if entry is None:
             raise ConfigError(f"model {self.model!r} has no worker")
@@ -516,7 +517,11 @@ class ServingInstance:
         )
         ctx = RequestContext(request_id=rid, endpoint=endpoint, priority=req.priority or 0)
         assembler = OutputAssembler(
-            tok, ids, stop=stop_strings(req), skip_special_tokens=req.skip_special_tokens
+            tok,
+            ids,
+            stop=stop_strings(req),
+            skip_special_tokens=req.skip_special_tokens,
+            include_stop=req.include_stop_str_in_output,
         )
         stream = service.generate(greq, ctx)
         try:
@@ -528,6 +533,28 @@ class ServingInstance:
                     return
         finally:
             await stream.aclose()
+
+
+# Fields that shape a response body beyond its text: the Python API returns the text alone.
+_HTTP_ONLY: dict[str, tuple[object, ...]] = {  # each with its neutral values
+    "n": (None, 1),
+    "logprobs": (None, False),
+    "top_logprobs": (None,),
+    "echo": (None, False),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "return_tokens_as_token_ids": (None, False),
+}
+
+
+def _one_text(body: Mapping[str, Any]) -> None:
+    for name, neutral in _HTTP_ONLY.items():
+        value = body.get(name)
+        if not any(value is v or (type(value) is type(v) and value == v) for v in neutral):
+            raise InvalidRequest(
+                f"{name} is not supported here: the Python API returns one text (use the HTTP API)",
+                param=name,
+            )
 
 
 PlannerSpec = str | PlannerConfig | Mapping[str, Any] | None

@@ -1,12 +1,15 @@
 """The OpenAI-compatible HTTP application (aiohttp) and helpers to run it.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{model}]``,
-``GET /health`` (503 while no model is servable), ``GET /live``, ``GET /metrics`` and
-``GET /openapi.json``. With API keys configured, every path but the open ones (by default
+``POST /tokenize`` and ``/detokenize`` and ``GET /version`` (vLLM's), ``GET /health`` (503 while
+no model is servable), ``GET /live``, ``GET /metrics`` and ``GET /openapi.json``. With API keys configured, every path but the open ones (by default
 /health, /live and /metrics) needs ``Authorization: Bearer <key>``.
 
 Every failure becomes an OpenAI-style JSON error with the status its ``interlock.errors`` class
-carries (503s with ``Retry-After``); a failure only ever ends its own request. The handler is
+carries (503s with ``Retry-After``), an unknown path or method included; a failure only ever
+ends its own request. Every response carries ``x-request-id``: the client's own, echoed, or the
+server's. One INFO line per generation request goes to the ``interlock.access`` logger (ids,
+status, tokens, time, and the client's ``user``/``safety_identifier``/``metadata``). The handler is
 thin: parsing, prompt preparation and output assembly live in pure modules; this file wires them
 to the backend and the socket.
 """
@@ -14,6 +17,8 @@ to the backend and the socket.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import importlib.metadata
 import logging
 import math
@@ -21,17 +26,22 @@ import signal
 import ssl
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from time import perf_counter
+from typing import Any
 
 import msgspec
 from aiohttp import web
 
+from interlock.engine.grammar import GrammarCompiler
 from interlock.errors import (
     ConfigError,
     InterlockError,
     InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
     RateLimited,
     ServiceError,
     ServiceUnavailable,
@@ -45,7 +55,7 @@ from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.config import FrontendConfig
 from interlock.frontend.connections import ConnectionTracker
 from interlock.frontend.fairness import ConnectionLimits, InFlight
-from interlock.frontend.generation import Generation, StreamLimits, collect, stream_sse
+from interlock.frontend.generation import Choices, Generation, StreamLimits, collect, stream_sse
 from interlock.frontend.limits import (
     KEPT_HEADERS,
     MAX_PRIORITY,
@@ -55,18 +65,36 @@ from interlock.frontend.limits import (
 )
 from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics, keep_families
 from interlock.frontend.openapi import openapi_document
+from interlock.frontend.prepare import ToolPlan, tool_plan
 from interlock.frontend.prepare import generate_request as build_request
 from interlock.frontend.responses import ChatFormatter, CompletionFormatter, error_body
+from interlock.frontend.responses_api import (
+    ResponsesFormatter,
+    ResponsesRequest,
+    ResponseStore,
+    input_messages,
+    output_messages,
+    parse_responses,
+    to_chat,
+)
 from interlock.frontend.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
+    completion_prompts,
+    num_choices,
     parse_chat,
     parse_completion,
     prompt_chars,
     stop_strings,
 )
+from interlock.frontend.tokenize import detokenize, parse_detokenize, parse_tokenize, tokenize
+from interlock.frontend.tokenizer import ModelTokenizer
+from interlock.frontend.tool_parsers import ToolStreamParser
+from interlock.protocol import GenerateOutput, GenerateRequest
+from interlock.protocol.sampling import MAX_SEED
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("interlock.access")
 _encode = msgspec.json.Encoder().encode
 
 
@@ -90,12 +118,29 @@ class Frontend:
         )
         self.stream_limits = StreamLimits(config.max_stream_buffer_bytes, config.stream_stall_timeout_s)
         self.kept_headers = frozenset(h.lower() for h in (*KEPT_HEADERS, config.route_key_header))
+        self.stored = ResponseStore()
+        self._compilers: dict[Path, GrammarCompiler] = {}
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._guarded(request, "chat")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._guarded(request, "completions")
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._guarded(request, "responses")
+
+    async def stored_response(self, request: web.Request) -> web.Response:
+        response_id = request.match_info["response_id"]
+        stored = self.stored.get(response_id)
+        if stored is None:
+            raise NotFound(
+                f"no stored response {response_id!r} (responses are kept in this frontend's memory)"
+            )
+        if request.method == "DELETE":
+            self.stored.delete(response_id)
+            return _json({"id": response_id, "object": "response.deleted", "deleted": True})
+        return _json(stored[0])
 
     async def models(self, request: web.Request) -> web.Response:
         return _json({"object": "list", "data": [self._model_card(e) for e in self.catalog.entries()]})
@@ -114,6 +159,26 @@ class Frontend:
             "owned_by": "interlock",
             "max_model_len": entry.context_length,
         }
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        req = parse_tokenize(await self._small_body(request), max_depth=self.config.max_json_depth)
+        entry = self.catalog.find(req.model)
+        return _json(tokenize(req, await self.catalog.tokenizer(entry), entry.context_length))
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        req = parse_detokenize(await self._small_body(request), max_depth=self.config.max_json_depth)
+        return _json(detokenize(req, await self.catalog.tokenizer(self.catalog.find(req.model))))
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json({"version": _version()})
+
+    async def _small_body(self, request: web.Request) -> bytes:
+        check_header_values(request.headers.items(), self.kept_headers, self.config.max_header_chars)
+        body = await read_body(request, self.body_rules)
+        self.connections.body_read(request)
+        size = len(body)
+        check_prompt_chars(size, self.config.max_prompt_chars, param="prompt")
+        return body
 
     async def health(self, request: web.Request) -> web.Response:
         """Readiness: 200 while every served model has a worker taking requests (``ok``, or
@@ -181,83 +246,198 @@ class Frontend:
             self.in_flight.release(clients)
             self.metrics.in_flight.dec()
             self.metrics.requests.inc((endpoint, str(status)))
+            _log_access(request, endpoint, status)
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         started = perf_counter()
         cfg = self.config
         check_header_values(request.headers.items(), self.kept_headers, cfg.max_header_chars)
-        req = await self._read_request(request, endpoint)
+        req, turn = await self._read_request(request, endpoint)
         ctx = self._context(request, endpoint)
         if req.priority is not None:  # the body's priority (vLLM's extension) beats the header
             ctx.priority = req.priority
-        log.debug(
-            "request %s: client id %s, user %s",
-            ctx.request_id,
-            request.headers.get(HEADER_REQUEST_ID),
-            req.user,
-        )
+        if ctx.route_key is None and req.prompt_cache_key:  # OpenAI's cache key: KV affinity
+            ctx.route_key = req.prompt_cache_key
+        request[_ACCESS] = _Access(ctx.request_id, req)
         entry = self.catalog.find(req.model)
         tok = await self.catalog.tokenizer(entry)
-        generate_request, ids = await build_request(
-            req,
-            entry,
-            tok,
-            request_id=ctx.request_id,
-            priority=ctx.priority,
-            max_prompt_chars=cfg.max_prompt_chars,
-            max_prompt_tokens=cfg.max_prompt_tokens,
+        num_prompts, n = num_choices(req)
+        plan = tool_plan(req, tok, entry.name)
+        prompts: list[str | list[int] | None] = (
+            [None] if isinstance(req, ChatCompletionRequest) else list(completion_prompts(req))
         )
-        self.auth.admit_tokens(request, len(ids))
-        formatter_cls = ChatFormatter if endpoint == "chat" else CompletionFormatter
-        gen = Generation(
-            stream=self.backend.generate(generate_request, ctx),
-            ctx=ctx,
-            assembler=OutputAssembler(
-                tok, ids, stop=stop_strings(req), skip_special_tokens=req.skip_special_tokens
-            ),
-            formatter=formatter_cls(ctx.request_id, entry.name, int(time.time()), tok),
-            model=entry.name,
-            metrics=self.metrics,
-            started=started,
-        )
+        built = []
+        for p, prompt in enumerate(prompts):
+            built.append(
+                await build_request(
+                    req,
+                    entry,
+                    tok,
+                    request_id=ctx.request_id if num_prompts * n == 1 else f"{ctx.request_id}-{p}",
+                    priority=ctx.priority,
+                    max_prompt_chars=cfg.max_prompt_chars,
+                    max_prompt_tokens=cfg.max_prompt_tokens,
+                    prompt=prompt,
+                    plan=plan,
+                )
+            )
+        await self._check_structured(tok, built[0][0], req, plan, turn)
+        self.auth.admit_tokens(request, sum(len(ids) for _, ids in built) * n)
+        choices = self._choices(req, ctx, entry.name, tok, built, n, started, plan, turn)
         # The client's own id comes back as it was sent; the server's id is the body's ``id``.
         ctx.response_headers.setdefault(
             HEADER_REQUEST_ID, request.headers.get(HEADER_REQUEST_ID) or ctx.request_id
         )
+        request[_ACCESS].choices = choices
         try:
-            first = await gen.next_output()
-            if first.error is not None or first.finish_reason == "error":
-                raise error_from_info(first.error)  # still before any byte: give it its status
+            first = await choices.next()
+            out = first[1]
+            if out.error is not None or out.finish_reason == "error":
+                raise error_from_info(out.error)  # still before any byte: give it its status
             if req.stream:
-                return await stream_sse(request, gen, first, _include_usage(req), self.stream_limits)
-            return await collect(gen, first)
+                resp = await stream_sse(request, choices, first, _include_usage(req), self.stream_limits)
+            else:
+                resp = await collect(choices, first)
+            if turn is not None:
+                self._store(turn, choices.gens[0].formatter)
+            return resp
         finally:
-            await gen.close()
-            self.auth.charge_tokens(request, gen.assembler.completion_tokens)
+            await choices.close()
+            self.auth.charge_tokens(request, choices.completion_tokens)
+
+    async def _check_structured(
+        self,
+        tok: ModelTokenizer,
+        generate_request: GenerateRequest,
+        req: ChatCompletionRequest | CompletionRequest,
+        plan: ToolPlan | None,
+        turn: _Turn | None,
+    ) -> None:
+        """Compile the output constraint, if any, before any work: a bad one is a 400 naming the
+        field it came from (compiled grammars are cached, so the engine's compile is a hit when
+        it shares the process, and cheap when it does not)."""
+        structured = generate_request.sampling.structured
+        if structured is None:
+            return
+        if plan is not None and plan.call is not None:
+            param = "tools"
+        elif req.structured_outputs is not None:
+            param = "structured_outputs"
+        else:
+            param = "text.format" if turn is not None else "response_format"
+        compiler = self._compilers.get(tok.model_path)
+        if compiler is None:  # reading the vocabulary into the grammar engine takes ~0.3 s
+            compiler = await asyncio.to_thread(
+                GrammarCompiler,
+                tok.tokenizer.to_str(),
+                eos_token_ids=tok.eos_token_ids,
+                vocab_size=tok.vocab_size,
+            )
+            self._compilers[tok.model_path] = compiler
+        await asyncio.to_thread(compiler.compile, structured, param=param)
+
+    def _store(self, turn: _Turn, formatter: object) -> None:
+        """A finished response, kept for ``previous_response_id`` unless ``store`` is false."""
+        if (
+            turn.req.store is False
+            or not isinstance(formatter, ResponsesFormatter)
+            or formatter.final is None
+        ):
+            return
+        conversation = [*turn.history, *input_messages(turn.req.input), *output_messages(formatter.output)]
+        self.stored.put(formatter.final, conversation)
+
+    def _choices(
+        self,
+        req: ChatCompletionRequest | CompletionRequest,
+        ctx: RequestContext,
+        model: str,
+        tok: ModelTokenizer,
+        built: list[tuple[GenerateRequest, list[int]]],
+        n: int,
+        started: float,
+        plan: ToolPlan | None,
+        turn: _Turn | None = None,
+    ) -> Choices:
+        """A generation per choice: ``n`` per prompt. The first of each prompt is sent now; its
+        copies once it has its first token, pinned to its worker (a session of their own unless
+        the client named one), with the seed, if any, moved on by the copy's number."""
+        prompts = len(built)
+        gens: list[Generation] = []
+        copies: dict[int, Callable[[], AsyncIterator[GenerateOutput]]] = {}
+        for j in range(n):
+            for p, (generate_request, ids) in enumerate(built):
+                index = p * n + j
+                assembler = OutputAssembler(
+                    tok,
+                    ids,
+                    stop=stop_strings(req),
+                    skip_special_tokens=req.skip_special_tokens,
+                    include_stop=req.include_stop_str_in_output,
+                )
+                choice_ctx = ctx
+                if n > 1:
+                    choice_ctx = dataclasses.replace(
+                        ctx, session_id=ctx.session_id or f"{ctx.request_id}/{p}"
+                    )
+                    choice_ctx.response_headers = ctx.response_headers
+                    generate_request = _copy(generate_request, j)
+                stream = self.backend.generate(generate_request, choice_ctx) if j == 0 else _not_sent()
+                if j > 0:
+                    copies[len(gens)] = functools.partial(self.backend.generate, generate_request, choice_ctx)
+                formatter: ChatFormatter | CompletionFormatter | ResponsesFormatter
+                if turn is not None:
+                    parser = _tool_parser(plan)
+                    formatter = ResponsesFormatter(ctx.request_id, model, turn.req, assembler, parser)
+                else:
+                    formatter = _formatter(
+                        req, ctx.request_id, model, tok, ids, assembler, index=index, plan=plan
+                    )
+                gens.append(
+                    Generation(stream, choice_ctx, assembler, formatter, model, self.metrics, started)
+                )
+        return Choices(gens, prompts, copies)
 
     async def _read_request(
         self, request: web.Request, endpoint: str
-    ) -> ChatCompletionRequest | CompletionRequest:
-        """The parsed body, refused if over a size limit before it costs anything more."""
+    ) -> tuple[ChatCompletionRequest | CompletionRequest, _Turn | None]:
+        """The parsed body, refused if over a size limit before it costs anything more (a
+        Responses request as the chat request it means, and itself)."""
         cfg = self.config
         body = await read_body(request, self.body_rules)
         self.connections.body_read(request)
+        turn = None
         if endpoint == "chat":
             req: ChatCompletionRequest | CompletionRequest = parse_chat(body, max_depth=cfg.max_json_depth)
+        elif endpoint == "responses":
+            turn = self._turn(parse_responses(body, max_depth=cfg.max_json_depth))
+            req = to_chat(turn.req, turn.history)
         else:
             req = parse_completion(body, max_depth=cfg.max_json_depth)
         size, prompt_field = prompt_chars(req)
         check_prompt_chars(size, cfg.max_prompt_chars, param=prompt_field)
-        return req
+        return req, turn
+
+    def _turn(self, req: ResponsesRequest) -> _Turn:
+        history: list[dict[str, Any]] = []
+        if req.previous_response_id is not None:
+            stored = self.stored.get(req.previous_response_id)
+            if stored is None:
+                raise NotFound(
+                    f"previous response {req.previous_response_id!r} is not stored in this frontend",
+                    param="previous_response_id",
+                )
+            history = stored[1]
+        return _Turn(req, history)
 
     def _context(self, request: web.Request, endpoint: str) -> RequestContext:
         # Always the server's own id: a client's x-request-id is only echoed and logged, so two
         # clients (or one retrying) sending the same id never collide inside the system.
-        prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
+        prefix = {"chat": "chatcmpl-", "responses": "resp_"}.get(endpoint, "cmpl-")
         try:
             ctx = header_context(
                 request.headers,
-                request_id=f"{prefix}-{uuid.uuid4().hex}",
+                request_id=f"{prefix}{uuid.uuid4().hex}",
                 endpoint=endpoint,
                 route_key_header=self.config.route_key_header,
             )
@@ -279,7 +459,12 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
     connections = frontend.connections
     app = web.Application(
         client_max_size=config.max_body_bytes,
-        middlewares=[connections.middleware, _errors_middleware, frontend.auth.middleware],
+        middlewares=[
+            _request_id_middleware,
+            connections.middleware,
+            _errors_middleware,
+            frontend.auth.middleware,
+        ],
     )
     app[FRONTEND_KEY] = frontend
     app[CONNECTIONS_KEY] = connections
@@ -287,8 +472,14 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
         [
             web.post("/v1/chat/completions", frontend.chat),
             web.post("/v1/completions", frontend.completions),
+            web.post("/v1/responses", frontend.responses),
+            web.get("/v1/responses/{response_id}", frontend.stored_response),
+            web.delete("/v1/responses/{response_id}", frontend.stored_response),
             web.get("/v1/models", frontend.models),
             web.get("/v1/models/{model}", frontend.model),
+            web.post("/tokenize", frontend.tokenize),
+            web.post("/detokenize", frontend.detokenize),
+            web.get("/version", frontend.version),
             web.get("/health", frontend.health),
             web.get("/live", frontend.live),
             web.get("/metrics", frontend.metrics_text),
@@ -380,14 +571,84 @@ def run_frontend(
 
 
 @web.middleware
+async def _request_id_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every response not yet sent gets ``x-request-id``: the client's, or a new one."""
+    resp = await handler(request)
+    if not resp.prepared and HEADER_REQUEST_ID not in resp.headers:
+        resp.headers[HEADER_REQUEST_ID] = request.headers.get(HEADER_REQUEST_ID) or uuid.uuid4().hex
+    return resp
+
+
+@web.middleware
 async def _errors_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Errors raised outside a handler's own guard (authentication, rate limits) as JSON."""
+    """Errors raised outside a handler's own guard (authentication, rate limits, an unknown
+    path or method, a body over the size cap) as JSON error objects."""
     try:
         return await handler(request)
     except InterlockError as exc:
         return error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        resp = error_response(_http_error(request, exc))
+        allow = exc.headers.get("Allow")
+        if allow is not None:
+            resp.headers["Allow"] = allow
+        return resp
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> InterlockError:
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        return MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+    if isinstance(exc, web.HTTPNotFound):
+        return NotFound(f"no such path: {request.path}")
+    error = InvalidRequest(exc.text or exc.reason)
+    error.status = exc.status  # keep aiohttp's status (413 and the like)
+    return error
+
+
+class _Access:
+    """What the access line of one generation request needs, kept on the aiohttp request."""
+
+    __slots__ = ("request_id", "req", "choices")
+
+    def __init__(self, request_id: str, req: ChatCompletionRequest | CompletionRequest) -> None:
+        self.request_id = request_id
+        self.req = req
+        self.choices: Choices | None = None
+
+
+_ACCESS = web.RequestKey("interlock_access", _Access)
+
+
+def _log_access(request: web.Request, endpoint: str, status: int) -> None:
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    access = request.get(_ACCESS)
+    req = access.req if access is not None else None
+    choices = access.choices if access is not None else None
+    used = choices.usage() if choices is not None else None
+    access_log.info(
+        "%s %s %s status=%d client_id=%s model=%s prompt=%d completion=%d cached=%d ms=%.1f "
+        "user=%s safety_identifier=%s metadata=%s",
+        access.request_id if access is not None else "-",
+        request.remote,
+        endpoint,
+        status,
+        request.headers.get(HEADER_REQUEST_ID, "-"),
+        req.model if req is not None else "-",
+        used["prompt_tokens"] if used is not None else 0,
+        used["completion_tokens"] if used is not None else 0,
+        used["prompt_tokens_details"]["cached_tokens"] if used is not None else 0,
+        (perf_counter() - choices.gens[0].started) * 1000 if choices is not None else 0.0,
+        req.user if req is not None else None,
+        req.safety_identifier if req is not None else None,
+        req.metadata if req is not None else None,
+    )
 
 
 def _unread_closes(request: web.Request, resp: web.Response) -> web.Response:
@@ -427,6 +688,76 @@ def _version() -> str:
         return importlib.metadata.version("interlock")
     except importlib.metadata.PackageNotFoundError:
         return "0"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Turn:
+    """A Responses request, and the stored conversation it continues."""
+
+    req: ResponsesRequest
+    history: list[dict[str, Any]]
+
+
+def _tool_parser(plan: ToolPlan | None) -> ToolStreamParser | None:
+    """The parser of a reply offered tools (fed a forced call's prefix, which the prompt ends
+    with and the output does not)."""
+    if plan is None or not plan.spec.active:
+        return None
+    parser = ToolStreamParser(plan.fmt, plan.spec.tools)
+    if plan.call is not None and plan.call.prefix:
+        parser.feed(plan.call.prefix)
+    return parser
+
+
+def _copy(request: GenerateRequest, j: int) -> GenerateRequest:
+    """Choice ``j`` of a prompt: its own id, and its own seed (a seeded request's copies would
+    otherwise all draw the same tokens)."""
+    sampling = request.sampling
+    if sampling.seed is not None and j:
+        seed = (sampling.seed + j) % (MAX_SEED + 1)
+        sampling = msgspec.structs.replace(sampling, seed=seed)
+    return msgspec.structs.replace(request, request_id=f"{request.request_id}-{j}", sampling=sampling)
+
+
+async def _not_sent() -> AsyncIterator[GenerateOutput]:
+    """The stream of a copy not sent yet (``Choices`` replaces it before reading)."""
+    raise AssertionError("a copy was read before it was sent")
+    yield  # pragma: no cover
+
+
+def _formatter(
+    req: ChatCompletionRequest | CompletionRequest,
+    request_id: str,
+    model: str,
+    tok: ModelTokenizer,
+    prompt_ids: list[int],
+    assembler: OutputAssembler,
+    *,
+    index: int = 0,
+    plan: ToolPlan | None = None,
+) -> ChatFormatter | CompletionFormatter:
+    continuous = req.stream_options is not None and req.stream_options.continuous_usage_stats
+    options: dict[str, Any] = {
+        "token_ids_as_text": req.return_tokens_as_token_ids,
+        "continuous_usage": assembler if continuous else None,
+        "index": index,
+    }
+    if isinstance(req, ChatCompletionRequest):
+        return ChatFormatter(
+            request_id,
+            model,
+            int(time.time()),
+            tok,
+            tool_calls=_tool_parser(plan),
+            parallel_tool_calls=req.parallel_tool_calls is not False,
+            **options,
+        )
+    echo = ""
+    if req.echo:  # the prompt as the client sent it, or its ids decoded
+        echo = (
+            req.prompt if isinstance(req.prompt, str) else tok.decode(prompt_ids, skip_special_tokens=False)
+        )
+    return CompletionFormatter(request_id, model, int(time.time()), tok, echo=echo, **options)
 
 
 def _include_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:

@@ -31,9 +31,10 @@ class OutputAssembler:
         *,
         stop: Sequence[str] = (),
         skip_special_tokens: bool = True,
+        include_stop: bool = False,
     ) -> None:
         self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip_special_tokens)
-        self._stops = StopMatcher(stop)
+        self._stops = StopMatcher(stop, include=include_stop)
         self.prompt_tokens = len(prompt_ids)
         self.completion_tokens = 0
         self.cached_tokens = 0

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -40,7 +40,8 @@ from interlock.errors import EngineError, InterlockError, ServiceError
 from interlock.frontend.assembler import OutputAssembler
 from interlock.frontend.backend import RequestContext
 from interlock.frontend.metrics import FrontendMetrics
-from interlock.frontend.responses import DONE, ChatFormatter, CompletionFormatter, error_body, sse
+from interlock.frontend.responses import DONE, ChatFormatter, CompletionFormatter, error_body, sse, usage
+from interlock.frontend.responses_api import ResponsesFormatter
 from interlock.protocol import GenerateOutput, TokenLogprobs
 
 log = logging.getLogger(__name__)
@@ -50,12 +51,12 @@ _encode = msgspec.json.Encoder().encode
 
 @dataclass
 class Generation:
-    """Everything one request needs once its GenerateRequest is sent."""
+    """Everything one choice needs once its GenerateRequest is sent."""
 
     stream: AsyncIterator[GenerateOutput]
     ctx: RequestContext
     assembler: OutputAssembler
-    formatter: ChatFormatter | CompletionFormatter
+    formatter: ChatFormatter | CompletionFormatter | ResponsesFormatter
     model: str
     metrics: FrontendMetrics
     started: float
@@ -97,6 +98,76 @@ class Generation:
         self.metrics.cached_tokens.inc(labels, a.cached_tokens)
         self.metrics.cache_miss_tokens.inc(labels, a.prompt_tokens - a.cached_tokens)
         self.metrics.completion_tokens.inc(labels, a.completion_tokens)
+
+
+class Choices:
+    """The choices of one request (``n`` copies of each prompt), their outputs in one sequence.
+
+    One choice is read straight from its stream. Several are each pumped by a task into one
+    queue, in the order their outputs arrive. A copy is sent only once its prompt's first choice
+    has its first token: the prompt is then in that worker's prefix cache, and the copy, routed
+    with the same route key, reuses it (one prefill for ``n`` choices)."""
+
+    def __init__(
+        self,
+        gens: list[Generation],
+        prompts: int,
+        copy_of: dict[int, Callable[[], AsyncIterator[GenerateOutput]]],
+    ) -> None:
+        """``gens``: the first choice of each prompt first (``prompts`` of them), then copies,
+        whose streams ``copy_of[i]`` opens once the first choice of the same prompt, gen
+        ``i % prompts``, has produced its first output."""
+        self.gens = gens
+        self.prompts = prompts
+        self._queue: asyncio.Queue[tuple[Generation, GenerateOutput | BaseException]] = asyncio.Queue()
+        self._first = [asyncio.Event() for _ in range(prompts)]
+        self._tasks = (
+            [asyncio.create_task(self._pump(i, copy_of.get(i))) for i in range(len(gens))]
+            if len(gens) > 1
+            else []
+        )
+
+    async def next(self) -> tuple[Generation, GenerateOutput]:
+        if not self._tasks:
+            gen = self.gens[0]
+            return gen, await gen.next_output()
+        gen, out = await self._queue.get()
+        if isinstance(out, BaseException):
+            raise out
+        return gen, out
+
+    async def _pump(self, i: int, open_copy: Callable[[], AsyncIterator[GenerateOutput]] | None) -> None:
+        gen = self.gens[i]
+        try:
+            if open_copy is not None:
+                await self._first[i % self.prompts].wait()
+                gen.stream = open_copy()
+            while True:
+                out = await gen.next_output()
+                if i < self.prompts:
+                    self._first[i].set()
+                self._queue.put_nowait((gen, out))
+                if out.finished or out.error is not None:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # reaches the reader, which ends the whole request
+            self._queue.put_nowait((gen, exc))
+
+    def usage(self) -> dict[str, Any]:
+        return usage([g.assembler for g in self.gens], self.prompts)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(g.assembler.completion_tokens for g in self.gens)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for gen in self.gens:
+            await gen.close()
 
 
 class SSEResponse(web.StreamResponse):
@@ -172,20 +243,25 @@ class Coalescer:
 
 
 async def stream_sse(
-    request: web.Request, gen: Generation, first: GenerateOutput, include_usage: bool, limits: StreamLimits
+    request: web.Request,
+    choices: Choices,
+    first: tuple[Generation, GenerateOutput],
+    include_usage: bool,
+    limits: StreamLimits,
 ) -> web.StreamResponse:
-    resp = SSEResponse(headers={**SSE_HEADERS, **gen.ctx.response_headers})
+    lead = choices.gens[0]
+    resp = SSEResponse(headers={**SSE_HEADERS, **lead.ctx.response_headers})
     chunked = request.version >= HttpVersion11
     if chunked:
         resp.enable_chunked_encoding()  # the framing Coalescer writes
     await resp.prepare(request)
     try:
-        await _stream(request, resp, gen, first, include_usage, limits)
+        await _stream(request, resp, choices, first, include_usage, limits)
     except ConnectionResetError:
         pass  # the client went away; closing the stream aborts the request
     except StreamStalled as exc:
-        log.warning("stream %s aborted: %s", gen.ctx.request_id, exc)
-        gen.metrics.shed.inc(("stream_stalled",))
+        log.warning("stream %s aborted: %s", lead.ctx.request_id, exc)
+        lead.metrics.shed.inc(("stream_stalled",))
         transport = request.transport
         if transport is not None:
             transport.abort()  # close() would wait to flush what the client never reads
@@ -195,24 +271,31 @@ async def stream_sse(
 async def _stream(
     request: web.Request,
     resp: web.StreamResponse,
-    gen: Generation,
-    out: GenerateOutput,
+    choices: Choices,
+    first: tuple[Generation, GenerateOutput],
     include_usage: bool,
     limits: StreamLimits,
 ) -> None:
     chunked = request.version >= HttpVersion11
     coalescer: Coalescer | None = None
+    gen, out = first
+    unfinished = len(choices.gens)
     try:
         while True:
             delta = gen.assembler.push(out)
+            data = b""
             if delta.finish_reason is not None:
-                tail = gen.formatter.usage_chunk(gen.assembler) if include_usage else b""
-                pending = coalescer.take() if coalescer is not None else b""
-                await _within(limits, resp.write_eof(pending + gen.formatter.chunk(delta) + tail + DONE))
                 gen.finish_metrics()
-                return
-            if delta.text or delta.logprobs is not None:
+                unfinished -= 1
                 data = gen.formatter.chunk(delta)
+                if not unfinished:
+                    tail = gen.formatter.usage_chunk(choices.usage()) if include_usage else b""
+                    pending = coalescer.take() if coalescer is not None else b""
+                    await _within(limits, resp.write_eof(pending + data + tail + DONE))
+                    return
+            elif delta.text or delta.logprobs is not None:
+                data = gen.formatter.chunk(delta)
+            if data:
                 if coalescer is not None:
                     coalescer.add(data)
                     if coalescer.backlog() > limits.max_buffer_bytes:
@@ -224,7 +307,7 @@ async def _stream(
                         coalescer = Coalescer(transport, limits.max_buffer_bytes)  # type: ignore[arg-type]  # uvloop's
                 else:  # HTTP/1.0: every chunk through aiohttp, which waits for the reader past 64 KiB
                     await _within(limits, resp.write(data))
-            out = await gen.next_output()
+            gen, out = await choices.next()
     except (ConnectionResetError, StreamStalled):
         raise  # nothing more can reach the client: stream_sse ends it
     except InterlockError as exc:
@@ -250,19 +333,28 @@ async def _within(limits: StreamLimits, write: Awaitable[None], waiting: int | N
         ) from None
 
 
-async def collect(gen: Generation, first: GenerateOutput) -> web.Response:
-    parts: list[str] = []
-    logprobs: list[TokenLogprobs] | None = None
-    out = first
+async def collect(choices: Choices, first: tuple[Generation, GenerateOutput]) -> web.Response:
+    parts: dict[int, list[str]] = {id(g): [] for g in choices.gens}
+    logprobs: dict[int, list[TokenLogprobs] | None] = {id(g): None for g in choices.gens}
+    unfinished = len(choices.gens)
+    gen, out = first
     while True:
         delta = gen.assembler.push(out)
-        parts.append(delta.text)
+        parts[id(gen)].append(delta.text)
         if delta.logprobs is not None:
-            logprobs = logprobs if logprobs is not None else []
-            logprobs.extend(delta.logprobs)
+            logprobs[id(gen)] = (logprobs[id(gen)] or []) + list(delta.logprobs)
         if delta.finish_reason is not None:
-            break
-        out = await gen.next_output()
-    gen.finish_metrics()
-    body: dict[str, Any] = gen.formatter.response("".join(parts), logprobs, gen.assembler)
-    return web.Response(body=_encode(body), content_type="application/json", headers=gen.ctx.response_headers)
+            gen.finish_metrics()
+            unfinished -= 1
+            if not unfinished:
+                break
+        gen, out = await choices.next()
+    bodies = [
+        g.formatter.choice("".join(parts[id(g)]), logprobs[id(g)], g.assembler.finish_reason)
+        for g in sorted(choices.gens, key=lambda g: g.formatter.index)
+    ]
+    lead = choices.gens[0]
+    body = lead.formatter.body(bodies, choices.usage())
+    return web.Response(
+        body=_encode(body), content_type="application/json", headers=lead.ctx.response_headers
+    )

@@ -16,7 +16,18 @@ from typing import Any
 
 import msgspec
 
-from interlock.frontend.schemas import MAX_STOP_STRINGS, ChatCompletionRequest, CompletionRequest
+from interlock.frontend.responses_api import ResponsesRequest
+from interlock.frontend.schemas import (
+    MAX_CHOICES,
+    MAX_ID_CHARS,
+    MAX_LOGIT_BIAS,
+    MAX_METADATA_PAIRS,
+    MAX_REPETITION_PENALTY,
+    MAX_STOP_STRINGS,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from interlock.frontend.tokenize import DetokenizeRequest, TokenizeRequest
 from interlock.protocol.sampling import MAX_SEED, MAX_TOP_LOGPROBS, MIN_SEED
 
 _REF = "#/components/schemas/{name}"
@@ -39,7 +50,8 @@ _ERROR = {
 _ERRORS = {
     "400": "invalid request, or over a size limit",
     "401": "missing or unknown API key",
-    "404": "unknown model",
+    "404": "unknown model or path",
+    "405": "method not allowed on this path",
     "408": "the body did not arrive in time",
     "413": "body too large",
     "429": "rate limit of the API key reached (see Retry-After)",
@@ -57,11 +69,25 @@ _SAMPLING: dict[str, Any] = {
     "top_k": {"minimum": -1},
     "min_p": {"minimum": 0, "maximum": 1},
     "seed": {"minimum": MIN_SEED, "maximum": MAX_SEED},
-    "n": {"enum": [1, None]},
-    "presence_penalty": {"enum": [0, None]},
-    "frequency_penalty": {"enum": [0, None]},
-    "repetition_penalty": {"enum": [1, None]},
+    "n": {"minimum": 1, "maximum": MAX_CHOICES},
+    "presence_penalty": {"minimum": -2, "maximum": 2},
+    "frequency_penalty": {"minimum": -2, "maximum": 2},
+    "repetition_penalty": {"exclusiveMinimum": 0, "maximum": MAX_REPETITION_PENALTY},
     "stop": {"maxItems": MAX_STOP_STRINGS},
+    "logit_bias": {
+        "maxProperties": MAX_LOGIT_BIAS,
+        "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+    },
+    "metadata": {
+        "maxProperties": MAX_METADATA_PAIRS,
+        "propertyNames": {"maxLength": 64},
+        "additionalProperties": {"type": "string", "maxLength": 512},
+    },
+    "store": {"enum": [False, None]},
+    "service_tier": {"enum": ["auto", "default", None]},
+    "spaces_between_special_tokens": {"const": True},
+    **{name: {"maxLength": MAX_ID_CHARS} for name in ("user", "safety_identifier", "prompt_cache_key")},
 }
 _STREAM_OPTIONS_NEED_STREAM = {
     "if": {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]},
@@ -77,7 +103,21 @@ _ACCEPTED: dict[str, dict[str, Any]] = {
             "top_logprobs": {"minimum": 0, "maximum": MAX_TOP_LOGPROBS},
             "tools": {"maxItems": 0},
             "tool_choice": {"enum": [None, "none"]},
-            "response_format": {"enum": [None, {"type": "text"}]},
+            "parallel_tool_calls": {"enum": [None]},
+            "reasoning_effort": {"enum": ["none", None]},
+            "modalities": {"enum": [["text"], None]},
+            "echo": {"const": False},
+            **{
+                name: {"enum": [None]}
+                for name in (
+                    "verbosity",
+                    "audio",
+                    "prediction",
+                    "web_search_options",
+                    "functions",
+                    "function_call",
+                )
+            },
         },
         "allOf": [
             _STREAM_OPTIONS_NEED_STREAM,
@@ -90,7 +130,7 @@ _ACCEPTED: dict[str, dict[str, Any]] = {
     "CompletionRequest": {
         "properties": {
             **_SAMPLING,
-            # One prompt: text, token ids, or a batch of one of either.
+            # One prompt (text or token ids), or a batch of them.
             "prompt": {
                 "anyOf": [
                     {"type": "string", "minLength": 1},
@@ -98,23 +138,60 @@ _ACCEPTED: dict[str, dict[str, Any]] = {
                     {
                         "type": "array",
                         "minItems": 1,
-                        "maxItems": 1,
-                        "items": {"type": "string", "minLength": 1},
+                        "maxItems": MAX_CHOICES,
+                        "items": {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS]},
                     },
-                    {"type": "array", "minItems": 1, "maxItems": 1, "items": _TOKEN_IDS},
                 ]
             },
             "logprobs": {"minimum": 0, "maximum": MAX_TOP_LOGPROBS},
-            "echo": {"enum": [False, None]},
             "best_of": {"enum": [1, None]},
             "suffix": {"maxLength": 0},
         },
-        "allOf": [_STREAM_OPTIONS_NEED_STREAM],
+        "allOf": [
+            _STREAM_OPTIONS_NEED_STREAM,
+            {  # echo with logprobs would need the prompt's logprobs
+                "if": {"properties": {"echo": {"const": True}}, "required": ["echo"]},
+                "then": {"properties": {"logprobs": {"type": "null"}}},
+            },
+        ],
     },
     "ContentPart": {
-        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-        "required": ["type", "text"],
+        "anyOf": [
+            {
+                "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                "required": ["type", "text"],
+            },
+            {
+                "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}},
+                "required": ["type", "refusal"],
+            },
+        ],
     },
+    "ChatMessage": {
+        "properties": {
+            "role": {"enum": ["system", "developer", "user", "assistant"]},
+            "tool_calls": {"maxItems": 0},
+            "tool_call_id": {"type": "null"},
+        },
+    },
+    "JsonSchemaFormat": {"properties": {"description": {"type": "null"}}},
+    "ResponseFormat": {"properties": {"type": {"enum": ["text", "json_object", "json_schema"]}}},
+    "StructuredOutputs": {"minProperties": 1, "maxProperties": 1},
+    "ResponsesRequest": {
+        "properties": {
+            "max_output_tokens": {"minimum": 1},
+            "max_tool_calls": {"minimum": 1},
+            "truncation": {"enum": ["disabled", None]},
+            "include": {"maxItems": 0},
+            "background": {"enum": [False, None]},
+            "store": {"type": ["boolean", "null"]},
+            "temperature": {"minimum": 0, "maximum": 100},
+            "top_p": {"minimum": 0, "maximum": 1},
+            "service_tier": {"enum": ["auto", "default", None]},
+        },
+    },
+    "Reasoning": {"properties": {"effort": {"enum": ["none", None]}, "summary": {"type": "null"}}},
+    "TextConfig": {"properties": {"verbosity": {"enum": ["medium", None]}}},
 }
 
 
@@ -129,8 +206,9 @@ def _narrow(schema: dict[str, Any], extra: dict[str, Any]) -> None:
 
 @cache
 def openapi_document(version: str) -> dict[str, Any]:
-    (chat, completion), components = msgspec.json.schema_components(
-        [ChatCompletionRequest, CompletionRequest], ref_template=_REF
+    (chat, completion, responses, tokenize, detokenize), components = msgspec.json.schema_components(
+        [ChatCompletionRequest, CompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest],
+        ref_template=_REF,
     )
     for name, extra in _ACCEPTED.items():
         _narrow(components[name], extra)
@@ -155,6 +233,23 @@ def openapi_document(version: str) -> dict[str, Any]:
                     ],
                 }
             },
+            "/v1/responses": {
+                "post": _generate("Create a response (the Responses API)", responses, "response")
+            },
+            "/v1/responses/{response_id}": {
+                op: {
+                    **_get(
+                        summary, "the stored response" if op == "get" else "deletion", errors=("401", "404")
+                    ),
+                    "parameters": [
+                        {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                }
+                for op, summary in (("get", "A stored response"), ("delete", "Delete a stored response"))
+            },
+            "/tokenize": {"post": _post("Tokenize a prompt or chat messages (vLLM's)", tokenize)},
+            "/detokenize": {"post": _post("Token ids back to text (vLLM's)", detokenize)},
+            "/version": {"get": _get("The server's version", "version")},
             "/health": {"get": _get("Ready to serve: 503 while no model is servable", "status", open_=True)},
             "/live": {"get": _get("The process is up", "status", open_=True)},
             "/metrics": {"get": _get("Prometheus metrics", "text exposition format", open_=True, text=True)},
@@ -173,6 +268,17 @@ def _generate(summary: str, body: dict[str, Any], object_name: str) -> dict[str,
                 "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {}},
             },
             **_error_responses(_ERRORS),
+        },
+    }
+
+
+def _post(summary: str, body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+        "responses": {
+            "200": {"description": "the result", "content": {"application/json": {}}},
+            **_error_responses({k: _ERRORS[k] for k in ("400", "401", "404", "413")}),
         },
     }
 

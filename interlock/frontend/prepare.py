@@ -8,6 +8,9 @@ fits for chat, the OpenAI default (16) for completions, clamped to what fits.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 import msgspec
 
 from interlock.errors import InvalidRequest, PromptTooLong
@@ -19,10 +22,24 @@ from interlock.frontend.schemas import (
     CompletionRequest,
     chat_messages,
     completion_prompt,
+    logit_bias,
     prompt_chars,
+    structured_output,
+    tool_spec,
 )
 from interlock.frontend.tokenizer import ModelTokenizer
-from interlock.protocol import GenerateRequest, SamplingParams
+from interlock.frontend.tools import (
+    ConstrainedCall,
+    ToolFormat,
+    ToolSpec,
+    messages_for_template,
+    render_tools,
+    required_schema,
+    template_takes_tools,
+    template_tools,
+    tool_format_for,
+)
+from interlock.protocol import GenerateRequest, SamplingParams, StructuredOutput
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
@@ -36,13 +53,24 @@ async def generate_request(
     priority: int,
     max_prompt_chars: int | None,
     max_prompt_tokens: int | None,
+    prompt: str | list[int] | None = None,
+    plan: ToolPlan | None = None,
 ) -> tuple[GenerateRequest, list[int]]:
     """The one text pipeline from a parsed request to what the backend serves, with the prompt
-    limits (the HTTP frontend and the Python API both call it): the request and its prompt ids."""
+    limits (the HTTP frontend and the Python API both call it): the request and its prompt ids.
+    ``prompt``: which of a completion request's prompts (``completion_prompts``); its only one
+    when None."""
     budget = TokenBudget(max_prompt_tokens, entry.context_length)
-    ids = await prompt_ids(req, tok, max_chars=max_prompt_chars, budget=budget)
+    ids = await prompt_ids(req, tok, max_chars=max_prompt_chars, budget=budget, prompt=prompt, plan=plan)
     check_prompt_tokens(len(ids), max_prompt_tokens, param=prompt_chars(req)[1])
-    sampling = sampling_params(req, prompt_len=len(ids), entry=entry, eos_token_ids=tok.eos_token_ids)
+    sampling = sampling_params(
+        req,
+        prompt_len=len(ids),
+        entry=entry,
+        eos_token_ids=tok.eos_token_ids,
+        vocab_size=tok.vocab_size,
+        forced_call=plan.call if plan is not None else None,
+    )
     request = GenerateRequest(
         request_id=request_id, token_ids=tuple(ids), sampling=sampling, model=entry.name, priority=priority
     )
@@ -55,27 +83,75 @@ async def prompt_ids(
     *,
     max_chars: int | None = None,
     budget: TokenBudget | None = None,
+    prompt: str | list[int] | None = None,
+    plan: ToolPlan | None = None,
 ) -> list[int]:
     """The prompt's token ids (long texts are encoded off the event loop). A rendered chat
     prompt longer than ``max_chars`` is refused before it is encoded, a text over ``budget``
     before it is encoded in full (``budget.py``)."""
     if isinstance(req, ChatCompletionRequest):
-        text = chat_prompt_text(req, tok)
+        text = chat_prompt_text(req, tok, plan)
         if max_chars is not None:
             check_prompt_chars(len(text), max_chars, param="messages")
         # The template already wrote the special tokens (BOS, turn markers): add none.
         return await encode_within(tok, text, add_special_tokens=False, budget=budget, param="messages")
-    prompt = completion_prompt(req)
+    if prompt is None:
+        prompt = completion_prompt(req)
     if isinstance(prompt, str):
         return await encode_within(tok, prompt, add_special_tokens=True, budget=budget, param="prompt")
     check_token_ids(prompt, tok)
     return prompt
 
 
-def chat_prompt_text(req: ChatCompletionRequest, tok: ModelTokenizer) -> str:
+@dataclass(frozen=True)
+class ToolPlan:
+    """How one chat request's tools are offered and its calls read (``tools.py``'s contract)."""
+
+    fmt: ToolFormat
+    spec: ToolSpec
+    call: ConstrainedCall | None
+    """A forced call: the prompt ends with its prefix and the engine enforces its schema."""
+    in_template: bool
+    """The model's template renders the tools itself."""
+
+
+def tool_plan(
+    req: ChatCompletionRequest | CompletionRequest, tok: ModelTokenizer, model: str
+) -> ToolPlan | None:
+    """None when the request has no tools to offer and no tool history to render."""
+    if not isinstance(req, ChatCompletionRequest):
+        return None
+    spec = tool_spec(req)
+    history = any(m.tool_calls or m.role == "tool" for m in req.messages)
+    if not spec.active and not history:
+        return None
+    source = tok.chat_template.source if tok.chat_template is not None else None
+    fmt = tool_format_for(model, source)
+    call = required_schema(fmt, spec) if spec.active and spec.constrained else None
+    if call is not None and req.parallel_tool_calls is False and call.schema.get("type") == "array":
+        call = call._replace(schema={**call.schema, "maxItems": 1})
+    return ToolPlan(fmt, spec, call, template_takes_tools(source))
+
+
+def chat_prompt_text(req: ChatCompletionRequest, tok: ModelTokenizer, plan: ToolPlan | None = None) -> str:
     if tok.chat_template is None:
         raise InvalidRequest(f"model {req.model!r} has no chat template; use /v1/completions", param="model")
-    return tok.chat_template.render(chat_messages(req), add_generation_prompt=req.add_generation_prompt)
+    messages = chat_messages(req)
+    tools = None
+    if plan is not None and plan.in_template:
+        messages, tools = messages_for_template(messages), template_tools(plan.spec)
+    elif plan is not None:
+        messages = render_tools(plan.fmt, messages, plan.spec)
+    text = tok.chat_template.render(
+        messages,
+        add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message,
+        extra=req.chat_template_kwargs,
+        tools=tools,
+    )
+    if plan is not None and plan.call is not None and plan.call.prefix:
+        text += plan.call.prefix
+    return text
 
 
 def check_token_ids(ids: list[int], tok: ModelTokenizer) -> None:
@@ -90,13 +166,20 @@ def sampling_params(
     prompt_len: int,
     entry: ModelEntry,
     eos_token_ids: tuple[int, ...],
+    vocab_size: int | None = None,
+    forced_call: ConstrainedCall | None = None,
 ) -> SamplingParams:
     """Validated SamplingParams whose max_tokens fits the context (PromptTooLong otherwise)."""
     requested, param = _requested_max_tokens(req)
+    # OpenAI reads top_p 0 as "only the most likely token": greedy.
+    greedy = req.top_p == 0.0
+    structured = structured_output(req)
+    if forced_call is not None:  # parse_chat refused a response_format beside it
+        structured = ("json_schema", json.dumps(forced_call.schema))
     params = SamplingParams(
         max_tokens=requested if requested is not None else 1,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
+        temperature=0.0 if greedy else 1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None or greedy else req.top_p,
         top_k=0 if req.top_k is None else req.top_k,
         min_p=0.0 if req.min_p is None else req.min_p,
         seed=req.seed,
@@ -104,6 +187,11 @@ def sampling_params(
         ignore_eos=req.ignore_eos,
         min_tokens=0 if requested is None else req.min_tokens,
         logprobs=_logprobs(req),
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=_logit_bias(req, vocab_size),
+        structured=StructuredOutput(kind=structured[0], spec=structured[1]) if structured else None,
     )
     params.validate()
     max_tokens = fit_max_tokens(
@@ -159,3 +247,14 @@ def _logprobs(req: ChatCompletionRequest | CompletionRequest) -> int | None:
     if isinstance(req, ChatCompletionRequest):
         return (req.top_logprobs or 0) if req.logprobs else None
     return req.logprobs
+
+
+def _logit_bias(
+    req: ChatCompletionRequest | CompletionRequest, vocab_size: int | None
+) -> tuple[tuple[int, float], ...]:
+    pairs = logit_bias(req)
+    if vocab_size is not None and any(t >= vocab_size for t, _ in pairs):
+        raise InvalidRequest(
+            f"logit_bias token ids must be below the vocabulary size {vocab_size}", param="logit_bias"
+        )
+    return pairs

@@ -27,6 +27,7 @@ from interlock.errors import (
 )
 from interlock.frontend.assembler import Delta, OutputAssembler
 from interlock.frontend.tokenizer import ModelTokenizer
+from interlock.frontend.tool_parsers import ContentDelta, ToolCallDelta, ToolStreamParser
 from interlock.protocol import TokenLogprobs
 
 log = logging.getLogger(__name__)
@@ -38,12 +39,17 @@ def sse(payload: Any) -> bytes:
     return b"data: " + _encode(payload) + b"\n\n"
 
 
-def usage(a: OutputAssembler) -> dict[str, Any]:
+def usage(a: OutputAssembler | Sequence[OutputAssembler], prompts: int = 1) -> dict[str, Any]:
+    """A request's usage: every choice's completion tokens, and the prompt once per prompt (the
+    first ``prompts`` assemblers are the first choice of each prompt), as OpenAI counts ``n``."""
+    choices = [a] if isinstance(a, OutputAssembler) else list(a)
+    prompt = sum(c.prompt_tokens for c in choices[:prompts])
+    completion = sum(c.completion_tokens for c in choices)
     return {
-        "prompt_tokens": a.prompt_tokens,
-        "completion_tokens": a.completion_tokens,
-        "total_tokens": a.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": a.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(c.cached_tokens for c in choices[:prompts])},
     }
 
 
@@ -96,31 +102,65 @@ class _Formatter:
     """A text-only chunk's choice around its text: what follows ``{"index":0,`` and what comes
     before ``,"logprobs":null,...``."""
 
-    def __init__(self, request_id: str, model: str, created: int, tokenizer: ModelTokenizer) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        created: int,
+        tokenizer: ModelTokenizer,
+        *,
+        token_ids_as_text: bool = False,
+        continuous_usage: OutputAssembler | None = None,
+        index: int = 0,
+    ) -> None:
+        """``token_ids_as_text`` (vLLM's ``return_tokens_as_token_ids``): logprobs name tokens
+        as ``token_id:N``; ``continuous_usage`` (``stream_options.continuous_usage_stats``):
+        every chunk carries this assembler's usage so far; ``index``: the choice's."""
+        self.index = index
         self.request_id = request_id
         self.model = model
         self.created = created
         self._tok = tokenizer
+        self._token_ids_as_text = token_ids_as_text
+        self._continuous_usage = continuous_usage
         self._head = {"id": request_id, "object": self.chunk_object, "created": created, "model": model}
         head = _encode({**self._head, "choices": None})[: -len(b"null}")]
-        self._text_prefix = b"data: " + head + b'[{"index":0,' + self._text_open
+        self._text_prefix = b"data: " + head + b'[{"index":%d,' % index + self._text_open
         self._text_suffix = self._text_close + b',"logprobs":null,"finish_reason":null}]}\n\n'
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        if self._continuous_usage is not None and "usage" not in extra:
+            extra["usage"] = usage(self._continuous_usage)
         return sse({**self._head, "choices": choices, **extra})
+
+    def _plain(self, delta: Delta) -> bool:
+        """A text-only chunk, built from the prepared bytes (the hot path)."""
+        return delta.logprobs is None and delta.finish_reason is None and self._continuous_usage is None
 
     def _choice(
         self, key: str, value: Any, logprobs: Sequence[TokenLogprobs] | None, finish_reason: str | None
     ) -> dict[str, Any]:
-        return {"index": 0, key: value, "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
+        return {
+            "index": self.index,
+            key: value,
+            "logprobs": self._logprobs(logprobs),
+            "finish_reason": finish_reason,
+        }
 
     def _logprobs(self, logprobs: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:
         raise NotImplementedError
 
-    def usage_chunk(self, a: OutputAssembler) -> bytes:
-        return self._chunk([], usage=usage(a))
+    def usage_chunk(self, body: dict[str, Any]) -> bytes:
+        return self._chunk([], usage=body)
+
+    def body(self, choices: list[dict[str, Any]], usage_body: dict[str, Any]) -> dict[str, Any]:
+        """The whole non-streamed response around its choices (``choice``'s)."""
+        return {**self._head, "object": self.object_name, "choices": choices, "usage": usage_body}
 
     def _token(self, token_id: int) -> tuple[str, bytes]:
+        if self._token_ids_as_text:
+            text = f"token_id:{token_id}"
+            return text, text.encode()
         raw = self._tok.token_bytes(token_id)
         return raw.decode("utf-8", errors="replace"), raw
 
@@ -131,12 +171,29 @@ class ChatFormatter(_Formatter):
     _text_open = b'"delta":{"content":'
     _text_close = b"}"
 
-    def __init__(self, request_id: str, model: str, created: int, tokenizer: ModelTokenizer) -> None:
-        super().__init__(request_id, model, created, tokenizer)
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        created: int,
+        tokenizer: ModelTokenizer,
+        *,
+        tool_calls: ToolStreamParser | None = None,
+        parallel_tool_calls: bool = True,
+        **options: Any,
+    ) -> None:
+        """``tool_calls``: the request offers tools; the text goes through this parser, which
+        turns calls into ``tool_calls`` (only the first with ``parallel_tool_calls`` false) and
+        passes the rest on as content; a reply with calls finishes with "tool_calls"."""
+        super().__init__(request_id, model, created, tokenizer, **options)
         self._sent_role = False
+        self._tools = tool_calls
+        self._parallel = parallel_tool_calls
 
     def chunk(self, delta: Delta) -> bytes:
-        if self._sent_role and delta.logprobs is None and delta.finish_reason is None:
+        if self._tools is not None:
+            return self._tool_chunk(delta)
+        if self._sent_role and self._plain(delta):
             return self._text_prefix + _encode(delta.text) + self._text_suffix
         body: dict[str, Any] = {}
         if not self._sent_role:
@@ -146,18 +203,50 @@ class ChatFormatter(_Formatter):
             body["content"] = delta.text
         return self._chunk([self._choice("delta", body, delta.logprobs, delta.finish_reason)])
 
-    def response(
-        self, text: str, logprobs: Sequence[TokenLogprobs] | None, a: OutputAssembler
+    def choice(
+        self, text: str, logprobs: Sequence[TokenLogprobs] | None, finish_reason: str | None
     ) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text}
-        choice = self._choice("message", message, logprobs, a.finish_reason)
-        head = {**self._head, "object": self.object_name}
-        return {**head, "choices": [choice], "usage": usage(a)}
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if self._tools is not None:
+            content, calls, finish_reason = self._split(text, finish_reason)
+            message["content"] = (content or None) if calls else content
+            if calls:
+                message["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in calls
+                ]
+        return self._choice("message", message, logprobs, finish_reason)
+
+    def _tool_chunk(self, delta: Delta) -> bytes:
+        content, calls, finish_reason = self._split(delta.text, delta.finish_reason)
+        body: dict[str, Any] = {}
+        if not self._sent_role:
+            body["role"] = "assistant"
+            self._sent_role = True
+        if content or "role" in body:
+            body["content"] = content
+        if calls:
+            body["tool_calls"] = [c.to_openai() for c in calls]
+        if len(body) == 0 and delta.logprobs is None and finish_reason is None:
+            return b""
+        return self._chunk([self._choice("delta", body, delta.logprobs, finish_reason)])
+
+    def _split(self, text: str, finish_reason: str | None) -> tuple[str, list[ToolCallDelta], str | None]:
+        """The text's content and whole calls, and the finish reason, through the parser."""
+        assert self._tools is not None
+        parts = self._tools.feed(text)
+        if finish_reason is not None:
+            parts += self._tools.finish()
+            if finish_reason == "stop" and self._tools.call_count:
+                finish_reason = "tool_calls"
+        content = "".join(p.text for p in parts if isinstance(p, ContentDelta))
+        calls = [p for p in parts if isinstance(p, ToolCallDelta) and (self._parallel or p.index == 0)]
+        return content, calls, finish_reason
 
     def _logprobs(self, logprobs: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:
         if logprobs is None:
             return None
-        return {"content": [self._entry(lp) for lp in logprobs]}
+        return {"content": [self._entry(lp) for lp in logprobs], "refusal": None}
 
     def _entry(self, lp: TokenLogprobs) -> dict[str, Any]:
         text, raw = self._token(lp.token_id)
@@ -176,20 +265,32 @@ class CompletionFormatter(_Formatter):
     chunk_object = "text_completion"
     _text_open = b'"text":'
 
-    def __init__(self, request_id: str, model: str, created: int, tokenizer: ModelTokenizer) -> None:
-        super().__init__(request_id, model, created, tokenizer)
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        created: int,
+        tokenizer: ModelTokenizer,
+        *,
+        echo: str = "",
+        **options: Any,
+    ) -> None:
+        """``echo``: the prompt's text, sent before the completion's."""
+        super().__init__(request_id, model, created, tokenizer, **options)
         self._text_offset = 0
+        self._echo = echo
 
     def chunk(self, delta: Delta) -> bytes:
-        if delta.logprobs is None and delta.finish_reason is None:
-            return self._text_prefix + _encode(delta.text) + self._text_suffix
-        return self._chunk([self._choice("text", delta.text, delta.logprobs, delta.finish_reason)])
+        text, self._echo = self._echo + delta.text, ""
+        if self._plain(delta):
+            return self._text_prefix + _encode(text) + self._text_suffix
+        return self._chunk([self._choice("text", text, delta.logprobs, delta.finish_reason)])
 
-    def response(
-        self, text: str, logprobs: Sequence[TokenLogprobs] | None, a: OutputAssembler
+    def choice(
+        self, text: str, logprobs: Sequence[TokenLogprobs] | None, finish_reason: str | None
     ) -> dict[str, Any]:
-        choice = self._choice("text", text, logprobs, a.finish_reason)
-        return {**self._head, "choices": [choice], "usage": usage(a)}
+        text, self._echo = self._echo + text, ""
+        return self._choice("text", text, logprobs, finish_reason)
 
     def _logprobs(self, logprobs: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:
         if logprobs is None:

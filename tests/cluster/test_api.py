@@ -76,6 +76,11 @@ def test_prompts_and_sampling_parameters(instance: interlock.ServingInstance) ->
 def test_bad_input_is_refused_by_name(instance: interlock.ServingInstance) -> None:
     with pytest.raises(InvalidRequest, match="frequency_penalty|temprature"):
         instance.generate("hi", temprature=0.5)
+    for fields in ({"n": 2}, {"logprobs": 1}, {"echo": True}):  # the text alone cannot carry them
+        with pytest.raises(InvalidRequest) as info:
+            instance.generate("hi", **fields)
+        assert info.value.param == next(iter(fields))
+    assert instance.generate("hi", max_tokens=2, n=1, echo=False) is not None
     with pytest.raises(ConfigError, match="max_replicas"):
         instance.scale_to(3)
     cluster = instance.cluster

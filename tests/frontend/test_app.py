@@ -285,7 +285,7 @@ def test_malformed_json_and_wrong_types_are_400(http: httpx.Client) -> None:
     assert "malformed JSON" in str(error_of(r, 400)["message"])
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": "many"})
     assert error_of(r, 400)["param"] == "max_tokens"
-    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "n": 3})
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "n": 65})
     assert error_of(r, 400)["param"] == "n"
     r = http.post(
         "/v1/chat/completions", json={"model": MODEL, "messages": USER}, headers={"x-priority": "high"}
@@ -497,9 +497,12 @@ def test_metrics_parse_as_prometheus_text(http: httpx.Client, client: openai.Ope
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f g", "parameters": {}}}]},
+            "tools[0].function.name",
+        ),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
         ({"no_such_option": 1}, "no_such_option"),
     ],
 )

@@ -36,7 +36,7 @@ def test_the_document_carries_the_checks_made_after_decoding() -> None:
         schemas["ChatCompletionRequest"]["properties"],
         schemas["CompletionRequest"]["properties"],
     )
-    assert chat["messages"]["minItems"] == 1 and chat["n"]["enum"] == [1, None]
+    assert chat["messages"]["minItems"] == 1 and chat["n"]["maximum"] == 64
     assert chat["top_k"]["anyOf"][0]["maximum"] == 2**31 - 1 and chat["top_k"]["minimum"] == -1
     assert completion["stop_token_ids"]["anyOf"][0]["items"] == {
         "type": "integer",
@@ -44,5 +44,8 @@ def test_the_document_carries_the_checks_made_after_decoding() -> None:
         "maximum": 2**31 - 1,
     }
     assert completion["prompt"]["anyOf"][0] == {"type": "string", "minLength": 1}
-    assert schemas["ContentPart"]["required"] == ["type", "text"]
+    assert [part["required"] for part in schemas["ContentPart"]["anyOf"]] == [
+        ["type", "text"],
+        ["type", "refusal"],
+    ]
     assert {"if", "then"} <= set(schemas["CompletionRequest"]["allOf"][0])

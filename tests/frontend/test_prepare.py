@@ -70,7 +70,7 @@ def test_over_the_context_names_the_limit() -> None:
 def test_bad_sampling_values_are_invalid_requests() -> None:
     for fields, param in (
         ({"max_tokens": 0}, "max_tokens"),
-        ({"top_p": 0}, "top_p"),
+        ({"top_p": -0.1}, "top_p"),
         ({"temperature": -1}, "temperature"),
     ):
         with pytest.raises(InvalidRequest) as info:
