@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from interlock.frontend.response_schemas import ERROR, SCHEMAS
 from interlock.frontend.responses_api import ResponsesRequest
 from interlock.frontend.schemas import (
     MAX_CHOICES,
@@ -31,22 +32,7 @@ from interlock.frontend.tokenize import DetokenizeRequest, TokenizeRequest
 from interlock.protocol.sampling import MAX_SEED, MAX_TOP_LOGPROBS, MIN_SEED
 
 _REF = "#/components/schemas/{name}"
-_ERROR = {
-    "type": "object",
-    "properties": {
-        "error": {
-            "type": "object",
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": ["string", "null"]},
-                "code": {"type": ["string", "null"]},
-            },
-            "required": ["message", "type", "param", "code"],
-        }
-    },
-    "required": ["error"],
-}
+_ERROR = ERROR
 _ERRORS = {
     "400": "invalid request, or over a size limit",
     "401": "missing or unknown API key",
@@ -213,6 +199,7 @@ def openapi_document(version: str) -> dict[str, Any]:
     for name, extra in _ACCEPTED.items():
         _narrow(components[name], extra)
     components["Error"] = _ERROR
+    components.update(SCHEMAS)
     return {
         "openapi": "3.1.0",
         "info": {"title": "Interlock OpenAI-compatible API", "version": version},
@@ -222,8 +209,12 @@ def openapi_document(version: str) -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
         "paths": {
-            "/v1/chat/completions": {"post": _generate("Create a chat completion", chat, "chat.completion")},
-            "/v1/completions": {"post": _generate("Create a text completion", completion, "text_completion")},
+            "/v1/chat/completions": {
+                "post": _generate("Create a chat completion", chat, "chat.completion", "ChatCompletion")
+            },
+            "/v1/completions": {
+                "post": _generate("Create a text completion", completion, "text_completion", "Completion")
+            },
             "/v1/models": {"get": _get("List the models served now", "list of model cards")},
             "/v1/models/{model}": {
                 "get": {
@@ -234,7 +225,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                 }
             },
             "/v1/responses": {
-                "post": _generate("Create a response (the Responses API)", responses, "response")
+                "post": _generate("Create a response (the Responses API)", responses, "response", "Response")
             },
             "/v1/responses/{response_id}": {
                 op: {
@@ -258,14 +249,17 @@ def openapi_document(version: str) -> dict[str, Any]:
     }
 
 
-def _generate(summary: str, body: dict[str, Any], object_name: str) -> dict[str, Any]:
+def _generate(summary: str, body: dict[str, Any], object_name: str, schema: str) -> dict[str, Any]:
     return {
         "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
         "responses": {
             "200": {
                 "description": f"a {object_name} object, or with stream=true a text/event-stream of chunks",
-                "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {}},
+                "content": {
+                    "application/json": {"schema": {"$ref": _REF.format(name=schema)}},
+                    "text/event-stream": {},
+                },
             },
             **_error_responses(_ERRORS),
         },

@@ -9,12 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import msgspec
 import pytest
 
 from interlock.errors import InvalidRequest, LimitExceeded
 from interlock.frontend import FakeScript
 from interlock.frontend.fields import FIELDS, render_markdown
+from interlock.frontend.response_schemas import (
+    CHAT_COMPLETION,
+    CHAT_COMPLETION_CHUNK,
+    COMPLETION,
+    ERROR,
+    RESPONSE,
+    RESPONSE_EVENT,
+)
 from interlock.frontend.responses_api import ResponsesRequest
 from interlock.frontend.schemas import (
     ChatCompletionRequest,
@@ -650,9 +659,34 @@ def outcome(
     ids and timestamps)."""
     count = len(served.backend.requests)
     r = http.post(endpoint, json=body)
+    check_conformance(endpoint, r)
     received = None
     if len(served.backend.requests) > count:  # with the routing hints that reached it
         request = msgspec.structs.replace(served.backend.requests[-1], request_id="")
         received = (request, served.backend.contexts[-1].route_key)
     text = re.sub(r'"(id|created|created_at|item_id|call_id)":("[^"]*"|\d+)', "", r.text)
     return received, (r.status_code, text)
+
+
+_BODY_SCHEMA = {
+    "/v1/chat/completions": (CHAT_COMPLETION, CHAT_COMPLETION_CHUNK),
+    "/v1/completions": (COMPLETION, COMPLETION),
+    "/v1/responses": (RESPONSE, RESPONSE_EVENT),
+}
+
+
+def check_conformance(endpoint: str, r: httpx.Response) -> None:
+    """Every body and stream chunk has the fields, and the nullability, OpenAI's specification
+    gives it (``response_schemas``); an error is always the error object."""
+    if r.status_code != 200:
+        jsonschema.validate(r.json(), ERROR)
+        return
+    whole, chunk = _BODY_SCHEMA[endpoint]
+    if not r.headers["content-type"].startswith("text/event-stream"):
+        jsonschema.validate(r.json(), whole)
+        return
+    events = [line[len("data: ") :] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events and events[-1] == "[DONE]"
+    for event in events[:-1]:
+        data = json.loads(event)
+        jsonschema.validate(data, ERROR if "error" in data else chunk)
