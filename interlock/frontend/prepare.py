@@ -1,5 +1,9 @@
 """From a parsed OpenAI request to a ``GenerateRequest``: prompt tokens and sampling parameters.
 
+Sampling fields the request leaves out take the model's recommended values (its
+``generation_config.json``, or a known model's: SmolLM2's card uses temperature 0.2 and top_p
+0.9), as vLLM does; then OpenAI's defaults (temperature 1, top_p 1).
+
 Pure functions, but for ``prompt_ids``, which may encode a long prompt in a worker thread. The
 context-length rule: the prompt plus ``max_tokens`` must fit in the
 model's context. When the client did not set ``max_tokens`` the server picks it: everything that
@@ -9,6 +13,7 @@ fits for chat, the OpenAI default (16) for completions, clamped to what fits.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -70,6 +75,7 @@ async def generate_request(
         eos_token_ids=tok.eos_token_ids,
         vocab_size=tok.vocab_size,
         forced_call=plan.call if plan is not None else None,
+        defaults=tok.generation_defaults,
     )
     request = GenerateRequest(
         request_id=request_id, token_ids=tuple(ids), sampling=sampling, model=entry.name, priority=priority
@@ -168,8 +174,11 @@ def sampling_params(
     eos_token_ids: tuple[int, ...],
     vocab_size: int | None = None,
     forced_call: ConstrainedCall | None = None,
+    defaults: Mapping[str, float] | None = None,
 ) -> SamplingParams:
-    """Validated SamplingParams whose max_tokens fits the context (PromptTooLong otherwise)."""
+    """Validated SamplingParams whose max_tokens fits the context (PromptTooLong otherwise).
+    ``defaults``: the model's recommended sampling values, for the fields the request omits."""
+    defaults = defaults or {}
     requested, param = _requested_max_tokens(req)
     # OpenAI reads top_p 0 as "only the most likely token": greedy.
     greedy = req.top_p == 0.0
@@ -178,10 +187,10 @@ def sampling_params(
         structured = ("json_schema", json.dumps(forced_call.schema))
     params = SamplingParams(
         max_tokens=requested if requested is not None else 1,
-        temperature=0.0 if greedy else 1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None or greedy else req.top_p,
-        top_k=0 if req.top_k is None else req.top_k,
-        min_p=0.0 if req.min_p is None else req.min_p,
+        temperature=0.0 if greedy else _given(req.temperature, defaults, "temperature", 1.0),
+        top_p=1.0 if greedy else _given(req.top_p, defaults, "top_p", 1.0),
+        top_k=int(_given(req.top_k, defaults, "top_k", 0)),
+        min_p=_given(req.min_p, defaults, "min_p", 0.0),
         seed=req.seed,
         stop_token_ids=_stop_ids(req, eos_token_ids),
         ignore_eos=req.ignore_eos,
@@ -189,7 +198,7 @@ def sampling_params(
         logprobs=_logprobs(req),
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        repetition_penalty=_given(req.repetition_penalty, defaults, "repetition_penalty", 1.0),
         logit_bias=_logit_bias(req, vocab_size),
         structured=StructuredOutput(kind=structured[0], spec=structured[1]) if structured else None,
     )
@@ -247,6 +256,11 @@ def _logprobs(req: ChatCompletionRequest | CompletionRequest) -> int | None:
     if isinstance(req, ChatCompletionRequest):
         return (req.top_logprobs or 0) if req.logprobs else None
     return req.logprobs
+
+
+def _given(value: float | None, defaults: Mapping[str, float], name: str, fallback: float) -> float:
+    """The request's value, else the model's recommended one, else OpenAI's default."""
+    return value if value is not None else defaults.get(name, fallback)
 
 
 def _logit_bias(

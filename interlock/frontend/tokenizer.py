@@ -19,6 +19,7 @@ from tokenizers import Tokenizer, decoders
 
 from interlock.errors import ConfigError
 from interlock.frontend.templates import ChatTemplate, load_chat_template_source
+from interlock.model_store import generation_defaults
 
 _CACHE_LOCK = threading.Lock()
 LONG_TEXT_CHARS = 8192
@@ -35,6 +36,8 @@ class ModelTokenizer:
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
         self.eos_token_ids = self._eos_ids(model_path)
+        self.generation_defaults = generation_defaults(model_path)
+        """Sampling values for requests that leave them out (``model_store.generation_defaults``)."""
         self._byte_decoder = _byte_level_decoder() if _is_byte_level(self.tokenizer) else None
         source = load_chat_template_source(model_path, config)
         specials = {"bos_token": self.bos_token, "eos_token": self.eos_token}

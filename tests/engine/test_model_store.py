@@ -321,3 +321,19 @@ def test_safe_model_name() -> None:
         "a_.._b",
         "x" * 128,
     ]
+
+
+def test_generation_defaults_come_from_the_folder_or_the_known_model(tmp_path: Path) -> None:
+    from interlock.model_store import SMOLLM2_NAME, generation_defaults
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    assert generation_defaults(folder) == {}
+    (folder / "generation_config.json").write_text('{"temperature": 0.7, "top_k": 20, "eos_token_id": 2}')
+    assert generation_defaults(folder) == {"temperature": 0.7, "top_k": 20.0}
+    (folder / "generation_config.json").write_text('{"do_sample": false, "temperature": 0.7}')
+    assert generation_defaults(folder) == {"temperature": 0.0}
+    known = tmp_path / SMOLLM2_NAME
+    known.mkdir()
+    (known / "generation_config.json").write_text('{"eos_token_id": 2}')
+    assert generation_defaults(known) == {"temperature": 0.2, "top_p": 0.9}  # its model card's

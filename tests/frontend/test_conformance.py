@@ -251,3 +251,17 @@ def test_a_good_constraint_reaches_the_engine(http: httpx.Client, served: Served
         and structured.kind == "json_schema"
         and json.loads(structured.spec) == {**schema, "additionalProperties": False}
     )
+
+
+def test_omitted_sampling_fields_take_the_models_recommended_values(
+    http: httpx.Client, served: Served
+) -> None:
+    assert (
+        http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}).status_code == 200
+    )
+    sampling = served.backend.requests[-1].sampling
+    assert (sampling.temperature, sampling.top_p) == (0.2, 0.9)  # SmolLM2's card
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2, "temperature": 1, "top_p": 1}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    sampling = served.backend.requests[-1].sampling
+    assert (sampling.temperature, sampling.top_p) == (1.0, 1.0)  # what the client asks wins
