@@ -17,8 +17,6 @@ to the backend and the socket.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import functools
 import importlib.metadata
 import logging
 import math
@@ -26,16 +24,14 @@ import signal
 import ssl
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from time import perf_counter
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from interlock.engine.grammar import GrammarCompiler
 from interlock.errors import (
     ConfigError,
     InterlockError,
@@ -47,15 +43,17 @@ from interlock.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
-from interlock.frontend.assembler import OutputAssembler, error_from_info
+from interlock.frontend.access import ACCESS, Access, log_access
+from interlock.frontend.assembler import error_from_info
 from interlock.frontend.auth import KEY_INDEX, Auth
 from interlock.frontend.backend import HEADER_REQUEST_ID, Backend, ModelEntry, RequestContext, header_context
 from interlock.frontend.body import BodyRules, read_body
 from interlock.frontend.catalog import ModelCatalog
+from interlock.frontend.choices import ConstraintCheck, Turn, build_choices
 from interlock.frontend.config import FrontendConfig
 from interlock.frontend.connections import ConnectionTracker
 from interlock.frontend.fairness import ConnectionLimits, InFlight
-from interlock.frontend.generation import Choices, Generation, StreamLimits, collect, stream_sse
+from interlock.frontend.generation import StreamLimits, collect, stream_sse
 from interlock.frontend.limits import (
     KEPT_HEADERS,
     MAX_PRIORITY,
@@ -65,9 +63,9 @@ from interlock.frontend.limits import (
 )
 from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics, keep_families
 from interlock.frontend.openapi import openapi_document
-from interlock.frontend.prepare import ToolPlan, tool_plan
 from interlock.frontend.prepare import generate_request as build_request
-from interlock.frontend.responses import ChatFormatter, CompletionFormatter, error_body
+from interlock.frontend.prepare import tool_plan
+from interlock.frontend.responses import error_body
 from interlock.frontend.responses_api import (
     ResponsesFormatter,
     ResponsesRequest,
@@ -85,13 +83,8 @@ from interlock.frontend.schemas import (
     parse_chat,
     parse_completion,
     prompt_chars,
-    stop_strings,
 )
 from interlock.frontend.tokenize import detokenize, parse_detokenize, parse_tokenize, tokenize
-from interlock.frontend.tokenizer import ModelTokenizer
-from interlock.frontend.tool_parsers import ToolStreamParser
-from interlock.protocol import GenerateOutput, GenerateRequest
-from interlock.protocol.sampling import MAX_SEED
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("interlock.access")
@@ -119,7 +112,7 @@ class Frontend:
         self.stream_limits = StreamLimits(config.max_stream_buffer_bytes, config.stream_stall_timeout_s)
         self.kept_headers = frozenset(h.lower() for h in (*KEPT_HEADERS, config.route_key_header))
         self.stored = ResponseStore()
-        self._compilers: dict[Path, GrammarCompiler] = {}
+        self.constraints = ConstraintCheck()
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._guarded(request, "chat")
@@ -246,7 +239,7 @@ class Frontend:
             self.in_flight.release(clients)
             self.metrics.in_flight.dec()
             self.metrics.requests.inc((endpoint, str(status)))
-            _log_access(request, endpoint, status)
+            log_access(request, endpoint, status)
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         started = perf_counter()
@@ -258,7 +251,7 @@ class Frontend:
             ctx.priority = req.priority
         if ctx.route_key is None and req.prompt_cache_key:  # OpenAI's cache key: KV affinity
             ctx.route_key = req.prompt_cache_key
-        request[_ACCESS] = _Access(ctx.request_id, req)
+        request[ACCESS] = Access(ctx.request_id, req)
         entry = self.catalog.find(req.model)
         tok = await self.catalog.tokenizer(entry)
         num_prompts, n = num_choices(req)
@@ -281,14 +274,16 @@ class Frontend:
                     plan=plan,
                 )
             )
-        await self._check_structured(tok, built[0][0], req, plan, turn)
+        await self.constraints.check(tok, built[0][0], req, plan, turn)
         self.auth.admit_tokens(request, sum(len(ids) for _, ids in built) * n)
-        choices = self._choices(req, ctx, entry.name, tok, built, n, started, plan, turn)
+        choices = build_choices(
+            self.backend, self.metrics, req, ctx, entry.name, tok, built, n, started, plan, turn
+        )
         # The client's own id comes back as it was sent; the server's id is the body's ``id``.
         ctx.response_headers.setdefault(
             HEADER_REQUEST_ID, request.headers.get(HEADER_REQUEST_ID) or ctx.request_id
         )
-        request[_ACCESS].choices = choices
+        request[ACCESS].choices = choices
         try:
             first = await choices.next()
             out = first[1]
@@ -305,38 +300,7 @@ class Frontend:
             await choices.close()
             self.auth.charge_tokens(request, choices.completion_tokens)
 
-    async def _check_structured(
-        self,
-        tok: ModelTokenizer,
-        generate_request: GenerateRequest,
-        req: ChatCompletionRequest | CompletionRequest,
-        plan: ToolPlan | None,
-        turn: _Turn | None,
-    ) -> None:
-        """Compile the output constraint, if any, before any work: a bad one is a 400 naming the
-        field it came from (compiled grammars are cached, so the engine's compile is a hit when
-        it shares the process, and cheap when it does not)."""
-        structured = generate_request.sampling.structured
-        if structured is None:
-            return
-        if plan is not None and plan.call is not None:
-            param = "tools"
-        elif req.structured_outputs is not None:
-            param = "structured_outputs"
-        else:
-            param = "text.format" if turn is not None else "response_format"
-        compiler = self._compilers.get(tok.model_path)
-        if compiler is None:  # reading the vocabulary into the grammar engine takes ~0.3 s
-            compiler = await asyncio.to_thread(
-                GrammarCompiler,
-                tok.tokenizer.to_str(),
-                eos_token_ids=tok.eos_token_ids,
-                vocab_size=tok.vocab_size,
-            )
-            self._compilers[tok.model_path] = compiler
-        await asyncio.to_thread(compiler.compile, structured, param=param)
-
-    def _store(self, turn: _Turn, formatter: object) -> None:
+    def _store(self, turn: Turn, formatter: object) -> None:
         """A finished response, kept for ``previous_response_id`` unless ``store`` is false."""
         if (
             turn.req.store is False
@@ -347,60 +311,9 @@ class Frontend:
         conversation = [*turn.history, *input_messages(turn.req.input), *output_messages(formatter.output)]
         self.stored.put(formatter.final, conversation)
 
-    def _choices(
-        self,
-        req: ChatCompletionRequest | CompletionRequest,
-        ctx: RequestContext,
-        model: str,
-        tok: ModelTokenizer,
-        built: list[tuple[GenerateRequest, list[int]]],
-        n: int,
-        started: float,
-        plan: ToolPlan | None,
-        turn: _Turn | None = None,
-    ) -> Choices:
-        """A generation per choice: ``n`` per prompt. The first of each prompt is sent now; its
-        copies once it has its first token, pinned to its worker (a session of their own unless
-        the client named one), with the seed, if any, moved on by the copy's number."""
-        prompts = len(built)
-        gens: list[Generation] = []
-        copies: dict[int, Callable[[], AsyncIterator[GenerateOutput]]] = {}
-        for j in range(n):
-            for p, (generate_request, ids) in enumerate(built):
-                index = p * n + j
-                assembler = OutputAssembler(
-                    tok,
-                    ids,
-                    stop=stop_strings(req),
-                    skip_special_tokens=req.skip_special_tokens,
-                    include_stop=req.include_stop_str_in_output,
-                )
-                choice_ctx = ctx
-                if n > 1:
-                    choice_ctx = dataclasses.replace(
-                        ctx, session_id=ctx.session_id or f"{ctx.request_id}/{p}"
-                    )
-                    choice_ctx.response_headers = ctx.response_headers
-                    generate_request = _copy(generate_request, j)
-                stream = self.backend.generate(generate_request, choice_ctx) if j == 0 else _not_sent()
-                if j > 0:
-                    copies[len(gens)] = functools.partial(self.backend.generate, generate_request, choice_ctx)
-                formatter: ChatFormatter | CompletionFormatter | ResponsesFormatter
-                if turn is not None:
-                    parser = _tool_parser(plan)
-                    formatter = ResponsesFormatter(ctx.request_id, model, turn.req, assembler, parser)
-                else:
-                    formatter = _formatter(
-                        req, ctx.request_id, model, tok, ids, assembler, index=index, plan=plan
-                    )
-                gens.append(
-                    Generation(stream, choice_ctx, assembler, formatter, model, self.metrics, started)
-                )
-        return Choices(gens, prompts, copies)
-
     async def _read_request(
         self, request: web.Request, endpoint: str
-    ) -> tuple[ChatCompletionRequest | CompletionRequest, _Turn | None]:
+    ) -> tuple[ChatCompletionRequest | CompletionRequest, Turn | None]:
         """The parsed body, refused if over a size limit before it costs anything more (a
         Responses request as the chat request it means, and itself)."""
         cfg = self.config
@@ -418,7 +331,7 @@ class Frontend:
         check_prompt_chars(size, cfg.max_prompt_chars, param=prompt_field)
         return req, turn
 
-    def _turn(self, req: ResponsesRequest) -> _Turn:
+    def _turn(self, req: ResponsesRequest) -> Turn:
         history: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             stored = self.stored.get(req.previous_response_id)
@@ -428,7 +341,7 @@ class Frontend:
                     param="previous_response_id",
                 )
             history = stored[1]
-        return _Turn(req, history)
+        return Turn(req, history)
 
     def _context(self, request: web.Request, endpoint: str) -> RequestContext:
         # Always the server's own id: a client's x-request-id is only echoed and logged, so two
@@ -611,46 +524,6 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> InterlockError:
     return error
 
 
-class _Access:
-    """What the access line of one generation request needs, kept on the aiohttp request."""
-
-    __slots__ = ("request_id", "req", "choices")
-
-    def __init__(self, request_id: str, req: ChatCompletionRequest | CompletionRequest) -> None:
-        self.request_id = request_id
-        self.req = req
-        self.choices: Choices | None = None
-
-
-_ACCESS = web.RequestKey("interlock_access", _Access)
-
-
-def _log_access(request: web.Request, endpoint: str, status: int) -> None:
-    if not access_log.isEnabledFor(logging.INFO):
-        return
-    access = request.get(_ACCESS)
-    req = access.req if access is not None else None
-    choices = access.choices if access is not None else None
-    used = choices.usage() if choices is not None else None
-    access_log.info(
-        "%s %s %s status=%d client_id=%s model=%s prompt=%d completion=%d cached=%d ms=%.1f "
-        "user=%s safety_identifier=%s metadata=%s",
-        access.request_id if access is not None else "-",
-        request.remote,
-        endpoint,
-        status,
-        request.headers.get(HEADER_REQUEST_ID, "-"),
-        req.model if req is not None else "-",
-        used["prompt_tokens"] if used is not None else 0,
-        used["completion_tokens"] if used is not None else 0,
-        used["prompt_tokens_details"]["cached_tokens"] if used is not None else 0,
-        (perf_counter() - choices.gens[0].started) * 1000 if choices is not None else 0.0,
-        req.user if req is not None else None,
-        req.safety_identifier if req is not None else None,
-        req.metadata if req is not None else None,
-    )
-
-
 def _unread_closes(request: web.Request, resp: web.Response) -> web.Response:
     """``resp``, closing the connection after it if the request's body was left unread (aiohttp
     reads and drops what is still arriving for at most its lingering time, so the client gets
@@ -688,76 +561,6 @@ def _version() -> str:
         return importlib.metadata.version("interlock")
     except importlib.metadata.PackageNotFoundError:
         return "0"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Turn:
-    """A Responses request, and the stored conversation it continues."""
-
-    req: ResponsesRequest
-    history: list[dict[str, Any]]
-
-
-def _tool_parser(plan: ToolPlan | None) -> ToolStreamParser | None:
-    """The parser of a reply offered tools (fed a forced call's prefix, which the prompt ends
-    with and the output does not)."""
-    if plan is None or not plan.spec.active:
-        return None
-    parser = ToolStreamParser(plan.fmt, plan.spec.tools)
-    if plan.call is not None and plan.call.prefix:
-        parser.feed(plan.call.prefix)
-    return parser
-
-
-def _copy(request: GenerateRequest, j: int) -> GenerateRequest:
-    """Choice ``j`` of a prompt: its own id, and its own seed (a seeded request's copies would
-    otherwise all draw the same tokens)."""
-    sampling = request.sampling
-    if sampling.seed is not None and j:
-        seed = (sampling.seed + j) % (MAX_SEED + 1)
-        sampling = msgspec.structs.replace(sampling, seed=seed)
-    return msgspec.structs.replace(request, request_id=f"{request.request_id}-{j}", sampling=sampling)
-
-
-async def _not_sent() -> AsyncIterator[GenerateOutput]:
-    """The stream of a copy not sent yet (``Choices`` replaces it before reading)."""
-    raise AssertionError("a copy was read before it was sent")
-    yield  # pragma: no cover
-
-
-def _formatter(
-    req: ChatCompletionRequest | CompletionRequest,
-    request_id: str,
-    model: str,
-    tok: ModelTokenizer,
-    prompt_ids: list[int],
-    assembler: OutputAssembler,
-    *,
-    index: int = 0,
-    plan: ToolPlan | None = None,
-) -> ChatFormatter | CompletionFormatter:
-    continuous = req.stream_options is not None and req.stream_options.continuous_usage_stats
-    options: dict[str, Any] = {
-        "token_ids_as_text": req.return_tokens_as_token_ids,
-        "continuous_usage": assembler if continuous else None,
-        "index": index,
-    }
-    if isinstance(req, ChatCompletionRequest):
-        return ChatFormatter(
-            request_id,
-            model,
-            int(time.time()),
-            tok,
-            tool_calls=_tool_parser(plan),
-            parallel_tool_calls=req.parallel_tool_calls is not False,
-            **options,
-        )
-    echo = ""
-    if req.echo:  # the prompt as the client sent it, or its ids decoded
-        echo = (
-            req.prompt if isinstance(req.prompt, str) else tok.decode(prompt_ids, skip_special_tokens=False)
-        )
-    return CompletionFormatter(request_id, model, int(time.time()), tok, echo=echo, **options)
 
 
 def _include_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:
