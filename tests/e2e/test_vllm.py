@@ -231,6 +231,55 @@ def test_a_repeated_long_prefix_goes_to_the_worker_that_holds_it(served: Served)
         assert cached >= 32 * 20  # vLLM's own count of the prompt tokens it did not compute
 
 
+def test_agent_fields_reach_vllm(served: Served) -> None:
+    """JSON schemas and forced tool calls are enforced by vLLM's own structured outputs; tool
+    calls are parsed by the frontend; a penalty reaches vLLM's sampler."""
+    import json
+
+    client = client_of(served)
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": schema, "strict": True}}
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Describe the weather in Rome."}],
+        response_format=fmt,  # type: ignore[arg-type]
+        max_tokens=60,
+        temperature=0,
+    )
+    data = json.loads(r.choices[0].message.content or "")
+    assert set(data) == {"city", "sunny"} and isinstance(data["sunny"], bool)
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": schema}}
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice="required",
+        max_tokens=60,
+        temperature=0,
+    )
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and calls and calls[0].function.name == "get_weather"
+    assert set(json.loads(calls[0].function.arguments)) == {"city", "sunny"}
+    plain = complete(client, "one two one two one two one two")
+    penalised = (
+        client.completions.create(
+            model=MODEL,
+            prompt="one two one two one two one two",
+            max_tokens=32,
+            temperature=0,
+            frequency_penalty=2.0,
+        )
+        .choices[0]
+        .text
+    )
+    assert penalised != plain
+
+
 def worker_pids(served: Served) -> list[int]:
     return served.worker_pids()
 
