@@ -243,9 +243,32 @@ class Frontend:
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         started = perf_counter()
-        cfg = self.config
-        check_header_values(request.headers.items(), self.kept_headers, cfg.max_header_chars)
+        check_header_values(request.headers.items(), self.kept_headers, self.config.max_header_chars)
         req, turn = await self._read_request(request, endpoint)
+        # The end user the client names (safety_identifier, else user) is held to the same cap
+        # of requests in flight as an address or an API key.
+        end_user = req.safety_identifier or req.user
+        users: tuple[object, ...] = (("user", end_user),) if end_user else ()
+        if not self.in_flight.admit(users):
+            self.metrics.shed.inc(("client_requests",))
+            raise RateLimited(
+                f"too many requests in flight for this end user (safety_identifier or user): at most "
+                f"{self.in_flight.cap} (max_client_requests); retry when one ends"
+            )
+        try:
+            return await self._serve(request, endpoint, req, turn, started)
+        finally:
+            self.in_flight.release(users)
+
+    async def _serve(
+        self,
+        request: web.Request,
+        endpoint: str,
+        req: ChatCompletionRequest | CompletionRequest,
+        turn: Turn | None,
+        started: float,
+    ) -> web.StreamResponse:
+        cfg = self.config
         ctx = self._context(request, endpoint)
         if req.priority is not None:  # the body's priority (vLLM's extension) beats the header
             ctx.priority = req.priority

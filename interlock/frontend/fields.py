@@ -54,8 +54,10 @@ _SAMPLING: dict[str, Field] = {
         "yes", "vLLM's: one of json, regex, choice, grammar, json_object, enforced while decoding"
     ),
     "priority": Field("yes", "vLLM's: lower is more important, in the router's and the engine's queues"),
-    "user": Field("log", "the access log's user"),
-    "safety_identifier": Field("log", "the access log's safety_identifier"),
+    "user": Field(
+        "log", "the access log's user; an end user's requests in flight are capped (max_client_requests)"
+    ),
+    "safety_identifier": Field("log", "as user, and preferred to it"),
     "prompt_cache_key": Field(
         "yes",
         "a route key (unless x-route-key is sent): requests sharing it go to the workers holding their KV",
@@ -156,8 +158,8 @@ _RESPONSES: dict[str, Field] = {
     "store": Field("yes", "kept in this frontend's memory (bounded) unless false"),
     "previous_response_id": Field("yes", "continues a stored response's conversation"),
     "metadata": Field("log", "the access log, and echoed in the response"),
-    "user": Field("log", "the access log"),
-    "safety_identifier": Field("log", "the access log"),
+    "user": Field("log", "as on chat"),
+    "safety_identifier": Field("log", "as on chat"),
     "prompt_cache_key": Field("yes", "a route key, as on chat"),
     "service_tier": Field("partly", '"auto" or "default" only'),
     "reasoning": Field("partly", 'effort "none" only'),

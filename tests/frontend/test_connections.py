@@ -328,3 +328,33 @@ def test_requests_in_flight_are_capped_per_address_and_per_api_key(smol_path: Pa
                 headers={"Authorization": "Bearer k1"},
             )
             assert r.status_code == 200
+
+
+def test_requests_in_flight_are_capped_per_end_user(smol_path: Path) -> None:
+    with serving(smol_path, FrontendConfig(max_client_requests=1)) as s:
+        headers = s.script("held-user", FakeScript(token_delay_s=0.05))
+
+        def start(source: str, user: str) -> socket.socket:
+            body = (
+                b'{"model": "%s", "prompt": "x", "max_tokens": 1000, "stream": true, "safety_identifier": "%s"}'
+                % (
+                    MODEL.encode(),
+                    user.encode(),
+                )
+            )
+            sock = connect(s, source)
+            sock.sendall(post_head(len(body), headers["x-route-key"]) + body)
+            return sock
+
+        held = [start(CROWD, "ann")]
+        try:
+            assert wait_until(lambda: s.backend.active == 1)
+            with start(NORMAL, "ann") as sock:  # another address, the same end user
+                reply = sock.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 429") and b"end user" in reply
+            held.append(start(NORMAL, "bob"))  # another end user from that address is served
+            assert wait_until(lambda: s.backend.active == 2)
+        finally:
+            for sock in held:
+                sock.close()
+        assert wait_until(lambda: s.backend.active == 0)
