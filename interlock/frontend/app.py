@@ -53,7 +53,7 @@ from interlock.frontend.choices import ConstraintCheck, Turn, build_choices
 from interlock.frontend.config import FrontendConfig
 from interlock.frontend.connections import ConnectionTracker
 from interlock.frontend.fairness import ConnectionLimits, InFlight
-from interlock.frontend.generation import StreamLimits, collect, stream_sse
+from interlock.frontend.generation import BestOf, StreamLimits, collect, stream_sse
 from interlock.frontend.limits import (
     KEPT_HEADERS,
     MAX_PRIORITY,
@@ -85,6 +85,7 @@ from interlock.frontend.schemas import (
     prompt_chars,
 )
 from interlock.frontend.tokenize import detokenize, parse_detokenize, parse_tokenize, tokenize
+from interlock.protocol import GenerateRequest
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("interlock.access")
@@ -298,6 +299,8 @@ class Frontend:
                 )
             )
         await self.constraints.check(tok, built[0][0], req, plan, turn)
+        if _best_of(req) is not None:  # ranked by their logprobs, asked for or not
+            built = [(_with_logprobs(g), ids) for g, ids in built]
         self.auth.admit_tokens(request, sum(len(ids) for _, ids in built) * n)
         choices = build_choices(
             self.backend, self.metrics, req, ctx, entry.name, tok, built, n, started, plan, turn
@@ -315,7 +318,7 @@ class Frontend:
             if req.stream:
                 resp = await stream_sse(request, choices, first, _include_usage(req), self.stream_limits)
             else:
-                resp = await collect(choices, first)
+                resp = await collect(choices, first, _best_of(req))
             if turn is not None:
                 self._store(turn, choices.gens[0].formatter)
             return resp
@@ -584,6 +587,18 @@ def _version() -> str:
         return importlib.metadata.version("interlock")
     except importlib.metadata.PackageNotFoundError:
         return "0"
+
+
+def _best_of(req: ChatCompletionRequest | CompletionRequest) -> BestOf | None:
+    if isinstance(req, CompletionRequest) and req.best_of is not None and req.best_of > (req.n or 1):
+        return BestOf(keep=req.n or 1, logprobs=req.logprobs is not None)
+    return None
+
+
+def _with_logprobs(request: GenerateRequest) -> GenerateRequest:
+    sampling = request.sampling
+    logprobs = sampling.logprobs if sampling.logprobs is not None else 0
+    return msgspec.structs.replace(request, sampling=msgspec.structs.replace(sampling, logprobs=logprobs))
 
 
 def _include_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:

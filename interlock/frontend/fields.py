@@ -101,7 +101,10 @@ _COMPLETION: dict[str, Field] = {
     "prompt": Field("yes", "a string, token ids, or a batch of either (n choices each)"),
     "logprobs": Field("yes", "the sampled token's logprob and up to 20 alternatives"),
     "echo": Field("yes", "the prompt's text before the completion's (not with logprobs)"),
-    "best_of": Field("partly", "1 only"),
+    "best_of": Field(
+        "yes",
+        "best_of choices generated, the n with the highest mean logprob per token returned; not streamed",
+    ),
     "suffix": Field("no", "the model has no fill-in-the-middle mode"),
 }
 

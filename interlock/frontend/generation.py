@@ -333,7 +333,19 @@ async def _within(limits: StreamLimits, write: Awaitable[None], waiting: int | N
         ) from None
 
 
-async def collect(choices: Choices, first: tuple[Generation, GenerateOutput]) -> web.Response:
+@dataclass(frozen=True)
+class BestOf:
+    """``best_of``: of each prompt's generated choices, keep the ``keep`` with the highest mean
+    log probability per token (OpenAI's rule), numbered anew; ``logprobs``: whether the client
+    asked for them (they were computed for the ranking either way)."""
+
+    keep: int
+    logprobs: bool
+
+
+async def collect(
+    choices: Choices, first: tuple[Generation, GenerateOutput], best_of: BestOf | None = None
+) -> web.Response:
     parts: dict[int, list[str]] = {id(g): [] for g in choices.gens}
     logprobs: dict[int, list[TokenLogprobs] | None] = {id(g): None for g in choices.gens}
     unfinished = len(choices.gens)
@@ -349,12 +361,39 @@ async def collect(choices: Choices, first: tuple[Generation, GenerateOutput]) ->
             if not unfinished:
                 break
         gen, out = await choices.next()
+    kept = sorted(choices.gens, key=lambda g: g.formatter.index)
+    if best_of is not None:
+        kept = _best(choices, logprobs, best_of.keep)
+        if not best_of.logprobs:
+            logprobs = dict.fromkeys(logprobs)
     bodies = [
-        g.formatter.choice("".join(parts[id(g)]), logprobs[id(g)], g.assembler.finish_reason)
-        for g in sorted(choices.gens, key=lambda g: g.formatter.index)
+        g.formatter.choice("".join(parts[id(g)]), logprobs[id(g)], g.assembler.finish_reason) for g in kept
     ]
     lead = choices.gens[0]
     body = lead.formatter.body(bodies, choices.usage())
     return web.Response(
         body=_encode(body), content_type="application/json", headers=lead.ctx.response_headers
     )
+
+
+def _best(choices: Choices, logprobs: dict[int, list[TokenLogprobs] | None], keep: int) -> list[Generation]:
+    """Each prompt's ``keep`` best choices, their formatters renumbered prompt by prompt."""
+    scores = [mean_logprob(logprobs[id(g)]) for g in choices.gens]
+    kept = [choices.gens[i] for i in best_of_positions(scores, choices.prompts, keep)]
+    for index, gen in enumerate(kept):
+        gen.formatter.index = index
+    return kept
+
+
+def mean_logprob(found: list[TokenLogprobs] | None) -> float:
+    return sum(lp.logprob for lp in found) / len(found) if found else float("-inf")
+
+
+def best_of_positions(scores: list[float], prompts: int, keep: int) -> list[int]:
+    """The positions of each prompt's ``keep`` highest scores, prompt by prompt, best first
+    (copy j of prompt p sits at ``j * prompts + p``; ties keep the earlier copy)."""
+    out: list[int] = []
+    for p in range(prompts):
+        group = range(p, len(scores), prompts)
+        out.extend(sorted(group, key=lambda i: -scores[i])[:keep])
+    return out

@@ -130,7 +130,7 @@ _ACCEPTED: dict[str, dict[str, Any]] = {
                 ]
             },
             "logprobs": {"minimum": 0, "maximum": MAX_TOP_LOGPROBS},
-            "best_of": {"enum": [1, None]},
+            "best_of": {"minimum": 1, "maximum": MAX_CHOICES},
             "suffix": {"maxLength": 0},
         },
         "allOf": [

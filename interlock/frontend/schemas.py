@@ -252,8 +252,13 @@ def parse_completion(body: bytes, *, max_depth: int = DEFAULT_MAX_JSON_DEPTH) ->
     check_depth(req.prompt, max_depth, param="prompt")
     if req.structured_outputs is not None:
         check_depth(req.structured_outputs.json, max_depth, param="structured_outputs")
-    if req.best_of not in (None, 1):
-        raise InvalidRequest("best_of must be 1", param="best_of")
+    if req.best_of is not None:
+        if not (req.n or 1) <= req.best_of <= MAX_CHOICES:
+            raise InvalidRequest(f"best_of must be at least n and at most {MAX_CHOICES}", param="best_of")
+        if req.stream and req.best_of > (req.n or 1):
+            raise InvalidRequest(
+                "best_of cannot be streamed (the best are known only at the end)", param="best_of"
+            )
     if req.suffix:
         raise InvalidRequest(
             "suffix is not supported: the model has no fill-in-the-middle mode", param="suffix"
@@ -307,12 +312,15 @@ def _is_token_ids(value: list[Any]) -> bool:
 
 
 def num_choices(req: ChatCompletionRequest | CompletionRequest) -> tuple[int, int]:
-    """(prompts, n): the request's prompts and choices per prompt, within ``MAX_CHOICES``."""
+    """(prompts, choices generated per prompt: ``n``, or ``best_of``), within ``MAX_CHOICES``."""
     prompts = 1 if isinstance(req, ChatCompletionRequest) else len(completion_prompts(req))
     n = 1 if req.n is None else req.n
+    if isinstance(req, CompletionRequest) and req.best_of is not None:
+        n = req.best_of
     if n * prompts > MAX_CHOICES:
         raise InvalidRequest(
-            f"at most {MAX_CHOICES} choices per request (n times the number of prompts)", param="n"
+            f"at most {MAX_CHOICES} choices per request (n or best_of, times the number of prompts)",
+            param="n",
         )
     return prompts, n
 

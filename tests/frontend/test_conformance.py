@@ -265,3 +265,19 @@ def test_omitted_sampling_fields_take_the_models_recommended_values(
     assert http.post("/v1/completions", json=body).status_code == 200
     sampling = served.backend.requests[-1].sampling
     assert (sampling.temperature, sampling.top_p) == (1.0, 1.0)  # what the client asks wins
+
+
+def test_best_of_keeps_the_best_by_mean_logprob(
+    client: openai.OpenAI, served: Served, tok: ModelTokenizer
+) -> None:
+    headers = scripted(served, tok, "a b c")
+    before = len(served.backend.requests)
+    r = client.completions.create(model=MODEL, prompt=["one", "two"], best_of=3, n=2, extra_headers=headers)
+    sent = served.backend.requests[before:]
+    assert len(sent) == 6 and all(s.sampling.logprobs == 0 for s in sent)  # scored on logprobs
+    assert [c.index for c in r.choices] == [0, 1, 2, 3] and all(c.logprobs is None for c in r.choices)
+    assert r.usage is not None and r.usage.completion_tokens == 6 * len(
+        tok.encode("a b c", add_special_tokens=False)
+    )
+    r = client.completions.create(model=MODEL, prompt="one", best_of=2, logprobs=1, extra_headers=headers)
+    assert len(r.choices) == 1 and r.choices[0].logprobs is not None

@@ -87,3 +87,15 @@ def test_a_closed_connection_stops_the_stream() -> None:
             c.add(b"y")
 
     asyncio.run(scenario())
+
+
+def test_best_of_positions_rank_each_prompts_copies() -> None:
+    from interlock.frontend.generation import best_of_positions, mean_logprob
+    from interlock.protocol import TokenLogprobs
+
+    # two prompts, three copies each: copy j of prompt p at j * 2 + p
+    scores = [-1.0, -0.5, -0.2, -3.0, -2.0, -0.1]
+    assert best_of_positions(scores, prompts=2, keep=2) == [2, 0, 5, 1]
+    assert best_of_positions([-1.0, -1.0], prompts=1, keep=1) == [0]  # a tie keeps the first
+    assert mean_logprob([TokenLogprobs(1, -1.0), TokenLogprobs(2, -3.0)]) == -2.0
+    assert mean_logprob(None) == float("-inf")

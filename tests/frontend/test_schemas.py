@@ -248,7 +248,8 @@ def test_completion_prompt_rejections(prompt: object) -> None:
 def test_completion_unsupported_options() -> None:
     for fields, param in (
         ({"echo": True, "logprobs": 1}, "echo"),
-        ({"best_of": 2}, "best_of"),
+        ({"best_of": 2, "n": 3}, "best_of"),
+        ({"best_of": 2, "stream": True}, "best_of"),
         ({"suffix": "s"}, "suffix"),
     ):
         with pytest.raises(InvalidRequest) as info:
