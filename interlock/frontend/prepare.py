@@ -12,6 +12,7 @@ fits for chat, the OpenAI default (16) for completions, clamped to what fits.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from interlock.frontend.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     chat_messages,
+    closed_objects,
     completion_prompt,
     logit_bias,
     prompt_chars,
@@ -133,10 +135,22 @@ def tool_plan(
         return None
     source = tok.chat_template.source if tok.chat_template is not None else None
     fmt = tool_format_for(model, source)
-    call = required_schema(fmt, spec) if spec.active and spec.constrained else None
+    call = required_schema(fmt, _strict(spec)) if spec.active and spec.constrained else None
     if call is not None and req.parallel_tool_calls is False and call.schema.get("type") == "array":
         call = call._replace(schema={**call.schema, "maxItems": 1})
     return ToolPlan(fmt, spec, call, template_takes_tools(source))
+
+
+def _strict(spec: ToolSpec) -> ToolSpec:
+    """A forced call's tools as it enforces them: a ``strict`` tool's objects closed, as OpenAI's
+    strict mode reads them (an unforced call is text the model writes: nothing to enforce)."""
+    tools = tuple(
+        dataclasses.replace(t, parameters=closed_objects(dict(t.parameters)))
+        if t.strict and t.parameters
+        else t
+        for t in spec.tools
+    )
+    return dataclasses.replace(spec, tools=tools)
 
 
 def chat_prompt_text(req: ChatCompletionRequest, tok: ModelTokenizer, plan: ToolPlan | None = None) -> str:

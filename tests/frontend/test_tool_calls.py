@@ -116,3 +116,37 @@ def test_parallel_tool_calls_false_keeps_one_call(
     assert calls is not None and [json.loads(c.function.arguments)["city"] for c in calls] == ["A"]
     r = client.chat.completions.create(model=MODEL, messages=USER, tools=[WEATHER], extra_headers=headers)  # type: ignore[list-item]
     assert r.choices[0].message.tool_calls is not None and len(r.choices[0].message.tool_calls) == 2
+
+
+def test_a_strict_tools_forced_call_closes_its_objects(
+    client: openai.OpenAI, served: Served, tok: ModelTokenizer
+) -> None:
+    headers = scripted(served, tok, '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]')
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}  # type: ignore[dict-item]
+    for tool, closed in ((WEATHER, False), (strict, True)):
+        client.chat.completions.create(
+            model=MODEL,
+            messages=USER,
+            tools=[tool],
+            tool_choice="required",
+            extra_headers=headers,  # type: ignore[list-item]
+        )
+        structured = served.backend.requests[-1].sampling.structured
+        assert structured is not None
+        (arguments,) = list(_objects_with(json.loads(structured.spec), "city"))
+        assert (arguments.get("additionalProperties") is False) is closed
+
+
+def _objects_with(schema: object, name: str) -> list[dict[str, object]]:
+    """The object schemas in ``schema`` that have a property ``name``."""
+    found = []
+    if isinstance(schema, dict):
+        properties = schema.get("properties")
+        if isinstance(properties, dict) and name in properties:
+            found.append(schema)
+        for value in schema.values():
+            found += _objects_with(value, name)
+    elif isinstance(schema, list):
+        for value in schema:
+            found += _objects_with(value, name)
+    return found
