@@ -35,15 +35,13 @@ from interlock.frontend.schemas import (
     tool_spec,
 )
 from interlock.frontend.tokenizer import ModelTokenizer
+from interlock.frontend.tool_prompts import messages_for_template, render_tools, template_tools
 from interlock.frontend.tools import (
     ConstrainedCall,
     ToolFormat,
     ToolSpec,
-    messages_for_template,
-    render_tools,
     required_schema,
     template_takes_tools,
-    template_tools,
     tool_format_for,
 )
 from interlock.protocol import GenerateRequest, SamplingParams, StructuredOutput

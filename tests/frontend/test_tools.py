@@ -23,6 +23,7 @@ from interlock.frontend.tool_parsers import (
     parse_constrained,
     parse_tool_calls,
 )
+from interlock.frontend.tool_prompts import messages_for_template, render_tools, template_tools, tool_prompt
 from interlock.frontend.tools import (
     MAX_TOOLS,
     FunctionTool,
@@ -30,15 +31,11 @@ from interlock.frontend.tools import (
     ToolChoice,
     ToolFormat,
     ToolSpec,
-    messages_for_template,
     new_call_id,
     parse_tool_spec,
-    render_tools,
     required_schema,
     template_takes_tools,
-    template_tools,
     tool_format_for,
-    tool_prompt,
 )
 
 WEATHER_PARAMS = {
