@@ -1,6 +1,5 @@
-"""Tool calling for chat completions, the prompt side: tool definitions and their validation,
-the call formats models are trained on, the prompt text that offers the tools, and the schema of
-a forced call. Pure: no I/O; the prompt text and the tool history's rewriting are in
+"""Tool calling for chat completions: tool definitions and their validation, the call formats
+models are trained on, and the schema of a forced call. Pure: no I/O; the prompt text and the tool history's rewriting are in
 ``tool_prompts``, the output side (parsing calls out of text) in ``tool_parsers``.
 
 The frontend, not the engine, does tool calling, so it works for every engine behind Interlock:
