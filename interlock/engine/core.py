@@ -13,6 +13,8 @@ Disaggregation hooks (KV never blocks the step: the caller moves bytes, the core
   * decode side: ``add_remote_request`` allocates blocks and parks the request in
     WAITING_FOR_REMOTE_KV; ``finish_remote_kv(id, data)`` imports the bytes (None: compute the
     prompt locally instead). The prefill's first token is this request's first output token.
+    A request that wants prompt logprobs is refused here (imported KV has no logits; the
+    router keeps such requests aggregated: ``GenerateRequest.needs_local_prefill``).
     A streamed transfer is imported as it arrives: ``import_remote_kv(id, data, k)`` copies
     blocks up to k, and ``finish_remote_kv`` then imports only the rest. The one copy
     (a prefill's shared cache on this host): ``copy_remote_blocks`` copies them part by part
@@ -124,6 +126,11 @@ class EngineCore:
         try:
             if req.kv_transfer is None or not req.kv_transfer.do_remote_prefill:
                 raise InvalidRequest("add_remote_request needs kv_transfer.do_remote_prefill")
+            if req.needs_local_prefill:  # the router keeps such requests aggregated
+                raise InvalidRequest(
+                    "prompt_logprobs needs the prompt computed here, not its KV from another worker",
+                    param="prompt_logprobs",
+                )
             request = self._make_request(req)
             first = req.kv_transfer.first_token_id
             if first is not None:

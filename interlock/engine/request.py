@@ -14,6 +14,12 @@ Token counters (these exact names, everywhere in the engine):
   num_emitted_tokens   output tokens already sent in a GenerateOutput
   block_hashes         kvhash chain over the full blocks of all_token_ids, extended as tokens
                        arrive (never recomputed from scratch)
+
+Prompt logprobs (``SamplingParams.prompt_logprobs``): the row of prompt position p predicts
+prompt token p + 1, so positions 0 .. num_prompt_tokens - 2 each give one entry, recorded in
+``prompt_logprobs`` in position order as chunks compute them. The first output takes the list
+(it becomes None then); until then the request must compute every prompt position itself
+(``needs_prompt_logits``): no prefix hit, no KV loaded from a lower tier or another worker.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ class Request:
         "admitted",
         "awaiting_kv",
         "pending_logprobs",
+        "prompt_logprobs",
         "remote_kv_data",
         "remote_kv_imported",
         "remote_kv_copied",
@@ -82,7 +89,10 @@ class Request:
         priority: int = 0,
         arrival: int = 0,
         kv_transfer: KVTransferParams | None = None,
+        prompt_logprobs: bool = False,
     ) -> None:
+        """``prompt_logprobs``: record them (``sampling.prompt_logprobs`` of a request whose
+        first output is still to come)."""
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -104,6 +114,8 @@ class Request:
         self.awaiting_kv = kv_transfer is not None and kv_transfer.do_remote_prefill
         """Its prompt KV is still to come from another worker (cleared once imported or given up)."""
         self.pending_logprobs: list[TokenLogprobs] = []
+        self.prompt_logprobs: list[TokenLogprobs] | None = [] if prompt_logprobs else None
+        """Entries of prompt positions 0 .. len - 1 so far; None: not wanted, or already sent."""
         self.remote_kv_data: bytes | memoryview | None = None
         """KV handed over for a remote prefill before blocks were allocated for it."""
         self.remote_kv_imported = 0
@@ -124,6 +136,7 @@ class Request:
             priority=req.priority,
             arrival=arrival,
             kv_transfer=req.kv_transfer,
+            prompt_logprobs=req.needs_local_prefill,
         )
 
     @property
@@ -134,6 +147,29 @@ class Request:
     def remote_decode(self) -> bool:
         """This worker prefills only and keeps the KV for a remote decoder."""
         return self.kv_transfer is not None and self.kv_transfer.do_remote_decode
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Prompt logprobs are still to be computed or sent: every prompt position is computed
+        here (a prefix hit or imported KV has no logits)."""
+        return self.prompt_logprobs is not None
+
+    def prompt_logprob_positions(self, start: int, num_tokens: int) -> range:
+        """Positions of a chunk (``num_tokens`` from ``start``) whose rows give prompt logprobs
+        not yet recorded: never the last prompt position (its row samples the first output
+        token), never one recorded before a preemption."""
+        if self.prompt_logprobs is None:
+            return range(0)
+        last = self.num_prompt_tokens - 1
+        return range(max(start, len(self.prompt_logprobs)), min(start + num_tokens, last))
+
+    def take_prompt_logprobs(self) -> tuple[TokenLogprobs, ...] | None:
+        """All prompt logprobs, once, with the first output token; None before and after."""
+        if self.prompt_logprobs is None or not self.output_token_ids:
+            return None
+        entries, self.prompt_logprobs = tuple(self.prompt_logprobs), None
+        assert len(entries) == self.num_prompt_tokens - 1, "prompt logprobs of a partly computed prompt"
+        return entries
 
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -44,6 +44,11 @@ class ScheduledRequest:
     sampling penalties. References to the request's own sequences, never copies: valid during
     this step's ``execute`` only (the output grows after it), and read only by rows whose
     sampling sets a penalty, so a long prompt costs a step nothing otherwise."""
+    prompt_logprob_positions: range = range(0)
+    """Positions of this chunk whose rows give prompt logprobs (``sampling.prompt_logprobs``):
+    the row of position p gives the logprob of prompt token p + 1 (``prompt_token_ids``) and
+    the top alternatives. Empty for most requests; never the last prompt position (its row
+    samples)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,9 @@ class RunnerOutput:
     """request_id -> next token, for every scheduled request with do_sample."""
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     """Only for requests whose sampling asks for logprobs."""
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    """request_id -> one entry per position of its ``prompt_logprob_positions``, in order
+    (only requests with such positions in this step)."""
 
 
 class ModelRunner(Protocol):

@@ -40,6 +40,8 @@ import torch
 from interlock.protocol import SamplingParams, TokenLogprobs
 
 _MASK = float("-inf")
+LOGPROB_ROWS = 256
+"""Rows per fp32 ``log_softmax`` in ``token_logprobs`` (a 49k vocabulary: 50 MB at a time)."""
 _GOLDEN = 0x9E3779B97F4A7C15
 _U64 = (1 << 64) - 1
 
@@ -270,4 +272,26 @@ def _logprobs(
         n = max(0, rows[i].params.logprobs or 0)
         top = tuple(zip(top_ids[j, :n].tolist(), top_values[j, :n].tolist(), strict=True))
         out[i] = TokenLogprobs(tokens[i], float(chosen[j, 0]), top)
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], top_n: int) -> list[TokenLogprobs]:
+    """Per row i of ``logits`` (``[len(token_ids), vocab]``, raw): the logprob of ``token_ids[i]``
+    and the ``top_n`` best (token, logprob), best first (prompt logprobs: the row of position p
+    and prompt token p + 1). ``LOGPROB_ROWS`` rows at a time, so a long chunk never holds a
+    second full-size fp32 copy of its logits."""
+    top_n = min(max(0, top_n), logits.shape[-1])
+    out: list[TokenLogprobs] = []
+    for a in range(0, len(token_ids), LOGPROB_ROWS):
+        ids = token_ids[a : a + LOGPROB_ROWS]
+        logp = torch.log_softmax(logits[a : a + len(ids)].float(), dim=-1)
+        index = torch.tensor(ids, dtype=torch.long, device=logp.device).unsqueeze(1)
+        chosen = logp.gather(1, index).squeeze(1).tolist()
+        tops: list[tuple[tuple[int, float], ...]] = [()] * len(ids)
+        if top_n:
+            values, top_ids = logp.topk(top_n, dim=-1)
+            tops = [
+                tuple(zip(i, v, strict=True)) for i, v in zip(top_ids.tolist(), values.tolist(), strict=True)
+            ]
+        out += [TokenLogprobs(t, lp, top) for t, lp, top in zip(ids, chosen, tops, strict=True)]
     return out

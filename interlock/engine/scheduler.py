@@ -28,6 +28,11 @@ KV: no slot, no budget). The owner starts the copy (``newly_loading``) and repor
 request that ends while its load runs keeps its blocks until the load ends (``orphans``):
 the copy is still writing into them.
 
+A request that wants prompt logprobs computes its whole prompt (``Request.needs_prompt_logits``):
+no prefix hit and no lower-tier load at admission (its blocks are still cached for others), and
+each chunk asks the runner for the logits of its prompt rows (``prompt_logprob_positions``),
+recorded in ``update`` and sent with the first output.
+
 ``schedule()`` returns pure data; ``update()`` applies what the runner computed and sampled,
 checks stop conditions and returns the outputs of this step.
 """
@@ -213,7 +218,7 @@ class Scheduler:
         """Blocks for the head's device hits plus what a lower tier holds after them, and park
         it while the copy runs. True: parked; False: nothing to load; None: no blocks now."""
         kv = self.kv
-        if kv.tiers is None or req.awaiting_kv or kv.has_blocks(req.request_id):
+        if kv.tiers is None or req.awaiting_kv or req.needs_prompt_logits or kv.has_blocks(req.request_id):
             return False
         hits, computed = kv.get_computed_blocks(req)
         lower = kv.lower_tier_blocks(req, len(hits))
@@ -357,7 +362,7 @@ class Scheduler:
         """Give the head of the queue blocks and a slot; returns tokens scheduled (0: not
         within the budget, None: no blocks)."""
         kv = self.kv
-        if kv.has_blocks(req.request_id):
+        if kv.has_blocks(req.request_id) or req.needs_prompt_logits:  # no logits in a hit
             hits: list[int] = []
             computed = req.num_computed_tokens
         else:
@@ -402,6 +407,7 @@ class Scheduler:
             num_output_tokens=len(req.output_token_ids),
             prompt_token_ids=req.prompt_token_ids,
             output_token_ids=req.output_token_ids,
+            prompt_logprob_positions=req.prompt_logprob_positions(start, n),
         )
 
     # ---- after the runner ----
@@ -414,6 +420,8 @@ class Scheduler:
             req = requests.get(s.request_id)
             if req is None or req.status != RS.RUNNING:
                 continue
+            if s.prompt_logprob_positions:
+                _record_prompt_logprobs(req, s, result)
             req.num_computed_tokens += len(s.token_ids)
             cache_full_blocks(req)
             if not s.do_sample:
@@ -477,6 +485,7 @@ class Scheduler:
             num_cached_tokens=req.num_cached_tokens,
             error=error,
             kv_transfer=self._transfer_params(req) if req.request_id in self.held else None,
+            prompt_logprobs=req.take_prompt_logprobs(),
         )
 
     def _transfer_params(self, req: Request) -> KVTransferParams:
@@ -513,6 +522,14 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._pending)
+
+
+def _record_prompt_logprobs(req: Request, s: ScheduledRequest, result: RunnerOutput) -> None:
+    """Append the chunk's prompt logprobs (positions the runner was asked for, in order)."""
+    entries = result.prompt_logprobs.get(s.request_id, ())
+    assert req.prompt_logprobs is not None and len(entries) == len(s.prompt_logprob_positions)
+    assert s.prompt_logprob_positions.start == len(req.prompt_logprobs), "prompt logprobs out of order"
+    req.prompt_logprobs.extend(entries)
 
 
 def _order(req: Request) -> tuple[int, int]:

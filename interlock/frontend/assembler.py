@@ -21,6 +21,8 @@ class Delta:
     text: str
     logprobs: tuple[TokenLogprobs, ...] | None
     finish_reason: str | None
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
+    """In the first delta, when the request asked for them (``GenerateOutput.prompt_logprobs``)."""
 
 
 class OutputAssembler:
@@ -59,7 +61,7 @@ class OutputAssembler:
         elif out.finished:
             text += self._stops.flush()
             self.finish_reason = out.finish_reason
-        return Delta(text, out.logprobs, self.finish_reason)
+        return Delta(text, out.logprobs, self.finish_reason, out.prompt_logprobs)
 
 
 def error_from_info(info: ErrorInfo | None) -> InterlockError:

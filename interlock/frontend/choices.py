@@ -92,12 +92,16 @@ def _formatter(
             parallel_tool_calls=req.parallel_tool_calls is not False,
             **options,
         )
-    echo = ""
+    echo, first = "", None
+    if req.echo and req.logprobs is not None and prompt_ids:
+        first = prompt_ids[0]
     if req.echo:  # the prompt as the client sent it, or its ids decoded
         echo = (
             req.prompt if isinstance(req.prompt, str) else tok.decode(prompt_ids, skip_special_tokens=False)
         )
-    return CompletionFormatter(request_id, model, int(time.time()), tok, echo=echo, **options)
+    return CompletionFormatter(
+        request_id, model, int(time.time()), tok, echo=echo, echo_first_token=first, **options
+    )
 
 
 def build_choices(

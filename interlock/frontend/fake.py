@@ -100,6 +100,9 @@ class FakeBackend:
                 finish_reason=reason,
                 num_prompt_tokens=len(request.token_ids),
                 num_cached_tokens=min(script.cached_tokens, len(request.token_ids)),
+                prompt_logprobs=_fake_logprobs(request.token_ids[1:], request.sampling.prompt_logprobs)
+                if emitted == len(chunk)
+                else None,
             )
             if reason is not None:
                 return

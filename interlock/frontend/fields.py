@@ -50,6 +50,10 @@ _SAMPLING: dict[str, Field] = {
     "frequency_penalty": Field("yes", "[-2, 2], per occurrence in the output"),
     "repetition_penalty": Field("yes", "vLLM's: (0, 10], over prompt and output tokens"),
     "logit_bias": Field("yes", "token id to a bias in [-100, 100], ids checked against the vocabulary"),
+    "prompt_logprobs": Field(
+        "yes",
+        "vLLM's: each prompt token's logprob and the top N (the prompt is computed whole, no prefix-cache hit)",
+    ),
     "structured_outputs": Field(
         "yes", "vLLM's: one of json, regex, choice, grammar, json_object, enforced while decoding"
     ),
@@ -100,7 +104,9 @@ _CHAT: dict[str, Field] = {
 _COMPLETION: dict[str, Field] = {
     "prompt": Field("yes", "a string, token ids, or a batch of either (n choices each)"),
     "logprobs": Field("yes", "the sampled token's logprob and up to 20 alternatives"),
-    "echo": Field("yes", "the prompt's text before the completion's (not with logprobs)"),
+    "echo": Field(
+        "yes", "the prompt's text before the completion's; with logprobs, the prompt's lead the arrays"
+    ),
     "best_of": Field(
         "yes",
         "best_of choices generated, the n with the highest mean logprob per token returned; not streamed",

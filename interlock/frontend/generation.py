@@ -348,6 +348,7 @@ async def collect(
 ) -> web.Response:
     parts: dict[int, list[str]] = {id(g): [] for g in choices.gens}
     logprobs: dict[int, list[TokenLogprobs] | None] = {id(g): None for g in choices.gens}
+    prompts: dict[int, tuple[TokenLogprobs, ...] | None] = {id(g): None for g in choices.gens}
     unfinished = len(choices.gens)
     gen, out = first
     while True:
@@ -355,6 +356,8 @@ async def collect(
         parts[id(gen)].append(delta.text)
         if delta.logprobs is not None:
             logprobs[id(gen)] = (logprobs[id(gen)] or []) + list(delta.logprobs)
+        if delta.prompt_logprobs is not None:
+            prompts[id(gen)] = delta.prompt_logprobs
         if delta.finish_reason is not None:
             gen.finish_metrics()
             unfinished -= 1
@@ -367,7 +370,8 @@ async def collect(
         if not best_of.logprobs:
             logprobs = dict.fromkeys(logprobs)
     bodies = [
-        g.formatter.choice("".join(parts[id(g)]), logprobs[id(g)], g.assembler.finish_reason) for g in kept
+        g.formatter.choice("".join(parts[id(g)]), logprobs[id(g)], g.assembler.finish_reason, prompts[id(g)])
+        for g in kept
     ]
     lead = choices.gens[0]
     body = lead.formatter.body(bodies, choices.usage())

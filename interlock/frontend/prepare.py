@@ -212,6 +212,7 @@ def sampling_params(
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=_given(req.repetition_penalty, defaults, "repetition_penalty", 1.0),
         logit_bias=_logit_bias(req, vocab_size),
+        prompt_logprobs=_prompt_logprobs(req),
         structured=StructuredOutput(kind=structured[0], spec=structured[1]) if structured else None,
     )
     params.validate()
@@ -268,6 +269,14 @@ def _logprobs(req: ChatCompletionRequest | CompletionRequest) -> int | None:
     if isinstance(req, ChatCompletionRequest):
         return (req.top_logprobs or 0) if req.logprobs else None
     return req.logprobs
+
+
+def _prompt_logprobs(req: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """vLLM's ``prompt_logprobs``; a completion's echo with logprobs needs them too."""
+    wanted = req.prompt_logprobs
+    if isinstance(req, CompletionRequest) and req.echo and req.logprobs is not None:
+        wanted = max(wanted or 0, req.logprobs)
+    return wanted
 
 
 def _given(value: float | None, defaults: Mapping[str, float], name: str, fallback: float) -> float:

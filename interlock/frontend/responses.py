@@ -135,7 +135,27 @@ class _Formatter:
 
     def _plain(self, delta: Delta) -> bool:
         """A text-only chunk, built from the prepared bytes (the hot path)."""
-        return delta.logprobs is None and delta.finish_reason is None and self._continuous_usage is None
+        return (
+            delta.logprobs is None
+            and delta.finish_reason is None
+            and delta.prompt_logprobs is None
+            and self._continuous_usage is None
+        )
+
+    def _prompt_logprobs(self, entries: Sequence[TokenLogprobs]) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs``: None for the first prompt token, then per position the
+        prompt token's logprob and the top alternatives', by token id (its rank when among them)."""
+        out: list[dict[str, Any] | None] = [None]
+        for lp in entries:
+            ranks = {token_id: rank for rank, (token_id, _) in enumerate(lp.top, 1)}
+            position = {str(lp.token_id): self._ranked(lp.token_id, lp.logprob, ranks.get(lp.token_id))}
+            for token_id, logprob in lp.top:
+                position.setdefault(str(token_id), self._ranked(token_id, logprob, ranks[token_id]))
+            out.append(position)
+        return out
+
+    def _ranked(self, token_id: int, logprob: float, rank: int | None) -> dict[str, Any]:
+        return {"logprob": logprob, "rank": rank, "decoded_token": self._token(token_id)[0]}
 
     def _choice(
         self, key: str, value: Any, logprobs: Sequence[TokenLogprobs] | None, finish_reason: str | None
@@ -189,6 +209,7 @@ class ChatFormatter(_Formatter):
         self._sent_role = False
         self._tools = tool_calls
         self._parallel = parallel_tool_calls
+        self._prompt: list[dict[str, Any] | None] | None = None  # vLLM's, top level on chat
 
     def chunk(self, delta: Delta) -> bytes:
         if self._tools is not None:
@@ -201,11 +222,30 @@ class ChatFormatter(_Formatter):
             self._sent_role = True
         if delta.text or "role" in body:
             body["content"] = delta.text
-        return self._chunk([self._choice("delta", body, delta.logprobs, delta.finish_reason)])
+        return self._chunk(
+            [self._choice("delta", body, delta.logprobs, delta.finish_reason)], **self._extra(delta)
+        )
+
+    def _extra(self, delta: Delta) -> dict[str, Any]:
+        if delta.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": self._prompt_logprobs(delta.prompt_logprobs)}
+
+    def body(self, choices: list[dict[str, Any]], usage_body: dict[str, Any]) -> dict[str, Any]:
+        body = super().body(choices, usage_body)
+        if self._prompt is not None:
+            body["prompt_logprobs"] = self._prompt
+        return body
 
     def choice(
-        self, text: str, logprobs: Sequence[TokenLogprobs] | None, finish_reason: str | None
+        self,
+        text: str,
+        logprobs: Sequence[TokenLogprobs] | None,
+        finish_reason: str | None,
+        prompt_logprobs: Sequence[TokenLogprobs] | None = None,
     ) -> dict[str, Any]:
+        if prompt_logprobs is not None:
+            self._prompt = self._prompt_logprobs(prompt_logprobs)
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if self._tools is not None:
             content, calls, finish_reason = self._split(text, finish_reason)
@@ -227,9 +267,14 @@ class ChatFormatter(_Formatter):
             body["content"] = content
         if calls:
             body["tool_calls"] = [c.to_openai() for c in calls]
-        if len(body) == 0 and delta.logprobs is None and finish_reason is None:
+        if (
+            len(body) == 0
+            and delta.logprobs is None
+            and finish_reason is None
+            and delta.prompt_logprobs is None
+        ):
             return b""
-        return self._chunk([self._choice("delta", body, delta.logprobs, finish_reason)])
+        return self._chunk([self._choice("delta", body, delta.logprobs, finish_reason)], **self._extra(delta))
 
     def _split(self, text: str, finish_reason: str | None) -> tuple[str, list[ToolCallDelta], str | None]:
         """The text's content and whole calls, and the finish reason, through the parser."""
@@ -273,29 +318,64 @@ class CompletionFormatter(_Formatter):
         tokenizer: ModelTokenizer,
         *,
         echo: str = "",
+        echo_first_token: int | None = None,
         **options: Any,
     ) -> None:
-        """``echo``: the prompt's text, sent before the completion's."""
+        """``echo``: the prompt's text, sent before the completion's; ``echo_first_token``: with
+        logprobs, the prompt's first token id (the prompt's logprobs then lead the arrays, as
+        OpenAI's echo gives them: the first token's logprob null)."""
         super().__init__(request_id, model, created, tokenizer, **options)
         self._text_offset = 0
         self._echo = echo
+        self._echo_first = echo_first_token
+        self._prompt_part: Sequence[TokenLogprobs] | None = None
 
     def chunk(self, delta: Delta) -> bytes:
         text, self._echo = self._echo + delta.text, ""
         if self._plain(delta):
             return self._text_prefix + _encode(text) + self._text_suffix
-        return self._chunk([self._choice("text", text, delta.logprobs, delta.finish_reason)])
+        choice = self._choice_with(text, delta.logprobs, delta.finish_reason, delta.prompt_logprobs)
+        return self._chunk([choice])
 
     def choice(
-        self, text: str, logprobs: Sequence[TokenLogprobs] | None, finish_reason: str | None
+        self,
+        text: str,
+        logprobs: Sequence[TokenLogprobs] | None,
+        finish_reason: str | None,
+        prompt_logprobs: Sequence[TokenLogprobs] | None = None,
     ) -> dict[str, Any]:
         text, self._echo = self._echo + text, ""
-        return self._choice("text", text, logprobs, finish_reason)
+        return self._choice_with(text, logprobs, finish_reason, prompt_logprobs)
+
+    def _choice_with(
+        self,
+        text: str,
+        logprobs: Sequence[TokenLogprobs] | None,
+        finish_reason: str | None,
+        prompt_logprobs: Sequence[TokenLogprobs] | None,
+    ) -> dict[str, Any]:
+        self._prompt_part = prompt_logprobs if self._echo_first is not None else None
+        choice = self._choice("text", text, logprobs, finish_reason)
+        if prompt_logprobs is not None:
+            choice["prompt_logprobs"] = self._prompt_logprobs(prompt_logprobs)
+        return choice
 
     def _logprobs(self, logprobs: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:
         if logprobs is None:
             return None
-        tokens, token_logprobs, tops, offsets = [], [], [], []
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        if self._prompt_part is not None and self._echo_first is not None:  # echo: the prompt first
+            first, _ = self._token(self._echo_first)
+            tokens.append(first)
+            token_logprobs.append(None)
+            tops.append(None)
+            offsets.append(self._text_offset)
+            self._text_offset += len(first)
+            logprobs = [*self._prompt_part, *logprobs]
+            self._prompt_part = None
         for lp in logprobs:
             text, _ = self._token(lp.token_id)
             tokens.append(text)

@@ -319,8 +319,13 @@ class ResponsesFormatter:
 
     # ---- whole ----
     def choice(
-        self, text: str, logprobs: Sequence[TokenLogprobs] | None, finish_reason: str | None
+        self,
+        text: str,
+        logprobs: Sequence[TokenLogprobs] | None,
+        finish_reason: str | None,
+        prompt_logprobs: Sequence[TokenLogprobs] | None = None,
     ) -> dict[str, Any]:
+        """Records the output items of ``text`` (a Responses request asks for no logprobs)."""
         content, calls, finish = self._split(text, finish_reason)
         if content:
             self.output.append(_message_item(self._message_id, content))

@@ -136,6 +136,9 @@ class _Sampling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    prompt_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    """vLLM's: every prompt token's logprob and the top N at its position (computes the whole
+    prompt: no prefix-cache hit)."""
     structured_outputs: StructuredOutputs | None = None
     priority: Annotated[int, msgspec.Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)] | None = None
     user: str | None = None
@@ -265,10 +268,6 @@ def parse_completion(body: bytes, *, max_depth: int = DEFAULT_MAX_JSON_DEPTH) ->
         )
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidRequest(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
-    if req.echo and req.logprobs is not None:
-        raise InvalidRequest(
-            "echo with logprobs is not supported (the prompt's logprobs are not computed)", param="echo"
-        )
     _check_common(req)
     return req
 

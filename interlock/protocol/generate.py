@@ -53,7 +53,14 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Migration: output tokens an earlier worker already generated (and the client already has).
     This worker continues after them as if it had generated them itself: they count against
     ``max_tokens`` and ``min_tokens``, a seeded draw for output token i still uses (seed, i),
-    and only the tokens after them are streamed back. ``num_prompt_tokens`` stays the prompt's."""
+    and only the tokens after them are streamed back. ``num_prompt_tokens`` stays the prompt's.
+    A resumed request's prompt logprobs went out with the first leg: it does not compute them."""
+
+    @property
+    def needs_local_prefill(self) -> bool:
+        """Its prompt must be computed by the worker that serves it: prompt logprobs come from
+        the logits of every prompt position, which neither a prefix hit nor a KV hand-off has."""
+        return self.sampling.prompt_logprobs is not None and not self.resume_token_ids
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
@@ -83,6 +90,11 @@ class GenerateOutput(msgspec.Struct, frozen=True, kw_only=True):
     num_cached_tokens: int = 0
     error: ErrorInfo | None = None
     kv_transfer: KVTransferParams | None = None
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
+    """Only in the request's first chunk (the one with its first sampled token), when its
+    sampling asks for them: one entry per prompt token from the second on (``num_prompt_tokens
+    - 1``), ``token_id`` that prompt token, ``logprob`` its logprob given the tokens before it,
+    ``top`` the ``prompt_logprobs`` best (token_id, logprob) at that position, best first."""
 
     @property
     def finished(self) -> bool:

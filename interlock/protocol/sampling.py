@@ -68,6 +68,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """(token id, bias in [-100, 100]) pairs, each id once: the bias is added to its logit."""
     structured: StructuredOutput | None = None
     """A constraint on the output (``response_format``, or vLLM's structured outputs)."""
+    prompt_logprobs: int | None = None
+    """None: none. N >= 0 (vLLM's meaning): for every prompt token after the first, its logprob
+    given the tokens before it, plus the top N alternatives at that position
+    (``GenerateOutput.prompt_logprobs``). Such a request computes its whole prompt: no prefix
+    cache hit, no KV from another worker."""
 
     @property
     def greedy(self) -> bool:
@@ -101,6 +106,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         if self.logprobs is not None and not (0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise InvalidRequest(
                 f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs"
+            )
+        if self.prompt_logprobs is not None and not (0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidRequest(
+                f"prompt_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="prompt_logprobs"
             )
         if self.seed is not None and not (MIN_SEED <= self.seed <= MAX_SEED):
             raise InvalidRequest("seed out of range", param="seed")

@@ -29,7 +29,8 @@ from interlock.errors import ConfigError
 
 STAY_REASONS = ("no_prefill_worker", "kv_too_large", "no_free_blocks", "link_failed")
 """Reasons that keep a request local whatever the times (``enforce`` fails it instead)."""
-REASONS = ("remote_faster", "enforced", "local_faster", *STAY_REASONS)
+REASONS = ("remote_faster", "enforced", "local_faster", *STAY_REASONS, "prompt_logprobs")
+"""Every reason counted; ``prompt_logprobs`` is decided before ``choose`` (``disagg_flow``)."""
 
 
 @dataclass(frozen=True)

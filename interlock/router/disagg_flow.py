@@ -19,7 +19,9 @@ Per request (``DisaggFlow.prepare``):
      is migrated, the first token included.
 
 ``prepare`` runs steps 1–3 up to the hand-over and returns the first token (if the prefill
-worker produced it) and the decode ``Leg``.
+worker produced it) and the decode ``Leg``. A request that wants prompt logprobs skips them,
+``enforce`` or not: a decode worker computes its prompt, since a KV hand-off carries no logits
+(``GenerateRequest.needs_local_prefill``; counted with reason ``prompt_logprobs``).
 
 Link checks: a background loop asks each decode worker (control call ``measure_link``) to
 measure its link to each prefill worker's transfer agent, when a pair first appears and every
@@ -98,6 +100,8 @@ class DisaggFlow:
         rid = request.request_id
         dispatcher = self.dispatcher
         hashes = await self.svc.looked_up(router, hashes)  # once for every leg and probe
+        if request.needs_local_prefill:
+            return None, await self._required_local(router, request, meta, hashes)
         if self.config.enforce:
             d, p = await self._place_enforced(router, request.model, meta, hashes)
         else:
@@ -137,6 +141,17 @@ class DisaggFlow:
         decode_req = msgspec.structs.replace(request, kv_transfer=kt)
         first = msgspec.structs.replace(final, finish_reason=None, kv_transfer=None)
         return first, Leg(d, decode_req, skip_first=True)
+
+    async def _required_local(
+        self, router: Router, request: GenerateRequest, meta: RequestMeta, hashes: list[int]
+    ) -> Leg:
+        """A request whose prompt must be computed where it decodes (prompt logprobs: a KV
+        hand-off carries no logits) goes to a decode worker, ``enforce`` or not."""
+        d = await self.dispatcher.route(router, replace(meta, role="decode"), hashes)
+        self._count(self.choices, "prompt_logprobs")
+        log.info("prefill %s local (prompt_logprobs)", request.request_id)
+        router.metrics.record_request(meta.prompt_tokens, 0)  # it takes no prefix hit
+        return self._local(d, request)
 
     def _local(self, d: Decision, request: GenerateRequest) -> Leg:
         """The decode worker prefills itself; its prompt tokens count as pending there."""

@@ -90,6 +90,30 @@ def test_auto_choice_stays_local_without_queue_and_counts_the_reason() -> None:
     asyncio.run(main())
 
 
+def test_a_prompt_logprobs_request_is_computed_by_its_decode_worker_even_when_enforced() -> None:
+    """A KV hand-off carries no logits: the decode worker computes the prompt (and its logprobs)."""
+
+    async def main() -> None:
+        async with cluster() as c:
+            await c.add_worker("p", "prefill", mock_engine())
+            await c.add_worker("d", "decode", mock_engine())
+            await c.wait_for(2)
+            p = prompt(3, 30)
+            sampling = SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=1)
+            req = GenerateRequest(request_id="lp", token_ids=tuple(p), model=MODEL, sampling=sampling)
+            stream = c.service.generate(req)
+            async with contextlib.aclosing(stream):
+                outs = [out async for out in stream]
+            assert tokens(outs) == reference_output(p, 4, vocab_size=VOCAB)
+            first = outs[0].prompt_logprobs
+            assert first is not None and [e.token_id for e in first] == p[1:]
+            assert all(o.prompt_logprobs is None for o in outs[1:])
+            assert c.service.disagg is not None and c.service.disagg.choices == {"prompt_logprobs": 1}
+            assert c.workers["d"].handoff.counters.pulled == 0  # type: ignore[union-attr]
+
+    asyncio.run(main())
+
+
 def test_no_prefill_worker_falls_back_or_fails_when_enforced() -> None:
     async def main() -> None:
         async with cluster(Routing(enforce_disagg=True)) as c:

@@ -281,3 +281,31 @@ def test_best_of_keeps_the_best_by_mean_logprob(
     )
     r = client.completions.create(model=MODEL, prompt="one", best_of=2, logprobs=1, extra_headers=headers)
     assert len(r.choices) == 1 and r.choices[0].logprobs is not None
+
+
+def test_prompt_logprobs_and_echo_with_logprobs(
+    client: openai.OpenAI, served: Served, tok: ModelTokenizer
+) -> None:
+    headers = scripted(served, tok, " the end")
+    prompt = "Once upon a time"
+    ids = tok.encode(prompt, add_special_tokens=True)
+    r = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, extra_headers=headers, extra_body={"prompt_logprobs": 1}
+    )
+    assert served.backend.requests[-1].sampling.prompt_logprobs == 1
+    entries = r.choices[0].model_extra["prompt_logprobs"]  # type: ignore[index]
+    assert len(entries) == len(ids) and entries[0] is None
+    assert all(str(t) in e and e[str(t)]["logprob"] <= 0 for t, e in zip(ids[1:], entries[1:], strict=True))
+    r = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, echo=True, logprobs=1, extra_headers=headers
+    )
+    assert served.backend.requests[-1].sampling.prompt_logprobs == 1  # echo with logprobs needs them
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+    completion = tok.encode(" the end", add_special_tokens=False)
+    assert len(lp.tokens) == len(ids) + len(completion) and lp.token_logprobs[0] is None
+    assert "".join(lp.tokens) == r.choices[0].text  # the arrays cover the echoed prompt, then the completion
+    chat = client.chat.completions.create(
+        model=MODEL, messages=USER, max_tokens=3, extra_headers=headers, extra_body={"prompt_logprobs": 0}
+    )
+    assert chat.model_extra is not None and chat.model_extra["prompt_logprobs"][0] is None

@@ -247,7 +247,6 @@ def test_completion_prompt_rejections(prompt: object) -> None:
 
 def test_completion_unsupported_options() -> None:
     for fields, param in (
-        ({"echo": True, "logprobs": 1}, "echo"),
         ({"best_of": 2, "n": 3}, "best_of"),
         ({"best_of": 2, "stream": True}, "best_of"),
         ({"suffix": "s"}, "suffix"),
@@ -306,6 +305,7 @@ SAMPLING: dict[str, dict[str, Any]] = {
     "spaces_between_special_tokens": {"spaces_between_special_tokens": False},
     "include_stop_str_in_output": {"stop": " world", "include_stop_str_in_output": True},
     "logit_bias": {"logit_bias": {"5": 10}},
+    "prompt_logprobs": {"prompt_logprobs": 1},
     "structured_outputs": {"structured_outputs": {"regex": "a+"}},
     "prompt_cache_key": {"prompt_cache_key": "conversation-1"},
     "store": {"store": True},

@@ -57,6 +57,8 @@ def test_new_fields_round_trip() -> None:
         ({"logit_bias": ((3, math.nan),)}, "logit_bias"),
         ({"logit_bias": ((3, 1.0), (3, 2.0))}, "logit_bias"),
         ({"structured": StructuredOutput("yaml", "")}, "response_format"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
     ],
 )
 def test_bad_values_are_refused_by_name(kwargs: dict[str, object], param: str) -> None:
@@ -77,3 +79,5 @@ def test_edges_of_the_ranges_are_accepted() -> None:
         repetition_penalty=1e-3,
         logit_bias=((0, -100.0), (9, 100.0)),
     ).validate()
+    SamplingParams(prompt_logprobs=0).validate()
+    SamplingParams(prompt_logprobs=20).validate()

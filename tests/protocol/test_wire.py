@@ -32,6 +32,22 @@ def test_generate_round_trip():
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=p.GenerateRequest) == req
 
 
+def test_prompt_logprobs_round_trip_and_older_peers_still_decode():
+    sampling = p.SamplingParams(max_tokens=2, prompt_logprobs=3)
+    req = p.GenerateRequest(request_id="r", token_ids=(1, 2, 3), sampling=sampling)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=p.GenerateRequest) == req
+    assert req.needs_local_prefill
+    assert not msgspec.structs.replace(req, resume_token_ids=(4,)).needs_local_prefill
+    assert not p.GenerateRequest(request_id="r", token_ids=(1,)).needs_local_prefill
+    entries = (p.TokenLogprobs(2, -1.5, ((7, -0.5), (2, -1.5))), p.TokenLogprobs(3, -0.25, ()))
+    out = p.GenerateOutput(request_id="r", token_ids=(9,), num_prompt_tokens=3, prompt_logprobs=entries)
+    for codec in (msgspec.msgpack, msgspec.json):
+        assert codec.decode(codec.encode(out), type=p.GenerateOutput) == out
+    # a peer without the field sends none: decoded as None
+    old = msgspec.msgpack.encode({"request_id": "r", "token_ids": [9]})
+    assert msgspec.msgpack.decode(old, type=p.GenerateOutput).prompt_logprobs is None
+
+
 def test_event_batch_round_trip_keeps_tags():
     batch = p.KVEventBatch(
         instance_id="w",

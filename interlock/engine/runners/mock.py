@@ -16,6 +16,9 @@ shared cache (layout: one piece of ``block_size`` int32 per block).
 
 Each step's time comes from ``timing.TimingModel``; it is recorded in ``last_step_time_s`` and
 slept only on a real-time clock (a simulation advances its virtual clock itself).
+
+Logprobs, of sampled and of prompt tokens alike, are 0 (the mock is certain of each token),
+with the token itself as its one alternative when any are asked for.
 """
 
 from __future__ import annotations
@@ -110,6 +113,8 @@ class MockRunner:
                 num_decodes += 1
             else:
                 prefill_tokens += n
+            if s.prompt_logprob_positions:
+                out.prompt_logprobs[s.request_id] = _prompt_logprobs(s)
             if s.do_sample:
                 token = self._next_token(s.block_table, s.start_pos + n)
                 out.sampled[s.request_id] = token
@@ -199,6 +204,15 @@ class MockRunner:
         src = view.array.view(np.int32).reshape(src_n, self.block_size)
         dst, srcs = np.asarray(block_ids, dtype=np.int64), np.asarray(src_ids, dtype=np.int64)
         self.kv[dst, t0:t1] = src[srcs, t0:t1]
+
+
+def _prompt_logprobs(s: ScheduledRequest) -> list[TokenLogprobs]:
+    """The mock is sure of every token: logprob 0 for each prompt token (as for sampled ones),
+    itself the one alternative when any is asked for."""
+    n = min(s.sampling.prompt_logprobs or 0, 1)
+    positions = s.prompt_logprob_positions
+    targets = s.prompt_token_ids[positions.start + 1 : positions.stop + 1]
+    return [TokenLogprobs(t, 0.0, ((t, 0.0),) * n) for t in targets]
 
 
 def reference_output(

@@ -9,6 +9,11 @@ prefix hits and imported KV need nothing from the runner. The one exception, str
 outputs' grammar matchers (``engine.constraints``), is a cache: a matcher that disagrees with
 the request's outputs is rebuilt from them.
 
+Prompt logprobs: a chunk with ``prompt_logprob_positions`` asks the model for the logits of
+those rows too (after the sampling rows), turned into logprobs per request
+(``sampler.token_logprobs``). The step's fp32 logits are then up to its token budget
+(``max_num_batched_tokens``) by the vocabulary: 2,048 x 49,152 x 4 bytes = 400 MB at most.
+
 Runs on CPU (``dtype`` "auto" by default: bf16 where the CPU computes it fast, else fp32;
 ``engine.model.dtype_choice``) and, unchanged, on CUDA (``device="cuda"``).
 """
@@ -33,8 +38,8 @@ from interlock.engine.model import (
     dtype_choice,
 )
 from interlock.engine.model.config import ModelArchConfig
-from interlock.engine.runner import RunnerOutput, SchedulerOutput
-from interlock.engine.sampler import Sampler, SamplingRow
+from interlock.engine.runner import RunnerOutput, ScheduledRequest, SchedulerOutput
+from interlock.engine.sampler import Sampler, SamplingRow, token_logprobs
 from interlock.engine.shared_cache import SharedCacheView
 from interlock.env import get_env
 from interlock.errors import ConfigError
@@ -147,10 +152,24 @@ class TorchRunner:
         chunks = [SequenceChunk(r.token_ids, r.start_pos, r.block_table) for r in scheduled]
         inputs = build_input(chunks, self.block_size, self.device, fused=self.fused)
         sampling = [i for i, r in enumerate(scheduled) if r.do_sample]
-        rows = torch.tensor([inputs.last_rows[i] for i in sampling], dtype=torch.long, device=self.device)
-        logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.cache, rows)
+        rows = [inputs.last_rows[i] for i in sampling]
+        asking = _prompt_logprob_rows(scheduled, inputs.last_rows)
+        for _, prompt_rows in asking:
+            rows += prompt_rows
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.cache, index)
+        output = RunnerOutput()
+        start = len(sampling)  # prompt rows follow the sampling rows, one request after another
+        for request, prompt_rows in asking:
+            end = start + len(prompt_rows)
+            positions = request.prompt_logprob_positions
+            targets = request.prompt_token_ids[positions.start + 1 : positions.stop + 1]
+            top_n = request.sampling.prompt_logprobs or 0
+            output.prompt_logprobs[request.request_id] = token_logprobs(logits[start:end], targets, top_n)
+            start = end
         if not sampling:
-            return RunnerOutput()
+            return output
+        logits = logits[: len(sampling)]
         requests = [scheduled[i] for i in sampling]
         self.constraints.mask(logits, requests)
         result = self.sampler(
@@ -161,7 +180,6 @@ class TorchRunner:
             ],
         )
         self.constraints.accept(requests, result.token_ids)
-        output = RunnerOutput()
         for request, token, logprobs in zip(requests, result.token_ids, result.logprobs, strict=True):
             output.sampled[request.request_id] = token
             if logprobs is not None:
@@ -194,3 +212,16 @@ class TorchRunner:
         part: tuple[int, int] = (0, 1),
     ) -> None:
         self.cache.copy_from_shared(view, src_ids, block_ids, part)
+
+
+def _prompt_logprob_rows(
+    scheduled: Sequence[ScheduledRequest], last_rows: Sequence[int]
+) -> list[tuple[ScheduledRequest, list[int]]]:
+    """(request, batch rows of its ``prompt_logprob_positions``) for each request asking for
+    prompt logprobs in this step: a chunk's tokens are consecutive rows of the batch."""
+    asking = []
+    for i, r in enumerate(scheduled):
+        if r.prompt_logprob_positions:
+            row_of_start = last_rows[i] - len(r.token_ids) + 1 - r.start_pos
+            asking.append((r, [row_of_start + p for p in r.prompt_logprob_positions]))
+    return asking

@@ -9,7 +9,10 @@ always does); this adapter translates at its edge and no vLLM type crosses it:
   greedy output continues exactly (a seeded draw does not: vLLM restarts its generator;
   Interlock's engine continues at (seed, i); nor does one with a frequency or presence penalty,
   which vLLM counts over its own output only);
-- outputs: vLLM's ``RequestOutput`` deltas into ``GenerateOutput`` (cached tokens, logprobs);
+- outputs: vLLM's ``RequestOutput`` deltas into ``GenerateOutput`` (cached tokens, logprobs,
+  prompt logprobs: vLLM sends them all with the first delta, as Interlock's engine does; vLLM
+  skips its prefix cache for such a request itself, and a decode leg taking its KV from a
+  prefill worker is refused, as by Interlock's engine);
   errors into Interlock's error tree (a dead engine is 503, so the router migrates);
 - KV events: vLLM's ZMQ publisher (``ipc://`` in a private directory: vLLM binds, the adapter
   subscribes) through ``events.Translator``; a gap is filled from vLLM's replay socket;
@@ -40,7 +43,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -326,7 +329,7 @@ class VllmEngine(FixedSizes):
             async with contextlib.aclosing(stream):
                 async for out in stream:
                     self._pending_prefill.pop(rid, None)
-                    output = self._output(rid, out, n_prompt)
+                    output = self._output(rid, out, n_prompt, params.prompt_logprobs)
                     if handing_off and out.finished:
                         output = self._handed_off(output, out)
                     yield output
@@ -349,6 +352,11 @@ class VllmEngine(FixedSizes):
         done = len(req.resume_token_ids)
         if done >= s.max_tokens:
             raise InvalidRequest("resume_token_ids already reach max_tokens", param="max_tokens")
+        if req.needs_local_prefill and req.kv_transfer is not None and req.kv_transfer.do_remote_prefill:
+            raise InvalidRequest(
+                "prompt_logprobs needs the prompt computed here, not its KV from another worker",
+                param="prompt_logprobs",
+            )
         hand = self._transfer_params(req)
         prefill_only = hand is not None and bool(hand.get("do_remote_decode"))  # vLLM edits the dict
         kwargs = sampling_kwargs(s, done=done, prefill_only=prefill_only)
@@ -393,7 +401,8 @@ class VllmEngine(FixedSizes):
         )
         return msgspec.structs.replace(output, kv_transfer=kt)
 
-    def _output(self, rid: str, out: Any, n_prompt: int) -> GenerateOutput:
+    def _output(self, rid: str, out: Any, n_prompt: int, top_n: int | None = None) -> GenerateOutput:
+        """``top_n``: the request's ``prompt_logprobs`` (None: it asked for none)."""
         o = out.outputs[0]
         finish = o.finish_reason if out.finished else None
         if finish is not None and finish not in ("stop", "length", "abort"):
@@ -405,6 +414,9 @@ class VllmEngine(FixedSizes):
             finish_reason=finish,
             num_prompt_tokens=n_prompt,
             num_cached_tokens=min(n_prompt, int(out.num_cached_tokens or 0)),
+            prompt_logprobs=prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs, top_n)
+            if top_n is not None and out.prompt_logprobs
+            else None,
         )
 
     # ---- KV events ----
@@ -484,6 +496,20 @@ def _logprobs(token_ids: Any, entries: Any) -> tuple[TokenLogprobs, ...]:
         )
         chosen = entry.get(tok)
         top = tuple((tid, float(lp)) for rank, tid, lp in ranked if rank >= 1)
+        out.append(TokenLogprobs(int(tok), float(chosen.logprob) if chosen is not None else 0.0, top))
+    return tuple(out)
+
+
+def prompt_logprobs(prompt: Sequence[int], entries: Sequence[Any], top_n: int) -> tuple[TokenLogprobs, ...]:
+    """vLLM's ``RequestOutput.prompt_logprobs`` as ours: its list has None for the first prompt
+    token, then per position a dict token id -> ``Logprob`` (``logprob``, ``rank``) holding the
+    prompt token and the ``top_n`` best (one entry fewer when the prompt token is among them).
+    Each becomes (the prompt token's logprob, the ``top_n`` best by logprob, ties by rank)."""
+    out = []
+    for tok, entry in zip(prompt[1:], entries[1:], strict=False):
+        chosen = entry.get(tok)
+        best = sorted(entry.items(), key=lambda kv: (-kv[1].logprob, kv[1].rank or 0))[:top_n]
+        top = tuple((int(tid), float(lp.logprob)) for tid, lp in best)
         out.append(TokenLogprobs(int(tok), float(chosen.logprob) if chosen is not None else 0.0, top))
     return tuple(out)
 

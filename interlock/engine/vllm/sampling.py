@@ -5,7 +5,8 @@ migrated request continues after ``done`` tokens that vLLM sees as prompt
 (``engine.vllm.engine``): they come off ``max_tokens`` and ``min_tokens``, and they count for
 ``repetition_penalty`` (prompt or output alike) but not for ``frequency_penalty`` or
 ``presence_penalty``, which vLLM counts over its own output only (Interlock's engine counts
-them as output: a penalized migrated request may continue differently on vLLM).
+them as output: a penalized migrated request may continue differently on vLLM). A migrated
+request asks for no ``prompt_logprobs``: its first leg sent them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def sampling_kwargs(s: SamplingParams, *, done: int = 0, prefill_only: bool = Fa
         "repetition_penalty": s.repetition_penalty,
         "logit_bias": dict(s.logit_bias) if s.logit_bias else None,
         "structured_outputs": structured_kwargs(s.structured) if s.structured is not None else None,
+        "prompt_logprobs": s.prompt_logprobs if not done else None,
     }
 
 

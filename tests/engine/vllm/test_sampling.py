@@ -26,6 +26,7 @@ def test_every_field_maps_to_vllms_name() -> None:
         repetition_penalty=1.2,
         logit_bias=((11, 5.0), (12, -100.0)),
         structured=StructuredOutput("regex", "[0-9]+"),
+        prompt_logprobs=4,
     )
     assert sampling_kwargs(s) == {
         "max_tokens": 20,
@@ -43,6 +44,7 @@ def test_every_field_maps_to_vllms_name() -> None:
         "repetition_penalty": 1.2,
         "logit_bias": {11: 5.0, 12: -100.0},
         "structured_outputs": {"regex": "[0-9]+"},
+        "prompt_logprobs": 4,
     }
     assert set(sampling_kwargs(s)) >= set(SamplingParams.__struct_fields__) - {"structured"}
 
@@ -52,6 +54,12 @@ def test_neutral_defaults_and_a_migration() -> None:
     assert (k["max_tokens"], k["min_tokens"], k["top_k"]) == (7, 1, -1)
     assert (k["logit_bias"], k["structured_outputs"], k["repetition_penalty"]) == (None, None, 1.0)
     assert sampling_kwargs(SamplingParams(max_tokens=10), prefill_only=True)["max_tokens"] == 1
+    assert k["prompt_logprobs"] is None
+    # a migrated request's first leg sent its prompt logprobs
+    assert (
+        sampling_kwargs(SamplingParams(max_tokens=10, prompt_logprobs=2), done=3)["prompt_logprobs"] is None
+    )
+    assert sampling_kwargs(SamplingParams(max_tokens=10, prompt_logprobs=0))["prompt_logprobs"] == 0
 
 
 @pytest.mark.parametrize(
