@@ -259,7 +259,7 @@ def test_agent_fields_reach_vllm(served: Served) -> None:
         messages=[{"role": "user", "content": "Weather in Oslo?"}],
         tools=[tool],  # type: ignore[list-item]
         tool_choice="required",
-        max_tokens=60,
+        max_tokens=200,
         temperature=0,
     )
     calls = r.choices[0].message.tool_calls
