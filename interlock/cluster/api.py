@@ -336,6 +336,7 @@ class ServingInstance:
         self.cluster = cluster
         self.model = model
         self.group = group
+        self._constraints: Any = None  # the frontend's ConstraintCheck, made on first use
         """Its execution group in the cluster's builder (one per instance)."""
         self.max_replicas = max_replicas
         self.role = role
@@ -515,6 +516,11 @@ class ServingInstance:
             max_prompt_chars=limits.max_prompt_chars,
             max_prompt_tokens=limits.max_prompt_tokens,
         )
+        if greq.sampling.structured is not None:  # a bad schema is refused here, as over HTTP
+            from interlock.frontend.choices import ConstraintCheck
+
+            self._constraints = self._constraints or ConstraintCheck()
+            await self._constraints.check(tok, greq, req, None, None)
         ctx = RequestContext(request_id=rid, endpoint=endpoint, priority=req.priority or 0)
         assembler = OutputAssembler(
             tok,

@@ -81,6 +81,11 @@ def test_bad_input_is_refused_by_name(instance: interlock.ServingInstance) -> No
             instance.generate("hi", **fields)
         assert info.value.param == next(iter(fields))
     assert instance.generate("hi", max_tokens=2, n=1, echo=False) is not None
+    with pytest.raises(InvalidRequest) as info:  # a bad constraint is refused before any work
+        instance.generate("hi", structured_outputs={"regex": "(unclosed"})
+    assert info.value.param == "structured_outputs"
+    answer = instance.generate("Is the sky blue?", structured_outputs={"choice": ["yes", "no"]}, max_tokens=5)
+    assert answer in ("yes", "no")  # enforced by the engine's grammar
     with pytest.raises(ConfigError, match="max_replicas"):
         instance.scale_to(3)
     cluster = instance.cluster
