@@ -278,11 +278,12 @@ class Frontend:
         request[ACCESS] = Access(ctx.request_id, req)
         entry = self.catalog.find(req.model)
         tok = await self.catalog.tokenizer(entry)
-        num_prompts, n = num_choices(req)
-        plan = tool_plan(req, tok, entry.name)
         prompts: list[str | list[int] | None] = (
             [None] if isinstance(req, ChatCompletionRequest) else list(completion_prompts(req))
         )
+        num_prompts = len(prompts)
+        n = num_choices(req, num_prompts)
+        plan = tool_plan(req, tok, entry.name)
         built = []
         for p, prompt in enumerate(prompts):
             built.append(
@@ -303,7 +304,7 @@ class Frontend:
             built = [(_with_logprobs(g), ids) for g, ids in built]
         self.auth.admit_tokens(request, sum(len(ids) for _, ids in built) * n)
         choices = build_choices(
-            self.backend, self.metrics, req, ctx, entry.name, tok, built, n, started, plan, turn
+            self.backend, self.metrics, req, ctx, entry.name, tok, built, prompts, n, started, plan, turn
         )
         # The client's own id comes back as it was sent; the server's id is the body's ``id``.
         ctx.response_headers.setdefault(

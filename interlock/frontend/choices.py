@@ -23,7 +23,11 @@ from interlock.frontend.metrics import FrontendMetrics
 from interlock.frontend.prepare import ToolPlan
 from interlock.frontend.responses import ChatFormatter, CompletionFormatter
 from interlock.frontend.responses_api import ResponsesFormatter, ResponsesRequest
-from interlock.frontend.schemas import ChatCompletionRequest, CompletionRequest, stop_strings
+from interlock.frontend.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    stop_strings,
+)
 from interlock.frontend.tokenizer import ModelTokenizer
 from interlock.frontend.tool_parsers import ToolStreamParser
 from interlock.protocol import GenerateOutput, GenerateRequest
@@ -75,7 +79,9 @@ def _formatter(
     *,
     index: int = 0,
     plan: ToolPlan | None = None,
+    prompt: str | list[int] | None = None,
 ) -> ChatFormatter | CompletionFormatter:
+    """``prompt``: a completion's prompt as the client sent it (echoed as it is when text)."""
     continuous = req.stream_options is not None and req.stream_options.continuous_usage_stats
     options: dict[str, Any] = {
         "token_ids_as_text": req.return_tokens_as_token_ids,
@@ -95,10 +101,8 @@ def _formatter(
     echo, first = "", None
     if req.echo and req.logprobs is not None and prompt_ids:
         first = prompt_ids[0]
-    if req.echo:  # the prompt as the client sent it, or its ids decoded
-        echo = (
-            req.prompt if isinstance(req.prompt, str) else tok.decode(prompt_ids, skip_special_tokens=False)
-        )
+    if req.echo:  # the prompt's text as the client sent it, or its ids decoded
+        echo = prompt if isinstance(prompt, str) else tok.decode(prompt_ids, skip_special_tokens=False)
     return CompletionFormatter(
         request_id, model, int(time.time()), tok, echo=echo, echo_first_token=first, **options
     )
@@ -112,6 +116,7 @@ def build_choices(
     model: str,
     tok: ModelTokenizer,
     built: list[tuple[GenerateRequest, list[int]]],
+    sent: list[str | list[int] | None],
     n: int,
     started: float,
     plan: ToolPlan | None,
@@ -119,7 +124,8 @@ def build_choices(
 ) -> Choices:
     """A generation per choice: ``n`` per prompt. The first of each prompt is sent now; its
     copies once it has its first token, pinned to its worker (a session of their own unless
-    the client named one), with the seed, if any, moved on by the copy's number."""
+    the client named one), with the seed, if any, moved on by the copy's number. ``built`` and
+    ``sent``: each prompt's request and ids, and the prompt as the client sent it (None: chat)."""
     prompts = len(built)
     gens: list[Generation] = []
     copies: dict[int, Callable[[], AsyncIterator[GenerateOutput]]] = {}
@@ -147,7 +153,7 @@ def build_choices(
                 formatter = ResponsesFormatter(ctx.request_id, model, turn.req, assembler, parser)
             else:
                 formatter = _formatter(
-                    req, ctx.request_id, model, tok, ids, assembler, index=index, plan=plan
+                    req, ctx.request_id, model, tok, ids, assembler, index=index, plan=plan, prompt=sent[p]
                 )
             gens.append(Generation(stream, choice_ctx, assembler, formatter, model, metrics, started))
     return Choices(gens, prompts, copies)

@@ -92,7 +92,7 @@ _CHAT: dict[str, Field] = {
     "parallel_tool_calls": Field("yes", "false keeps at most one call; only with tools"),
     "response_format": Field("yes", "text, json_object or json_schema, enforced while decoding"),
     "reasoning_effort": Field("partly", '"none" only: the model does not reason'),
-    "verbosity": Field("no", "the model has no verbosity setting"),
+    "verbosity": Field("partly", '"medium" (OpenAI\'s default) only: the model has one verbosity'),
     "modalities": Field("partly", '["text"] only'),
     "audio": Field("no", "text only"),
     "prediction": Field("no", "predicted outputs are not used"),

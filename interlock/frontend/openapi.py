@@ -87,16 +87,13 @@ _ACCEPTED: dict[str, dict[str, Any]] = {
             "messages": {"minItems": 1},
             "max_completion_tokens": {"minimum": 1},
             "top_logprobs": {"minimum": 0, "maximum": MAX_TOP_LOGPROBS},
-            "tools": {"maxItems": 0},
-            "tool_choice": {"enum": [None, "none"]},
-            "parallel_tool_calls": {"enum": [None]},
             "reasoning_effort": {"enum": ["none", None]},
+            "verbosity": {"enum": ["medium", None]},
             "modalities": {"enum": [["text"], None]},
             "echo": {"const": False},
             **{
                 name: {"enum": [None]}
                 for name in (
-                    "verbosity",
                     "audio",
                     "prediction",
                     "web_search_options",
@@ -153,13 +150,7 @@ _ACCEPTED: dict[str, dict[str, Any]] = {
             },
         ],
     },
-    "ChatMessage": {
-        "properties": {
-            "role": {"enum": ["system", "developer", "user", "assistant"]},
-            "tool_calls": {"maxItems": 0},
-            "tool_call_id": {"type": "null"},
-        },
-    },
+    "ChatMessage": {"properties": {"role": {"enum": ["system", "developer", "user", "assistant", "tool"]}}},
     "JsonSchemaFormat": {"properties": {"description": {"type": "null"}}},
     "ResponseFormat": {"properties": {"type": {"enum": ["text", "json_object", "json_schema"]}}},
     "StructuredOutputs": {"minProperties": 1, "maxProperties": 1},

@@ -27,7 +27,7 @@ from interlock.errors import (
 )
 from interlock.frontend.assembler import Delta, OutputAssembler
 from interlock.frontend.tokenizer import ModelTokenizer
-from interlock.frontend.tool_parsers import ContentDelta, ToolCallDelta, ToolStreamParser
+from interlock.frontend.tool_parsers import ToolCallDelta, ToolStreamParser
 from interlock.protocol import TokenLogprobs
 
 log = logging.getLogger(__name__)
@@ -279,13 +279,11 @@ class ChatFormatter(_Formatter):
     def _split(self, text: str, finish_reason: str | None) -> tuple[str, list[ToolCallDelta], str | None]:
         """The text's content and whole calls, and the finish reason, through the parser."""
         assert self._tools is not None
-        parts = self._tools.feed(text)
-        if finish_reason is not None:
-            parts += self._tools.finish()
-            if finish_reason == "stop" and self._tools.call_count:
-                finish_reason = "tool_calls"
-        content = "".join(p.text for p in parts if isinstance(p, ContentDelta))
-        calls = [p for p in parts if isinstance(p, ToolCallDelta) and (self._parallel or p.index == 0)]
+        content, calls = self._tools.split(
+            text, last=finish_reason is not None, max_calls=None if self._parallel else 1
+        )
+        if finish_reason == "stop" and self._tools.call_count:
+            finish_reason = "tool_calls"
         return content, calls, finish_reason
 
     def _logprobs(self, logprobs: Sequence[TokenLogprobs] | None) -> dict[str, Any] | None:

@@ -30,7 +30,7 @@ from interlock.errors import InvalidRequest
 from interlock.frontend.assembler import Delta, OutputAssembler
 from interlock.frontend.limits import DEFAULT_MAX_JSON_DEPTH, check_depth
 from interlock.frontend.schemas import ChatCompletionRequest, decode_body, parse_chat
-from interlock.frontend.tool_parsers import ContentDelta, ToolCallDelta, ToolStreamParser
+from interlock.frontend.tool_parsers import ToolCallDelta, ToolStreamParser
 from interlock.protocol import TokenLogprobs
 
 STORE_CHARS = 32 * 1024 * 1024
@@ -386,14 +386,8 @@ class ResponsesFormatter:
     def _split(self, text: str, finish_reason: str | None) -> tuple[str, list[ToolCallDelta], str | None]:
         if self._tools is None:
             return text, [], finish_reason
-        parts = self._tools.feed(text)
-        if finish_reason is not None:
-            parts += self._tools.finish()
-        content = "".join(p.text for p in parts if isinstance(p, ContentDelta))
-        calls = [p for p in parts if isinstance(p, ToolCallDelta)]
         limit = 1 if self.req.parallel_tool_calls is False else self.req.max_tool_calls
-        if limit is not None:
-            calls = [c for c in calls if c.index < limit]
+        content, calls = self._tools.split(text, last=finish_reason is not None, max_calls=limit)
         return content, calls, finish_reason
 
     def _event(self, event: dict[str, Any]) -> bytes:

@@ -51,7 +51,6 @@ _CHAT_REFUSED = {
     "web_search_options": "the server has no web search",
     "functions": "use tools",
     "function_call": "use tool_choice",
-    "verbosity": "the model has no verbosity setting",
 }
 
 
@@ -212,6 +211,7 @@ def parse_chat(body: bytes, *, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> ChatC
         if getattr(req, name) is not None:
             raise InvalidRequest(f"{name} is not supported by this server: {why}", param=name)
     _check_choice(req.reasoning_effort, ("none",), "reasoning_effort", "the model does not reason")
+    _check_choice(req.verbosity, ("medium",), "verbosity", "the model has one verbosity")
     if req.modalities is not None and list(req.modalities) != ["text"]:
         raise InvalidRequest('modalities must be ["text"]: the model writes text only', param="modalities")
     if req.echo:
@@ -310,9 +310,9 @@ def _is_token_ids(value: list[Any]) -> bool:
     return bool(value) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
 
 
-def num_choices(req: ChatCompletionRequest | CompletionRequest) -> tuple[int, int]:
-    """(prompts, choices generated per prompt: ``n``, or ``best_of``), within ``MAX_CHOICES``."""
-    prompts = 1 if isinstance(req, ChatCompletionRequest) else len(completion_prompts(req))
+def num_choices(req: ChatCompletionRequest | CompletionRequest, prompts: int) -> int:
+    """The choices generated per prompt (``n``, or ``best_of``) for ``prompts`` prompts, all of
+    them within ``MAX_CHOICES``."""
     n = 1 if req.n is None else req.n
     if isinstance(req, CompletionRequest) and req.best_of is not None:
         n = req.best_of
@@ -321,7 +321,7 @@ def num_choices(req: ChatCompletionRequest | CompletionRequest) -> tuple[int, in
             f"at most {MAX_CHOICES} choices per request (n or best_of, times the number of prompts)",
             param="n",
         )
-    return prompts, n
+    return n
 
 
 def prompt_chars(req: ChatCompletionRequest | CompletionRequest) -> tuple[int, str]:

@@ -125,6 +125,20 @@ class ToolStreamParser:
             self._feed_tagged(out)
         return out
 
+    def split(
+        self, text: str, *, last: bool, max_calls: int | None = None
+    ) -> tuple[str, list[ToolCallDelta]]:
+        """``feed`` (then ``finish`` when ``last``), as the content text and the whole calls,
+        the calls past ``max_calls`` dropped (``parallel_tool_calls: false``, ``max_tool_calls``)."""
+        parts = self.feed(text)
+        if last:
+            parts += self.finish()
+        content = "".join(p.text for p in parts if isinstance(p, ContentDelta))
+        calls = [
+            p for p in parts if isinstance(p, ToolCallDelta) and (max_calls is None or p.index < max_calls)
+        ]
+        return content, calls
+
     def finish(self) -> list[Delta]:
         assert not self._finished, "finish called twice"
         self._finished = True

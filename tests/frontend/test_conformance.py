@@ -309,3 +309,13 @@ def test_prompt_logprobs_and_echo_with_logprobs(
         model=MODEL, messages=USER, max_tokens=3, extra_headers=headers, extra_body={"prompt_logprobs": 0}
     )
     assert chat.model_extra is not None and chat.model_extra["prompt_logprobs"][0] is None
+
+
+def test_echo_of_a_batch_gives_each_prompt_as_sent(
+    client: openai.OpenAI, served: Served, tok: ModelTokenizer
+) -> None:
+    headers = scripted(served, tok, " the end")
+    r = client.completions.create(
+        model=MODEL, prompt=["One day", "Two nights"], echo=True, extra_headers=headers
+    )
+    assert [c.text for c in r.choices] == ["One day the end", "Two nights the end"]
