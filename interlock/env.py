@@ -14,6 +14,8 @@ class Env:
     """Where converted models live (INTERLOCK_CACHE_DIR, default ~/.cache/interlock)."""
     log_level: str
     """INTERLOCK_LOG_LEVEL, default INFO."""
+    log_format: str
+    """INTERLOCK_LOG_FORMAT: "text" (default) or "json" (one object per line)."""
     num_threads: int
     """INTERLOCK_NUM_THREADS: torch intra-op threads; 0 means all cores."""
     nats_url: str | None
@@ -66,6 +68,7 @@ def get_env() -> Env:
     return Env(
         cache_dir=Path(cache_dir),
         log_level=os.environ.get("INTERLOCK_LOG_LEVEL", "INFO").upper(),
+        log_format=os.environ.get("INTERLOCK_LOG_FORMAT", "text").strip().lower() or "text",
         num_threads=int(os.environ.get("INTERLOCK_NUM_THREADS", "0") or 0),
         nats_url=os.environ.get("INTERLOCK_NATS_URL") or None,
         omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", ""),
@@ -88,6 +91,7 @@ def _choice(name: str) -> str:
 
 
 CLUSTER_SECRET_VAR = "INTERLOCK_CLUSTER_SECRET"
+LOG_FORMAT_VAR = "INTERLOCK_LOG_FORMAT"
 NATS_USER_VAR = "INTERLOCK_NATS_USER"
 NATS_PASSWORD_VAR = "INTERLOCK_NATS_PASSWORD"
 NATS_TOKEN_VAR = "INTERLOCK_NATS_TOKEN"

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from interlock.cluster.logs import LOG_FORMATS
 from interlock.env import flag_environment, get_env
 from interlock.errors import ConfigError
 
@@ -41,6 +42,12 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
 def add_log_level_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-level", type=str.upper, default=get_env().log_level, help="DEBUG, INFO, WARNING or ERROR"
+    )
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=get_env().log_format,
+        help="text, or json: one object per line with a UTC timestamp (serve's workers follow)",
     )
 
 

@@ -81,4 +81,4 @@ async def _run(a: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
-    return run_command("interlock frontend", _run(a), log_level=a.log_level)
+    return run_command("interlock frontend", _run(a), log_level=a.log_level, log_format=a.log_format)

@@ -164,4 +164,4 @@ async def _serve(a: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
-    return run_command("interlock serve", _serve(a), log_level=a.log_level)
+    return run_command("interlock serve", _serve(a), log_level=a.log_level, log_format=a.log_format)

@@ -131,4 +131,4 @@ def main(argv: list[str]) -> int:
         c = build_control_parser().parse_args(argv[1:])
         return run_command("interlock worker control", _control(c), log_level=c.log_level)
     a = build_parser().parse_args(argv)
-    return run_command("interlock worker", _run(a), log_level=a.log_level)
+    return run_command("interlock worker", _run(a), log_level=a.log_level, log_format=a.log_format)

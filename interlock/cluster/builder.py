@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
+from interlock.cluster import logs
 from interlock.cluster.procs import Child, NatsProcess, python_module_argv
 from interlock.cluster.secrets import child_env, new_cluster_secret
 from interlock.cluster.spec import (
@@ -479,7 +480,7 @@ async def start_cluster(spec: ClusterSpec) -> RunningCluster:
 def worker_env() -> dict[str, str]:
     # Short OpenMP spinning: fast between a step's kernels, asleep between steps, so workers
     # sharing cores do not starve each other (see Env.gomp_spincount).
-    env = {"PYTHONUNBUFFERED": "1", "GOMP_SPINCOUNT": get_env().gomp_spincount}
+    env = {"PYTHONUNBUFFERED": "1", "GOMP_SPINCOUNT": get_env().gomp_spincount, **logs.child_env()}
     if get_env().omp_wait_policy:
         env["OMP_WAIT_POLICY"] = get_env().omp_wait_policy
     return env

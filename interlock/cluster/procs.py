@@ -21,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from interlock.cluster import logs
 from interlock.runtime.config import NatsAuth
 from interlock.runtime.nats_permissions import NatsUser
 from interlock.runtime.nats_server import NatsServer
@@ -90,8 +91,10 @@ class Child:
     async def _relay(self) -> None:
         assert self.process and self.process.stdout
         prefix = f"[{self.name}] ".encode()
+        json_logs = logs.json_logs()
         while line := await self.process.stdout.readline():
-            sys.stderr.buffer.write(prefix + line)
+            tagged = logs.tag_json_line(line, self.name) if json_logs else None
+            sys.stderr.buffer.write(tagged if tagged is not None else prefix + line)
             sys.stderr.buffer.flush()
 
     async def stop(self, grace_s: float) -> int | None:

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 from collections.abc import Coroutine
 from typing import Any
 
+from interlock.cluster.logs import configure
+from interlock.env import get_env
 from interlock.errors import ConfigError
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-
-def run_command(prog: str, coro: Coroutine[Any, Any, int], *, log_level: str) -> int:
-    """Run ``coro`` on uvloop; a ConfigError prints one line naming the problem and exits 2."""
-    logging.basicConfig(level=log_level, format=LOG_FORMAT)
+def run_command(
+    prog: str, coro: Coroutine[Any, Any, int], *, log_level: str, log_format: str | None = None
+) -> int:
+    """Run ``coro`` on uvloop; a ConfigError prints one line naming the problem and exits 2.
+    ``log_format``: "text" or "json" (``cluster.logs``; None: ``INTERLOCK_LOG_FORMAT``)."""
+    configure(log_level, log_format or get_env().log_format)
     try:
         import uvloop
 

@@ -1,0 +1,71 @@
+"""How a long-running command's logs look: text (the default) or one JSON object per line.
+
+JSON lines carry a wall-clock UTC timestamp with milliseconds (``ts``), ``level``, ``logger``,
+``msg``, the process that wrote it (``process``: ``serve``'s children are named by it when it
+relays their output) and any ``request_id`` a record carries, then ``exc`` with a traceback.
+An operator's log pipeline can parse every line without a regular expression.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from interlock.env import LOG_FORMAT_VAR
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_FORMATS = ("text", "json")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": _utc(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        request_id = getattr(record, "request_id", None)
+        if request_id is not None:
+            entry["request_id"] = request_id
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+_current = "text"
+
+
+def configure(level: str, fmt: str) -> None:
+    """The root logger's level and format (``LOG_FORMATS``); this process's children log in the
+    same format (``child_env``)."""
+    global _current
+    _current = fmt
+    if fmt == "json":
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=level, handlers=[handler], force=True)
+    else:
+        logging.basicConfig(level=level, format=LOG_FORMAT)
+
+
+def json_logs() -> bool:
+    return _current == "json"
+
+
+def child_env() -> dict[str, str]:
+    """What a child process needs to log as this one does."""
+    return {LOG_FORMAT_VAR: _current}
+
+
+def tag_json_line(line: bytes, process: str) -> bytes | None:
+    """A child's JSON log line with ``"process"`` added first; None if ``line`` is not one."""
+    if not (line.startswith(b"{") and line.rstrip().endswith(b"}")):
+        return None
+    return b'{"process": ' + json.dumps(process).encode() + b", " + line[1:]
+
+
+def _utc(created: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z"

@@ -1,0 +1,57 @@
+"""JSON logs: one parseable object per line, with a UTC timestamp, and the children's lines tagged
+with their process name by the relay."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+
+from interlock.cluster.logs import JsonFormatter, tag_json_line
+
+
+def test_a_record_is_one_json_object_with_a_utc_timestamp() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    log = logging.getLogger("interlock.test_logs")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        log.warning("worker %s left", "w0", extra={"request_id": "chatcmpl-1"})
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("failed")
+    finally:
+        log.removeHandler(handler)
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert (
+        first["msg"] == "worker w0 left"
+        and first["level"] == "WARNING"
+        and first["request_id"] == "chatcmpl-1"
+    )
+    assert first["ts"].endswith("Z") and first["ts"][10] == "T" and first["logger"] == "interlock.test_logs"
+    assert "ValueError: boom" in second["exc"]
+
+
+def test_the_relay_tags_json_lines_and_leaves_others() -> None:
+    tagged = tag_json_line(b'{"msg": "hi"}\n', "worker-0")
+    assert tagged is not None and json.loads(tagged) == {"process": "worker-0", "msg": "hi"}
+    assert tag_json_line(b"Interlock serving on :8000\n", "worker-0") is None
+
+
+def test_a_command_logs_json_when_asked() -> None:
+    code = (
+        "import asyncio, logging\n"
+        "from interlock.cluster.runner import run_command\n"
+        "async def main():\n"
+        "    logging.getLogger('interlock.x').info('ready')\n"
+        "    return 0\n"
+        "raise SystemExit(run_command('x', main(), log_level='INFO', log_format='json'))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    (line,) = [line for line in run.stderr.splitlines() if line.strip()]
+    assert json.loads(line)["msg"] == "ready"
