@@ -20,7 +20,7 @@ from interlock.frontend.backend import HEADER_EXPLAIN, HEADER_WORKER_ID
 from interlock.router.dispatcher import EXPLAIN_HEADER
 
 _TICK = os.sysconf("SC_CLK_TCK")
-_WORKER_LABEL = re.compile(r'^interlock_worker_kv_blocks_total\{worker="([^"]+)"', re.M)
+_WORKER_LABEL = re.compile(r'^interlock_worker_kv_blocks_capacity\{worker="([^"]+)"', re.M)
 _RESYNCS = re.compile(r"^interlock_router_resyncs_total\{[^}]*\} (\d+)", re.M)
 _OUTAGES = re.compile(r"^interlock_control_plane_outages_total (\d+)", re.M)
 _PULLS = re.compile(r'^interlock_router_kv_syncs_total\{kind="(\w+)"\} (\d+)', re.M)

@@ -221,6 +221,9 @@ class RunningCluster:
         )
         await self.service.start()
         self.service.degraded_sources.append(self.supervisor.problems)  # crash loops, a down nats-server
+        self.service.metrics_registry.collect(
+            "interlock_worker_restarts_total", self.supervisor.restart_samples
+        )
 
     async def launch(self, ws: WorkerSpec, *, core: Any = None) -> WorkerHandle:
         """Start a worker from a whole spec (``add_worker`` derives one from the deployment):

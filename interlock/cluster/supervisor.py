@@ -223,6 +223,8 @@ class Supervisor:
         self._clock = clock
         self._watched: dict[str, _Watched] = {}
         self._closing = asyncio.Event()
+        self.restarts: dict[str, int] = {}
+        """Restarts by process name, since start (``interlock_worker_restarts_total``)."""
 
     def watch(self, process: Process) -> None:
         """Watch a process that is already running."""
@@ -242,6 +244,10 @@ class Supervisor:
         now = self._clock()
         found = (problem(name, w.phase, w.history, now, self.backoff) for name, w in self._watched.items())
         return [p for p in found if p is not None]
+
+    def restart_samples(self) -> list[tuple[tuple[str, ...], float]]:
+        """``interlock_worker_restarts_total``'s series, by process name."""
+        return [((name,), n) for name, n in sorted(self.restarts.items())]
 
     def history(self, name: str) -> History:
         return self._watched[name].history
@@ -280,6 +286,7 @@ class Supervisor:
                 log.error("%s could not be started: %s", w.process.name, e)
                 code = None
                 continue
+            self.restarts[w.process.name] = self.restarts.get(w.process.name, 0) + 1
             log.warning("%s restarted (pid %s)", w.process.name, w.process.pid)
             code = await self._unless_closing(w.process.wait())
 

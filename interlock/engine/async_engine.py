@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from interlock.engine.core import EngineCore, StepResult, error_info
 from interlock.engine.serving import KVEventSink, NullKVEventSink
+from interlock.engine.stats import EngineStats
 from interlock.errors import EngineError, InvalidRequest, ServiceUnavailable
 from interlock.protocol import GenerateOutput, GenerateRequest, KVEvent, LoadReport
 from interlock.runtime.channel import Channel
@@ -49,6 +50,10 @@ class AsyncEngine:
     """Interlock's engine behind the seam (``engine.serving.ServingEngine``)."""
 
     name = "interlock"
+
+    def engine_stats(self) -> EngineStats:
+        """Preemptions and per-request queue and prefill times (``engine.stats``)."""
+        return self.core.scheduler.stats
 
     def __init__(self, core: EngineCore, *, sink: KVEventSink | None = None) -> None:
         self.core = core

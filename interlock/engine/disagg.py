@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
@@ -77,6 +78,9 @@ class _Pull:
     """The one copy: the source's mapped cache (``dst`` is then a ``DirectDest``)."""
     src_ids: tuple[int, ...] = ()
     """The one copy: the blocks to copy from ``view``."""
+    nbytes: int = 0
+    """The payload's size (for the transfer figures)."""
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass(slots=True)
@@ -97,6 +101,10 @@ class HandoffCounters:
     """Blocks imported while their transfer was still under way (the rest came on DONE)."""
     transports: dict[str, int] = field(default_factory=dict)
     """Pulls ended, by transport ("direct": the one copy)."""
+    transfer_bytes: dict[str, int] = field(default_factory=dict)
+    """Bytes of pulls that ended with the KV imported, by transport."""
+    transfer_s: dict[str, float] = field(default_factory=dict)
+    """Seconds from the start of those pulls to their end, by transport."""
     direct_served: int = 0
     """Prefill side: transfers a destination copied straight from this worker's cache."""
     layout_refused: int = 0
@@ -293,7 +301,7 @@ class KVHandoff:
             log.warning("not importing the KV of %s: %s", rid, why)
             self.counters.layout_refused += 1
             dst.abort(why)
-        return _Pull(rid, dst)
+        return _Pull(rid, dst, nbytes=desc.nbytes)
 
     def _pull_direct(self, rid: str, kt: KVTransferParams, desc: TransferDescriptor) -> _Pull | None:
         """Claim the one copy when this worker can map the source's cache; None: pull staged."""
@@ -315,7 +323,7 @@ class KVHandoff:
         if view is not None:
             dst = agent.pull_direct(desc, timeout_s=self.timeout_s)
             if dst.poll().state is not TransferState.FAILED:
-                return _Pull(rid, dst, view=view, src_ids=kt.source_block_ids)
+                return _Pull(rid, dst, view=view, src_ids=kt.source_block_ids, nbytes=desc.nbytes)
             why = dst.poll().reason
         log.info("KV of %s pulled staged, not copied from the source's cache: %s", rid, why)
         self.counters.direct_refused += 1
@@ -364,7 +372,11 @@ class KVHandoff:
         del self._pulls[pull.request_id]
         if dst is not None:
             dst.release() if ok else dst.abort("pull failed")
-            self.counters.transports[dst.transport] = self.counters.transports.get(dst.transport, 0) + 1
+            c, t = self.counters, dst.transport
+            c.transports[t] = c.transports.get(t, 0) + 1
+            if ok:
+                c.transfer_bytes[t] = c.transfer_bytes.get(t, 0) + pull.nbytes
+                c.transfer_s[t] = c.transfer_s.get(t, 0.0) + time.monotonic() - pull.started
         if ok:
             self.counters.pulled += 1
         else:

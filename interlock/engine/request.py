@@ -25,6 +25,7 @@ prompt token p + 1, so positions 0 .. num_prompt_tokens - 2 each give one entry,
 from __future__ import annotations
 
 import enum
+from time import perf_counter
 
 from interlock import kvhash
 from interlock.protocol import GenerateRequest, KVTransferParams, SamplingParams, TokenLogprobs
@@ -77,6 +78,8 @@ class Request:
         "remote_kv_data",
         "remote_kv_imported",
         "remote_kv_copied",
+        "queued_at",
+        "scheduled_at",
     )
 
     def __init__(
@@ -125,6 +128,10 @@ class Request:
         """The one copy in steps: (parts copied, parts) of its remote KV, each part a slice of
         every block (``EngineCore.copy_remote_blocks``; back to (0, 1) whenever the blocks are
         taken away)."""
+        self.queued_at = perf_counter()
+        """When it reached the engine (for its queue time)."""
+        self.scheduled_at = 0.0
+        """When it first ran (0: not yet; -1: its first token is counted already)."""
 
     @classmethod
     def from_generate(cls, req: GenerateRequest, *, block_size: int, arrival: int) -> Request:

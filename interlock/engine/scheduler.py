@@ -42,11 +42,13 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass
+from time import perf_counter
 
 from interlock.engine.config import SchedulerConfig
 from interlock.engine.kv_cache_manager import KVCacheManager, cdiv
 from interlock.engine.request import FINISH_REASONS, Request, RequestStatus
 from interlock.engine.runner import RunnerOutput, ScheduledRequest, SchedulerOutput
+from interlock.engine.stats import EngineStats
 from interlock.errors import InvalidRequest, PromptTooLong
 from interlock.protocol import ErrorInfo, GenerateOutput, KVTransferParams
 
@@ -78,6 +80,8 @@ class Scheduler:
         self.kv = kv
         self.block_size = kv.block_size
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.stats = EngineStats()
+        """Preemptions and per-request times for the worker's metrics."""
         self.requests: dict[str, Request] = {}
         """Every live request: waiting, running or parked for remote KV."""
         self.waiting: deque[Request] = deque()
@@ -279,6 +283,7 @@ class Scheduler:
         return budget, preempted
 
     def _preempt(self, req: Request) -> None:
+        self.stats.preemptions += 1
         self.running.remove(req)
         self.kv.free(req.request_id)
         req.status = RS.PREEMPTED
@@ -381,6 +386,8 @@ class Scheduler:
         if not req.admitted:
             req.admitted = True
             req.num_cached_tokens = computed
+            req.scheduled_at = now = perf_counter()
+            self.stats.queue_s.append(now - req.queued_at)
         req.status = RS.RUNNING
         self.running.append(req)
         return n
@@ -428,6 +435,9 @@ class Scheduler:
                 continue
             token = sampled[s.request_id]
             req.append_output(token)
+            if req.scheduled_at > 0.0:  # its first token: the prefill's time
+                self.stats.prefill_s.append(perf_counter() - req.scheduled_at)
+                req.scheduled_at = -1.0
             if logprobs and s.request_id in logprobs:
                 req.pending_logprobs.append(logprobs[s.request_id])
             status = self._stop_status(req, token)

@@ -37,6 +37,9 @@ from interlock.engine.core import EngineCore
 from interlock.engine.disagg import KVHandoff
 from interlock.engine.kv_sync import KvEventLog, KvSyncServer
 from interlock.engine.serving import ServingEngine
+from interlock.engine.worker_metrics import WorkerMetrics
+from interlock.metrics import CONTENT_TYPE
+from interlock.metrics.http import serve_http
 from interlock.protocol import GenerateRequest, InstanceInfo, KVEvent, KVEventBatch, LoadReport, subjects
 from interlock.protocol.control import CONTROL_ENDPOINT
 from interlock.protocol.kv_sync import KV_SYNC_ENDPOINT
@@ -57,6 +60,11 @@ class WorkerOptions:
     """Disaggregation: how long a staged KV payload waits to be pulled, and a pull to finish."""
     health_interval_s: float = 0.5
     """How often the engine's ``problem()`` is checked."""
+    metrics_port: int | None = 0
+    """Serve this worker's own ``/metrics`` on this port (0: any free one; None: not at all),
+    announced as ``metadata["metrics_address"]`` (docs/metrics.md)."""
+    metrics_host: str | None = None
+    """The address to serve metrics on (None: the request plane's host, else 127.0.0.1)."""
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -105,6 +113,15 @@ class Worker:
         self.dead = asyncio.Event()
         """Set when the engine can no longer serve (``problem``); the worker has left."""
         self.problem: str | None = None
+        self._last_report: LoadReport | None = None
+        stats = getattr(self.engine, "engine_stats", None)
+        self.metrics = WorkerMetrics(
+            stats=stats,
+            load=lambda: self._last_report,
+            handoff=lambda: self.handoff.counters if self.handoff is not None else None,
+            block_size=info.block_size,
+        )
+        self._metrics_server: asyncio.Server | None = None
 
     @property
     def instance_id(self) -> str:
@@ -158,18 +175,26 @@ class Worker:
                 await task
         self._tasks = []
         await self._requests.unserve(self._address)
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+            self._metrics_server = None
 
     # ---- request plane ----
     async def _handle(self, payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
         req = _decode_request(payload)
         self._in_flight += 1
         self._idle.clear()
+        figures = self.metrics.request()
+        finished = False
         try:
             stream = self.handoff.generate(req) if self.handoff is not None else self.engine.generate(req)
             async with contextlib.aclosing(stream):
                 async for out in stream:
+                    figures.output(out)
+                    finished = out.finish_reason is not None
                     yield _encode(out)
         finally:
+            figures.closed(finished)
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
@@ -194,6 +219,15 @@ class Worker:
             engine=self.engine.name,
         )
         meta.update(self.engine.announce())
+        if self._options.metrics_port is not None:
+            host = self._options.metrics_host or _host_of(self._address)
+            self._metrics_server = await serve_http(
+                {"/metrics": lambda: (CONTENT_TYPE, self.metrics.render().encode())},
+                host,
+                self._options.metrics_port,
+            )
+            port = self._metrics_server.sockets[0].getsockname()[1]
+            meta["metrics_address"] = f"{host}:{port}"
         if self.handoff is not None:
             meta["kv_transfer_address"] = self.handoff.agent.tcp_address
             meta["kv_block_nbytes"] = str(self.handoff.engine.core.runner.kv_block_nbytes)
@@ -249,6 +283,7 @@ class Worker:
             self.publish_kv(events)
 
     def on_load(self, load: LoadReport) -> None:
+        self._last_report = load
         self.publish_load(load)
 
     async def _publisher(self) -> None:
@@ -279,3 +314,12 @@ class Worker:
     async def _resync_loop(self, subscription: AsyncIterator[tuple[str, bytes]]) -> None:
         async for _subject, _payload in subscription:
             await self.publish_snapshot()
+
+
+def _host_of(address: str) -> str:
+    """The host of a ``tcp://host:port`` request-plane address; 127.0.0.1 for any other."""
+    if address.startswith("tcp://"):
+        host = address[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+        if host and host not in ("0.0.0.0", "::"):
+            return host
+    return "127.0.0.1"

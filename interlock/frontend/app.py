@@ -53,6 +53,7 @@ from interlock.frontend.choices import ConstraintCheck, Turn, build_choices
 from interlock.frontend.config import FrontendConfig
 from interlock.frontend.connections import ConnectionTracker
 from interlock.frontend.fairness import ConnectionLimits, InFlight
+from interlock.frontend.fleet_metrics import fleet_text
 from interlock.frontend.generation import BestOf, StreamLimits, collect, stream_sse
 from interlock.frontend.limits import (
     KEPT_HEADERS,
@@ -61,7 +62,7 @@ from interlock.frontend.limits import (
     check_header_values,
     check_prompt_chars,
 )
-from interlock.frontend.metrics import CONTENT_TYPE, FrontendMetrics, keep_families
+from interlock.frontend.metrics import FrontendMetrics
 from interlock.frontend.openapi import openapi_document
 from interlock.frontend.prepare import generate_request as build_request
 from interlock.frontend.prepare import tool_plan
@@ -85,6 +86,7 @@ from interlock.frontend.schemas import (
     prompt_chars,
 )
 from interlock.frontend.tokenize import detokenize, parse_detokenize, parse_tokenize, tokenize
+from interlock.metrics import CONTENT_TYPE
 from interlock.protocol import GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,9 @@ class Frontend:
         self.catalog = ModelCatalog(backend)
         self.auth = Auth(config.auth)
         self.metrics = FrontendMetrics()
+        backend_metrics = getattr(backend, "metrics_registry", None)  # a router's figures, if any
+        if backend_metrics is not None:
+            self.metrics.registry.include(backend_metrics)
         self.created = int(time.time())
         limits = ConnectionLimits(
             config.max_connections, config.max_client_connections, config.reserved_connections
@@ -198,11 +203,15 @@ class Frontend:
         return _json({"status": "ok"})
 
     async def metrics_text(self, request: web.Request) -> web.Response:
-        text = self.metrics.render()
-        extra = getattr(self.backend, "prometheus_text", None)  # router/worker figures, if any
-        if extra is not None:
-            text += extra()
-        text = keep_families(text, self.config.metric_families)
+        """``/metrics``: this frontend's figures and its router's; ``?scope=fleet``: every
+        worker's own figures too, labelled ``worker`` (docs/metrics.md)."""
+        scope = request.query.get("scope", "frontend")
+        if scope not in ("frontend", "fleet"):
+            raise InvalidRequest(f"scope: '{scope}' is not one of frontend, fleet")
+        text = self.metrics.render(self.config.metric_families)
+        if scope == "fleet":
+            targets = getattr(self.backend, "metrics_targets", None)
+            text = await fleet_text(text, targets() if targets is not None else ())
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _guarded(self, request: web.Request, endpoint: str) -> web.StreamResponse:

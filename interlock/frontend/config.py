@@ -63,19 +63,17 @@ class FrontendConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     """API keys, the paths open without one, and per-key rate limits."""
     metric_families: frozenset[str] | None = None
-    """Families of figures ``/metrics`` shows (``frontend.metrics.FAMILIES``); None: all."""
+    """Groups of figures ``/metrics`` shows (``metrics.catalog.GROUPS``, docs/metrics.md); None: all."""
     handler_cancellation: bool = True
     """Cancel a request's handler when its client disconnects, so the backend aborts at once
     (used by ``serve_frontend``; pass it to your own ``AppRunner`` if you build one)."""
 
     def __post_init__(self) -> None:
-        from interlock.frontend.metrics import FAMILIES
+        from interlock.metrics.catalog import GROUPS
 
-        unknown = set(self.metric_families or ()) - set(FAMILIES.values())
+        unknown = set(self.metric_families or ()) - set(GROUPS)
         if unknown:
-            raise ConfigError(
-                f"metric_families: unknown {sorted(unknown)} (known: {sorted(set(FAMILIES.values()))})"
-            )
+            raise ConfigError(f"metric_families: unknown {sorted(unknown)} (known: {sorted(GROUPS)})")
         if not self.route_key_header or self.route_key_header != self.route_key_header.strip():
             raise ConfigError("route_key_header must be a header name")
         if self.max_body_bytes < 1024:

@@ -98,6 +98,9 @@ class Generation:
         self.metrics.cached_tokens.inc(labels, a.cached_tokens)
         self.metrics.cache_miss_tokens.inc(labels, a.prompt_tokens - a.cached_tokens)
         self.metrics.completion_tokens.inc(labels, a.completion_tokens)
+        self.metrics.prompt_lengths.observe(a.prompt_tokens, labels)
+        self.metrics.completion_lengths.observe(a.completion_tokens, labels)
+        self.metrics.finished.inc((self.model, a.finish_reason or "abort"))
 
 
 class Choices:

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from interlock.planner.core import Planner
 from interlock.planner.fleet import Fleet
+from interlock.planner.policy import Want
 from interlock.planner.ramp import routing_weight
 from interlock.planner.state import (
     Action,
@@ -76,6 +77,8 @@ class PlannerLoop:
         self._last: tuple[float, TrafficTotals] | None = None
         self.ticks = 0
         self.errors = 0
+        self.replicas: dict[tuple[str, str], int] = {}
+        """``(role, "current" | "desired")`` -> workers, as of the last tick."""
         self._ready_since: dict[str, float] = {}
 
     async def observe(self) -> Observation:
@@ -142,7 +145,9 @@ class PlannerLoop:
 
     async def tick(self) -> list[Action]:
         self.ticks += 1
-        actions = self.planner.decide(await self.observe())
+        obs = await self.observe()
+        actions = self.planner.decide(obs)
+        self.replicas = _replicas(obs, self.planner.last_wants)
         for a in actions:
             log.info("planner: %s", self.planner.history[-1].line())
             await self.apply(a)
@@ -192,8 +197,33 @@ class PlannerLoop:
             "holding": p.last_hold,
             "wants": [{"role": w.role, "delta": w.delta, "reason": w.reason} for w in p.last_wants],
             "decisions_total": counts,
-            "decisions": [r.to_dict() for r in p.history],
+            "decisions": [self._stamped(r.to_dict()) for r in p.history],
+            "replicas": [
+                {"role": role, "state": state, "count": n} for (role, state), n in self.replicas.items()
+            ],
         }
+
+    def _stamped(self, d: dict[str, object]) -> dict[str, object]:
+        """``d`` with ``time``: when it was decided, wall-clock (ISO 8601, UTC)."""
+        at = d["at"]
+        assert isinstance(at, float | int)
+        wall = time.time() - (self.clock() - at)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 1000):03d}Z"
+        return {**d, "time": stamp}
+
+
+def _replicas(obs: Observation, wants: Sequence[Want]) -> dict[tuple[str, str], int]:
+    """Workers serving per role (ready, not draining) and what the policy wanted of each."""
+    current: dict[str, int] = {}
+    for w in obs.workers:
+        if w.ready and not w.draining:
+            current[w.role] = current.get(w.role, 0) + 1
+    desired = dict(current)
+    for want in wants:
+        desired[want.role] = max(0, desired.get(want.role, 0) + want.delta)
+    out = {(r, "current"): n for r, n in sorted(current.items())}
+    out.update({(r, "desired"): n for r, n in sorted(desired.items())})
+    return out
 
 
 class FakeLoadView:

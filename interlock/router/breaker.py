@@ -59,6 +59,10 @@ class Breakers:
         self._b: dict[str, _Breaker] = {}
         self.opened_total = 0
 
+    def open_count(self) -> int:
+        """Workers whose breaker is open now."""
+        return sum(1 for b in self._b.values() if b.state is State.OPEN)
+
     def state(self, worker_id: str) -> State:
         b = self._b.get(worker_id)
         return b.state if b is not None else State.CLOSED

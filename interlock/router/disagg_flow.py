@@ -41,6 +41,7 @@ from dataclasses import replace
 import msgspec
 
 from interlock.errors import NoWorkers, ServiceError, ServiceUnavailable, TransportError
+from interlock.metrics import Registry
 from interlock.protocol import GenerateOutput, GenerateRequest, InstanceInfo, KVTransferParams
 from interlock.protocol.control import ControlReply, ControlRequest
 from interlock.router.admission import Pending, RequestMeta
@@ -395,19 +396,11 @@ class DisaggFlow:
     def _count(table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
 
-    def prometheus_lines(self) -> list[str]:
-        lines = [
-            "# HELP interlock_disagg_choices_total Prefill placement decisions, by reason",
-            "# TYPE interlock_disagg_choices_total counter",
-        ]
-        lines += [
-            f'interlock_disagg_choices_total{{reason="{r}"}} {n}' for r, n in sorted(self.choices.items())
-        ]
-        lines += [
-            "# HELP interlock_disagg_fallbacks_total Remote prefills that ended local, by cause",
-            "# TYPE interlock_disagg_fallbacks_total counter",
-        ]
-        lines += [
-            f'interlock_disagg_fallbacks_total{{cause="{c}"}} {n}' for c, n in sorted(self.fallbacks.items())
-        ]
-        return lines
+    def register_metrics(self, reg: Registry) -> None:
+        """Placement choices and fallbacks, read at scrape time (docs/metrics.md)."""
+        reg.collect(
+            "interlock_disagg_choices_total", lambda: [((r,), n) for r, n in sorted(self.choices.items())]
+        )
+        reg.collect(
+            "interlock_disagg_fallbacks_total", lambda: [((c,), n) for c, n in sorted(self.fallbacks.items())]
+        )

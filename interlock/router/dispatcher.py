@@ -41,8 +41,9 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import msgspec
 
@@ -54,6 +55,7 @@ from interlock.errors import (
     TransportError,
     WorkerFailed,
 )
+from interlock.metrics import Registry
 from interlock.protocol import GenerateOutput, GenerateRequest
 from interlock.protocol.routing import Completion, RequestContext
 from interlock.router.admission import Pending, RequestMeta
@@ -514,33 +516,24 @@ class Dispatcher:
             if not fut.done():
                 fut.set_exception(NoWorkers("router shutting down"))
 
-    def prometheus_lines(self) -> list[str]:
-        m = self.metrics
-        rows = (
-            ("retries_total", "Requests routed again after a failure before their first token", m.retries),
-            ("migrations_total", "Requests moved to another worker mid-stream", m.migrations),
-            (
-                "migrations_exhausted_total",
-                "Requests failed after their migration limit",
-                m.migrations_exhausted,
-            ),
-            ("stalls_total", "Streams broken for sending nothing past the stall timeout", m.stalls),
-            ("worker_aborts_total", "Streams a worker ended with abort (drain, shutdown)", m.worker_aborts),
-            (
-                "migration_recovery_seconds_total",
-                "Seconds from a break to the next token, summed",
-                m.recovery_s_total,
-            ),
-            ("breaker_opened_total", "Times a worker's circuit breaker opened", self.breakers.opened_total),
+    def register_metrics(self, reg: Registry) -> None:
+        """Retries, migrations, stalls and breakers, read at scrape time (docs/metrics.md)."""
+        rows: tuple[tuple[str, Callable[[], float]], ...] = (
+            ("retries_total", lambda: self.metrics.retries),
+            ("migrations_total", lambda: self.metrics.migrations),
+            ("migrations_exhausted_total", lambda: self.metrics.migrations_exhausted),
+            ("stalls_total", lambda: self.metrics.stalls),
+            ("worker_aborts_total", lambda: self.metrics.worker_aborts),
+            ("migration_recovery_seconds_total", lambda: self.metrics.recovery_s_total),
+            ("breaker_opened_total", lambda: self.breakers.opened_total),
+            ("breakers_open", self.breakers.open_count),
         )
-        lines: list[str] = []
-        for name, help_, value in rows:
-            lines += [
-                f"# HELP interlock_router_{name} {help_}",
-                f"# TYPE interlock_router_{name} counter",
-                f"interlock_router_{name} {value}",
-            ]
-        return lines
+        for name, get in rows:
+            reg.collect(f"interlock_router_{name}", partial(_one, get))
+
+
+def _one(get: Callable[[], float]) -> tuple[tuple[tuple[str, ...], float]]:
+    return (((), get()),)
 
 
 def _drop_first_token(out: GenerateOutput) -> GenerateOutput:

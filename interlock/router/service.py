@@ -17,11 +17,13 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import msgspec
 
 from interlock.errors import ConfigError, ModelNotFound, NoWorkers
+from interlock.metrics import Registry
 from interlock.names import KV_INDEX_MODES
 from interlock.protocol import (
     GenerateOutput,
@@ -99,21 +101,17 @@ class ServiceOptions:
 
 
 _TIER_METRICS = (
-    ("blocks", "gauge", "KV blocks held in the tier", "blocks"),
-    ("capacity_blocks", "gauge", "KV blocks the tier can hold", "capacity"),
-    ("hits_total", "counter", "Blocks a prefix lookup found in the tier", "hits"),
-    ("loads_total", "counter", "Blocks loaded from the tier into the device pool", "loads"),
-    ("load_failures_total", "counter", "Blocks that could not be loaded (computed again)", "load_failures"),
-    ("load_seconds_total", "counter", "Time spent loading from the tier", "load_s"),
-    ("evictions_total", "counter", "Blocks the tier evicted", "evictions"),
-    (
-        "load_timeouts_total",
-        "counter",
-        "Blocks of loads given up past their deadline (a slow disk)",
-        "load_timeouts",
-    ),
-    ("write_failures_total", "counter", "Blocks the tier failed to write (a full disk)", "write_failures"),
+    ("blocks", "blocks"),
+    ("capacity_blocks", "capacity"),
+    ("hits_total", "hits"),
+    ("loads_total", "loads"),
+    ("load_failures_total", "load_failures"),
+    ("load_seconds_total", "load_s"),
+    ("evictions_total", "evictions"),
+    ("load_timeouts_total", "load_timeouts"),
+    ("write_failures_total", "write_failures"),
 )
+"""Per worker and KV tier below its device pool (``LoadReport.kv_tiers``): metric suffix, field."""
 
 
 class RouterService:
@@ -169,6 +167,9 @@ class RouterService:
         self._link = link
         self.degraded_sources: list[Callable[[], list[str]]] = []
         """More sources of ``degraded`` reasons (``serve`` adds its process supervisor)."""
+        self.metrics_registry = Registry()
+        """This service's figures (the frontend serving it includes them in its ``/metrics``)."""
+        self._register_metrics(self.metrics_registry)
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -325,184 +326,131 @@ class RouterService:
         return self.dispatcher.generate(router, request, ctx)
 
     def prometheus_text(self) -> str:
-        """Workers' last load reports and the routers' counters, in Prometheus text format."""
-        lines = self._liveness_lines() + self._worker_lines()
-        lines += self._tier_lines()
-        lines += self._handoff_lines()
-        lines += self._router_lines()
-        lines += self._kv_sync_lines()
-        lines += self.dispatcher.prometheus_lines()
-        if self.disagg is not None:
-            lines += self.disagg.prometheus_lines()
-        return "\n".join(lines) + "\n"
+        """This service's figures in Prometheus text format (the frontend serves them with its
+        own: ``metrics_registry``)."""
+        return self.metrics_registry.render()
 
-    def _labelled_reports(self) -> list[tuple[str, LoadReport]]:
-        """``(labels, report)`` per worker with a report, by worker id: its worker and model
-        labels (the model empty once it left)."""
+    def metrics_targets(self) -> list[tuple[str, str]]:
+        """``(worker id, host:port)`` of every worker that serves its own ``/metrics``."""
+        out = []
+        for wid, info in sorted(self._instances.items()):
+            address = info.metadata.get("metrics_address")
+            if address:
+                out.append((wid, address))
+        return out
+
+    def _register_metrics(self, reg: Registry) -> None:
+        """Every figure of this service, read at scrape time (docs/metrics.md)."""
+        reg.collect("interlock_control_plane_up", self._plane_up)
+        reg.collect("interlock_control_plane_outages_total", self._plane_outages)
+        reg.collect("interlock_workers_vouched", lambda: (((), len(self._discovery.vouched())),))
+        reg.collect("interlock_workers", self._worker_counts)
+        per_worker: tuple[tuple[str, Callable[[LoadReport], float]], ...] = (
+            ("interlock_worker_kv_blocks_used", lambda r: r.kv_blocks_used),
+            ("interlock_worker_kv_blocks_capacity", lambda r: r.kv_blocks_total),
+            ("interlock_worker_kv_usage_ratio", _usage),
+            ("interlock_worker_running_requests", lambda r: r.num_running),
+            ("interlock_worker_waiting_requests", lambda r: r.num_waiting),
+            ("interlock_worker_busy_seconds_total", lambda r: r.busy_s),
+        )
+        for name, get in per_worker:
+            reg.collect(name, partial(self._per_worker, get))
+        reg.collect(
+            "interlock_worker_kv_handoffs_total",
+            lambda: [((*labels, o), n) for labels, r in self._labelled_reports() for o, n in r.kv_handoffs],
+        )
+        for name, attr in _TIER_METRICS:
+            reg.collect(
+                f"interlock_worker_kv_tier_{name}",
+                partial(self._per_tier, attr),
+            )
+        self._register_router_metrics(reg)
+        self._register_kv_sync_metrics(reg)
+        self.dispatcher.register_metrics(reg)
+        if self.disagg is not None:
+            self.disagg.register_metrics(reg)
+
+    def _per_worker(self, get: Callable[[LoadReport], float]) -> list[tuple[tuple[str, ...], float]]:
+        return [(labels, get(r)) for labels, r in self._labelled_reports()]
+
+    def _per_tier(self, attr: str) -> list[tuple[tuple[str, ...], float]]:
+        return [
+            ((*labels, t.tier), getattr(t, attr))
+            for labels, r in self._labelled_reports()
+            for t in r.kv_tiers
+        ]
+
+    def _per_model(self, get: Callable[[Router], float]) -> list[tuple[tuple[str, ...], float]]:
+        return [((m,), get(r)) for m, r in sorted(self.routers.items())]
+
+    def _plane_up(self) -> list[tuple[tuple[str, ...], float]]:
+        return [] if self._link is None else [((), float(self._link.status().state == "connected"))]
+
+    def _plane_outages(self) -> list[tuple[tuple[str, ...], float]]:
+        return [] if self._link is None else [((), float(self._link.status().outages))]
+
+    def _worker_counts(self) -> list[tuple[tuple[str, ...], float]]:
+        counts: dict[tuple[str, str], int] = {}
+        for info in self._instances.values():
+            key = (info.model, info.role)
+            counts[key] = counts.get(key, 0) + 1
+        return [(k, float(n)) for k, n in sorted(counts.items())]
+
+    def _labelled_reports(self) -> list[tuple[tuple[str, str], LoadReport]]:
+        """``((worker, model), report)`` per worker with a report, by worker id (the model empty
+        once it left)."""
         out = []
         for wid, r in sorted(self._reports.items()):
             model = self._instances[wid].model if wid in self._instances else ""
-            out.append((f'worker="{wid}",model="{model}"', r))
+            out.append(((wid, model), r))
         return out
 
-    def _worker_lines(self) -> list[str]:
-        per_worker = (
-            ("kv_blocks_used", "gauge", "KV blocks in use (last report)", lambda r: r.kv_blocks_used),
-            ("kv_blocks_total", "gauge", "KV blocks in the pool", lambda r: r.kv_blocks_total),
-            ("running_requests", "gauge", "Requests running (last report)", lambda r: r.num_running),
-            ("waiting_requests", "gauge", "Requests waiting (last report)", lambda r: r.num_waiting),
-            (
-                "busy_seconds_total",
-                "counter",
-                "Seconds the worker's engine spent in steps (rate(): its device utilisation)",
-                lambda r: r.busy_s,
-            ),
-        )
-        lines: list[str] = []
-        reports = self._labelled_reports()
-        for name, kind, help_, get in per_worker:
-            lines += _family(f"interlock_worker_{name}", kind, help_)
-            lines += [f"interlock_worker_{name}{{{labels}}} {get(r)}" for labels, r in reports]
-        return lines
+    def _register_kv_sync_metrics(self, reg: Registry) -> None:
+        def syncs() -> list[tuple[tuple[str, ...], float]]:
+            st = self.kv_sync.stats
+            kinds = (
+                ("replay", st.replays),
+                ("snapshot", st.snapshots),
+                ("failed", st.failed),
+                ("replica", st.replicas),
+                ("replica_missing", st.replica_misses),
+            )
+            return [((k,), n) for k, n in kinds]
 
-    def _handoff_lines(self) -> list[str]:
-        lines = _family(
-            "interlock_worker_kv_handoffs_total",
-            "counter",
-            "A guest engine's KV hand-offs, by outcome (vLLM's NIXL connector: prefills handed over, "
-            "pulls, pulls failed and computed locally)",
-        )
-        for labels, r in self._labelled_reports():
-            for outcome, n in r.kv_handoffs:
-                lines.append(f'interlock_worker_kv_handoffs_total{{{labels},outcome="{outcome}"}} {n}')
-        return lines
+        def lookups() -> list[tuple[tuple[str, ...], float]]:
+            ls = self.kv_lookup.stats
+            return [(("answered",), ls.answered), (("failed",), ls.failed), (("no_replica",), ls.no_replica)]
 
-    def _kv_sync_lines(self) -> list[str]:
-        st = self.kv_sync.stats
-        lines = _family(
-            "interlock_router_kv_syncs_total",
-            "counter",
-            "Pulls of a worker's KV state: a gap replayed from its ring, its whole cache, or failed; "
-            "its whole state copied from another router replica, or the replica could not",
+        reg.collect("interlock_router_kv_syncs_total", syncs)
+        reg.collect("interlock_router_kv_sync_bytes_total", lambda: (((), self.kv_sync.stats.bytes),))
+        reg.collect(
+            "interlock_router_kv_replica_bytes_total", lambda: (((), self.kv_sync.stats.replica_bytes),)
         )
-        kinds = (
-            ("replay", st.replays),
-            ("snapshot", st.snapshots),
-            ("failed", st.failed),
-            ("replica", st.replicas),
-            ("replica_missing", st.replica_misses),
+        reg.collect("interlock_router_kv_replica_served_total", lambda: (((), self.kv_replica.served),))
+        reg.collect("interlock_router_kv_lookups_total", lookups)
+        reg.collect(
+            "interlock_router_kv_lookups_served_total", lambda: (((), self.kv_lookup_server.answered),)
         )
-        lines += [f'interlock_router_kv_syncs_total{{kind="{kind}"}} {n}' for kind, n in kinds]
-        lines += _family(
-            "interlock_router_kv_sync_bytes_total", "counter", "Bytes pulled from workers' KV state"
-        )
-        lines.append(f"interlock_router_kv_sync_bytes_total {st.bytes}")
-        lines += _family(
-            "interlock_router_kv_replica_bytes_total",
-            "counter",
-            "Bytes of workers' KV states copied from other router replicas",
-        )
-        lines.append(f"interlock_router_kv_replica_bytes_total {st.replica_bytes}")
-        lines += _family(
-            "interlock_router_kv_replica_served_total",
-            "counter",
-            "Workers' KV states this router sent to other replicas",
-        )
-        lines.append(f"interlock_router_kv_replica_served_total {self.kv_replica.served}")
-        lines += _family(
-            "interlock_router_kv_lookups_total",
-            "counter",
-            "Per-request prefix lookups of a frontend without an index (--kv-index remote), by "
-            "outcome: answered by a replica, failed or no replica known (placed by load)",
-        )
-        ls = self.kv_lookup.stats
-        outcomes = (("answered", ls.answered), ("failed", ls.failed), ("no_replica", ls.no_replica))
-        lines += [f'interlock_router_kv_lookups_total{{outcome="{o}"}} {n}' for o, n in outcomes]
-        lines += _family(
-            "interlock_router_kv_lookups_served_total",
-            "counter",
-            "Prefix lookups answered for other frontends",
-        )
-        lines.append(f"interlock_router_kv_lookups_served_total {self.kv_lookup_server.answered}")
-        lines += _family(
-            "interlock_router_kv_syncing_workers",
-            "gauge",
-            "Workers whose KV state is being pulled (routed by what the index has meanwhile)",
-        )
-        lines.append(f"interlock_router_kv_syncing_workers {self.kv_sync.syncing}")
-        return lines
+        reg.collect("interlock_router_kv_syncing_workers", lambda: (((), self.kv_sync.syncing),))
 
-    def _router_lines(self) -> list[str]:
-        counters = (
-            (
-                "decisions_total",
-                "Routing decisions (a disaggregated request's legs, retries and migrations each count)",
-                lambda m: m.decisions,
-            ),
-            ("requests_total", "Requests placed, each once", lambda m: m.requests),
-            ("prompt_tokens_total", "Prompt tokens routed", lambda m: m.prompt_tokens),
-            (
-                "predicted_cached_tokens_total",
-                "Prompt tokens expected from cache where routed",
-                lambda m: m.predicted_cached_tokens,
-            ),
-            ("rejected_total", "Requests rejected with 503 (queue full)", lambda m: m.rejected),
-            ("resyncs_total", "KV index re-syncs requested", lambda m: m.resyncs_requested),
-            ("decision_seconds_total", "Time spent deciding", lambda m: m.decision_s_total),
+    def _register_router_metrics(self, reg: Registry) -> None:
+        per_model: tuple[tuple[str, Callable[[Router], float]], ...] = (
+            ("interlock_router_requests_total", lambda r: r.metrics.requests),
+            ("interlock_router_prompt_tokens_total", lambda r: r.metrics.prompt_tokens),
+            ("interlock_router_predicted_cached_tokens_total", lambda r: r.metrics.predicted_cached_tokens),
+            ("interlock_router_rejected_total", lambda r: r.metrics.rejected),
+            ("interlock_router_resyncs_total", lambda r: r.metrics.resyncs_requested),
+            ("interlock_router_decision_seconds_total", lambda r: r.metrics.decision_s_total),
+            ("interlock_router_queue_depth", lambda r: len(r.queue)),
         )
-        lines: list[str] = []
-        routers = sorted(self.routers.items())
-        for name, help_, get in counters:
-            lines += _family(f"interlock_router_{name}", "counter", help_)
-            lines += [f'interlock_router_{name}{{model="{model}"}} {get(r.metrics)}' for model, r in routers]
-        lines += _family(
-            "interlock_router_queued_total",
-            "counter",
-            'Waits in the router\'s queue for a free worker, by the role waited for ("any": an aggregated '
-            "request); a disaggregated request may wait twice, for a prefill worker and then a decode worker",
-        )
-        for model, router in routers:
-            for role, n in sorted(router.metrics.queued_by_role.items()):
-                lines.append(f'interlock_router_queued_total{{model="{model}",role="{role}"}} {n}')
-        return lines
+        for name, get in per_model:
+            reg.collect(name, partial(self._per_model, get))
 
-    def _tier_lines(self) -> list[str]:
-        """Per worker and KV tier below its device pool (``LoadReport.kv_tiers``)."""
-        lines: list[str] = []
-        for name, kind, help_, field in _TIER_METRICS:
-            lines += [
-                f"# HELP interlock_worker_kv_tier_{name} {help_}",
-                f"# TYPE interlock_worker_kv_tier_{name} {kind}",
-            ]
-            for wid, r in sorted(self._reports.items()):
-                model = self._instances[wid].model if wid in self._instances else ""
-                for t in r.kv_tiers:
-                    lines.append(
-                        f'interlock_worker_kv_tier_{name}{{worker="{wid}",model="{model}",'
-                        f'tier="{t.tier}"}} {getattr(t, field)}'
-                    )
-        return lines
+        def by_model(table: Callable[[Router], dict[str, int]]) -> list[tuple[tuple[str, ...], float]]:
+            return [((m, k), n) for m, r in sorted(self.routers.items()) for k, n in sorted(table(r).items())]
 
-    def _liveness_lines(self) -> list[str]:
-        """The control plane's state and the workers kept by their request plane."""
-        lines: list[str] = []
-        if self._link is not None:
-            status = self._link.status()
-            lines += [
-                "# HELP interlock_control_plane_up 1 while this process reaches the NATS server",
-                "# TYPE interlock_control_plane_up gauge",
-                f"interlock_control_plane_up {int(status.state == 'connected')}",
-                "# HELP interlock_control_plane_outages_total Times the NATS server became unreachable",
-                "# TYPE interlock_control_plane_outages_total counter",
-                f"interlock_control_plane_outages_total {status.outages}",
-            ]
-        return [
-            *lines,
-            "# HELP interlock_workers_vouched Workers silent on the control plane but answering "
-            "on their request plane (kept routable)",
-            "# TYPE interlock_workers_vouched gauge",
-            f"interlock_workers_vouched {len(self._discovery.vouched())}",
-        ]
+        reg.collect("interlock_router_decisions_total", lambda: by_model(lambda r: r.metrics.by_reason))
+        reg.collect("interlock_router_queued_total", lambda: by_model(lambda r: r.metrics.queued_by_role))
 
     def share(self, router: Router) -> None:
         """Queue this router's dispatch events for the other routers (sent every few ms)."""
@@ -803,11 +751,10 @@ class RouterService:
                     router.apply_remote_load(ev)
 
 
-def _family(name: str, kind: str, help_: str) -> list[str]:
-    """A metric family's HELP and TYPE lines."""
-    return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
-
-
 def _kv_sync_address(info: InstanceInfo) -> str | None:
     """Where the worker serves KV pulls (``protocol/kv_sync.py``); None: an older worker."""
     return info.metadata.get("kv_sync_address") or None
+
+
+def _usage(r: LoadReport) -> float:
+    return r.kv_blocks_used / r.kv_blocks_total if r.kv_blocks_total else 0.0

@@ -42,7 +42,7 @@ def _registered(served: Served) -> set[str]:
     return {
         line.split('worker="', 1)[1].split('"', 1)[0]
         for line in text.splitlines()
-        if line.startswith("interlock_worker_kv_blocks_total{")
+        if line.startswith("interlock_worker_kv_blocks_capacity{")
     }
 
 

@@ -252,7 +252,7 @@ def _wait_for_workers(dep: Deployment, workers: tuple[str, ...]) -> None:
             metrics = dep.get("/metrics")
         except (OSError, urllib.error.URLError):
             metrics = ""
-        if all(f'interlock_worker_kv_blocks_total{{worker="{w}"' in metrics for w in workers):
+        if all(f'interlock_worker_kv_blocks_capacity{{worker="{w}"' in metrics for w in workers):
             return
         time.sleep(1.0)
     raise AssertionError(f"workers {workers} did not join within {START_TIMEOUT_S} s:\n{dep.logs()}")

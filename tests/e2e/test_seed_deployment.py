@@ -44,7 +44,7 @@ def test_the_seed_file_serves_disaggregated(served: Served) -> None:
 
     def reported() -> int:  # workers report at least every export_interval (10s in the file)
         text = httpx.get(served.url + "/metrics", timeout=10).text
-        return sum(line.startswith("interlock_worker_kv_blocks_total{") for line in text.splitlines())
+        return sum(line.startswith("interlock_worker_kv_blocks_capacity{") for line in text.splitlines())
 
     assert wait_until(lambda: reported() == 6, 30)
     metrics = httpx.get(served.url + "/metrics", timeout=10).text

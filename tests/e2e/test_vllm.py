@@ -326,7 +326,7 @@ def _ready_workers(served: Served) -> int:
         text = httpx.get(served.url + "/metrics", timeout=5).text
     except httpx.HTTPError:
         return 0
-    return sum(1 for line in text.splitlines() if line.startswith("interlock_worker_kv_blocks_total{"))
+    return sum(1 for line in text.splitlines() if line.startswith("interlock_worker_kv_blocks_capacity{"))
 
 
 def test_a_worker_killed_under_16_streams_loses_none(served: Served) -> None:
