@@ -67,6 +67,8 @@ class System:
     cleanup_dirs: list[str] = field(default_factory=list)
     api_key: str | None = None
     """Sent as ``Authorization: Bearer`` with every request when set."""
+    watch: bool = False
+    """Keep the dashboard's live stream open during the measured phases (issue 28)."""
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
@@ -124,10 +126,20 @@ def free_port(below: int | None = None) -> int:
     raise RuntimeError("no free port")
 
 
-def start_interlock(single_process: bool, model: str, logdir: Path, security: str = "default") -> System:
+def start_interlock(
+    single_process: bool,
+    model: str,
+    logdir: Path,
+    security: str = "default",
+    *,
+    tree: str | None = None,
+    observed: bool = False,
+) -> System:
     """``security``: "default" (serve's generated NATS login + cluster secret, no API key),
     "open" (an external nats-server without login, no cluster secret: the planes unauthenticated,
-    as before issue 16) or "keys" (default + an API key checked on every request)."""
+    as before issue 16) or "keys" (default + an API key checked on every request). ``tree``: run
+    Interlock from that source tree (a checkout of an earlier commit) instead of this one.
+    ``observed``: access logs at INFO (frontend and workers) and the dashboard open (issue 28)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INTERLOCK_CLUSTER", "INTERLOCK_NATS"))}
     env |= {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "INTERLOCK_LOG_LEVEL": "WARNING"}
@@ -145,9 +157,15 @@ def start_interlock(single_process: bool, model: str, logdir: Path, security: st
         "--port",
         str(port),
         "--log-level",
-        "WARNING",
+        "INFO" if observed else "WARNING",
     ]
     name = "interlock" if security == "default" else f"interlock ({security})"
+    if tree is not None:
+        env["PYTHONPATH"] = tree
+        name = "interlock (before)"
+    if observed:
+        env["INTERLOCK_LOG_LEVEL"] = "INFO"
+        name = "interlock (observed)"
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []
     if single_process:
@@ -173,7 +191,7 @@ def start_interlock(single_process: bool, model: str, logdir: Path, security: st
         env["INTERLOCK_API_KEYS"] = api_key
     logs.append(logdir / f"{name.replace(' ', '').replace('-', '_').strip('()')}.log")
     p = _spawn(argv, env, logs[-1])
-    return System(name, port, p.pid, [p, *procs], logs, api_key=api_key)
+    return System(name, port, p.pid, [p, *procs], logs, api_key=api_key, watch=observed)
 
 
 def start_dynamo(
@@ -509,6 +527,7 @@ async def measure(system: System, model: str, a: argparse.Namespace, log: Callab
     await run_phase(system.port, payload, concurrency=64, requests=a.warmup, max_seconds=10, keep_alive=True)
     phases: dict[str, PhaseResult] = {}
     pids = group_pids(system)
+    watcher = asyncio.ensure_future(watch_dashboard(system.port)) if system.watch else None
     for name, conc, keep in PHASES:
         n = a.requests if conc > 1 else a.c1_requests
         cpu0 = cpu_seconds([system.frontend_pid]), cpu_seconds(pids)
@@ -527,7 +546,28 @@ async def measure(system: System, model: str, a: argparse.Namespace, log: Callab
             f"n={len(r.latencies)} err={r.errors} chunks={r.chunks}"
         )
     peak = rss_mib(system.frontend_pid)[1]
+    if watcher is not None:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            received = await watcher
+            log(f"  dashboard stream: {received} bytes")
     return Row(system.name, phases, idle, peak)
+
+
+async def watch_dashboard(port: int) -> int:
+    """Read the dashboard's live stream (``/dashboard/events``) as a browser would, until
+    cancelled; the bytes received."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"GET /dashboard/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
+    received = 0
+    try:
+        while chunk := await reader.read(65536):
+            received += len(chunk)
+    finally:
+        writer.close()
+    return received
 
 
 # ---------------------------------------------------------------- report
@@ -579,7 +619,9 @@ def parse_args() -> argparse.Namespace:
         default="interlock,interlock-single,dynamo",
         help="comma-separated: interlock, interlock-single, dynamo; and for the cost of "
         "security (issue 16): interlock-open (planes without login or secret), "
-        "interlock-keys (with an API key)",
+        "interlock-keys (with an API key); for the cost of observability (issue 28): "
+        "interlock-observed (access logs at INFO, the dashboard open) against interlock-before "
+        "(--before-tree)",
     )
     p.add_argument("--rounds", type=int, default=1, help="measure every system this many times, interleaved")
     p.add_argument("--requests", type=int, default=3000, help="requests per c=64 phase")
@@ -590,6 +632,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dynamo-router-mode", default="kv", help="Interlock's default policy is kv too")
     p.add_argument("--model", default=None, help="HF folder (default: the converted SmolLM2)")
     p.add_argument("--logdir", default=None, help="server logs (default: a temporary folder)")
+    p.add_argument(
+        "--before-tree",
+        default=None,
+        help="interlock-before: a source tree of an earlier commit (git worktree add /tmp/before <commit>)",
+    )
     return p.parse_args()
 
 
@@ -605,12 +652,16 @@ async def main_async(a: argparse.Namespace) -> list[Row]:
         "interlock-single": lambda: start_interlock(True, model_dir, logdir),
         "interlock-open": lambda: start_interlock(False, model_dir, logdir, "open"),
         "interlock-keys": lambda: start_interlock(False, model_dir, logdir, "keys"),
+        "interlock-before": lambda: start_interlock(False, model_dir, logdir, tree=a.before_tree),
+        "interlock-observed": lambda: start_interlock(False, model_dir, logdir, observed=True),
         "dynamo": lambda: start_dynamo(model_dir, served, logdir, a.dynamo_router_mode),
     }
     names = [s.strip() for s in a.systems.split(",") if s.strip()]
     unknown = set(names) - set(starters)
     if unknown:
         raise SystemExit(f"unknown systems: {sorted(unknown)}")
+    if "interlock-before" in names and not (a.before_tree and Path(a.before_tree, "interlock").is_dir()):
+        raise SystemExit("interlock-before needs --before-tree, a source tree with interlock/ in it")
     if "dynamo" in names and not Path(DYNAMO_PY).exists():
         raise SystemExit(f"{DYNAMO_PY} missing: install Dynamo as in /work/shared/anchors/dynamo.md")
     print(f"model {model_dir} served as {served}; logs in {logdir}", flush=True)

@@ -51,6 +51,11 @@ class Env:
     nats_password: str | None = field(default=None, repr=False)
     nats_token: str | None = field(default=None, repr=False)
     """INTERLOCK_NATS_TOKEN: NATS token login."""
+    tracing: bool = False
+    """INTERLOCK_TRACING: OpenTelemetry traces on (``metrics.tracing``; ``--tracing``)."""
+    otlp_protocol: str | None = None
+    """Where traces go: "http/protobuf" or "grpc" (OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL) when
+    OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set; None: stderr."""
 
     @property
     def kernels(self) -> dict[str, str]:
@@ -83,7 +88,17 @@ def get_env() -> Env:
         nats_user=os.environ.get("INTERLOCK_NATS_USER") or None,
         nats_password=os.environ.get("INTERLOCK_NATS_PASSWORD") or None,
         nats_token=os.environ.get("INTERLOCK_NATS_TOKEN") or None,
+        tracing=os.environ.get(TRACING_VAR, "").strip().lower() in ("1", "true", "yes", "on"),
+        otlp_protocol=_otlp_protocol(),
     )
+
+
+def _otlp_protocol() -> str | None:
+    env = os.environ
+    if not (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
+        return None
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    return (protocol or "http/protobuf").strip().lower()
 
 
 def _choice(name: str) -> str:
@@ -92,6 +107,7 @@ def _choice(name: str) -> str:
 
 CLUSTER_SECRET_VAR = "INTERLOCK_CLUSTER_SECRET"
 LOG_FORMAT_VAR = "INTERLOCK_LOG_FORMAT"
+TRACING_VAR = "INTERLOCK_TRACING"
 NATS_USER_VAR = "INTERLOCK_NATS_USER"
 NATS_PASSWORD_VAR = "INTERLOCK_NATS_PASSWORD"
 NATS_TOKEN_VAR = "INTERLOCK_NATS_TOKEN"

@@ -38,7 +38,12 @@ def containers() -> list[dict[str, Any]]:
     return [c for d in by_kind("Deployment") for c in d["spec"]["template"]["spec"]["containers"]]
 
 
-@pytest.mark.parametrize(("name", "doc"), documents(), ids=[n for n, _ in documents()])
+def core_documents() -> list[tuple[str, dict[str, Any]]]:
+    """The documents Kubernetes itself defines (the Prometheus Operator's CRDs have no schema here)."""
+    return [(n, d) for n, d in documents() if not d["apiVersion"].startswith("monitoring.coreos.com/")]
+
+
+@pytest.mark.parametrize(("name", "doc"), core_documents(), ids=[n for n, _ in core_documents()])
 @pytest.mark.parametrize("version", [KUBERNETES_VERSION, "latest"])
 def test_each_manifest_is_valid_against_the_kubernetes_schema(
     name: str, doc: dict[str, Any], version: str
@@ -140,3 +145,15 @@ def test_secrets_come_from_the_secret_and_variables_are_ones_interlock_reads() -
                 assert f'"{e["name"]}"' in env_source, f"{e['name']} is not read by interlock/env.py"
             assert "PASSWORD" not in e["name"] and "SECRET" not in e["name"] or ref is not None, e
         assert not any("password" in a.lower() and "file" not in a.lower() for a in c["args"])
+
+
+def test_the_service_monitor_scrapes_the_frontend_service_by_its_port_name() -> None:
+    (monitor,) = by_kind("ServiceMonitor")
+    (service,) = [s for s in by_kind("Service") if s["metadata"]["name"] == "frontend"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    ports = {p["name"] for p in service["spec"]["ports"]}
+    endpoints = monitor["spec"]["endpoints"]
+    assert {e["port"] for e in endpoints} <= ports
+    assert all(e["path"] == "/metrics" for e in endpoints)
+    assert [e.get("params") for e in endpoints] == [None, {"scope": ["fleet"]}]

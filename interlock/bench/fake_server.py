@@ -11,6 +11,10 @@ Injected faults, by the request's 1-based arrival number ``k``: ``fail_every=((n
 answers status ``status`` when ``n`` divides ``k`` (first match wins); ``stream_error_every``
 sends an error event mid-stream; ``drop_every`` closes the connection mid-stream.
 
+``GET /metrics`` serves a few of Interlock's metrics in Prometheus text format, counted from
+what it served (requests by finish reason, prompt tokens, the injected TTFT as prefill time);
+``metrics=False`` answers it 404, as a server without metrics would.
+
 Tests and the cross-check use it; run it alone with ``interlock bench fake-server --port 8000``.
 """
 
@@ -55,6 +59,10 @@ class FakeOpenAIServer:
     host: str = "127.0.0.1"
     port: int = 0
     received: list[Received] = field(default_factory=list)
+    metrics: bool = True
+    _finished: dict[str, int] = field(default_factory=dict)
+    _prompt_tokens: int = 0
+    _prefill_s: float = 0.0
     _runner: web.AppRunner | None = None
 
     @property
@@ -66,6 +74,7 @@ class FakeOpenAIServer:
         app.router.add_post("/v1/chat/completions", self._completion)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -85,6 +94,35 @@ class FakeOpenAIServer:
             {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "fake"}]}
         )
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if not self.metrics:
+            raise web.HTTPNotFound()
+        served = sum(self._finished.values()) - self._finished.get("error", 0)
+        fleet = request.query.get("scope") == "fleet"  # the workers' figures carry their name
+        worker, bucket = (
+            ('{worker="fake-0"}', '{worker="fake-0",le="+Inf"}') if fleet else ("", '{le="+Inf"}')
+        )
+        lines = ["# TYPE interlock_requests_total counter"]
+        lines += [
+            f'interlock_requests_total{{model="{self.model}",finish_reason="{reason}"}} {count}'
+            for reason, count in sorted(self._finished.items())
+        ]
+        lines += [
+            "# TYPE interlock_prompt_tokens_total counter",
+            f'interlock_prompt_tokens_total{{model="{self.model}"}} {self._prompt_tokens}',
+            "# TYPE interlock_prompt_tokens_cached_total counter",
+            f'interlock_prompt_tokens_cached_total{{model="{self.model}"}} 0',
+            "# TYPE interlock_router_migrations_total counter",
+            "interlock_router_migrations_total 0",
+            "# TYPE interlock_engine_prefill_time_seconds histogram",
+            f"interlock_engine_prefill_time_seconds_bucket{bucket} {served}",
+            f"interlock_engine_prefill_time_seconds_sum{worker} {self._prefill_s}",
+            f"interlock_engine_prefill_time_seconds_count{worker} {served}",
+            "# TYPE interlock_engine_preemptions_total counter",
+            f"interlock_engine_preemptions_total{worker} 0",
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
     def _fault(self, k: int) -> int | None:
         return next((status for n, status in self.timing.fail_every if _every(n, k)), None)
 
@@ -94,11 +132,15 @@ class FakeOpenAIServer:
         self.received.append(Received(arrived, request.path, body, dict(request.headers)))
         k = len(self.received)
         if (status := self._fault(k)) is not None:
+            self._finished["error"] = self._finished.get("error", 0) + 1
             return web.json_response(
                 {"error": {"message": "injected fault", "type": "fake", "code": status}}, status=status
             )
         chat = request.path.endswith("/chat/completions")
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        self._finished["length"] = self._finished.get("length", 0) + 1
+        self._prompt_tokens += _usage(body, n)["prompt_tokens"]
+        self._prefill_s += self.timing.ttft_s
         if not body.get("stream"):
             await asyncio.sleep(self.timing.ttft_s + (n - 1) * self.timing.itl_s)
             return web.json_response(self._full(chat, n, body))

@@ -29,6 +29,7 @@ import aiohttp
 from interlock.bench.client import Endpoint, RequestRecord, request_body, send_request
 from interlock.bench.progress import Progress
 from interlock.bench.prompts import Prompt
+from interlock.bench.server_metrics import ServerFigures
 from interlock.errors import ConfigError
 
 
@@ -62,6 +63,8 @@ class RunResult:
     started_at: str
     duration_s: float
     records: list[RequestRecord] = field(default_factory=list)
+    server: ServerFigures | None = None
+    """What the server's own metrics counted during the run (None: it serves none)."""
 
 
 async def run_load(

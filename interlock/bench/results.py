@@ -3,11 +3,14 @@
 Layout (``format: interlock-bench/1``)::
 
     {"format": ..., "meta": {"url", "model", "api", "date", "command", "tokenizer", "targets"},
-     "runs": [{"label", "load", "started_at", "duration_s", "summary", "requests": [...]}]}
+     "runs": [{"label", "load", "started_at", "duration_s", "summary", "requests": [...],
+               "server": {...} or null}]}
 
 ``requests`` holds every request's record (times in seconds, relative to the run start or to
-the request's own send time, see ``client.RequestRecord``). ``summary`` is derived data kept for
-readers; tools that load a file recompute it from ``requests``, the single source.
+the request's own send time, see ``client.RequestRecord``); ``server`` what the server's own
+``/metrics`` counted during the run (``server_metrics.ServerFigures``; null where it has
+none). ``summary`` is derived data kept for readers; tools that load a file recompute it from
+``requests``, the single source.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from interlock.bench.client import RequestRecord
 from interlock.bench.loadgen import RunResult
+from interlock.bench.server_metrics import ServerFigures
 from interlock.bench.stats import Targets, summarize
 from interlock.errors import ConfigError
 
@@ -65,6 +69,7 @@ def save(path: str | Path, meta: dict[str, Any], runs: list[RunResult], targets:
                 "duration_s": run.duration_s,
                 "summary": _finite(summarize(run.records, run.duration_s, targets).to_json()),
                 "requests": [_record_json(r) for r in run.records],
+                "server": None if run.server is None else _finite(run.server.to_json()),
             }
             for run in runs
         ],
@@ -89,6 +94,7 @@ def load(path: str | Path) -> BenchFile:
             records=[
                 RequestRecord(**{k: v for k, v in r.items() if k in _RECORD_FIELDS}) for r in run["requests"]
             ],
+            server=ServerFigures.from_json(run["server"]) if run.get("server") else None,
         )
         for run in doc["runs"]
     ]

@@ -1,10 +1,12 @@
-"""Plain-text tables for the terminal: one run's summary, or several runs side by side."""
+"""Plain-text tables for the terminal: one run's summary and the server's own figures for it, or
+several runs side by side."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
+from interlock.bench.server_metrics import ServerFigures
 from interlock.bench.stats import Dist, Summary
 
 LATENCIES = (
@@ -63,7 +65,45 @@ def summary_table(s: Summary, title: str = "") -> str:
     return "\n".join(lines)
 
 
-def compare_table(labels: Sequence[str], summaries: Sequence[Summary]) -> str:
+NOT_AVAILABLE = "not available"
+
+
+def _ms(seconds: float | None) -> str:
+    return NOT_AVAILABLE if seconds is None else f"{seconds * 1000:,.1f} ms"
+
+
+def _count(x: float | None) -> str:
+    return NOT_AVAILABLE if x is None else f"{x:,.0f}"
+
+
+def _finished(f: ServerFigures) -> str:
+    return ", ".join(f"{k}={v:,.0f}" for k, v in f.requests_by_finish_reason.items()) or NOT_AVAILABLE
+
+
+def server_rows(f: ServerFigures | None) -> list[tuple[str, str]]:
+    """The server's own figures for a run, each "not available" where it exports none."""
+    if f is None:
+        return [("server /metrics", NOT_AVAILABLE)]
+    hit = NOT_AVAILABLE if f.cache_hit_rate is None else f"{f.cache_hit_rate * 100:.1f}%"
+    return [
+        ("server queue time (mean)", _ms(f.queue_time_mean_s)),
+        ("server prefill time (mean)", _ms(f.prefill_time_mean_s)),
+        ("server cache hit rate", hit),
+        ("server migrations", _count(f.migrations)),
+        ("server preemptions", _count(f.preemptions)),
+        ("server requests by finish", _finished(f)),
+    ]
+
+
+def server_table(f: ServerFigures | None) -> str:
+    rows = server_rows(f)
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def compare_table(
+    labels: Sequence[str], summaries: Sequence[Summary], server: Sequence[ServerFigures | None] = ()
+) -> str:
     rows: list[list[str]] = [["metric", *labels]]
 
     def add(name: str, values: Sequence[str]) -> None:
@@ -83,4 +123,8 @@ def compare_table(labels: Sequence[str], summaries: Sequence[Summary]) -> str:
         "cached prompt %",
         [_fmt(None if s.cached_fraction is None else s.cached_fraction * 100) for s in summaries],
     )
+    if any(f is not None for f in server):
+        per_run = [dict(server_rows(f)) for f in server]
+        for name, _ in server_rows(ServerFigures()):
+            add(name, [r.get(name, NOT_AVAILABLE) for r in per_run])
     return _grid(rows)

@@ -4,6 +4,11 @@
 Load modes (exactly one): ``--concurrency N`` (closed loop), ``--rate R`` (open loop, Poisson or
 constant arrivals) or ``--trace FILE`` (Mooncake trace replay). A comma list (``--rate 1,2,4``)
 is a sweep: one run per value, in order, all in one results file and one report.
+
+Around each run the server's own ``/metrics`` is read (``?scope=fleet`` where it is an Interlock
+frontend), and what it counted meanwhile (queue and prefill time, cache hit rate, migrations,
+preemptions, requests by finish reason) is reported beside the client's figures; a server without
+metrics is benched all the same ("not available").
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from interlock.bench.plans import concurrency_plan, rate_plan, trace_plan
 from interlock.bench.plots import PlotRun, report_png
 from interlock.bench.prompts import SyntheticSpec
 from interlock.bench.results import BenchFile, load, save
+from interlock.bench.server_metrics import figures, scrape
 from interlock.bench.stats import Targets, summarize
-from interlock.bench.table import compare_table, summary_table
+from interlock.bench.table import compare_table, server_table, summary_table
 from interlock.bench.vocab import Vocab, load_vocab
 from interlock.cli import flags
 from interlock.errors import ConfigError
@@ -207,14 +213,20 @@ async def _run_all(args: argparse.Namespace, argv: list[str]) -> int:
                 )
             if not w.ok:
                 print(f"warm-up request failed: {w.error} {w.error_detail or ''}", file=sys.stderr)
+        before = await scrape(args.url)
         run = await run_load(endpoint, plan, bounds, progress=not args.no_progress)
+        after = await scrape(args.url) if before is not None else None
+        run.server = None if before is None or after is None else figures(before, after)
         runs.append(run)
         print(summary_table(summarize(run.records, run.duration_s, targets), title=f"== {plan.label} =="))
+        print(server_table(run.server))
         save(out, meta, runs, targets)  # after every run: a long sweep keeps what it measured
     if len(runs) > 1:
         print(
             compare_table(
-                [r.label for r in runs], [summarize(r.records, r.duration_s, targets) for r in runs]
+                [r.label for r in runs],
+                [summarize(r.records, r.duration_s, targets) for r in runs],
+                [r.server for r in runs],
             )
         )
     print(f"results: {out}")
@@ -230,15 +242,16 @@ def _compare(argv: list[str]) -> int:
     args = compare_parser().parse_args(argv)
     files: list[BenchFile] = [load(f) for f in args.files]
     override = parse_targets(args.goodput) if args.goodput else None
-    labels, summaries, plot_runs = [], [], []
+    labels, summaries, plot_runs, server = [], [], [], []
     for f in files:
         stem = Path(f.path).stem
         for run in f.runs:
             label = f"{stem}:{run.label}" if len(files) > 1 else run.label
             labels.append(label)
             summaries.append(summarize(run.records, run.duration_s, override or f.targets))
+            server.append(run.server)
             plot_runs.append(PlotRun(label, stem, run))
-    print(compare_table(labels, summaries))
+    print(compare_table(labels, summaries, server))
     endpoints = ", ".join(dict.fromkeys(f"{f.meta.get('url')} ({f.meta.get('model')})" for f in files))
     dates = ", ".join(dict.fromkeys(str(f.meta.get("date", ""))[:10] for f in files))
     report_png(args.png, plot_runs, f"interlock bench compare: {endpoints}, {dates}")

@@ -51,6 +51,16 @@ def add_log_level_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tracing_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tracing",
+        action="store_true",
+        help="OpenTelemetry traces of each request (needs opentelemetry-sdk): to the OTLP collector "
+        "at OTEL_EXPORTER_OTLP_ENDPOINT (needs opentelemetry-exporter-otlp), else as JSON on stderr "
+        "(docs/design.md)",
+    )
+
+
 def run_checked(prog: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """``run(args)``, a ConfigError reported as ``prog: message`` on stderr with exit status 2."""
     try:

@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_listen_args(p)
     flags.add_log_level_arg(p)
+    flags.add_tracing_arg(p)
     add_plane_args(p, nats_default=get_env().nats_url)
     add_routing_args(p)
     add_frontend_args(p)
@@ -81,4 +82,6 @@ async def _run(a: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
-    return run_command("interlock frontend", _run(a), log_level=a.log_level, log_format=a.log_format)
+    return run_command(
+        "interlock frontend", _run(a), log_level=a.log_level, log_format=a.log_format, tracing_on=a.tracing
+    )

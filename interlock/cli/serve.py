@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(backoff 0.5 s doubling to 30 s)",
     )
     flags.add_log_level_arg(p)
+    flags.add_tracing_arg(p)
     add_engine_args(p)
     add_plane_args(p)
     add_routing_args(p)
@@ -164,4 +165,6 @@ async def _serve(a: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
-    return run_command("interlock serve", _serve(a), log_level=a.log_level, log_format=a.log_format)
+    return run_command(
+        "interlock serve", _serve(a), log_level=a.log_level, log_format=a.log_format, tracing_on=a.tracing
+    )

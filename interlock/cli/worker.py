@@ -51,7 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="interface the request plane and the KV transfer agent bind to",
     )
     p.add_argument("--kv-transfer-port", type=int, default=0, help="TCP port of the transfer agent (0: any)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="port of this worker's own /metrics (0: any free one; announced in discovery)",
+    )
     flags.add_log_level_arg(p)
+    flags.add_tracing_arg(p)
     add_plane_args(p, nats_default=get_env().nats_url)
     add_process_args(p)
     add_security_args(p)
@@ -64,7 +71,11 @@ def spec_from_args(a: argparse.Namespace) -> ClusterSpec:
     if not d.control_plane.nats_url:
         raise ConfigError("--nats-url is required (or set INTERLOCK_NATS_URL)")
     processes = process_options(
-        a, host=a.bind_host, advertise_host=a.advertise_host, kv_transfer_port=a.kv_transfer_port
+        a,
+        host=a.bind_host,
+        advertise_host=a.advertise_host,
+        kv_transfer_port=a.kv_transfer_port,
+        metrics_port=a.metrics_port,
     )
     return cluster_spec(a, d, frontend=None, processes=processes, router=False)
 
@@ -131,4 +142,6 @@ def main(argv: list[str]) -> int:
         c = build_control_parser().parse_args(argv[1:])
         return run_command("interlock worker control", _control(c), log_level=c.log_level)
     a = build_parser().parse_args(argv)
-    return run_command("interlock worker", _run(a), log_level=a.log_level, log_format=a.log_format)
+    return run_command(
+        "interlock worker", _run(a), log_level=a.log_level, log_format=a.log_format, tracing_on=a.tracing
+    )

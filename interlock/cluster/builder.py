@@ -45,8 +45,9 @@ from interlock.cluster.spec import (
 from interlock.cluster.supervisor import Supervisor, startup_failure
 from interlock.cluster.worker import WorkerLaunch, WorkerSpec, files_only, start_worker
 from interlock.deploy import ExecutionGroup, validate_deployment
-from interlock.env import get_env
+from interlock.env import TRACING_VAR, get_env
 from interlock.errors import ConfigError
+from interlock.metrics import tracing
 from interlock.names import ROLES
 from interlock.planner.core import Planner
 from interlock.runtime.config import NatsAuth, RuntimeConfig
@@ -484,6 +485,8 @@ def worker_env() -> dict[str, str]:
     # Short OpenMP spinning: fast between a step's kernels, asleep between steps, so workers
     # sharing cores do not starve each other (see Env.gomp_spincount).
     env = {"PYTHONUNBUFFERED": "1", "GOMP_SPINCOUNT": get_env().gomp_spincount, **logs.child_env()}
+    if tracing.enabled():  # serve --tracing: its workers trace too
+        env[TRACING_VAR] = "1"
     if get_env().omp_wait_policy:
         env["OMP_WAIT_POLICY"] = get_env().omp_wait_policy
     return env

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from interlock.env import LOG_FORMAT_VAR
+from interlock.logctx import RequestIdFilter
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_FORMATS = ("text", "json")
@@ -38,17 +39,29 @@ class JsonFormatter(logging.Formatter):
 _current = "text"
 
 
+class TextFormatter(logging.Formatter):
+    """``LOG_FORMAT``, then ``request_id=...`` when the record is about a request."""
+
+    def __init__(self) -> None:
+        super().__init__(LOG_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        request_id = getattr(record, "request_id", None)
+        return f"{line} request_id={request_id}" if request_id is not None else line
+
+
 def configure(level: str, fmt: str) -> None:
     """The root logger's level and format (``LOG_FORMATS``); this process's children log in the
-    same format (``child_env``)."""
+    same format (``child_env``). Every line says which request it is about, if any
+    (``interlock.logctx``)."""
     global _current
     _current = fmt
-    if fmt == "json":
-        handler = logging.StreamHandler()
-        handler.setFormatter(JsonFormatter())
-        logging.basicConfig(level=level, handlers=[handler], force=True)
-    else:
-        logging.basicConfig(level=level, format=LOG_FORMAT)
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(RequestIdFilter())
+    # JSON replaces whatever was there; text leaves an existing setup (a test's capture) alone.
+    logging.basicConfig(level=level, handlers=[handler], force=fmt == "json")
 
 
 def json_logs() -> bool:

@@ -44,6 +44,8 @@ class ProcessOptions:
     advertise_host: str | None = None
     kv_transfer_port: int = 0
     kv_transfer_timeout_s: float = 30.0
+    metrics_port: int = 0
+    """Where a worker serves its own ``/metrics`` (0: any free port; it is announced)."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +247,7 @@ def worker_spec(
         kv_transfer_timeout_s=p.kv_transfer_timeout_s,
         host=p.host,
         advertise_host=p.advertise_host,
+        metrics_port=p.metrics_port,
         queue_depth_threshold=node.queue_depth_threshold,
         export_interval_s=d.metrics.export_interval,
         drain_grace_s=p.drain_grace_s,

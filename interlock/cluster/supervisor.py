@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from interlock.metrics.events import EVENTS
+
 log = logging.getLogger("interlock.supervisor")
 T = TypeVar("T")
 
@@ -287,6 +289,7 @@ class Supervisor:
                 code = None
                 continue
             self.restarts[w.process.name] = self.restarts.get(w.process.name, 0) + 1
+            EVENTS.record("restart", w.process.name, f"exit {code}; restart {self.restarts[w.process.name]}")
             log.warning("%s restarted (pid %s)", w.process.name, w.process.pid)
             code = await self._unless_closing(w.process.wait())
 

@@ -39,6 +39,8 @@ class WorkerSpec:
     kv_transfer_timeout_s: float = 30.0
     host: str = "127.0.0.1"
     advertise_host: str | None = None
+    metrics_port: int = 0
+    """Its own ``/metrics`` port (0: any free one), announced in discovery."""
     queue_depth_threshold: int = 0
     """Registered in ``InstanceInfo``: routers count the worker busy past this queue (0: never)."""
     export_interval_s: float = 1.0
@@ -152,6 +154,8 @@ async def start_worker(spec: WorkerSpec, runtime, *, core=None):  # type: ignore
         drain_grace_s=spec.drain_grace_s,
         kv_transfer_timeout_s=spec.kv_transfer_timeout_s,
         idle_report_s=spec.export_interval_s,
+        metrics_port=spec.metrics_port,
+        metrics_host=spec.advertise_host,
     )
     worker = Worker(
         engine,

@@ -27,6 +27,7 @@ from interlock.engine.core import EngineCore, StepResult, error_info
 from interlock.engine.serving import KVEventSink, NullKVEventSink
 from interlock.engine.stats import EngineStats
 from interlock.errors import EngineError, InvalidRequest, ServiceUnavailable
+from interlock.metrics import tracing
 from interlock.protocol import GenerateOutput, GenerateRequest, KVEvent, LoadReport
 from interlock.runtime.channel import Channel
 
@@ -158,18 +159,29 @@ class AsyncEngine:
         if refused is not None:
             yield GenerateOutput(request_id=rid, finish_reason="error", error=error_info(refused))
             return
+        span = tracing.start_span("engine", parent=req.traceparent)
+        first = span.is_recording()  # still to mark the first token on the span
         self._submit(lambda: self.core.add_request(req))
         finished = False
         try:
             while not finished:
                 out = await q.get()
                 finished = out.finished
+                if first and (out.token_ids or finished):
+                    first = False
+                    span.add_event("first_token")
+                    span.set_attributes(
+                        {"prompt_tokens": out.num_prompt_tokens, "cached_tokens": out.num_cached_tokens}
+                    )
                 yield out
         finally:
             with self._cv:
                 self._streams.pop(rid, None)
             if not finished:
                 self.abort(rid)
+            if span.is_recording():
+                span.set_attribute("finish_reason", out.finish_reason if finished else "abort")
+                span.end()
 
     def abort(self, request_id: str) -> None:
         """Abort a request (its stream, if still open, gets a final ``abort`` output)."""

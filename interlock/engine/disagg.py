@@ -50,6 +50,7 @@ import msgspec
 from interlock.engine.async_engine import AsyncEngine
 from interlock.engine.core import EngineCore
 from interlock.engine.shared_cache import SharedCacheView, SharedViews, copy_parts
+from interlock.metrics import tracing
 from interlock.protocol import GenerateOutput, GenerateRequest, KVTransferParams
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import (
@@ -81,6 +82,8 @@ class _Pull:
     nbytes: int = 0
     """The payload's size (for the transfer figures)."""
     started: float = field(default_factory=time.monotonic)
+    span: tracing.Span = tracing.NO_SPAN
+    """Its ``kv.transfer`` span, when tracing is on (ended with its outcome)."""
 
 
 @dataclass(slots=True)
@@ -268,7 +271,12 @@ class KVHandoff:
     # ---- decode side ----
     async def _decode(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
         rid = req.request_id
-        self._pulls[rid] = self._start_pull(req)
+        started = self._pulls[rid] = self._start_pull(req)
+        span = tracing.start_span("kv.transfer", parent=req.traceparent)
+        if span.is_recording():
+            transport = started.dst.transport if started.dst is not None else "none"
+            span.set_attributes({"request_id": rid, "bytes": started.nbytes, "transport": transport})
+            started.span = span
         self._ensure_poller()
         stream = self.engine.generate(req)
         try:
@@ -280,6 +288,8 @@ class KVHandoff:
             if pull is not None and pull.dst is not None:
                 pull.dst.abort("request ended before its KV arrived")
                 self.counters.pulls_abandoned += 1
+            if pull is not None:
+                _end_span(pull, "abandoned")
 
     def _start_pull(self, req: GenerateRequest) -> _Pull:
         rid, kt = req.request_id, req.kv_transfer
@@ -381,6 +391,7 @@ class KVHandoff:
             self.counters.pulled += 1
         else:
             self.counters.pull_failed += 1
+        _end_span(pull, "imported" if ok else "failed")
 
     async def _copy_direct(self, pull: _Pull, dst: DirectDest) -> None:
         """The one copy, on the engine thread once the request is parked, chunk by chunk; DONE
@@ -438,6 +449,12 @@ def _copy_parts(
     request_id: str, view: SharedCacheView, src_ids: tuple[int, ...], upto: int, parts: int, core: EngineCore
 ) -> int:
     return core.copy_remote_blocks(request_id, view, src_ids, upto, parts)
+
+
+def _end_span(pull: _Pull, outcome: str) -> None:
+    if pull.span.is_recording():
+        pull.span.set_attribute("outcome", outcome)
+        pull.span.end()
 
 
 def _hand_over(core: EngineCore, request_id: str, data: memoryview | None) -> bool:

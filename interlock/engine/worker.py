@@ -38,7 +38,8 @@ from interlock.engine.disagg import KVHandoff
 from interlock.engine.kv_sync import KvEventLog, KvSyncServer
 from interlock.engine.serving import ServingEngine
 from interlock.engine.worker_metrics import WorkerMetrics
-from interlock.metrics import CONTENT_TYPE
+from interlock.logctx import REQUEST_ID
+from interlock.metrics import CONTENT_TYPE, tracing
 from interlock.metrics.http import serve_http
 from interlock.protocol import GenerateRequest, InstanceInfo, KVEvent, KVEventBatch, LoadReport, subjects
 from interlock.protocol.control import CONTROL_ENDPOINT
@@ -47,6 +48,8 @@ from interlock.runtime.interfaces import CallContext, Discovery, EventPlane, Req
 from interlock.transfer import TransferAgent
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("interlock.worker.access")
+"""One INFO line per request served: its id, finish reason, tokens and times."""
 
 
 @dataclass(frozen=True)
@@ -182,10 +185,15 @@ class Worker:
     # ---- request plane ----
     async def _handle(self, payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
         req = _decode_request(payload)
+        span = tracing.start_span("worker.generate", parent=req.traceparent)
+        if span.is_recording():  # the engine's and the KV transfer's spans go under this one
+            span.set_attributes({"worker_id": self.instance_id, "request_id": req.request_id})
+            req = msgspec.structs.replace(req, traceparent=tracing.traceparent(span))
         self._in_flight += 1
         self._idle.clear()
         figures = self.metrics.request()
         finished = False
+        logged = REQUEST_ID.set(req.request_id)  # this worker's lines about it say so
         try:
             stream = self.handoff.generate(req) if self.handoff is not None else self.engine.generate(req)
             async with contextlib.aclosing(stream):
@@ -195,6 +203,13 @@ class Worker:
                     yield _encode(out)
         finally:
             figures.closed(finished)
+            if span.is_recording():
+                span.set_attributes(figures.span_attributes(finished))
+                span.end()
+            if access_log.isEnabledFor(logging.INFO):
+                access_log.info("%s %s", req.request_id, figures.line(finished))
+            with contextlib.suppress(ValueError):  # closed from another context: nothing to undo
+                REQUEST_ID.reset(logged)
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()

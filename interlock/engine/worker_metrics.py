@@ -85,13 +85,15 @@ class WorkerMetrics:
 class RequestFigures:
     """One request's figures, observed from the outputs the worker relays."""
 
-    __slots__ = ("_m", "_arrived", "_first", "_last")
+    __slots__ = ("_m", "_arrived", "_first", "_last", "_prompt", "_cached", "_tokens", "_finish")
 
     def __init__(self, metrics: WorkerMetrics) -> None:
         self._m = metrics
         self._arrived = perf_counter()
         self._first = 0.0
         self._last = 0.0
+        self._prompt = self._cached = self._tokens = 0
+        self._finish = "abort"
 
     def output(self, out: GenerateOutput) -> None:
         m = self._m
@@ -103,12 +105,32 @@ class RequestFigures:
                 m.prompt_tokens.inc((), out.num_prompt_tokens)
                 m.queries.inc((), out.num_prompt_tokens)
                 m.device_hits.inc(("any",), out.num_cached_tokens)
+                self._prompt, self._cached = out.num_prompt_tokens, out.num_cached_tokens
             self._last = now
+            self._tokens += len(out.token_ids)
             m.generation_tokens.inc((), len(out.token_ids))
         if out.finish_reason is not None:
+            self._finish = out.finish_reason
             m.finished.inc((out.finish_reason,))
             if self._first:
                 m.decode_time.observe(self._last - self._first)
+
+    def line(self, finished: bool) -> str:
+        """The worker's access line for it (after the request id)."""
+        ttft = (self._first - self._arrived) * 1000 if self._first else -1.0
+        return (
+            f"finish={self._finish if finished else 'abort'} prompt={self._prompt} cached={self._cached} "
+            f"completion={self._tokens} ttft_ms={ttft:.1f} ms={(perf_counter() - self._arrived) * 1000:.1f}"
+        )
+
+    def span_attributes(self, finished: bool) -> dict[str, str | int]:
+        """Its figures for the worker's trace span (``metrics.tracing``)."""
+        return {
+            "finish_reason": self._finish if finished else "abort",
+            "prompt_tokens": self._prompt,
+            "cached_tokens": self._cached,
+            "completion_tokens": self._tokens,
+        }
 
     def closed(self, finished: bool) -> None:
         """The stream ended; ``finished``: with a finish reason (else the client left: abort)."""

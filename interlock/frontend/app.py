@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{model}]``,
 ``POST /tokenize`` and ``/detokenize`` and ``GET /version`` (vLLM's), ``GET /health`` (503 while
-no model is servable), ``GET /live``, ``GET /metrics`` and ``GET /openapi.json``. With API keys configured, every path but the open ones (by default
+no model is servable), ``GET /live``, ``GET /metrics``, ``GET /openapi.json`` and the live
+``GET /dashboard`` (``dashboard_http``; ``GET /`` from a browser goes there). With API keys configured, every path but the open ones (by default
 /health, /live and /metrics) needs ``Authorization: Bearer <key>``.
 
 Every failure becomes an OpenAI-style JSON error with the status its ``interlock.errors`` class
@@ -52,6 +53,7 @@ from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.choices import ConstraintCheck, Turn, build_choices
 from interlock.frontend.config import FrontendConfig
 from interlock.frontend.connections import ConnectionTracker
+from interlock.frontend.dashboard_http import add_dashboard, browser_root
 from interlock.frontend.fairness import ConnectionLimits, InFlight
 from interlock.frontend.fleet_metrics import fleet_text
 from interlock.frontend.generation import BestOf, StreamLimits, collect, stream_sse
@@ -86,7 +88,8 @@ from interlock.frontend.schemas import (
     prompt_chars,
 )
 from interlock.frontend.tokenize import detokenize, parse_detokenize, parse_tokenize, tokenize
-from interlock.metrics import CONTENT_TYPE
+from interlock.logctx import REQUEST_ID
+from interlock.metrics import CONTENT_TYPE, tracing
 from interlock.protocol import GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -121,13 +124,13 @@ class Frontend:
         self.constraints = ConstraintCheck()
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._guarded(request, "chat")
+        return await self._traced(request, "chat")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._guarded(request, "completions")
+        return await self._traced(request, "completions")
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._guarded(request, "responses")
+        return await self._traced(request, "responses")
 
     async def stored_response(self, request: web.Request) -> web.Response:
         response_id = request.match_info["response_id"]
@@ -214,6 +217,16 @@ class Frontend:
             text = await fleet_text(text, targets() if targets is not None else ())
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
+    async def _traced(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        """``_guarded``, in the request's root span when tracing is on (``metrics.tracing``): a
+        child of the client's ``traceparent`` header if it sent one."""
+        if not tracing.enabled():
+            return await self._guarded(request, endpoint)
+        with tracing.span(f"http {endpoint}", parent=request.headers.get("traceparent")) as span:
+            resp = await self._guarded(request, endpoint)
+            span.set_attributes(_span_attributes(request, resp.status))
+            return resp
+
     async def _guarded(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         status = 499  # stays so if the client leaves and the handler is cancelled
         # Per address, and per API key when one was checked: neither many connections nor many
@@ -230,6 +243,7 @@ class Frontend:
             )
             return _unread_closes(request, error_response(refusal))
         self.metrics.in_flight.inc()
+        logged = REQUEST_ID.set(None)  # set once the request has its id (a kept-alive task's last)
         try:
             resp = await self._generate(request, endpoint)
             status = resp.status
@@ -250,6 +264,7 @@ class Frontend:
             self.metrics.in_flight.dec()
             self.metrics.requests.inc((endpoint, str(status)))
             log_access(request, endpoint, status)
+            REQUEST_ID.reset(logged)
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         started = perf_counter()
@@ -285,6 +300,7 @@ class Frontend:
         if ctx.route_key is None and req.prompt_cache_key:  # OpenAI's cache key: KV affinity
             ctx.route_key = req.prompt_cache_key
         request[ACCESS] = Access(ctx.request_id, req)
+        REQUEST_ID.set(ctx.request_id)
         entry = self.catalog.find(req.model)
         tok = await self.catalog.tokenizer(entry)
         prompts: list[str | list[int] | None] = (
@@ -412,6 +428,7 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
             _request_id_middleware,
             connections.middleware,
             _errors_middleware,
+            browser_root,
             frontend.auth.middleware,
         ],
     )
@@ -435,6 +452,7 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
             web.get("/openapi.json", frontend.openapi),
         ]
     )
+    add_dashboard(app, frontend.metrics, backend)  # GET /dashboard and its event stream
     return app
 
 
@@ -576,6 +594,17 @@ def error_response(exc: InterlockError) -> web.Response:
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
     return _json(error_body(exc), status=exc.status, headers=headers)
+
+
+def _span_attributes(request: web.Request, status: int) -> dict[str, str | int]:
+    attrs: dict[str, str | int] = {"http.response.status_code": status}
+    access = request.get(ACCESS)
+    if access is not None:
+        attrs.update(request_id=access.request_id, model=access.req.model)
+        if access.choices is not None:
+            used = access.choices.usage()
+            attrs.update(prompt_tokens=used["prompt_tokens"], completion_tokens=used["completion_tokens"])
+    return attrs
 
 
 def _backend_health(backend: object) -> tuple[list[str], list[str], dict[str, object]]:

@@ -3,7 +3,10 @@
 A request to a protected path must carry ``Authorization: Bearer <key>`` with one of the
 configured keys; it is compared with every key in constant time, so the reply's timing tells
 nothing about how much of a key was right. The operational paths (``/health``, ``/live``,
-``/metrics``) stay open by default so probes and scrapers need no secret.
+``/metrics``) stay open by default so probes and scrapers need no secret. A browser cannot set
+that header on the paths it opens itself (``BROWSER_PATHS``, the dashboard), so those also take
+the key from the ``KEY_COOKIE`` cookie, or as ``?key=`` on the page (``frontend/dashboard_http.py``
+turns that into the cookie and takes it out of the address).
 
 Rate limits are token buckets per key, refilled continuously: ``requests_per_minute`` is taken
 when a request arrives, ``tokens_per_minute`` is checked against the prompt before the request
@@ -24,6 +27,9 @@ from aiohttp import web
 from interlock.errors import ConfigError, RateLimited, Unauthorized
 
 OPEN_PATHS = ("/health", "/live", "/metrics")
+DASHBOARD_PAGE = "/dashboard"
+BROWSER_PATHS = (DASHBOARD_PAGE, "/dashboard/events")
+KEY_COOKIE = "interlock_key"
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,12 @@ class Auth:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         if self._keys and request.path not in self.config.open_paths:
-            index = self.key_index(request.headers.get("Authorization", ""))
+            try:
+                index = self.key_index(credential(request))
+            except Unauthorized:
+                if request.path not in BROWSER_PATHS:
+                    raise
+                raise Unauthorized(f"Missing or unknown API key: open {DASHBOARD_PAGE}?key=<key>") from None
             request[KEY_INDEX] = index
             if self._requests is not None:
                 _take_or_refuse(self._requests[index], 1, "requests_per_minute")
@@ -114,6 +125,17 @@ class Auth:
     def charge_tokens(self, request: web.Request, tokens: int) -> None:
         if self._tokens is not None and KEY_INDEX in request and tokens:
             self._tokens[request[KEY_INDEX]].take(tokens)
+
+
+def credential(request: web.Request) -> str:
+    """The request's ``Authorization`` value; on a browser path without one, the key from the
+    page's ``?key=`` or else from the cookie, in the same form."""
+    header = request.headers.get("Authorization")
+    if header is not None or request.path not in BROWSER_PATHS:
+        return header or ""
+    query = request.query.get("key", "") if request.path == DASHBOARD_PAGE else ""
+    key = query or request.cookies.get(KEY_COOKIE, "")
+    return f"Bearer {key}" if key else ""
 
 
 def _take_or_refuse(bucket: TokenBucket, amount: int, limit: str) -> None:

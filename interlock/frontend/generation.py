@@ -61,6 +61,7 @@ class Generation:
     metrics: FrontendMetrics
     started: float
     last_token_at: float = 0.0
+    first_token_at: float = 0.0
 
     async def next_output(self) -> GenerateOutput:
         try:
@@ -83,6 +84,7 @@ class Generation:
         now = perf_counter()
         labels = (self.model,)
         if self.last_token_at == 0.0:
+            self.first_token_at = now
             self.metrics.ttft.observe(now - self.started, labels)
             if n > 1:
                 self.metrics.itl.observe(0.0, labels, n - 1)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from interlock.metrics.events import EVENTS
 from interlock.planner.core import Planner
 from interlock.planner.fleet import Fleet
 from interlock.planner.policy import Want
@@ -150,6 +151,7 @@ class PlannerLoop:
         self.replicas = _replicas(obs, self.planner.last_wants)
         for a in actions:
             log.info("planner: %s", self.planner.history[-1].line())
+            EVENTS.record("planner", type(a).__name__, self.planner.history[-1].line())
             await self.apply(a)
         self._ramp()
         return actions

@@ -55,6 +55,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     ``max_tokens`` and ``min_tokens``, a seeded draw for output token i still uses (seed, i),
     and only the tokens after them are streamed back. ``num_prompt_tokens`` stays the prompt's.
     A resumed request's prompt logprobs went out with the first leg: it does not compute them."""
+    traceparent: str | None = None
+    """W3C trace context of the span this request is served under (``metrics.tracing``), set
+    by a router with tracing on; None: not traced (and what an older peer sends)."""
 
     @property
     def needs_local_prefill(self) -> bool:

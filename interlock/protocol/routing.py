@@ -42,6 +42,11 @@ class RequestContext:
     """The client asked for the routing decision to be explained (in a response header)."""
     response_headers: dict[str, str] = field(default_factory=dict)
     """Filled by the backend; sent with the HTTP response."""
+    workers: list[str] = field(default_factory=list)
+    """Filled by the router: the workers the request streamed from, in order (a retry or a
+    migration adds one), for the access log."""
+    migrations: int = 0
+    """Filled by the router: times the request moved to another worker mid-stream."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,8 @@ from interlock.errors import (
     TransportError,
     WorkerFailed,
 )
-from interlock.metrics import Registry
+from interlock.metrics import Registry, tracing
+from interlock.metrics.events import EVENTS
 from interlock.protocol import GenerateOutput, GenerateRequest
 from interlock.protocol.routing import Completion, RequestContext
 from interlock.router.admission import Pending, RequestMeta
@@ -200,6 +201,9 @@ class Dispatcher:
                     self._release_unstarted(router, leg)
                 raise
         while leg is not None:
+            if ctx is not None:
+                ctx.workers.append(leg.decision.worker_id)
+                ctx.migrations = life.migrations
             try:
                 async for out in self._leg(router, leg):
                     yield self._passed_on(life, out)
@@ -287,6 +291,9 @@ class Dispatcher:
         router = await self._router_again(router, life.request.model)
         leg = await self._migrate(router, life.request, life.meta, life.role, life.tokens, life.migrations)
         self.metrics.migrations += 1
+        EVENTS.record(
+            "migration", life.meta.request_id, f"{broken} -> {leg.decision.worker_id}: {exc.message}"
+        )
         log.warning(
             "migrating request %s from worker %s to %s after %d tokens (%s)",
             life.meta.request_id,
@@ -346,7 +353,10 @@ class Dispatcher:
             info = self.svc.instance(d.worker_id)
             if info is None:
                 raise LegBroken(f"worker {d.worker_id} left")
-            stream = self.svc.requests.stream(info.address, _encode(leg.request))
+            request = leg.request
+            if tracing.enabled():  # the worker's spans join the request's trace
+                request = msgspec.structs.replace(request, traceparent=tracing.traceparent())
+            stream = self.svc.requests.stream(info.address, _encode(request))
             first = True
             skip = leg.skip_first
             async with contextlib.aclosing(stream):
@@ -444,6 +454,15 @@ class Dispatcher:
 
     # ---- routing (also used by the disaggregated flow) ----
     async def route(self, router: Router, meta: RequestMeta, hashes: list[int]) -> Decision:
+        """``_route``, in a ``route`` span when tracing is on (``metrics.tracing``)."""
+        if not tracing.enabled():
+            return await self._route(router, meta, hashes)
+        with tracing.span("route", attributes={"request_id": meta.request_id}) as span:
+            d = await self._route(router, meta, hashes)
+            span.set_attributes(_route_attributes(d, meta))
+            return d
+
+    async def _route(self, router: Router, meta: RequestMeta, hashes: list[int]) -> Decision:
         """The worker for ``meta``, waiting in the router's queue while every eligible one is
         busy (``queue_timeout_s`` at most: then ``NoWorkers``). A wait that ends otherwise (the
         client gone, the router closing) leaves nothing behind: the queue entry is dropped, or,
@@ -555,6 +574,19 @@ def _meta(request: GenerateRequest, ctx: RequestContext | None) -> RequestMeta:
         route_key=ctx.route_key if ctx is not None else None,
         worker_id=ctx.worker_id if ctx is not None else None,
     )
+
+
+def _route_attributes(d: Decision, meta: RequestMeta) -> dict[str, str | int | float]:
+    return {
+        "worker_id": d.worker_id,
+        "reason": d.reason,
+        "role": meta.role or "",
+        "overlap_blocks": d.overlap_blocks,
+        "predicted_cached_tokens": d.cached_tokens,
+        "prompt_tokens": d.prompt_tokens,
+        "candidates": len(d.candidates),
+        "decision_us": round(d.decision_s * 1e6, 1),
+    }
 
 
 def _explain(ctx: RequestContext | None, leg: Leg | None) -> None:

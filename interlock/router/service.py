@@ -24,6 +24,7 @@ import msgspec
 
 from interlock.errors import ConfigError, ModelNotFound, NoWorkers
 from interlock.metrics import Registry
+from interlock.metrics.events import EVENTS
 from interlock.names import KV_INDEX_MODES
 from interlock.protocol import (
     GenerateOutput,
@@ -603,6 +604,7 @@ class RouterService:
             self.dispatcher.fail_stranded(router)
         self._roster.route(info)
         log.info("worker %s joined (%s, %s)", info.instance_id, info.model, info.role)
+        EVENTS.record("worker_joined", info.instance_id, f"{info.model}, {info.role}")
         if info.publishes_kv_events and not self._remote:
             since = router.kv_seq(info.instance_id)
             self.kv_sync.pull(router, info.instance_id, _kv_sync_address(info), since=since)
@@ -631,6 +633,7 @@ class RouterService:
                 self.dispatcher.dispatch_queued(router)
         self.dispatcher.worker_left(instance_id, graceful=graceful)
         log.info("worker %s left%s", instance_id, " (draining)" if graceful else "")
+        EVENTS.record("worker_left", instance_id, "drained" if graceful else "lost")
         return info
 
     def _current_card(self, model: str) -> Card | None:
@@ -749,6 +752,40 @@ class RouterService:
                 router = self._router_of(ev.instance_id)
                 if router is not None:
                     router.apply_remote_load(ev)
+
+    # ---- for people ----
+    def cluster_view(self) -> dict[str, object]:
+        """What the frontend's dashboard draws (``frontend/dashboard.py``): each routed worker
+        with its last load report and its breaker's state, and per model the routing decisions
+        by reason, the admission queue's depth and the expected cache hit rate."""
+        workers = []
+        for wid, info in sorted(self._instances.items()):
+            r, router = self._reports.get(wid), self.routers.get(info.model)
+            workers.append(
+                {
+                    "id": wid,
+                    "model": info.model,
+                    "role": info.role,
+                    "metadata": dict(info.metadata),
+                    "breaker": self.dispatcher.breakers.state(wid).value,
+                    "eligible": router is not None and router.is_eligible(wid),
+                    "reported": r is not None,
+                    "draining": r is not None and r.draining,
+                    "num_running": r.num_running if r else 0,
+                    "num_waiting": r.num_waiting if r else 0,
+                    "kv_blocks_used": r.kv_blocks_used if r else 0,
+                    "kv_blocks_total": r.kv_blocks_total if r else info.kv_blocks_total,
+                }
+            )
+        models = {
+            m: {
+                "decisions": dict(r.metrics.by_reason),
+                "queued": len(r.queue),
+                "hit_rate": r.metrics.hit_rate,
+            }
+            for m, r in sorted(self.routers.items())
+        }
+        return {"workers": workers, "models": models}
 
 
 def _kv_sync_address(info: InstanceInfo) -> str | None:

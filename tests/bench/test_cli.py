@@ -104,6 +104,43 @@ def test_sweep_trace_and_compare(
     _png_ok(png)
 
 
+def test_the_report_puts_the_servers_own_figures_beside_the_clients(
+    server_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "one.json"
+    argv = ["--url", server_url, "--no-progress", "--warmup", "0", "--concurrency", "2"]
+    assert main([*argv, "--num-requests", "4", "--output-len", "3", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "server prefill time (mean)  20.0 ms" in text  # the fake's injected TTFT
+    assert "server queue time (mean)    not available" in text  # the fake does not export it
+    (finished,) = [line for line in text.splitlines() if line.startswith("server requests by finish")]
+    assert "length=" in finished  # "error=" too where the fake's every 9th arrival fell in this run
+    (run,) = load(out).runs
+    assert run.server is not None and run.server.prefill_time_mean_s == pytest.approx(0.02)
+    _png_ok(out.with_suffix(".png"))
+
+
+def test_a_server_without_metrics_is_benched_all_the_same(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loop = asyncio.new_event_loop()
+    server = FakeOpenAIServer(FakeTiming(ttft_s=0.01, itl_s=0.002), metrics=False)
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        url = asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=10)
+        out = tmp_path / "none.json"
+        argv = ["--url", url, "--no-progress", "--warmup", "0", "--concurrency", "1", "--num-requests", "2"]
+        assert main([*argv, "--output-len", "2", "--out", str(out), "--no-plot"]) == 0
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+    assert "server /metrics  not available" in capsys.readouterr().out
+    assert load(out).runs[0].server is None
+
+
 def test_bad_options_exit_2(server_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--url", server_url, "--rate", "1", "--prompt-as", "ids"]) == 2
     assert "--prompt-as ids" in capsys.readouterr().err

@@ -55,3 +55,31 @@ def test_a_command_logs_json_when_asked() -> None:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     (line,) = [line for line in run.stderr.splitlines() if line.strip()]
     assert json.loads(line)["msg"] == "ready"
+
+
+def test_lines_written_while_a_request_is_served_name_it_in_both_formats() -> None:
+    from interlock.cluster.logs import TextFormatter
+    from interlock.logctx import REQUEST_ID, RequestIdFilter
+
+    for formatter in (JsonFormatter(), TextFormatter()):
+        stream = io.StringIO()
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(formatter)
+        handler.addFilter(RequestIdFilter())
+        log = logging.getLogger("interlock.test_logs_ctx")
+        log.addHandler(handler)
+        log.propagate = False
+        try:
+            log.warning("before")
+            token = REQUEST_ID.set("chatcmpl-7")
+            log.warning("during")
+            REQUEST_ID.reset(token)
+            log.warning("after")
+        finally:
+            log.removeHandler(handler)
+        before, during, after = stream.getvalue().splitlines()
+        assert "chatcmpl-7" in during and "chatcmpl-7" not in before + after
+        if isinstance(formatter, JsonFormatter):
+            assert json.loads(during)["request_id"] == "chatcmpl-7" and "request_id" not in json.loads(after)
+        else:
+            assert during.endswith(" request_id=chatcmpl-7")

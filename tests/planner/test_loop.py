@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -82,6 +83,9 @@ def test_status_over_http_and_the_cli(capsys: pytest.CaptureFixture[str]) -> Non
         loop = PlannerLoop(build_planner(CFG), fleet, view, clock=clock)
         view.reports["w0"] = report("w0", 9)
         await loop.tick()
+        decided = loop.status()["decisions"][0]  # type: ignore[index]
+        stamp = time.mktime(time.strptime(decided["time"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+        assert decided["time"].endswith("Z") and abs(stamp - time.time()) < 60  # wall-clock, UTC
         server = await serve_status(loop)
         port = server.sockets[0].getsockname()[1]
         rc = await asyncio.to_thread(main, ["planner", "status", "--url", f"http://127.0.0.1:{port}"])
@@ -99,6 +103,8 @@ def test_status_over_http_and_the_cli(capsys: pytest.CaptureFixture[str]) -> Non
     assert "policy    reactive" in out
     assert "t=0.0s add both worker: queue 9.00/worker > 2" in out
     assert 'interlock_planner_decisions_total{kind="add"} 1' in metrics
+    assert 'interlock_planner_replicas{role="both",state="current"} 1' in metrics
+    assert 'interlock_planner_replicas{role="both",state="desired"} 2' in metrics
 
 
 def test_status_cli_names_an_unreachable_planner(capsys: pytest.CaptureFixture[str]) -> None:

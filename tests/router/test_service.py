@@ -253,3 +253,45 @@ def test_a_join_and_a_leave_do_the_same_work_in_a_fleet_of_10000_as_of_100() -> 
         assert 0 < large_leaves <= small_leaves * 1.05, (small_leaves, large_leaves)
 
     asyncio.run(main())
+
+
+def test_the_cluster_view_draws_each_worker_and_joins_and_leaves_are_events() -> None:
+    from interlock.metrics.events import EVENTS
+
+    before = EVENTS.seq
+
+    async def body(runtime: Runtime, svc: RouterService) -> None:
+        await runtime.discovery.register(info("w1", role="decode", metadata={"host": "h1"}))
+        await _settle(svc, lambda: svc.instance("w1") is not None)
+        report = load_report("w1", num_running=2, num_waiting=1, kv_blocks_used=16)
+        await runtime.events.publish(subjects.load("w1"), msgspec.msgpack.encode(report))
+        await _settle(svc, lambda: svc.report("w1") is not None)
+        assert svc.cluster_view() == {
+            "workers": [
+                {
+                    "id": "w1",
+                    "model": "m",
+                    "role": "decode",
+                    "metadata": {"host": "h1"},
+                    "breaker": "closed",
+                    "eligible": True,
+                    "reported": True,
+                    "draining": False,
+                    "num_running": 2,
+                    "num_waiting": 1,
+                    "kv_blocks_used": 16,
+                    "kv_blocks_total": 64,
+                }
+            ],
+            "models": {"m": {"decisions": {}, "queued": 0, "hit_rate": 0.0}},
+        }
+        await runtime.discovery.unregister("w1")
+        await _settle(svc, lambda: svc.instance("w1") is None)
+        assert svc.cluster_view() == {"workers": [], "models": {}}
+
+    _run(body)
+    recorded = EVENTS.recent()[-(EVENTS.seq - before) :]
+    assert [(e.kind, e.subject, e.reason) for e in recorded] == [
+        ("worker_joined", "w1", "m, decode"),
+        ("worker_left", "w1", "drained"),
+    ]

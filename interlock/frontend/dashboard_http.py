@@ -1,0 +1,161 @@
+"""``GET /dashboard``: a live picture of the cluster for people, served by the frontend itself.
+
+The page is one self-contained file shipped in the package (``static/dashboard.html``: inline CSS
+and about a hundred lines of JS drawing its charts on ``<canvas>``; no build step, no CDN, no
+library). It opens ``GET /dashboard/events``, a Server-Sent Events stream carrying one JSON
+snapshot a second (``dashboard.snapshot``): the frontend's totals and five minutes of per-second
+rates and latencies, the backend's ``cluster_view()`` where it has one (the router service:
+workers, their load and health, routing decisions by reason; a plain engine backend has none and
+the page shows the frontend's figures only) and the newest events of ``interlock.metrics.events``.
+A task samples the frontend's counters once a second from startup, whether anyone watches or not,
+so a page opened late still shows the last minutes.
+
+API keys: with keys configured, both paths need one like every other path (``auth.py``). A browser
+cannot set the ``Authorization`` header when it opens a page or an ``EventSource``, so these two
+paths also take the key from a cookie: open ``/dashboard?key=<key>`` once; the key is checked like
+a header, and the reply sets it as an ``HttpOnly``, ``SameSite=Strict`` cookie limited to
+``/dashboard`` (``Secure`` over TLS; it ends with the browser session) and redirects to
+``/dashboard``, so the key leaves the address bar and the history at once and the event stream's
+address never carries it. The cookie is accepted on these two read-only paths only, never on the
+API. The key is never logged: aiohttp's access log is off and nothing here logs a query string.
+
+``GET /`` from a browser (``Accept`` naming ``text/html``) is redirected here; any other request
+to ``/`` gets what it got before (a 404, or a 401 first where keys are configured).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import cache
+from importlib import resources
+
+import msgspec
+from aiohttp import web
+
+from interlock.frontend.auth import BROWSER_PATHS, DASHBOARD_PAGE, KEY_COOKIE
+from interlock.frontend.dashboard import History, read, snapshot
+from interlock.frontend.metrics import FrontendMetrics
+from interlock.metrics.events import EVENTS, EventLog
+
+EVENTS_PATH = BROWSER_PATHS[1]
+INTERVAL_S = 1.0
+_encode = msgspec.json.Encoder().encode
+_PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+        "connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'"
+    ),
+}
+
+
+class Dashboard:
+    """The sampler and the two handlers, over a frontend's figures and its backend."""
+
+    def __init__(
+        self,
+        metrics: FrontendMetrics,
+        backend: object,
+        *,
+        events: EventLog = EVENTS,
+        interval_s: float = INTERVAL_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.metrics = metrics
+        self.history = History()
+        self.interval_s = interval_s
+        self._view: Callable[[], dict[str, object]] | None = getattr(backend, "cluster_view", None)
+        self._events = events
+        self._clock = clock
+        self._closing = asyncio.Event()
+
+    def sample(self) -> None:
+        self.history.add(read(self.metrics, self._clock()))
+
+    def message(self) -> bytes:
+        """The snapshot as one SSE message."""
+        view = self._view() if self._view is not None else None
+        body = snapshot(self.history, view, self._events.recent(), self._clock())
+        return b"data: " + _encode(body) + b"\n\n"
+
+    async def page(self, request: web.Request) -> web.Response:
+        if "key" in request.query:  # checked by Auth already: into a cookie, out of the address
+            resp = web.Response(status=303, headers={"Location": DASHBOARD_PAGE, "Cache-Control": "no-store"})
+            resp.set_cookie(
+                KEY_COOKIE,
+                request.query["key"],
+                path=DASHBOARD_PAGE,
+                httponly=True,
+                samesite="Strict",
+                secure=request.secure,
+            )
+            return resp
+        return web.Response(body=_page(), content_type="text/html", charset="utf-8", headers=_PAGE_HEADERS)
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",  # a proxy in front must not hold the messages back
+            }
+        )
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionResetError):
+            await resp.write(b"retry: 2000\n\n")
+            while not self._closing.is_set():
+                await resp.write(self.message())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), self.interval_s)
+        return resp
+
+    async def sampling(self, app: web.Application) -> AsyncIterator[None]:
+        """``cleanup_ctx``: a sample a second while the app runs."""
+
+        async def loop() -> None:
+            while True:
+                self.sample()
+                await asyncio.sleep(self.interval_s)
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def close(self, app: web.Application) -> None:
+        """``on_shutdown``: end the open streams, so a page left open never holds up a stop."""
+        self._closing.set()
+
+
+def add_dashboard(app: web.Application, metrics: FrontendMetrics, backend: object) -> Dashboard:
+    """Serve the dashboard's two paths from ``app`` and sample ``metrics`` while it runs."""
+    dashboard = Dashboard(metrics, backend)
+    app.add_routes([web.get(DASHBOARD_PAGE, dashboard.page), web.get(EVENTS_PATH, dashboard.stream)])
+    app.cleanup_ctx.append(dashboard.sampling)
+    app.on_shutdown.append(dashboard.close)
+    return dashboard
+
+
+@web.middleware
+async def browser_root(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """``GET /`` from a browser: to the dashboard; anything else passes as it came."""
+    if (
+        request.path == "/"
+        and request.method in ("GET", "HEAD")
+        and "text/html" in request.headers.get("Accept", "")
+    ):
+        return web.Response(status=302, headers={"Location": DASHBOARD_PAGE})
+    return await handler(request)
+
+
+@cache
+def _page() -> bytes:
+    return resources.files("interlock.frontend").joinpath("static/dashboard.html").read_bytes()

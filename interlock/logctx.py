@@ -1,0 +1,19 @@
+"""The request a log line is about: a context variable set while a request is served (the
+frontend's handler, a worker's stream), and a logging filter that puts it on every record as
+``request_id`` (``cluster.logs`` prints it in text and JSON lines alike)."""
+
+from __future__ import annotations
+
+import logging
+from contextvars import ContextVar
+
+REQUEST_ID: ContextVar[str | None] = ContextVar("interlock_request_id", default=None)
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds ``record.request_id`` from ``REQUEST_ID`` (a record given one explicitly keeps it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "request_id", None) is None:
+            record.request_id = REQUEST_ID.get()
+        return True
