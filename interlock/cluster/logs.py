@@ -57,6 +57,10 @@ def configure(level: str, fmt: str) -> None:
     (``interlock.logctx``)."""
     global _current
     _current = fmt
+    # No line shows the process, thread or source position: not taking them saves a getpid and
+    # a stack walk per record (2 of ~11 µs; every request writes an access line at INFO).
+    logging.logProcesses = logging.logThreads = logging.logMultiprocessing = False
+    logging._srcfile = None
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(RequestIdFilter())

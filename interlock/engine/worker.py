@@ -49,7 +49,9 @@ from interlock.transfer import TransferAgent
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("interlock.worker.access")
-"""One INFO line per request served: its id, finish reason, tokens and times."""
+"""One DEBUG line per request served: its id, finish reason, tokens and times (DEBUG: under
+``serve`` a worker's lines pass through the frontend's process; the frontend's own access line,
+at INFO, names the worker already)."""
 
 
 @dataclass(frozen=True)
@@ -206,8 +208,8 @@ class Worker:
             if span.is_recording():
                 span.set_attributes(figures.span_attributes(finished))
                 span.end()
-            if access_log.isEnabledFor(logging.INFO):
-                access_log.info("%s %s", req.request_id, figures.line(finished))
+            if access_log.isEnabledFor(logging.DEBUG):
+                access_log.debug("%s %s", req.request_id, figures.line(finished))
             with contextlib.suppress(ValueError):  # closed from another context: nothing to undo
                 REQUEST_ID.reset(logged)
             self._in_flight -= 1

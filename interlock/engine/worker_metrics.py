@@ -61,7 +61,7 @@ class WorkerMetrics:
         return RequestFigures(self)
 
     def _preemptions(self) -> list[tuple[tuple[str, ...], float]]:
-        return [((), self._stats().preemptions)] if self._stats is not None else [((), 0.0)]
+        return [((), self._stats().preemptions)] if self._stats is not None else []  # unknown: none
 
     def _report(self, get: Callable[[LoadReport], float]) -> list[tuple[tuple[str, ...], float]]:
         report = self._load()
@@ -96,24 +96,22 @@ class RequestFigures:
         self._finish = "abort"
 
     def output(self, out: GenerateOutput) -> None:
-        m = self._m
+        """Per chunk: a clock read and an add; the figures are observed at the first token and
+        at the end (``closed``)."""
         if out.token_ids:
             now = perf_counter()
             if not self._first:
                 self._first = now
+                self._prompt, self._cached = out.num_prompt_tokens, out.num_cached_tokens
+                m = self._m
                 m.ttft.observe(now - self._arrived)
                 m.prompt_tokens.inc((), out.num_prompt_tokens)
                 m.queries.inc((), out.num_prompt_tokens)
                 m.device_hits.inc(("any",), out.num_cached_tokens)
-                self._prompt, self._cached = out.num_prompt_tokens, out.num_cached_tokens
             self._last = now
             self._tokens += len(out.token_ids)
-            m.generation_tokens.inc((), len(out.token_ids))
         if out.finish_reason is not None:
             self._finish = out.finish_reason
-            m.finished.inc((out.finish_reason,))
-            if self._first:
-                m.decode_time.observe(self._last - self._first)
 
     def line(self, finished: bool) -> str:
         """The worker's access line for it (after the request id)."""
@@ -134,8 +132,11 @@ class RequestFigures:
 
     def closed(self, finished: bool) -> None:
         """The stream ended; ``finished``: with a finish reason (else the client left: abort)."""
-        if not finished:
-            self._m.finished.inc(("abort",))
+        m = self._m
+        m.finished.inc((self._finish if finished else "abort",))
+        m.generation_tokens.inc((), self._tokens)
+        if finished and self._first:
+            m.decode_time.observe(self._last - self._first)
 
 
 def _usage(r: LoadReport) -> float:

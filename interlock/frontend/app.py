@@ -53,7 +53,7 @@ from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.choices import ConstraintCheck, Turn, build_choices
 from interlock.frontend.config import FrontendConfig
 from interlock.frontend.connections import ConnectionTracker
-from interlock.frontend.dashboard_http import add_dashboard, browser_root
+from interlock.frontend.dashboard_http import add_dashboard
 from interlock.frontend.fairness import ConnectionLimits, InFlight
 from interlock.frontend.fleet_metrics import fleet_text
 from interlock.frontend.generation import BestOf, StreamLimits, collect, stream_sse
@@ -124,13 +124,19 @@ class Frontend:
         self.constraints = ConstraintCheck()
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._traced(request, "chat")
+        if tracing.enabled():
+            return await self._traced(request, "chat")
+        return await self._guarded(request, "chat")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._traced(request, "completions")
+        if tracing.enabled():
+            return await self._traced(request, "completions")
+        return await self._guarded(request, "completions")
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._traced(request, "responses")
+        if tracing.enabled():
+            return await self._traced(request, "responses")
+        return await self._guarded(request, "responses")
 
     async def stored_response(self, request: web.Request) -> web.Response:
         response_id = request.match_info["response_id"]
@@ -218,10 +224,8 @@ class Frontend:
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _traced(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        """``_guarded``, in the request's root span when tracing is on (``metrics.tracing``): a
-        child of the client's ``traceparent`` header if it sent one."""
-        if not tracing.enabled():
-            return await self._guarded(request, endpoint)
+        """``_guarded``, in the request's root span (tracing on, ``metrics.tracing``): a child of
+        the client's ``traceparent`` header if it sent one."""
         with tracing.span(f"http {endpoint}", parent=request.headers.get("traceparent")) as span:
             resp = await self._guarded(request, endpoint)
             span.set_attributes(_span_attributes(request, resp.status))
@@ -428,7 +432,6 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
             _request_id_middleware,
             connections.middleware,
             _errors_middleware,
-            browser_root,
             frontend.auth.middleware,
         ],
     )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from functools import cache
 from importlib import resources
 
@@ -136,24 +136,24 @@ class Dashboard:
 def add_dashboard(app: web.Application, metrics: FrontendMetrics, backend: object) -> Dashboard:
     """Serve the dashboard's two paths from ``app`` and sample ``metrics`` while it runs."""
     dashboard = Dashboard(metrics, backend)
-    app.add_routes([web.get(DASHBOARD_PAGE, dashboard.page), web.get(EVENTS_PATH, dashboard.stream)])
+    app.add_routes(
+        [
+            web.get(DASHBOARD_PAGE, dashboard.page),
+            web.get(EVENTS_PATH, dashboard.stream),
+            web.route("*", "/", browser_root),
+        ]
+    )
     app.cleanup_ctx.append(dashboard.sampling)
     app.on_shutdown.append(dashboard.close)
     return dashboard
 
 
-@web.middleware
-async def browser_root(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """``GET /`` from a browser: to the dashboard; anything else passes as it came."""
-    if (
-        request.path == "/"
-        and request.method in ("GET", "HEAD")
-        and "text/html" in request.headers.get("Accept", "")
-    ):
+async def browser_root(request: web.Request) -> web.StreamResponse:
+    """``/``: a browser's ``GET`` goes to the dashboard; anything else is not found, as before
+    the dashboard (a route, not a middleware: nothing on the path of other requests)."""
+    if request.method in ("GET", "HEAD") and "text/html" in request.headers.get("Accept", ""):
         return web.Response(status=302, headers={"Location": DASHBOARD_PAGE})
-    return await handler(request)
+    raise web.HTTPNotFound()
 
 
 @cache

@@ -82,7 +82,7 @@ def test_workers_serve_their_own_metrics_and_the_access_line_follows_the_request
             assert len(targets) == 2
             own = await http.get(f"http://{targets[0][1]}/metrics")
             assert own.status_code == 200 and "interlock_engine_requests_total" in own.text
-            with caplog.at_level(logging.INFO):
+            with caplog.at_level(logging.INFO), caplog.at_level(logging.DEBUG, "interlock.worker.access"):
                 r = await chat(http, max_tokens=5)
             fleet = (await http.get("/metrics", params={"scope": "fleet"})).text
             refused = await http.get("/metrics", params={"scope": "galaxy"})
