@@ -173,7 +173,8 @@ class DecisionRecord:
             "remove": "remove {worker_id}",
             "switch": "switch {worker_id} to {role}",
         }[str(d["kind"])].format(**d)
-        return f"t={float(d['at']):.1f}s {what}: {d['reason']}"  # type: ignore[arg-type]
+        when = f"{d['time']} " if "time" in d else ""  # wall-clock, where the loop stamped it
+        return f"{when}t={float(d['at']):.1f}s {what}: {d['reason']}"  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, object]:
         a = self.action
