@@ -83,3 +83,39 @@ def test_lines_written_while_a_request_is_served_name_it_in_both_formats() -> No
             assert json.loads(during)["request_id"] == "chatcmpl-7" and "request_id" not in json.loads(after)
         else:
             assert during.endswith(" request_id=chatcmpl-7")
+
+
+def test_info_lines_go_out_in_batches_and_a_warning_at_once_in_order() -> None:
+    import time
+
+    from interlock.cluster.logs import BufferedHandler
+
+    class Counting(io.StringIO):
+        writes = 0
+
+        def write(self, s: str) -> int:
+            Counting.writes += 1
+            return super().write(s)
+
+    stream = Counting()
+    handler = BufferedHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log = logging.getLogger("interlock.test_logs_buffered")
+    log.addHandler(handler)
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    try:
+        for i in range(50):
+            log.info("line %d", i)
+        assert Counting.writes == 0  # held: no write per line
+        log.warning("careful")  # at once, after the lines before it
+        assert Counting.writes == 1
+        lines = stream.getvalue().splitlines()
+        assert lines[:50] == [f"INFO line {i}" for i in range(50)] and lines[50] == "WARNING careful"
+        log.info("late")
+        deadline = time.monotonic() + 5
+        while "late" not in stream.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stream.getvalue().endswith("INFO late\n")  # the flusher wrote it within its period
+    finally:
+        log.removeHandler(handler)
