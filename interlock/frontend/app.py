@@ -44,7 +44,7 @@ from interlock.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
-from interlock.frontend.access import ACCESS, Access, log_access
+from interlock.frontend.access import ACCESS, ACCESS_LOG, Access, log_access
 from interlock.frontend.assembler import error_from_info
 from interlock.frontend.auth import KEY_INDEX, Auth
 from interlock.frontend.backend import HEADER_REQUEST_ID, Backend, ModelEntry, RequestContext, header_context
@@ -456,7 +456,13 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
         ]
     )
     add_dashboard(app, frontend.metrics, backend)  # GET /dashboard and its event stream
+    app.on_cleanup.append(_flush_access_log)
     return app
+
+
+async def _flush_access_log(app: web.Application) -> None:
+    """The access lines of the last requests, before the frontend stops."""
+    ACCESS_LOG.flush()
 
 
 FRONTEND_KEY = web.AppKey("interlock_frontend", Frontend)

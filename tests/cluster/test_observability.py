@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from interlock.cluster.builder import RunningCluster
+from interlock.frontend.access import FLUSH_S
 from interlock.logctx import RequestIdFilter
 from interlock.metrics import CATALOG
 from interlock.planner import PlannerConfig, RoleBounds
@@ -84,6 +85,7 @@ def test_workers_serve_their_own_metrics_and_the_access_line_follows_the_request
             assert own.status_code == 200 and "interlock_engine_requests_total" in own.text
             with caplog.at_level(logging.INFO), caplog.at_level(logging.DEBUG, "interlock.worker.access"):
                 r = await chat(http, max_tokens=5)
+                await asyncio.sleep(3 * FLUSH_S)  # the access line goes out with its moment's others
             fleet = (await http.get("/metrics", params={"scope": "fleet"})).text
             refused = await http.get("/metrics", params={"scope": "galaxy"})
             assert refused.status_code == 400 and "scope" in refused.text

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from interlock.frontend.tokenizer import ModelTokenizer
+from tests.e2e.conftest import wait_until
 from tests.frontend.conftest import MODEL, Served
 from tests.frontend.test_app import USER, client, http, scripted
 
@@ -129,6 +130,8 @@ def test_prompt_cache_key_routes_and_the_access_log_names_the_user(
     }
     with caplog.at_level(logging.INFO, logger="interlock.access"):
         assert http.post("/v1/completions", json={**body, "metadata": {"team": "a"}}).status_code == 200
+        # logged with the other lines of its moment, at most FLUSH_S later
+        assert wait_until(lambda: any(r.name == "interlock.access" for r in caplog.records), 5.0)
     assert served.backend.contexts[-1].route_key == "conv-9"
     line = next(r.getMessage() for r in caplog.records if r.name == "interlock.access")
     assert "status=200" in line and "safety_identifier=u-3" in line and "'team': 'a'" in line
