@@ -12,11 +12,10 @@ import contextlib
 import json
 import logging
 import threading
-import time
 from typing import Any
 
 from interlock.env import LOG_FORMAT_VAR
-from interlock.logctx import RequestIdFilter
+from interlock.logctx import RequestIdFilter, utc
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_FORMATS = ("text", "json")
@@ -25,7 +24,7 @@ LOG_FORMATS = ("text", "json")
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": _utc(record.created),
+            "ts": utc(record.created),
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),
@@ -131,7 +130,3 @@ def tag_json_line(line: bytes, process: str) -> bytes | None:
     if not (line.startswith(b"{") and line.rstrip().endswith(b"}")):
         return None
     return b'{"process": ' + json.dumps(process).encode() + b", " + line[1:]
-
-
-def _utc(created: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z"

@@ -167,7 +167,7 @@ class AsyncEngine:
             while not finished:
                 out = await q.get()
                 finished = out.finished
-                if first and (out.token_ids or finished):
+                if first and out.token_ids:
                     first = False
                     span.add_event("first_token")
                     span.set_attributes(

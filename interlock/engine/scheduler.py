@@ -387,7 +387,7 @@ class Scheduler:
             req.admitted = True
             req.num_cached_tokens = computed
             req.scheduled_at = now = perf_counter()
-            self.stats.queue_s.append(now - req.queued_at)
+            self.stats.queue_time.observe(now - req.queued_at)
         req.status = RS.RUNNING
         self.running.append(req)
         return n
@@ -436,7 +436,7 @@ class Scheduler:
             token = sampled[s.request_id]
             req.append_output(token)
             if req.scheduled_at > 0.0:  # its first token: the prefill's time
-                self.stats.prefill_s.append(perf_counter() - req.scheduled_at)
+                self.stats.prefill_time.observe(perf_counter() - req.scheduled_at)
                 req.scheduled_at = -1.0
             if logprobs and s.request_id in logprobs:
                 req.pending_logprobs.append(logprobs[s.request_id])

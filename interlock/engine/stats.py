@@ -1,22 +1,18 @@
-"""What the engine's step thread tells the worker's metrics (``interlock_engine_*``): counts, and
-per-request times queued for the worker to observe at its next scrape. Appending and swapping a
-list are each atomic under the GIL, so the step thread never waits on the worker's loop."""
+"""What the engine's step thread tells the worker's metrics (``interlock_engine_*``): the queue
+and prefill time of each request, observed by the step thread into histograms of a registry of
+their own (fixed size, however long nobody scrapes), which the worker's registry includes, and
+the preemptions. Only the step thread writes; a scrape reads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from interlock.metrics import Registry
 
 
-@dataclass(slots=True)
 class EngineStats:
-    preemptions: int = 0
-    queue_s: list[float] = field(default_factory=list)
-    """Per request, arrival to first step, since the last ``take``."""
-    prefill_s: list[float] = field(default_factory=list)
-    """Per request, first step to first token, since the last ``take``."""
-
-    def take(self) -> tuple[list[float], list[float]]:
-        """The times queued since the last call (each handed over once)."""
-        queue, self.queue_s = self.queue_s, []
-        prefill, self.prefill_s = self.prefill_s, []
-        return queue, prefill
+    def __init__(self) -> None:
+        self.registry = Registry()
+        self.queue_time = self.registry.histogram("interlock_engine_queue_time_seconds")
+        """Per request, arrival to first step."""
+        self.prefill_time = self.registry.histogram("interlock_engine_prefill_time_seconds")
+        """Per request, first step to first token."""
+        self.preemptions = 0

@@ -182,6 +182,7 @@ class Worker:
         await self._requests.unserve(self._address)
         if self._metrics_server is not None:
             self._metrics_server.close()
+            await self._metrics_server.wait_closed()
             self._metrics_server = None
 
     # ---- request plane ----

@@ -30,30 +30,27 @@ class WorkerMetrics:
         self._handoff = handoff
         self._block_size = block_size
         self.finished = r.counter("interlock_engine_requests_total")
-        self.queue_time = r.histogram("interlock_engine_queue_time_seconds")
-        self.prefill_time = r.histogram("interlock_engine_prefill_time_seconds")
         self.decode_time = r.histogram("interlock_engine_decode_time_seconds")
         self.ttft = r.histogram("interlock_engine_time_to_first_token_seconds")
         self.prompt_tokens = r.counter("interlock_engine_prompt_tokens_total")
         self.generation_tokens = r.counter("interlock_engine_generation_tokens_total")
-        self.queries = r.counter("interlock_engine_prefix_cache_queries_total")
         self.device_hits = r.counter("interlock_engine_prefix_cache_hits_total")
+        # every prompt token is looked up in the prefix cache: the queries are the prompt tokens
+        r.collect(
+            "interlock_engine_prefix_cache_queries_total", lambda: list(self.prompt_tokens.values.items())
+        )
         r.collect("interlock_engine_preemptions_total", self._preemptions)
         r.collect("interlock_engine_running_requests", lambda: self._report(lambda x: x.num_running))
         r.collect("interlock_engine_waiting_requests", lambda: self._report(lambda x: x.num_waiting))
-        r.collect("interlock_engine_kv_usage_ratio", lambda: self._report(_usage))
+        r.collect("interlock_engine_kv_usage_ratio", lambda: self._report(lambda x: x.kv_usage))
         r.collect("interlock_kv_transfers_total", lambda: self._transfers(lambda c: c.transports))
         r.collect("interlock_kv_transfer_bytes_total", lambda: self._transfers(lambda c: c.transfer_bytes))
         r.collect("interlock_kv_transfer_seconds_total", lambda: self._transfers(lambda c: c.transfer_s))
+        if stats is not None:  # queue and prefill times, observed by the engine's step thread
+            r.include(stats().registry)
         register_process(r, "worker")
 
     def render(self) -> str:
-        if self._stats is not None:
-            queue, prefill = self._stats().take()
-            for q in queue:
-                self.queue_time.observe(q)
-            for p in prefill:
-                self.prefill_time.observe(p)
         self._tier_hits()
         return self.registry.render()
 
@@ -106,7 +103,6 @@ class RequestFigures:
                 m = self._m
                 m.ttft.observe(now - self._arrived)
                 m.prompt_tokens.inc((), out.num_prompt_tokens)
-                m.queries.inc((), out.num_prompt_tokens)
                 m.device_hits.inc(("any",), out.num_cached_tokens)
             self._last = now
             self._tokens += len(out.token_ids)
@@ -137,7 +133,3 @@ class RequestFigures:
         m.generation_tokens.inc((), self._tokens)
         if finished and self._first:
             m.decode_time.observe(self._last - self._first)
-
-
-def _usage(r: LoadReport) -> float:
-    return r.kv_blocks_used / r.kv_blocks_total if r.kv_blocks_total else 0.0

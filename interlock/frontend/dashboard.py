@@ -90,22 +90,19 @@ def difference(prev: Sample, cur: Sample) -> Point:
 
 
 class History:
-    """The last ``capacity`` samples and the point between each and the one before it."""
+    """The last sample, and the last ``capacity`` points (each between a sample and the one
+    before it)."""
 
     def __init__(self, capacity: int = HISTORY) -> None:
-        self.samples: deque[Sample] = deque(maxlen=capacity)
+        self.last: Sample | None = None
         self.points: deque[Point] = deque(maxlen=capacity)
 
     def add(self, sample: Sample) -> Point | None:
-        point = difference(self.samples[-1], sample) if self.samples else None
+        point = difference(self.last, sample) if self.last is not None else None
         if point is not None:
             self.points.append(point)
-        self.samples.append(sample)
+        self.last = sample
         return point
-
-    @property
-    def last(self) -> Sample | None:
-        return self.samples[-1] if self.samples else None
 
 
 def series(points: Sequence[Point]) -> dict[str, list[float | None]]:
@@ -140,13 +137,14 @@ def snapshot(
             "cached_tokens": last.cached_tokens,
             "cache_hit_rate": last.cached_tokens / last.prompt_tokens if last.prompt_tokens else 0.0,
         }
-    shown = list(events)[-EVENTS_SHOWN:]
     return {
         "time": now,
         "totals": totals,
         "series": series(history.points),
         "cluster": dict(cluster) if cluster is not None else None,
-        "events": [{"time": e.time, "kind": e.kind, "subject": e.subject, "reason": e.reason} for e in shown],
+        "events": [
+            {"time": e.time, "kind": e.kind, "subject": e.subject, "reason": e.reason} for e in events
+        ],
     }
 
 

@@ -36,7 +36,7 @@ import msgspec
 from aiohttp import web
 
 from interlock.frontend.auth import BROWSER_PATHS, DASHBOARD_PAGE, KEY_COOKIE
-from interlock.frontend.dashboard import History, read, snapshot
+from interlock.frontend.dashboard import EVENTS_SHOWN, History, read, snapshot
 from interlock.frontend.metrics import FrontendMetrics
 from interlock.metrics.events import EVENTS, EventLog
 
@@ -80,7 +80,7 @@ class Dashboard:
     def message(self) -> bytes:
         """The snapshot as one SSE message."""
         view = self._view() if self._view is not None else None
-        body = snapshot(self.history, view, self._events.recent(), self._clock())
+        body = snapshot(self.history, view, self._events.recent(EVENTS_SHOWN), self._clock())
         return b"data: " + _encode(body) + b"\n\n"
 
     async def page(self, request: web.Request) -> web.Response:

@@ -29,17 +29,15 @@ class Event:
 
 
 class EventLog:
-    """The last ``capacity`` events, oldest first; ``seq`` counts every event ever recorded."""
+    """The last ``capacity`` events, oldest first."""
 
     def __init__(self, capacity: int = CAPACITY, clock: Callable[[], float] = time.time) -> None:
         self._ring: deque[Event] = deque(maxlen=capacity)
         self._clock = clock
-        self.seq = 0
 
     def record(self, kind: str, subject: str, reason: str = "") -> Event:
         event = Event(self._clock(), kind, subject, reason)
         self._ring.append(event)
-        self.seq += 1
         return event
 
     def recent(self, limit: int | None = None) -> list[Event]:

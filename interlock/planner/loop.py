@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from interlock.logctx import utc
 from interlock.metrics.events import EVENTS
 from interlock.planner.core import Planner
 from interlock.planner.fleet import Fleet
@@ -209,8 +210,7 @@ class PlannerLoop:
         """``d`` with ``time``: when it was decided, wall-clock (ISO 8601, UTC)."""
         at = d["at"]
         assert isinstance(at, float | int)
-        wall = time.time() - (self.clock() - at)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 1000):03d}Z"
+        stamp = utc(time.time() - (self.clock() - at))
         return {**d, "time": stamp}
 
 

@@ -67,7 +67,7 @@ class WorkerView:
             num_waiting=report.num_waiting,
             queued_prefill_tokens=report.queued_prefill_tokens,
             prefill_tokens_per_s=report.prefill_tokens_per_s,
-            kv_usage=report.kv_blocks_used / report.kv_blocks_total if report.kv_blocks_total else 0.0,
+            kv_usage=report.kv_usage,
             decode_step_s=report.decode_step_s,
             unique_blocks=unique_blocks,
             ready=ready,

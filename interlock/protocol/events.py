@@ -102,6 +102,11 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     ``nixl_prefills`` handed over, ``nixl_pulls`` received, ``nixl_failed`` pulls that failed
     and were computed locally instead); empty for Interlock's engine (``engine.disagg``)."""
 
+    @property
+    def kv_usage(self) -> float:
+        """KV blocks in use over the pool, 0..1 (0 for an empty pool)."""
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
 
 class RouterLoadEvent(msgspec.Struct, frozen=True, kw_only=True):
     """Dispatch-time load one router shares with the others (several frontends side by side):

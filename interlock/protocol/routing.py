@@ -43,8 +43,9 @@ class RequestContext:
     response_headers: dict[str, str] = field(default_factory=dict)
     """Filled by the backend; sent with the HTTP response."""
     workers: list[str] = field(default_factory=list)
-    """Filled by the router: the workers the request streamed from, in order (a retry or a
-    migration adds one), for the access log."""
+    """Filled by the router: the workers of the legs the request streamed, in order (a retry or
+    a migration adds one; a disaggregated request's decode worker, not yet its prefill worker),
+    for the access log."""
     migrations: int = 0
     """Filled by the router: times the request moved to another worker mid-stream."""
 

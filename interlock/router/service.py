@@ -349,7 +349,7 @@ class RouterService:
         per_worker: tuple[tuple[str, Callable[[LoadReport], float]], ...] = (
             ("interlock_worker_kv_blocks_used", lambda r: r.kv_blocks_used),
             ("interlock_worker_kv_blocks_capacity", lambda r: r.kv_blocks_total),
-            ("interlock_worker_kv_usage_ratio", _usage),
+            ("interlock_worker_kv_usage_ratio", lambda r: r.kv_usage),
             ("interlock_worker_running_requests", lambda r: r.num_running),
             ("interlock_worker_waiting_requests", lambda r: r.num_waiting),
             ("interlock_worker_busy_seconds_total", lambda r: r.busy_s),
@@ -791,7 +791,3 @@ class RouterService:
 def _kv_sync_address(info: InstanceInfo) -> str | None:
     """Where the worker serves KV pulls (``protocol/kv_sync.py``); None: an older worker."""
     return info.metadata.get("kv_sync_address") or None
-
-
-def _usage(r: LoadReport) -> float:
-    return r.kv_blocks_used / r.kv_blocks_total if r.kv_blocks_total else 0.0

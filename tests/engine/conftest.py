@@ -4,12 +4,15 @@ built per test (they are cheap)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from interlock.engine.clock import RealClock, VirtualClock
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.engine.core import EngineCore
+from interlock.engine.runner import RunnerOutput, SchedulerOutput
 from interlock.engine.runners.mock import MockRunner
 from interlock.engine.timing import TimingModel
 from interlock.engine.worker import Worker
@@ -19,6 +22,21 @@ from interlock.transfer import TransferAgent
 
 VOCAB = 1000
 EOS = 2
+
+
+@dataclass
+class Recorder:
+    """Wraps a runner (mock or real) and keeps what the scheduler asked of it."""
+
+    runner: Any
+    batches: list[SchedulerOutput] = field(default_factory=list)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.runner, name)
+
+    def execute(self, batch: SchedulerOutput) -> RunnerOutput:
+        self.batches.append(batch)
+        return self.runner.execute(batch)
 
 
 def make_config(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -19,10 +18,10 @@ import torch
 from interlock.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from interlock.engine.core import EngineCore
 from interlock.engine.model import LlamaModel
-from interlock.engine.runner import RunnerOutput, SchedulerOutput
 from interlock.engine.runners.torch_runner import TorchRunner
 from interlock.model_store import resolve_model
 from interlock.protocol import GenerateRequest, SamplingParams
+from tests.engine.conftest import Recorder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 QUESTIONS = [
@@ -34,21 +33,6 @@ QUESTIONS = [
 ]
 MAX_TOKENS = 24
 EOS = 2
-
-
-@dataclass
-class Recorder:
-    """Wraps the real runner and keeps what the scheduler asked of it."""
-
-    runner: TorchRunner
-    batches: list[SchedulerOutput] = field(default_factory=list)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.runner, name)
-
-    def execute(self, batch: SchedulerOutput) -> RunnerOutput:
-        self.batches.append(batch)
-        return self.runner.execute(batch)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ twice across preemptions, never for a migrated request, never with remote KV.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -18,7 +17,6 @@ from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, Sche
 from interlock.engine.core import EngineCore
 from interlock.engine.model import LlamaModel
 from interlock.engine.request import RequestStatus
-from interlock.engine.runner import RunnerOutput, SchedulerOutput
 from interlock.engine.runners.mock import MockRunner, reference_output
 from interlock.engine.runners.torch_runner import TorchRunner
 from interlock.engine.sampler import LOGPROB_ROWS, token_logprobs
@@ -30,7 +28,7 @@ from interlock.protocol import (
     SamplingParams,
     TokenLogprobs,
 )
-from tests.engine.conftest import VOCAB, make_config, make_engine, request, run_to_end, tokens
+from tests.engine.conftest import VOCAB, Recorder, make_config, make_engine, request, run_to_end, tokens
 from tests.engine.test_torch_runner import PROMPT
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -124,21 +122,6 @@ def test_token_logprobs_in_slices_equal_one_log_softmax() -> None:
 
 
 # ---- the engine's bookkeeping, on the mock runner ----
-@dataclass
-class Recorder:
-    """The mock runner, keeping what the scheduler asked of it."""
-
-    runner: MockRunner
-    batches: list[SchedulerOutput] = field(default_factory=list)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.runner, name)
-
-    def execute(self, batch: SchedulerOutput) -> RunnerOutput:
-        self.batches.append(batch)
-        return self.runner.execute(batch)
-
-
 def _mock_entries(prompt: list[int], top_n: int) -> tuple[TokenLogprobs, ...]:
     return tuple(TokenLogprobs(t, 0.0, ((t, 0.0),) * min(top_n, 1)) for t in prompt[1:])
 
