@@ -168,6 +168,7 @@ def test_tool_calling_round_trip(client: openai.OpenAI) -> None:
             tools=[WEATHER],
             tool_choice="required",
             max_tokens=200,
+            temperature=0,  # greedy, as above: a sampled reply may run out of tokens mid-call
             stream=True,  # type: ignore[list-item]
         )
     )
