@@ -23,7 +23,7 @@ from interlock.planner.flags import add_planner_flags, planner_config_from_args
 from interlock.router import POLICIES, RouterConfig
 from interlock.router.cost import CostParams
 from interlock.sim import ReplayConfig, SimRequest, TraceHasher, mooncake_requests, replay
-from interlock.sim.rate import parse_curve, warp
+from interlock.sim.rate import FAMILY, parse_curve, warp
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,8 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate-curve",
         default=None,
         metavar="SPEC",
-        help="multiply the arrival rate: steps:600x1,600x3,600x1 or "
-        "diurnal:period=3600,min=0.5,max=2 (after --speedup)",
+        help="multiply the arrival rate (after --speedup): steps:600x1,600x3,600x1, "
+        "diurnal:period=3600,min=0.5,max=2, ramp:from=1,to=4,over=1200[,after=300], "
+        "spike:base=1,peak=3,at=600,width=60, flash:base=1,peak=6,at=600,rise=10,decay=300, "
+        "or a load shape by name: " + ", ".join(FAMILY),
     )
     _add_slo_args(p)
     add_planner_flags(p)

@@ -6,7 +6,14 @@ where ``integral_0^t m = s``: where ``m`` is 3 the requests come three times as 
 
 * ``steps:600x1,600x3,600x1``: 600 s at x1, 600 s at x3, then x1 (the last step lasts);
 * ``diurnal:period=3600,min=0.5,max=2``: ``min + (max - min) (1 - cos(2 pi t / period)) / 2``,
-  starting at the trough.
+  starting at the trough;
+* ``ramp:from=1,to=4,over=1200,after=300``: ``from`` until ``after``, then linear to ``to`` over
+  ``over`` seconds, then ``to`` (down as well as up);
+* ``spike:base=1,peak=3,at=600,width=60``: ``base``, and ``peak`` for ``width`` seconds from ``at``;
+* ``flash:base=1,peak=6,at=600,rise=10,decay=300``: a flash crowd: ``base``, then from ``at`` up to
+  ``peak`` in ``rise`` seconds, then back towards ``base`` exponentially (time constant ``decay``);
+* a name of ``FAMILY``, the load shapes the planner is measured on (steps up and down x2-x4,
+  spikes, ramps, shallow and deep days, flash crowds).
 
 ``tile`` makes a trace longer, so a curve can rise over a longer time than the trace spans at
 its own speed: copies one after another, each with its block hashes salted (a copy shares no
@@ -55,22 +62,84 @@ def diurnal(period_s: float, lo: float, hi: float) -> RateCurve:
     return lambda t: lo + (hi - lo) * (1.0 - math.cos(2 * math.pi * t / period_s)) / 2.0
 
 
+def ramp(start: float, end: float, over_s: float, after_s: float = 0.0) -> RateCurve:
+    if start <= 0 or end <= 0 or over_s <= 0 or after_s < 0:
+        raise ConfigError("rate curve: a ramp needs positive from, to and over, and after >= 0")
+    return lambda t: start + (end - start) * min(max((t - after_s) / over_s, 0.0), 1.0)
+
+
+def spike(base: float, peak: float, at_s: float, width_s: float) -> RateCurve:
+    if base <= 0 or peak <= 0 or at_s < 0 or width_s <= 0:
+        raise ConfigError("rate curve: a spike needs positive base, peak and width, and at >= 0")
+    return lambda t: peak if at_s <= t < at_s + width_s else base
+
+
+def flash(base: float, peak: float, at_s: float, rise_s: float, decay_s: float) -> RateCurve:
+    if base <= 0 or peak < base or at_s < 0 or rise_s <= 0 or decay_s <= 0:
+        raise ConfigError("rate curve: a flash crowd needs 0 < base <= peak, rise and decay > 0, at >= 0")
+
+    def m(t: float) -> float:
+        if t < at_s:
+            return base
+        if t < at_s + rise_s:
+            return base + (peak - base) * (t - at_s) / rise_s
+        return base + (peak - base) * math.exp(-(t - at_s - rise_s) / decay_s)
+
+    return m
+
+
+FAMILY: dict[str, str] = {
+    "step-x2": "steps:600x1,600x2,600x1",
+    "step-x3": "steps:600x1,600x3,600x1",
+    "step-x4": "steps:600x1,600x4,600x1",
+    "step-down-x2": "steps:600x2,600x1,600x2",
+    "step-down-x4": "steps:600x4,600x1,600x4",
+    "spike-x3": "spike:base=1,peak=3,at=600,width=60",
+    "spike-x4-short": "spike:base=1,peak=4,at=600,width=20",
+    "ramp-up-x4": "ramp:from=1,to=4,over=1200,after=300",
+    "ramp-down-x4": "ramp:from=4,to=1,over=1200,after=300",
+    "day-shallow": "diurnal:period=1800,min=0.7,max=1.3",
+    "day-deep": "diurnal:period=1800,min=0.25,max=2",
+    "flash-x6": "flash:base=1,peak=6,at=600,rise=10,decay=300",
+}
+"""The load shapes the planner is measured on (issue 29), by name; each applies to any trace."""
+
+_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "diurnal": (("period", "min", "max"), ()),
+    "ramp": (("from", "to", "over"), ("after",)),
+    "spike": (("base", "peak", "at", "width"), ()),
+    "flash": (("base", "peak", "at", "rise", "decay"), ()),
+}
+"""Each keyed curve's keys: the ones it needs, then the optional ones."""
+
+
 def parse_curve(spec: str) -> RateCurve:
-    """``steps:DURxMULT,...`` or ``diurnal:period=S,min=A,max=B`` (module docstring)."""
+    """A curve as the module docstring writes it, or a ``FAMILY`` name."""
+    spec = FAMILY.get(spec, spec)
     kind, _, body = spec.partition(":")
     try:
         if kind == "steps":
             pieces = [p.split("x") for p in body.split(",")]
             return steps([(float(d), float(m)) for d, m in pieces])
-        if kind == "diurnal":
-            kv = dict(p.split("=") for p in body.split(","))
-            unknown = set(kv) - {"period", "min", "max"}
-            if unknown or len(kv) != 3:
-                raise ConfigError(f"rate curve {spec!r}: diurnal takes period, min and max")
-            return diurnal(float(kv["period"]), float(kv["min"]), float(kv["max"]))
+        if kind in _KEYS:
+            needed, optional = _KEYS[kind]
+            kv = {k: float(v) for k, v in (p.split("=") for p in body.split(","))}
+            if set(kv) - {*needed, *optional} or set(needed) - set(kv):
+                keys = ", ".join(needed) + (f" (and optionally {', '.join(optional)})" if optional else "")
+                raise ConfigError(f"rate curve {spec!r}: {kind} takes {keys}")
+            if kind == "diurnal":
+                return diurnal(kv["period"], kv["min"], kv["max"])
+            if kind == "ramp":
+                return ramp(kv["from"], kv["to"], kv["over"], kv.get("after", 0.0))
+            if kind == "spike":
+                return spike(kv["base"], kv["peak"], kv["at"], kv["width"])
+            return flash(kv["base"], kv["peak"], kv["at"], kv["rise"], kv["decay"])
     except ValueError:
         raise ConfigError(f"rate curve {spec!r}: cannot read it (see `interlock replay -h`)") from None
-    raise ConfigError(f"rate curve {spec!r}: expected steps:... or diurnal:...")
+    kinds = ", ".join(("steps", *_KEYS))
+    raise ConfigError(
+        f"rate curve {spec!r}: expected one of {kinds} (kind:...), or a name of {sorted(FAMILY)}"
+    )
 
 
 def tile(requests: Sequence[SimRequest], copies: int) -> list[SimRequest]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from interlock.errors import ConfigError
-from interlock.sim.rate import overlay, parse_curve, tile, warp
+from interlock.sim.rate import FAMILY, overlay, parse_curve, tile, warp
 from interlock.sim.trace import SimRequest
 
 
@@ -38,6 +38,11 @@ def test_diurnal_starts_at_the_trough_and_peaks_mid_period() -> None:
         "wave:1",
         "diurnal:period=1,min=1,max=2,phase=3",
         "steps:ax2",
+        "ramp:from=1,to=2",
+        "ramp:from=1,to=2,over=0",
+        "spike:base=1,peak=3,at=10,width=5,height=2",
+        "flash:base=2,peak=1,at=0,rise=1,decay=1",
+        "step-x9",
     ],
 )
 def test_bad_curves_are_refused(spec: str) -> None:
@@ -83,3 +88,31 @@ def test_overlay_lays_rotated_salted_copies_over_the_same_span() -> None:
     assert overlay(reqs, 1) == reqs
     with pytest.raises(ConfigError, match="overlay needs at least one copy"):
         overlay(reqs, 0)
+
+
+def test_ramp_spike_and_flash_move_the_rate_where_they_say() -> None:
+    ramp = parse_curve("ramp:from=1,to=3,over=100,after=50")
+    assert (ramp(0), ramp(50), ramp(100), ramp(150), ramp(1000)) == (1, 1, 2, 3, 3)
+    down = parse_curve("ramp:from=4,to=1,over=30")
+    assert (down(0), down(15), down(30)) == (4, 2.5, 1)
+    spike = parse_curve("spike:base=1,peak=4,at=10,width=5")
+    assert [spike(t) for t in (9.9, 10, 14.9, 15)] == [1, 4, 4, 1]
+    flash = parse_curve("flash:base=1,peak=6,at=100,rise=10,decay=50")
+    assert flash(99) == 1 and flash(105) == pytest.approx(3.5) and flash(110) == pytest.approx(6)
+    assert flash(160) == pytest.approx(1 + 5 / 2.718281828, rel=1e-6) and flash(2000) == pytest.approx(
+        1, abs=1e-9
+    )
+
+
+def test_a_spike_packs_its_requests_into_its_width() -> None:
+    out = warp(uniform(400), parse_curve("spike:base=1,peak=4,at=100,width=25"))
+    inside = sum(1 for r in out if 100 <= r.arrival_s < 125)
+    assert inside == pytest.approx(100, abs=2) and out[-1].arrival_s == pytest.approx(399 - 75, abs=0.5)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY))
+def test_every_shape_of_the_family_applies_to_a_trace(name: str) -> None:
+    curve = parse_curve(name)
+    assert all(curve(t) > 0 for t in range(0, 3600, 7))
+    out = warp(uniform(300, 2.0), curve)
+    assert len(out) == 300 and all(a.arrival_s <= b.arrival_s for a, b in zip(out, out[1:], strict=False))
