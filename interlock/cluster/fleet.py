@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from interlock.errors import ConfigError
-from interlock.planner.fleet import FleetWorker
+from interlock.planner.fleet import Capacity, FleetWorker
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,9 @@ class ClusterFleet:
             FleetWorker(h.instance_id, h.role, ready=True, draining=True) for h, _ in self._draining.values()
         ]
         return out
+
+    async def capacity(self) -> Capacity:
+        return Capacity()
 
     def _handle(self, worker_id: str) -> Handle:
         for h in self.running.workers():

@@ -71,6 +71,11 @@ class PlannerConfig:
     """SLA: arrivals of the last 10 s at least this many times their smoothed level (with the
     pool two or more workers short of them) are a surge, served with the whole shortfall in
     one decision (``planner.sla``); 0: no surges, every add one step."""
+    zero_after_s: float = 300.0
+    """A pool whose ``min`` is 0 stops its last workers after this long with nothing to do (no
+    arrivals, nothing in flight, nothing queued); a request arriving at the empty pool waits in
+    the router's queue while the planner starts one (at once, past every hold). A policy alone
+    never takes a pool below one worker."""
     max_changes: int = 0
     """At most this many changes in any ``cap_window_s`` (each worker added, removed or
     switched is one); 0: ``max(6, the fleet's maximum)``, so the cap lets the fleet turn over
@@ -132,6 +137,7 @@ class PlannerConfig:
             "ttft_ms",
             "itl_ms",
             "horizon_s",
+            "zero_after_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"planner.{name} must be positive")

@@ -27,6 +27,13 @@ drain; so a surge is served before step 2's holds (a worker still starting, the 
 as many workers as it asks for, within the pool's max, ``max_workers`` and the change cap.
 The policy counts starting workers in the pool, so it does not ask twice for the same surge.
 
+Two more exceptions, for a pool whose ``min`` is 0 (scale to zero): requests waiting at an
+empty fleet start a worker at once, past every hold; a pool with nothing to do for
+``zero_after_s`` stops its last workers. A policy's shrink alone never empties a pool.
+
+Hosts: every add is capped by ``Observation.room`` (what the hosts can still place,
+``planner.placement``); a pool that should grow but has no room holds and says why.
+
 No I/O and no clock of its own: time is ``Observation.now``. Connectors apply the action and
 report the result in the next observation (a starting worker, a draining one).
 """
@@ -65,22 +72,24 @@ class Planner:
         self.last_wants: list[Want] = []
         self.last_hold = ""
         """Why the last call decided nothing ("" after an action)."""
+        self._busy_at: dict[str, float] = {}
+        """role -> when it last had something to do (scale to zero)."""
 
     def decide(self, obs: Observation) -> list[Action]:
         pools = {r: obs.pool(r) for r in ROLES if self.config.bounds(r).max or obs.pool(r)}
         self.last_wants = self.policy.wants(obs, pools)
-        surge = self._surge(obs, pools, self.last_wants)
-        if surge:
+        urgent = self._wake(obs, pools) or self._surge(obs, pools, self.last_wants)
+        if urgent:
             self.last_hold = ""
-            return surge
+            return urgent
         hold = self._hold(obs)
         if hold:
             self.last_hold = hold
             return []
-        bound = self._bounds(pools)
-        actions = [bound] if bound is not None else self._act(pools, self.last_wants)
+        bound = self._bounds(pools, obs)
+        actions = [bound] if bound is not None else self._idle(obs, pools) or self._act(pools, obs)
         if not actions:
-            self.last_hold = "nothing to do"
+            self.last_hold = self._no_room(obs) or "nothing to do"
             return []
         since = obs.now - self.last_change
         if since < self.config.window_s and not isinstance(actions[0], self._last or ()):
@@ -130,6 +139,45 @@ class Planner:
         return ""
 
     # ---- choices ----
+    def _room(self, obs: Observation) -> int:
+        """Workers the hosts can still place (a large number when no limit is known)."""
+        return (1 << 30) if obs.room is None else max(obs.room, 0)
+
+    def _no_room(self, obs: Observation) -> str:
+        """The hold when a pool asks to grow and the hosts have no room ("" otherwise)."""
+        grows = [w for w in self.last_wants if w.delta > 0]
+        if not grows or self._room(obs) > 0:
+            return ""
+        return f"cannot grow ({grows[0].reason}): no room on the hosts: {obs.room_reason or 'full'}"
+
+    def _wake(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Action]:
+        """A worker at once for requests waiting at an empty fleet (scale to zero)."""
+        if obs.router_queue <= 0 or any(pools.values()) or self._room(obs) < 1:
+            return []
+        role = next((r for r in ("both", "decode", "prefill") if self.config.bounds(r).max), None)
+        if role is None:
+            return []
+        why = f"{obs.router_queue} requests wait and no {role} worker runs: starting one"
+        return self._record(obs.now, [AddWorker(role, why)])
+
+    def _idle(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Action]:
+        """Stop a pool (min 0) that had nothing to do for ``zero_after_s``."""
+        c = self.config
+        busy = obs.router_queue > 0 or obs.traffic.requests > 0
+        for role, workers in pools.items():
+            if busy or any(w.in_flight or not w.ready for w in workers):
+                self._busy_at[role] = obs.now
+            since = self._busy_at.setdefault(role, obs.now)
+            if (
+                workers
+                and c.bounds(role).min == 0
+                and c.min_workers == 0
+                and obs.now - since >= c.zero_after_s
+            ):
+                why = f"nothing to do for {obs.now - since:.0f}s (zero_after_s {c.zero_after_s:g}): scaling to zero"
+                return [RemoveWorker(w.worker_id, why) for w in workers]
+        return []
+
     def _surge(self, obs: Observation, pools: dict[str, list[WorkerView]], wants: list[Want]) -> list[Action]:
         """Several adds at once for the most pressed pool asking for them (module docstring)."""
         c = self.config
@@ -144,6 +192,7 @@ class Planner:
             c.bounds(w.role).max - len(pools[w.role]),
             c.total_max() - sum(len(p) for p in pools.values()),
             self._cap_room(),
+            self._room(obs),
         )
         if room < 2:
             return []  # one worker or none: the ordinary path, with its holds
@@ -159,19 +208,19 @@ class Planner:
         share = math.ceil(self.config.step_share * pool) if self.config.step_share else 1
         return max(1, min(asked, share, room))
 
-    def _bounds(self, pools: dict[str, list[WorkerView]]) -> Action | None:
+    def _bounds(self, pools: dict[str, list[WorkerView]], obs: Observation) -> Action | None:
         total = sum(len(p) for p in pools.values())
         for role, workers in pools.items():
             b = self.config.bounds(role)
             if len(workers) > b.max:
                 victim = cheapest(workers, self.config.cache_block_cost)
                 return RemoveWorker(victim.worker_id, f"{len(workers)} {role} workers > max {b.max}")
-            if len(workers) < b.min and total < self.config.total_max():
+            if len(workers) < b.min and total < self.config.total_max() and self._room(obs) > 0:
                 return AddWorker(role, f"{len(workers)} {role} workers < min {b.min}")
         return None
 
-    def _act(self, pools: dict[str, list[WorkerView]], wants: list[Want]) -> list[Action]:
-        c = self.config
+    def _act(self, pools: dict[str, list[WorkerView]], obs: Observation) -> list[Action]:
+        c, wants = self.config, self.last_wants
         size = {r: len(p) for r, p in pools.items()}
         total = sum(size.values())
         grow = sorted(
@@ -193,14 +242,19 @@ class Planner:
                     return [
                         SwitchRole(victim.worker_id, g.role, f"{g.role}: {g.reason}; {s.role}: {s.reason}")
                     ]
-        if grow and total < c.total_max():
+        if grow and total < c.total_max() and self._room(obs) > 0:
             g = grow[0]
-            room = min(c.bounds(g.role).max - size[g.role], c.total_max() - total, self._cap_room())
+            room = min(
+                c.bounds(g.role).max - size[g.role], c.total_max() - total, self._cap_room(), self._room(obs)
+            )
             k = self._step(g.delta, size[g.role], room)
             return [AddWorker(g.role, g.reason + (f" ({k} at once)" if k > 1 else "")) for _ in range(k)]
         if shrink and total > c.min_workers:
             s = shrink[0]
-            room = min(size[s.role] - c.bounds(s.role).min, total - c.min_workers, self._cap_room())
+            floor = max(c.bounds(s.role).min, 1)  # to zero only when idle (``_idle``)
+            room = min(size[s.role] - floor, total - c.min_workers, self._cap_room())
+            if room < 1:
+                return []
             k = self._step(-s.delta, size[s.role], room)
             why = s.reason + (f" ({k} at once)" if k > 1 else "")
             return [

@@ -22,8 +22,24 @@ class FleetWorker:
     draining: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What a fleet can still do, as the planner's observation carries it."""
+
+    room: int | None = None
+    """More workers its hosts can place (None: no limit known)."""
+    reason: str = ""
+    """Why (for example ``"host a: 2 of 2 cores used"``)."""
+    startup_s: float = 0.0
+    """Measured seconds from ``add_worker`` to serving (0: not measured yet)."""
+
+
 class Fleet(Protocol):
     async def workers(self) -> list[FleetWorker]: ...
+
+    async def capacity(self) -> Capacity:
+        """Room for more workers and the measured start-up time."""
+        ...
 
     async def add_worker(self, role: str) -> str:
         """Start a worker of ``role``; returns its id at once (it becomes ready later)."""
@@ -44,6 +60,8 @@ class FakeFleet:
 
     def __init__(self, roles: dict[str, int] | None = None, *, instant: bool = False) -> None:
         self.instant = instant
+        self.room: Capacity = Capacity()
+        """What ``capacity`` answers (a test sets it)."""
         self._ids = itertools.count()
         self._workers: dict[str, FleetWorker] = {}
         self.calls: list[tuple[str, str]] = []
@@ -59,6 +77,9 @@ class FakeFleet:
 
     async def workers(self) -> list[FleetWorker]:
         return list(self._workers.values())
+
+    async def capacity(self) -> Capacity:
+        return self.room
 
     async def add_worker(self, role: str) -> str:
         wid = self._new(role)

@@ -112,7 +112,16 @@ class PlannerLoop:
                     age_s=now - self._ready_since.get(w.worker_id, now),
                 )
             )
-        return Observation(now, tuple(views), router_queue=self.view.queued(), traffic=traffic)
+        cap = await self.fleet.capacity()
+        return Observation(
+            now,
+            tuple(views),
+            router_queue=self.view.queued(),
+            traffic=traffic,
+            room=cap.room,
+            room_reason=cap.reason,
+            startup_s=cap.startup_s,
+        )
 
     def traffic(
         self, dt: float, arrived: int, totals: TrafficTotals, old: TrafficTotals, done: Sequence[Completion]

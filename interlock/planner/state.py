@@ -119,8 +119,15 @@ class Observation:
     now: float
     workers: tuple[WorkerView, ...]
     router_queue: int = 0
-    """Requests waiting in the router's admission queue (every worker busy)."""
+    """Requests waiting in the router's admission queue (every worker busy, or none yet)."""
     traffic: Traffic = Traffic()
+    room: int | None = None
+    """More workers the hosts can still place (``planner.placement``); None: no limit known."""
+    room_reason: str = ""
+    """Why ``room`` is what it is (said in a hold when the planner cannot grow)."""
+    startup_s: float = 0.0
+    """Measured seconds from "add" to "serving" for a new worker of this fleet (0: not
+    measured yet)."""
 
     def pool(self, role: str) -> list[WorkerView]:
         """Workers of ``role`` that count towards it: started or starting, not draining."""

@@ -236,7 +236,13 @@ class PlannerConnector:
                     age_s=now - joined if joined is not None else 0.0,
                 )
             )
-        return Observation(now, tuple(views), router_queue=len(drv.router.queue), traffic=traffic)
+        return Observation(
+            now,
+            tuple(views),
+            router_queue=len(drv.router.queue),
+            traffic=traffic,
+            startup_s=drv.cfg.startup_s,
+        )
 
     def tick(self) -> None:
         drv = self.drv
