@@ -49,6 +49,7 @@ from interlock.planner import PlannerConfig, RoleBounds, load_profile
 from interlock.router import RouterConfig
 from interlock.router.cost import CostParams
 from interlock.sim import ReplayConfig, ReplayReport, TraceHasher, mooncake_requests, replay
+from interlock.sim.frontier import misses, offline_bound
 from interlock.sim.rate import diurnal, overlay, parse_curve, tile, warp
 
 TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
@@ -60,45 +61,6 @@ def row(name: str, r: ReplayReport) -> str:
         f"{r.mean_workers:>6.2f} {r.ttft_p50_ms:>7,.0f} {r.ttft_p99_ms:>8,.0f} "
         f"{r.itl_p50_ms:>6.1f} {100 * r.hit_ratio:>5.1f}% {len(r.planner_decisions):>4} {r.wall_s:>6.1f}"
     )
-
-
-def misses(r: ReplayReport) -> int:
-    return r.num_requests - round(r.sla_attainment * r.num_requests)
-
-
-def offline_bound(
-    fixed: dict[int, ReplayReport], span: float, bucket_s: float, budget: int
-) -> tuple[float, list[int]]:
-    """Fewest worker-seconds of a fleet that picks one of the fixed sizes per bucket (free,
-    instant changes) and misses at most ``budget`` requests, with the size per bucket."""
-    nb = int(span // bucket_s) + 1
-    per: dict[int, list[int]] = {}
-    for n, r in fixed.items():
-        counts = [0] * nb
-        for t in r.missed_arrivals_s:
-            counts[min(int(t // bucket_s), nb - 1)] += 1
-        counts[-1] += r.num_rejected
-        per[n] = counts
-    best = {0: 0}  # misses so far -> fewest workers summed over the buckets so far
-    back: list[dict[int, tuple[int, int]]] = []  # per bucket: misses -> (misses before, size)
-    for b in range(nb):
-        nxt: dict[int, int] = {}
-        came: dict[int, tuple[int, int]] = {}
-        for m, cost in best.items():
-            for n, counts in per.items():
-                mm = m + counts[b]
-                if mm <= budget and cost + n < nxt.get(mm, 1 << 30):
-                    nxt[mm], came[mm] = cost + n, (m, n)
-        best = nxt
-        back.append(came)
-    if not best:
-        return float("nan"), []
-    m = min(best, key=lambda k: best[k])
-    cost, sizes = best[m], []
-    for came in reversed(back):
-        m, n = came[m]
-        sizes.append(n)
-    return cost * bucket_s, sizes[::-1]
 
 
 def main() -> None:

@@ -34,12 +34,48 @@ def render(status: dict[str, object]) -> str:
         f"holding   {status['holding'] or '-'}",
     ]
     for w in status["wants"]:  # type: ignore[attr-defined]
-        lines.append(f"wants     {w['role']} {'+1' if w['delta'] > 0 else '-1'}: {w['reason']}")
+        sign = f"{w['delta']:+d}" if w["delta"] else " 0"
+        lines.append(f"wants     {w['role']} {sign}: {w['reason']}")
+    lines += model_lines(status.get("model"))
     decisions = status["decisions"]
     assert isinstance(decisions, list)
     lines.append(f"decisions {len(decisions)}")
     lines += [f"  {DecisionRecord.line_of(d)}" for d in decisions]
     return "\n".join(lines)
+
+
+def model_lines(model: object) -> list[str]:
+    """The policy's own view (``Policy.status``): the SLA policy's forecast and its errors,
+    its needs and their corrections; the reactive policy's window means."""
+    if not isinstance(model, dict):
+        return []
+    out = []
+    f = model.get("forecast")
+    if isinstance(f, dict):
+        err = model.get("forecast_error")
+        e = (
+            f" (last {err['compared']:.0f} forecasts: mean error {100 * err['mean_abs_error']:.0f}%, "
+            f"bias {100 * err['bias']:+.0f}%)"
+            if isinstance(err, dict)
+            else ""
+        )
+        out.append(f"forecast  {f['rate']} req/s over {model.get('horizon_s')} s{e}")
+    for role, need in (model.get("needs") or {}).items():
+        cap = (model.get("capacity_error") or {}).get(role, {})
+        last = cap.get("last_window")
+        seen = (
+            f"; last window {last['size']} workers, model need {last['need']}, "
+            f"{100 * last['met']:.1f}% met: model {last['verdict']}"
+            if last
+            else ""
+        )
+        out.append(
+            f"needs     {role} {need} (capacity error x{cap.get('factor', 1.0)}, "
+            f"SLO correction x{model.get('slo_correction', 1.0)}{seen})"
+        )
+    for role, m in (model.get("means") or {}).items():
+        out.append(f"means     {role} " + ", ".join(f"{k} {v}" for k, v in m.items()))
+    return out
 
 
 def main(argv: list[str]) -> int:

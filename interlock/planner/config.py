@@ -105,8 +105,10 @@ class PlannerConfig:
     attainment: float = 0.99
     """SLA: the share of requests the pools are sized to serve within the TTFT target."""
     slo_feedback: bool = True
-    """SLA: when the requests observed finishing miss the targets more often than
-    ``1 - attainment``, size the pools up by a correction factor (up to 2x) until they do not."""
+    """SLA: what is observed corrects the model: when the requests observed finishing miss the
+    targets more often than ``1 - attainment``, size the pools up by a correction factor (up to
+    2x) until they do not; and the capacity model's error, measured window by window
+    (``planner.calibration``), multiplies its needs. False: the model's needs as they are."""
     tail: bool = False
     """SLA: size an aggregated pool by replaying the recent requests against candidate sizes
     (``planner.tail``: bursts and heavy-tailed prompts, which means do not see) when the

@@ -208,6 +208,7 @@ class PlannerLoop:
             "errors": self.errors,
             "holding": p.last_hold,
             "wants": [{"role": w.role, "delta": w.delta, "reason": w.reason} for w in p.last_wants],
+            "model": p.policy.status(),
             "decisions_total": counts,
             "decisions": [self._stamped(r.to_dict()) for r in p.history],
             "replicas": [

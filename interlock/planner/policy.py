@@ -32,3 +32,7 @@ class Policy(Protocol):
     def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
         """``pools``: role -> its workers (ready or starting, not draining)."""
         ...
+
+    def status(self) -> dict[str, object]:
+        """What the policy saw and estimated at the last observation (``planner status``)."""
+        ...

@@ -28,10 +28,31 @@ request waits for the next step to be admitted) and a trace with heavy-tailed pr
 100k-token prompt somewhere in every window; either would otherwise pin the fleet at its peak.
 A load hovering at either threshold moves the pool one way only; reversing takes a real change
 of load across the whole band, held for a window.
+
+Steps that fit the backlog: one worker per window is far too slow when the queue is many times
+the threshold (a tripled load left 150-180 requests queued per worker for minutes while the
+pool grew by one a window). When the queue or the prefill backlog is at least ``FAR`` times its
+threshold and no worker is still starting, the pool asks for the workers the backlog needs at
+once (``Want.surge``: the core adds them past its holds, within the bounds, the change cap and
+the hosts' room): over the window, requests arrived at ``lambda`` and the pool finished them at
+``c`` with ``n`` ready workers, so a worker serves ``c / n``; clearing the ``Q`` queued within
+one window as well needs ``n (lambda + Q / window_s) / c`` workers. (Nothing finished, or a
+connector that does not see finishes: one step, the ordinary path.) Starting workers count towards the pool, so the same backlog is not asked for twice.
+
+Removal needs the observed figures inside the targets too: when requests finished over the
+window, at least ``attainment`` of them met the TTFT and ITL targets; signals low while the
+requests miss (heavy prompts, a tail the means do not show) keep the pool.
+
+Start-up cost (``Observation.startup_s``, measured): add earlier, remove later. A rising queue
+or backlog (the window's second half above its first) is projected ``startup_s`` ahead and
+grows the pool when the projection crosses the threshold (a worker asked for now serves only
+then); a removal waits for the signals to stay low ``startup_s`` longer than the window (a
+worker removed too early takes that long to come back).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -41,6 +62,9 @@ from interlock.planner.state import Observation, Traffic, WorkerView
 
 DEFAULT_PREFILL_TPS = 10_000.0
 """Prefill speed assumed for a worker that has not measured one yet."""
+
+FAR = 3.0
+"""A queue or backlog this many times its threshold asks for the workers it needs at once."""
 
 
 def entry_role(pools: dict[str, list[WorkerView]]) -> str | None:
@@ -92,6 +116,11 @@ class Sample:
     decode_tokens: int = 0
     """Tokens decoded and their inter-token times (``Traffic``), for the pool that decodes."""
     decode_s: float = 0.0
+    duration_s: float = 0.0
+    """The traffic of the interval before this sample (the pool requests enter first)."""
+    arrived: int = 0
+    finished: int = 0
+    met: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,21 +132,48 @@ class Means:
     kv: float
     itl: float | None
     """Seconds between tokens (None: nothing decoded in the window)."""
+    met: float | None = None
+    """Share of the requests finished over the window that met the targets (None: none)."""
+    rising: float = 0.0
+    """Pressure (of queue or backlog, whichever larger) projected ``startup_s`` ahead on the
+    window's trend (0: not rising)."""
 
     @classmethod
-    def of(cls, seen: deque[Sample]) -> Means:
+    def of(cls, seen: deque[Sample], config: PlannerConfig, startup_s: float = 0.0) -> Means:
         k = len(seen)
         steps = [s.step for s in seen if s.step is not None]
         tokens = sum(s.decode_tokens for s in seen)
         itl = [sum(steps) / len(steps)] if steps else []
         if tokens:
             itl.append(sum(s.decode_s for s in seen) / tokens)
+        finished = sum(s.finished for s in seen)
+        queue = sum(s.queue for s in seen) / k
+        backlog = sum(s.backlog for s in seen) / k
         return cls(
-            sum(s.queue for s in seen) / k,
-            sum(s.backlog for s in seen) / k,
+            queue,
+            backlog,
             sum(s.kv for s in seen) / k,
             max(itl) if itl else None,
+            sum(s.met for s in seen) / finished if finished else None,
+            _projected(seen, config, startup_s),
         )
+
+
+def _projected(seen: deque[Sample], c: PlannerConfig, startup_s: float) -> float:
+    """The larger of queue and backlog pressure projected ``startup_s`` ahead on the window's
+    trend: the second half's mean plus the rise from the first half's, per half-window."""
+    k = len(seen)
+    if startup_s <= 0 or k < 4:
+        return 0.0
+    first, second = list(seen)[: k // 2], list(seen)[k // 2 :]
+    span = (second[-1].at - first[0].at) / 2 or 1.0
+    out = 0.0
+    for get, high in ((lambda s: s.queue, c.queue_high), (lambda s: s.backlog, c.backlog_high_s)):
+        a = sum(map(get, first)) / len(first)
+        b = sum(map(get, second)) / len(second)
+        if b > a:
+            out = max(out, (b + (b - a) * startup_s / span) / high)
+    return out
 
 
 class ReactivePolicy:
@@ -125,6 +181,10 @@ class ReactivePolicy:
         self.config = config
         self._seen: dict[str, deque[Sample]] = {}
         """role -> its samples over the last window."""
+        self._low_since: dict[str, float] = {}
+        """role -> since when its signals have been low (for a removal's wait)."""
+        self.last_means: dict[str, Means] = {}
+        """role -> its window's means at the last observation (for status)."""
 
     def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
         c = self.config
@@ -133,23 +193,56 @@ class ReactivePolicy:
         for role, workers in pools.items():
             ready = [w for w in workers if w.ready]
             if not ready:
+                self._low_since.pop(role, None)
                 continue
             sig = pool_signals(ready, obs.router_queue if role == entry else 0)
             t: Traffic = obs.traffic if role == decoding else Traffic()
+            e: Traffic = obs.traffic if role == entry else Traffic()
             step = decode_step(ready) if role in ("both", "decode") else None
             seen = self._seen.setdefault(role, deque())
             idle = any(w.in_flight == 0 for w in ready)
-            seen.append(Sample(obs.now, len(ready), *sig, step, idle, t.decode_tokens, t.decode_s))
+            seen.append(
+                Sample(
+                    obs.now,
+                    len(ready),
+                    *sig,
+                    step,
+                    idle,
+                    t.decode_tokens,
+                    t.decode_s,
+                    e.duration_s,
+                    e.requests,
+                    t.finished,
+                    t.met,
+                )
+            )
             while seen[0].at < obs.now - c.window_s:
                 seen.popleft()
-            want = self._want(role, seen)
+            want = self._want(role, seen, len(workers), obs.startup_s)
             if want is not None:
                 out.append(want)
         return out
 
-    def _want(self, role: str, seen: deque[Sample]) -> Want | None:
+    def status(self) -> dict[str, object]:
+        """Each pool's window means, for ``interlock planner status``."""
+        return {
+            "means": {
+                r: {
+                    "queue": round(m.queue, 3),
+                    "backlog_s": round(m.backlog, 3),
+                    "kv": round(m.kv, 3),
+                    **({"itl_ms": round(1000 * m.itl, 1)} if m.itl is not None else {}),
+                    **({"met": round(m.met, 4)} if m.met is not None else {}),
+                }
+                for r, m in self.last_means.items()
+            }
+        }
+
+    def _want(self, role: str, seen: deque[Sample], pool: int, startup_s: float) -> Want | None:
+        """``pool``: its workers, starting ones included (``seen`` counts the ready ones)."""
         c = self.config
-        m = Means.of(seen)
+        m = Means.of(seen, c, startup_s)
+        self.last_means[role] = m
         itl_target = c.itl_ms / 1000.0
         over = [
             (m.queue / c.queue_high, f"queue {m.queue:.2f}/worker > {c.queue_high:g}"),
@@ -158,32 +251,81 @@ class ReactivePolicy:
         ]
         if m.itl is not None and not seen[-1].idle:
             over.append((m.itl / itl_target, f"inter-token time {1000 * m.itl:.0f}ms > {c.itl_ms:g}ms"))
+        if m.rising > 1.0:
+            over.append(
+                (m.rising, f"queue rising: {m.rising:.1f}x its threshold in {startup_s:.0f}s (start-up)")
+            )
         pressure, why = max(over)
+        span = f" (mean over {seen[-1].at - seen[0].at:.0f}s)"
         if pressure > 1.0:
-            return Want(role, +1, pressure, f"{why} (mean over {seen[-1].at - seen[0].at:.0f}s)")
+            self._low_since.pop(role, None)
+            far = self._backlog_want(role, seen, m, pool)
+            return far or Want(role, +1, pressure, why + span)
         n = seen[-1].size
         full = seen[-1].at - seen[0].at >= c.window_s - c.interval_s
         if not full or any(s.size != n for s in seen):
+            self._low_since.pop(role, None)
             return None  # not a whole window at this size yet
         share = n / (n - 1) if n > 1 else 1.0
         itl_ok = m.itl is None or m.itl <= c.itl_low * itl_target
-        if (
+        low = (
             m.queue * share <= c.queue_low
             and m.backlog * share <= c.backlog_low_s
             and m.kv * share < c.kv_low
             and itl_ok
-        ):
-            itl = (
-                ""
-                if m.itl is None
-                else f", inter-token time {1000 * m.itl:.0f}ms <= {c.itl_low * c.itl_ms:g}ms"
-            )
+        )
+        if not low:
+            self._low_since.pop(role, None)
+            return None
+        if m.met is not None and m.met < c.attainment:
+            self._low_since.pop(role, None)
             return Want(
                 role,
-                -1,
-                1.0 - m.kv,
-                f"over {c.window_s:g}s queue {m.queue:.2f}/worker <= {c.queue_low:g}, "
-                f"prefill backlog {m.backlog:.2f}s <= {c.backlog_low_s:g}s, kv usage "
-                f"{m.kv:.2f} < {c.kv_low:g}{itl}",
+                0,
+                0.0,
+                f"removal refused: {100 * m.met:.1f}% of the requests finished over "
+                f"{c.window_s:g}s met the targets < {100 * c.attainment:g}%",
             )
-        return None
+        since = self._low_since.setdefault(role, seen[-1].at)
+        if seen[-1].at - since < startup_s:
+            return Want(
+                role,
+                0,
+                0.0,
+                f"low for {seen[-1].at - since:.0f}s of the {startup_s:.0f}s a new worker takes "
+                "to start: removal waits",
+            )
+        itl = (
+            "" if m.itl is None else f", inter-token time {1000 * m.itl:.0f}ms <= {c.itl_low * c.itl_ms:g}ms"
+        )
+        met = "" if m.met is None else f", {100 * m.met:.1f}% met the targets"
+        return Want(
+            role,
+            -1,
+            1.0 - m.kv,
+            f"over {c.window_s:g}s queue {m.queue:.2f}/worker <= {c.queue_low:g}, "
+            f"prefill backlog {m.backlog:.2f}s <= {c.backlog_low_s:g}s, kv usage "
+            f"{m.kv:.2f} < {c.kv_low:g}{itl}{met}",
+        )
+
+    def _backlog_want(self, role: str, seen: deque[Sample], m: Means, pool: int) -> Want | None:
+        """The workers a backlog far past its threshold needs, at once (module docstring);
+        None: not far past, or a worker is still starting (its effect is not seen yet)."""
+        c = self.config
+        far = max(m.queue / c.queue_high, m.backlog / c.backlog_high_s)
+        n = seen[-1].size
+        if far < FAR or pool > n:
+            return None
+        span = sum(s.duration_s for s in seen) or c.window_s
+        arrived = sum(s.arrived for s in seen) / span
+        finished = sum(s.finished for s in seen) / span
+        queued = seen[-1].queue * n
+        if finished <= 0:
+            return None  # no service rate to size from (or the connector does not see finishes)
+        need = n * (arrived + queued / c.window_s) / finished
+        how = f"{arrived:.2f} req/s arriving, {finished:.2f} finishing on {n}, {queued:.0f} queued: needs {need:.1f}"
+        more = math.ceil(need) - pool
+        if more < 2:
+            return None
+        why = f"queue {m.queue:.1f}/worker, backlog {m.backlog:.1f}s: {how} workers"
+        return Want(role, more, far, why, surge=True)

@@ -63,6 +63,19 @@ into misses, the feedback grows the pool back, the correction fades and the same
 again every two windows on a steady load; at a trough the misses that turn it back take minutes
 to count (a few requests a second), so the memory looks five windows back.
 
+The policy checks itself (``planner.calibration``). The capacity model's error is measured
+window by window against what happened (a pool at or above the model's need that missed the
+targets: the model over-rates a worker) and its factor multiplies the model's needs, with the
+observed-SLO correction when that is larger; the forecasts' errors against the arrivals that
+came are kept. Both are in ``status()`` (``interlock planner status``). And a removal is
+refused while the requests finished over the last window met the targets less often than
+``attainment`` (or, with too few of them, while the smoothed miss share is above the allowed
+one): the model's "fits in fewer" is not taken on trust while requests miss.
+
+Start-up (``Observation.startup_s``, measured by the fleet): the forecast looks at least that
+far ahead, so a pool grows in time for the workers it adds to serve the load that comes, and
+keeps the workers the load will need again before a new one could start.
+
 Tail-aware sizing (``tail``, aggregated pools, when the connector reports requests one by one):
 means cannot see bursts and heavy-tailed prompts, which at a trough make two workers lose one
 request in twelve. The policy then replays the requests of the last ``TAIL_SAMPLE_S`` against
@@ -81,6 +94,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, replace
 
+from interlock.planner.calibration import CapacityError, ForecastError
 from interlock.planner.config import PlannerConfig
 from interlock.planner.forecast import SHIFT_S, TAU_S, ArrivalForecaster, Forecast
 from interlock.planner.policy import Want
@@ -185,6 +199,13 @@ class SlaPolicy:
         self._means: tuple[float, float] | None = None
         """The sample and its mean prompt and output lengths, built from ``_times`` at most
         once per observation."""
+        self.capacity: dict[str, CapacityError] = {}
+        """role -> the capacity model's measured error (``planner.calibration``)."""
+        self.forecast_error = ForecastError()
+        self._startup_s = 0.0
+        """The fleet's measured start-up (``Observation.startup_s``)."""
+        self._last_forecast: Forecast | None = None
+        self._last_met: float | None = None
 
     def window_attainment(self, now: float) -> float | None:
         """Share of the requests finished over the last ``window_s`` that met the targets
@@ -322,17 +343,34 @@ class SlaPolicy:
 
     @property
     def horizon_s(self) -> float:
-        """How far ahead arrivals are forecast: ``horizon_s``, or the measured start-up of a
-        worker when longer (an add decided now serves only then)."""
-        return max(self.config.horizon_s, self.profile.startup_s)
+        """How far ahead arrivals are forecast: ``horizon_s``, or the start-up of a worker
+        (the profile's, or the fleet's measured one) when longer: an add decided now serves
+        only then."""
+        return max(self.config.horizon_s, self.profile.startup_s, self._startup_s)
+
+    def factor(self, role: str) -> float:
+        """What the model's need is multiplied by: the measured capacity error, or the
+        observed-SLO correction when that is larger."""
+        cap = self.capacity.get(role)
+        k = cap.factor if cap is not None and self.config.slo_feedback else 1.0
+        return max(k, self.correction) if self.correction > 1.0 else k
 
     def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
+        self._startup_s = obs.startup_s
         jobs, met = self._record(obs)
-        backlog = {w.role: w for w in self.reactive.wants(obs, pools)}
+        self._last_met = met
+        backlog = {w.role: w for w in self.reactive.wants(obs, pools) if w.delta != 0}
         f = self.forecaster.forecast(self.horizon_s)
+        self._last_forecast = f
         if f is None:
             return [w for w in backlog.values() if w.delta > 0]
+        self.forecast_error.observe(obs.now, self.horizon_s, f.rate, self.forecaster.level or 0.0)
         sizing = self._size(f, jobs, met, pools, obs.now)
+        t = obs.traffic
+        for role, ws in pools.items():
+            cap = self.capacity.setdefault(role, CapacityError(self.config.window_s, self.config.attainment))
+            starting = any(not w.ready for w in ws)
+            cap.observe(obs.now, len(ws), starting, sizing.raw.get(role, 0.0), t.finished, t.met)
         out: list[Want] = []
         for role, need in self.last_need.items():
             want = self._want(role, need, len(pools.get(role, ())), backlog.get(role), sizing)
@@ -371,8 +409,8 @@ class SlaPolicy:
         return _Sizing(f, raw, surge, upper, recent, level, met)
 
     def _corrected(self, needs: dict[str, float]) -> dict[str, float]:
-        """``needs`` times the observed-SLO correction."""
-        return {r: n * self.correction for r, n in needs.items()}
+        """``needs`` times each pool's ``factor``."""
+        return {r: n * self.factor(r) for r, n in needs.items()}
 
     def _want(self, role: str, need: float, n: int, queued: Want | None, s: _Sizing) -> Want | None:
         """What one pool of ``n`` workers needing ``need`` asks for: a surge, the reactive
@@ -426,6 +464,9 @@ class SlaPolicy:
             and queued is None
             and not self.forecaster.rising()
         )
+        refused = self._refusal(s)
+        if refused:
+            return Want(role, 0, 0.0, f"removal refused: {refused}")
         if not (agrees or meeting):
             return None
         why = ""
@@ -450,6 +491,58 @@ class SlaPolicy:
             f"forecast {s.f.rate:.2f} req/s needs {need:.2f} {role} workers{held}{why}" + self._why(tail, n),
         )
 
+    def _refusal(self, s: _Sizing) -> str:
+        """Why the observed attainment forbids a removal now ("" when it allows one)."""
+        c = self.config
+        if s.met is not None and s.met < c.attainment:
+            return (
+                f"{100 * s.met:.1f}% of the requests finished over {c.window_s:g}s met the "
+                f"targets < {100 * c.attainment:g}%"
+            )
+        if s.met is None and c.slo_feedback and self.missed > 1.0 - c.attainment:
+            return f"{100 * self.missed:.1f}% of the recent requests missed the targets > {100 * (1 - c.attainment):g}%"
+        return ""
+
+    def status(self) -> dict[str, object]:
+        """The forecast and its errors, the model's needs and their correction, for
+        ``interlock planner status``."""
+        f = self._last_forecast
+        out: dict[str, object] = {"horizon_s": self.horizon_s}
+        if f is not None:
+            out["forecast"] = {
+                "rate": round(f.rate, 3),
+                "prompt_tokens": round(f.prompt_tokens),
+                "uncached_tokens": round(f.uncached_tokens),
+                "output_tokens": round(f.output_tokens),
+            }
+        err = self.forecast_error.summary()
+        if err is not None:
+            out["forecast_error"] = {k: round(v, 3) for k, v in err.items()}
+        out["needs"] = {r: round(n, 2) for r, n in self.last_need.items()}
+        out["observed_miss_share"] = round(self.missed, 4)
+        out["slo_correction"] = round(self.correction, 3)
+        if self._last_met is not None:
+            out["window_attainment"] = round(self._last_met, 4)
+        out["capacity_error"] = {
+            r: {
+                "factor": round(c.factor, 3),
+                **(
+                    {
+                        "last_window": {
+                            "size": c.last.size,
+                            "need": round(c.last.need, 2),
+                            "met": round(c.last.met, 4),
+                            "verdict": c.last.verdict,
+                        }
+                    }
+                    if c.last is not None
+                    else {}
+                ),
+            }
+            for r, c in self.capacity.items()
+        }
+        return out
+
     def _why(self, tail: TailSizing | None, n: int) -> str:
         return self._why_tail(n) if tail else self._why_corrected()
 
@@ -462,10 +555,15 @@ class SlaPolicy:
             f"{100 * t.floor:.1f}% on {self.config.total_max()}; observed x{self.calibration():.2f} of predicted)"
         )
 
-    def _why_corrected(self) -> str:
-        if self.correction <= 1.0:
-            return ""
-        return f" (x{self.correction:.2f}: {100 * self.missed:.1f}% observed missing the targets)"
+    def _why_corrected(self, role: str = "both") -> str:
+        cap = self.capacity.get(role)
+        k = cap.factor if cap is not None else 1.0
+        out = ""
+        if k != 1.0:
+            out += f" (x{k:.2f}: the capacity model's measured error)"
+        if self.correction > 1.0:
+            out += f" (x{self.correction:.2f}: {100 * self.missed:.1f}% observed missing the targets)"
+        return out
 
 
 def surge_size(recent: float, level: float, need: float, n: int, factor: float = 1.5) -> int:

@@ -283,6 +283,9 @@ class Asks:
     def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
         return [Want("both", self.delta, 9.0, "asked", surge=self.surge)]
 
+    def status(self) -> dict[str, object]:
+        return {}
+
 
 def test_a_surge_is_several_adds_in_one_decision_past_the_holds() -> None:
     p = Planner(replace(CFG, both=RoleBounds(1, 10), max_changes=6), Asks(5))

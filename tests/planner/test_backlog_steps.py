@@ -1,0 +1,112 @@
+"""Reactive steps that fit the backlog (issue 29, item 2): a queue far past its threshold asks
+for the workers it needs at once; removal needs the observed figures inside the targets; the
+measured start-up makes the policy add earlier and remove later."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from interlock.planner import (
+    AddWorker,
+    Observation,
+    PlannerConfig,
+    RemoveWorker,
+    RoleBounds,
+    Traffic,
+    WorkerView,
+    build_planner,
+)
+
+CFG = PlannerConfig(both=RoleBounds(1, 16), window_s=60.0, max_changes=100)
+
+
+def pool(n: int, waiting: int, ready: bool = True) -> tuple[WorkerView, ...]:
+    return tuple(
+        WorkerView(f"w{i}", "both", num_running=8, num_waiting=waiting, ready=ready) for i in range(n)
+    )
+
+
+def saturated(arrived: float, finished: float, dt: float = 5.0, met: float = 0.0) -> Traffic:
+    """``arrived`` and ``finished`` requests/s over ``dt``; ``met`` of the finished in target."""
+    done = round(finished * dt)
+    return Traffic(dt, round(arrived * dt), finished=done, met=round(met * done))
+
+
+def test_a_backlog_far_past_the_threshold_asks_for_what_it_needs_at_once() -> None:
+    # 4 workers finish 8 req/s (2 each) while 24 arrive, with 150 queued per worker: the pool
+    # needs 4 * (24 + 600 / 60) / 8 = 17 workers: capped at the max of 16, 12 more at once
+    p = build_planner(CFG)
+    acts = []
+    for t in range(0, 30, 5):
+        acts = p.decide(Observation(float(t), pool(4, 150), traffic=saturated(24.0, 8.0)))
+        if acts:
+            break
+    assert len(acts) == 12 and all(isinstance(a, AddWorker) for a in acts)
+    assert "needs 17.0 workers" in acts[0].reason and "(12 at once)" in acts[0].reason
+
+
+def test_the_backlog_step_counts_starting_workers_and_waits_for_them() -> None:
+    p = build_planner(CFG)
+    acts = p.decide(Observation(0.0, pool(4, 40), traffic=saturated(12.0, 8.0)))
+    assert len(acts) == 4  # 4 * (12 + 160 / 60) / 8 = 7.3: 8 workers
+    starting = tuple(WorkerView(f"s{i}", "both", ready=False) for i in range(4))
+    assert p.decide(Observation(5.0, (*pool(4, 40), *starting), traffic=saturated(12.0, 8.0))) == []
+    assert "to start" in p.last_hold
+
+
+def test_a_queue_just_past_the_threshold_still_moves_one_step() -> None:
+    p = build_planner(CFG)
+    acts = p.decide(Observation(0.0, pool(4, 3), traffic=saturated(12.0, 8.0)))
+    assert len(acts) == 1 and "queue 3.00/worker > 2" in acts[0].reason
+
+
+def test_no_backlog_sizing_without_a_service_rate() -> None:
+    """A connector that does not see finishes gives nothing to size from: one step."""
+    p = build_planner(CFG)
+    assert len(p.decide(Observation(0.0, pool(4, 150), traffic=Traffic(5.0, 100)))) == 1
+
+
+def quiet(t: float, met: float) -> Observation:
+    return Observation(t, pool(4, 0), traffic=replace(saturated(2.0, 2.0, met=met)))
+
+
+def test_removal_waits_for_the_targets_to_be_met() -> None:
+    """Signals all low, yet 20% of the finished requests missed: no removal, and it says why."""
+    p = build_planner(CFG)
+    for t in range(0, 300, 5):
+        assert p.decide(quiet(float(t), met=0.8)) == []
+    [want] = p.last_wants
+    assert want.delta == 0 and "removal refused: 80.0%" in want.reason
+    acts = []
+    for t in range(300, 420, 5):
+        acts = p.decide(quiet(float(t), met=1.0)) or acts
+    assert acts and isinstance(acts[0], RemoveWorker)
+
+
+def test_a_measured_start_up_delays_the_removal() -> None:
+    def first_removal(startup_s: float) -> float:
+        p = build_planner(CFG)
+        for t in range(0, 600, 5):
+            obs = replace(quiet(float(t), met=1.0), startup_s=startup_s)
+            if p.decide(obs):
+                return float(t)
+        return -1.0
+
+    assert first_removal(0.0) == 55.0  # a whole window (less one interval) at this size
+    assert first_removal(90.0) == 145.0  # and 90 s more
+
+
+def test_a_rising_queue_adds_before_the_threshold_when_start_up_is_long() -> None:
+    """The queue climbs from 0 towards the threshold: projected over a 60 s start-up it crosses."""
+
+    def first_add(startup_s: float) -> float:
+        p = build_planner(CFG)
+        for i, t in enumerate(range(0, 120, 5)):
+            ws = tuple(WorkerView(f"w{k}", "both", num_running=8, num_waiting=0) for k in range(4))
+            obs = Observation(float(t), ws, router_queue=i // 3, startup_s=startup_s)
+            if p.decide(obs):
+                return float(t)
+        return -1.0
+
+    assert first_add(0.0) == -1.0  # the mean stays under 2 per worker for these two minutes
+    assert 0 < first_add(60.0) < 120
