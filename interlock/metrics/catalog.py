@@ -280,6 +280,14 @@ def _specs() -> tuple[Spec, ...]:
             same_as="dynamo_frontend_queued_requests",
         ),
         Spec(
+            "interlock_router_waiting_for_worker",
+            "gauge",
+            "Requests waiting for a model that has no eligible worker now (scaled to zero, every "
+            "worker restarting); the planner counts them with the queue and starts a worker.",
+            m,
+            group="queue_depth",
+        ),
+        Spec(
             "interlock_router_retries_total",
             "counter",
             "Requests routed again after a failure before their first token.",

@@ -4,7 +4,8 @@
 ``--planner-config FILE`` reads a YAML file's ``planner:`` section (a deployment file), or the
 whole file when it has none; flags override it. ``serve -f FILE`` reads FILE's ``planner:``
 section the same way (its presence turns the planner on; ``policy`` defaults to reactive).
-Planner flags without a planner are refused, so none is silently ignored.
+Planner flags without a planner are refused, so none is silently ignored. ``--min-workers 0``
+lets the fleet scale to zero (``serve --workers 0`` starts none; ``RoleBounds`` allows 0).
 """
 
 from __future__ import annotations
@@ -49,7 +50,12 @@ def add_planner_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="capability profile from `interlock profile` (the sla policy needs one)",
     )
-    g.add_argument("--min-workers", type=int, default=None, help="aggregated workers, at least")
+    g.add_argument(
+        "--min-workers",
+        type=int,
+        default=None,
+        help="aggregated workers, at least (0: none while idle, one started when requests come)",
+    )
     g.add_argument("--max-workers", type=int, default=None, help="aggregated workers, at most")
     g.add_argument(
         "--planner-window-s",

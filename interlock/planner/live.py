@@ -1,5 +1,5 @@
 """The router service as the planner's ``LoadView`` (read-only use of its public view: last load
-report per worker, its routers' queues and counters), plus the routing-weight ramp applied to
+report per worker, its routers' queues, the requests waiting for a worker, and counters), plus the routing-weight ramp applied to
 every router that knows a worker.
 
 Traffic totals come from the routers' request counters (requests, prompt tokens, predicted
@@ -42,7 +42,10 @@ class RouterServiceView:
         return self.service.report(instance_id)
 
     def queued(self) -> int:
-        return sum(len(r.queue) for r in self._routers())
+        """Requests waiting in the routers' queues for a free worker, and those waiting for a
+        worker at a model that has none (scaled to zero): the planner's ``router_queue``, which
+        wakes an empty pool (``Planner._wake``)."""
+        return sum(len(r.queue) for r in self._routers()) + self.service.waiting_for_worker(self.model)
 
     def totals(self) -> TrafficTotals:
         ms = [r.metrics for r in self._routers()]

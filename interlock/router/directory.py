@@ -55,8 +55,12 @@ class WorkerDirectory(Protocol):
         """The worker's last load report."""
         ...
 
-    async def router_when_ready(self, model: str, timeout_s: float, role: str | None = None) -> Router | None:
-        """The model's router once it has an eligible worker (of ``role``), None after the timeout."""
+    async def router_when_ready(
+        self, model: str, timeout_s: float, role: str | None = None, *, arriving: bool = False
+    ) -> Router | None:
+        """The model's router once it has an eligible worker (of ``role``), None after the
+        timeout; the wait counts as the model's (the planner sees it). ``arriving``: a new
+        request, refused (``Overloaded``) when too many already wait."""
         ...
 
     def share(self, router: Router) -> None:

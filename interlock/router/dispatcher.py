@@ -30,6 +30,11 @@ step time)`` once the first token is out (a hung or SIGSTOPped engine; before th
 queue or a long prefill is no sign of a fault, so only ``first_token_timeout_s`` applies, off by
 default). Each break counts against the worker's circuit breaker (``router.breaker``).
 
+A request for an on-demand model with no eligible worker when it arrives (a pool scaled to
+zero) waits for one before its first leg (``queue_timeout_s`` at most, then ``NoWorkers``), and
+so does one queued at such a model's router when its last worker left meanwhile: the service
+counts them for the planner, which starts a worker (``RouterService.router_when_ready``).
+
 Legs are interrupted through ``asyncio.timeout`` around each wait for the next chunk: a timer
 fires for a stall, and ``worker_left`` fires it at once; no task or queue per request.
 """
@@ -126,6 +131,11 @@ class LegBroken(TransportError):
     """A leg ended without finishing its request, through no fault of the request."""
 
 
+class PoolEmptied(NoWorkers):
+    """The last worker of the request's on-demand model left while the request waited in its
+    router's queue: a request at its first leg waits for a new worker (``Dispatcher._first_leg``)."""
+
+
 @dataclass(slots=True, eq=False)
 class _Watch:
     """One live leg: lets ``worker_left`` break it while it waits for a chunk."""
@@ -181,14 +191,14 @@ class Dispatcher:
 
     # ---- the request's life ----
     async def generate(
-        self, router: Router, request: GenerateRequest, ctx: RequestContext | None
+        self, router: Router | None, request: GenerateRequest, ctx: RequestContext | None
     ) -> AsyncIterator[GenerateOutput]:
         """The request's whole life: its first leg (through the disaggregated flow when that is
         active), then leg after leg until one finishes; a leg that breaks is retried before any
-        output and migrated after (``_next_leg``)."""
-        hashes = router.block_hashes(request.token_ids)
-        life = _Life(request, _meta(request, ctx), hashes, None, time.monotonic())
-        first, leg = await self._first_leg(router, life)
+        output and migrated after (``_next_leg``). ``router``: the model's router; None: the
+        model is served on demand and has no eligible worker now (the request waits for one)."""
+        life = _Life(request, _meta(request, ctx), [], None, time.monotonic())
+        router, first, leg = await self._first_leg(router, life)
         _explain(ctx, leg)
         if first is not None:  # the prefill worker's first token
             life.tokens += first.token_ids
@@ -215,16 +225,43 @@ class Dispatcher:
                 if not life.tokens and not leg.skip_first:
                     _explain(ctx, leg)  # nothing sent yet: name the new worker
 
-    async def _first_leg(self, router: Router, life: _Life) -> tuple[GenerateOutput | None, Leg | None]:
-        """(the prefill's first output or None, the leg to stream; None if the request already
-        finished at its first token)."""
-        disagg = self.disagg
-        if disagg is not None and disagg.active(router, life.request):
-            life.role = "decode"
-            return await disagg.prepare(router, life.request, life.meta, life.hashes)
-        leg = Leg(await self.route(router, life.meta, life.hashes), life.request)
-        router.metrics.record_request(life.meta.prompt_tokens, leg.decision.cached_tokens)
-        return None, leg
+    async def _first_leg(
+        self, router: Router | None, life: _Life
+    ) -> tuple[Router, GenerateOutput | None, Leg | None]:
+        """(the router that routed it, the prefill's first output or None, the leg to stream;
+        None if the request already finished at its first token). With ``router`` None (an
+        on-demand model with no eligible worker), or when such a model's last worker left while
+        the request waited in the queue (``PoolEmptied``), the request waits for a worker first:
+        nothing was sent, so an empty pool is a wait, not a failure."""
+        model = life.request.model
+        while True:
+            if router is None:
+                router = await self._worker_for(model)
+            life.hashes = router.block_hashes(life.request.token_ids)
+            disagg = self.disagg
+            if disagg is not None and disagg.active(router, life.request):
+                life.role = "decode"
+                first, leg = await disagg.prepare(router, life.request, life.meta, life.hashes)
+                return router, first, leg
+            try:
+                routed = Leg(await self.route(router, life.meta, life.hashes), life.request)
+            except PoolEmptied:
+                router = None
+                continue
+            router.metrics.record_request(life.meta.prompt_tokens, routed.decision.cached_tokens)
+            return router, None, routed
+
+    async def _worker_for(self, model: str) -> Router:
+        """The model's router once it has an eligible worker, for a request at its first leg
+        (refused with ``Overloaded`` past the service's bound on such waits)."""
+        timeout = self.options.queue_timeout_s
+        ready = await self.svc.router_when_ready(model, timeout, arriving=True)
+        if ready is None:
+            raise NoWorkers(
+                f"no worker is serving '{model}': none came within {timeout:g} s (queue_timeout_s)",
+                retry_after=1.0,
+            )
+        return ready
 
     def _passed_on(self, life: _Life, out: GenerateOutput) -> GenerateOutput:
         """``out`` as the client gets it (every leg reports the first leg's cache hit), after
@@ -525,14 +562,18 @@ class Dispatcher:
             else:
                 router.on_finish(d.request_id)
 
-    def fail_stranded(self, router: Router) -> None:
+    def fail_stranded(self, router: Router, *, rewait: bool = False) -> None:
         """Fail at once the queued requests whose role's last worker left (``NoWorkers``: 503 +
-        Retry-After, as a new request gets), instead of leaving them to the queue timeout."""
+        Retry-After, as a new request gets), instead of leaving them to the queue timeout.
+        ``rewait`` (the model is served on demand): a request of no role, stranded only when
+        its model has no worker left at all, gets ``PoolEmptied`` instead, and at its first leg
+        waits for a new worker as a request arriving at the empty pool does."""
         for meta in router.take_stranded():
             fut = self._waiters.get(meta.request_id)
             if fut is not None and not fut.done():
                 role = f"{meta.role} " if meta.role else ""
-                fut.set_exception(NoWorkers(f"no {role}worker left while it waited", retry_after=1.0))
+                error = PoolEmptied if rewait and not meta.role else NoWorkers
+                fut.set_exception(error(f"no {role}worker left while it waited", retry_after=1.0))
 
     def close(self) -> None:
         for fut in self._waiters.values():

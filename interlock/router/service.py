@@ -5,6 +5,14 @@ No decisions are made here: ``Router`` (one per served model) decides; this shel
 load) and asks workers for a snapshot when their event stream has a gap or they (re)join.
 Each request's life (route, stream, retry, migrate, finish) belongs to the ``Dispatcher``
 (``router.dispatcher``), for the aggregated and the disaggregated path alike.
+
+Scale to zero: a model served on demand (``expect_model``: a planner whose minimum is 0 starts
+its workers) may have no worker right now (its pool stopped while idle, or started empty). A
+request for it waits for one (``router_when_ready``) instead of failing: bounded in number (the
+router's ``queue_capacity`` per model, ``Overloaded`` past it) and in time (the dispatcher's
+``queue_timeout_s``, then ``NoWorkers``), counted in ``waiting_for_worker`` so the planner,
+which reads it as part of the router's queue (``planner/live.py``), starts a worker. Any other
+model with no worker answers 503 + Retry-After at once: nobody is going to start one for it.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import logging
 import time
 import uuid
 import zlib
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -22,7 +31,7 @@ from typing import TypeVar
 
 import msgspec
 
-from interlock.errors import ConfigError, ModelNotFound, NoWorkers
+from interlock.errors import ConfigError, ModelNotFound, NoWorkers, Overloaded
 from interlock.metrics import Registry
 from interlock.metrics.events import EVENTS
 from interlock.names import KV_INDEX_MODES
@@ -143,6 +152,11 @@ class RouterService:
         self._changed = asyncio.Event()
         self._reports: dict[str, LoadReport] = {}
         self._known_models: dict[str, ModelEntry] = {}
+        self._on_demand: set[str] = set()
+        """Models whose workers a planner starts when requests wait (``expect_model``)."""
+        self._waiting: Counter[str] = Counter()
+        """Requests waiting for a model's first eligible worker, by model (no zero counts)."""
+        self._closing = False
         self._held = self._roster.held
         """Workers whose card the model's majority disagrees with (``model_card``): not routed."""
         self._shared_out: list[RouterLoadEvent] = []
@@ -194,6 +208,8 @@ class RouterService:
         self._tasks = [asyncio.create_task(c) for c in loops]
 
     async def close(self) -> None:
+        self._closing = True
+        self._changed.set()  # requests waiting for a worker: none will come now
         if self._share_timer is not None:
             self._share_timer.cancel()
             self._share_timer = None
@@ -225,40 +241,90 @@ class RouterService:
                 await asyncio.wait_for(self._changed.wait(), left)
         return len(self._instances)
 
-    async def router_when_ready(self, model: str, timeout_s: float, role: str | None = None) -> Router | None:
+    async def router_when_ready(
+        self, model: str, timeout_s: float, role: str | None = None, *, arriving: bool = False
+    ) -> Router | None:
         """The model's router once it has an eligible worker (of ``role``, or any; None after
         ``timeout_s``): a request waits out a moment with no worker (one restarting, a lease
-        that lapsed while its worker was busy) instead of failing."""
+        that lapsed while its worker was busy, a pool scaled to zero that a planner restarts)
+        instead of failing. While it waits it counts in ``waiting_for_worker``. ``arriving``: a
+        request not yet admitted anywhere, refused with ``Overloaded`` when the model already
+        has ``queue_capacity`` waiting (a request already under way, a retry or a migration,
+        is never refused here). ``NoWorkers`` when the service closes meanwhile."""
+        router = self.routers.get(model)
+        if router is not None and router.has_eligible(role):
+            return router
+        cap = self._config.queue_capacity
+        if arriving and self._waiting[model] >= cap:
+            raise Overloaded(
+                f"no worker serves '{model}' yet and {self._waiting[model]} requests already wait "
+                f"for one (queue_capacity {cap}: the deployment's routing.queue_size)",
+                retry_after=self._config.retry_after_s,
+            )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while True:
-            router = self.routers.get(model)
-            if router is not None and router.has_eligible(role):
-                return router
-            left = deadline - loop.time()
-            if left <= 0:
-                return None
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(left, 0.25))
+        self._waiting[model] += 1
+        try:
+            while True:
+                if self._closing:
+                    raise NoWorkers("router shutting down")
+                router = self.routers.get(model)
+                if router is not None and router.has_eligible(role):
+                    return router
+                left = deadline - loop.time()
+                if left <= 0:
+                    return None
+                self._changed.clear()
+                # A join sets ``_changed``; health and breakers do not, hence the poll.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), min(left, 0.25))
+        finally:  # answered, timed out, or cancelled (the client left): out of the count
+            self._waiting[model] -= 1
+            if self._waiting[model] <= 0:
+                del self._waiting[model]
+
+    def waiting_for_worker(self, model: str | None = None) -> int:
+        """Requests waiting for an eligible worker of ``model`` (None: of every model): at a pool
+        scaled to zero, or between legs with every worker gone (``router_when_ready``)."""
+        return self._waiting[model] if model is not None else sum(self._waiting.values())
+
+    def expect_model(self, entry: ModelEntry, *, on_demand: bool = False) -> None:
+        """Serve ``entry`` before any worker of it registers (the deployment names it): it is
+        listed, and its requests get 503 + Retry-After instead of a 404 while it has no worker.
+        The first workers' card replaces ``entry``'s, as any card follows its live workers
+        (``model_card``). ``on_demand``: its workers are started when requests wait (a planner
+        whose minimum is 0), so its requests wait for a worker instead (``router_when_ready``)
+        and having none is no health problem."""
+        if not entry.name or not entry.model_path or entry.context_length < 1:
+            raise ConfigError(
+                f"expect_model: a model needs a name, a model_path and a context_length >= 1, not {entry}"
+            )
+        self._known_models.setdefault(entry.name, entry)
+        if on_demand:
+            self._on_demand.add(entry.name)
+        else:
+            self._on_demand.discard(entry.name)
 
     # ---- Backend ----
     def models(self) -> list[ModelEntry]:
-        """Every model a valid worker has served since start: one whose workers are all gone
-        stays listed, so its requests get 503 + Retry-After (not 404) until a worker comes back.
+        """Every model a valid worker has served since start, and every one ``expect_model``
+        declared: one whose workers are all gone stays listed, so its requests get 503 +
+        Retry-After (not 404; an on-demand model's wait for a worker) until one comes back.
         Its card is the one most of its live workers announce (``model_card``), or, with none
         live, the last one; a refused or held registration never shapes it alone."""
         return sorted(self._known_models.values(), key=lambda m: m.name)
 
     def health(self) -> list[str]:
         """Problems that keep a served model from being served at all (empty: every model has
-        a worker taking requests)."""
-        return [
-            f"model '{m}' has no live worker"
-            for m in sorted(self._known_models)
-            if m not in self.routers
-            or not any(self.routers[m].is_eligible(w) for w in self.routers[m].workers())
-        ]
+        a worker taking requests). An on-demand model (``expect_model``) with no worker at all
+        is scaled to zero, not broken: its requests start one."""
+        return [f"model '{m}' has no live worker" for m in sorted(self._known_models) if self._unservable(m)]
+
+    def _unservable(self, model: str) -> bool:
+        router = self.routers.get(model)
+        if router is None:
+            return model not in self._on_demand
+        return not any(router.is_eligible(w) for w in router.workers())
 
     def degraded(self) -> list[str]:
         """What is wrong while requests are still served: a process restarting or crash
@@ -319,11 +385,16 @@ class RouterService:
     def generate(
         self, request: GenerateRequest, ctx: RequestContext | None = None
     ) -> AsyncIterator[GenerateOutput]:
-        router = self.routers.get(request.model)
+        """``Backend.generate``. An on-demand model with no eligible worker now (scaled to
+        zero, its last worker draining) is not refused: the dispatcher waits for one first."""
+        model = request.model
+        router = self.routers.get(model)
+        if model in self._on_demand and (router is None or not router.has_eligible()):
+            return self.dispatcher.generate(None, request, ctx)
         if router is None:
-            if request.model in self._known_models:
-                raise NoWorkers(f"no worker is serving '{request.model}' right now", retry_after=1.0)
-            raise ModelNotFound(f"The model '{request.model}' does not exist")
+            if model in self._known_models:
+                raise NoWorkers(f"no worker is serving '{model}' right now", retry_after=1.0)
+            raise ModelNotFound(f"The model '{model}' does not exist")
         return self.dispatcher.generate(router, request, ctx)
 
     def prometheus_text(self) -> str:
@@ -446,6 +517,10 @@ class RouterService:
         )
         for name, get in per_model:
             reg.collect(name, partial(self._per_model, get))
+        reg.collect(
+            "interlock_router_waiting_for_worker",
+            lambda: [((m,), float(self._waiting[m])) for m in sorted(self._known_models)],
+        )
 
         def by_model(table: Callable[[Router], dict[str, int]]) -> list[tuple[tuple[str, ...], float]]:
             return [((m, k), n) for m, r in sorted(self.routers.items()) for k, n in sorted(table(r).items())]
@@ -626,7 +701,8 @@ class RouterService:
         router = self.routers.get(info.model)
         if router is not None:
             router.remove_worker(instance_id)
-            self.dispatcher.fail_stranded(router)  # the last of a role: its waiters fail now
+            # The last of a role: its waiters fail now (on demand, the pool's wait for the next).
+            self.dispatcher.fail_stranded(router, rewait=info.model in self._on_demand)
             if not self._roster.serving(info.model):
                 del self.routers[info.model]
             else:

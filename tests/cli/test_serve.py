@@ -1,15 +1,20 @@
 """``interlock serve``'s wait for its workers (``RunningCluster.wait_ready``): which start-up
-failures end it, which are retried."""
+failures end it, which are retried; and where its placement (this host's room) comes from."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
+import pytest
+
+from interlock.cli.serve import build_parser, spec_from_args
 from interlock.cluster.builder import RunningCluster, WorkerHandle
 from interlock.cluster.procs import Child
-from interlock.cluster.spec import ClusterSpec, ProcessOptions
+from interlock.cluster.spec import ClusterSpec, PlacementConfig, ProcessOptions
 from interlock.cluster.supervisor import Backoff, RestartPolicy, Supervisor
+from interlock.errors import ConfigError
 
 FAST = Backoff(initial_s=0.05, cap_s=0.1)
 
@@ -68,3 +73,17 @@ def test_without_restarts_one_failure_ends_the_wait() -> None:
     assert wait_with([SLEEP, "import sys; sys.exit(3)"], RestartPolicy.NEVER) == (
         "worker-1 exited with code 3 before it was ready"
     )
+
+
+def test_the_files_placement_section_and_the_flags_over_it(tmp_path: Path) -> None:
+    f = tmp_path / "d.yaml"
+    f.write_text(
+        "execution-group: {runner: mock, nodes: [{gpu_count: 1}]}\nplacement: {cores: 2, headroom-cores: 0.5}\n"
+    )
+    s = spec_from_args(build_parser().parse_args(["-f", str(f), "--host-memory-gib", "4"]))
+    assert s.placement == PlacementConfig(cores=2, memory_gib=4, headroom_cores=0.5)
+    s = spec_from_args(build_parser().parse_args(["--runner", "mock", "--headroom-cores", "1"]))
+    assert s.placement == PlacementConfig(headroom_cores=1)
+    f.write_text("execution-group: {runner: mock}\nplacement: {cpus: 2}\n")
+    with pytest.raises(ConfigError, match=r"d.yaml: placement.cpus: unknown key \(known: cores, devices"):
+        spec_from_args(build_parser().parse_args(["-f", str(f)]))

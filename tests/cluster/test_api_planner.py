@@ -167,3 +167,38 @@ def test_a_planner_scales_its_own_instance_and_stops_with_the_cluster() -> None:
     assert planned.task.done() and not c.running._planners
     assert all(not child.alive for child in children)
     assert c.running.nats is not None and c.running.nats.returncode is not None
+
+
+def test_scale_to_returns_once_the_new_workers_serve_and_the_removed_are_gone(
+    cluster: interlock.Cluster,
+) -> None:
+    instance = cluster.create_serving_instance(model="m", max_replicas=3, num_blocks=64)
+    service = cluster.running.service
+    try:
+        instance.scale_to(2)
+        assert len(instance.workers) == 2
+        assert all(service.instance(h.instance_id) is not None for h in instance.workers)
+        assert cluster.running.startup_s(instance.group) > 0  # launch to registered, measured
+        gone = instance.workers[-1].instance_id
+        instance.scale_to(1)
+        assert service.instance(gone) is None
+        with pytest.raises(
+            ConfigError, match=r"scale to 2 workers of 'm': worker w\d+-\w+ did not serve within"
+        ):
+            instance.scale_to(2, timeout_s=0.001)  # named, not silently returned
+    finally:
+        instance.close()
+
+
+def test_min_replicas_zero_starts_no_worker_and_needs_a_planner(cluster: interlock.Cluster) -> None:
+    with pytest.raises(ConfigError, match="min_replicas: 0 starts no worker; give a planner"):
+        cluster.create_serving_instance(model="m", min_replicas=0, max_replicas=2)
+    instance = cluster.create_serving_instance(
+        model="m", min_replicas=0, max_replicas=2, planner={"interval_s": 0.1, "ramp_s": 0}, num_blocks=64
+    )
+    try:
+        assert instance.workers == []
+        wait_for(lambda: instance.planner_status()["ticks"] >= 2)
+        assert instance.planner_status()["errors"] == 0
+    finally:
+        instance.close()

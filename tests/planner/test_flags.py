@@ -71,3 +71,14 @@ def test_a_planner_key_that_would_do_nothing_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="drain_timeout_s"):
         parse_planner_config({"policy": "reactive", "drain_timeout_s": 30})
+
+
+def test_min_workers_zero_lets_serve_start_no_worker() -> None:
+    s = serve_spec("--runner", "mock", "--workers", "0", "--planner", "reactive", "--min-workers", "0")
+    assert s.deployment.num_workers == 0
+    assert s.planner is not None and (s.planner.both.min, s.planner.both.max) == (0, 8)
+    for argv in (("--workers", "0"), ("--workers", "0", "--planner", "reactive")):
+        with pytest.raises(ConfigError, match=r"starts no worker .*--planner reactive --min-workers 0"):
+            serve_spec("--runner", "mock", *argv)
+    with pytest.raises(ConfigError, match="--workers must be at least 0"):
+        serve_spec("--workers", "-1")

@@ -136,6 +136,9 @@ def test_a_rolling_upgrade_moves_the_card_once_most_workers_carry_the_new_one() 
 
 
 def test_a_model_whose_workers_left_keeps_its_last_card_and_503s() -> None:
+    """At once: nothing starts a worker for a model not served on demand (one that is waits for
+    one: ``test_service_empty_pool.py``)."""
+
     async def body(runtime: Runtime, svc: RouterService) -> None:
         await runtime.discovery.register(info("real", context_length=4096))
         await _settle(svc, lambda: _ctx(svc) == {"m": 4096})
@@ -148,6 +151,7 @@ def test_a_model_whose_workers_left_keeps_its_last_card_and_503s() -> None:
                     request_id="r", model="m", token_ids=(1, 2), sampling=SamplingParams(max_tokens=1)
                 )
             )
+        assert svc.waiting_for_worker() == 0
 
     _run(body)
 

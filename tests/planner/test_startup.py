@@ -1,0 +1,42 @@
+"""Start-up times: seeded by a profile, replaced by the first measurement, then smoothed."""
+
+from __future__ import annotations
+
+import pytest
+
+from interlock.planner.startup import StartupKey, StartupTimes
+
+TORCH = StartupKey("interlock/torch", "smollm2")
+MOCK = StartupKey("interlock/mock", "smollm2")
+
+
+def test_unknown_is_zero_and_keys_are_apart() -> None:
+    t = StartupTimes()
+    assert t.estimate(TORCH) == 0.0
+    t.record(TORCH, 10.0)
+    assert t.estimate(TORCH) == 10.0 and t.estimate(MOCK) == 0.0
+    assert t.measured(TORCH) == 1 and t.measured(MOCK) == 0
+
+
+def test_a_seed_holds_until_the_first_measurement_replaces_it() -> None:
+    t = StartupTimes(alpha=0.5)
+    t.seed(TORCH, 30.0)
+    assert t.estimate(TORCH) == 30.0
+    t.record(TORCH, 10.0)
+    assert t.estimate(TORCH) == 10.0  # measured beats profiled
+    t.seed(TORCH, 99.0)  # a later seed does not override a measurement
+    assert t.estimate(TORCH) == 10.0
+
+
+def test_measurements_are_smoothed() -> None:
+    t = StartupTimes(alpha=0.5)
+    for s in (10.0, 20.0, 20.0):
+        t.record(TORCH, s)
+    assert t.estimate(TORCH) == pytest.approx(17.5)
+
+
+def test_bad_values_are_refused() -> None:
+    with pytest.raises(ValueError):
+        StartupTimes(alpha=0.0)
+    with pytest.raises(ValueError):
+        StartupTimes().record(TORCH, -1.0)
