@@ -218,6 +218,10 @@ class Routing:
     stall_timeout_s: float = 10.0
     """Seconds without a token (once the first is out) after which a stream counts as stalled
     and migrates; raised on workers with slow steps. ``--stall-timeout``."""
+    queue_timeout_s: float = 30.0
+    """Seconds a request waits for a worker: for a free one when every worker is busy, and for
+    the first one of a pool scaled to zero (raise it above the workers' start-up: a vLLM worker
+    takes about 70 s to serve on a CPU). Then 503 + Retry-After."""
     kv_index: str = "local"
     """``local``: the router keeps the fleet's KV index (ingests every KV event) and answers
     other frontends' lookups; ``remote``: it keeps none and asks a ``local`` one per request, so
@@ -404,6 +408,8 @@ def validate_deployment(d: Deployment) -> None:
         raise ConfigError("routing.migration_limit must be >= 0", param="migration_limit")
     if not r.stall_timeout_s > 0:
         raise ConfigError("routing.stall_timeout_s must be positive", param="stall_timeout_s")
+    if not r.queue_timeout_s > 0:
+        raise ConfigError("routing.queue_timeout_s must be positive", param="queue_timeout_s")
     if r.preempt_enabled and any(g.engine != "interlock" for g in d.execution_groups):
         raise ConfigError("routing.preempt_enabled: the interlock engine's; vLLM preempts by its own policy")
     if d.metrics.export_interval <= 0:
@@ -535,6 +541,10 @@ PLANNER_SECTION = "planner"
 ``parse_planner_config``; the planner sits above this module, so it is not parsed here) and
 passes ``read_by=(PLANNER_SECTION,)``; every other reader refuses it by name."""
 
+PLACEMENT_SECTION = "placement"
+"""What this host offers the workers (``cluster.spec.parse_placement``): ``interlock serve``
+places the workers it starts and reads it; every other reader refuses it by name."""
+
 
 def parse_deployment(raw: Any, *, read_by: tuple[str, ...] = ()) -> Deployment:
     """``read_by``: top-level sections the caller reads itself (skipped here, not ignored)."""
@@ -551,6 +561,11 @@ def parse_deployment(raw: Any, *, read_by: tuple[str, ...] = ()) -> Deployment:
             raise ConfigError(
                 "planner: only `interlock serve` runs a planner (this command does not read the section)"
             )
+        if name is None and key == PLACEMENT_SECTION:
+            raise ConfigError(
+                "placement: only `interlock serve` places the workers it starts (this command "
+                "does not read the section)"
+            )
         if name is None:
             known = ", ".join(sorted(set(_SECTIONS) - {"execution-groups"}))
             raise ConfigError(f"{key}: unknown section (known: {known})")
@@ -561,7 +576,7 @@ def parse_deployment(raw: Any, *, read_by: tuple[str, ...] = ()) -> Deployment:
             kwargs[name] = tuple(_build(ExecutionGroup, g, str(key)) for g in groups)
     d = Deployment(**kwargs)
     validate_deployment(d)
-    if d.num_workers < 1:
+    if d.num_workers < 1 and PLANNER_SECTION not in read_by:  # serve: 0 with a planner whose min is 0
         raise ConfigError("execution-group.nodes: at least one worker (gpu_count) is needed")
     return d
 

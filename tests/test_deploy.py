@@ -247,3 +247,23 @@ def test_a_vllm_group_carries_its_engine_args_to_the_worker_spec():
     assert ws.engine.model.engine_args == g.engine_args
     assert ws.engine.cache.block_size == 32  # vLLM's CPU blocks are multiples of 32
     assert not ws.engine.cache.shared_kv_cache  # the interlock engine's one copy, not vLLM's
+
+
+def test_routing_queue_timeout_is_read_and_checked() -> None:
+    from interlock.cluster.spec import dispatch_options
+    from interlock.deploy import parse_deployment
+
+    groups = [{"model": "smollm2", "nodes": [{"gpu_count": 1}]}]
+    d = parse_deployment({"execution_groups": groups, "routing": {"queue_timeout_s": 90}})
+    assert dispatch_options(d.routing).queue_timeout_s == 90.0
+    with pytest.raises(ConfigError, match="queue_timeout_s must be positive"):
+        parse_deployment({"execution_groups": groups, "routing": {"queue_timeout_s": 0}})
+
+
+def test_a_file_starting_no_worker_needs_the_planner_section_read() -> None:
+    from interlock.deploy import PLANNER_SECTION, parse_deployment
+
+    groups = [{"model": "smollm2", "nodes": [{"gpu_count": 0}]}]
+    with pytest.raises(ConfigError, match="at least one worker"):
+        parse_deployment({"execution_groups": groups})
+    assert parse_deployment({"execution_groups": groups}, read_by=(PLANNER_SECTION,)).num_workers == 0

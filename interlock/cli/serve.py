@@ -56,9 +56,9 @@ from interlock.cli.serving import (
 )
 from interlock.cluster.builder import RunningCluster
 from interlock.cluster.runner import run_command
-from interlock.cluster.spec import PLACEMENT_SECTION, ClusterSpec, PlacementConfig, parse_placement
+from interlock.cluster.spec import ClusterSpec, PlacementConfig, parse_placement
 from interlock.cluster.supervisor import RestartPolicy
-from interlock.deploy import PLANNER_SECTION, NodeGroup
+from interlock.deploy import PLACEMENT_SECTION, PLANNER_SECTION, NodeGroup
 from interlock.env import get_env
 from interlock.errors import ConfigError
 from interlock.frontend.flags import add_frontend_args, frontend_config

@@ -15,6 +15,7 @@ from typing import Any
 from interlock.cluster.supervisor import RestartPolicy
 from interlock.cluster.worker import WorkerSpec
 from interlock.deploy import (
+    PLACEMENT_SECTION,
     Deployment,
     ExecutionGroup,
     NodeGroup,
@@ -50,11 +51,6 @@ class ProcessOptions:
     kv_transfer_timeout_s: float = 30.0
     metrics_port: int = 0
     """Where a worker serves its own ``/metrics`` (0: any free port; it is announced)."""
-
-
-PLACEMENT_SECTION = "placement"
-"""The deployment file's section on this host's resources and headroom: ``interlock serve``
-reads it (``read_by``), as it reads ``planner:``."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +216,9 @@ def chunk_tokens(d: Deployment) -> int:
 
 
 def dispatch_options(r: Routing) -> DispatchOptions:
-    return DispatchOptions(migration_limit=r.migration_limit, stall_floor_s=r.stall_timeout_s)
+    return DispatchOptions(
+        migration_limit=r.migration_limit, stall_floor_s=r.stall_timeout_s, queue_timeout_s=r.queue_timeout_s
+    )
 
 
 def service_options(spec: ClusterSpec) -> ServiceOptions:
