@@ -34,10 +34,15 @@ the threshold (a tripled load left 150-180 requests queued per worker for minute
 pool grew by one a window). When the queue or the prefill backlog is at least ``FAR`` times its
 threshold and no worker is still starting, the pool asks for the workers the backlog needs at
 once (``Want.surge``: the core adds them past its holds, within the bounds, the change cap and
-the hosts' room): over the window, requests arrived at ``lambda`` and the pool finished them at
-``c`` with ``n`` ready workers, so a worker serves ``c / n``; clearing the ``Q`` queued within
-one window as well needs ``n (lambda + Q / window_s) / c`` workers. (Nothing finished, or a
-connector that does not see finishes: one step, the ordinary path.) Starting workers count towards the pool, so the same backlog is not asked for twice.
+the hosts' room): over the window, requests arrived at ``lambda``, and while it was saturated (queue or backlog over
+its threshold: a pool with spare capacity finishes what arrives, which says nothing of what it
+could) it finished ``F`` requests in ``W`` worker-seconds (ready workers over time: those that
+joined late count only since), so a worker serves ``mu = F / W``; clearing the ``Q`` queued within one window as well
+needs ``(lambda + Q / window_s) / mu`` workers. (Nothing finished, or a
+connector that does not see finishes: one step, the ordinary path.) One such step at most
+doubles the ready pool: the service rate read in the first seconds of a saturation is low (the
+requests finishing then started before it), and the next step, once the added workers serve,
+measures again. Starting workers count towards the pool, so the same backlog is not asked for twice.
 
 Removal needs the observed figures inside the targets too: when requests finished over the
 window, at least ``attainment`` of them met the TTFT and ITL targets; signals low while the
@@ -65,6 +70,9 @@ DEFAULT_PREFILL_TPS = 10_000.0
 
 FAR = 3.0
 """A queue or backlog this many times its threshold asks for the workers it needs at once."""
+
+MIN_BUSY = 2
+"""Fewest saturated observations in the window to read a worker's service rate from."""
 
 
 def entry_role(pools: dict[str, list[WorkerView]]) -> str | None:
@@ -157,6 +165,17 @@ class Means:
             sum(s.met for s in seen) / finished if finished else None,
             _projected(seen, config, startup_s),
         )
+
+
+def _spare(m: Means, n: int, c: PlannerConfig) -> int:
+    """Workers the pool of ``n`` can lose with its queue, backlog and KV usage still in the low
+    band once their share is spread over the rest (at least one: the caller checked one); the
+    core moves at most ``step_share`` of the pool per step."""
+    k = n - 1
+    for value, low in ((m.queue, c.queue_low), (m.backlog, c.backlog_low_s), (m.kv, c.kv_low)):
+        if value > 0 and low > 0:
+            k = min(k, math.floor(n * (1 - value / low)))
+    return max(1, k)
 
 
 def _projected(seen: deque[Sample], c: PlannerConfig, startup_s: float) -> float:
@@ -260,12 +279,11 @@ class ReactivePolicy:
         if pressure > 1.0:
             self._low_since.pop(role, None)
             far = self._backlog_want(role, seen, m, pool)
-            return far or Want(role, +1, pressure, why + span)
+            return far if far is not None else Want(role, +1, pressure, why + span)
         n = seen[-1].size
         full = seen[-1].at - seen[0].at >= c.window_s - c.interval_s
         if not full or any(s.size != n for s in seen):
-            self._low_since.pop(role, None)
-            return None  # not a whole window at this size yet
+            return None  # not a whole window at this size yet (a low spell before it still counts)
         share = n / (n - 1) if n > 1 else 1.0
         itl_ok = m.itl is None or m.itl <= c.itl_low * itl_target
         low = (
@@ -301,7 +319,7 @@ class ReactivePolicy:
         met = "" if m.met is None else f", {100 * m.met:.1f}% met the targets"
         return Want(
             role,
-            -1,
+            -_spare(m, n, c),
             1.0 - m.kv,
             f"over {c.window_s:g}s queue {m.queue:.2f}/worker <= {c.queue_low:g}, "
             f"prefill backlog {m.backlog:.2f}s <= {c.backlog_low_s:g}s, kv usage "
@@ -318,14 +336,26 @@ class ReactivePolicy:
             return None
         span = sum(s.duration_s for s in seen) or c.window_s
         arrived = sum(s.arrived for s in seen) / span
-        finished = sum(s.finished for s in seen) / span
+        busy = [s for s in seen if s.queue >= c.queue_high or s.backlog >= c.backlog_high_s]
+        finished = sum(s.finished for s in busy)
+        worker_s = sum(s.size * s.duration_s for s in busy)  # ready workers, while saturated
         queued = seen[-1].queue * n
-        if finished <= 0:
+        if len(busy) < MIN_BUSY and any(s.finished for s in seen):
+            # one more observation gives the service rate: an ordinary step now would hold the
+            # sized one back until its worker started
+            return Want(role, 0, 0.0, f"queue {m.queue:.1f}/worker: measuring what a busy worker serves")
+        if finished <= 0 or worker_s <= 0:
             return None  # no service rate to size from (or the connector does not see finishes)
-        need = n * (arrived + queued / c.window_s) / finished
-        how = f"{arrived:.2f} req/s arriving, {finished:.2f} finishing on {n}, {queued:.0f} queued: needs {need:.1f}"
-        more = math.ceil(need) - pool
+        per = finished / worker_s
+        need = (arrived + queued / c.window_s) / per
+        how = (
+            f"{arrived:.2f} req/s arriving, {per:.2f} finishing per worker, {queued:.0f} queued: "
+            f"needs {need:.1f}"
+        )
+        more = min(math.ceil(need) - pool, n)  # at most doubling: the next step measures again
         if more < 2:
             return None
         why = f"queue {m.queue:.1f}/worker, backlog {m.backlog:.1f}s: {how} workers"
+        if more < math.ceil(need) - pool:
+            why += f", doubling the {n} first"
         return Want(role, more, far, why, surge=True)

@@ -34,23 +34,24 @@ def saturated(arrived: float, finished: float, dt: float = 5.0, met: float = 0.0
 
 def test_a_backlog_far_past_the_threshold_asks_for_what_it_needs_at_once() -> None:
     # 4 workers finish 8 req/s (2 each) while 24 arrive, with 150 queued per worker: the pool
-    # needs 4 * (24 + 600 / 60) / 8 = 17 workers: capped at the max of 16, 12 more at once
+    # needs (24 + 600 / 60) / 2 = 17 workers; one step at most doubles it: 4 more at once
     p = build_planner(CFG)
     acts = []
     for t in range(0, 30, 5):
         acts = p.decide(Observation(float(t), pool(4, 150), traffic=saturated(24.0, 8.0)))
         if acts:
             break
-    assert len(acts) == 12 and all(isinstance(a, AddWorker) for a in acts)
-    assert "needs 17.0 workers" in acts[0].reason and "(12 at once)" in acts[0].reason
+    assert len(acts) == 4 and all(isinstance(a, AddWorker) for a in acts)
+    assert "needs 17.0 workers, doubling the 4 first" in acts[0].reason and "(4 at once)" in acts[0].reason
 
 
 def test_the_backlog_step_counts_starting_workers_and_waits_for_them() -> None:
     p = build_planner(CFG)
-    acts = p.decide(Observation(0.0, pool(4, 40), traffic=saturated(12.0, 8.0)))
+    assert p.decide(Observation(0.0, pool(4, 40), traffic=saturated(12.0, 8.0))) == []  # measuring
+    acts = p.decide(Observation(5.0, pool(4, 40), traffic=saturated(12.0, 8.0)))
     assert len(acts) == 4  # 4 * (12 + 160 / 60) / 8 = 7.3: 8 workers
     starting = tuple(WorkerView(f"s{i}", "both", ready=False) for i in range(4))
-    assert p.decide(Observation(5.0, (*pool(4, 40), *starting), traffic=saturated(12.0, 8.0))) == []
+    assert p.decide(Observation(10.0, (*pool(4, 40), *starting), traffic=saturated(12.0, 8.0))) == []
     assert "to start" in p.last_hold
 
 
@@ -58,6 +59,12 @@ def test_a_queue_just_past_the_threshold_still_moves_one_step() -> None:
     p = build_planner(CFG)
     acts = p.decide(Observation(0.0, pool(4, 3), traffic=saturated(12.0, 8.0)))
     assert len(acts) == 1 and "queue 3.00/worker > 2" in acts[0].reason
+
+
+def test_a_first_saturated_look_measures_before_it_steps() -> None:
+    p = build_planner(CFG)
+    assert p.decide(Observation(0.0, pool(4, 150), traffic=saturated(24.0, 8.0))) == []
+    assert "measuring what a busy worker serves" in p.last_wants[0].reason
 
 
 def test_no_backlog_sizing_without_a_service_rate() -> None:

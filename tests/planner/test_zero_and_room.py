@@ -85,6 +85,8 @@ def test_no_room_on_the_hosts_holds_and_says_why() -> None:
 def test_a_surge_is_capped_by_the_room() -> None:
     p = build_planner(replace(CFG, both=RoleBounds(1, 16)))
     t = Traffic(5.0, 120, finished=40, met=0)
+    busy = tuple(WorkerView(f"w{i}", "both", num_running=8, num_waiting=150) for i in range(4))
+    assert p.decide(Observation(-5.0, busy, traffic=t, room=2)) == []  # measuring the service rate
     acts = p.decide(
         Observation(
             0.0,
