@@ -6,8 +6,14 @@ targets when its need ``r <= n``. Each whole window at one size (no worker start
 not changed in the window before either: a backlog left by a change is not the model's fault)
 is evidence:
 
-* the window's finished requests missed the targets more often than allowed while ``n >= r``:
-  the model over-rates a worker, by at least ``(n + 1/2) / r`` (the real need is above ``n``);
+* the window's finished requests missed the targets more often than allowed (by ``SIGMAS``
+  binomial deviations: a window of a few hundred requests misses a point more or less by
+  chance) while ``n >= r``
+  and the pool was loaded (its queue, prefill backlog or inter-token time out of the reactive
+  policy's low band): the model over-rates a worker, by at least ``(n + 1/2) / r`` (the real
+  need is above ``n``). Misses on an unloaded pool are the requests' own (a 100k-token prompt
+  misses a 2 s TTFT on any number of workers: the Mooncake trace misses 1% on every fleet),
+  and more workers would not remove them;
 * they met the targets while ``n < r``: the model under-rates a worker (the real need is at
   most ``n``): at most ``n / r``.
 
@@ -39,6 +45,9 @@ RELAX = 0.1
 MIN_FINISHED = 50
 """Fewest finished requests in a window for it to count as evidence."""
 
+SIGMAS = 2.0
+"""Misses count against the model only this many binomial deviations past the allowed share."""
+
 KEEP = 50
 """Forecasts whose error is summarised."""
 
@@ -53,7 +62,7 @@ class Window:
     """The model's mean need over the window (before any correction)."""
     met: float
     verdict: str
-    """"over-rates", "under-rates" or "agrees"."""
+    """"over-rates", "under-rates", "agrees" or "misses its own (unloaded)"."""
 
 
 class CapacityError:
@@ -68,10 +77,16 @@ class CapacityError:
         self._needs: list[float] = []
         self._finished = 0
         self._met = 0
+        self._loaded = False
+        self._judged = 0
 
-    def observe(self, now: float, size: int, starting: bool, need: float, finished: int, met: int) -> None:
+    def observe(
+        self, now: float, size: int, starting: bool, need: float, finished: int, met: int, loaded: bool = True
+    ) -> None:
         """One observation of a pool: its size (starting workers counted), whether a worker is
-        starting, the model's need now, and the requests that finished since the last one."""
+        starting, the model's need now, the requests that finished since the last one, and
+        whether the pool is loaded (module docstring)."""
+        self._loaded = self._loaded or loaded
         if size != self._size or starting:
             self._size = size
             self._stable_since = now
@@ -89,14 +104,22 @@ class CapacityError:
             and self._needs
             and self._finished >= MIN_FINISHED
         ):
+            self._judged = self._finished
             self._judge(now, size, sum(self._needs) / len(self._needs), self._met / self._finished)
         self._reset(now)
 
     def _reset(self, now: float) -> None:
         self._start, self._needs, self._finished, self._met = now, [], 0, 0
+        self._loaded = False
 
     def _judge(self, now: float, n: int, r: float, met: float) -> None:
-        if met < self.attainment and n >= r:
+        allowed = 1.0 - self.attainment
+        # a window of a few hundred requests misses a point more or less by chance: evidence
+        # against the model needs misses past the allowed share by SIGMAS binomial deviations
+        missed = 1.0 - met > allowed + SIGMAS * math.sqrt(allowed * (1 - allowed) / max(self._judged, 1))
+        if missed and n >= r and not self._loaded:
+            verdict, evidence, move = "misses its own (unloaded)", 1.0, False
+        elif missed and n >= r:
             verdict, evidence = "over-rates", (n + 0.5) / r
             move = evidence > self.factor
         elif met >= self.attainment and n < r:

@@ -182,15 +182,15 @@ def _projected(seen: deque[Sample], c: PlannerConfig, startup_s: float) -> float
     """The larger of queue and backlog pressure projected ``startup_s`` ahead on the window's
     trend: the second half's mean plus the rise from the first half's, per half-window."""
     k = len(seen)
-    if startup_s <= 0 or k < 4:
-        return 0.0
+    if startup_s <= 0 or k < 4 or seen[-1].at - seen[0].at < c.window_s - c.interval_s:
+        return 0.0  # a trend needs a whole window: bursts make any half-minute look like one
     first, second = list(seen)[: k // 2], list(seen)[k // 2 :]
     span = (second[-1].at - first[0].at) / 2 or 1.0
     out = 0.0
     for get, high in ((lambda s: s.queue, c.queue_high), (lambda s: s.backlog, c.backlog_high_s)):
         a = sum(map(get, first)) / len(first)
         b = sum(map(get, second)) / len(second)
-        if b > a:
+        if b > a and b > high / 2:  # rising, and already half-way to the threshold
             out = max(out, (b + (b - a) * startup_s / span) / high)
     return out
 

@@ -370,7 +370,9 @@ class SlaPolicy:
         for role, ws in pools.items():
             cap = self.capacity.setdefault(role, CapacityError(self.config.window_s, self.config.attainment))
             starting = any(not w.ready for w in ws)
-            cap.observe(obs.now, len(ws), starting, sizing.raw.get(role, 0.0), t.finished, t.met)
+            cap.observe(
+                obs.now, len(ws), starting, sizing.raw.get(role, 0.0), t.finished, t.met, self._loaded(role)
+            )
         out: list[Want] = []
         for role, need in self.last_need.items():
             want = self._want(role, need, len(pools.get(role, ())), backlog.get(role), sizing)
@@ -490,6 +492,15 @@ class SlaPolicy:
             (n - 1) / max(high, 1e-9),
             f"forecast {s.f.rate:.2f} req/s needs {need:.2f} {role} workers{held}{why}" + self._why(tail, n),
         )
+
+    def _loaded(self, role: str) -> bool:
+        """The pool's queue, backlog or inter-token time is out of the reactive low band now."""
+        m = self.reactive.last_means.get(role)
+        c = self.config
+        if m is None:
+            return False
+        slow = m.itl is not None and m.itl > c.itl_low * c.itl_ms / 1000.0
+        return m.queue > c.queue_low or m.backlog > c.backlog_low_s or slow
 
     def _refusal(self, s: _Sizing) -> str:
         """Why the observed attainment forbids a removal now ("" when it allows one)."""

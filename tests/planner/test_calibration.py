@@ -47,6 +47,17 @@ def test_a_pool_under_the_models_need_that_meets_lowers_it() -> None:
     assert 0.5 <= c.factor < 0.7
 
 
+def test_misses_on_an_unloaded_pool_are_the_requests_own() -> None:
+    """A 100k-token prompt misses on any pool: misses with nothing queued say nothing of the
+    model (the conversation trace misses 1% on every fleet size)."""
+    c = CapacityError(window_s=60.0, attainment=0.99)
+    t = 0.0
+    for _ in range(72):
+        c.observe(t, 4, False, 3.0, 10, 9, loaded=False)
+        t += 5.0
+    assert c.factor == 1.0 and c.last is not None and c.last.verdict == "misses its own (unloaded)"
+
+
 def test_windows_around_a_change_or_a_start_are_no_evidence() -> None:
     c = CapacityError(window_s=60.0, attainment=0.95)
     t = 0.0
@@ -104,7 +115,7 @@ def test_the_measured_error_sizes_the_next_decisions_up() -> None:
 
     def run(met: float) -> tuple[float, float, float]:
         p = build_planner(CFG, mock_profile())
-        ws = tuple(WorkerView(f"w{i}", "both") for i in range(6))
+        ws = tuple(WorkerView(f"w{i}", "both", num_running=4, num_waiting=1) for i in range(6))  # loaded
         for t in range(0, 900, 5):
             p.decide(Observation(float(t), ws, traffic=traffic(6.0, met)))
         sla = p.policy
