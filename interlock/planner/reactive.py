@@ -44,9 +44,19 @@ doubles the ready pool: the service rate read in the first seconds of a saturati
 requests finishing then started before it), and the next step, once the added workers serve,
 measures again. Starting workers count towards the pool, so the same backlog is not asked for twice.
 
+Removal also needs the pool's prefill capacity not too busy once the worker goes: the
+arrivals' uncached prompt tokens over the workers' measured prefill speed (``prefill_busy``),
+at most ``BUSY_LOW`` of the smaller pool. Queues stay empty on a pool at 55% until one worker
+fewer puts it at 110%.
+
 Removal needs the observed figures inside the targets too: when requests finished over the
 window, at least ``attainment`` of them met the TTFT and ITL targets; signals low while the
 requests miss (heavy prompts, a tail the means do not show) keep the pool.
+
+A removal the pool had to turn back from (it grew again within ``TURN_WINDOWS`` windows with
+arrivals per worker not risen: the smaller pool could not hold that load) is not made again
+for half an hour at that load per worker (``planner.turns``): a workload whose misses appear
+only one worker under the right size otherwise loses a window's requests every few minutes.
 
 Start-up cost (``Observation.startup_s``, measured): add earlier, remove later. A rising queue
 or backlog (the window's second half above its first) is projected ``startup_s`` ahead and
@@ -64,12 +74,21 @@ from dataclasses import dataclass
 from interlock.planner.config import PlannerConfig
 from interlock.planner.policy import Want
 from interlock.planner.state import Observation, Traffic, WorkerView
+from interlock.planner.turns import TurnMemory
 
 DEFAULT_PREFILL_TPS = 10_000.0
 """Prefill speed assumed for a worker that has not measured one yet."""
 
 FAR = 3.0
 """A queue or backlog this many times its threshold asks for the workers it needs at once."""
+
+TURN_WINDOWS = 5
+"""A growth this many windows after a removal, arrivals per worker not having risen, refutes it
+(``planner.turns``, as the SLA policy's)."""
+
+BUSY_LOW = 0.6
+"""A removal must leave the pool's prefill at most this busy (``prefill_busy``): past it, the
+arrivals' bursts queue and a heavy-prompt workload's TTFT tail grows fast."""
 
 MIN_BUSY = 2
 """Fewest saturated observations in the window to read a worker's service rate from."""
@@ -102,6 +121,17 @@ def pool_signals(workers: list[WorkerView], router_queue: int) -> tuple[float, f
     return queue, backlog, kv
 
 
+def prefill_busy(workers: list[WorkerView], t: Traffic) -> float:
+    """Share of ``workers``' prefill capacity (their measured prefill speeds) that the uncached
+    prompt tokens arriving over ``t`` take: a pool whose queues are empty can still be busy
+    enough that one worker fewer collapses (a steady load at 55% of two workers is 110% of
+    one), and only this signal sees that."""
+    if t.duration_s <= 0 or not workers:
+        return 0.0
+    capacity = sum(w.prefill_tokens_per_s or DEFAULT_PREFILL_TPS for w in workers)
+    return max(t.prompt_tokens - t.cached_tokens, 0) / t.duration_s / capacity
+
+
 def decode_step(workers: list[WorkerView]) -> float | None:
     """Mean decode step of the workers that are decoding (None: none is, or none measured)."""
     steps = [w.decode_step_s for w in workers if w.num_running and w.decode_step_s > 0]
@@ -129,6 +159,9 @@ class Sample:
     arrived: int = 0
     finished: int = 0
     met: int = 0
+    prefill_busy: float = 0.0
+    """Share of the ready workers' prefill capacity the arrivals' uncached prompt tokens took
+    over the interval before this sample (0: not seen)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +178,8 @@ class Means:
     rising: float = 0.0
     """Pressure (of queue or backlog, whichever larger) projected ``startup_s`` ahead on the
     window's trend (0: not rising)."""
+    busy: float = 0.0
+    """Mean share of the pool's prefill capacity the arrivals took (``Sample.prefill_busy``)."""
 
     @classmethod
     def of(cls, seen: deque[Sample], config: PlannerConfig, startup_s: float = 0.0) -> Means:
@@ -164,15 +199,17 @@ class Means:
             max(itl) if itl else None,
             sum(s.met for s in seen) / finished if finished else None,
             _projected(seen, config, startup_s),
+            sum(s.prefill_busy for s in seen) / k,
         )
 
 
 def _spare(m: Means, n: int, c: PlannerConfig) -> int:
-    """Workers the pool of ``n`` can lose with its queue, backlog and KV usage still in the low
-    band once their share is spread over the rest (at least one: the caller checked one); the
-    core moves at most ``step_share`` of the pool per step."""
+    """Workers the pool of ``n`` can lose with its queue, backlog, KV usage and prefill busy
+    share still in the low band once their share is spread over the rest (at least one: the
+    caller checked one); the core moves at most ``step_share`` of the pool per step."""
     k = n - 1
-    for value, low in ((m.queue, c.queue_low), (m.backlog, c.backlog_low_s), (m.kv, c.kv_low)):
+    lows = ((m.queue, c.queue_low), (m.backlog, c.backlog_low_s), (m.kv, c.kv_low), (m.busy, BUSY_LOW))
+    for value, low in lows:
         if value > 0 and low > 0:
             k = min(k, math.floor(n * (1 - value / low)))
     return max(1, k)
@@ -204,11 +241,24 @@ class ReactivePolicy:
         """role -> since when its signals have been low (for a removal's wait)."""
         self.last_means: dict[str, Means] = {}
         """role -> its window's means at the last observation (for status)."""
+        self.turns = TurnMemory(TURN_WINDOWS * config.window_s)
+        """Removals the pool had to turn back from, as workers per request/s of arrivals."""
+        self._rate: float | None = None
+        """Arrivals per second, smoothed over about a window (the turn memory's load)."""
 
     def wants(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Want]:
         c = self.config
         out: list[Want] = []
         entry, decoding = entry_role(pools), decode_role(pools)
+        tr = obs.traffic
+        if tr.duration_s > 0:
+            a = 1.0 - math.exp(-tr.duration_s / c.window_s)
+            rate = tr.requests / tr.duration_s
+            self._rate = rate if self._rate is None else self._rate + a * (rate - self._rate)
+        if self._rate:
+            self.turns.observe(
+                obs.now, {r: len(ws) for r, ws in pools.items()}, dict.fromkeys(pools, self._rate)
+            )
         for role, workers in pools.items():
             ready = [w for w in workers if w.ready]
             if not ready:
@@ -233,6 +283,7 @@ class ReactivePolicy:
                     e.requests,
                     t.finished,
                     t.met,
+                    prefill_busy(ready, e),
                 )
             )
             while seen[0].at < obs.now - c.window_s:
@@ -290,6 +341,7 @@ class ReactivePolicy:
             m.queue * share <= c.queue_low
             and m.backlog * share <= c.backlog_low_s
             and m.kv * share < c.kv_low
+            and m.busy * share <= BUSY_LOW
             and itl_ok
         )
         if not low:
@@ -317,9 +369,16 @@ class ReactivePolicy:
             "" if m.itl is None else f", inter-token time {1000 * m.itl:.0f}ms <= {c.itl_low * c.itl_ms:g}ms"
         )
         met = "" if m.met is None else f", {100 * m.met:.1f}% met the targets"
+        spare = _spare(m, n, c)
+        fewest = self.turns.fewest(role, self._rate or 0.0)
+        if n - spare < fewest:
+            spare = n - fewest
+            met += f", not under {fewest}: a removal to that load per worker was turned back"
+            if spare < 1:
+                return Want(role, 0, 0.0, "removal held" + met)
         return Want(
             role,
-            -_spare(m, n, c),
+            -spare,
             1.0 - m.kv,
             f"over {c.window_s:g}s queue {m.queue:.2f}/worker <= {c.queue_low:g}, "
             f"prefill backlog {m.backlog:.2f}s <= {c.backlog_low_s:g}s, kv usage "
