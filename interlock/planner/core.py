@@ -78,6 +78,7 @@ class Planner:
     def decide(self, obs: Observation) -> list[Action]:
         pools = {r: obs.pool(r) for r in ROLES if self.config.bounds(r).max or obs.pool(r)}
         self.last_wants = self.policy.wants(obs, pools)
+        self._note_busy(obs, pools)
         urgent = self._wake(obs, pools) or self._surge(obs, pools, self.last_wants)
         if urgent:
             self.last_hold = ""
@@ -160,14 +161,20 @@ class Planner:
         why = f"{obs.router_queue} requests wait and no {role} worker runs: starting one"
         return self._record(obs.now, [AddWorker(role, why)])
 
-    def _idle(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Action]:
-        """Stop a pool (min 0) that had nothing to do for ``zero_after_s``."""
-        c = self.config
+    def _note_busy(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> None:
+        """When each pool last had something to do: at every observation, holds or not (work
+        seen during a window's hold keeps a pool from scaling to zero just after it)."""
         busy = obs.router_queue > 0 or obs.traffic.requests > 0
         for role, workers in pools.items():
             if busy or any(w.in_flight or not w.ready for w in workers):
                 self._busy_at[role] = obs.now
-            since = self._busy_at.setdefault(role, obs.now)
+            self._busy_at.setdefault(role, obs.now)
+
+    def _idle(self, obs: Observation, pools: dict[str, list[WorkerView]]) -> list[Action]:
+        """Stop a pool (min 0) that had nothing to do for ``zero_after_s``."""
+        c = self.config
+        for role, workers in pools.items():
+            since = self._busy_at[role]
             if (
                 workers
                 and c.bounds(role).min == 0

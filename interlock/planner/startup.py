@@ -50,9 +50,5 @@ class StartupTimes:
         """Seconds from add to serving (0: neither measured nor seeded)."""
         return self._seconds.get(key, 0.0)
 
-    def measured(self, key: StartupKey) -> int:
-        """How many starts of ``key`` were measured."""
-        return self._measured.get(key, 0)
-
 
 __all__ = ["StartupKey", "StartupTimes"]

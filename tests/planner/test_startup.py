@@ -15,7 +15,6 @@ def test_unknown_is_zero_and_keys_are_apart() -> None:
     assert t.estimate(TORCH) == 0.0
     t.record(TORCH, 10.0)
     assert t.estimate(TORCH) == 10.0 and t.estimate(MOCK) == 0.0
-    assert t.measured(TORCH) == 1 and t.measured(MOCK) == 0
 
 
 def test_a_seed_holds_until_the_first_measurement_replaces_it() -> None:

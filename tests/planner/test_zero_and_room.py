@@ -96,3 +96,17 @@ def test_a_surge_is_capped_by_the_room() -> None:
         )
     )
     assert len(acts) == 2 and all(isinstance(a, AddWorker) for a in acts)
+
+
+def test_work_seen_during_a_hold_keeps_the_pool() -> None:
+    """Requests that came while the window held every decision still count as work: the pool
+    does not scale to zero right after the hold."""
+    p = build_planner(CFG)
+    ws = idle(1)
+    p.decide(Observation(0.0, ws))
+    p.last_change = 280.0  # a change: the window holds decisions until 340
+    for t in range(280, 345, 5):
+        busy = Traffic(5.0, 2) if t == 300 else Traffic(5.0)
+        assert p.decide(Observation(float(t), ws, traffic=busy)) == []
+    removed = [t for t in range(345, 700, 5) if p.decide(Observation(float(t), ws))]
+    assert removed and removed[0] == 600  # 300 s after the work seen at t=300, not before
