@@ -380,11 +380,19 @@ class PhaseResult:
         return (xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)) * 1000
 
 
-def request_bytes(port: int, model: str, *, usage: bool = False, api_key: str | None = None) -> bytes:
+def request_bytes(
+    port: int,
+    model: str,
+    *,
+    usage: bool = False,
+    api_key: str | None = None,
+    prompt: str = PROMPT,
+    max_tokens: int = MAX_TOKENS,
+) -> bytes:
     body: dict[str, object] = {
         "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": MAX_TOKENS,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
         "ignore_eos": True,
         "stream": True,
     }
@@ -419,9 +427,16 @@ async def one_request(port: int, payload: bytes) -> bytes:
 
 
 async def run_phase(
-    port: int, payload: bytes, *, concurrency: int, requests: int, max_seconds: float, keep_alive: bool
+    port: int,
+    payload: bytes | Callable[[int], bytes],
+    *,
+    concurrency: int,
+    requests: int,
+    max_seconds: float,
+    keep_alive: bool,
 ) -> PhaseResult:
-    """``concurrency`` closed-loop users until ``requests`` are done or ``max_seconds`` passed."""
+    """``concurrency`` closed-loop users until ``requests`` are done or ``max_seconds`` passed.
+    ``payload``: the same request every time, or the ``i``-th request's bytes."""
     latencies: list[float] = []
     errors = 0
     chunks = [1 << 30, 0]
@@ -441,7 +456,7 @@ async def run_phase(
                     conn = await _connect(port)
                 fut = conn.expect()
                 assert conn.transport is not None
-                conn.transport.write(payload)
+                conn.transport.write(payload if isinstance(payload, bytes) else payload(left))
                 body = await asyncio.wait_for(fut, 30)
             except (OSError, ConnectionError, TimeoutError):
                 errors += 1
@@ -570,6 +585,172 @@ async def watch_dashboard(port: int) -> int:
     return received
 
 
+# ---------------------------------------------------------------- long prompts (issue 31)
+
+LONG_MODES = ("repeated", "grown", "unique")
+"""How the long prompt changes between requests: not at all (one prompt sent again: a server
+that caches whole prompts serves it from there); a new sentence at the end (a conversation's
+or an agent's next turn: the history unchanged); a new sentence at the start (nothing shared)."""
+LONG_WORDS = (
+    "river stone light market engine paper garden window signal thunder forest silver ocean "
+    "music number yellow travel winter orange castle bridge planet mirror candle letter"
+).split()
+
+
+def long_context_model(model_dir: str, into: Path) -> str:
+    """A copy of ``model_dir`` (its files linked) with the context raised to 131,072 tokens, for
+    the mock engines of both systems."""
+    into.mkdir(parents=True, exist_ok=True)
+    for f in Path(model_dir).iterdir():
+        if f.name != "config.json" and not (into / f.name).exists():
+            (into / f.name).symlink_to(f.resolve())
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config["max_position_embeddings"] = 131072
+    (into / "config.json").write_text(json.dumps(config, indent=2))
+    return str(into)
+
+
+def long_prompt(model_dir: str, tokens: int) -> str:
+    """Words of plain prose whose chat prompt is about ``tokens`` tokens (the template adds ~30)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    rng = random.Random(tokens)
+    text = " ".join(rng.choice(LONG_WORDS) + ("." if rng.random() < 0.1 else "") for _ in range(tokens + 100))
+    return str(tok.decode(tok.encode(text).ids[: max(1, tokens - 30)]))
+
+
+@dataclass
+class LongRow:
+    system: str
+    tokens: int
+    mode: str
+    result: PhaseResult
+
+
+async def measure_long(
+    system: System, model: str, a: argparse.Namespace, prompts: dict[int, str], log: Callable[[str], None]
+) -> list[LongRow]:
+    """Per prompt length and mode: requests/s and latency at ``--long-concurrency`` with
+    keep-alive, and the server's CPU per request."""
+    await wait_ready(system, model, a.ready_timeout)
+    pids = group_pids(system)
+    rows = []
+    for tokens, prompt in prompts.items():
+        for mode in a.long_modes.split(","):
+
+            def payload(i: int, mode: str = mode, prompt: str = prompt) -> bytes:
+                text = {"repeated": prompt, "grown": f"{prompt} Turn {i}.", "unique": f"Turn {i}. {prompt}"}[
+                    mode
+                ]
+                return request_bytes(system.port, model, api_key=system.api_key, prompt=text)
+
+            await run_phase(
+                system.port, payload(-1), concurrency=1, requests=2, max_seconds=30, keep_alive=True
+            )
+            cpu0 = cpu_seconds([system.frontend_pid]), cpu_seconds(pids)
+            r = await run_phase(
+                system.port,
+                payload,
+                concurrency=a.long_concurrency,
+                requests=a.long_requests,
+                max_seconds=a.max_seconds,
+                keep_alive=True,
+            )
+            done = max(1, len(r.latencies))
+            r.cpu_ms = (
+                (cpu_seconds([system.frontend_pid]) - cpu0[0]) * 1000 / done,
+                (cpu_seconds(pids) - cpu0[1]) * 1000 / done,
+            )
+            rows.append(LongRow(system.name, tokens, mode, r))
+            log(
+                f"  {system.name:28s} {tokens:6d} tokens {mode:8s} {r.rps:7.1f} req/s  p50 {r.pct(0.5):8.1f} ms  "
+                f"cpu/req fe {r.cpu_ms[0]:.2f} all {r.cpu_ms[1]:.2f} ms  n={len(r.latencies)} err={r.errors}"
+            )
+    return rows
+
+
+async def stream_gaps(port: int, payload: bytes, *, concurrency: int, seconds: float) -> list[float]:
+    """Gaps between the reads of streamed chunks (seconds) seen by ``concurrency`` streaming
+    users over ``seconds``: what a stream's inter-token time looks like to a client."""
+    gaps: list[float] = []
+    stop_at = time.perf_counter() + seconds
+
+    class Timed(_Response):
+        last = 0.0
+
+        def data_received(self, data: bytes) -> None:
+            now = time.perf_counter()
+            if self.header_end >= 0 and self.last:
+                gaps.append(now - self.last)
+            self.last = now
+            super().data_received(data)
+
+    async def user() -> None:
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(Timed, "127.0.0.1", port)
+        try:
+            while time.perf_counter() < stop_at:
+                fut = conn.expect()
+                conn.last = 0.0
+                assert conn.transport is not None
+                conn.transport.write(payload)
+                await asyncio.wait_for(fut, 60)
+        finally:
+            assert conn.transport is not None
+            conn.transport.close()
+
+    await asyncio.gather(*(user() for _ in range(concurrency)))
+    return gaps
+
+
+async def measure_interference(
+    system: System, model: str, a: argparse.Namespace, prompt: str, log: Callable[[str], None]
+) -> tuple[float, float]:
+    """Inter-chunk p99 (ms) of 4 short streams alone, then beside a client sending long prompts
+    (a new one each time: all of it to tokenize)."""
+    short = request_bytes(system.port, model, api_key=system.api_key, max_tokens=a.interference_tokens)
+    alone = await stream_gaps(system.port, short, concurrency=4, seconds=a.interference_seconds)
+    long_sent = 0
+
+    async def long_client() -> None:
+        nonlocal long_sent
+        while True:
+            long_sent += 1
+            payload = request_bytes(
+                system.port, model, api_key=system.api_key, prompt=f"Turn {long_sent}. {prompt}"
+            )
+            await one_request(system.port, payload)
+
+    task = asyncio.ensure_future(long_client())
+    try:
+        beside = await stream_gaps(system.port, short, concurrency=4, seconds=a.interference_seconds)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError, ConnectionError, TimeoutError):
+            await task
+    p99 = [PhaseResult(g, 1.0, 0, (0, 0)).pct(0.99) for g in (alone, beside)]
+    log(
+        f"  {system.name:28s} inter-chunk p99 alone {p99[0]:.2f} ms, beside long prompts {p99[1]:.2f} ms "
+        f"({len(alone)} / {len(beside)} gaps, {long_sent} long prompts)"
+    )
+    return p99[0], p99[1]
+
+
+def long_table(rows: list[LongRow]) -> str:
+    lines = [
+        "| system | prompt tokens | mode | req/s | p50 / p99 ms | server CPU ms/request (frontend / all) |",
+        "|" + "---|" * 6,
+    ]
+    for r in rows:
+        x = r.result
+        lines.append(
+            f"| {r.system} | {r.tokens:,} | {r.mode} | {x.rps:.1f} | {x.pct(0.5):.0f} / {x.pct(0.99):.0f} "
+            f"| {x.cpu_ms[0]:.1f} / {x.cpu_ms[1]:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -637,16 +818,43 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="interlock-before: a source tree of an earlier commit (git worktree add /tmp/before <commit>)",
     )
+    p.add_argument(
+        "--prompt-tokens",
+        default=None,
+        help="long prompts instead (issue 31): comma-separated lengths in tokens, e.g. 8000,32000,60000; "
+        "both systems serve a copy of the model with a 131,072-token context",
+    )
+    p.add_argument("--long-modes", default=",".join(LONG_MODES), help=f"of {LONG_MODES}")
+    p.add_argument("--long-concurrency", type=int, default=8)
+    p.add_argument("--long-requests", type=int, default=200, help="requests per length and mode")
+    p.add_argument(
+        "--interference",
+        action="store_true",
+        help="with --prompt-tokens: short streams' inter-chunk p99 alone and beside a client of the longest prompts",
+    )
+    p.add_argument("--interference-tokens", type=int, default=128, help="tokens per short stream")
+    p.add_argument("--interference-seconds", type=float, default=8.0)
     return p.parse_args()
 
 
-async def main_async(a: argparse.Namespace) -> list[Row]:
+@dataclass
+class Results:
+    rows: list[Row] = field(default_factory=list)
+    long_rows: list[LongRow] = field(default_factory=list)
+    interference: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+async def main_async(a: argparse.Namespace) -> Results:
     from interlock.model_store import resolve_model, served_model_name
 
     model_dir = a.model or str(resolve_model("smollm2"))
-    served = served_model_name(model_dir)
     logdir = Path(a.logdir or tempfile.mkdtemp(prefix="overhead-logs-"))
     logdir.mkdir(parents=True, exist_ok=True)
+    lengths = [int(x) for x in a.prompt_tokens.split(",")] if a.prompt_tokens else []
+    if lengths:
+        model_dir = long_context_model(model_dir, logdir / "smollm2-long")
+    prompts = {n: long_prompt(model_dir, n) for n in lengths}
+    served = served_model_name(model_dir)
     starters: dict[str, Callable[[], System]] = {
         "interlock": lambda: start_interlock(False, model_dir, logdir),
         "interlock-single": lambda: start_interlock(True, model_dir, logdir),
@@ -665,13 +873,22 @@ async def main_async(a: argparse.Namespace) -> list[Row]:
     if "dynamo" in names and not Path(DYNAMO_PY).exists():
         raise SystemExit(f"{DYNAMO_PY} missing: install Dynamo as in /work/shared/anchors/dynamo.md")
     print(f"model {model_dir} served as {served}; logs in {logdir}", flush=True)
-    rows: list[Row] = []
+    out = Results()
     for rnd in range(a.rounds):
         for name in names:
             print(f"round {rnd + 1}: {name}", flush=True)
             with running(starters[name]) as system:
-                rows.append(await measure(system, served, a, lambda s: print(s, flush=True)))
-    return rows
+                if not lengths:
+                    out.rows.append(await measure(system, served, a, lambda s: print(s, flush=True)))
+                    continue
+                out.long_rows += await measure_long(
+                    system, served, a, prompts, lambda s: print(s, flush=True)
+                )
+                if a.interference:
+                    out.interference[f"{system.name} round {rnd + 1}"] = await measure_interference(
+                        system, served, a, prompts[max(lengths)], lambda s: print(s, flush=True)
+                    )
+    return out
 
 
 def main() -> None:
@@ -688,11 +905,18 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, interrupted)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    rows = asyncio.run(main_async(a))
+    out = asyncio.run(main_async(a))
     print()
     print(f"{started}; {machine()}; load {os.getloadavg()[0]:.1f}")
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
-    print(table(rows))
+    if out.rows:
+        print(table(out.rows))
+    if out.long_rows:
+        print(long_table(out.long_rows))
+    for name, (alone, beside) in out.interference.items():
+        print(
+            f"{name}: short streams' inter-chunk p99 {alone:.2f} ms alone, {beside:.2f} ms beside long prompts"
+        )
 
 
 if __name__ == "__main__":

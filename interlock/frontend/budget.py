@@ -10,29 +10,33 @@ easy way to exhaust the frontend. So a long text is screened first:
 * otherwise the text is encoded chunk by chunk (``CHUNK_CHARS``) with a running count that stops
   as soon as it passes the budget: the work is bounded by the budget, not by the text.
 
-Chunks are cut at a space between two words, where a pre-tokenizer splits anyway, so their
-tokens are the whole text's; only a text with no such space near a cut is cut inside a word,
-which moves the count by a token or two. Each cut is allowed ``SOFT_SLACK`` / ``HARD_SLACK``
-tokens before the count is taken as a proof, so the screen refuses only what the full encoding
-would. A text that passes is then encoded whole, once: the ids a worker sees (its prefix-cache
-keys) never depend on where the screen cut.
+Where the tokenizer's ids do not change at a cut between words (``chunked.py``: byte-level BPE
+with a GPT-2-style pre-tokenizer), the screen and the encoding are one pass: the chunks are
+encoded (or found in the chunk cache), counted as they come, and joined. Elsewhere chunks are cut
+at a space between two words, where a pre-tokenizer splits anyway, so their tokens are the whole
+text's; only a text with no such space near a cut is cut inside a word, which moves the count by
+a token or two. Each cut is allowed ``SOFT_SLACK`` / ``HARD_SLACK`` tokens before the count is
+taken as a proof, so the screen refuses only what the full encoding would. A text that passes is
+then encoded whole, once: the ids a worker sees (its prefix-cache keys) never depend on where the
+screen cut.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from interlock.errors import LimitExceeded, PromptTooLong, RequestError
+from interlock.frontend.chunked import CHUNK_CHARS, ChunkedEncoder, Plan, chunks
 from interlock.frontend.tokenizer import ModelTokenizer
 
-CHUNK_CHARS = 16384
-"""Characters encoded per step of the screen (a few thousand tokens)."""
-CUT_WINDOW = 1024
-"""How far back from a chunk's end a space between words is looked for."""
 SOFT_SLACK = 1  # a dummy-prefix tokenizer may add a "▁" token at the start of a chunk
 HARD_SLACK = 4  # a cut inside a word: measured at most 2 on SmolLM2's BPE, twice that allowed
+CHARS_PER_TOKEN_BOUND = 8
+"""How many characters of not yet encoded chunks go to the tokenizer per token the budget has
+left: at most this many times the budget is encoded past it before the count proves it over
+(byte-level BPE averages about 4 characters a token on text)."""
 
 
 @dataclass(frozen=True)
@@ -66,27 +70,6 @@ def upper_bound(text: str, specials: int) -> int:
     return (len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))) + specials
 
 
-def chunks(text: str, size: int = CHUNK_CHARS) -> Iterator[tuple[str, bool]]:
-    """``text`` in pieces of at most ``size`` characters; with each, whether the cut after it
-    fell at a space between words (True) or inside a word."""
-    start = 0
-    while len(text) - start > size:
-        end = start + size
-        cut = _space_between_words(text, max(start + 1, end - CUT_WINDOW), end)
-        yield text[start : cut or end], cut is not None
-        start = cut or end
-    yield text[start:], True
-
-
-def _space_between_words(text: str, low: int, high: int) -> int | None:
-    k = text.rfind(" ", low, high)
-    while k > low:
-        if not text[k - 1].isspace() and not text[k + 1].isspace():
-            return k
-        k = text.rfind(" ", low, k)
-    return None
-
-
 def screen(count: Callable[[str], int], text: str, limit: int, specials: int) -> int | None:
     """None if ``text`` may fit ``limit`` tokens; else a proven lower bound of its tokens (above
     ``limit``). ``count`` encodes one chunk without special tokens."""
@@ -104,6 +87,16 @@ async def encode_within(
     tok: ModelTokenizer, text: str, *, add_special_tokens: bool, budget: TokenBudget | None, param: str
 ) -> list[int]:
     """``text``'s token ids, or the budget's refusal, found without encoding far past it."""
+    limit = budget.limit if budget is not None else None
+    prefix = tok.special_prefix if add_special_tokens else []
+    if len(text) > CHUNK_CHARS and tok.chunked is not None and prefix is not None:
+        plan = await asyncio.to_thread(tok.chunked.plan, text)
+        if plan is not None:
+            ids = await encode_pieces(tok.chunked, plan, prefix, limit)
+            if isinstance(ids, int):
+                assert budget is not None
+                raise budget.refusal(ids, param)
+            return ids
     specials = tok.num_special_tokens if add_special_tokens else 0
     if budget is not None and len(text) > CHUNK_CHARS and upper_bound(text, specials) > budget.limit:
         # encode_batch releases the GIL: the screen runs beside the event loop.
@@ -111,3 +104,32 @@ async def encode_within(
         if at_least is not None:
             raise budget.refusal(at_least, param)
     return await tok.encode_async(text, add_special_tokens=add_special_tokens)
+
+
+async def encode_pieces(
+    enc: ChunkedEncoder, plan: Plan, prefix: list[int], limit: int | None
+) -> list[int] | int:
+    """The ids of the planned pieces joined after ``prefix`` (seams exact: ``chunked.py``), or,
+    once more than ``limit``, the count so far (a proven lower bound). Cached pieces cost
+    nothing more; the rest are encoded off the event loop, in groups sized by the budget left."""
+    pieces, keys, found = plan
+    known = len(prefix) + sum(len(ids) for ids in found if ids is not None)
+    missing = [i for i, ids in enumerate(found) if ids is None]
+    encoded: dict[int, list[int]] = {}
+    while missing and (limit is None or known <= limit):
+        room = None if limit is None else max(CHUNK_CHARS, CHARS_PER_TOKEN_BOUND * (limit - known))
+        group, chars = [], 0
+        while missing and (room is None or chars < room):
+            group.append(missing.pop(0))
+            chars += len(pieces[group[-1]])
+        batch = await asyncio.to_thread(enc.encode, [pieces[i] for i in group])
+        enc.store([keys[i] for i in group], batch)
+        for i, piece_ids in zip(group, batch, strict=True):
+            encoded[i] = piece_ids
+            known += len(piece_ids)
+    if limit is not None and known > limit:
+        return known
+    out = list(prefix)
+    for i, cached in enumerate(found):
+        out.extend(cached if cached is not None else encoded[i])
+    return out

@@ -1,0 +1,222 @@
+"""Chunked encoding: ids equal to the whole text's on every kind of text, the tokenizers that
+qualify and those that do not, the cache, and the budget counted as chunks come."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from interlock.errors import PromptTooLong
+from interlock.frontend.budget import TokenBudget, encode_pieces, encode_within
+from interlock.frontend.chunked import (
+    CHUNK_CHARS,
+    ChunkCache,
+    ChunkedEncoder,
+    Plan,
+    read_spec,
+    seams_exact,
+    soft_pieces,
+    special_prefix,
+)
+from interlock.frontend.tokenizer import ModelTokenizer, load_tokenizer
+
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PIECES = [
+    "word", "Word", "WORD", "it's", "we'll", "3.14", "12345678", "-42", "ünïcödé", "naïve",
+    "中文字符", "日本語", "😀", "👍🏽", "∑∫√", "https://x.org/a?b=c", "snake_case", "(x)", "[y]",
+    "{z: 1}", '"q"', "'s", "...", "—", "<|im_start|>", "<|im_end|>", "\t", "\n", "\n\n", "  ",
+    "   ", "\r\n", "\u00a0", "a\u0301", "x" * 40,
+]  # fmt: skip
+
+
+def random_text(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(PIECES) + rng.choice([" ", " ", " ", "", "\n", "  "]) for _ in range(n))
+
+
+def with_pre_tokenizer(tok: Tokenizer, pre: object, **more: object) -> Tokenizer:
+    spec = read_spec(tok)
+    spec["pre_tokenizer"] = pre
+    spec.update(more)
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def llama3_style(tok: Tokenizer) -> Tokenizer:
+    return with_pre_tokenizer(
+        tok,
+        {
+            "type": "Sequence",
+            "pretokenizers": [
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": LLAMA3_SPLIT},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+            ],
+        },
+    )
+
+
+def whole(tok: Tokenizer, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False).ids
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama3"])
+def test_pieces_joined_are_the_whole_texts_ids_on_random_texts(tok: ModelTokenizer, style: str) -> None:
+    tokenizer = tok.tokenizer if style == "gpt2" else llama3_style(tok.tokenizer)
+    assert seams_exact(tokenizer, read_spec(tokenizer))
+    enc = ChunkedEncoder(tokenizer)
+    rng = random.Random(11)
+    seams = 0
+    for _ in range(200):
+        text = random_text(rng, rng.randint(20, 400))
+        pieces = soft_pieces(text, size=rng.randint(40, 200))
+        if pieces is None:
+            continue
+        seams += len(pieces) - 1
+        assert "".join(pieces) == text
+        assert [i for ids in enc.encode(pieces) for i in ids] == whole(tokenizer, text)
+    assert seams > 800
+
+
+def test_tokenizers_whose_ids_could_change_at_a_cut_keep_whole_encoding(tok: ModelTokenizer) -> None:
+    base = tok.tokenizer
+    metaspace = with_pre_tokenizer(
+        base, {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always"}
+    )
+    assert not seams_exact(metaspace, read_spec(metaspace))
+    nfkc = with_pre_tokenizer(base, read_spec(base)["pre_tokenizer"], normalizer={"type": "NFKC"})
+    assert not seams_exact(nfkc, read_spec(nfkc))
+    spec = read_spec(base)
+    spec["added_tokens"][0]["rstrip"] = True  # would eat the space that starts the next chunk
+    stripping = Tokenizer.from_str(json.dumps(spec))
+    assert not seams_exact(stripping, read_spec(stripping))
+    no_regex = with_pre_tokenizer(base, {**read_spec(base)["pre_tokenizer"], "use_regex": False})
+    assert not seams_exact(no_regex, read_spec(no_regex))
+
+
+def test_a_text_without_spaces_between_words_has_no_soft_pieces() -> None:
+    assert soft_pieces("a" * (3 * CHUNK_CHARS)) is None
+    assert soft_pieces("short text") == ["short text"]
+    sparse = ("x" * 1500 + " ") * 40  # a space every 1,500 characters: some cuts fall inside a word
+    pieces = soft_pieces(sparse)
+    assert pieces is not None and "".join(pieces) == sparse and len(pieces) > 1
+    assert all(p.startswith(" x") for p in pieces[1:])  # joined back up to a space between words
+
+
+def test_special_prefix_is_what_add_special_tokens_puts_in_front(tok: ModelTokenizer) -> None:
+    assert special_prefix(tok.tokenizer) == []  # SmolLM2 adds nothing
+    spec = read_spec(tok.tokenizer)
+    bos = {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}
+    seq = {"Sequence": {"id": "A", "type_id": 0}}
+    eot = {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [bos, seq],
+        "pair": [bos, seq],
+        "special_tokens": eot,
+    }
+    assert special_prefix(Tokenizer.from_str(json.dumps(spec))) == [0]
+    spec["post_processor"]["single"] = [bos, seq, bos]  # one after the text too: not a prefix
+    assert special_prefix(Tokenizer.from_str(json.dumps(spec))) is None
+
+
+def test_cache_is_bounded_in_tokens_and_drops_the_least_recently_used() -> None:
+    cache = ChunkCache(capacity=10)
+    cache.put((1, 1), [1, 2, 3, 4])
+    cache.put((2, 1), [5, 6, 7, 8])
+    assert cache.get((1, 1)) is not None  # a is now the most recent
+    cache.put((3, 1), [9, 10, 11])
+    assert cache.get((2, 1)) is None and cache.tokens == 7 and len(cache) == 2
+    cache.put((4, 1), list(range(11)))  # larger than the whole cache: not kept
+    assert cache.get((4, 1)) is None and cache.tokens == 7
+
+
+def plan(enc: ChunkedEncoder, text: str) -> Plan:
+    planned = enc.plan(text)
+    assert planned is not None
+    return planned
+
+
+class Counting(ChunkedEncoder):
+    """Records what it is asked to encode."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        super().__init__(tokenizer, ChunkCache())
+        self.encoded: list[str] = []
+
+    def encode(self, pieces: list[str]) -> list[list[int]]:
+        self.encoded += pieces
+        return super().encode(pieces)
+
+
+def test_a_repeated_or_grown_text_encodes_only_what_is_new(tok: ModelTokenizer) -> None:
+    enc = Counting(tok.tokenizer)
+    rng = random.Random(5)
+    text = random_text(rng, 30_000)
+    pieces = soft_pieces(text)
+    assert pieces is not None and len(pieces) > 5
+    first = asyncio.run(encode_pieces(enc, plan(enc, text), [], None))
+    assert first == whole(tok.tokenizer, text) and len(enc.encoded) == len(pieces)
+    again = asyncio.run(encode_pieces(enc, plan(enc, text), [], None))
+    assert again == first and len(enc.encoded) == len(pieces)  # all from the cache
+    grown = text + " and the next turn of the conversation."
+    ids = asyncio.run(encode_pieces(enc, plan(enc, grown), [7], None))
+    assert ids == [7, *whole(tok.tokenizer, grown)]
+    assert enc.encoded[len(pieces) :] == [plan(enc, grown)[0][-1]]  # only the last piece was new
+
+
+def test_the_count_stops_near_the_budget_and_proves_the_refusal(tok: ModelTokenizer) -> None:
+    enc = Counting(tok.tokenizer)
+    text = random_text(random.Random(8), 60_000)
+    exact = len(whole(tok.tokenizer, text))
+    assert asyncio.run(encode_pieces(enc, plan(enc, text), [], exact)) == whole(tok.tokenizer, text)
+    enc = Counting(tok.tokenizer)
+    at_least = asyncio.run(encode_pieces(enc, plan(enc, text), [], 500))
+    assert isinstance(at_least, int) and 500 < at_least <= exact
+    assert sum(map(len, enc.encoded)) < 0.25 * len(text)  # stopped early
+    assert asyncio.run(encode_pieces(enc, plan(enc, text), [], exact - 1)) == exact  # the cache counts too
+
+
+def test_encode_within_through_the_model_tokenizer(tok: ModelTokenizer) -> None:
+    assert tok.chunked is not None
+    text = random_text(random.Random(9), 20_000)
+    ids = asyncio.run(encode_within(tok, text, add_special_tokens=False, budget=None, param="messages"))
+    assert ids == whole(tok.tokenizer, text)
+    with pytest.raises(PromptTooLong, match="at least"):
+        asyncio.run(
+            encode_within(
+                tok, text, add_special_tokens=False, budget=TokenBudget(None, 2048), param="messages"
+            )
+        )
+
+
+def test_a_tokenizer_that_does_not_qualify_is_screened_then_encoded_whole(
+    tok: ModelTokenizer, smol_path: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(smol_path, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.gguf"))
+    spec = read_spec(tok.tokenizer)
+    spec["pre_tokenizer"] = {**spec["pre_tokenizer"], "use_regex": False}
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    other = load_tokenizer(folder)
+    assert other.chunked is None
+    text = random_text(random.Random(10), 20_000)
+    ids = asyncio.run(encode_within(other, text, add_special_tokens=False, budget=None, param="messages"))
+    assert ids == other.tokenizer.encode(text, add_special_tokens=False).ids
+    with pytest.raises(PromptTooLong):
+        asyncio.run(
+            encode_within(
+                other, text, add_special_tokens=False, budget=TokenBudget(None, 2048), param="messages"
+            )
+        )
