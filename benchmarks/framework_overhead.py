@@ -270,19 +270,28 @@ def start_dynamo(
 
 
 def group_pids(system: System) -> list[int]:
-    """Every live process in the system's process groups (workers, nats-server included)."""
+    """Every live process of the system: its process groups and all their descendants (serve
+    starts its workers and nats-server in sessions of their own)."""
     groups = {p.pid for p in system.procs}
-    pids = []
+    parent: dict[int, int] = {}
+    pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError):
-                if int(_stat_fields(int(entry.name))[2]) in groups:
-                    pids.append(int(entry.name))
-    return pids
+                fields = _stat_fields(int(entry.name))
+                parent[int(entry.name)] = int(fields[1])
+                if int(fields[2]) in groups:
+                    pids.add(int(entry.name))
+    grew = True
+    while grew:
+        more = {pid for pid, ppid in parent.items() if ppid in pids} - pids
+        pids |= more
+        grew = bool(more)
+    return sorted(pids)
 
 
 def _stat_fields(pid: int) -> list[str]:
-    """/proc/PID/stat after the command name: state is [0], pgrp [2], utime [11], stime [12]."""
+    """/proc/PID/stat after the command name: state [0], ppid [1], pgrp [2], utime [11], stime [12]."""
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
 
 

@@ -24,7 +24,7 @@ screen cut.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from interlock.errors import LimitExceeded, PromptTooLong, RequestError
@@ -85,17 +85,23 @@ def screen(count: Callable[[str], int], text: str, limit: int, specials: int) ->
 
 async def encode_within(
     tok: ModelTokenizer, text: str, *, add_special_tokens: bool, budget: TokenBudget | None, param: str
-) -> list[int]:
+) -> Sequence[int]:
     """``text``'s token ids, or the budget's refusal, found without encoding far past it."""
     limit = budget.limit if budget is not None else None
     prefix = tok.special_prefix if add_special_tokens else []
-    if len(text) > CHUNK_CHARS and tok.chunked is not None and prefix is not None:
-        plan = await asyncio.to_thread(tok.chunked.plan, text)
-        if plan is not None:
-            ids = await encode_pieces(tok.chunked, plan, prefix, limit)
-            if isinstance(ids, int):
-                assert budget is not None
-                raise budget.refusal(ids, param)
+    enc = tok.chunked
+    if len(text) > CHUNK_CHARS and enc is not None and prefix is not None:
+        key = enc.prompt_key(text, add_special_tokens)
+        ids: tuple[int, ...] | int | None = enc.prompts.get(key)
+        if ids is None:
+            plan = await asyncio.to_thread(enc.plan, text)
+            if plan is not None:
+                ids = await encode_pieces(enc, plan, prefix, limit)
+        if isinstance(ids, int) or (ids is not None and limit is not None and len(ids) > limit):
+            assert budget is not None
+            raise budget.refusal(ids if isinstance(ids, int) else len(ids), param)
+        if ids is not None:
+            enc.prompts.put(key, ids)
             return ids
     specials = tok.num_special_tokens if add_special_tokens else 0
     if budget is not None and len(text) > CHUNK_CHARS and upper_bound(text, specials) > budget.limit:
@@ -108,14 +114,14 @@ async def encode_within(
 
 async def encode_pieces(
     enc: ChunkedEncoder, plan: Plan, prefix: list[int], limit: int | None
-) -> list[int] | int:
+) -> tuple[int, ...] | int:
     """The ids of the planned pieces joined after ``prefix`` (seams exact: ``chunked.py``), or,
     once more than ``limit``, the count so far (a proven lower bound). Cached pieces cost
     nothing more; the rest are encoded off the event loop, in groups sized by the budget left."""
     pieces, keys, found = plan
     known = len(prefix) + sum(len(ids) for ids in found if ids is not None)
     missing = [i for i, ids in enumerate(found) if ids is None]
-    encoded: dict[int, list[int]] = {}
+    encoded: dict[int, tuple[int, ...]] = {}
     while missing and (limit is None or known <= limit):
         room = None if limit is None else max(CHUNK_CHARS, CHARS_PER_TOKEN_BOUND * (limit - known))
         group, chars = [], 0
@@ -132,4 +138,4 @@ async def encode_pieces(
     out = list(prefix)
     for i, cached in enumerate(found):
         out.extend(cached if cached is not None else encoded[i])
-    return out
+    return tuple(out)

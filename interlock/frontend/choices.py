@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,7 @@ def _formatter(
     request_id: str,
     model: str,
     tok: ModelTokenizer,
-    prompt_ids: list[int],
+    prompt_ids: Sequence[int],
     assembler: OutputAssembler,
     *,
     index: int = 0,
@@ -115,7 +115,7 @@ def build_choices(
     ctx: RequestContext,
     model: str,
     tok: ModelTokenizer,
-    built: list[tuple[GenerateRequest, list[int]]],
+    built: list[tuple[GenerateRequest, Sequence[int]]],
     sent: list[str | list[int] | None],
     n: int,
     started: float,

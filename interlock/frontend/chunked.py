@@ -29,8 +29,8 @@ is not cut; it is screened and then encoded whole, as before.
 from __future__ import annotations
 
 import json
+import operator
 import threading
-from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -42,7 +42,9 @@ CHUNK_CHARS = 16384
 CUT_WINDOW = 1024
 """How far back from a chunk's end a space between words is looked for."""
 CACHE_TOKENS = 2_000_000
-"""Token ids the chunk cache keeps per tokenizer (4 bytes each: 8 MB)."""
+"""Token ids the chunk cache keeps per tokenizer (8 bytes each, the int objects shared: 16 MB)."""
+PROMPT_CACHE_TOKENS = 1_000_000
+"""Token ids of whole long prompts kept for a prompt sent again as it was (8 MB)."""
 
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _SAMPLE = (
@@ -151,7 +153,7 @@ Key = tuple[int, int]
 
 
 class ChunkCache:
-    """Chunk key -> its ids, least recently used out first, at most ``capacity`` ids.
+    """Key -> ids (a tuple), least recently used out first, at most ``capacity`` ids.
     Thread-safe (a tokenizer is shared by every event loop of the process)."""
 
     def __init__(self, capacity: int = CACHE_TOKENS) -> None:
@@ -159,7 +161,7 @@ class ChunkCache:
         self.tokens = 0
         self.hits = 0
         self.misses = 0
-        self._entries: OrderedDict[Key, array[int]] = OrderedDict()
+        self._entries: OrderedDict[Key, tuple[int, ...]] = OrderedDict()
         self._lock = threading.Lock()
 
     @staticmethod
@@ -169,7 +171,7 @@ class ChunkCache:
         for a BLAKE2 digest of its bytes."""
         return hash(chunk), len(chunk)
 
-    def get(self, key: Key) -> array[int] | None:
+    def get(self, key: Key) -> tuple[int, ...] | None:
         with self._lock:
             ids = self._entries.get(key)
             if ids is None:
@@ -182,7 +184,7 @@ class ChunkCache:
     def put(self, key: Key, ids: Sequence[int]) -> None:
         if len(ids) > self.capacity:
             return
-        packed = array("i", ids)
+        packed = tuple(ids)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
@@ -197,7 +199,7 @@ class ChunkCache:
         return len(self._entries)
 
 
-Plan = tuple[list[str], list[Key], list["array[int] | None"]]
+Plan = tuple[list[str], list[Key], list["tuple[int, ...] | None"]]
 """A text's pieces, their cache keys, and the cached ids of each (None: not cached)."""
 
 
@@ -207,6 +209,21 @@ class ChunkedEncoder:
     def __init__(self, tokenizer: Tokenizer, cache: ChunkCache | None = None) -> None:
         self.tokenizer = tokenizer
         self.cache = cache if cache is not None else ChunkCache()
+        self.prompts = ChunkCache(PROMPT_CACHE_TOKENS)
+        """Whole prompts' ids (``prompt_key``): one sent again costs a lookup, and its ids are
+        the same tuple, whose block hashes the router keeps."""
+        self._ints = tuple(range(tokenizer.get_vocab_size(with_added_tokens=True)))
+        """One int object per token id: cached ids point at these (8 bytes a token, not 36)."""
+
+    @staticmethod
+    def prompt_key(text: str, add_special_tokens: bool) -> Key:
+        return hash((text, add_special_tokens)), len(text)
+
+    def shared(self, ids: list[int]) -> tuple[int, ...]:
+        """``ids`` as a tuple of the shared int objects."""
+        if len(ids) < 2:
+            return tuple(self._ints[i] for i in ids)
+        return operator.itemgetter(*ids)(self._ints)  # type: ignore[no-any-return]
 
     def plan(self, text: str) -> Plan | None:
         """The text's pieces, their keys and what the cache has of each; None when it has no
@@ -217,11 +234,13 @@ class ChunkedEncoder:
         keys = [ChunkCache.key(p) for p in pieces]
         return pieces, keys, [self.cache.get(k) for k in keys]
 
-    def encode(self, pieces: list[str]) -> list[list[int]]:
+    def encode(self, pieces: list[str]) -> list[tuple[int, ...]]:
         """Ids of each piece, special tokens left out (releases the GIL; run it in a thread)."""
-        return [e.ids for e in self.tokenizer.encode_batch_fast(pieces, add_special_tokens=False)]
+        return [
+            self.shared(e.ids) for e in self.tokenizer.encode_batch_fast(pieces, add_special_tokens=False)
+        ]
 
-    def store(self, keys: list[Key], encoded: list[list[int]]) -> None:
+    def store(self, keys: list[Key], encoded: list[tuple[int, ...]]) -> None:
         for key, ids in zip(keys, encoded, strict=True):
             self.cache.put(key, ids)
 

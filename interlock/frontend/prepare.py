@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -60,7 +60,7 @@ async def generate_request(
     max_prompt_tokens: int | None,
     prompt: str | list[int] | None = None,
     plan: ToolPlan | None = None,
-) -> tuple[GenerateRequest, list[int]]:
+) -> tuple[GenerateRequest, Sequence[int]]:
     """The one text pipeline from a parsed request to what the backend serves, with the prompt
     limits (the HTTP frontend and the Python API both call it): the request and its prompt ids.
     ``prompt``: which of a completion request's prompts (``completion_prompts``); its only one
@@ -91,7 +91,7 @@ async def prompt_ids(
     budget: TokenBudget | None = None,
     prompt: str | list[int] | None = None,
     plan: ToolPlan | None = None,
-) -> list[int]:
+) -> Sequence[int]:
     """The prompt's token ids (long texts are encoded off the event loop). A rendered chat
     prompt longer than ``max_chars`` is refused before it is encoded, a text over ``budget``
     before it is encoded in full (``budget.py``)."""

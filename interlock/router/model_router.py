@@ -102,6 +102,12 @@ class _WorkerState:
     draining: bool = False
 
 
+HASH_MEMO = 8
+"""Long prompts whose block hashes a router keeps (by identity of their ids' tuple)."""
+HASH_MEMO_TOKENS = 2048
+"""Prompts shorter than this are hashed every time (cheaper than looking)."""
+
+
 class Router:
     def __init__(
         self,
@@ -130,6 +136,9 @@ class Router:
         """Every worker id this router has had (insertion order, bounded): a pin to one of them
         that is away (restarting, draining) is a 503 to retry, to any other id a 400."""
         self._slot_ids: dict[int, str] = {}
+        self._hashed: deque[tuple[Sequence[int], list[int]]] = deque(maxlen=HASH_MEMO)
+        """The last long prompts' ids and block hashes: a prompt the frontend encoded before is
+        handed over as the same tuple (``frontend/chunked.py``), so it is not hashed again."""
         self._eligible_cache: dict[str | None, np.ndarray] = {}
         self._whole: list[np.ndarray] = []
         """The cached eligible masks that hold every slot (no costs to mask out)."""
@@ -290,7 +299,16 @@ class Router:
 
     # ---- request lifecycle ----
     def block_hashes(self, token_ids: Sequence[int]) -> list[int]:
-        return hash_blocks(token_ids, self.config.block_size)
+        """The prompt's block hashes (do not change the list: it may be shared)."""
+        if len(token_ids) < HASH_MEMO_TOKENS:
+            return hash_blocks(token_ids, self.config.block_size)
+        for ids, hashes in self._hashed:
+            if ids is token_ids:  # the very same object: equal, and nobody can change a tuple
+                return hashes
+        hashes = hash_blocks(token_ids, self.config.block_size)
+        if isinstance(token_ids, tuple):
+            self._hashed.append((token_ids, hashes))
+        return hashes
 
     def route(
         self,

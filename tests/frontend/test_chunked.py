@@ -67,8 +67,8 @@ def llama3_style(tok: Tokenizer) -> Tokenizer:
     )
 
 
-def whole(tok: Tokenizer, text: str) -> list[int]:
-    return tok.encode(text, add_special_tokens=False).ids
+def whole(tok: Tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(tok.encode(text, add_special_tokens=False).ids)
 
 
 @pytest.mark.parametrize("style", ["gpt2", "llama3"])
@@ -85,7 +85,7 @@ def test_pieces_joined_are_the_whole_texts_ids_on_random_texts(tok: ModelTokeniz
             continue
         seams += len(pieces) - 1
         assert "".join(pieces) == text
-        assert [i for ids in enc.encode(pieces) for i in ids] == whole(tokenizer, text)
+        assert tuple(i for ids in enc.encode(pieces) for i in ids) == whole(tokenizer, text)
     assert seams > 800
 
 
@@ -172,7 +172,7 @@ def test_a_repeated_or_grown_text_encodes_only_what_is_new(tok: ModelTokenizer) 
     assert again == first and len(enc.encoded) == len(pieces)  # all from the cache
     grown = text + " and the next turn of the conversation."
     ids = asyncio.run(encode_pieces(enc, plan(enc, grown), [7], None))
-    assert ids == [7, *whole(tok.tokenizer, grown)]
+    assert ids == (7, *whole(tok.tokenizer, grown))
     assert enc.encoded[len(pieces) :] == [plan(enc, grown)[0][-1]]  # only the last piece was new
 
 
@@ -213,10 +213,26 @@ def test_a_tokenizer_that_does_not_qualify_is_screened_then_encoded_whole(
     assert other.chunked is None
     text = random_text(random.Random(10), 20_000)
     ids = asyncio.run(encode_within(other, text, add_special_tokens=False, budget=None, param="messages"))
-    assert ids == other.tokenizer.encode(text, add_special_tokens=False).ids
+    assert list(ids) == other.tokenizer.encode(text, add_special_tokens=False).ids
     with pytest.raises(PromptTooLong):
         asyncio.run(
             encode_within(
                 other, text, add_special_tokens=False, budget=TokenBudget(None, 2048), param="messages"
+            )
+        )
+
+
+def test_a_prompt_sent_again_is_the_same_tuple_and_still_meets_the_budget(tok: ModelTokenizer) -> None:
+    text = random_text(random.Random(12), 12_000)
+    first = asyncio.run(encode_within(tok, text, add_special_tokens=False, budget=None, param="messages"))
+    again = asyncio.run(encode_within(tok, text, add_special_tokens=False, budget=None, param="messages"))
+    assert isinstance(first, tuple) and again is first
+    assert tok.chunked is not None
+    big = next(t for t in first if t > 256)  # ids point at one int object per token id
+    assert big is tok.chunked.shared([int(str(big))])[0]
+    with pytest.raises(PromptTooLong, match=f"at least {len(first)} tokens"):  # from the memo
+        asyncio.run(
+            encode_within(
+                tok, text, add_special_tokens=False, budget=TokenBudget(None, len(first)), param="messages"
             )
         )

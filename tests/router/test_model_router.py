@@ -455,3 +455,16 @@ def test_the_eligible_masks_kept_up_to_date_equal_masks_built_afresh() -> None:
             fresh = r._eligible(role)
             assert np.array_equal(kept, fresh), (step, role)
             assert whole == (len(fresh) > 0 and bool(fresh.all())), (step, role)
+
+
+def test_a_long_prompt_handed_over_again_as_the_same_tuple_is_not_hashed_again() -> None:
+    from interlock.router.model_router import HASH_MEMO_TOKENS
+
+    router = Router(RouterConfig(block_size=16))
+    ids = tuple(range(HASH_MEMO_TOKENS + 40))
+    first = router.block_hashes(ids)
+    assert router.block_hashes(ids) is first
+    equal = list(ids)  # equal but not the same object: hashed again, to the same values
+    assert router.block_hashes(equal) == first and router.block_hashes(equal) is not first
+    short = tuple(range(64))
+    assert router.block_hashes(short) is not router.block_hashes(short)
