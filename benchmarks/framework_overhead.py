@@ -716,32 +716,31 @@ async def stream_gaps(port: int, payload: bytes, *, concurrency: int, seconds: f
 async def measure_interference(
     system: System, model: str, a: argparse.Namespace, prompt: str, log: Callable[[str], None]
 ) -> tuple[float, float]:
-    """Inter-chunk p99 (ms) of 4 short streams alone, then beside a client sending long prompts
-    (a new one each time: all of it to tokenize)."""
+    """Inter-chunk p99 (ms) of 4 short streams alone, then with long prompts arriving beside
+    them at ``--interference-rate`` a second (each new at its start: all of it to tokenize)."""
     short = request_bytes(system.port, model, api_key=system.api_key, max_tokens=a.interference_tokens)
     alone = await stream_gaps(system.port, short, concurrency=4, seconds=a.interference_seconds)
-    long_sent = 0
+    sent: list[asyncio.Task[bytes]] = []
 
-    async def long_client() -> None:
-        nonlocal long_sent
+    async def arrivals() -> None:
         while True:
-            long_sent += 1
             payload = request_bytes(
-                system.port, model, api_key=system.api_key, prompt=f"Turn {long_sent}. {prompt}"
+                system.port, model, api_key=system.api_key, prompt=f"Turn {len(sent)}. {prompt}"
             )
-            await one_request(system.port, payload)
+            sent.append(asyncio.ensure_future(one_request(system.port, payload)))
+            await asyncio.sleep(1.0 / a.interference_rate)
 
-    task = asyncio.ensure_future(long_client())
+    task = asyncio.ensure_future(arrivals())
     try:
         beside = await stream_gaps(system.port, short, concurrency=4, seconds=a.interference_seconds)
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, OSError, ConnectionError, TimeoutError):
-            await task
+        done = await asyncio.gather(*sent, return_exceptions=True)
+    failed = sum(1 for r in done if not isinstance(r, bytes) or not r.startswith(b"HTTP/1.1 200"))
     p99 = [PhaseResult(g, 1.0, 0, (0, 0)).pct(0.99) for g in (alone, beside)]
     log(
         f"  {system.name:28s} inter-chunk p99 alone {p99[0]:.2f} ms, beside long prompts {p99[1]:.2f} ms "
-        f"({len(alone)} / {len(beside)} gaps, {long_sent} long prompts)"
+        f"({len(alone)} / {len(beside)} gaps, {len(sent)} long prompts, {failed} failed)"
     )
     return p99[0], p99[1]
 
@@ -839,10 +838,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--interference",
         action="store_true",
-        help="with --prompt-tokens: short streams' inter-chunk p99 alone and beside a client of the longest prompts",
+        help="with --prompt-tokens: short streams' inter-chunk p99 alone and with the longest prompts arriving",
     )
     p.add_argument("--interference-tokens", type=int, default=128, help="tokens per short stream")
     p.add_argument("--interference-seconds", type=float, default=8.0)
+    p.add_argument(
+        "--interference-rate", type=float, default=2.0, help="long prompts a second beside the streams"
+    )
     return p.parse_args()
 
 

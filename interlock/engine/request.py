@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from time import perf_counter
 
-from interlock import kvhash
+from interlock import kvchain, kvhash
 from interlock.protocol import GenerateRequest, KVTransferParams, SamplingParams, TokenLogprobs
 
 
@@ -107,7 +107,7 @@ class Request:
         """Admission order (a counter); ties in priority go to the older request."""
         self.kv_transfer = kv_transfer
         self.block_size = block_size
-        self.block_hashes: list[int] = kvhash.hash_blocks(prompt_token_ids, block_size)
+        self.block_hashes: list[int] = kvchain.hash_blocks(prompt_token_ids, block_size)
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.num_emitted_tokens = 0

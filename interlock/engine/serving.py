@@ -28,7 +28,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
-from interlock.kvhash import hash_blocks
+from interlock.kvchain import hash_blocks
 from interlock.protocol import (
     AllBlocksCleared,
     BlockStored,

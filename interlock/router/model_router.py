@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from interlock.errors import ConfigError, InvalidRequest, NoWorkers, Overloaded
-from interlock.kvhash import hash_blocks
+from interlock.kvchain import hash_blocks
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import KVEventBatch, LoadReport, RouterLoadEvent
 from interlock.router.admission import AdmissionQueue, Pending, RequestMeta

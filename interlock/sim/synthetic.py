@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from interlock.kvhash import hash_blocks
+from interlock.kvchain import hash_blocks
 from interlock.mooncake import TRACE_BLOCK_SIZE, MooncakeRecord
 from interlock.sim.trace import VOCAB_SIZE, SimRequest
 

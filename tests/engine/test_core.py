@@ -292,3 +292,14 @@ def test_bad_resume_tokens_are_refused() -> None:
     outs = run_to_end(engine)
     for rid in ("many", "range"):
         assert outs[rid][-1].error is not None and outs[rid][-1].error.status == 400
+
+
+def test_token_ids_are_checked_whole_on_long_prompts_too() -> None:
+    from interlock.engine.core import ids_within
+
+    for n in (3, 600):  # below and above the packed path's threshold
+        assert ids_within([VOCAB - 1] * n, VOCAB)
+        assert not ids_within([1] * n + [VOCAB], VOCAB)
+        assert not ids_within([1] * n + [-1], VOCAB)
+        assert not ids_within([-(1 << 40)] + [1] * n, VOCAB)
+        assert not ids_within([1 << 40] + [1] * n, VOCAB)
