@@ -513,3 +513,28 @@ def test_options_this_server_cannot_honour_are_refused(
         client.chat.completions.create(model=MODEL, messages=USER, extra_body=extra)
     body = info.value.body
     assert isinstance(body, dict) and body["param"] == param and body["type"] == "invalid_request_error"
+
+
+def test_a_long_prompt_reaches_the_backend_as_its_whole_encoding_sent_once_or_again(
+    client: openai.OpenAI, served: Served, tok: ModelTokenizer
+) -> None:
+    """Over HTTP, a chat and a completion prompt long enough for the chunked encoding
+    (``frontend/chunked.py``): the backend gets exactly the whole text's ids, a second time from
+    the memo, and a grown prompt's ids again exact."""
+    words = " ".join(["international understanding"] * 700)  # 19,599 characters, 1,400 tokens
+    assert tok.chunked is not None and len(words) > 16_384
+    sent = []
+    for text in (words, words, words + " One more turn."):
+        r = client.completions.create(model=MODEL, prompt=text, max_tokens=1)
+        request = served.backend.requests[-1]
+        sent.append(request.token_ids)
+        assert list(request.token_ids) == tok.encode(text, add_special_tokens=True)
+        assert r.usage is not None and r.usage.prompt_tokens == len(request.token_ids)
+    assert sent[1] is sent[0] and sent[2] != sent[0]  # the same tuple when sent again
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": words}], max_tokens=1
+    )
+    template = tok.chat_template
+    assert template is not None and chat.usage is not None
+    rendered = template.render([{"role": "user", "content": words}], add_generation_prompt=True)
+    assert list(served.backend.requests[-1].token_ids) == tok.encode(rendered, add_special_tokens=False)
