@@ -27,6 +27,7 @@ All operations are O(1) per block (dict/deque/OrderedDict), no scans.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -103,6 +104,18 @@ class BlockPool:
     # ---- lookup and allocation ----
     def get_cached_block(self, block_hash: int) -> int | None:
         return self._hash_to_block.get(block_hash)
+
+    def cached_prefix(self, block_hashes: Sequence[int]) -> list[int]:
+        """The blocks of the longest run of ``block_hashes`` from the start that are cached (one
+        lookup per hash at C speed, past a miss too: a 60k-token prompt's 3,750 in ~0.1 ms)."""
+        found = list(map(self._hash_to_block.get, block_hashes))
+        with contextlib.suppress(ValueError):
+            del found[found.index(None) :]
+        return found  # type: ignore[return-value]
+
+    def num_cached_free(self, block_ids: Sequence[int]) -> int:
+        """How many of ``block_ids`` hold no reference (cached but free: touching revives them)."""
+        return list(map(self.ref_cnt.__getitem__, block_ids)).count(0)
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Take one more reference on each block (prefix-cache hits); revives cached-free ones."""

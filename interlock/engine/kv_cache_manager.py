@@ -54,13 +54,7 @@ class KVCacheManager:
         if not self.pool.enable_caching:
             return [], 0
         max_blocks = (req.num_tokens - 1) // self.block_size
-        hits: list[int] = []
-        lookup = self.pool.get_cached_block
-        for h in req.block_hashes[:max_blocks]:
-            b = lookup(h)
-            if b is None:
-                break
-            hits.append(b)
+        hits = self.pool.cached_prefix(req.block_hashes[:max_blocks])
         return hits, len(hits) * self.block_size
 
     def lower_tier_blocks(self, req: Request, num_device_blocks: int) -> int:
@@ -97,7 +91,7 @@ class KVCacheManager:
             return []  # the common decode step: the last block still has room
         pool = self.pool
         # Hits sitting in cached-free count as free now but stop being free once touched.
-        revived = sum(1 for b in computed_blocks if pool.ref_cnt[b] == 0)
+        revived = pool.num_cached_free(computed_blocks)
         available = pool.num_free_blocks - revived - (self.watermark_blocks if watermark else 0)
         if need > available:
             return None

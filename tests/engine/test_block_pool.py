@@ -186,3 +186,14 @@ class PoolMachine(RuleBasedStateMachine):
 
 PoolMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
 TestPoolMachine = PoolMachine.TestCase
+
+
+def test_cached_prefix_stops_at_the_first_miss_and_counts_the_free_ones() -> None:
+    pool = BlockPool(8, 2, enable_caching=True)
+    blocks = pool.allocate(3)
+    pool.cache_blocks(blocks, [11, 12, 13], list(range(6)), 0, 3)
+    assert pool.cached_prefix([11, 12, 13, 14]) == blocks
+    assert pool.cached_prefix([11, 99, 13]) == blocks[:1] and pool.cached_prefix([99, 11]) == []
+    assert pool.num_cached_free(blocks) == 0
+    pool.free(blocks[1:])
+    assert pool.num_cached_free(blocks) == 2
