@@ -500,6 +500,9 @@ async def serve_frontend(
         handler_cancellation=config.handler_cancellation,
         access_log=None,
         keepalive_timeout=config.idle_timeout_s,
+        # No SO_KEEPALIVE probes (a socket object and two system calls per connection): idle
+        # connections are closed after idle_timeout_s, long before the kernel's first probe.
+        tcp_keepalive=False,
     )
     await runner.setup()
     assert runner.server is not None
