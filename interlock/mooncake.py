@@ -103,8 +103,14 @@ def _mix(x: np.ndarray, pool_size: int) -> np.ndarray:
 
 def block_indices(hash_id: int, pool_size: int, n: int = TRACE_BLOCK_SIZE) -> np.ndarray:
     """The first ``n`` token indices of trace block ``hash_id``."""
+    return blocks_indices([hash_id], pool_size, n)
+
+
+def blocks_indices(hash_ids: Sequence[int], pool_size: int, n: int = TRACE_BLOCK_SIZE) -> np.ndarray:
+    """``block_indices`` of each of ``hash_ids``, one after another, in one vectorised pass."""
     with np.errstate(over="ignore"):
-        x = np.arange(n, dtype=np.uint64) + np.uint64(hash_id) * _GOLDEN
+        ids = np.asarray(hash_ids, dtype=np.uint64)
+        x = (np.arange(n, dtype=np.uint64)[None, :] + ids[:, None] * _GOLDEN).reshape(-1)
     return _mix(x, pool_size)
 
 
@@ -118,7 +124,7 @@ def prompt_indices(
     rec: MooncakeRecord, index: int, pool_size: int, trace_block_size: int = TRACE_BLOCK_SIZE
 ) -> np.ndarray:
     """The whole prompt of record number ``index`` as token indices in ``[0, pool_size)``."""
-    parts = [block_indices(h, pool_size, trace_block_size) for h in rec.hash_ids]
+    parts = [blocks_indices(rec.hash_ids, pool_size, trace_block_size)] if rec.hash_ids else []
     got = sum(len(p) for p in parts)
     if got < rec.input_length:
         parts.append(_padding_indices(index, pool_size, got, rec.input_length - got))
@@ -130,6 +136,7 @@ __all__ = [
     "MooncakeRecord",
     "arrival_offsets",
     "block_indices",
+    "blocks_indices",
     "load_mooncake",
     "prompt_indices",
     "write_mooncake",

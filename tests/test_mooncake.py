@@ -75,3 +75,10 @@ def test_a_prompt_longer_than_its_blocks_is_padded_uniquely() -> None:
     a, b = prompt_indices(rec, 0, 1000), prompt_indices(rec, 1, 1000)
     assert len(a) == 600 and a[:512].tolist() == b[:512].tolist() == block_indices(7, 1000).tolist()
     assert a[512:].tolist() != b[512:].tolist()
+
+
+def test_blocks_indices_is_block_indices_one_after_another() -> None:
+    from interlock.mooncake import blocks_indices
+
+    ids = [0, 17, 18, 2**40 + 3]
+    assert np.array_equal(blocks_indices(ids, 1000, 64), np.concatenate([block_indices(h, 1000, 64) for h in ids]))

@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from interlock.kvhash import ROOT_PARENT, hash_block, hash_blocks
+from interlock.kvchain import hash_blocks
+from interlock.kvhash import ROOT_PARENT
 from interlock.mooncake import (
     TRACE_BLOCK_SIZE,
     MooncakeRecord,
     arrival_offsets,
-    block_indices,
+    blocks_indices,
     prompt_indices,
 )
 
@@ -52,19 +53,6 @@ class TraceHasher:
         self.trace_block_size = trace_block_size
         self._memo: dict[int, tuple[int, ...]] = {}
 
-    def _sub_hashes(self, hash_id: int, parent: int) -> tuple[int, ...]:
-        got = self._memo.get(hash_id)
-        if got is None:
-            toks = block_indices(hash_id, VOCAB_SIZE, self.trace_block_size)
-            hs = []
-            bs = self.block_size
-            for i in range(self.trace_block_size // bs):
-                # kvhash accepts any integer array; numpy slices avoid a list per block
-                parent = hash_block(parent, cast(Sequence[int], toks[i * bs : (i + 1) * bs]))
-                hs.append(parent)
-            got = self._memo[hash_id] = tuple(hs)
-        return got
-
     def hashes(self, rec: MooncakeRecord, index: int = 0) -> tuple[int, ...]:
         """The prompt's block hashes (``index``: the record's number, for a prompt longer than
         its hash ids, whose padding is unique to it)."""
@@ -72,15 +60,34 @@ class TraceHasher:
         if len(rec.hash_ids) * self.trace_block_size < n_full * self.block_size:
             tokens = prompt_indices(rec, index, VOCAB_SIZE, self.trace_block_size)
             return tuple(hash_blocks(cast(Sequence[int], tokens), self.block_size))
+        needed = rec.hash_ids[: -(-n_full * self.block_size // self.trace_block_size)]
         out: list[int] = []
         parent = ROOT_PARENT
-        for hid in rec.hash_ids:
-            sub = self._sub_hashes(hid, parent)
-            out.extend(sub)
-            parent = sub[-1]
-            if len(out) >= n_full:
-                break
+        i = 0
+        while i < len(needed):
+            got = self._memo.get(needed[i])
+            if got is None:
+                got = self._new_run(needed, i, parent)
+            out.extend(got)
+            parent = out[-1]
+            i += len(got) * self.block_size // self.trace_block_size
         return tuple(out[:n_full])
+
+    def _new_run(self, ids: Sequence[int], start: int, parent: int) -> tuple[int, ...]:
+        """Hashes of the run of not yet memoised ids from ``start``, each chained after the one
+        before (``parent`` before the first): their tokens in one vectorised call, their hashes
+        in one chained call (``kvchain``); each id's share memoised."""
+        run: list[int] = []
+        for hid in ids[start:]:
+            if hid in self._memo or hid in run:
+                break
+            run.append(hid)
+        tokens = blocks_indices(run, VOCAB_SIZE, self.trace_block_size)
+        hs = hash_blocks(cast(Sequence[int], tokens), self.block_size, parent)
+        per = self.trace_block_size // self.block_size
+        for k, hid in enumerate(run):
+            self._memo[hid] = tuple(hs[k * per : (k + 1) * per])
+        return tuple(hs)
 
 
 def mooncake_requests(
