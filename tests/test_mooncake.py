@@ -81,4 +81,6 @@ def test_blocks_indices_is_block_indices_one_after_another() -> None:
     from interlock.mooncake import blocks_indices
 
     ids = [0, 17, 18, 2**40 + 3]
-    assert np.array_equal(blocks_indices(ids, 1000, 64), np.concatenate([block_indices(h, 1000, 64) for h in ids]))
+    assert np.array_equal(
+        blocks_indices(ids, 1000, 64), np.concatenate([block_indices(h, 1000, 64) for h in ids])
+    )

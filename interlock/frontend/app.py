@@ -106,6 +106,8 @@ class Frontend:
         self.catalog = ModelCatalog(backend)
         self.auth = Auth(config.auth)
         self.metrics = FrontendMetrics()
+        self.metrics.registry.collect("interlock_prompt_chunks_total", self.catalog.chunk_samples)
+        self.metrics.registry.collect("interlock_prompt_cache_tokens", self.catalog.cache_tokens)
         backend_metrics = getattr(backend, "metrics_registry", None)  # a router's figures, if any
         if backend_metrics is not None:
             self.metrics.registry.include(backend_metrics)

@@ -11,6 +11,7 @@ import asyncio
 
 from interlock.errors import ModelNotFound, ServiceError
 from interlock.frontend.backend import Backend, ModelEntry
+from interlock.frontend.chunked import ChunkedEncoder
 from interlock.frontend.tokenizer import ModelTokenizer, load_tokenizer
 
 
@@ -28,6 +29,20 @@ class ModelCatalog:
             if entry.name == name:
                 return entry
         raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+
+    def chunk_samples(self) -> list[tuple[tuple[str, ...], float]]:
+        """``interlock_prompt_chunks_total``: the chunk caches' counts over the loaded tokenizers."""
+        hit = miss = prompt = 0
+        for enc in self._encoders():
+            hit, miss, prompt = hit + enc.cache.hits, miss + enc.cache.misses, prompt + enc.prompts.hits
+        return [(("chunk_hit",), hit), (("chunk_miss",), miss), (("prompt_hit",), prompt)]
+
+    def cache_tokens(self) -> list[tuple[tuple[str, ...], float]]:
+        """``interlock_prompt_cache_tokens``."""
+        return [((), sum(enc.cache.tokens + enc.prompts.tokens for enc in self._encoders()))]
+
+    def _encoders(self) -> list[ChunkedEncoder]:
+        return [t.chunked for t in self._tokenizers.values() if t.chunked is not None]
 
     async def tokenizer(self, entry: ModelEntry) -> ModelTokenizer:
         tok = self._tokenizers.get(entry.model_path)

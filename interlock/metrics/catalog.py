@@ -149,6 +149,19 @@ def _specs() -> tuple[Spec, ...]:
             same_as="vllm:prefix_cache_hits_total (in tokens)",
         ),
         Spec(
+            "interlock_prompt_chunks_total",
+            "counter",
+            "Long prompts' chunks by how the frontend got their token ids: chunk_hit (from its "
+            "tokenizer's chunk cache), chunk_miss (encoded), prompt_hit (the whole prompt was "
+            "sent before: one lookup).",
+            ("result",),
+        ),
+        Spec(
+            "interlock_prompt_cache_tokens",
+            "gauge",
+            "Token ids the frontend's tokenizers keep for long prompts (chunks and whole prompts).",
+        ),
+        Spec(
             "interlock_kv_cache_miss_tokens_total",
             "counter",
             "Prompt tokens computed because no prefix cache held them (prompt less cached).",

@@ -538,3 +538,7 @@ def test_a_long_prompt_reaches_the_backend_as_its_whole_encoding_sent_once_or_ag
     assert template is not None and chat.usage is not None
     rendered = template.render([{"role": "user", "content": words}], add_generation_prompt=True)
     assert list(served.backend.requests[-1].token_ids) == tok.encode(rendered, add_special_tokens=False)
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(served.url + "/metrics").text)}
+    counts = {s.labels["result"]: s.value for s in families["interlock_prompt_chunks"].samples}
+    assert counts["prompt_hit"] >= 1 and counts["chunk_miss"] >= 1 and counts["chunk_hit"] >= 1
+    assert families["interlock_prompt_cache_tokens"].samples[0].value >= len(sent[2])
