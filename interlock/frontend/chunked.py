@@ -46,7 +46,6 @@ CACHE_TOKENS = 2_000_000
 PROMPT_CACHE_TOKENS = 1_000_000
 """Token ids of whole long prompts kept for a prompt sent again as it was (8 MB)."""
 
-_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _SAMPLE = (
     "Hello world, it's 2026! Numbers 12345 67890 3.14159 and -42.  Two  spaces,\tTabs\tand\n"
     "new lines\n\n  indented line; punctuation!? (brackets) [x] {y: 'z'} \"quoted\" it'll we've "
