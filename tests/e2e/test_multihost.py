@@ -41,7 +41,21 @@ REMOTE_PORT = 8001
 """The frontend without a KV index of its own."""
 LEASES = ("--heartbeat-interval", "0.25", "--heartbeat-timeout", "2.0")
 DRAIN = ("--drain-grace", "2")
-ENGINE = ("--model", "smollm2", "--threads", "1", "--num-blocks", "256", "--max-model-len", "1024")
+ENGINE = (
+    "--model",
+    "smollm2",
+    "--threads",
+    "1",
+    "--num-blocks",
+    "256",
+    "--max-model-len",
+    "1024",
+    "--dtype",
+    "float32",
+)
+"""fp32: tests compare greedy texts across prefix-cache states (a second request reuses the
+first's KV), where bf16 can flip a near-tie on CPUs whose bf16 kernels round differently by
+shape (seen on an Intel Xeon with AMX); fp32 does not."""
 MODEL = "SmolLM2-135M-Instruct"
 """The name the workers serve SmolLM2 under."""
 START_TIMEOUT_S = 400.0
