@@ -18,8 +18,17 @@ system; it shares the machine's cores with the servers, so it does as little as 
 chunk (one buffer append, a suffix check). Every process is started here in its own session
 and killed at the end, also on error or Ctrl-C.
 
+With ``--prompt-tokens 8000,32000,60000`` it measures long prompts instead (issue 31): both
+systems serve a copy of the model folder with a 131,072-token context, and per length and per
+mode (the same prompt again, a sentence appended, a sentence prepended: ``LONG_MODES``) it gives
+requests/s, latency and server CPU per request at ``--long-concurrency``; ``--interference``
+adds short streams' inter-chunk p99 alone and with long prompts arriving beside them. Server
+CPU counts every process the system started (workers run in process groups of their own).
+
     PYTHONPATH=. .venv/bin/python benchmarks/framework_overhead.py
     PYTHONPATH=. .venv/bin/python benchmarks/framework_overhead.py --systems interlock --rounds 2
+    PYTHONPATH=. .venv/bin/python benchmarks/framework_overhead.py --systems interlock,dynamo \
+        --prompt-tokens 8000,32000,60000 --interference
 
 Dynamo must be installed in /tmp/dynamo-venv as in /work/shared/anchors/dynamo.md.
 """
