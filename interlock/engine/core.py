@@ -32,13 +32,13 @@ through: after ``update``, the blocks hashed in this step are copied up.
 from __future__ import annotations
 
 import logging
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from interlock import kvhash
 from interlock.engine.block_pool import BlockPool
 from interlock.engine.clock import Clock, RealClock
 from interlock.engine.config import EngineConfig
@@ -521,13 +521,13 @@ def _ema(old: float, new: float) -> float:
 
 
 def ids_within(ids: Sequence[int], vocab_size: int) -> bool:
-    """Every id in ``[0, vocab_size)``. A long prompt is packed into uint32 once (which refuses
-    negatives and anything past 32 bits) and its maximum taken there: 0.3 ms for 60k ids,
-    against 0.7 ms for Python's ``min`` and ``max``."""
+    """Every id in ``[0, vocab_size)``. A long prompt is packed into uint32 once
+    (``kvhash.u32_bytes``, which refuses negatives and anything past 32 bits) and its maximum
+    taken there: 0.3 ms for 60k ids, against 0.7 ms for Python's ``min`` and ``max``."""
     if len(ids) < 512:
         return min(ids) >= 0 and max(ids) < vocab_size
     try:
-        packed = array("I", ids)
-    except (OverflowError, TypeError):
+        packed = kvhash.u32_bytes(ids)
+    except (OverflowError, TypeError, ValueError):
         return False
-    return int(np.frombuffer(packed, dtype=np.uint32).max()) < vocab_size
+    return int(np.frombuffer(packed, dtype="<u4").max()) < vocab_size

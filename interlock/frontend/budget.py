@@ -97,11 +97,12 @@ async def encode_within(
             plan = await asyncio.to_thread(enc.plan, text)
             if plan is not None:
                 ids = await encode_pieces(enc, plan, prefix, limit)
+                if not isinstance(ids, int):
+                    enc.prompts.put(key, ids)
         if isinstance(ids, int) or (ids is not None and limit is not None and len(ids) > limit):
             assert budget is not None
             raise budget.refusal(ids if isinstance(ids, int) else len(ids), param)
         if ids is not None:
-            enc.prompts.put(key, ids)
             return ids
     specials = tok.num_special_tokens if add_special_tokens else 0
     if budget is not None and len(text) > CHUNK_CHARS and upper_bound(text, specials) > budget.limit:

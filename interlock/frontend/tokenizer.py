@@ -63,14 +63,11 @@ class ModelTokenizer:
         """
         if len(text) < LONG_TEXT_CHARS:
             return self.encode(text, add_special_tokens=add_special_tokens)
-        batch = await asyncio.to_thread(
-            self.tokenizer.encode_batch_fast, [text], add_special_tokens=add_special_tokens
-        )
-        return batch[0].ids
+        return await asyncio.to_thread(self.encode, text, add_special_tokens=add_special_tokens)
 
     def count(self, text: str) -> int:
         """How many tokens ``text`` encodes to, special tokens left out (releases the GIL)."""
-        return len(self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids)
+        return len(self.encode(text, add_special_tokens=False))
 
     @property
     def num_special_tokens(self) -> int:
