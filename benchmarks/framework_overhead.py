@@ -143,12 +143,14 @@ def start_interlock(
     *,
     tree: str | None = None,
     observed: bool = False,
+    frontend_workers: int = 1,
 ) -> System:
     """``security``: "default" (serve's generated NATS login + cluster secret, no API key),
     "open" (an external nats-server without login, no cluster secret: the planes unauthenticated,
     as before issue 16) or "keys" (default + an API key checked on every request). ``tree``: run
     Interlock from that source tree (a checkout of an earlier commit) instead of this one.
-    ``observed``: access logs at INFO (frontend and workers) and the dashboard open (issue 28)."""
+    ``observed``: access logs at INFO (frontend and workers) and the dashboard open (issue 28).
+    ``frontend_workers``: frontend processes on the port (issue 31)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INTERLOCK_CLUSTER", "INTERLOCK_NATS"))}
     env |= {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "INTERLOCK_LOG_LEVEL": "WARNING"}
@@ -180,6 +182,9 @@ def start_interlock(
     if single_process:
         argv.append("--single-process")
         name = "interlock --single-process"
+    if frontend_workers > 1:
+        argv += ["--frontend-workers", str(frontend_workers)]
+        name = f"interlock --frontend-workers {frontend_workers}"
     if security == "open":
         from interlock.runtime.nats_server import find_binary
 
@@ -299,6 +304,16 @@ def group_pids(system: System) -> list[int]:
     return sorted(pids)
 
 
+def frontend_pids(system: System, pids: list[int]) -> list[int]:
+    """The frontend's process, and the other frontend processes on its port (``--frontend-workers``)."""
+    more = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if b"interlock.cluster.frontend_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                more.append(pid)
+    return [system.frontend_pid, *more]
+
+
 def _stat_fields(pid: int) -> list[str]:
     """/proc/PID/stat after the command name: state [0], ppid [1], pgrp [2], utime [11], stime [12]."""
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -314,13 +329,14 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def rss_mib(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) of ``pid`` in MiB."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) / 1024
+def rss_mib(*pids: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of ``pids`` together in MiB."""
+    fields = {"VmRSS": 0.0, "VmHWM": 0.0}
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in fields:
+                fields[key] += int(value.split()[0]) / 1024
     return fields["VmRSS"], fields["VmHWM"]
 
 
@@ -556,20 +572,21 @@ async def measure(system: System, model: str, a: argparse.Namespace, log: Callab
     payload = request_bytes(system.port, model, api_key=system.api_key)
     await run_phase(system.port, payload, concurrency=4, requests=40, max_seconds=10, keep_alive=True)
     await asyncio.sleep(1.0)
-    idle = rss_mib(system.frontend_pid)[0]
+    pids = group_pids(system)
+    fe = frontend_pids(system, pids)
+    idle = rss_mib(*fe)[0]
     await run_phase(system.port, payload, concurrency=64, requests=a.warmup, max_seconds=10, keep_alive=True)
     phases: dict[str, PhaseResult] = {}
-    pids = group_pids(system)
     watcher = asyncio.ensure_future(watch_dashboard(system.port)) if system.watch else None
     for name, conc, keep in PHASES:
         n = a.requests if conc > 1 else a.c1_requests
-        cpu0 = cpu_seconds([system.frontend_pid]), cpu_seconds(pids)
+        cpu0 = cpu_seconds(fe), cpu_seconds(pids)
         r = await run_phase(
             system.port, payload, concurrency=conc, requests=n, max_seconds=a.max_seconds, keep_alive=keep
         )
         done = max(1, len(r.latencies))
         r.cpu_ms = (
-            (cpu_seconds([system.frontend_pid]) - cpu0[0]) * 1000 / done,
+            (cpu_seconds(fe) - cpu0[0]) * 1000 / done,
             (cpu_seconds(pids) - cpu0[1]) * 1000 / done,
         )
         phases[name] = r
@@ -578,7 +595,7 @@ async def measure(system: System, model: str, a: argparse.Namespace, log: Callab
             f"p99 {r.pct(0.99):7.2f} ms  cpu/req fe {r.cpu_ms[0]:.2f} all {r.cpu_ms[1]:.2f} ms  "
             f"n={len(r.latencies)} err={r.errors} chunks={r.chunks}"
         )
-    peak = rss_mib(system.frontend_pid)[1]
+    peak = rss_mib(*fe)[1]
     if watcher is not None:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -653,6 +670,7 @@ async def measure_long(
     keep-alive, and the server's CPU per request."""
     await wait_ready(system, model, a.ready_timeout)
     pids = group_pids(system)
+    fe = frontend_pids(system, pids)
     rows = []
     for tokens, prompt in prompts.items():
         for mode in a.long_modes.split(","):
@@ -666,7 +684,7 @@ async def measure_long(
             await run_phase(
                 system.port, payload(-1), concurrency=1, requests=2, max_seconds=30, keep_alive=True
             )
-            cpu0 = cpu_seconds([system.frontend_pid]), cpu_seconds(pids)
+            cpu0 = cpu_seconds(fe), cpu_seconds(pids)
             r = await run_phase(
                 system.port,
                 payload,
@@ -677,7 +695,7 @@ async def measure_long(
             )
             done = max(1, len(r.latencies))
             r.cpu_ms = (
-                (cpu_seconds([system.frontend_pid]) - cpu0[0]) * 1000 / done,
+                (cpu_seconds(fe) - cpu0[0]) * 1000 / done,
                 (cpu_seconds(pids) - cpu0[1]) * 1000 / done,
             )
             rows.append(LongRow(system.name, tokens, mode, r))
@@ -819,7 +837,8 @@ def parse_args() -> argparse.Namespace:
         "security (issue 16): interlock-open (planes without login or secret), "
         "interlock-keys (with an API key); for the cost of observability (issue 28): "
         "interlock-observed (access logs at INFO, the dashboard open) against interlock-before "
-        "(--before-tree)",
+        "(--before-tree); for frontends on every core (issue 31): interlock-fwN (N frontend "
+        "processes on one port, --frontend-workers N)",
     )
     p.add_argument("--rounds", type=int, default=1, help="measure every system this many times, interleaved")
     p.add_argument("--requests", type=int, default=3000, help="requests per c=64 phase")
@@ -885,6 +904,10 @@ async def main_async(a: argparse.Namespace) -> Results:
         "dynamo": lambda: start_dynamo(model_dir, served, logdir, a.dynamo_router_mode),
     }
     names = [s.strip() for s in a.systems.split(",") if s.strip()]
+    for name in names:
+        if name.startswith("interlock-fw") and name[len("interlock-fw") :].isdigit():
+            n = int(name[len("interlock-fw") :])
+            starters[name] = lambda n=n: start_interlock(False, model_dir, logdir, frontend_workers=n)  # type: ignore[misc]
     unknown = set(names) - set(starters)
     if unknown:
         raise SystemExit(f"unknown systems: {sorted(unknown)}")

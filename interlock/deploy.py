@@ -77,11 +77,19 @@ DEFAULT_TIER_LOAD_MIN_MIB_S = 50.0
 """Slowest read rate, MiB/s, a working tier is allowed when that deadline is sized."""
 
 
+MAX_FRONTEND_WORKERS = 64
+"""Most frontend processes on one port (``control-plane.frontend_workers``)."""
+
+
 @dataclass(frozen=True)
 class ControlPlane:
     listen_host: str = "127.0.0.1"
     """Interface the HTTP frontend listens on."""
     listen_port: int = 8000
+    frontend_workers: int = 1
+    """Frontend processes serving ``listen_port`` together (SO_REUSEPORT): each parses, tokenizes
+    and routes the requests the kernel hands it, their routers share state as replicas do, and
+    ``/metrics`` and the dashboard show them as one (``cluster.frontends``)."""
     heartbeat_interval: float = 1.0
     """Seconds between lease renewals of every process in discovery."""
     heartbeat_timeout: float | None = None
@@ -274,7 +282,12 @@ class Deployment:
 
 
 _ALIASES: dict[type, dict[str, str]] = {
-    ControlPlane: {"health_checks": "health_check_enabled", "host": "listen_host", "port": "listen_port"},
+    ControlPlane: {
+        "health_checks": "health_check_enabled",
+        "host": "listen_host",
+        "port": "listen_port",
+        "api_server_count": "frontend_workers",
+    },
     NodeGroup: {"count": "gpu_count", "role": "node_role", "max_batch_size": "max_num_seqs"},
     Routing: {"router_mode": "policy"},
 }
@@ -389,6 +402,10 @@ def validate_deployment(d: Deployment) -> None:
     cp = d.control_plane
     if not 0 <= cp.listen_port < 65536:
         raise ConfigError(f"control-plane.listen_port: {cp.listen_port} is not a valid port")
+    if not 1 <= cp.frontend_workers <= MAX_FRONTEND_WORKERS:
+        raise ConfigError(
+            f"control-plane.frontend_workers: {cp.frontend_workers} is not within 1..{MAX_FRONTEND_WORKERS}"
+        )
     if cp.heartbeat_interval <= 0 or cp.lease_timeout <= cp.heartbeat_interval:
         raise ConfigError("control-plane.heartbeat_timeout must be greater than heartbeat_interval > 0")
     for gi, g in enumerate(d.execution_groups):

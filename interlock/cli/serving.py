@@ -248,6 +248,14 @@ def add_listen_args(p: argparse.ArgumentParser) -> None:
     """Where the HTTP frontend listens (``serve``, ``frontend``): ``control_plane.listen_*``."""
     p.add_argument("--host", default=None, help="interface the HTTP frontend listens on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="HTTP port (default: 8000)")
+    p.add_argument(
+        "--frontend-workers",
+        "--api-server-count",
+        dest="frontend_workers",
+        type=int,
+        default=None,
+        help="frontend processes serving the port together, to use more cores (default: 1)",
+    )
 
 
 def add_plane_args(p: argparse.ArgumentParser, *, nats_default: str | None = None) -> None:
@@ -383,6 +391,7 @@ _NODE_FLAGS = {
 _PLANE_FLAGS = {
     "host": "listen_host",
     "port": "listen_port",
+    "frontend_workers": "frontend_workers",
     "nats_url": "nats_url",
     "heartbeat_interval": "heartbeat_interval",
     "heartbeat_timeout": "heartbeat_timeout",

@@ -24,11 +24,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
 from interlock.cluster import logs
+from interlock.cluster.frontends import FrontendLaunch, PeersView, peer_sockets, traffic_routes
 from interlock.cluster.hosts import local_host, model_footprint
 from interlock.cluster.procs import Child, NatsProcess, python_module_argv
 from interlock.cluster.secrets import child_env, new_cluster_secret
@@ -52,6 +54,7 @@ from interlock.cluster.worker import WorkerLaunch, WorkerSpec, files_only, start
 from interlock.deploy import ExecutionGroup, validate_deployment
 from interlock.env import TRACING_VAR, get_env
 from interlock.errors import ConfigError
+from interlock.frontend.peers import PeerSet
 from interlock.metrics import tracing
 from interlock.names import ROLES
 from interlock.planner.core import Planner
@@ -111,8 +114,23 @@ class RunningPlanner:
 class RunningCluster:
     """What ``start_cluster`` returns; ``close()`` stops everything it started, in order."""
 
-    def __init__(self, spec: ClusterSpec) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        *,
+        peers: PeerSet | None = None,
+        expect_models: bool = False,
+        on_demand: bool = False,
+    ) -> None:
+        """``peers``: this is one of several frontend processes on one port, not the first
+        (``cluster.frontends``); ``expect_models``: list the deployment's models before their
+        workers register, with ``on_demand`` as ``expect_group`` takes it (the first process's
+        choice, passed on)."""
         self.spec = spec
+        self.peers = peers
+        self._expect_models = expect_models
+        self._on_demand = on_demand
+        self._frontends: list[Child] = []
         self.runtime: Any = None
         self.service: Any = None
         """The router service (the frontend's backend), or None (``interlock worker``)."""
@@ -187,6 +205,9 @@ class RunningCluster:
             await self._start_router()
             pc = fleet_planner_config(spec) if spec.planner is not None else None
             on_demand = pc is not None and pc.min_workers == 0 and all(pc.bounds(r).min == 0 for r in ROLES)
+            if self._expect_models and not self._groups:
+                self._groups = await asyncio.to_thread(resolve_groups, spec.deployment)
+                on_demand = self._on_demand
             for rg in self._groups:
                 self.expect_group(rg.index, on_demand=on_demand)
         for ws in initial:
@@ -199,7 +220,49 @@ class RunningCluster:
             if r.route_key:
                 fe = replace(fe, route_key_header=r.route_key)
             fe = replace(fe, metric_families=m.families)
-            self.server = await serve_frontend(self.service, cp.listen_host, cp.listen_port, config=fe)
+            if cp.frontend_workers > 1 and self.peers is None:
+                self.peers = PeerSet(0, peer_sockets(cp.frontend_workers))
+            routes = traffic_routes(self.service) if self.peers is not None else ()
+            self.server = await serve_frontend(
+                self.service, cp.listen_host, cp.listen_port, config=fe, peers=self.peers, peer_routes=routes
+            )
+            if self.peers is not None and self.peers.primary:
+                await self._start_frontends(on_demand)
+
+    async def _start_frontends(self, on_demand: bool) -> None:
+        """The other frontend processes on this port (``cluster.frontends``): children with the
+        same routing, no workers and no planner, supervised like workers."""
+        assert self.peers is not None and self.url is not None and self.server is not None
+        spec, cp = self.spec, self.spec.deployment.control_plane
+        child_cp = replace(cp, listen_port=self.server.port, nats_url=None)
+        child_spec = replace(
+            spec,
+            deployment=replace(spec.deployment, control_plane=child_cp),
+            start_workers=False,
+            planner=None,
+            cluster_secret=None,
+            nats_auth=NatsAuth(),
+        )
+        for i in self.peers.others():
+            launch = FrontendLaunch(
+                child_spec,
+                self.url,
+                PeerSet(i, self.peers.sockets),
+                files_only(self.auth),
+                expect_groups=bool(self._groups),
+                on_demand=on_demand,
+            )
+            child = Child(
+                f"frontend-{i}",
+                python_module_argv("interlock.cluster.frontend_main", str(i)),
+                env=child_env(self.secret, self.auth),
+                stdin_data=launch.encode(),
+                relay=False,
+            )
+            await child.start()
+            self.supervisor.watch(child)
+            self._frontends.append(child)
+        log.info("%d more frontend processes on port %d", len(self._frontends), self.server.port)
 
     async def _start_nats(self, initial: list[WorkerSpec]) -> None:
         from interlock.runtime import generate_auth
@@ -521,7 +584,12 @@ class RunningCluster:
         if isinstance(planner.policy, SlaPolicy) and 0 <= group < len(self._groups):
             self.startup.seed(group_startup_key(self._groups[group]), planner.policy.profile.startup_s)
         fleet = ClusterFleet(self, group, role_grace_s=self.spec.processes.drain_grace_s)
-        loop = PlannerLoop(planner, fleet, RouterServiceView(self.service, model=model))
+        view: Any = RouterServiceView(self.service, model=model)
+        if (
+            self.server is not None and self.server.peers is not None
+        ):  # the other frontend processes' traffic too
+            view = PeersView(view, self.server.peers)
+        loop = PlannerLoop(planner, fleet, view)
         server, url = None, None
         if status_port is not None:
             host = self.spec.deployment.control_plane.listen_host
@@ -635,8 +703,12 @@ class RunningCluster:
         for task in list(self._timers):
             task.cancel()
         await self.supervisor.close()  # from here on, exits are ours: nothing is restarted
+        frontends, self._frontends = self._frontends, []
+        await asyncio.gather(*(c.stop(5.0) for c in frontends))
         if self.server is not None:
             await self.server.close()
+        if frontends and self.peers is not None:
+            shutil.rmtree(os.path.dirname(self.peers.socket), ignore_errors=True)
         grace = self.spec.processes.drain_grace_s
         handles = list(self._workers.values())
         self._workers.clear()

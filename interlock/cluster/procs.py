@@ -45,6 +45,9 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)
     stdin_data: bytes | None = None
     """Written to the child's stdin at every start, then closed (a worker's typed spec)."""
+    relay: bool = True
+    """Its output through this process, each line tagged with its name; False: it writes to
+    this process's stdout and stderr itself (a frontend's access lines cost no second process)."""
     process: asyncio.subprocess.Process | None = None
     _pump: asyncio.Task[None] | None = None
 
@@ -61,8 +64,8 @@ class Child:
         self.process = await asyncio.create_subprocess_exec(
             *self.argv,
             stdin=subprocess.PIPE if self.stdin_data is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE if self.relay else None,
+            stderr=subprocess.STDOUT if self.relay else None,
             env=env,
             preexec_fn=_die_with_parent,
         )
@@ -70,7 +73,8 @@ class Child:
             assert self.process.stdin is not None
             self.process.stdin.write(self.stdin_data)
             self.process.stdin.close()
-        self._pump = asyncio.create_task(self._relay())
+        if self.relay:
+            self._pump = asyncio.create_task(self._relay())
 
     async def wait(self) -> int:
         """Until this run exits (its output relayed to the end); its returncode."""

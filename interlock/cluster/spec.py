@@ -148,6 +148,13 @@ class ClusterSpec:
                 f"routing.{key}: needs a node group with node_role prefill (every "
                 "request would fail without one)"
             )
+        if self.deployment.control_plane.frontend_workers > 1 and (
+            self.processes.in_process or self.frontend is None or not self.router
+        ):
+            raise ConfigError(
+                "control-plane.frontend_workers: more than one frontend process needs the HTTP "
+                "frontend and NATS planes (not --single-process, not the Python API's in-process router)"
+            )
         if self.processes.in_process and self.deployment.control_plane.nats_url:
             raise ConfigError("control-plane.nats_url: not used with in-process planes (--single-process)")
 

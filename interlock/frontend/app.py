@@ -21,11 +21,12 @@ import asyncio
 import importlib.metadata
 import logging
 import math
+import os
 import signal
 import ssl
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -53,7 +54,7 @@ from interlock.frontend.catalog import ModelCatalog
 from interlock.frontend.choices import ConstraintCheck, Turn, build_choices
 from interlock.frontend.config import FrontendConfig
 from interlock.frontend.connections import ConnectionTracker
-from interlock.frontend.dashboard_http import add_dashboard
+from interlock.frontend.dashboard_http import DASHBOARD_KEY, add_dashboard
 from interlock.frontend.fairness import ConnectionLimits, InFlight
 from interlock.frontend.fleet_metrics import fleet_text
 from interlock.frontend.generation import BestOf, StreamLimits, collect, stream_sse
@@ -66,6 +67,7 @@ from interlock.frontend.limits import (
 )
 from interlock.frontend.metrics import FrontendMetrics
 from interlock.frontend.openapi import openapi_document
+from interlock.frontend.peers import PEER_PREFIX, Peers, PeerSet, own_folder, remove_socket
 from interlock.frontend.prepare import generate_request as build_request
 from interlock.frontend.prepare import tool_plan
 from interlock.frontend.responses import error_body
@@ -90,6 +92,7 @@ from interlock.frontend.schemas import (
 from interlock.frontend.tokenize import detokenize, parse_detokenize, parse_tokenize, tokenize
 from interlock.logctx import REQUEST_ID
 from interlock.metrics import CONTENT_TYPE, tracing
+from interlock.metrics.merge import merge_processes
 from interlock.protocol import GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -124,6 +127,8 @@ class Frontend:
         self.kept_headers = frozenset(h.lower() for h in (*KEPT_HEADERS, config.route_key_header))
         self.stored = ResponseStore()
         self.constraints = ConstraintCheck()
+        self.peers: Peers | None = None
+        """The other frontend processes on this port (``peers``); None: this one alone."""
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         if tracing.enabled():
@@ -142,15 +147,43 @@ class Frontend:
 
     async def stored_response(self, request: web.Request) -> web.Response:
         response_id = request.match_info["response_id"]
-        stored = self.stored.get(response_id)
+        stored = await self._find_stored(response_id)
         if stored is None:
             raise NotFound(
                 f"no stored response {response_id!r} (responses are kept in this frontend's memory)"
             )
         if request.method == "DELETE":
             self.stored.delete(response_id)
+            if self.peers is not None:
+                await self.peers.each("DELETE", f"{PEER_PREFIX}/responses/{response_id}")
             return _json({"id": response_id, "object": "response.deleted", "deleted": True})
         return _json(stored[0])
+
+    async def _find_stored(self, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """A stored response and its conversation: kept here, else by another frontend process
+        on this port (the connection that made it may have landed there)."""
+        stored = self.stored.get(response_id)
+        if stored is None and self.peers is not None:
+            found = await self.peers.first("GET", f"{PEER_PREFIX}/responses/{response_id}")
+            if found is not None:
+                response, conversation = msgspec.json.decode(found)
+                stored = (response, conversation)
+        return stored
+
+    async def peer_stored(self, request: web.Request) -> web.Response:
+        """``/peer/responses/{id}``: a response stored in this process (another process's
+        ``_find_stored``), or its deletion."""
+        response_id = request.match_info["response_id"]
+        if request.method == "DELETE":
+            return _json({"deleted": self.stored.delete(response_id)})
+        stored = self.stored.get(response_id)
+        if stored is None:
+            raise web.HTTPNotFound()
+        return _json([stored[0], stored[1]])
+
+    async def peer_metrics(self, request: web.Request) -> web.Response:
+        """``/peer/metrics``: this process's own figures, for another process's ``/metrics``."""
+        return web.Response(body=self.metrics.render(self.config.metric_families).encode())
 
     async def models(self, request: web.Request) -> web.Response:
         return _json({"object": "list", "data": [self._model_card(e) for e in self.catalog.entries()]})
@@ -220,6 +253,12 @@ class Frontend:
         if scope not in ("frontend", "fleet"):
             raise InvalidRequest(f"scope: '{scope}' is not one of frontend, fleet")
         text = self.metrics.render(self.config.metric_families)
+        if self.peers is not None:  # the other frontend processes on this port, summed in
+            answers = await self.peers.each("GET", f"{PEER_PREFIX}/metrics")
+            text = merge_processes([text, *(a.decode() for a in answers if a is not None)])
+            silent = [str(i) for i, a in zip(self.peers.set.others(), answers, strict=True) if a is None]
+            if silent:
+                text += f"# frontend processes not answering: {' '.join(silent)}\n"
         if scope == "fleet":
             targets = getattr(self.backend, "metrics_targets", None)
             text = await fleet_text(text, targets() if targets is not None else ())
@@ -381,7 +420,7 @@ class Frontend:
         if endpoint == "chat":
             req: ChatCompletionRequest | CompletionRequest = parse_chat(body, max_depth=cfg.max_json_depth)
         elif endpoint == "responses":
-            turn = self._turn(parse_responses(body, max_depth=cfg.max_json_depth))
+            turn = await self._turn(parse_responses(body, max_depth=cfg.max_json_depth))
             req = to_chat(turn.req, turn.history)
         else:
             req = parse_completion(body, max_depth=cfg.max_json_depth)
@@ -389,10 +428,10 @@ class Frontend:
         check_prompt_chars(size, cfg.max_prompt_chars, param=prompt_field)
         return req, turn
 
-    def _turn(self, req: ResponsesRequest) -> Turn:
+    async def _turn(self, req: ResponsesRequest) -> Turn:
         history: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
-            stored = self.stored.get(req.previous_response_id)
+            stored = await self._find_stored(req.previous_response_id)
             if stored is None:
                 raise NotFound(
                     f"previous response {req.previous_response_id!r} is not stored in this frontend",
@@ -422,11 +461,15 @@ class Frontend:
         return ctx
 
 
-def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.Application:
+def build_app(
+    backend: Backend, *, config: FrontendConfig | None = None, peers: Peers | None = None
+) -> web.Application:
     """The aiohttp application serving ``backend``. Run it with ``handler_cancellation=True`` on
-    the AppRunner (as ``serve_frontend`` does) so a client disconnect aborts its request."""
+    the AppRunner (as ``serve_frontend`` does) so a client disconnect aborts its request.
+    ``peers``: the other frontend processes serving the same port (``peers``)."""
     config = config or FrontendConfig()
     frontend = Frontend(backend, config)
+    frontend.peers = peers
     connections = frontend.connections
     app = web.Application(
         client_max_size=config.max_body_bytes,
@@ -457,7 +500,7 @@ def build_app(backend: Backend, *, config: FrontendConfig | None = None) -> web.
             web.get("/openapi.json", frontend.openapi),
         ]
     )
-    add_dashboard(app, frontend.metrics, backend)  # GET /dashboard and its event stream
+    add_dashboard(app, frontend.metrics, backend, peers=peers)  # GET /dashboard and its event stream
     app.on_cleanup.append(_flush_access_log)
     return app
 
@@ -471,6 +514,25 @@ FRONTEND_KEY = web.AppKey("interlock_frontend", Frontend)
 CONNECTIONS_KEY = web.AppKey("interlock_connections", ConnectionTracker)
 
 
+def build_peer_app(app: web.Application, routes: Sequence[web.RouteDef] = ()) -> web.Application:
+    """What the other frontend processes on this port ask this one (``peers``), served on its
+    private socket only: its own figures, dashboard sample and stream, stored responses, and
+    ``routes`` (the planner's traffic reading, added by ``cluster.frontends``)."""
+    frontend, dashboard = app[FRONTEND_KEY], app[DASHBOARD_KEY]
+    peer = web.Application()
+    peer.add_routes(
+        [
+            web.get(f"{PEER_PREFIX}/metrics", frontend.peer_metrics),
+            web.get(f"{PEER_PREFIX}/sample", dashboard.peer_sample),
+            web.get(f"{PEER_PREFIX}/dashboard/events", dashboard.stream),
+            web.get(f"{PEER_PREFIX}/responses/{{response_id}}", frontend.peer_stored),
+            web.delete(f"{PEER_PREFIX}/responses/{{response_id}}", frontend.peer_stored),
+            *routes,
+        ]
+    )
+    return peer
+
+
 @dataclass
 class FrontendServer:
     """A running frontend; ``await close()`` to stop it."""
@@ -480,6 +542,9 @@ class FrontendServer:
     host: str
     port: int
     scheme: str = "http"
+    peer_runner: web.AppRunner | None = None
+    """The private socket's server (``peers``), or None."""
+    peers: Peers | None = None
 
     @property
     def url(self) -> str:
@@ -487,16 +552,30 @@ class FrontendServer:
 
     async def close(self) -> None:
         self.listener.close()
+        if self.peer_runner is not None:
+            await self.peer_runner.cleanup()
         await self.runner.cleanup()  # closes the open connections
         await self.listener.wait_closed()
+        if self.peers is not None:
+            await self.peers.close()
+            remove_socket(self.peers.set.socket)
 
 
 async def serve_frontend(
-    backend: Backend, host: str = "127.0.0.1", port: int = 8000, *, config: FrontendConfig | None = None
+    backend: Backend,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    config: FrontendConfig | None = None,
+    peers: PeerSet | None = None,
+    peer_routes: Sequence[web.RouteDef] = (),
 ) -> FrontendServer:
-    """Start serving on ``host:port`` (port 0: an ephemeral port) in the running event loop."""
+    """Start serving on ``host:port`` (port 0: an ephemeral port) in the running event loop.
+    ``peers``: this is one of several processes serving the port (SO_REUSEPORT), reached by
+    the others on its private socket (``peers``), with ``peer_routes`` served there too."""
     config = config or FrontendConfig()
-    app = build_app(backend, config=config)
+    client = Peers(peers) if peers is not None else None
+    app = build_app(backend, config=config, peers=client)
     runner = web.AppRunner(
         app,
         handler_cancellation=config.handler_cancellation,
@@ -511,12 +590,19 @@ async def serve_frontend(
     # Our own listener rather than a TCPSite: its protocol factory enforces the connection cap.
     factory = app[CONNECTIONS_KEY].factory(runner.server)
     ssl_context = _ssl_context(config)
+    peer_runner = None
+    if peers is not None:
+        peer_runner = web.AppRunner(build_peer_app(app, peer_routes), access_log=None)
+        await peer_runner.setup()
+        own_folder(os.path.dirname(peers.socket))
+        remove_socket(peers.socket)  # a dead run's
+        await web.UnixSite(peer_runner, peers.socket).start()
     listener = await asyncio.get_running_loop().create_server(
-        factory, host, port, backlog=1024, ssl=ssl_context
+        factory, host, port, backlog=1024, ssl=ssl_context, reuse_port=peers is not None
     )
     bound_port = listener.sockets[0].getsockname()[1]
     scheme = "https" if ssl_context else "http"
-    return FrontendServer(runner=runner, listener=listener, host=host, port=bound_port, scheme=scheme)
+    return FrontendServer(runner, listener, host, bound_port, scheme, peer_runner, client)
 
 
 def _ssl_context(config: FrontendConfig) -> ssl.SSLContext | None:

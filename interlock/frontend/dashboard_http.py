@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from functools import cache
@@ -36,8 +37,9 @@ import msgspec
 from aiohttp import web
 
 from interlock.frontend.auth import BROWSER_PATHS, DASHBOARD_PAGE, KEY_COOKIE
-from interlock.frontend.dashboard import EVENTS_SHOWN, History, read, snapshot
+from interlock.frontend.dashboard import EVENTS_SHOWN, History, Sample, read, snapshot
 from interlock.frontend.metrics import FrontendMetrics
+from interlock.frontend.peers import PEER_PREFIX, Peers, summed
 from interlock.metrics.events import EVENTS, EventLog
 
 EVENTS_PATH = BROWSER_PATHS[1]
@@ -65,8 +67,12 @@ class Dashboard:
         events: EventLog = EVENTS,
         interval_s: float = INTERVAL_S,
         clock: Callable[[], float] = time.time,
+        peers: Peers | None = None,
     ) -> None:
         self.metrics = metrics
+        self.peers = peers
+        """The other frontend processes on this port: the first process's samples add theirs
+        up; another's stream is the first one's (``peers``)."""
         self.history = History()
         self.interval_s = interval_s
         self._view: Callable[[], dict[str, object]] | None = getattr(backend, "cluster_view", None)
@@ -76,6 +82,20 @@ class Dashboard:
 
     def sample(self) -> None:
         self.history.add(read(self.metrics, self._clock()))
+
+    async def sample_all(self) -> None:
+        """One sample of this process and the other frontend processes on its port, summed (a
+        process that does not answer is left out of this second)."""
+        own = read(self.metrics, self._clock())
+        rows = [_figures(own)]
+        if self.peers is not None:
+            answers = await self.peers.each("GET", f"{PEER_PREFIX}/sample")
+            rows += [msgspec.json.decode(a, type=list[float]) for a in answers if a is not None]
+        self.history.add(Sample(own.at, *summed(rows)))
+
+    async def peer_sample(self, request: web.Request) -> web.Response:
+        """``/peer/sample``: this process's running totals, for the first process's dashboard."""
+        return web.Response(body=msgspec.json.encode(_figures(read(self.metrics, self._clock()))))
 
     def message(self) -> bytes:
         """The snapshot as one SSE message."""
@@ -98,13 +118,9 @@ class Dashboard:
         return web.Response(body=_page(), content_type="text/html", charset="utf-8", headers=_PAGE_HEADERS)
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-store",
-                "X-Accel-Buffering": "no",  # a proxy in front must not hold the messages back
-            }
-        )
+        if self.peers is not None and not self.peers.set.primary:
+            return await self._relay(request)
+        resp = web.StreamResponse(headers=_STREAM_HEADERS)
         await resp.prepare(request)
         with contextlib.suppress(ConnectionResetError):
             await resp.write(b"retry: 2000\n\n")
@@ -114,12 +130,35 @@ class Dashboard:
                     await asyncio.wait_for(self._closing.wait(), self.interval_s)
         return resp
 
+    async def _relay(self, request: web.Request) -> web.StreamResponse:
+        """The first frontend process's event stream, passed through (one dashboard whichever
+        process the browser's connection landed on)."""
+        assert self.peers is not None
+        resp = web.StreamResponse(headers=_STREAM_HEADERS)
+        await resp.prepare(request)
+        closing = asyncio.ensure_future(self._closing.wait())
+        relay = asyncio.ensure_future(self.peers.relay(0, f"{PEER_PREFIX}/dashboard/events", resp.write))
+        try:
+            await asyncio.wait((closing, relay), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (closing, relay):
+                task.cancel()
+            await asyncio.gather(closing, relay, return_exceptions=True)
+        return resp
+
     async def sampling(self, app: web.Application) -> AsyncIterator[None]:
-        """``cleanup_ctx``: a sample a second while the app runs."""
+        """``cleanup_ctx``: a sample a second while the app runs (none in a frontend process
+        other than the first: its figures are read by the first)."""
+        if self.peers is not None and not self.peers.set.primary:
+            yield
+            return
 
         async def loop() -> None:
             while True:
-                self.sample()
+                if self.peers is None:
+                    self.sample()
+                else:
+                    await self.sample_all()
                 await asyncio.sleep(self.interval_s)
 
         task = asyncio.create_task(loop())
@@ -133,9 +172,12 @@ class Dashboard:
         self._closing.set()
 
 
-def add_dashboard(app: web.Application, metrics: FrontendMetrics, backend: object) -> Dashboard:
+def add_dashboard(
+    app: web.Application, metrics: FrontendMetrics, backend: object, *, peers: Peers | None = None
+) -> Dashboard:
     """Serve the dashboard's two paths from ``app`` and sample ``metrics`` while it runs."""
-    dashboard = Dashboard(metrics, backend)
+    dashboard = Dashboard(metrics, backend, peers=peers)
+    app[DASHBOARD_KEY] = dashboard
     app.add_routes(
         [
             web.get(DASHBOARD_PAGE, dashboard.page),
@@ -154,6 +196,19 @@ async def browser_root(request: web.Request) -> web.StreamResponse:
     if request.method in ("GET", "HEAD") and "text/html" in request.headers.get("Accept", ""):
         return web.Response(status=302, headers={"Location": DASHBOARD_PAGE})
     raise web.HTTPNotFound()
+
+
+DASHBOARD_KEY = web.AppKey("interlock_dashboard", Dashboard)
+_STREAM_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-store",
+    "X-Accel-Buffering": "no",  # a proxy in front must not hold the messages back
+}
+
+
+def _figures(sample: Sample) -> list[float]:
+    """A sample's figures but its time, in field order (``Sample(at, *figures)``)."""
+    return list(dataclasses.astuple(sample)[1:])
 
 
 @cache

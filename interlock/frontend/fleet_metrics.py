@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import aiohttp
 
+from interlock.metrics.merge import head_of
 from interlock.metrics.registry import escape_label
 
 FETCH_TIMEOUT_S = 2.0
@@ -55,17 +56,17 @@ def _merge(text: str, worker: str | None, families: dict[str, list[str]], order:
         if not line:
             continue
         if line.startswith("#"):
-            parts = line.split(" ", 3)
-            if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
+            head = head_of(line)
+            if head is None:
                 continue
-            current = parts[2]
-            if parts[1] == "TYPE" and len(parts) > 3 and parts[3] == "histogram":
+            kind, current, kind_of = head
+            if kind == "TYPE" and kind_of == "histogram":
                 histograms.add(current)
             if current not in families:
                 families[current] = []
                 order.append(current)
                 families[current].append(line)
-            elif not any(x.startswith(f"# {parts[1]} ") for x in families[current]):
+            elif not any(x.startswith(f"# {kind} ") for x in families[current]):
                 families[current].append(line)
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]

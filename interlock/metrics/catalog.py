@@ -39,6 +39,15 @@ class Spec:
     same_as: str = ""
     """vLLM's and Dynamo's names for the same figure, where they have one."""
     buckets: tuple[float, ...] = LATENCY_BUCKETS
+    per_process: bool = False
+    """A gauge of this process's own work (requests in flight, its queue, its memory): the
+    frontend processes sharing a port (``control-plane.frontend_workers``) add theirs up. Other
+    gauges are the fleet as one process sees it (workers, their KV), the same in each."""
+
+    @property
+    def adds_up(self) -> bool:
+        """Whether several frontend processes' samples of it are summed (``metrics.merge``)."""
+        return self.kind != "gauge" or self.per_process
 
 
 GROUPS = ("requests", "ttft", "itl", "e2e", "tokens", "kv_cache_miss", "kv", "queue_depth", "gpu_utilization")
@@ -72,6 +81,7 @@ def _specs() -> tuple[Spec, ...]:
             "Generation requests being served now.",
             group="requests",
             same_as="dynamo_frontend_inflight_requests",
+            per_process=True,
         ),
         Spec(
             "interlock_http_shed_total",
@@ -160,6 +170,7 @@ def _specs() -> tuple[Spec, ...]:
             "interlock_prompt_cache_tokens",
             "gauge",
             "Token ids the frontend's tokenizers keep for long prompts (chunks and whole prompts).",
+            per_process=True,
         ),
         Spec(
             "interlock_kv_cache_miss_tokens_total",
@@ -291,6 +302,7 @@ def _specs() -> tuple[Spec, ...]:
             m,
             group="queue_depth",
             same_as="dynamo_frontend_queued_requests",
+            per_process=True,
         ),
         Spec(
             "interlock_router_waiting_for_worker",
@@ -299,6 +311,7 @@ def _specs() -> tuple[Spec, ...]:
             "worker restarting); the planner counts them with the queue and starts a worker.",
             m,
             group="queue_depth",
+            per_process=True,
         ),
         Spec(
             "interlock_router_retries_total",
@@ -535,9 +548,27 @@ def _specs() -> tuple[Spec, ...]:
         Spec(
             "process_cpu_seconds_total", "counter", "CPU time of this process, user and system.", where=EVERY
         ),
-        Spec("process_resident_memory_bytes", "gauge", "Resident memory of this process.", where=EVERY),
-        Spec("process_virtual_memory_bytes", "gauge", "Virtual memory of this process.", where=EVERY),
-        Spec("process_open_fds", "gauge", "File descriptors this process has open.", where=EVERY),
+        Spec(
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory of this process.",
+            where=EVERY,
+            per_process=True,
+        ),
+        Spec(
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory of this process.",
+            where=EVERY,
+            per_process=True,
+        ),
+        Spec(
+            "process_open_fds",
+            "gauge",
+            "File descriptors this process has open.",
+            where=EVERY,
+            per_process=True,
+        ),
         Spec("process_max_fds", "gauge", "The most file descriptors this process may open.", where=EVERY),
         Spec(
             "process_start_time_seconds",

@@ -177,14 +177,14 @@ def _line(spec: Spec, name: str, values: Sequence[str], value: float, extra: str
     if extra:
         parts.append(extra)
     labels = "{" + ",".join(parts) + "}" if parts else ""
-    return f"{name}{labels} {_num(value)}"
+    return f"{name}{labels} {sample_value(value)}"
 
 
 def escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _num(value: float) -> str:
+def sample_value(value: float) -> str:
     """A sample's value: integral ones as integers (counts read as counts), others as floats."""
     if isinstance(value, int):
         return str(value)

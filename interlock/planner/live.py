@@ -38,6 +38,9 @@ class RouterServiceView:
         router = routers.get(self.model)
         return [] if router is None else [router]
 
+    async def refresh(self) -> None:
+        pass  # read live
+
     def report(self, instance_id: str) -> LoadReport | None:
         return self.service.report(instance_id)
 
@@ -56,10 +59,17 @@ class RouterServiceView:
         )
 
     def completions(self) -> Sequence[Completion]:
+        self._completed, out = self.completions_since(self._completed)
+        return out
+
+    def completions_since(self, seen: int) -> tuple[int, list[Completion]]:
+        """The dispatcher's count of finished requests, and those past the first ``seen`` of
+        them (the reader keeps its own count: several may read; a count from before a restart,
+        above the current one, reads what is kept)."""
         m = self.service.dispatcher.metrics
-        new, self._completed = m.completed - self._completed, m.completed
+        new = m.completed - seen if seen <= m.completed else m.completed
         out = list(m.recent)[len(m.recent) - min(new, len(m.recent)) :]
-        return out if self.model is None else [c for c in out if c.model == self.model]
+        return m.completed, out if self.model is None else [c for c in out if c.model == self.model]
 
     def set_weight(self, instance_id: str, weight: float) -> None:
         for r in self._routers():

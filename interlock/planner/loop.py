@@ -49,6 +49,11 @@ class TrafficTotals:
 
 
 class LoadView(Protocol):
+    async def refresh(self) -> None:
+        """Bring what the other methods read up to date (once per tick, before them): a view
+        over several frontend processes asks the others here."""
+        ...
+
     def report(self, instance_id: str) -> LoadReport | None:
         """The worker's last load report (None: none yet)."""
         ...
@@ -84,6 +89,7 @@ class PlannerLoop:
         self._ready_since: dict[str, float] = {}
 
     async def observe(self) -> Observation:
+        await self.view.refresh()
         now = self.clock()
         totals = self.view.totals()
         done = self.view.completions()
@@ -249,6 +255,9 @@ class FakeLoadView:
         self.done: list[Completion] = []
         """Finished requests the next ``completions`` call hands over."""
         self.weights: dict[str, float] = {}
+
+    async def refresh(self) -> None:
+        pass
 
     def set_weight(self, instance_id: str, weight: float) -> None:
         self.weights[instance_id] = weight
