@@ -69,7 +69,7 @@ def merge_processes(texts: Sequence[str]) -> str:
             elif sums.get(family, True):
                 have[key] += number
     lines: list[str] = []
-    for family, head in heads.items():
-        lines += head
+    for family, comments in heads.items():
+        lines += comments
         lines += [f"{key} {sample_value(value)}" for key, value in series[family].items()]
     return "\n".join(lines) + "\n"
