@@ -35,14 +35,19 @@ _lock = threading.Lock()
 
 
 def hash_blocks(
-    token_ids: Sequence[int], block_size: int, parent_hash: int = kvhash.ROOT_PARENT
+    token_ids: Sequence[int],
+    block_size: int,
+    parent_hash: int = kvhash.ROOT_PARENT,
+    *,
+    packed: bytes | None = None,
 ) -> list[int]:
-    """``kvhash.hash_blocks``, compiled where it can be (module note)."""
+    """``kvhash.hash_blocks``, compiled where it can be (module note). ``packed``: the ids as
+    ``kvhash.u32_bytes`` packs them, where the caller has that already."""
     kernel = _kernel()
     if kernel is None or len(token_ids) < MIN_BLOCKS * block_size:
         return kvhash.hash_blocks(token_ids, block_size, parent_hash)
     lib, fn = kernel
-    data = kvhash.u32_bytes(token_ids)
+    data = packed if packed is not None else kvhash.u32_bytes(token_ids)
     n = len(data) // (4 * block_size)
     out = np.empty(n, dtype=np.uint64)
     lib.kv_hash_chain(fn, data, n, block_size, parent_hash, kvhash.SEED, out.ctypes.data)

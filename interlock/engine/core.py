@@ -149,7 +149,8 @@ class EngineCore:
             raise InvalidRequest("request_id must not be empty", param="request_id")
         if not req.token_ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
-        if not ids_within(req.token_ids, self.runner.vocab_size):
+        within, packed = pack_within(req.token_ids, self.runner.vocab_size)
+        if not within:
             raise InvalidRequest(f"token ids must be in [0, {self.runner.vocab_size})", param="prompt")
         req.sampling.validate()
         resume = req.resume_token_ids
@@ -160,7 +161,9 @@ class EngineCore:
         if len(resume) > req.sampling.max_tokens:
             raise InvalidRequest("more resume tokens than max_tokens", param="resume_token_ids")
         self._arrivals += 1
-        request = Request.from_generate(req, block_size=self.block_size, arrival=self._arrivals)
+        request = Request.from_generate(
+            req, block_size=self.block_size, arrival=self._arrivals, packed=packed
+        )
         for token in resume:  # computed again like a preempted request's outputs, never re-sent
             request.append_output(token)
         request.num_emitted_tokens = len(resume)
@@ -521,13 +524,19 @@ def _ema(old: float, new: float) -> float:
 
 
 def ids_within(ids: Sequence[int], vocab_size: int) -> bool:
-    """Every id in ``[0, vocab_size)``. A long prompt is packed into uint32 once
-    (``kvhash.u32_bytes``, which refuses negatives and anything past 32 bits) and its maximum
-    taken there: 0.3 ms for 60k ids, against 0.7 ms for Python's ``min`` and ``max``."""
+    """Every id in ``[0, vocab_size)``."""
+    return pack_within(ids, vocab_size)[0]
+
+
+def pack_within(ids: Sequence[int], vocab_size: int) -> tuple[bool, bytes | None]:
+    """Whether every id is in ``[0, vocab_size)``, and a long prompt's ids packed as uint32 (None
+    for a short one). A long prompt is packed once (``kvhash.u32_bytes``, which refuses
+    negatives and anything past 32 bits) and its maximum taken there: 0.3 ms for 60k ids,
+    against 0.7 ms for Python's ``min`` and ``max``; its block hashes reuse the packing."""
     if len(ids) < 512:
-        return min(ids) >= 0 and max(ids) < vocab_size
+        return min(ids) >= 0 and max(ids) < vocab_size, None
     try:
         packed = kvhash.u32_bytes(ids)
     except (OverflowError, TypeError, ValueError):
-        return False
-    return int(np.frombuffer(packed, dtype="<u4").max()) < vocab_size
+        return False, None
+    return int(np.frombuffer(packed, dtype="<u4").max()) < vocab_size, packed

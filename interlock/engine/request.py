@@ -93,9 +93,11 @@ class Request:
         arrival: int = 0,
         kv_transfer: KVTransferParams | None = None,
         prompt_logprobs: bool = False,
+        packed: bytes | None = None,
     ) -> None:
         """``prompt_logprobs``: record them (``sampling.prompt_logprobs`` of a request whose
-        first output is still to come)."""
+        first output is still to come); ``packed``: the prompt's ids as little-endian uint32,
+        where the caller has them already (``kvhash.u32_bytes``)."""
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -107,7 +109,7 @@ class Request:
         """Admission order (a counter); ties in priority go to the older request."""
         self.kv_transfer = kv_transfer
         self.block_size = block_size
-        self.block_hashes: list[int] = kvchain.hash_blocks(prompt_token_ids, block_size)
+        self.block_hashes: list[int] = kvchain.hash_blocks(prompt_token_ids, block_size, packed=packed)
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.num_emitted_tokens = 0
@@ -134,7 +136,9 @@ class Request:
         """When it first ran (0: not yet; -1: its first token is counted already)."""
 
     @classmethod
-    def from_generate(cls, req: GenerateRequest, *, block_size: int, arrival: int) -> Request:
+    def from_generate(
+        cls, req: GenerateRequest, *, block_size: int, arrival: int, packed: bytes | None = None
+    ) -> Request:
         return cls(
             req.request_id,
             tuple(req.token_ids),
@@ -144,6 +148,7 @@ class Request:
             arrival=arrival,
             kv_transfer=req.kv_transfer,
             prompt_logprobs=req.needs_local_prefill,
+            packed=packed,
         )
 
     @property

@@ -303,3 +303,17 @@ def test_token_ids_are_checked_whole_on_long_prompts_too() -> None:
         assert not ids_within([1] * n + [-1], VOCAB)
         assert not ids_within([-(1 << 40)] + [1] * n, VOCAB)
         assert not ids_within([1 << 40] + [1] * n, VOCAB)
+
+
+def test_a_long_prompts_packing_for_the_check_gives_its_block_hashes() -> None:
+    from interlock import kvhash
+    from interlock.engine.core import pack_within
+    from interlock.engine.request import Request
+    from interlock.protocol import SamplingParams
+
+    ids = [(i * 7919) % VOCAB for i in range(40 * 16 + 5)]
+    within, packed = pack_within(ids, VOCAB)
+    assert within and packed is not None and len(packed) == 4 * len(ids)
+    request = Request("r", tuple(ids), SamplingParams(), block_size=16, packed=packed)
+    assert request.block_hashes == kvhash.hash_blocks(ids, 16)
+    assert pack_within(ids[:10], VOCAB) == (True, None)  # a short prompt is not packed
