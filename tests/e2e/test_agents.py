@@ -111,7 +111,9 @@ WEATHER = {
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    served = start_serve("--workers", "1")
+    # Two frontend processes on the port: each client's connections land on either (a stored
+    # response is found by the other, /metrics sums both).
+    served = start_serve("--workers", "1", "--frontend-workers", "2")
     try:
         yield served
     finally:
@@ -265,3 +267,16 @@ def test_responses_round_trip(client: openai.OpenAI) -> None:
     )
     calls = [item for item in call.output if item.type == "function_call"]
     assert calls and json.loads(calls[0].arguments)["city"]
+
+
+def test_a_stored_response_is_found_by_either_frontend_process(client: openai.OpenAI, served: Served) -> None:
+    r = client.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=8, temperature=0)
+    for _ in range(6):  # each on a connection of its own: the kernel picks the process
+        got = httpx.get(f"{served.base_url}/responses/{r.id}", timeout=30)
+        assert got.status_code == 200 and got.json()["id"] == r.id, got.text
+        follow = httpx.post(
+            f"{served.base_url}/responses",
+            json={"model": MODEL, "input": "Another.", "previous_response_id": r.id, "max_output_tokens": 4},
+            timeout=60,
+        )
+        assert follow.status_code == 200, follow.text

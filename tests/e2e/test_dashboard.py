@@ -47,7 +47,17 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
     s = start_serve(
-        "--workers", "2", "--max-model-len", "1024", "--num-blocks", "256", *FAST_LEASES, "--api-key", KEY
+        "--workers",
+        "2",
+        "--max-model-len",
+        "1024",
+        "--num-blocks",
+        "256",
+        *FAST_LEASES,
+        "--api-key",
+        KEY,
+        "--frontend-workers",
+        "2",  # the page's stream reaches either process: one dashboard
     )
     yield s
     s.stop()
