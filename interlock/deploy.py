@@ -234,6 +234,9 @@ class Routing:
     """``local``: the router keeps the fleet's KV index (ingests every KV event) and answers
     other frontends' lookups; ``remote``: it keeps none and asks a ``local`` one per request, so
     several frontends share one ingestion (``docs/scale.md``). ``--kv-index``."""
+    kv_shard: str = ""
+    """``I/N``: keep only shard I of N of the KV index (the workers whose ids hash to it) and
+    route by asking every shard per request; "": the whole index. ``--kv-shard``."""
 
 
 @dataclass(frozen=True)
@@ -398,6 +401,20 @@ def _one_of(value: str, choices: tuple[str, ...], where: str) -> None:
         raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}")
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` as (I, N): shard I of N, 0 <= I < N; ``""``: (0, 1), the whole index."""
+    if not text:
+        return 0, 1
+    index, sep, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i, n = -1, 0
+    if not sep or not 0 <= i < n:
+        raise ConfigError(f"kv_shard: {text!r} is not I/N with 0 <= I < N (e.g. 0/4)", param="kv_shard")
+    return i, n
+
+
 def validate_deployment(d: Deployment) -> None:
     cp = d.control_plane
     if not 0 <= cp.listen_port < 65536:
@@ -415,6 +432,10 @@ def validate_deployment(d: Deployment) -> None:
     _one_of(r.policy, POLICIES, "routing.policy")
     _one_of(r.stall_over, STALL_OVER, "routing.stall_over")
     _one_of(r.kv_index, KV_INDEX_MODES, "routing.kv_index")
+    if r.kv_shard:
+        _, count = parse_shard(r.kv_shard)
+        if count > 1 and r.kv_index != "local":
+            raise ConfigError("routing.kv_shard: a shard of the index is kept with kv_index local")
     if r.route_key is not None and not r.route_key.strip():
         raise ConfigError("routing.route_key: must be a header name")
     if not 0.0 < r.kv_usage_watermark <= 1.0:

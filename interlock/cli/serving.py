@@ -302,6 +302,13 @@ def add_routing_args(p: argparse.ArgumentParser) -> None:
         "and ask a frontend that keeps one, per request (default: local)",
     )
     g.add_argument(
+        "--kv-shard",
+        default=None,
+        metavar="I/N",
+        help="keep only shard I of N of the KV index (its workers' events) and route by asking "
+        "every shard per request (docs/scale.md)",
+    )
+    g.add_argument(
         "--enforce-disagg",
         action="store_true",
         help="prefill every request on a prefill worker (waiting in the queue while all are busy); "
@@ -403,6 +410,7 @@ _ROUTING_FLAGS = {
     "migration_limit": "migration_limit",
     "stall_timeout": "stall_timeout_s",
     "kv_index": "kv_index",
+    "kv_shard": "kv_shard",
 }
 
 

@@ -234,6 +234,7 @@ def service_options(spec: ClusterSpec) -> ServiceOptions:
         dispatch=dispatch_options(spec.deployment.routing),
         health_check_s=cp.heartbeat_interval if cp.health_check_enabled else None,
         kv_index=spec.deployment.routing.kv_index,
+        kv_shard=spec.deployment.routing.kv_shard,
     )
 
 

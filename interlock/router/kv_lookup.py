@@ -13,7 +13,10 @@ pay one lookup round trip per request instead.
 - ``KvLookupServer``: the endpoint, answered from a replica's routers.
 - ``KvLookupClient``: asks the known replicas in turn, bounded in time. No replica, or no answer
   in time, leaves the plain hashes: the request is placed by load (and the router's own
-  predictions of what it routed), as while a worker's state loads.
+  predictions of what it routed), as while a worker's state loads. Where the index is sharded
+  (``router/shards.py``) and no replica keeps it whole, it asks one replica of every shard at
+  once and joins their answers, each shard's for its own workers only; a shard that does not
+  answer leaves its workers' prefixes unknown, the rest still count.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import msgspec
 import numpy as np
 
 from interlock.protocol.kv_sync import KvLookupReply, KvLookupRequest
+from interlock.router.shards import shard_of
 from interlock.runtime.interfaces import CallContext, RequestPlane
 
 log = logging.getLogger(__name__)
@@ -89,19 +93,31 @@ class HoldersIndex(Protocol):
 class KvLookupServer:
     """The ``kv_lookup`` endpoint of a router service with an index."""
 
-    def __init__(self, router_of_model: Callable[[str], HoldersIndex | None]) -> None:
+    def __init__(
+        self, router_of_model: Callable[[str], HoldersIndex | None], owns: Callable[[str], bool] | None = None
+    ) -> None:
+        """``owns``: the workers this index keeps (a shard's; None: every one): a router
+        also predicts what it routed to the others, which is not this shard's to answer."""
         self._router_of_model = router_of_model
+        self._owns = owns
         self.answered = 0
 
     async def handle(self, payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
-        req = _decode_request(payload)
+        reply = self.answer(_decode_request(payload))
+        yield _EMPTY if reply is None else _encode(reply)
+
+    def answer(self, req: KvLookupRequest) -> KvLookupReply | None:
+        """Who here holds a prefix of ``req``'s hashes (None: nothing to say)."""
         router = self._router_of_model(req.model)
         self.answered += 1
         if router is None or not req.hashes or len(req.hashes) > MAX_LOOKUP_BLOCKS:
-            yield _EMPTY
-            return
+            return None
         workers, device, lower = router.kv_holders(req.hashes)
-        yield _encode(KvLookupReply(workers=workers, device=device, lower=lower))
+        if self._owns is not None:
+            keep = [i for i, w in enumerate(workers) if self._owns(w)]
+            workers, device = [workers[i] for i in keep], [device[i] for i in keep]
+            lower = None if lower is None else [lower[i] for i in keep]
+        return KvLookupReply(workers=workers, device=device, lower=lower)
 
 
 @dataclass(slots=True)
@@ -119,21 +135,68 @@ class KvLookupClient:
         self._timeout_s = timeout_s
         self.addresses: dict[str, str] = {}
         """Replicas with an index: router id -> ``kv_lookup`` address."""
+        self.shards: dict[str, tuple[int, int]] = {}
+        """Router id -> the shard of the index it keeps, (I, N); (0, 1): the whole index."""
         self._turn = 0
         self.stats = KvLookupStats()
+        self.local: tuple[str, KvLookupServer] | None = None
+        """This router's own shard: its address and server, answered without a round trip."""
+
+    def add(self, router_id: str, address: str, shard: tuple[int, int] = (0, 1)) -> None:
+        self.addresses[router_id] = address
+        self.shards[router_id] = shard
+
+    def remove(self, router_id: str) -> None:
+        self.addresses.pop(router_id, None)
+        self.shards.pop(router_id, None)
+
+    def _targets(self) -> tuple[list[tuple[int, str]], int]:
+        """The replicas to ask for one lookup and the shard count their answers split by: one
+        keeping the whole index, in turn; else one of every shard of the most common count
+        (none: a shard has no replica, and its workers are placed by load)."""
+        self._turn += 1
+        whole = sorted(a for r, a in self.addresses.items() if self.shards.get(r, (0, 1))[1] == 1)
+        if whole:
+            return [(0, whole[self._turn % len(whole)])], 1
+        counts = [n for _, n in self.shards.values()]
+        count = max(set(counts), key=counts.count)
+        by_shard: dict[int, list[str]] = {}
+        for rid, (i, n) in sorted(self.shards.items()):
+            if n == count and rid in self.addresses:
+                by_shard.setdefault(i, []).append(self.addresses[rid])
+        return [(i, held[self._turn % len(held)]) for i, held in sorted(by_shard.items())], count
 
     async def chain(self, model: str, hashes: list[int]) -> list[int]:
-        """``hashes`` with a replica's answer (a ``RemoteChain``), or as they are without one."""
+        """``hashes`` with the replicas' answer (a ``RemoteChain``), or as they are without one."""
         if not hashes:
             return hashes
         if not self.addresses:
             self.stats.no_replica += 1
             return hashes
-        addresses = sorted(self.addresses.values())
-        self._turn += 1
-        address = addresses[self._turn % len(addresses)]
+        targets, count = self._targets()
+        req = KvLookupRequest(model=model, hashes=hashes)
+        payload = _encode(req)
+        replies = await asyncio.gather(*(self._ask(a, payload, req) for _, a in targets))
+        holders: dict[str, tuple[int, int]] = {}
+        lower_known = False
+        for (shard_index, _), reply in zip(targets, replies, strict=True):
+            if reply is None:
+                continue
+            lower = reply.lower or [0] * len(reply.workers)
+            lower_known = lower_known or reply.lower is not None
+            for wid, held, below in zip(reply.workers, reply.device, lower, strict=True):
+                if count == 1 or shard_of(wid, count) == shard_index:
+                    holders[wid] = (held, below)
+        if all(r is None for r in replies):
+            return hashes
+        return RemoteChain(hashes, holders, lower_known)
+
+    async def _ask(self, address: str, payload: bytes, req: KvLookupRequest) -> KvLookupReply | None:
+        if self.local is not None and address == self.local[0]:
+            self.stats.answered += 1
+            return self.local[1].answer(req) or KvLookupReply(workers=[], device=[])
         try:
-            stream = self._requests.stream(address, _encode(KvLookupRequest(model=model, hashes=hashes)))
+            stream = self._requests.stream(address, payload)
             async with contextlib.aclosing(stream), asyncio.timeout(self._timeout_s):
                 reply = _decode_reply(await anext(aiter(stream)))
         except asyncio.CancelledError:
@@ -141,8 +204,6 @@ class KvLookupClient:
         except Exception as exc:  # noqa: BLE001 - placed by load instead
             self.stats.failed += 1
             log.debug("KV lookup at %s failed: %s", address, exc)
-            return hashes
+            return None
         self.stats.answered += 1
-        lower = reply.lower or [0] * len(reply.workers)
-        holders = dict(zip(reply.workers, zip(reply.device, lower, strict=True), strict=True))
-        return RemoteChain(hashes, holders, reply.lower is not None)
+        return reply

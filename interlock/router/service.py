@@ -57,6 +57,7 @@ from interlock.router.kv_sync import KvSync
 from interlock.router.model_card import Card, card_of
 from interlock.router.model_router import Router, RouterConfig
 from interlock.router.roster import Roster
+from interlock.router.shards import Shard, parse_shard
 from interlock.runtime.interfaces import Discovery, DiscoveryEvent, EventPlane, RequestPlane
 from interlock.runtime.link import ControlLink
 
@@ -97,8 +98,19 @@ class ServiceOptions:
     """``local``: keep the fleet's KV index here (ingest every KV event, pull workers' states)
     and answer other frontends' lookups; ``remote``: keep none, ask a replica with one per
     request (``router/kv_lookup.py``): several frontends then share one ingestion."""
+    kv_shard: str = ""
+    """``I/N``: with ``local``, keep only shard I of N of the index (the workers
+    ``router.shards`` gives it) and route by asking every shard, as ``remote`` asks one
+    replica; "": the whole index."""
 
     def __post_init__(self) -> None:
+        shard = parse_shard(self.kv_shard)
+        if shard[1] > 1 and self.kv_index != "local":
+            raise ConfigError(
+                "kv_shard: a shard of the index is kept with kv_index 'local'", param="kv_shard"
+            )
+        if shard[1] > 1 and not self.replica:
+            raise ConfigError("kv_shard: the shards find each other through replica=True", param="kv_shard")
         if self.kv_index not in KV_INDEX_MODES:
             raise ConfigError(
                 f"kv_index must be one of {', '.join(KV_INDEX_MODES)}, not {self.kv_index!r}",
@@ -176,8 +188,16 @@ class RouterService:
         self._replica_address: str | None = None
         self._remote = options.kv_index == "remote"
         """No KV index here: a replica with one is asked per request (``router/kv_lookup.py``)."""
+        self._shard = Shard(*parse_shard(options.kv_shard))
+        """The part of the index kept here (``router/shards.py``): its workers' events and states."""
+        self._asks = self._remote or not self._shard.whole
+        """Requests are routed on the replicas' lookups (every shard's, where it is sharded)."""
         self.kv_lookup = KvLookupClient(requests)
-        self.kv_lookup_server = KvLookupServer(self.routers.get)
+        self.kv_lookup_server = KvLookupServer(
+            self.routers.get, None if self._shard.whole else self._shard.owns
+        )
+        self._replica_shards: dict[str, tuple[int, int]] = {}
+        """Other replicas' shards of the index, by router id."""
         self._lookup_address: str | None = None
         self._link = link
         self.degraded_sources: list[Callable[[], list[str]]] = []
@@ -567,13 +587,20 @@ class RouterService:
         self._lookup_address = await self._requests.serve(
             KV_LOOKUP_ENDPOINT, self.kv_lookup_server.handle, instance_id=self.router_id
         )
+        if not self._shard.whole:  # its own shard is asked too, here
+            self.kv_lookup.local = (self._lookup_address, self.kv_lookup_server)
+            self.kv_lookup.add(self.router_id, self._lookup_address, (self._shard.index, self._shard.count))
         await self._discovery.register(
             InstanceInfo(
                 instance_id=self._replica_id,
                 endpoint=KV_REPLICA_ENDPOINT,
                 model="",
                 address=self._replica_address,
-                metadata={"kind": "router", "kv_lookup_address": self._lookup_address},
+                metadata={
+                    "kind": "router",
+                    "kv_lookup_address": self._lookup_address,
+                    "kv_shard": self._shard.label,
+                },
             )
         )
 
@@ -592,26 +619,43 @@ class RouterService:
         if rid == self._replica_id or not rid.startswith(REPLICA_ID_PREFIX):
             return  # ourselves, or not a replica (a worker cannot take the prefix)
         lookup = ev.instance.metadata.get("kv_lookup_address", "")
-        if ev.kind == "added" and ev.instance.address.startswith(ADDRESS_SCHEMES):
+        try:
+            shard = parse_shard(ev.instance.metadata.get("kv_shard", ""))
+        except ConfigError:
+            shard = None  # a replica we cannot place: asked for nothing
+        if ev.kind == "added" and ev.instance.address.startswith(ADDRESS_SCHEMES) and shard is not None:
             self._replicas[rid] = ev.instance.address
+            self._replica_shards[rid] = shard
             if lookup.startswith(ADDRESS_SCHEMES):
-                self.kv_lookup.addresses[rid] = lookup
+                self.kv_lookup.add(rid, lookup, shard)
         else:
             self._replicas.pop(rid, None)
-            self.kv_lookup.addresses.pop(rid, None)
+            self._replica_shards.pop(rid, None)
+            self.kv_lookup.remove(rid)
 
     def _replicas_for(self, instance_id: str) -> list[str]:
         """The other replicas to ask for a worker's state: each worker starts at its own one,
         so a joining frontend's pulls spread over them."""
-        peers = sorted(self._replicas.values())
+        peers = sorted(a for rid, a in self._replicas.items() if self._replica_keeps(rid, instance_id))
         if not peers:
             return peers
         first = zlib.crc32(instance_id.encode()) % len(peers)
         return peers[first:] + peers[:first]
 
+    def _replica_keeps(self, router_id: str, instance_id: str) -> bool:
+        """Whether replica ``router_id``'s index keeps ``instance_id``'s state."""
+        index, count = self._replica_shards.get(router_id, (0, 1))
+        return count == 1 or Shard(index, count).owns(instance_id)
+
+    def _keeps(self, info: InstanceInfo) -> bool:
+        """Whether this router ingests ``info``'s KV events and state (an index here, and the
+        worker in its shard)."""
+        return info.publishes_kv_events and not self._remote and self._shard.owns(info.instance_id)
+
     async def looked_up(self, router: Router, hashes: list[int]) -> list[int]:
-        """``hashes`` with a replica's lookup where this router keeps no index (``remote``)."""
-        if not self._remote or not hashes or isinstance(hashes, RemoteChain):
+        """``hashes`` with the replicas' lookup where this router keeps no index (``remote``)
+        or a shard of it."""
+        if not self._asks or not hashes or isinstance(hashes, RemoteChain):
             return hashes
         return await self.kv_lookup.chain(self._model_of(router) or "", hashes)
 
@@ -641,7 +685,7 @@ class RouterService:
         old = self._instances.get(info.instance_id)
         if old == info:  # heard again after a NATS outage: keep its load and sessions, pull the gap
             router = self.routers.get(info.model)
-            if info.publishes_kv_events and router is not None and not self._remote:
+            if router is not None and self._keeps(info):
                 since = router.kv_seq(info.instance_id)
                 self.kv_sync.pull(router, info.instance_id, _kv_sync_address(info), since=since)
             return
@@ -668,9 +712,10 @@ class RouterService:
         """Put ``info`` in its model's router (replacing ``old``); False if the router refused."""
         try:
             router = self._router_for(info)
-            # With no index here (``remote``), nothing of the worker's KV events is heard.
+            # With no index here (``remote``) or another shard's worker, none of its KV events
+            # is heard.
             router.add_worker(
-                msgspec.structs.replace(info, publishes_kv_events=False) if self._remote else info
+                info if self._keeps(info) else msgspec.structs.replace(info, publishes_kv_events=False)
             )
         except Exception:  # noqa: BLE001 - a misconfigured worker must not stop routing
             log.exception("cannot add worker %s", info.instance_id)
@@ -680,7 +725,7 @@ class RouterService:
         self._roster.route(info)
         log.info("worker %s joined (%s, %s)", info.instance_id, info.model, info.role)
         EVENTS.record("worker_joined", info.instance_id, f"{info.model}, {info.role}")
-        if info.publishes_kv_events and not self._remote:
+        if self._keeps(info):
             since = router.kv_seq(info.instance_id)
             self.kv_sync.pull(router, info.instance_id, _kv_sync_address(info), since=since)
         return True
@@ -772,9 +817,11 @@ class RouterService:
         sub: AsyncIterator[tuple[str, bytes]],
         decode: Callable[[bytes], _FromWorker],
         subject_of: Callable[[str], str],
+        keep: Callable[[str], bool] | None = None,
     ) -> AsyncIterator[tuple[Router, _FromWorker]]:
         """The messages of ``sub`` that decode and came on their own worker's subject (one
-        worker speaking for another is forged or confused), with that worker's router.
+        worker speaking for another is forged or confused), with that worker's router;
+        ``keep``: only those whose subject it accepts (the others are not decoded).
 
         A queued burst would otherwise be taken in one turn of the event loop (a queue that
         holds items is read without a pause): every ``TURN_S`` of it, requests get their turn."""
@@ -783,6 +830,8 @@ class RouterService:
             if time.perf_counter() - turn > TURN_S:
                 await asyncio.sleep(0)
                 turn = time.perf_counter()
+            if keep is not None and not keep(subject):
+                continue
             try:
                 message = decode(payload)
             except msgspec.DecodeError:
@@ -794,7 +843,15 @@ class RouterService:
                 yield router, message
 
     async def _on_kv(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:
-        async for router, batch in self._from_workers(sub, _decode_batch, subjects.kv):
+        keep = None
+        if not self._shard.whole:  # another shard's worker's batch: not even decoded
+            prefix = subjects.kv("")
+            owns = self._shard.owns
+
+            def keep(subject: str) -> bool:
+                return subject.startswith(prefix) and owns(subject[len(prefix) :])
+
+        async for router, batch in self._from_workers(sub, _decode_batch, subjects.kv, keep):
             self.kv_sync.offer(router, self._kv_sync_address_of(batch.instance_id), batch)
 
     def _kv_sync_address_of(self, instance_id: str) -> str | None:

@@ -101,3 +101,72 @@ def test_with_no_replica_to_ask_a_frontend_without_an_index_places_by_load() -> 
             await asyncio.gather(*(w.drain(0.0) for w in workers))
 
     run_with_runtime(body)
+
+
+@pytest.mark.timeout(60)
+def test_a_sharded_index_keeps_each_worker_once_and_every_router_finds_every_holder() -> None:
+    from interlock.router.shards import shard_of
+
+    async def body(rt) -> None:  # type: ignore[no-untyped-def]
+        n = 8
+        workers = await _fleet(rt, n)
+        owner = {f"w{i}": shard_of(f"w{i}", 2) for i in range(n)}
+        assert set(owner.values()) == {0, 1}  # both shards hold some of these eight
+        shards = [
+            RouterService(
+                discovery=rt.discovery,
+                requests=rt.requests,
+                events=rt.events,
+                options=ServiceOptions(kv_shard=f"{i}/2"),
+            )
+            for i in range(2)
+        ]
+        remote = RouterService(discovery=rt.discovery, requests=rt.requests, events=rt.events, options=REMOTE)
+        for svc in (*shards, remote):
+            await svc.start()
+        try:
+            await settle(lambda: all(s.num_workers() == n for s in (*shards, remote)))
+            for i, svc in enumerate(shards):  # each pulled its own workers' states only
+                mine = sum(1 for s in owner.values() if s == i)
+                await settle(lambda svc=svc, mine=mine: svc.kv_sync.stats.snapshots == mine)
+                router = svc.routers["m"]
+                for w, s in owner.items():
+                    assert (router.indexer.mode(w) == "approx") == (s != i), (w, s, i)
+            # A frontend without an index, and each shard itself, route every prompt to its
+            # holder, whichever shard keeps it: the shards' answers are joined.
+            for k, svc in enumerate((remote, *shards)):
+                for i in range(n):
+                    d = await _route(svc, 100 * k + i, worker=i)
+                    assert d.worker_id == f"w{i}" and d.overlap_blocks == 8, (k, d.header())
+            answered = [s.kv_lookup_server.answered for s in shards]
+            assert answered[0] == answered[1] == 3 * n  # every lookup asked both shards
+            await shards[1].close()  # a shard gone: its workers' prefixes are unknown, the rest count
+            await settle(lambda: len(remote.kv_lookup.addresses) == 1)
+            for i in range(n):
+                d = await _route(remote, 1000 + i, worker=i)
+                assert (d.overlap_blocks == 8) == (owner[f"w{i}"] == 0), d.header()
+        finally:
+            for svc in (remote, *shards):
+                await svc.close()
+            await asyncio.gather(*(w.drain(0.0) for w in workers))
+
+    run_with_runtime(body)
+
+
+def test_shards_split_workers_evenly_and_stably() -> None:
+    from interlock.router.shards import Shard, parse_shard, shard_of
+
+    ids = [f"w{i}-abcd" for i in range(4000)]
+    counts = [0] * 4
+    for w in ids:
+        counts[shard_of(w, 4)] += 1
+    assert all(900 < c < 1100 for c in counts), counts
+    moved = sum(shard_of(w, 4) != shard_of(w, 5) for w in ids)
+    assert 600 < moved < 1000  # a fifth shard takes about a fifth of the workers, from all four
+    assert all(Shard(shard_of(w, 3), 3).owns(w) for w in ids[:50])
+    assert parse_shard("") == (0, 1) and parse_shard("2/3") == (2, 3)
+    for bad in ("3/3", "-1/2", "1", "a/b", "1/0"):
+        with pytest.raises(ConfigError, match="kv_shard"):
+            parse_shard(bad)
+    with pytest.raises(ConfigError, match="kv_shard"):
+        ServiceOptions(kv_index="remote", kv_shard="0/2")
