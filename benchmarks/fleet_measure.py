@@ -79,6 +79,8 @@ class PhaseResult:
     joined_cpu_s: float = 0.0
     """``second``: the second frontend's CPU seconds until it converged; ``remote``: the
     frontend without an index, CPU seconds per second after it converged."""
+    shard_cpu_s: list[float] = field(default_factory=list)
+    """``shards``: each shard frontend's CPU seconds per second after the first converged."""
     errors: list[str] = field(default_factory=list)
 
 

@@ -106,7 +106,7 @@ from interlock.runtime.nats_server import NatsServer
 
 MODEL = "smollm2"
 CANARIES = 16
-PHASES = ("steady", "restart", "cut", "second", "remote")
+PHASES = ("steady", "restart", "cut", "second", "remote", "shards")
 
 
 # ---- phases ----
@@ -159,11 +159,11 @@ class Bench:
         ) / 1e6
         return result
 
-    async def lag_until(self, result: PhaseResult, end: float) -> None:
-        """KV-lag samples every ``--lag-interval`` s until ``end``."""
+    async def lag_until(self, result: PhaseResult, end: float, fe: Frontend | None = None) -> None:
+        """KV-lag samples every ``--lag-interval`` s until ``end`` (through ``fe``, else the first)."""
         while time.monotonic() < end:
             worker = worker_id(self.rng.randrange(self.args.workers))
-            lag = await kv_lag(self.fe, worker, self.rng, self.args.lag_timeout)
+            lag = await kv_lag(fe or self.fe, worker, self.rng, self.args.lag_timeout)
             if lag is None:
                 result.lag_timeouts += 1
             else:
@@ -236,6 +236,44 @@ class Bench:
         the row's requests went through it, its CPU s/s is ``joined_cpu_s``, and the first
         frontend's CPU is then ingestion and lookups alone."""
         await self._beside(result, "remote", ("--kv-index", "remote"))
+
+    async def shards(self, result: PhaseResult) -> None:
+        """``--shards`` frontends, each keeping one shard of the index (``--kv-shard I/N``),
+        join beside the first; once the first of them has converged (it routes by asking every
+        shard), the load and the KV-lag probes go through it. ``shard_cpu_s``: each one's CPU
+        s/s from then on (the first: serving, its shard's ingestion and lookups; the others:
+        their shard's ingestion and the lookups)."""
+        t0, n = time.monotonic(), self.args.shards
+        procs = [
+            FrontendProcess(
+                self.nats_url,
+                self.fe_proc.logs,
+                self.fe_proc.lease,
+                tag=f"shard{i}",
+                extra=("--kv-shard", f"{i}/{n}"),
+            )
+            for i in range(n)
+        ]
+        for proc in procs:
+            proc.start()
+        try:
+            fes = [Frontend(self.fe.session, proc.url, MODEL) for proc in procs]
+            for fe, proc in zip(fes, procs, strict=True):
+                await self._healthy(fe, proc, result)
+            done = await converge(fes[0], self.probes(), procs[0].spawned + self.args.converge_timeout)
+            self._converged(result, done, procs[0].spawned)
+            cpus, since = [proc.cpu() for proc in procs], time.monotonic()
+            self.load.fe = fes[0]
+            try:
+                await self.lag_until(result, t0 + self.args.duration, fes[0])
+            finally:
+                self.load.fe = self.fe
+            elapsed = max(time.monotonic() - since, 1e-9)
+            result.shard_cpu_s = [(proc.cpu() - c) / elapsed for proc, c in zip(procs, cpus, strict=True)]
+            result.joined = await fes[0].counters()
+        finally:
+            for proc in procs:
+                proc.stop()
 
     async def _beside(self, result: PhaseResult, tag: str, extra: tuple[str, ...]) -> None:
         t0 = time.monotonic()
@@ -321,6 +359,9 @@ def _pulled(counts: dict[str, int]) -> int:
 def _all_syncs(r: PhaseResult) -> str:
     if not r.joined:
         return _syncs(r.counters)
+    if r.name == "shards":
+        cpu = " / ".join(f"{c:.2f}" for c in r.shard_cpu_s)
+        return f"{_syncs(r.counters)}; shards: {_syncs(r.joined)}, CPU s/s {cpu} (the first serves)"
     if r.name == "remote":
         lookups = r.joined.get("lookups_answered", 0)
         return f"{_syncs(r.counters)}; frontend without an index: {lookups} lookups, {r.joined_cpu_s:.2f} CPU s/s"
@@ -529,6 +570,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"after start, comma-separated from {','.join(PHASES)}",
     )
     p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--shards", type=int, default=2, help="index shards in the shards phase")
     p.add_argument("--cut-s", type=float, default=5.0, help="how long the frontend's NATS link is cut")
     p.add_argument("--cut-mode", choices=("hang", "drop"), default="hang")
     p.add_argument("--lag-interval", type=float, default=1.0, help="seconds between KV-lag samples")

@@ -153,13 +153,19 @@ class KvLookupClient:
     def _targets(self) -> tuple[list[tuple[int, str]], int]:
         """The replicas to ask for one lookup and the shard count their answers split by: one
         keeping the whole index, in turn; else one of every shard of the most common count
-        (none: a shard has no replica, and its workers are placed by load)."""
+        (none: a shard has no replica, and its workers are placed by load). A router keeping
+        a shard itself asks its own shards (itself without a round trip)."""
         self._turn += 1
         whole = sorted(a for r, a in self.addresses.items() if self.shards.get(r, (0, 1))[1] == 1)
-        if whole:
+        if whole and self.local is None:
             return [(0, whole[self._turn % len(whole)])], 1
-        counts = [n for _, n in self.shards.values()]
-        count = max(set(counts), key=counts.count)
+        counts = [n for _, n in self.shards.values() if n > 1]
+        if self.local is not None:
+            count = next(n for r, (_, n) in self.shards.items() if self.addresses.get(r) == self.local[0])
+        elif counts:
+            count = max(set(counts), key=counts.count)
+        else:
+            return [], 1
         by_shard: dict[int, list[str]] = {}
         for rid, (i, n) in sorted(self.shards.items()):
             if n == count and rid in self.addresses:

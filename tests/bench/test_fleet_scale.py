@@ -37,10 +37,10 @@ def test_a_tiny_fleet_converges_in_every_phase_and_fails_no_request(tmp_path: Pa
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     report = json.loads(out.read_text())
     phases = {p["name"]: p for p in report["phases"]}
-    assert list(phases) == ["start", "steady", "restart", "cut", "second", "remote"]
-    for name in ("start", "restart", "cut", "second", "remote"):
+    assert list(phases) == ["start", "steady", "restart", "cut", "second", "remote", "shards"]
+    for name in ("start", "restart", "cut", "second", "remote", "shards"):
         assert phases[name]["converged_s"] is not None, name
-        assert phases[name]["discovered_s"] is not None or name in ("second", "remote"), name
+        assert phases[name]["discovered_s"] is not None or name in ("second", "remote", "shards"), name
         assert phases[name]["timed_out"] == [], name
     for p in phases.values():
         assert p["failed"] == 0, (p["name"], p["errors"])
@@ -49,6 +49,9 @@ def test_a_tiny_fleet_converges_in_every_phase_and_fails_no_request(tmp_path: Pa
     assert joined.get("pulls_replica") == 6 and joined.get("pulls_snapshot") == 0, joined
     remote = phases["remote"]["joined"]  # no index of its own: it asked the first, and pulled nothing
     assert remote.get("lookups_answered", 0) > 0 and not remote.get("pulls_snapshot"), remote
+    shards = phases["shards"]  # two frontends keeping half the index each: the load went through one
+    assert len(shards["shard_cpu_s"]) == 2 and shards["ok"] > 0 and shards["to_holder"] > 0
+    assert shards["joined"].get("lookups_answered", 0) > 0, shards["joined"]
     assert phases["steady"]["ok"] > 0
     assert phases["steady"]["lags_ms"] and phases["steady"]["lag_timeouts"] == 0
     assert "| steady |" in report["report"]
