@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -40,6 +41,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def listen_port() -> int:
+    """A free port below the kernel's ephemeral range, so that none of the fleet's thousands of
+    sockets (each bound to an ephemeral port) can take it between now and the bind."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
+    return free_port()
+
+
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -65,7 +81,7 @@ class FrontendProcess:
         self.tag = tag
         self.extra = extra
         """More flags for ``interlock frontend``."""
-        self.port = free_port()
+        self.port = listen_port()
         self.logs = logs
         self.lease = lease
         self.proc: subprocess.Popen[bytes] | None = None
