@@ -77,6 +77,8 @@ DEFAULT_TIER_LOAD_MIN_MIB_S = 50.0
 """Slowest read rate, MiB/s, a working tier is allowed when that deadline is sized."""
 
 
+MAX_KV_SHARDS = 1024
+"""Most shards of the KV index (``routing.kv_shard``): every lookup asks each once."""
 MAX_FRONTEND_WORKERS = 64
 """Most frontend processes on one port (``control-plane.frontend_workers``)."""
 
@@ -410,8 +412,10 @@ def parse_shard(text: str) -> tuple[int, int]:
         i, n = int(index), int(count)
     except ValueError:
         i, n = -1, 0
-    if not sep or not 0 <= i < n:
-        raise ConfigError(f"kv_shard: {text!r} is not I/N with 0 <= I < N (e.g. 0/4)", param="kv_shard")
+    if not sep or not 0 <= i < n or n > MAX_KV_SHARDS:
+        raise ConfigError(
+            f"kv_shard: {text!r} is not I/N with 0 <= I < N <= {MAX_KV_SHARDS} (e.g. 0/4)", param="kv_shard"
+        )
     return i, n
 
 

@@ -255,7 +255,11 @@ class RunningCluster:
             child = Child(
                 f"frontend-{i}",
                 python_module_argv("interlock.cluster.frontend_main", str(i)),
-                env=child_env(self.secret, self.auth),
+                env={
+                    **worker_env(),  # tracing and the log format as here
+                    "INTERLOCK_LOG_LEVEL": logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+                    **child_env(self.secret, self.auth),
+                },
                 stdin_data=launch.encode(),
                 relay=False,
             )
@@ -704,10 +708,10 @@ class RunningCluster:
             task.cancel()
         await self.supervisor.close()  # from here on, exits are ours: nothing is restarted
         frontends, self._frontends = self._frontends, []
-        await asyncio.gather(*(c.stop(5.0) for c in frontends))
+        await asyncio.gather(*(c.stop(self.spec.processes.drain_grace_s + 5) for c in frontends))
         if self.server is not None:
             await self.server.close()
-        if frontends and self.peers is not None:
+        if self.peers is not None and self.peers.primary:
             shutil.rmtree(os.path.dirname(self.peers.socket), ignore_errors=True)
         grace = self.spec.processes.drain_grace_s
         handles = list(self._workers.values())

@@ -34,8 +34,8 @@ async def serve(launch: FrontendLaunch) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    await running.start()  # on failure it has stopped what it started
     try:
-        await running.start()
         await stop.wait()
     finally:
         await running.close()

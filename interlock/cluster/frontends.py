@@ -10,12 +10,15 @@ load travels over the event plane), so a prefix computed for a request that reac
 is routed to its holder from any. Their private sockets (``frontend.peers``) make ``/metrics``,
 the dashboard, stored responses and the planner's view one.
 
-Limits that count per client (connections, requests in flight, rate limits by key) are counted
-per process: the kernel spreads a client's connections over the processes.
+Limits are counted per process, so for the port as a whole each is N times its setting: open
+connections (``max_connections``, the reserved ones, per client), requests in flight per client,
+rate limits per API key, the router's queue (``routing.queue_size``) and the memory kept for
+stored responses. The kernel spreads a client's connections over the processes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -99,6 +102,7 @@ def traffic_routes(service: Any) -> list[web.RouteDef]:
 class _Seen:
     """One other process's traffic as last read: totals kept rising across its restarts."""
 
+    heard: bool = False
     completed: int = 0
     queued: int = 0
     last: TrafficTotals = field(default_factory=TrafficTotals)
@@ -124,16 +128,30 @@ class PeersView:
         # Weights of workers still known (a ramp's last weight, 1, stays until its worker goes).
         self._weights = {w: v for w, v in self._weights.items() if self.local.report(w) is not None}
         weights = dict(self._weights)
-        for i, seen in self._seen.items():
-            q = TrafficQuery(self.local.model, seen.completed, weights)
-            answer = await self.peers.request(i, "POST", TRAFFIC_PATH, q)
-            if answer is None:
-                continue
-            a = msgspec.json.decode(answer, type=TrafficAnswer)
-            if a.totals.requests < seen.last.requests:  # it restarted: its counts began again
+        asked = list(self._seen.items())
+        answers = await asyncio.gather(
+            *(
+                self.peers.request(
+                    i, "POST", TRAFFIC_PATH, TrafficQuery(self.local.model, seen.completed, weights)
+                )
+                for i, seen in asked
+            )
+        )
+        for (_, seen), answer in zip(asked, answers, strict=True):
+            try:
+                a = msgspec.json.decode(answer, type=TrafficAnswer) if answer is not None else None
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                a = None
+            if a is None:
+                continue  # silent or confused: its last figures stand
+            if not seen.heard:  # its history before the first answer is no one interval's traffic
+                seen.heard = True
+                seen.base = _add((TrafficTotals(), _negated(a.totals)))
+            elif a.totals.requests < seen.last.requests:  # it restarted: its counts began again
                 seen.base = seen.totals()
+            else:
+                self._done += a.completions
             seen.completed, seen.queued, seen.last = a.completed, a.queued, a.totals
-            self._done += a.completions
 
     def report(self, instance_id: str) -> LoadReport | None:
         return self.local.report(instance_id)
@@ -151,6 +169,10 @@ class PeersView:
     def set_weight(self, instance_id: str, weight: float) -> None:
         self.local.set_weight(instance_id, weight)
         self._weights[instance_id] = weight
+
+
+def _negated(t: TrafficTotals) -> TrafficTotals:
+    return TrafficTotals(-t.requests, -t.prompt_tokens, -t.cached_tokens, -t.output_tokens)
 
 
 def _add(parts: Sequence[TrafficTotals]) -> TrafficTotals:

@@ -22,6 +22,7 @@ import importlib.metadata
 import logging
 import math
 import os
+import re
 import signal
 import ssl
 import time
@@ -154,7 +155,7 @@ class Frontend:
             )
         if request.method == "DELETE":
             self.stored.delete(response_id)
-            if self.peers is not None:
+            if self.peers is not None and _RESPONSE_ID.fullmatch(response_id):
                 await self.peers.each("DELETE", f"{PEER_PREFIX}/responses/{response_id}")
             return _json({"id": response_id, "object": "response.deleted", "deleted": True})
         return _json(stored[0])
@@ -163,10 +164,13 @@ class Frontend:
         """A stored response and its conversation: kept here, else by another frontend process
         on this port (the connection that made it may have landed there)."""
         stored = self.stored.get(response_id)
-        if stored is None and self.peers is not None:
+        if stored is None and self.peers is not None and _RESPONSE_ID.fullmatch(response_id):
             found = await self.peers.first("GET", f"{PEER_PREFIX}/responses/{response_id}")
             if found is not None:
-                response, conversation = msgspec.json.decode(found)
+                try:
+                    response, conversation = msgspec.json.decode(found, type=tuple[dict[str, Any], list[Any]])
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    return None
                 stored = (response, conversation)
         return stored
 
@@ -254,8 +258,8 @@ class Frontend:
             raise InvalidRequest(f"scope: '{scope}' is not one of frontend, fleet")
         text = self.metrics.render(self.config.metric_families)
         if self.peers is not None:  # the other frontend processes on this port, summed in
-            answers = await self.peers.each("GET", f"{PEER_PREFIX}/metrics")
-            text = merge_processes([text, *(a.decode() for a in answers if a is not None)])
+            answers = await self.peers.each("GET", f"{PEER_PREFIX}/metrics", last=True)
+            text = merge_processes([text, *(a.decode("utf-8", "replace") for a in answers if a is not None)])
             silent = [str(i) for i, a in zip(self.peers.set.others(), answers, strict=True) if a is None]
             if silent:
                 text += f"# frontend processes not answering: {' '.join(silent)}\n"
@@ -510,6 +514,10 @@ async def _flush_access_log(app: web.Application) -> None:
     ACCESS_LOG.flush()
 
 
+_RESPONSE_ID = re.compile(r"[A-Za-z0-9_-]{1,256}")
+"""A response id another frontend process may be asked for (the ids this one makes are such;
+anything else, ``../`` above all, never reaches a peer's private socket)."""
+
 FRONTEND_KEY = web.AppKey("interlock_frontend", Frontend)
 CONNECTIONS_KEY = web.AppKey("interlock_connections", ConnectionTracker)
 
@@ -591,18 +599,40 @@ async def serve_frontend(
     factory = app[CONNECTIONS_KEY].factory(runner.server)
     ssl_context = _ssl_context(config)
     peer_runner = None
-    if peers is not None:
-        peer_runner = web.AppRunner(build_peer_app(app, peer_routes), access_log=None)
-        await peer_runner.setup()
-        own_folder(os.path.dirname(peers.socket))
-        remove_socket(peers.socket)  # a dead run's
-        await web.UnixSite(peer_runner, peers.socket).start()
-    listener = await asyncio.get_running_loop().create_server(
-        factory, host, port, backlog=1024, ssl=ssl_context, reuse_port=peers is not None
-    )
+    try:
+        if peers is not None:
+            if peers.primary and port:
+                _refuse_taken(host, port)  # SO_REUSEPORT would share a port already in use
+            peer_runner = web.AppRunner(build_peer_app(app, peer_routes), access_log=None)
+            await peer_runner.setup()
+            own_folder(os.path.dirname(peers.socket))
+            remove_socket(peers.socket)  # a dead run's
+            await web.UnixSite(peer_runner, peers.socket).start()
+        listener = await asyncio.get_running_loop().create_server(
+            factory, host, port, backlog=1024, ssl=ssl_context, reuse_port=peers is not None
+        )
+    except BaseException:
+        if peer_runner is not None:
+            await peer_runner.cleanup()
+        await runner.cleanup()
+        if client is not None:
+            await client.close()
+            remove_socket(client.set.socket)
+        raise
     bound_port = listener.sockets[0].getsockname()[1]
     scheme = "https" if ssl_context else "http"
     return FrontendServer(runner, listener, host, bound_port, scheme, peer_runner, client)
+
+
+def _refuse_taken(host: str, port: int) -> None:
+    """Raise the bind's own error if ``host:port`` is in use (a plain bind, no SO_REUSEPORT:
+    another server of this user on the port would otherwise share its connections)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
 
 
 def _ssl_context(config: FrontendConfig) -> ssl.SSLContext | None:

@@ -89,8 +89,12 @@ class Dashboard:
         own = read(self.metrics, self._clock())
         rows = [_figures(own)]
         if self.peers is not None:
-            answers = await self.peers.each("GET", f"{PEER_PREFIX}/sample")
-            rows += [msgspec.json.decode(a, type=list[float]) for a in answers if a is not None]
+            for answer in await self.peers.each("GET", f"{PEER_PREFIX}/sample", last=True):
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                    if answer is not None and len(
+                        row := msgspec.json.decode(answer, type=list[float])
+                    ) == len(rows[0]):
+                        rows.append(row)
         self.history.add(Sample(own.at, *summed(rows)))
 
     async def peer_sample(self, request: web.Request) -> web.Response:

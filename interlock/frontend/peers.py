@@ -63,6 +63,7 @@ class Peers:
         self.set = peer_set
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._sessions: dict[int, aiohttp.ClientSession] = {}
+        self._last: dict[tuple[int, str], bytes] = {}
 
     def _session(self, index: int) -> aiohttp.ClientSession:
         session = self._sessions.get(index)
@@ -81,17 +82,35 @@ class Peers:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return None
 
-    async def each(self, method: str, path: str, body: Any = None) -> list[bytes | None]:
-        """Every other process's answer, asked at once, in index order."""
+    async def each(
+        self, method: str, path: str, body: Any = None, *, last: bool = False
+    ) -> list[bytes | None]:
+        """Every other process's answer, asked at once, in index order. ``last``: one that does
+        not answer this time gives its last answer to ``path`` (running totals must not dip
+        because a process was slow once)."""
         others = self.set.others()
-        return list(await asyncio.gather(*(self.request(i, method, path, body) for i in others)))
+        answers = list(await asyncio.gather(*(self.request(i, method, path, body) for i in others)))
+        if last:
+            for k, (i, answer) in enumerate(zip(others, answers, strict=True)):
+                if answer is not None:
+                    self._last[i, path] = answer
+                else:
+                    answers[k] = self._last.get((i, path))
+        return answers
 
     async def first(self, method: str, path: str) -> bytes | None:
         """The first answer any other process gives (None: none did)."""
-        for answer in await self.each(method, path):
-            if answer is not None:
-                return answer
-        return None
+        pending = {asyncio.ensure_future(self.request(i, method, path)) for i in self.set.others()}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.result() is not None:
+                        return task.result()
+            return None
+        finally:
+            for task in pending:
+                task.cancel()
 
     async def relay(self, index: int, path: str, write: Any) -> None:
         """Pass process ``index``'s stream at ``path`` to ``write`` until it ends (no total

@@ -46,8 +46,10 @@ class Spec:
 
     @property
     def adds_up(self) -> bool:
-        """Whether several frontend processes' samples of it are summed (``metrics.merge``)."""
-        return self.kind != "gauge" or self.per_process
+        """Whether several frontend processes' samples of it are summed (``metrics.merge``): not
+        a figure per worker (what the workers' load reports say, heard by every process alike),
+        and a counter, a histogram or a gauge of a process's own work."""
+        return "worker" not in self.labels and (self.kind != "gauge" or self.per_process)
 
 
 GROUPS = ("requests", "ttft", "itl", "e2e", "tokens", "kv_cache_miss", "kv", "queue_depth", "gpu_utilization")

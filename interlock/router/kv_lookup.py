@@ -106,10 +106,11 @@ class KvLookupServer:
         reply = self.answer(_decode_request(payload))
         yield _EMPTY if reply is None else _encode(reply)
 
-    def answer(self, req: KvLookupRequest) -> KvLookupReply | None:
-        """Who here holds a prefix of ``req``'s hashes (None: nothing to say)."""
+    def answer(self, req: KvLookupRequest, *, own: bool = False) -> KvLookupReply | None:
+        """Who here holds a prefix of ``req``'s hashes (None: nothing to say). ``own``: asked
+        by this router itself (not counted as answered for another frontend)."""
         router = self._router_of_model(req.model)
-        self.answered += 1
+        self.answered += not own
         if router is None or not req.hashes or len(req.hashes) > MAX_LOOKUP_BLOCKS:
             return None
         workers, device, lower = router.kv_holders(req.hashes)
@@ -170,6 +171,9 @@ class KvLookupClient:
         for rid, (i, n) in sorted(self.shards.items()):
             if n == count and rid in self.addresses:
                 by_shard.setdefault(i, []).append(self.addresses[rid])
+        if self.local is not None:  # its own shard: always itself
+            own = next(i for r, (i, _) in self.shards.items() if self.addresses.get(r) == self.local[0])
+            by_shard[own] = [self.local[0]]
         return [(i, held[self._turn % len(held)]) for i, held in sorted(by_shard.items())], count
 
     async def chain(self, model: str, hashes: list[int]) -> list[int]:
@@ -200,7 +204,7 @@ class KvLookupClient:
     async def _ask(self, address: str, payload: bytes, req: KvLookupRequest) -> KvLookupReply | None:
         if self.local is not None and address == self.local[0]:
             self.stats.answered += 1
-            return self.local[1].answer(req) or KvLookupReply(workers=[], device=[])
+            return self.local[1].answer(req, own=True) or KvLookupReply(workers=[], device=[])
         try:
             stream = self._requests.stream(address, payload)
             async with contextlib.aclosing(stream), asyncio.timeout(self._timeout_s):

@@ -10,6 +10,7 @@ and joins the answers (disjoint by worker: ``kv_lookup.KvLookupClient``). Pure.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import xxhash
 
@@ -18,6 +19,7 @@ from interlock.deploy import parse_shard
 __all__ = ["Shard", "parse_shard", "shard_of"]
 
 
+@lru_cache(maxsize=1 << 16)
 def shard_of(instance_id: str, count: int) -> int:
     """The shard of ``count`` that keeps ``instance_id``'s KV state."""
     if count <= 1:

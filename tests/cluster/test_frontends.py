@@ -158,19 +158,22 @@ def test_the_planners_view_adds_the_other_processes_traffic_across_their_restart
     view = PeersView(LocalView(), peers)  # type: ignore[arg-type]
 
     async def main() -> None:
+        # Its first answer is where its counting starts: its history is no one interval's traffic.
         peers.answer = TrafficAnswer(TrafficTotals(requests=5, prompt_tokens=50), 2, 1, [done])
         view.set_weight("w1", 0.5)
         await view.refresh()
-        assert view.totals().requests == 15 and view.queued() == 3
-        assert view.completions() == [done] and view.completions() == []
+        assert view.totals().requests == 10 and view.queued() == 3 and view.completions() == []
         assert peers.asked[-1].weights == {"w1": 0.5} and peers.asked[-1].seen == 0
-        peers.answer = TrafficAnswer(TrafficTotals(requests=2, prompt_tokens=20), 0, 0, [])  # it restarted
+        peers.answer = TrafficAnswer(TrafficTotals(requests=7, prompt_tokens=70), 0, 2, [done])
         await view.refresh()
         assert peers.asked[-1].seen == 1
-        assert view.totals().requests == 17 and view.totals().prompt_tokens == 170  # never backwards
+        assert view.totals().requests == 12 and view.completions() == [done] and view.completions() == []
+        peers.answer = TrafficAnswer(TrafficTotals(requests=2, prompt_tokens=20), 0, 0, [])  # it restarted
+        await view.refresh()
+        assert view.totals().requests == 14 and view.totals().prompt_tokens == 140  # never backwards
         peers.answer = None  # silent: its last figures stand
         await view.refresh()
-        assert view.totals().requests == 17 and view.queued() == 1
+        assert view.totals().requests == 14 and view.queued() == 1
 
     asyncio.run(main())
 

@@ -36,6 +36,15 @@ def test_counters_histograms_and_own_work_add_up_and_the_fleet_view_is_kept_once
     assert merged.count("# TYPE interlock_requests_total counter") == 1
 
 
+def test_a_workers_reported_figures_are_kept_once() -> None:
+    texts = []
+    for _ in range(2):  # both processes heard the same load reports
+        r = Registry()
+        r.counter("interlock_worker_busy_seconds_total").inc(("w0", "m"), 2.5)
+        texts.append(r.render())
+    assert value(merge_processes(texts), 'interlock_worker_busy_seconds_total{worker="w0",model="m"}') == 2.5
+
+
 def test_a_series_only_one_process_has_is_kept_in_its_family() -> None:
     r = Registry()
     r.counter("interlock_requests_total").inc(("other", "length"), 5)
