@@ -198,6 +198,8 @@ class RouterService:
         )
         self._replica_shards: dict[str, tuple[int, int]] = {}
         """Other replicas' shards of the index, by router id."""
+        self._kv_followed: dict[str, asyncio.Task[None]] = {}
+        """A shard's subscriptions to its own workers' KV subjects, by worker id."""
         self._lookup_address: str | None = None
         self._link = link
         self.degraded_sources: list[Callable[[], list[str]]] = []
@@ -210,7 +212,7 @@ class RouterService:
     async def start(self) -> None:
         load = await self._events.subscribe(subjects.LOAD_ALL)
         loops = [self._watch(), self._on_load(load), self._ticks()]
-        if not self._remote:
+        if not self._remote and self._shard.whole:  # a shard follows its own workers' subjects only
             loops.append(self._on_kv(await self._events.subscribe(subjects.KV_ALL)))
         if self._options.replica:  # the replicas known before the first worker is pulled
             if not self._remote:  # a replica with an index: it serves it
@@ -246,6 +248,10 @@ class RouterService:
                 if self._lookup_address is not None:
                     await self._requests.unserve(self._lookup_address)
             self._replica_address = self._lookup_address = None
+        for task in self._kv_followed.values():
+            task.cancel()
+        await asyncio.gather(*self._kv_followed.values(), return_exceptions=True)
+        self._kv_followed.clear()
         await self.kv_sync.close()
         self.dispatcher.close()
 
@@ -726,6 +732,8 @@ class RouterService:
         log.info("worker %s joined (%s, %s)", info.instance_id, info.model, info.role)
         EVENTS.record("worker_joined", info.instance_id, f"{info.model}, {info.role}")
         if self._keeps(info):
+            if not self._shard.whole:
+                self._follow_kv(info.instance_id)
             since = router.kv_seq(info.instance_id)
             self.kv_sync.pull(router, info.instance_id, _kv_sync_address(info), since=since)
         return True
@@ -740,6 +748,9 @@ class RouterService:
     def _unroute(self, instance_id: str, *, graceful: bool = False) -> InstanceInfo | None:
         info = self._roster.unroute(instance_id)
         self.kv_sync.forget(instance_id)
+        followed = self._kv_followed.pop(instance_id, None)
+        if followed is not None:
+            followed.cancel()
         self._reports.pop(instance_id, None)
         if info is None:
             return None
@@ -817,11 +828,9 @@ class RouterService:
         sub: AsyncIterator[tuple[str, bytes]],
         decode: Callable[[bytes], _FromWorker],
         subject_of: Callable[[str], str],
-        keep: Callable[[str], bool] | None = None,
     ) -> AsyncIterator[tuple[Router, _FromWorker]]:
         """The messages of ``sub`` that decode and came on their own worker's subject (one
-        worker speaking for another is forged or confused), with that worker's router;
-        ``keep``: only those whose subject it accepts (the others are not decoded).
+        worker speaking for another is forged or confused), with that worker's router.
 
         A queued burst would otherwise be taken in one turn of the event loop (a queue that
         holds items is read without a pause): every ``TURN_S`` of it, requests get their turn."""
@@ -830,8 +839,6 @@ class RouterService:
             if time.perf_counter() - turn > TURN_S:
                 await asyncio.sleep(0)
                 turn = time.perf_counter()
-            if keep is not None and not keep(subject):
-                continue
             try:
                 message = decode(payload)
             except msgspec.DecodeError:
@@ -842,16 +849,25 @@ class RouterService:
             if router is not None:
                 yield router, message
 
+    def _follow_kv(self, instance_id: str) -> None:
+        """A shard's subscription to one of its workers' KV subjects (nats-server sends it no
+        other worker's batch). Opened as the worker joins, after its state's pull may have
+        begun: a batch missed in between is a gap in the worker's sequence, replayed."""
+        if instance_id not in self._kv_followed:
+            self._kv_followed[instance_id] = asyncio.create_task(
+                self._kv_of(instance_id), name=f"kv-{instance_id[:32]}"
+            )
+
+    async def _kv_of(self, instance_id: str) -> None:
+        sub = await self._events.subscribe(subjects.kv(instance_id))
+        try:
+            await self._on_kv(sub)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.close()
+
     async def _on_kv(self, sub: AsyncIterator[tuple[str, bytes]]) -> None:
-        keep = None
-        if not self._shard.whole:  # another shard's worker's batch: not even decoded
-            prefix = subjects.kv("")
-            owns = self._shard.owns
-
-            def keep(subject: str) -> bool:
-                return subject.startswith(prefix) and owns(subject[len(prefix) :])
-
-        async for router, batch in self._from_workers(sub, _decode_batch, subjects.kv, keep):
+        async for router, batch in self._from_workers(sub, _decode_batch, subjects.kv):
             self.kv_sync.offer(router, self._kv_sync_address_of(batch.instance_id), batch)
 
     def _kv_sync_address_of(self, instance_id: str) -> str | None:

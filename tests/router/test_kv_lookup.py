@@ -23,12 +23,15 @@ def _prompt(worker: int) -> list[int]:
     return [1000 * worker + t for t in range(BLOCK * 8)]
 
 
-async def _fleet(rt, n: int):  # type: ignore[no-untyped-def]
-    """``n`` workers, worker ``i`` holding the blocks of ``_prompt(i)``."""
+async def _fleet(rt, n: int, engines: list[FakeEngine] | None = None):  # type: ignore[no-untyped-def]
+    """``n`` workers, worker ``i`` holding the blocks of ``_prompt(i)`` (their engines appended
+    to ``engines``)."""
     workers = []
     for i in range(n):
         engine = FakeEngine(block_size=BLOCK, num_blocks=10_000)
         engine.fill(hash_blocks(_prompt(i), BLOCK), announce=False)
+        if engines is not None:
+            engines.append(engine)
         workers.append(make_worker(f"w{i}", engine, rt)[0])
     await asyncio.gather(*(w.start() for w in workers))
     return workers
@@ -109,7 +112,8 @@ def test_a_sharded_index_keeps_each_worker_once_and_every_router_finds_every_hol
 
     async def body(rt) -> None:  # type: ignore[no-untyped-def]
         n = 8
-        workers = await _fleet(rt, n)
+        engines: list[FakeEngine] = []
+        workers = await _fleet(rt, n, engines)
         owner = {f"w{i}": shard_of(f"w{i}", 2) for i in range(n)}
         assert set(owner.values()) == {0, 1}  # both shards hold some of these eight
         shards = [
@@ -138,8 +142,26 @@ def test_a_sharded_index_keeps_each_worker_once_and_every_router_finds_every_hol
                 for i in range(n):
                     d = await _route(svc, 100 * k + i, worker=i)
                     assert d.worker_id == f"w{i}" and d.overlap_blocks == 8, (k, d.header())
+            # Blocks stored later reach their shard as KV events (each shard follows only its
+            # own workers' subjects): a new prefix is routed to its holder.
+            for i in range(n):
+                fresh = [50_000 + 100 * i + t for t in range(BLOCK * 4)]
+                engines[i].fill(hash_blocks(fresh, BLOCK))
+
+                async def holder_known(i: int = i, fresh: list[int] = fresh) -> bool:
+                    router = await remote.router_when_ready("m", 5.0)
+                    assert router is not None
+                    chain = await remote.looked_up(router, hash_blocks(fresh + [7], BLOCK))
+                    return isinstance(chain, RemoteChain) and chain.holders.get(f"w{i}", (0, 0))[0] == 4
+
+                for _ in range(100):
+                    if await holder_known():
+                        break
+                    await asyncio.sleep(0.02)
+                else:
+                    raise AssertionError(f"shard {owner[f'w{i}']} never heard w{i}'s new blocks")
             answered = [s.kv_lookup_server.answered for s in shards]
-            assert answered[0] == answered[1] == 2 * n  # every lookup asked both shards (its own: no count)
+            assert answered[0] == answered[1] >= 3 * n  # every lookup asked both shards (its own: no count)
             await shards[1].close()  # a shard gone: its workers' prefixes are unknown, the rest count
             await settle(lambda: len(remote.kv_lookup.addresses) == 1)
             for i in range(n):
