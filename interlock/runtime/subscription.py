@@ -18,6 +18,7 @@ class Subscription:
         self._queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
         self._on_close = on_close
         self._closed = False
+        self._owner: Subscriptions | None = None
 
     def deliver(self, subject: str, payload: bytes) -> None:
         """Called by the transport for each matching message."""
@@ -41,6 +42,8 @@ class Subscription:
             return
         self._closed = True
         self._queue.put_nowait(_CLOSED)
+        if self._owner is not None:  # a closed one is not kept (a shard opens one per worker)
+            self._owner.discard(self)
         if self._on_close is not None:
             await self._on_close()
 
@@ -55,13 +58,20 @@ class Subscriptions:
     """The subscriptions one event plane opened: all closed when the plane closes."""
 
     def __init__(self) -> None:
-        self._open: list[Subscription] = []
+        self._open: dict[Subscription, None] = {}
 
     def add(self, sub: Subscription) -> Subscription:
-        self._open.append(sub)
+        self._open[sub] = None
+        sub._owner = self
         return sub
 
+    def discard(self, sub: Subscription) -> None:
+        self._open.pop(sub, None)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
     async def close(self) -> None:
-        for sub in self._open:
+        for sub in list(self._open):
             await sub.close()
         self._open.clear()

@@ -76,3 +76,15 @@ async def test_close_ends_iteration_and_delivery(make_runtime: MakeRuntime, name
     await worker.events.publish(subject, b"y")
     with anyio.fail_after(1):
         assert [item async for item in sub] == []
+
+
+async def test_a_closed_subscription_is_not_kept_by_its_plane(make_runtime: MakeRuntime) -> None:
+    rt = await make_runtime()
+    own = rt.events._own  # type: ignore[attr-defined]
+    for i in range(50):  # a shard follows each worker that joins and forgets each that leaves
+        sub = await rt.events.subscribe(f"t.churn.{i}")
+        await sub.close()
+    kept = await rt.events.subscribe("t.churn.kept")
+    assert len(own) == 1
+    await rt.events.close()
+    assert len(own) == 0 and kept._closed
