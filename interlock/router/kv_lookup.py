@@ -140,8 +140,9 @@ class KvLookupClient:
         """Router id -> the shard of the index it keeps, (I, N); (0, 1): the whole index."""
         self._turn = 0
         self.stats = KvLookupStats()
-        self.local: tuple[str, KvLookupServer] | None = None
-        """This router's own shard: its address and server, answered without a round trip."""
+        self.local: tuple[str, KvLookupServer, tuple[int, int]] | None = None
+        """This router's own shard: its address, its server (answered without a round trip)
+        and which shard it is, (I, N)."""
 
     def add(self, router_id: str, address: str, shard: tuple[int, int] = (0, 1)) -> None:
         self.addresses[router_id] = address
@@ -162,7 +163,7 @@ class KvLookupClient:
             return [(0, whole[self._turn % len(whole)])], 1
         counts = [n for _, n in self.shards.values() if n > 1]
         if self.local is not None:
-            count = next(n for r, (_, n) in self.shards.items() if self.addresses.get(r) == self.local[0])
+            count = self.local[2][1]
         elif counts:
             count = max(set(counts), key=counts.count)
         else:
@@ -172,8 +173,7 @@ class KvLookupClient:
             if n == count and rid in self.addresses:
                 by_shard.setdefault(i, []).append(self.addresses[rid])
         if self.local is not None:  # its own shard: always itself
-            own = next(i for r, (i, _) in self.shards.items() if self.addresses.get(r) == self.local[0])
-            by_shard[own] = [self.local[0]]
+            by_shard[self.local[2][0]] = [self.local[0]]
         return [(i, held[self._turn % len(held)]) for i, held in sorted(by_shard.items())], count
 
     async def chain(self, model: str, hashes: list[int]) -> list[int]:

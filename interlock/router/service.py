@@ -594,8 +594,9 @@ class RouterService:
             KV_LOOKUP_ENDPOINT, self.kv_lookup_server.handle, instance_id=self.router_id
         )
         if not self._shard.whole:  # its own shard is asked too, here
-            self.kv_lookup.local = (self._lookup_address, self.kv_lookup_server)
-            self.kv_lookup.add(self.router_id, self._lookup_address, (self._shard.index, self._shard.count))
+            shard = (self._shard.index, self._shard.count)
+            self.kv_lookup.local = (self._lookup_address, self.kv_lookup_server, shard)
+            self.kv_lookup.add(self.router_id, self._lookup_address, shard)
         await self._discovery.register(
             InstanceInfo(
                 instance_id=self._replica_id,
@@ -650,8 +651,7 @@ class RouterService:
 
     def _replica_keeps(self, router_id: str, instance_id: str) -> bool:
         """Whether replica ``router_id``'s index keeps ``instance_id``'s state."""
-        index, count = self._replica_shards.get(router_id, (0, 1))
-        return count == 1 or Shard(index, count).owns(instance_id)
+        return Shard(*self._replica_shards.get(router_id, (0, 1))).owns(instance_id)
 
     def _keeps(self, info: InstanceInfo) -> bool:
         """Whether this router ingests ``info``'s KV events and state (an index here, and the

@@ -9,7 +9,7 @@ and joins the answers (disjoint by worker: ``kv_lookup.KvLookupClient``). Pure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import xxhash
@@ -28,14 +28,12 @@ def shard_of(instance_id: str, count: int) -> int:
     return max(range(count), key=lambda s: xxhash.xxh3_64_intdigest(key, seed=s))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Shard:
-    """Shard ``index`` of ``count`` (``count`` 1: the whole index); ``owns`` remembers its
-    answers, one hash per shard per worker ever seen."""
+    """Shard ``index`` of ``count`` (``count`` 1: the whole index)."""
 
     index: int = 0
     count: int = 1
-    _owned: dict[str, bool] = field(default_factory=dict, repr=False)
 
     @property
     def whole(self) -> bool:
@@ -46,11 +44,4 @@ class Shard:
         return f"{self.index}/{self.count}"
 
     def owns(self, instance_id: str) -> bool:
-        if self.count == 1:
-            return True
-        owned = self._owned.get(instance_id)
-        if owned is None:
-            if len(self._owned) > 1 << 20:  # ids of workers long gone: start again
-                self._owned.clear()
-            owned = self._owned[instance_id] = shard_of(instance_id, self.count) == self.index
-        return owned
+        return self.count == 1 or shard_of(instance_id, self.count) == self.index
