@@ -122,6 +122,8 @@ class Gate:
         timeout_s: float = HANDSHAKE_TIMEOUT_S,
         log_interval_s: float = LOG_INTERVAL_S,
     ) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be at least 1, not {max_pending}")
         self._listener = listener
         self._secret = secret
         self._max_pending = max_pending
@@ -182,13 +184,15 @@ class Gate:
                 self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
                 return
             conn.setblocking(False)
-            pending = _Pending(conn, self._secret, time.monotonic() + self._timeout_s)
-            self._pending[conn] = pending
-            self._selector.register(conn, selectors.EVENT_READ, pending)
-            if len(self._pending) > self._max_pending:
+            # Push out before adding, so ``num_pending`` (read from other threads) never shows
+            # one past the cap, not even between these lines.
+            if len(self._pending) >= self._max_pending:
                 self._refuse(
                     self._oldest(), f"pushed out: {self._max_pending} connections waited for the handshake"
                 )
+            pending = _Pending(conn, self._secret, time.monotonic() + self._timeout_s)
+            self._pending[conn] = pending
+            self._selector.register(conn, selectors.EVENT_READ, pending)
 
     def _oldest(self) -> _Pending:
         return next(iter(self._pending.values()))

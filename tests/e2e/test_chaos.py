@@ -363,6 +363,8 @@ async def _sigstop(served: Served, *, stall_detects: bool) -> None:
 RECOVERY_S = 5.0
 """The requirement: new requests are served again within 5 s of the kill."""
 LOOPS = 8
+IN_FLIGHT_AT_KILL = LOOPS // 2
+"""The kill waits until this many streams have their first token and not their last."""
 
 
 def test_serves_own_nats_server_killed_under_load() -> None:
@@ -418,8 +420,13 @@ async def _nats_outage(served: Served, kill: Callable[[], Awaitable[None]]) -> N
             await asyncio.sleep(0.2)
 
     url = nats_url(served)
+
+    def in_flight() -> int:
+        return sum(1 for r in results if r.first_token_at and not r.ended)
+
     loops = [asyncio.create_task(loop(k)) for k in range(LOOPS)]
-    await asyncio.sleep(3.0)
+    # No await between this check and ``killed_at``: these streams are still in flight at the kill.
+    assert await wait_for(lambda: in_flight() >= IN_FLIGHT_AT_KILL, 60), f"{in_flight()} streams in flight"
     killed_at = time.monotonic()
     await kill()
     back = asyncio.create_task(discovery_back())
@@ -438,7 +445,7 @@ async def _nats_outage(served: Served, kill: Callable[[], Awaitable[None]]) -> N
         f"first new request completed {recovery:.2f} s after the kill; both workers in discovery "
         f"again after {discovered_at - killed_at if discovered_at else float('inf'):.2f} s"
     )
-    assert streaming
+    assert len(streaming) >= IN_FLIGHT_AT_KILL
     assert not [r.error for r in streaming if r.error]
     assert recovery < RECOVERY_S
     late = [r.error for r in failed if r.started > killed_at + RECOVERY_S]

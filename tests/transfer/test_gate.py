@@ -113,6 +113,11 @@ def test_past_the_cap_the_oldest_waiting_connection_is_pushed_out(listener: sock
     gate.close()
 
 
+def test_the_cap_holds_at_least_one_connection(listener: socket.socket) -> None:
+    with pytest.raises(ValueError, match="max_pending"):
+        Gate(listener, SECRET, max_pending=0)
+
+
 def test_a_silent_connection_is_dropped_at_its_deadline(listener: socket.socket) -> None:
     gate = Gate(listener, SECRET, timeout_s=0.05)
     with _connect(listener) as client:
