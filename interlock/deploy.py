@@ -188,7 +188,8 @@ class ExecutionGroup:
     """Mock runner only: its modelled step times are divided by this."""
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
-    """Only 1 until tensor / pipeline parallelism exist (anything else is refused)."""
+    """Ranks of each worker's model (``tensor x pipeline`` processes on one host; vLLM's own
+    parallelism for engine vllm). The model must cut that way (``engine.model.partition``)."""
     max_replicas: int | None = None
     """Most workers this group may have at once: ``RunningCluster.add_worker`` refuses more
     (the planner scales within it). None: no bound."""
@@ -511,11 +512,18 @@ def _validate_group(g: ExecutionGroup, at: str) -> None:
         g.max_model_len is not None and g.max_model_len < 1
     ):
         raise ConfigError(f"{at}: block_size and max_model_len must be positive")
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-        if getattr(g, key) != 1:
-            raise ConfigError(
-                f"{at}.{key}: {getattr(g, key)} is not supported yet (only 1: one device per worker)"
-            )
+    ranks = g.tensor_parallel_size * g.pipeline_parallel_size
+    if g.tensor_parallel_size < 1 or g.pipeline_parallel_size < 1:
+        raise ConfigError(f"{at}: tensor_parallel_size and pipeline_parallel_size must be >= 1")
+    if ranks > 1 and g.engine == "interlock":
+        if g.runner != "torch":
+            raise ConfigError(f"{at}.runner: tensor/pipeline parallelism runs the real model (runner torch)")
+        for i, n in enumerate(g.nodes):
+            if n.node_role != "both":
+                raise ConfigError(
+                    f"{at}.nodes[{i}].node_role: {n.node_role} needs KV transfer, which a worker "
+                    "of several ranks does not do yet (only both)"
+                )
     if g.runner == "mock" and g.dtype != "auto":
         raise ConfigError(f"{at}.dtype: the mock runner has no dtype (only the torch runner takes one)")
     if g.speedup <= 0 or (g.speedup != 1.0 and g.runner != "mock"):

@@ -135,10 +135,14 @@ def test_older_names_are_aliases():
             "nodes[0].kv_cache_transfer: a decode worker needs it",
         ),
         (
-            {"execution-group": {"tensor_parallel_size": 2}},
-            "execution-group.tensor_parallel_size: 2 is not supported",
+            {"execution-group": {"tensor_parallel_size": 2, "runner": "mock"}},
+            "execution-group.runner: tensor/pipeline parallelism runs the real model",
         ),
-        ({"execution-group": {"pipeline_parallel_size": 2}}, "pipeline_parallel_size: 2 is not supported"),
+        ({"execution-group": {"pipeline_parallel_size": 0}}, "must be >= 1"),
+        (
+            {"execution-group": {"pipeline_parallel_size": 2, "nodes": [{"node_role": "prefill"}]}},
+            "nodes[0].node_role: prefill needs KV transfer",
+        ),
         ({"execution-group": {"speedup": 5}}, "execution-group.speedup: only the mock runner"),
         ({"execution-group": {"runner": "jax"}}, "execution-group.runner: 'jax' is not one of torch, mock"),
         (

@@ -186,14 +186,16 @@ def _add_parallel_args(g: Flags) -> None:
         "-tp",
         type=int,
         default=None,
-        help="devices per worker (only 1 until tensor parallelism exists)",
+        help="tensor-parallel ranks per worker: each layer's heads and MLP features split over "
+        "that many processes (devices on CUDA); default 1",
     )
     g.add_argument(
         "--pipeline-parallel-size",
         "-pp",
         type=int,
         default=None,
-        help="pipeline stages per worker (only 1 until pipeline parallelism exists)",
+        help="pipeline stages per worker: the layers split over that many processes, steps in "
+        "micro-batches; default 1",
     )
 
 

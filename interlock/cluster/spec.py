@@ -10,6 +10,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from interlock.cluster.supervisor import RestartPolicy
@@ -266,6 +267,7 @@ def resolve_groups(d: Deployment, *, progress: bool = True) -> list[ResolvedGrou
     out = []
     for i, g in enumerate(d.execution_groups):
         path = str(resolve_model(g.model, progress=progress))
+        _check_cut(g, path, f"execution-group[{i}]")
         out.append(
             ResolvedGroup(
                 i,
@@ -276,6 +278,18 @@ def resolve_groups(d: Deployment, *, progress: bool = True) -> list[ResolvedGrou
             )
         )
     return out
+
+
+def _check_cut(g: ExecutionGroup, path: str, at: str) -> None:
+    """Refuse at start a group of ranks its model cannot be cut into (not in every worker)."""
+    if g.engine != "interlock" or g.tensor_parallel_size * g.pipeline_parallel_size == 1:
+        return
+    from interlock.engine.model.config import ModelArchConfig
+    from interlock.engine.model.partition import check_sizes
+
+    why = check_sizes(ModelArchConfig.from_folder(Path(path)), g.tensor_parallel_size, g.pipeline_parallel_size)
+    if why:
+        raise ConfigError(f"{at}: {why}")
 
 
 def worker_spec(
@@ -291,6 +305,8 @@ def worker_spec(
             num_threads=threads,
             engine=g.engine,
             engine_args=g.engine_args,
+            tensor_parallel_size=g.tensor_parallel_size,
+            pipeline_parallel_size=g.pipeline_parallel_size,
         ),
         cache=CacheConfig(
             block_size=g.block_size or default_block_size(g.engine, device.split(":")[0]),

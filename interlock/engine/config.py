@@ -148,8 +148,22 @@ class ModelConfig:
     """``names.ENGINES``: Interlock's engine (``runner`` says which runner), or ``vllm``."""
     engine_args: tuple[tuple[str, Any], ...] = ()
     """vLLM only: more of vLLM's engine arguments, as vLLM names them (``enforce_eager``)."""
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    """Ranks of one worker's model: ``T x P`` processes (``engine.parallel``); vLLM's own
+    parallelism for engine vllm."""
+
+    @property
+    def ranks(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
+            raise ConfigError("tensor_parallel_size and pipeline_parallel_size must be >= 1")
+        if self.ranks > 1 and self.engine == "interlock" and self.runner != "torch":
+            raise ConfigError(
+                f"tensor/pipeline parallelism runs the real model: runner {self.runner!r} has no ranks"
+            )
         if self.engine not in ENGINES:
             raise ConfigError(f"engine {self.engine!r} is not known (one of {', '.join(ENGINES)})")
         if self.engine_args and self.engine != "vllm":
@@ -165,5 +179,17 @@ class EngineConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
 
     def __post_init__(self) -> None:
+        if self.model.ranks > 1 and self.model.engine == "interlock":
+            c = self.cache
+            for name, on in (
+                ("shared_kv_cache", c.shared_kv_cache),
+                ("host_kv_gib", c.has_host_tier),
+                ("disk_kv_gib", c.has_disk_tier),
+            ):
+                if on:
+                    raise ConfigError(
+                        f"{name}: a worker of several ranks does not export KV blocks yet "
+                        "(its KV is split across the ranks' caches)"
+                    )
         if self.cache.shared_kv_cache and self.model.device != "cpu":
             raise ConfigError(f"shared_kv_cache needs the KV cache on the CPU, not on {self.model.device!r}")

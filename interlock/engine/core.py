@@ -505,9 +505,11 @@ class EngineCore:
             self.tiers.io.on_done = wake
 
     def close(self) -> None:
-        """Finish queued tier I/O and release the disk tier's directory."""
+        """Finish queued tier I/O, release the disk tier's directory, stop the runner (a group's
+        rank processes)."""
         if self.tiers is not None:
             self.tiers.close()
+        self.runner.close()
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()

@@ -17,7 +17,8 @@ MOCK_DEFAULT_BLOCKS = 8192
 
 def build_runner(config: EngineConfig, *, clock: Clock | None = None, speedup: float = 1.0) -> ModelRunner:
     """``mock``: a MockRunner that sleeps its modelled step time (divided by ``speedup``) on a
-    real clock, or only records it on a ``VirtualClock``; ``torch``: the real model."""
+    real clock, or only records it on a ``VirtualClock``; ``torch``: the real model (over a group of rank processes when
+    ``tensor_parallel_size x pipeline_parallel_size`` > 1, ``engine.parallel``)."""
     kind = config.model.runner
     if kind == "mock":
         return MockRunner(
@@ -27,6 +28,10 @@ def build_runner(config: EngineConfig, *, clock: Clock | None = None, speedup: f
             clock=clock or RealClock(),
             shared=config.cache.shared_kv_cache,
         )
+    if kind == "torch" and config.model.ranks > 1:
+        from interlock.engine.parallel.group import GroupRunner
+
+        return GroupRunner.from_config(config)
     if kind == "torch":
         # Imported here so that the mock path never loads torch.
         from interlock.engine.runners.torch_runner import TorchRunner

@@ -83,6 +83,10 @@ class ModelRunner(Protocol):
 
     def execute(self, batch: SchedulerOutput) -> RunnerOutput: ...
 
+    def close(self) -> None:
+        """Release what the runner started (a group's rank processes); idempotent."""
+        ...
+
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
         """Copy the KV of ``block_ids`` into ``out`` (len(block_ids) * kv_block_nbytes bytes)."""
         ...

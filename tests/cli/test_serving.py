@@ -89,11 +89,13 @@ def test_tier_load_flags_reach_every_node_group(env: pytest.MonkeyPatch, tmp_pat
         serve_deployment("--tier-load-timeout", "0")
 
 
-def test_parallelism_above_one_is_refused_by_name() -> None:
-    with pytest.raises(ConfigError, match="tensor_parallel_size: 2 is not supported yet"):
-        serve_deployment("--tensor-parallel-size", "2")
-    with pytest.raises(ConfigError, match="pipeline_parallel_size: 4 is not supported yet"):
-        serve_deployment("-pp", "4")
+def test_parallel_sizes_reach_the_group_and_wrong_ones_are_refused_by_name() -> None:
+    d = serve_deployment("--tensor-parallel-size", "2", "-pp", "3")
+    assert (d.execution_groups[0].tensor_parallel_size, d.execution_groups[0].pipeline_parallel_size) == (2, 3)
+    with pytest.raises(ConfigError, match="tensor_parallel_size and pipeline_parallel_size must be >= 1"):
+        serve_deployment("-tp", "0")
+    with pytest.raises(ConfigError, match="runner: tensor/pipeline parallelism runs the real model"):
+        serve_deployment("-tp", "2", "--runner", "mock")
 
 
 def test_flags_override_the_file_and_workers_is_refused_with_it(tmp_path: Path) -> None:

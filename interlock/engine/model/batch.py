@@ -37,12 +37,11 @@ def build_input(
 ) -> ModelInput:
     """``fused``: metadata for the fused attention kernel (``LlamaModel.fused_attention``),
     else for the plain PyTorch attention; each step builds only the kind its model reads."""
-    order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) != 1)
+    order, last_rows = row_order([len(c.token_ids) for c in chunks])
     num_decode = sum(1 for c in chunks if len(c.token_ids) == 1)
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
-    last_rows = [0] * len(chunks)
     for i in order:
         chunk = chunks[i]
         table = chunk.block_table
@@ -50,7 +49,6 @@ def build_input(
             positions.append(pos)
             slots.append(table[pos // block_size] * block_size + pos % block_size)
         ids.extend(chunk.token_ids)
-        last_rows[i] = len(ids) - 1
     slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)
     if fused:
         seq_info, block_tables = _sequence_tables([chunks[i] for i in order], block_size, device)
@@ -67,6 +65,18 @@ def build_input(
         meta=meta,
         last_rows=last_rows,
     )
+
+
+def row_order(lengths: Sequence[int]) -> tuple[list[int], list[int]]:
+    """For chunks of ``lengths`` tokens: the order their rows take in the batch (one-token
+    chunks first, then the rest, each group in the given order) and each chunk's last row."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i] != 1)
+    last_rows = [0] * len(lengths)
+    row = 0
+    for i in order:
+        row += lengths[i]
+        last_rows[i] = row - 1
+    return order, last_rows
 
 
 def _sequence_tables(

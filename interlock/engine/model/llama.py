@@ -15,10 +15,16 @@ over the cache for every kind of chunk, and SwiGLU. Each of them is one of sever
 implementations, chosen per size by measurement on this machine (``dispatch``): a prefill chunk
 may go to PyTorch's attention where oneDNN's matmuls (AMX) beat the fused kernel, say.
 Elsewhere (fp32, CUDA, other CPUs) the plain PyTorch path below computes the same function.
+
+One rank of a tensor x pipeline group (``partition``) is the same class over its share: its
+config is the local one (its heads, features and layers), and ``reduce`` adds up the partial
+outputs of o and down across the stage's ranks before each residual add. ``forward`` is
+``embed``, ``layers`` and ``logits`` in a row; a group calls them one by one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -43,6 +49,7 @@ from interlock.engine.model.dispatch import (
 )
 from interlock.engine.model.kernel_choice import KernelTable
 from interlock.engine.model.kv_cache import PagedKVCache
+from interlock.engine.model.partition import RankShard
 from interlock.engine.model.rope import RotaryTable, apply_rotary
 from interlock.engine.model.weights import LayerWeights, ModelWeights, load_weights
 
@@ -67,6 +74,8 @@ class LlamaModel:
         self.table = table
         self.route = AttentionRoute.from_table(table, config)
         self.elementwise = ElementwisePlans.from_table(table, config)
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """Adds a row-parallel layer's partial sums across the stage (None: one rank)."""
 
     @classmethod
     def load(
@@ -79,18 +88,20 @@ class LlamaModel:
         fused: bool = True,
         kernels: dict[str, str] | None = None,
         max_rows: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        shard: RankShard | None = None,
     ) -> LlamaModel:
         """``fused=False``: the plain PyTorch path even where the fused CPU kernels run.
 
         ``kernels``: per family (linear, attention, elementwise) "auto" (the default) picks each
         operation's kernel per size by measurement on this machine (``dispatch``; measured once
         for up to ``max_rows`` rows, then cached); a kernel name forces it everywhere (tests,
-        comparisons; ``INTERLOCK_<FAMILY>_KERNEL``)."""
+        comparisons; ``INTERLOCK_<FAMILY>_KERNEL``). ``shard``: one rank's share (None: all)."""
         config = ModelArchConfig.from_folder(folder)
-        table = kernel_table(config, dtype, device, fused=fused, kernels=kernels or {}, max_rows=max_rows)
-        weights = load_weights(folder, config, dtype, device, fused=fused, table=table)
+        local = shard.local_config(config) if shard is not None else config
+        table = kernel_table(local, dtype, device, fused=fused, kernels=kernels or {}, max_rows=max_rows)
+        weights = load_weights(folder, config, dtype, device, fused=fused, table=table, shard=shard)
         return cls(
-            config, weights, max_len or config.max_position_embeddings, device, fused=fused, table=table
+            local, weights, max_len or config.max_position_embeddings, device, fused=fused, table=table
         )
 
     @torch.inference_mode()
@@ -103,22 +114,39 @@ class LlamaModel:
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Run the step's tokens; return fp32 logits ``[len(logits_indices), vocab]``."""
-        h = F.embedding(input_ids, self.weights.embed)
+        h = self.layers(self.embed(input_ids), positions, meta, cache)
+        return self.logits(h.index_select(0, logits_indices))
+
+    @torch.inference_mode()
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weights.embed)
+
+    @torch.inference_mode()
+    def layers(
+        self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, cache: PagedKVCache
+    ) -> torch.Tensor:
+        """The hidden states ``h`` through this model's layers (the residual stream after them)."""
         if meta.seq_info is not None:
             assert self.fused_attention(cache.block_size), "fused metadata for a model without the kernels"
-            if input_ids.numel():
-                h = self._fused_layers(h, positions, meta, cache)
-        else:
-            cos, sin = self.rope.lookup(positions, self.dtype)
-            for i, layer in enumerate(self.weights.layers):
-                x = self._norm(h, layer.input_norm)
-                h = h + self._attention(x, layer, cos, sin, meta, cache.slots[i], cache.blocks[i])
-                x = self._norm(h, layer.post_norm)
-                h = h + self._mlp(x, layer)
-        if not logits_indices.numel():
+            return self._fused_layers(h, positions, meta, cache) if h.shape[0] else h
+        cos, sin = self.rope.lookup(positions, self.dtype)
+        for i, layer in enumerate(self.weights.layers):
+            x = self._norm(h, layer.input_norm)
+            h = h + self._sum(self._attention(x, layer, cos, sin, meta, cache.slots[i], cache.blocks[i]))
+            x = self._norm(h, layer.post_norm)
+            h = h + self._sum(self._mlp(x, layer))
+        return h
+
+    @torch.inference_mode()
+    def logits(self, last: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of the residual stream's rows ``last`` (the driver only)."""
+        assert self.weights.lm_head is not None, "only the driver rank holds the output head"
+        if not last.shape[0]:
             return torch.empty(0, self.config.vocab_size, device=self.device)
-        last = self._norm(h.index_select(0, logits_indices), self.weights.norm)
-        return self.weights.lm_head(last).float()
+        return self.weights.lm_head(self._norm(last, self.weights.norm)).float()
+
+    def _sum(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self.reduce is None else self.reduce(partial)
 
     def fused_attention(self, block_size: int) -> bool:
         """Whether steps over a cache of ``block_size`` run the fused kernels (then
@@ -154,8 +182,8 @@ class LlamaModel:
                 c.num_kv_heads,
             )
             attn = attend(self.ops, qkv, meta, cache.blocks[i], c)
-            x = k.add_rms_norm(h, layer.o(attn), layer.post_norm, eps)
-            delta = layer.down(k.silu_mul(layer.gate_up(x)))
+            x = k.add_rms_norm(h, self._sum(layer.o(attn)), layer.post_norm, eps)
+            delta = self._sum(layer.down(k.silu_mul(layer.gate_up(x))))
             if i + 1 < len(layers):
                 x = k.add_rms_norm(h, delta, layers[i + 1].input_norm, eps)
             else:

@@ -8,6 +8,11 @@ Fusions done once here so that every step runs fewer, larger matmuls:
   multiplies scores (exact in bf16 when head_dim is a power of four, e.g. 64).
 
 Tied embeddings share one tensor between the embedding and the output head.
+
+A rank of a tensor x pipeline group (``partition.RankShard``) loads only its share: its layers,
+and in each the rows of q, k, v, gate and up and the columns of o and down of its heads and
+features; the embedding on the first stage only, the final norm and output head on the
+driver only (elsewhere they are empty).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from interlock.engine.model.config import ModelArchConfig
 from interlock.engine.model.dispatch import linear_key
 from interlock.engine.model.kernel_choice import KernelTable, Plan
 from interlock.engine.model.linear import Linear
+from interlock.engine.model.partition import RankShard
 from interlock.errors import ConfigError
 
 
@@ -41,9 +47,11 @@ class LayerWeights:
 @dataclass(frozen=True)
 class ModelWeights:
     embed: torch.Tensor
+    """[vocab, hidden]; [0, hidden] on a rank that embeds nothing (a later pipeline stage)."""
     layers: tuple[LayerWeights, ...]
     norm: torch.Tensor
-    lm_head: Linear
+    lm_head: Linear | None
+    """None on a rank that computes no logits (every rank of a group but the driver)."""
 
 
 class _Checkpoint:
@@ -75,17 +83,41 @@ def load_weights(
     *,
     fused: bool = True,
     table: KernelTable | None = None,
+    shard: RankShard | None = None,
 ) -> ModelWeights:
     """``fused=False`` keeps every linear layer off the fused CPU kernels (tests compare);
-    ``table`` gives each layer weight's kernel per row count (None: the default choice)."""
+    ``table`` gives each layer weight's kernel per row count (None: the default choice);
+    ``shard``: one rank's share of the full model ``config`` (None: all of it)."""
     ckpt = _Checkpoint(folder)
-    embed = ckpt.get("model.embed_tokens.weight", dtype, device)
-    tied = config.tie_word_embeddings or not ckpt.has("lm_head.weight")
+    cut = shard or _whole(config)
+    embed = (
+        ckpt.get("model.embed_tokens.weight", dtype, device)
+        if cut.first_stage  # the driver is on the first stage: its (tied) head has the weight
+        else torch.empty(0, config.hidden_size, dtype=dtype, device=device)
+    )
+    lm_head = None
+    if cut.driver:
+        tied = config.tie_word_embeddings or not ckpt.has("lm_head.weight")
+        lm_head = _head(embed if tied else ckpt.get("lm_head.weight", dtype, device), fused, table)
     return ModelWeights(
         embed=embed,
-        layers=tuple(_layer(ckpt, config, i, dtype, device, fused, table) for i in range(config.num_layers)),
-        norm=ckpt.get("model.norm.weight", dtype, device),
-        lm_head=_head(embed if tied else ckpt.get("lm_head.weight", dtype, device), fused, table),
+        layers=tuple(_layer(ckpt, config, i, dtype, device, fused, table, cut) for i in cut.layers),
+        norm=ckpt.get("model.norm.weight", dtype, device) if cut.driver else torch.empty(0, dtype=dtype),
+        lm_head=lm_head,
+    )
+
+
+def _whole(config: ModelArchConfig) -> RankShard:
+    return RankShard(
+        rank=0,
+        tensor_rank=0,
+        stage=0,
+        tensor_size=1,
+        pipeline_size=1,
+        q_heads=range(config.num_heads),
+        kv_heads=range(config.num_kv_heads),
+        intermediate=range(config.intermediate_size),
+        layers=range(config.num_layers),
     )
 
 
@@ -104,27 +136,37 @@ def _layer(
     device: torch.device,
     fused: bool,
     table: KernelTable | None,
+    cut: RankShard,
 ) -> LayerWeights:
     p = f"model.layers.{i}."
+    d = config.head_dim
+    q_rows = slice(cut.q_heads.start * d, cut.q_heads.stop * d)
+    kv_rows = slice(cut.kv_heads.start * d, cut.kv_heads.stop * d)
+    features = slice(cut.intermediate.start, cut.intermediate.stop)
 
-    def get(name: str) -> torch.Tensor:
+    def get(name: str, rows: slice = slice(None), columns: slice = slice(None)) -> torch.Tensor:
         # fp32 while fusing so that the q scaling rounds once, at the final cast.
-        return ckpt.get(p + name, torch.float32, device)
+        whole = ckpt.get(p + name, torch.float32, device)
+        return whole[rows, columns] if whole.dim() == 2 else whole[rows]
 
     scale = 1.0 / math.sqrt(config.head_dim)
     qkv = torch.cat(
         [
-            get("self_attn.q_proj.weight") * scale,
-            get("self_attn.k_proj.weight"),
-            get("self_attn.v_proj.weight"),
+            get("self_attn.q_proj.weight", q_rows) * scale,
+            get("self_attn.k_proj.weight", kv_rows),
+            get("self_attn.v_proj.weight", kv_rows),
         ]
     )
     bias = None
     if config.qkv_bias:
         bias = torch.cat(
-            [get("self_attn.q_proj.bias") * scale, get("self_attn.k_proj.bias"), get("self_attn.v_proj.bias")]
+            [
+                get("self_attn.q_proj.bias", q_rows) * scale,
+                get("self_attn.k_proj.bias", kv_rows),
+                get("self_attn.v_proj.bias", kv_rows),
+            ]
         ).to(dtype)
-    gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
+    gate_up = torch.cat([get("mlp.gate_proj.weight", features), get("mlp.up_proj.weight", features)])
 
     def linear(weight: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
         plan = table.plan(linear_key((weight.shape[0], weight.shape[1]))) if table is not None else None
@@ -133,8 +175,8 @@ def _layer(
     return LayerWeights(
         input_norm=get("input_layernorm.weight").to(dtype),
         qkv=linear(qkv.to(dtype).contiguous(), bias),
-        o=linear(get("self_attn.o_proj.weight").to(dtype)),
+        o=linear(get("self_attn.o_proj.weight", slice(None), q_rows).to(dtype).contiguous()),
         post_norm=get("post_attention_layernorm.weight").to(dtype),
         gate_up=linear(gate_up.to(dtype).contiguous()),
-        down=linear(get("mlp.down_proj.weight").to(dtype)),
+        down=linear(get("mlp.down_proj.weight", slice(None), features).to(dtype).contiguous()),
     )

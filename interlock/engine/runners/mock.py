@@ -155,6 +155,9 @@ class MockRunner:
         ctx = [flat[table[p // bs] * bs + p % bs] for p in context_positions(end, self.context)]
         return mock_next_token(ctx, end, self.vocab_size)
 
+    def close(self) -> None:
+        pass
+
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
         dst = np.frombuffer(out, dtype=np.int32).reshape(len(block_ids), self.block_size)
         dst[:] = self.kv[np.asarray(block_ids, dtype=np.int64)]

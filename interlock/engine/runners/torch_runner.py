@@ -31,6 +31,7 @@ from interlock.engine.config import EngineConfig
 from interlock.engine.constraints import Constraints
 from interlock.engine.model import (
     LlamaModel,
+    ModelInput,
     PagedKVCache,
     SequenceChunk,
     blocks_for_budget,
@@ -115,15 +116,7 @@ class TorchRunner:
         if num_threads > 0:
             torch.set_num_threads(num_threads)
         env = get_env()
-        choice = dtype_choice.resolve(
-            dtype,
-            torch.device(device),
-            ModelArchConfig.from_folder(folder),
-            cache_dir=env.cache_dir,
-            fused=env.cpu_kernels,
-        )
-        log.info("model dtype %s", choice.why)
-        torch_dtype = choice.dtype
+        torch_dtype = resolve_dtype(folder, device, dtype)
         model = LlamaModel.load(
             folder,
             torch_dtype,
@@ -156,8 +149,7 @@ class TorchRunner:
         asking = _prompt_logprob_rows(scheduled, inputs.last_rows)
         for _, prompt_rows in asking:
             rows += prompt_rows
-        index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.cache, index)
+        logits = self._logits(chunks, inputs, rows)
         output = RunnerOutput()
         start = len(sampling)  # prompt rows follow the sampling rows, one request after another
         for request, prompt_rows in asking:
@@ -186,6 +178,14 @@ class TorchRunner:
                 output.logprobs[request.request_id] = logprobs
         return output
 
+    def _logits(self, chunks: Sequence[SequenceChunk], inputs: ModelInput, rows: list[int]) -> torch.Tensor:
+        """fp32 logits of the batch's ``rows`` (a group of ranks computes them together)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        return self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.cache, index)
+
+    def close(self) -> None:
+        pass
+
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
         self.cache.export_blocks(block_ids, out)
 
@@ -212,6 +212,20 @@ class TorchRunner:
         part: tuple[int, int] = (0, 1),
     ) -> None:
         self.cache.copy_from_shared(view, src_ids, block_ids, part)
+
+
+def resolve_dtype(folder: Path, device: str, dtype: str) -> torch.dtype:
+    """``dtype`` as a torch dtype (``auto``: measured, ``engine.model.dtype_choice``)."""
+    env = get_env()
+    choice = dtype_choice.resolve(
+        dtype,
+        torch.device(device),
+        ModelArchConfig.from_folder(folder),
+        cache_dir=env.cache_dir,
+        fused=env.cpu_kernels,
+    )
+    log.info("model dtype %s", choice.why)
+    return choice.dtype
 
 
 def _prompt_logprob_rows(

@@ -27,8 +27,8 @@ OWNED = {
     "disable_log_stats": "the worker's load reports come from vLLM's stats",
     "kv_transfer_config": "disaggregation with vLLM workers is not supported yet (docs/vllm.md)",
     "data_parallel_size": "one vLLM engine per worker: start more workers instead",
-    "pipeline_parallel_size": "refused until Interlock places pipeline stages (--pipeline-parallel-size)",
-    "tensor_parallel_size": "set it with --tensor-parallel-size (refused above 1 until placement exists)",
+    "pipeline_parallel_size": "set it with --pipeline-parallel-size (the group's pipeline_parallel_size)",
+    "tensor_parallel_size": "set it with --tensor-parallel-size (the group's tensor_parallel_size)",
 }
 
 _DTYPE = {
@@ -88,6 +88,8 @@ def vllm_engine_args(config: EngineConfig, known: Collection[str]) -> dict[str, 
         "enable_prefix_caching": c.enable_prefix_caching,
         "enable_chunked_prefill": s.enable_chunked_prefill,
         "seed": m.seed if m.seed is not None else fresh_seed(),
+        "tensor_parallel_size": m.tensor_parallel_size,
+        "pipeline_parallel_size": m.pipeline_parallel_size,
     }
     if c.num_blocks is not None:
         args["num_gpu_blocks_override"] = c.num_blocks

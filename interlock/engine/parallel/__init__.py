@@ -1,0 +1,1 @@
+"""Tensor and pipeline parallelism: one worker's model over a group of rank processes (``group``)."""
