@@ -560,6 +560,8 @@ def shared_cache_refusal(g: ExecutionGroup, n: NodeGroup) -> str:
     """Why workers of node group ``n`` cannot put their KV cache on a memfd ("": they can)."""
     if g.device != "cpu":
         return f"needs the KV cache on the CPU, not on {g.device!r}"
+    if g.tensor_parallel_size * g.pipeline_parallel_size > 1:
+        return "a worker of several ranks does not export KV blocks yet"
     if not n.kv_cache_transfer or n.cache_transport == "tcp":
         return "needs a KV transfer agent that may use shared memory (kv_cache_transfer, cache_transport not tcp)"
     return ""

@@ -287,7 +287,9 @@ def _check_cut(g: ExecutionGroup, path: str, at: str) -> None:
     from interlock.engine.model.config import ModelArchConfig
     from interlock.engine.model.partition import check_sizes
 
-    why = check_sizes(ModelArchConfig.from_folder(Path(path)), g.tensor_parallel_size, g.pipeline_parallel_size)
+    why = check_sizes(
+        ModelArchConfig.from_folder(Path(path)), g.tensor_parallel_size, g.pipeline_parallel_size
+    )
     if why:
         raise ConfigError(f"{at}: {why}")
 

@@ -19,7 +19,7 @@ on KV-group boundaries so that every rank keeps the model's own q-per-KV ratio:
   groups;
 * ``T > kv_heads``: each KV head is replicated on ``T / kv_heads`` ranks (balanced where it
   does not divide) and its group's q heads are split among them; each rank then holds one
-  KV head and all its q heads read it. Refused when a group has fewer q heads than ranks.
+  KV head and all its q heads read it (``T <= heads`` leaves every rank a q head).
 
 The intermediate features are split evenly in multiples of 16 where the size allows (the
 packed CPU kernels want rows in sixteens), else as evenly as possible.
@@ -95,14 +95,6 @@ def check_sizes(config: ModelArchConfig, tensor: int, pipeline: int) -> str:
         return f"tensor_parallel_size {tensor} exceeds the model's {config.num_heads} attention heads"
     if tensor > config.intermediate_size:
         return f"tensor_parallel_size {tensor} exceeds the model's {config.intermediate_size} MLP features"
-    if tensor > config.num_kv_heads:
-        group = config.num_heads // config.num_kv_heads
-        most = -(-tensor // config.num_kv_heads)
-        if most > group:
-            return (
-                f"tensor_parallel_size {tensor}: {config.num_kv_heads} KV heads replicated on "
-                f"up to {most} ranks each, but a KV head has only {group} q heads to split"
-            )
     return ""
 
 

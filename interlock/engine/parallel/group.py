@@ -55,8 +55,9 @@ from interlock.engine.parallel.comm import (
 from interlock.engine.parallel.messages import Micro, RankLaunch, Step, read_frame, write_frame
 from interlock.engine.parallel.stage import Stage
 from interlock.engine.runners.torch_runner import TorchRunner, resolve_dtype
+from interlock.engine.shared_cache import SharedCacheView
 from interlock.env import get_env
-from interlock.errors import ConfigError
+from interlock.errors import ConfigError, EngineError
 from interlock.model_store import resolve_model
 
 log = logging.getLogger(__name__)
@@ -292,6 +293,29 @@ class GroupRunner(TorchRunner):
             final = final.index_select(0, torch.tensor(order, dtype=torch.long))
         return self.model.logits(final)
 
+    def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
+        raise _no_kv_moves()
+
+    def import_blocks(self, block_ids: Sequence[int], data: memoryview) -> None:
+        raise _no_kv_moves()
+
+    def import_each(self, block_ids: Sequence[int], blocks: Sequence[memoryview]) -> None:
+        raise _no_kv_moves()
+
+    def copy_from_shared(
+        self,
+        view: SharedCacheView,
+        src_ids: Sequence[int],
+        block_ids: Sequence[int],
+        part: tuple[int, int] = (0, 1),
+    ) -> None:
+        raise _no_kv_moves()
+
     def close(self) -> None:
         self.ranks.close()
         shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def _no_kv_moves() -> EngineError:
+    # The driver holds only its share of each block: moving it alone would move a wrong block.
+    return EngineError("a worker of several ranks does not export or import KV blocks yet")
