@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "doctor": "interlock.cli.doctor",
     "profile": "interlock.cli.profile",
     "planner": "interlock.cli.planner",
+    "plan": "interlock.cli.plan",
 }
 
 

@@ -1,0 +1,118 @@
+"""``interlock plan``: a config on paper, this machine's CPU, pins, JSON, and the errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from interlock.cli.main import main
+from interlock.cli.plan import measure_copy_bandwidth
+
+CONFIGS = Path(__file__).parents[2] / "examples" / "configs"
+LLAMA_70B = str(CONFIGS / "llama-3-70b.json")
+H100S = [
+    "--devices",
+    "8",
+    "--device-memory-gib",
+    "80",
+    "--max-num-seqs",
+    "256",
+    "--max-num-batched-tokens",
+    "8192",
+]
+
+
+def plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["plan", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_llama_70b_on_paper_low_latency(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = plan(capsys, LLAMA_70B, *H100S, "--profile", "low_latency")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith(
+        "model     llama-3-70b: 70.6B parameters, 2 bytes each (131.42 GiB); 80 layers"
+    )
+    assert "assumed   device-tflops 989 (an H100 SXM's)" in lines
+    assert "plan      1 x (TP 8 x PP 1), aggregated" in lines
+    assert "split     aggregated: one replica does both" in lines
+    assert not any(line.startswith("run ") for line in lines)  # a config alone has no weights to serve
+    header = lines.index("alternatives (best first):") + 1
+    assert lines[header].split()[:3] == ["TP", "PP", "repl"]
+    assert lines[header + 1].split()[:3] == ["7", "1", "1"] and "slower: " in lines[header + 1]
+    assert lines[-1].split()[:3] == ["1", "1", "8"] and lines[-1].endswith("> 72.0 GiB usable a device")
+
+
+def test_json_for_machines(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = plan(capsys, LLAMA_70B, *H100S, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    p = doc["plan"]
+    assert (p["tensor"], p["pipeline"], p["replicas"], p["profile"]) == (4, 1, 2, "high_throughput")
+    assert p["split"]["prefill"] == 0 and p["estimate"]["batch"] == 256
+    assert p["alternatives"][-1]["estimate"] is None
+    assert doc["model"]["parameters"] == 70_553_706_496 and doc["cluster"]["devices"] == 8
+    assert doc["workload"]["max_num_seqs"] == 256
+
+
+def test_pins_and_dtype(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = plan(capsys, LLAMA_70B, *H100S, "-tp", "2", "--dtype", "fp8")
+    assert code == 0
+    assert "1 bytes each (65.71 GiB)" in out
+    assert "why       pinned: tensor 2" in out
+    assert "plan      4 x (TP 2 x PP 1), aggregated" in out
+
+
+def test_mixture_of_experts(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = plan(capsys, str(CONFIGS / "mixtral-8x7b.json"), *H100S)
+    assert code == 0
+    assert "46.7B parameters, 8 experts (2 a token)" in out
+    assert "plan      4 x (TP 2 x PP 1), aggregated" in out
+
+
+def test_no_plan_lists_why(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = plan(capsys, LLAMA_70B, "--devices", "2", "--device-memory-gib", "40")
+    assert code == 1 and out == ""
+    assert "no plan: llama-3-70b fits no layout of 2 devices" in err
+    assert err.count("does not fit: ") == 3
+
+
+def test_bad_flags_name_the_problem(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = plan(capsys, LLAMA_70B, "--devices", "8")
+    assert code == 2 and "interlock plan: --devices needs --device-memory-gib" in err
+    code, _, err = plan(capsys, LLAMA_70B, *H100S, "-tp", "16")
+    assert code == 2 and "the pinned sizes need 16 devices, the cluster has 8" in err
+    code, _, err = plan(capsys, "no-such-model")
+    assert code == 2 and err.startswith("interlock plan: ")
+
+
+def test_a_config_the_engine_cannot_load_is_planned_without_its_cut_rule(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    raw = json.loads(Path(LLAMA_70B).read_text())
+    raw["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    config = tmp_path / "yarn.json"
+    config.write_text(json.dumps(raw))
+    code, out, _ = plan(capsys, str(config), *H100S)
+    assert code == 0
+    assert "note      Interlock's engine cannot load it (RoPE scaling 'yarn' is not supported" in out
+
+
+def test_this_machine_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = plan(capsys, "smollm2", "--memory-bandwidth-gbs", "20", "--profile", "low_latency")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("model     SmolLM2-135M-Instruct: 134.5M parameters, 2 bytes each")
+    assert lines[1].startswith("devices   ") and "x cpu core (" in lines[1] and "20.0 GB/s" in lines[1]
+    assert any(line.startswith("assumed   compute 200 GFLOP/s a core") for line in lines)
+    assert not any("measured now" in line for line in lines)  # the bandwidth was given
+    assert any(line.startswith("plan      ") for line in lines)
+    assert any(line.startswith("run       interlock serve --model smollm2 --workers ") for line in lines)
+
+
+def test_copy_bandwidth_is_measured() -> None:
+    assert measure_copy_bandwidth(nbytes=1 << 20, repeats=2) > 1e8
