@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from interlock.cli.main import main
 from interlock.cli.plan import measure_copy_bandwidth
+from interlock.cli.serve import build_parser as build_serve_parser
+from interlock.deploy import parse_deployment
 
 CONFIGS = Path(__file__).parents[2] / "examples" / "configs"
 LLAMA_70B = str(CONFIGS / "llama-3-70b.json")
@@ -116,3 +121,28 @@ def test_this_machine_by_default(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_copy_bandwidth_is_measured() -> None:
     assert measure_copy_bandwidth(nbytes=1 << 20, repeats=2) > 1e8
+
+
+DOC = Path(__file__).parents[2] / "docs" / "partitioning.md"
+
+
+def doc_commands() -> list[list[str]]:
+    blocks = re.findall(r"```sh\n(.*?)```", DOC.read_text(), re.DOTALL)
+    return [shlex.split(line, comments=True)[1:] for b in blocks for line in b.splitlines() if line.strip()]
+
+
+def test_the_docs_commands_run_and_parse(capsys: pytest.CaptureFixture[str]) -> None:
+    found = doc_commands()
+    assert {argv[0] for argv in found} == {"plan", "serve"}
+    for argv in found:
+        if argv[0] == "plan":
+            assert main(argv) == 0, argv
+        else:
+            build_serve_parser().parse_args(argv[1:])
+    capsys.readouterr()
+
+
+def test_the_docs_deployment_file_parses() -> None:
+    (block,) = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.DOTALL)
+    (group,) = parse_deployment(yaml.safe_load(block)).execution_groups
+    assert (group.tensor_parallel_size, group.pipeline_parallel_size, group.num_workers) == (2, 1, 1)
