@@ -193,6 +193,14 @@ class ExecutionGroup:
     max_replicas: int | None = None
     """Most workers this group may have at once: ``RunningCluster.add_worker`` refuses more
     (the planner scales within it). None: no bound."""
+    offload_after_s: float = 0.0
+    """Drop the model's weights after this long without a request; the next one loads them
+    again (its time to first token pays the load). 0: they stay."""
+    colocate: tuple[ExecutionGroup, ...] = ()
+    """More models each worker of this group hosts in its own process (and device), each with
+    its own engine, KV budget (its one node group's ``kv_cache_gib`` or ``num_blocks``) and
+    served name, registered as an instance of its own. A colocated group has one node group
+    of count 1 (written or not) and no colocated groups of its own."""
     nodes: tuple[NodeGroup, ...] = (NodeGroup(gpu_count=2),)
 
     @property
@@ -366,6 +374,14 @@ def _legacy_transfer(value: str, raw: dict[Any, Any], where: str) -> dict[str, A
     return {"kv_cache_transfer": True, "cache_transport": value}
 
 
+def _colocated(raw: Any, where: str) -> ExecutionGroup:
+    """A colocated group from the file: its node group is one of count 1 unless written."""
+    if isinstance(raw, dict) and not {"nodes", "node"} & {str(k) for k in raw}:
+        raw = {**raw, "nodes": [{"count": 1}]}
+    built: ExecutionGroup = _build(ExecutionGroup, raw, where)
+    return built
+
+
 def _coerce(typ: Any, value: Any, where: str) -> Any:
     t = str(typ)
     if t.startswith("tuple[tuple[str, Any]"):
@@ -376,6 +392,10 @@ def _coerce(typ: Any, value: Any, where: str) -> Any:
         if not isinstance(value, list) or not value:
             raise ConfigError(f"{where}: expected a non-empty list of node groups")
         return tuple(_build(NodeGroup, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if t.startswith("tuple[ExecutionGroup"):
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list of execution groups (model, served_model_name, ...)")
+        return tuple(_colocated(v, f"{where}[{i}]") for i, v in enumerate(value))
     if t.startswith("tuple[str"):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of strings")
@@ -503,8 +523,41 @@ def _validate_vllm_group(g: ExecutionGroup, at: str) -> None:
                 raise ConfigError(f"{where}.{key}: not with engine vllm: {why}")
 
 
+def _validate_colocated(g: ExecutionGroup, at: str) -> None:
+    """What a group hosting other models, and each model it hosts, must be."""
+    if g.offload_after_s < 0:
+        raise ConfigError(f"{at}.offload_after_s: must be >= 0")
+    if g.offload_after_s and (g.engine != "interlock" or g.runner != "torch"):
+        raise ConfigError(
+            f"{at}.offload_after_s: only the interlock engine's torch runner drops idle weights"
+        )
+    if not g.colocate:
+        return
+    if g.engine != "interlock" or g.tensor_parallel_size * g.pipeline_parallel_size > 1:
+        raise ConfigError(f"{at}.colocate: a worker of the interlock engine with one rank hosts other models")
+    names = {g.served_model_name or g.model}
+    for i, c in enumerate(g.colocate):
+        where = f"{at}.colocate[{i}]"
+        _validate_group(c, where)
+        if c.colocate:
+            raise ConfigError(f"{where}.colocate: a colocated model hosts no models of its own")
+        if c.engine != "interlock" or c.tensor_parallel_size * c.pipeline_parallel_size > 1:
+            raise ConfigError(f"{where}: a colocated model runs on the interlock engine, one rank")
+        if c.device != g.device:
+            raise ConfigError(f"{where}.device: {c.device!r} is not its host worker's {g.device!r}")
+        if len(c.nodes) != 1 or c.nodes[0].gpu_count != 1 or c.nodes[0].node_role != "both":
+            raise ConfigError(
+                f"{where}.nodes: one node group of count 1 and role both (it lives in each worker)"
+            )
+        name = c.served_model_name or c.model
+        if name in names:
+            raise ConfigError(f"{where}.served_model_name: {name!r} is served twice by one worker")
+        names.add(name)
+
+
 def _validate_group(g: ExecutionGroup, at: str) -> None:
     _one_of(g.engine, ENGINES, f"{at}.engine")
+    _validate_colocated(g, at)
     _validate_vllm_group(g, at)
     _one_of(g.runner, RUNNERS, f"{at}.runner")
     _one_of(g.dtype, DTYPES, f"{at}.dtype")

@@ -150,6 +150,24 @@ def test_older_names_are_aliases():
             "execution-group.max_replicas",
         ),
         ({"execution-group": {"nodes": [{"gpu_count": 0}]}}, "at least one worker"),
+        (
+            {"execution-group": {"engine": "vllm", "colocate": [{"served_model_name": "b"}]}},
+            "execution-group.colocate: a worker of the interlock engine with one rank",
+        ),
+        (
+            {"execution-group": {"colocate": [{"served_model_name": "b", "nodes": [{"count": 2}]}]}},
+            "colocate[0].nodes: one node group of count 1",
+        ),
+        ({"execution-group": {"colocate": [{"model": "smollm2"}]}}, "'smollm2' is served twice"),
+        (
+            {"execution-group": {"colocate": [{"served_model_name": "b", "colocate": [{"model": "c"}]}]}},
+            "colocate[0].colocate: a colocated model hosts no models",
+        ),
+        ({"execution-group": {"colocate": {"model": "b"}}}, "colocate: expected a list"),
+        (
+            {"execution-group": {"runner": "mock", "offload_after_s": 5}},
+            "offload_after_s: only the interlock",
+        ),
         ({"metrics": {"figures": ["ttft", "vibes"]}}, "metrics.figures: unknown ['vibes']"),
         ({"routing": {"route_key": " "}}, "routing.route_key"),
         (
@@ -271,3 +289,17 @@ def test_a_file_starting_no_worker_needs_the_planner_section_read() -> None:
     with pytest.raises(ConfigError, match="at least one worker"):
         parse_deployment({"execution_groups": groups})
     assert parse_deployment({"execution_groups": groups}, read_by=(PLANNER_SECTION,)).num_workers == 0
+
+
+def test_a_colocated_model_is_one_engine_in_each_worker_of_its_host() -> None:
+    d = parse_deployment(
+        {
+            "execution-group": {
+                "nodes": [{"count": 2}],
+                "colocate": [{"served_model_name": "b", "offload_after_s": 3}],
+            }
+        }
+    )
+    (guest,) = d.execution_groups[0].colocate
+    assert (guest.served_model_name, guest.offload_after_s, guest.nodes[0].gpu_count) == ("b", 3.0, 1)
+    assert d.num_workers == 2  # processes: the guest lives in them

@@ -197,6 +197,14 @@ def _add_parallel_args(g: Flags) -> None:
         help="pipeline stages per worker: the layers split over that many processes, steps in "
         "micro-batches; default 1",
     )
+    g.add_argument(
+        "--offload-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="drop a worker's weights after this long without a request; the next request "
+        "loads them again (default 0: they stay)",
+    )
 
 
 def _add_step_args(g: Flags) -> None:
@@ -380,6 +388,7 @@ _GROUP_FLAGS = {
     "speedup": "speedup",
     "tensor_parallel_size": "tensor_parallel_size",
     "pipeline_parallel_size": "pipeline_parallel_size",
+    "offload_after": "offload_after_s",
 }
 _NODE_FLAGS = {
     "num_blocks": "num_blocks",

@@ -187,6 +187,7 @@ class Cluster:
         planner: PlannerSpec = None,
         planner_port: int | None = None,
         ready_timeout_s: float = 600.0,
+        colocate: Sequence[str] | Mapping[str, Mapping[str, Any]] = (),
         **node: Any,
     ) -> ServingInstance:
         """Start ``min_replicas`` worker processes of ``model`` and wait until each serves
@@ -206,7 +207,10 @@ class Cluster:
         .. ``max_replicas`` (a ``PlannerConfig`` brings its own, capped by ``max_replicas``).
         Its decisions: ``planner_status()``; it stops when the instance or the cluster closes.
         ``planner_port``: also serve its status over HTTP (``GET /planner`` and ``/metrics``, on
-        the control plane's listen host; 0: any free port) at ``instance.planner_url``."""
+        the control plane's listen host; 0: any free port) at ``instance.planner_url``.
+        ``colocate``: other registered models each of its workers also hosts in its process,
+        each with its own engine (names, or names mapped to their node keywords such as
+        ``{"b": {"kv_cache_gib": 0.25}}``); ``instance.colocated(name)`` talks to one."""
         group = self._models.get(model)
         if group is None:
             raise ConfigError(
@@ -228,7 +232,14 @@ class Cluster:
         cap = min_replicas if max_replicas is None else max_replicas
         if cap < min_replicas:
             raise ConfigError(f"max_replicas: {cap} is below min_replicas {min_replicas}")
-        group = replace(group, nodes=(instance_node(role, node),), max_replicas=cap)
+        hosted = colocate if isinstance(colocate, Mapping) else {name: {} for name in colocate}
+        guests = []
+        for name, keywords in hosted.items():
+            guest = self._models.get(name)
+            if guest is None or name == model:
+                raise ConfigError(f"colocate: {name!r} is not another registered model")
+            guests.append(replace(guest, nodes=(replace(instance_node("both", keywords), gpu_count=1),)))
+        group = replace(group, nodes=(instance_node(role, node),), max_replicas=cap, colocate=tuple(guests))
         validate_deployment(Deployment(execution_groups=(group,)))
         planned = None
         if planner is not None:  # built (its profile read) before any worker starts
@@ -352,6 +363,14 @@ class ServingInstance:
         self.max_replicas = max_replicas
         self.role = role
         self._planner: RunningPlanner | None = None
+
+    def colocated(self, name: str) -> ServingInstance:
+        """The model ``name`` this instance's workers also host (``colocate``): ask it for text
+        the same way; its workers are this instance's."""
+        group = self.cluster._running.spec.deployment.execution_groups[self.group]
+        if name not in {c.served_model_name for c in group.colocate}:
+            raise ConfigError(f"colocated: {name!r} is not hosted by the workers of {self.model!r}")
+        return ServingInstance(self.cluster, name, self.group, self.max_replicas, "both")
 
     @property
     def workers(self) -> list[WorkerHandle]:

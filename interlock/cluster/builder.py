@@ -35,6 +35,7 @@ from interlock.cluster.hosts import local_host, model_footprint
 from interlock.cluster.procs import Child, NatsProcess, python_module_argv
 from interlock.cluster.secrets import child_env, new_cluster_secret
 from interlock.cluster.spec import (
+    WORKER_PROCESS_BYTES,
     ClusterSpec,
     ResolvedGroup,
     default_threads,
@@ -276,21 +277,23 @@ class RunningCluster:
         self.auth = replace(auth, tls_ca=None, tls_cert=None, tls_key=None) if given else generate_auth()
         self.secret = self.secret or new_cluster_secret()
         if self.auth.user is not None:  # one confined login per worker (a token server has one login)
-            self._logins = {ws.instance_id: worker_user(ws.instance_id) for ws in initial}
+            self._logins = {
+                ws.instance_id: worker_user(ws.instance_id, also=ws.instance_ids[1:]) for ws in initial
+            }
         self.nats = NatsProcess(auth=self.auth, users=tuple(self._logins.values()))
         await self.nats.start()
         self.supervisor.watch(self.nats)
         self.url = self.nats.url
         log.info("started nats-server at %s", self.url)
 
-    async def _login(self, instance_id: str) -> NatsAuth:
+    async def _login(self, ws: WorkerSpec) -> NatsAuth:
         """A child worker's NATS login: its own confined one on our private nats-server (added
         to the running server for a worker started later), else the deployment's."""
         if self.nats is None or self.auth.user is None:
             return self.auth
-        user = self._logins.get(instance_id)
+        user = self._logins.get(ws.instance_id)
         if user is None:
-            user = self._logins[instance_id] = worker_user(instance_id)
+            user = self._logins[ws.instance_id] = worker_user(ws.instance_id, also=ws.instance_ids[1:])
             await self.nats.add_users((user,))
         return user.auth
 
@@ -339,6 +342,10 @@ class RunningCluster:
     async def _launch(self, ws: WorkerSpec, *, core: Any = None) -> WorkerHandle:
         started = asyncio.get_running_loop().time()
         if self.spec.processes.in_process or core is not None:
+            if ws.colocated:
+                raise ConfigError(
+                    "colocate: models sharing a worker run in worker processes (not in-process planes)"
+                )
             handle = WorkerHandle(ws, local=await start_worker(ws, self.runtime, core=core))
         else:
             assert self.url is not None
@@ -346,7 +353,7 @@ class RunningCluster:
             launch = WorkerLaunch(
                 ws, self.url, cp.heartbeat_interval, cp.lease_timeout, files_only(self.auth)
             )
-            login = await self._login(ws.instance_id)
+            login = await self._login(ws)
             child = Child(
                 f"worker-{ws.instance_id.split('-', 1)[0][1:]}",
                 python_module_argv("interlock.cluster.worker_main", ws.instance_id),
@@ -377,6 +384,15 @@ class RunningCluster:
         return self.host.cores - self.spec.placement.headroom_cores
 
     async def _needs(self, ws: WorkerSpec, rg: ResolvedGroup) -> Needs:
+        """What ``ws`` takes, the models its process hosts included (their memory: they share
+        its cores and the process itself)."""
+        needs = await self._one_needs(ws, rg)
+        for c, crg in zip(ws.colocated, rg.colocated, strict=True):
+            more = await self._one_needs(c, crg)
+            needs = replace(needs, memory_bytes=needs.memory_bytes + more.memory_bytes - WORKER_PROCESS_BYTES)
+        return needs
+
+    async def _one_needs(self, ws: WorkerSpec, rg: ResolvedGroup) -> Needs:
         if rg.model_path not in self._footprints:
             self._footprints[rg.model_path] = await asyncio.to_thread(model_footprint, rg.model_path)
         weights, kv_token = self._footprints[rg.model_path]
@@ -445,7 +461,8 @@ class RunningCluster:
         d = self.spec.deployment
         self.spec = replace(self.spec, deployment=replace(d, execution_groups=(*d.execution_groups, group)))
         (rg,) = await asyncio.to_thread(resolve_groups, replace(d, execution_groups=(group,)))
-        self._groups.append(replace(rg, index=len(self._groups)))
+        n = len(self._groups)
+        self._groups.append(replace(rg, index=n, colocated=tuple(replace(c, index=n) for c in rg.colocated)))
         return len(self._groups) - 1
 
     @property
@@ -632,11 +649,11 @@ class RunningCluster:
         timeout_s: float | None = None,
         progress: bool = False,
     ) -> str | None:
-        """Wait until ``count`` workers (default: those started here) are registered; None
-        when they are, else why not (timeout, stop, or a start-up failure that restarting will
-        not fix, ``supervisor.startup_failure``)."""
+        """Wait until ``count`` workers (default: those started here, each model a process
+        hosts counted) are registered; None when they are, else why not (timeout, stop, or a
+        start-up failure that restarting will not fix, ``supervisor.startup_failure``)."""
         assert self.service is not None, "no router here to see workers register"
-        count = len(self._workers) if count is None else count
+        count = sum(len(w.spec.instance_ids) for w in self._workers.values()) if count is None else count
         timeout_s = self.spec.processes.ready_timeout_s if timeout_s is None else timeout_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -668,7 +685,9 @@ class RunningCluster:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            waiting = [h for h in handles if self.service.instance(h.instance_id) is None]
+            waiting = [
+                h for h in handles if any(self.service.instance(i) is None for i in h.spec.instance_ids)
+            ]
             if not waiting:
                 return None
             first = waiting[0].instance_id

@@ -259,25 +259,26 @@ class ResolvedGroup:
     model_path: str
     served_name: str
     max_model_len: int
+    colocated: tuple[ResolvedGroup, ...] = ()
+    """The models each worker of this group also hosts (``ExecutionGroup.colocate``)."""
 
 
 def resolve_groups(d: Deployment, *, progress: bool = True) -> list[ResolvedGroup]:
     from interlock.model_store import context_length, resolve_model, served_model_name
 
-    out = []
-    for i, g in enumerate(d.execution_groups):
+    def resolve(i: int, g: ExecutionGroup, at: str) -> ResolvedGroup:
         path = str(resolve_model(g.model, progress=progress))
-        _check_cut(g, path, f"execution-group[{i}]")
-        out.append(
-            ResolvedGroup(
-                i,
-                g,
-                path,
-                g.served_model_name or served_model_name(path),
-                g.max_model_len or context_length(path),
-            )
+        _check_cut(g, path, at)
+        return ResolvedGroup(
+            i,
+            g,
+            path,
+            g.served_model_name or served_model_name(path),
+            g.max_model_len or context_length(path),
+            tuple(resolve(i, c, f"{at}.colocate[{k}]") for k, c in enumerate(g.colocate)),
         )
-    return out
+
+    return [resolve(i, g, f"execution-group[{i}]") for i, g in enumerate(d.execution_groups)]
 
 
 def _check_cut(g: ExecutionGroup, path: str, at: str) -> None:
@@ -309,6 +310,7 @@ def worker_spec(
             engine_args=g.engine_args,
             tensor_parallel_size=g.tensor_parallel_size,
             pipeline_parallel_size=g.pipeline_parallel_size,
+            offload_after_s=g.offload_after_s,
         ),
         cache=CacheConfig(
             block_size=g.block_size or default_block_size(g.engine, device.split(":")[0]),
@@ -347,6 +349,18 @@ def worker_spec(
         export_interval_s=d.metrics.export_interval,
         drain_grace_s=p.drain_grace_s,
         group=rg.index,
+        colocated=tuple(
+            worker_spec(
+                spec,
+                c,
+                # No transfer agent of its own: it lives in its host's process, role both.
+                replace(c.group.nodes[0], kv_cache_transfer=False),
+                instance_id=f"{instance_id}-m{k + 1}",
+                device=device,
+                threads=threads,
+            )
+            for k, c in enumerate(rg.colocated)
+        ),
     )
 
 
@@ -432,4 +446,6 @@ def worker_needs(ws: WorkerSpec, group: ExecutionGroup, *, weights_bytes: int, k
         return Needs(MOCK_CORES, 0, MOCK_PROCESS_BYTES + tier)
     weights = weights_bytes * (2 if m.dtype in ("float32", "fp32") else 1)
     kv = int(c.kv_cache_gib * GIB) if c.num_blocks is None else c.num_blocks * c.block_size * kv_token_bytes
-    return Needs(float(max(1, m.num_threads)), 0, WORKER_PROCESS_BYTES + weights + kv + tier)
+    # A group of ranks splits the weights and KV among its processes, each one more process.
+    processes = m.ranks if m.engine == "interlock" else 1
+    return Needs(float(max(1, m.num_threads)), 0, processes * WORKER_PROCESS_BYTES + weights + kv + tier)

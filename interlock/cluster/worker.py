@@ -48,6 +48,14 @@ class WorkerSpec:
     drain_grace_s: float = 30.0
     group: int = 0
     """Index of the deployment's execution group it belongs to (``Cluster.add_worker``)."""
+    colocated: tuple[WorkerSpec, ...] = ()
+    """More models this worker's process hosts, each a worker of its own (its own engine and
+    instance id) on the same planes (``ExecutionGroup.colocate``)."""
+
+    @property
+    def instance_ids(self) -> tuple[str, ...]:
+        """This worker's id and its colocated models' ids."""
+        return (self.instance_id, *(c.instance_id for c in self.colocated))
 
 
 @dataclass(frozen=True)
@@ -190,23 +198,28 @@ async def run_worker(launch: WorkerLaunch, *, cluster_secret: bytes | None, auth
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        worker = await start_worker(spec, runtime)
-        print(
-            f"worker {spec.instance_id} ready: model={spec.served_name} role={spec.role} "
-            f"engine={spec.engine.model.engine}",
-            flush=True,
-        )
-        stopped, dead = asyncio.ensure_future(stop.wait()), asyncio.ensure_future(worker.dead.wait())
-        await asyncio.wait([stopped, dead], return_when=asyncio.FIRST_COMPLETED)
-        for waiter in (stopped, dead):
+        # The host model first, then the models it hosts (each its own engine and instance).
+        workers = [await start_worker(s, runtime) for s in (spec, *spec.colocated)]
+        for s in (spec, *spec.colocated):
+            print(
+                f"worker {s.instance_id} ready: model={s.served_name} role={s.role} "
+                f"engine={s.engine.model.engine}",
+                flush=True,
+            )
+        waiters = [asyncio.ensure_future(stop.wait())]
+        waiters += [asyncio.ensure_future(w.dead.wait()) for w in workers]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
             waiter.cancel()
-        if worker.dead.is_set():
-            # The engine died under a live process: exit non-zero so a supervisor restarts us.
-            log.error("worker %s exits: %s", spec.instance_id, worker.problem)
-            await worker.close()
+        dead = [(s, w) for s, w in zip((spec, *spec.colocated), workers, strict=True) if w.dead.is_set()]
+        if dead:
+            # An engine died under a live process: exit non-zero so a supervisor restarts us.
+            for s, w in dead:
+                log.error("worker %s exits: %s", s.instance_id, w.problem)
+            await asyncio.gather(*(w.close() for w in workers))
             return 1
         log.info("draining (grace %.0fs)", spec.drain_grace_s)
-        await worker.drain()
+        await asyncio.gather(*(w.drain() for w in workers))
     finally:
         await runtime.close()
     return 0

@@ -227,6 +227,7 @@ class AsyncEngine:
                 except Exception:  # noqa: BLE001 - one bad command never stops the loop
                     log.exception("engine command failed")
             if not core.has_work() and not self._deadline_passed():
+                core.idle()
                 continue
             try:
                 result = core.step()
@@ -250,7 +251,7 @@ class AsyncEngine:
             self._check_integrity()
         with self._cv:
             while not self._stopping and not self._commands and not self.core.has_work():
-                if self._deadline_passed():
+                if self._deadline_passed() or self.core.offload_due():
                     break
                 self._cv.wait(self._idle_timeout())
             if self._stopping:

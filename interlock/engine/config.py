@@ -152,6 +152,9 @@ class ModelConfig:
     pipeline_parallel_size: int = 1
     """Ranks of one worker's model: ``T x P`` processes (``engine.parallel``); vLLM's own
     parallelism for engine vllm."""
+    offload_after_s: float = 0.0
+    """Drop the weights after this long without a request; the next request loads them
+    again (``runners.torch_runner``). 0: they stay."""
 
     @property
     def ranks(self) -> int:
@@ -160,6 +163,13 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
             raise ConfigError("tensor_parallel_size and pipeline_parallel_size must be >= 1")
+        if not (0 <= self.offload_after_s < math.inf):
+            raise ConfigError("offload_after_s must be >= 0 and finite")
+        if self.offload_after_s and (self.engine != "interlock" or self.runner != "torch" or self.ranks > 1):
+            raise ConfigError(
+                "offload_after_s: only Interlock's torch runner of one rank drops idle weights "
+                "(vLLM's sleep mode needs a GPU; the mock runner has none)"
+            )
         if self.ranks > 1 and self.engine == "interlock" and self.runner != "torch":
             raise ConfigError(
                 f"tensor/pipeline parallelism runs the real model: runner {self.runner!r} has no ranks"

@@ -109,6 +109,7 @@ class EngineCore:
         self._prefill_tps = 0.0
         self._decode_step_s = 0.0
         self._busy_s = 0.0
+        self._last_busy = self.clock.now()
         self._load: LoadReport = self._load_report(0.0, 0)
 
     # ---- requests ----
@@ -190,6 +191,21 @@ class EngineCore:
         """Some request is not finished yet (or an output is still to be delivered)."""
         return self.scheduler.has_unfinished() or bool(self._errors)
 
+    def offload_due(self) -> bool:
+        """The model has been idle for ``offload_after_s`` and its weights are still in."""
+        after = self.config.model.offload_after_s
+        return (
+            bool(after)
+            and getattr(self.runner, "resident", False)
+            and not self.has_work()
+            and self.clock.now() - self._last_busy >= after
+        )
+
+    def idle(self) -> None:
+        """Called by the step loop while nothing runs: drop an idle model's weights when due."""
+        if self.offload_due():
+            self.runner.offload()
+
     def has_work(self) -> bool:
         """A step now could make progress (parked requests waiting for KV need none)."""
         s = self.scheduler
@@ -218,6 +234,7 @@ class EngineCore:
         outputs, self._errors = self._errors, []
         step_time = 0.0
         if batch.scheduled:
+            self._last_busy = t0
             result, step_time = self._execute(batch, t0)
             if isinstance(result, ErrorInfo):
                 outputs += self.scheduler.fail(batch, result)

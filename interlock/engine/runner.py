@@ -87,6 +87,11 @@ class ModelRunner(Protocol):
         """Release what the runner started (a group's rank processes); idempotent."""
         ...
 
+    def offload(self) -> bool:
+        """Drop the weights while idle; the next ``execute`` loads them again. False: not done
+        (already out, or this runner keeps them)."""
+        ...
+
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
         """Copy the KV of ``block_ids`` into ``out`` (len(block_ids) * kv_block_nbytes bytes)."""
         ...

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from interlock.protocol import subjects
@@ -37,19 +38,21 @@ class Permissions:
     subscribe: tuple[str, ...]
 
 
-def worker_permissions(instance_id: str) -> Permissions:
-    check_token(instance_id, "instance_id")
-    if instance_id.startswith(REPLICA_ID_PREFIX):
-        raise ValueError(
-            f"a worker's instance_id may not start with {REPLICA_ID_PREFIX!r} (router replicas' ids)"
-        )
+def worker_permissions(instance_id: str, also: Sequence[str] = ()) -> Permissions:
+    """``also``: the ids of the models the worker's process hosts besides its own (each
+    announces, publishes and is asked to resync under its own id)."""
+    ids = (instance_id, *also)
+    for i in ids:
+        check_token(i, "instance_id")
+        if i.startswith(REPLICA_ID_PREFIX):
+            raise ValueError(
+                f"a worker's instance_id may not start with {REPLICA_ID_PREFIX!r} (router replicas' ids)"
+            )
     return Permissions(
         publish=(
-            announce_subject(instance_id),
-            bye_subject(instance_id),
+            *(s for i in ids for s in (announce_subject(i), bye_subject(i))),
             QUERY,
-            subjects.kv(instance_id),
-            subjects.load(instance_id),
+            *(s for i in ids for s in (subjects.kv(i), subjects.load(i))),
             REQUEST_PLANE,
             INBOXES,
         ),
@@ -57,7 +60,7 @@ def worker_permissions(instance_id: str) -> Permissions:
             announce_subject("*"),
             bye_subject("*"),
             QUERY,
-            subjects.resync(instance_id),
+            *(subjects.resync(i) for i in ids),
             REQUEST_PLANE,
             INBOXES,
         ),
@@ -77,11 +80,12 @@ class NatsUser:
         return NatsAuth(user=self.user, password=self.password)
 
 
-def worker_user(instance_id: str, password: str | None = None) -> NatsUser:
-    """One worker's login, ``worker-<instance id>``, confined to its subjects; the password given
-    (``interlock nats --worker-logins``) or a fresh one (256 random bits)."""
+def worker_user(instance_id: str, password: str | None = None, also: Sequence[str] = ()) -> NatsUser:
+    """One worker's login, ``worker-<instance id>``, confined to its subjects (and those of the
+    models it hosts, ``also``); the password given (``interlock nats --worker-logins``) or a
+    fresh one (256 random bits)."""
     secret = password if password is not None else secrets.token_urlsafe(32)
-    return NatsUser(f"worker-{instance_id}", secret, worker_permissions(instance_id))
+    return NatsUser(f"worker-{instance_id}", secret, worker_permissions(instance_id, also))
 
 
 def nats_config_users(users: list[NatsUser]) -> str:

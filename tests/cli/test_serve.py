@@ -43,7 +43,7 @@ def wait_with(
             running.supervisor.watch(c)
             running._workers[c.name] = WorkerHandle(spec=None, child=c)  # type: ignore[arg-type]
         try:
-            return await running.wait_ready(timeout_s=timeout_s)
+            return await running.wait_ready(len(codes), timeout_s=timeout_s)
         finally:
             await running.supervisor.close()
             await asyncio.gather(*(c.stop(2.0) for c in children))

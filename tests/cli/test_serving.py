@@ -91,7 +91,10 @@ def test_tier_load_flags_reach_every_node_group(env: pytest.MonkeyPatch, tmp_pat
 
 def test_parallel_sizes_reach_the_group_and_wrong_ones_are_refused_by_name() -> None:
     d = serve_deployment("--tensor-parallel-size", "2", "-pp", "3")
-    assert (d.execution_groups[0].tensor_parallel_size, d.execution_groups[0].pipeline_parallel_size) == (2, 3)
+    assert (d.execution_groups[0].tensor_parallel_size, d.execution_groups[0].pipeline_parallel_size) == (
+        2,
+        3,
+    )
     with pytest.raises(ConfigError, match="tensor_parallel_size and pipeline_parallel_size must be >= 1"):
         serve_deployment("-tp", "0")
     with pytest.raises(ConfigError, match="runner: tensor/pipeline parallelism runs the real model"):

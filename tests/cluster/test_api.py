@@ -89,8 +89,11 @@ def test_bad_input_is_refused_by_name(instance: interlock.ServingInstance) -> No
     with pytest.raises(ConfigError, match="max_replicas"):
         instance.scale_to(3)
     cluster = instance.cluster
+    cluster.register_model("big", "smollm2", tensor_parallel_size=10)
     with pytest.raises(ConfigError, match="tensor_parallel_size 10 exceeds the model's 9 attention heads"):
-        cluster.register_model("big", "smollm2", tensor_parallel_size=10)
+        cluster.create_serving_instance("big")  # refused before any worker starts
+    with pytest.raises(ConfigError, match="colocate: 'nope' is not another registered model"):
+        cluster.create_serving_instance("tiny", colocate=["nope"])
     with pytest.raises(ConfigError, match="model: 'nope' is not registered"):
         cluster.create_serving_instance(model="nope")
     with pytest.raises(ConfigError, match="register_model: unknown colour"):

@@ -163,6 +163,14 @@ def test_the_permissions_name_only_the_workers_own_subjects() -> None:
         worker_permissions("a.b")  # a dot would widen the subjects
 
 
+def test_a_worker_hosting_more_models_may_speak_for_each_of_them() -> None:
+    p = worker_permissions("w7", also=("w7-m1",))
+    for i in ("w7", "w7-m1"):
+        assert subjects.kv(i) in p.publish and subjects.load(i) in p.publish
+        assert subjects.resync(i) in p.subscribe
+    assert subjects.kv("w8") not in p.publish
+
+
 def test_stale_folders_of_killed_servers_are_removed(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -158,6 +158,9 @@ class MockRunner:
     def close(self) -> None:
         pass
 
+    def offload(self) -> bool:
+        return False
+
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
         dst = np.frombuffer(out, dtype=np.int32).reshape(len(block_ids), self.block_size)
         dst[:] = self.kv[np.asarray(block_ids, dtype=np.int64)]

@@ -16,12 +16,23 @@ those rows too (after the sampling rows), turned into logprobs per request
 
 Runs on CPU (``dtype`` "auto" by default: bf16 where the CPU computes it fast, else fp32;
 ``engine.model.dtype_choice``) and, unchanged, on CUDA (``device="cuda"``).
+
+Weights that leave (``offload``, ``ModelConfig.offload_after_s``): an idle model's weights are
+dropped from the device and the memory goes back to the system (the KV cache and its prefix
+blocks stay); the first step that needs them loads them again from the model's converted
+files (``reload``), which the operating system's page cache keeps in host memory while it
+has room: host memory, then disk, with no second copy of our own. That step's requests wait
+for the load (it is their time to first token), other models of the process do not.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import gc
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -60,11 +71,17 @@ class TorchRunner:
         seed: int | None = None,
         shared: bool = False,
         folder: Path | None = None,
+        reload: Callable[[], LlamaModel] | None = None,
     ) -> None:
         """``seed``: the sampler's, for unseeded requests (None: fresh randomness, see
         ``engine.sampler``); ``shared``: the KV cache on a memfd (``CacheConfig.shared_kv_cache``);
-        ``folder``: the model's, whose tokenizer structured outputs need (None: refused rows)."""
-        self.model = model
+        ``folder``: the model's, whose tokenizer structured outputs need (None: refused rows);
+        ``reload``: loads the model again after ``offload`` (None: its weights never leave)."""
+        self._model: LlamaModel | None = model
+        self._reload = reload
+        self.offloads = 0
+        self.reloads = 0
+        self.last_reload_s = 0.0
         self.device = model.device
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -77,6 +94,33 @@ class TorchRunner:
         self.kv_block_nbytes = self.cache.block_nbytes
         self.sampler = Sampler(self.eos_token_ids, seed=seed, device=model.device)
         self.constraints = Constraints(folder, vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids)
+
+    @property
+    def model(self) -> LlamaModel:
+        """The model, loaded again first if its weights were offloaded."""
+        if self._model is None:
+            assert self._reload is not None, "offloaded without a way back"
+            t0 = time.perf_counter()
+            self._model = self._reload()
+            self.last_reload_s = time.perf_counter() - t0
+            self.reloads += 1
+            log.info("model weights loaded again in %.2f s", self.last_reload_s)
+        return self._model
+
+    @property
+    def resident(self) -> bool:
+        return self._model is not None
+
+    def offload(self) -> bool:
+        """Drop the weights (True: dropped; False: already gone or they may not leave)."""
+        if self._model is None or self._reload is None:
+            return False
+        self._model = None
+        gc.collect()
+        _trim_heap()
+        self.offloads += 1
+        log.info("model weights offloaded (idle)")
+        return True
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> TorchRunner:
@@ -117,7 +161,8 @@ class TorchRunner:
             torch.set_num_threads(num_threads)
         env = get_env()
         torch_dtype = resolve_dtype(folder, device, dtype)
-        model = LlamaModel.load(
+        load = functools.partial(
+            LlamaModel.load,
             folder,
             torch_dtype,
             torch.device(device),
@@ -125,6 +170,7 @@ class TorchRunner:
             kernels=env.kernels,
             max_rows=max_rows,
         )
+        model = load()
         if max_model_len > model.config.max_position_embeddings:
             raise ConfigError(
                 f"max_model_len {max_model_len} exceeds the model's "
@@ -133,7 +179,13 @@ class TorchRunner:
         if num_blocks is None:
             num_blocks = blocks_for_budget(model.config, block_size, torch_dtype, kv_cache_gib)
         return cls(
-            model, num_blocks=num_blocks, block_size=block_size, seed=seed, shared=shared, folder=folder
+            model,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            seed=seed,
+            shared=shared,
+            folder=folder,
+            reload=load,
         )
 
     @torch.inference_mode()
@@ -212,6 +264,22 @@ class TorchRunner:
         part: tuple[int, int] = (0, 1),
     ) -> None:
         self.cache.copy_from_shared(view, src_ids, block_ids, part)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def _trim_heap() -> None:
+    """Give freed heap pages back to the system (glibc keeps them otherwise): the point of
+    dropping weights is the memory it frees for the process's other models."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def resolve_dtype(folder: Path, device: str, dtype: str) -> torch.dtype:

@@ -1,0 +1,71 @@
+"""Weights that leave while idle: the torch runner drops them and loads them back on the next
+step; the engine core drops them after ``offload_after_s`` without a request."""
+
+from __future__ import annotations
+
+import pytest
+
+from interlock.engine.clock import VirtualClock
+from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from interlock.engine.core import EngineCore
+from interlock.engine.runners.torch_runner import TorchRunner
+from interlock.errors import ConfigError
+from interlock.protocol import GenerateRequest, SamplingParams
+from tests.engine.conftest import run_to_end, tokens
+
+PROMPT = (1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3717, 314, 20389, 7018, 28, 7018, 2, 198)
+
+
+def _config(after: float) -> EngineConfig:
+    return EngineConfig(
+        model=ModelConfig(dtype="float32", offload_after_s=after),
+        cache=CacheConfig(block_size=16, num_blocks=32),
+        scheduler=SchedulerConfig(max_model_len=256, max_num_batched_tokens=256),
+    )
+
+
+def _greedy(core: EngineCore, rid: str) -> list[int]:
+    sampling = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    core.add_request(GenerateRequest(request_id=rid, token_ids=PROMPT, sampling=sampling))
+    return tokens(run_to_end(core)[rid])
+
+
+def test_an_idle_model_drops_its_weights_and_the_next_request_brings_them_back() -> None:
+    clock = VirtualClock()
+    runner = TorchRunner.from_config(_config(30.0))
+    core = EngineCore(_config(30.0), runner, clock=clock)
+    first = _greedy(core, "a")
+    clock.advance(29.0)
+    core.idle()
+    assert runner.resident and not core.offload_due()
+    clock.advance(1.0)
+    assert core.offload_due()
+    core.idle()
+    assert not runner.resident and runner.offloads == 1 and not core.offload_due()
+    # The prefix blocks stayed: the request after the reload hits them and answers the same.
+    assert _greedy(core, "b") == first
+    assert runner.resident and runner.reloads == 1 and runner.last_reload_s > 0
+    core.check_integrity()
+
+
+def test_without_a_setting_the_weights_stay() -> None:
+    clock = VirtualClock()
+    runner = TorchRunner.from_config(_config(0.0))
+    core = EngineCore(_config(0.0), runner, clock=clock)
+    _greedy(core, "a")
+    clock.advance(1e6)
+    core.idle()
+    assert runner.resident and runner.offloads == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"offload_after_s": -1}, "must be >= 0"),
+        ({"runner": "mock", "offload_after_s": 5}, "only Interlock's torch runner"),
+        ({"tensor_parallel_size": 2, "offload_after_s": 5}, "of one rank"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused(fields: dict[str, object], why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
+        ModelConfig(**fields)  # type: ignore[arg-type]
