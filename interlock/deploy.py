@@ -193,6 +193,10 @@ class ExecutionGroup:
     max_replicas: int | None = None
     """Most workers this group may have at once: ``RunningCluster.add_worker`` refuses more
     (the planner scales within it). None: no bound."""
+    optimization_profile: str | None = None
+    """``high_throughput`` or ``low_latency``: the placement optimizer chooses the tensor and
+    pipeline sizes on the host at start (``cluster.layout``; sizes other than 1 given here are
+    kept, as pins). None: the sizes as given."""
     offload_after_s: float = 0.0
     """Drop the model's weights after this long without a request; the next one loads them
     again (its time to first token pays the load). 0: they stay."""
@@ -489,6 +493,9 @@ def default_block_size(engine: str, device: str) -> int:
     return 32 if engine == "vllm" and device == "cpu" else 16
 
 
+OPTIMIZATION_PROFILES = ("high_throughput", "low_latency")
+"""The placement optimizer's profiles (``planner.parallel_plan.PROFILES``, one list: a test
+holds them equal)."""
 _NODE_DEFAULTS = NodeGroup()
 _VLLM_REFUSED_NODE = {
     "host_kv_gib": "vLLM's own KV offloading is an engine_arg (kv_offloading_size)",
@@ -557,6 +564,13 @@ def _validate_colocated(g: ExecutionGroup, at: str) -> None:
 
 def _validate_group(g: ExecutionGroup, at: str) -> None:
     _one_of(g.engine, ENGINES, f"{at}.engine")
+    if g.optimization_profile is not None:
+        _one_of(g.optimization_profile, OPTIMIZATION_PROFILES, f"{at}.optimization_profile")
+        if g.engine != "interlock":
+            raise ConfigError(
+                f"{at}.optimization_profile: chosen for the interlock engine's cut rules; "
+                "give vLLM its sizes (tensor_parallel_size, pipeline_parallel_size)"
+            )
     _validate_colocated(g, at)
     _validate_vllm_group(g, at)
     _one_of(g.runner, RUNNERS, f"{at}.runner")

@@ -4,8 +4,9 @@ prefill/decode split), why, and every layout it rejected (``planner.parallel_pla
 MODEL is a known name or a local model folder (``model_store.resolve_model``), or a path to a
 Hugging Face ``config.json`` alone (a 70B model is planned on paper from its config:
 ``examples/configs/``). The devices come from the flags; with no ``--devices`` this machine's
-CPU is described, one core a device (its share of the memory, an assumed 200 GFLOP/s, the
-bandwidth of a one-thread copy measured now). Every figure that was assumed rather than given
+CPU is described (``cluster.layout``: one device whose cores are one worker's threads, an
+assumed 200 GFLOP/s a core, the bandwidth of a one-thread copy measured now; with
+``--cpu-cores-as-devices`` one core a device). Every figure that was assumed rather than given
 or measured is printed under "assumed". The engine's own partition rule
 (``engine.model.partition.check_sizes``) says which cuts are possible.
 
@@ -18,17 +19,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
-import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from interlock.cli import flags
+from interlock.cluster.layout import H100, INTER_HOST, describe_cpu, model_shape
 from interlock.deploy import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
-from interlock.engine.model.config import ModelArchConfig
-from interlock.engine.model.partition import check_sizes
 from interlock.errors import ConfigError
 from interlock.model_store import resolve_model
 from interlock.planner.parallel_plan import (
@@ -41,19 +38,10 @@ from interlock.planner.parallel_plan import (
     Pins,
     Plan,
     Workload,
-    any_cut,
     choose,
 )
 from interlock.planner.parallel_shapes import DTYPE_BYTES, GIB
 
-H100 = {"tflops": 989.0, "bandwidth_gbs": 3350.0, "link_gbs": 450.0, "link_us": 10.0}
-"""Defaults for a named device count without its figures: an H100 SXM (bf16 dense, HBM3, NVLink)."""
-CPU_CORE_GFLOPS = 200.0
-"""A core's bf16 matmul rate, assumed: Interlock's kernels reached ~210 GFLOP/s a core in prefill
-on a Zen 4 (BENCHMARKS.md, "Engine on CPU")."""
-CPU_LINK_US = 20.0
-INTER_HOST = {"gbs": 50.0, "us": 25.0}
-"""One 400 Gb/s NIC a device, and a cross-host collective's latency."""
 DTYPES = {"auto": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}
 
 
@@ -74,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--devices-per-host", type=int, default=None, help="default: all, at most 8")
     d.add_argument("--inter-host-gbs", type=float, default=None, help="GB/s a device between hosts")
     d.add_argument("--headroom", type=float, default=0.1, help="fraction of each device's memory kept free")
+    d.add_argument(
+        "--cpu-cores-as-devices",
+        action="store_true",
+        help="with no --devices: this CPU's cores as devices (default: the host is one device, its "
+        "cores one worker's threads, which measured faster than ranks)",
+    )
     w = p.add_argument_group("workload and choice")
     w.add_argument("--profile", choices=PROFILES, default="high_throughput")
     w.add_argument("--prompt-tokens", type=int, default=1024, help="the mean prompt")
@@ -124,16 +118,8 @@ def load_model(args: argparse.Namespace) -> tuple[ModelShape, CanCut, list[str]]
     else:
         folder = resolve_model(args.model, progress=False)
         config, name = folder / "config.json", folder.name
-    try:
-        raw = json.loads(config.read_text())
-        shape = ModelShape.from_hf_config(raw, name=name)
-    except (OSError, ValueError, KeyError) as e:
-        raise ConfigError(f"cannot read the model's shape from {config}: {e}") from e
-    shape = _with_overrides(shape, args)
-    try:
-        return shape, partial(check_sizes, ModelArchConfig.from_dict(raw)), []
-    except ConfigError as e:
-        return shape, any_cut, [f"Interlock's engine cannot load it ({e.message}): no cut refused"]
+    shape, can_cut, notes = model_shape(config, name)
+    return _with_overrides(shape, args), can_cut, notes
 
 
 def _with_overrides(shape: ModelShape, args: argparse.Namespace) -> ModelShape:
@@ -187,26 +173,17 @@ def _h100_defaults() -> dict[str, float]:
 
 
 def _this_cpu(args: argparse.Namespace) -> Cluster:
-    cores = len(os.sched_getaffinity(0))
-    memory = args.device_memory_gib * GIB if args.device_memory_gib else _host_memory() / cores
-    assumed = (
-        []
-        if args.device_memory_gib
-        else [f"memory: the host's {_host_memory() / GIB:.1f} GiB shared by {cores} cores"]
-    )
-    bandwidth = args.memory_bandwidth_gbs * 1e9 if args.memory_bandwidth_gbs else 0.0
-    if not bandwidth:
-        bandwidth = measure_copy_bandwidth()
-        assumed.append(f"memory bandwidth {bandwidth / 1e9:.1f} GB/s a core: a one-thread copy measured now")
-    flops = (args.device_tflops * 1e12) if args.device_tflops else CPU_CORE_GFLOPS * 1e9
-    if not args.device_tflops:
-        assumed.append(f"compute {CPU_CORE_GFLOPS:g} GFLOP/s a core (Interlock's bf16 kernels on a Zen 4)")
-    link = args.link_gbs * 1e9 if args.link_gbs else bandwidth
-    latency = args.link_latency_us if args.link_latency_us is not None else CPU_LINK_US
-    if args.link_latency_us is None:
-        assumed.append(f"all-reduce latency {CPU_LINK_US:g} us (shared memory, engine.parallel.comm)")
-    device = DeviceSpec(int(memory), flops, bandwidth, "cpu core")
-    return _cluster(args, device, cores, args.devices_per_host or cores, link, latency, assumed)
+    try:
+        return describe_cpu(
+            memory=args.device_memory_gib * GIB if args.device_memory_gib else None,
+            bandwidth=args.memory_bandwidth_gbs * 1e9 if args.memory_bandwidth_gbs else None,
+            core_gflops=args.device_tflops * 1e3 if args.device_tflops else None,
+            link_latency_us=args.link_latency_us,
+            headroom=args.headroom,
+            as_cores=args.cpu_cores_as_devices,
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _cluster(
@@ -232,26 +209,6 @@ def _cluster(
         )
     except ValueError as e:
         raise ConfigError(str(e)) from e
-
-
-def _host_memory() -> float:
-    return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-
-
-def measure_copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 4) -> float:
-    """Bytes/s of one thread copying ``nbytes`` (read + write), the best of ``repeats`` after
-    one warm-up copy (which pays the page faults)."""
-    import numpy as np
-
-    src = np.ones(nbytes // 8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * nbytes / best
 
 
 def header(

@@ -6,6 +6,7 @@ nowhere else, so ``serve``, ``frontend``, ``worker``, ``Cluster`` and the tests 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -36,6 +37,8 @@ from interlock.router.dispatcher import DispatchOptions
 from interlock.router.model_router import RouterConfig
 from interlock.router.service import ServiceOptions
 from interlock.runtime.config import NatsAuth
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,8 @@ def resolve_groups(d: Deployment, *, progress: bool = True) -> list[ResolvedGrou
 
     def resolve(i: int, g: ExecutionGroup, at: str) -> ResolvedGroup:
         path = str(resolve_model(g.model, progress=progress))
+        if g.optimization_profile is not None and g.engine == "interlock":
+            g = _laid_out(g, Path(path), at)
         _check_cut(g, path, at)
         return ResolvedGroup(
             i,
@@ -279,6 +284,22 @@ def resolve_groups(d: Deployment, *, progress: bool = True) -> list[ResolvedGrou
         )
 
     return [resolve(i, g, f"execution-group[{i}]") for i, g in enumerate(d.execution_groups)]
+
+
+def _laid_out(g: ExecutionGroup, folder: Path, at: str) -> ExecutionGroup:
+    """``g`` with the sizes its ``optimization_profile`` chooses on this host (said in the log)."""
+    from interlock.cluster.layout import choose_layout
+
+    plan = choose_layout(g, folder)
+    log.info(
+        "%s: %s layout TP %d x PP %d (%s)",
+        at,
+        g.optimization_profile,
+        plan.tensor,
+        plan.pipeline,
+        "; ".join(plan.explanation),
+    )
+    return replace(g, tensor_parallel_size=plan.tensor, pipeline_parallel_size=plan.pipeline)
 
 
 def _check_cut(g: ExecutionGroup, path: str, at: str) -> None:

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from interlock.cli.main import main
-from interlock.cli.plan import measure_copy_bandwidth
 from interlock.cli.serve import build_parser as build_serve_parser
+from interlock.cluster.layout import measure_copy_bandwidth
 from interlock.deploy import parse_deployment
 
 CONFIGS = Path(__file__).parents[2] / "examples" / "configs"
@@ -112,7 +112,8 @@ def test_this_machine_by_default(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     lines = out.splitlines()
     assert lines[0].startswith("model     SmolLM2-135M-Instruct: 134.5M parameters, 2 bytes each")
-    assert lines[1].startswith("devices   ") and "x cpu core (" in lines[1] and "20.0 GB/s" in lines[1]
+    assert lines[1].startswith("devices   1 x cpu (") and "20.0 GB/s" in lines[1]
+    assert "plan      1 x (TP 1 x PP 1), aggregated" in lines  # one host: threads, not ranks
     assert any(line.startswith("assumed   compute 200 GFLOP/s a core") for line in lines)
     assert not any("measured now" in line for line in lines)  # the bandwidth was given
     assert any(line.startswith("plan      ") for line in lines)
@@ -142,7 +143,22 @@ def test_the_docs_commands_run_and_parse(capsys: pytest.CaptureFixture[str]) -> 
     capsys.readouterr()
 
 
-def test_the_docs_deployment_file_parses() -> None:
-    (block,) = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.DOTALL)
-    (group,) = parse_deployment(yaml.safe_load(block)).execution_groups
-    assert (group.tensor_parallel_size, group.pipeline_parallel_size, group.num_workers) == (2, 1, 1)
+def test_the_docs_deployment_files_parse() -> None:
+    profile, sizes, colocated = (
+        parse_deployment(yaml.safe_load(block)).execution_groups[0]
+        for block in re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.DOTALL)
+    )
+    assert profile.optimization_profile == "low_latency"
+    assert (sizes.tensor_parallel_size, sizes.pipeline_parallel_size, sizes.num_workers) == (2, 1, 1)
+    (guest,) = colocated.colocate
+    assert (guest.served_model_name, guest.offload_after_s, guest.nodes[0].kv_cache_gib) == (
+        "other",
+        300.0,
+        0.125,
+    )
+
+
+def test_this_machine_s_cores_as_devices_on_request(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = plan(capsys, "smollm2", "--memory-bandwidth-gbs", "20", "--cpu-cores-as-devices")
+    assert code == 0
+    assert "x cpu core (" in out.splitlines()[1]
