@@ -1,11 +1,10 @@
 """End to end: two models in one worker process (``colocate``), each its own engine, KV
 budget and served name; the guest drops its weights when idle and its next request loads
 them back. The second model is SmolLM2 with other weights: a copy of its converted folder
-whose final norm is scaled by 0.8 (``_variant``), so the two answer differently."""
+whose final norm is scaled by 0.8 (``model_store.variant``), so the two answer differently."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 import yaml
 
 from interlock.model_store import resolve_model
+from interlock.model_store.variant import make_variant
 from tests.e2e.conftest import Served, start_serve, wait_until
 
 HOST, GUEST = "host-model", "guest-model"
@@ -21,20 +21,6 @@ PROMPT = "The capital of France is"
 OFFLOAD_AFTER_S = 3.0
 
 pytestmark = pytest.mark.slow
-
-
-def _variant(folder: Path) -> Path:
-    from safetensors.torch import load_file, save_file
-
-    source = resolve_model("smollm2", progress=False)
-    folder.mkdir()
-    for f in source.iterdir():
-        if f.name not in ("model.safetensors", "interlock-manifest.json"):
-            shutil.copy(f, folder / f.name)
-    tensors = load_file(str(source / "model.safetensors"))
-    tensors["model.norm.weight"] = tensors["model.norm.weight"] * 0.8
-    save_file(tensors, str(folder / "model.safetensors"))
-    return folder
 
 
 def _rss_mib(pid: int) -> float:
@@ -72,7 +58,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
             "nodes": [{"count": 1, "kv_cache_gib": 0.25}],
             "colocate": [
                 {
-                    "model": str(_variant(tmp / "smollm2-variant")),
+                    "model": str(make_variant(resolve_model("smollm2", progress=False), tmp / "variant")),
                     "served_model_name": GUEST,
                     "offload_after_s": OFFLOAD_AFTER_S,
                     "nodes": [{"kv_cache_gib": 0.125}],
