@@ -459,8 +459,9 @@ class RunningCluster:
         if not self._groups:
             self._groups = await asyncio.to_thread(resolve_groups, self.spec.deployment)
         d = self.spec.deployment
-        self.spec = replace(self.spec, deployment=replace(d, execution_groups=(*d.execution_groups, group)))
+        # Resolved first: a group refused here (a cut its model does not allow) leaves no trace.
         (rg,) = await asyncio.to_thread(resolve_groups, replace(d, execution_groups=(group,)))
+        self.spec = replace(self.spec, deployment=replace(d, execution_groups=(*d.execution_groups, group)))
         n = len(self._groups)
         self._groups.append(replace(rg, index=n, colocated=tuple(replace(c, index=n) for c in rg.colocated)))
         return len(self._groups) - 1

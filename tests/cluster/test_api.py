@@ -123,3 +123,17 @@ def test_http_port_serves_the_openai_api_too(instance: interlock.ServingInstance
     assert [m.id for m in client.models.list()] == ["tiny"]
     r = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=16, temperature=0)
     assert r.choices[0].message.content == instance.chat(QUESTION, max_tokens=16, temperature=0)
+
+
+def test_two_models_in_one_worker_process_through_the_api(instance: interlock.ServingInstance) -> None:
+    cluster = instance.cluster
+    cluster.register_model("host", "smollm2", max_model_len=512)
+    cluster.register_model("guest", "smollm2", max_model_len=512, offload_after_s=60)
+    host = cluster.create_serving_instance("host", colocate={"guest": {"num_blocks": 64}}, num_blocks=64)
+    guest = host.colocated("guest")
+    assert guest.workers == host.workers and len(host.workers) == 1  # one process, two engines
+    both = [i.chat(QUESTION, max_tokens=8, temperature=0) for i in (host, guest)]
+    assert both[0] == both[1] == instance.chat(QUESTION, max_tokens=8, temperature=0)
+    with pytest.raises(ConfigError, match="'tiny' is not hosted by the workers of 'host'"):
+        host.colocated("tiny")
+    host.scale_to(0)
