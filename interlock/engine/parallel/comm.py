@@ -179,8 +179,10 @@ class StageLink:
         tensor = tensor.contiguous()
         self._pending.append((self._group.send([tensor], to, tag), tensor))
 
-    def recv(self, shape: tuple[int, int], dtype: torch.dtype, src: int, tag: int) -> torch.Tensor:
-        out = torch.empty(shape, dtype=dtype)
+    def recv(
+        self, shape: tuple[int, int], dtype: torch.dtype, src: int, tag: int, device: torch.device
+    ) -> torch.Tensor:
+        out = torch.empty(shape, dtype=dtype, device=device)
         try:
             self._group.recv([out], src, tag).wait()
         except RuntimeError as exc:

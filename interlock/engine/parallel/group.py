@@ -80,6 +80,24 @@ def exit_worker(why: str) -> None:
     os._exit(EXIT_GROUP_LOST)
 
 
+def rank_devices(device: str, ranks: int) -> list[str]:
+    """Each rank's device: ``cpu`` for all on a CPU; on CUDA one device a rank, from the
+    worker's own (``cuda:2`` with 2 ranks: ``cuda:2``, ``cuda:3``). ConfigError where the host
+    has too few (two ranks on one device would fight over its memory and NCCL refuses them)."""
+    if not device.startswith("cuda"):
+        return [device] * ranks
+    import torch
+
+    first = int(device.partition(":")[2] or 0)
+    have = torch.cuda.device_count()
+    if first + ranks > have:
+        raise ConfigError(
+            f"a group of {ranks} ranks needs {ranks} CUDA devices from cuda:{first}, one a rank; "
+            f"this host has {have}"
+        )
+    return [f"cuda:{first + r}" for r in range(ranks)]
+
+
 class RankProcesses:
     """The driver's children: started, told each step, watched, stopped."""
 
@@ -191,6 +209,9 @@ class GroupRunner(TorchRunner):
                 f"max_model_len {s.max_model_len} exceeds the model's "
                 f"max_position_embeddings {full.max_position_embeddings}"
             )
+        devices = rank_devices(m.device, len(shards))
+        if devices[0].startswith("cuda"):
+            torch.cuda.set_device(devices[0])  # NCCL's rank 0 is on the worker's own device
         dtype = resolve_dtype(folder, m.device, m.dtype)
         num_blocks = c.num_blocks or blocks_for_budget(full, c.block_size, dtype, c.kv_cache_gib)
         env = get_env()
@@ -208,7 +229,6 @@ class GroupRunner(TorchRunner):
             pipeline_size=m.pipeline_parallel_size,
             folder=str(folder),
             dtype=str(dtype).removeprefix("torch."),
-            device=m.device,
             max_model_len=s.max_model_len,
             block_size=c.block_size,
             num_blocks=num_blocks,
@@ -221,7 +241,10 @@ class GroupRunner(TorchRunner):
             parent_pid=os.getpid(),
         )
         ranks = RankProcesses(
-            [RankLaunch(rank=r.rank, reduce_fd=fds[r.stage], **launch) for r in shards[1:]],  # type: ignore[arg-type]
+            [
+                RankLaunch(rank=r.rank, reduce_fd=fds[r.stage], device=devices[r.rank], **launch)  # type: ignore[arg-type]
+                for r in shards[1:]
+            ],
             [fd for fd in fds if fd >= 0],
             on_lost,
         )
@@ -232,12 +255,12 @@ class GroupRunner(TorchRunner):
                 reduce_fd=fds[0],
                 elements=elements,
                 timeout_s=TIMEOUT_S,
-                device=torch.device(m.device),
+                device=torch.device(devices[0]),
             )
             model = LlamaModel.load(
                 folder,
                 dtype,
-                torch.device(m.device),
+                torch.device(devices[0]),
                 max_len=s.max_model_len,
                 kernels=env.kernels,
                 max_rows=s.max_num_batched_tokens,

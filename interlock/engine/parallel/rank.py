@@ -43,6 +43,8 @@ def _stage(launch: RankLaunch) -> Stage:
 
     folder = Path(launch.folder)
     device = torch.device(launch.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     shard = partition(ModelArchConfig.from_folder(folder), launch.tensor_size, launch.pipeline_size)[
         launch.rank
     ]

@@ -42,9 +42,9 @@ class Stage:
                 h = self.model.embed(inputs.input_ids)
             else:
                 assert self.link is not None
-                h = self.link.recv((n, self.hidden), self.model.dtype, s.rank - t, tag)
+                h = self.link.recv((n, self.hidden), self.model.dtype, s.rank - t, tag, self.model.device)
             h = self.model.layers(h, inputs.positions, inputs.meta, self.cache)
-            rows = torch.tensor(micro.rows, dtype=torch.long)
+            rows = torch.tensor(micro.rows, dtype=torch.long, device=self.model.device)
             if s.pipeline_size == 1:
                 answers.append(h.index_select(0, rows))
             elif not s.last_stage:
@@ -57,7 +57,7 @@ class Stage:
             assert self.link is not None
             last = (s.pipeline_size - 1) * t
             answers = [
-                self.link.recv((len(m.rows), self.hidden), self.model.dtype, last, tag)
+                self.link.recv((len(m.rows), self.hidden), self.model.dtype, last, tag, self.model.device)
                 for tag, m in enumerate(step.micro)
             ]
         if self.link is not None:

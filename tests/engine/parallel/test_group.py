@@ -103,3 +103,9 @@ def test_a_rank_that_dies_takes_the_group_down() -> None:
 def test_a_cut_the_model_does_not_allow_is_refused_before_any_rank_starts() -> None:
     with pytest.raises(ConfigError, match="tensor_parallel_size 10 exceeds the model's 9 attention heads"):
         GroupRunner.from_config(_config(10, 1))
+
+
+def test_ranks_of_a_cpu_group_share_the_cpu() -> None:
+    from interlock.engine.parallel.group import rank_devices
+
+    assert rank_devices("cpu", 3) == ["cpu", "cpu", "cpu"]
