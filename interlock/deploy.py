@@ -517,6 +517,11 @@ def _validate_vllm_group(g: ExecutionGroup, at: str) -> None:
         raise ConfigError(f"{at}.runner: {g.runner!r} is the interlock engine's (engine vllm runs vLLM)")
     if g.speedup != 1.0:
         raise ConfigError(f"{at}.speedup: only the interlock engine's mock runner takes one")
+    if g.device == "cpu" and g.pipeline_parallel_size > 1:
+        raise ConfigError(
+            f"{at}.pipeline_parallel_size: vLLM's CPU pipeline (0.32) answered greedy requests "
+            "differently from one stage here (docs/partitioning.md); use Interlock's engine for stages"
+        )
     bs = g.block_size
     if bs is not None and g.device == "cpu" and bs % 32:
         raise ConfigError(f"{at}.block_size: vLLM on a CPU needs a multiple of 32, got {bs}")

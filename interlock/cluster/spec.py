@@ -303,15 +303,20 @@ def _laid_out(g: ExecutionGroup, folder: Path, at: str) -> ExecutionGroup:
 
 
 def _check_cut(g: ExecutionGroup, path: str, at: str) -> None:
-    """Refuse at start a group of ranks its model cannot be cut into (not in every worker)."""
-    if g.engine != "interlock" or g.tensor_parallel_size * g.pipeline_parallel_size == 1:
+    """Refuse at start a group of ranks its model cannot be cut into (not in every worker):
+    by Interlock's rule, or vLLM's stricter one (heads divisible by the tensor size)."""
+    if g.tensor_parallel_size * g.pipeline_parallel_size == 1:
         return
     from interlock.engine.model.config import ModelArchConfig
     from interlock.engine.model.partition import check_sizes
 
-    why = check_sizes(
-        ModelArchConfig.from_folder(Path(path)), g.tensor_parallel_size, g.pipeline_parallel_size
-    )
+    config = ModelArchConfig.from_folder(Path(path))
+    why = check_sizes(config, g.tensor_parallel_size, g.pipeline_parallel_size)
+    t = g.tensor_parallel_size
+    if not why and g.engine == "vllm" and config.num_heads % t:
+        why = (
+            f"vLLM needs the model's {config.num_heads} attention heads divisible by tensor_parallel_size {t}"
+        )
     if why:
         raise ConfigError(f"{at}: {why}")
 

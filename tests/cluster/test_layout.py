@@ -47,3 +47,14 @@ def test_a_profile_for_vllm_or_unknown_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="give vLLM its sizes"):
         parse_deployment({"execution-group": {"optimization_profile": "low_latency", "engine": "vllm"}})
     assert Deployment().execution_groups[0].optimization_profile is None
+
+
+def test_a_cut_is_refused_at_start_by_the_engine_s_rule() -> None:
+    for engine, why in (
+        ("interlock", "tensor_parallel_size 10 exceeds the model's 9 attention heads"),
+        ("vllm", "vLLM needs the model's 9 attention heads divisible by tensor_parallel_size 2"),
+    ):
+        size = 10 if engine == "interlock" else 2
+        d = parse_deployment({"execution-group": {"engine": engine, "tensor_parallel_size": size}})
+        with pytest.raises(ConfigError, match=why):
+            resolve_groups(d, progress=False)

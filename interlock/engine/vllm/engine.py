@@ -136,11 +136,19 @@ def _guest_environment(config: EngineConfig) -> None:
         cores = len(os.sched_getaffinity(0))
         threads = config.model.num_threads
         defaults["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"  # the worker's own loop needs little
+        ranks = config.model.ranks
+        allowed = sorted(os.sched_getaffinity(0))
         if threads and threads < cores:
             # Several workers share this host's cores: no pinning (each would pin the same
             # cores), each computing on its share.
             defaults["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
             defaults["OMP_NUM_THREADS"] = str(threads)
+        elif 1 < ranks <= len(allowed):
+            # vLLM's CPU ranks each bind their own cores; on one NUMA node it cannot split
+            # them itself, so each rank gets its run of this worker's cores ("0|1").
+            share = len(allowed) // ranks
+            runs = [allowed[r * share : (r + 1) * share] for r in range(ranks)]
+            defaults["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, run)) for run in runs)
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
 
