@@ -203,8 +203,8 @@ class EngineCore:
 
     def idle(self) -> None:
         """Called by the step loop while nothing runs: drop an idle model's weights when due."""
-        if self.offload_due():
-            self.runner.offload()
+        if self.offload_due() and self.runner.offload():
+            self.scheduler.stats.weight_offloads.inc()
 
     def has_work(self) -> bool:
         """A step now could make progress (parked requests waiting for KV need none)."""
@@ -235,7 +235,10 @@ class EngineCore:
         step_time = 0.0
         if batch.scheduled:
             self._last_busy = t0
+            loads = getattr(self.runner, "reloads", 0)
             result, step_time = self._execute(batch, t0)
+            if getattr(self.runner, "reloads", 0) > loads:  # this step brought the weights back
+                self.scheduler.stats.weight_loads.observe(self.runner.last_reload_s)  # type: ignore[attr-defined]
             if isinstance(result, ErrorInfo):
                 outputs += self.scheduler.fail(batch, result)
             else:

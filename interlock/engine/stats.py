@@ -16,3 +16,6 @@ class EngineStats:
         self.prefill_time = self.registry.histogram("interlock_engine_prefill_time_seconds")
         """Per request, first step to first token."""
         self.preemptions = 0
+        self.weight_loads = self.registry.histogram("interlock_engine_weight_load_seconds")
+        """Each load of weights that had been offloaded (idle): its count is the loads."""
+        self.weight_offloads = self.registry.counter("interlock_engine_weight_offloads_total")

@@ -443,6 +443,19 @@ def _specs() -> tuple[Spec, ...]:
             same_as="vllm:time_to_first_token_seconds",
         ),
         Spec(
+            "interlock_engine_weight_load_seconds",
+            "histogram",
+            "Loads of a model's weights that had been offloaded while idle (offload_after_s), "
+            "each taking this long; the request that brought them back waited for it.",
+            where=WORKER,
+        ),
+        Spec(
+            "interlock_engine_weight_offloads_total",
+            "counter",
+            "Times the model's weights were offloaded after offload_after_s without a request.",
+            where=WORKER,
+        ),
+        Spec(
             "interlock_engine_preemptions_total",
             "counter",
             "Requests preempted (their KV freed, recomputed later).",

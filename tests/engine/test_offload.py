@@ -45,6 +45,9 @@ def test_an_idle_model_drops_its_weights_and_the_next_request_brings_them_back()
     # The prefix blocks stayed: the request after the reload hits them and answers the same.
     assert _greedy(core, "b") == first
     assert runner.resident and runner.reloads == 1 and runner.last_reload_s > 0
+    figures = core.scheduler.stats.registry.render()
+    assert "interlock_engine_weight_offloads_total 1" in figures
+    assert "interlock_engine_weight_load_seconds_count 1" in figures
     core.check_integrity()
 
 
