@@ -156,6 +156,7 @@ class Cluster:
             "served_model_name",
             "nodes",
             "max_replicas",
+            "colocate",  # an instance's choice: create_serving_instance(colocate=...)
         }
         unknown = sorted(set(engine) - known)
         if unknown:
@@ -363,6 +364,8 @@ class ServingInstance:
         self.max_replicas = max_replicas
         self.role = role
         self._planner: RunningPlanner | None = None
+        self._host: str | None = None
+        """For a model another instance's workers host (``colocated``): that model's name."""
 
     def colocated(self, name: str) -> ServingInstance:
         """The model ``name`` this instance's workers also host (``colocate``): ask it for text
@@ -370,7 +373,9 @@ class ServingInstance:
         group = self.cluster._running.spec.deployment.execution_groups[self.group]
         if name not in {c.served_model_name for c in group.colocate}:
             raise ConfigError(f"colocated: {name!r} is not hosted by the workers of {self.model!r}")
-        return ServingInstance(self.cluster, name, self.group, self.max_replicas, "both")
+        guest = ServingInstance(self.cluster, name, self.group, self.max_replicas, "both")
+        guest._host = self.model
+        return guest
 
     @property
     def workers(self) -> list[WorkerHandle]:
@@ -440,10 +445,18 @@ class ServingInstance:
         come up within ``timeout_s`` is named in a ``ConfigError`` (the others keep serving).
         An add this host has no room for is refused before any worker starts. Refused while
         a planner sizes the instance."""
+        self._own_workers("scale_to")
         self.cluster._call(self._scale(replicas, timeout_s))
 
     async def ascale_to(self, replicas: int, *, timeout_s: float = 600.0) -> None:
+        self._own_workers("scale_to")
         await self.cluster._on_loop(self._scale(replicas, timeout_s))
+
+    def _own_workers(self, what: str) -> None:
+        if self._host is not None:
+            raise ConfigError(
+                f"{what}: {self.model!r} lives in the workers of {self._host!r}; size or close that"
+            )
 
     @property
     def planner_url(self) -> str | None:
@@ -462,9 +475,11 @@ class ServingInstance:
 
     def close(self) -> None:
         """Stop its planner, if any, then its workers (drained)."""
+        self._own_workers("close")
         self.cluster._call(self._close())
 
     async def aclose(self) -> None:
+        self._own_workers("close")
         await self.cluster._on_loop(self._close())
 
     async def _planner_status(self) -> dict[str, Any]:

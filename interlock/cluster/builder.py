@@ -346,6 +346,11 @@ class RunningCluster:
                 raise ConfigError(
                     "colocate: models sharing a worker run in worker processes (not in-process planes)"
                 )
+            if ws.engine.model.engine == "interlock" and ws.engine.model.ranks > 1:
+                raise ConfigError(
+                    "tensor_parallel_size/pipeline_parallel_size: a worker of several ranks runs in "
+                    "a worker process (a lost rank ends it), not with in-process planes"
+                )
             handle = WorkerHandle(ws, local=await start_worker(ws, self.runtime, core=core))
         else:
             assert self.url is not None
@@ -512,16 +517,24 @@ class RunningCluster:
             rg,
             node,
             instance_id=f"w{index}-{self._prefix}",
-            device=device_of(rg.group.device, self._free_device()),
+            device=device_of(
+                rg.group.device,
+                self._free_device(rg.group.tensor_parallel_size * rg.group.pipeline_parallel_size),
+            ),
             threads=self._threads(rg),
         )
         return rg, ws
 
-    def _free_device(self) -> int:
-        """The lowest CUDA device index no running worker here holds (``cuda`` spreads workers
-        one per device; a removed worker's device is taken again)."""
-        held = {w.spec.engine.model.device.partition(":")[2] for w in self._workers.values()}
-        return next(i for i in range(len(held) + 1) if str(i) not in held)
+    def _free_device(self, ranks: int = 1) -> int:
+        """The lowest CUDA device index from which ``ranks`` devices are held by no running
+        worker here (``cuda`` spreads workers over the devices, a worker of several ranks
+        taking one a rank; a removed worker's devices are taken again)."""
+        held: set[int] = set()
+        for w in self._workers.values():
+            first = w.spec.engine.model.device.partition(":")[2]
+            if first.isdigit():
+                held.update(range(int(first), int(first) + w.spec.engine.model.ranks))
+        return next(i for i in range(len(held) + 1) if held.isdisjoint(range(i, i + ranks)))
 
     async def set_role(self, handle: WorkerHandle, role: str, *, grace_s: float = 30.0) -> None:
         """Re-role a running worker (control call ``set_role``: it leaves discovery, finishes

@@ -24,6 +24,7 @@ from interlock.deploy import (
     Routing,
     default_block_size,
     shared_kv_cache,
+    validate_deployment,
 )
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.errors import ConfigError
@@ -299,7 +300,15 @@ def _laid_out(g: ExecutionGroup, folder: Path, at: str) -> ExecutionGroup:
         plan.pipeline,
         "; ".join(plan.explanation),
     )
-    return replace(g, tensor_parallel_size=plan.tensor, pipeline_parallel_size=plan.pipeline)
+    laid = replace(g, tensor_parallel_size=plan.tensor, pipeline_parallel_size=plan.pipeline)
+    try:  # what the sizes chosen must agree with (roles, tiers, colocation), checked again
+        validate_deployment(Deployment(execution_groups=(laid,)))
+    except ConfigError as e:
+        raise ConfigError(
+            f"{at}: {g.optimization_profile} chose TP {plan.tensor} x PP {plan.pipeline}, which the "
+            f"group's other settings refuse: {e.message} (pin the sizes to keep them)"
+        ) from e
+    return laid
 
 
 def _check_cut(g: ExecutionGroup, path: str, at: str) -> None:
@@ -414,7 +423,11 @@ def worker_specs(
                         rg,
                         node,
                         instance_id=f"w{len(specs)}-{prefix}",
-                        device=device_of(rg.group.device, len(specs)),
+                        # a worker of several ranks takes one device a rank (on CUDA)
+                        device=device_of(
+                            rg.group.device,
+                            len(specs) * rg.group.tensor_parallel_size * rg.group.pipeline_parallel_size,
+                        ),
                         threads=threads,
                     )
                 )

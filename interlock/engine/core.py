@@ -196,7 +196,7 @@ class EngineCore:
         after = self.config.model.offload_after_s
         return (
             bool(after)
-            and getattr(self.runner, "resident", False)
+            and getattr(self.runner, "can_offload", False)
             and not self.has_work()
             and self.clock.now() - self._last_busy >= after
         )

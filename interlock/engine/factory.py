@@ -52,6 +52,10 @@ def build_engine(
     """``kv_hold_timeout_s``: how long a prefill's KV waits to be staged or pulled before it is
     freed (the worker's ``kv_transfer_timeout_s``)."""
     runner = build_runner(config, clock=clock, speedup=speedup)
-    return EngineCore(
-        config, runner, clock=clock, instance_id=instance_id, kv_hold_timeout_s=kv_hold_timeout_s
-    )
+    try:
+        return EngineCore(
+            config, runner, clock=clock, instance_id=instance_id, kv_hold_timeout_s=kv_hold_timeout_s
+        )
+    except BaseException:
+        runner.close()  # a group's rank processes end with it
+        raise

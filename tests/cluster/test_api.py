@@ -136,4 +136,6 @@ def test_two_models_in_one_worker_process_through_the_api(instance: interlock.Se
     assert both[0] == both[1] == instance.chat(QUESTION, max_tokens=8, temperature=0)
     with pytest.raises(ConfigError, match="'tiny' is not hosted by the workers of 'host'"):
         host.colocated("tiny")
+    with pytest.raises(ConfigError, match="scale_to: 'guest' lives in the workers of 'host'"):
+        guest.scale_to(2)
     host.scale_to(0)

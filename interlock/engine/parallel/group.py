@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -105,6 +106,8 @@ class RankProcesses:
         self._on_lost = on_lost
         self._closing = False
         self.procs: list[subprocess.Popen[bytes]] = []
+        self._answers: list[object] = [None] * len(launches)
+        self._readers: list[threading.Thread] = []
         try:
             for launch in launches:
                 proc = subprocess.Popen(
@@ -112,6 +115,9 @@ class RankProcesses:
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     pass_fds=tuple(fds),
+                    # Not in the terminal's process group: a Ctrl-C goes to the worker, which
+                    # drains; its ranks end with it (they watch their parent).
+                    start_new_session=True,
                 )
                 self.procs.append(proc)
                 assert proc.stdin is not None
@@ -120,28 +126,54 @@ class RankProcesses:
             self.close()
             raise
 
-    def wait_ready(self, timeout_s: float) -> None:
-        """Every rank's answer to its launch; ConfigError with the first refusal."""
-        answers: list[object] = [None] * len(self.procs)
+    def _start_readers(self) -> None:
+        if self._readers:
+            return
 
         def read(k: int) -> None:
             out = self.procs[k].stdout
             assert out is not None
-            answers[k] = read_frame(out)
+            try:
+                self._answers[k] = read_frame(out)
+            except (OSError, ValueError):  # closed while waiting: the group is being stopped
+                pass
 
-        readers = [threading.Thread(target=read, args=(k,), daemon=True) for k in range(len(self.procs))]
-        for t in readers:
+        self._readers = [
+            threading.Thread(target=read, args=(k,), daemon=True) for k in range(len(self.procs))
+        ]
+        for t in self._readers:
             t.start()
-        for t in readers:
-            t.join(timeout_s)
-        for k, answer in enumerate(answers):
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Every rank's answer to its launch (one deadline for all); ConfigError with the
+        first refusal."""
+        self._start_readers()
+        deadline = time.monotonic() + timeout_s
+        for t in self._readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        for k, answer in enumerate(self._answers):
             if answer != "":
-                why = answer if isinstance(answer, str) else f"rank {k + 1} did not start"
+                why = answer if isinstance(answer, str) else f"rank {k + 1} did not start in {timeout_s:g} s"
                 raise ConfigError(f"the model group could not start: {why}")
         for k, proc in enumerate(self.procs):
             threading.Thread(
                 target=self._watch, args=(k + 1, proc), name=f"rank-{k + 1}", daemon=True
             ).start()
+
+    def refusal(self, wait_s: float = 2.0) -> str | None:
+        """A rank's reason for not starting, if one said it (or exited) within ``wait_s``:
+        what to report when the driver's own start failed waiting for the ranks."""
+        self._start_readers()
+        deadline = time.monotonic() + wait_s
+        for t in self._readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        for k, answer in enumerate(self._answers):
+            if isinstance(answer, str) and answer:
+                return answer
+            code = self.procs[k].poll()
+            if code is not None and answer is None:
+                return f"rank {k + 1} exited with code {code} before it was ready"
+        return None
 
     def send(self, step: Step) -> None:
         for k, proc in enumerate(self.procs):
@@ -268,26 +300,29 @@ class GroupRunner(TorchRunner):
             )
             model.reduce = reduce
             ranks.wait_ready(READY_TIMEOUT_S)
-        except BaseException:
+            runner = cls(
+                model,
+                shard=shards[0],
+                link=link,
+                ranks=ranks,
+                on_lost=on_lost,
+                scratch=scratch,
+                num_blocks=num_blocks,
+                block_size=c.block_size,
+                seed=m.seed,
+                folder=folder,
+            )
+        except BaseException as exc:
+            refusal = ranks.refusal() if not isinstance(exc, ConfigError) else None
             ranks.close()
             shutil.rmtree(scratch, ignore_errors=True)
+            if refusal is not None:  # a rank said why it could not start: that, not gloo's timeout
+                raise ConfigError(f"the model group could not start: {refusal}") from exc
             raise
         finally:
             for fd in fds:
                 if fd >= 0:
                     os.close(fd)
-        runner = cls(
-            model,
-            shard=shards[0],
-            link=link,
-            ranks=ranks,
-            on_lost=on_lost,
-            scratch=scratch,
-            num_blocks=num_blocks,
-            block_size=c.block_size,
-            seed=m.seed,
-            folder=folder,
-        )
         log.info(
             "model group of %d ranks (tensor %d x pipeline %d), %d threads each",
             len(shards),
@@ -313,7 +348,7 @@ class GroupRunner(TorchRunner):
             raise
         final = answers[0] if len(answers) == 1 else torch.cat(answers)
         if order is not None:
-            final = final.index_select(0, torch.tensor(order, dtype=torch.long))
+            final = final.index_select(0, torch.tensor(order, dtype=torch.long, device=final.device))
         return self.model.logits(final)
 
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:

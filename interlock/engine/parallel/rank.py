@@ -71,7 +71,12 @@ def _stage(launch: RankLaunch) -> Stage:
 
 
 def main() -> int:
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdin = sys.stdin.buffer
+    # The answer goes on a private copy of stdout; whatever the rank prints goes to stderr, so
+    # no print can corrupt a frame or fill a pipe the driver has stopped reading.
+    stdout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     launch = read_frame(stdin)
     if not isinstance(launch, RankLaunch):
         return 0

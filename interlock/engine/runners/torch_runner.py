@@ -111,6 +111,11 @@ class TorchRunner:
     def resident(self) -> bool:
         return self._model is not None
 
+    @property
+    def can_offload(self) -> bool:
+        """The weights are in and may leave (a way back to load them is known)."""
+        return self._model is not None and self._reload is not None
+
     def offload(self) -> bool:
         """Drop the weights (True: dropped; False: already gone or they may not leave)."""
         if self._model is None or self._reload is None:
