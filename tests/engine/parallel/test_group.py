@@ -43,7 +43,10 @@ def _run(runner: ModelRunner) -> list[tuple[dict[str, int], dict[str, float]]]:
 
     def step(*scheduled: ScheduledRequest) -> dict[str, int]:
         out = runner.execute(SchedulerOutput(list(scheduled)))
-        steps.append((out.sampled, {k: v.logprob for k, v in out.logprobs.items()}))
+        logprobs = {k: v.logprob for k, v in out.logprobs.items()}
+        for rid, rows in out.prompt_logprobs.items():
+            logprobs |= {f"{rid}@{k}": row.logprob for k, row in enumerate(rows)}
+        steps.append((out.sampled, logprobs))
         return out.sampled
 
     first = step(_req("a", PROMPT, 0, [0, 1]), _req("b", PROMPT[:20], 0, [2, 3], sample=False))
@@ -55,6 +58,20 @@ def _run(runner: ModelRunner) -> list[tuple[dict[str, int], dict[str, float]]]:
         out = step(*(_req(r, [tokens[r]], lengths[r], tables[r]) for r in tokens))
         tokens = out
         lengths = {r: n + 1 for r, n in lengths.items()}
+    # One long prompt alone, with prompt logprobs (a pipeline cuts it into pieces).
+    long = PROMPT * 3
+    asks = SamplingParams(temperature=0.0, logprobs=2, prompt_logprobs=1)
+    whole = ScheduledRequest(
+        "d",
+        long,
+        0,
+        [8, 9, 10, 11, 12, 13, 14],
+        asks,
+        do_sample=True,
+        prompt_token_ids=long,
+        prompt_logprob_positions=range(len(long) - 1),
+    )
+    step(whole)
     return steps
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from interlock.engine.model.batch import row_order
-from interlock.engine.parallel.micro import cut, plan
+from interlock.engine.parallel.micro import MIN_PIECE, cut, pieces, plan
 
 
 def test_cut_balances_tokens_without_splitting_a_chunk() -> None:
@@ -27,3 +27,17 @@ def test_rows_are_found_in_the_micro_batches_answers() -> None:
     assert micro[0].rows == (4, 0, 2) and micro[1].rows == (3, 0)
     answers = [("m0", r) for r in micro[0].rows] + [("m1", r) for r in micro[1].rows]
     assert [answers[k] for k in where] == [("m0", 4), ("m0", 0), ("m1", 3), ("m1", 0), ("m0", 2)]
+
+
+def test_a_lone_prompt_is_cut_into_pieces_that_follow_each_other() -> None:
+    assert [(p.start, p.length) for p in pieces([100], 2)] == [(0, 50), (50, 50)]
+    assert [(p.chunk, p.length) for p in pieces([1, 200], 3)] == [(0, 1), (1, 100), (1, 100)]
+    assert len(pieces([2 * MIN_PIECE - 1], 2)) == 1  # too short to cut
+    ids = list(range(100))
+    micro, where = plan([(ids, 8, [4, 5, 6, 7, 8, 9, 10])], [99], [99, 10, 60], 2)
+    assert [m.chunks for m in micro] == [
+        ((ids[:50], 8, [4, 5, 6, 7, 8, 9, 10]),),
+        ((ids[50:], 58, [4, 5, 6, 7, 8, 9, 10]),),
+    ]
+    assert micro[0].rows == (10,) and micro[1].rows == (49, 10)
+    assert where == [1, 0, 2]
