@@ -120,7 +120,9 @@ def kernel_table(
     if auto:
         machine = machine_key([f"cpu_ops={cpu_ops.build_dir().name}"])
         table = load_or_measure(auto, cache_dir=get_env().cache_dir, machine=machine, progress=progress)
-    plans = dict(table.plans)
+    # This model's operations only: the cache also holds other shapes measured on this machine
+    # (another model, a tensor-parallel rank's share of this one).
+    plans = {op.key: table.plans[op.key] for op in ops if op.key in table.plans}
     for op in ops:
         impl = forced[_family(op.key)]
         if impl != "auto":
