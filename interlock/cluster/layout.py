@@ -5,7 +5,7 @@ and reads what it decides from).
 A CPU host is one device by default: its cores serve one worker's model as that worker's
 threads. Measured on a 2-core Intel Xeon (BENCHMARKS.md, "Tensor and pipeline parallelism"),
 SmolLM2 decoded 1.3x faster as one process of 2 threads than as 2 tensor-parallel ranks of
-one thread, and prefilled 1.3x faster: threads share the memory and cost no all-reduce. So on
+one thread, and prefilled 1.4x faster: threads share the memory and cost no all-reduce. So on
 one CPU host the optimizer only ever picks ``T = P = 1``; ranks pay off across sockets or
 hosts, or on accelerators. ``as_cores=True`` describes the cores as separate devices instead
 (what ``interlock plan --cpu-cores-as-devices`` shows, to compare).

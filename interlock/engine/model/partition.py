@@ -15,8 +15,8 @@ same features; the outputs of o and down are partial sums, added up across the s
 on KV-group boundaries so that every rank keeps the model's own q-per-KV ratio:
 
 * ``T <= kv_heads``: each rank takes a contiguous run of KV heads (uneven where ``T`` does not
-  divide them: SmolLM2-135M's 3 KV heads over 2 ranks are 2 + 1) and the q heads of those
-  groups;
+  divide them: SmolLM2-135M's 3 KV heads over 2 ranks are 1 + 2, the lighter share to rank 0,
+  which also builds the inputs and samples) and the q heads of those groups;
 * ``T > kv_heads``: each KV head is replicated on ``T / kv_heads`` ranks (balanced where it
   does not divide) and its group's q heads are split among them; each rank then holds one
   KV head and all its q heads read it (``T <= heads`` leaves every rank a q head).
@@ -123,14 +123,16 @@ def partition(config: ModelArchConfig, tensor: int, pipeline: int) -> tuple[Rank
     )
 
 
-def _even(n: int, parts: int, *, unit: int = 1) -> list[range]:
+def _even(n: int, parts: int, *, unit: int = 1, light_first: bool = False) -> list[range]:
     """``range(n)`` cut into ``parts`` contiguous runs, sizes multiples of ``unit`` (the last
-    takes the remainder) and as even as that allows; the first runs take the extra units."""
+    takes the remainder) and as even as that allows; the first runs take the extra units, or
+    the last ones (``light_first``)."""
     units, rest = divmod(n, unit)
     base, extra = divmod(units, parts)
     cuts, start = [], 0
     for i in range(parts):
-        size = (base + (i < extra)) * unit + (rest if i == parts - 1 else 0)
+        heavy = i >= parts - extra if light_first else i < extra
+        size = (base + heavy) * unit + (rest if i == parts - 1 else 0)
         cuts.append(range(start, start + size))
         start += size
     return cuts
@@ -146,7 +148,9 @@ def _feature_cuts(n: int, parts: int) -> list[range]:
 def _head_cuts(config: ModelArchConfig, tensor: int) -> list[tuple[range, range]]:
     group = config.num_heads // config.num_kv_heads
     if tensor <= config.num_kv_heads:
-        return [(range(kv.start * group, kv.stop * group), kv) for kv in _even(config.num_kv_heads, tensor)]
+        # The driver (rank 0) also builds inputs and samples: it takes the lighter share.
+        cuts = _even(config.num_kv_heads, tensor, light_first=True)
+        return [(range(kv.start * group, kv.stop * group), kv) for kv in cuts]
     cuts = []
     for kv, ranks in enumerate(_even(tensor, config.num_kv_heads)):
         for q in _even(group, len(ranks)):

@@ -49,10 +49,10 @@ def test_each_stage_covers_the_model_once(tensor: int, pipeline: int) -> None:
 
 def test_heads_follow_their_kv_groups_unevenly_where_ranks_do_not_divide() -> None:
     first, second = partition(SMOL, 2, 1)
-    assert (first.q_heads, first.kv_heads) == (range(0, 6), range(0, 2))
-    assert (second.q_heads, second.kv_heads) == (range(6, 9), range(2, 3))
+    assert (first.q_heads, first.kv_heads) == (range(0, 3), range(0, 1))  # the driver: the lighter share
+    assert (second.q_heads, second.kv_heads) == (range(3, 9), range(1, 3))
     assert (first.intermediate, second.intermediate) == (range(0, 768), range(768, 1536))
-    local = first.local_config(SMOL)
+    local = second.local_config(SMOL)
     assert (local.num_heads, local.num_kv_heads, local.intermediate_size, local.num_layers) == (6, 2, 768, 30)
     assert local.num_heads // local.num_kv_heads == 3 and local.vocab_size == SMOL.vocab_size
 
