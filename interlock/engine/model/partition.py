@@ -149,8 +149,8 @@ def _head_cuts(config: ModelArchConfig, tensor: int) -> list[tuple[range, range]
     group = config.num_heads // config.num_kv_heads
     if tensor <= config.num_kv_heads:
         # The driver (rank 0) also builds inputs and samples: it takes the lighter share.
-        cuts = _even(config.num_kv_heads, tensor, light_first=True)
-        return [(range(kv.start * group, kv.stop * group), kv) for kv in cuts]
+        runs = _even(config.num_kv_heads, tensor, light_first=True)
+        return [(range(kv.start * group, kv.stop * group), kv) for kv in runs]
     cuts = []
     for kv, ranks in enumerate(_even(tensor, config.num_kv_heads)):
         for q in _even(group, len(ranks)):
