@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -51,7 +52,9 @@ def rss_mib(pid: int) -> float:
 
 class Serve:
     def __init__(self, *args: str) -> None:
-        self.port = 18000 + os.getpid() % 1000
+        with socket.socket() as probe:  # a free port of loopback
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
         env = {**os.environ, "INTERLOCK_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(

@@ -539,9 +539,13 @@ def _validate_colocated(g: ExecutionGroup, at: str) -> None:
     """What a group hosting other models, and each model it hosts, must be."""
     if g.offload_after_s < 0:
         raise ConfigError(f"{at}.offload_after_s: must be >= 0")
-    if g.offload_after_s and (g.engine != "interlock" or g.runner != "torch"):
+    if g.offload_after_s and (
+        g.engine != "interlock"
+        or g.runner != "torch"
+        or g.tensor_parallel_size * g.pipeline_parallel_size > 1
+    ):
         raise ConfigError(
-            f"{at}.offload_after_s: only the interlock engine's torch runner drops idle weights"
+            f"{at}.offload_after_s: only the interlock engine's torch runner of one rank drops idle weights"
         )
     if not g.colocate:
         return

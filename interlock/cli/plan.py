@@ -138,6 +138,8 @@ def describe_devices(args: argparse.Namespace) -> Cluster:
     """The cluster the flags describe; with no ``--devices``, this machine's CPU cores."""
     if args.devices is None:
         return _this_cpu(args)
+    if args.cpu_cores_as_devices:
+        raise ConfigError("--cpu-cores-as-devices describes this machine: not with --devices")
     if args.device_memory_gib is None:
         raise ConfigError("--devices needs --device-memory-gib")
     given = {
@@ -173,11 +175,16 @@ def _h100_defaults() -> dict[str, float]:
 
 
 def _this_cpu(args: argparse.Namespace) -> Cluster:
+    other_hosts = [f for f in ("devices_per_host", "inter_host_gbs") if getattr(args, f) is not None]
+    if other_hosts:
+        flags = ", ".join("--" + f.replace("_", "-") for f in other_hosts)
+        raise ConfigError(f"{flags}: with no --devices the plan is for this one host; give --devices too")
     try:
         return describe_cpu(
             memory=args.device_memory_gib * GIB if args.device_memory_gib else None,
             bandwidth=args.memory_bandwidth_gbs * 1e9 if args.memory_bandwidth_gbs else None,
-            core_gflops=args.device_tflops * 1e3 if args.device_tflops else None,
+            device_flops=args.device_tflops * 1e12 if args.device_tflops else None,
+            link_bandwidth=args.link_gbs * 1e9 if args.link_gbs else None,
             link_latency_us=args.link_latency_us,
             headroom=args.headroom,
             as_cores=args.cpu_cores_as_devices,

@@ -277,9 +277,7 @@ class RunningCluster:
         self.auth = replace(auth, tls_ca=None, tls_cert=None, tls_key=None) if given else generate_auth()
         self.secret = self.secret or new_cluster_secret()
         if self.auth.user is not None:  # one confined login per worker (a token server has one login)
-            self._logins = {
-                ws.instance_id: worker_user(ws.instance_id, also=ws.instance_ids[1:]) for ws in initial
-            }
+            self._logins = {ws.instance_id: _worker_login(ws) for ws in initial}
         self.nats = NatsProcess(auth=self.auth, users=tuple(self._logins.values()))
         await self.nats.start()
         self.supervisor.watch(self.nats)
@@ -293,7 +291,7 @@ class RunningCluster:
             return self.auth
         user = self._logins.get(ws.instance_id)
         if user is None:
-            user = self._logins[ws.instance_id] = worker_user(ws.instance_id, also=ws.instance_ids[1:])
+            user = self._logins[ws.instance_id] = _worker_login(ws)
             await self.nats.add_users((user,))
         return user.auth
 
@@ -796,3 +794,8 @@ def worker_env() -> dict[str, str]:
     if get_env().omp_wait_policy:
         env["OMP_WAIT_POLICY"] = get_env().omp_wait_policy
     return env
+
+
+def _worker_login(ws: WorkerSpec) -> NatsUser:
+    """A worker process's NATS login: its own subjects and those of the models it hosts."""
+    return worker_user(ws.instance_id, also=ws.instance_ids[1:])

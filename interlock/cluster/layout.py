@@ -40,9 +40,9 @@ from interlock.planner.parallel_shapes import GIB
 CPU_CORE_GFLOPS = 200.0
 """A core's bf16 matmul rate, assumed: Interlock's kernels reached ~210 GFLOP/s a core in prefill
 on a Zen 4 (BENCHMARKS.md, "Engine on CPU")."""
-CPU_LINK_US = 20.0
+CPU_LINK_US = 38.0
 """The shared-memory all-reduce's latency between ranks on cores (``engine.parallel.comm``:
-38 us measured for one decode row on the 2-core Xeon, most of it Python)."""
+measured for one decode row on the 2-core Xeon, most of it Python)."""
 H100 = {"tflops": 989.0, "bandwidth_gbs": 3350.0, "link_gbs": 450.0, "link_us": 10.0}
 """An H100 SXM's figures (bf16 dense, HBM3, NVLink), assumed where a device's are not given."""
 INTER_HOST = {"gbs": 50.0, "us": 25.0}
@@ -73,12 +73,14 @@ def describe_cpu(
     *,
     memory: float | None = None,
     bandwidth: float | None = None,
-    core_gflops: float | None = None,
+    device_flops: float | None = None,
+    link_bandwidth: float | None = None,
     link_latency_us: float | None = None,
     headroom: float = 0.1,
     as_cores: bool = False,
 ) -> Cluster:
-    """This CPU host (module note); a figure given replaces what is measured or assumed."""
+    """This CPU host (module note); a figure given replaces what is measured or assumed
+    (``device_flops``: one device's, the whole host's or one core's with ``as_cores``)."""
     cores = len(os.sched_getaffinity(0))
     devices = cores if as_cores else 1
     assumed = []
@@ -93,23 +95,22 @@ def describe_cpu(
         assumed.append(
             f"memory bandwidth {bandwidth / 1e9:.1f} GB/s a device: a one-thread copy measured now"
         )
-    if core_gflops is None:
-        core_gflops = CPU_CORE_GFLOPS
+    if device_flops is None:
+        device_flops = CPU_CORE_GFLOPS * 1e9 * (1 if as_cores else cores)
         assumed.append(f"compute {CPU_CORE_GFLOPS:g} GFLOP/s a core (Interlock's bf16 kernels on a Zen 4)")
     if link_latency_us is None:
         link_latency_us = CPU_LINK_US
         assumed.append(f"all-reduce latency {CPU_LINK_US:g} us (shared memory, engine.parallel.comm)")
     if not as_cores:
         assumed.append(f"one device: the {cores} cores are one worker's threads (faster than ranks here)")
-    per_device = core_gflops * 1e9 * (1 if as_cores else cores)
     device = DeviceSpec(
-        int(memory), per_device, bandwidth, "cpu core" if as_cores else f"cpu ({cores} cores)"
+        int(memory), device_flops, bandwidth, "cpu core" if as_cores else f"cpu ({cores} cores)"
     )
     return Cluster(
         device=device,
         devices=devices,
         devices_per_host=devices,
-        link_bandwidth=bandwidth,
+        link_bandwidth=link_bandwidth or bandwidth,
         link_latency_s=link_latency_us * 1e-6,
         inter_host_bandwidth=INTER_HOST["gbs"] * 1e9,
         inter_host_latency_s=INTER_HOST["us"] * 1e-6,

@@ -162,3 +162,18 @@ def test_this_machine_s_cores_as_devices_on_request(capsys: pytest.CaptureFixtur
     code, out, _ = plan(capsys, "smollm2", "--memory-bandwidth-gbs", "20", "--cpu-cores-as-devices")
     assert code == 0
     assert "x cpu core (" in out.splitlines()[1]
+
+
+def test_flags_of_other_hosts_are_refused_for_this_one(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = plan(capsys, "smollm2", "--memory-bandwidth-gbs", "20", "--devices-per-host", "4")
+    assert code == 2 and "--devices-per-host: with no --devices the plan is for this one host" in err
+    code, _, err = plan(capsys, LLAMA_70B, *H100S, "--cpu-cores-as-devices")
+    assert code == 2 and "--cpu-cores-as-devices describes this machine: not with --devices" in err
+
+
+def test_this_machine_s_figures_given_are_used(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = plan(
+        capsys, "smollm2", "--memory-bandwidth-gbs", "20", "--device-tflops", "1.5", "--link-gbs", "7"
+    )
+    assert code == 0
+    assert "1.5 TFLOP/s" in out.splitlines()[1] and "link 7.0 GB/s" in out.splitlines()[1]

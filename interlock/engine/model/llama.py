@@ -19,7 +19,8 @@ Elsewhere (fp32, CUDA, other CPUs) the plain PyTorch path below computes the sam
 One rank of a tensor x pipeline group (``partition``) is the same class over its share: its
 config is the local one (its heads, features and layers), and ``reduce`` adds up the partial
 outputs of o and down across the stage's ranks before each residual add. ``forward`` is
-``embed``, ``layers`` and ``logits`` in a row; a group calls them one by one.
+``embed``, ``layers`` and ``logits`` in a row; a group calls them one by one (under its own
+inference mode: ``Stage.run``).
 """
 
 from __future__ import annotations
@@ -117,11 +118,9 @@ class LlamaModel:
         h = self.layers(self.embed(input_ids), positions, meta, cache)
         return self.logits(h.index_select(0, logits_indices))
 
-    @torch.inference_mode()
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.weights.embed)
 
-    @torch.inference_mode()
     def layers(
         self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, cache: PagedKVCache
     ) -> torch.Tensor:
@@ -137,7 +136,6 @@ class LlamaModel:
             h = h + self._sum(self._mlp(x, layer))
         return h
 
-    @torch.inference_mode()
     def logits(self, last: torch.Tensor) -> torch.Tensor:
         """fp32 logits of the residual stream's rows ``last`` (the driver only)."""
         assert self.weights.lm_head is not None, "only the driver rank holds the output head"

@@ -67,10 +67,6 @@ class RankShard:
     def driver(self) -> bool:
         return self.rank == 0
 
-    def stage_ranks(self) -> range:
-        """The ranks of this rank's stage (its all-reduce group)."""
-        return range(self.stage * self.tensor_size, (self.stage + 1) * self.tensor_size)
-
     def local_config(self, config: ModelArchConfig) -> ModelArchConfig:
         """``config`` as this rank sees it: its heads, features and layers only (vocabulary,
         head size, norms and RoPE unchanged)."""

@@ -28,7 +28,7 @@ from interlock.engine.model.config import ModelArchConfig
 from interlock.engine.model.dispatch import linear_key
 from interlock.engine.model.kernel_choice import KernelTable, Plan
 from interlock.engine.model.linear import Linear
-from interlock.engine.model.partition import RankShard
+from interlock.engine.model.partition import RankShard, partition
 from interlock.errors import ConfigError
 
 
@@ -89,7 +89,7 @@ def load_weights(
     ``table`` gives each layer weight's kernel per row count (None: the default choice);
     ``shard``: one rank's share of the full model ``config`` (None: all of it)."""
     ckpt = _Checkpoint(folder)
-    cut = shard or _whole(config)
+    cut = shard or partition(config, 1, 1)[0]
     embed = (
         ckpt.get("model.embed_tokens.weight", dtype, device)
         if cut.first_stage  # the driver is on the first stage: its (tied) head has the weight
@@ -104,20 +104,6 @@ def load_weights(
         layers=tuple(_layer(ckpt, config, i, dtype, device, fused, table, cut) for i in cut.layers),
         norm=ckpt.get("model.norm.weight", dtype, device) if cut.driver else torch.empty(0, dtype=dtype),
         lm_head=lm_head,
-    )
-
-
-def _whole(config: ModelArchConfig) -> RankShard:
-    return RankShard(
-        rank=0,
-        tensor_rank=0,
-        stage=0,
-        tensor_size=1,
-        pipeline_size=1,
-        q_heads=range(config.num_heads),
-        kv_heads=range(config.num_kv_heads),
-        intermediate=range(config.intermediate_size),
-        layers=range(config.num_layers),
     )
 
 

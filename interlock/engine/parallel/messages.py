@@ -47,10 +47,6 @@ class Micro:
     chunks: tuple[tuple[list[int], int, list[int]], ...]
     rows: tuple[int, ...]
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(c[0]) for c in self.chunks)
-
 
 @dataclass(frozen=True, slots=True)
 class Step:
