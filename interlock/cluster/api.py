@@ -567,6 +567,7 @@ class ServingInstance:
         entry = next((m for m in service.models() if m.name == self.model), None)
         if entry is None:
             raise ConfigError(f"model {self.model!r} has no worker")
+        service.prefetch(entry.name)  # idle weights load while the prompt is prepared
         tok = await tokenizers.tokenizer(entry)
         limits = self.cluster._running.spec.frontend or FrontendConfig()  # the HTTP API's limits
         rid = f"py-{uuid.uuid4().hex}"

@@ -93,6 +93,18 @@ class AsyncEngine:
     async def pool_status(self) -> tuple[int, int, str]:
         return await self.call(pool_figures)
 
+    async def load_weights(self) -> float:
+        """Bring offloaded weights back now, between two steps (the router's prefetch); seconds
+        it took, 0 if they were in. The report that says they are in goes out at once."""
+
+        def load(core: EngineCore) -> float:
+            took = core.load_weights()
+            if took:
+                self._publish_load(core.load)
+            return took
+
+        return await self.call(load)
+
     def announce(self) -> dict[str, str]:
         return {}  # the KV hand-off (engine.disagg) announces its own agent
 
@@ -227,7 +239,8 @@ class AsyncEngine:
                 except Exception:  # noqa: BLE001 - one bad command never stops the loop
                     log.exception("engine command failed")
             if not core.has_work() and not self._deadline_passed():
-                core.idle()
+                if core.idle():  # the weights left: the router prices their return now
+                    self._publish_load(core.load)
                 continue
             try:
                 result = core.step()
@@ -305,6 +318,17 @@ class AsyncEngine:
             return
         try:
             loop.call_soon_threadsafe(self._on_step, batches.get(loop), result.kv_events, result.load)
+        except RuntimeError:  # the loop is closed: nobody to publish to
+            pass
+
+    def _publish_load(self, load: LoadReport) -> None:
+        """A load report outside a step (weights offloaded or brought back), on the engine's loop."""
+        self._load = load
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self._sink_call, self._sink.on_load, load)
         except RuntimeError:  # the loop is closed: nobody to publish to
             pass
 

@@ -1,4 +1,5 @@
-"""A worker's control calls (``interlock.protocol.control``): role change, pool check, link check.
+"""A worker's control calls (``interlock.protocol.control``): role change, pool check, link check,
+weights brought back (the router's prefetch).
 
 Served on the request plane next to ``generate``, at ``metadata["control_address"]`` of the
 worker's ``InstanceInfo``. Each call answers with one ``ControlReply``; a failure is a reply
@@ -65,6 +66,8 @@ class WorkerControl:
             return await self._status()
         if req.op == "measure_link":
             return await self._measure(req.peer_address)
+        if req.op == "load_weights":
+            return ControlReply(ok=True, role=w.info.role, weights_load_s=await w.engine.load_weights())
         return ControlReply(ok=False, error=f"unknown op {req.op!r}")
 
     async def _status(self) -> ControlReply:

@@ -201,10 +201,24 @@ class EngineCore:
             and self.clock.now() - self._last_busy >= after
         )
 
-    def idle(self) -> None:
-        """Called by the step loop while nothing runs: drop an idle model's weights when due."""
+    def idle(self) -> bool:
+        """Called by the step loop while nothing runs: drop an idle model's weights when due.
+        True: they were dropped (``load`` says so now: the caller publishes it)."""
         if self.offload_due() and self.runner.offload():
             self.scheduler.stats.weight_offloads.inc()
+            self._load = self._load_report(0.0, 0)
+            return True
+        return False
+
+    def load_weights(self) -> float:
+        """Bring offloaded weights back before a request needs them (the router's prefetch):
+        seconds it took, 0 if they were in. Counts as activity (the idle clock starts again)."""
+        took = self.runner.load_weights()
+        self._last_busy = self.clock.now()
+        if took:
+            self.scheduler.stats.weight_loads.observe(took)
+            self._load = self._load_report(0.0, 0)
+        return took
 
     def has_work(self) -> bool:
         """A step now could make progress (parked requests waiting for KV need none)."""
@@ -235,9 +249,9 @@ class EngineCore:
         step_time = 0.0
         if batch.scheduled:
             self._last_busy = t0
-            loads = getattr(self.runner, "reloads", 0)
+            wait = self.runner.weights_load_s
             result, step_time = self._execute(batch, t0)
-            if getattr(self.runner, "reloads", 0) > loads:  # this step brought the weights back
+            if wait and not self.runner.weights_load_s:  # this step brought the weights back
                 self.scheduler.stats.weight_loads.observe(self.runner.last_reload_s)  # type: ignore[attr-defined]
             if isinstance(result, ErrorInfo):
                 outputs += self.scheduler.fail(batch, result)
@@ -303,6 +317,7 @@ class EngineCore:
             decode_step_s=self._decode_step_s,
             busy_s=self._busy_s,
             kv_tiers=self.tiers.stats() if self.tiers is not None else (),
+            weights_load_s=self.runner.weights_load_s,
         )
 
     @property

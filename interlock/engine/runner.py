@@ -92,6 +92,15 @@ class ModelRunner(Protocol):
         (already out, or this runner keeps them)."""
         ...
 
+    @property
+    def weights_load_s(self) -> float:
+        """Seconds the next step would wait for offloaded weights (0 while they are in)."""
+        ...
+
+    def load_weights(self) -> float:
+        """Bring offloaded weights back now (a prefetch); seconds it took, 0 if they were in."""
+        ...
+
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
         """Copy the KV of ``block_ids`` into ``out`` (len(block_ids) * kv_block_nbytes bytes)."""
         ...

@@ -82,6 +82,11 @@ class ServingEngine(Protocol):
         """(KV blocks used, KV blocks total, integrity error or "")."""
         ...
 
+    async def load_weights(self) -> float:
+        """Bring weights an idle model offloaded back now (the router's prefetch): seconds it
+        took, 0 when they were in or never leave."""
+        ...
+
     def problem(self) -> str | None: ...
 
     def announce(self) -> dict[str, str]:
@@ -229,6 +234,9 @@ class FakeEngine(FixedSizes):
 
     async def pool_status(self) -> tuple[int, int, str]:
         return len(self._stored), self._num_blocks, ""
+
+    async def load_weights(self) -> float:
+        return 0.0  # the fake has no weights
 
     async def shutdown(self) -> None:
         self._dead = self._dead or "shut down"

@@ -351,6 +351,7 @@ class Frontend:
         request[ACCESS] = Access(ctx.request_id, req)
         REQUEST_ID.set(ctx.request_id)
         entry = self.catalog.find(req.model)
+        self.backend.prefetch(entry.name)  # idle weights load while the prompt is prepared
         tok = await self.catalog.tokenizer(entry)
         prompts: list[str | list[int] | None] = (
             [None] if isinstance(req, ChatCompletionRequest) else list(completion_prompts(req))

@@ -50,6 +50,11 @@ class Backend(Protocol):
         """Stream outputs for ``request``; see the module docstring for the contract."""
         ...
 
+    def prefetch(self, model: str) -> None:
+        """A request for ``model`` arrived and is about to be prepared: start whatever its
+        serving needs that can start now (weights an idle worker offloaded). Never raises."""
+        ...
+
 
 def truthy(value: str | None) -> bool:
     return value is not None and value.strip().lower() in ("1", "true", "yes", "on")

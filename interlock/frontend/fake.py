@@ -45,12 +45,17 @@ class FakeBackend:
     contexts: list[RequestContext] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
+    prefetched: list[str] = field(default_factory=list)
+    """Models whose ``prefetch`` was called, in order."""
     active: int = 0
     keep_history: bool = True
     """False for benchmarks: do not grow the request lists."""
 
     def models(self) -> list[ModelEntry]:
         return self.entries
+
+    def prefetch(self, model: str) -> None:
+        self.prefetched.append(model)
 
     def script_for(self, request: GenerateRequest, ctx: RequestContext) -> FakeScript:
         return self.script if isinstance(self.script, FakeScript) else self.script(request, ctx)

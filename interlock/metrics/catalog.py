@@ -229,6 +229,13 @@ def _specs() -> tuple[Spec, ...]:
             group="gpu_utilization",
         ),
         Spec(
+            "interlock_worker_weights_out_seconds",
+            "gauge",
+            "Seconds the worker's next request would wait for its model's weights, offloaded while "
+            "idle (offload_after_s); 0 while they are in (last load report).",
+            w,
+        ),
+        Spec(
             "interlock_worker_kv_handoffs_total",
             "counter",
             "A guest engine's KV hand-offs, by outcome (vLLM's NIXL connector: prefills handed over, "
@@ -386,6 +393,13 @@ def _specs() -> tuple[Spec, ...]:
             "interlock_router_kv_syncing_workers",
             "gauge",
             "Workers whose KV state is being pulled (routed by what the index has meanwhile).",
+        ),
+        Spec(
+            "interlock_router_weight_prefetches_total",
+            "counter",
+            "Workers asked to load their offloaded weights as a request arrived (no warm worker "
+            "was free), by outcome (loaded, failed).",
+            ("outcome",),
         ),
         Spec(
             "interlock_disagg_choices_total",

@@ -126,7 +126,7 @@ class PlannerLoop:
             traffic=traffic,
             room=cap.room,
             room_reason=cap.reason,
-            startup_s=cap.startup_s,
+            startup_s=Observation.with_returns(cap.startup_s, views),
         )
 
     def traffic(

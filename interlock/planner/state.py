@@ -8,6 +8,7 @@ simulator's workers) and carry actions out (start or stop processes, simulated w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from interlock.protocol.events import LoadReport
@@ -38,6 +39,9 @@ class WorkerView:
     """Being removed: no new requests; it leaves the pool."""
     age_s: float = INF
     """Seconds since it became ready (for the routing-weight ramp)."""
+    weights_out_s: float = 0.0
+    """Its model offloaded its weights while idle: the seconds they take to come back (its
+    report's ``weights_load_s``); 0 while they are in."""
 
     @property
     def in_flight(self) -> int:
@@ -73,6 +77,7 @@ class WorkerView:
             ready=ready,
             draining=draining,
             age_s=age_s,
+            weights_out_s=report.weights_load_s,
         )
 
 
@@ -126,8 +131,16 @@ class Observation:
     room_reason: str = ""
     """Why ``room`` is what it is (said in a hold when the planner cannot grow)."""
     startup_s: float = 0.0
-    """Measured seconds from "add" to "serving" for a new worker of this fleet (0: not
-    measured yet)."""
+    """Seconds until capacity asked for now serves: the measured time from "add" to "serving"
+    of a new worker of this fleet (0: not measured yet), plus the return time of weights its
+    workers offloaded while idle (``WorkerView.weights_out_s``, the longest): what a pool of
+    offloaded workers is slow to give back counts as start-up, so the policies add earlier and
+    remove later by it (``with_returns``)."""
+
+    @staticmethod
+    def with_returns(startup_s: float, workers: Sequence[WorkerView]) -> float:
+        """``startup_s`` plus the longest return of offloaded weights among ``workers``."""
+        return startup_s + max((w.weights_out_s for w in workers if not w.draining), default=0.0)
 
     def pool(self, role: str) -> list[WorkerView]:
         """Workers of ``role`` that count towards it: started or starting, not draining."""

@@ -1,5 +1,5 @@
 """Worker control calls on the request plane (wire types): change role, check the block pool,
-measure a KV-transfer link.
+measure a KV-transfer link, bring offloaded weights back.
 
 A worker serves them at ``InstanceInfo.metadata["control_address"]``; each call streams back
 exactly one ``ControlReply``.
@@ -11,7 +11,7 @@ import msgspec
 
 CONTROL_ENDPOINT = "interlock.worker.control"
 
-OPS = ("status", "set_role", "check_integrity", "measure_link")
+OPS = ("status", "set_role", "check_integrity", "measure_link", "load_weights")
 
 
 class ControlRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,3 +41,5 @@ class ControlReply(msgspec.Struct, frozen=True, kw_only=True):
     bandwidth_bytes_per_s: float = 0.0
     rtt_s: float = 0.0
     transport: str = ""
+    weights_load_s: float = 0.0
+    """``load_weights``: seconds the offloaded weights took to load (0: they were in)."""

@@ -97,6 +97,10 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     ``rate()`` of it is the device utilisation)."""
     kv_tiers: tuple[TierStats, ...] = ()
     """The worker's KV tiers below the device pool, fastest first (empty: none)."""
+    weights_load_s: float = 0.0
+    """While the model's weights are out (an idle model offloaded them, ``offload_after_s``):
+    the seconds the next request waits for them to load again (the last load measured, or
+    the first); 0 while they are in. The router adds it to the worker's cost."""
     kv_handoffs: tuple[tuple[str, int], ...] = ()
     """A guest engine's own KV hand-offs since it started, by outcome (vLLM's NIXL connector:
     ``nixl_prefills`` handed over, ``nixl_pulls`` received, ``nixl_failed`` pulls that failed

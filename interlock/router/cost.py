@@ -103,6 +103,13 @@ they count as hits in ``uncached_w`` and cost ``lower_blocks_w * load_s_per_bloc
 worker's measured load time per block. A lower-tier hit is so priced between a device hit
 (free) and a miss (its prefill).
 
+Weights out: a worker whose model offloaded its weights while idle (``offload_after_s``) makes
+its next request wait for them to load again (``LoadReport.weights_load_s``, the last load it
+timed). The decider adds that wait to the worker's cost after ``ttft_costs``, in seconds like
+the rest (``kv_decide.ReferenceDecider.costs``; the compiled decider leaves such decisions to
+it): a warm worker keeps the traffic until its queue is longer than the load, and the idle one
+keeps its memory free for the models beside it.
+
 Room: a worker whose free KV blocks cannot hold the prompts queued on it plus this one's
 uncached part admits it only as running requests finish (an engine allocates blocks as tokens
 need them and queues what does not fit). ``room_wait_s`` prices that wait: the deficit, freed at

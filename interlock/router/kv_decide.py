@@ -106,7 +106,13 @@ class ReferenceDecider:
 
     def costs(self, req: KvRequest, overlaps: np.ndarray) -> np.ndarray:
         """``ttft_costs`` of every slot from the load tracker's vectors (``cost.py`` has the
-        formula)."""
+        formula), plus the wait for weights a worker offloaded while idle (``cost.py``,
+        "Weights out")."""
+        costs = self._ttft_costs(req, overlaps)
+        waits = self.load.weights_waits()
+        return costs if waits is None else costs + waits[: len(costs)]
+
+    def _ttft_costs(self, req: KvRequest, overlaps: np.ndarray) -> np.ndarray:
         n, load, params = len(overlaps), self.load, self.params
         overhead, per_token = load.speeds()
         decode_step = load.decode_step()[:n]

@@ -92,6 +92,7 @@ _VECTORS: tuple[tuple[str, float, type], ...] = (
     ("prefill_tps", DEFAULT_PREFILL_TPS, float),
     ("decode_step_s", DEFAULT_DECODE_STEP_S, float),
     ("load_s_per_block", DEFAULT_LOAD_S_PER_BLOCK, float),
+    ("weights_wait_s", 0.0, float),
     ("decode_measured", False, bool),
     ("report_time", -np.inf, float),
     ("_block_size", 16.0, float),
@@ -173,6 +174,9 @@ class LoadTracker:
     decode_step_s: np.ndarray
     load_s_per_block: np.ndarray
     """Measured seconds to load one KV block from the worker's lower tiers (host, disk)."""
+    weights_wait_s: np.ndarray
+    """Seconds the worker's next request waits for its model's weights to load again (it
+    offloaded them while idle: ``LoadReport.weights_load_s``); 0 while they are in."""
     decode_measured: np.ndarray
     """The worker has reported a decode step time (until then it is priced like the fleet)."""
     report_time: np.ndarray
@@ -222,6 +226,8 @@ class LoadTracker:
         for name, fill, dtype in _VECTORS:
             setattr(self, name, np.full(capacity, fill, dtype=dtype))
         self._num_busy = 0
+        self.num_weights_out = 0
+        """Slots with ``weights_wait_s`` above 0 (while there are none it is never read)."""
         self._num_measured = 0
         """Slots with ``decode_measured`` set."""
         self._fits: dict[int, StepTimeFit] = {}
@@ -283,6 +289,7 @@ class LoadTracker:
         self._num_fitted -= bool(self._fitted[slot])
         self._num_busy -= bool(self._busy[slot])
         self._num_measured -= bool(self.decode_measured[slot])
+        self.num_weights_out -= bool(self.weights_wait_s[slot])
         for name, fill, _ in _VECTORS:
             getattr(self, name)[slot] = fill
         self._fits.pop(slot, None)
@@ -527,6 +534,18 @@ class LoadTracker:
         self._retire_fresh(slot, now)
         self._write_figures(slot, r)
         self._note_speeds(slot, r)
+        if r.weights_load_s or self.num_weights_out:  # never, unless some model offloads
+            self.set_weights_wait(slot, r.weights_load_s)
+
+    def set_weights_wait(self, slot: int, wait_s: float) -> None:
+        """The seconds ``slot``'s weights need to come back (0: they are in, or on their way
+        after a prefetch)."""
+        self.num_weights_out += bool(wait_s) - bool(self.weights_wait_s.item(slot))
+        self.weights_wait_s[slot] = wait_s
+
+    def weights_waits(self) -> np.ndarray | None:
+        """``weights_wait_s`` where some worker's weights are out, else None."""
+        return self.weights_wait_s if self.num_weights_out else None
 
     def _retire_fresh(self, slot: int, now: float) -> None:
         """The slot's dispatches routed before ``now - report_lag_s`` are in its report now:

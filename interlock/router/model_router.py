@@ -258,6 +258,29 @@ class Router:
     def workers(self) -> list[str]:
         return list(self._workers)
 
+    def weights_to_wake(self, role: str | None = None) -> str | None:
+        """The prefetch of offloaded weights: a request arrived (not yet templated, tokenized or
+        routed), and no eligible worker has its weights in and is free (none is warm, or every
+        warm one is busy: the queue grows). Then the eligible worker whose weights come back
+        soonest is the one to wake now; it is priced as warm from here on (its weights are on
+        their way; its next report says how it went). None: nothing to wake."""
+        load = self.load
+        if not load.num_weights_out:
+            return None
+        eligible = self._eligible(role)
+        waits = load.weights_wait_s[: len(eligible)]
+        out = eligible & (waits > 0)
+        if not out.any():
+            return None
+        warm = eligible & ~out
+        if load.num_busy:
+            warm &= ~self._busy_mask()
+        if warm.any():
+            return None
+        slot = int(np.flatnonzero(out)[np.argmin(waits[out])])
+        load.set_weights_wait(slot, 0.0)
+        return self._slot_ids[slot]
+
     # ---- inputs from the planes ----
     def apply_events(self, batch: KVEventBatch) -> ApplyResult:
         """Apply a worker's KV events. On GAP the glue should ask that worker for a snapshot

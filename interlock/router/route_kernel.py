@@ -387,6 +387,8 @@ class CompiledDecider:
         return cls(RouteKernel(lib), reference)
 
     def decide(self, req: KvRequest) -> KvChoice:
+        if self.load.num_weights_out:  # a worker whose weights are out: priced by the reference
+            return self.reference.decide(req)
         indexer = self.indexer
         if req.lookup is None and indexer.compiled and not indexer.has_lower_tiers():
             # lookup, cost, ranking and choice in one call (inline: a decision's budget is ~15 µs)

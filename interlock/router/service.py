@@ -43,6 +43,7 @@ from interlock.protocol import (
     LoadReport,
     subjects,
 )
+from interlock.protocol.control import ControlRequest
 from interlock.protocol.discovery import ADDRESS_SCHEMES, instance_problem
 from interlock.protocol.events import RouterLoadEvent
 from interlock.protocol.kv_sync import KV_LOOKUP_ENDPOINT, KV_REPLICA_ENDPOINT, REPLICA_ID_PREFIX
@@ -58,6 +59,7 @@ from interlock.router.model_card import Card, card_of
 from interlock.router.model_router import Router, RouterConfig
 from interlock.router.roster import Roster
 from interlock.router.shards import Shard, parse_shard
+from interlock.router.worker_control import control_call
 from interlock.runtime.interfaces import Discovery, DiscoveryEvent, EventPlane, RequestPlane
 from interlock.runtime.link import ControlLink
 
@@ -76,6 +78,9 @@ three NATS messages per request, each echoed back, were a fifth of the frontend'
 TURN_S = 0.002
 """The longest stretch of worker messages (KV events, load reports) taken in one turn of the
 event loop before requests get theirs."""
+
+_PREFETCH_TIMEOUT_S = 300.0
+"""The longest a weight prefetch is waited for (a large model from a cold disk)."""
 
 __all__ = ["EXPLAIN_HEADER", "RouterService", "ServiceOptions"]
 
@@ -161,6 +166,10 @@ class RouterService:
         self._instances = self._roster.routed
         """Routed workers by id (read only: through ``_roster``)."""
         self._tasks: list[asyncio.Task[None]] = []
+        self._prefetching: set[asyncio.Task[None]] = set()
+        """Weight prefetches under way (``prefetch``)."""
+        self.prefetches: Counter[str] = Counter()
+        """Weight prefetches ended, by outcome (``loaded``, ``failed``)."""
         self._changed = asyncio.Event()
         self._reports: dict[str, LoadReport] = {}
         self._known_models: dict[str, ModelEntry] = {}
@@ -235,9 +244,10 @@ class RouterService:
         if self._share_timer is not None:
             self._share_timer.cancel()
             self._share_timer = None
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._prefetching]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
@@ -308,6 +318,35 @@ class RouterService:
             self._waiting[model] -= 1
             if self._waiting[model] <= 0:
                 del self._waiting[model]
+
+    def prefetch(self, model: str) -> None:
+        """A request for ``model`` arrived: where it would otherwise wait for weights a worker
+        offloaded while idle (``Router.weights_to_wake``), ask that worker to load them now, so
+        they load while the request is templated, tokenized and routed."""
+        router = self.routers.get(model)
+        wid = router.weights_to_wake() if router is not None else None
+        info = self._instances.get(wid) if wid is not None else None
+        address = info.metadata.get("control_address") if info is not None else None
+        if wid is None or not address:
+            return
+        task = asyncio.create_task(self._load_weights(wid, address), name=f"prefetch-{wid[:32]}")
+        self._prefetching.add(task)
+        task.add_done_callback(self._prefetching.discard)
+
+    async def _load_weights(self, instance_id: str, address: str) -> None:
+        try:
+            reply = await asyncio.wait_for(
+                control_call(self.requests, address, ControlRequest(op="load_weights")), _PREFETCH_TIMEOUT_S
+            )
+        except Exception as exc:  # noqa: BLE001 - a prefetch that fails costs only its time
+            log.warning("prefetching %s's weights failed: %s", instance_id, exc)
+            self.prefetches["failed"] += 1
+            return
+        if not reply.ok:
+            log.warning("prefetching %s's weights failed: %s", instance_id, reply.error)
+        self.prefetches["loaded" if reply.ok else "failed"] += 1
+        if reply.weights_load_s:
+            log.info("prefetched %s's weights in %.2f s", instance_id, reply.weights_load_s)
 
     def waiting_for_worker(self, model: str | None = None) -> int:
         """Requests waiting for an eligible worker of ``model`` (None: of every model): at a pool
@@ -450,6 +489,7 @@ class RouterService:
             ("interlock_worker_running_requests", lambda r: r.num_running),
             ("interlock_worker_waiting_requests", lambda r: r.num_waiting),
             ("interlock_worker_busy_seconds_total", lambda r: r.busy_s),
+            ("interlock_worker_weights_out_seconds", lambda r: r.weights_load_s),
         )
         for name, get in per_worker:
             reg.collect(name, partial(self._per_worker, get))
@@ -530,6 +570,10 @@ class RouterService:
             "interlock_router_kv_lookups_served_total", lambda: (((), self.kv_lookup_server.answered),)
         )
         reg.collect("interlock_router_kv_syncing_workers", lambda: (((), self.kv_sync.syncing),))
+        reg.collect(
+            "interlock_router_weight_prefetches_total",
+            lambda: [((k,), n) for k, n in sorted(self.prefetches.items())],
+        )
 
     def _register_router_metrics(self, reg: Registry) -> None:
         per_model: tuple[tuple[str, Callable[[Router], float]], ...] = (

@@ -5,7 +5,9 @@ whose final norm is scaled by 0.8 (``model_store.variant``), so the two answer d
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -48,6 +50,17 @@ def _complete(client: openai.OpenAI, model: str) -> tuple[str, float, float]:
     return text, first_lp, ttft
 
 
+def _metric(served: Served, name: str, label: str) -> float | None:
+    """The value of ``name``'s sample whose labels contain ``label`` in the frontend's /metrics."""
+    with urllib.request.urlopen(f"{served.base_url.removesuffix('/v1')}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        m = re.fullmatch(rf"{name}\{{(.*)\}} (\S+)", line)
+        if m and label in m.group(1):
+            return float(m.group(2))
+    return None
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     tmp = tmp_path_factory.mktemp("colocate")
@@ -85,8 +98,15 @@ def test_two_models_share_one_worker_process_and_a_guest_comes_back_after_offloa
     # Idle past offload_after_s: the guest's weights leave the process (the host's stay).
     assert wait_until(lambda: _rss_mib(worker) < loaded - 100, OFFLOAD_AFTER_S + 30)
     offloaded = _rss_mib(worker)
+    # The router knows: the guest's report says how long its weights take to come back.
+    out_s = "interlock_worker_weights_out_seconds"
+    assert wait_until(lambda: (_metric(served, out_s, f'model="{GUEST}"') or 0) > 0, 10)
+    assert _metric(served, out_s, f'model="{HOST}"') == 0
     again_text, again_lp, cold_ttft = _complete(client, GUEST)
     assert (again_text, round(again_lp, 4)) == (guest_text, round(guest_lp, 4))
+    # No warm worker of the guest was free: the request's arrival woke it (a prefetch).
+    assert _metric(served, "interlock_router_weight_prefetches_total", 'outcome="loaded"') == 1
+    assert wait_until(lambda: _metric(served, out_s, f'model="{GUEST}"') == 0, 10)
     assert _complete(client, HOST)[0] == host_text
     assert served.worker_pids() == [worker]
     print(

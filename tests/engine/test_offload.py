@@ -51,6 +51,24 @@ def test_an_idle_model_drops_its_weights_and_the_next_request_brings_them_back()
     core.check_integrity()
 
 
+def test_the_load_report_says_how_long_the_weights_take_and_a_prefetch_brings_them_back() -> None:
+    clock = VirtualClock()
+    runner = TorchRunner.from_config(_config(5.0))
+    core = EngineCore(_config(5.0), runner, clock=clock)
+    first = _greedy(core, "a")
+    assert core.load.weights_load_s == 0.0
+    clock.advance(5.0)
+    assert core.idle() and not runner.resident
+    # Until a reload is timed, the first load's time is the estimate.
+    assert core.load.weights_load_s == runner.weights_load_s > 0
+    took = core.load_weights()  # the router's prefetch, before any request
+    assert took > 0 and runner.resident and runner.reloads == 1
+    assert core.load.weights_load_s == 0.0 and core.load_weights() == 0.0
+    assert not core.offload_due()  # a prefetch counts as activity: the idle clock starts again
+    assert _greedy(core, "b") == first and runner.reloads == 1  # no second load
+    assert "interlock_engine_weight_load_seconds_count 1" in core.scheduler.stats.registry.render()
+
+
 def test_without_a_setting_the_weights_stay() -> None:
     clock = VirtualClock()
     runner = TorchRunner.from_config(_config(0.0))

@@ -161,6 +161,12 @@ class MockRunner:
     def offload(self) -> bool:
         return False
 
+    weights_load_s = 0.0
+    """The mock's weights never leave."""
+
+    def load_weights(self) -> float:
+        return 0.0
+
     def export_blocks(self, block_ids: Sequence[int], out: memoryview) -> None:
         dst = np.frombuffer(out, dtype=np.int32).reshape(len(block_ids), self.block_size)
         dst[:] = self.kv[np.asarray(block_ids, dtype=np.int64)]

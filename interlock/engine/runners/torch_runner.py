@@ -72,16 +72,18 @@ class TorchRunner:
         shared: bool = False,
         folder: Path | None = None,
         reload: Callable[[], LlamaModel] | None = None,
+        load_s: float = 0.0,
     ) -> None:
         """``seed``: the sampler's, for unseeded requests (None: fresh randomness, see
         ``engine.sampler``); ``shared``: the KV cache on a memfd (``CacheConfig.shared_kv_cache``);
         ``folder``: the model's, whose tokenizer structured outputs need (None: refused rows);
-        ``reload``: loads the model again after ``offload`` (None: its weights never leave)."""
+        ``reload``: loads the model again after ``offload`` (None: its weights never leave);
+        ``load_s``: how long the first load took (the estimate of a reload until one is timed)."""
         self._model: LlamaModel | None = model
         self._reload = reload
         self.offloads = 0
         self.reloads = 0
-        self.last_reload_s = 0.0
+        self.last_reload_s = load_s
         self.device = model.device
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -110,6 +112,19 @@ class TorchRunner:
     @property
     def resident(self) -> bool:
         return self._model is not None
+
+    @property
+    def weights_load_s(self) -> float:
+        """Seconds a request would wait for the weights (``LoadReport.weights_load_s``): 0 while
+        they are in, else the last load's time."""
+        return 0.0 if self._model is not None else self.last_reload_s
+
+    def load_weights(self) -> float:
+        """Bring offloaded weights back now (a prefetch); seconds it took, 0 if they were in."""
+        if self._model is not None:
+            return 0.0
+        _ = self.model
+        return self.last_reload_s
 
     @property
     def can_offload(self) -> bool:
@@ -175,7 +190,9 @@ class TorchRunner:
             kernels=env.kernels,
             max_rows=max_rows,
         )
+        t0 = time.perf_counter()
         model = load()
+        load_s = time.perf_counter() - t0
         if max_model_len > model.config.max_position_embeddings:
             raise ConfigError(
                 f"max_model_len {max_model_len} exceeds the model's "
@@ -191,6 +208,7 @@ class TorchRunner:
             shared=shared,
             folder=folder,
             reload=load,
+            load_s=load_s,
         )
 
     @torch.inference_mode()

@@ -313,6 +313,9 @@ class VllmEngine(FixedSizes):
     async def pool_status(self) -> tuple[int, int, str]:
         return self._load.kv_blocks_used, self._num_blocks, ""
 
+    async def load_weights(self) -> float:
+        return 0.0  # vLLM's weights stay in (its sleep mode needs CUDA; offload_after_s is refused)
+
     async def shutdown(self) -> None:
         if self._events_task is not None:
             self._events_task.cancel()
