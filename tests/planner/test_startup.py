@@ -39,3 +39,18 @@ def test_bad_values_are_refused() -> None:
         StartupTimes(alpha=0.0)
     with pytest.raises(ValueError):
         StartupTimes().record(TORCH, -1.0)
+
+
+def test_offloaded_weights_count_as_start_up() -> None:
+    """A worker whose weights are out serves its next request only after they load: the
+    policies' start-up horizon grows by the longest such return (draining workers aside)."""
+    from interlock.planner.state import Observation, WorkerView
+    from tests.factories import load_report
+
+    warm = WorkerView.of("a", "both", load_report("a"))
+    out = WorkerView.of("b", "both", load_report("b", weights_load_s=4.0))
+    leaving = WorkerView.of("c", "both", load_report("c", weights_load_s=9.0), draining=True)
+    assert out.weights_out_s == 4.0 and warm.weights_out_s == 0.0
+    assert Observation.with_returns(10.0, [warm]) == 10.0
+    assert Observation.with_returns(10.0, [warm, out, leaving]) == 14.0
+    assert Observation.with_returns(0.0, []) == 0.0
