@@ -30,7 +30,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from interlock.model_store import resolve_model  # noqa: E402
+from interlock.cluster.spec import ClusterSpec, process_needs, resolve_groups, worker_specs  # noqa: E402
+from interlock.deploy import load_deployment  # noqa: E402
+from interlock.model_store import footprint, resolve_model  # noqa: E402
 from interlock.model_store.variant import make_variant  # noqa: E402
 
 HOST_KV_GIB, GUEST_KV_GIB = 0.25, 0.125
@@ -100,6 +102,21 @@ class Serve:
         self.proc.wait(60)
 
 
+def placement_mib(path: Path) -> tuple[float, str]:
+    """What placement counts for the deployment's one worker (``cluster.spec.process_needs``:
+    the models' weights as the engine measured them when they loaded, else their files), and
+    those measured weights."""
+    d = load_deployment(path)
+    groups = resolve_groups(d, progress=False)
+    (ws,) = worker_specs(ClusterSpec(deployment=d), groups)
+    loaded = [
+        footprint.measured(rg.model_path, s.engine.model.dtype)
+        for s, rg in ((ws, groups[0]), *zip(ws.colocated, groups[0].colocated, strict=True))
+    ]
+    shown = " / ".join(f"{b / (1 << 20):.0f} MiB" if b else "not measured" for b in loaded)
+    return process_needs(ws, groups[0]).memory_bytes / (1 << 20), shown
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--offload-after", type=float, default=3.0)
@@ -148,12 +165,15 @@ def main() -> int:
     finally:
         cold.stop()
     weights = (source / "model.safetensors").stat().st_size / (1 << 20)
+    budget, measured = placement_mib(tmp / "d.yaml")
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M')}")
     print()
     print("| figure | value |")
     print("|---|---|")
     print(f"| weights file a model | {weights:.0f} MiB |")
     print(f"| KV budgets (host, guest) | {HOST_KV_GIB * 1024:.0f} + {GUEST_KV_GIB * 1024:.0f} MiB |")
+    print(f"| weights as loaded (every kernel layout), host / guest | {measured} |")
+    print(f"| what placement counts for the worker (process, weights, KV) | {budget:.0f} MiB |")
     print(f"| worker RSS, both loaded | {loaded:.0f} MiB |")
     print(f"| worker RSS, guest offloaded | {statistics.median(out):.0f} MiB |")
     print(f"| guest TTFT warm (median of 5) | {warm * 1e3:.0f} ms |")

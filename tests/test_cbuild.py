@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,15 +11,6 @@ from interlock import cbuild
 from interlock.env import get_env
 
 FLAGS = ("-O2", "-shared", "-fPIC")
-
-
-@pytest.fixture
-def cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    monkeypatch.setenv("INTERLOCK_CACHE_DIR", str(tmp_path / "cache"))
-    get_env.cache_clear()
-    yield tmp_path / "cache"
-    monkeypatch.undo()
-    get_env.cache_clear()
 
 
 def test_built_once_then_reused_and_rebuilt_when_the_source_changes(

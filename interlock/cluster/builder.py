@@ -31,11 +31,10 @@ from typing import Any
 
 from interlock.cluster import logs
 from interlock.cluster.frontends import FrontendLaunch, PeersView, peer_sockets, traffic_routes
-from interlock.cluster.hosts import local_host, model_footprint
+from interlock.cluster.hosts import local_host
 from interlock.cluster.procs import Child, NatsProcess, python_module_argv
 from interlock.cluster.secrets import child_env, new_cluster_secret
 from interlock.cluster.spec import (
-    WORKER_PROCESS_BYTES,
     ClusterSpec,
     ResolvedGroup,
     default_threads,
@@ -43,10 +42,10 @@ from interlock.cluster.spec import (
     disagg_config,
     fleet_planner_config,
     most_workers,
+    process_needs,
     resolve_groups,
     router_config,
     service_options,
-    worker_needs,
     worker_spec,
     worker_specs,
 )
@@ -158,7 +157,6 @@ class RunningCluster:
         """What this host offers the workers started here (``spec.placement`` over what was
         detected): no worker starts beyond it, less the headroom."""
         self._placed: dict[str, Placed] = {}
-        self._footprints: dict[str, tuple[int, int]] = {}
         self.startup = StartupTimes()
         """Seconds from launch to registered, per engine and model (every worker started here
         with the router in this process is timed)."""
@@ -387,19 +385,8 @@ class RunningCluster:
         return self.host.cores - self.spec.placement.headroom_cores
 
     async def _needs(self, ws: WorkerSpec, rg: ResolvedGroup) -> Needs:
-        """What ``ws`` takes, the models its process hosts included (their memory: they share
-        its cores and the process itself)."""
-        needs = await self._one_needs(ws, rg)
-        for c, crg in zip(ws.colocated, rg.colocated, strict=True):
-            more = await self._one_needs(c, crg)
-            needs = replace(needs, memory_bytes=needs.memory_bytes + more.memory_bytes - WORKER_PROCESS_BYTES)
-        return needs
-
-    async def _one_needs(self, ws: WorkerSpec, rg: ResolvedGroup) -> Needs:
-        if rg.model_path not in self._footprints:
-            self._footprints[rg.model_path] = await asyncio.to_thread(model_footprint, rg.model_path)
-        weights, kv_token = self._footprints[rg.model_path]
-        return worker_needs(ws, rg.group, weights_bytes=weights, kv_token_bytes=kv_token)
+        """What ``ws`` takes (``spec.process_needs``; it reads a few small files)."""
+        return await asyncio.to_thread(process_needs, ws, rg)
 
     def _place(self, instance_id: str, needs: Needs, placed: list[Placed], *, strict: bool = True) -> None:
         """Place one worker on this host (``placed``: those placed so far, appended to);

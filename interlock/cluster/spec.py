@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from interlock.cluster.hosts import model_footprint
 from interlock.cluster.supervisor import RestartPolicy
 from interlock.cluster.worker import WorkerSpec
 from interlock.deploy import (
@@ -29,6 +30,7 @@ from interlock.deploy import (
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.errors import ConfigError
 from interlock.frontend.config import FrontendConfig
+from interlock.model_store import footprint
 from interlock.names import ROLES
 from interlock.planner.config import PlannerConfig
 from interlock.planner.placement import GIB, Headroom, Host, Needs
@@ -469,13 +471,42 @@ def default_threads(cores: float, workers: int) -> int:
     return max(1, int(cores) // max(1, workers))
 
 
-def worker_needs(ws: WorkerSpec, group: ExecutionGroup, *, weights_bytes: int, kv_token_bytes: int) -> Needs:
+def process_needs(ws: WorkerSpec, rg: ResolvedGroup) -> Needs:
+    """What ``ws``'s process takes from its host (``worker_needs``), the models it hosts beside
+    its own included (their memory; they share its cores and the process itself). Reads the
+    model folders' sizes and the measured footprints (``model_store.footprint``)."""
+    needs = _model_needs(ws, rg)
+    for c, crg in zip(ws.colocated, rg.colocated, strict=True):
+        more = _model_needs(c, crg).memory_bytes - WORKER_PROCESS_BYTES
+        needs = replace(needs, memory_bytes=needs.memory_bytes + more)
+    return needs
+
+
+def _model_needs(ws: WorkerSpec, rg: ResolvedGroup) -> Needs:
+    weights, kv_token = model_footprint(rg.model_path)
+    measured = footprint.measured(rg.model_path, ws.engine.model.dtype)
+    return worker_needs(
+        ws, rg.group, weights_bytes=weights, kv_token_bytes=kv_token, measured_weights=measured
+    )
+
+
+def worker_needs(
+    ws: WorkerSpec,
+    group: ExecutionGroup,
+    *,
+    weights_bytes: int,
+    kv_token_bytes: int,
+    measured_weights: int | None = None,
+) -> Needs:
     """What ``ws`` takes from its host, estimated from its spec: a worker on a CUDA device
     drives ``tensor x pipeline`` devices and a core for its Python loop; the mock runner a
     fraction of a core (``MOCK_CORES``); a CPU engine (ours or vLLM's) its thread count in
-    cores and the memory of its weights (``weights_bytes``: their files' size, doubled for a
-    float32 model) and KV pool (``kv_cache_gib``, or ``num_blocks`` of ``kv_token_bytes`` a
-    token). Host KV tiers count too, except a shared one (one segment for all)."""
+    cores and the memory of its weights and KV pool (``kv_cache_gib``, or ``num_blocks`` of
+    ``kv_token_bytes`` a token). The weights: what they held when Interlock's engine last loaded
+    the model here with the same dtype setting, in one rank (``measured_weights``,
+    ``model_store.footprint``: every layout its kernels keep), else their files' size
+    (``weights_bytes``), doubled for a float32 model. Host KV tiers count too, except a shared
+    one (one segment for all)."""
     m, c = ws.engine.model, ws.engine.cache
     tier = 0 if c.host_kv_shared else int(c.host_kv_gib * GIB)
     if m.device.startswith("cuda"):
@@ -484,6 +515,8 @@ def worker_needs(ws: WorkerSpec, group: ExecutionGroup, *, weights_bytes: int, k
     if m.engine == "interlock" and m.runner == "mock":  # its KV is 4 bytes a token: negligible
         return Needs(MOCK_CORES, 0, MOCK_PROCESS_BYTES + tier)
     weights = weights_bytes * (2 if m.dtype in ("float32", "fp32") else 1)
+    if measured_weights and m.engine == "interlock" and m.ranks == 1:
+        weights = measured_weights
     kv = int(c.kv_cache_gib * GIB) if c.num_blocks is None else c.num_blocks * c.block_size * kv_token_bytes
     # A group of ranks splits the weights and KV among its processes, each one more process.
     processes = m.ranks if m.engine == "interlock" else 1

@@ -10,6 +10,7 @@ from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, Sche
 from interlock.engine.core import EngineCore
 from interlock.engine.runners.torch_runner import TorchRunner
 from interlock.errors import ConfigError
+from interlock.model_store import footprint, resolve_model
 from interlock.protocol import GenerateRequest, SamplingParams
 from tests.engine.conftest import run_to_end, tokens
 
@@ -67,6 +68,15 @@ def test_the_load_report_says_how_long_the_weights_take_and_a_prefetch_brings_th
     assert not core.offload_due()  # a prefetch counts as activity: the idle clock starts again
     assert _greedy(core, "b") == first and runner.reloads == 1  # no second load
     assert "interlock_engine_weight_load_seconds_count 1" in core.scheduler.stats.registry.render()
+
+
+def test_a_load_records_what_the_weights_hold_for_placement() -> None:
+    runner = TorchRunner.from_config(_config(0.0))
+    held = runner.model.weights.nbytes
+    # fp32: at least the parameters in fp32 (the files are bf16), plus the kernels' layouts
+    files = sum(f.stat().st_size for f in resolve_model("smollm2", progress=False).glob("*.safetensors"))
+    assert held >= 2 * files * 0.95
+    assert footprint.measured(resolve_model("smollm2", progress=False), "float32") == held
 
 
 def test_without_a_setting_the_weights_stay() -> None:

@@ -60,6 +60,10 @@ class Linear:
         self._rows = -1
         self._fn: Callable[[torch.Tensor], torch.Tensor] = self._torch
 
+    def tensors(self) -> list[torch.Tensor]:
+        """What this layer holds: each layout its kernels keep, and the bias."""
+        return [t for t in (self.small, self.packed, self.weight, self.bias) if t is not None]
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if rows != self._rows:

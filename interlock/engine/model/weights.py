@@ -53,6 +53,22 @@ class ModelWeights:
     lm_head: Linear | None
     """None on a rank that computes no logits (every rank of a group but the driver)."""
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes these weights hold in memory: every layout their kernels keep
+        (``Linear.tensors``; a oneDNN-packed one at its logical size), a tensor shared (a tied
+        head's plain weight is the embedding) counted once."""
+        tensors = [self.embed, self.norm, *(self.lm_head.tensors() if self.lm_head is not None else ())]
+        for layer in self.layers:
+            tensors += [layer.input_norm, layer.post_norm]
+            for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                tensors += linear.tensors()
+        seen: dict[int, int] = {}
+        for t in tensors:
+            key = id(t) if t.is_mkldnn else t.data_ptr()
+            seen[key] = max(seen.get(key, 0), t.numel() * t.element_size())
+        return sum(seen.values())
+
 
 class _Checkpoint:
     """All tensors of a folder's ``*.safetensors`` files, read lazily by name."""

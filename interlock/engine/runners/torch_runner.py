@@ -55,7 +55,7 @@ from interlock.engine.sampler import Sampler, SamplingRow, token_logprobs
 from interlock.engine.shared_cache import SharedCacheView
 from interlock.env import get_env
 from interlock.errors import ConfigError
-from interlock.model_store import resolve_model
+from interlock.model_store import footprint, resolve_model
 from interlock.protocol.transfer import SharedCacheRegion
 
 log = logging.getLogger(__name__)
@@ -193,6 +193,7 @@ class TorchRunner:
         t0 = time.perf_counter()
         model = load()
         load_s = time.perf_counter() - t0
+        footprint.record(folder, dtype, model.weights.nbytes)  # what placement counts next time
         if max_model_len > model.config.max_position_embeddings:
             raise ConfigError(
                 f"max_model_len {max_model_len} exceeds the model's "
