@@ -535,18 +535,31 @@ def _validate_vllm_group(g: ExecutionGroup, at: str) -> None:
                 raise ConfigError(f"{where}.{key}: not with engine vllm: {why}")
 
 
+def offload_refused(engine: str, runner: str, ranks: int, device: str) -> str:
+    """Why a model of this kind cannot drop its idle weights ("" where it can): Interlock's
+    torch runner of one rank (it reloads from the converted files), or vLLM on CUDA (its sleep
+    mode; vLLM offers it on no CPU)."""
+    if engine == "vllm":
+        return (
+            ""
+            if device.startswith("cuda")
+            else "vLLM's sleep mode needs a CUDA device (this worker's is a CPU)"
+        )
+    if runner != "torch":
+        return "the mock runner has no weights to drop"
+    if ranks > 1:
+        return "only Interlock's engine of one rank drops idle weights (a group of ranks keeps them)"
+    return ""
+
+
 def _validate_colocated(g: ExecutionGroup, at: str) -> None:
     """What a group hosting other models, and each model it hosts, must be."""
     if g.offload_after_s < 0:
         raise ConfigError(f"{at}.offload_after_s: must be >= 0")
-    if g.offload_after_s and (
-        g.engine != "interlock"
-        or g.runner != "torch"
-        or g.tensor_parallel_size * g.pipeline_parallel_size > 1
-    ):
-        raise ConfigError(
-            f"{at}.offload_after_s: only the interlock engine's torch runner of one rank drops idle weights"
-        )
+    if g.offload_after_s:
+        why = offload_refused(g.engine, g.runner, g.tensor_parallel_size * g.pipeline_parallel_size, g.device)
+        if why:
+            raise ConfigError(f"{at}.offload_after_s: {why}")
     if not g.colocate:
         return
     if g.engine != "interlock" or g.tensor_parallel_size * g.pipeline_parallel_size > 1:

@@ -166,7 +166,11 @@ def test_older_names_are_aliases():
         ({"execution-group": {"colocate": {"model": "b"}}}, "colocate: expected a list"),
         (
             {"execution-group": {"runner": "mock", "offload_after_s": 5}},
-            "offload_after_s: only the interlock",
+            "offload_after_s: the mock runner has no weights",
+        ),
+        (
+            {"execution-group": {"engine": "vllm", "offload_after_s": 5}},
+            "offload_after_s: vLLM's sleep mode needs a CUDA device",
         ),
         ({"metrics": {"figures": ["ttft", "vibes"]}}, "metrics.figures: unknown ['vibes']"),
         ({"routing": {"route_key": " "}}, "routing.route_key"),

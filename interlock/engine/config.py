@@ -13,6 +13,7 @@ from interlock.deploy import (
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_TIER_LOAD_MIN_MIB_S,
     DEFAULT_TIER_LOAD_TIMEOUT_S,
+    offload_refused,
 )
 from interlock.errors import ConfigError
 from interlock.names import DTYPES, ENGINES
@@ -154,7 +155,8 @@ class ModelConfig:
     parallelism for engine vllm."""
     offload_after_s: float = 0.0
     """Drop the weights after this long without a request; the next request loads them
-    again (``runners.torch_runner``). 0: they stay."""
+    again (``runners.torch_runner``; vLLM on CUDA: its sleep mode, ``engine.vllm.sleep``).
+    0: they stay."""
 
     @property
     def ranks(self) -> int:
@@ -165,11 +167,10 @@ class ModelConfig:
             raise ConfigError("tensor_parallel_size and pipeline_parallel_size must be >= 1")
         if not (0 <= self.offload_after_s < math.inf):
             raise ConfigError("offload_after_s must be >= 0 and finite")
-        if self.offload_after_s and (self.engine != "interlock" or self.runner != "torch" or self.ranks > 1):
-            raise ConfigError(
-                "offload_after_s: only Interlock's torch runner of one rank drops idle weights "
-                "(vLLM's sleep mode needs a GPU; the mock runner has none)"
-            )
+        if self.offload_after_s:
+            why = offload_refused(self.engine, self.runner, self.ranks, self.device)
+            if why:
+                raise ConfigError(f"offload_after_s: {why}")
         if self.ranks > 1 and self.engine == "interlock" and self.runner != "torch":
             raise ConfigError(
                 f"tensor/pipeline parallelism runs the real model: runner {self.runner!r} has no ranks"

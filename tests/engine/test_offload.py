@@ -93,10 +93,15 @@ def test_without_a_setting_the_weights_stay() -> None:
     ("fields", "why"),
     [
         ({"offload_after_s": -1}, "must be >= 0"),
-        ({"runner": "mock", "offload_after_s": 5}, "only Interlock's torch runner"),
+        ({"runner": "mock", "offload_after_s": 5}, "the mock runner has no weights"),
         ({"tensor_parallel_size": 2, "offload_after_s": 5}, "of one rank"),
+        ({"engine": "vllm", "offload_after_s": 5}, "vLLM's sleep mode needs a CUDA device"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(fields: dict[str, object], why: str) -> None:
     with pytest.raises(ConfigError, match=why):
         ModelConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_vllm_on_cuda_may_sleep() -> None:
+    assert ModelConfig(engine="vllm", device="cuda:0", offload_after_s=5).offload_after_s == 5

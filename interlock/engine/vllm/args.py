@@ -29,6 +29,7 @@ OWNED = {
     "data_parallel_size": "one vLLM engine per worker: start more workers instead",
     "pipeline_parallel_size": "set it with --pipeline-parallel-size (the group's pipeline_parallel_size)",
     "tensor_parallel_size": "set it with --tensor-parallel-size (the group's tensor_parallel_size)",
+    "enable_sleep_mode": "set offload_after_s: the worker puts an idle vLLM to sleep itself",
 }
 
 _DTYPE = {
@@ -91,6 +92,8 @@ def vllm_engine_args(config: EngineConfig, known: Collection[str]) -> dict[str, 
         "tensor_parallel_size": m.tensor_parallel_size,
         "pipeline_parallel_size": m.pipeline_parallel_size,
     }
+    if m.offload_after_s:  # vLLM's sleep mode (engine.vllm.sleep); CUDA only (ModelConfig)
+        args["enable_sleep_mode"] = True
     if c.num_blocks is not None:
         args["num_gpu_blocks_override"] = c.num_blocks
     elif m.device == "cpu":

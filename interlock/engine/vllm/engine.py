@@ -54,6 +54,7 @@ from interlock.engine.serving import FixedSizes, KVEventSink, NullKVEventSink
 from interlock.engine.vllm.args import vllm_engine_args
 from interlock.engine.vllm.events import Translator
 from interlock.engine.vllm.sampling import sampling_kwargs
+from interlock.engine.vllm.sleep import Sleeper
 from interlock.engine.vllm.subscriber import EventSubscriber
 from interlock.errors import ConfigError, EngineError, InterlockError, InvalidRequest, ServiceUnavailable
 from interlock.protocol import (
@@ -201,6 +202,10 @@ class VllmEngine(FixedSizes):
         self._busy_s = 0.0
         self._pending_prefill: dict[str, int] = {}
         """Requests without their first token yet: uncomputed prompt tokens (an upper bound)."""
+        after = config.model.offload_after_s
+        self._sleeper = Sleeper(llm, after, self._slept_or_woke) if after else None
+        """vLLM's sleep mode for an idle model (``offload_after_s``; CUDA only)."""
+        self._sleep_task: asyncio.Task[None] | None = None
         self._load = self._report(0, 0, 0.0, 0.0, 0)
 
     # ---- construction ----
@@ -280,6 +285,14 @@ class VllmEngine(FixedSizes):
         if self._events_task is None:
             subscriber = EventSubscriber(*self._endpoints, self._translator, self._publish)
             self._events_task = asyncio.create_task(subscriber.run(), name="vllm-kv-events")
+        if self._sleeper is not None and self._sleep_task is None:
+            self._sleep_task = asyncio.create_task(self._sleeper.run(), name="vllm-sleep")
+
+    def _slept_or_woke(self) -> None:
+        """The weights left or came back: the router hears it at once."""
+        s = self._load
+        self._load = self._report(s.num_running, s.num_waiting, 0.0, s.kv_blocks_used, 0)
+        self._sink.on_load(self._load)
 
     def announce(self) -> dict[str, str]:
         if self._handoff is None:
@@ -314,9 +327,14 @@ class VllmEngine(FixedSizes):
         return self._load.kv_blocks_used, self._num_blocks, ""
 
     async def load_weights(self) -> float:
-        return 0.0  # vLLM's weights stay in (its sleep mode needs CUDA; offload_after_s is refused)
+        return await self._sleeper.wake() if self._sleeper is not None else 0.0
 
     async def shutdown(self) -> None:
+        if self._sleep_task is not None:
+            self._sleep_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sleep_task
+            self._sleep_task = None
         if self._events_task is not None:
             self._events_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -336,8 +354,13 @@ class VllmEngine(FixedSizes):
         # What this prompt adds to the worker's prefill backlog: the part vLLM's cache lacks.
         self._pending_prefill[rid] = max(1, n_prompt - self._translator.cached_tokens(req.token_ids))
         try:
-            stream = self._llm.generate(prompt, params, rid, priority=req.priority if self._priority else 0)
-            async with contextlib.aclosing(stream):
+            async with contextlib.AsyncExitStack() as awake:
+                if self._sleeper is not None:  # woken first if it sleeps; counted busy throughout
+                    await awake.enter_async_context(self._sleeper.serving())
+                stream = self._llm.generate(
+                    prompt, params, rid, priority=req.priority if self._priority else 0
+                )
+                await awake.enter_async_context(contextlib.aclosing(stream))
                 async for out in stream:
                     self._pending_prefill.pop(rid, None)
                     output = self._output(rid, out, n_prompt, params.prompt_logprobs)
@@ -481,6 +504,7 @@ class VllmEngine(FixedSizes):
             decode_step_s=self._decode_step_s,
             busy_s=self._busy_s,
             kv_handoffs=tuple(self.handoff_counts().items()),
+            weights_load_s=self._sleeper.weights_load_s if self._sleeper is not None else 0.0,
         )
 
 
