@@ -144,6 +144,7 @@ def start_interlock(
     tree: str | None = None,
     observed: bool = False,
     frontend_workers: int = 1,
+    block_size: int | None = None,
 ) -> System:
     """``security``: "default" (serve's generated NATS login + cluster secret, no API key),
     "open" (an external nats-server without login, no cluster secret: the planes unauthenticated,
@@ -170,6 +171,8 @@ def start_interlock(
         "--log-level",
         "INFO" if observed else "WARNING",
     ]
+    if block_size is not None:
+        argv += ["--block-size", str(block_size)]
     name = "interlock" if security == "default" else f"interlock ({security})"
     if tree is not None:
         env["PYTHONPATH"] = tree
@@ -217,6 +220,7 @@ def start_dynamo(
     speedup: str = "1000",
     log_level: str = "warn",
     frontend_args: tuple[str, ...] = (),
+    block_size: int | None = None,
     name: str = "dynamo 1.6.1",
 ) -> System:
     """Two Dynamo mockers and a Dynamo frontend (file discovery, TCP request plane)."""
@@ -251,6 +255,7 @@ def start_dynamo(
                     served_name,
                     "--speedup-ratio",
                     speedup,
+                    *(("--block-size", str(block_size)) if block_size is not None else ()),
                 ],
                 {**env, "DYN_SYSTEM_PORT": str(free_port(below=32768))},
                 log,
@@ -841,6 +846,12 @@ def parse_args() -> argparse.Namespace:
         "processes on one port, --frontend-workers N)",
     )
     p.add_argument("--rounds", type=int, default=1, help="measure every system this many times, interleaved")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="tokens per KV block on both sides (default: each system's own, Interlock 16, Dynamo's mocker 64)",
+    )
     p.add_argument("--requests", type=int, default=3000, help="requests per c=64 phase")
     p.add_argument("--c1-requests", type=int, default=300, help="requests per c=1 phase")
     p.add_argument("--warmup", type=int, default=500, help="c=64 warm-up requests")
@@ -894,20 +905,25 @@ async def main_async(a: argparse.Namespace) -> Results:
         model_dir = long_context_model(model_dir, logdir / "smollm2-long")
     prompts = {n: long_prompt(model_dir, n) for n in lengths}
     served = served_model_name(model_dir)
+    bs = a.block_size
     starters: dict[str, Callable[[], System]] = {
-        "interlock": lambda: start_interlock(False, model_dir, logdir),
-        "interlock-single": lambda: start_interlock(True, model_dir, logdir),
-        "interlock-open": lambda: start_interlock(False, model_dir, logdir, "open"),
-        "interlock-keys": lambda: start_interlock(False, model_dir, logdir, "keys"),
-        "interlock-before": lambda: start_interlock(False, model_dir, logdir, tree=a.before_tree),
-        "interlock-observed": lambda: start_interlock(False, model_dir, logdir, observed=True),
-        "dynamo": lambda: start_dynamo(model_dir, served, logdir, a.dynamo_router_mode),
+        "interlock": lambda: start_interlock(False, model_dir, logdir, block_size=bs),
+        "interlock-single": lambda: start_interlock(True, model_dir, logdir, block_size=bs),
+        "interlock-open": lambda: start_interlock(False, model_dir, logdir, "open", block_size=bs),
+        "interlock-keys": lambda: start_interlock(False, model_dir, logdir, "keys", block_size=bs),
+        "interlock-before": lambda: start_interlock(
+            False, model_dir, logdir, tree=a.before_tree, block_size=bs
+        ),
+        "interlock-observed": lambda: start_interlock(False, model_dir, logdir, observed=True, block_size=bs),
+        "dynamo": lambda: start_dynamo(model_dir, served, logdir, a.dynamo_router_mode, block_size=bs),
     }
     names = [s.strip() for s in a.systems.split(",") if s.strip()]
     for name in names:
         if name.startswith("interlock-fw") and name[len("interlock-fw") :].isdigit():
             n = int(name[len("interlock-fw") :])
-            starters[name] = lambda n=n: start_interlock(False, model_dir, logdir, frontend_workers=n)  # type: ignore[misc]
+            starters[name] = lambda n=n: start_interlock(  # type: ignore[misc]
+                False, model_dir, logdir, frontend_workers=n, block_size=bs
+            )
     unknown = set(names) - set(starters)
     if unknown:
         raise SystemExit(f"unknown systems: {sorted(unknown)}")

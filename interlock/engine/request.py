@@ -2,7 +2,7 @@
 
 Token counters (these exact names, everywhere in the engine):
 
-  prompt_token_ids     the prompt, as received (immutable tuple); num_prompt_tokens its length
+  prompt_token_ids     the prompt, as received (never changed); num_prompt_tokens its length
   output_token_ids     tokens generated so far (list, grows by one per sampled step)
   all_token_ids        prompt + output: the sequence whose KV the engine computes
   num_tokens           len(all_token_ids)
@@ -25,6 +25,7 @@ prompt token p + 1, so positions 0 .. num_prompt_tokens - 2 each give one entry,
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from time import perf_counter
 
 from interlock import kvchain, kvhash
@@ -85,7 +86,7 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: tuple[int, ...],
+        prompt_token_ids: Sequence[int],
         sampling: SamplingParams,
         *,
         block_size: int,
@@ -141,7 +142,7 @@ class Request:
     ) -> Request:
         return cls(
             req.request_id,
-            tuple(req.token_ids),
+            req.token_ids,  # as decoded (a list off the wire: no copy), never changed
             req.sampling,
             block_size=block_size,
             priority=req.priority,

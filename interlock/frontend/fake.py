@@ -122,7 +122,7 @@ def _planned_tokens(request: GenerateRequest, script: FakeScript) -> Sequence[in
     if script.token_ids is not None:
         return script.token_ids[:max_tokens]
     seed = -1 if request.sampling.seed is None else request.sampling.seed
-    rng = random.Random(hash((request.token_ids, seed)))
+    rng = random.Random(hash((tuple(request.token_ids), seed)))
     low, high = script.token_range
     return [rng.randrange(low, high) for _ in range(max_tokens)]
 

@@ -28,13 +28,16 @@ def test_public_api_is_pinned():
 
 
 def test_generate_round_trip():
-    req = p.GenerateRequest(request_id="r1", token_ids=(1, 2, 3), sampling=p.SamplingParams(seed=7))
+    req = p.GenerateRequest(request_id="r1", token_ids=[1, 2, 3], sampling=p.SamplingParams(seed=7))
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=p.GenerateRequest) == req
+    # A tuple goes out as the same array; the ids come back as a list (half the decoding time)
+    sent_as_tuple = msgspec.structs.replace(req, token_ids=(1, 2, 3))
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(sent_as_tuple), type=p.GenerateRequest) == req
 
 
 def test_prompt_logprobs_round_trip_and_older_peers_still_decode():
     sampling = p.SamplingParams(max_tokens=2, prompt_logprobs=3)
-    req = p.GenerateRequest(request_id="r", token_ids=(1, 2, 3), sampling=sampling)
+    req = p.GenerateRequest(request_id="r", token_ids=[1, 2, 3], sampling=sampling)
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=p.GenerateRequest) == req
     assert req.needs_local_prefill
     assert not msgspec.structs.replace(req, resume_token_ids=(4,)).needs_local_prefill

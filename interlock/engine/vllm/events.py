@@ -23,6 +23,7 @@ re-sync gets a snapshot without asking vLLM, which has no such call.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,7 +121,7 @@ class Translator:
     def num_blocks(self) -> int:
         return len(self._blocks)
 
-    def cached_tokens(self, token_ids: tuple[int, ...] | list[int]) -> int:
+    def cached_tokens(self, token_ids: Sequence[int]) -> int:
         """Tokens of the prompt's prefix held in vLLM's device cache, as its events said."""
         n = 0
         for h in hash_blocks(token_ids, self.block_size):
