@@ -949,7 +949,7 @@ class RouterService:
     # ---- for people ----
     def cluster_view(self) -> dict[str, object]:
         """What the frontend's dashboard draws (``frontend/dashboard.py``): each routed worker
-        with its last load report and its breaker's state, and per model the routing decisions
+        with its last load report (and whether its weights are out) and its breaker's state, and per model the routing decisions
         by reason, the admission queue's depth and the expected cache hit rate."""
         workers = []
         for wid, info in sorted(self._instances.items()):
@@ -968,6 +968,7 @@ class RouterService:
                     "num_waiting": r.num_waiting if r else 0,
                     "kv_blocks_used": r.kv_blocks_used if r else 0,
                     "kv_blocks_total": r.kv_blocks_total if r else info.kv_blocks_total,
+                    "weights_out_s": r.weights_load_s if r else 0.0,
                 }
             )
         models = {

@@ -4,6 +4,7 @@ stay on that warm worker (the router prices the other's return), so the other's 
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 
@@ -51,3 +52,17 @@ def test_a_warm_worker_keeps_the_traffic_and_the_offloaded_one_stays_out(served:
     assert _samples(served, PREFETCHES) == {'outcome="loaded"': 1.0}
     waits = _samples(served, OUT)
     assert sorted(v > 0 for v in waits.values()) == [False, True], waits
+    # The dashboard's picture says which worker's weights are out, and how long they would take.
+    workers = _dashboard(served)["cluster"]["workers"]
+    assert sorted(w["weights_out_s"] > 0 for w in workers) == [False, True], workers
+
+
+def _dashboard(served: Served) -> dict:  # type: ignore[type-arg]
+    """The dashboard stream's first message."""
+    url = f"{served.base_url.removesuffix('/v1')}/dashboard/events"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                return json.loads(line[6:])  # type: ignore[no-any-return]
+    raise AssertionError("the dashboard stream ended without a message")
