@@ -286,6 +286,7 @@ def test_the_cluster_view_draws_each_worker_and_joins_and_leaves_are_events() ->
                     "num_waiting": 1,
                     "kv_blocks_used": 16,
                     "kv_blocks_total": 64,
+                    "weights_out_s": 0.0,
                 }
             ],
             "models": {"m": {"decisions": {}, "queued": 0, "hit_rate": 0.0}},
