@@ -18,12 +18,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import tempfile
-from functools import cache
 from pathlib import Path
 
 from interlock.env import get_env
+from interlock.machine import cpu_info
 
 FILE = "weights-footprints.json"
 
@@ -64,17 +63,7 @@ def _read(path: Path) -> dict[str, int]:
 
 
 def _key(folder: str | Path, dtype: str) -> str:
-    return f"{Path(folder).resolve()}|{dtype}|{_cpu()}"
-
-
-@cache
-def _cpu() -> str:
-    """The CPU's model name (and the architecture), as /proc/cpuinfo gives it."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{platform.machine()} {line.split(':', 1)[1].strip()}"
-    return platform.machine() or "unknown"
+    return f"{Path(folder).resolve()}|{dtype}|{cpu_info()[0]}"
 
 
 __all__ = ["record", "measured"]

@@ -949,8 +949,9 @@ class RouterService:
     # ---- for people ----
     def cluster_view(self) -> dict[str, object]:
         """What the frontend's dashboard draws (``frontend/dashboard.py``): each routed worker
-        with its last load report (and whether its weights are out) and its breaker's state, and per model the routing decisions
-        by reason, the admission queue's depth and the expected cache hit rate."""
+        with its last load report (its weights' return time among it) and its breaker's state,
+        and per model the routing decisions by reason, the admission queue's depth and the
+        expected cache hit rate."""
         workers = []
         for wid, info in sorted(self._instances.items()):
             r, router = self._reports.get(wid), self.routers.get(info.model)

@@ -33,13 +33,14 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from interlock.machine import cpu_info
 
 log = logging.getLogger(__name__)
 
@@ -226,23 +227,9 @@ def buckets(limit: int, low: int = 1) -> tuple[int, ...]:
 def machine_key(extra: Iterable[str] = ()) -> str:
     """CPU model and flags, thread count, torch version and kernel source: what a measurement
     depends on. Readable, then a hash of the flags."""
-    model, flags = _cpu()
+    model, flags = cpu_info()
     parts = [model, f"threads={torch.get_num_threads()}", f"torch={torch.__version__}", *extra]
     return " | ".join(parts) + " | flags=" + hashlib.sha256(flags.encode()).hexdigest()[:12]
-
-
-def _cpu() -> tuple[str, str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown", ""
-    model = flags = ""
-    for line in text.splitlines():
-        if not model and line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-        elif not flags and line.startswith("flags"):
-            flags = line.split(":", 1)[1].strip()
-    return model or "unknown", flags
 
 
 def time_calls(

@@ -116,8 +116,8 @@ class TorchRunner:
     @property
     def weights_load_s(self) -> float:
         """Seconds a request would wait for the weights (``LoadReport.weights_load_s``): 0 while
-        they are in, else the last load's time."""
-        return 0.0 if self._model is not None else self.last_reload_s
+        they are in, else the last load's time (never under 1 ms: out is never reported as in)."""
+        return 0.0 if self._model is not None else max(self.last_reload_s, 1e-3)
 
     def load_weights(self) -> float:
         """Bring offloaded weights back now (a prefetch); seconds it took, 0 if they were in."""
