@@ -98,6 +98,10 @@ from interlock.protocol import GenerateRequest
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("interlock.access")
+
+HEALTH_WAIT_S = 0.5
+"""``/health`` waits up to this long for a served model's tokenizer to load (well inside a
+probe's usual 1 s timeout); still loading after it: 503 until the first 200."""
 _encode = msgspec.json.Encoder().encode
 
 
@@ -108,6 +112,8 @@ class Frontend:
         self.backend = backend
         self.config = config
         self.catalog = ModelCatalog(backend)
+        self._was_ready = False
+        """``/health`` has said 200 once (readiness at start-up waits for tokenizers)."""
         self.auth = Auth(config.auth)
         self.metrics = FrontendMetrics()
         self.metrics.registry.collect("interlock_prompt_chunks_total", self.catalog.chunk_samples)
@@ -229,17 +235,28 @@ class Frontend:
 
     async def health(self, request: web.Request) -> web.Response:
         """Readiness: 200 while every served model has a worker taking requests (``ok``, or
-        ``degraded`` with the reasons: a restart, a control-plane outage), else 503."""
+        ``degraded`` with the reasons: a restart, a control-plane outage), else 503. Until the
+        first 200, a served model whose tokenizer is still loading counts as not served (a
+        load balancer then sends nothing that would wait for it); after, it is ``degraded``
+        (a model joining later does not take the frontend out)."""
         names = [e.name for e in self.catalog.entries()]
         problems, degraded, details = _backend_health(self.backend)
         if not names and not problems:
             problems = ["no model is being served"]
+        loading, failed = await self.catalog.warm(wait_s=HEALTH_WAIT_S)
+        waits = [f"model {name!r}: its tokenizer is loading" for name in loading]
+        degraded += failed
+        if self._was_ready:
+            degraded += waits
+        else:
+            problems += waits
         if problems:
             return _json(
                 {"status": "unavailable", "models": names, "problems": problems + degraded, **details},
                 status=503,
                 headers={"Retry-After": "1"},
             )
+        self._was_ready = True
         if degraded:
             return _json({"status": "degraded", "models": names, "degraded": degraded, **details})
         return _json({"status": "ok", "models": names, **details})
