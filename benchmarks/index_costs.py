@@ -10,6 +10,11 @@ Three figures, each the median of ``--repeats`` runs, on this machine (the CPU i
   parent and tokens, sorted by depth, what a pull read before);
 * **router side**: one worker's snapshot of ``--blocks`` blocks, decoded from its parts and
   applied to a router's index (``KvSync``'s work for a pull, on the serving loop);
+* **loading a fleet**: ``--workers`` states of ``--blocks`` blocks each applied as a fresh
+  router pulls them (``load_state``, a slice per turn of the loop): its longest turn, the
+  longest whole state and the total, while the map grows from 1,024 slots to tens of millions
+  (it grows a few slots per store, its next table prepared by a thread: a growth used to be
+  one call, 284 ms at 6.3 M entries);
 * **garbage collection**: one full ``gc.collect()`` while a router's index holds ``--workers``
   x ``--blocks`` blocks (each worker's block set a dict of ints, which the collector does not
   track) against the same blocks held as one Python ``set`` per worker, as the index did before
@@ -32,8 +37,14 @@ import msgspec
 from interlock.engine.block_pool import BlockPool
 from interlock.protocol import InstanceInfo, subjects
 from interlock.protocol.kv_sync import KvSnapshotPart, snapshot_parts
-from interlock.router.kv_sync import _apply_snapshot, _decode_part
+from interlock.router.kv_sync import _decode_part
 from interlock.router.model_router import Router, RouterConfig
+
+
+def _load(r: Router, wid: str, seq: int, by_tier: dict[str, list[int]]) -> None:
+    """A pulled state applied whole (its slices one after another, as the loop would)."""
+    for _ in r.load_state(wid, seq, by_tier):
+        pass
 
 
 def median_s(fn: Callable[[], object], repeats: int) -> float:
@@ -85,21 +96,41 @@ def router_side(blocks: int, repeats: int) -> float:
         for frame in frames:
             part: KvSnapshotPart = _decode_part(frame)
             by_tier.setdefault(part.tier, []).extend(part.hashes)
-        _apply_snapshot(r, "w0", next(seq), by_tier)
+        _load(r, "w0", next(seq), by_tier)
 
     return median_s(pull, repeats)
 
 
-def collection(workers: int, blocks: int, repeats: int) -> tuple[float, float]:
+def longest_steps(r: Router, workers: int, blocks: int) -> tuple[float, float, float]:
+    """``workers`` states of ``blocks`` blocks loaded into ``r`` as the serving loop does, a
+    slice (``STATE_STEP`` blocks) per turn: the longest turn, the longest whole state, and the
+    whole load's time. The map grows as it fills (from 1,024 slots to tens of millions)."""
     rng = random.Random(2)
-    r = _router(workers)
+    longest_turn = longest_state = total = 0.0
     for w in range(workers):
-        _apply_snapshot(r, f"w{w}", 0, {"device": [rng.getrandbits(64) for _ in range(blocks)]})
+        state = {"device": [rng.getrandbits(64) for _ in range(blocks)]}
+        spent = 0.0
+        steps, end = r.load_state(f"w{w}", 0, state), object()
+        while True:
+            t = time.perf_counter()
+            got = next(steps, end)
+            dt = time.perf_counter() - t
+            spent += dt
+            longest_turn = max(longest_turn, dt)
+            if got is end:
+                break
+        longest_state, total = max(longest_state, spent), total + spent
+    return longest_turn, longest_state, total
+
+
+def collection(workers: int, blocks: int, repeats: int) -> tuple[float, float, tuple[float, float, float]]:
+    r = _router(workers)
+    steps = longest_steps(r, workers, blocks)
     with_dicts = median_s(gc.collect, repeats)
     as_sets = [set(r.indexer.blocks_of(f"w{w}")) for w in range(workers)]  # the old representation
     with_sets = median_s(gc.collect, repeats)
     del as_sets
-    return with_dicts, with_sets
+    return with_dicts, with_sets, steps
 
 
 def main() -> None:
@@ -110,12 +141,17 @@ def main() -> None:
     a = p.parse_args()
     events_s, hashes_s = engine_side(a.blocks, a.repeats)
     apply_s = router_side(a.blocks, a.repeats)
-    dicts_s, sets_s = collection(a.workers, a.blocks, a.repeats)
+    dicts_s, sets_s, (turn_s, state_s, load_s) = collection(a.workers, a.blocks, a.repeats)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cpu_model()}; median of {a.repeats}\n")
     print("| figure | ms |\n|---|---|")
     print(f"| engine: {a.blocks:,} blocks as snapshot events (before) | {events_s * 1e3:.1f} |")
     print(f"| engine: {a.blocks:,} blocks as hashes (`kv_state`) | {hashes_s * 1e3:.1f} |")
     print(f"| router: decode and apply one {a.blocks:,}-block snapshot | {apply_s * 1e3:.1f} |")
+    print(
+        f"| router: {a.workers} x {a.blocks:,} blocks loaded, the longest turn (a slice) | {turn_s * 1e3:.1f} |"
+    )
+    print(f"| router: the same, the longest whole state | {state_s * 1e3:.1f} |")
+    print(f"| router: the same, all of it | {load_s * 1e3:.0f} |")
     print(f"| full GC, {a.workers} x {a.blocks:,} blocks as sets (before) | {sets_s * 1e3:.1f} |")
     print(f"| full GC, {a.workers} x {a.blocks:,} blocks in the index now | {dicts_s * 1e3:.1f} |")
 

@@ -24,14 +24,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
 
 from interlock.errors import TransportError
-from interlock.protocol import AllBlocksCleared, BlockStored, KVEvent, KVEventBatch
+from interlock.protocol import KVEventBatch
 from interlock.protocol.kv_sync import KvReplicaRequest, KvSnapshotPart, KvSyncHeader, KvSyncRequest
 from interlock.router.indexer import ApplyResult
 from interlock.runtime.interfaces import RequestPlane
@@ -67,6 +67,11 @@ class KvIndexTarget(Protocol):
         ...
 
     def needs_resync(self) -> list[str]: ...
+
+    def load_state(self, instance_id: str, seq: int, tiers: dict[str, list[int]]) -> Iterator[None]:
+        """A worker's whole state, applied a slice per ``next`` (the worker stays loading until
+        the last)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -221,7 +226,7 @@ class KvSync:
                 raise TransportError(f"worker {wid} answered a KV pull with {header.kind!r}")
             by_tier, nbytes = await _read_parts(frames, header.frames)
             self.stats.bytes += nbytes
-        _apply_snapshot(router, wid, header.seq, by_tier)
+        await load_state(router, wid, header.seq, by_tier)
         self.stats.snapshots += 1
         self.stats.snapshot_blocks += sum(len(h) for h in by_tier.values())
 
@@ -244,7 +249,7 @@ class KvSync:
             log.info("KV state of %s from replica %s failed (%s): asking the worker", wid, peer, exc)
             return False
         self.stats.replica_bytes += len(first) + nbytes
-        _apply_snapshot(router, wid, header.seq, by_tier)
+        await load_state(router, wid, header.seq, by_tier)
         self.stats.replicas += 1
         self.stats.snapshot_blocks += sum(len(h) for h in by_tier.values())
         return True
@@ -262,8 +267,7 @@ async def _read_parts(frames: AsyncIterator[bytes], count: int) -> tuple[dict[st
     return by_tier, nbytes
 
 
-def _apply_snapshot(router: KvIndexTarget, wid: str, seq: int, by_tier: dict[str, list[int]]) -> None:
-    events: list[KVEvent] = [AllBlocksCleared()]
-    events += [BlockStored(block_hashes=tuple(h), parent_block_hash=None, tier=t) for t, h in by_tier.items()]
-    batch = KVEventBatch(instance_id=wid, seq=seq, timestamp=time.time(), events=tuple(events), snapshot=True)
-    router.apply_events(batch)
+async def load_state(router: KvIndexTarget, wid: str, seq: int, by_tier: dict[str, list[int]]) -> None:
+    """A pulled state applied a slice at a time, requests served between slices."""
+    for _ in router.load_state(wid, seq, by_tier):
+        await asyncio.sleep(0)

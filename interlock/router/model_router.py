@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -292,8 +292,16 @@ class Router:
             self.metrics.duplicate_batches += 1
         return res
 
+    def load_state(self, instance_id: str, seq: int, tiers: dict[str, list[int]]) -> Iterator[None]:
+        """A worker's pulled state, applied a slice per ``next`` (``KvIndexer.load_state``)."""
+        return self.indexer.load_state(instance_id, seq, tiers)
+
     def needs_resync(self) -> list[str]:
         return self.indexer.needs_resync()
+
+    def tidy(self) -> None:
+        """Background upkeep, every few tenths of a second: a growing index moves on."""
+        self.indexer.tidy()
 
     def kv_seq(self, instance_id: str) -> int | None:
         return self.indexer.kv_seq(instance_id)

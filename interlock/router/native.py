@@ -38,6 +38,7 @@ CFLAGS = (
     "-fno-trapping-math",
     "-shared",
     "-fPIC",
+    "-pthread",
     f"-I{sysconfig.get_paths()['include']}",
     f"-I{np.get_include()}",
     f"-DINTERLOCK_SOABI={sysconfig.get_config_var('SOABI')}",

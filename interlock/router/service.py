@@ -850,6 +850,7 @@ class RouterService:
             )
             for router in self.routers.values():
                 self.kv_sync.tick(router, self._kv_sync_address_of)
+                router.tidy()
 
     async def _health_checks(self, interval_s: float) -> None:
         while True:

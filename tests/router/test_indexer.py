@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from interlock.errors import TransportError
 from interlock.protocol.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from interlock.router.indexer import ApplyResult, KvIndexer, dropouts, fill_by_depth, overlap_of
 
@@ -258,3 +259,68 @@ def test_the_index_holds_no_container_the_garbage_collector_must_walk(compiled: 
     assert len(w.blocks) == 997 and 3 not in w.blocks
     assert not gc.is_tracked(w.blocks) and not gc.is_tracked(w.lower)
     assert not gc.is_tracked(ix._holders) and not gc.is_tracked(ix._lower_holders)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_state_loaded_in_slices_ends_as_its_snapshot_and_is_loading_until_then(compiled: bool) -> None:
+    """``load_state``: a worker's pulled state a slice per step; flagged loading (no seq) until
+    the last, then the same index as applying its snapshot batch at once."""
+    tiers = {"device": list(range(1, 40)), "host": list(range(100, 110))}
+    whole, sliced = KvIndexer(compiled=compiled), KvIndexer(compiled=compiled)
+    for ix in (whole, sliced):
+        for wid in ("a", "b"):
+            ix.add_worker(wid)
+        ix.apply(snapshot("a", 0, {900, 901}))  # an older state, replaced
+        ix.apply(snapshot("b", 0, {1, 2, 3}))
+    whole.apply(
+        batch(
+            "a",
+            7,
+            AllBlocksCleared(),
+            stored(*tiers["device"]),
+            BlockStored(block_hashes=tuple(tiers["host"]), parent_block_hash=None, tier="host"),
+            snapshot=True,
+        )
+    )
+    steps = sliced.load_state("a", 7, tiers, step=8)
+    next(steps)  # cleared, loading
+    assert sliced.needs_resync() == ["a"] and sliced.loading == 1 and sliced.kv_seq("a") is None
+    assert sliced.num_blocks("a") == 0
+    seen = []
+    for _ in steps:
+        seen.append(sliced.num_blocks("a"))
+        assert sliced.needs_resync() == ["a"]
+    assert seen == [8, 16, 24, 32, 39, 39]  # the device tier in 5 slices, then the host tier in 2
+    assert sliced.needs_resync() == [] and sliced.loading == 0 and sliced.kv_seq("a") == 7
+    sliced.check_integrity()
+    query = list(range(1, 40))
+    assert sliced.overlap_by_worker(query) == whole.overlap_by_worker(query) == {"a": 39, "b": 3}
+    np.testing.assert_array_equal(
+        sliced.lower_overlaps(list(range(100, 110))), whole.lower_overlaps(list(range(100, 110)))
+    )
+    assert sliced.export("a") == whole.export("a")
+    sliced.apply(batch("a", 8, stored(50)))  # live batches go on from its seq
+    assert sliced.kv_seq("a") == 8
+
+
+def test_a_worker_that_leaves_while_its_state_loads_ends_the_load() -> None:
+    ix = KvIndexer()
+    ix.add_worker("a")
+    steps = ix.load_state("a", 3, {"device": list(range(1, 100))}, step=10)
+    next(steps)
+    next(steps)
+    ix.remove_worker("a")
+    assert list(steps) == []
+    assert ix.loading == 0 and ix.num_blocks() == 0
+    ix.check_integrity()
+
+
+def test_a_state_with_a_hash_outside_64_bits_changes_nothing() -> None:
+    ix = KvIndexer()
+    if not ix.compiled:
+        pytest.skip("the dict takes any int")
+    ix.add_worker("a")
+    ix.apply(snapshot("a", 0, {5, 6}))
+    with pytest.raises(TransportError, match="block hash -1 is not a 64-bit"):
+        next(ix.load_state("a", 1, {"device": [1, 2, -1]}))
+    assert ix.num_blocks("a") == 2 and ix.kv_seq("a") == 0 and ix.loading == 0

@@ -1,7 +1,7 @@
 """A router pulls its workers' KV state (``router/kv_sync.py``, ``engine/kv_sync.py``): a joining
 worker's whole cache over the request plane in compact parts, nothing pushed on the event plane;
 a gap in the event stream replayed from the worker's ring, only the gap; a gap past the ring one
-snapshot; a few pulls at a time however many workers join."""
+snapshot; a few pulls at a time however many workers join; a large state applied in slices."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from interlock.engine.kv_sync import KvEventLog, KvSyncServer
 from interlock.engine.serving import FakeEngine
 from interlock.engine.worker import Worker, WorkerOptions
 from interlock.protocol import InstanceInfo, subjects
+from interlock.router.indexer import STATE_STEP
 from interlock.router.kv_sync import MAX_PULLS
 from interlock.router.service import RouterService
 from interlock.runtime import InProcRegistry, RuntimeConfig, connect_runtime
@@ -303,5 +304,37 @@ def test_pulls_are_counted_in_the_metrics() -> None:
         assert "interlock_router_kv_syncing_workers 0" in text
         assert f"interlock_router_kv_sync_bytes_total {svc.kv_sync.stats.bytes}" in text
         await w.drain(0.0)
+
+    run(body)
+
+
+@pytest.mark.timeout(60)
+def test_a_large_pulled_state_is_applied_in_slices_with_turns_between() -> None:
+    """30,000 blocks take several milliseconds to apply: other tasks (requests) run between
+    its slices, and the worker counts as loading until the last."""
+
+    async def body(rt: Runtime, svc: RouterService, asked: list[bytes]) -> None:
+        engine = FakeEngine(block_size=BLOCK, num_blocks=100_000)
+        engine.fill(chain(30_000), announce=False)
+        worker, _ = make_worker("w0", engine, rt)
+        mid_load = []
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            while not done.is_set():
+                await asyncio.sleep(0)
+                router = svc.routers.get("m")
+                if router is not None and 0 < router.indexer.num_blocks("w0") < 30_000:
+                    mid_load.append(router.needs_resync())
+
+        turns = asyncio.create_task(ticker())
+        await worker.start()
+        await settle(lambda: indexed(svc, "w0") == stored(engine), 30.0)
+        done.set()
+        await turns
+        assert len(mid_load) >= 30_000 // STATE_STEP - 1
+        assert all(flagged == ["w0"] for flagged in mid_load)
+        assert svc.routers["m"].needs_resync() == [] and svc.kv_sync.stats.snapshots == 1
+        await worker.drain(0.0)
 
     run(body)

@@ -5,6 +5,8 @@ refused by name; the dict where the module cannot be built."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -141,6 +143,46 @@ def test_many_workers_grow_the_masks_without_losing_blocks() -> None:
     apply_all_named(ix, "w299", (1, 2))
     ix.check_integrity()
     assert ix.overlap_by_worker([1, 2, 3]) == {"first": 3, "w299": 2}
+
+
+def test_the_map_grows_in_steps_and_answers_as_a_dict_throughout() -> None:
+    """Past 3/4 full the map moves into one twice its size a few slots per store or remove
+    (``MIGRATE_STEP``), and from 2 MiB the next table is prepared by a thread: across several
+    growths, stores, removes and lookups mid-way agree with a dict, and the invariants hold."""
+    rng = random.Random(7)
+    ix = MODULE.new(2)  # type: ignore[union-attr]
+    model: dict[int, int] = {}
+    held: list[int] = []
+    for step in range(150):
+        slot = rng.randrange(100)
+        fresh = [rng.getrandbits(64) for _ in range(4000)]
+        hashes = fresh + rng.sample(held, min(len(held), 300))
+        MODULE.store(ix, slot, hashes)  # type: ignore[union-attr]
+        for h in hashes:
+            model[h] = model.get(h, 0) | 1 << slot
+        held += fresh
+        gone = rng.sample(held, 1500)
+        slot = rng.randrange(100)
+        MODULE.remove(ix, slot, gone)  # type: ignore[union-attr]
+        for h in gone:
+            if h in model and model[h] >> slot & 1:
+                model[h] &= ~(1 << slot)
+                if not model[h]:
+                    del model[h]
+        for h in rng.sample(held, 50) + [rng.getrandbits(64)]:
+            assert MODULE.mask(ix, h) == model.get(h, 0)  # type: ignore[union-attr]
+            assert MODULE.runs(ix, [h]) == ([(model[h], 1)] if h in model else [])  # type: ignore[union-attr]
+        if step % 25 == 0 or step == 149:
+            assert MODULE.check(ix) is None  # type: ignore[union-attr]
+            assert MODULE.size(ix)[0] == len(model)  # type: ignore[union-attr]
+    assert MODULE.items(ix) == model  # type: ignore[union-attr]
+    while MODULE.migrate(ix, 1 << 12):  # type: ignore[union-attr]  # the tick ends a growth
+        assert MODULE.check(ix) is None  # type: ignore[union-attr]
+    assert MODULE.items(ix) == model  # type: ignore[union-attr]
+    MODULE.remove(ix, 0, list(model))  # type: ignore[union-attr]
+    for slot in range(1, 100):
+        MODULE.remove(ix, slot, list(model))  # type: ignore[union-attr]
+    assert MODULE.check(ix) is None and MODULE.size(ix)[:2] == (0, 0)  # type: ignore[union-attr]
 
 
 def apply_all_named(ix: KvIndexer, wid: str, hashes: tuple[int, ...]) -> None:

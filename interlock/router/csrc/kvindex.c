@@ -16,8 +16,16 @@
  * The result is a function of the mask values only, never of how they are shared, so this index
  * gives exactly the runs of the Python one (tests/router/test_native.py checks it).
  *
- * Invariants (kvi_check): an entry's mask is non-zero; a mask's refcount is the number of
- * entries holding it (plus one while a store or remove pins it); free ids have refcount 0.
+ * Growth is incremental (as Redis rehashes): past 3/4 full, a table of twice the size becomes the
+ * one inserted into, and every store or remove moves MIGRATE_STEP of the old table's slots per
+ * block into it, so no call pays for a whole rehash (at 9 M entries that was one 280 ms call, a
+ * stall of every request in flight). Until the old table is empty, a key is in exactly one of
+ * the two; a lookup probes the new one, then the old. A slot moved out of the old table, or a
+ * key deleted from it, is marked MOVED rather than emptied: its probe chains stay whole.
+ *
+ * Invariants (kvi_check): an entry's mask is non-zero; a key is in one table at most; a mask's
+ * refcount is the number of entries holding it (plus one while a store or remove pins it); free
+ * ids have refcount 0.
  *
  * The module also carries LoadTracker's accounting of one slot (account.c: a dispatch,
  * ``account``; a load report's figures, ``report``), the other per-decision piece of the router
@@ -30,6 +38,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/mman.h>
 
 #include "route_kv.c"
 #include "account.c"
@@ -45,6 +55,16 @@ typedef struct {
   uint64_t cap; /* power of two */
   int shift;    /* 64 - log2(cap) */
   uint64_t used;
+  size_t tab_map;  /* bytes mapped for tab (huge-page aligned), 0: it came from calloc */
+  Entry* old; /* the table being moved out of while growing; NULL when none */
+  size_t old_map;
+  Entry* next; /* the next table, being prepared by next_thread while next_state is 1 */
+  uint64_t next_cap;
+  size_t next_map;
+  pthread_t next_thread;
+  int next_state;
+  uint64_t old_cap, old_live, mig; /* its slots, its live entries, the next slot to move */
+  int old_shift;
   uint64_t* bits; /* masks_cap * words */
   uint32_t* refs;
   uint32_t* free_ids;
@@ -64,23 +84,133 @@ typedef struct {
 
 static const char* CAPSULE = "interlock.kvindex";
 
-static inline uint64_t home(const Index* ix, uint64_t key) {
-  return (key * 0x9E3779B97F4A7C15ull) >> ix->shift;
+#define MOVED UINT32_MAX /* an old table's slot whose entry moved or was deleted (not a mask id) */
+#define MIGRATE_STEP 4   /* old slots moved per block stored or removed while growing */
+
+static inline uint64_t home_of(int shift, uint64_t key) { return (key * 0x9E3779B97F4A7C15ull) >> shift; }
+
+static inline uint64_t home(const Index* ix, uint64_t key) { return home_of(ix->shift, key); }
+
+/* The live entry for key in the old table, NULL if none (or no old table). */
+static inline Entry* find_old(const Index* ix, uint64_t key) {
+  if (!ix->old) return NULL;
+  uint64_t m = ix->old_cap - 1;
+  for (uint64_t i = home_of(ix->old_shift, key);; i = (i + 1) & m) {
+    Entry* e = &ix->old[i];
+    if (!e->mask) return NULL;
+    if (e->key == key && e->mask != MOVED) return e;
+  }
+}
+
+/* Slot i of the new table then the old one (i < cap + old_cap) if it holds a live entry. */
+static inline const Entry* slot_at(const Index* ix, uint64_t i) {
+  const Entry* e = i < ix->cap ? &ix->tab[i] : &ix->old[i - ix->cap];
+  return e->mask && e->mask != MOVED ? e : NULL;
 }
 
 static inline Entry* find(const Index* ix, uint64_t key) {
   uint64_t m = ix->cap - 1;
   for (uint64_t i = home(ix, key);; i = (i + 1) & m) {
     Entry* e = &ix->tab[i];
-    if (!e->mask) return NULL;
+    if (!e->mask) return find_old(ix, key);
     if (e->key == key) return e;
   }
 }
 
 static inline uint64_t* mask_at(const Index* ix, uint32_t id) { return ix->bits + (uint64_t)id * ix->words; }
 
+#define MAPPED_TABLE ((size_t)2 << 20) /* tables of this many bytes or more are mmap'ed */
+
+/* A zeroed table of cap entries; *mapped: the bytes mapped (0: calloc). `populate`: its pages
+ * faulted in now, one at a time (a table that large is otherwise faulted in by the inserts that
+ * first touch each page: 65,536 faults at 16 M entries, 30-80 ms in the first stores after a
+ * growth). Not MAP_POPULATE: that holds the process's memory-map lock for the whole table, and
+ * any mmap of the serving thread (a large list) waits for it. */
+static Entry* table_alloc(uint64_t cap, size_t* mapped, int populate) {
+  size_t bytes = cap * sizeof(Entry);
+  *mapped = 0;
+  if (bytes < MAPPED_TABLE) return calloc(cap, sizeof(Entry));
+  char* p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  if (populate)
+    for (size_t at = 0; at < bytes; at += 4096) ((volatile char*)p)[at] = 0;
+  *mapped = bytes;
+  return (Entry*)p;
+}
+
+static void table_free(Entry* tab, size_t mapped) {
+  if (mapped) munmap(tab, mapped);
+  else free(tab);
+}
+
+typedef struct {
+  Entry* tab;
+  size_t mapped;
+} Unmap;
+
+static void* unmap_later(void* arg) {
+  Unmap* u = arg;
+  /* Its pages dropped a few MiB at a time first (under the memory-map lock shared, as page
+   * faults take it): the unmap itself, under the lock held alone, then has nothing to free. */
+  for (size_t at = 0; at < u->mapped; at += MAPPED_TABLE)
+    madvise((char*)u->tab + at, u->mapped - at < MAPPED_TABLE ? u->mapped - at : MAPPED_TABLE, MADV_DONTNEED);
+  munmap(u->tab, u->mapped);
+  free(u);
+  return NULL;
+}
+
+/* A table no longer used, given back by a thread of its own where it was mapped (unmapping 128
+ * MiB of faulted pages takes 5 ms, a stall of every request in flight if done here). */
+static void table_retire(Entry* tab, size_t mapped) {
+  Unmap* u = mapped ? malloc(sizeof(Unmap)) : NULL;
+  pthread_t t;
+  pthread_attr_t attr;
+  if (u && pthread_attr_init(&attr) == 0) {
+    u->tab = tab;
+    u->mapped = mapped;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int started = pthread_create(&t, &attr, unmap_later, u) == 0;
+    pthread_attr_destroy(&attr);
+    if (started) return;
+  }
+  free(u);
+  table_free(tab, mapped);
+}
+
+/* The next table, made ready beside the caller: once the table is 5/8 full, a thread maps the
+ * one of twice its size and faults its pages in, so that the growth at 3/4 (table_grow) finds
+ * it ready instead of faulting it in on the serving thread. */
+static void* prepare_next(void* arg) {
+  Index* ix = arg;
+  ix->next = table_alloc(ix->next_cap, &ix->next_map, 1);
+  return NULL;
+}
+
+static void next_start(Index* ix) {
+  if (ix->next_state || ix->old || ix->cap * sizeof(Entry) * 2 < MAPPED_TABLE) return;
+  ix->next_cap = ix->cap * 2;
+  ix->next = NULL;
+  ix->next_state = pthread_create(&ix->next_thread, NULL, prepare_next, ix) == 0 ? 1 : 0;
+}
+
+/* The prepared table if there is one of `cap` entries (waiting for its thread), else NULL. */
+static Entry* next_take(Index* ix, uint64_t cap, size_t* mapped) {
+  if (!ix->next_state) return NULL;
+  pthread_join(ix->next_thread, NULL);
+  ix->next_state = 0;
+  Entry* t = ix->next;
+  ix->next = NULL;
+  if (t && ix->next_cap == cap) {
+    *mapped = ix->next_map;
+    return t;
+  }
+  if (t) table_free(t, ix->next_map);
+  return NULL;
+}
+
 static int table_init(Index* ix, uint64_t cap) {
-  Entry* tab = calloc(cap, sizeof(Entry));
+  Entry* tab = next_take(ix, cap, &ix->tab_map);
+  if (!tab) tab = table_alloc(cap, &ix->tab_map, 0);
   if (!tab) return -1;
   ix->tab = tab;
   ix->cap = cap;
@@ -89,34 +219,74 @@ static int table_init(Index* ix, uint64_t cap) {
   return 0;
 }
 
+/* An empty slot of the new table for key (not in it), probing from its home. */
+static inline Entry* free_slot(Index* ix, uint64_t key) {
+  uint64_t m = ix->cap - 1, i = home(ix, key);
+  while (ix->tab[i].mask) i = (i + 1) & m;
+  return &ix->tab[i];
+}
+
+/* Up to `steps` slots of the old table moved into the new one; the old table freed once empty. */
+static void migrate(Index* ix, uint64_t steps) {
+  for (; ix->old && steps; steps--) {
+    if (ix->mig == ix->old_cap) {
+      table_retire(ix->old, ix->old_map);
+      ix->old = NULL;
+      ix->old_cap = ix->old_live = ix->mig = 0;
+      return;
+    }
+    Entry* e = &ix->old[ix->mig++];
+    if (!e->mask || e->mask == MOVED) continue;
+    *free_slot(ix, e->key) = *e;
+    ix->used++;
+    ix->old_live--;
+    e->mask = MOVED;
+  }
+}
+
+/* Start growing: the table becomes the old one (a growth still running is finished first). */
 static int table_grow(Index* ix) {
+  migrate(ix, UINT64_MAX);
   Entry* old = ix->tab;
-  uint64_t old_cap = ix->cap;
+  uint64_t old_cap = ix->cap, used = ix->used;
+  int old_shift = ix->shift;
+  size_t old_map = ix->tab_map;
   if (table_init(ix, old_cap * 2) < 0) {
     ix->tab = old;
+    ix->cap = old_cap;
+    ix->shift = old_shift;
+    ix->used = used;
+    ix->tab_map = old_map;
     return -1;
   }
-  uint64_t m = ix->cap - 1;
-  for (uint64_t j = 0; j < old_cap; j++) {
-    if (!old[j].mask) continue;
-    uint64_t i = home(ix, old[j].key);
-    while (ix->tab[i].mask) i = (i + 1) & m;
-    ix->tab[i] = old[j];
-    ix->used++;
-  }
-  free(old);
+  ix->old = old;
+  ix->old_map = old_map;
+  ix->old_cap = old_cap;
+  ix->old_shift = old_shift;
+  ix->old_live = used;
+  ix->mig = 0;
   return 0;
 }
 
-/* The entry for key, inserted empty-masked if absent (the caller sets its mask). */
+/* The entry for key, inserted empty-masked if absent (the caller sets its mask). One in the old
+ * table is moved into the new one first. */
 static Entry* find_or_insert(Index* ix, uint64_t key) {
-  if ((ix->used + 1) * 4 > ix->cap * 3 && table_grow(ix) < 0) return NULL;
+  migrate(ix, MIGRATE_STEP);
+  uint64_t live = ix->used + ix->old_live + 1;
+  if (live * 8 > ix->cap * 5) next_start(ix);
+  if (live * 4 > ix->cap * 3 && table_grow(ix) < 0) return NULL;
   uint64_t m = ix->cap - 1;
   for (uint64_t i = home(ix, key);; i = (i + 1) & m) {
     Entry* e = &ix->tab[i];
     if (!e->mask) {
+      Entry* o = find_old(ix, key);
       e->key = key;
       ix->used++;
+      if (o) {
+        e->mask = o->mask;
+        o->mask = MOVED;
+        ix->old_live--;
+      }
       return e;
     }
     if (e->key == key) return e;
@@ -124,6 +294,11 @@ static Entry* find_or_insert(Index* ix, uint64_t key) {
 }
 
 static void table_delete(Index* ix, Entry* e) {
+  if (ix->old && e >= ix->old && e < ix->old + ix->old_cap) { /* its chain stays whole */
+    e->mask = MOVED;
+    ix->old_live--;
+    return;
+  }
   uint64_t m = ix->cap - 1;
   uint64_t i = (uint64_t)(e - ix->tab);
   uint64_t j = i;
@@ -147,6 +322,7 @@ static uint32_t mask_alloc(Index* ix) {
   if (ix->nfree) {
     id = ix->free_ids[--ix->nfree];
   } else {
+    if (ix->nmasks == MOVED) return 0; /* 2^32 - 1 ids: the last is the MOVED mark */
     if (ix->nmasks == ix->masks_cap) {
       uint32_t cap = ix->masks_cap * 2;
       uint64_t* bits = realloc(ix->bits, (size_t)cap * ix->words * 8);
@@ -175,7 +351,11 @@ static inline void mask_incref(Index* ix, uint32_t id) {
 }
 
 static void index_free(Index* ix) {
-  free(ix->tab);
+  size_t mapped;
+  Entry* next = next_take(ix, ix->next_cap, &mapped);
+  if (next) table_free(next, mapped);
+  if (ix->tab) table_free(ix->tab, ix->tab_map);
+  if (ix->old) table_free(ix->old, ix->old_map);
   free(ix->bits);
   free(ix->refs);
   free(ix->free_ids);
@@ -420,6 +600,7 @@ static PyObject* kvi_remove(PyObject* self, PyObject* const* args, Py_ssize_t na
   if (!ix) return NULL;
   uint32_t old_of = UINT32_MAX, new_id = 0;
   for (int64_t i = 0; i < n; i++) {
+    migrate(ix, MIGRATE_STEP);
     Entry* e = find(ix, ix->keys[i]);
     if (!e || !(mask_at(ix, e->mask)[w] & bit)) continue;
     uint32_t old = e->mask;
@@ -517,7 +698,11 @@ static int64_t lookup_runs(Index* ix, PyObject* const* items, int64_t n) {
     uint32_t held = 0;
     for (uint64_t j = home(ix, key);; j = (j + 1) & m) {
       const Entry* e = &ix->tab[j];
-      if (!e->mask) break;
+      if (!e->mask) {
+        const Entry* o = find_old(ix, key); /* growing: not moved yet */
+        if (o) held = o->mask;
+        break;
+      }
       if (e->key == key) {
         held = e->mask;
         break;
@@ -610,9 +795,9 @@ static PyObject* kvi_items(PyObject* self, PyObject* const* args, Py_ssize_t nar
   if (!ix) return NULL;
   PyObject* out = PyDict_New();
   if (!out) return NULL;
-  for (uint64_t i = 0; i < ix->cap; i++) {
-    const Entry* e = &ix->tab[i];
-    if (!e->mask) continue;
+  for (uint64_t i = 0; i < ix->cap + ix->old_cap; i++) {
+    const Entry* e = slot_at(ix, i);
+    if (!e) continue;
     PyObject* k = PyLong_FromUnsignedLongLong(e->key);
     PyObject* v = _PyLong_FromByteArray((const unsigned char*)mask_at(ix, e->mask), ix->words * 8, 1, 0);
     if (!k || !v || PyDict_SetItem(out, k, v) < 0) {
@@ -634,9 +819,9 @@ static PyObject* kvi_unique_counts(PyObject* self, PyObject* const* args, Py_ssi
   if (!ix) return NULL;
   int64_t* counts = calloc(slots > 0 ? slots : 1, 8);
   if (!counts) return PyErr_NoMemory();
-  for (uint64_t i = 0; i < ix->cap; i++) {
-    const Entry* e = &ix->tab[i];
-    if (!e->mask) continue;
+  for (uint64_t i = 0; i < ix->cap + ix->old_cap; i++) {
+    const Entry* e = slot_at(ix, i);
+    if (!e) continue;
     const uint64_t* mk = mask_at(ix, e->mask);
     int64_t bits = 0, at = -1;
     for (int64_t k = 0; k < ix->words && bits < 2; k++)
@@ -661,9 +846,9 @@ static PyObject* kvi_check(PyObject* self, PyObject* const* args, Py_ssize_t nar
   if (!seen) return PyErr_NoMemory();
   const char* err = NULL;
   uint64_t used = 0;
-  for (uint64_t i = 0; i < ix->cap && !err; i++) {
-    const Entry* e = &ix->tab[i];
-    if (!e->mask) continue;
+  for (uint64_t i = 0; i < ix->cap + ix->old_cap && !err; i++) {
+    const Entry* e = slot_at(ix, i);
+    if (!e) continue;
     used++;
     if (e->mask >= ix->nmasks) err = "entry with a mask id out of range";
     else if (find(ix, e->key) != e) err = "entry not found from its key";
@@ -674,7 +859,7 @@ static PyObject* kvi_check(PyObject* self, PyObject* const* args, Py_ssize_t nar
       if (!any) err = "entry with an empty mask";
     }
   }
-  if (!err && used != ix->used) err = "entry count out of step";
+  if (!err && used != ix->used + ix->old_live) err = "entry count out of step";
   for (uint32_t id = 1; id < ix->nmasks && !err; id++)
     if (seen[id] != ix->refs[id]) err = "mask refcount out of step with the entries";
   free(seen);
@@ -682,14 +867,24 @@ static PyObject* kvi_check(PyObject* self, PyObject* const* args, Py_ssize_t nar
   Py_RETURN_NONE;
 }
 
+/* migrate(index, slots) -> bool: up to `slots` of a growing map's old table moved (the router's
+ * tick: a growth then ends in a few seconds whatever the rate of stores); True while growing. */
+static PyObject* kvi_migrate(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  int64_t slots;
+  Index* ix = index_and_int(args, nargs, 2, "migrate", &slots);
+  if (!ix) return NULL;
+  if (slots > 0) migrate(ix, (uint64_t)slots);
+  return PyBool_FromLong(ix->old != NULL);
+}
+
 /* size(index) -> (entries, masks in use, bytes held). */
 static PyObject* kvi_size(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (check_nargs(nargs, 1, "size") < 0) return NULL;
   Index* ix = get_index(args[0]);
   if (!ix) return NULL;
-  uint64_t bytes = ix->cap * sizeof(Entry) + (uint64_t)ix->masks_cap * (ix->words * 8 + 8) +
+  uint64_t bytes = (ix->cap + ix->old_cap) * sizeof(Entry) + (uint64_t)ix->masks_cap * (ix->words * 8 + 8) +
                    ix->keys_cap * 8 + ix->runs_cap * (ix->words * 8 + 8);
-  return Py_BuildValue("(KKK)", (unsigned long long)ix->used,
+  return Py_BuildValue("(KKK)", (unsigned long long)(ix->used + ix->old_live),
                        (unsigned long long)(ix->nmasks - 1 - ix->nfree), (unsigned long long)bytes);
 }
 
@@ -971,6 +1166,7 @@ static PyMethodDef methods[] = {
     {"unique_counts", (PyCFunction)(void (*)(void))kvi_unique_counts, METH_FASTCALL, "unique_counts(index, slots)"},
     {"check", (PyCFunction)(void (*)(void))kvi_check, METH_FASTCALL, "check(index) -> None or error"},
     {"size", (PyCFunction)(void (*)(void))kvi_size, METH_FASTCALL, "size(index) -> (entries, masks, bytes)"},
+    {"migrate", (PyCFunction)(void (*)(void))kvi_migrate, METH_FASTCALL, "migrate(index, slots) -> growing"},
     {"account", (PyCFunction)(void (*)(void))kvi_account, METH_FASTCALL, "account(vectors, slot, deltas, limits) -> busy change"},
     {"report", (PyCFunction)(void (*)(void))kvi_report, METH_FASTCALL, "report(vectors, slot, figures, limits) -> busy change"},
     {"decide", (PyCFunction)(void (*)(void))kvi_decide, METH_FASTCALL, "decide(index, hashes, consts, ...) -> (slot, ranked)"},
