@@ -552,6 +552,17 @@ static void memo_release(Index* ix, uint32_t old_of, uint32_t new_id) {
   mask_decref(ix, new_id);
 }
 
+#define STORE_AHEAD 16
+
+/* The table lines a store or remove (rw 1) or a lookup (rw 0) of key will probe, asked of memory
+ * ahead (both tables while growing): a table of hundreds of MB costs a cache miss per block,
+ * overlapped this way (a store of 30,000 blocks into 9 M: 2.7 -> 1.8 s for 300 of them). */
+#define PREFETCH_SLOT(ix, key, rw)                                                   \
+  do {                                                                               \
+    __builtin_prefetch(&(ix)->tab[home((ix), (key))], (rw));                         \
+    if ((ix)->old) __builtin_prefetch(&(ix)->old[home_of((ix)->old_shift, (key))], (rw)); \
+  } while (0)
+
 /* store(index, slot, hashes): the worker at `slot` holds these blocks. */
 static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   int64_t n, w;
@@ -559,7 +570,9 @@ static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nar
   Index* ix = slot_call(args, nargs, "store", &n, &w, &bit);
   if (!ix) return NULL;
   uint32_t old_of = UINT32_MAX, new_id = 0;
+  for (int64_t i = 0; i < n && i < STORE_AHEAD; i++) PREFETCH_SLOT(ix, ix->keys[i], 1);
   for (int64_t i = 0; i < n; i++) {
+    if (i + STORE_AHEAD < n) PREFETCH_SLOT(ix, ix->keys[i + STORE_AHEAD], 1);
     Entry* e = find_or_insert(ix, ix->keys[i]);
     if (!e) goto nomem;
     uint32_t old = e->mask;
@@ -599,7 +612,9 @@ static PyObject* kvi_remove(PyObject* self, PyObject* const* args, Py_ssize_t na
   Index* ix = slot_call(args, nargs, "remove", &n, &w, &bit);
   if (!ix) return NULL;
   uint32_t old_of = UINT32_MAX, new_id = 0;
+  for (int64_t i = 0; i < n && i < STORE_AHEAD; i++) PREFETCH_SLOT(ix, ix->keys[i], 1);
   for (int64_t i = 0; i < n; i++) {
+    if (i + STORE_AHEAD < n) PREFETCH_SLOT(ix, ix->keys[i + STORE_AHEAD], 1);
     migrate(ix, MIGRATE_STEP);
     Entry* e = find(ix, ix->keys[i]);
     if (!e || !(mask_at(ix, e->mask)[w] & bit)) continue;
@@ -682,7 +697,7 @@ static int64_t lookup_runs(Index* ix, PyObject* const* items, int64_t n) {
       n = conv;
       break;
     }
-    __builtin_prefetch(&ix->tab[home(ix, keys[conv])]);
+    PREFETCH_SLOT(ix, keys[conv], 0);
   }
   int64_t nruns = 0, count = 0;
   uint32_t last = UINT32_MAX;
@@ -692,7 +707,10 @@ static int64_t lookup_runs(Index* ix, PyObject* const* items, int64_t n) {
     if (conv < n) { /* conv == i + PREFETCH_AHEAD: n stays past i */
       if (conv + OBJECT_AHEAD - PREFETCH_AHEAD < n) __builtin_prefetch(items[conv + OBJECT_AHEAD - PREFETCH_AHEAD]);
       if (key_of(items[conv], &keys[conv]) < 0) n = conv;
-      else __builtin_prefetch(&ix->tab[home(ix, keys[conv++])]);
+      else {
+        PREFETCH_SLOT(ix, keys[conv], 0);
+        conv++;
+      }
     }
     uint64_t key = keys[i];
     uint32_t held = 0;
