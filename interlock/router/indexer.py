@@ -38,7 +38,9 @@ Compiled map: where ``interlock.router.native`` loads, the device map ``hash -> 
 lives in C (``csrc/kvindex.c``: the same masks as bitsets in an open-addressing table) instead of
 the dict, and the router's ``kv`` decision runs lookup, cost and choice in one call over it
 (``native_decide``); ``overlap_masks`` and the rest give the same answers from either map. The
-per-worker block sets and the lower tiers stay in Python. The compiled map holds 64-bit
+compiled map keeps each worker's device blocks too (a set per slot, 8 bytes a block; the dict
+path's per-worker dicts took about 90 with their ints: 800 MB of a frontend's 1.16 GB at 300 x
+30,000 blocks); the lower tiers stay in Python. The compiled map holds 64-bit
 unsigned hashes (what ``kvhash`` makes); a batch naming another int is refused by name
 (``TransportError``) before anything of it is applied, and a lookup stops at one, which no
 worker can hold. ``compiled=False``, no compiler, or ``INTERLOCK_CPU_KERNELS=0``: the dict.
@@ -79,9 +81,11 @@ class _Worker:
     slot: int
     publishes_events: bool
     blocks: dict[int, None] = field(default_factory=dict)
-    """The worker's device blocks (a dict as a set: one of ints and None the garbage collector
-    does not track, where a set is traversed on every full collection, 0.34 s at 300 workers x
-    30,000 blocks: a stall of every request in flight; ``benchmarks/index_costs.py``)."""
+    """The worker's device blocks, where the map is the dict (the compiled map keeps each slot's
+    blocks itself: 8 bytes a block against about 90 here). A dict as a set: one of ints and None
+    the garbage collector does not track, where a set is traversed on every full collection,
+    0.34 s at 300 workers x 30,000 blocks: a stall of every request in flight
+    (``benchmarks/index_costs.py``)."""
     last_seq: int | None = None
     """Last applied batch's seq; None until the first batch or snapshot."""
     events_seen: bool = False
@@ -204,8 +208,14 @@ class KvIndexer:
 
     def num_blocks(self, instance_id: str | None = None) -> int:
         if instance_id is None:
-            return sum(len(w.blocks) for w in self._workers.values())
-        return len(self._workers[instance_id].blocks)
+            return sum(self._count(w) for w in self._workers.values())
+        return self._count(self._workers[instance_id])
+
+    def _count(self, w: _Worker) -> int:
+        return int(self._c.count(self._cmap, w.slot)) if self._c is not None else len(w.blocks)
+
+    def _device_blocks(self, w: _Worker) -> list[int]:
+        return list(self._c.blocks(self._cmap, w.slot)) if self._c is not None else list(w.blocks)
 
     def unique_counts(self) -> dict[str, int]:
         """Per worker: blocks no other worker holds (what losing it would take away)."""
@@ -222,7 +232,7 @@ class KvIndexer:
         return counts
 
     def blocks_of(self, instance_id: str) -> frozenset[int]:
-        return frozenset(self._workers[instance_id].blocks)
+        return frozenset(self._device_blocks(self._workers[instance_id]))
 
     def export(self, instance_id: str) -> tuple[int, dict[str, list[int]]] | None:
         """The worker's whole state as of its last applied batch: (that seq, block hashes by
@@ -232,7 +242,7 @@ class KvIndexer:
         if seq is None:
             return None
         w = self._workers[instance_id]
-        tiers: dict[str, list[int]] = {"device": list(w.blocks)}
+        tiers: dict[str, list[int]] = {"device": self._device_blocks(w)}
         for tier, bit in _TIER_BITS.items():
             held = [h for h, bits in w.lower.items() if bits & bit]
             if held:
@@ -323,7 +333,6 @@ class KvIndexer:
     def _store(self, w: _Worker, hashes: Sequence[int]) -> None:
         if self._c is not None:
             self._compiled(self._c.store, w, hashes)
-            w.blocks.update(dict.fromkeys(hashes))
             self.events_applied += len(hashes)
             return
         bit = 1 << w.slot
@@ -342,9 +351,6 @@ class KvIndexer:
     def _remove(self, w: _Worker, hashes: Sequence[int]) -> None:
         if self._c is not None:
             self._compiled(self._c.remove, w, hashes)
-            drop = w.blocks.pop
-            for h in hashes:
-                drop(h, None)
             self.events_applied += len(hashes)
             return
         mask = ~(1 << w.slot)
@@ -398,7 +404,10 @@ class KvIndexer:
         self.events_applied += len(hashes)
 
     def _clear(self, w: _Worker) -> None:
-        self._remove(w, list(w.blocks))
+        if self._c is not None:
+            self._c.clear(self._cmap, w.slot)
+        else:
+            self._remove(w, list(w.blocks))
         self._remove_lower(w, list(w.lower), 3)
         w.approx_expiry.clear()
 
@@ -520,7 +529,7 @@ class KvIndexer:
         seen_lower: dict[int, int] = {}
         for w in self._workers.values():
             bit = 1 << w.slot
-            for h in w.blocks:
+            for h in self._device_blocks(w):
                 seen[h] = seen.get(h, 0) | bit
             for h, tiers in w.lower.items():
                 assert tiers, w.instance_id

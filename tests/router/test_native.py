@@ -179,10 +179,32 @@ def test_the_map_grows_in_steps_and_answers_as_a_dict_throughout() -> None:
     while MODULE.migrate(ix, 1 << 12):  # type: ignore[union-attr]  # the tick ends a growth
         assert MODULE.check(ix) is None  # type: ignore[union-attr]
     assert MODULE.items(ix) == model  # type: ignore[union-attr]
+    for slot in range(100):  # each slot's own set of what it holds
+        mine = sorted(h for h, m in model.items() if m >> slot & 1)
+        assert MODULE.count(ix, slot) == len(mine)  # type: ignore[union-attr]
+        assert sorted(MODULE.blocks(ix, slot)) == mine  # type: ignore[union-attr]
     MODULE.remove(ix, 0, list(model))  # type: ignore[union-attr]
-    for slot in range(1, 100):
+    for slot in range(1, 50):
         MODULE.remove(ix, slot, list(model))  # type: ignore[union-attr]
+    for slot in range(50, 100):
+        MODULE.clear(ix, slot)  # type: ignore[union-attr]
+        assert MODULE.count(ix, slot) == 0 and MODULE.check(ix) is None  # type: ignore[union-attr]
     assert MODULE.check(ix) is None and MODULE.size(ix)[:2] == (0, 0)  # type: ignore[union-attr]
+
+
+def test_a_slot_keeps_its_own_blocks_the_hash_0_included() -> None:
+    ix = MODULE.new(1)  # type: ignore[union-attr]
+    MODULE.store(ix, 3, [0, 5, 2**64 - 1, 5])  # type: ignore[union-attr]
+    MODULE.store(ix, 4, [5])  # type: ignore[union-attr]
+    assert MODULE.count(ix, 3) == 3 and sorted(MODULE.blocks(ix, 3)) == [0, 5, 2**64 - 1]  # type: ignore[union-attr]
+    assert MODULE.check(ix) is None  # type: ignore[union-attr]
+    MODULE.remove(ix, 3, [0])  # type: ignore[union-attr]
+    assert sorted(MODULE.blocks(ix, 3)) == [5, 2**64 - 1]  # type: ignore[union-attr]
+    MODULE.clear(ix, 3)  # type: ignore[union-attr]
+    assert MODULE.blocks(ix, 3) == [] and MODULE.items(ix) == {5: 1 << 4}  # type: ignore[union-attr]
+    assert MODULE.check(ix) is None  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="slot 64 out of range"):
+        MODULE.count(ix, 64)  # type: ignore[union-attr]
 
 
 def apply_all_named(ix: KvIndexer, wid: str, hashes: tuple[int, ...]) -> None:

@@ -50,6 +50,15 @@ typedef struct {
   uint32_t _pad;
 } Entry;
 
+/* The blocks one worker slot holds: an open-addressing set of keys (0 marks an empty slot; the
+ * key 0 itself is `zero`), 8 bytes a key where a Python dict of ints took about 90. */
+typedef struct {
+  uint64_t* keys;
+  uint64_t cap; /* power of two, or 0 */
+  uint64_t used; /* keys in `keys` */
+  int zero;      /* the key 0 is held */
+} SlotSet;
+
 typedef struct {
   Entry* tab;
   uint64_t cap; /* power of two */
@@ -70,6 +79,7 @@ typedef struct {
   uint32_t* free_ids;
   uint32_t nfree, nmasks, masks_cap; /* ids 1..nmasks-1 allocated at some point; 0 unused */
   int64_t words;
+  SlotSet* sets; /* words * 64: each slot's blocks */
   /* scratch of a lookup */
   uint64_t* keys;
   int64_t keys_cap;
@@ -342,6 +352,9 @@ static uint32_t mask_alloc(Index* ix) {
   return id;
 }
 
+/* An id just allocated and never used, given back. */
+static inline void mask_free(Index* ix, uint32_t id) { ix->free_ids[ix->nfree++] = id; }
+
 static inline void mask_decref(Index* ix, uint32_t id) {
   if (id && --ix->refs[id] == 0) ix->free_ids[ix->nfree++] = id;
 }
@@ -350,7 +363,80 @@ static inline void mask_incref(Index* ix, uint32_t id) {
   if (id) ix->refs[id]++;
 }
 
+static inline uint64_t set_home(const SlotSet* st, uint64_t key) {
+  return (key * 0x9E3779B97F4A7C15ull) >> (64 - __builtin_ctzll(st->cap));
+}
+
+static int set_has(const SlotSet* st, uint64_t key) {
+  if (!key) return st->zero;
+  if (!st->cap) return 0;
+  uint64_t m = st->cap - 1;
+  for (uint64_t i = set_home(st, key);; i = (i + 1) & m) {
+    if (!st->keys[i]) return 0;
+    if (st->keys[i] == key) return 1;
+  }
+}
+
+static uint64_t set_size(const SlotSet* st) { return st->used + (st->zero ? 1 : 0); }
+
+/* key added (it is not in the set); -1 out of memory, the set unchanged. */
+static int set_add(SlotSet* st, uint64_t key) {
+  if (!key) {
+    st->zero = 1;
+    return 0;
+  }
+  if ((st->used + 1) * 4 > st->cap * 3) {
+    uint64_t cap = st->cap ? st->cap * 2 : 64;
+    uint64_t* keys = calloc(cap, 8);
+    if (!keys) return -1;
+    SlotSet grown = {keys, cap, 0, st->zero};
+    for (uint64_t j = 0; j < st->cap; j++)
+      if (st->keys[j]) {
+        uint64_t i = set_home(&grown, st->keys[j]);
+        while (keys[i]) i = (i + 1) & (cap - 1);
+        keys[i] = st->keys[j];
+        grown.used++;
+      }
+    free(st->keys);
+    *st = grown;
+  }
+  uint64_t m = st->cap - 1, i = set_home(st, key);
+  while (st->keys[i]) i = (i + 1) & m;
+  st->keys[i] = key;
+  st->used++;
+  return 0;
+}
+
+/* key taken out of the set (it is in it). */
+static void set_del(SlotSet* st, uint64_t key) {
+  if (!key) {
+    st->zero = 0;
+    return;
+  }
+  uint64_t m = st->cap - 1, i = set_home(st, key);
+  while (st->keys[i] != key) i = (i + 1) & m;
+  for (uint64_t j = i;;) { /* backward shift, as table_delete */
+    j = (j + 1) & m;
+    if (!st->keys[j]) break;
+    uint64_t h = set_home(st, st->keys[j]);
+    if ((j > i && (h <= i || h > j)) || (j < i && (h <= i && h > j))) {
+      st->keys[i] = st->keys[j];
+      i = j;
+    }
+  }
+  st->keys[i] = 0;
+  st->used--;
+}
+
+static void set_free(SlotSet* st) {
+  free(st->keys);
+  memset(st, 0, sizeof(*st));
+}
+
 static void index_free(Index* ix) {
+  if (ix->sets)
+    for (int64_t s = 0; s < ix->words * 64; s++) free(ix->sets[s].keys);
+  free(ix->sets);
   size_t mapped;
   Entry* next = next_take(ix, ix->next_cap, &mapped);
   if (next) table_free(next, mapped);
@@ -481,7 +567,8 @@ static PyObject* kvi_new(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   ix->free_ids = calloc(ix->masks_cap, 4);
   ix->cur = calloc(words, 8);
   ix->tmp = calloc(words, 8);
-  if (!ix->bits || !ix->refs || !ix->free_ids || !ix->cur || !ix->tmp || table_init(ix, 1024) < 0) {
+  ix->sets = calloc(words * 64, sizeof(SlotSet));
+  if (!ix->bits || !ix->refs || !ix->free_ids || !ix->cur || !ix->tmp || !ix->sets || table_init(ix, 1024) < 0) {
     index_free(ix);
     return PyErr_NoMemory();
   }
@@ -499,12 +586,17 @@ static PyObject* kvi_grow(PyObject* self, PyObject* const* args, Py_ssize_t narg
   uint64_t* bits = calloc((size_t)ix->masks_cap * words, 8);
   uint64_t* cur = calloc(words, 8);
   uint64_t* tmp = calloc(words, 8);
-  if (!bits || !cur || !tmp) {
+  SlotSet* sets = calloc(words * 64, sizeof(SlotSet));
+  if (!bits || !cur || !tmp || !sets) {
     free(bits);
     free(cur);
     free(tmp);
+    free(sets);
     return PyErr_NoMemory();
   }
+  memcpy(sets, ix->sets, ix->words * 64 * sizeof(SlotSet));
+  free(ix->sets);
+  ix->sets = sets;
   free(ix->cur);
   free(ix->tmp);
   ix->cur = cur;
@@ -569,6 +661,7 @@ static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nar
   uint64_t bit;
   Index* ix = slot_call(args, nargs, "store", &n, &w, &bit);
   if (!ix) return NULL;
+  SlotSet* set = &ix->sets[w * 64 + __builtin_ctzll(bit)];
   uint32_t old_of = UINT32_MAX, new_id = 0;
   for (int64_t i = 0; i < n && i < STORE_AHEAD; i++) PREFETCH_SLOT(ix, ix->keys[i], 1);
   for (int64_t i = 0; i < n; i++) {
@@ -577,15 +670,16 @@ static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nar
     if (!e) goto nomem;
     uint32_t old = e->mask;
     if (old && (mask_at(ix, old)[w] & bit)) continue; /* held already */
-    if (old != old_of) { /* else: the previous block's mask, so the same new one */
-      uint32_t id = mask_alloc(ix);
-      if (!id) {
-        if (!old) { /* the entry just inserted: take it out again */
-          e->key = 0;
-          ix->used--;
-        }
-        goto nomem;
+    uint32_t id = 0;
+    if ((old != old_of && !(id = mask_alloc(ix))) || set_add(set, ix->keys[i]) < 0) {
+      if (id) mask_free(ix, id);
+      if (!old) { /* the entry just inserted: take it out again */
+        e->key = 0;
+        ix->used--;
       }
+      goto nomem;
+    }
+    if (old != old_of) { /* else: the previous block's mask, so the same new one */
       if (old) memcpy(mask_at(ix, id), mask_at(ix, old), ix->words * 8);
       else memset(mask_at(ix, id), 0, ix->words * 8);
       mask_at(ix, id)[w] |= bit;
@@ -606,11 +700,10 @@ nomem:
 
 /* remove(index, slot, hashes): the worker at `slot` no longer holds these blocks (those it
  * does not hold are skipped). */
-static PyObject* kvi_remove(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  int64_t n, w;
-  uint64_t bit;
-  Index* ix = slot_call(args, nargs, "remove", &n, &w, &bit);
-  if (!ix) return NULL;
+/* ix->keys[0..n) no longer held by the slot (w, bit) (those it does not hold are skipped);
+ * -1 out of memory (MemoryError set), the keys before the failing one removed. */
+static int remove_keys(Index* ix, int64_t n, int64_t w, uint64_t bit) {
+  SlotSet* set = &ix->sets[w * 64 + __builtin_ctzll(bit)];
   uint32_t old_of = UINT32_MAX, new_id = 0;
   for (int64_t i = 0; i < n && i < STORE_AHEAD; i++) PREFETCH_SLOT(ix, ix->keys[i], 1);
   for (int64_t i = 0; i < n; i++) {
@@ -627,7 +720,11 @@ static PyObject* kvi_remove(PyObject* self, PyObject* const* args, Py_ssize_t na
       uint32_t id = 0;
       if (any) {
         id = mask_alloc(ix);
-        if (!id) goto nomem;
+        if (!id) {
+          memo_release(ix, old_of, new_id);
+          PyErr_NoMemory();
+          return -1;
+        }
         memcpy(mask_at(ix, id), mask_at(ix, old), ix->words * 8);
         mask_at(ix, id)[w] &= ~bit;
         mask_incref(ix, id);
@@ -641,12 +738,80 @@ static PyObject* kvi_remove(PyObject* self, PyObject* const* args, Py_ssize_t na
       table_delete(ix, e);
     }
     mask_decref(ix, old);
+    set_del(set, ix->keys[i]);
   }
   memo_release(ix, old_of, new_id);
+  return 0;
+}
+
+/* remove(index, slot, hashes): the worker at `slot` no longer holds these blocks (those it
+ * does not hold are skipped). */
+static PyObject* kvi_remove(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  int64_t n, w;
+  uint64_t bit;
+  Index* ix = slot_call(args, nargs, "remove", &n, &w, &bit);
+  if (!ix || remove_keys(ix, n, w, bit) < 0) return NULL;
   Py_RETURN_NONE;
-nomem:
-  memo_release(ix, old_of, new_id);
-  return PyErr_NoMemory();
+}
+
+/* The slot argument of a per-slot call: its set, NULL with an exception set. */
+static SlotSet* slot_set(Index* ix, int64_t slot) {
+  if (slot < 0 || slot >= ix->words * 64) {
+    PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slot);
+    return NULL;
+  }
+  return &ix->sets[slot];
+}
+
+/* clear(index, slot): the worker at `slot` holds nothing (as remove of all it holds). */
+static PyObject* kvi_clear(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  int64_t slot;
+  Index* ix = index_and_int(args, nargs, 2, "clear", &slot);
+  SlotSet* set = ix ? slot_set(ix, slot) : NULL;
+  if (!set) return NULL;
+  int64_t n = 0;
+  if (keys_room(ix, (int64_t)set_size(set)) < 0) return NULL;
+  for (uint64_t j = 0; j < set->cap; j++)
+    if (set->keys[j]) ix->keys[n++] = set->keys[j];
+  if (set->zero) ix->keys[n++] = 0;
+  if (remove_keys(ix, n, slot >> 6, 1ull << (slot & 63)) < 0) return NULL;
+  set_free(set);
+  Py_RETURN_NONE;
+}
+
+/* count(index, slot) -> the blocks the worker at `slot` holds. */
+static PyObject* kvi_count(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  int64_t slot;
+  Index* ix = index_and_int(args, nargs, 2, "count", &slot);
+  SlotSet* set = ix ? slot_set(ix, slot) : NULL;
+  return set ? PyLong_FromUnsignedLongLong(set_size(set)) : NULL;
+}
+
+/* blocks(index, slot) -> [hash]: the blocks the worker at `slot` holds (in no order). */
+static PyObject* kvi_blocks(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  int64_t slot;
+  Index* ix = index_and_int(args, nargs, 2, "blocks", &slot);
+  SlotSet* set = ix ? slot_set(ix, slot) : NULL;
+  if (!set) return NULL;
+  PyObject* out = PyList_New((Py_ssize_t)set_size(set));
+  Py_ssize_t at = 0;
+  for (uint64_t j = 0; out && j <= set->cap; j++) {
+    uint64_t key;
+    if (j < set->cap) {
+      if (!(key = set->keys[j])) continue;
+    } else if (set->zero) {
+      key = 0;
+    } else {
+      break;
+    }
+    PyObject* k = PyLong_FromUnsignedLongLong(key);
+    if (!k) {
+      Py_CLEAR(out);
+      break;
+    }
+    PyList_SET_ITEM(out, at++, k);
+  }
+  return out;
 }
 
 static int ensure_runs(Index* ix, int64_t want) {
@@ -863,7 +1028,7 @@ static PyObject* kvi_check(PyObject* self, PyObject* const* args, Py_ssize_t nar
   uint32_t* seen = calloc(ix->nmasks, 4);
   if (!seen) return PyErr_NoMemory();
   const char* err = NULL;
-  uint64_t used = 0;
+  uint64_t used = 0, held = 0;
   for (uint64_t i = 0; i < ix->cap + ix->old_cap && !err; i++) {
     const Entry* e = slot_at(ix, i);
     if (!e) continue;
@@ -873,11 +1038,20 @@ static PyObject* kvi_check(PyObject* self, PyObject* const* args, Py_ssize_t nar
     else {
       seen[e->mask]++;
       uint64_t any = 0;
-      for (int64_t k = 0; k < ix->words; k++) any |= mask_at(ix, e->mask)[k];
+      for (int64_t k = 0; k < ix->words; k++) {
+        uint64_t word = mask_at(ix, e->mask)[k];
+        any |= word;
+        held += __builtin_popcountll(word);
+        for (; word && !err; word &= word - 1)
+          if (!set_has(&ix->sets[k * 64 + __builtin_ctzll(word)], e->key)) err = "a slot's set misses a block it holds";
+      }
       if (!any) err = "entry with an empty mask";
     }
   }
   if (!err && used != ix->used + ix->old_live) err = "entry count out of step";
+  uint64_t in_sets = 0;
+  for (int64_t sl = 0; sl < ix->words * 64; sl++) in_sets += set_size(&ix->sets[sl]);
+  if (!err && in_sets != held) err = "the slots' sets hold blocks their masks do not";
   for (uint32_t id = 1; id < ix->nmasks && !err; id++)
     if (seen[id] != ix->refs[id]) err = "mask refcount out of step with the entries";
   free(seen);
@@ -1185,6 +1359,9 @@ static PyMethodDef methods[] = {
     {"check", (PyCFunction)(void (*)(void))kvi_check, METH_FASTCALL, "check(index) -> None or error"},
     {"size", (PyCFunction)(void (*)(void))kvi_size, METH_FASTCALL, "size(index) -> (entries, masks, bytes)"},
     {"migrate", (PyCFunction)(void (*)(void))kvi_migrate, METH_FASTCALL, "migrate(index, slots) -> growing"},
+    {"clear", (PyCFunction)(void (*)(void))kvi_clear, METH_FASTCALL, "clear(index, slot)"},
+    {"count", (PyCFunction)(void (*)(void))kvi_count, METH_FASTCALL, "count(index, slot) -> blocks held"},
+    {"blocks", (PyCFunction)(void (*)(void))kvi_blocks, METH_FASTCALL, "blocks(index, slot) -> [hash]"},
     {"account", (PyCFunction)(void (*)(void))kvi_account, METH_FASTCALL, "account(vectors, slot, deltas, limits) -> busy change"},
     {"report", (PyCFunction)(void (*)(void))kvi_report, METH_FASTCALL, "report(vectors, slot, figures, limits) -> busy change"},
     {"decide", (PyCFunction)(void (*)(void))kvi_decide, METH_FASTCALL, "decide(index, hashes, consts, ...) -> (slot, ranked)"},
