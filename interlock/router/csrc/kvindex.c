@@ -407,14 +407,16 @@ static int set_add(SlotSet* st, uint64_t key) {
   return 0;
 }
 
-/* key taken out of the set (it is in it). */
+/* key taken out of the set (a key it does not hold: nothing changes). */
 static void set_del(SlotSet* st, uint64_t key) {
   if (!key) {
     st->zero = 0;
     return;
   }
+  if (!st->cap) return;
   uint64_t m = st->cap - 1, i = set_home(st, key);
-  while (st->keys[i] != key) i = (i + 1) & m;
+  for (; st->keys[i] != key; i = (i + 1) & m)
+    if (!st->keys[i]) return;
   for (uint64_t j = i;;) { /* backward shift, as table_delete */
     j = (j + 1) & m;
     if (!st->keys[j]) break;
