@@ -239,11 +239,12 @@ class Frontend:
         first 200, a served model whose tokenizer is still loading counts as not served (a
         load balancer then sends nothing that would wait for it); after, it is ``degraded``
         (a model joining later does not take the frontend out)."""
-        names = [e.name for e in self.catalog.entries()]
+        entries = self.catalog.entries()
+        names = [e.name for e in entries]
         problems, degraded, details = _backend_health(self.backend)
         if not names and not problems:
             problems = ["no model is being served"]
-        loading, failed = await self.catalog.warm(wait_s=HEALTH_WAIT_S)
+        loading, failed = await self.catalog.warm(entries, wait_s=HEALTH_WAIT_S)
         waits = [f"model {name!r}: its tokenizer is loading" for name in loading]
         degraded += failed
         if self._was_ready:

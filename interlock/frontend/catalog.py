@@ -54,20 +54,20 @@ class ModelCatalog:
     def _encoders(self) -> list[ChunkedEncoder]:
         return [t.chunked for t in self._tokenizers.values() if t.chunked is not None]
 
-    async def warm(self, wait_s: float = 0.0) -> tuple[list[str], list[str]]:
-        """Start loading the tokenizer of every served model that has none yet, and wait up
-        to ``wait_s`` for them. Returns the models whose tokenizer is still loading, and why
-        each whose last load failed did (tried again here after ``RETRY_S``)."""
+    async def warm(self, entries: list[ModelEntry], wait_s: float = 0.0) -> tuple[list[str], list[str]]:
+        """Start loading the tokenizer of each of ``entries`` (served models) that has none yet,
+        and wait up to ``wait_s`` for them. Returns the models whose tokenizer is still loading,
+        and why each whose last load failed did (tried again here after ``RETRY_S``)."""
         now = time.monotonic()
         pending = {}
-        for entry in self._backend.models():
+        for entry in entries:
             fault = self._failed.get(entry.model_path)
             if entry.model_path not in self._tokenizers and (fault is None or now - fault[0] >= RETRY_S):
                 pending[entry.model_path] = self._load(entry)
         if pending and wait_s > 0:
             await asyncio.wait([asyncio.shield(f) for f in pending.values()], timeout=wait_s)
         loading, failed = [], []
-        for entry in self._backend.models():
+        for entry in entries:
             fault = self._failed.get(entry.model_path)
             if entry.model_path in self._tokenizers:
                 continue

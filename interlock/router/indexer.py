@@ -284,7 +284,7 @@ class KvIndexer:
     ) -> Iterator[None]:
         """A worker's whole state (what a snapshot batch says: its blocks by tier, as of batch
         ``seq``) applied ``step`` blocks at a time: a generator, one slice per ``next``, so the
-        caller lets requests through between slices (30,000 blocks take 8 ms at once). The
+        caller lets requests through between slices (30,000 blocks take 4-8 ms at once). The
         worker stays flagged ``needs_resync`` (loading: known only in part) until the last
         slice; one that leaves meanwhile ends it. Hashes outside the compiled map's domain are
         refused (``TransportError``) before anything is applied. Equal, once run out, to

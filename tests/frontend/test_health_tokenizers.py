@@ -8,7 +8,9 @@ load that outlasts the health check's wait."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -36,25 +38,32 @@ def _slowed(monkeypatch: pytest.MonkeyPatch, slow_paths: set[str]) -> list[str]:
     return loaded
 
 
+@contextlib.asynccontextmanager
+async def frontend(*entries: ModelEntry) -> AsyncIterator[tuple[FakeBackend, httpx.AsyncClient]]:
+    """A frontend over a ``FakeBackend`` of ``entries`` on a loopback port, and a client of it."""
+    backend = FakeBackend(list(entries))
+    server = await serve_frontend(backend, "127.0.0.1", 0)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            yield backend, client
+    finally:
+        await server.close()
+
+
 def test_the_first_200_comes_with_the_tokenizer_loaded(
     smol_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loaded = _slowed(monkeypatch, set())
 
     async def main() -> None:
-        backend = FakeBackend([ModelEntry("m", str(smol_path), 2048)])
-        server = await serve_frontend(backend, "127.0.0.1", 0)
-        try:
-            async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
-                r = await c.get("/health")
-                assert r.status_code == 200, r.text
-                assert r.json()["status"] == "ok"
-                assert loaded == [str(smol_path)]
-                body = {"model": "m", "prompt": "Hello", "max_tokens": 2}
-                assert (await c.post("/v1/completions", json=body)).status_code == 200
-                assert loaded == [str(smol_path)], "the request loaded it again"
-        finally:
-            await server.close()
+        async with frontend(ModelEntry("m", str(smol_path), 2048)) as (_, c):
+            r = await c.get("/health")
+            assert r.status_code == 200, r.text
+            assert r.json()["status"] == "ok"
+            assert loaded == [str(smol_path)]
+            body = {"model": "m", "prompt": "Hello", "max_tokens": 2}
+            assert (await c.post("/v1/completions", json=body)).status_code == 200
+            assert loaded == [str(smol_path)], "the request loaded it again"
 
     asyncio.run(main())
 
@@ -71,45 +80,35 @@ def test_a_slow_tokenizer_is_503_at_start_and_degraded_once_ready(
     _slowed(monkeypatch, {str(smol_path), str(later)})
 
     async def main() -> None:
-        backend = FakeBackend([ModelEntry("m", str(smol_path), 2048)])
-        server = await serve_frontend(backend, "127.0.0.1", 0)
-        try:
-            async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
-                r = await c.get("/health")
-                assert r.status_code == 503, r.text
-                assert "model 'm': its tokenizer is loading" in r.json()["problems"]
-                assert r.headers["retry-after"] == "1"
-                deadline = time.monotonic() + 30
-                while (r := await c.get("/health")).status_code != 200:
-                    assert time.monotonic() < deadline
-                assert r.json()["status"] == "ok"
+        async with frontend(ModelEntry("m", str(smol_path), 2048)) as (backend, c):
+            r = await c.get("/health")
+            assert r.status_code == 503, r.text
+            assert "model 'm': its tokenizer is loading" in r.json()["problems"]
+            assert r.headers["retry-after"] == "1"
+            deadline = time.monotonic() + 30
+            while (r := await c.get("/health")).status_code != 200:
+                assert time.monotonic() < deadline
+            assert r.json()["status"] == "ok"
 
-                backend.entries.append(ModelEntry("late", str(later), 2048))
-                r = await c.get("/health")
-                assert r.status_code == 200, r.text
-                assert r.json()["degraded"] == ["model 'late': its tokenizer is loading"]
-                while (r := await c.get("/health")).json()["status"] != "ok":
-                    assert time.monotonic() < deadline
-        finally:
-            await server.close()
+            backend.entries.append(ModelEntry("late", str(later), 2048))
+            r = await c.get("/health")
+            assert r.status_code == 200, r.text
+            assert r.json()["degraded"] == ["model 'late': its tokenizer is loading"]
+            while (r := await c.get("/health")).json()["status"] != "ok":
+                assert time.monotonic() < deadline
 
     asyncio.run(main())
 
 
 def test_a_folder_without_a_tokenizer_is_named(tmp_path: Path) -> None:
     async def main() -> None:
-        backend = FakeBackend([ModelEntry("broken", str(tmp_path), 2048)])
-        server = await serve_frontend(backend, "127.0.0.1", 0)
-        try:
-            async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
-                r = await c.get("/health")
-                assert r.status_code == 200, r.text
-                [why] = r.json()["degraded"]
-                assert why.startswith("model 'broken': cannot load its tokenizer: ")
-                body = {"model": "broken", "prompt": "Hello", "max_tokens": 2}
-                r = await c.post("/v1/completions", json=body)
-                assert r.status_code == 500  # the server's fault; its log says which folder
-        finally:
-            await server.close()
+        async with frontend(ModelEntry("broken", str(tmp_path), 2048)) as (_, c):
+            r = await c.get("/health")
+            assert r.status_code == 200, r.text
+            [why] = r.json()["degraded"]
+            assert why.startswith("model 'broken': cannot load its tokenizer: ")
+            body = {"model": "broken", "prompt": "Hello", "max_tokens": 2}
+            r = await c.post("/v1/completions", json=body)
+            assert r.status_code == 500  # the server's fault; its log says which folder
 
     asyncio.run(main())
