@@ -50,10 +50,13 @@ def u32_bytes(token_ids: Sequence[int]) -> bytes:
     """The ids as little-endian uint32 bytes (``array`` takes a list 3x faster than numpy)."""
     if isinstance(token_ids, np.ndarray):
         return np.ascontiguousarray(token_ids, dtype="<u4").tobytes()
-    try:
-        packed = array("I", token_ids)
-    except (OverflowError, TypeError):
-        return np.asarray(token_ids, dtype="<u4").tobytes()  # numpy's own error for bad ids
+    if isinstance(token_ids, array) and token_ids.typecode == "I" and token_ids.itemsize == 4:
+        packed = token_ids  # packed already (``protocol.packed_ids``): one copy of its bytes
+    else:
+        try:
+            packed = array("I", token_ids)
+        except (OverflowError, TypeError):
+            return np.asarray(token_ids, dtype="<u4").tobytes()  # numpy's own error for bad ids
     if packed.itemsize != 4 or np.little_endian is False:
         return np.asarray(packed, dtype="<u4").tobytes()
     return packed.tobytes()

@@ -32,6 +32,7 @@ through: after ``update``, the blocks hashed in this step are copied up.
 from __future__ import annotations
 
 import logging
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -570,6 +571,11 @@ def pack_within(ids: Sequence[int], vocab_size: int) -> tuple[bool, bytes | None
     for a short one). A long prompt is packed once (``kvhash.u32_bytes``, which refuses
     negatives and anything past 32 bits) and its maximum taken there: 0.3 ms for 60k ids,
     against 0.7 ms for Python's ``min`` and ``max``; its block hashes reuse the packing."""
+    if isinstance(ids, array) and ids.typecode == "I":  # packed off the wire: no negatives
+        if len(ids) < 512:
+            return max(ids) < vocab_size, None
+        packed = kvhash.u32_bytes(ids)
+        return int(np.frombuffer(packed, dtype="<u4").max()) < vocab_size, packed
     if len(ids) < 512:
         return min(ids) >= 0 and max(ids) < vocab_size, None
     try:

@@ -25,6 +25,7 @@ prompt token p + 1, so positions 0 .. num_prompt_tokens - 2 each give one entry,
 from __future__ import annotations
 
 import enum
+from array import array
 from collections.abc import Sequence
 from time import perf_counter
 
@@ -103,7 +104,8 @@ class Request:
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
         self.output_token_ids: list[int] = []
-        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.all_token_ids: array[int] = array("I", prompt_token_ids)
+        """Packed (4 bytes a token): a copy of a packed prompt costs µs, a list of ints ~15 ns a token."""
         self.sampling = sampling
         self.priority = priority
         self.arrival = arrival

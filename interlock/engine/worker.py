@@ -38,11 +38,20 @@ from interlock.engine.disagg import KVHandoff
 from interlock.engine.kv_sync import KvEventLog, KvSyncServer
 from interlock.engine.serving import ServingEngine
 from interlock.engine.worker_metrics import WorkerMetrics
+from interlock.errors import InvalidRequest
 from interlock.logctx import REQUEST_ID
 from interlock.metrics import CONTENT_TYPE, tracing
 from interlock.metrics.http import serve_http
-from interlock.protocol import GenerateRequest, InstanceInfo, KVEvent, KVEventBatch, LoadReport, subjects
+from interlock.protocol import (
+    InstanceInfo,
+    KVEvent,
+    KVEventBatch,
+    LoadReport,
+    packed_ids,
+    subjects,
+)
 from interlock.protocol.control import CONTROL_ENDPOINT
+from interlock.protocol.generate import decode_request
 from interlock.protocol.kv_sync import KV_SYNC_ENDPOINT
 from interlock.runtime.interfaces import CallContext, Discovery, EventPlane, RequestPlane
 from interlock.transfer import TransferAgent
@@ -73,7 +82,6 @@ class WorkerOptions:
 
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode_request = msgspec.msgpack.Decoder(GenerateRequest).decode
 
 
 class Worker:
@@ -187,7 +195,10 @@ class Worker:
 
     # ---- request plane ----
     async def _handle(self, payload: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
-        req = _decode_request(payload)
+        try:
+            req = decode_request(payload)
+        except msgspec.DecodeError as exc:  # a peer's bug, not this worker's: say so, serve on
+            raise InvalidRequest(f"malformed generate request: {exc}") from None
         span = tracing.start_span("worker.generate", parent=req.traceparent)
         if span.is_recording():  # the engine's and the KV transfer's spans go under this one
             span.set_attributes({"worker_id": self.instance_id, "request_id": req.request_id})
@@ -237,6 +248,7 @@ class Worker:
             engine=self.engine.name,
         )
         meta.update(self.engine.announce())
+        meta.setdefault(*packed_ids.ANNOUNCED)  # it reads prompt ids packed (decode_request)
         if self._options.metrics_port is not None:
             host = self._options.metrics_host or _host_of(self._address)
             self._metrics_server = await serve_http(

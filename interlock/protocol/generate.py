@@ -16,12 +16,21 @@ is strictly more important.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 import msgspec
 
+from interlock.protocol import packed_ids
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.transfer import TransferDescriptor
+
+if TYPE_CHECKING:
+    PromptIds: TypeAlias = Sequence[int]
+else:
+    PromptIds = array
+    """msgspec reads the field as ``array`` through ``packed_ids.dec_hook``."""
 
 
 class KVTransferParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,9 +54,10 @@ class KVTransferParams(msgspec.Struct, frozen=True, kw_only=True):
 
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
-    token_ids: Sequence[int]
-    """The prompt's ids (decoded as a list: msgspec makes a 60k-token list in half the time of a
-    tuple; read, never changed)."""
+    token_ids: PromptIds
+    """The prompt's ids: any sequence of ints built in Python; on the wire packed, 4 bytes an id
+    (``packed_ids``: the router sends ``packed_ids.pack(ids)``, encoded with its ``enc_hook``); as
+    a worker decodes it (with ``packed_ids.dec_hook``), an ``array('I')``. Read, never changed."""
     sampling: SamplingParams = SamplingParams()
     model: str = ""
     priority: int = 0
@@ -106,3 +116,9 @@ class GenerateOutput(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+encode_request = msgspec.msgpack.Encoder(enc_hook=packed_ids.enc_hook).encode
+"""A ``GenerateRequest`` as the request plane carries it (an ids array as packed bytes)."""
+decode_request = msgspec.msgpack.Decoder(GenerateRequest, dec_hook=packed_ids.dec_hook).decode
+"""What a worker reads: ``token_ids`` an ``array('I')`` (``packed_ids.dec_hook``)."""

@@ -62,7 +62,8 @@ from interlock.errors import (
 )
 from interlock.metrics import Registry, tracing
 from interlock.metrics.events import EVENTS
-from interlock.protocol import GenerateOutput, GenerateRequest
+from interlock.protocol import GenerateOutput, GenerateRequest, packed_ids
+from interlock.protocol.generate import encode_request
 from interlock.protocol.routing import Completion, RequestContext
 from interlock.router.admission import Pending, RequestMeta
 from interlock.router.breaker import Breakers
@@ -72,7 +73,6 @@ from interlock.router.model_router import Router
 
 log = logging.getLogger(__name__)
 
-_encode = msgspec.msgpack.Encoder().encode
 _decode_output = msgspec.msgpack.Decoder(GenerateOutput).decode
 
 EXPLAIN_HEADER = "x-interlock-route"
@@ -197,7 +197,7 @@ class Dispatcher:
         active), then leg after leg until one finishes; a leg that breaks is retried before any
         output and migrated after (``_next_leg``). ``router``: the model's router; None: the
         model is served on demand and has no eligible worker now (the request waits for one)."""
-        life = _Life(request, _meta(request, ctx), [], None, time.monotonic())
+        life = _Life(_packed(request), _meta(request, ctx), [], None, time.monotonic())
         router, first, leg = await self._first_leg(router, life)
         _explain(ctx, leg)
         if first is not None:  # the prefill worker's first token
@@ -391,9 +391,12 @@ class Dispatcher:
             if info is None:
                 raise LegBroken(f"worker {d.worker_id} left")
             request = leg.request
+            ids = packed_ids.for_peer(request.token_ids, info.metadata)
+            if ids is not request.token_ids:  # an older worker: the ids as a msgpack array
+                request = msgspec.structs.replace(request, token_ids=ids)
             if tracing.enabled():  # the worker's spans join the request's trace
                 request = msgspec.structs.replace(request, traceparent=tracing.traceparent())
-            stream = self.svc.requests.stream(info.address, _encode(request))
+            stream = self.svc.requests.stream(info.address, encode_request(request))
             first = True
             skip = leg.skip_first
             async with contextlib.aclosing(stream):
@@ -606,6 +609,16 @@ def _drop_first_token(out: GenerateOutput) -> GenerateOutput:
     if logprobs is not None and len(logprobs) == len(out.token_ids):
         logprobs = logprobs[1:]
     return msgspec.structs.replace(out, token_ids=out.token_ids[1:], logprobs=logprobs)
+
+
+def _packed(request: GenerateRequest) -> GenerateRequest:
+    """The request with its prompt ids packed for the wire (``packed_ids``); as it was when they
+    do not fit (the worker's check names them)."""
+    try:
+        ids = packed_ids.pack(request.token_ids)
+    except (OverflowError, TypeError):
+        return request
+    return request if ids is request.token_ids else msgspec.structs.replace(request, token_ids=ids)
 
 
 def _meta(request: GenerateRequest, ctx: RequestContext | None) -> RequestMeta:

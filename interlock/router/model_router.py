@@ -16,6 +16,7 @@ on a virtual clock.
 from __future__ import annotations
 
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -337,7 +338,7 @@ class Router:
             if ids is token_ids:  # the very same object: equal, and nobody can change a tuple
                 return hashes
         hashes = hash_blocks(token_ids, self.config.block_size)
-        if isinstance(token_ids, tuple):
+        if isinstance(token_ids, tuple | array):  # an array: packed for the wire, never changed
             self._hashed.append((token_ids, hashes))
         return hashes
 

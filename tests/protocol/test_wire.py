@@ -1,8 +1,12 @@
+from array import array
+
 import msgspec
 import pytest
 
 import interlock.protocol as p
 from interlock.errors import InvalidRequest
+from interlock.protocol import packed_ids
+from interlock.protocol.generate import decode_request, encode_request
 
 
 def test_public_api_is_pinned():
@@ -29,16 +33,16 @@ def test_public_api_is_pinned():
 
 def test_generate_round_trip():
     req = p.GenerateRequest(request_id="r1", token_ids=[1, 2, 3], sampling=p.SamplingParams(seed=7))
-    assert msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=p.GenerateRequest) == req
-    # A tuple goes out as the same array; the ids come back as a list (half the decoding time)
-    sent_as_tuple = msgspec.structs.replace(req, token_ids=(1, 2, 3))
-    assert msgspec.msgpack.decode(msgspec.msgpack.encode(sent_as_tuple), type=p.GenerateRequest) == req
+    # Whatever sequence it was built from, a worker reads the ids as an array('I') (packed_ids)
+    for ids in ([1, 2, 3], (1, 2, 3), packed_ids.pack([1, 2, 3])):
+        got = decode_request(encode_request(msgspec.structs.replace(req, token_ids=ids)))
+        assert got == msgspec.structs.replace(req, token_ids=array("I", [1, 2, 3]))
 
 
 def test_prompt_logprobs_round_trip_and_older_peers_still_decode():
     sampling = p.SamplingParams(max_tokens=2, prompt_logprobs=3)
-    req = p.GenerateRequest(request_id="r", token_ids=[1, 2, 3], sampling=sampling)
-    assert msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=p.GenerateRequest) == req
+    req = p.GenerateRequest(request_id="r", token_ids=array("I", [1, 2, 3]), sampling=sampling)
+    assert decode_request(encode_request(req)) == req
     assert req.needs_local_prefill
     assert not msgspec.structs.replace(req, resume_token_ids=(4,)).needs_local_prefill
     assert not p.GenerateRequest(request_id="r", token_ids=(1,)).needs_local_prefill
