@@ -402,3 +402,58 @@ def test_requests_queued_when_the_last_worker_leaves_fail_at_once() -> None:
             assert MODEL not in f.service.routers
 
     asyncio.run(body())
+
+
+def test_the_stall_timer_counts_from_the_last_chunk_and_only_its_own_cancel_is_a_stall() -> None:
+    """One lazily re-armed timer per leg (``_Watch``): chunks that keep coming, each within the
+    limit, never stall even when the stream lasts many limits; a gap past it does; a cancel
+    from outside (the client left) stays a cancel; ``worker_left`` breaks a waiting leg at once."""
+    from interlock.router.dispatcher import Dispatcher, LegBroken, _Watch
+
+    async def chunks(gaps: list[float]) -> AsyncIterator[bytes]:
+        for gap in gaps:
+            await asyncio.sleep(gap)
+            yield b"x"
+
+    async def main() -> None:
+        rt = await connect_runtime(None, registry=InProcRegistry())
+        service = RouterService(
+            discovery=rt.discovery,
+            requests=rt.requests,
+            events=rt.events,
+            config=RouterConfig(block_size=BLOCK),
+            options=ServiceOptions(dispatch=DispatchOptions(stall_floor_s=0.1, stall_steps=1.0)),
+        )
+        d: Dispatcher = service.dispatcher
+        try:
+            watch = _Watch("w")
+            it = aiter(chunks([0.06] * 8 + [0.25]))  # 0.48 s of chunks 0.06 s apart, then a gap
+            for _ in range(8):
+                assert await d._next(it, watch, "w", first=False) == b"x"
+            with pytest.raises(LegBroken, match="sent nothing for 0.1 s"):
+                await d._next(it, watch, "w", first=False)
+            assert d.metrics.stalls == 1
+            watch.close()
+
+            watch = _Watch("w")
+            waiting = asyncio.create_task(d._next(aiter(chunks([5.0])), watch, "w", first=False))
+            await asyncio.sleep(0.02)
+            waiting.cancel()  # the client left
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            await asyncio.sleep(0.15)  # the timer, if still armed, finds nothing to cancel
+            assert d.metrics.stalls == 1
+            watch.close()
+
+            watch = _Watch("w")
+            waiting = asyncio.create_task(d._next(aiter(chunks([5.0])), watch, "w", first=True))
+            await asyncio.sleep(0.02)
+            watch.break_(LegBroken("worker w left"))
+            with pytest.raises(LegBroken, match="worker w left"):
+                await waiting
+            assert d.metrics.stalls == 1 and asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+        finally:
+            await service.close()
+            await rt.close()
+
+    asyncio.run(main())
