@@ -24,15 +24,24 @@ For the tokenizers that pass, a long prompt costs:
 
 A text with no space between words in some chunk's second half (long runs of CJK text, base64)
 is not cut; it is screened and then encoded whole, as before.
+
+A shorter text (a chat under ``CHUNK_CHARS``: a system prompt, earlier turns, the new message)
+is cut at its added tokens instead (``AddedTokenCuts``: the turn markers a chat template writes),
+where the tokenizer itself cuts before it pre-tokenizes, so the pieces' ids joined are the
+text's. Pieces come from the same cache: a conversation's next turn, or any request with a known
+system prompt, encodes only the messages new since (``ChunkedEncoder.cut_plan``, ``fill``): a 10-turn,
+8,000-character chat 1.8 ms → 0.08 ms when only its last message is new.
 """
 
 from __future__ import annotations
 
 import json
 import operator
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -147,6 +156,52 @@ def special_prefix(tokenizer: Tokenizer) -> list[int] | None:
     return list(prefix) if with_specials == [*prefix, *without] else None
 
 
+class AddedTokenCuts:
+    """A text cut at the tokenizer's added tokens (longest first, as the tokenizer matches
+    them): ``split`` gives the texts between them at even positions and the tokens at odd ones.
+    Only tokens matched on the raw text (not normalized, not single-word, no stripping) cut."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        tokens = [
+            t
+            for t in tokenizer.get_added_tokens_decoder().values()
+            if t.content and not (t.normalized or t.single_word or t.lstrip or t.rstrip)
+        ]
+        ids = {t.content: tokenizer.token_to_id(t.content) for t in tokens}
+        self.ids: dict[str, int] = {c: i for c, i in ids.items() if i is not None}
+        self._unmapped = len(ids) - len(self.ids)
+        contents = sorted(self.ids, key=len, reverse=True)
+        self._pattern = re.compile("(" + "|".join(map(re.escape, contents)) + ")") if contents else None
+
+    def split(self, text: str) -> list[str]:
+        return self._pattern.split(text) if self._pattern is not None else [text]
+
+    def exact(self, tokenizer: Tokenizer) -> bool:
+        """Whether the pieces' ids joined are the whole text's on a sample with every added
+        token between words, inside words and next to each other."""
+        if not self.ids or self._unmapped:
+            return False
+        marks = list(self.ids)
+        sample = _SAMPLE + "".join(
+            f" x{m}y {m}\n{m}{marks[(i + 1) % len(marks)]} z {m}" for i, m in enumerate(marks)
+        )
+        whole = tokenizer.encode_batch_fast([sample], add_special_tokens=False)[0].ids
+        return self.encode(tokenizer, sample) == whole
+
+    def encode(self, tokenizer: Tokenizer, text: str) -> list[int]:
+        """``text``'s ids piece by piece, with no cache (the reference ``exact`` checks)."""
+        parts = self.split(text)
+        texts = [p for p in parts[0::2] if p]
+        encoded = iter(e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False))
+        out: list[int] = []
+        for i, part in enumerate(parts):
+            if i % 2:
+                out.append(self.ids[part])
+            elif part:
+                out.extend(next(encoded))
+        return out
+
+
 Key = tuple[int, int]
 """A chunk's cache key (``ChunkCache.key``)."""
 
@@ -199,6 +254,20 @@ class ChunkCache:
 
 
 Plan = tuple[list[str], list[Key], list["tuple[int, ...] | None"]]
+
+
+@dataclass
+class CutPlan:
+    """A short text cut at its added tokens (``ChunkedEncoder.cut_plan``): the parts (texts at
+    even positions, added tokens at odd), each text's cached ids (None: to encode), the parts
+    to encode and their characters."""
+
+    parts: list[str]
+    found: list[tuple[int, ...] | None]
+    missing: list[int]
+    missing_chars: int
+
+
 """A text's pieces, their cache keys, and the cached ids of each (None: not cached)."""
 
 
@@ -213,6 +282,10 @@ class ChunkedEncoder:
         the same tuple, whose block hashes the router keeps."""
         self._ints = tuple(range(tokenizer.get_vocab_size(with_added_tokens=True)))
         """One int object per token id: cached ids point at these (8 bytes a token, not 36)."""
+        cuts = AddedTokenCuts(tokenizer)
+        self.cuts = cuts if cuts.exact(tokenizer) else None
+        """Cuts at added tokens for texts under a chunk (``encode_cut``); None where they would
+        change the ids."""
 
     @staticmethod
     def prompt_key(text: str, add_special_tokens: bool) -> Key:
@@ -238,6 +311,43 @@ class ChunkedEncoder:
         return [
             self.shared(e.ids) for e in self.tokenizer.encode_batch_fast(pieces, add_special_tokens=False)
         ]
+
+    def cut_plan(self, text: str) -> CutPlan | None:
+        """A short text cut at its added tokens, with what the cache has of each piece; None
+        without exact cuts (``fill`` finishes it)."""
+        cuts = self.cuts
+        if cuts is None:
+            return None
+        parts = cuts.split(text)
+        found: list[tuple[int, ...] | None] = []
+        missing: list[int] = []
+        for i in range(0, len(parts), 2):
+            piece = parts[i]
+            ids = self.cache.get(ChunkCache.key(piece)) if piece else ()
+            if ids is None:
+                missing.append(i)
+            found.append(ids)
+        return CutPlan(parts, found, missing, sum(len(parts[i]) for i in missing))
+
+    def fill(self, plan: CutPlan) -> tuple[int, ...]:
+        """The planned text's ids (special tokens left out): the pieces not cached encoded in
+        one call (releases the GIL) and kept."""
+        assert self.cuts is not None
+        parts, found = plan.parts, plan.found
+        if plan.missing:
+            batch = self.tokenizer.encode_batch_fast(
+                [parts[i] for i in plan.missing], add_special_tokens=False
+            )
+            for i, e in zip(plan.missing, batch, strict=True):
+                new = found[i // 2] = self.shared(e.ids)
+                self.cache.put(ChunkCache.key(parts[i]), new)
+        out: list[int] = []
+        marks = self.cuts.ids
+        for i, piece in enumerate(found):
+            if i:
+                out.append(marks[parts[2 * i - 1]])
+            out.extend(piece)  # type: ignore[arg-type]  # every None filled above
+        return tuple(out)  # the cached pieces' shared int objects, and the added tokens' ids
 
     def store(self, keys: list[Key], encoded: list[tuple[int, ...]]) -> None:
         for key, ids in zip(keys, encoded, strict=True):

@@ -236,3 +236,74 @@ def test_a_prompt_sent_again_is_the_same_tuple_and_still_meets_the_budget(tok: M
                 tok, text, add_special_tokens=False, budget=TokenBudget(None, len(first)), param="messages"
             )
         )
+
+
+MARKS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<filename>", "<|im_start|>user\n"]
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama3"])
+def test_a_short_text_cut_at_its_added_tokens_encodes_as_the_whole(tok: ModelTokenizer, style: str) -> None:
+    tokenizer = tok.tokenizer if style == "gpt2" else llama3_style(tok.tokenizer)
+    enc = ChunkedEncoder(tokenizer)
+    assert enc.cuts is not None
+    rng = random.Random(5)
+    cuts = 0
+    for _ in range(300):
+        parts = [random_text(rng, rng.randint(0, 30)) for _ in range(rng.randint(1, 8))]
+        glue = [rng.choice([*MARKS, "", "<|im_end", "|im_start|>"]) for _ in parts]  # and near-misses
+        text = "".join(p + g for p, g in zip(parts, glue, strict=True))
+        if rng.random() < 0.3:
+            text = rng.choice(MARKS) + text  # at the very start
+        plan = enc.cut_plan(text)
+        assert plan is not None
+        cuts += len(plan.parts) // 2
+        assert enc.fill(plan) == whole(tokenizer, text)
+    assert cuts > 500
+
+
+def test_a_conversations_next_turn_encodes_only_its_new_messages(tok: ModelTokenizer) -> None:
+    enc = ChunkedEncoder(tok.tokenizer)
+    system = "<|im_start|>system\nYou are terse. Answer in one line.<|im_end|>\n"
+    turns = [f"<|im_start|>user\nquestion {i} about caching?<|im_end|>\n" for i in range(4)]
+    chat = system
+    for i, turn in enumerate(turns):
+        chat += turn
+        text = chat + "<|im_start|>assistant\n"
+        plan = enc.cut_plan(text)
+        assert plan is not None
+        new = [plan.parts[j] for j in plan.missing]
+        # the first request encodes every piece; later ones only the messages new since the last
+        first = {
+            "system\nYou are terse. Answer in one line.",
+            "\n",
+            "user\nquestion 0 about caching?",
+            "assistant\n",
+        }
+        later = [f"assistant\nanswer {i - 1}", f"user\nquestion {i} about caching?"]  # the last answer too
+        assert set(new) == first if i == 0 else new == later
+        assert enc.fill(plan) == whole(tok.tokenizer, text)
+        chat += f"<|im_start|>assistant\nanswer {i}<|im_end|>\n"
+
+
+def test_added_tokens_matched_after_normalizing_or_stripping_are_not_cuts(tok: ModelTokenizer) -> None:
+    spec = read_spec(tok.tokenizer)
+    spec["added_tokens"][2]["lstrip"] = True  # <|im_end|> eats the spaces before it
+    tokenizer = Tokenizer.from_str(json.dumps(spec))
+    enc = ChunkedEncoder(tokenizer)
+    assert enc.cuts is not None and "<|im_end|>" not in enc.cuts.ids and "<|im_start|>" in enc.cuts.ids
+    text = "<|im_start|>user\nhi   <|im_end|>\n<|im_start|>assistant\n"
+    plan = enc.cut_plan(text)
+    assert plan is not None and enc.fill(plan) == whole(tokenizer, text)
+    assert whole(tokenizer, text) != whole(tok.tokenizer, text)  # the stripping did change the ids
+
+
+def test_encode_within_uses_the_cuts_for_chats_and_completions(tok: ModelTokenizer) -> None:
+    enc = tok.chunked
+    assert enc is not None and enc.cuts is not None and tok.special_prefix is not None
+    text = "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n"
+    for specials in (False, True):
+        got = asyncio.run(
+            encode_within(tok, text, add_special_tokens=specials, budget=None, param="messages")
+        )
+        assert list(got) == tok.encode(text, add_special_tokens=specials)
+    assert ChunkCache.key("user\nhello there") in enc.cache._entries

@@ -83,7 +83,7 @@ def test_prompt_ids(tok: ModelTokenizer) -> None:
     assert tok.decode(ids, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
     assert ids[0] == tok.tokenizer.token_to_id("<|im_start|>")  # the template's, not a second BOS
     assert asyncio.run(prompt_ids(completion(prompt=[5, 6]), tok)) == [5, 6]
-    assert asyncio.run(prompt_ids(completion(prompt="Hi there"), tok)) == tok.encode(
+    assert list(asyncio.run(prompt_ids(completion(prompt="Hi there"), tok))) == tok.encode(
         "Hi there", add_special_tokens=True
     )
     with pytest.raises(InvalidRequest, match="vocabulary"):
