@@ -21,15 +21,34 @@ class Clock(Protocol):
     def sleep(self, seconds: float) -> None: ...
 
 
+MIN_SLEEP_S = 0.001
+"""Shorter sleeps are owed and taken together (``RealClock.sleep``)."""
+
+
 class RealClock:
+    """Real time. ``sleep`` keeps a modelled time right on average: ``time.sleep`` wakes 50–80 µs
+    late whatever it is asked (measured here: 7 µs asked, 78 µs slept), so a mock engine at
+    ``--speedup 1000`` slept ten times its modelled step and the framework's floor measured the
+    timer. A sleep under ``MIN_SLEEP_S`` is owed and taken with the next ones, and what a sleep
+    overshoots is taken off the next (at most ``MIN_SLEEP_S`` of credit)."""
+
     realtime = True
+
+    def __init__(self) -> None:
+        self._owed = 0.0
 
     def now(self) -> float:
         return time.monotonic()
 
     def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            time.sleep(seconds)
+        if seconds <= 0:
+            return
+        self._owed += seconds
+        if self._owed < MIN_SLEEP_S:
+            return
+        start = time.monotonic()
+        time.sleep(self._owed)
+        self._owed = max(-MIN_SLEEP_S, self._owed - (time.monotonic() - start))
 
 
 class VirtualClock:
