@@ -68,7 +68,7 @@ def engine_side(blocks: int, repeats: int) -> tuple[float, float]:
     rng = random.Random(0)
     for _ in range(blocks // 32):
         ids = pool.allocate(32)
-        pool.cache_blocks(ids, [rng.getrandbits(64) for _ in range(32)], list(range(32 * 16)), 0, 32)
+        pool.cache_blocks(ids, [rng.getrandbits(64) for _ in range(32)], 0, 32)
         pool.free(ids)
     return median_s(pool.snapshot, repeats), median_s(pool.cached_hashes, repeats)
 

@@ -159,14 +159,13 @@ class Workers:
     """Batches like the engine's at a full cache: store ``hashes`` new chained blocks (with their
     token ids), remove as many older ones."""
 
-    def __init__(self, n: int, hashes: int, vocab: int, seed: int = 0) -> None:
+    def __init__(self, n: int, hashes: int, seed: int = 0) -> None:
         self.rng = random.Random(seed)
         self.ids = [secrets.token_hex(8) for _ in range(n)]
         self.subjects = [subjects.kv(i) for i in self.ids]
         self.seq = [0] * n
         self.held: list[deque[int]] = [deque() for _ in range(n)]
         self.hashes = hashes
-        self.vocab = vocab
         self.encoder = msgspec.msgpack.Encoder()
 
     def next(self, w: int) -> tuple[str, bytes]:
@@ -183,7 +182,6 @@ class Workers:
                 BlockStored(
                     block_hashes=stored,
                     parent_block_hash=rng.getrandbits(64),
-                    token_ids=tuple(rng.randrange(self.vocab) for _ in range(self.hashes * BLOCK_SIZE)),
                     block_size=BLOCK_SIZE,
                 ),
                 BlockRemoved(block_hashes=removed),
@@ -215,7 +213,7 @@ async def run_mode(mode: str, args: argparse.Namespace) -> dict:
 
 async def _run_mode(mode: str, server: Server, args: argparse.Namespace) -> dict:
     decoder = msgspec.msgpack.Decoder(KVEventBatch)
-    workers = Workers(args.workers, args.hashes, args.vocab, seed=args.seed)
+    workers = Workers(args.workers, args.hashes, seed=args.seed)
     pub = await nats.connect(server.url)
     sub_nc = await nats.connect(server.url)
     js = pub.jetstream()
@@ -452,7 +450,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=600.0, help="KV event batches per second, in total")
     p.add_argument("--duration", type=float, default=20.0, help="seconds of publishing per mode")
     p.add_argument("--hashes", type=int, default=4, help="blocks stored (and removed) per batch")
-    p.add_argument("--vocab", type=int, default=128_000, help="token ids are drawn below this")
     p.add_argument("--blocks", type=int, default=4096, help="blocks per worker in the final state")
     p.add_argument("--max-age", type=float, default=3600.0, help="the stream's max age, seconds")
     p.add_argument("--modes", default="core,jetstream", help="comma-separated: core, jetstream")

@@ -40,7 +40,6 @@ class _CachedInfo:
     """What a snapshot needs to re-announce a cached block."""
 
     parent_hash: int | None
-    token_ids: tuple[int, ...]
     depth: int
     """Index of the block in its sequence; parents have smaller depth."""
 
@@ -174,21 +173,15 @@ class BlockPool:
 
     # ---- caching ----
     def cache_blocks(
-        self,
-        block_ids: Sequence[int],
-        block_hashes: Sequence[int],
-        token_ids: Sequence[int],
-        start: int,
-        end: int,
+        self, block_ids: Sequence[int], block_hashes: Sequence[int], start: int, end: int
     ) -> None:
         """Stamp blocks ``start..end-1`` of one sequence with their hashes (their KV is computed).
 
-        ``block_ids``, ``block_hashes`` and ``token_ids`` are the whole sequence's lists; only
-        the slice is touched. Emits one ``BlockStored`` per contiguous run of newly stored blocks.
+        ``block_ids`` and ``block_hashes`` are the whole sequence's lists; only the slice is
+        touched. Emits one ``BlockStored`` per contiguous run of newly stored blocks.
         """
         if not self.enable_caching or end <= start:
             return
-        bs = self.block_size
         run_start = -1
         for i in range(start, end):
             b, h = block_ids[i], block_hashes[i]
@@ -197,27 +190,23 @@ class BlockPool:
                 parent = block_hashes[i - 1] if i > 0 else None
                 self.block_hash[b] = h
                 self._hash_to_block[h] = b
-                self._info[b] = _CachedInfo(parent, tuple(token_ids[i * bs : (i + 1) * bs]), i)
+                self._info[b] = _CachedInfo(parent, i)
                 if self.record_stored:
                     self._stored.append(Evicted(b, h, parent))
                 if run_start < 0:
                     run_start = i
             elif run_start >= 0:
-                self._emit_stored(block_hashes, token_ids, run_start, i)
+                self._emit_stored(block_hashes, run_start, i)
                 run_start = -1
         if run_start >= 0:
-            self._emit_stored(block_hashes, token_ids, run_start, end)
+            self._emit_stored(block_hashes, run_start, end)
 
-    def _emit_stored(
-        self, block_hashes: Sequence[int], token_ids: Sequence[int], start: int, end: int
-    ) -> None:
-        bs = self.block_size
+    def _emit_stored(self, block_hashes: Sequence[int], start: int, end: int) -> None:
         self._events.append(
             BlockStored(
                 block_hashes=tuple(block_hashes[start:end]),
                 parent_block_hash=block_hashes[start - 1] if start > 0 else None,
-                token_ids=tuple(token_ids[start * bs : end * bs]),
-                block_size=bs,
+                block_size=self.block_size,
             )
         )
 
@@ -264,7 +253,6 @@ class BlockPool:
                 BlockStored(
                     block_hashes=(h,),
                     parent_block_hash=info.parent_hash,
-                    token_ids=info.token_ids,
                     block_size=bs,
                 )
             )

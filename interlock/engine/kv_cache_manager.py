@@ -118,7 +118,7 @@ class KVCacheManager:
             return
         n_full = req.num_computed_tokens // self.block_size
         if n_full > start:
-            self.pool.cache_blocks(self._blocks[rid], req.block_hashes, req.all_token_ids, start, n_full)
+            self.pool.cache_blocks(self._blocks[rid], req.block_hashes, start, n_full)
             self._num_cached[rid] = n_full
 
     def free(self, request_id: str) -> None:

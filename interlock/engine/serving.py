@@ -134,8 +134,8 @@ class FakeEngine(FixedSizes):
         super().__init__(block_size, num_blocks, context_length=2048)
         self._step_s = step_s
         self._sink: KVEventSink = NullKVEventSink()
-        self._stored: dict[int, tuple[int, tuple[int, ...]]] = {}
-        """Block hash -> (parent hash, its tokens), in the order stored."""
+        self._stored: dict[int, int] = {}
+        """Block hash -> its parent's hash, in the order stored."""
         self._running = 0
         self._dead: str | None = None
         self.vocab = 49152
@@ -164,10 +164,9 @@ class FakeEngine(FixedSizes):
             cached += self._block_size
         new = [h for h in hashes if h not in self._stored]
         parent = 0
-        for i, h in enumerate(hashes):
+        for h in hashes:
             if h in new:
-                block = req.token_ids[i * self._block_size : (i + 1) * self._block_size]
-                self._stored[h] = (parent, tuple(block))
+                self._stored[h] = parent
             parent = h
         if new:
             self._sink.on_kv_events(self._events(new))
@@ -196,7 +195,7 @@ class FakeEngine(FixedSizes):
         new = []
         for h in hashes:
             if h not in self._stored:
-                self._stored[h] = (parent, ())
+                self._stored[h] = parent
                 new.append(h)
             parent = h
         if new and announce:
@@ -206,8 +205,7 @@ class FakeEngine(FixedSizes):
         return [
             BlockStored(
                 block_hashes=(h,),
-                parent_block_hash=self._stored[h][0] or None,
-                token_ids=self._stored[h][1],
+                parent_block_hash=self._stored[h] or None,
                 block_size=self._block_size,
             )
             for h in hashes

@@ -14,7 +14,7 @@ BS = 2
 
 def _cache_seq(pool: BlockPool, blocks: list[int], toks: list[int]) -> list[int]:
     hashes = kvhash.hash_blocks(toks, pool.block_size)
-    pool.cache_blocks(blocks, hashes, toks, 0, len(hashes))
+    pool.cache_blocks(blocks, hashes, 0, len(hashes))
     return hashes
 
 
@@ -57,21 +57,16 @@ def test_plain_free_blocks_go_before_cached_ones_and_lru_order() -> None:
     pool.check_integrity()
 
 
-def test_stored_events_carry_parent_and_tokens() -> None:
+def test_stored_events_carry_parent_and_hashes_only() -> None:
     pool = BlockPool(8, BS)
     blocks = pool.allocate(3)
     toks = [5, 6, 7, 8, 9, 10]
     hashes = kvhash.hash_blocks(toks, BS)
-    pool.cache_blocks(blocks, hashes, toks, 0, 1)
-    pool.cache_blocks(blocks, hashes, toks, 1, 3)
+    pool.cache_blocks(blocks, hashes, 0, 1)
+    pool.cache_blocks(blocks, hashes, 1, 3)
     assert pool.take_events() == [
-        BlockStored(block_hashes=(hashes[0],), parent_block_hash=None, token_ids=(5, 6), block_size=BS),
-        BlockStored(
-            block_hashes=tuple(hashes[1:]),
-            parent_block_hash=hashes[0],
-            token_ids=(7, 8, 9, 10),
-            block_size=BS,
-        ),
+        BlockStored(block_hashes=(hashes[0],), parent_block_hash=None, block_size=BS),
+        BlockStored(block_hashes=tuple(hashes[1:]), parent_block_hash=hashes[0], block_size=BS),
     ]
     assert pool.take_events() == []
 
@@ -143,7 +138,7 @@ class PoolMachine(RuleBasedStateMachine):
     def cache(self, i: int) -> None:
         blocks, toks = self.holders[i % len(self.holders)]
         hashes = kvhash.hash_blocks(toks, BS)
-        self.pool.cache_blocks(blocks, hashes, toks, 0, min(len(hashes), len(blocks)))
+        self.pool.cache_blocks(blocks, hashes, 0, min(len(hashes), len(blocks)))
 
     @rule(toks=st.lists(st.integers(0, 2), min_size=2, max_size=12))
     def hit(self, toks: list[int]) -> None:
@@ -191,7 +186,7 @@ TestPoolMachine = PoolMachine.TestCase
 def test_cached_prefix_stops_at_the_first_miss_and_counts_the_free_ones() -> None:
     pool = BlockPool(8, 2, enable_caching=True)
     blocks = pool.allocate(3)
-    pool.cache_blocks(blocks, [11, 12, 13], list(range(6)), 0, 3)
+    pool.cache_blocks(blocks, [11, 12, 13], 0, 3)
     assert pool.cached_prefix([11, 12, 13, 14]) == blocks
     assert pool.cached_prefix([11, 99, 13]) == blocks[:1] and pool.cached_prefix([99, 11]) == []
     assert pool.num_cached_free(blocks) == 0

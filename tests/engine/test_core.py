@@ -129,12 +129,10 @@ def test_kv_events_match_kvhash_chain() -> None:
     for e in stored:
         i = expect.index(e.block_hashes[0])
         assert e.parent_block_hash == (expect[i - 1] if i else None)
-        assert list(e.token_ids) == seq[i * 4 : (i + len(e.block_hashes)) * 4]
     assert engine.kv_snapshot()[1:] == [
         BlockStored(
             block_hashes=(h,),
             parent_block_hash=expect[i - 1] if i else None,
-            token_ids=tuple(seq[i * 4 : i * 4 + 4]),
             block_size=4,
         )
         for i, h in enumerate(expect)

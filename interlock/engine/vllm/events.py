@@ -17,7 +17,7 @@ in order; when it cannot, ``reset`` forgets everything (the router is told ``All
 vLLM's blocks announced again as they are stored again). A batch numbered 0 after others is a
 restarted publisher (a new engine process): the mirror is cleared the same way.
 
-Mirror: every announced block (our hash -> parent, tokens) in store order, so a router's
+Mirror: every announced block (our hash -> parent) in store order, so a router's
 re-sync gets a snapshot without asking vLLM, which has no such call.
 """
 
@@ -47,7 +47,6 @@ class Gap:
 class _Block:
     ours: int
     parent: int
-    tokens: tuple[int, ...]
     tier: str
 
 
@@ -110,7 +109,6 @@ class Translator:
             BlockStored(
                 block_hashes=(b.ours,),
                 parent_block_hash=b.parent if b.parent != ROOT_PARENT else None,
-                token_ids=b.tokens,
                 block_size=self.block_size,
                 tier=b.tier,
             )
@@ -171,14 +169,13 @@ class Translator:
         for i, h in enumerate(hashes):
             block = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
             mine = hash_block(parent, block)
-            self._put((tier, _key(h)), _Block(mine, parent, block, tier))
+            self._put((tier, _key(h)), _Block(mine, parent, tier))
             ours.append(mine)
             parent = mine
         return [
             BlockStored(
                 block_hashes=tuple(ours),
                 parent_block_hash=first_parent if first_parent != ROOT_PARENT else None,
-                token_ids=tuple(tokens),
                 block_size=self.block_size,
                 tier=tier,
             )

@@ -21,6 +21,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from interlock import kvhash
 from interlock.engine.runners.mock import MockRunner, reference_output
 from interlock.engine.tiers import ManualIO
 from interlock.engine.tiers.disk import read_block
@@ -77,18 +78,28 @@ class TiersMachine(RuleBasedStateMachine):
     def step(self, steps: int) -> None:
         for _ in range(steps):
             res = self.engine.step()
-            for ev in res.kv_events:
-                if isinstance(ev, BlockStored) and ev.tier == "device":
-                    for i, h in enumerate(ev.block_hashes):
-                        self.tokens_of[h] = tuple(ev.token_ids[i * BS : (i + 1) * BS])
             for o in res.outputs:
                 assert o.error is None, o.error
                 self.out[o.request_id] += o.token_ids
+            for ev in res.kv_events:  # events carry hashes: a block's tokens are its sequence's
+                if isinstance(ev, BlockStored) and ev.tier == "device":
+                    for h in ev.block_hashes:
+                        if h not in self.tokens_of:
+                            self._learn_blocks()
+                        assert h in self.tokens_of, "a stored block no sequence has"
+            for o in res.outputs:
                 if o.finish_reason == "length":
                     want = reference_output(
                         self.prompts[o.request_id], self.max_tokens[o.request_id], vocab_size=VOCAB
                     )
                     assert self.out[o.request_id] == want, o.request_id
+
+    def _learn_blocks(self) -> None:
+        """Every full block of every sequence so far, by its hash."""
+        for rid, prompt in self.prompts.items():
+            seq = [*prompt, *self.out[rid]]
+            for i, h in enumerate(kvhash.hash_blocks(seq, BS)):
+                self.tokens_of[h] = tuple(seq[i * BS : (i + 1) * BS])
 
     @rule(n=st.integers(0, 3))
     def run_io(self, n: int) -> None:
