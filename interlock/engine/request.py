@@ -144,7 +144,7 @@ class Request:
     ) -> Request:
         return cls(
             req.request_id,
-            req.token_ids,  # as decoded (a list off the wire: no copy), never changed
+            req.token_ids,  # as decoded (an array('I') off the wire: no copy), never changed
             req.sampling,
             block_size=block_size,
             priority=req.priority,

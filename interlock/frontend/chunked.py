@@ -52,6 +52,10 @@ CUT_WINDOW = 1024
 """How far back from a chunk's end a space between words is looked for."""
 CACHE_TOKENS = 2_000_000
 """Token ids the chunk cache keeps per tokenizer (8 bytes each, the int objects shared: 16 MB)."""
+ENTRY_TOKENS = 32
+"""What an entry costs beyond its ids, in ids (key, tuple and dict slot: ~260 bytes, 8 a token):
+the pieces of short chats are a few tokens each, and a cap counted in ids alone would let
+millions of them in."""
 PROMPT_CACHE_TOKENS = 1_000_000
 """Token ids of whole long prompts kept for a prompt sent again as it was (8 MB)."""
 
@@ -207,7 +211,8 @@ Key = tuple[int, int]
 
 
 class ChunkCache:
-    """Key -> ids (a tuple), least recently used out first, at most ``capacity`` ids.
+    """Key -> ids (a tuple), least recently used out first, at most ``capacity`` ids counting
+    ``ENTRY_TOKENS`` for each entry's own cost.
     Thread-safe (a tokenizer is shared by every event loop of the process)."""
 
     def __init__(self, capacity: int = CACHE_TOKENS) -> None:
@@ -236,24 +241,25 @@ class ChunkCache:
             return ids
 
     def put(self, key: Key, ids: Sequence[int]) -> None:
-        if len(ids) > self.capacity:
+        if len(ids) + ENTRY_TOKENS > self.capacity:
             return
         packed = tuple(ids)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self.tokens -= len(old)
+                self.tokens -= len(old) + ENTRY_TOKENS
             self._entries[key] = packed
-            self.tokens += len(packed)
+            self.tokens += len(packed) + ENTRY_TOKENS
             while self.tokens > self.capacity:
                 _, out = self._entries.popitem(last=False)
-                self.tokens -= len(out)
+                self.tokens -= len(out) + ENTRY_TOKENS
 
     def __len__(self) -> int:
         return len(self._entries)
 
 
 Plan = tuple[list[str], list[Key], list["tuple[int, ...] | None"]]
+"""A text's pieces, their cache keys, and the cached ids of each (None: not cached)."""
 
 
 @dataclass
@@ -266,9 +272,6 @@ class CutPlan:
     found: list[tuple[int, ...] | None]
     missing: list[int]
     missing_chars: int
-
-
-"""A text's pieces, their cache keys, and the cached ids of each (None: not cached)."""
 
 
 class ChunkedEncoder:
@@ -284,8 +287,8 @@ class ChunkedEncoder:
         """One int object per token id: cached ids point at these (8 bytes a token, not 36)."""
         cuts = AddedTokenCuts(tokenizer)
         self.cuts = cuts if cuts.exact(tokenizer) else None
-        """Cuts at added tokens for texts under a chunk (``encode_cut``); None where they would
-        change the ids."""
+        """Cuts at added tokens for texts under a chunk (``cut_plan``, ``fill``); None where they
+        would change the ids."""
 
     @staticmethod
     def prompt_key(text: str, add_special_tokens: bool) -> Key:

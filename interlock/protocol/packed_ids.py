@@ -8,8 +8,8 @@ the runners read it without one int object per token.
 
 ``GenerateRequest.token_ids`` takes any sequence of ints from Python callers; what the router
 sends is ``pack(ids)``, and what a worker decodes is always an ``array('I')``. A peer that still
-sends a msgpack array is read too (``dec_hook``); negative ids come out as a signed array there,
-so the engine's own check refuses them by name.
+sends a msgpack array is read too (``dec_hook``); ids no uint32 holds make the request malformed
+(the worker answers ``invalid_request``), and ids past the vocabulary are the engine's to refuse.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ ANNOUNCED = ("prompt_ids", "packed")
 """What a worker that reads packed ids puts in ``InstanceInfo.metadata``; a router sends an older
 worker, which lacks it, a msgpack array as before (``for_peer``)."""
 
-MEMO_TOKENS = 4096
+MEMO_TOKENS = 2048
 """Prompts at least this long are remembered by identity (``pack``): a prompt sent again comes
-back from the frontend's tokenizer cache as the very same tuple, and packs to the same array."""
+back from the frontend's tokenizer cache as the very same tuple, and packs to the same array,
+whose block hashes the router remembers from this length on too (``HASH_MEMO_TOKENS``)."""
 
 _memo: list[tuple[tuple[int, ...], array[int]]] = []
 _MEMO_SIZE = 8
@@ -86,10 +87,6 @@ def dec_hook(kind: type, obj: Any) -> Any:
     if isinstance(obj, list):
         try:
             return array(TYPECODE, obj)
-        except (OverflowError, TypeError):
-            pass
-        try:  # negative: an array all the same, of signed ids, that the engine's check names
-            return array("q", obj)
-        except (OverflowError, TypeError):
+        except (OverflowError, TypeError):  # the worker answers invalid_request, naming it
             raise ValueError("token ids must be integers in [0, 2**32)") from None
     raise ValueError(f"token ids must be packed bytes or an array of ints, got {type(obj).__name__}")

@@ -152,6 +152,7 @@ class _Watch:
     waiting: asyncio.Task[Any] | None = None
     """The task waiting for a chunk now; None between chunks."""
     expired: bool = False
+    _ours: bool = False
     _cancelling: int = 0
     _handle: asyncio.TimerHandle | None = None
     _armed_at: float = math.inf
@@ -166,10 +167,15 @@ class _Watch:
             self._arm(deadline)
 
     def waited(self) -> bool:
-        """After the wait (however it ended): whether the timer cancelled it."""
+        """After the wait, however it ended (called again, it answers the same): whether the
+        timer cancelled it. Its own cancel is taken back from the task once, as
+        ``asyncio.timeout`` does, even when the wait ended some other way meanwhile."""
+        if self.waiting is None:
+            return self._ours
         self.waiting = None
         task = asyncio.current_task()
-        return self.expired and task is not None and task.uncancel() <= self._cancelling
+        self._ours = self.expired and task is not None and task.uncancel() <= self._cancelling
+        return self._ours
 
     def break_(self, exc: InterlockError) -> None:
         self.broken = exc
@@ -501,7 +507,7 @@ class Dispatcher:
         except StopAsyncIteration:
             raise LegBroken(f"worker {worker_id} ended the stream without a finish") from None
         finally:
-            watch.waiting = None
+            watch.waited()  # the timer's cancel taken back however the wait ended
 
     def _stall_timeout(self, worker_id: str, first: bool) -> float | None:
         o = self.options

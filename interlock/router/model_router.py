@@ -25,6 +25,7 @@ import numpy as np
 
 from interlock.errors import ConfigError, InvalidRequest, NoWorkers, Overloaded
 from interlock.kvchain import hash_blocks
+from interlock.protocol import packed_ids
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import KVEventBatch, LoadReport, RouterLoadEvent
 from interlock.router.admission import AdmissionQueue, Pending, RequestMeta
@@ -105,7 +106,7 @@ class _WorkerState:
 
 HASH_MEMO = 8
 """Long prompts whose block hashes a router keeps (by identity of their ids' tuple)."""
-HASH_MEMO_TOKENS = 2048
+HASH_MEMO_TOKENS = packed_ids.MEMO_TOKENS
 """Prompts shorter than this are hashed every time (cheaper than looking)."""
 
 

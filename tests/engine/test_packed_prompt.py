@@ -40,21 +40,20 @@ def test_the_router_sends_packed_ids_and_the_worker_reads_an_array() -> None:
     assert _packed(request("d", list(ids))).token_ids is not req.token_ids
 
 
-def test_an_older_peers_list_is_read_and_ids_past_uint32_are_left_to_the_engine() -> None:
+def test_an_older_peers_list_is_read_and_ids_no_uint32_holds_are_malformed() -> None:
     got = _decode_request(_plain(request("a", PROMPT)))
     assert isinstance(got.token_ids, array) and tuple(got.token_ids) == PROMPT
-    bad = _decode_request(_plain(request("b", (5, -1, 7))))
-    assert list(bad.token_ids) == [5, -1, 7]
-    with pytest.raises(msgspec.ValidationError, match=r"integers in \[0, 2\*\*32\)"):
-        _decode_request(_plain(request("huge", (5, 1 << 63))))
+    for ids in ((5, -1, 7), (5, 1 << 32), (5, 1 << 63), (*range(600), -(1 << 32) + 5)):
+        with pytest.raises(msgspec.ValidationError, match=r"integers in \[0, 2\*\*32\)"):
+            _decode_request(_plain(request("bad", ids)))
     assert _packed(request("c", (5, -1))).token_ids == (5, -1)  # sent as a list, refused there
-    engine = make_engine()
-    engine.add_request(bad)
+    engine = make_engine()  # ids a uint32 holds but past the vocabulary: the engine's to refuse
     engine.add_request(_decode_request(_encode(_packed(request("big", (5, VOCAB + 1))))))
+    engine.add_request(_decode_request(_encode(_packed(request("long", (*range(600), 1 << 31))))))
     errors = {rid: o[-1].error for rid, o in run_to_end(engine).items()}
     assert {rid: e.code for rid, e in errors.items() if e} == {
-        "b": "invalid_request",
         "big": "invalid_request",
+        "long": "invalid_request",
     }
 
 

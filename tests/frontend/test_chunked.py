@@ -16,6 +16,7 @@ from interlock.errors import PromptTooLong
 from interlock.frontend.budget import TokenBudget, encode_pieces, encode_within
 from interlock.frontend.chunked import (
     CHUNK_CHARS,
+    ENTRY_TOKENS,
     ChunkCache,
     ChunkedEncoder,
     Plan,
@@ -132,14 +133,22 @@ def test_special_prefix_is_what_add_special_tokens_puts_in_front(tok: ModelToken
 
 
 def test_cache_is_bounded_in_tokens_and_drops_the_least_recently_used() -> None:
-    cache = ChunkCache(capacity=10)
+    e = ENTRY_TOKENS  # each entry's own cost, in ids
+    cache = ChunkCache(capacity=10 + 2 * e)
     cache.put((1, 1), [1, 2, 3, 4])
     cache.put((2, 1), [5, 6, 7, 8])
     assert cache.get((1, 1)) is not None  # a is now the most recent
     cache.put((3, 1), [9, 10, 11])
-    assert cache.get((2, 1)) is None and cache.tokens == 7 and len(cache) == 2
-    cache.put((4, 1), list(range(11)))  # larger than the whole cache: not kept
-    assert cache.get((4, 1)) is None and cache.tokens == 7
+    assert cache.get((2, 1)) is None and cache.tokens == 7 + 2 * e and len(cache) == 2
+    cache.put((4, 1), list(range(11 + 2 * e)))  # larger than the whole cache: not kept
+    assert cache.get((4, 1)) is None and cache.tokens == 7 + 2 * e
+
+
+def test_tiny_pieces_count_their_entries_so_the_cache_stays_bounded_in_memory() -> None:
+    cache = ChunkCache(capacity=100 * ENTRY_TOKENS)
+    for i in range(10_000):  # a client sending one-token messages
+        cache.put((i, 1), [i])
+    assert len(cache) < 100
 
 
 def plan(enc: ChunkedEncoder, text: str) -> Plan:

@@ -452,6 +452,19 @@ def test_the_stall_timer_counts_from_the_last_chunk_and_only_its_own_cancel_is_a
             with pytest.raises(LegBroken, match="worker w left"):
                 await waiting
             assert d.metrics.stalls == 1 and asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+            async def fails_when_cancelled() -> AsyncIterator[bytes]:
+                try:
+                    await asyncio.sleep(5)
+                    yield b"x"
+                except asyncio.CancelledError:
+                    raise ConnectionError("the plane broke while closing") from None
+
+            watch = _Watch("w")  # the timer's cancel turns into another error: still taken back
+            with pytest.raises(ConnectionError):
+                await d._next(aiter(fails_when_cancelled()), watch, "w", first=False)
+            assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+            watch.close()
         finally:
             await service.close()
             await rt.close()
