@@ -18,7 +18,7 @@ from typing import Any
 from tokenizers import Tokenizer, decoders
 
 from interlock.errors import ConfigError
-from interlock.frontend.chunked import ChunkedEncoder, read_spec, seams_exact, special_prefix
+from interlock.frontend.chunked import ChunkedEncoder, pipeline_spec, seams_exact, special_prefix
 from interlock.frontend.templates import ChatTemplate, load_chat_template_source
 from interlock.model_store import generation_defaults
 
@@ -40,7 +40,7 @@ class ModelTokenizer:
         self.generation_defaults = generation_defaults(model_path)
         """Sampling values for requests that leave them out (``model_store.generation_defaults``)."""
         self._byte_decoder = _byte_level_decoder() if _is_byte_level(self.tokenizer) else None
-        exact = seams_exact(self.tokenizer, read_spec(self.tokenizer))
+        exact = seams_exact(self.tokenizer, pipeline_spec(self.tokenizer))
         self.chunked = ChunkedEncoder(self.tokenizer) if exact else None
         """Exact chunked encoding with a cache of chunks (``chunked.py``); None where a cut could
         change the ids."""

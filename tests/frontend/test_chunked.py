@@ -20,6 +20,7 @@ from interlock.frontend.chunked import (
     ChunkCache,
     ChunkedEncoder,
     Plan,
+    pipeline_spec,
     read_spec,
     seams_exact,
     soft_pieces,
@@ -316,3 +317,23 @@ def test_encode_within_uses_the_cuts_for_chats_and_completions(tok: ModelTokeniz
         )
         assert list(got) == tok.encode(text, add_special_tokens=specials)
     assert ChunkCache.key("user\nhello there") in enc.cache._entries
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama3", "nfkc", "stripping"])
+def test_the_pipeline_spec_is_the_whole_descriptions_parts(tok: ModelTokenizer, style: str) -> None:
+    tokenizer = tok.tokenizer
+    if style == "llama3":
+        tokenizer = llama3_style(tokenizer)
+    elif style == "nfkc":
+        tokenizer = with_pre_tokenizer(
+            tokenizer, read_spec(tokenizer)["pre_tokenizer"], normalizer={"type": "NFKC"}
+        )
+    elif style == "stripping":
+        spec = read_spec(tokenizer)
+        spec["added_tokens"][0]["rstrip"] = True
+        tokenizer = Tokenizer.from_str(json.dumps(spec))
+    whole, light = read_spec(tokenizer), pipeline_spec(tokenizer)
+    assert light["normalizer"] == whole["normalizer"] and light["pre_tokenizer"] == whole["pre_tokenizer"]
+    keys = ("id", "content", "lstrip", "rstrip", "special")
+    assert light["added_tokens"] == [{k: t[k] for k in keys} for t in whole["added_tokens"]]
+    assert seams_exact(tokenizer, light) == seams_exact(tokenizer, whole) == (style in ("gpt2", "llama3"))
