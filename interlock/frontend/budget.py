@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from interlock.errors import LimitExceeded, PromptTooLong, RequestError
-from interlock.frontend.chunked import CHUNK_CHARS, ChunkedEncoder, Plan, chunks
-from interlock.frontend.tokenizer import LONG_TEXT_CHARS, ModelTokenizer
+from interlock.frontend.chunked import CHUNK_CHARS, PARALLEL_CHARS, ChunkedEncoder, Plan, chunks
+from interlock.frontend.tokenizer import ModelTokenizer
 
 SOFT_SLACK = 1  # a dummy-prefix tokenizer may add a "▁" token at the start of a chunk
 HARD_SLACK = 4  # a cut inside a word: measured at most 2 on SmolLM2's BPE, twice that allowed
@@ -107,7 +107,7 @@ async def encode_within(
     if enc is not None and prefix is not None and len(text) <= CHUNK_CHARS:
         pieces = enc.cut_plan(text)  # a chat's system prompt and earlier turns come from the cache
         if pieces is not None:
-            new = pieces.missing_chars >= LONG_TEXT_CHARS  # much to encode: off the event loop
+            new = pieces.missing_chars >= PARALLEL_CHARS  # much to encode: off the event loop
             cut = await asyncio.to_thread(enc.fill, pieces) if new else enc.fill(pieces)
             return (*prefix, *cut) if prefix else cut
     specials = tok.num_special_tokens if add_special_tokens else 0

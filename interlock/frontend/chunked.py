@@ -30,7 +30,8 @@ is cut at its added tokens instead (``AddedTokenCuts``: the turn markers a chat 
 where the tokenizer itself cuts before it pre-tokenizes, so the pieces' ids joined are the
 text's. Pieces come from the same cache: a conversation's next turn, or any request with a known
 system prompt, encodes only the messages new since (``ChunkedEncoder.cut_plan``, ``fill``): a 10-turn,
-8,000-character chat 1.8 ms → 0.08 ms when only its last message is new.
+8,000-character chat 1.8 → 0.28 ms when its last answer and a new question are new
+(``benchmarks/chat_encode.py``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ CUT_WINDOW = 1024
 """How far back from a chunk's end a space between words is looked for."""
 CACHE_TOKENS = 2_000_000
 """Token ids the chunk cache keeps per tokenizer (8 bytes each, the int objects shared: 16 MB)."""
+PARALLEL_CHARS = 8192
+"""New text in a cut chat from which its pieces are encoded in one batch, on the tokenizer's
+threads (below, one at a time: less CPU; the frontend runs such a text off the event loop)."""
 ENTRY_TOKENS = 32
 """What an entry costs beyond its ids, in ids (key, tuple and dict slot: ~260 bytes, 8 a token):
 the pieces of short chats are a few tokens each, and a cap counted in ids alone would let
@@ -338,9 +342,11 @@ class ChunkedEncoder:
         assert self.cuts is not None
         parts, found = plan.parts, plan.found
         if plan.missing:
-            batch = self.tokenizer.encode_batch_fast(
-                [parts[i] for i in plan.missing], add_special_tokens=False
-            )
+            texts = [parts[i] for i in plan.missing]
+            if plan.missing_chars >= PARALLEL_CHARS:  # the tokenizer's threads take the pieces
+                batch = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+            else:  # a batch of a few short pieces costs ~45% more CPU on its threads than one text
+                batch = [self.tokenizer.encode_batch_fast([t], add_special_tokens=False)[0] for t in texts]
             for i, e in zip(plan.missing, batch, strict=True):
                 new = found[i // 2] = self.shared(e.ids)
                 self.cache.put(ChunkCache.key(parts[i]), new)

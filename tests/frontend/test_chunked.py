@@ -17,6 +17,7 @@ from interlock.frontend.budget import TokenBudget, encode_pieces, encode_within
 from interlock.frontend.chunked import (
     CHUNK_CHARS,
     ENTRY_TOKENS,
+    PARALLEL_CHARS,
     ChunkCache,
     ChunkedEncoder,
     Plan,
@@ -26,7 +27,7 @@ from interlock.frontend.chunked import (
     soft_pieces,
     special_prefix,
 )
-from interlock.frontend.tokenizer import LONG_TEXT_CHARS, ModelTokenizer, load_tokenizer
+from interlock.frontend.tokenizer import ModelTokenizer, load_tokenizer
 
 LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -320,7 +321,7 @@ def test_encode_within_uses_the_cuts_for_chats_and_completions(tok: ModelTokeniz
     rng = random.Random(3)  # a long new message (past LONG_TEXT_CHARS): encoded off the event loop
     long = "<|im_start|>user\n" + random_text(rng, 2500)[: CHUNK_CHARS - 40] + "<|im_end|>\n"
     plan = enc.cut_plan(long)
-    assert plan is not None and plan.missing_chars >= LONG_TEXT_CHARS
+    assert plan is not None and plan.missing_chars >= PARALLEL_CHARS
     got = asyncio.run(encode_within(tok, long, add_special_tokens=False, budget=None, param="messages"))
     assert list(got) == tok.encode(long, add_special_tokens=False)
 
