@@ -11,10 +11,17 @@ does not grow with the length of the output.
 
 The context starts with the last few prompt tokens, so the first output token is decoded the
 way it is in context (leading spaces).
+
+A byte-level tokenizer (GPT-2, SmolLM2, Llama 3, Qwen2) needs no context: its text is the
+concatenation of its tokens' bytes, so each push looks its tokens' bytes up in a table and feeds
+them to an incremental UTF-8 decoder, which holds an incomplete character back until its last
+byte comes (and, like the tokenizer, replaces bytes no character can have with U+FFFD). Two
+``decode`` calls a token were ~8% of the frontend's CPU for a streamed request.
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 
 from interlock.frontend.tokenizer import ModelTokenizer
@@ -29,6 +36,10 @@ class IncrementalDetokenizer:
     ) -> None:
         self._decode = tokenizer.tokenizer.decode
         self._skip = skip_special_tokens
+        self._table = tokenizer.byte_table(skip_special_tokens)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        if self._table is not None:
+            return
         self._tokens: list[int] = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._tokens)
@@ -38,6 +49,10 @@ class IncrementalDetokenizer:
         """Add new tokens; return the text that is now complete (maybe "")."""
         if not token_ids:
             return ""
+        table = self._table
+        if table is not None:
+            n = len(table)
+            return self._utf8.decode(b"".join([table[i] if 0 <= i < n else b"" for i in token_ids]))
         self._tokens.extend(token_ids)
         full = self._decode(self._tokens[self._prefix_offset :], skip_special_tokens=self._skip)
         if full.endswith(REPLACEMENT_CHAR) or len(full) <= len(self._prefix_text):
@@ -48,6 +63,8 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """At the end: whatever is still held back (an incomplete tail is emitted as U+FFFD)."""
+        if self._table is not None:
+            return self._utf8.decode(b"", final=True)
         full = self._decode(self._tokens[self._prefix_offset :], skip_special_tokens=self._skip)
         new_text = full[len(self._prefix_text) :]
         self._advance()

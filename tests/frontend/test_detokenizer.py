@@ -57,3 +57,36 @@ def test_never_emits_replacement_char_and_reassembles(tok: ModelTokenizer, text:
     pieces = stream(tok, ids, chunk)
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == tok.decode(ids)
+
+
+def test_streamed_text_is_the_tokenizers_decode_of_any_ids(tok: ModelTokenizer) -> None:
+    """Byte-level tokenizers stream through a table of token bytes and an incremental UTF-8
+    decoder: whatever the ids (special ones, characters split over tokens, bytes no character
+    can have, ids past the vocabulary) and however they are chunked, the text is the
+    tokenizer's own ``decode`` of them."""
+    import copy
+    import random
+
+    assert tok.byte_table(True) is not None
+    contextual = copy.copy(tok)  # the same tokenizer through the two-decode path other kinds take
+    contextual._byte_decoder = None
+    assert contextual.byte_table(True) is None
+    rng = random.Random(7)
+    vocab = tok.vocab_size
+    for n in range(400):
+        t = contextual if n % 4 == 3 else tok
+        ids = [
+            rng.randrange(vocab) if rng.random() < 0.9 else rng.randrange(20)
+            for _ in range(rng.randint(1, 30))
+        ]
+        ids += [vocab + 3] if rng.random() < 0.05 else []
+        for skip in (True, False):
+            detok = IncrementalDetokenizer(t, (), skip_special_tokens=skip)
+            parts, i = [], 0
+            while i < len(ids):
+                k = rng.randint(1, 3)
+                parts.append(detok.push(ids[i : i + k]))
+                i += k
+            parts.append(detok.flush())
+            assert "".join(parts) == tok.tokenizer.decode(ids, skip_special_tokens=skip)
+            assert all(p.count("\ufffd") <= "".join(parts).count("\ufffd") for p in parts)
