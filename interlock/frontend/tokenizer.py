@@ -40,6 +40,7 @@ class ModelTokenizer:
         self.generation_defaults = generation_defaults(model_path)
         """Sampling values for requests that leave them out (``model_store.generation_defaults``)."""
         self._byte_decoder = _byte_level_decoder() if _is_byte_level(self.tokenizer) else None
+        self._byte_tables: dict[bool, tuple[bytes, ...]] = {}
         exact = seams_exact(self.tokenizer, pipeline_spec(self.tokenizer))
         self.chunked = ChunkedEncoder(self.tokenizer) if exact else None
         """Exact chunked encoding with a cache of chunks (``chunked.py``); None where a cut could
@@ -92,7 +93,14 @@ class ModelTokenizer:
         None for any other (built once per flag)."""
         if self._byte_decoder is None:
             return None
-        return _byte_table(self, skip_special_tokens)
+        table = self._byte_tables.get(skip_special_tokens)
+        if table is None:
+            special = _special_ids(self) if skip_special_tokens else frozenset()
+            table = tuple(
+                b"" if i in special else _token_bytes.__wrapped__(self, i) for i in range(self.vocab_size)
+            )
+            self._byte_tables[skip_special_tokens] = table
+        return table
 
     def _eos_ids(self, model_path: Path) -> tuple[int, ...]:
         # generation_config.json lists every id that ends a turn; tokenizer_config names one.
@@ -131,12 +139,6 @@ def _token_bytes(tok: ModelTokenizer, token_id: int) -> bytes:
     if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # sentencepiece byte
         return bytes([int(piece[3:5], 16)])
     return tok.tokenizer.decode([token_id], skip_special_tokens=False).encode()
-
-
-@lru_cache(maxsize=64)
-def _byte_table(tok: ModelTokenizer, skip_special_tokens: bool) -> tuple[bytes, ...]:
-    special = _special_ids(tok) if skip_special_tokens else frozenset()
-    return tuple(b"" if i in special else _token_bytes.__wrapped__(tok, i) for i in range(tok.vocab_size))
 
 
 @lru_cache(maxsize=32)
