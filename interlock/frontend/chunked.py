@@ -199,14 +199,17 @@ class AddedTokenCuts:
     def encode(self, tokenizer: Tokenizer, text: str) -> list[int]:
         """``text``'s ids piece by piece, with no cache (the reference ``exact`` checks)."""
         parts = self.split(text)
-        texts = [p for p in parts[0::2] if p]
-        encoded = iter(e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False))
+        encoded = tokenizer.encode_batch_fast(parts[0::2], add_special_tokens=False)
+        return self.join(parts, [e.ids for e in encoded])
+
+    def join(self, parts: list[str], pieces: Sequence[Sequence[int]]) -> list[int]:
+        """The text's ids: each text part's ids (``pieces``, in order) with the added tokens'
+        between them."""
         out: list[int] = []
-        for i, part in enumerate(parts):
-            if i % 2:
-                out.append(self.ids[part])
-            elif part:
-                out.extend(next(encoded))
+        for i, ids in enumerate(pieces):
+            if i:
+                out.append(self.ids[parts[2 * i - 1]])
+            out.extend(ids)
         return out
 
 
@@ -350,13 +353,8 @@ class ChunkedEncoder:
             for i, e in zip(plan.missing, batch, strict=True):
                 new = found[i // 2] = self.shared(e.ids)
                 self.cache.put(ChunkCache.key(parts[i]), new)
-        out: list[int] = []
-        marks = self.cuts.ids
-        for i, piece in enumerate(found):
-            if i:
-                out.append(marks[parts[2 * i - 1]])
-            out.extend(piece)  # type: ignore[arg-type]  # every None filled above
-        return tuple(out)  # the cached pieces' shared int objects, and the added tokens' ids
+        # the cached pieces' shared int objects, and the added tokens' ids; every None filled above
+        return tuple(self.cuts.join(parts, found))  # type: ignore[arg-type]
 
     def store(self, keys: list[Key], encoded: list[tuple[int, ...]]) -> None:
         for key, ids in zip(keys, encoded, strict=True):

@@ -16,7 +16,7 @@ A byte-level tokenizer (GPT-2, SmolLM2, Llama 3, Qwen2) needs no context: its te
 concatenation of its tokens' bytes, so each push looks its tokens' bytes up in a table and feeds
 them to an incremental UTF-8 decoder, which holds an incomplete character back until its last
 byte comes (and, like the tokenizer, replaces bytes no character can have with U+FFFD). Two
-``decode`` calls a token were ~8% of the frontend's CPU for a streamed request.
+``decode`` calls a push: frontend CPU a streamed request 0.505 → 0.47 ms without them.
 """
 
 from __future__ import annotations

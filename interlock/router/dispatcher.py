@@ -143,7 +143,8 @@ class _Watch:
     """One live leg's stall timer, and what lets ``worker_left`` break it while it waits for a
     chunk. One timer per leg, re-armed lazily: a chunk only moves the deadline, and the timer,
     when it fires early, sleeps again until the deadline (``asyncio.timeout`` around each wait
-    cost a timer scheduled and cancelled per token, ~6% of the frontend's CPU)."""
+    cost a timer scheduled and cancelled per token: 0.64 → 0.58 ms of frontend CPU a streamed
+    request without it)."""
 
     worker_id: str
     broken: InterlockError | None = None
