@@ -19,7 +19,13 @@ Per trace and shape, in virtual time (``sim.replay``, the mock worker model):
   ``--min-workers..--max-workers``), starting from the fleet the first ``--warm-s`` seconds
   need (the smallest fixed size within the target there: a planner that was running before
   the replay began);
-* the offline bound (``sim.frontier``) within the misses the target allows.
+* the offline bound (``sim.frontier``) within the misses the target allows;
+* the causal bound: the offline bound within the misses of the cheapest fixed fleet reaching
+  the target, its sizes replayed as a fleet schedule (``ReplayConfig.fleet_schedule``: each
+  bucket's size from the bucket's start, added workers serving ``--startup-s`` later). It knows
+  the size each moment needs but only from that moment on: where it cannot reach the fixed
+  fleet's attainment, a planner without foresight reaches it only by keeping more workers
+  than the bound (the SLA target at a step or a spike shorter than the start-up).
 
 Reported: attainment and worker-seconds for each policy; the cheapest fixed fleet reaching
 ``--target``; the attainment of the fixed fleet with the reactive planner's worker-seconds;
@@ -123,6 +129,28 @@ def run_policy(args: argparse.Namespace, trace: str, shape: str, policy: str, st
     return r.to_dict()
 
 
+def run_schedule(
+    args: argparse.Namespace, trace: str, shape: str, _name: str, schedule: tuple[tuple[float, int], ...]
+) -> dict[str, Any]:
+    reqs = shaped(trace, shape, args.span_s, args.limit)
+    pc = PlannerConfig(both=RoleBounds(args.min_workers, args.max_workers))
+    cfg = replace(config(args), num_workers=schedule[0][1], planner=pc, fleet_schedule=schedule)
+    return replay(list(reqs), cfg).to_dict()
+
+
+def causal_schedule(
+    args: argparse.Namespace, fixed: dict[int, ReplayReport], reqs: tuple[SimRequest, ...]
+) -> tuple[tuple[float, int], ...]:
+    """The offline bound's sizes within the misses of the cheapest fixed fleet reaching the
+    target, as ``(from_s, size)`` pieces (empty: no fixed fleet reaches it)."""
+    n95 = cheapest_reaching(fixed, args.target)
+    if n95 is None:
+        return ()
+    _, sizes = offline_bound(fixed, max(r.arrival_s for r in reqs), args.bucket_s, misses(fixed[n95]))
+    sched = [(i * args.bucket_s, n) for i, n in enumerate(sizes)]
+    return tuple(p for i, p in enumerate(sched) if i == 0 or p[1] != sched[i - 1][1])
+
+
 def report_of(d: dict[str, Any]) -> ReplayReport:
     return ReplayReport(**{**d, "planner_decisions": (), "missed_arrivals_s": tuple(d["missed_arrivals_s"])})
 
@@ -204,17 +232,24 @@ def main() -> None:
             print(f"\n## {trace}", flush=True)
             print(
                 f"{'shape':<15} {'reqs':>6} {'fixed>=' + format(args.target, '.0%'):>20} "
-                f"{'bound':>7} {'reactive':>17} {'fixed@same':>10} {'sla':>17} {'saved':>6}  targets",
+                f"{'bound':>7} {'causal':>17} {'reactive':>17} {'fixed@same':>10} {'sla':>17} {'saved':>6}  targets",
                 flush=True,
             )
             for shape in args.shapes.split(","):
                 reqs = shaped(trace, shape, args.span_s, args.limit)
                 fixed = frontier(args, pool, trace, shape)
                 start = warm_start(args, fixed, reqs)
-                jobs = [(run_policy, args, trace, shape, p, start) for p in policies]
+                jobs: list[tuple[Any, ...]] = [(run_policy, args, trace, shape, p, start) for p in policies]
+                sched = causal_schedule(args, fixed, reqs)
+                if sched:
+                    jobs.append((run_schedule, args, trace, shape, "causal", sched))
                 done = pool.map(_call, jobs)
                 got = {key[2]: report_of(d) for key, d in done}
-                decisions = {key[2]: d["planner_decisions"] for key, d in done} if args.decisions else {}
+                decisions = (
+                    {key[2]: d["planner_decisions"] for key, d in done if key[2] != "causal"}
+                    if args.decisions
+                    else {}
+                )
                 results[f"{trace}/{shape}"] = row(args, trace, shape, reqs, fixed, got, start, ok)
                 total += 1
                 for p, ds in decisions.items():
@@ -253,6 +288,10 @@ def row(
         "bound_ws": bound_ws,
     }
     fx = f"{n95}: {100 * f95.sla_attainment:.1f}% {f95.worker_seconds:>7,.0f}" if f95 else "none"
+    cb = got.get("causal")
+    causal = f"{100 * cb.sla_attainment:>6.1f}% {cb.worker_seconds:>9,.0f}" if cb else f"{'-':>17}"
+    if cb is not None:
+        out["causal"] = {"attainment": cb.sla_attainment, "worker_seconds": cb.worker_seconds}
     cells, marks = [], []
     for p in ("reactive", "sla"):
         r = got.get(p)
@@ -291,7 +330,7 @@ def row(
         else "     -"
     )
     print(
-        f"{shape:<15} {len(reqs):>6} {fx:>20} {bound_ws:>7,.0f} {cells[0]} {cells[1]} {cells[2]} {saved}  "
+        f"{shape:<15} {len(reqs):>6} {fx:>20} {bound_ws:>7,.0f} {causal} {cells[0]} {cells[1]} {cells[2]} {saved}  "
         + ", ".join(marks),
         flush=True,
     )

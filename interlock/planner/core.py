@@ -5,10 +5,14 @@ an empty cache and needs time to warm up, and a removed one takes its cache with
 on every fluctuation costs more than it saves. Each call:
 
 1. asks the policy (reactive or SLA) what each pool wants: grow, or may shrink;
-2. decides nothing while a worker is still starting, within ``window_s`` of the last change
+2. decides nothing while a worker is still starting, or within ``window_s`` of the last change
    (an add right after an add: ``grow_window_s``; a removal right after a removal:
-   ``shrink_window_s``), or once ``PlannerConfig.change_cap`` changes happened in the last
-   ``cap_window_s``;
+   ``shrink_window_s``); adds stop once ``PlannerConfig.change_cap`` workers were added (or
+   switched) in the last ``cap_window_s``, removals once as many were removed (or switched):
+   each direction has its own count, so a burst of adds for a surge does not then hold the
+   surge's fleet, idle, for the rest of the cap window (a 60 s spike's 12 adds held 13 workers
+   for five minutes where 4 served); flapping is held by the windows (turning round waits a
+   whole ``window_s``) and by each direction's cap;
 3. puts a pool outside its bounds back in (one worker);
 4. turns a grow of one disaggregated pool plus a shrink of the other into one role switch
    (the fleet keeps its size, the roles follow the mix);
@@ -67,11 +71,15 @@ class Planner:
         self.last_change = -float("inf")
         self._last: type[Action] | None = None
         """The kind of the last change (None: none yet)."""
-        self._changes: deque[float] = deque()
+        self._changes: deque[tuple[float, int]] = deque()
+        """(when, direction) of the changes in the cap window: +1 an add, -1 a removal, 0 a
+        switch (it counts in both directions)."""
         self.history: list[DecisionRecord] = []
         self.last_wants: list[Want] = []
         self.last_hold = ""
         """Why the last call decided nothing ("" after an action)."""
+        self._cap_hold = ""
+        """Why ``_act`` chose nothing when the change cap stopped it."""
         self._busy_at: dict[str, float] = {}
         """role -> when it last had something to do (scale to zero)."""
 
@@ -87,10 +95,11 @@ class Planner:
         if hold:
             self.last_hold = hold
             return []
+        self._cap_hold = ""
         bound = self._bounds(pools, obs)
         actions = [bound] if bound is not None else self._idle(obs, pools) or self._act(pools, obs)
         if not actions:
-            self.last_hold = self._no_room(obs) or "nothing to do"
+            self.last_hold = self._no_room(obs) or self._cap_hold or "nothing to do"
             return []
         since = obs.now - self.last_change
         if since < self.config.window_s and not isinstance(actions[0], self._last or ()):
@@ -103,7 +112,9 @@ class Planner:
         self.last_change = now
         self._last = type(actions[-1])
         for a in actions:
-            self._changes.append(now)
+            self._changes.append(
+                (now, +1 if isinstance(a, AddWorker) else -1 if isinstance(a, RemoveWorker) else 0)
+            )
             self.history.append(DecisionRecord(now, a))
         return actions
 
@@ -111,9 +122,8 @@ class Planner:
     def holding(self, now: float) -> bool:
         """True when the window or the change cap rules out any action at ``now`` (a connector
         may then skip observing what only matters to an action, like cache ownership)."""
-        c = self.config
-        recent = sum(1 for t in self._changes if t > now - c.cap_window_s)
-        return now - self.last_change < self._gap() or recent >= c.change_cap()
+        self._trim(now)
+        return now - self.last_change < self._gap() or (self._cap_room(+1) <= 0 and self._cap_room(-1) <= 0)
 
     def _gap(self) -> float:
         """The least time after the last change before the next one may come."""
@@ -127,17 +137,26 @@ class Planner:
         return f"observing: {since:.0f}s of the {self.config.window_s:g}s window since the last change"
 
     def _hold(self, obs: Observation) -> str:
-        c = self.config
         starting = [w.worker_id for w in obs.workers if not w.ready and not w.draining]
         if starting:
             return f"waiting for {', '.join(starting)} to start"
         if obs.now - self.last_change < self._gap():
             return self._observing(obs.now - self.last_change)
-        while self._changes and self._changes[0] <= obs.now - c.cap_window_s:
-            self._changes.popleft()
-        if len(self._changes) >= c.change_cap():
-            return f"{len(self._changes)} changes in the last {c.cap_window_s:g}s (cap {c.change_cap()})"
+        self._trim(obs.now)
+        if self._cap_room(+1) <= 0 and self._cap_room(-1) <= 0:
+            return self._capped(+1)
         return ""
+
+    def _trim(self, now: float) -> None:
+        """Forget the changes older than ``cap_window_s``."""
+        while self._changes and self._changes[0][0] <= now - self.config.cap_window_s:
+            self._changes.popleft()
+
+    def _capped(self, direction: int) -> str:
+        c = self.config
+        what = "added" if direction > 0 else "removed"
+        used = c.change_cap() - self._cap_room(direction)
+        return f"{used} workers {what} or switched in the last {c.cap_window_s:g}s (cap {c.change_cap()})"
 
     # ---- choices ----
     def _room(self, obs: Observation) -> int:
@@ -192,22 +211,22 @@ class Planner:
         if not asks:
             return []
         w = asks[0]
-        while self._changes and self._changes[0] <= obs.now - c.cap_window_s:
-            self._changes.popleft()
+        self._trim(obs.now)
         room = min(
             w.delta,
             c.bounds(w.role).max - len(pools[w.role]),
             c.total_max() - sum(len(p) for p in pools.values()),
-            self._cap_room(),
+            self._cap_room(+1),
             self._room(obs),
         )
         if room < 2:
             return []  # one worker or none: the ordinary path, with its holds
         return self._record(obs.now, [AddWorker(w.role, f"{w.reason} ({room} at once)") for _ in range(room)])
 
-    def _cap_room(self) -> int:
-        """Changes the cap still allows (``_changes`` already trimmed to the cap window)."""
-        return self.config.change_cap() - len(self._changes)
+    def _cap_room(self, direction: int) -> int:
+        """Adds (``+1``) or removals (``-1``) the cap still allows (``_changes`` already
+        trimmed to the cap window; a switch counts in both directions)."""
+        return self.config.change_cap() - sum(1 for _, d in self._changes if d in (direction, 0))
 
     def _step(self, asked: int, pool: int, room: int) -> int:
         """Workers one ordinary step moves: what the policy asked, at most ``step_share`` of
@@ -219,10 +238,15 @@ class Planner:
         total = sum(len(p) for p in pools.values())
         for role, workers in pools.items():
             b = self.config.bounds(role)
-            if len(workers) > b.max:
+            if len(workers) > b.max and self._cap_room(-1) > 0:
                 victim = cheapest(workers, self.config.cache_block_cost)
                 return RemoveWorker(victim.worker_id, f"{len(workers)} {role} workers > max {b.max}")
-            if len(workers) < b.min and total < self.config.total_max() and self._room(obs) > 0:
+            if (
+                len(workers) < b.min
+                and total < self.config.total_max()
+                and self._room(obs) > 0
+                and self._cap_room(+1) > 0
+            ):
                 return AddWorker(role, f"{len(workers)} {role} workers < min {b.min}")
         return None
 
@@ -242,7 +266,8 @@ class Planner:
             ),
             key=lambda w: -w.pressure,
         )
-        for g in grow:
+        switchable = self._cap_room(+1) > 0 and self._cap_room(-1) > 0
+        for g in grow if switchable else ():
             for s in shrink:
                 if g.role in SWITCHABLE and s.role in SWITCHABLE and g.role != s.role:
                     victim = cheapest([v for v in pools[s.role] if v.ready], c.cache_block_cost)
@@ -252,15 +277,23 @@ class Planner:
         if grow and total < c.total_max() and self._room(obs) > 0:
             g = grow[0]
             room = min(
-                c.bounds(g.role).max - size[g.role], c.total_max() - total, self._cap_room(), self._room(obs)
+                c.bounds(g.role).max - size[g.role],
+                c.total_max() - total,
+                self._cap_room(+1),
+                self._room(obs),
             )
+            if room < 1:
+                self._cap_hold = self._capped(+1)
+                return []
             k = self._step(g.delta, size[g.role], room)
             return [AddWorker(g.role, g.reason + (f" ({k} at once)" if k > 1 else "")) for _ in range(k)]
         if shrink and total > c.min_workers:
             s = shrink[0]
             floor = max(c.bounds(s.role).min, 1)  # to zero only when idle (``_idle``)
-            room = min(size[s.role] - floor, total - c.min_workers, self._cap_room())
+            room = min(size[s.role] - floor, total - c.min_workers, self._cap_room(-1))
             if room < 1:
+                if self._cap_room(-1) < 1:
+                    self._cap_hold = self._capped(-1)
                 return []
             k = self._step(-s.delta, size[s.role], room)
             why = s.reason + (f" ({k} at once)" if k > 1 else "")

@@ -37,8 +37,13 @@ once (``Want.surge``: the core adds them past its holds, within the bounds, the 
 the hosts' room): over the window, requests arrived at ``lambda``, and while it was saturated (queue or backlog over
 its threshold: a pool with spare capacity finishes what arrives, which says nothing of what it
 could) it finished ``F`` requests in ``W`` worker-seconds (ready workers over time: those that
-joined late count only since), so a worker serves ``mu = F / W``; clearing the ``Q`` queued within one window as well
-needs ``(lambda + Q / window_s) / mu`` workers. (Nothing finished, or a
+joined late count only since), so a worker serves ``mu = F / W``. The workers asked for now
+serve ``startup_s`` later: by then the ``n`` serving ones have taken ``n mu startup_s`` off
+the ``Q`` queued while ``lambda startup_s`` more arrived, ``lambda`` being the arrivals of the
+last ``RECENT_S`` (the window's mean lags a step up and, after a spike, still counts the spike:
+a 60 s spike's window asked for 7 more workers 5 s after it ended, to serve a queue the pool
+had cleared before they started). Clearing what is left then, ``Q'``, within one window
+needs ``(lambda + Q' / window_s) / mu`` workers. (Nothing finished, or a
 connector that does not see finishes: one step, the ordinary path.) One such step at most
 doubles the ready pool: the service rate read in the first seconds of a saturation is low (the
 requests finishing then started before it), and the next step, once the added workers serve,
@@ -92,6 +97,9 @@ arrivals' bursts queue and a heavy-prompt workload's TTFT tail grows fast."""
 
 MIN_BUSY = 2
 """Fewest saturated observations in the window to read a worker's service rate from."""
+
+RECENT_S = 10.0
+"""A backlog-sized step reads the arrival rate over the last this many seconds."""
 
 
 def entry_role(pools: dict[str, list[WorkerView]]) -> str | None:
@@ -215,6 +223,46 @@ def _spare(m: Means, n: int, c: PlannerConfig) -> int:
     return max(1, k)
 
 
+def recent_rate(seen: deque[Sample], window_s: float) -> float:
+    """Arrivals per second over the newest samples that span ``RECENT_S`` (all of them when
+    the window is shorter)."""
+    arrived, span = 0, 0.0
+    for s in reversed(seen):
+        arrived += s.arrived
+        span += s.duration_s
+        if span >= RECENT_S:
+            break
+    return arrived / (span or window_s)
+
+
+def _draining(seen: deque[Sample], c: PlannerConfig, startup_s: float) -> str:
+    """Why the window's queue pressure is behind the pool ("" when it is not): the pool's queue
+    and backlog now, moving at their pace over the last ``RECENT_S``, will both be under their
+    thresholds by the time a worker asked for now would serve (``startup_s``). After a spike
+    the window's mean stays over the threshold for a window while the pool is already clearing
+    the queue, and a worker added for it serves an empty one (a queue rising towards its
+    threshold is ``_projected``'s case, and the caller asks this only when that is not over)."""
+    last = seen[-1]
+    first = next((s for s in seen if s.at >= last.at - RECENT_S), last)
+    dt = last.at - first.at
+    if dt <= 0:
+        return ""
+    ahead = max(startup_s, c.interval_s)
+    n = last.size
+    for now, then, high in (
+        (last.queue, first.queue, c.queue_high),
+        (last.backlog, first.backlog, c.backlog_high_s),
+    ):
+        # the pool's totals: a worker that joined in between changes the per-worker figure
+        slope = (now * n - then * first.size) / dt
+        if now * n + slope * ahead > high * n:
+            return ""
+    return (
+        f"the queue is draining ({first.queue * first.size:.0f} -> {last.queue * n:.0f} queued in "
+        f"{dt:.0f}s: under the threshold before a worker started now would serve)"
+    )
+
+
 def _projected(seen: deque[Sample], c: PlannerConfig, startup_s: float) -> float:
     """The larger of queue and backlog pressure projected ``startup_s`` ahead on the window's
     trend: the second half's mean plus the rise from the first half's, per half-window."""
@@ -319,8 +367,10 @@ class ReactivePolicy:
             (m.backlog / c.backlog_high_s, f"prefill backlog {m.backlog:.2f}s > {c.backlog_high_s:g}s"),
             (m.kv / c.kv_high, f"kv usage {m.kv:.2f} > {c.kv_high:g}"),
         ]
+        decode_over = 0.0
         if m.itl is not None and not seen[-1].idle:
-            over.append((m.itl / itl_target, f"inter-token time {1000 * m.itl:.0f}ms > {c.itl_ms:g}ms"))
+            decode_over = m.itl / itl_target
+            over.append((decode_over, f"inter-token time {1000 * m.itl:.0f}ms > {c.itl_ms:g}ms"))
         if m.rising > 1.0:
             over.append(
                 (m.rising, f"queue rising: {m.rising:.1f}x its threshold in {startup_s:.0f}s (start-up)")
@@ -329,8 +379,13 @@ class ReactivePolicy:
         span = f" (mean over {seen[-1].at - seen[0].at:.0f}s)"
         if pressure > 1.0:
             self._low_since.pop(role, None)
-            far = self._backlog_want(role, seen, m, pool)
-            return far if far is not None else Want(role, +1, pressure, why + span)
+            far = self._backlog_want(role, seen, m, pool, startup_s)
+            if far is not None:
+                return far
+            queued_only = max(m.kv / c.kv_high, decode_over, m.rising) <= 1.0
+            if queued_only and (drained := _draining(seen, c, startup_s)):
+                return Want(role, 0, 0.0, f"{why}{span}, but {drained}: no add")
+            return Want(role, +1, pressure, why + span)
         n = seen[-1].size
         full = seen[-1].at - seen[0].at >= c.window_s - c.interval_s
         if not full or any(s.size != n for s in seen):
@@ -385,7 +440,9 @@ class ReactivePolicy:
             f"{m.kv:.2f} < {c.kv_low:g}{itl}{met}",
         )
 
-    def _backlog_want(self, role: str, seen: deque[Sample], m: Means, pool: int) -> Want | None:
+    def _backlog_want(
+        self, role: str, seen: deque[Sample], m: Means, pool: int, startup_s: float
+    ) -> Want | None:
         """The workers a backlog far past its threshold needs, at once (module docstring);
         None: not far past, or a worker is still starting (its effect is not seen yet)."""
         c = self.config
@@ -393,8 +450,7 @@ class ReactivePolicy:
         n = seen[-1].size
         if far < FAR or pool > n:
             return None
-        span = sum(s.duration_s for s in seen) or c.window_s
-        arrived = sum(s.arrived for s in seen) / span
+        arrived = recent_rate(seen, c.window_s)
         busy = [s for s in seen if s.queue >= c.queue_high or s.backlog >= c.backlog_high_s]
         finished = sum(s.finished for s in busy)
         worker_s = sum(s.size * s.duration_s for s in busy)  # ready workers, while saturated
@@ -406,10 +462,11 @@ class ReactivePolicy:
         if finished <= 0 or worker_s <= 0:
             return None  # no service rate to size from (or the connector does not see finishes)
         per = finished / worker_s
-        need = (arrived + queued / c.window_s) / per
+        left = max(queued + (arrived - per * n) * startup_s, 0.0)
+        need = (arrived + left / c.window_s) / per
         how = (
-            f"{arrived:.2f} req/s arriving, {per:.2f} finishing per worker, {queued:.0f} queued: "
-            f"needs {need:.1f}"
+            f"{arrived:.2f} req/s arriving, {per:.2f} finishing per worker, {queued:.0f} queued "
+            f"({left:.0f} in {startup_s:.0f}s): needs {need:.1f}"
         )
         more = min(math.ceil(need) - pool, n)  # at most doubling: the next step measures again
         if more < 2:

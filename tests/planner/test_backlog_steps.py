@@ -117,3 +117,32 @@ def test_a_rising_queue_adds_before_the_threshold_when_start_up_is_long() -> Non
 
     assert first_add(0.0) == -1.0  # the mean stays under 2 per worker for these two minutes
     assert 0 < first_add(60.0) < 120
+
+
+def test_no_add_for_a_backlog_the_pool_clears_before_a_new_worker_would_serve() -> None:
+    """A 10 s spike left a queue the pool is already clearing: the window's mean arrivals and
+    queue are still high, but the last 10 s come at 2 req/s and the queue falls by 8 a second,
+    gone well within the 30 s a worker asked for now takes to start."""
+    p = build_planner(CFG)
+    starting = (WorkerView("s0", "both", ready=False),)
+    spike = [(0.0, 40, 24.0), (5.0, 35, 24.0), (10.0, 35, 2.0), (15.0, 28, 2.0)]
+    for t, q, arrived in spike:  # a worker still starting: the policy watches, nothing is decided
+        obs = Observation(t, (*pool(4, q), *starting), traffic=saturated(arrived, 8.0), startup_s=30.0)
+        assert p.decide(obs) == []
+    obs = Observation(20.0, pool(5, 12), traffic=saturated(2.0, 9.5), startup_s=30.0)
+    assert p.decide(obs) == []
+    (want,) = p.last_wants
+    assert want.delta == 0 and "the queue is draining (140 -> 60 queued in 10s: under the threshold" in want.reason
+
+
+def test_the_backlog_step_sizes_for_the_queue_left_when_new_workers_serve() -> None:
+    """Arrivals keep coming at 24 req/s against 8 served: by the time the workers asked for
+    now serve (30 s), the 600 queued are 1,080; clearing those within the window as well needs
+    (24 + 1080 / 60) / 2 = 21 workers (4 more at once: a step at most doubles the pool)."""
+    p = build_planner(CFG)
+    acts = []
+    for t in range(0, 30, 5):
+        obs = Observation(float(t), pool(4, 150), traffic=saturated(24.0, 8.0), startup_s=30.0)
+        if acts := p.decide(obs):
+            break
+    assert len(acts) == 4 and "600 queued (1080 in 30s): needs 21.0 workers" in acts[0].reason

@@ -132,6 +132,24 @@ def test_change_cap() -> None:
     assert "cap" in p.last_hold
 
 
+def test_the_change_cap_counts_adds_and_removals_apart() -> None:
+    """A surge's adds fill the add cap; the removals that follow once the load is gone are not
+    held by it (a spike's adds used to hold its whole fleet, idle, for the rest of the cap
+    window), and a further add still is."""
+    asks = Asks(5)
+    p = Planner(replace(CFG, both=RoleBounds(1, 10), max_changes=5, cap_window_s=600.0), asks)
+    assert len(p.decide(Observation(0.0, fleet(0)))) == 5
+    asks.delta, asks.surge = -1, False
+    six = fleet(*[0] * 6)
+    assert [type(a) for a in p.decide(Observation(100.0, six))] == [RemoveWorker]
+    asks.delta = 1
+    assert p.decide(Observation(200.0, fleet(*[0] * 5))) == []
+    assert p.last_hold == "5 workers added or switched in the last 600s (cap 5)"
+    assert p.holding(200.0) is False  # removals may still come
+    asks.delta = -1
+    assert len(p.decide(Observation(300.0, fleet(*[0] * 5)))) == 1
+
+
 def test_the_default_change_cap_grows_with_the_fleet() -> None:
     assert replace(CFG, max_changes=0).change_cap() == 6
     big = replace(
