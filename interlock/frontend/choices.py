@@ -11,11 +11,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from interlock.engine.grammar import GrammarCompiler
 from interlock.frontend.assembler import OutputAssembler
 from interlock.frontend.backend import Backend, RequestContext
 from interlock.frontend.generation import Choices, Generation
@@ -32,6 +31,9 @@ from interlock.frontend.tokenizer import ModelTokenizer
 from interlock.frontend.tool_parsers import ToolStreamParser
 from interlock.protocol import GenerateOutput, GenerateRequest
 from interlock.protocol.sampling import MAX_SEED
+
+if TYPE_CHECKING:
+    from interlock.engine.grammar import GrammarCompiler
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,10 @@ class ConstraintCheck:
             param = "text.format" if turn is not None else "response_format"
         compiler = self._compilers.get(tok.model_path)
         if compiler is None:  # reading the vocabulary into the grammar engine takes ~0.3 s
+            # imported on the first constrained request: the grammar engine is ~8 MiB of a
+            # frontend's memory that serves none
+            from interlock.engine.grammar import GrammarCompiler
+
             compiler = await asyncio.to_thread(
                 GrammarCompiler,
                 tok.tokenizer.to_str(),
