@@ -26,6 +26,8 @@ Per trace and shape, in virtual time (``sim.replay``, the mock worker model):
   the size each moment needs but only from that moment on: where it cannot reach the fixed
   fleet's attainment, a planner without foresight reaches it only by keeping more workers
   than the bound (the SLA target at a step or a spike shorter than the start-up).
+  ``--causal-lead S`` starts each size S seconds early (foresight), ``--causal-plus K`` keeps K
+  workers more throughout: what it takes the bound's sizes to reach the fixed fleet.
 
 Reported: attainment and worker-seconds for each policy; the cheapest fixed fleet reaching
 ``--target``; the attainment of the fixed fleet with the reactive planner's worker-seconds;
@@ -123,6 +125,7 @@ def run_policy(args: argparse.Namespace, trace: str, shape: str, policy: str, st
         itl_ms=args.itl_slo_ms,
         profile=args.profile if policy == "sla" else None,
         attainment=args.aim or args.target,
+        **({} if args.ramp_s is None else {"ramp_s": args.ramp_s}),
     )
     prof = load_profile(args.profile) if policy == "sla" else None
     r = replay(list(reqs), replace(config(args), num_workers=start, planner=pc, profile=prof))
@@ -147,7 +150,8 @@ def causal_schedule(
     if n95 is None:
         return ()
     _, sizes = offline_bound(fixed, max(r.arrival_s for r in reqs), args.bucket_s, misses(fixed[n95]))
-    sched = [(i * args.bucket_s, n) for i, n in enumerate(sizes)]
+    lead, plus = args.causal_lead_s, args.causal_plus
+    sched = [(max(i * args.bucket_s - lead, 0.0) if i else 0.0, n + plus) for i, n in enumerate(sizes)]
     return tuple(p for i, p in enumerate(sched) if i == 0 or p[1] != sched[i - 1][1])
 
 
@@ -214,6 +218,9 @@ def main() -> None:
     ap.add_argument("--itl-slo-ms", type=float, default=50.0)
     ap.add_argument("--startup-s", type=float, default=30.0)
     ap.add_argument("--bucket-s", type=float, default=25.0, help="offline bound: one size per bucket")
+    ap.add_argument("--ramp-s", type=float, default=None, help="the planners' ramp_s (default: the key's)")
+    ap.add_argument("--causal-lead-s", type=float, default=0.0, help="causal bound: each size this early")
+    ap.add_argument("--causal-plus", type=int, default=0, help="causal bound: this many workers more")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cache", default=None, help="keep fixed replays here (one JSON per trace and shape)")
     ap.add_argument("--json", default=None, help="also write every figure here")

@@ -120,9 +120,14 @@ class PlannerConfig:
     headroom: float = 0.2
     """SLA: the pool shrinks only when it would still fit the forecast with this much spare
     (hysteresis: grow at need > n, shrink at need * (1 + headroom) <= n - 1)."""
-    ramp_s: float = 60.0
+    ramp_s: float = 0.0
     """A new worker's routing weight rises linearly from ``ramp_floor`` to 1 over this long
-    (0: full weight at once)."""
+    (0, the default: full weight at once). The kv router already prices a new worker's empty
+    cache; a ramp on top kept the workers a planner added nearly idle while the warm ones
+    queued (over the planner's 24 load shapes, 60 s against 0: 7% more worker-seconds for the
+    reactive policy and lower attainment for both; BENCHMARKS, planner on untuned traffic).
+    For least-loaded or power-of-two routing, which do not see caches, a ramp keeps a new worker
+    from taking every request until its load matches the others'."""
     ramp_floor: float = 0.1
     cache_block_cost: float = 1.0 / 64
     """Scale-down: what losing one cached block nobody else holds costs, in in-flight requests."""

@@ -201,7 +201,10 @@ def test_a_busy_planner_port_is_a_clear_error() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"routing": {"policy": "round-robin"}, "planner": PlannerConfig()}, "has no routing weights"),
+        (
+            {"routing": {"policy": "round-robin"}, "planner": PlannerConfig(ramp_s=60.0)},
+            "has no routing weights",
+        ),
         (
             {
                 "group": {
