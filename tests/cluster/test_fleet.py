@@ -198,6 +198,11 @@ def test_a_busy_planner_port_is_a_clear_error() -> None:
     asyncio.run(main())
 
 
+def test_a_planner_with_cache_blind_routing_runs_without_a_ramp() -> None:
+    """No ramp by default (``ramp_s`` 0): round-robin, which has no weights, takes a planner."""
+    assert spec(routing={"policy": "round-robin"}, planner=PlannerConfig()) is not None
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
