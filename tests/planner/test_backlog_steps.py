@@ -132,7 +132,10 @@ def test_no_add_for_a_backlog_the_pool_clears_before_a_new_worker_would_serve() 
     obs = Observation(20.0, pool(5, 12), traffic=saturated(2.0, 9.5), startup_s=30.0)
     assert p.decide(obs) == []
     (want,) = p.last_wants
-    assert want.delta == 0 and "the queue is draining (140 -> 60 queued in 10s: under the threshold" in want.reason
+    assert (
+        want.delta == 0
+        and "the queue is draining (140 -> 60 queued in 10s: under the threshold" in want.reason
+    )
 
 
 def test_the_backlog_step_sizes_for_the_queue_left_when_new_workers_serve() -> None:
