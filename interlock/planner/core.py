@@ -78,8 +78,6 @@ class Planner:
         self.last_wants: list[Want] = []
         self.last_hold = ""
         """Why the last call decided nothing ("" after an action)."""
-        self._cap_hold = ""
-        """Why ``_act`` chose nothing when the change cap stopped it."""
         self._busy_at: dict[str, float] = {}
         """role -> when it last had something to do (scale to zero)."""
 
@@ -95,11 +93,10 @@ class Planner:
         if hold:
             self.last_hold = hold
             return []
-        self._cap_hold = ""
         bound = self._bounds(pools, obs)
         actions = [bound] if bound is not None else self._idle(obs, pools) or self._act(pools, obs)
         if not actions:
-            self.last_hold = self._no_room(obs) or self._cap_hold or "nothing to do"
+            self.last_hold = self._no_room(obs) or self._cap_reason() or "nothing to do"
             return []
         since = obs.now - self.last_change
         if since < self.config.window_s and not isinstance(actions[0], self._last or ()):
@@ -151,6 +148,13 @@ class Planner:
         """Forget the changes older than ``cap_window_s``."""
         while self._changes and self._changes[0][0] <= now - self.config.cap_window_s:
             self._changes.popleft()
+
+    def _cap_reason(self) -> str:
+        """The hold when a pool asks to move in a direction whose cap is spent ("" otherwise)."""
+        for direction in (+1, -1):
+            if self._cap_room(direction) <= 0 and any(w.delta * direction > 0 for w in self.last_wants):
+                return self._capped(direction)
+        return ""
 
     def _capped(self, direction: int) -> str:
         c = self.config
@@ -283,7 +287,6 @@ class Planner:
                 self._room(obs),
             )
             if room < 1:
-                self._cap_hold = self._capped(+1)
                 return []
             k = self._step(g.delta, size[g.role], room)
             return [AddWorker(g.role, g.reason + (f" ({k} at once)" if k > 1 else "")) for _ in range(k)]
@@ -292,8 +295,6 @@ class Planner:
             floor = max(c.bounds(s.role).min, 1)  # to zero only when idle (``_idle``)
             room = min(size[s.role] - floor, total - c.min_workers, self._cap_room(-1))
             if room < 1:
-                if self._cap_room(-1) < 1:
-                    self._cap_hold = self._capped(-1)
                 return []
             k = self._step(-s.delta, size[s.role], room)
             why = s.reason + (f" ({k} at once)" if k > 1 else "")

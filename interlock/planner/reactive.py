@@ -77,6 +77,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from interlock.planner.config import PlannerConfig
+from interlock.planner.forecast import SHIFT_S
 from interlock.planner.policy import Want
 from interlock.planner.state import Observation, Traffic, WorkerView
 from interlock.planner.turns import TurnMemory
@@ -98,8 +99,9 @@ arrivals' bursts queue and a heavy-prompt workload's TTFT tail grows fast."""
 MIN_BUSY = 2
 """Fewest saturated observations in the window to read a worker's service rate from."""
 
-RECENT_S = 10.0
-"""A backlog-sized step reads the arrival rate over the last this many seconds."""
+RECENT_S = SHIFT_S
+"""A backlog-sized step reads the arrival rate over the last this many seconds (the SLA
+forecaster's recent rate: one definition of "recent")."""
 
 
 def entry_role(pools: dict[str, list[WorkerView]]) -> str | None:
