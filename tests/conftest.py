@@ -9,6 +9,35 @@ import pytest
 
 from interlock.env import get_env
 
+# Under xdist (`scripts/test.sh` runs `-n`), the end-to-end files run in two groups, each one test
+# at a time in one worker, while the other workers take the rest module by module: the multi-host
+# tests share one netns subnet, and two served fleets at once already fill two cores (a third would
+# starve the heartbeats that the tests' short leases wait on).
+_SERIAL_GROUPS = (("tests/e2e/test_vllm", "vllm"), ("tests/e2e/", "e2e"))
+
+
+def _serial_group(nodeid: str) -> str | None:
+    return next((g for prefix, g in _SERIAL_GROUPS if nodeid.startswith(prefix)), None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The long groups first, so that each worker starts on one and the short tests fill in after.
+    order = {name: i for i, (_, name) in enumerate(_SERIAL_GROUPS)}
+    items.sort(key=lambda item: order.get(_serial_group(item.nodeid) or "", len(order)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scheduling by module, with each serial group one unit of work, in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return _serial_group(nodeid) or super()._split_scope(nodeid)
+
+    config.option.loadscopereorder = False
+    return Scheduling(config, log)
+
 
 @pytest.fixture
 def cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:

@@ -12,6 +12,7 @@ import pytest
 
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import TransferAgent
+from interlock.transfer.staging import list_segments
 from tests.transfer import peers
 
 _ctx = mp.get_context("spawn")
@@ -104,3 +105,14 @@ def connection_fd_targets() -> set[str]:
         if target.startswith("socket:"):
             out.add(target)
     return out
+
+
+@pytest.fixture
+def own_segments() -> Callable[[], list[str]]:
+    """This process's /dev/shm segments made since the test began: what the test must not leave.
+
+    Segments from before it (another test's module-scoped agent keeps its recycled buffers until
+    the module ends) are not this test's to answer for.
+    """
+    before = set(list_segments(os.getpid()))
+    return lambda: sorted(set(list_segments(os.getpid())) - before)

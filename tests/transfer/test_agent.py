@@ -1,6 +1,5 @@
 """Round trips over every transport, in one process and across two, plus concurrency."""
 
-import os
 import time
 
 import pytest
@@ -9,7 +8,6 @@ from hypothesis import strategies as st
 
 from interlock.errors import TransferError
 from interlock.transfer import TransferAgent, TransferState
-from interlock.transfer.staging import list_segments
 from tests.transfer.peers import digest, payload
 
 SIZES = st.one_of(st.sampled_from([0, 1, 7, 4095, 4096, 4097, 65537]), st.integers(0, 3 << 20))
@@ -68,7 +66,7 @@ def test_round_trip_from_another_process(agent, remote, transport, nbytes, seed)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 @given(nbytes=SIZES, seed=st.integers(0, 2**32))
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_round_trip_to_another_process(agent, remote, transport, nbytes, seed):
+def test_round_trip_to_another_process(agent, remote, transport, nbytes, seed, own_segments):
     import msgspec
 
     data = payload(nbytes, seed)
@@ -77,7 +75,7 @@ def test_round_trip_to_another_process(agent, remote, transport, nbytes, seed):
     desc = src.publish()
     assert remote.call("pull", msgspec.msgpack.encode(desc), transport, False) == ("done", "", digest(data))
     assert _source_end(src) is TransferState.DONE
-    assert list_segments(os.getpid()) == []
+    assert own_segments() == []
 
 
 def test_transport_choice(agent, other):
@@ -106,7 +104,7 @@ def test_private_staging_is_served_over_tcp(agent):
 
 
 @pytest.mark.parametrize("transport", ["inproc", "shm", "tcp"])
-def test_concurrent_transfers(agent, other, transport):
+def test_concurrent_transfers(agent, other, transport, own_segments):
     blobs = [payload(100_000 + i * 4099, i) for i in range(12)]
     sources = [agent.create_source(len(b), timeout_s=10) for b in blobs]
     descs = []
@@ -119,7 +117,7 @@ def test_concurrent_transfers(agent, other, transport):
         assert bytes(dst.payload) == blob
         dst.release()
     assert all(_source_end(s) is TransferState.DONE for s in sources)
-    assert list_segments(os.getpid()) == []
+    assert own_segments() == []
 
 
 def test_closed_agent_aborts_sources_and_refuses_new_ones():

@@ -1,6 +1,5 @@
 """Shared memory across processes when a peer is SIGKILLed: bounded failure, nothing leaked."""
 
-import os
 import time
 
 import msgspec
@@ -23,7 +22,7 @@ def _wait_end(transfer, wait_s: float = 5.0):
     return transfer.poll()
 
 
-def test_destination_killed_while_holding_the_payload(spawn, agent):
+def test_destination_killed_while_holding_the_payload(spawn, agent, own_segments):
     peer = _agent_peer(spawn)
     src = agent.create_source(1 << 20, timeout_s=30)
     desc = src.publish()
@@ -32,7 +31,7 @@ def test_destination_killed_while_holding_the_payload(spawn, agent):
     peer.kill()
     status = _wait_end(src)
     assert status.state is TransferState.FAILED and status.reason == "destination process died"
-    assert list_segments(os.getpid()) == []
+    assert own_segments() == []
 
 
 def test_source_killed_before_the_pull(spawn, agent):

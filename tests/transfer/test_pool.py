@@ -1,8 +1,6 @@
 """Buffer reuse: recycled segments never hand a destination stale bytes, and nothing outlives
 its agent."""
 
-import os
-
 import msgspec
 import pytest
 
@@ -18,7 +16,7 @@ def test_size_classes_waste_at_most_a_quarter():
         assert c >= n and (n <= 65536 or c <= n * 1.25)
 
 
-def test_segment_pool_reuses_best_fit_and_respects_its_bound():
+def test_segment_pool_reuses_best_fit_and_respects_its_bound(own_segments):
     pool = SegmentPool(4 << 20, shared=True)
     a = pool.take(1 << 20)
     pool.give(a)
@@ -29,9 +27,9 @@ def test_segment_pool_reuses_best_fit_and_respects_its_bound():
     other.release()
     big = pool.take(8 << 20)
     pool.give(big)  # over the bound: unlinked, not kept
-    assert big.name not in list_segments(os.getpid())
+    assert big.name not in own_segments()
     pool.close()
-    assert a.name not in list_segments(os.getpid())
+    assert a.name not in own_segments()
 
 
 def test_recv_pool_without_budget_keeps_nothing():
@@ -42,7 +40,7 @@ def test_recv_pool_without_budget_keeps_nothing():
 
 
 @pytest.mark.parametrize("transport", ["inproc", "shm", "tcp"])
-def test_reused_buffers_carry_each_payload_exactly(transport):
+def test_reused_buffers_carry_each_payload_exactly(transport, own_segments):
     with TransferAgent() as src_agent, TransferAgent() as dst_agent:
         names = set()
         for i in range(6):
@@ -59,10 +57,10 @@ def test_reused_buffers_carry_each_payload_exactly(transport):
                 pass
             assert src.poll().state is TransferState.DONE
         assert len(names) == 1  # one segment served all six
-    assert list_segments(os.getpid()) == []
+    assert own_segments() == []
 
 
-def test_reuse_across_processes_and_clean_exit(spawn, agent):
+def test_reuse_across_processes_and_clean_exit(spawn, agent, own_segments):
     peer = spawn(peers.agent_peer, 1 << 30)
     assert peer.recv()[0] == "ready"
     with TransferAgent() as pooled:
@@ -81,4 +79,4 @@ def test_reuse_across_processes_and_clean_exit(spawn, agent):
         assert reply == ("done", "", peers.digest(peers.payload(5000, 9)))
     peer.stop(graceful=True)
     assert list_segments(peer.pid) == []
-    assert list_segments(os.getpid()) == []
+    assert own_segments() == []

@@ -6,7 +6,6 @@ import time
 import pytest
 
 from interlock.transfer import TransferAgent, TransferState
-from interlock.transfer.staging import list_segments
 
 TRANSPORTS = ["inproc", "shm", "tcp"]
 
@@ -31,18 +30,18 @@ def _published(agent, nbytes=4096, timeout_s=10.0):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_source_abort_before_pull_fails_the_destination(agent, other, transport):
+def test_source_abort_before_pull_fails_the_destination(agent, other, transport, own_segments):
     src, desc = _published(agent)
     src.abort()
     assert src.poll().reason == "aborted by source"
-    assert list_segments(os.getpid()) == []
+    assert own_segments() == []
     st = _wait_end(other.pull(desc, transport=transport, timeout_s=5))
     assert st.state is TransferState.FAILED
     assert st.reason
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_destination_abort_after_done_fails_the_source(agent, other, transport):
+def test_destination_abort_after_done_fails_the_source(agent, other, transport, own_segments):
     src, desc = _published(agent)
     dst = other.pull(desc, transport=transport, timeout_s=5)
     assert _wait_end(dst).state is TransferState.DONE
@@ -53,14 +52,14 @@ def test_destination_abort_after_done_fails_the_source(agent, other, transport):
     # TCP hands the bytes over with the Ack, so the source is already DONE there.
     expected = TransferState.DONE if transport == "tcp" else TransferState.FAILED
     assert _wait_end(src).state is expected
-    assert list_segments(os.getpid()) == []
+    assert own_segments() == []
 
 
-def test_published_source_times_out_without_being_polled(agent):
+def test_published_source_times_out_without_being_polled(agent, own_segments):
     src, _ = _published(agent, timeout_s=0.2)
     time.sleep(0.6)  # the agent's housekeeping (tick 0.05 s) ends it, not our poll
     assert src._status.reason.startswith("timeout")
-    assert list_segments(os.getpid()) == []
+    assert own_segments() == []
     assert agent.num_live_sources() == 0
 
 
@@ -98,7 +97,9 @@ def test_publish_twice_or_after_abort(agent):
         src.publish()
 
 
-def test_an_export_still_running_when_the_transfer_is_aborted_writes_nowhere_harmful(agent, other):
+def test_an_export_still_running_when_the_transfer_is_aborted_writes_nowhere_harmful(
+    agent, other, own_segments
+):
     """A worker closing aborts its in-process pull while the prefill export still writes:
     the writer's view stays valid (no "operation forbidden on released memoryview"), the
     destination's too, and the segment is gone."""
@@ -111,4 +112,4 @@ def test_an_export_still_running_when_the_transfer_is_aborted_writes_nowhere_har
     assert src.poll().state is TransferState.FAILED
     buf[:10] = b"0123456789"  # the export's next chunk lands in pages nobody reads
     assert bytes(payload[:10]) == b"0123456789"
-    assert list_segments(os.getpid()) == []
+    assert own_segments() == []

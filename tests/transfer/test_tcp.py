@@ -5,7 +5,6 @@ import time
 
 from interlock.protocol.transfer import TransferDescriptor
 from interlock.transfer import TransferState
-from interlock.transfer.staging import list_segments
 from tests.transfer import peers
 from tests.transfer.conftest import connection_fd_targets
 
@@ -74,7 +73,7 @@ def _stalled_dest(spawn, agent, timeout_s: float):
     return peer, src
 
 
-def test_destination_killed_mid_transfer_fails_the_source_fast(spawn, agent):
+def test_destination_killed_mid_transfer_fails_the_source_fast(spawn, agent, own_segments):
     sockets_before = connection_fd_targets()
     peer, src = _stalled_dest(spawn, agent, timeout_s=30.0)
     pipe = os.readlink(f"/proc/self/fd/{peer.conn.fileno()}")
@@ -83,23 +82,23 @@ def test_destination_killed_mid_transfer_fails_the_source_fast(spawn, agent):
     status, slowest = _poll_until_end(src, wait_s=10)
     assert status.state is TransferState.FAILED and "destination disconnected" in status.reason
     assert slowest < 0.5
-    assert list_segments(os.getpid()) == []
+    assert own_segments() == []
     _wait_sockets_back_to(sockets_before | {pipe})  # the server closed its side
 
 
-def test_stalled_destination_times_out_the_source(spawn, agent):
+def test_stalled_destination_times_out_the_source(spawn, agent, own_segments):
     _, src = _stalled_dest(spawn, agent, timeout_s=1.0)
     status, slowest = _poll_until_end(src, wait_s=10)
     assert status.state is TransferState.FAILED
     assert slowest < 0.5
-    assert list_segments(os.getpid()) == []
+    assert own_segments() == []
 
 
-def test_source_abort_mid_transfer(spawn, agent):
+def test_source_abort_mid_transfer(spawn, agent, own_segments):
     _, src = _stalled_dest(spawn, agent, timeout_s=30.0)
     src.abort()
     assert src.poll().reason == "aborted by source"
-    assert list_segments(os.getpid()) == []
+    assert own_segments() == []
 
 
 def test_unreachable_source_fails(agent):
