@@ -24,6 +24,7 @@ The contract, for every implementation:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
@@ -31,6 +32,7 @@ from typing import Protocol
 from interlock.kvchain import hash_blocks
 from interlock.protocol import (
     AllBlocksCleared,
+    BlockRemoved,
     BlockStored,
     GenerateOutput,
     GenerateRequest,
@@ -126,7 +128,13 @@ class FixedSizes:
 class FakeEngine(FixedSizes):
     """A deterministic engine for tests of what sits above the seam: output token i of a
     request is ``(last prompt token + 1 + i) % vocab``, one token per ``step_s``; every full
-    block of a prompt is announced as stored (``kvhash``), cached ones count as cached tokens."""
+    block of a prompt is announced as stored (``kvhash``), cached ones count as cached tokens.
+
+    Its cache holds ``num_blocks`` as an engine's does: the blocks of running requests are in
+    use (what its load reports), the rest are cached and evicted least recently used first (a
+    request's last blocks before its first, as vLLM frees them), each eviction announced as
+    removed. A cache that only grew, reported whole as in use, marked every worker of a long
+    fleet simulation busy by KV usage while they were idle."""
 
     name = "fake"
 
@@ -135,7 +143,9 @@ class FakeEngine(FixedSizes):
         self._step_s = step_s
         self._sink: KVEventSink = NullKVEventSink()
         self._stored: dict[int, int] = {}
-        """Block hash -> its parent's hash, in the order stored."""
+        """Block hash -> its parent's hash, least recently used first."""
+        self._held: dict[int, int] = {}
+        """Block hash -> running requests using it (the blocks in use)."""
         self._running = 0
         self._dead: str | None = None
         self.vocab = 49152
@@ -163,13 +173,13 @@ class FakeEngine(FixedSizes):
                 break
             cached += self._block_size
         new = [h for h in hashes if h not in self._stored]
-        parent = 0
-        for h in hashes:
-            if h in new:
-                self._stored[h] = parent
-            parent = h
+        parents = [0, *hashes[:-1]]
+        for h, parent in reversed(list(zip(hashes, parents, strict=True))):
+            self._stored[h] = self._stored.pop(h, parent)  # most recent: the prompt's first block
+            self._held[h] = self._held.get(h, 0) + 1
         if new:
             self._sink.on_kv_events(self._events(new))
+        self._evict()
         self._running += 1
         try:
             last = req.token_ids[-1] if req.token_ids else 0
@@ -186,7 +196,23 @@ class FakeEngine(FixedSizes):
                 )
         finally:
             self._running -= 1
+            for h in hashes:
+                left = self._held.pop(h, 1) - 1
+                if left:
+                    self._held[h] = left
+            self._evict()
         self._sink.on_load(self.load())
+
+    def _evict(self) -> None:
+        """Drop the least recently used blocks no running request uses while over ``num_blocks``."""
+        over = len(self._stored) - self._num_blocks
+        if over <= 0:
+            return
+        gone = list(itertools.islice((h for h in self._stored if h not in self._held), over))
+        for h in gone:
+            del self._stored[h]
+        if gone:
+            self._sink.on_kv_events([BlockRemoved(block_hashes=tuple(gone))])
 
     def fill(self, hashes: Sequence[int], *, announce: bool = True) -> None:
         """Hold ``hashes`` as one cached chain (a synthetic cache: fleet simulations, tests);
@@ -200,6 +226,7 @@ class FakeEngine(FixedSizes):
             parent = h
         if new and announce:
             self._sink.on_kv_events(self._events(new))
+        self._evict()
 
     def _events(self, hashes: list[int]) -> list[KVEvent]:
         return [
@@ -217,7 +244,7 @@ class FakeEngine(FixedSizes):
             timestamp=time.time(),
             num_running=self._running,
             num_waiting=0,
-            kv_blocks_used=len(self._stored),
+            kv_blocks_used=len(self._held),
             kv_blocks_total=self._num_blocks,
             queued_prefill_tokens=0,
             step_time_s=self._step_s,
@@ -231,7 +258,7 @@ class FakeEngine(FixedSizes):
         return {"device": list(self._stored)}
 
     async def pool_status(self) -> tuple[int, int, str]:
-        return len(self._stored), self._num_blocks, ""
+        return len(self._held), self._num_blocks, ""
 
     async def load_weights(self) -> float:
         return 0.0  # the fake has no weights

@@ -10,7 +10,7 @@ import pytest
 
 from interlock.engine.serving import FakeEngine
 from interlock.engine.worker import Worker, WorkerOptions
-from interlock.protocol import GenerateRequest, InstanceInfo, SamplingParams, subjects
+from interlock.protocol import BlockRemoved, GenerateRequest, InstanceInfo, SamplingParams, subjects
 from interlock.protocol.routing import RequestContext
 from interlock.router.dispatcher import EXPLAIN_HEADER
 from interlock.router.model_router import RouterConfig
@@ -99,3 +99,51 @@ def test_the_router_routes_to_the_fake_engine_that_holds_the_prefix_and_survives
             await rt.close()
 
     asyncio.run(main())
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.events: list = []  # type: ignore[type-arg]
+
+    def on_kv_events(self, events) -> None:  # type: ignore[no-untyped-def]
+        self.events.extend(events)
+
+    def on_load(self, load) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+
+async def _serve(engine: FakeEngine, tokens: tuple[int, ...], tokens_out: int, during=None) -> None:  # type: ignore[no-untyped-def]
+    req = GenerateRequest(
+        request_id=f"r{tokens[0]}", token_ids=tokens, sampling=SamplingParams(max_tokens=tokens_out)
+    )
+    async for _ in engine.generate(req):
+        if during is not None:
+            during()
+
+
+def test_the_fake_engine_reports_running_blocks_as_used_and_evicts_the_least_recent_cached_ones() -> None:
+    """An idle fake engine is not full: only running requests' blocks are in use; its cache holds
+    ``num_blocks`` and announces what it evicts, a request's last block before its first."""
+    engine = FakeEngine(block_size=4, num_blocks=6, step_s=0.0)
+    sink = _Sink()
+    engine.start(sink)
+    seen: list[int] = []
+
+    async def run() -> None:
+        first = tuple(range(100, 108))  # two blocks
+        await _serve(engine, first, 2, during=lambda: seen.append(engine.load().kv_blocks_used))
+        assert seen and set(seen) == {2}
+        assert engine.load().kv_blocks_used == 0  # finished: cached, not in use
+        for start in (200, 300):
+            await _serve(engine, tuple(range(start, start + 8)), 1)
+        assert not [e for e in sink.events if isinstance(e, BlockRemoved)]  # six blocks fit
+        await _serve(engine, first, 1)  # a hit: now the most recent
+        await _serve(engine, tuple(range(400, 408)), 1)  # two more: the 200 prompt goes
+        removed = [h for e in sink.events if isinstance(e, BlockRemoved) for h in e.block_hashes]
+        cached = await engine.kv_state()
+        assert len(removed) == 2 and len(cached["device"]) == 6
+        assert not set(removed) & set(cached["device"])
+        stored_200 = [e for e in sink.events if getattr(e, "parent_block_hash", 0) is None][1]
+        assert removed[1] == stored_200.block_hashes[0]  # the child went first, then its parent
+
+    asyncio.run(run())
