@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff format --check interlock tests benchmarks
 .venv/bin/lint-imports
 .venv/bin/mypy interlock
-# Three xdist workers: the end-to-end files in two groups of their own (tests/conftest.py), the
-# rest module by module beside them: 13 minutes on 2 cores against 23-25 in one process.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n 3 "$@"
+# Two xdist workers: the end-to-end files in two groups of their own first (tests/conftest.py),
+# then the rest module by module: about 15 minutes on 2 cores against 23-25 in one process. A
+# third worker took 13-15 minutes but starved the short leases of tests that serve beside it.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n 2 "$@"

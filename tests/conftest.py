@@ -9,10 +9,10 @@ import pytest
 
 from interlock.env import get_env
 
-# Under xdist (`scripts/test.sh` runs `-n`), the end-to-end files run in two groups, each one test
-# at a time in one worker, while the other workers take the rest module by module: the multi-host
-# tests share one netns subnet, and two served fleets at once already fill two cores (a third would
-# starve the heartbeats that the tests' short leases wait on).
+# Under xdist (`scripts/test.sh` runs `-n 2`), the end-to-end files run in two groups, each one
+# test at a time in one worker, before the rest, which goes module by module to whichever worker
+# is free: the multi-host tests share one netns subnet, and two served fleets at once already fill
+# two cores (more beside them starve the heartbeats that the tests' short leases wait on).
 _SERIAL_GROUPS = (("tests/e2e/test_vllm", "vllm"), ("tests/e2e/", "e2e"))
 
 
