@@ -20,7 +20,7 @@ def _serial_group(nodeid: str) -> str | None:
     return next((g for prefix, g in _SERIAL_GROUPS if nodeid.startswith(prefix)), None)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The long groups first, so that each worker starts on one and the short tests fill in after.
     order = {name: i for i, (_, name) in enumerate(_SERIAL_GROUPS)}
     items.sort(key=lambda item: order.get(_serial_group(item.nodeid) or "", len(order)))

@@ -177,11 +177,11 @@ class FakeEngine(FixedSizes):
         for h, parent in reversed(list(zip(hashes, parents, strict=True))):
             self._stored[h] = self._stored.pop(h, parent)  # most recent: the prompt's first block
             self._held[h] = self._held.get(h, 0) + 1
-        if new:
-            self._sink.on_kv_events(self._events(new))
-        self._evict()
         self._running += 1
-        try:
+        try:  # from here on the blocks are held: whatever ends the request lets them go
+            if new:
+                self._sink.on_kv_events(self._events(new))
+            self._evict()
             last = req.token_ids[-1] if req.token_ids else 0
             done = len(req.resume_token_ids)
             for i in range(done, req.sampling.max_tokens):
