@@ -43,10 +43,16 @@ def test_constant_rate_sends_on_schedule() -> None:
         return run, [r.t for r in server.received]
 
     run, arrivals = with_server(FakeTiming(ttft_s=0.01, itl_s=0.001), body)
+    # The schedule is exact; a send is never early, and late only by a stall of a busy machine's
+    # event loop (tens of ms beside the suite's other worker), which does not carry over to the
+    # next: all at once would be up to 0.9 s off, a drifting clock late by more each time.
+    scheduled = sorted(r.scheduled_s for r in run.records if r.scheduled_s is not None)
+    assert len(scheduled) == 10
+    assert all(abs((s - scheduled[0]) - k * 0.1) < 1e-6 for k, s in enumerate(scheduled))
     for k, t in enumerate(arrivals):
-        assert abs((t - arrivals[0]) - k * 0.1) <= 0.06  # loaded machine: event-loop stalls
+        assert abs((t - arrivals[0]) - k * 0.1) <= 0.25
     for r in run.records:
-        assert r.scheduled_s is not None and 0 <= r.start_s - r.scheduled_s <= 0.06
+        assert r.scheduled_s is not None and 0 <= r.start_s - r.scheduled_s <= 0.25
 
 
 def test_duration_bound_stops_sending_and_cancels_after_grace() -> None:
