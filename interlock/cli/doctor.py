@@ -95,16 +95,10 @@ def _kernels(args: argparse.Namespace) -> int:
         args.dtype, torch.device("cpu"), config, cache_dir=env.cache_dir, fused=env.cpu_kernels
     )
     print(f"model dtype: {choice.why}", flush=True)
-    if choice.dtype != torch.bfloat16:
-        print(
-            f"no choice to make here: the model runs in {str(choice.dtype).removeprefix('torch.')} "
-            "(plain PyTorch path, oneDNN for every layer)"
-        )
-        return 0
     logging.getLogger("interlock.engine.model.kernel_choice").setLevel(logging.WARNING)  # printed below
     table = kernel_table(
         config,
-        torch.bfloat16,
+        choice.dtype,
         torch.device("cpu"),
         fused=True,
         kernels={},
@@ -113,8 +107,8 @@ def _kernels(args: argparse.Namespace) -> int:
     )
     if table is None:
         print(
-            "no choice to make here: the fused CPU kernels are not available (plain PyTorch path, "
-            "oneDNN for every layer)"
+            f"no choice to make here: the model runs in {str(choice.dtype).removeprefix('torch.')} and no "
+            "fused CPU kernels for it run here (plain PyTorch path, oneDNN for every layer)"
         )
         return 0
     text = table.describe()

@@ -9,6 +9,8 @@ the fused and the plain path. Skipped, with the reason, on a CPU without AVX-512
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -105,23 +107,29 @@ def reference_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return torch.einsum("hnc,hcd->nhd", probs, v).reshape(n, heads * dim)
 
 
-@pytest.mark.parametrize(
-    ("heads", "kv_heads", "dim", "block_size"),
-    [(9, 3, 64, 16), (4, 4, 64, 32), (16, 2, 128, 16)],
-)
-@pytest.mark.parametrize(
-    ("lengths", "starts"),
-    [([1, 1, 1, 1], [0, 15, 16, 200]), ([300], [0]), ([130, 1, 20, 17], [37, 5, 0, 16])],
-)
-def test_paged_attention_matches_softmax_attention_over_the_blocks(
-    ops: object, heads: int, kv_heads: int, dim: int, block_size: int, lengths: list[int], starts: list[int]
-) -> None:
-    """Decode rows, a long prompt, chunks after a prefix, block boundaries, in one call."""
+PAGED_SHAPES = [(9, 3, 64, 16), (4, 4, 64, 32), (16, 2, 128, 16)]
+PAGED_CHUNKS = [([1, 1, 1, 1], [0, 15, 16, 200]), ([300], [0]), ([130, 1, 20, 17], [37, 5, 0, 16])]
+"""Decode rows, a long prompt, chunks after a prefix, block boundaries (each case one call)."""
+
+
+def paged_case(
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    block_size: int,
+    lengths: list[int],
+    starts: list[int],
+    dtype: torch.dtype,
+    scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qkv, cache, seq_info, block_tables, expected output) of one paged-attention call in
+    ``dtype``: the sequences' blocks scattered over the cache, the expected output computed in
+    fp32 from the gathered keys."""
     gen = torch.Generator().manual_seed(len(lengths) * dim + block_size)
     num_blocks = 64
-    cache = torch.randn(2, kv_heads, num_blocks, block_size, dim, generator=gen).to(BF16)
+    cache = (torch.randn(2, kv_heads, num_blocks, block_size, dim, generator=gen) * scale).to(dtype)
     total = sum(lengths)
-    qkv = torch.randn(total, (heads + 2 * kv_heads) * dim, generator=gen).to(BF16)
+    qkv = (torch.randn(total, (heads + 2 * kv_heads) * dim, generator=gen) * scale).to(dtype)
     q = qkv[:, : heads * dim].view(total, heads, dim)
     free = torch.randperm(num_blocks, generator=gen).tolist()
     width = max((s + n + block_size - 1) // block_size for n, s in zip(lengths, starts, strict=True))
@@ -134,30 +142,44 @@ def test_paged_attention_matches_softmax_attention_over_the_blocks(
         kv = cache[:, :, blocks].reshape(2, kv_heads, count * block_size, dim)[:, :, : start + n]
         expected.append(reference_attention(q[row : row + n], kv[0], kv[1], start))
         row += n
-    out = torch.empty(total, heads * dim, dtype=BF16)
-    ops.paged_attention(qkv, cache, torch.tensor(info), torch.tensor(tables), heads, kv_heads, out)  # type: ignore[attr-defined]
-    reference = torch.cat(expected)
+    return qkv, cache, torch.tensor(info), torch.tensor(tables), torch.cat(expected)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "block_size"), PAGED_SHAPES)
+@pytest.mark.parametrize(("lengths", "starts"), PAGED_CHUNKS)
+def test_paged_attention_matches_softmax_attention_over_the_blocks(
+    ops: object, heads: int, kv_heads: int, dim: int, block_size: int, lengths: list[int], starts: list[int]
+) -> None:
+    qkv, cache, info, tables, reference = paged_case(heads, kv_heads, dim, block_size, lengths, starts, BF16)
+    out = torch.empty(qkv.shape[0], heads * dim, dtype=BF16)
+    ops.paged_attention(qkv, cache, info, tables, heads, kv_heads, out)  # type: ignore[attr-defined]
     # bf16 output (relative 2^-8) plus bf16 probabilities in the value product.
     assert (out.float() - reference).abs().max() < 0.02 * max(1.0, float(reference.abs().max()))
 
 
 def test_out_of_range_inputs_raise_instead_of_reading_stray_memory(ops: object) -> None:
-    cache = torch.zeros(2, 3, 4, 16, 64, dtype=BF16)
-    qkv = torch.zeros(2, 15 * 64, dtype=BF16)
-    out = torch.empty(2, 9 * 64, dtype=BF16)
+    out_of_range_inputs_raise(ops, BF16)
+
+
+def out_of_range_inputs_raise(ops: Any, dtype: torch.dtype) -> None:
+    """Bad block ids, a short block table, positions past the rotary table, slots past the
+    cache: each an error before any memory is read."""
+    cache = torch.zeros(2, 3, 4, 16, 64, dtype=dtype)
+    qkv = torch.zeros(2, 15 * 64, dtype=dtype)
+    out = torch.empty(2, 9 * 64, dtype=dtype)
     with pytest.raises(RuntimeError, match="block id"):
-        ops.paged_attention(qkv, cache, torch.tensor([[0, 2, 0]]), torch.tensor([[7]]), 9, 3, out)  # type: ignore[attr-defined]
+        ops.paged_attention(qkv, cache, torch.tensor([[0, 2, 0]]), torch.tensor([[7]]), 9, 3, out)
     with pytest.raises(RuntimeError, match="block table"):
-        ops.paged_attention(qkv, cache, torch.tensor([[0, 2, 30]]), torch.tensor([[0]]), 9, 3, out)  # type: ignore[attr-defined]
+        ops.paged_attention(qkv, cache, torch.tensor([[0, 2, 30]]), torch.tensor([[0]]), 9, 3, out)
     cos = torch.zeros(8, 64)
     with pytest.raises(RuntimeError, match="position"):
         ops.rope_write_kv(
             qkv, torch.tensor([0, 8]), cos, cos, cache.view(2, 3, 64, 64), torch.tensor([0, 1]), 9, 3
-        )  # type: ignore[attr-defined]
+        )
     with pytest.raises(RuntimeError, match="slot"):
         ops.rope_write_kv(
             qkv, torch.tensor([0, 1]), cos, cos, cache.view(2, 3, 64, 64), torch.tensor([0, 64]), 9, 3
-        )  # type: ignore[attr-defined]
+        )
 
 
 @pytest.fixture(scope="module")

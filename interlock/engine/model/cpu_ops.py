@@ -1,12 +1,19 @@
-"""Fused bf16 CPU kernels (``csrc/cpu_ops.cpp``), compiled once per machine and cached.
+"""Fused CPU kernels (``csrc/cpu_ops.cpp`` for bf16, ``csrc/cpu_ops_f32.cpp`` for fp32),
+compiled once per machine and cached.
 
-``load()`` returns the ops, or None where they cannot be used: no AVX-512 BF16 in the CPU,
-no C++ compiler, a failed build, or ``INTERLOCK_CPU_KERNELS=0``. The model then runs its
-plain PyTorch path, which computes the same function. The build (about 15 s on two cores)
-happens on first use; ``scripts/setup.sh`` runs it ahead (``cpu_ops.main()``) so that no
-server or test waits for a compiler. The build folder is keyed by a hash of the source, the
-compiler flags, torch's and Python's versions, so an edited kernel or a new torch is rebuilt,
-never mixed up.
+Two libraries with the same operations, one per model dtype (``ops_for``):
+
+* ``load()``: bf16 kernels for CPUs with AVX-512 BF16 (``torch.ops.interlock``), with the
+  small-batch linear kernel besides;
+* ``load_f32()``: fp32 kernels for CPUs with AVX2 and FMA (``torch.ops.interlock_f32``): norms,
+  SwiGLU, rotary + KV store and paged attention; linear layers stay on oneDNN.
+
+Each returns None where it cannot be used: the CPU lacks the instructions, no C++ compiler, a
+failed build, or ``INTERLOCK_CPU_KERNELS=0``. The model then runs its plain PyTorch path, which
+computes the same function. A build (about 15 s on two cores) happens on first use;
+``scripts/setup.sh`` runs it ahead (``cpu_ops.main()``) so that no server or test waits for a
+compiler. The build folder is keyed by a hash of the source and its headers, the compiler flags,
+torch's and Python's versions, so an edited kernel or a new torch is rebuilt, never mixed up.
 
 The block-copy kernel (``csrc/kv_copy.c``, ``load_copy()``) is separate: plain C for every
 x86-64 CPU (SSE2), built in about a second with the system compiler and called through ctypes
@@ -36,48 +43,104 @@ from interlock.env import get_env
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
-CFLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma")
 _lock = threading.Lock()
 
 
-def cpu_supports_bf16_kernels() -> bool:
+@dataclass(frozen=True)
+class Library:
+    """One fused-kernel library: its source, flags, the CPU flags it needs, its op namespace."""
+
+    source: Path
+    cflags: tuple[str, ...]
+    needs: tuple[str, ...]
+    """``/proc/cpuinfo`` flags the CPU must have."""
+    namespace: str
+    """``torch.ops.<namespace>`` (also the shared library's name)."""
+    dtype: torch.dtype
+
+
+BF16 = Library(
+    Path(__file__).with_name("csrc") / "cpu_ops.cpp",
+    ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"),
+    ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"),
+    "interlock",
+    torch.bfloat16,
+)
+F32 = Library(
+    Path(__file__).with_name("csrc") / "cpu_ops_f32.cpp",
+    ("-O3", "-fopenmp", "-mavx2", "-mfma"),
+    ("avx2", "fma"),
+    "interlock_f32",
+    torch.float32,
+)
+LIBRARIES = (BF16, F32)
+
+
+def cpu_supports(lib: Library) -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    needed = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
-    return all(f" {flag}" in flags for flag in needed)
+    return all(f" {flag}" in flags for flag in lib.needs)
 
 
-def build_dir() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes())
-    key.update(" ".join(CFLAGS).encode())
+def cpu_supports_bf16_kernels() -> bool:
+    return cpu_supports(BF16)
+
+
+def build_dir(lib: Library = BF16) -> Path:
+    key = hashlib.sha256(lib.source.read_bytes())
+    for header in sorted(lib.source.parent.glob("*.h")):  # what the sources include
+        key.update(header.read_bytes())
+    key.update(" ".join(lib.cflags).encode())
     key.update(torch.__version__.encode())
     key.update(sys.version.encode())
-    return get_env().cache_dir / "cpu_ops" / key.hexdigest()[:16]
+    folder = "cpu_ops" if lib is BF16 else f"cpu_ops_{lib.namespace}"
+    return get_env().cache_dir / folder / key.hexdigest()[:16]
+
+
+def load() -> object | None:
+    """``torch.ops.interlock`` with the fused bf16 kernels loaded, or None (see the module note)."""
+    return _load(BF16)
+
+
+def load_f32() -> object | None:
+    """``torch.ops.interlock_f32`` with the fused fp32 kernels loaded, or None."""
+    return _load(F32)
+
+
+def library_for(dtype: torch.dtype) -> Library | None:
+    return next((lib for lib in LIBRARIES if lib.dtype == dtype), None)
+
+
+def ops_for(dtype: torch.dtype) -> object | None:
+    """The fused kernels for a model of ``dtype`` on this CPU, or None (the plain path)."""
+    lib = library_for(dtype)
+    return None if lib is None else _load(lib)
 
 
 @cache
-def load() -> object | None:
-    """``torch.ops.interlock`` with the fused kernels loaded, or None (see the module note)."""
-    if not get_env().cpu_kernels or not cpu_supports_bf16_kernels():
+def _load(lib: Library) -> object | None:
+    if not get_env().cpu_kernels or not cpu_supports(lib):
         return None
     with _lock:
         try:
-            _build_and_load()
+            _build_and_load(lib)
         except Exception as exc:  # any compiler or loader failure: fall back, say why once
-            log.warning("fused CPU kernels unavailable, using the plain PyTorch path: %s", exc)
+            log.warning(
+                "fused CPU kernels (%s) unavailable, using the plain PyTorch path: %s", lib.namespace, exc
+            )
             return None
-    return torch.ops.interlock
+    return getattr(torch.ops, lib.namespace)
 
 
-def _build_and_load() -> None:
+def _build_and_load(lib: Library) -> None:
     from torch.utils import cpp_extension
 
-    folder = build_dir()
+    folder = build_dir(lib)
     folder.mkdir(parents=True, exist_ok=True)
-    library = folder / "interlock_cpu_ops.so"
+    name = f"{lib.namespace}_cpu_ops"
+    library = folder / f"{name}.so"
     if library.exists():
         torch.ops.load_library(str(library))
         return
@@ -85,22 +148,22 @@ def _build_and_load() -> None:
     venv_bin = str(Path(sys.executable).parent)
     if shutil.which("ninja") is None and venv_bin not in os.environ.get("PATH", ""):
         os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
-    log.info("compiling the fused CPU kernels once into %s (about 15 s)", folder)
+    log.info("compiling the fused CPU kernels (%s) once into %s (about 15 s)", lib.namespace, folder)
     # Build in a folder of this process and rename the library into place: a process that
     # starts meanwhile either finds no library (and builds too) or a complete one.
     scratch = folder / f"build-{os.getpid()}-{threading.get_ident()}"
     scratch.mkdir(exist_ok=True)
     try:
         cpp_extension.load(
-            name="interlock_cpu_ops",
-            sources=[str(SOURCE)],
-            extra_cflags=list(CFLAGS),
+            name=name,
+            sources=[str(lib.source)],
+            extra_cflags=list(lib.cflags),
             extra_ldflags=["-fopenmp"],
             build_directory=str(scratch),
             is_python_module=False,
             verbose=False,
         )
-        os.replace(scratch / "interlock_cpu_ops.so", library)
+        os.replace(scratch / f"{name}.so", library)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -169,11 +232,12 @@ def main() -> int:
         print("KV block-copy kernel: not used on this machine (numpy copies)")
     else:
         print(f"KV block-copy kernel: ready ({copy_build_dir()})")
-    ops = load()
-    if ops is None:
-        print("fused CPU kernels: not used on this machine (plain PyTorch path)")
-        return 0
-    print(f"fused CPU kernels: ready ({build_dir()})")
+    for lib in LIBRARIES:
+        what = f"fused {'bf16' if lib is BF16 else 'fp32'} CPU kernels"
+        if _load(lib) is None:
+            print(f"{what}: not used on this machine (plain PyTorch path)")
+        else:
+            print(f"{what}: ready ({build_dir(lib)})")
     return 0
 
 

@@ -6,8 +6,8 @@ Operations (table key) and candidates:
 * linear layers (``linear <out>x<in>``, by rows): ``linear.LINEAR_IMPLS`` (small / onednn / torch),
   the output head too (by sampled rows, up to the default ``max_num_seqs``, ``deploy.DEFAULT_MAX_NUM_SEQS``);
 * attention over decode rows (``attention decode <heads>/<kv heads>x<dim> ctx <C>``, by decode
-  batch, measured at ``DECODE_CONTEXTS`` tokens): ``fused`` (``cpu_ops.paged_attention``, AVX-512
-  flash attention) or ``torch`` (gather + two batched matmuls, ``attention.decode_attention``);
+  batch, measured at ``DECODE_CONTEXTS`` tokens): ``fused`` (``cpu_ops``' paged flash attention,
+  AVX-512 BF16 or AVX2 fp32) or ``torch`` (gather + two batched matmuls, ``attention.decode_attention``);
 * attention over a prefill chunk (``attention prefill ...``, by chunk length, measured on fresh
   prompts): ``fused`` or ``torch`` (``causal_matmul_attention``: oneDNN bf16 matmuls, which use
   AMX tiles where the CPU has them);
@@ -16,8 +16,9 @@ Operations (table key) and candidates:
   or ``torch`` (``TorchKernels``: the same function in PyTorch ops).
 
 A step's decode rows go to one attention (by their number and the context class nearest their
-longest context); each prefill chunk to its own (by its length). The plain PyTorch model path
-(fp32, CUDA, no AVX-512 BF16) has no choice to make and measures nothing.
+longest context); each prefill chunk to its own (by its length). In fp32 (``cpu_ops.F32``, AVX2 +
+FMA) the same operations are measured; ``small`` there keeps bf16-valued weights as bf16. A model with no fused library for its dtype (fp16, CUDA, a CPU without AVX2) runs
+the plain PyTorch path, which has no choice to make and measures nothing.
 """
 
 from __future__ import annotations
@@ -111,14 +112,18 @@ def kernel_table(
         if impl not in ("auto", *allowed):
             raise ConfigError(f"{family} kernel {impl!r} is not one of auto, {', '.join(allowed)}")
     forced = {f: kernels.get(f, "auto") for f in FAMILIES}
-    ops = model_ops(config, max_rows)
-    choosing = fused and device.type == "cpu" and dtype == torch.bfloat16 and cpu_ops.load() is not None
+    ops = model_ops(config, max_rows, dtype)
+    lib = cpu_ops.library_for(dtype)
+    choosing = fused and device.type == "cpu" and lib is not None and cpu_ops.ops_for(dtype) is not None
     auto = [op for op in ops if forced[_family(op.key)] == "auto"] if choosing else []
     if not auto and all(impl == "auto" for impl in forced.values()):
         return None
     table = KernelTable("forced", {}, {})
     if auto:
-        machine = machine_key([f"cpu_ops={cpu_ops.build_dir().name}"])
+        assert lib is not None
+        # The bf16 table's key as before (its cached tables stay valid); fp32's names its library.
+        tag = "cpu_ops" if lib is cpu_ops.BF16 else f"cpu_ops_{lib.namespace}"
+        machine = machine_key([f"{tag}={cpu_ops.build_dir(lib).name}"])
         table = load_or_measure(auto, cache_dir=get_env().cache_dir, machine=machine, progress=progress)
     # This model's operations only: the cache also holds other shapes measured on this machine
     # (another model, a tensor-parallel rank's share of this one).
@@ -147,26 +152,31 @@ def fused_layers_usable(c: ModelArchConfig) -> bool:
     )
 
 
-def model_ops(config: ModelArchConfig, max_rows: int) -> list[Op]:
-    """Every operation the fused model path runs, with its candidates (what is measured)."""
+def model_ops(config: ModelArchConfig, max_rows: int, dtype: torch.dtype = torch.bfloat16) -> list[Op]:
+    """Every operation the fused model path runs in ``dtype``, with its candidates (what is
+    measured)."""
     c = config
-    ops = [Op(linear_key(s), buckets(max_rows), linear_calls(s)) for s in layer_shapes(c)]
+    ops = [Op(linear_key(s), buckets(max_rows), linear_calls(s, dtype)) for s in layer_shapes(c)]
     # Decode batches are measured up to the engine's default max_num_seqs; larger ones use the
     # last range's choice.
     batch = min(DEFAULT_MAX_NUM_SEQS, max_rows)
     head = (c.vocab_size, c.hidden_size)  # sees only the rows that sample: one per sequence
-    ops.append(Op(linear_key(head), buckets(batch), linear_calls(head)))
+    ops.append(Op(linear_key(head), buckets(batch), linear_calls(head, dtype)))
     if not fused_layers_usable(c):
         return ops
-    ops += [Op(decode_key(c, ctx), buckets(batch), _decode_calls(c, ctx)) for ctx in DECODE_CONTEXTS]
+    ops += [Op(decode_key(c, ctx), buckets(batch), _decode_calls(c, ctx, dtype)) for ctx in DECODE_CONTEXTS]
     ops.append(
-        Op(prefill_key(c), buckets(max_rows, low=16) if max_rows > 16 else (max_rows,), _prefill_calls(c))
+        Op(
+            prefill_key(c),
+            buckets(max_rows, low=16) if max_rows > 16 else (max_rows,),
+            _prefill_calls(c, dtype),
+        )
     )
     norm, swiglu, rope = elementwise_keys(c)
     ops += [
-        Op(norm, buckets(max_rows), _norm_calls(c)),
-        Op(swiglu, buckets(max_rows), _swiglu_calls(c)),
-        Op(rope, buckets(max_rows), _rope_calls(c)),
+        Op(norm, buckets(max_rows), _norm_calls(c, dtype)),
+        Op(swiglu, buckets(max_rows), _swiglu_calls(c, dtype)),
+        Op(rope, buckets(max_rows), _rope_calls(c, dtype)),
     ]
     return ops
 
@@ -312,14 +322,16 @@ class TorchKernels:
 Calls = Callable[[int], Mapping[str, Callable[[], object]]]
 
 
-def _attention_calls(c: ModelArchConfig, chunks_for: Callable[[int], Sequence[SequenceChunk]]) -> Calls:
+def _attention_calls(
+    c: ModelArchConfig, chunks_for: Callable[[int], Sequence[SequenceChunk]], dtype: torch.dtype
+) -> Calls:
     def calls(size: int) -> Mapping[str, Callable[[], object]]:
-        ops: Any = cpu_ops.load()
+        ops: Any = cpu_ops.ops_for(dtype)
         chunks = chunks_for(size)
         rows = sum(len(ch.token_ids) for ch in chunks)
         num_blocks = 1 + max(b for ch in chunks for b in ch.block_table)
-        blocks = random(2, c.num_kv_heads, num_blocks, BLOCK_SIZE, c.head_dim)
-        qkv = random(rows, c.q_size + 2 * c.kv_size)
+        blocks = random(2, c.num_kv_heads, num_blocks, BLOCK_SIZE, c.head_dim, dtype=dtype)
+        qkv = random(rows, c.q_size + 2 * c.kv_size, dtype=dtype)
         fused = build_input(chunks, BLOCK_SIZE, torch.device("cpu"), fused=True).meta
         plain = split_attention(
             fused, BLOCK_SIZE, plain_decode=True, plain_prefill=[True] * (len(chunks) - fused.num_decode)
@@ -332,27 +344,30 @@ def _attention_calls(c: ModelArchConfig, chunks_for: Callable[[int], Sequence[Se
     return calls
 
 
-def _decode_calls(c: ModelArchConfig, context: int) -> Calls:
+def _decode_calls(c: ModelArchConfig, context: int, dtype: torch.dtype) -> Calls:
     per = -(-context // BLOCK_SIZE)
 
     def chunks(batch: int) -> list[SequenceChunk]:
         return [SequenceChunk([0], context - 1, range(b * per, (b + 1) * per)) for b in range(batch)]
 
-    return _attention_calls(c, chunks)
+    return _attention_calls(c, chunks, dtype)
 
 
-def _prefill_calls(c: ModelArchConfig) -> Calls:
+def _prefill_calls(c: ModelArchConfig, dtype: torch.dtype) -> Calls:
     def chunks(length: int) -> list[SequenceChunk]:
         return [SequenceChunk(range(length), 0, range(-(-length // BLOCK_SIZE)))]
 
-    return _attention_calls(c, chunks)
+    return _attention_calls(c, chunks, dtype)
 
 
-def _norm_calls(c: ModelArchConfig) -> Calls:
+def _norm_calls(c: ModelArchConfig, dtype: torch.dtype) -> Calls:
     def calls(rows: int) -> Mapping[str, Callable[[], object]]:
-        ops: Any = cpu_ops.load()
-        h, delta = random(rows, c.hidden_size), random(rows, c.hidden_size, scale=1e-3)
-        w = random(c.hidden_size)
+        ops: Any = cpu_ops.ops_for(dtype)
+        h, delta = (
+            random(rows, c.hidden_size, dtype=dtype),
+            random(rows, c.hidden_size, dtype=dtype, scale=1e-3),
+        )
+        w = random(c.hidden_size, dtype=dtype)
         return {
             "fused": lambda: ops.add_rms_norm(h, delta, w, 1e-5),
             "torch": lambda: TorchKernels.add_rms_norm(h, delta, w, 1e-5),
@@ -361,24 +376,24 @@ def _norm_calls(c: ModelArchConfig) -> Calls:
     return calls
 
 
-def _swiglu_calls(c: ModelArchConfig) -> Calls:
+def _swiglu_calls(c: ModelArchConfig, dtype: torch.dtype) -> Calls:
     def calls(rows: int) -> Mapping[str, Callable[[], object]]:
-        ops: Any = cpu_ops.load()
-        x = random(rows, 2 * c.intermediate_size)
+        ops: Any = cpu_ops.ops_for(dtype)
+        x = random(rows, 2 * c.intermediate_size, dtype=dtype)
         return {"fused": lambda: ops.silu_mul(x), "torch": lambda: TorchKernels.silu_mul(x)}
 
     return calls
 
 
-def _rope_calls(c: ModelArchConfig) -> Calls:
+def _rope_calls(c: ModelArchConfig, dtype: torch.dtype) -> Calls:
     def calls(rows: int) -> Mapping[str, Callable[[], object]]:
-        ops: Any = cpu_ops.load()
-        qkv = random(rows, c.q_size + 2 * c.kv_size)
+        ops: Any = cpu_ops.ops_for(dtype)
+        qkv = random(rows, c.q_size + 2 * c.kv_size, dtype=dtype)
         angles = random(rows, c.head_dim // 2, dtype=torch.float32)
         cos = torch.cat([angles.cos(), angles.cos()], -1)
         sin = torch.cat([-angles.sin(), angles.sin()], -1)
         positions = torch.arange(rows)
-        kv = torch.empty(2, c.num_kv_heads, rows, c.head_dim, dtype=torch.bfloat16)
+        kv = torch.empty(2, c.num_kv_heads, rows, c.head_dim, dtype=dtype)
         args = (qkv, positions, cos, sin, kv, positions, c.num_heads, c.num_kv_heads)
         return {"fused": lambda: ops.rope_write_kv(*args), "torch": lambda: TorchKernels.rope_write_kv(*args)}
 

@@ -3,10 +3,13 @@
 Three kernels (``LINEAR_IMPLS``); which one serves a call depends on the call's number of rows,
 by the layer's ``Plan`` (measured on this machine, see ``kernel_choice`` and ``dispatch``):
 
-* ``small``: ``cpu_ops.linear_small`` (bf16, CPU with AVX-512 BF16, weight shape [16a, 2b]):
-  weights packed as 16 output features side by side in input-feature pairs (see
-  ``csrc/cpu_ops.cpp``). On an AMD Zen it was 1.5-3x faster than oneDNN for the few rows of a
-  decode step and as fast at 512 rows.
+* ``small``: ``linear_small`` of the model dtype's fused library. bf16 (CPU with AVX-512 BF16,
+  weight shape [16a, 2b]): weights packed as 16 output features side by side in input-feature
+  pairs (see ``csrc/cpu_ops.cpp``); on an AMD Zen it was 1.5-3x faster than oneDNN for the few
+  rows of a decode step and as fast at 512 rows. fp32 (AVX2 + FMA, weight shape [8a, b], every
+  weight a bf16 value, as a bf16 checkpoint loaded in fp32 is): the weights kept as bf16, 8
+  output features side by side (``csrc/cpu_ops_f32.cpp``), widened exactly to fp32 in registers:
+  half the bytes a decode step streams, the same products as ``F.linear`` on the fp32 weight.
 * ``onednn``: oneDNN with the weight re-laid out once (what inductor's weight freezing does):
   ``F.linear`` re-lays out a bf16 weight on every call; packing once halved the time of a
   one-row matmul and saved 10-25% at 32 rows, bit-identical. Verified on a sample at load. On a
@@ -49,7 +52,11 @@ class Linear:
         if plan is None:
             plan = Plan.only("small" if self.ops is not None else "onednn")
         used = plan.used
-        self.small = self.ops.pack_linear_weight(weight) if self.ops is not None and "small" in used else None
+        self.small = (
+            self.ops.pack_linear_weight(weight.to(torch.bfloat16))
+            if self.ops is not None and "small" in used
+            else None
+        )
         self.packed = (
             _pack(weight, bias) if "onednn" in used or self.small is None and "small" in used else None
         )
@@ -101,35 +108,48 @@ class Linear:
         if self.weight is not None:
             return self.weight
         assert self.small is not None, "oneDNN-packed weights are only used through the packed op"
+        if self.small.dtype == torch.bfloat16:  # fp32's packing: [N/8, K, 8] bf16 -> [N, K] fp32
+            blocks, inputs, _ = self.small.shape
+            return self.small.permute(0, 2, 1).reshape(blocks * 8, inputs).float()
         # [N/16, K/2, 16] dwords -> [N, K] bf16 (a rare path: non-contiguous input).
         blocks, pairs, _ = self.small.shape
         return self.small.permute(0, 2, 1).reshape(blocks * 16, pairs).contiguous().view(torch.bfloat16)
 
 
-def linear_calls(shape: tuple[int, int]) -> Callable[[int], Mapping[str, Callable[[], object]]]:
-    """For a row count, each kernel usable here on a random weight of ``shape``, as a call on a
-    random input (what ``kernel_choice`` times). The weight is made and packed at the first
-    call only: a start that finds its table cached pays nothing."""
+def linear_calls(
+    shape: tuple[int, int], dtype: torch.dtype = torch.bfloat16
+) -> Callable[[int], Mapping[str, Callable[[], object]]]:
+    """For a row count, each kernel usable here on a random weight of ``shape`` (bf16 values,
+    in ``dtype``), as a call on a random input (what ``kernel_choice`` times). The weight is
+    made and packed at the first call only: a start that finds its table cached pays nothing."""
 
     @functools.cache
     def usable() -> dict[str, Linear]:
-        weight = random(*shape, scale=0.02)
+        weight = random(*shape, scale=0.02).to(dtype)
         layers = {impl: Linear(weight, fused=True, plan=Plan.only(impl)) for impl in LINEAR_IMPLS}
         return {impl: lin for impl, lin in layers.items() if lin.kernel_for(1) == impl}
 
     def calls(rows: int) -> Mapping[str, Callable[[], object]]:
-        x = random(rows, shape[1])
+        x = random(rows, shape[1], dtype=dtype)
         return {impl: functools.partial(lin, x) for impl, lin in usable().items()}
 
     return calls
 
 
 def _fused_ops(weight: torch.Tensor) -> Any:
-    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+    if weight.device.type != "cpu" or weight.dim() != 2:
         return None
-    if weight.dim() != 2 or weight.shape[0] % 16 or weight.shape[1] % 2:
-        return None
-    return cpu_ops.load()
+    if weight.dtype == torch.bfloat16:
+        return None if weight.shape[0] % 16 or weight.shape[1] % 2 else cpu_ops.load()
+    if weight.dtype == torch.float32 and weight.shape[0] % 8 == 0 and _bf16_values(weight):
+        return cpu_ops.load_f32()
+    return None
+
+
+def _bf16_values(weight: torch.Tensor) -> bool:
+    """Whether every fp32 weight is a bf16 value (its low 16 bits zero): then keeping it as
+    bf16 loses nothing. True for a bf16 checkpoint loaded in fp32; an fp32 or fp16 one is not."""
+    return not bool(torch.bitwise_and(weight.view(torch.int32), 0xFFFF).any())
 
 
 def _pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:

@@ -9,12 +9,13 @@ The per-layer Python is kept to a straight line of large kernels (fused QKV, fus
 one rotary call for q and k together) because on two CPU cores the per-kernel overhead across
 30 layers is what limits decode at large batch.
 
-In bf16 on a CPU with AVX-512 BF16, each layer is seven calls: four linear layers and three
-fused kernels (``cpu_ops``): residual add + RMSNorm, rotary + KV store, paged flash attention
-over the cache for every kind of chunk, and SwiGLU. Each of them is one of several
-implementations, chosen per size by measurement on this machine (``dispatch``): a prefill chunk
-may go to PyTorch's attention where oneDNN's matmuls (AMX) beat the fused kernel, say.
-Elsewhere (fp32, CUDA, other CPUs) the plain PyTorch path below computes the same function.
+On a CPU with fused kernels for the model's dtype (``cpu_ops``: bf16 with AVX-512 BF16, fp32
+with AVX2 + FMA), each layer is seven calls: four linear layers and three fused kernels:
+residual add + RMSNorm, rotary + KV store, paged flash attention over the cache for every kind
+of chunk, and SwiGLU. Each of them is one of several implementations, chosen per size by
+measurement on this machine (``dispatch``): a prefill chunk may go to PyTorch's attention where
+oneDNN's matmuls (AMX) beat the fused kernel, say. Elsewhere (fp16, CUDA, a CPU without those
+instructions) the plain PyTorch path below computes the same function.
 
 One rank of a tensor x pipeline group (``partition``) is the same class over its share: its
 config is the local one (its heads, features and layers), and ``reduce`` adds up the partial
@@ -152,10 +153,8 @@ class LlamaModel:
         return self.ops is not None and block_size % 16 == 0
 
     def _fused_ops(self) -> object | None:
-        usable = (
-            self.device.type == "cpu" and self.dtype == torch.bfloat16 and fused_layers_usable(self.config)
-        )
-        return cpu_ops.load() if usable else None
+        usable = self.device.type == "cpu" and fused_layers_usable(self.config)
+        return cpu_ops.ops_for(self.dtype) if usable else None
 
     def _fused_layers(
         self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, cache: PagedKVCache

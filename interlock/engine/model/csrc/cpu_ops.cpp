@@ -38,6 +38,8 @@
 #include <limits>
 #include <vector>
 
+#include "paged_work.h"
+
 namespace {
 
 using bf16 = uint16_t;
@@ -338,11 +340,6 @@ constexpr int kChunk = 16;     // keys per softmax step (one zmm of scores)
 constexpr int kTileTokens = 16;  // query tokens per work item
 constexpr int kPrefetchChunks = 2;  // chunks of keys and values requested ahead
 
-struct WorkItem {
-  int32_t seq, head, tok_begin, tok_end;
-  int64_t cost;
-};
-
 // Transpose a 16x16 matrix of dwords: row j of src (stride in dwords) -> column j of dst.
 inline void transpose16(const uint32_t* src, int64_t stride, uint32_t* dst) {
   __m512i r[16], a[16], b[16];
@@ -633,27 +630,10 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& kv, const at::T
                           at::Tensor& out) {
   const int64_t num_blocks = kv.size(2), block_size = kv.size(3);
   const int64_t group = num_heads / num_kv_heads;
-  const int64_t S = seq_info.size(0), max_blocks = block_tables.size(1);
+  const int64_t max_blocks = block_tables.size(1);
   const int64_t* info = seq_info.data_ptr<int64_t>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
-  std::vector<WorkItem> items;
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t first = info[s * 3], len = info[s * 3 + 1], start = info[s * 3 + 2];
-    TORCH_CHECK(first >= 0 && len >= 0 && first + len <= q.size(0) && start >= 0, "bad sequence info");
-    const int64_t used = (start + len + block_size - 1) / block_size;
-    TORCH_CHECK(used <= max_blocks, "block table too short");
-    for (int64_t b = 0; b < used; ++b) {
-      const int64_t id = tables[s * max_blocks + b];
-      TORCH_CHECK(id >= 0 && id < num_blocks, "block id ", id, " outside the cache");
-    }
-    for (int64_t t = 0; t < len; t += kTileTokens) {
-      const int64_t e = std::min(len, t + kTileTokens);
-      for (int64_t h = 0; h < num_kv_heads; ++h)
-        items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(h), static_cast<int32_t>(t),
-                         static_cast<int32_t>(e), (start + e) * (e - t)});
-    }
-  }
-  std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+  const std::vector<WorkItem> items = paged_work_items(q, kv, seq_info, block_tables, num_kv_heads, kTileTokens);
   const bf16* pq = cptr(q);
   const bf16* pkv = cptr(kv);
   bf16* po = mptr(out);
