@@ -226,8 +226,10 @@ def test_unknown_kernel_names_are_refused_and_forcing_measures_nothing() -> None
         else ("fused",)
         for op in model_ops(c, 64)
     }
-    # The plain path (fp32) has nothing to choose.
-    assert kernel_table(c, torch.float32, cpu, fused=True, kernels={}, max_rows=64) is None
+    # The plain path (fp16: no fused library; fp32 on a CPU without AVX2) has nothing to choose.
+    assert kernel_table(c, torch.float16, cpu, fused=True, kernels={}, max_rows=64) is None
+    if cpu_ops.load_f32() is None:
+        assert kernel_table(c, torch.float32, cpu, fused=True, kernels={}, max_rows=64) is None
 
 
 @needs_kernels
