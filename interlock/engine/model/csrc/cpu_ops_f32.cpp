@@ -221,7 +221,7 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor
 // from memory each step, and fp32 weights are twice the bytes of the bf16 checkpoint they came
 // from. Where every weight is a bf16 value (the Python side checks), this kernel keeps them as
 // bf16, packed once at load as [N/8][K][8]: 8 output features side by side, so one 16-byte load
-// widened to fp32 (exact) feeds 8 outputs, the weights stream through contiguously, and up to 4
+// widened to fp32 (exact) feeds 8 outputs, the weights stream through contiguously, and up to 6
 // rows share each load. Products and sums are fp32: the function of F.linear on the fp32
 // weights, summed in another order.
 
@@ -246,41 +246,58 @@ inline __m256 load_bf16x8(const uint16_t* p) {
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
 
-// R rows times B blocks of 8 outputs, over all K inputs.
+// R rows times B blocks of 8 outputs, over all K inputs. The accumulators live in registers
+// (a flat array indexed by constants, unrolled: GCC kept an [R][B] array on the stack and
+// stored it every step, at a third of the speed); the bias is added after.
 template <int R, int B>
-inline void linear_tile(const float* x, int64_t ldx, const uint16_t* w, int64_t k, const float* bias, float* out,
-                        int64_t ldo) {
-  __m256 acc[R][B];
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) acc[r][b] = _mm256_setzero_ps();
+inline void linear_tile(const float* __restrict x, int64_t ldx, const uint16_t* __restrict w, int64_t k,
+                        const float* bias, float* __restrict out, int64_t ldo) {
+  __m256 acc[R * B];
+#pragma GCC unroll 16
+  for (int j = 0; j < R * B; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t i = 0; i < k; ++i) {
-    __m256 wv[B];
-    for (int b = 0; b < B; ++b) wv[b] = load_bf16x8(w + (b * k + i) * 8);
-    for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_broadcast_ss(x + r * ldx + i);
-      for (int b = 0; b < B; ++b) acc[r][b] = _mm256_fmadd_ps(xv, wv[b], acc[r][b]);
+    if constexpr (R == 1) {  // one broadcast, then each block's weights straight into its FMA
+      const __m256 xv = _mm256_broadcast_ss(x + i);
+#pragma GCC unroll 8
+      for (int b = 0; b < B; ++b) acc[b] = _mm256_fmadd_ps(xv, load_bf16x8(w + (b * k + i) * 8), acc[b]);
+    } else {
+      __m256 wv[B];
+#pragma GCC unroll 8
+      for (int b = 0; b < B; ++b) wv[b] = load_bf16x8(w + (b * k + i) * 8);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256 xv = _mm256_broadcast_ss(x + r * ldx + i);
+#pragma GCC unroll 8
+        for (int b = 0; b < B; ++b) acc[r * B + b] = _mm256_fmadd_ps(xv, wv[b], acc[r * B + b]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) {
-      __m256 v = acc[r][b];
-      if (bias != nullptr) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + 8 * b));
-      _mm256_storeu_ps(out + r * ldo + 8 * b, v);
-    }
+#pragma GCC unroll 16
+  for (int j = 0; j < R * B; ++j) _mm256_storeu_ps(out + (j / B) * ldo + 8 * (j % B), acc[j]);
+  if (bias != nullptr)
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < B; ++b) {
+        float* o = out + r * ldo + 8 * b;
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_loadu_ps(bias + 8 * b)));
+      }
 }
 
-// Rows in fours (the tail in a smaller tile) for blocks [b0, b1) of B at a time.
+// Rows in sixes (the tail in a smaller tile) for the B blocks from b0.
 template <int B>
 inline void linear_blocks(const float* x, int64_t rows, int64_t k, const uint16_t* wp, const float* bias, float* out,
                           int64_t n, int64_t b0) {
   const uint16_t* w = wp + b0 * k * 8;
   const float* bb = bias != nullptr ? bias + b0 * 8 : nullptr;
+  constexpr int B2 = B < 2 ? B : 2;
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) linear_tile<4, (B < 2 ? B : 2)>(x + r * k, k, w, k, bb, out + r * n + b0 * 8, n);
+  for (; r + 6 <= rows; r += 6) linear_tile<6, B2>(x + r * k, k, w, k, bb, out + r * n + b0 * 8, n);
+  float* o = out + r * n + b0 * 8;
   switch (rows - r) {
-    case 3: linear_tile<3, (B < 2 ? B : 2)>(x + r * k, k, w, k, bb, out + r * n + b0 * 8, n); break;
-    case 2: linear_tile<2, (B < 4 ? B : 4)>(x + r * k, k, w, k, bb, out + r * n + b0 * 8, n); break;
-    case 1: linear_tile<1, B>(x + r * k, k, w, k, bb, out + r * n + b0 * 8, n); break;
+    case 5: linear_tile<5, B2>(x + r * k, k, w, k, bb, o, n); break;
+    case 4: linear_tile<4, B2>(x + r * k, k, w, k, bb, o, n); break;
+    case 3: linear_tile<3, B2>(x + r * k, k, w, k, bb, o, n); break;
+    case 2: linear_tile<2, (B < 4 ? B : 4)>(x + r * k, k, w, k, bb, o, n); break;
+    case 1: linear_tile<1, B>(x + r * k, k, w, k, bb, o, n); break;
     default: break;
   }
 }
