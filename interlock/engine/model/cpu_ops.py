@@ -6,7 +6,8 @@ Two libraries with the same operations, one per model dtype (``ops_for``):
 * ``load()``: bf16 kernels for CPUs with AVX-512 BF16 (``torch.ops.interlock``), with the
   small-batch linear kernel besides;
 * ``load_f32()``: fp32 kernels for CPUs with AVX2 and FMA (``torch.ops.interlock_f32``): norms,
-  SwiGLU, rotary + KV store and paged attention; linear layers stay on oneDNN.
+  SwiGLU, rotary + KV store, paged attention, and a small-batch linear kernel over weights that
+  are bf16 values, kept as bf16 (``linear.py``).
 
 Each returns None where it cannot be used: the CPU lacks the instructions, no C++ compiler, a
 failed build, or ``INTERLOCK_CPU_KERNELS=0``. The model then runs its plain PyTorch path, which

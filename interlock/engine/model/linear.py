@@ -53,7 +53,7 @@ class Linear:
             plan = Plan.only("small" if self.ops is not None else "onednn")
         used = plan.used
         self.small = (
-            self.ops.pack_linear_weight(weight.to(torch.bfloat16))
+            self.ops.pack_linear_weight(weight.to(torch.bfloat16).contiguous())
             if self.ops is not None and "small" in used
             else None
         )
