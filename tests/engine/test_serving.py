@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import pytest
 
-from interlock.engine.serving import FakeEngine
+from interlock.engine.serving import FakeEngine, NullKVEventSink
 from interlock.engine.worker import Worker, WorkerOptions
-from interlock.protocol import BlockRemoved, GenerateRequest, InstanceInfo, SamplingParams, subjects
+from interlock.protocol import BlockRemoved, GenerateRequest, InstanceInfo, KVEvent, SamplingParams, subjects
 from interlock.protocol.routing import RequestContext
 from interlock.router.dispatcher import EXPLAIN_HEADER
 from interlock.router.model_router import RouterConfig
@@ -101,18 +102,19 @@ def test_the_router_routes_to_the_fake_engine_that_holds_the_prefix_and_survives
     asyncio.run(main())
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.events: list = []  # type: ignore[type-arg]
+class _Sink(NullKVEventSink):
+    """Keeps the KV events."""
 
-    def on_kv_events(self, events) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self) -> None:
+        self.events: list[KVEvent] = []
+
+    def on_kv_events(self, events: list[KVEvent]) -> None:
         self.events.extend(events)
 
-    def on_load(self, load) -> None:  # type: ignore[no-untyped-def]
-        pass
 
-
-async def _serve(engine: FakeEngine, tokens: tuple[int, ...], tokens_out: int, during=None) -> None:  # type: ignore[no-untyped-def]
+async def _serve(
+    engine: FakeEngine, tokens: tuple[int, ...], tokens_out: int, during: Callable[[], None] | None = None
+) -> None:
     req = GenerateRequest(
         request_id=f"r{tokens[0]}", token_ids=tokens, sampling=SamplingParams(max_tokens=tokens_out)
     )

@@ -58,6 +58,8 @@ class Library:
     namespace: str
     """``torch.ops.<namespace>`` (also the shared library's name)."""
     dtype: torch.dtype
+    folder: str
+    """Its builds' folder under the cache dir (also what its kernel tables are keyed by)."""
 
 
 BF16 = Library(
@@ -66,6 +68,7 @@ BF16 = Library(
     ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"),
     "interlock",
     torch.bfloat16,
+    "cpu_ops",
 )
 F32 = Library(
     Path(__file__).with_name("csrc") / "cpu_ops_f32.cpp",
@@ -73,6 +76,7 @@ F32 = Library(
     ("avx2", "fma"),
     "interlock_f32",
     torch.float32,
+    "cpu_ops_interlock_f32",
 )
 LIBRARIES = (BF16, F32)
 
@@ -96,8 +100,7 @@ def build_dir(lib: Library = BF16) -> Path:
     key.update(" ".join(lib.cflags).encode())
     key.update(torch.__version__.encode())
     key.update(sys.version.encode())
-    folder = "cpu_ops" if lib is BF16 else f"cpu_ops_{lib.namespace}"
-    return get_env().cache_dir / folder / key.hexdigest()[:16]
+    return get_env().cache_dir / lib.folder / key.hexdigest()[:16]
 
 
 def load() -> object | None:

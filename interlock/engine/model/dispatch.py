@@ -17,8 +17,9 @@ Operations (table key) and candidates:
 
 A step's decode rows go to one attention (by their number and the context class nearest their
 longest context); each prefill chunk to its own (by its length). In fp32 (``cpu_ops.F32``, AVX2 +
-FMA) the same operations are measured; ``small`` there keeps bf16-valued weights as bf16. A model with no fused library for its dtype (fp16, CUDA, a CPU without AVX2) runs
-the plain PyTorch path, which has no choice to make and measures nothing.
+FMA) the same operations are measured; ``small`` there keeps bf16-valued weights as bf16. A model
+with no fused library for its dtype (fp16, CUDA, a CPU without AVX2) runs the plain PyTorch path,
+which has no choice to make and measures nothing.
 """
 
 from __future__ import annotations
@@ -113,17 +114,15 @@ def kernel_table(
             raise ConfigError(f"{family} kernel {impl!r} is not one of auto, {', '.join(allowed)}")
     forced = {f: kernels.get(f, "auto") for f in FAMILIES}
     ops = model_ops(config, max_rows, dtype)
-    lib = cpu_ops.library_for(dtype)
-    choosing = fused and device.type == "cpu" and lib is not None and cpu_ops.ops_for(dtype) is not None
+    choosing = fused and device.type == "cpu" and cpu_ops.ops_for(dtype) is not None
     auto = [op for op in ops if forced[_family(op.key)] == "auto"] if choosing else []
     if not auto and all(impl == "auto" for impl in forced.values()):
         return None
     table = KernelTable("forced", {}, {})
     if auto:
+        lib = cpu_ops.library_for(dtype)
         assert lib is not None
-        # The bf16 table's key as before (its cached tables stay valid); fp32's names its library.
-        tag = "cpu_ops" if lib is cpu_ops.BF16 else f"cpu_ops_{lib.namespace}"
-        machine = machine_key([f"{tag}={cpu_ops.build_dir(lib).name}"])
+        machine = machine_key([f"{lib.folder}={cpu_ops.build_dir(lib).name}"])
         table = load_or_measure(auto, cache_dir=get_env().cache_dir, machine=machine, progress=progress)
     # This model's operations only: the cache also holds other shapes measured on this machine
     # (another model, a tensor-parallel rank's share of this one).
