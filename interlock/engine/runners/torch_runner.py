@@ -27,7 +27,6 @@ for the load (it is their time to first token), other models of the process do n
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import gc
 import logging
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from interlock import heap
 from interlock.deploy import DEFAULT_KV_CACHE_GIB, DEFAULT_MAX_NUM_BATCHED_TOKENS
 from interlock.engine.config import EngineConfig
 from interlock.engine.constraints import Constraints
@@ -137,7 +137,7 @@ class TorchRunner:
             return False
         self._model = None
         gc.collect()
-        _trim_heap()
+        heap.trim()  # the point of dropping weights is the memory it frees for other models
         self.offloads += 1
         log.info("model weights offloaded (idle)")
         return True
@@ -288,22 +288,6 @@ class TorchRunner:
         part: tuple[int, int] = (0, 1),
     ) -> None:
         self.cache.copy_from_shared(view, src_ids, block_ids, part)
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
-
-
-def _trim_heap() -> None:
-    """Give freed heap pages back to the system (glibc keeps them otherwise): the point of
-    dropping weights is the memory it frees for the process's other models."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
 
 
 def resolve_dtype(folder: Path, device: str, dtype: str) -> torch.dtype:
