@@ -171,7 +171,9 @@ class ShmDest(_Dest):
         try:
             staging = cache.get(descriptor.shm_name)
         except (OSError, ValueError) as e:
-            self._fail(f"shared memory segment unavailable: {e}")
+            # A dead source's segment may already be swept by any agent's housekeeping: say why.
+            dead = not stg.pid_alive(descriptor.pid)
+            self._fail("source process died" if dead else f"shared memory segment unavailable: {e}")
             return
         self._staging = staging
         view = self._claim(staging, descriptor, self.claim)

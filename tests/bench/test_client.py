@@ -43,7 +43,9 @@ def test_ttft_and_itl_match_injected(api: str) -> None:
 
     for r in with_server(FakeTiming(ttft_s=TTFT, itl_s=ITL), body):
         assert r.ok, r.error_detail
-        assert r.ttft_s is not None and TTFT - 0.002 <= r.ttft_s <= TTFT + 0.05  # role chunk not counted
+        # The role chunk is not counted (a TTFT under the injected one); the top is loose: a
+        # loaded machine (the whole suite on two cores) delayed a first token by 68 ms.
+        assert r.ttft_s is not None and TTFT - 0.002 <= r.ttft_s <= TTFT + 0.5
         assert r.output_tokens_stream == r.output_tokens_usage == N
         assert r.prompt_tokens_usage == 3 and r.cached_tokens_usage == 0
         gaps = chunk_gaps_s(r)

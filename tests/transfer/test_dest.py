@@ -41,7 +41,7 @@ def test_source_killed_before_the_pull(spawn, agent):
     peer.kill()
     dst = agent.pull(desc, timeout_s=5)
     assert dst.transport == "shm"
-    assert dst.poll().reason == "source process died"
+    assert dst.poll().reason == "source process died"  # also where another agent swept it first
     assert list_segments(peer.pid) == []  # the failed pull unlinked the orphan
 
 
