@@ -65,6 +65,11 @@ from interlock.runtime.nats_permissions import NatsUser, worker_user
 
 log = logging.getLogger("interlock.cluster")
 
+STARTING_STOP_S = 3.0
+"""How long a worker process that has not registered yet gets between SIGTERM and SIGKILL: it
+has served nothing, so there is nothing to drain, and a vLLM worker still importing or loading
+(a minute on two cores) would otherwise hold a shutdown until it had finished starting."""
+
 
 @dataclass
 class WorkerHandle:
@@ -558,7 +563,7 @@ class RunningCluster:
         try:
             if handle.child is not None:
                 self.supervisor.forget(handle.child.name)
-                await handle.child.stop(grace + 5 if drain else 0.0)
+                await handle.child.stop(self._stop_grace(handle, grace + 5) if drain else 0.0)
             elif handle.local is not None:
                 if drain:
                     await handle.local.drain(grace_s=grace)
@@ -719,6 +724,13 @@ class RunningCluster:
             await asyncio.sleep(0.05)
 
     # ---- stop ----
+    def _stop_grace(self, handle: WorkerHandle, grace_s: float) -> float:
+        """``grace_s`` for a worker the router knows; ``STARTING_STOP_S`` for one still starting."""
+        service = self.service
+        if service is None or all(service.instance(i) is not None for i in handle.spec.instance_ids):
+            return grace_s
+        return min(grace_s, STARTING_STOP_S)
+
     async def close(self) -> None:
         for planned in list(self._planners):  # first: nothing may start or stop workers while we do
             await self.stop_planner(planned)
@@ -734,7 +746,9 @@ class RunningCluster:
         grace = self.spec.processes.drain_grace_s
         handles = list(self._workers.values())
         self._workers.clear()
-        await asyncio.gather(*(h.child.stop(grace + 5) for h in handles if h.child is not None))
+        await asyncio.gather(
+            *(h.child.stop(self._stop_grace(h, grace + 5)) for h in handles if h.child is not None)
+        )
         for h in handles:
             if h.local is not None:
                 with contextlib.suppress(Exception):

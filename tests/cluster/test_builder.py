@@ -265,3 +265,47 @@ def test_a_re_roled_child_worker_keeps_its_role_across_a_restart() -> None:
             await c.close()
 
     asyncio.run(main())
+
+
+def test_a_worker_still_starting_is_not_waited_for_at_close() -> None:
+    """A worker process that has not registered has nothing to drain: closing the deployment
+    gives it ``STARTING_STOP_S``, not the drain grace (a vLLM worker still loading held a
+    shutdown for its whole start). Stopped once it catches SIGTERM (its drain handler is set)
+    and before it registers (its engine still loading the model), it cannot answer SIGTERM."""
+    import os
+    import signal
+
+    from interlock.cluster.builder import STARTING_STOP_S
+
+    def catches_sigterm(pid: int) -> bool:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+        return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
+
+    async def main() -> None:
+        d = parse_deployment(
+            {
+                "execution-group": {"max_model_len": 512, "nodes": [{"gpu_count": 1, "num_blocks": 64}]},
+                "control-plane": {"listen_port": 0},
+            }
+        )
+        c = await start_cluster(ClusterSpec(deployment=d, processes=ProcessOptions(drain_grace_s=120.0)))
+        [w] = c.workers()
+        assert w.child is not None and w.child.pid is not None
+        for _ in range(30_000):  # its imports: seconds on two cores
+            if catches_sigterm(w.child.pid):
+                break
+            await asyncio.sleep(0.002)
+        os.kill(w.child.pid, signal.SIGSTOP)
+        try:
+            assert catches_sigterm(w.child.pid) and c.service.instance(w.instance_id) is None
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await asyncio.wait_for(c.close(), 60)  # with the drain grace it would take 125 s
+            assert loop.time() - t0 < STARTING_STOP_S + 30
+            assert w.child.process is not None and w.child.process.returncode == -signal.SIGKILL
+        finally:
+            if w.child.alive:
+                os.kill(w.child.pid, signal.SIGKILL)
+
+    asyncio.run(main())
