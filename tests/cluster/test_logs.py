@@ -119,3 +119,27 @@ def test_info_lines_go_out_in_batches_and_a_warning_at_once_in_order() -> None:
         assert stream.getvalue().endswith("INFO late\n")  # the flusher wrote it within its period
     finally:
         log.removeHandler(handler)
+
+
+def test_a_library_handler_that_prints_the_pid_formats_every_record() -> None:
+    """vLLM's own handler prints ``pid=%(process)d``: after ``configure`` (in a process of its
+    own, as a worker does) a record still carries the process and thread ids (a None there made
+    every vLLM record a "--- Logging error ---" traceback)."""
+    code = (
+        "import logging, os\n"
+        "from interlock.cluster.logs import configure\n"
+        "configure('INFO', 'text')\n"
+        "out = []\n"
+        "class Keep(logging.Handler):\n"
+        "    def emit(self, record):\n"
+        "        out.append(self.format(record))\n"
+        "h = Keep()\n"
+        "h.setFormatter(logging.Formatter('(pid=%(process)d tid=%(thread)d) [%(filename)s:%(lineno)d] %(message)s'))\n"
+        "log = logging.getLogger('vllm.config.model')\n"
+        "log.addHandler(h)\n"
+        "log.propagate = False\n"
+        "log.info('Resolved architecture: %s', 'LlamaForCausalLM')\n"
+        'assert out == [f\'(pid={os.getpid()} tid={__import__("threading").get_ident()}) [(unknown file):0] '
+        "Resolved architecture: LlamaForCausalLM'], out\n"
+    )
+    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
