@@ -11,7 +11,8 @@ and SSE. Per system, one run measures
 each with keep-alive connections and with a new connection per request, for streaming chat
 completions with a short prompt and ``max_tokens=16`` (``ignore_eos``, so exactly 16 tokens,
 checked through the usage chunk before the load starts); and the frontend process's RSS when
-idle (after the warm-up requests) and its peak (``VmHWM``) at the end.
+idle (after the warm-up requests), its peak over its whole life (``VmHWM`` at the end, start-up
+included) and its peak while serving (``VmHWM`` reset once idle, through ``clear_refs``).
 
 The load generator is one lean raw-asyncio HTTP/1.1 client on uvloop, identical for every
 system; it shares the machine's cores with the servers, so it does as little as possible per
@@ -345,6 +346,16 @@ def rss_mib(*pids: int) -> tuple[float, float]:
     return fields["VmRSS"], fields["VmHWM"]
 
 
+def reset_peak(*pids: int) -> bool:
+    """Restart ``VmHWM`` at the current RSS (``clear_refs`` 5); False where it cannot."""
+    try:
+        for pid in pids:
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 # ---------------------------------------------------------------- the load generator
 
 
@@ -562,6 +573,8 @@ class Row:
     phases: dict[str, PhaseResult]
     rss_idle: float
     rss_peak: float
+    rss_serving: float | None = None
+    """Peak RSS from the idle measurement on (None: ``VmHWM`` could not be reset)."""
 
 
 PHASES = (  # name, concurrency, keep-alive
@@ -579,7 +592,8 @@ async def measure(system: System, model: str, a: argparse.Namespace, log: Callab
     await asyncio.sleep(1.0)
     pids = group_pids(system)
     fe = frontend_pids(system, pids)
-    idle = rss_mib(*fe)[0]
+    idle, life_peak = rss_mib(*fe)
+    serving_known = reset_peak(*fe)
     await run_phase(system.port, payload, concurrency=64, requests=a.warmup, max_seconds=10, keep_alive=True)
     phases: dict[str, PhaseResult] = {}
     watcher = asyncio.ensure_future(watch_dashboard(system.port)) if system.watch else None
@@ -600,13 +614,14 @@ async def measure(system: System, model: str, a: argparse.Namespace, log: Callab
             f"p99 {r.pct(0.99):7.2f} ms  cpu/req fe {r.cpu_ms[0]:.2f} all {r.cpu_ms[1]:.2f} ms  "
             f"n={len(r.latencies)} err={r.errors} chunks={r.chunks}"
         )
-    peak = rss_mib(*fe)[1]
+    serving = rss_mib(*fe)[1]
+    peak = max(life_peak, serving)
     if watcher is not None:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             received = await watcher
             log(f"  dashboard stream: {received} bytes")
-    return Row(system.name, phases, idle, peak)
+    return Row(system.name, phases, idle, peak, serving if serving_known else None)
 
 
 async def watch_dashboard(port: int) -> int:
@@ -797,7 +812,7 @@ def long_table(rows: list[LongRow]) -> str:
 def table(rows: list[Row]) -> str:
     head = (
         "| system | req/s c=64 keep-alive | req/s c=64 new conn | p50 / p99 ms c=1 keep-alive "
-        "| p50 / p99 ms c=1 new conn | frontend RSS idle / peak MiB "
+        "| p50 / p99 ms c=1 new conn | frontend RSS MiB idle / peak serving / peak with start-up "
         "| server CPU ms/request c=64 keep-alive (frontend / all) |"
     )
     lines = [head, "|" + "---|" * 7]
@@ -807,7 +822,7 @@ def table(rows: list[Row]) -> str:
             f"| {r.system} | {p['c64 keep-alive'].rps:.0f} | {p['c64 new conn'].rps:.0f} "
             f"| {p['c1 keep-alive'].pct(0.5):.1f} / {p['c1 keep-alive'].pct(0.99):.1f} "
             f"| {p['c1 new conn'].pct(0.5):.1f} / {p['c1 new conn'].pct(0.99):.1f} "
-            f"| {r.rss_idle:.0f} / {r.rss_peak:.0f} "
+            f"| {r.rss_idle:.0f} / {'-' if r.rss_serving is None else f'{r.rss_serving:.0f}'} / {r.rss_peak:.0f} "
             f"| {p['c64 keep-alive'].cpu_ms[0]:.2f} / {p['c64 keep-alive'].cpu_ms[1]:.2f} |"
         )
     return "\n".join(lines)
