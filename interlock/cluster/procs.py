@@ -6,7 +6,8 @@ parent), its own output prefixed in ours, and on stop a SIGTERM (the worker drai
 a SIGKILL after the grace period. Each child leads a process group of its own, and once it has
 exited whatever is left in that group is killed: a guest engine's processes (vLLM's engine
 core) do not die with the worker that started them, and a SIGKILLed worker would leave them
-running. Both kinds here (``Child``, ``NatsProcess``) can be started
+running; the Python shared-memory segments those grandchildren mapped are unlinked once they are
+gone (``interlock.shm``: vLLM's message queues, 400 MiB of RAM a death). Both kinds here (``Child``, ``NatsProcess``) can be started
 again after they exit, which is what ``cluster.supervisor`` does with them.
 """
 
@@ -21,6 +22,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from interlock import shm
 from interlock.cluster import logs
 from interlock.runtime.config import NatsAuth
 from interlock.runtime.nats_permissions import NatsUser
@@ -85,12 +87,17 @@ class Child:
         return code
 
     def _kill_group(self) -> None:
-        """SIGKILL what the exited child left in its process group (its grandchildren)."""
+        """SIGKILL what the exited child left in its process group (its grandchildren), and
+        unlink the shared-memory segments they mapped that nobody else maps."""
         if self.process is not None and self.process.returncode is not None:
+            left = shm.group_members(self.process.pid)
+            segments = shm.mapped_by(left)
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            if gone := shm.release(segments, exclude=left):
+                log.info("%s: unlinked %d shared-memory segments it left", self.name, len(gone))
 
     async def _relay(self) -> None:
         assert self.process and self.process.stdout

@@ -6,7 +6,8 @@ every test here, in order: greedy output equals vLLM's own OpenAI server on the 
 settings; a repeated long prefix goes to the worker that holds it and vLLM reports the cached
 tokens; a dead engine core under a live worker process takes that worker out (it exits and is
 restarted) and no request fails; a worker SIGKILLed under 16 streams loses none of them and each
-ends with the same text as an uninterrupted run, and its vLLM engine core does not outlive it.
+ends with the same text as an uninterrupted run, and its vLLM engine core does not outlive it;
+a dead engine core's shared-memory segments do not outlive it either.
 Skipped where vLLM is not installed.
 """
 
@@ -26,6 +27,7 @@ import httpx
 import openai
 import pytest
 
+from interlock import shm
 from interlock.engine import vllm
 from tests.e2e.conftest import FAST_LEASES, Served, free_port, start_serve, wait_until
 
@@ -305,6 +307,8 @@ def test_a_dead_engine_core_takes_its_worker_out_and_no_request_fails(served: Se
     victim = before[0]
     core = engine_core_of(victim)
     assert core is not None, "no vLLM engine core under the worker"
+    segments = shm.mapped_by([core])
+    assert segments, "vLLM's engine core maps no shared-memory segment"
     os.kill(core, signal.SIGKILL)
     # The worker process notices, leaves discovery and exits; serve restarts it.
     assert wait_until(lambda: not Path(f"/proc/{victim}").exists() or _zombie(victim), 30)
@@ -312,6 +316,8 @@ def test_a_dead_engine_core_takes_its_worker_out_and_no_request_fails(served: Se
         assert complete(client, prompt, max_tokens=8)
     assert wait_until(lambda: len(worker_pids(served)) == 2 and victim not in worker_pids(served), 60)
     assert wait_until(lambda: _ready_workers(served) == 2, 300), "".join(served.lines[-40:])
+    # The dead core's message queues (RAM in /dev/shm) went with it.
+    assert not [n for n in segments if (shm.SHM_DIR / n).exists()]
 
 
 def _zombie(pid: int) -> bool:
@@ -357,6 +363,7 @@ def test_a_worker_killed_under_16_streams_loses_none(served: Served) -> None:
     assert wait_until(lambda: len(progress) == 16 and min(progress.values()) >= 3, 120)
     victim = worker_pids(served)[0]
     core = engine_core_of(victim)
+    segments = shm.mapped_by([core] if core else [])
     os.kill(victim, signal.SIGKILL)
     started = time.monotonic()
     for t in threads:
@@ -365,3 +372,5 @@ def test_a_worker_killed_under_16_streams_loses_none(served: Served) -> None:
     assert got == want
     # vLLM's engine core outlives a SIGKILLed worker by itself: serve kills it with the worker.
     assert core is not None and wait_until(lambda: _zombie(core), 30)
+    # ... and its shared-memory segments with it.
+    assert segments and wait_until(lambda: not [n for n in segments if (shm.SHM_DIR / n).exists()], 10)

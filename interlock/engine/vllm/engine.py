@@ -49,6 +49,7 @@ from typing import Any
 
 import msgspec
 
+from interlock import shm
 from interlock.engine.config import EngineConfig
 from interlock.engine.serving import FixedSizes, KVEventSink, NullKVEventSink
 from interlock.engine.vllm.args import vllm_engine_args
@@ -207,6 +208,9 @@ class VllmEngine(FixedSizes):
         """vLLM's sleep mode for an idle model (``offload_after_s``; CUDA only)."""
         self._sleep_task: asyncio.Task[None] | None = None
         self._load = self._report(0, 0, 0.0, 0.0, 0)
+        self._segments: set[str] = set()
+        """vLLM's shared-memory segments (its engine core's message queues): unlinked at
+        shutdown when nothing maps them, as a dead engine core leaves them behind."""
 
     # ---- construction ----
     @classmethod
@@ -247,6 +251,7 @@ class VllmEngine(FixedSizes):
         engine = cls(llm, config, workdir, endpoints, handoff)
         holder.append(engine)
         await engine._warm_up()
+        engine._segments = shm.mapped_by(shm.descendants(os.getpid()))
         log.info(
             "vLLM engine ready in %.1fs: block size %d, %d KV blocks, context %d",
             time.monotonic() - started,
@@ -340,8 +345,11 @@ class VllmEngine(FixedSizes):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._events_task
             self._events_task = None
-        await asyncio.to_thread(self._llm.shutdown)
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        try:
+            await asyncio.to_thread(self._llm.shutdown)
+        finally:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            shm.release(self._segments)
 
     async def generate(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
         rid = req.request_id
