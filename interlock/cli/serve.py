@@ -209,6 +209,11 @@ async def _serve(a: argparse.Namespace) -> int:
             if why != "stopped":
                 print(f"interlock serve: {why} (see its log above)", file=sys.stderr, flush=True)
             return 1
+        # The frontend's tokenizers load beside the workers' start; "serving" means /health is 200.
+        if running.server is not None:
+            await running.server.wait_tokenizers(stop)
+        if stop.is_set():
+            return 1
         if spec.planner is not None:
             await running.start_planner()
             print(f"Planner ({spec.planner.policy}) status at {running.planner_url}/planner", flush=True)

@@ -577,6 +577,16 @@ class FrontendServer:
     def url(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}"
 
+    async def wait_tokenizers(self, stop: asyncio.Event | None = None) -> None:
+        """Until the served models' tokenizers are loaded here (or their load failed, which
+        ``/health`` reports): what ``/health`` waits for before its first 200, so that a
+        "serving" line printed after it is true. Returns early once ``stop`` is set."""
+        frontend = self.runner.app[FRONTEND_KEY]
+        while stop is None or not stop.is_set():
+            loading, _ = await frontend.catalog.warm(frontend.catalog.entries(), wait_s=HEALTH_WAIT_S)
+            if not loading:
+                return
+
     async def close(self) -> None:
         self.listener.close()
         if self.peer_runner is not None:

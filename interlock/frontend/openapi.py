@@ -232,7 +232,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/tokenize": {"post": _post("Tokenize a prompt or chat messages (vLLM's)", tokenize)},
             "/detokenize": {"post": _post("Token ids back to text (vLLM's)", detokenize)},
             "/version": {"get": _get("The server's version", "version")},
-            "/health": {"get": _get("Ready to serve: 503 while no model is servable", "status", open_=True)},
+            "/health": {"get": _health()},
             "/live": {"get": _get("The process is up", "status", open_=True)},
             "/metrics": {"get": _get("Prometheus metrics", "text exposition format", open_=True, text=True)},
             "/openapi.json": {"get": _get("This document", "OpenAPI document")},
@@ -286,6 +286,15 @@ def _get(
     }
     if open_:
         op["security"] = []  # open by default (configurable)
+    return op
+
+
+def _health() -> dict[str, Any]:
+    op = _get("Ready to serve: 503 while no model is servable", "status", open_=True)
+    op["responses"]["503"] = {
+        "description": "not ready: no model servable yet (no worker, or its tokenizer still loading)",
+        "content": {"application/json": {}},
+    }
     return op
 
 
