@@ -9,14 +9,16 @@ policies run in ``interlock.sim``; Dynamo's run through ``dynamo.replay.run_trac
 own virtual environment (``--dynamo-python``), skipped if that is missing.
 
 ``--workload agent`` replays the long-context agent workload instead (``sim.synthetic
-.AgentSpec``, written as a Mooncake trace that Dynamo reads too), with per-worker capacity a
-twelfth of its distinct blocks unless ``--blocks`` says otherwise.
+.AgentSpec``, written as a Mooncake trace that Dynamo reads too), ``--workload rag``
+retrieval-augmented chat over a shared document collection (``sim.synthetic.RagSpec``), each with
+per-worker capacity a twelfth of its distinct blocks unless ``--blocks`` says otherwise.
 
 Each row also gives the pooled-cache bound (one LRU cache as large as all workers together) and
 the requests refused by the router's admission queue.
 
     .venv/bin/python benchmarks/replay_compare.py [--speedup 7.5] [--json out.json]
     .venv/bin/python benchmarks/replay_compare.py --workload agent --speedups 1,2,3 --policies kv,round-robin
+    .venv/bin/python benchmarks/replay_compare.py --workload rag --search-from 1 --policies kv,round-robin,least-loaded
     .venv/bin/python benchmarks/replay_compare.py --speedup 7.5 --policies kv --cost stall_weight=0,miss_weight=2
 """
 
@@ -34,7 +36,7 @@ from interlock.mooncake import TRACE_BLOCK_SIZE, load_mooncake, write_mooncake
 from interlock.router import RouterConfig
 from interlock.router.cost import CostParams
 from interlock.sim import ReplayConfig, TraceHasher, mooncake_requests, replay
-from interlock.sim.synthetic import AgentSpec, agent_records
+from interlock.sim.synthetic import AgentSpec, RagSpec, agent_records, rag_records
 
 TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
 DYNAMO_SCRIPT = """
@@ -145,9 +147,10 @@ def row(name: str, r: dict, upper: float, pooled: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=TRACE)
-    ap.add_argument("--workload", choices=("trace", "agent"), default="trace")
+    ap.add_argument("--workload", choices=("trace", "agent", "rag"), default="trace")
     ap.add_argument("--agent-sessions", type=int, default=AgentSpec.num_sessions)
-    ap.add_argument("--agent-seed", type=int, default=0)
+    ap.add_argument("--agent-seed", type=int, default=0, help="the agent or rag workload's seed")
+    ap.add_argument("--rag-sessions", type=int, default=RagSpec.num_sessions)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument(
         "--blocks",
@@ -177,6 +180,10 @@ def main() -> None:
     if args.workload == "agent":
         records = agent_records(AgentSpec(num_sessions=args.agent_sessions, seed=args.agent_seed))
         args.trace = f"/tmp/agent_s{args.agent_sessions}_seed{args.agent_seed}.jsonl"
+        write_mooncake(records, args.trace)
+    elif args.workload == "rag":
+        records = rag_records(RagSpec(num_sessions=args.rag_sessions, seed=args.agent_seed))
+        args.trace = f"/tmp/rag_s{args.rag_sessions}_seed{args.agent_seed}.jsonl"
         write_mooncake(records, args.trace)
     else:
         records = load_mooncake(args.trace)

@@ -1,5 +1,6 @@
-"""Synthetic workloads: shared-prefix groups and multi-turn sessions (``SharedPrefixSpec``), and
-long-context agent sessions written as a Mooncake trace (``AgentSpec``).
+"""Synthetic workloads: shared-prefix groups and multi-turn sessions (``SharedPrefixSpec``), and,
+written as Mooncake traces, long-context agent sessions (``AgentSpec``) and retrieval-augmented
+chat over a shared document collection (``RagSpec``).
 
 Each request belongs to one of ``num_groups`` groups sharing a system prompt of
 ``system_tokens`` tokens, followed by a unique user suffix. With ``turns > 1`` a request starts
@@ -77,6 +78,22 @@ def shared_prefix_requests(spec: SharedPrefixSpec) -> list[SimRequest]:
     return out
 
 
+class _TraceBlocks:
+    """Fresh trace block ids, in order, and seeded draws for a synthetic trace."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self._next = 0
+
+    def new(self, n: int) -> list[int]:
+        self._next += n
+        return list(range(self._next - n, self._next))
+
+    def uniform(self, span: tuple[int, int]) -> int:
+        """An integer uniform in ``[lo, hi]``."""
+        return int(self.rng.integers(span[0], span[1] + 1))
+
+
 @dataclass(frozen=True)
 class AgentSpec:
     """Long-context multi-turn agent sessions, as a Mooncake trace (``agent_records``).
@@ -107,35 +124,99 @@ class AgentSpec:
 
 def agent_records(spec: AgentSpec) -> list[MooncakeRecord]:
     """The sessions' turns as Mooncake records, sorted by arrival."""
-    rng = np.random.default_rng(spec.seed)
-    next_id = 0
-
-    def new_ids(n: int) -> list[int]:
-        nonlocal next_id
-        next_id += n
-        return list(range(next_id - n, next_id))
-
-    systems = [
-        new_ids(int(rng.integers(spec.system_blocks[0], spec.system_blocks[1] + 1)))
-        for _ in range(spec.num_system_prompts)
-    ]
+    ids_of = _TraceBlocks(spec.seed)
+    rng, new_ids, blocks = ids_of.rng, ids_of.new, ids_of.uniform
+    systems = [new_ids(blocks(spec.system_blocks)) for _ in range(spec.num_system_prompts)]
     max_blocks = spec.max_input_tokens // TRACE_BLOCK_SIZE
     out: list[MooncakeRecord] = []
     t = 0.0
     for _ in range(spec.num_sessions):
         t += rng.exponential(1.0 / spec.rate)
-        ids = systems[int(rng.integers(len(systems)))] + new_ids(
-            int(rng.integers(spec.first_blocks[0], spec.first_blocks[1] + 1))
-        )
+        ids = systems[int(rng.integers(len(systems)))] + new_ids(blocks(spec.first_blocks))
         at = t
-        for _turn in range(int(rng.integers(spec.turns[0], spec.turns[1] + 1))):
+        for _turn in range(blocks(spec.turns)):
             if len(ids) > max_blocks:
                 break
-            out_len = int(rng.integers(spec.output_tokens[0], spec.output_tokens[1] + 1))
+            out_len = blocks(spec.output_tokens)
             out.append(
                 MooncakeRecord(round(at * 1000.0, 3), len(ids) * TRACE_BLOCK_SIZE, out_len, tuple(ids))
             )
-            ids = ids + new_ids(int(rng.integers(spec.step_blocks[0], spec.step_blocks[1] + 1)))
+            ids = ids + new_ids(blocks(spec.step_blocks))
+            at += rng.exponential(spec.think_time_s)
+    out.sort(key=lambda r: r.timestamp_ms)
+    return out
+
+
+@dataclass(frozen=True)
+class RagSpec:
+    """Retrieval-augmented chat over one shared document collection, as a Mooncake trace
+    (``rag_records``).
+
+    A question falls on a topic (Zipf popularity over ``num_topics``: a few topics draw most
+    questions); each topic ranks ``candidates`` documents of the collection, and a retrieval
+    keeps each candidate in rank order with probability ``keep`` until it has ``top_k``. The
+    prompt is a system prompt (one of ``num_system_prompts``), the retrieved documents best
+    first, then the question (a part of one trace block). Two prompts therefore share the system
+    prompt and the documents up to the first rank where their retrievals differ: the reuse is
+    partial, and a popular document is cached at many depths. A session asks ``followups`` more
+    questions over the same context, each prompt re-sending the previous one with its answer.
+    Sessions start Poisson at ``rate`` per second; a follow-up comes after an exponential think
+    time (open loop, as a trace is).
+    """
+
+    num_sessions: int = 2000
+    num_system_prompts: int = 2
+    system_blocks: tuple[int, int] = (1, 2)
+    num_documents: int = 600
+    doc_blocks: tuple[int, int] = (1, 4)
+    """A document's length in trace blocks (512-2,048 tokens), uniform in [lo, hi]."""
+    num_topics: int = 150
+    zipf_s: float = 1.1
+    candidates: int = 12
+    keep: float = 0.75
+    top_k: tuple[int, int] = (3, 6)
+    question_tokens: tuple[int, int] = (20, 300)
+    followups: tuple[int, int] = (0, 3)
+    output_tokens: tuple[int, int] = (100, 400)
+    think_time_s: float = 15.0
+    rate: float = 1.0
+    seed: int = 0
+
+
+def rag_records(spec: RagSpec) -> list[MooncakeRecord]:
+    """The sessions' questions as Mooncake records, sorted by arrival."""
+    ids_of = _TraceBlocks(spec.seed)
+    rng, new_ids, blocks = ids_of.rng, ids_of.new, ids_of.uniform
+    systems = [new_ids(blocks(spec.system_blocks)) for _ in range(spec.num_system_prompts)]
+    documents = [new_ids(blocks(spec.doc_blocks)) for _ in range(spec.num_documents)]
+    topics = [
+        rng.choice(spec.num_documents, size=min(spec.candidates, spec.num_documents), replace=False)
+        for _ in range(spec.num_topics)
+    ]
+    weights = 1.0 / np.arange(1, spec.num_topics + 1) ** spec.zipf_s
+    weights /= weights.sum()
+    out: list[MooncakeRecord] = []
+    t = 0.0
+    for _ in range(spec.num_sessions):
+        t += rng.exponential(1.0 / spec.rate)
+        topic = topics[int(rng.choice(spec.num_topics, p=weights))]
+        want = blocks(spec.top_k)
+        kept = [d for d in topic if rng.random() < spec.keep][:want]
+        ids = list(systems[int(rng.integers(len(systems)))])
+        for d in kept:
+            ids += documents[int(d)]
+        at = t
+        for _turn in range(1 + blocks(spec.followups)):
+            question = blocks(spec.question_tokens)
+            # The question is the start of a block of its own; its answer fills it and more.
+            prompt = ids + new_ids(1)
+            out_len = blocks(spec.output_tokens)
+            out.append(
+                MooncakeRecord(
+                    round(at * 1000.0, 3), len(ids) * TRACE_BLOCK_SIZE + question, out_len, tuple(prompt)
+                )
+            )
+            ids = prompt + new_ids((question + out_len) // TRACE_BLOCK_SIZE)
             at += rng.exponential(spec.think_time_s)
     out.sort(key=lambda r: r.timestamp_ms)
     return out
