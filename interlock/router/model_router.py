@@ -403,39 +403,52 @@ class Router:
         (at most ``queue_scan`` of them looked at per call). Requests of a role whose workers
         are all busy are passed over while a request of another role waits behind them: a
         disaggregated request holding a prefill worker while it waits for a decode worker must
-        not wait behind requests waiting for that prefill worker (a deadlock)."""
+        not wait behind requests waiting for that prefill worker (a deadlock).
+
+        Two passes. The first gives the room to the requests that would choose it anyway
+        (each priced as if it had just arrived), of the most important priority waiting; only
+        then do those that have waited long enough to give up their preference take what is
+        left. In one pass, once the queue is long every request has waited past its give-up
+        point, so each worker that opens takes whichever request is at the head, whatever it
+        holds: under overload the hit ratio falls to round-robin's, the fleet's capacity with
+        it, and the queue grows faster (RAG at x18: 0.51 of the hit ratio's 0.90 bound, 22
+        against 37 requests/s at x16; with the first pass 0.81 and 42)."""
         out: list[Decision] = []
-        kept: list[Pending] = []
-        closed: set[str | None] = set()
         now = self.clock()
         busy = self._busy_mask()
         stamp = (busy.tobytes(), len(self.queue))
         if stamp == self._queue_stamp and now < self._revisit_at:
             return out  # nothing opened, nothing queued, nobody's wait ran out: same answer
         self._revisit_at = np.inf
-        while (p := self.queue.peek(closed)) is not None and len(kept) < self.config.queue_scan:
-            eligible = self._eligible(p.meta.role)
-            open_ = eligible & ~busy
-            if not open_.any():  # and it stays so in this call: dispatching only adds load
-                closed.add(p.meta.role)
-                continue
-            self.queue.pop(closed)
-            d = self._decide(
-                p.meta,
-                p.hashes,
-                open_,
-                now,
-                suffix="+queued",
-                wait_for=eligible,
-                waited_s=now - p.enqueued_at,
-            )
-            if d is None:
-                kept.append(p)
-                continue
-            out.append(self._commit(d, p.meta, p.hashes, now))
-            busy = self._busy_mask()
-        for p in kept:
-            self.queue.requeue(p)
+        for patient in (True, False):
+            kept: list[Pending] = []
+            closed: set[str | None] = set()
+            first = self.queue.peek()
+            while (p := self.queue.peek(closed)) is not None and len(kept) < self.config.queue_scan:
+                if patient and first is not None and p.meta.priority != first.meta.priority:
+                    break  # the first pass keeps to the most important requests waiting
+                eligible = self._eligible(p.meta.role)
+                open_ = eligible & ~busy
+                if not open_.any():  # and it stays so in this call: dispatching only adds load
+                    closed.add(p.meta.role)
+                    continue
+                self.queue.pop(closed)
+                d = self._decide(
+                    p.meta,
+                    p.hashes,
+                    open_,
+                    now,
+                    suffix="+queued",
+                    wait_for=eligible,
+                    waited_s=0.0 if patient else now - p.enqueued_at,
+                )
+                if d is None:
+                    kept.append(p)
+                    continue
+                out.append(self._commit(d, p.meta, p.hashes, now))
+                busy = self._busy_mask()
+            for p in kept:
+                self.queue.requeue(p)
         self._queue_stamp = (busy.tobytes(), len(self.queue))
         return out
 

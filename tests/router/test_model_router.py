@@ -321,6 +321,36 @@ def test_a_queued_request_waits_no_longer_than_its_hit_saves() -> None:
     assert d.worker_id == "w1"
 
 
+def _tired_a_and_fresh_b(b_priority: int = 0) -> Router:
+    """Both workers full (one request each); queued: "a" (w0's prefix), waited past its
+    give-up point, then "b" (w1's prefix), just come; w1 has just finished its request."""
+    r, clock = make(2, share_load=False, max_inflight_per_worker=1)
+    other = list(range(5000, 7000))
+    cache(r, "w0", LONG)
+    cache(r, "w1", other, seq=1)
+    assert route(r, "x", LONG).worker_id == "w0" and route(r, "y", other).worker_id == "w1"
+    assert isinstance(r.route(req("a", 2000), token_ids=LONG), Pending)
+    clock.t = 5.0  # "a" has waited longer than recomputing its prompt elsewhere takes
+    assert isinstance(r.route(req("b", 2000, priority=b_priority), token_ids=other), Pending)
+    r.on_finish("y")
+    return r
+
+
+def test_an_opened_worker_goes_first_to_a_queued_request_it_suits() -> None:
+    # w1 takes "b", not "a": a tired head that went anywhere would cost "b" its hit too (in one
+    # pass, overload drove the hit ratio down to round-robin's).
+    r = _tired_a_and_fresh_b()
+    assert [(d.request_id, d.worker_id) for d in r.dispatch_queued()] == [("b", "w1")]
+    r.on_finish("x")
+    assert [(d.request_id, d.worker_id) for d in r.dispatch_queued()] == [("a", "w0")]
+
+
+def test_the_first_pass_keeps_to_the_most_important_requests_waiting() -> None:
+    # "b" less important than "a": it does not go first, and the tired "a" takes w1.
+    r = _tired_a_and_fresh_b(b_priority=1)
+    assert [(d.request_id, d.worker_id) for d in r.dispatch_queued()] == [("a", "w1")]
+
+
 def test_max_queue_wait_refuses_what_would_wait_too_long() -> None:
     r, clock = make(1, share_load=False, max_inflight_per_worker=1, max_queue_wait_s=2.0)
     for i in range(3):  # one dispatch a second
