@@ -5,8 +5,8 @@ unlinks it, and it is RAM. vLLM's engine core and its executor's worker process 
 message queues, 160 and 240 MiB on a CPU) and unlink them when they shut down cleanly; a
 SIGKILLed engine core leaves them, and a supervisor that restarts it would leave 400 MiB more at
 every death. So whoever kills such processes first asks which segments they map
-(``mapped_by``), then, once they are gone, unlinks those no live process maps any more
-(``release``). Only ``psm_`` names are touched: a segment of any other kind is not ours to judge.
+(``mapped_by``), or which were made while they started (``created_since``), then, once they
+are gone, unlinks those no live process maps any more (``release``). Only ``psm_`` names are touched: a segment of any other kind is not ours to judge.
 Linux only (``/proc``); elsewhere every function finds nothing.
 """
 
@@ -78,6 +78,27 @@ def mapped_by(pids: Iterable[int]) -> set[str]:
     return names
 
 
+def listing() -> set[str]:
+    """The names of the ``psm_`` segments there are now."""
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(PREFIX)}
+    except OSError:
+        return set()
+
+
+def created_since(before: Collection[str], t0: float) -> set[str]:
+    """The ``psm_`` segments not in ``before`` made at or after ``t0`` (``time.time()``): what
+    was made while a process started, whether or not anything still maps it."""
+    found = set()
+    for name in listing() - set(before):
+        try:
+            if os.stat(SHM_DIR / name).st_ctime >= t0 - 1.0:  # ctime's own granularity
+                found.add(name)
+        except OSError:
+            continue
+    return found
+
+
 def release(names: Collection[str], exclude: Collection[int] = ()) -> list[str]:
     """Unlink each of ``names`` that no live process maps, not counting ``exclude`` (processes
     just killed, whose mappings may linger a moment); the names unlinked."""
@@ -93,4 +114,13 @@ def release(names: Collection[str], exclude: Collection[int] = ()) -> list[str]:
     return gone
 
 
-__all__ = ["SHM_DIR", "PREFIX", "group_members", "descendants", "mapped_by", "release"]
+__all__ = [
+    "SHM_DIR",
+    "PREFIX",
+    "group_members",
+    "descendants",
+    "mapped_by",
+    "listing",
+    "created_since",
+    "release",
+]

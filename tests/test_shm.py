@@ -94,3 +94,17 @@ def test_release_touches_no_name_but_psm() -> None:
         assert other.exists()
     finally:
         other.unlink()
+
+
+def test_segments_made_since_a_moment_are_found_mapped_or_not() -> None:
+    import time
+
+    before, t0 = shm.listing(), time.time()
+    seg = shared_memory.SharedMemory(create=True, size=4096)
+    try:
+        assert seg.name in shm.created_since(before, t0)
+        assert seg.name not in shm.created_since(before | {seg.name}, t0)
+        assert seg.name in shm.listing()
+    finally:
+        seg.close()
+        seg.unlink()

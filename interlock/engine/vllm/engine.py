@@ -155,6 +155,20 @@ def _guest_environment(config: EngineConfig) -> None:
         os.environ.setdefault(key, value)
 
 
+def _release_segments(names: set[str]) -> None:
+    """Unlink vLLM's shared-memory segments that only its own (dying) processes map: a dead
+    core's executor outlives it a moment, its parent gone but still in this process group; no
+    one else attaches these by name."""
+    dying = {*_this_process_tree(), *shm.group_members(os.getpgrp())}
+    if gone := shm.release(names, exclude=dying):
+        log.info("unlinked %d shared-memory segments vLLM left", len(gone))
+
+
+def _this_process_tree() -> list[int]:
+    """This process and those below it (vLLM's engine core and its executor's workers)."""
+    return [os.getpid(), *shm.descendants(os.getpid())]
+
+
 def _error(rid: str, exc: BaseException) -> GenerateOutput:
     from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -209,8 +223,8 @@ class VllmEngine(FixedSizes):
         self._sleep_task: asyncio.Task[None] | None = None
         self._load = self._report(0, 0, 0.0, 0.0, 0)
         self._segments: set[str] = set()
-        """vLLM's shared-memory segments (its engine core's message queues): unlinked at
-        shutdown when nothing maps them, as a dead engine core leaves them behind."""
+        """vLLM's shared-memory segments (its engine core's message queues; not those of
+        another engine colocated here): unlinked at shutdown, as a dead core leaves them."""
 
     # ---- construction ----
     @classmethod
@@ -240,18 +254,27 @@ class VllmEngine(FixedSizes):
             kwargs["kv_transfer_config"] = _connector_config(handoff, instance_id, config.model.device)
         holder: list[VllmEngine] = []
         started = time.monotonic()
+        segments_before, t0 = shm.listing(), time.time()
         try:
             args = AsyncEngineArgs(**kwargs)
             llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(holder)])
-        except Exception as exc:
+        except BaseException as exc:
             shutil.rmtree(workdir, ignore_errors=True)
+            _release_segments(shm.created_since(segments_before, t0))  # a core that died starting
             if isinstance(exc, (ValueError, TypeError)):
                 raise ConfigError(f"vLLM refused its engine arguments: {exc}") from exc
             raise
         engine = cls(llm, config, workdir, endpoints, handoff)
         holder.append(engine)
-        await engine._warm_up()
-        engine._segments = shm.mapped_by(shm.descendants(os.getpid()))
+        engine._segments = shm.created_since(segments_before, t0)
+        try:
+            await engine._warm_up()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await engine.shutdown()
+            raise
+        # vLLM's own: made while it started and mapped by its processes (not another engine's).
+        engine._segments = shm.created_since(segments_before, t0) & shm.mapped_by(_this_process_tree())
         log.info(
             "vLLM engine ready in %.1fs: block size %d, %d KV blocks, context %d",
             time.monotonic() - started,
@@ -349,7 +372,7 @@ class VllmEngine(FixedSizes):
             await asyncio.to_thread(self._llm.shutdown)
         finally:
             shutil.rmtree(self._workdir, ignore_errors=True)
-            shm.release(self._segments)
+            _release_segments(self._segments)
 
     async def generate(self, req: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
         rid = req.request_id
