@@ -280,7 +280,8 @@ def _specs() -> tuple[Spec, ...]:
             "interlock_router_decisions_total",
             "counter",
             "Routing decisions by reason (kv overlap, load, session, route key...; a disaggregated "
-            "request's legs, retries and migrations each count).",
+            "request's legs, retries and migrations each count; `+queued` once it waited, "
+            "`+queued+gave_up` once it stopped waiting for a busy worker holding more of its prefix).",
             ("model", "reason"),
             same_as="dynamo router's decision counters",
         ),

@@ -606,8 +606,11 @@ class Router:
         choice = self.decider.decide(req)
         slot, held = choice.slot, choice.held
         if wait_for is not None and wait_for is not mask:
-            if self._worth_waiting(choice.costs, slot, mask, wait_for, waited_s):
+            verdict = self._wait_verdict(choice.costs, slot, mask, wait_for, waited_s)
+            if verdict == "wait":
                 return None
+            if verdict == "gave_up":
+                reason += "+gave_up"
         ids, cost = self._slot_ids, choice.costs.item
         cands = tuple(
             [Candidate(ids[s], cost(s), held(s)) for s in choice.ranked[: self.config.num_candidates]]
@@ -650,20 +653,22 @@ class Router:
             busy, queued = (busy + 1) / weight, (queued + 1) / weight
         return pick_simple(self.config.policy, mask, busy, queued, self._rng, self._rotation)
 
-    def _worth_waiting(
+    def _wait_verdict(
         self, costs: np.ndarray, slot: int, mask: np.ndarray, wait_for: np.ndarray, waited_s: float
-    ) -> bool:
-        """Wait for a busy worker (in ``wait_for``, not in ``mask``) while what the request has
-        waited is less than what the busy one saves over ``slot``; marks when to look again."""
+    ) -> str:
+        """ "wait" for a busy worker (in ``wait_for``, not in ``mask``) while what the request
+        has waited is less than what the busy one saves over ``slot`` (marking when to look
+        again); "gave_up" once it has waited that long (it takes ``slot``, its cache elsewhere:
+        counted as a decision reason); "go" where no busy worker would serve it better."""
         closed = wait_for & ~mask
         if not closed.any():
-            return False
+            return "go"
         best_closed = float(costs[closed].min())
         gap = float(costs[slot]) - self.config.cost.tie_tolerance_s - best_closed
         if waited_s >= gap:
-            return False
+            return "gave_up" if gap > 0 else "go"
         self._revisit_at = min(self._revisit_at, self.clock() + gap - waited_s)
-        return True
+        return "wait"
 
     def _decision(
         self,

@@ -318,7 +318,7 @@ def test_a_queued_request_waits_no_longer_than_its_hit_saves() -> None:
     assert r.dispatch_queued() == []
     clock.t = 5.0  # waited longer than recomputing on w1 takes
     [d] = r.dispatch_queued()
-    assert d.worker_id == "w1"
+    assert d.worker_id == "w1" and d.reason == "kv+queued+gave_up"  # counted apart
 
 
 def _tired_a_and_fresh_b(b_priority: int = 0) -> Router:
