@@ -95,7 +95,8 @@ def test_the_dashboard_follows_the_cluster_live(served: Served, tmp_path: Path) 
             workers = tiles(page)
             assert len(workers) == 2 and {pid_of(served, w) for w in workers} == set(served.worker_pids())
 
-            # the figures move as requests are served
+            # the figures move as requests are served (the page's stream and the other frontend
+            # process's figures can lag by seconds on a loaded machine: generous waits)
             assert page.text_content("#stat-requests") == "0"
             for i in range(3):
                 r = client.chat.completions.create(
@@ -103,10 +104,10 @@ def test_the_dashboard_follows_the_cluster_live(served: Served, tmp_path: Path) 
                 )
                 assert r.usage is not None and r.usage.completion_tokens > 0
             page.wait_for_function(
-                "document.getElementById('stat-requests').textContent === '3'", timeout=10_000
+                "document.getElementById('stat-requests').textContent === '3'", timeout=30_000
             )
             assert page.text_content("#stat-tokens") not in ("0", "–")
-            page.wait_for_function("document.getElementById('now-ttft').textContent !== '–'", timeout=10_000)
+            page.wait_for_function("document.getElementById('now-ttft').textContent !== '–'", timeout=30_000)
             routing = page.text_content("#routing") or ""
             assert MODEL in routing and "expected cache hit rate" in routing
 
@@ -120,7 +121,7 @@ def test_the_dashboard_follows_the_cluster_live(served: Served, tmp_path: Path) 
                 timeout=60_000,
             )
             page.wait_for_function(
-                "document.getElementById('event-rows').textContent.includes('restart')", timeout=10_000
+                "document.getElementById('event-rows').textContent.includes('restart')", timeout=30_000
             )
             events = page.text_content("#event-rows") or ""
             assert "worker_left" in events and "worker_joined" in events
@@ -128,7 +129,7 @@ def test_the_dashboard_follows_the_cluster_live(served: Served, tmp_path: Path) 
                 model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
             )
             page.wait_for_function(
-                "document.getElementById('stat-requests').textContent === '4'", timeout=10_000
+                "document.getElementById('stat-requests').textContent === '4'", timeout=30_000
             )
 
             shot = tmp_path / "dashboard.png"
