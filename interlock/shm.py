@@ -6,8 +6,8 @@ message queues, 160 and 240 MiB on a CPU) and unlink them when they shut down cl
 SIGKILLed engine core leaves them, and a supervisor that restarts it would leave 400 MiB more at
 every death. So whoever kills such processes first asks which segments they map
 (``mapped_by``), or which were made while they started (``created_since``), then, once they
-are gone, unlinks those no live process maps any more (``release``). Only ``psm_`` names are touched: a segment of any other kind is not ours to judge.
-Linux only (``/proc``); elsewhere every function finds nothing.
+are gone, unlinks those no live process maps any more (``release``). Only ``psm_`` names are
+touched: a segment of any other kind is not ours to judge. Linux only (``/proc``); elsewhere every function finds nothing.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ a SIGKILL after the grace period. Each child leads a process group of its own, a
 exited whatever is left in that group is killed: a guest engine's processes (vLLM's engine
 core) do not die with the worker that started them, and a SIGKILLed worker would leave them
 running; the Python shared-memory segments those grandchildren mapped are unlinked once they are
-gone (``interlock.shm``: vLLM's message queues, 400 MiB of RAM a death). Both kinds here (``Child``, ``NatsProcess``) can be started
-again after they exit, which is what ``cluster.supervisor`` does with them.
+gone (``interlock.shm``: vLLM's message queues, 400 MiB of RAM a death). Both kinds here
+(``Child``, ``NatsProcess``) can be started again after they exit, which is what ``cluster.supervisor`` does with them.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ class Decision(msgspec.Struct, frozen=True, gc=False):
     worker_id: str
     reason: str
     """Policy that picked the worker: kv, round-robin, random, least-loaded, power-of-two,
-    session, route_key, route_key-spill, direct (a ``+queued`` suffix if it waited, ``+queued+gave_up`` if it waited for a busy worker
-    holding more of its prefix until the hit was no longer worth the wait)."""
+    session, route_key, route_key-spill, direct (a ``+queued`` suffix if it
+    waited, ``+queued+gave_up`` if it waited for a busy worker holding more of its prefix until
+    the hit was no longer worth the wait)."""
     overlap_blocks: int
     prompt_tokens: int
     block_size: int

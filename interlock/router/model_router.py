@@ -423,9 +423,9 @@ class Router:
         for patient in (True, False):
             kept: list[Pending] = []
             closed: set[str | None] = set()
-            first = self.queue.peek()
+            first = self.queue.peek() if patient else None
             while (p := self.queue.peek(closed)) is not None and len(kept) < self.config.queue_scan:
-                if patient and first is not None and p.meta.priority != first.meta.priority:
+                if first is not None and p.meta.priority != first.meta.priority:
                     break  # the first pass keeps to the most important requests waiting
                 eligible = self._eligible(p.meta.role)
                 open_ = eligible & ~busy
