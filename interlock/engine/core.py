@@ -247,13 +247,14 @@ class EngineCore:
             self._move_tiers(tiers)
         self._import_stashed_kv()
         outputs, self._errors = self._errors, []
-        step_time = 0.0
+        step_time = reload_s = 0.0
         if batch.scheduled:
             self._last_busy = t0
             wait = self.runner.weights_load_s
             result, step_time = self._execute(batch, t0)
             if wait and not self.runner.weights_load_s:  # this step brought the weights back
-                self.scheduler.stats.weight_loads.observe(self.runner.last_reload_s)  # type: ignore[attr-defined]
+                reload_s = self.runner.last_reload_s
+                self.scheduler.stats.weight_loads.observe(reload_s)  # type: ignore[attr-defined]
             if isinstance(result, ErrorInfo):
                 outputs += self.scheduler.fail(batch, result)
             else:
@@ -263,9 +264,12 @@ class EngineCore:
         if tiers is not None:
             self._write_through(tiers)
         self._track_holds(outputs)
-        self._observe(batch, step_time)
+        # The speeds measured and reported are the model's: a weight load inside the step is
+        # a wait (reported as ``weights_load_s`` while the weights are out), not compute.
+        compute_s = max(step_time - reload_s, 0.0)
+        self._observe(batch, compute_s)
         self._busy_s += step_time
-        self._load = self._load_report(step_time, batch.num_batched_tokens)
+        self._load = self._load_report(compute_s, batch.num_batched_tokens)
         events = self.pool.take_events()
         if tiers is not None:
             events += tiers.take_events()

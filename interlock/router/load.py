@@ -228,6 +228,10 @@ class LoadTracker:
         self._num_busy = 0
         self.num_weights_out = 0
         """Slots with ``weights_wait_s`` above 0 (while there are none it is never read)."""
+        self._woken: dict[int, tuple[float, float]] = {}
+        """Slots woken by a prefetch (``wake``): the time of their last report then (a report
+        no newer says the weights are out only because it was sent before the wake), and the
+        wait it priced."""
         self._num_measured = 0
         """Slots with ``decode_measured`` set."""
         self._fits: dict[int, StepTimeFit] = {}
@@ -290,6 +294,7 @@ class LoadTracker:
         self._num_busy -= bool(self._busy[slot])
         self._num_measured -= bool(self.decode_measured[slot])
         self.num_weights_out -= bool(self.weights_wait_s[slot])
+        self._woken.pop(slot, None)
         for name, fill, _ in _VECTORS:
             getattr(self, name)[slot] = fill
         self._fits.pop(slot, None)
@@ -535,13 +540,30 @@ class LoadTracker:
         self._write_figures(slot, r)
         self._note_speeds(slot, r)
         if r.weights_load_s or self.num_weights_out:  # never, unless some model offloads
-            self.set_weights_wait(slot, r.weights_load_s)
+            woken = self._woken.pop(slot, None) if self._woken else None
+            if woken is not None and r.weights_load_s and ts <= woken[0]:
+                self._woken[slot] = woken  # sent again from before the wake (an idle worker's)
+            else:
+                self.set_weights_wait(slot, r.weights_load_s)
 
     def set_weights_wait(self, slot: int, wait_s: float) -> None:
         """The seconds ``slot``'s weights need to come back (0: they are in, or on their way
         after a prefetch)."""
         self.num_weights_out += bool(wait_s) - bool(self.weights_wait_s.item(slot))
         self.weights_wait_s[slot] = wait_s
+
+    def wake(self, slot: int) -> None:
+        """A prefetch is loading ``slot``'s weights: it is priced as warm from now until a
+        report sent after the wake says otherwise (an idle worker sends its last report again
+        and again, and the one it had before the wake still says the weights are out)."""
+        self._woken[slot] = (self.report_time.item(slot), self.weights_wait_s.item(slot))
+        self.set_weights_wait(slot, 0.0)
+
+    def wake_failed(self, slot: int) -> None:
+        """The prefetch of ``slot``'s weights failed: they are out still, priced as before."""
+        woken = self._woken.pop(slot, None)
+        if woken is not None:
+            self.set_weights_wait(slot, woken[1])
 
     def weights_waits(self) -> np.ndarray | None:
         """``weights_wait_s`` where some worker's weights are out, else None."""

@@ -280,8 +280,14 @@ class Router:
         if warm.any():
             return None
         slot = int(np.flatnonzero(out)[np.argmin(waits[out])])
-        load.set_weights_wait(slot, 0.0)
+        load.wake(slot)
         return self._slot_ids[slot]
+
+    def wake_failed(self, instance_id: str) -> None:
+        """The prefetch ``weights_to_wake`` asked for failed: price the worker's wait again."""
+        slot = self._slot_of(instance_id)
+        if slot is not None:
+            self.load.wake_failed(slot)
 
     # ---- inputs from the planes ----
     def apply_events(self, batch: KVEventBatch) -> ApplyResult:

@@ -327,13 +327,13 @@ class RouterService:
         wid = router.weights_to_wake() if router is not None else None
         info = self._instances.get(wid) if wid is not None else None
         address = info.metadata.get("control_address") if info is not None else None
-        if wid is None or not address:
+        if router is None or wid is None or not address:
             return
-        task = asyncio.create_task(self._load_weights(wid, address), name=f"prefetch-{wid[:32]}")
+        task = asyncio.create_task(self._load_weights(router, wid, address), name=f"prefetch-{wid[:32]}")
         self._prefetching.add(task)
         task.add_done_callback(self._prefetching.discard)
 
-    async def _load_weights(self, instance_id: str, address: str) -> None:
+    async def _load_weights(self, router: Router, instance_id: str, address: str) -> None:
         try:
             reply = await asyncio.wait_for(
                 control_call(self.requests, address, ControlRequest(op="load_weights")), _PREFETCH_TIMEOUT_S
@@ -341,9 +341,11 @@ class RouterService:
         except Exception as exc:  # noqa: BLE001 - a prefetch that fails costs only its time
             log.warning("prefetching %s's weights failed: %s", instance_id, exc)
             self.prefetches["failed"] += 1
+            router.wake_failed(instance_id)
             return
         if not reply.ok:
             log.warning("prefetching %s's weights failed: %s", instance_id, reply.error)
+            router.wake_failed(instance_id)
         self.prefetches["loaded" if reply.ok else "failed"] += 1
         if reply.weights_load_s:
             log.info("prefetched %s's weights in %.2f s", instance_id, reply.weights_load_s)

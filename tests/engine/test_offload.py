@@ -8,11 +8,13 @@ import pytest
 from interlock.engine.clock import VirtualClock
 from interlock.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from interlock.engine.core import EngineCore
+from interlock.engine.runner import RunnerOutput, SchedulerOutput
+from interlock.engine.runners.mock import MockRunner
 from interlock.engine.runners.torch_runner import TorchRunner
 from interlock.errors import ConfigError
 from interlock.model_store import footprint, resolve_model
 from interlock.protocol import GenerateRequest, SamplingParams
-from tests.engine.conftest import run_to_end, tokens
+from tests.engine.conftest import EOS, VOCAB, make_config, run_to_end, tokens
 
 PROMPT = (1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3717, 314, 20389, 7018, 28, 7018, 2, 198)
 
@@ -73,9 +75,12 @@ def test_the_load_report_says_how_long_the_weights_take_and_a_prefetch_brings_th
 def test_a_load_records_what_the_weights_hold_for_placement() -> None:
     runner = TorchRunner.from_config(_config(0.0))
     held = runner.model.weights.nbytes
-    # fp32: at least the parameters in fp32 (the files are bf16), plus the kernels' layouts
+    # Every layout a kernel keeps holds each parameter in at least bf16 (the files' dtype): the
+    # fp32 ``small`` kernel keeps its weights as bf16, oneDNN's packing and the plain weight as
+    # fp32. Which ones a layer keeps is measured on the machine (``kernel_choice``), so the
+    # footprint lies between the files' size and every layout at once (bf16 + 2 x fp32).
     files = sum(f.stat().st_size for f in resolve_model("smollm2", progress=False).glob("*.safetensors"))
-    assert held >= 2 * files * 0.95
+    assert files * 0.95 <= held <= 5 * files
     assert footprint.measured(resolve_model("smollm2", progress=False), "float32") == held
 
 
@@ -105,3 +110,51 @@ def test_settings_that_cannot_work_are_refused(fields: dict[str, object], why: s
 
 def test_vllm_on_cuda_may_sleep() -> None:
     assert ModelConfig(engine="vllm", device="cuda:0", offload_after_s=5).offload_after_s == 5
+
+
+class _Offloading(MockRunner):
+    """The mock runner, with weights that leave and take ``LOAD_S`` to come back inside the
+    next step (as ``TorchRunner.model`` loads them)."""
+
+    LOAD_S = 2.0
+
+    def __init__(self) -> None:
+        super().__init__(num_blocks=64, block_size=4, vocab_size=VOCAB, eos_token_ids=(EOS,))
+        self.out = False
+        self.last_reload_s = 0.0
+
+    def offload(self) -> bool:
+        self.out = True
+        return True
+
+    @property  # type: ignore[override]
+    def weights_load_s(self) -> float:
+        return self.LOAD_S if self.out else 0.0
+
+    def execute(self, batch: SchedulerOutput) -> RunnerOutput:
+        result = super().execute(batch)
+        if self.out:
+            self.out, self.last_reload_s = False, self.LOAD_S
+            self.last_step_time_s += self.LOAD_S
+        return result
+
+
+def test_the_speeds_reported_after_a_reload_are_the_models_not_the_loads() -> None:
+    # The router prices a worker by the step times it reports: a reload counted as compute
+    # made a warm worker look slower than an offloaded one and sent it the next request.
+    prompt = list(range(10, 42))
+    reports = []
+    for offloaded in (False, True):
+        runner = _Offloading()
+        core = EngineCore(make_config(), runner, clock=VirtualClock())
+        if offloaded:
+            runner.offload()
+        sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        core.add_request(GenerateRequest(request_id="a", token_ids=tuple(prompt), sampling=sampling))
+        run_to_end(core)
+        reports.append(core.load)
+    warm, reloaded = reports
+    assert reloaded.weights_load_s == 0.0 and reloaded.busy_s == warm.busy_s + _Offloading.LOAD_S
+    assert reloaded.step_time_s == pytest.approx(warm.step_time_s, rel=1e-9)
+    assert reloaded.prefill_tokens_per_s == pytest.approx(warm.prefill_tokens_per_s, rel=1e-9)
+    assert warm.prefill_tokens_per_s > 0

@@ -84,3 +84,33 @@ def test_a_pool_with_every_worker_offloaded_wakes_one() -> None:
     woken = r.weights_to_wake()
     assert woken in ("w0", "w1")
     assert route(r, "a", PROMPT).worker_id == woken
+
+
+def test_a_report_sent_again_from_before_the_wake_does_not_put_the_weights_back_out() -> None:
+    # An idle worker sends its last report again and again; while the prefetch loads, that
+    # report still says the weights are out. Only a report made after the wake may say so.
+    r, _ = make(2)
+    _out(r, "w0", 0.9, t=5.0)
+    _out(r, "w1", 0.9, t=5.0)
+    woken = r.weights_to_wake()
+    assert woken is not None
+    slot = r._slot_of(woken)  # type: ignore[attr-defined]
+    _out(r, woken, 0.9, t=5.0)  # the same report, sent again
+    assert r.load.weights_wait_s[slot] == 0.0 and r.load.num_weights_out == 1
+    assert route(r, "a", PROMPT).worker_id == woken
+    _out(r, woken, 0.0, t=6.0)  # loaded
+    _out(r, woken, 0.4, t=9.0)  # and offloaded again, later
+    assert r.load.weights_wait_s[slot] == 0.4 and r.load.num_weights_out == 2
+
+
+def test_a_failed_prefetch_prices_the_wait_again() -> None:
+    r, _ = make(2)
+    _out(r, "w0", 0.9)
+    _out(r, "w1", 0.3)
+    assert r.weights_to_wake() == "w1"
+    assert r.load.num_weights_out == 1
+    r.wake_failed("w1")
+    assert r.load.weights_wait_s[1] == 0.3 and r.load.num_weights_out == 2
+    r.wake_failed("w1")  # once is enough; a worker never woken is left alone
+    r.wake_failed("w0")
+    assert r.load.weights_wait_s.tolist()[:2] == [0.9, 0.3]
