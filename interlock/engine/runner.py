@@ -97,6 +97,9 @@ class ModelRunner(Protocol):
         """Seconds the next step would wait for offloaded weights (0 while they are in)."""
         ...
 
+    last_reload_s: float
+    """Seconds the last load of offloaded weights took (0: none yet)."""
+
     def load_weights(self) -> float:
         """Bring offloaded weights back now (a prefetch); seconds it took, 0 if they were in."""
         ...

@@ -163,6 +163,7 @@ class MockRunner:
 
     weights_load_s = 0.0
     """The mock's weights never leave."""
+    last_reload_s = 0.0
 
     def load_weights(self) -> float:
         return 0.0
