@@ -15,6 +15,10 @@ Three figures, each the median of ``--repeats`` runs, on this machine (the CPU i
   longest whole state and the total, while the map grows from 1,024 slots to tens of millions
   (it grows a few slots per store, its next table prepared by a thread: a growth used to be
   one call, 284 ms at 6.3 M entries);
+* **a replica's copy**: the same states exported by that router (``KvIndexer.export``, what
+  ``kv_replica`` serves a second frontend) and loaded into a fresh one: the blocks come in the
+  order of the index's own per-worker sets, which once piled a growing set into one long run
+  (8x the time of the same blocks in a worker's order);
 * **garbage collection**: one full ``gc.collect()`` while a router's index holds ``--workers``
   x ``--blocks`` blocks (each worker's block set a dict of ints, which the collector does not
   track) against the same blocks held as one Python ``set`` per worker, as the index did before
@@ -123,14 +127,28 @@ def longest_steps(r: Router, workers: int, blocks: int) -> tuple[float, float, f
     return longest_turn, longest_state, total
 
 
-def collection(workers: int, blocks: int, repeats: int) -> tuple[float, float, tuple[float, float, float]]:
+def replica_copy(r: Router, workers: int) -> float:
+    """Every worker's state in ``r`` copied into a fresh router as a second frontend copies it
+    from a replica (``KvIndexer.export``: the blocks in the order of the index's own sets)."""
+    fresh = _router(workers)
+    exports = [r.indexer.export(f"w{w}") for w in range(workers)]
+    t = time.perf_counter()
+    for w, (seq, by_tier) in enumerate(e for e in exports if e is not None):
+        _load(fresh, f"w{w}", seq, by_tier)
+    return time.perf_counter() - t
+
+
+def collection(
+    workers: int, blocks: int, repeats: int
+) -> tuple[float, float, tuple[float, float, float], float]:
     r = _router(workers)
     steps = longest_steps(r, workers, blocks)
+    copy_s = replica_copy(r, workers)
     with_dicts = median_s(gc.collect, repeats)
     as_sets = [set(r.indexer.blocks_of(f"w{w}")) for w in range(workers)]  # the old representation
     with_sets = median_s(gc.collect, repeats)
     del as_sets
-    return with_dicts, with_sets, steps
+    return with_dicts, with_sets, steps, copy_s
 
 
 def main() -> None:
@@ -141,7 +159,7 @@ def main() -> None:
     a = p.parse_args()
     events_s, hashes_s = engine_side(a.blocks, a.repeats)
     apply_s = router_side(a.blocks, a.repeats)
-    dicts_s, sets_s, (turn_s, state_s, load_s) = collection(a.workers, a.blocks, a.repeats)
+    dicts_s, sets_s, (turn_s, state_s, load_s), copy_s = collection(a.workers, a.blocks, a.repeats)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cpu_model()}; median of {a.repeats}\n")
     print("| figure | ms |\n|---|---|")
     print(f"| engine: {a.blocks:,} blocks as snapshot events (before) | {events_s * 1e3:.1f} |")
@@ -152,6 +170,9 @@ def main() -> None:
     )
     print(f"| router: the same, the longest whole state | {state_s * 1e3:.1f} |")
     print(f"| router: the same, all of it | {load_s * 1e3:.0f} |")
+    print(
+        f"| router: the same copied from a replica's export into a fresh one, all of it | {copy_s * 1e3:.0f} |"
+    )
     print(f"| full GC, {a.workers} x {a.blocks:,} blocks as sets (before) | {sets_s * 1e3:.1f} |")
     print(f"| full GC, {a.workers} x {a.blocks:,} blocks in the index now | {dicts_s * 1e3:.1f} |")
 

@@ -363,8 +363,13 @@ static inline void mask_incref(Index* ix, uint32_t id) {
   if (id) ix->refs[id]++;
 }
 
+/* A set's home is the product's low bits, the big table's its high bits (home_of). A set walked
+ * in slot order (blocks(): a replica's copy) then comes in sweeps over the low bits, which fill
+ * another set of any size evenly; with high bits it came sorted by home, and a smaller set being
+ * filled (a new replica's, growing) piled it into one run probed end to end: 8x the time of the
+ * same blocks in a worker's order (60 x 30,000 blocks: 2.4 s against 0.3). */
 static inline uint64_t set_home(const SlotSet* st, uint64_t key) {
-  return (key * 0x9E3779B97F4A7C15ull) >> (64 - __builtin_ctzll(st->cap));
+  return (key * 0x9E3779B97F4A7C15ull) & (st->cap - 1);
 }
 
 static int set_has(const SlotSet* st, uint64_t key) {
