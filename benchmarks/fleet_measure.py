@@ -26,6 +26,7 @@ _OUTAGES = re.compile(r"^interlock_control_plane_outages_total (\d+)", re.M)
 _PULLS = re.compile(r'^interlock_router_kv_syncs_total\{kind="(\w+)"\} (\d+)', re.M)
 _LOOKUPS = re.compile(r'^interlock_router_kv_lookups_total\{outcome="(\w+)"\} (\d+)', re.M)
 _PULLED = re.compile(r"^interlock_router_kv_(sync|replica)_bytes_total (\d+)", re.M)
+_SYNCING = re.compile(r"^interlock_router_kv_syncing_workers (\d+)", re.M)
 
 
 def cpu_s(pid: int) -> float:
@@ -224,6 +225,17 @@ class Frontend:
         """Workers the router knows and has a load report of (``/metrics``)."""
         status, text = await self._get("/metrics")
         return set(_WORKER_LABEL.findall(text)) if status == 200 else set()
+
+    async def states_applied(self, workers: int) -> bool:
+        """The frontend's metrics say it has applied a whole state of each of ``workers``
+        workers (pulled from them or copied from a replica) and pulls none now."""
+        status, text = await self._get("/metrics")
+        if status != 200:
+            return False
+        kinds = dict(_PULLS.findall(text))
+        whole = int(kinds.get("snapshot", 0)) + int(kinds.get("replica", 0))
+        syncing = _SYNCING.search(text)
+        return whole >= workers and syncing is not None and syncing.group(1) == "0"
 
     async def counters(self) -> dict[str, int]:
         """Since this frontend started: its NATS link's outages, re-syncs asked on the event

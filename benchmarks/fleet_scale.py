@@ -44,7 +44,10 @@ What is measured, per phase:
   worker's held prefix to that worker with its full overlap. ``start``/``restart``: each
   worker's chain 0 (32 blocks, never used by the load), which the router can know only from
   the worker's snapshot: the router's index is exactly what it has applied, so this is the
-  time until every snapshot is applied. ``cut``: prefixes stored on a sample of workers (up to
+  time until every snapshot is applied. The probing starts once the frontend's metrics say
+  every state is applied (polled every 0.25 s; rounds of probes from the start would load the
+  frontend far more than the traffic whose latency the phase measures): if the first round
+  routes every probe to its holder, that moment is the time, else the round that does. ``cut``: prefixes stored on a sample of workers (up to
   16) while the link was down (their KV events are lost in ``drop`` mode, so only a re-sync
   brings them). Probe prompts end in a token the synthetic engine never stores, so probing
   changes no cache;
@@ -80,6 +83,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import functools
 import json
 import os
 import random
@@ -190,7 +194,7 @@ class Bench:
             watcher.cancel()
             raise
         self.load.gate.set()
-        done = await converge(self.fe, self.probes(), deadline)
+        done = await converge(self.fe, self.probes(), deadline, applied=self._applied(self.fe))
         self._converged(result, done, t0)
         await watcher
 
@@ -202,6 +206,10 @@ class Bench:
                 raise RuntimeError(f"the frontend did not become healthy; see {proc.logs}")
             await asyncio.sleep(0.1)
         result.healthy_s = time.monotonic() - proc.spawned
+
+    def _applied(self, fe: Frontend) -> Callable[[], Awaitable[bool]]:
+        """Whether ``fe``'s metrics say it has every worker's whole state (``converge``)."""
+        return functools.partial(fe.states_applied, self.args.workers)
 
     @staticmethod
     def _converged(result: PhaseResult, done: float | None, since: float) -> None:
@@ -282,7 +290,10 @@ class Bench:
         try:
             fe = Frontend(self.fe.session, proc.url, MODEL)
             await self._healthy(fe, proc, result)
-            done = await converge(fe, self.probes(), proc.spawned + self.args.converge_timeout)
+            applied = self._applied(fe) if tag == "second" else None  # remote: it keeps no index
+            done = await converge(
+                fe, self.probes(), proc.spawned + self.args.converge_timeout, applied=applied
+            )
             self._converged(result, done, proc.spawned)
             cpu, since = proc.cpu(), time.monotonic()
             result.joined = await fe.counters()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 
 from fleet_measure import Frontend, PhaseResult, Reply
 from fleet_workers import PROBE_TOKEN, VOCAB, ChainShape, chain_tokens, worker_id
@@ -80,12 +81,30 @@ async def routed_to(fe: Frontend, prompt: list[int], worker: str, overlap: int) 
 
 
 async def converge(
-    fe: Frontend, targets: dict[str, tuple[list[int], int]], deadline: float, concurrency: int = 8
+    fe: Frontend,
+    targets: dict[str, tuple[list[int], int]],
+    deadline: float,
+    concurrency: int = 8,
+    applied: Callable[[], Awaitable[bool]] | None = None,
 ) -> float | None:
     """Probe every target until each is routed to its holder; the monotonic time the last one
-    was (None: not by ``deadline``; a probe sent before it may still take its reply timeout)."""
+    was (None: not by ``deadline``; a probe sent before it may still take its reply timeout).
+
+    ``applied`` (the frontend's metrics say every state is applied) is polled first, every
+    0.25 s, and the probing starts only then: rounds of probes at ``concurrency`` from the
+    frontend's start would load it many times more than the traffic whose latency the phase
+    measures. If the first round routes every target to its holder, the index was complete
+    when the metrics said so, and that is the time returned; else the time of the round that
+    completes it."""
     pending = dict(targets)
     gate = asyncio.Semaphore(concurrency)
+    said: float | None = None
+    if applied is not None:
+        while not await applied():
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.25)
+        said = time.monotonic()
 
     async def probe(wid: str) -> None:
         async with gate:
@@ -95,13 +114,15 @@ async def converge(
             if await routed_to(fe, prompt, wid, overlap) is not None:
                 del pending[wid]
 
+    rounds = 0
     while pending:
         if time.monotonic() > deadline:
             return None
         await asyncio.gather(*(probe(wid) for wid in list(pending)))
+        rounds += 1
         if pending:
             await asyncio.sleep(0.05)
-    return time.monotonic()
+    return said if said is not None and rounds == 1 else time.monotonic()
 
 
 async def store_fresh(

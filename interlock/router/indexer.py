@@ -287,14 +287,19 @@ class KvIndexer:
         caller lets requests through between slices (30,000 blocks take 4-8 ms at once). The
         worker stays flagged ``needs_resync`` (loading: known only in part) until the last
         slice; one that leaves meanwhile ends it. Hashes outside the compiled map's domain are
-        refused (``TransportError``) before anything is applied. Equal, once run out, to
-        ``apply`` of the snapshot batch."""
+        refused (``TransportError``) before anything is applied: with the compiled map, the
+        hashes are checked first, a slice per ``next`` too. Equal, once run out, to ``apply``
+        of the snapshot batch."""
         w = self._workers.get(instance_id)
         if w is None:
             return
-        if self._c is not None:
+        if self._c is not None:  # checked a slice per turn too, before anything is applied
             for hashes in tiers.values():
-                _check_range(hashes, f"the state of {instance_id} as of batch {seq}")
+                for at in range(0, len(hashes), step):
+                    _check_range(hashes[at : at + step], f"the state of {instance_id} as of batch {seq}")
+                    yield
+                    if self._workers.get(instance_id) is not w:
+                        return
         if not w.events_seen:
             w.events_seen = True
             self._left_approx(True)
