@@ -91,11 +91,11 @@ async def converge(
     was (None: not by ``deadline``; a probe sent before it may still take its reply timeout).
 
     ``applied`` (the frontend's metrics say every state is applied) is polled first, every
-    0.25 s, and the probing starts only then: rounds of probes at ``concurrency`` from the
-    frontend's start would load it many times more than the traffic whose latency the phase
-    measures. If the first round routes every target to its holder, the index was complete
-    when the metrics said so, and that is the time returned; else the time of the round that
-    completes it."""
+    0.25 s, and the probing starts only then, two at a time: rounds of probes at
+    ``concurrency`` from the frontend's start would load it many times more than the traffic
+    whose latency the phase measures. If the first round routes every target to its holder,
+    the index was complete when the metrics said so, and that is the time returned; else the
+    time of the round that completes it."""
     pending = dict(targets)
     gate = asyncio.Semaphore(concurrency)
     said: float | None = None
@@ -105,6 +105,7 @@ async def converge(
                 return None
             await asyncio.sleep(0.25)
         said = time.monotonic()
+        gate = asyncio.Semaphore(min(concurrency, 2))  # a check now: gently, the load goes on
 
     async def probe(wid: str) -> None:
         async with gate:

@@ -55,7 +55,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -281,7 +281,7 @@ class KvIndexer:
 
     def load_state(
         self, instance_id: str, seq: int, tiers: dict[str, list[int]], step: int = STATE_STEP
-    ) -> Iterator[None]:
+    ) -> Generator[None, None, None]:
         """A worker's whole state (what a snapshot batch says: its blocks by tier, as of batch
         ``seq``) applied ``step`` blocks at a time: a generator, one slice per ``next``, so the
         caller lets requests through between slices (30,000 blocks take 4-8 ms at once). The

@@ -24,7 +24,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -68,7 +69,7 @@ class KvIndexTarget(Protocol):
 
     def needs_resync(self) -> list[str]: ...
 
-    def load_state(self, instance_id: str, seq: int, tiers: dict[str, list[int]]) -> Iterator[None]:
+    def load_state(self, instance_id: str, seq: int, tiers: dict[str, list[int]]) -> Generator[None, None, None]:
         """A worker's whole state, applied a slice per ``next`` (the worker stays loading until
         the last)."""
         ...
@@ -106,6 +107,7 @@ class KvSync:
         self._peers = peers
         """The ``kv_replica`` addresses to ask for a worker's whole state, in order."""
         self._sem = asyncio.Semaphore(max_pulls)
+        self._applier = StateApplier()
         self._timeout_s = timeout_s
         self._clock = clock
         self._held: dict[str, list[KVEventBatch]] = {}
@@ -173,6 +175,7 @@ class KvSync:
             self.pull(router, wid, address_of(wid))
 
     async def close(self) -> None:
+        self._applier.close()
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
@@ -226,7 +229,7 @@ class KvSync:
                 raise TransportError(f"worker {wid} answered a KV pull with {header.kind!r}")
             by_tier, nbytes = await _read_parts(frames, header.frames)
             self.stats.bytes += nbytes
-        await load_state(router, wid, header.seq, by_tier)
+        await self._applier.apply(router.load_state(wid, header.seq, by_tier))
         self.stats.snapshots += 1
         self.stats.snapshot_blocks += sum(len(h) for h in by_tier.values())
 
@@ -249,7 +252,7 @@ class KvSync:
             log.info("KV state of %s from replica %s failed (%s): asking the worker", wid, peer, exc)
             return False
         self.stats.replica_bytes += len(first) + nbytes
-        await load_state(router, wid, header.seq, by_tier)
+        await self._applier.apply(router.load_state(wid, header.seq, by_tier))
         self.stats.replicas += 1
         self.stats.snapshot_blocks += sum(len(h) for h in by_tier.values())
         return True
@@ -267,7 +270,54 @@ async def _read_parts(frames: AsyncIterator[bytes], count: int) -> tuple[dict[st
     return by_tier, nbytes
 
 
-async def load_state(router: KvIndexTarget, wid: str, seq: int, by_tier: dict[str, list[int]]) -> None:
-    """A pulled state applied a slice at a time, requests served between slices."""
-    for _ in router.load_state(wid, seq, by_tier):
-        await asyncio.sleep(0)
+class StateApplier:
+    """Pulled states applied one slice per turn of the event loop, whatever the pulls running.
+
+    Each pull that ran its own slices put one slice per pull into every turn: a request's each
+    step (its body read, routing, the worker's reply, the response) waited behind all of them.
+    Here one task applies the states in the order they came, a slice a turn, so a step waits
+    behind one slice (``STATE_STEP`` blocks, about 1 ms); the pulls' reading goes on meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[Generator[None, None, None], asyncio.Future[None]]] = deque()
+        self._task: asyncio.Task[None] | None = None
+
+    async def apply(self, slices: Generator[None, None, None]) -> None:
+        """Run ``slices`` (a ``load_state``) to its end, a slice per turn; its error is raised
+        here. Cancelled: the rest of it is not applied."""
+        done = asyncio.get_running_loop().create_future()
+        self._queue.append((slices, done))
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+        await done
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for slices, done in self._queue:
+            slices.close()
+            done.cancel()
+        self._queue.clear()
+
+    async def _run(self) -> None:
+        queue = self._queue
+        while queue:
+            slices, done = queue[0]
+            if done.done():  # its pull was cancelled
+                queue.popleft()
+                slices.close()
+                continue
+            try:
+                ended = next(slices, _END) is _END
+            except Exception as exc:  # noqa: BLE001 - the pull's error, raised where it waits
+                queue.popleft()
+                done.set_exception(exc)
+                continue
+            if ended:
+                queue.popleft()
+                done.set_result(None)
+            await asyncio.sleep(0)
+
+
+_END = object()

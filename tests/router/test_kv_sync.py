@@ -8,16 +8,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 
 import pytest
 
 from interlock.engine.kv_sync import KvEventLog, KvSyncServer
 from interlock.engine.serving import FakeEngine
 from interlock.engine.worker import Worker, WorkerOptions
+from interlock.errors import TransportError
 from interlock.protocol import InstanceInfo, subjects
 from interlock.router.indexer import STATE_STEP
-from interlock.router.kv_sync import MAX_PULLS
+from interlock.router.kv_sync import MAX_PULLS, StateApplier
 from interlock.router.service import RouterService
 from interlock.runtime import InProcRegistry, RuntimeConfig, connect_runtime
 from interlock.runtime.runtime import Runtime
@@ -134,13 +135,13 @@ def test_a_joining_worker_s_cache_is_pulled_in_compact_parts_and_nothing_is_push
         engine.fill(chain(40_000), announce=False)  # cached before the router hears of it
         w, _ = make_worker("w", engine, rt)
         await w.start()
-        await settle(lambda: indexed(svc, "w") == stored(engine))
+        await settle(lambda: indexed(svc, "w") == stored(engine) and not svc.kv_sync.syncing)
         stats = svc.kv_sync.stats
         assert (stats.snapshots, stats.replays, stats.failed, stats.snapshot_blocks) == (1, 0, 0, 40_000)
         assert stats.bytes / 40_000 < 10  # block hashes only: about 9 bytes a block
         assert asked == []  # no resync asked on the event plane, so no snapshot published there
         engine.fill(chain(3))  # live events continue from the snapshot's seq
-        await settle(lambda: indexed(svc, "w") == stored(engine))
+        await settle(lambda: indexed(svc, "w") == stored(engine) and not svc.kv_sync.syncing)
         assert (stats.snapshots, stats.replays) == (1, 0)
         await w.drain(0.0)
 
@@ -154,14 +155,14 @@ def test_a_gap_inside_the_ring_replays_only_the_gap() -> None:
         engine.fill(chain(500), announce=False)
         w, events = make_worker("w", engine, rt)
         await w.start()
-        await settle(lambda: indexed(svc, "w") == stored(engine))
+        await settle(lambda: indexed(svc, "w") == stored(engine) and not svc.kv_sync.syncing)
         events.dropping = True
         for _ in range(5):
             engine.fill(chain(4))  # five batches the router never hears
         await settle(lambda: events.dropped == 5)
         events.dropping = False
         engine.fill(chain(4))  # the sixth arrives: the router sees the gap
-        await settle(lambda: indexed(svc, "w") == stored(engine))
+        await settle(lambda: indexed(svc, "w") == stored(engine) and not svc.kv_sync.syncing)
         stats = svc.kv_sync.stats
         assert (stats.snapshots, stats.replays, stats.replayed_batches) == (1, 1, 6)
         assert w.kv_sync.replays == 1 and w.kv_sync.snapshots == 1
@@ -178,14 +179,14 @@ def test_a_gap_past_the_ring_costs_one_snapshot() -> None:
         w, events = make_worker("w", engine, rt, ring=3)
         await w.start()
         engine.fill(chain(8))
-        await settle(lambda: indexed(svc, "w") == stored(engine))
+        await settle(lambda: indexed(svc, "w") == stored(engine) and not svc.kv_sync.syncing)
         events.dropping = True
         for _ in range(5):
             engine.fill(chain(4))
         await settle(lambda: events.dropped == 5)
         events.dropping = False
         engine.fill(chain(4))
-        await settle(lambda: indexed(svc, "w") == stored(engine))
+        await settle(lambda: indexed(svc, "w") == stored(engine) and not svc.kv_sync.syncing)
         stats = svc.kv_sync.stats
         assert (stats.snapshots, stats.replays) == (2, 0)
         assert asked == []
@@ -303,7 +304,7 @@ def test_pulls_are_counted_in_the_metrics() -> None:
         engine.fill(chain(100), announce=False)
         w, _ = make_worker("w", engine, rt)
         await w.start()
-        await settle(lambda: indexed(svc, "w") == stored(engine))
+        await settle(lambda: indexed(svc, "w") == stored(engine) and not svc.kv_sync.syncing)
         text = svc.prometheus_text()
         assert 'interlock_router_kv_syncs_total{kind="snapshot"} 1' in text
         assert 'interlock_router_kv_syncs_total{kind="replay"} 0' in text
@@ -335,7 +336,7 @@ def test_a_large_pulled_state_is_applied_in_slices_with_turns_between() -> None:
 
         turns = asyncio.create_task(ticker())
         await worker.start()
-        await settle(lambda: indexed(svc, "w0") == stored(engine), 30.0)
+        await settle(lambda: indexed(svc, "w0") == stored(engine) and not svc.kv_sync.syncing, 30.0)
         done.set()
         await turns
         assert len(mid_load) >= 30_000 // STATE_STEP - 1
@@ -344,3 +345,62 @@ def test_a_large_pulled_state_is_applied_in_slices_with_turns_between() -> None:
         await worker.drain(0.0)
 
     run(body)
+
+
+class _Turns:
+    """Counts turns of the event loop (a callback that schedules itself again each turn)."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.now += 1
+        self._handle = self._loop.call_soon(self._tick)
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
+def _slices(turns: _Turns, seen: list[int], n: int, fail_at: int = -1) -> Generator[None, None, None]:
+    """A ``load_state`` of ``n`` slices noting the turn each one ran in."""
+    for i in range(n):
+        yield
+        if i == fail_at:
+            raise TransportError("a bad hash")
+        seen.append(turns.now)
+
+
+def test_states_pulled_together_are_applied_one_slice_per_turn_of_the_loop() -> None:
+    async def main() -> list[int]:
+        turns, seen = _Turns(), []
+        applier = StateApplier()
+        await asyncio.gather(*(applier.apply(_slices(turns, seen, 6)) for _ in range(4)))
+        turns.stop()
+        return seen
+
+    seen = asyncio.run(main())
+    # every request's step waits behind one slice, not one slice per pull running
+    assert len(seen) == 24 and len(set(seen)) == 24
+
+
+def test_a_failing_state_raises_in_its_pull_and_a_cancelled_one_stops() -> None:
+    async def main() -> tuple[list[int], list[int], list[int]]:
+        turns = _Turns()
+        applier = StateApplier()
+        bad, cut, good = [], [], []
+        failing = asyncio.ensure_future(applier.apply(_slices(turns, bad, 10, fail_at=2)))
+        cancelled = asyncio.ensure_future(applier.apply(_slices(turns, cut, 10**7)))
+        fine = asyncio.ensure_future(applier.apply(_slices(turns, good, 5)))
+        with pytest.raises(TransportError, match="a bad hash"):
+            await failing
+        await asyncio.sleep(0.01)
+        cancelled.cancel()
+        await fine
+        applier.close()
+        turns.stop()
+        return bad, cut, good
+
+    bad, cut, good = asyncio.run(main())
+    assert len(bad) == 2 and 0 < len(cut) < 10**7 and len(good) == 5
