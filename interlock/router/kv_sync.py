@@ -69,7 +69,9 @@ class KvIndexTarget(Protocol):
 
     def needs_resync(self) -> list[str]: ...
 
-    def load_state(self, instance_id: str, seq: int, tiers: dict[str, list[int]]) -> Generator[None, None, None]:
+    def load_state(
+        self, instance_id: str, seq: int, tiers: dict[str, list[int]]
+    ) -> Generator[None, None, None]:
         """A worker's whole state, applied a slice per ``next`` (the worker stays loading until
         the last)."""
         ...

@@ -300,7 +300,9 @@ class Router:
             self.metrics.duplicate_batches += 1
         return res
 
-    def load_state(self, instance_id: str, seq: int, tiers: dict[str, list[int]]) -> Generator[None, None, None]:
+    def load_state(
+        self, instance_id: str, seq: int, tiers: dict[str, list[int]]
+    ) -> Generator[None, None, None]:
         """A worker's pulled state, applied a slice per ``next`` (``KvIndexer.load_state``)."""
         return self.indexer.load_state(instance_id, seq, tiers)
 
