@@ -34,18 +34,19 @@ import random
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
 from interlock.engine.block_pool import BlockPool
 from interlock.protocol import InstanceInfo, subjects
-from interlock.protocol.kv_sync import KvSnapshotPart, snapshot_parts
+from interlock.protocol.kv_sync import KvSnapshotPart, snapshot_parts, unpack_hashes
 from interlock.router.kv_sync import _decode_part
 from interlock.router.model_router import Router, RouterConfig
 
 
-def _load(r: Router, wid: str, seq: int, by_tier: dict[str, list[int]]) -> None:
+def _load(r: Router, wid: str, seq: int, by_tier: Mapping[str, Sequence[int]]) -> None:
     """A pulled state applied whole (its slices one after another, as the loop would)."""
     for _ in r.load_state(wid, seq, by_tier):
         pass
@@ -96,10 +97,10 @@ def router_side(blocks: int, repeats: int) -> float:
     seq = iter(range(1 << 30))
 
     def pull() -> None:
-        by_tier: dict[str, list[int]] = {}
+        by_tier: dict[str, array[int]] = {}
         for frame in frames:
             part: KvSnapshotPart = _decode_part(frame)
-            by_tier.setdefault(part.tier, []).extend(part.hashes)
+            by_tier[part.tier] = unpack_hashes(part.hashes, by_tier.get(part.tier))
         _load(r, "w0", next(seq), by_tier)
 
     return median_s(pull, repeats)

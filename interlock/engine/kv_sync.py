@@ -85,7 +85,7 @@ class KvSyncServer:
         as_of = self.log.last_seq  # read before the snapshot: every batch up to it is in it
         parts = snapshot_parts(await self.engine.kv_state(), self.part_blocks)
         self.snapshots += 1
-        blocks = sum(len(p.hashes) for p in parts)
+        blocks = sum(p.blocks for p in parts)
         yield _encode(KvSyncHeader(kind="snapshot", seq=as_of, frames=len(parts), blocks=blocks))
         for part in parts:
             yield _encode(part)

@@ -9,7 +9,7 @@ reply stream opens with a
 - ``replay``: the worker still holds every batch after ``since`` in its ring of recent
   batches: those batches, one frame each, exactly as they were published (``KVEventBatch``).
 - ``snapshot``: it does not (or ``since`` is None): the whole cache as ``KvSnapshotPart`` frames,
-  bounded in size, block hashes only (about 9 bytes a block in msgpack, where a published
+  bounded in size, block hashes only (8 bytes a block, packed, where a published
   ``BlockStored`` per block took about 150). The snapshot reflects at least every batch up to
   ``KvSyncHeader.seq`` (and possibly some after it): the router applies it as of that seq and
   then the live batches after it, which is exact because every KV event sets a block's state
@@ -29,7 +29,9 @@ holds no whole state of it (not known, or still being pulled).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import sys
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -94,17 +96,50 @@ class KvSyncHeader(msgspec.Struct, frozen=True, kw_only=True):
 class KvSnapshotPart(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     tier: str
     """``device``, ``host`` or ``disk`` (``protocol.events.TIERS``)."""
-    hashes: list[int]
+    hashes: bytes
+    """The block hashes packed, unsigned 64-bit little-endian, 8 bytes a block
+    (``pack_hashes``): read into an array with no Python int made for any of them, every one
+    in the index's domain by its type (as msgpack ints they took 9 bytes a block and about
+    100 ns of the router's loop to decode and check)."""
+
+    @property
+    def blocks(self) -> int:
+        return len(self.hashes) // 8
 
 
 PART_BLOCKS = 16384
-"""Block hashes per snapshot part (about 150 KB encoded)."""
+"""Block hashes per snapshot part (128 KiB)."""
 
 
-def snapshot_parts(by_tier: dict[str, list[int]], part_blocks: int = PART_BLOCKS) -> list[KvSnapshotPart]:
+def pack_hashes(hashes: Sequence[int]) -> bytes:
+    """Block hashes as ``KvSnapshotPart.hashes`` (OverflowError: one is not a 64-bit unsigned int)."""
+    packed = array("Q", hashes)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_hashes(data: bytes, into: array[int] | None = None) -> array[int]:
+    """``KvSnapshotPart.hashes`` as an array of unsigned 64-bit ints (appended to ``into``);
+    ValueError where ``data`` is not a whole number of hashes."""
+    if len(data) % 8:
+        raise ValueError(f"packed block hashes of {len(data)} bytes: not a multiple of 8")
+    out = into if into is not None else array("Q")
+    start = len(out)
+    out.frombytes(data)
+    if sys.byteorder == "big":
+        tail = out[start:]
+        tail.byteswap()
+        out[start:] = tail
+    return out
+
+
+def snapshot_parts(
+    by_tier: Mapping[str, Sequence[int]], part_blocks: int = PART_BLOCKS
+) -> list[KvSnapshotPart]:
     """A whole state's block hashes by tier as parts of at most ``part_blocks`` hashes."""
     return [
-        KvSnapshotPart(tier=tier, hashes=hashes[i : i + part_blocks])
+        KvSnapshotPart(tier=tier, hashes=pack_hashes(hashes[i : i + part_blocks]))
         for tier, hashes in by_tier.items()
         for i in range(0, len(hashes), part_blocks)
     ]

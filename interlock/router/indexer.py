@@ -54,8 +54,9 @@ from __future__ import annotations
 
 import enum
 import itertools
+from array import array
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -280,7 +281,7 @@ class KvIndexer:
         return result
 
     def load_state(
-        self, instance_id: str, seq: int, tiers: dict[str, list[int]], step: int = STATE_STEP
+        self, instance_id: str, seq: int, tiers: Mapping[str, Sequence[int]], step: int = STATE_STEP
     ) -> Generator[None, None, None]:
         """A worker's whole state (what a snapshot batch says: its blocks by tier, as of batch
         ``seq``) applied ``step`` blocks at a time: a generator, one slice per ``next``, so the
@@ -295,6 +296,8 @@ class KvIndexer:
             return
         if self._c is not None:  # checked a slice per turn too, before anything is applied
             for hashes in tiers.values():
+                if isinstance(hashes, array) and hashes.typecode == "Q":
+                    continue  # unsigned 64-bit by its type (a pulled state: ``unpack_hashes``)
                 for at in range(0, len(hashes), step):
                     _check_range(hashes[at : at + step], f"the state of {instance_id} as of batch {seq}")
                     yield

@@ -24,8 +24,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from array import array
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,7 +34,13 @@ import msgspec
 
 from interlock.errors import TransportError
 from interlock.protocol import KVEventBatch
-from interlock.protocol.kv_sync import KvReplicaRequest, KvSnapshotPart, KvSyncHeader, KvSyncRequest
+from interlock.protocol.kv_sync import (
+    KvReplicaRequest,
+    KvSnapshotPart,
+    KvSyncHeader,
+    KvSyncRequest,
+    unpack_hashes,
+)
 from interlock.router.indexer import ApplyResult
 from interlock.runtime.interfaces import RequestPlane
 
@@ -70,7 +77,7 @@ class KvIndexTarget(Protocol):
     def needs_resync(self) -> list[str]: ...
 
     def load_state(
-        self, instance_id: str, seq: int, tiers: dict[str, list[int]]
+        self, instance_id: str, seq: int, tiers: Mapping[str, Sequence[int]]
     ) -> Generator[None, None, None]:
         """A worker's whole state, applied a slice per ``next`` (the worker stays loading until
         the last)."""
@@ -260,15 +267,19 @@ class KvSync:
         return True
 
 
-async def _read_parts(frames: AsyncIterator[bytes], count: int) -> tuple[dict[str, list[int]], int]:
-    """A snapshot's ``count`` parts: block hashes by tier, and the bytes they took."""
-    by_tier: dict[str, list[int]] = {}
+async def _read_parts(frames: AsyncIterator[bytes], count: int) -> tuple[dict[str, array[int]], int]:
+    """A snapshot's ``count`` parts: block hashes by tier (arrays, no Python int made), and
+    the bytes they took."""
+    by_tier: dict[str, array[int]] = {}
     nbytes = 0
     for _ in range(count):
         frame = await anext(frames)
         nbytes += len(frame)
         part = _decode_part(frame)
-        by_tier.setdefault(part.tier, []).extend(part.hashes)
+        try:
+            by_tier[part.tier] = unpack_hashes(part.hashes, by_tier.get(part.tier))
+        except ValueError as exc:
+            raise TransportError(f"a KV state part: {exc}") from None
     return by_tier, nbytes
 
 

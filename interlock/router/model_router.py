@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -301,7 +301,7 @@ class Router:
         return res
 
     def load_state(
-        self, instance_id: str, seq: int, tiers: dict[str, list[int]]
+        self, instance_id: str, seq: int, tiers: Mapping[str, Sequence[int]]
     ) -> Generator[None, None, None]:
         """A worker's pulled state, applied a slice per ``next`` (``KvIndexer.load_state``)."""
         return self.indexer.load_state(instance_id, seq, tiers)

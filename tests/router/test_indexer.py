@@ -329,3 +329,18 @@ def test_a_state_with_a_hash_outside_64_bits_changes_nothing() -> None:
     with pytest.raises(TransportError, match="block hash -1 is not a 64-bit"):
         next(ix.load_state("a", 1, {"device": [1, 2, -1]}))
     assert ix.num_blocks("a") == 2 and ix.kv_seq("a") == 0 and ix.loading == 0
+
+
+def test_a_pulled_state_as_an_array_indexes_as_the_same_list() -> None:
+    from array import array
+
+    hashes = [3, 2**63, 2**64 - 1, *range(10, 5_000)]
+    as_list, as_array = KvIndexer(), KvIndexer()
+    for ix, state in ((as_list, hashes), (as_array, array("Q", hashes))):
+        ix.add_worker("a")
+        for _ in ix.load_state("a", 4, {"device": state}):
+            pass
+        assert ix.kv_seq("a") == 4 and ix.loading == 0
+        ix.check_integrity()
+    assert as_list.blocks_of("a") == as_array.blocks_of("a") == frozenset(hashes)
+    assert as_array.overlap_by_worker(hashes[:6]) == {"a": 6}

@@ -78,7 +78,8 @@ async def _fleet(rt, n: int, blocks: int):  # type: ignore[no-untyped-def]
 
 
 def _converged(svc: RouterService, engines: dict[str, FakeEngine]) -> bool:
-    return all(indexed(svc, wid) == stored(e) for wid, e in engines.items())
+    """Every worker indexed as it is, and no pull running (its counts are in)."""
+    return not svc.kv_sync.syncing and all(indexed(svc, wid) == stored(e) for wid, e in engines.items())
 
 
 @contextlib.asynccontextmanager

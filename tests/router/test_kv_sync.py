@@ -284,7 +284,13 @@ def test_a_fleet_whose_snapshots_exceed_the_pending_bound_converges_without_a_di
                     make_worker(wid, e, wrt)[0] for (wid, e), wrt in zip(engines.items(), fleet, strict=True)
                 ]
                 await asyncio.gather(*(w.start() for w in workers))
-                await settle(lambda: all(indexed(svc, wid) == stored(e) for wid, e in engines.items()), 60.0)
+                await settle(
+                    lambda: (
+                        not svc.kv_sync.syncing
+                        and all(indexed(svc, wid) == stored(e) for wid, e in engines.items())
+                    ),
+                    60.0,
+                )
                 assert svc.kv_sync.stats.snapshots == 16
                 assert _slow_consumers(monitor) == 0
                 assert rt.link is not None and rt.link.status().outages == 0

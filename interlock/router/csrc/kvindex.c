@@ -519,6 +519,25 @@ static int keys_room(Index* ix, int64_t len) {
 /* The hashes of a sequence of ints into ix->keys, *n the count; -1 with an exception if one is
  * not a 64-bit unsigned int (nothing of the index changes). */
 static int load_keys(Index* ix, PyObject* seq, int64_t* n) {
+  if (PyObject_CheckBuffer(seq) && !PyBytes_Check(seq) && !PyByteArray_Check(seq)) {
+    /* an array('Q') (a pulled state: unsigned 64-bit by its type): copied, no int read */
+    Py_buffer view;
+    if (PyObject_GetBuffer(seq, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    int ok = view.itemsize == 8 && view.format && strcmp(view.format, "Q") == 0;
+    if (ok) {
+      Py_ssize_t len = view.len / 8;
+      if (keys_room(ix, len) < 0) {
+        PyBuffer_Release(&view);
+        return -1;
+      }
+      memcpy(ix->keys, view.buf, (size_t)len * 8);
+      *n = len;
+    }
+    PyBuffer_Release(&view);
+    if (ok) return 0;
+    PyErr_SetString(PyExc_TypeError, "block hashes in a buffer must be unsigned 64-bit ints (array 'Q')");
+    return -1;
+  }
   PyObject* fast = PySequence_Fast(seq, "block hashes must be a sequence of ints");
   if (!fast) return -1;
   Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
