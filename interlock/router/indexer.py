@@ -288,21 +288,15 @@ class KvIndexer:
         caller lets requests through between slices (30,000 blocks take 4-8 ms at once). The
         worker stays flagged ``needs_resync`` (loading: known only in part) until the last
         slice; one that leaves meanwhile ends it. Hashes outside the compiled map's domain are
-        refused (``TransportError``) before anything is applied: with the compiled map, the
-        hashes are checked first, a slice per ``next`` too. Equal, once run out, to ``apply``
-        of the snapshot batch."""
+        refused (``TransportError``) before anything is applied (an ``array('Q')``, what a pull
+        reads, holds none). Equal, once run out, to ``apply`` of the snapshot batch."""
         w = self._workers.get(instance_id)
         if w is None:
             return
-        if self._c is not None:  # checked a slice per turn too, before anything is applied
+        if self._c is not None:
             for hashes in tiers.values():
-                if isinstance(hashes, array) and hashes.typecode == "Q":
-                    continue  # unsigned 64-bit by its type (a pulled state: ``unpack_hashes``)
-                for at in range(0, len(hashes), step):
-                    _check_range(hashes[at : at + step], f"the state of {instance_id} as of batch {seq}")
-                    yield
-                    if self._workers.get(instance_id) is not w:
-                        return
+                if not (isinstance(hashes, array) and hashes.typecode == "Q"):  # else: by its type
+                    _check_range(hashes, f"the state of {instance_id} as of batch {seq}")
         if not w.events_seen:
             w.events_seen = True
             self._left_approx(True)

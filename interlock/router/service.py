@@ -327,7 +327,10 @@ class RouterService:
         wid = router.weights_to_wake() if router is not None else None
         info = self._instances.get(wid) if wid is not None else None
         address = info.metadata.get("control_address") if info is not None else None
-        if router is None or wid is None or not address:
+        if router is None or wid is None:
+            return
+        if not address:  # nobody to ask: its wait is priced again
+            router.wake_failed(wid)
             return
         task = asyncio.create_task(self._load_weights(router, wid, address), name=f"prefetch-{wid[:32]}")
         self._prefetching.add(task)
