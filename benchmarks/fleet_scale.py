@@ -29,7 +29,10 @@ again once ``/health`` is 200), ``cut`` (the frontend's NATS link cut for ``--cu
 ``--cut-mode`` hang or drop, then restored), ``second`` (a second frontend joins beside the
 first, which keeps the load; stopped at the phase's end), ``remote`` (the same with
 ``--kv-index remote``: it keeps no index, asks the first per request, and takes the load once
-converged). A phase lasts ``--duration`` s, or until it has
+converged), ``shards`` (``--shards`` frontends each keeping a shard of the index), ``index_restart``
+(the index apart from the serving loop: a ``remote`` frontend takes the load and the first, the
+only index, restarts and pulls every state again; the row is the serving one's requests from
+the restart on). A phase lasts ``--duration`` s, or until it has
 converged if that takes longer.
 
 What is measured, per phase:
@@ -110,7 +113,7 @@ from interlock.runtime.nats_server import NatsServer
 
 MODEL = "smollm2"
 CANARIES = 16
-PHASES = ("steady", "restart", "cut", "second", "remote", "shards")
+PHASES = ("steady", "restart", "cut", "second", "remote", "shards", "index_restart")
 
 
 # ---- phases ----
@@ -245,6 +248,48 @@ class Bench:
         frontend's CPU is then ingestion and lookups alone."""
         await self._beside(result, "remote", ("--kv-index", "remote"))
 
+    async def index_restart(self, result: PhaseResult) -> None:
+        """The index in a process apart from the serving loop: a frontend without an index
+        (``--kv-index remote``) joins, converges on the first's lookups and takes the load; then
+        the first (the only index) restarts and pulls every state again while the requests go
+        through the other. The row is from the restart on: the requests' latency (the serving
+        loop's, with no ingestion on it), the convergence as that frontend routes (probes
+        once the first's metrics say every state is applied), ``joined_cpu_s`` the serving
+        frontend's CPU s/s and ``frontend CPU`` the index's."""
+        proc = FrontendProcess(
+            self.nats_url,
+            self.fe_proc.logs,
+            self.fe_proc.lease,
+            tag="serving",
+            extra=("--kv-index", "remote"),
+        )
+        self.load.phase = PhaseResult("before")  # its own start is not the row's
+        proc.start()
+        try:
+            fe = Frontend(self.fe.session, proc.url, MODEL)
+            await self._healthy(fe, proc, PhaseResult("before"))
+            if await converge(fe, self.probes(), proc.spawned + self.args.converge_timeout) is None:
+                result.timed_out.append("converged")
+                return
+            await self.load.hold()  # nothing in flight to the first when it stops
+            self.load.fe, self.load.phase = fe, result
+            self.load.gate.set()
+            restarted = time.monotonic()
+            cpu = proc.cpu()
+            self.fe_proc.stop()
+            self.fe_proc.start()
+            await self._healthy(self.fe, self.fe_proc, result)
+            done = await converge(
+                fe, self.probes(), restarted + self.args.converge_timeout, applied=self._applied(self.fe)
+            )
+            self._converged(result, done, restarted)
+            await self.lag_until(result, restarted + self.args.duration, fe)
+            result.joined = await fe.counters()
+            result.joined_cpu_s = (proc.cpu() - cpu) / max(time.monotonic() - restarted, 1e-9)
+        finally:
+            self.load.fe = self.fe
+            proc.stop()
+
     async def shards(self, result: PhaseResult) -> None:
         """``--shards`` frontends, each keeping one shard of the index (``--kv-shard I/N``),
         join beside the first; once the first of them has converged (it routes by asking every
@@ -373,7 +418,7 @@ def _all_syncs(r: PhaseResult) -> str:
     if r.name == "shards":
         cpu = " / ".join(f"{c:.2f}" for c in r.shard_cpu_s)
         return f"{_syncs(r.counters)}; shards: {_syncs(r.joined)}, CPU s/s {cpu} (the first serves)"
-    if r.name == "remote":
+    if r.name in ("remote", "index_restart"):
         lookups = r.joined.get("lookups_answered", 0)
         return f"{_syncs(r.counters)}; frontend without an index: {lookups} lookups, {r.joined_cpu_s:.2f} CPU s/s"
     return (
