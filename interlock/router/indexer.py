@@ -28,6 +28,15 @@ Two sources of truth, chosen per worker automatically:
   are assumed cached for ``approx_ttl_s``. The first batch from a worker switches it to events
   for good and drops the predictions.
 
+Pending prefixes (events mode): a request routed to a worker will leave its prompt's blocks
+there, but the worker says so only once its prefill has computed them; a request sharing that
+prefix decided meanwhile (a follow-up, the next question over the same documents, a crowd
+behind one new prompt) would see it nowhere and compute it again elsewhere. So the blocks past
+the overlap of each request routed are counted as held at once (``record_pending``), until the
+worker's events store them (or remove them) or ``pending_ttl_s`` passes, when those it never
+stored (a request refused, cancelled or failed) are taken out again (``expire_pending``). They
+are the router's guess, never the worker's state: a replica's copy (``export``) leaves them out.
+
 KV tiers: events name a tier (``device``, ``host``, ``disk``). Device blocks are the index
 above; blocks a worker holds in a lower tier go to a second map of the same kind
 (``lower holders``), so ``lower_overlaps`` can say, per worker, how many blocks right after
@@ -95,6 +104,9 @@ class _Worker:
     """Approx mode: block hash -> time its prediction expires."""
     lower: dict[int, int] = field(default_factory=dict)
     """Block hash -> bits of the lower tiers holding it (``_TIER_BITS``)."""
+    pending: dict[int, float] = field(default_factory=dict)
+    """Events mode: device blocks of requests routed here that the worker has not yet said it
+    stored (hash -> when the guess expires), held in the map meanwhile (``record_pending``)."""
 
 
 _TIER_BITS = {"host": 1, "disk": 2}
@@ -108,8 +120,13 @@ TIDY_SLOTS = 1 << 18
 class KvIndexer:
     """Prefix index over all workers. Pure data structure: no I/O, time passed in."""
 
-    def __init__(self, *, approx_ttl_s: float = 120.0, compiled: bool = True) -> None:
+    def __init__(
+        self, *, approx_ttl_s: float = 120.0, pending_ttl_s: float = 30.0, compiled: bool = True
+    ) -> None:
         self.approx_ttl_s = approx_ttl_s
+        self.pending_ttl_s = pending_ttl_s
+        """How long a routed request's blocks count as held before the worker's events say so
+        (0: not at all)."""
         self._holders: dict[int, int] = {}
         """The device map in Python (unused while the compiled one is)."""
         self._c = native.load() if compiled else None
@@ -129,6 +146,7 @@ class KvIndexer:
         self._free_slots: list[int] = []
         self._next_slot = 0
         self._expiries: deque[tuple[float, int, tuple[int, ...]]] = deque()
+        self._pending_expiries: deque[tuple[float, int, tuple[int, ...]]] = deque()
         self.events_applied = 0
         """Block-level events applied (stored or removed hashes), for metrics."""
         self.loading = 0
@@ -243,7 +261,10 @@ class KvIndexer:
         if seq is None:
             return None
         w = self._workers[instance_id]
-        tiers: dict[str, list[int]] = {"device": self._device_blocks(w)}
+        device = self._device_blocks(w)
+        if w.pending:  # the router's guesses, not the worker's state
+            device = [h for h in device if h not in w.pending]
+        tiers: dict[str, list[int]] = {"device": device}
         for tier, bit in _TIER_BITS.items():
             held = [h for h, bits in w.lower.items() if bits & bit]
             if held:
@@ -321,11 +342,15 @@ class KvIndexer:
         for ev in events:
             if isinstance(ev, BlockStored):
                 if ev.tier == "device":
+                    if w.pending:  # the worker's word now, not the router's guess
+                        _settle(w.pending, ev.block_hashes)
                     self._store(w, ev.block_hashes)
                 else:
                     self._store_lower(w, ev.block_hashes, _TIER_BITS.get(ev.tier, 0))
             elif isinstance(ev, BlockRemoved):
                 if ev.tier == "device":
+                    if w.pending:
+                        _settle(w.pending, ev.block_hashes)
                     self._remove(w, ev.block_hashes)
                 else:
                     self._remove_lower(w, ev.block_hashes, _TIER_BITS.get(ev.tier, 0))
@@ -412,6 +437,7 @@ class KvIndexer:
             self._remove(w, list(w.blocks))
         self._remove_lower(w, list(w.lower), 3)
         w.approx_expiry.clear()
+        w.pending.clear()
 
     # ---- approximate mode ----
     def record_routed(self, instance_id: str, hashes: Sequence[int], now: float) -> None:
@@ -425,6 +451,52 @@ class KvIndexer:
             w.approx_expiry[h] = expiry
         self._store(w, hs)
         self._expiries.append((expiry, w.slot, hs))
+
+    # ---- pending prefixes ----
+    def record_pending(self, instance_id: str, hashes: Sequence[int], now: float) -> None:
+        """A request routed to an events worker: those of its blocks the worker does not hold
+        count as held there until its events store them, or ``pending_ttl_s`` from ``now``.
+        Nothing for a worker whose state is loading (its snapshot would drop them) or an
+        approx one (``record_routed``)."""
+        w = self._workers.get(instance_id)
+        if w is None or not w.events_seen or w.needs_resync or self.pending_ttl_s <= 0 or not hashes:
+            return
+        if self._c is not None:
+            new: list[int] = self._c.store_new(self._cmap, w.slot, hashes)
+        else:
+            blocks = w.blocks
+            new = list(dict.fromkeys(h for h in hashes if h not in blocks))
+            self._store(w, new)
+            self.events_applied -= len(new)  # not events
+        if not new:
+            return
+        expiry = now + self.pending_ttl_s
+        pending = w.pending
+        for h in new:
+            pending[h] = expiry
+        self._pending_expiries.append((expiry, w.slot, tuple(new)))
+
+    @property
+    def pending_waiting(self) -> bool:
+        """Some pending blocks may be due to expire (``expire_pending`` has work)."""
+        return bool(self._pending_expiries)
+
+    def expire_pending(self, now: float) -> None:
+        """Take out the pending blocks whose TTL passed before the worker stored them (a
+        request routed again since keeps its later expiry)."""
+        q = self._pending_expiries
+        while q and q[0][0] <= now:
+            _, slot, hs = q.popleft()
+            w = self._by_slot.get(slot)
+            if w is None or not w.pending:
+                continue
+            pending = w.pending
+            gone = [h for h in hs if pending.get(h, _NEVER) <= now]
+            for h in gone:
+                del pending[h]
+            if gone:
+                self._remove(w, gone)
+                self.events_applied -= len(gone)
 
     def expire(self, now: float) -> None:
         """Drop approximate predictions whose TTL has passed (entries refreshed later stay)."""
@@ -537,6 +609,8 @@ class KvIndexer:
                 assert tiers, w.instance_id
                 seen_lower[h] = seen_lower.get(h, 0) | bit
             assert not (w.events_seen and w.approx_expiry), w.instance_id
+            assert w.events_seen or not w.pending, w.instance_id
+            assert all(h in seen and seen[h] & bit for h in w.pending), "a pending block not held"
         assert self.loading == sum(w.needs_resync for w in self._workers.values())
         if self._c is not None:
             broken = self._c.check(self._cmap)
@@ -550,7 +624,15 @@ class KvIndexer:
 
 
 _NONE = object()
+_NEVER = float("inf")
 _HASH_LIMIT = 1 << 64
+
+
+def _settle(pending: dict[int, float], hashes: Sequence[int]) -> None:
+    """The worker's events named these blocks: none of them is a guess any longer."""
+    pop = pending.pop
+    for h in hashes:
+        pop(h, None)
 
 
 def _check_hashes(batch: KVEventBatch) -> None:

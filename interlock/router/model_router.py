@@ -74,6 +74,9 @@ class RouterConfig:
     worker they prefer."""
     retry_after_s: float = 1.0
     approx_ttl_s: float = 120.0
+    pending_ttl_s: float = 30.0
+    """How long a request's blocks count as held on the worker it was routed to before that
+    worker's KV events say so (``indexer``, pending prefixes; 0: not at all)."""
     num_candidates: int = 3
     report_lag_s: float = 0.0
     """A load report received at t is taken to include requests routed before t - lag."""
@@ -85,8 +88,8 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown router policy {self.policy!r}; choose from {POLICIES}")
-        if self.max_queue_wait_s < 0 or self.busy_kv_footprint <= 0:
-            raise ConfigError("max_queue_wait_s must be >= 0 and busy_kv_footprint > 0")
+        if self.max_queue_wait_s < 0 or self.busy_kv_footprint <= 0 or self.pending_ttl_s < 0:
+            raise ConfigError("max_queue_wait_s and pending_ttl_s must be >= 0 and busy_kv_footprint > 0")
         if self.block_size < 1 or self.route_key_subset < 1 or self.queue_capacity < 0:
             raise ConfigError("block_size, route_key_subset must be positive, queue_capacity >= 0")
         if self.cost.block_size != self.block_size:
@@ -121,7 +124,9 @@ class Router:
         self.config = config or RouterConfig()
         self.router_id = router_id
         self.clock = clock
-        self.indexer = KvIndexer(approx_ttl_s=self.config.approx_ttl_s)
+        self.indexer = KvIndexer(
+            approx_ttl_s=self.config.approx_ttl_s, pending_ttl_s=self.config.pending_ttl_s
+        )
         self.load = LoadTracker(
             router_id,
             report_lag_s=self.config.report_lag_s,
@@ -553,6 +558,8 @@ class Router:
         t0 = time.perf_counter()
         if self.indexer.num_approx:
             self.indexer.expire(now)
+        if self.indexer.pending_waiting:
+            self.indexer.expire_pending(now)
         self._rotation += 1
         if meta.session_id is not None:
             wid = self.sessions.get(meta.session_id, now)
@@ -718,6 +725,8 @@ class Router:
         )
         if self.indexer.num_approx:
             self.indexer.record_routed(d.worker_id, hashes, now)
+        if hashes and not isinstance(hashes, RemoteChain):
+            self.indexer.record_pending(d.worker_id, hashes, now)
         self._routed[meta.request_id] = d.worker_id
         self._dispatch_times.append(now)
         self.metrics.record(d)

@@ -216,7 +216,7 @@ def test_route_key_keeps_a_subset_and_spills_over() -> None:
 def test_queue_when_all_busy_then_dispatch_reject_past_capacity() -> None:
     r, _ = make(2, max_inflight_per_worker=1, queue_capacity=2)
     route(r, "a", PROMPT)
-    route(r, "b", PROMPT)
+    route(r, "b", list(range(1000, 1400)))  # another prompt (this one's would wait for "a"'s worker)
     p = r.route(req("c"), token_ids=PROMPT)
     assert isinstance(p, Pending)
     r.route(req("d", priority=-3), token_ids=PROMPT)  # lower value: served first

@@ -681,12 +681,10 @@ static void memo_release(Index* ix, uint32_t old_of, uint32_t new_id) {
     if ((ix)->old) __builtin_prefetch(&(ix)->old[home_of((ix)->old_shift, (key))], (rw)); \
   } while (0)
 
-/* store(index, slot, hashes): the worker at `slot` holds these blocks. */
-static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  int64_t n, w;
-  uint64_t bit;
-  Index* ix = slot_call(args, nargs, "store", &n, &w, &bit);
-  if (!ix) return NULL;
+/* ix->keys[0..n) held by the slot (w, bit) from now on; `added` (if not NULL, n bytes): 1 where
+ * a key was not held before. -1 out of memory (MemoryError set), the keys before the failing
+ * one stored. */
+static int store_keys(Index* ix, int64_t n, int64_t w, uint64_t bit, uint8_t* added) {
   SlotSet* set = &ix->sets[w * 64 + __builtin_ctzll(bit)];
   uint32_t old_of = UINT32_MAX, new_id = 0;
   for (int64_t i = 0; i < n && i < STORE_AHEAD; i++) PREFETCH_SLOT(ix, ix->keys[i], 1);
@@ -695,7 +693,9 @@ static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nar
     Entry* e = find_or_insert(ix, ix->keys[i]);
     if (!e) goto nomem;
     uint32_t old = e->mask;
+    if (added) added[i] = 0;
     if (old && (mask_at(ix, old)[w] & bit)) continue; /* held already */
+    if (added) added[i] = 1;
     uint32_t id = 0;
     if ((old != old_of && !(id = mask_alloc(ix))) || set_add(set, ix->keys[i]) < 0) {
       if (id) mask_free(ix, id);
@@ -717,11 +717,45 @@ static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nar
     mask_decref(ix, old);
   }
   memo_release(ix, old_of, new_id);
-  Py_RETURN_NONE;
+  return 0;
 nomem:
   /* an entry inserted without a mask would read as empty: the table stays consistent */
   memo_release(ix, old_of, new_id);
-  return PyErr_NoMemory();
+  PyErr_NoMemory();
+  return -1;
+}
+
+/* store(index, slot, hashes): the worker at `slot` holds these blocks. */
+static PyObject* kvi_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  int64_t n, w;
+  uint64_t bit;
+  Index* ix = slot_call(args, nargs, "store", &n, &w, &bit);
+  if (!ix || store_keys(ix, n, w, bit, NULL) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+/* store_new(index, slot, hashes) -> [hash]: store, and the hashes the worker at `slot` did not
+ * hold before (in the order given; a repeated one once). */
+static PyObject* kvi_store_new(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  int64_t n, w;
+  uint64_t bit;
+  Index* ix = slot_call(args, nargs, "store_new", &n, &w, &bit);
+  if (!ix) return NULL;
+  uint8_t* added = malloc(n ? (size_t)n : 1);
+  if (!added) return PyErr_NoMemory();
+  if (store_keys(ix, n, w, bit, added) < 0) {
+    free(added);
+    return NULL;
+  }
+  PyObject* out = PyList_New(0);
+  for (int64_t i = 0; out && i < n; i++) {
+    if (!added[i]) continue;
+    PyObject* k = PyLong_FromUnsignedLongLong(ix->keys[i]);
+    if (!k || PyList_Append(out, k) < 0) Py_CLEAR(out);
+    Py_XDECREF(k);
+  }
+  free(added);
+  return out;
 }
 
 /* remove(index, slot, hashes): the worker at `slot` no longer holds these blocks (those it
@@ -1377,6 +1411,7 @@ static PyMethodDef methods[] = {
     {"new", (PyCFunction)(void (*)(void))kvi_new, METH_FASTCALL, "new(words) -> index"},
     {"grow", (PyCFunction)(void (*)(void))kvi_grow, METH_FASTCALL, "grow(index, words)"},
     {"store", (PyCFunction)(void (*)(void))kvi_store, METH_FASTCALL, "store(index, slot, hashes)"},
+    {"store_new", (PyCFunction)(void (*)(void))kvi_store_new, METH_FASTCALL, "store_new(index, slot, hashes) -> [hash]"},
     {"remove", (PyCFunction)(void (*)(void))kvi_remove, METH_FASTCALL, "remove(index, slot, hashes)"},
     {"runs", (PyCFunction)(void (*)(void))kvi_runs, METH_FASTCALL, "runs(index, hashes) -> [(mask, n)]"},
     {"mask", (PyCFunction)(void (*)(void))kvi_mask, METH_FASTCALL, "mask(index, hash) -> int"},
