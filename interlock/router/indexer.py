@@ -146,7 +146,8 @@ class KvIndexer:
         self._free_slots: list[int] = []
         self._next_slot = 0
         self._expiries: deque[tuple[float, int, tuple[int, ...]]] = deque()
-        self._pending_expiries: deque[tuple[float, int, tuple[int, ...]]] = deque()
+        self._pending_expiries: deque[tuple[float, int, array[int]]] = deque()
+        """Pending blocks by when they expire: bounded by the dispatch rate times the TTL."""
         self.events_applied = 0
         """Block-level events applied (stored or removed hashes), for metrics."""
         self.loading = 0
@@ -474,7 +475,7 @@ class KvIndexer:
         pending = w.pending
         for h in new:
             pending[h] = expiry
-        self._pending_expiries.append((expiry, w.slot, tuple(new)))
+        self._pending_expiries.append((expiry, w.slot, array("Q", new)))  # 8 bytes a block
 
     @property
     def pending_waiting(self) -> bool:
