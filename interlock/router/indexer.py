@@ -31,11 +31,12 @@ Two sources of truth, chosen per worker automatically:
 Pending prefixes (events mode): a request routed to a worker will leave its prompt's blocks
 there, but the worker says so only once its prefill has computed them; a request sharing that
 prefix decided meanwhile (a follow-up, the next question over the same documents, a crowd
-behind one new prompt) would see it nowhere and compute it again elsewhere. So the blocks past
-the overlap of each request routed are counted as held at once (``record_pending``), until the
-worker's events store them (or remove them) or ``pending_ttl_s`` passes, when those it never
-stored (a request refused, cancelled or failed) are taken out again (``expire_pending``). They
-are the router's guess, never the worker's state: a replica's copy (``export``) leaves them out.
+behind one new prompt) would see it nowhere and compute it again elsewhere. So the blocks of
+each request routed that its worker does not hold are counted as held at once
+(``record_pending``), until the worker's events store them (or remove them) or
+``pending_ttl_s`` passes, when those it never stored (a request refused, cancelled or failed)
+are taken out again (``expire_pending``). They are the router's guess, never the worker's
+state: a replica's copy (``export``) leaves them out.
 
 KV tiers: events name a tier (``device``, ``host``, ``disk``). Device blocks are the index
 above; blocks a worker holds in a lower tier go to a second map of the same kind
@@ -484,7 +485,7 @@ class KvIndexer:
 
     def expire_pending(self, now: float) -> None:
         """Take out the pending blocks whose TTL passed before the worker stored them (a
-        request routed again since keeps its later expiry)."""
+        guess is not renewed by later requests over the same blocks: they find it held)."""
         q = self._pending_expiries
         while q and q[0][0] <= now:
             _, slot, hs = q.popleft()
