@@ -97,8 +97,9 @@ class ControlPlane:
     heartbeat_timeout: float | None = None
     """A process silent this long leaves discovery; None: five heartbeat intervals."""
     health_check_enabled: bool = True
-    """Routers ping every worker each ``heartbeat_interval``; one that does not answer gets no
-    requests until it does. Off: only leases and request failures take a worker out."""
+    """Routers ping every worker each ``heartbeat_interval``; one that misses two pings in a row
+    gets no requests until it answers again. Off: only leases and request failures take a worker
+    out."""
     nats_url: str | None = None
     """None: ``serve`` starts its own nats-server (loopback, private login)."""
 

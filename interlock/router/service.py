@@ -82,6 +82,11 @@ event loop before requests get theirs."""
 _PREFETCH_TIMEOUT_S = 300.0
 """The longest a weight prefetch is waited for (a large model from a cold disk)."""
 
+PING_MISSES = 2
+"""Health checks a worker fails in a row before it gets no requests. One late answer is no sign
+of a fault (its event loop held for a moment by a grammar compiled or a slow step on busy
+cores), and taking the only worker out for it refused every request meanwhile (503)."""
+
 __all__ = ["EXPLAIN_HEADER", "RouterService", "ServiceOptions"]
 
 
@@ -93,8 +98,8 @@ class ServiceOptions:
     share_load: bool = True
     """Publish dispatch-time load for other routers, and apply theirs."""
     health_check_s: float | None = None
-    """Ping every worker this often; one that does not answer gets no requests until it does
-    (None: rely on discovery leases and request failures alone)."""
+    """Ping every worker this often; one that fails ``PING_MISSES`` pings in a row gets no
+    requests until it answers one (None: rely on discovery leases and request failures alone)."""
     replica: bool = True
     """Serve this router's index to other router replicas (registered in discovery under the
     router's id) and copy workers' states from theirs before asking the workers
@@ -858,6 +863,8 @@ class RouterService:
                 router.tidy()
 
     async def _health_checks(self, interval_s: float) -> None:
+        misses: dict[str, int] = {}
+        """Health checks each worker failed in a row."""
         while True:
             await asyncio.sleep(interval_s)
             infos = list(self._instances.values())
@@ -865,13 +872,23 @@ class RouterService:
                 *(self._requests.ping(i.address, timeout=interval_s) for i in infos),
                 return_exceptions=True,
             )
+            for wid in misses.keys() - self._instances.keys():  # gone
+                del misses[wid]
             for info, result in zip(infos, results, strict=True):
                 router = self.routers.get(info.model)
-                if router is not None:
-                    healthy = not isinstance(result, BaseException)
-                    if not healthy:
-                        log.warning("worker %s failed its health check: %s", info.instance_id, result)
-                    router.set_health(info.instance_id, healthy)
+                if router is None:
+                    continue
+                wid = info.instance_id
+                if not isinstance(result, BaseException):
+                    misses.pop(wid, None)
+                    router.set_health(wid, True)
+                    continue
+                misses[wid] = missed = misses.get(wid, 0) + 1
+                if missed < PING_MISSES:  # one late answer: a loop held a moment, no fault
+                    log.info("worker %s answered no health check this time: %s", wid, result)
+                    continue
+                log.warning("worker %s failed %d health checks in a row: %s", wid, missed, result)
+                router.set_health(wid, False)
 
     async def _from_workers(
         self,
