@@ -725,7 +725,7 @@ class Router:
         )
         if self.indexer.num_approx:
             self.indexer.record_routed(d.worker_id, hashes, now)
-        if hashes and not isinstance(hashes, RemoteChain):
+        if self.config.policy == "kv" and not isinstance(hashes, RemoteChain):  # others read no index
             self.indexer.record_pending(d.worker_id, hashes, now)
         self._routed[meta.request_id] = d.worker_id
         self._dispatch_times.append(now)
