@@ -36,6 +36,7 @@ from interlock.engine.control import WorkerControl
 from interlock.engine.core import EngineCore
 from interlock.engine.disagg import KVHandoff
 from interlock.engine.kv_sync import KvEventLog, KvSyncServer
+from interlock.engine.pacing import LOAD_INTERVAL_S, ReportPacer
 from interlock.engine.serving import ServingEngine
 from interlock.engine.worker_metrics import WorkerMetrics
 from interlock.errors import InvalidRequest
@@ -65,8 +66,9 @@ at INFO, names the worker already)."""
 
 @dataclass(frozen=True)
 class WorkerOptions:
-    load_interval_s: float = 0.05
-    """Most frequent load report; an idle worker reports every ``idle_report_s``."""
+    load_interval_s: float = LOAD_INTERVAL_S
+    """Most frequent load report (``engine/pacing.py``: one made sooner waits for the interval's
+    end, a newer one replacing it); an idle worker reports every ``idle_report_s``."""
     idle_report_s: float = 1.0
     drain_grace_s: float = 30.0
     """How long a draining worker lets its requests finish before it aborts them."""
@@ -121,7 +123,7 @@ class Worker:
         self._outbox: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._address = ""
-        self._last_load = 0.0
+        self._pacer: ReportPacer[LoadReport] = ReportPacer(options.load_interval_s)
         self._draining = False
         self.dead = asyncio.Event()
         """Set when the engine can no longer serve (``problem``); the worker has left."""
@@ -292,10 +294,26 @@ class Worker:
         self._outbox.put_nowait((subjects.kv(self.instance_id), payload))
 
     def publish_load(self, load: LoadReport, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_load < self._options.load_interval_s:
+        """Send ``load`` to the routers, paced (``ReportPacer``); ``force``: at once."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if force:
+            self._pacer.sent(now)
+            self._send_load(load)
             return
-        self._last_load = now
+        send, wake_at = self._pacer.offer(load, now)
+        if send is not None:
+            self._send_load(send)
+        if wake_at is not None:
+            loop.call_at(wake_at, self._send_held_load)
+
+    def _send_held_load(self) -> None:
+        due = self._pacer.due(asyncio.get_running_loop().time())
+        if due is not None:
+            report, held_s = due
+            self._send_load(msgspec.structs.replace(report, held_s=held_s))
+
+    def _send_load(self, load: LoadReport) -> None:
         if self._draining:
             load = msgspec.structs.replace(load, draining=True)
         load = msgspec.structs.replace(load, instance_id=self.instance_id)

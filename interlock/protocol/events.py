@@ -96,6 +96,9 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     decode_step_s: float = 0.0
     """Measured time of one decode step at the current batch (moving average)."""
     draining: bool = False
+    held_s: float = 0.0
+    """Seconds the worker held this report before sending it (``engine/pacing.py``): it shows
+    the worker as it was that long before it arrived."""
     busy_s: float = 0.0
     """Seconds the engine has spent in steps since it started (its device's busy time:
     ``rate()`` of it is the device utilisation)."""

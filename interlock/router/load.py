@@ -536,7 +536,7 @@ class LoadTracker:
         if ts < self.report_time.item(slot):
             return  # reordered: an older view than the one we have
         self.report_time[slot] = ts
-        self._retire_fresh(slot, now)
+        self._retire_fresh(slot, now - r.held_s)  # a held report shows the worker as it was
         self._write_figures(slot, r)
         self._note_speeds(slot, r)
         if r.weights_load_s or self.num_weights_out:  # never, unless some model offloads
@@ -570,8 +570,8 @@ class LoadTracker:
         return self.weights_wait_s if self.num_weights_out else None
 
     def _retire_fresh(self, slot: int, now: float) -> None:
-        """The slot's dispatches routed before ``now - report_lag_s`` are in its report now:
-        no longer counted on top of it."""
+        """The slot's dispatches routed before ``now - report_lag_s`` are in its report (made
+        at ``now``, router clock): no longer counted on top of it."""
         fresh = self._fresh.get(slot)
         if fresh is None:
             fresh = self._fresh[slot] = []

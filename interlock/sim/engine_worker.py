@@ -20,7 +20,7 @@ from interlock.protocol.events import KVEventBatch, LoadReport
 from interlock.protocol.generate import GenerateRequest
 from interlock.protocol.sampling import SamplingParams
 from interlock.sim.trace import SimRequest
-from interlock.sim.worker import KVBatches, SimSeq, WorkerShape, WorkerSink
+from interlock.sim.worker import KVBatches, PacedLoads, SimSeq, WorkerShape, WorkerSink
 
 
 @dataclass(slots=True)
@@ -61,6 +61,7 @@ class EngineWorker:
         self.version = 0
         self._seqs: dict[str, SimSeq] = {}
         self._batches = KVBatches(instance_id)
+        self._loads = PacedLoads(self, self.sink, shape.report_interval_s)
 
     @property
     def num_inflight(self) -> int:
@@ -117,7 +118,10 @@ class EngineWorker:
             self.sink.itl(st.end - st.start, decode_tokens)
         if st.result.kv_events and self.publish_events:
             self.sink.kv_events(self._batches.live(now, st.result.kv_events))
-        self.sink.load(st.result.load)
+        self._loads.offer(st.result.load, now)
+
+    def send_held_load(self, now: float) -> None:
+        self._loads.due(now)
 
     def load_report(self, now: float) -> LoadReport:
         return self.core.load

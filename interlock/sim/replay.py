@@ -32,6 +32,7 @@ from functools import partial
 import msgspec
 import numpy as np
 
+from interlock.engine.pacing import LOAD_INTERVAL_S
 from interlock.engine.timing import TimingModel
 from interlock.errors import ConfigError, NoWorkers, Overloaded
 from interlock.planner import CapabilityProfile, PlannerConfig
@@ -65,6 +66,9 @@ class ReplayConfig:
     when building the requests."""
     publish_events: bool = True
     """False: workers publish no KV events (the router predicts their caches)."""
+    report_interval_s: float = LOAD_INTERVAL_S
+    """Each worker's load reports at most this often (virtual seconds), as a deployed worker
+    paces them (``engine/pacing.py``); 0: one after every engine step."""
     router: RouterConfig = field(default_factory=RouterConfig)
     queue_depth_threshold: int = 0
     """Each worker registers it (``InstanceInfo``): busy for routing past this many waiting."""
@@ -98,6 +102,8 @@ class ReplayConfig:
             raise ConfigError("a fleet schedule needs a planner config (its interval, ramp and removal cost)")
         if self.startup_s < 0:
             raise ConfigError("startup_s must be >= 0")
+        if not self.report_interval_s >= 0:
+            raise ConfigError("report_interval_s must be >= 0")
         if self.host_kv_blocks < 0 or self.workers_per_host < 1:
             raise ConfigError("host_kv_blocks must be >= 0 and workers_per_host >= 1")
         if self.host_kv_blocks and self.backend != "fast":
@@ -113,6 +119,7 @@ class ReplayConfig:
             max_num_seqs=self.max_num_seqs,
             timing=TimingModel(self.engine_speedup),
             publish_events=self.publish_events,
+            report_interval_s=self.report_interval_s,
         )
 
     @property
@@ -254,6 +261,14 @@ class _Driver(WorkerSink):
 
     def load(self, report: LoadReport) -> None:
         self.router.apply_load(self._marked(report))
+
+    def wake(self, worker: object, t: float) -> None:
+        assert isinstance(worker, SimWorker | EngineWorker)
+        self.call_at(t, partial(self._send_held_load, worker))
+
+    def _send_held_load(self, w: Worker) -> None:
+        if self.workers.get(w.instance_id) is w:  # not stopped meanwhile
+            w.send_held_load(self.now)
 
     def itl(self, step_s: float, tokens: int) -> None:
         self.itl_s.append(step_s)

@@ -39,8 +39,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
+from interlock.engine.pacing import LOAD_INTERVAL_S, ReportPacer
 from interlock.engine.timing import TimingModel, decode_ms
 from interlock.protocol.events import (
     AllBlocksCleared,
@@ -116,6 +118,9 @@ class WorkerShape:
     timing: TimingModel = TimingModel()
     publish_events: bool = True
     """False: no KV events (the router predicts the caches)."""
+    report_interval_s: float = LOAD_INTERVAL_S
+    """Load reports at most this often, as a deployed worker sends them (``engine/pacing.py``:
+    one made sooner leaves at the interval's end); 0: after every step."""
 
 
 class WorkerSink:
@@ -125,7 +130,34 @@ class WorkerSink:
     def finished(self, worker: object, seq: SimSeq, t: float) -> None: ...
     def kv_events(self, batch: KVEventBatch) -> None: ...
     def load(self, report: LoadReport) -> None: ...
+    def wake(self, worker: object, t: float) -> None:
+        """Call ``worker.send_held_load(t)`` at ``t`` (a paced load report is held)."""
+
     def itl(self, step_s: float, tokens: int) -> None: ...
+
+
+class PacedLoads:
+    """A simulated worker's load reports through its ``ReportPacer``, on virtual time."""
+
+    __slots__ = ("_pacer", "_sink", "_worker")
+
+    def __init__(self, worker: object, sink: WorkerSink, interval_s: float) -> None:
+        self._pacer: ReportPacer[LoadReport] = ReportPacer(interval_s)
+        self._sink = sink
+        self._worker = worker
+
+    def offer(self, report: LoadReport, now: float) -> None:
+        send, wake_at = self._pacer.offer(report, now)
+        if send is not None:
+            self._sink.load(send)
+        if wake_at is not None:
+            self._sink.wake(self._worker, wake_at)
+
+    def due(self, now: float) -> None:
+        due = self._pacer.due(now)
+        if due is not None:
+            report, held_s = due
+            self._sink.load(msgspec.structs.replace(report, held_s=held_s))
 
 
 class KVBatches:
@@ -212,6 +244,7 @@ class SimWorker:
         """Bumped whenever the current step's end time changes (stale heap entries skipped)."""
         self._arrivals = 0
         self._batches = KVBatches(instance_id)
+        self._loads = PacedLoads(self, self.sink, shape.report_interval_s)
         self._prefill_tps = 0.0
         self._decode_step_s = 0.0
         self.num_preemptions = 0
@@ -518,7 +551,11 @@ class SimWorker:
         events = self.pool.take_events()
         if events and self.publish_events:
             self.sink.kv_events(self._batches.live(now, events))
-        self.sink.load(self._report(now, step_s, tokens, queued))
+        self._loads.offer(self._report(now, step_s, tokens, queued), now)
+
+    def send_held_load(self, now: float) -> None:
+        """The pacing interval ended: the held load report, if any, leaves now."""
+        self._loads.due(now)
 
     def load_report(self, now: float) -> LoadReport:
         return self._report(now, 0.0, 0, self._queued_prefill())

@@ -77,6 +77,18 @@ def test_report_covers_earlier_dispatches_only() -> None:
     assert lt.queued_prefill()[0] == 600
 
 
+def test_a_held_report_covers_only_dispatches_routed_before_it_was_made() -> None:
+    # a paced worker (engine/pacing.py) sent at 2.0 a report it made at 1.96: "b", routed at
+    # 1.98, is not in it and stays counted on top of it; "a", routed at 1.9, is in it
+    lt = tracker()
+    lt.on_route("a", 0, "w0", prefill_tokens=1000, kv_tokens=1000, now=1.9)
+    lt.on_route("b", 0, "w0", prefill_tokens=50, kv_tokens=50, now=1.98)
+    lt.apply_report(0, replace(report(queued=600), held_s=0.04), now=2.0)
+    assert lt.queued_prefill()[0] == 650
+    lt.apply_report(0, report(t=2.1, queued=640), now=2.1)  # made at once: covers both
+    assert lt.queued_prefill()[0] == 640
+
+
 def test_reports_fit_a_speed_line_and_unfitted_workers_use_the_fleet_median() -> None:
     lt = tracker()
     overhead, per_token = lt.speeds()

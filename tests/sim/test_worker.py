@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from interlock.engine.timing import TimingModel
-from interlock.protocol.events import BlockRemoved, BlockStored, KVEventBatch
+from interlock.protocol.events import BlockRemoved, BlockStored, KVEventBatch, LoadReport
 from interlock.sim.engine_worker import EngineWorker
 from interlock.sim.synthetic import SharedPrefixSpec, shared_prefix_requests
 from interlock.sim.trace import SimRequest
@@ -148,3 +148,53 @@ def test_no_blocks_are_reserved_for_the_output_up_front() -> None:
     assert sink.first["b"] < sink.first["a"] + 0.1 < sink.done["a"].finish_s
     assert w.num_preemptions == 1  # and it gave way when the blocks ran out (the newest goes)
     assert sink.done["b"].finish_s > sink.done["a"].finish_s
+
+
+class PacedSink(Sink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads: list[tuple[float, LoadReport]] = []
+        self.wakes: list[float] = []
+        self.now = 0.0
+
+    def load(self, report) -> None:
+        self.loads.append((self.now, report))
+
+    def wake(self, worker, t) -> None:
+        self.wakes.append(t)
+
+
+@pytest.mark.parametrize("make", [SimWorker, EngineWorker])
+def test_load_reports_are_paced_as_a_deployed_worker_sends_them(make) -> None:
+    """At most one report per interval reaches the router, each saying how long it was held,
+    and the last one (the worker idle) arrives within the interval of the last step."""
+    spec = SharedPrefixSpec(
+        num_requests=30, num_groups=2, system_tokens=200, suffix_tokens=60, output_tokens=40,
+        turns=1, rate=20.0, block_size=16, seed=2, keep_tokens=True,
+    )  # fmt: skip
+    sink = PacedSink()
+    w = make("w", WorkerShape(num_blocks=200, block_size=16, report_interval_s=0.05), sink=sink)
+    now, end = 0.0, None
+    pending = sorted(((r.arrival_s, r) for r in shared_prefix_requests(spec)), key=lambda a: a[0])
+    while pending or end is not None or sink.wakes:
+        nxt = min([t for t in (end, pending[0][0] if pending else None) if t is not None], default=None)
+        if sink.wakes and (nxt is None or min(sink.wakes) < nxt):
+            t = min(sink.wakes)
+            sink.wakes.remove(t)
+            sink.now = t
+            w.send_held_load(t)
+        elif end is not None and (not pending or end <= pending[0][0]):
+            now = sink.now = end
+            w.finish_step(now)
+            end = w.start_step(now)
+        else:
+            now, r = pending.pop(0)
+            sink.now = now
+            w.enqueue(r, now)
+            end = w.start_step(now) if w.step is None else (w.cut(now) or end)
+    times = [t for t, _ in sink.loads]
+    assert len(times) > 10 and all(b - a >= 0.05 - 1e-12 for a, b in zip(times, times[1:], strict=False))
+    assert any(r.held_s > 0 for _, r in sink.loads)
+    assert all(0 <= r.held_s < 0.05 for _, r in sink.loads)
+    last_t, last = sink.loads[-1]
+    assert last.num_running == last.num_waiting == 0 and last_t <= now + 0.05 + 1e-12
