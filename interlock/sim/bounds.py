@@ -11,14 +11,35 @@ earlier request left in the cache (at least one token of each prompt is always c
   over workers costs. A request's blocks are touched tail first, so a prefix is always more
   recent than its continuations and eviction takes continuations first (as the engine's block
   pool frees a sequence's tail first).
+
+The walks over every block of a trace (2.3 M for the conversation trace) are the slow part in
+Python: both run in ``csrc/pooled_lru.c`` (built once per machine, ``cbuild``; the infinite bound
+is the pooled walk with room for every block).
+The Python walks stay the reference, and the fallback where keys do not fit 64 bits unsigned, no
+compiler is found or ``INTERLOCK_CPU_KERNELS=0``; tests check both give the same figures.
 """
 
 from __future__ import annotations
 
+import ctypes
+import itertools
+import logging
+import threading
 from collections import OrderedDict
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
+from functools import cache
+from pathlib import Path
 
+import numpy as np
+
+from interlock import cbuild
 from interlock.sim.trace import SimRequest
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "pooled_lru.c"
+CFLAGS = ("-O2", "-shared", "-fPIC")
+_lock = threading.Lock()
 
 
 def _hit_ratio(
@@ -42,14 +63,93 @@ def _hit_ratio(
     return hit / total if total else 0.0
 
 
+def _ratio(reqs: Sequence[SimRequest], block_size: int, leading: np.ndarray) -> float:
+    """The hit ratio from each request's count of leading cached blocks (as ``_hit_ratio``)."""
+    prompt = np.fromiter((r.prompt_tokens for r in reqs), dtype=np.int64, count=len(reqs))
+    total = int(prompt.sum())
+    hit = int(np.maximum(np.minimum(leading * block_size, prompt - 1), 0).sum())
+    return hit / total if total else 0.0
+
+
+def _flat(reqs: Sequence[SimRequest]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every request's block hashes in one uint64 array and each request's offsets into it, or
+    None where a hash does not fit (then the Python walks)."""
+    lengths = np.fromiter((len(r.block_hashes) for r in reqs), dtype=np.int64, count=len(reqs))
+    offsets = np.zeros(len(reqs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    try:
+        keys = np.fromiter(
+            itertools.chain.from_iterable(r.block_hashes for r in reqs),
+            dtype=np.uint64,
+            count=int(offsets[-1]),
+        )
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return keys, offsets
+
+
 def infinite_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int) -> float:
-    """Share of prompt tokens one infinite cache could serve."""
+    """Share of prompt tokens one infinite cache could serve: the pooled walk with room for
+    every block there is (nothing is ever evicted)."""
+    reqs = sorted(requests, key=lambda r: r.arrival_s)
+    leading = _leading_compiled(reqs, None)
+    if leading is None:
+        return infinite_cache_hit_ratio_walk(reqs, block_size)
+    return _ratio(reqs, block_size, leading)
+
+
+def infinite_cache_hit_ratio_walk(requests: Iterable[SimRequest], block_size: int) -> float:
+    """``infinite_cache_hit_ratio`` block by block (the reference)."""
     seen: set[int] = set()
     return _hit_ratio(requests, block_size, seen, seen.update)
 
 
 def pooled_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int, capacity_blocks: int) -> float:
     """Share of prompt tokens one shared LRU cache of ``capacity_blocks`` blocks could serve."""
+    reqs = sorted(requests, key=lambda r: r.arrival_s)
+    leading = _leading_compiled(reqs, capacity_blocks)
+    if leading is None:
+        return pooled_cache_hit_ratio_walk(reqs, block_size, capacity_blocks)
+    return _ratio(reqs, block_size, leading)
+
+
+def _leading_compiled(reqs: Sequence[SimRequest], capacity_blocks: int | None) -> np.ndarray | None:
+    """Each request's leading cached blocks by the compiled walk (``capacity_blocks`` None: as
+    many as there are blocks), or None where it cannot run (module note)."""
+    lib = _pooled_kernel()
+    flat = _flat(reqs) if lib is not None else None
+    if lib is None or flat is None:
+        return None
+    keys, offsets = flat
+    capacity = len(keys) if capacity_blocks is None else capacity_blocks
+    leading = np.empty(len(reqs), dtype=np.int64)
+    if lib.pooled_lru_leading(
+        keys.ctypes.data, offsets.ctypes.data, len(reqs), capacity, leading.ctypes.data
+    ):
+        raise MemoryError(f"the cache bound's LRU of {capacity:,} blocks")
+    return leading
+
+
+@cache
+def _pooled_kernel() -> ctypes.CDLL | None:
+    if not cbuild.enabled():
+        return None
+    with _lock:
+        try:
+            lib = ctypes.CDLL(str(cbuild.build(SOURCE, CFLAGS, "pooled_lru")))
+        except Exception as exc:  # any compiler or loader failure: the Python walk
+            log.warning("compiled pooled-cache bound unavailable, walking in Python: %s", exc)
+            return None
+    c = ctypes
+    lib.pooled_lru_leading.argtypes = [c.c_void_p, c.c_void_p, c.c_int64, c.c_int64, c.c_void_p]
+    lib.pooled_lru_leading.restype = c.c_int64
+    return lib
+
+
+def pooled_cache_hit_ratio_walk(
+    requests: Iterable[SimRequest], block_size: int, capacity_blocks: int
+) -> float:
+    """``pooled_cache_hit_ratio`` block by block (the reference)."""
     lru: OrderedDict[int, None] = OrderedDict()
 
     def keep(hashes: tuple[int, ...]) -> None:

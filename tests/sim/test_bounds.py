@@ -44,3 +44,32 @@ def test_pooled_bound_never_exceeds_the_infinite_one() -> None:
     inf = infinite_cache_hit_ratio(reqs, 8)
     assert [pooled_cache_hit_ratio(reqs, 8, c) <= inf for c in (1, 4, 8, 16)] == [True] * 4
     assert pooled_cache_hit_ratio(reqs, 8, 10_000) == inf
+
+
+def random_requests(seed: int, n: int = 300) -> list[SimRequest]:
+    """Prompts over a small tree of shared prefixes (so both hits and evictions happen), a few
+    empty, keys near 2**64 included."""
+    import random
+
+    rng = random.Random(seed)
+    roots = [tuple(rng.randrange(1 << 64) for _ in range(rng.randrange(0, 6))) for _ in range(8)]
+    out = []
+    for i in range(n):
+        blocks = roots[rng.randrange(len(roots))] + tuple(
+            rng.randrange(40) for _ in range(rng.randrange(0, 12))
+        )
+        prompt = len(blocks) * 4 + rng.randrange(0, 4)
+        out.append(SimRequest(f"r{i}", rng.random() * 100, max(prompt, 1), 1, blocks))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fast_bounds_equal_the_block_by_block_walks(seed) -> None:
+    from interlock.sim import bounds
+
+    reqs = random_requests(seed)
+    assert bounds.infinite_cache_hit_ratio(reqs, 4) == bounds.infinite_cache_hit_ratio_walk(reqs, 4)
+    assert bounds._pooled_kernel() is not None  # this machine has a compiler: the C walk is tested
+    for capacity in (0, 1, 3, 17, 60, 10_000):
+        fast = bounds.pooled_cache_hit_ratio(reqs, 4, capacity)
+        assert fast == bounds.pooled_cache_hit_ratio_walk(reqs, 4, capacity), capacity
