@@ -94,11 +94,18 @@ def arrival_offsets(records: Sequence[MooncakeRecord], speedup: float = 1.0) -> 
 
 
 def _mix(x: np.ndarray, pool_size: int) -> np.ndarray:
+    """splitmix64's finalizer of each of ``x`` (uint64, overwritten: it is the caller's scratch)
+    into ``[0, pool_size)``, in place (a trace's 94 M tokens: no temporaries of 750 MB)."""
+    t = np.empty_like(x)
     with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return (x % np.uint64(pool_size)).astype(np.uint32)
+        for shift, mul in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+            np.right_shift(x, np.uint64(shift), out=t)
+            np.bitwise_xor(x, t, out=x)
+            np.multiply(x, np.uint64(mul), out=x)
+        np.right_shift(x, np.uint64(31), out=t)
+        np.bitwise_xor(x, t, out=x)
+    np.remainder(x, np.uint64(pool_size), out=x)
+    return x.astype(np.uint32)
 
 
 def block_indices(hash_id: int, pool_size: int, n: int = TRACE_BLOCK_SIZE) -> np.ndarray:
@@ -109,9 +116,10 @@ def block_indices(hash_id: int, pool_size: int, n: int = TRACE_BLOCK_SIZE) -> np
 def blocks_indices(hash_ids: Sequence[int], pool_size: int, n: int = TRACE_BLOCK_SIZE) -> np.ndarray:
     """``block_indices`` of each of ``hash_ids``, one after another, in one vectorised pass."""
     with np.errstate(over="ignore"):
-        ids = np.asarray(hash_ids, dtype=np.uint64)
-        x = (np.arange(n, dtype=np.uint64)[None, :] + ids[:, None] * _GOLDEN).reshape(-1)
-    return _mix(x, pool_size)
+        ids = np.asarray(hash_ids, dtype=np.uint64) * _GOLDEN
+        x = np.empty((len(ids), n), dtype=np.uint64)
+        np.add(np.arange(n, dtype=np.uint64)[None, :], ids[:, None], out=x)
+    return _mix(x.reshape(-1), pool_size)
 
 
 def _padding_indices(index: int, pool_size: int, start: int, n: int) -> np.ndarray:

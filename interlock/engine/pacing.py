@@ -25,7 +25,7 @@ R = TypeVar("R")
 
 
 class ReportPacer(Generic[R]):
-    __slots__ = ("interval_s", "_last", "_held", "_made")
+    __slots__ = ("interval_s", "_last", "_held", "_made", "_timer")
 
     def __init__(self, interval_s: float = LOAD_INTERVAL_S) -> None:
         if not interval_s >= 0:
@@ -34,22 +34,41 @@ class ReportPacer(Generic[R]):
         self._last = -math.inf
         self._held: R | None = None
         self._made = 0.0
+        self._timer = False
+
+    @property
+    def last(self) -> float:
+        """When the last report left (-inf: none yet)."""
+        return self._last
+
+    @property
+    def timer_at(self) -> float | None:
+        """When the ``due`` call asked for is to come, or None when none is pending."""
+        return self._last + self.interval_s if self._timer else None
 
     def offer(self, report: R, now: float) -> tuple[R | None, float | None]:
         """``report`` was made at ``now``: returns ``(to send now or None, when to call
-        ``due``)``, the second only when this report starts a hold (one timer per interval)."""
+        ``due``)``, the second only when no call is pending yet (one timer per interval)."""
         if now - self._last >= self.interval_s:
             self._last = now
             self._held = None
             return report, None
-        starts_hold = self._held is None
         self._held = report
         self._made = now
-        return None, (self._last + self.interval_s if starts_hold else None)
+        return None, self.arm()
+
+    def arm(self) -> float | None:
+        """Ask for the ``due`` call at the interval's end, ahead of the report it will send (a
+        caller that knows one will be held); None if one is pending already."""
+        if self._timer:
+            return None
+        self._timer = True
+        return self._last + self.interval_s
 
     def due(self, now: float) -> tuple[R, float] | None:
         """The interval ended at ``now``: the held report to send, if one is still held, and
         how long it was held (the receiver's view of the worker is that much older)."""
+        self._timer = False
         held, self._held = self._held, None
         if held is None:
             return None

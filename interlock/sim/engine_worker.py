@@ -120,8 +120,9 @@ class EngineWorker:
             self.sink.kv_events(self._batches.live(now, st.result.kv_events))
         self._loads.offer(st.result.load, now)
 
-    def send_held_load(self, now: float) -> None:
+    def send_held_load(self, now: float) -> float | None:
         self._loads.due(now)
+        return None  # single steps: nothing to schedule
 
     def load_report(self, now: float) -> LoadReport:
         return self.core.load

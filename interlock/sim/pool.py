@@ -124,6 +124,10 @@ class SimPool:
                 lru[k] = None
                 self.used -= 1
 
+    def has_events(self) -> bool:
+        """Events are waiting for ``take_events``."""
+        return bool(self.events or self._stored)
+
     def take_events(self) -> list[KVEvent]:
         self._flush_stored()
         events, self.events = self.events, []

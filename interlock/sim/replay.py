@@ -149,7 +149,10 @@ class _Driver(WorkerSink):
         self.stopped_worker_s = 0.0
         """Worker-seconds of workers already stopped."""
         self.heap: list[tuple[float, int, str, int]] = []
-        self.timers: list[tuple[float, int, Callable[[], None]]] = []
+        self.timers: list[tuple[float, float, int, Callable[[], None]]] = []
+        """(when, when asked, tie, what): timers due together run in the order they were asked
+        for, even one asked for ahead (``SimWorker._next_event`` arms a pacing timer before
+        the step whose report it sends has ended)."""
         self._tie = 0
         self._next_id = 0
         self.done: list[SimSeq] = []
@@ -235,9 +238,9 @@ class _Driver(WorkerSink):
             return msgspec.structs.replace(report, draining=True)
         return report
 
-    def call_at(self, t: float, fn: Callable[[], None]) -> None:
+    def call_at(self, t: float, fn: Callable[[], None], asked_at: float | None = None) -> None:
         self._tie += 1
-        heapq.heappush(self.timers, (t, self._tie, fn))
+        heapq.heappush(self.timers, (t, self.now if asked_at is None else asked_at, self._tie, fn))
 
     def worker_seconds(self) -> float:
         return self.stopped_worker_s + sum(self.now - t for t in self.started.values())
@@ -262,13 +265,16 @@ class _Driver(WorkerSink):
     def load(self, report: LoadReport) -> None:
         self.router.apply_load(self._marked(report))
 
-    def wake(self, worker: object, t: float) -> None:
-        assert isinstance(worker, SimWorker | EngineWorker)
-        self.call_at(t, partial(self._send_held_load, worker))
+    def wake(self, worker: object, t: float, asked_at: float | None = None) -> None:
+        assert isinstance(worker, SimWorker | EngineWorker) and t >= self.now
+        self.call_at(t, partial(self._send_held_load, worker), asked_at)
 
     def _send_held_load(self, w: Worker) -> None:
         if self.workers.get(w.instance_id) is w:  # not stopped meanwhile
-            w.send_held_load(self.now)
+            self._schedule(w, w.send_held_load(self.now))
+
+    def polls_steps(self) -> bool:
+        return bool(self._pending)
 
     def itl(self, step_s: float, tokens: int) -> None:
         self.itl_s.append(step_s)
@@ -315,6 +321,10 @@ class _Driver(WorkerSink):
             self._send(req, d.worker_id)
         else:
             self.arrived.append((req, 0))
+            if not self._pending:  # the router tries its queue at every step end from now on
+                for w in self.workers.values():
+                    if isinstance(w, SimWorker):
+                        self._schedule(w, w.repoll(self.now))
             self._pending[req.request_id] = req
 
     def step_end(self, wid: str, version: int) -> None:
@@ -333,17 +343,20 @@ class _Driver(WorkerSink):
                 self.decisions.append(d)
                 self._send(self._pending.pop(d.request_id), d.worker_id)
 
+    def _stepping(self) -> bool:
+        return any(w.step is not None for w in self.workers.values())
+
     def run(self, requests: Sequence[SimRequest]) -> None:
         """Until every request has arrived and no worker has work left (timers alone do not
-        keep the replay going)."""
+        keep the replay going, but a worker whose stretch waits on its pacing timer does)."""
         i, n = 0, len(requests)
         inf = float("inf")
-        while i < n or self.heap:
+        while i < n or self.heap or (self.timers and self._stepping()):
             t_arr = requests[i].arrival_s if i < n else inf
             t_step = self.heap[0][0] if self.heap else inf
             t_timer = self.timers[0][0] if self.timers else inf
             if t_timer < t_arr and t_timer < t_step:
-                self.now, _, fn = heapq.heappop(self.timers)
+                self.now, _, _, fn = heapq.heappop(self.timers)
                 fn()
             elif t_step <= t_arr:
                 t, _, wid, version = heapq.heappop(self.heap)

@@ -63,6 +63,9 @@ project's engine: deliberately not ``deploy.DEFAULT_MAX_NUM_SEQS`` (64)."""
 _A, _B, _C = -25.74, 54.01, 5.74
 """decode_ms(u) = A u^2 + B u + C on [0, 1] (checked against ``timing.decode_ms`` at import)."""
 assert abs(decode_ms(0.5) - (_A * 0.25 + _B * 0.5 + _C)) < 1e-9
+_U_QUADRATIC = 2.18
+"""Up to this KV usage decode_ms is the quadratic (it reaches its 1 ms floor at 2.1826)."""
+assert decode_ms(_U_QUADRATIC) > 1.0 and _A * _U_QUADRATIC**2 + _B * _U_QUADRATIC + _C > 1.0
 _EMA = 0.2
 """As the engine core's load figures (``engine/core.py``)."""
 
@@ -130,8 +133,15 @@ class WorkerSink:
     def finished(self, worker: object, seq: SimSeq, t: float) -> None: ...
     def kv_events(self, batch: KVEventBatch) -> None: ...
     def load(self, report: LoadReport) -> None: ...
-    def wake(self, worker: object, t: float) -> None:
-        """Call ``worker.send_held_load(t)`` at ``t`` (a paced load report is held)."""
+    def wake(self, worker: object, t: float, asked_at: float | None = None) -> None:
+        """Call ``worker.send_held_load(t)`` at ``t`` (a paced load report is held); schedule
+        what it returns as the worker's next step end. ``asked_at``: when the report it sends
+        is made, where the call is asked for ahead of it (None: now)."""
+
+    def polls_steps(self) -> bool:
+        """True while every step end must be an event (the driver's router holds queued
+        requests: it tries them whenever a step ends)."""
+        return False
 
     def itl(self, step_s: float, tokens: int) -> None: ...
 
@@ -158,6 +168,16 @@ class PacedLoads:
         if due is not None:
             report, held_s = due
             self._sink.load(msgspec.structs.replace(report, held_s=held_s))
+
+    @property
+    def pacer(self) -> ReportPacer[LoadReport]:
+        return self._pacer
+
+    def arm(self, held_at: float) -> None:
+        """A report made at ``held_at`` will be held: ask for its timer now."""
+        wake_at = self._pacer.arm()
+        if wake_at is not None:
+            self._sink.wake(self._worker, wake_at, held_at)
 
 
 class KVBatches:
@@ -205,6 +225,8 @@ class _Step:
     """Blocks each step of the stretch allocates."""
     queued: int = 0
     """Queued prefill tokens during the stretch (nothing changes it)."""
+    ends: list[float] = field(default_factory=list)
+    """Ends of the stretch's steps so far computed (``SimWorker._end_of``)."""
 
 
 class SimWorker:
@@ -389,9 +411,9 @@ class SimWorker:
     # ---- stepping ----
     def start_step(self, now: float) -> float | None:
         """Plan the next step at ``now``; returns its end time, or None when idle. Inside a
-        decode stretch: the end of its next step."""
+        decode stretch: the end of its next step anyone sees (``_next_event``)."""
         if self.step is not None:
-            return self.step.end
+            return self._next_event(self.step) if self.step.k > 1 else self.step.end
         for s in self.inbox:
             self._enqueue(s)
         self.inbox.clear()
@@ -412,12 +434,96 @@ class SimWorker:
             self._stretch(st)
         if st.k > 1:
             st.end = now + self._decode_span(ctx, decodes, 1)
+            st.ends.append(st.end)
             st.queued = self._queued_prefill()
         else:
             st.end = now + self.timing.step_s(prefill, decodes, ctx / self._kv_tokens_total)
         st.end += self._load_s  # host-tier loads of this step's admissions (pessimistic: serial)
         self._load_s = 0.0
         self.step = st
+        self.version += 1
+        return self._next_event(st) if st.k > 1 else st.end
+
+    def _next_event(self, st: _Step) -> float | None:
+        """The end of the stretch's next step that anyone sees: its last step (finishes, stores),
+        one whose blocks evict cached ones (KV events), one whose load report leaves at once, or
+        any step while the driver polls (``WorkerSink.polls_steps``). None when the pacing
+        timer comes first: ``send_held_load`` then says. The steps in between are applied when
+        an event comes (``_advance``): nothing outside the worker could tell them apart from
+        events of their own, and a long decode costs an event per report, not per token."""
+        if self.sink.polls_steps():
+            return st.end
+        loads = self._loads
+        pacer = loads.pacer
+        timer = pacer.timer_at
+        if self.pool.has_events():
+            return st.end  # the blocks this step got when it was planned evicted some
+        plain = self.pool.plain
+        j, end = st.done, st.end
+        while True:
+            if j + 1 >= st.k:
+                return end  # the last step
+            a = st.alloc[j]
+            if a > plain:
+                return end  # evicts: its KV events go out when it ends
+            plain -= a
+            if timer is None:
+                if end - pacer.last >= pacer.interval_s:
+                    return end  # its report leaves at once
+                loads.arm(end)  # its report will be held: the timer that sends it, now
+                timer = pacer.timer_at
+                assert timer is not None
+            if end >= timer:
+                return None  # the timer first (a tie: the step ends first, as events do)
+            j += 1
+            end = self._end_of(st, j)
+
+    def _end_of(self, st: _Step, j: int) -> float:
+        """When step ``j`` of the stretch ends (each computed once)."""
+        ends = st.ends
+        while len(ends) <= j:
+            ends.append(st.start + self._decode_span(st.ctx0, st.decodes, len(ends) + 1))
+        return ends[j]
+
+    def _step_s(self, ctx: int) -> float:
+        """``_decode_span(ctx, n, 1)``, the same double, for one step at summed context ``ctx``."""
+        kt = self._kv_tokens_total
+        ms = _A * float(ctx * ctx) / (kt * kt) + _B * float(ctx) / kt + _C
+        return ms / self.timing.speedup / 1000.0
+
+    def _advance(self, now: float) -> None:
+        """Apply the stretch's inner steps that ended by ``now``, in order, as if each had been
+        an event at its end (``_next_event``)."""
+        st = self.step
+        assert st is not None
+        pool, pacer = self.pool, self._loads.pacer
+        while st.done + 1 < st.k and st.end <= now:
+            j = st.done
+            if st.alloc[j]:
+                pool.allocate(st.alloc[j])
+            step_s = self._step_s(st.ctx0 + j * st.decodes)
+            self.sink.itl(step_s, st.decodes)
+            self._decode_step_s = _ema(self._decode_step_s, step_s)
+            end = st.end
+            st.done += 1
+            st.end = self._end_of(st, j + 1)
+            if (
+                st.done + 1 < st.k
+                and st.end <= now
+                and not pool.has_events()
+                and end - pacer.last < pacer.interval_s
+                and pacer.timer_at is not None
+            ):
+                continue  # its report would be held and replaced by the next one's: not made
+            self._publish(end, step_s, st.decodes, st.queued)
+
+    def repoll(self, now: float) -> float | None:
+        """The driver polls from ``now`` on (``WorkerSink.polls_steps``): the end of the step in
+        progress, where a stretch's next event now is (None: no stretch)."""
+        st = self.step
+        if st is None or st.k == 1:
+            return None
+        self._advance(now)
         self.version += 1
         return st.end
 
@@ -436,6 +542,10 @@ class SimWorker:
         alloc = hist[(np.arange(k) - 1) % bs + 1]
         alloc[0] = 0  # step 0's blocks were allocated when it was scheduled
         k = min(k, int(np.searchsorted(np.cumsum(alloc), self.pool.free, side="right")))
+        # and no step past the context where ``decode_ms`` stops being the quadratic (its floor
+        # of 1 ms): summed context counts a shared prefix once per request, so it can pass the
+        # pool's tokens; those steps go one by one, through ``TimingModel.step_s``
+        k = min(k, (int(_U_QUADRATIC * self._kv_tokens_total) - st.ctx0) // st.decodes + 1)
         if k > 1:
             st.k = k
             st.alloc = alloc[:k].tolist()
@@ -450,28 +560,32 @@ class SimWorker:
         return ms / self.timing.speedup / 1000.0
 
     def cut(self, now: float) -> float | None:
-        """An arrival at ``now``: a decode stretch ends with the step in progress (whose end
-        is already scheduled, so nothing changes there)."""
+        """An arrival at ``now``: a decode stretch ends with the step in progress, whose end is
+        returned (an event now)."""
         st = self.step
         if st is not None and st.k > 1:
+            self._advance(now)
             st.k = st.done + 1
+            self.version += 1
+            return st.end
         return None
 
     def finish_step(self, now: float) -> None:
         st = self.step
-        assert st is not None and abs(now - st.end) < 1e-9
+        assert st is not None
         if st.k > 1:
+            self._advance(now)
+            if st.done + 1 < st.k or st.end > now:  # an inner step ended: the stretch goes on
+                return
+            assert abs(now - st.end) < 1e-9
             j = st.done
             if st.alloc[j]:
                 self.pool.allocate(st.alloc[j])
-            step_s = self._decode_span(st.ctx0 + j * st.decodes, st.decodes, 1)
+            step_s = self._step_s(st.ctx0 + j * st.decodes)
             self.sink.itl(step_s, st.decodes)
             self._decode_step_s = _ema(self._decode_step_s, step_s)
-            if j + 1 < st.k:  # a step inside the stretch: only what its report shows changes
-                st.done += 1
-                st.end = st.start + self._decode_span(st.ctx0, st.decodes, j + 2)
-                self._publish(now, step_s, st.decodes, st.queued)
-                return
+        else:
+            assert abs(now - st.end) < 1e-9
         self.step = None
         if st.k > 1:
             self._finish_stretch(st)
@@ -495,7 +609,7 @@ class SimWorker:
                 self.sink.itl(step_s, st.decodes)
             self._observe(st.prefill, step_s)
         else:
-            step_s = self._decode_span(st.ctx0 + (st.k - 1) * st.decodes, st.decodes, 1)
+            step_s = self._step_s(st.ctx0 + (st.k - 1) * st.decodes)
         self._publish(now, step_s, st.prefill + st.decodes, self._queued_prefill())
 
     def _finish_one(self, st: _Step) -> None:
@@ -553,11 +667,23 @@ class SimWorker:
             self.sink.kv_events(self._batches.live(now, events))
         self._loads.offer(self._report(now, step_s, tokens, queued), now)
 
-    def send_held_load(self, now: float) -> None:
-        """The pacing interval ended: the held load report, if any, leaves now."""
+    def send_held_load(self, now: float) -> float | None:
+        """The pacing interval ended: the held load report, if any, leaves now (a stretch's
+        steps up to ``now`` first). Returns the stretch's next event, to schedule, if any."""
+        st = self.step
+        if st is None or st.k == 1:
+            self._loads.due(now)
+            return None
+        self._advance(now)
         self._loads.due(now)
+        t = self._next_event(st)
+        if t is not None:
+            self.version += 1  # an entry scheduled before stands for the same step or none
+        return t
 
     def load_report(self, now: float) -> LoadReport:
+        if self.step is not None and self.step.k > 1:
+            self._advance(now)
         return self._report(now, 0.0, 0, self._queued_prefill())
 
     def _report(self, now: float, step_s: float, tokens: int, queued: int) -> LoadReport:

@@ -15,6 +15,16 @@ class Sink(WorkerSink):
         self.first: dict[str, float] = {}
         self.done: dict[str, SimSeq] = {}
         self.batches: list[KVEventBatch] = []
+        self.loads: list[tuple[float, LoadReport]] = []
+        self.wakes: list[tuple[float, float, int]] = []
+        self.now = 0.0
+
+    def load(self, report) -> None:
+        self.loads.append((self.now, report))
+
+    def wake(self, worker, t, asked_at=None) -> None:
+        self.wakes.append((t, self.now if asked_at is None else asked_at, len(self.wakes)))
+        self.wakes.sort()
 
     def first_token(self, worker, seq, t) -> None:
         self.first[seq.req.request_id] = t
@@ -27,16 +37,28 @@ class Sink(WorkerSink):
 
 
 def run(w: SimWorker | EngineWorker, arrivals: list[tuple[float, SimRequest]]) -> float:
-    """Drive one worker: arrivals at the given times, steps in between."""
+    """Drive one worker as the replay's driver does: arrivals at the given times, steps in
+    between, the pacing timers it asks for (a timer goes after a step or an arrival due at the
+    same time). Returns when its last step ended."""
+    sink = w.sink
+    assert isinstance(sink, Sink)
     now, end = 0.0, None
     pending = sorted(arrivals, key=lambda a: a[0])
-    while pending or end is not None:
-        if end is not None and (not pending or end <= pending[0][0]):
-            now = end
+    while pending or end is not None or sink.wakes:
+        nxt = min([t for t in (end, pending[0][0] if pending else None) if t is not None], default=None)
+        if sink.wakes and (nxt is None or sink.wakes[0][0] < nxt):
+            t = sink.wakes.pop(0)[0]
+            sink.now = t
+            got = w.send_held_load(t)
+            if isinstance(w, SimWorker) and w.step is not None and w.step.k > 1:
+                end = got  # a stretch's next event is what the tick says (None: a later tick)
+        elif end is not None and (not pending or end <= pending[0][0]):
+            now = sink.now = end
             w.finish_step(now)
             end = w.start_step(now)
         else:
             now, req = pending.pop(0)
+            sink.now = now
             w.enqueue(req, now)
             end = w.start_step(now) if w.step is None else (w.cut(now) or end)
         if isinstance(w, SimWorker):
@@ -150,20 +172,6 @@ def test_no_blocks_are_reserved_for_the_output_up_front() -> None:
     assert sink.done["b"].finish_s > sink.done["a"].finish_s
 
 
-class PacedSink(Sink):
-    def __init__(self) -> None:
-        super().__init__()
-        self.loads: list[tuple[float, LoadReport]] = []
-        self.wakes: list[float] = []
-        self.now = 0.0
-
-    def load(self, report) -> None:
-        self.loads.append((self.now, report))
-
-    def wake(self, worker, t) -> None:
-        self.wakes.append(t)
-
-
 @pytest.mark.parametrize("make", [SimWorker, EngineWorker])
 def test_load_reports_are_paced_as_a_deployed_worker_sends_them(make) -> None:
     """At most one report per interval reaches the router, each saying how long it was held,
@@ -172,26 +180,9 @@ def test_load_reports_are_paced_as_a_deployed_worker_sends_them(make) -> None:
         num_requests=30, num_groups=2, system_tokens=200, suffix_tokens=60, output_tokens=40,
         turns=1, rate=20.0, block_size=16, seed=2, keep_tokens=True,
     )  # fmt: skip
-    sink = PacedSink()
+    sink = Sink()
     w = make("w", WorkerShape(num_blocks=200, block_size=16, report_interval_s=0.05), sink=sink)
-    now, end = 0.0, None
-    pending = sorted(((r.arrival_s, r) for r in shared_prefix_requests(spec)), key=lambda a: a[0])
-    while pending or end is not None or sink.wakes:
-        nxt = min([t for t in (end, pending[0][0] if pending else None) if t is not None], default=None)
-        if sink.wakes and (nxt is None or min(sink.wakes) < nxt):
-            t = min(sink.wakes)
-            sink.wakes.remove(t)
-            sink.now = t
-            w.send_held_load(t)
-        elif end is not None and (not pending or end <= pending[0][0]):
-            now = sink.now = end
-            w.finish_step(now)
-            end = w.start_step(now)
-        else:
-            now, r = pending.pop(0)
-            sink.now = now
-            w.enqueue(r, now)
-            end = w.start_step(now) if w.step is None else (w.cut(now) or end)
+    now = run(w, [(r.arrival_s, r) for r in shared_prefix_requests(spec)])
     times = [t for t, _ in sink.loads]
     assert len(times) > 10 and all(b - a >= 0.05 - 1e-12 for a, b in zip(times, times[1:], strict=False))
     assert any(r.held_s > 0 for _, r in sink.loads)
