@@ -54,6 +54,42 @@ def hash_blocks(
     return out.tolist()  # type: ignore[no-any-return]
 
 
+def trace_hash_chain(
+    hash_ids: Sequence[int],
+    tokens_per_id: int,
+    golden: int,
+    pool_size: int,
+    block_size: int,
+    parent_hash: int,
+) -> list[int] | None:
+    """The chained hashes of a trace's hash ids expanded to tokens as ``mooncake.blocks_indices``
+    does (token j of id h: splitmix64's finalizer of ``h * golden + j`` mod ``pool_size``), in
+    one compiled loop; None where the kernel is not available (the caller expands and hashes in
+    numpy then; ``sim.trace`` checks the two agree before it uses this)."""
+    kernel = _kernel()
+    if kernel is None:
+        return None
+    lib, fn = kernel
+    ids = np.asarray(hash_ids, dtype=np.uint64)
+    n = len(ids) * (tokens_per_id // block_size)
+    out = np.empty(n, dtype=np.uint64)
+    got = lib.trace_hash_chain(
+        fn,
+        ids.ctypes.data,
+        len(ids),
+        tokens_per_id,
+        golden,
+        pool_size,
+        block_size,
+        parent_hash,
+        kvhash.SEED,
+        out.ctypes.data,
+    )
+    if got != n:
+        raise ValueError(f"trace hashing refused: {tokens_per_id} tokens an id, blocks of {block_size}")
+    return out.tolist()  # type: ignore[no-any-return]
+
+
 @cache
 def _kernel() -> tuple[ctypes.CDLL, int] | None:
     if not cbuild.enabled() or sys.byteorder != "little":
@@ -80,6 +116,19 @@ def _kernel() -> tuple[ctypes.CDLL, int] | None:
         c.c_void_p,
     ]
     lib.kv_hash_chain.restype = c.c_int64
+    lib.trace_hash_chain.argtypes = [
+        c.c_void_p,
+        c.c_void_p,
+        c.c_int64,
+        c.c_int64,
+        c.c_uint64,
+        c.c_uint64,
+        c.c_int64,
+        c.c_uint64,
+        c.c_uint64,
+        c.c_void_p,
+    ]
+    lib.trace_hash_chain.restype = c.c_int64
     if not _agrees(lib, fn):
         log.warning("compiled block hashing disagrees with kvhash on a check, hashing in Python")
         return None

@@ -29,7 +29,9 @@ import numpy as np
 from interlock.errors import ConfigError
 
 TRACE_BLOCK_SIZE = 512
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = 0x9E3779B97F4A7C15
+"""Token j of trace hash id h is splitmix64's finalizer of ``h * GOLDEN + j`` (``blocks_indices``)."""
+_GOLDEN = np.uint64(GOLDEN)
 _PAD_SALT = np.uint64(0xD1B54A32D192ED03)
 """Keeps a request's padding apart from every hash id's block."""
 

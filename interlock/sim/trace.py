@@ -12,19 +12,25 @@ the kvhash of each of its sub-blocks is a function of the id alone.
 
 from __future__ import annotations
 
+import logging
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import cast
 
-from interlock.kvchain import hash_blocks
+from interlock.kvchain import hash_blocks, trace_hash_chain
 from interlock.kvhash import ROOT_PARENT
 from interlock.mooncake import (
+    GOLDEN,
     TRACE_BLOCK_SIZE,
     MooncakeRecord,
     arrival_offsets,
     blocks_indices,
     prompt_indices,
 )
+
+log = logging.getLogger(__name__)
 
 VOCAB_SIZE = 49152
 
@@ -82,12 +88,34 @@ class TraceHasher:
             if hid in self._memo or hid in run:
                 break
             run.append(hid)
-        tokens = blocks_indices(run, VOCAB_SIZE, self.trace_block_size)
-        hs = hash_blocks(cast(Sequence[int], tokens), self.block_size, parent)
+        hs = None
+        if _compiled_trace_hashes():
+            hs = trace_hash_chain(run, self.trace_block_size, GOLDEN, VOCAB_SIZE, self.block_size, parent)
+        if hs is None:
+            tokens = blocks_indices(run, VOCAB_SIZE, self.trace_block_size)
+            hs = hash_blocks(cast(Sequence[int], tokens), self.block_size, parent)
         per = self.trace_block_size // self.block_size
         for k, hid in enumerate(run):
             self._memo[hid] = tuple(hs[k * per : (k + 1) * per])
         return tuple(hs)
+
+
+@cache
+def _compiled_trace_hashes() -> bool:
+    """``kvchain.trace_hash_chain`` gives what ``blocks_indices`` then ``hash_blocks`` give, on a
+    sample (ids near 2**64 included, at three block sizes): then it hashes traces, in C."""
+    rng = random.Random(0x7ACE)
+    ids = [0, 1, (1 << 64) - 1, *(rng.randrange(1 << 64) for _ in range(5))]
+    for block_size in (16, 64, 512):
+        parent = rng.randrange(1 << 64)
+        got = trace_hash_chain(ids, TRACE_BLOCK_SIZE, GOLDEN, VOCAB_SIZE, block_size, parent)
+        if got is None:
+            return False
+        tokens = blocks_indices(ids, VOCAB_SIZE, TRACE_BLOCK_SIZE)
+        if got != hash_blocks(cast(Sequence[int], tokens), block_size, parent):
+            log.warning("compiled trace hashing disagrees with mooncake's expansion: hashing in numpy")
+            return False
+    return True
 
 
 def mooncake_requests(

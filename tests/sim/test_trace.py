@@ -40,3 +40,17 @@ def test_memoised_hashes_equal_hashing_the_expanded_tokens(tmp_path: Path) -> No
     a, b, _, padded = (hasher.hashes(r, i) for i, r in enumerate(recs))
     assert a[:16] == b[:16] and a[16] != b[16]  # ids 0, 1 shared: 1024 tokens = 16 blocks
     assert padded[:8] == a[:8] and padded[8] != a[8] and len(padded) == 1200 // 64
+
+
+def test_compiled_trace_hashes_equal_the_numpy_expansion(monkeypatch) -> None:
+    from interlock.sim import trace
+    from interlock.sim.synthetic import AgentSpec, agent_records
+
+    recs = agent_records(AgentSpec(num_sessions=12, seed=3))
+    assert trace._compiled_trace_hashes()  # this machine has a compiler: the C path is tested
+    for block_size in (16, 64):
+        fast = [r.block_hashes for r in mooncake_requests(recs, block_size=block_size)]
+        with monkeypatch.context() as m:
+            m.setattr(trace, "trace_hash_chain", lambda *a: None)
+            slow = [r.block_hashes for r in mooncake_requests(recs, block_size=block_size)]
+        assert fast == slow and sum(map(len, fast)) > 1000
