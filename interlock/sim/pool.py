@@ -109,20 +109,34 @@ class SimPool:
             self._stored.append(key)
         return True
 
+    def store_run(self, keys: Sequence[int]) -> list[int]:
+        """``store`` each of ``keys`` in order; returns those stored."""
+        ref, lru, published = self.ref, self.lru, self._stored
+        out = []
+        for key in keys:
+            if key in ref or key in lru:
+                continue
+            ref[key] = 1
+            if key >= 0:
+                published.append(key)
+            out.append(key)
+        return out
+
     def release(self, keyed: Sequence[int], unkeyed: int) -> None:
         """Drop one reference on each block of a request: ``keyed`` in table order (freed
         tail first, so a sequence's end is evicted before its prefix) and ``unkeyed`` more."""
         self.plain += unkeyed
-        self.used -= unkeyed
         ref, lru = self.ref, self.lru
+        pop = ref.pop
+        freed = 0
         for k in reversed(keyed):
-            c = ref[k] - 1
-            if c:
-                ref[k] = c
-            else:
-                del ref[k]
+            c = pop(k)
+            if c == 1:
                 lru[k] = None
-                self.used -= 1
+                freed += 1
+            else:
+                ref[k] = c - 1
+        self.used -= unkeyed + freed
 
     def has_events(self) -> bool:
         """Events are waiting for ``take_events``."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -638,13 +638,18 @@ class SimWorker:
     def _offer(self, s: SimSeq) -> None:
         """Cache the request's blocks that became full (``KVCacheManager.cache_full_blocks``)."""
         full = s.computed // self.block_size
-        pool = self.pool
-        for i in range(s.offered, full):
-            key = s.key(i)
-            if pool.store(key):
-                s.unkeyed -= 1
-                s.keyed.append(key)
-        s.offered = max(s.offered, full)
+        start = s.offered
+        if full <= start:
+            return
+        hashes = s.req.block_hashes
+        if full <= len(hashes):
+            keys: Sequence[int] = hashes[start:full]
+        else:
+            keys = [s.key(i) for i in range(start, full)]
+        stored = self.pool.store_run(keys)
+        s.unkeyed -= len(stored)
+        s.keyed += stored
+        s.offered = full
 
     def _observe(self, prefill: int, step_s: float) -> None:
         """The engine core's speed figures: prefill tokens/s and decode step time (EMAs)."""
