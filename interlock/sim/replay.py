@@ -280,6 +280,10 @@ class _Driver(WorkerSink):
         self.itl_s.append(step_s)
         self.itl_w.append(tokens)
 
+    def itl_many(self, step_s: list[float], tokens: int) -> None:
+        self.itl_s += step_s
+        self.itl_w += [tokens] * len(step_s)
+
     # ---- loop ----
     def _account(self, w: Worker, t: float, delta: int) -> None:
         wid = w.instance_id

@@ -144,6 +144,10 @@ class WorkerSink:
         return False
 
     def itl(self, step_s: float, tokens: int) -> None: ...
+    def itl_many(self, step_s: list[float], tokens: int) -> None:
+        """``itl`` for each of several steps of ``tokens`` decodes, in order."""
+        for x in step_s:
+            self.itl(x, tokens)
 
 
 class PacedLoads:
@@ -476,7 +480,7 @@ class SimWorker:
             if end >= timer:
                 return None  # the timer first (a tie: the step ends first, as events do)
             j += 1
-            end = self._end_of(st, j)
+            end = st.ends[j] if j < len(st.ends) else self._end_of(st, j)
 
     def _end_of(self, st: _Step, j: int) -> float:
         """When step ``j`` of the stretch ends (each computed once)."""
@@ -493,29 +497,42 @@ class SimWorker:
 
     def _advance(self, now: float) -> None:
         """Apply the stretch's inner steps that ended by ``now``, in order, as if each had been
-        an event at its end (``_next_event``)."""
+        an event at its end (``_next_event``). The hot loop of a long replay: the step's time is
+        ``_step_s`` and the EMA ``_ema`` written out, the same doubles."""
         st = self.step
         assert st is not None
+        if st.end > now or st.done + 1 >= st.k:
+            return
         pool, pacer = self.pool, self._loads.pacer
-        while st.done + 1 < st.k and st.end <= now:
+        interval = pacer.interval_s
+        alloc, ends, n, ctx0, k = st.alloc, st.ends, st.decodes, st.ctx0, st.k
+        kt = self._kv_tokens_total
+        kt2, scale = kt * kt, self.timing.speedup
+        ema = self._decode_step_s
+        itl: list[float] = []
+        while st.done + 1 < k and st.end <= now:
             j = st.done
-            if st.alloc[j]:
-                pool.allocate(st.alloc[j])
-            step_s = self._step_s(st.ctx0 + j * st.decodes)
-            self.sink.itl(step_s, st.decodes)
-            self._decode_step_s = _ema(self._decode_step_s, step_s)
+            if alloc[j]:
+                pool.allocate(alloc[j])
+            ctx = ctx0 + j * n
+            step_s = (_A * float(ctx * ctx) / kt2 + _B * float(ctx) / kt + _C) / scale / 1000.0
+            itl.append(step_s)
+            ema = step_s if not ema else (1 - _EMA) * ema + _EMA * step_s
             end = st.end
-            st.done += 1
-            st.end = self._end_of(st, j + 1)
+            st.done = j + 1
+            st.end = ends[j + 1] if j + 1 < len(ends) else self._end_of(st, j + 1)
             if (
-                st.done + 1 < st.k
+                st.done + 1 < k
                 and st.end <= now
                 and not pool.has_events()
-                and end - pacer.last < pacer.interval_s
+                and end - pacer.last < interval
                 and pacer.timer_at is not None
             ):
                 continue  # its report would be held and replaced by the next one's: not made
-            self._publish(end, step_s, st.decodes, st.queued)
+            self._decode_step_s = ema
+            self._publish(end, step_s, n, st.queued)
+        self._decode_step_s = ema
+        self.sink.itl_many(itl, n)
 
     def repoll(self, now: float) -> float | None:
         """The driver polls from ``now`` on (``WorkerSink.polls_steps``): the end of the step in
@@ -718,7 +735,7 @@ class SimWorker:
         held = sum(s.num_blocks for s in self.running)
         if self.step is not None and self.step.k > 1:  # not yet shared out to the requests
             held += sum(self.step.alloc[: self.step.done])
-        assert held == self.pool.used + sum(c - 1 for c in self.pool.ref.values()), "block refs"
+        assert held == self.pool.used + self.pool.extra_refs(), "block refs"
         for s in self.running:
             assert s.num_blocks == _cdiv(s.computed, self.block_size) or self.step is not None
 

@@ -1,0 +1,55 @@
+"""The simulated worker's block map in C (``csrc/simpool.c``, ``SimPool``'s keys, references and
+LRU order), a CPython extension module built once per machine (``interlock.cbuild``).
+
+A replay stores, references, frees and evicts every block of every request: on the conversation
+trace about 6 M dict operations, a quarter of a replay's time in Python. The extension takes a
+request's or a step's keys in one call. ``load()`` returns the module, or None where it cannot be
+built or with ``INTERLOCK_CPU_KERNELS=0``: ``SimPool`` then keeps a dict and an ``OrderedDict``,
+the reference (``tests/sim/test_pool.py`` runs both on the same operations).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import logging
+import sysconfig
+import threading
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+from interlock import cbuild
+
+log = logging.getLogger(__name__)
+
+NAME = "interlock_simpool"
+SOURCE = Path(__file__).with_name("csrc") / "simpool.c"
+CFLAGS = (
+    "-O2",
+    "-shared",
+    "-fPIC",
+    f"-I{sysconfig.get_paths()['include']}",
+    f"-DINTERLOCK_SOABI={sysconfig.get_config_var('SOABI')}",
+)
+"""With this Python's headers; the ABI tag keys the cached build to the interpreter."""
+_lock = threading.Lock()
+
+
+@cache
+def load() -> ModuleType | None:
+    """The compiled module, or None (see the module note)."""
+    if not cbuild.enabled():
+        return None
+    with _lock:
+        try:
+            path = cbuild.build(SOURCE, CFLAGS, NAME)
+            loader = importlib.machinery.ExtensionFileLoader(NAME, str(path))
+            spec = importlib.util.spec_from_file_location(NAME, path, loader=loader)
+            assert spec is not None
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+        except Exception as exc:  # any compiler or loader failure: the dicts, say why once
+            log.warning("compiled simulator pool unavailable, keeping blocks in dicts: %s", exc)
+            return None
+    return module
