@@ -149,3 +149,60 @@ def test_the_fake_engine_reports_running_blocks_as_used_and_evicts_the_least_rec
         assert removed[1] == stored_200.block_hashes[0]  # the child went first, then its parent
 
     asyncio.run(run())
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_worker_paces_its_load_reports_and_sends_its_idle_state_within_the_interval() -> None:
+    """Requests ending 30 ms apart make a report each; the routers get one per interval, each
+    held one marked with its age, and the last (nothing running) by the interval's end, long
+    before the idle report would come."""
+
+    async def main() -> None:
+        import msgspec
+
+        from interlock.protocol import LoadReport
+
+        registry = InProcRegistry()
+        rt = await connect_runtime(None, registry=registry)
+        sub = await rt.events.subscribe(subjects.load("w"))
+        engine = FakeEngine(block_size=BLOCK, step_s=0.03)
+        info = InstanceInfo(
+            instance_id="w",
+            endpoint=subjects.GENERATE_ENDPOINT,
+            model="m",
+            block_size=BLOCK,
+            kv_blocks_total=1024,
+        )
+        wrt = await connect_runtime(None, registry=registry)
+        w = Worker(
+            engine, info, discovery=wrt.discovery, requests=wrt.requests, events=wrt.events,
+            options=WorkerOptions(load_interval_s=0.2, idle_report_s=30.0),
+        )  # fmt: skip
+        await w.start()
+        got: list[tuple[float, LoadReport]] = []
+
+        async def listen() -> None:
+            async for _, payload in sub:
+                got.append(
+                    (asyncio.get_running_loop().time(), msgspec.msgpack.decode(payload, type=LoadReport))
+                )
+
+        listener = asyncio.create_task(listen())
+        try:
+            loop = asyncio.get_running_loop()
+            reqs = [_serve(engine, (2000 + 100 * i, *range(50)), 1 + i) for i in range(6)]
+            await asyncio.gather(*reqs)  # they end 30 ms apart: six reports made in 150 ms
+            ended = loop.time()
+            await asyncio.sleep(0.5)
+            times = [t for t, _ in got]
+            assert all(b - a >= 0.2 - 0.01 for a, b in zip(times, times[1:], strict=False)), times
+            assert len(got) < 6 and any(r.held_s > 0 for _, r in got)
+            last_t, last = got[-1]
+            assert last.num_running == 0 and last_t - ended <= 0.2 + 0.1
+        finally:
+            listener.cancel()
+            await w.close()
+            await wrt.close()
+            await rt.close()
+
+    asyncio.run(main())
