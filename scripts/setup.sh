@@ -37,6 +37,7 @@ fi
 .venv/bin/python -c "from interlock.router import route_kernel; raise SystemExit(route_kernel.main())"
 .venv/bin/python -c "from interlock.router import native; raise SystemExit(native.main())"
 .venv/bin/python -c "from interlock import kvchain; raise SystemExit(kvchain.main())"
+.venv/bin/python -c "from interlock.sim import native; raise SystemExit(native.main())"
 # Measure which kernel each operation of the default model runs on this machine (at most ~30 s,
 # a line per operation; cached per CPU, thread count, torch and kernel source), so that neither
 # `interlock serve` nor the tests wait for it at their first start: for torch's default thread

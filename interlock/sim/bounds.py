@@ -13,7 +13,7 @@ earlier request left in the cache (at least one token of each prompt is always c
   pool frees a sequence's tail first).
 
 The walks over every block of a trace (2.3 M for the conversation trace) are the slow part in
-Python: both run in ``csrc/pooled_lru.c`` (built once per machine, ``cbuild``; the infinite bound
+Python: both run in ``csrc/pooled_lru.c`` (``sim.native``, built once per machine; the infinite bound
 is the pooled walk with room for every block).
 The Python walks stay the reference, and the fallback where keys do not fit 64 bits unsigned, no
 compiler is found or ``INTERLOCK_CPU_KERNELS=0``; tests check both give the same figures.
@@ -21,25 +21,14 @@ compiler is found or ``INTERLOCK_CPU_KERNELS=0``; tests check both give the same
 
 from __future__ import annotations
 
-import ctypes
 import itertools
-import logging
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable, Sequence
-from functools import cache
-from pathlib import Path
 
 import numpy as np
 
-from interlock import cbuild
+from interlock.sim import native
 from interlock.sim.trace import SimRequest
-
-log = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).with_name("csrc") / "pooled_lru.c"
-CFLAGS = ("-O2", "-shared", "-fPIC")
-_lock = threading.Lock()
 
 
 def _hit_ratio(
@@ -116,7 +105,7 @@ def pooled_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int, capa
 def _leading_compiled(reqs: Sequence[SimRequest], capacity_blocks: int | None) -> np.ndarray | None:
     """Each request's leading cached blocks by the compiled walk (``capacity_blocks`` None: as
     many as there are blocks), or None where it cannot run (module note)."""
-    lib = _pooled_kernel()
+    lib = native.load_bounds()
     flat = _flat(reqs) if lib is not None else None
     if lib is None or flat is None:
         return None
@@ -128,22 +117,6 @@ def _leading_compiled(reqs: Sequence[SimRequest], capacity_blocks: int | None) -
     ):
         raise MemoryError(f"the cache bound's LRU of {capacity:,} blocks")
     return leading
-
-
-@cache
-def _pooled_kernel() -> ctypes.CDLL | None:
-    if not cbuild.enabled():
-        return None
-    with _lock:
-        try:
-            lib = ctypes.CDLL(str(cbuild.build(SOURCE, CFLAGS, "pooled_lru")))
-        except Exception as exc:  # any compiler or loader failure: the Python walk
-            log.warning("compiled pooled-cache bound unavailable, walking in Python: %s", exc)
-            return None
-    c = ctypes
-    lib.pooled_lru_leading.argtypes = [c.c_void_p, c.c_void_p, c.c_int64, c.c_int64, c.c_void_p]
-    lib.pooled_lru_leading.restype = c.c_int64
-    return lib
 
 
 def pooled_cache_hit_ratio_walk(

@@ -1,5 +1,6 @@
-"""The simulated worker's block map in C (``csrc/simpool.c``, ``SimPool``'s keys, references and
-LRU order), a CPython extension module built once per machine (``interlock.cbuild``).
+"""The simulator's compiled pieces, built once per machine (``interlock.cbuild``): the simulated
+worker's block map (``csrc/simpool.c``, ``SimPool``'s keys, references and LRU order, a CPython
+extension module) and the cache bounds' LRU walk (``csrc/pooled_lru.c``, through ctypes).
 
 A replay stores, references, frees and evicts every block of every request: on the conversation
 trace about 6 M dict operations, a quarter of a replay's time in Python. The extension takes a
@@ -10,6 +11,7 @@ the reference (``tests/sim/test_pool.py`` runs both on the same operations).
 
 from __future__ import annotations
 
+import ctypes
 import importlib.machinery
 import importlib.util
 import logging
@@ -53,3 +55,34 @@ def load() -> ModuleType | None:
             log.warning("compiled simulator pool unavailable, keeping blocks in dicts: %s", exc)
             return None
     return module
+
+
+BOUNDS_SOURCE = Path(__file__).with_name("csrc") / "pooled_lru.c"
+BOUNDS_CFLAGS = ("-O2", "-shared", "-fPIC")
+
+
+@cache
+def load_bounds() -> ctypes.CDLL | None:
+    """The bounds' walk (``sim.bounds``), or None where it cannot be built."""
+    if not cbuild.enabled():
+        return None
+    with _lock:
+        try:
+            lib = ctypes.CDLL(str(cbuild.build(BOUNDS_SOURCE, BOUNDS_CFLAGS, "pooled_lru")))
+        except Exception as exc:  # any compiler or loader failure: the Python walk
+            log.warning("compiled cache bounds unavailable, walking in Python: %s", exc)
+            return None
+    c = ctypes
+    lib.pooled_lru_leading.argtypes = [c.c_void_p, c.c_void_p, c.c_int64, c.c_int64, c.c_void_p]
+    lib.pooled_lru_leading.restype = c.c_int64
+    return lib
+
+
+def main() -> int:
+    """Build both ahead (``scripts/setup.sh``), so no replay waits for the compiler."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    pool, walk = load() is not None, load_bounds() is not None
+    print(
+        f"simulator: pool {'compiled' if pool else 'in dicts'}, bounds {'compiled' if walk else 'in Python'}"
+    )
+    return 0
