@@ -1,4 +1,5 @@
-"""Small C kernels built at run time with the system compiler and loaded through ctypes.
+"""Small C kernels built at run time with the system compiler and loaded through ctypes (or
+imported, as CPython extension modules: ``load_extension``).
 
 ``build(source, cflags, name)`` compiles one C file into a shared library once per machine:
 the folder (``<cache_dir>/<name>/<key>``) is keyed by a hash of the source, the flags and the
@@ -12,12 +13,15 @@ where this raises (no ``cc``, a failed build) or where ``enabled()`` is False
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
 import threading
 from pathlib import Path
+from types import ModuleType
 
 from interlock.env import get_env
 
@@ -65,3 +69,17 @@ def build(source: Path, cflags: tuple[str, ...], name: str, depends: tuple[Path,
     finally:
         scratch.unlink(missing_ok=True)
     return library
+
+
+def load_extension(
+    source: Path, cflags: tuple[str, ...], name: str, depends: tuple[Path, ...] = ()
+) -> ModuleType:
+    """Build ``source`` as the CPython extension module ``name`` (``build``; ``cflags`` carry
+    this Python's headers) and import it. Raises where ``build`` does, or the import fails."""
+    path = build(source, cflags, name, depends)
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module

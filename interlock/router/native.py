@@ -13,8 +13,6 @@ router decides with numpy, the same decisions (``tests/router/test_native.py``).
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import logging
 import sysconfig
 import threading
@@ -56,12 +54,7 @@ def load() -> ModuleType | None:
         return None
     with _lock:
         try:
-            path = cbuild.build(SOURCE, CFLAGS, NAME, DEPENDS)
-            loader = importlib.machinery.ExtensionFileLoader(NAME, str(path))
-            spec = importlib.util.spec_from_file_location(NAME, path, loader=loader)
-            assert spec is not None
-            module = importlib.util.module_from_spec(spec)
-            loader.exec_module(module)
+            module = cbuild.load_extension(SOURCE, CFLAGS, NAME, DEPENDS)
         except Exception as exc:  # any compiler or loader failure: fall back, say why once
             log.warning("compiled prefix index unavailable, routing in Python: %s", exc)
             return None

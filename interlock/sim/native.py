@@ -12,8 +12,6 @@ the reference (``tests/sim/test_pool.py`` runs both on the same operations).
 from __future__ import annotations
 
 import ctypes
-import importlib.machinery
-import importlib.util
 import logging
 import sysconfig
 import threading
@@ -45,12 +43,7 @@ def load() -> ModuleType | None:
         return None
     with _lock:
         try:
-            path = cbuild.build(SOURCE, CFLAGS, NAME)
-            loader = importlib.machinery.ExtensionFileLoader(NAME, str(path))
-            spec = importlib.util.spec_from_file_location(NAME, path, loader=loader)
-            assert spec is not None
-            module = importlib.util.module_from_spec(spec)
-            loader.exec_module(module)
+            module = cbuild.load_extension(SOURCE, CFLAGS, NAME)
         except Exception as exc:  # any compiler or loader failure: the dicts, say why once
             log.warning("compiled simulator pool unavailable, keeping blocks in dicts: %s", exc)
             return None
