@@ -75,6 +75,14 @@ def _add_worker_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="workers publish no KV events (router predicts their caches)",
     )
+    p.add_argument(
+        "--report-interval",
+        type=float,
+        default=ReplayConfig.report_interval_s,
+        metavar="SECONDS",
+        help="each worker's load reports at most this often, as a deployed worker paces them "
+        "(0: one after every engine step)",
+    )
 
 
 def _add_router_args(p: argparse.ArgumentParser) -> None:
@@ -191,6 +199,7 @@ def _replay_config(args: argparse.Namespace) -> ReplayConfig:
         max_num_seqs=args.max_num_seqs,
         engine_speedup=args.engine_speedup,
         publish_events=not args.no_kv_events,
+        report_interval_s=args.report_interval,
         backend=args.backend,
         queue_depth_threshold=args.queue_depth_threshold,
         host_kv_blocks=args.host_kv_blocks,

@@ -158,6 +158,12 @@ def test_cli_replay_prints_a_report(tmp_path: Path, capsys) -> None:
     assert 0 < out["hit_ratio"] <= out["upper_bound"]
     assert out["num_rejected"] == 0 and out["rejected"] == {}
     assert 0 < out["pooled_bound"] <= out["upper_bound"]
+    # the load reports' pacing is a flag; a negative one is refused by name
+    args = [str(trace), "--workers", "2", "--blocks-per-worker", "500", "--json", "--report-interval"]
+    assert replay_main([*args, "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_completed"] == 60
+    assert replay_main([*args, "-1"]) == 2
+    assert "report_interval_s" in capsys.readouterr().err
     # the same trace at x50 on tiny workers with a 4-request router queue: rejections, no crash
     assert (
         replay_main(
