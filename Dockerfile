@@ -47,6 +47,7 @@ RUN python -c "from interlock.engine.model import cpu_ops; raise SystemExit(cpu_
  && python -c "from interlock.router import route_kernel; raise SystemExit(route_kernel.main())" \
  && python -c "from interlock.router import native; raise SystemExit(native.main())" \
  && python -c "from interlock import kvchain; raise SystemExit(kvchain.main())" \
+ && python -c "from interlock.sim import native; raise SystemExit(native.main())" \
  && python -c "from interlock.router import native, route_kernel; raise SystemExit(native.load() is None or route_kernel.load() is None)" \
  && interlock convert smollm2 --quiet
 
