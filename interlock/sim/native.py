@@ -1,6 +1,8 @@
 """The simulator's compiled pieces, built once per machine (``interlock.cbuild``): the simulated
 worker's block map (``csrc/simpool.c``, ``SimPool``'s keys, references and LRU order, a CPython
-extension module) and the cache bounds' LRU walk (``csrc/pooled_lru.c``, through ctypes).
+extension module, which also computes a decode stretch's step ends and times with the EMA, the
+same doubles as ``SimWorker``'s Python) and the cache bounds' LRU walk (``csrc/pooled_lru.c``,
+through ctypes).
 
 A replay stores, references, frees and evicts every block of every request: on the conversation
 trace about 6 M dict operations, a quarter of a replay's time in Python. The extension takes a
@@ -27,6 +29,8 @@ NAME = "interlock_simpool"
 SOURCE = Path(__file__).with_name("csrc") / "simpool.c"
 CFLAGS = (
     "-O2",
+    "-ffp-contract=off",
+    "-fno-fast-math",
     "-shared",
     "-fPIC",
     f"-I{sysconfig.get_paths()['include']}",

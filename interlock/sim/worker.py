@@ -51,6 +51,7 @@ from interlock.protocol.events import (
     KVEventBatch,
     LoadReport,
 )
+from interlock.sim import native
 from interlock.sim.pool import SimPool
 from interlock.sim.tiers import SimTiers
 from interlock.sim.trace import SimRequest
@@ -67,6 +68,8 @@ _U_QUADRATIC = 2.18
 """Up to this KV usage decode_ms is the quadratic (it reaches its 1 ms floor at 2.1826)."""
 assert decode_ms(_U_QUADRATIC) > 1.0 and _A * _U_QUADRATIC**2 + _B * _U_QUADRATIC + _C > 1.0
 _EMA = 0.2
+_ENDS_AHEAD = 16
+"""A stretch's step ends computed a batch at a time (a pacing interval holds a few steps)."""
 """As the engine core's load figures (``engine/core.py``)."""
 
 
@@ -256,6 +259,7 @@ class SimWorker:
         self.tiers = tiers
         """Host KV tier below the pool (possibly shared with the host's other workers)."""
         self.pool = SimPool(num_blocks, block_size, watermark=watermark, tiers=tiers)
+        self._native = native.load()
         self._load_s = 0.0
         """Modelled seconds of host-tier loads admitted into the step being planned."""
         self._kv_tokens_total = num_blocks * block_size
@@ -483,8 +487,16 @@ class SimWorker:
             end = st.ends[j] if j < len(st.ends) else self._end_of(st, j)
 
     def _end_of(self, st: _Step, j: int) -> float:
-        """When step ``j`` of the stretch ends (each computed once)."""
+        """When step ``j`` of the stretch ends (each computed once; ``_ENDS_AHEAD`` at a time in
+        C where it can, the same doubles, ``sim.native``)."""
         ends = st.ends
+        if len(ends) <= j and self._native is not None:
+            k0, k1 = len(ends) + 1, min(st.k, max(j + 1, len(ends) + _ENDS_AHEAD)) + 1
+            more = self._native.decode_ends(
+                st.start, st.ctx0, st.decodes, k0, k1, self._kv_tokens_total, self.timing.speedup, _A, _B, _C
+            )
+            if more is not None:
+                ends += more
         while len(ends) <= j:
             ends.append(st.start + self._decode_span(st.ctx0, st.decodes, len(ends) + 1))
         return ends[j]
@@ -497,42 +509,46 @@ class SimWorker:
 
     def _advance(self, now: float) -> None:
         """Apply the stretch's inner steps that ended by ``now``, in order, as if each had been
-        an event at its end (``_next_event``). The hot loop of a long replay: the step's time is
-        ``_step_s`` and the EMA ``_ema`` written out, the same doubles."""
+        an event at its end (``_next_event``). All but the last of them are unseen (their blocks
+        come from plain free ones, their reports would be held and replaced), so they are applied
+        together: one allocation, their times and the EMA in one call (``_decode_steps``), and
+        only the last one's report made."""
         st = self.step
         assert st is not None
         if st.end > now or st.done + 1 >= st.k:
             return
-        pool, pacer = self.pool, self._loads.pacer
-        interval = pacer.interval_s
-        alloc, ends, n, ctx0, k = st.alloc, st.ends, st.decodes, st.ctx0, st.k
-        kt = self._kv_tokens_total
-        kt2, scale = kt * kt, self.timing.speedup
-        ema = self._decode_step_s
-        itl: list[float] = []
-        while st.done + 1 < k and st.end <= now:
-            j = st.done
-            if alloc[j]:
-                pool.allocate(alloc[j])
-            ctx = ctx0 + j * n
-            step_s = (_A * float(ctx * ctx) / kt2 + _B * float(ctx) / kt + _C) / scale / 1000.0
-            itl.append(step_s)
-            ema = step_s if not ema else (1 - _EMA) * ema + _EMA * step_s
-            end = st.end
-            st.done = j + 1
-            st.end = ends[j + 1] if j + 1 < len(ends) else self._end_of(st, j + 1)
-            if (
-                st.done + 1 < k
-                and st.end <= now
-                and not pool.has_events()
-                and end - pacer.last < interval
-                and pacer.timer_at is not None
-            ):
-                continue  # its report would be held and replaced by the next one's: not made
-            self._decode_step_s = ema
-            self._publish(end, step_s, n, st.queued)
+        ends, j0 = st.ends, st.done
+        while ends[-1] <= now and len(ends) < st.k:
+            self._end_of(st, len(ends))
+        last = bisect.bisect_right(ends, now, j0, min(st.k - 1, len(ends)))  # j0 .. last-1 ended
+        n = st.decodes
+        steps, ema = self._decode_steps(st.ctx0 + j0 * n, n, last - j0, self._decode_step_s)
+        alloc = st.alloc
+        quiet = sum(alloc[j0 : last - 1])
+        if quiet:
+            self.pool.allocate(quiet)
+        if alloc[last - 1]:
+            self.pool.allocate(alloc[last - 1])  # the last one may evict: its events go out now
+        self.sink.itl_many(steps, n)
         self._decode_step_s = ema
-        self.sink.itl_many(itl, n)
+        st.done = last
+        st.end = self._end_of(st, last)
+        self._publish(ends[last - 1], steps[-1], n, st.queued)
+
+    def _decode_steps(self, ctx: int, n: int, count: int, ema: float) -> tuple[list[float], float]:
+        """``count`` decode steps' times from summed context ``ctx`` (``_step_s``) and the EMA
+        after them: in C where it can (``sim.native``), the same doubles."""
+        if self._native is not None:
+            got: tuple[list[float], float] = self._native.decode_steps(
+                ctx, n, count, self._kv_tokens_total, self.timing.speedup, _A, _B, _C, ema, _EMA
+            )
+            return got
+        steps = []
+        for i in range(count):
+            x = self._step_s(ctx + i * n)
+            steps.append(x)
+            ema = _ema(ema, x)
+        return steps, ema
 
     def repoll(self, now: float) -> float | None:
         """The driver polls from ``now`` on (``WorkerSink.polls_steps``): the end of the step in

@@ -1,4 +1,4 @@
-"""The simulated pool's compiled block map (``csrc/simpool.c``) against the dicts it replaces."""
+"""The simulator's compiled pieces (``sim.native``: the pool's block map, a stretch's step times) against the Python they replace."""
 
 from __future__ import annotations
 
@@ -72,3 +72,33 @@ def test_the_compiled_map_refuses_what_the_dicts_refuse() -> None:
     assert m.store_run([1, 2, 3, 4]) == ([1, 2, 3, 4], [1, 2, 3, 4])
     with pytest.raises(RuntimeError, match="more keys than blocks"):
         m.store_run([5])
+
+
+def test_the_compiled_decode_times_equal_the_python_doubles() -> None:
+    """A stretch's step ends (``_decode_span``) and step times with the EMA (``_step_s``,
+    ``_ema``) from C are Python's doubles exactly, or refused (None) where they could not be."""
+    from interlock.engine.timing import TimingModel
+    from interlock.sim.worker import _A, _B, _C, _EMA, SimWorker, WorkerShape, _ema
+
+    module = native.load()
+    assert module is not None
+    rng = random.Random(3)
+    for _ in range(3000):
+        kt = rng.choice([64 * 61000, 16 * 200, 64 * 5678])
+        speed = rng.choice([1.0, 3.0, 1000.0])
+        w = SimWorker("w", WorkerShape(num_blocks=kt // 64, block_size=64, timing=TimingModel(speed)))
+        kt = w._kv_tokens_total
+        ctx, n = rng.randrange(0, 3_000_000), rng.randrange(1, 257)
+        k0 = rng.randrange(1, 400)
+        start = rng.random() * 3600
+        ends = module.decode_ends(start, ctx, n, k0, k0 + 20, kt, speed, _A, _B, _C)
+        assert ends == [start + w._decode_span(ctx, n, k) for k in range(k0, k0 + 20)]
+        ema0 = rng.choice([0.0, rng.random() / 100])
+        steps, ema = module.decode_steps(ctx, n, 20, kt, speed, _A, _B, _C, ema0, _EMA)
+        want, e = [], ema0
+        for i in range(20):
+            want.append(w._step_s(ctx + i * n))
+            e = _ema(e, want[-1])
+        assert steps == want and ema == e
+    # past 2**53 the integers are not exact as doubles: refused, Python computes them
+    assert module.decode_ends(0.0, 10**8, 256, 5000, 5001, 64 * 61000, 1.0, _A, _B, _C) is None

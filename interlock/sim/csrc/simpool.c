@@ -421,7 +421,94 @@ static PyTypeObject PoolType = {
     .tp_getset = Pool_getset,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "interlock_simpool", NULL, -1, NULL, NULL, NULL, NULL, NULL};
+/* decode_ends(start, ctx0, n, k_from, k_to, kv_tokens, speedup, a, b, c): for k in
+ * [k_from, k_to), start + SimWorker._decode_span(ctx0, n, k), the same doubles: Python's exact
+ * integers are exact here while every one stays under 2**53 (then they convert to a double
+ * exactly), and the doubles' operations come in Python's order (built with -ffp-contract=off).
+ * Returns None where some integer would not stay under 2**53: the caller computes in Python. */
+static PyObject* decode_ends(PyObject* Py_UNUSED(m), PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 10) {
+    PyErr_SetString(PyExc_TypeError, "decode_ends takes 10 arguments");
+    return NULL;
+  }
+  double start = PyFloat_AsDouble(args[0]);
+  long long ctx0 = PyLong_AsLongLong(args[1]), n = PyLong_AsLongLong(args[2]);
+  long long k_from = PyLong_AsLongLong(args[3]), k_to = PyLong_AsLongLong(args[4]);
+  long long kt = PyLong_AsLongLong(args[5]);
+  double speedup = PyFloat_AsDouble(args[6]), a = PyFloat_AsDouble(args[7]);
+  double b = PyFloat_AsDouble(args[8]), c = PyFloat_AsDouble(args[9]);
+  if (PyErr_Occurred()) return NULL;
+  const __int128 limit = (__int128)1 << 53;
+  if (ctx0 < 0 || n < 0 || k_from < 1 || k_to < k_from || kt <= 0 || (__int128)kt * kt >= limit)
+    Py_RETURN_NONE;
+  PyObject* out = PyList_New(k_to - k_from);
+  if (out == NULL) return NULL;
+  double kt_d = (double)kt, kt2_d = (double)(kt * kt);
+  for (long long k = k_from; k < k_to; k++) {
+    __int128 i1 = (__int128)k * ctx0, n1 = (__int128)n * k * (k - 1);
+    __int128 i2 = (__int128)k * ctx0 * ctx0 + (__int128)ctx0 * n * k * (k - 1);
+    __int128 t = (__int128)n * n * (k - 1) * k * (2 * k - 1);
+    if (i1 >= limit || n1 >= limit || i2 >= limit || t >= limit) {
+      Py_DECREF(out);
+      Py_RETURN_NONE;
+    }
+    double s1 = (double)(long long)i1 + (double)(long long)n1 / 2.0;
+    double s2 = (double)(long long)i2 + (double)(long long)t / 6.0;
+    double ms = a * s2 / kt2_d + b * s1 / kt_d + c * (double)k;
+    PyObject* x = PyFloat_FromDouble(start + ms / speedup / 1000.0);
+    if (x == NULL) {
+      Py_DECREF(out);
+      return NULL;
+    }
+    PyList_SET_ITEM(out, k - k_from, x);
+  }
+  return out;
+}
+
+/* decode_steps(ctx, n, count, kv_tokens, speedup, a, b, c, ema, ema_weight): the times of
+ * `count` decode steps from summed context `ctx` (each step adds `n`), as SimWorker._step_s,
+ * and the decode-step EMA after them (as sim.worker._ema): (list of seconds, ema), the same
+ * doubles as Python (int64 to double conversions round as Python's do). */
+static PyObject* decode_steps(PyObject* Py_UNUSED(m), PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 10) {
+    PyErr_SetString(PyExc_TypeError, "decode_steps takes 10 arguments");
+    return NULL;
+  }
+  long long ctx = PyLong_AsLongLong(args[0]), n = PyLong_AsLongLong(args[1]);
+  long long count = PyLong_AsLongLong(args[2]), kt = PyLong_AsLongLong(args[3]);
+  double speedup = PyFloat_AsDouble(args[4]), a = PyFloat_AsDouble(args[5]);
+  double b = PyFloat_AsDouble(args[6]), c = PyFloat_AsDouble(args[7]);
+  double ema = PyFloat_AsDouble(args[8]), w = PyFloat_AsDouble(args[9]);
+  if (PyErr_Occurred()) return NULL;
+  if (ctx < 0 || n < 0 || count < 0 || kt <= 0 || kt > 3037000499LL ||
+      (__int128)(ctx + (__int128)n * count) * (ctx + (__int128)n * count) >= ((__int128)1 << 62)) {
+    PyErr_SetString(PyExc_ValueError, "decode_steps: context out of range");
+    return NULL;
+  }
+  PyObject* out = PyList_New(count);
+  if (out == NULL) return NULL;
+  double kt_d = (double)kt, kt2_d = (double)(kt * kt);
+  for (long long i = 0; i < count; i++, ctx += n) {
+    double step = (a * (double)(ctx * ctx) / kt2_d + b * (double)ctx / kt_d + c) / speedup / 1000.0;
+    ema = ema == 0.0 ? step : (1.0 - w) * ema + w * step;
+    PyObject* x = PyFloat_FromDouble(step);
+    if (x == NULL) {
+      Py_DECREF(out);
+      return NULL;
+    }
+    PyList_SET_ITEM(out, i, x);
+  }
+  PyObject* result = Py_BuildValue("(Nd)", out, ema);
+  return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"decode_ends", (PyCFunction)(void (*)(void))decode_ends, METH_FASTCALL, "a decode stretch's step ends"},
+    {"decode_steps", (PyCFunction)(void (*)(void))decode_steps, METH_FASTCALL, "decode step times and the EMA"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "interlock_simpool", NULL, -1, module_methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit_interlock_simpool(void) {
   if (PyType_Ready(&PoolType) < 0) return NULL;
