@@ -25,8 +25,11 @@ seconds. So this keeps the engine's rules and counters and drops the tokens:
 
 Decode-only stretches are one *macro step* of ``k`` steps, up to the next finish or the step
 whose block allocation would fail, timed in closed form (decode time is a quadratic in KV
-usage, which grows linearly). Nothing can be admitted during one (free blocks only shrink and
-slots only free at a finish), so it is exact; an arrival cuts it at the step in progress.
+usage, which grows linearly, up to 2.18x the pool's tokens where ``decode_ms`` meets its floor).
+Nothing can be admitted during one (free blocks only shrink and slots only free at a finish), so it
+is exact; an arrival cuts it at the step in progress. Only the steps someone sees end are events
+(its last, one that evicts, one whose paced load report leaves at once, each while the driver
+polls); the others are applied when the next event comes (``_next_event``, ``_advance``).
 
 Counters (the engine's names): ``num_tokens`` = prompt + outputs; ``computed`` is
 ``num_computed_tokens``; ``hit_tokens`` is ``num_cached_tokens`` (first admission only).
