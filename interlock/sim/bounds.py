@@ -102,12 +102,35 @@ def pooled_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int, capa
     return _ratio(reqs, block_size, leading)
 
 
-def _leading_compiled(reqs: Sequence[SimRequest], capacity_blocks: int | None) -> np.ndarray | None:
+def cache_bounds(
+    requests: Iterable[SimRequest], block_size: int, capacity_blocks: int
+) -> tuple[float, float]:
+    """``(infinite_cache_hit_ratio, pooled_cache_hit_ratio)``, the requests sorted and their
+    hashes gathered once for both."""
+    reqs = sorted(requests, key=lambda r: r.arrival_s)
+    flat = _flat(reqs) if native.load_bounds() is not None else None
+    inf, pooled = _leading_compiled(reqs, None, flat), _leading_compiled(reqs, capacity_blocks, flat)
+    return (
+        infinite_cache_hit_ratio_walk(reqs, block_size) if inf is None else _ratio(reqs, block_size, inf),
+        pooled_cache_hit_ratio_walk(reqs, block_size, capacity_blocks)
+        if pooled is None
+        else _ratio(reqs, block_size, pooled),
+    )
+
+
+def _leading_compiled(
+    reqs: Sequence[SimRequest],
+    capacity_blocks: int | None,
+    flat: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray | None:
     """Each request's leading cached blocks by the compiled walk (``capacity_blocks`` None: as
-    many as there are blocks), or None where it cannot run (module note)."""
+    many as there are blocks; ``flat``: ``_flat(reqs)`` where the caller has it), or None where
+    it cannot run (module note)."""
     lib = native.load_bounds()
-    flat = _flat(reqs) if lib is not None else None
-    if lib is None or flat is None:
+    if lib is None:
+        return None
+    flat = flat if flat is not None else _flat(reqs)
+    if flat is None:
         return None
     keys, offsets = flat
     capacity = len(keys) if capacity_blocks is None else capacity_blocks

@@ -39,7 +39,7 @@ from interlock.planner import CapabilityProfile, PlannerConfig
 from interlock.protocol.discovery import InstanceInfo
 from interlock.protocol.events import KVEventBatch, LoadReport
 from interlock.router import Decision, RequestMeta, Router, RouterConfig
-from interlock.sim.bounds import infinite_cache_hit_ratio, pooled_cache_hit_ratio
+from interlock.sim.bounds import cache_bounds
 from interlock.sim.engine_worker import EngineWorker
 from interlock.sim.planned import PlannerConnector
 from interlock.sim.report import ReplayReport, build_report
@@ -385,10 +385,9 @@ def replay(requests: Sequence[SimRequest], cfg: ReplayConfig | None = None) -> R
         planned = PlannerConnector(drv, cfg.planner, cfg.profile, cfg.router.policy, cfg.fleet_schedule)
     drv.run(reqs)
     wall = time.perf_counter() - t0
-    upper = infinite_cache_hit_ratio(reqs, cfg.block_size)
     hosts = max(cfg.num_hosts, len(drv.host_tiers))
     total_blocks = cfg.num_workers * cfg.num_blocks + hosts * cfg.host_kv_blocks
-    pooled = pooled_cache_hit_ratio(reqs, cfg.block_size, total_blocks)
+    upper, pooled = cache_bounds(reqs, cfg.block_size, total_blocks)
     per_worker_reqs = dict.fromkeys(drv.inflight_area, 0)
     for d in drv.decisions:
         per_worker_reqs[d.worker_id] += 1

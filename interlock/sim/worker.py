@@ -71,9 +71,9 @@ _U_QUADRATIC = 2.18
 """Up to this KV usage decode_ms is the quadratic (it reaches its 1 ms floor at 2.1826)."""
 assert decode_ms(_U_QUADRATIC) > 1.0 and _A * _U_QUADRATIC**2 + _B * _U_QUADRATIC + _C > 1.0
 _EMA = 0.2
+"""As the engine core's load figures (``engine/core.py``)."""
 _ENDS_AHEAD = 16
 """A stretch's step ends computed a batch at a time (a pacing interval holds a few steps)."""
-"""As the engine core's load figures (``engine/core.py``)."""
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -528,6 +528,7 @@ class SimWorker:
         steps, ema = self._decode_steps(st.ctx0 + j0 * n, n, last - j0, self._decode_step_s)
         alloc = st.alloc
         quiet = sum(alloc[j0 : last - 1])
+        assert quiet <= self.pool.plain, "an unseen step would have evicted"
         if quiet:
             self.pool.allocate(quiet)
         if alloc[last - 1]:

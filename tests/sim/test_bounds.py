@@ -73,3 +73,13 @@ def test_the_fast_bounds_equal_the_block_by_block_walks(seed) -> None:
     for capacity in (0, 1, 3, 17, 60, 10_000):
         fast = bounds.pooled_cache_hit_ratio(reqs, 4, capacity)
         assert fast == bounds.pooled_cache_hit_ratio_walk(reqs, 4, capacity), capacity
+
+
+def test_both_bounds_at_once_equal_each_alone() -> None:
+    from interlock.sim import bounds
+
+    reqs = random_requests(7)
+    assert bounds.cache_bounds(reqs, 4, 17) == (
+        bounds.infinite_cache_hit_ratio_walk(reqs, 4),
+        bounds.pooled_cache_hit_ratio_walk(reqs, 4, 17),
+    )
