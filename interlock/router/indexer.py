@@ -135,6 +135,10 @@ class KvIndexer:
         self._cmap = self._c.new(1) if self._c is not None else None
         self._cwords = 1
         """Slots the compiled map's masks have room for, in 64s."""
+        self._settle: Callable[[dict[int, float], Sequence[int]], None] = (
+            self._c.settle if self._c is not None else _settle
+        )
+        """Pending guesses the worker's events named, dropped (``_settle``; in C with the map)."""
         self.native_decide: Callable[..., tuple[int, list[int]]] | None = (
             partial(self._c.decide, self._cmap) if self._c is not None else None
         )
@@ -279,7 +283,7 @@ class KvIndexer:
         if w is None:
             return ApplyResult.UNKNOWN_WORKER
         if self._c is not None:
-            _check_hashes(batch)
+            _check_hashes(batch, self._c.bad_hash)
         if not w.events_seen:
             # First batch: the worker publishes after all; predictions are dropped.
             w.events_seen = True
@@ -319,7 +323,7 @@ class KvIndexer:
         if self._c is not None:
             for hashes in tiers.values():
                 if not (isinstance(hashes, array) and hashes.typecode == "Q"):  # else: by its type
-                    _check_range(hashes, f"the state of {instance_id} as of batch {seq}")
+                    _check_range(hashes, f"the state of {instance_id} as of batch {seq}", self._c.bad_hash)
         if not w.events_seen:
             w.events_seen = True
             self._left_approx(True)
@@ -345,14 +349,14 @@ class KvIndexer:
             if isinstance(ev, BlockStored):
                 if ev.tier == "device":
                     if w.pending:  # the worker's word now, not the router's guess
-                        _settle(w.pending, ev.block_hashes)
+                        self._settle(w.pending, ev.block_hashes)
                     self._store(w, ev.block_hashes)
                 else:
                     self._store_lower(w, ev.block_hashes, _TIER_BITS.get(ev.tier, 0))
             elif isinstance(ev, BlockRemoved):
                 if ev.tier == "device":
                     if w.pending:
-                        _settle(w.pending, ev.block_hashes)
+                        self._settle(w.pending, ev.block_hashes)
                     self._remove(w, ev.block_hashes)
                 else:
                     self._remove_lower(w, ev.block_hashes, _TIER_BITS.get(ev.tier, 0))
@@ -473,9 +477,7 @@ class KvIndexer:
         if not new:
             return
         expiry = now + self.pending_ttl_s
-        pending = w.pending
-        for h in new:
-            pending[h] = expiry
+        w.pending.update(dict.fromkeys(new, expiry))
         self._pending_expiries.append((expiry, w.slot, array("Q", new)))  # 8 bytes a block
 
     @property
@@ -631,21 +633,33 @@ _HASH_LIMIT = 1 << 64
 
 
 def _settle(pending: dict[int, float], hashes: Sequence[int]) -> None:
-    """The worker's events named these blocks: none of them is a guess any longer."""
+    """The worker's events named these blocks: none of them is a guess any longer (the
+    compiled module's ``settle`` is the same loop)."""
     pop = pending.pop
     for h in hashes:
         pop(h, None)
 
 
-def _check_hashes(batch: KVEventBatch) -> None:
+def _bad_hash(hashes: Sequence[int]) -> int | None:
+    """The first of ``hashes`` outside the compiled map's domain (a 64-bit unsigned int), or
+    None (the compiled module's ``bad_hash`` is the same check in one loop)."""
+    if hashes and (min(hashes) < 0 or max(hashes) >= _HASH_LIMIT):
+        return next(h for h in hashes if not 0 <= h < _HASH_LIMIT)
+    return None
+
+
+def _check_hashes(batch: KVEventBatch, bad_hash: Callable[[Sequence[int]], object] = _bad_hash) -> None:
     """The compiled map's domain: every hash of the batch a 64-bit unsigned int."""
     for ev in batch.events:
-        _check_range(getattr(ev, "block_hashes", ()), f"KV event batch {batch.seq} from {batch.instance_id}")
+        _check_range(
+            getattr(ev, "block_hashes", ()), f"KV event batch {batch.seq} from {batch.instance_id}", bad_hash
+        )
 
 
-def _check_range(hashes: Sequence[int], what: str) -> None:
-    if hashes and (min(hashes) < 0 or max(hashes) >= _HASH_LIMIT):
-        bad = next(h for h in hashes if not 0 <= h < _HASH_LIMIT)
+def _check_range(
+    hashes: Sequence[int], what: str, bad_hash: Callable[[Sequence[int]], object] = _bad_hash
+) -> None:
+    if (bad := bad_hash(hashes)) is not None:
         raise TransportError(f"{what}: block hash {bad} is not a 64-bit unsigned int")
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from interlock.errors import TransportError
 from interlock.protocol.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from interlock.router import native
+from interlock.router import indexer, native
 from interlock.router.cost import CostParams, cheapest, choose, ttft_costs
 from interlock.router.indexer import KvIndexer
 from interlock.router.route_kernel import MAX_RANKED, RouteKernel
@@ -111,6 +111,29 @@ def test_a_hash_outside_64_bits_is_refused_by_name_and_nothing_of_the_batch_appl
     compiled.apply(KVEventBatch(instance_id="w0", seq=0, timestamp=0.0, events=(stored((1, 2)),)))
     assert compiled.overlap_by_worker([1, -1, 2]) == {"w0": 1}
     assert compiled.overlap_by_worker([1, 2**64, 2]) == {"w0": 1}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(2**70), 2**70) | BIG | st.sampled_from([-1, 2**64, 2**64 - 1]), max_size=20))
+def test_the_compiled_range_check_names_the_first_bad_hash_as_python_does(hashes: list[int]) -> None:
+    assert MODULE is not None
+    assert MODULE.bad_hash(hashes) == indexer._bad_hash(hashes)
+    assert MODULE.bad_hash(tuple(hashes)) == indexer._bad_hash(tuple(hashes))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.integers(0, 40), st.floats(0, 10), max_size=30),
+    st.lists(st.integers(0, 50), max_size=40),
+)
+def test_the_compiled_settle_drops_the_same_guesses_as_python(
+    pending: dict[int, float], named: list[int]
+) -> None:
+    assert MODULE is not None
+    mine, theirs = dict(pending), dict(pending)
+    MODULE.settle(mine, named)
+    indexer._settle(theirs, named)
+    assert mine == theirs and list(mine) == list(theirs)
 
 
 EDGES = [0, 1, 2**30 - 1, 2**30, 2**60 - 1, 2**60, 2**63, 2**64 - 1]

@@ -1016,6 +1016,50 @@ static PyObject* kvi_runs(PyObject* self, PyObject* const* args, Py_ssize_t narg
   return nruns < 0 ? NULL : runs_to_list(ix, nruns);
 }
 
+/* bad_hash(hashes) -> the first item that is not an int in [0, 2^64), or None: a KV event
+ * batch is checked whole before any of it is applied (KvIndexer._check_range, in one loop). */
+static PyObject* kvi_bad_hash(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 1, "bad_hash") < 0) return NULL;
+  PyObject* fast = PySequence_Fast(args[0], "block hashes must be a sequence of ints");
+  if (!fast) return NULL;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+  PyObject** items = PySequence_Fast_ITEMS(fast);
+  for (Py_ssize_t i = 0; i < len; i++) {
+    uint64_t key;
+    if (key_of(items[i], &key) < 0) {
+      PyObject* bad = Py_NewRef(items[i]);
+      Py_DECREF(fast);
+      return bad;
+    }
+  }
+  Py_DECREF(fast);
+  Py_RETURN_NONE;
+}
+
+/* settle(pending, hashes): pending.pop(h, None) for each hash (a dict: KvIndexer._settle). */
+static PyObject* kvi_settle(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_nargs(nargs, 2, "settle") < 0) return NULL;
+  PyObject* pending = args[0];
+  if (!PyDict_CheckExact(pending)) {
+    PyErr_SetString(PyExc_TypeError, "settle: pending must be a dict");
+    return NULL;
+  }
+  PyObject* fast = PySequence_Fast(args[1], "block hashes must be a sequence of ints");
+  if (!fast) return NULL;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+  PyObject** items = PySequence_Fast_ITEMS(fast);
+  for (Py_ssize_t i = 0; i < len && PyDict_GET_SIZE(pending); i++) {
+    PyObject* h = items[i];
+    PyObject* held = PyDict_GetItemWithError(pending, h); /* borrowed; NULL: absent or error */
+    if ((held && PyDict_DelItem(pending, h) < 0) || (!held && PyErr_Occurred())) {
+      Py_DECREF(fast);
+      return NULL;
+    }
+  }
+  Py_DECREF(fast);
+  Py_RETURN_NONE;
+}
+
 /* mask(index, hash) -> int: the workers holding the block (0: none). */
 static PyObject* kvi_mask(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (check_nargs(nargs, 2, "mask") < 0) return NULL;
@@ -1415,6 +1459,8 @@ static PyMethodDef methods[] = {
     {"remove", (PyCFunction)(void (*)(void))kvi_remove, METH_FASTCALL, "remove(index, slot, hashes)"},
     {"runs", (PyCFunction)(void (*)(void))kvi_runs, METH_FASTCALL, "runs(index, hashes) -> [(mask, n)]"},
     {"mask", (PyCFunction)(void (*)(void))kvi_mask, METH_FASTCALL, "mask(index, hash) -> int"},
+    {"bad_hash", (PyCFunction)(void (*)(void))kvi_bad_hash, METH_FASTCALL, "bad_hash(hashes) -> first non-hash or None"},
+    {"settle", (PyCFunction)(void (*)(void))kvi_settle, METH_FASTCALL, "settle(pending, hashes): pop each"},
     {"items", (PyCFunction)(void (*)(void))kvi_items, METH_FASTCALL, "items(index) -> {hash: mask}"},
     {"unique_counts", (PyCFunction)(void (*)(void))kvi_unique_counts, METH_FASTCALL, "unique_counts(index, slots)"},
     {"check", (PyCFunction)(void (*)(void))kvi_check, METH_FASTCALL, "check(index) -> None or error"},
