@@ -7,7 +7,8 @@ a SIGKILL after the grace period. Each child leads a process group of its own, a
 exited whatever is left in that group is killed: a guest engine's processes (vLLM's engine
 core) do not die with the worker that started them, and a SIGKILLed worker would leave them
 running; the Python shared-memory segments those grandchildren mapped are unlinked once they are
-gone (``interlock.shm``: vLLM's message queues, 400 MiB of RAM a death). Both kinds here
+gone (``interlock.shm``: vLLM's message queues, 400 MiB of RAM a death), and a killed vLLM
+worker's socket files with them (``interlock.scratch``). Both kinds here
 (``Child``, ``NatsProcess``) can be started again after they exit, which is what ``cluster.supervisor`` does with them.
 """
 
@@ -22,7 +23,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from interlock import shm
+from interlock import scratch, shm
 from interlock.cluster import logs
 from interlock.runtime.config import NatsAuth
 from interlock.runtime.nats_permissions import NatsUser
@@ -98,6 +99,7 @@ class Child:
                 pass
             if gone := shm.release(segments, exclude=left):
                 log.info("%s: unlinked %d shared-memory segments it left", self.name, len(gone))
+            scratch.sweep()  # a killed vLLM worker's socket files (its own exit removes them)
 
     async def _relay(self) -> None:
         assert self.process and self.process.stdout

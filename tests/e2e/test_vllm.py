@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ import httpx
 import openai
 import pytest
 
-from interlock import shm
+from interlock import scratch, shm
 from interlock.engine import vllm
 from tests.e2e.conftest import FAST_LEASES, Served, free_port, start_serve, wait_until
 
@@ -60,7 +62,13 @@ class VllmServer:
 
     def __init__(self) -> None:
         self.port = free_port()
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+        self.rpc_dir = tempfile.mkdtemp(prefix="vllm-reference-")  # its socket files, removed at stop
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            "VLLM_RPC_BASE_PATH": self.rpc_dir,
+        }
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -116,6 +124,7 @@ class VllmServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        shutil.rmtree(self.rpc_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -364,6 +373,11 @@ def test_a_worker_killed_under_16_streams_loses_none(served: Served) -> None:
     victim = worker_pids(served)[0]
     core = engine_core_of(victim)
     segments = shm.mapped_by([core] if core else [])
+    # vLLM's socket files are in the worker's scratch directory, not loose in /tmp
+    scratch_dirs = list(
+        Path(tempfile.gettempdir()).glob(f"{scratch.PREFIX}{scratch._namespace()}-{victim}-*")
+    )
+    assert len(scratch_dirs) == 1 and any(p.is_socket() for p in scratch_dirs[0].iterdir()), scratch_dirs
     os.kill(victim, signal.SIGKILL)
     started = time.monotonic()
     for t in threads:
@@ -374,3 +388,5 @@ def test_a_worker_killed_under_16_streams_loses_none(served: Served) -> None:
     assert core is not None and wait_until(lambda: _zombie(core), 30)
     # ... and its shared-memory segments with it.
     assert segments and wait_until(lambda: not [n for n in segments if (shm.SHM_DIR / n).exists()], 10)
+    # ... and its socket files (serve's supervisor sweeps the scratch directory it left)
+    assert wait_until(lambda: not scratch_dirs[0].exists(), 10)

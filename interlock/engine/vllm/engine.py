@@ -40,7 +40,6 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
@@ -49,7 +48,7 @@ from typing import Any
 
 import msgspec
 
-from interlock import shm
+from interlock import scratch, shm
 from interlock.engine.config import EngineConfig
 from interlock.engine.serving import FixedSizes, KVEventSink, NullKVEventSink
 from interlock.engine.vllm.args import vllm_engine_args
@@ -241,7 +240,7 @@ class VllmEngine(FixedSizes):
             raise ConfigError(f"{INSTALL_HINT} ({exc})") from exc
         known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
         kwargs = vllm_engine_args(config, known)
-        workdir = tempfile.mkdtemp(prefix=f"interlock-vllm-{instance_id or os.getpid()}-")
+        workdir = str(scratch.engine_dir(instance_id or "engine"))  # vLLM's sockets beside it
         endpoints = (f"ipc://{workdir}/kv-events", f"ipc://{workdir}/kv-replay")
         kwargs["kv_events_config"] = {
             "enable_kv_cache_events": True,
