@@ -68,7 +68,7 @@ output x the decode line's slope x its context over the worker's KV) held the he
 and 1: 78-86% of the pooled bound, TTFT p99 527-674 ms); by the stall of their token streams
 (``stall_weight``, below) it is kept. BENCHMARKS.md, Saturation, has the figures.
 
-Stall: ``stall_weight`` (default 1) adds the time this request's own prefill steps stall the
+Stall: ``stall_weight`` (default 0.5) adds the time this request's own prefill steps stall the
 requests decoding on that worker: each step that computes prompt tokens costs every decoding
 request there a step overhead more between two tokens (``decoding_w``, this router's dispatches
 past their first token). What a request makes others wait counts as much as its own wait. It
@@ -80,7 +80,15 @@ at 0.5 held the herd as well but sent the conversation trace's long prompts to w
 decodes and long prefill queues (TTFT p99 x9 2.9 s against 2.0 s without it). The overhead
 alone costs less (x9 2.0 -> 2.3 s, x10 2.4 -> 2.9 s; Dynamo's 2.4 / 5.4 s), took x12 from 89%
 to 90% of the pooled bound and the agent workload's p99 over x1.25-x3.5 from 194-292 to 223-283
-ms (BENCHMARKS.md, Saturation).
+ms (BENCHMARKS.md, Saturation). Its weight, measured again once load reports were paced and the
+router's queue took two passes (2026-12-07; every load of the conversation trace, agent and RAG
+workloads, and herding at 10-200 req/s): at 0.5 rather than 1, TTFT p99 fell at 18 of those 19
+loads (conversation x7.5-x12 1,973 / 2,328 / 3,081 / 14,498 -> 1,845 / 2,203 / 2,809 / 13,398 ms;
+RAG x20 1,701 -> 1,368; agent x1.75 257 -> 292, the one rise), the hit ratio rose on the RAG and
+agent workloads (RAG x3 / x20 88.4 / 88.8% -> 89.4 / 90.4% of the pooled bound) and held on the
+conversation trace, and ITL p99 did not rise; the herd behind one brand-new shared prompt grew
+at low rates (busiest worker at 20 req/s 1.26x -> 1.42x the mean in flight, 10 req/s 2.12x ->
+2.77x, same TTFT) and not from 40 req/s. 0.4 and 0.6 gave about the same; 0.75 less.
 
 Stall at scale (``stall_over``, "decoding" by default): counted over the requests decoding
 now, the stall misses those queued on the worker, which decode while this request's chunks
@@ -165,7 +173,7 @@ class CostParams:
     beyond this request's TTFT."""
     decode_weight: float = 0.15
     """Weight of this request's own decode time (0: pure TTFT)."""
-    stall_weight: float = 1.0
+    stall_weight: float = 0.5
     """Weight of the step overheads this request's prefill adds between the tokens of each
     request decoding on the worker (0: not priced)."""
     backlog_charge: bool = True

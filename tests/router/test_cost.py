@@ -100,7 +100,7 @@ def test_the_backlog_is_the_mean_over_the_fleets_workers_not_its_empty_slots() -
 def test_a_prefill_is_charged_the_steps_it_stalls_each_decoding_request() -> None:
     # the prompt's holder has 6 requests decoding, the others 1: each prefill step there costs
     # each of them a step overhead (10 ms) between two tokens
-    p = CostParams(block_size=100, chunk_tokens=500, miss_weight=0.0, decode_weight=0.0)
+    p = CostParams(block_size=100, chunk_tokens=500, miss_weight=0.0, decode_weight=0.0, stall_weight=1.0)
     kw = dict(overlap_blocks=np.array([9, 0, 0]), decoding=np.array([6, 1, 1]))
     c = costs(p, **kw)
     # uncached 100 / 1000 / 1000 tokens: 1 / 2 / 2 prefill steps
