@@ -80,6 +80,7 @@ def process_dir() -> Path:
 
 
 def engine_dir(name: str) -> Path:
-    """A directory of one engine's own inside ``process_dir`` (its KV event endpoints)."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40] or "engine"
+    """A directory of one engine's own inside ``process_dir`` (its KV event endpoints), its
+    name cut to 16 characters: a socket's path has room for 107 bytes."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:16] or "engine"
     return Path(tempfile.mkdtemp(prefix=f"{safe}-", dir=process_dir()))
