@@ -88,7 +88,9 @@ RAG x20 1,701 -> 1,368; agent x1.75 257 -> 292, the one rise), the hit ratio ros
 agent workloads (RAG x3 / x20 88.4 / 88.8% -> 89.4 / 90.4% of the pooled bound) and held on the
 conversation trace, and ITL p99 did not rise; the herd behind one brand-new shared prompt grew
 at low rates (busiest worker at 20 req/s 1.26x -> 1.42x the mean in flight, 10 req/s 2.12x ->
-2.77x, same TTFT) and not from 40 req/s. 0.4 and 0.6 gave about the same; 0.75 less.
+2.77x, and up to 2.09x at 20 req/s on other seeds of that workload, where 1 gives up to 1.65x)
+with the same TTFT and ITL (p99 52-54 and 26-29 ms at every seed and weight), and not from 40
+req/s. 0.4 and 0.6 gave about the same; 0.75 less.
 
 Stall at scale (``stall_over``, "decoding" by default): counted over the requests decoding
 now, the stall misses those queued on the worker, which decode while this request's chunks
