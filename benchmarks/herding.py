@@ -2,7 +2,9 @@
 requests over the mean, and the hit ratio against its bound, for the ``kv`` policy with and
 without KV events (the workload of ``tests/sim/test_replay.py``).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/herding.py --rates 20,60,120 [--cost stall_weight=0]
+    PYTHONPATH=. .venv/bin/python benchmarks/herding.py --rates 20,60,120 [--cost stall_weight=0] [--seeds 1,2,3]
+
+``--seeds``: the workload drawn again with other seeds (the benchmark's figure is seed 1's).
 """
 
 from __future__ import annotations
@@ -25,11 +27,15 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--num-blocks", type=int, default=4000)
     ap.add_argument("--cost", default="", help="kv cost fields to change, e.g. stall_weight=0")
+    ap.add_argument("--seeds", default="1", help="workload seeds (the benchmark's figure: 1)")
     args = ap.parse_args()
     cost = parse_cost(args.cost)
-    print("| req/s | KV events | busiest / mean in flight | hit ratio | bound | TTFT p50 / p99 ms |")
-    print("|---|---|---|---|---|---|")
-    for rate in (float(r) for r in args.rates.split(",")):
+    print(
+        "| req/s | seed | KV events | busiest / mean in flight | hit ratio | bound | TTFT p50 / p99 ms | ITL p99 ms |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    runs = [(float(r), int(seed)) for r in args.rates.split(",") for seed in args.seeds.split(",")]
+    for rate, seed in runs:
         spec = SharedPrefixSpec(
             num_requests=args.requests,
             num_groups=1,
@@ -38,7 +44,7 @@ def main() -> None:
             output_tokens=100,
             rate=rate,
             block_size=64,
-            seed=1,
+            seed=seed,
         )
         requests = shared_prefix_requests(spec)
         for events in (True, False):
@@ -50,8 +56,8 @@ def main() -> None:
             )
             rep = replay(requests, config)
             print(
-                f"| {rate:g} | {'yes' if events else 'no'} | {rep.inflight_imbalance:.2f} | {rep.hit_ratio:.3f}"
-                f" | {rep.upper_bound:.3f} | {rep.ttft_p50_ms:.1f} / {rep.ttft_p99_ms:.1f} |"
+                f"| {rate:g} | {seed} | {'yes' if events else 'no'} | {rep.inflight_imbalance:.2f} | {rep.hit_ratio:.3f}"
+                f" | {rep.upper_bound:.3f} | {rep.ttft_p50_ms:.1f} / {rep.ttft_p99_ms:.1f} | {rep.itl_p99_ms:.1f} |"
             )
 
 

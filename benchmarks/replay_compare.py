@@ -192,10 +192,9 @@ def main() -> None:
         args.blocks = 61_000 if args.workload == "trace" else distinct * TRACE_BLOCK_SIZE // 64 // 12
     hasher = TraceHasher(64)
     reqs = mooncake_requests(records, block_size=64, hasher=hasher)
-    from interlock.sim import infinite_cache_hit_ratio, pooled_cache_hit_ratio
+    from interlock.sim.bounds import cache_bounds
 
-    upper = infinite_cache_hit_ratio(reqs, 64)
-    pooled = pooled_cache_hit_ratio(reqs, 64, args.workers * args.blocks)
+    upper, pooled = cache_bounds(reqs, 64, args.workers * args.blocks)
     print(
         f"{args.trace}: {len(records)} requests, {distinct:,} distinct 512-token blocks; caches "
         f"{args.workers} x {args.blocks:,} x 64 = {args.workers * args.blocks * 64 / (distinct * 512):.0%} "

@@ -642,13 +642,14 @@ def _settle(pending: dict[int, float], hashes: Sequence[int]) -> None:
 
 def _bad_hash(hashes: Sequence[int]) -> int | None:
     """The first of ``hashes`` outside the compiled map's domain (a 64-bit unsigned int), or
-    None (the compiled module's ``bad_hash`` is the same check in one loop)."""
+    None: the reference for the compiled module's ``bad_hash`` (the check runs only with the
+    compiled map; the dict takes any int), tested equal."""
     if hashes and (min(hashes) < 0 or max(hashes) >= _HASH_LIMIT):
         return next(h for h in hashes if not 0 <= h < _HASH_LIMIT)
     return None
 
 
-def _check_hashes(batch: KVEventBatch, bad_hash: Callable[[Sequence[int]], object] = _bad_hash) -> None:
+def _check_hashes(batch: KVEventBatch, bad_hash: Callable[[Sequence[int]], object]) -> None:
     """The compiled map's domain: every hash of the batch a 64-bit unsigned int."""
     for ev in batch.events:
         _check_range(
@@ -656,9 +657,7 @@ def _check_hashes(batch: KVEventBatch, bad_hash: Callable[[Sequence[int]], objec
         )
 
 
-def _check_range(
-    hashes: Sequence[int], what: str, bad_hash: Callable[[Sequence[int]], object] = _bad_hash
-) -> None:
+def _check_range(hashes: Sequence[int], what: str, bad_hash: Callable[[Sequence[int]], object]) -> None:
     if (bad := bad_hash(hashes)) is not None:
         raise TransportError(f"{what}: block hash {bad} is not a 64-bit unsigned int")
 

@@ -80,11 +80,7 @@ def _flat(reqs: Sequence[SimRequest]) -> tuple[np.ndarray, np.ndarray] | None:
 def infinite_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int) -> float:
     """Share of prompt tokens one infinite cache could serve: the pooled walk with room for
     every block there is (nothing is ever evicted)."""
-    reqs = sorted(requests, key=lambda r: r.arrival_s)
-    leading = _leading_compiled(reqs, None)
-    if leading is None:
-        return infinite_cache_hit_ratio_walk(reqs, block_size)
-    return _ratio(reqs, block_size, leading)
+    return _bound(sorted(requests, key=lambda r: r.arrival_s), block_size, None)
 
 
 def infinite_cache_hit_ratio_walk(requests: Iterable[SimRequest], block_size: int) -> float:
@@ -95,11 +91,7 @@ def infinite_cache_hit_ratio_walk(requests: Iterable[SimRequest], block_size: in
 
 def pooled_cache_hit_ratio(requests: Iterable[SimRequest], block_size: int, capacity_blocks: int) -> float:
     """Share of prompt tokens one shared LRU cache of ``capacity_blocks`` blocks could serve."""
-    reqs = sorted(requests, key=lambda r: r.arrival_s)
-    leading = _leading_compiled(reqs, capacity_blocks)
-    if leading is None:
-        return pooled_cache_hit_ratio_walk(reqs, block_size, capacity_blocks)
-    return _ratio(reqs, block_size, leading)
+    return _bound(sorted(requests, key=lambda r: r.arrival_s), block_size, capacity_blocks)
 
 
 def cache_bounds(
@@ -109,13 +101,23 @@ def cache_bounds(
     hashes gathered once for both."""
     reqs = sorted(requests, key=lambda r: r.arrival_s)
     flat = _flat(reqs) if native.load_bounds() is not None else None
-    inf, pooled = _leading_compiled(reqs, None, flat), _leading_compiled(reqs, capacity_blocks, flat)
-    return (
-        infinite_cache_hit_ratio_walk(reqs, block_size) if inf is None else _ratio(reqs, block_size, inf),
-        pooled_cache_hit_ratio_walk(reqs, block_size, capacity_blocks)
-        if pooled is None
-        else _ratio(reqs, block_size, pooled),
-    )
+    return _bound(reqs, block_size, None, flat), _bound(reqs, block_size, capacity_blocks, flat)
+
+
+def _bound(
+    reqs: Sequence[SimRequest],
+    block_size: int,
+    capacity_blocks: int | None,
+    flat: tuple[np.ndarray, np.ndarray] | None = None,
+) -> float:
+    """One bound over requests sorted by arrival (``capacity_blocks`` None: the infinite
+    cache): by the compiled walk where it runs, else block by block."""
+    leading = _leading_compiled(reqs, capacity_blocks, flat)
+    if leading is not None:
+        return _ratio(reqs, block_size, leading)
+    if capacity_blocks is None:
+        return infinite_cache_hit_ratio_walk(reqs, block_size)
+    return pooled_cache_hit_ratio_walk(reqs, block_size, capacity_blocks)
 
 
 def _leading_compiled(
