@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -128,20 +129,19 @@ class VllmServer:
 
 
 @pytest.fixture(scope="module")
-def reference() -> dict[str, str]:
-    """vLLM's own greedy completions of ``PROMPTS`` (its server, then stopped)."""
+def reference_server() -> Iterator[VllmServer]:
+    """vLLM's own server, started while the cluster below starts (their imports, tens of seconds
+    of CPU each, overlap) and stopped once its completions are in."""
     server = VllmServer()
     try:
-        server.wait_ready()
-        client = server.client()
-        return {p: complete(client, p) for p in PROMPTS}
+        yield server
     finally:
         server.stop()
 
 
 @pytest.fixture(scope="module")
-def served(reference: dict[str, str]) -> Iterator[Served]:
-    """Two vLLM workers under ``interlock serve`` (after the reference server is gone)."""
+def served(reference_server: VllmServer) -> Iterator[Served]:
+    """Two vLLM workers under ``interlock serve``."""
     s = start_serve(
         "--engine", "vllm", "--workers", "2", "--kv-cache-gib", "0.5", "--engine-arg", "enforce_eager=true",
         *ENGINE, *FAST_LEASES, timeout_s=420,
@@ -150,9 +150,27 @@ def served(reference: dict[str, str]) -> Iterator[Served]:
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def reference(reference_server: VllmServer, served: Served) -> dict[str, str]:
+    """vLLM's own greedy completions of ``PROMPTS`` (its server, then stopped)."""
+    reference_server.wait_ready()
+    try:
+        return complete_all(reference_server.client(), PROMPTS)
+    finally:
+        reference_server.stop()
+
+
 def complete(client: openai.OpenAI, prompt: str, max_tokens: int = 32) -> str:
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0)
     return r.choices[0].text
+
+
+def complete_all(client: openai.OpenAI, prompts: list[str], max_tokens: int = 32) -> dict[str, str]:
+    """``complete`` for each prompt, all at once (fp32 eager greedy output does not depend on the
+    batch, and one at a time an eager CPU decode takes seconds a prompt)."""
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        texts = pool.map(lambda p: complete(client, p, max_tokens), prompts)
+        return dict(zip(prompts, texts, strict=True))
 
 
 def client_of(served: Served) -> openai.OpenAI:
@@ -160,9 +178,8 @@ def client_of(served: Served) -> openai.OpenAI:
 
 
 def test_greedy_output_equals_vllms_own_server(reference: dict[str, str], served: Served) -> None:
+    assert complete_all(client_of(served), PROMPTS) == reference
     client = client_of(served)
-    for prompt, text in reference.items():
-        assert complete(client, prompt) == text, prompt
     # Chat goes through the frontend's chat template and detokenizer, vLLM's engine below.
     r = client.chat.completions.create(
         model=MODEL,
@@ -193,8 +210,7 @@ routing: {policy: kv, enforce_disagg: true}
     s = start_serve("-f", str(cfg), *ENGINE, *FAST_LEASES, timeout_s=420)
     try:
         client = client_of(s)
-        for prompt, text in reference.items():
-            assert complete(client, prompt) == text, prompt
+        assert complete_all(client, PROMPTS) == reference
         # A long prompt: most of its KV crosses over, and the decode side's own prefix hit on
         # a repeat is kept (it pulls only what it lacks).
         long = PREFIX + " And so"
@@ -321,8 +337,7 @@ def test_a_dead_engine_core_takes_its_worker_out_and_no_request_fails(served: Se
     os.kill(core, signal.SIGKILL)
     # The worker process notices, leaves discovery and exits; serve restarts it.
     assert wait_until(lambda: not Path(f"/proc/{victim}").exists() or _zombie(victim), 30)
-    for prompt in PROMPTS:
-        assert complete(client, prompt, max_tokens=8)
+    assert all(complete_all(client, PROMPTS, max_tokens=8).values())
     assert wait_until(lambda: len(worker_pids(served)) == 2 and victim not in worker_pids(served), 60)
     assert wait_until(lambda: _ready_workers(served) == 2, 300), "".join(served.lines[-40:])
     # The dead core's message queues (RAM in /dev/shm) went with it.
@@ -347,7 +362,7 @@ def _ready_workers(served: Served) -> int:
 def test_a_worker_killed_under_16_streams_loses_none(served: Served) -> None:
     client = client_of(served)
     prompts = [f"Story {i}: a fox and a crow" for i in range(16)]
-    want = {p: complete(client, p, max_tokens=48) for p in prompts}
+    want = complete_all(client, prompts, max_tokens=48)
     got: dict[str, str] = {}
     progress: dict[str, int] = {}
     errors: list[BaseException] = []
