@@ -9,6 +9,6 @@ cd "$(dirname "$0")/.."
 .venv/bin/lint-imports
 .venv/bin/mypy interlock
 # Two xdist workers: the end-to-end files in two groups of their own first (tests/conftest.py),
-# then the rest module by module: about 15 minutes on 2 cores against 23-25 in one process. A
+# then the rest module by module: 15-23 minutes on 2 cores (by CPU) against 23-25 in one process. A
 # third worker took 13-15 minutes but starved the short leases of tests that serve beside it.
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n 2 "$@"

@@ -362,6 +362,10 @@ async def _sigstop(served: Served, *, stall_detects: bool) -> None:
 # ---- 3. the nats-server killed and restarted under load ----
 RECOVERY_S = 5.0
 """The requirement: new requests are served again within 5 s of the kill."""
+REJOIN_S = 10.0
+"""Both workers are in a fresh client's discovery again within this of the kill: 1.2-1.4 s on
+idle cores, 5.7-6.8 s seen on 2 contended cores (a vLLM start beside them in the suite). Serving
+does not wait for it (``RECOVERY_S``): the frontend routes on the entries it kept."""
 LOOPS = 8
 IN_FLIGHT_AT_KILL = LOOPS // 2
 """The kill waits until this many streams have their first token and not their last."""
@@ -435,8 +439,9 @@ async def _nats_outage(served: Served, kill: Callable[[], Awaitable[None]]) -> N
     await asyncio.sleep(RECOVERY_S + 3.0)
     stop.set()
     await asyncio.gather(*loops)
-    discovered_at = back.result() if back.done() else None
-    back.cancel()
+    discovered_at: float | None = None
+    with contextlib.suppress(TimeoutError):
+        discovered_at = await asyncio.wait_for(back, max(0.0, killed_at + REJOIN_S - time.monotonic()))
 
     streaming = [r for r in results if r.first_token_at and r.first_token_at < killed_at < r.ended]
     new_ok = [r.ended - killed_at for r in results if r.started > killed_at and not r.error]
@@ -454,6 +459,6 @@ async def _nats_outage(served: Served, kill: Callable[[], Awaitable[None]]) -> N
     assert not late, late[:5]
 
     assert discovered_at is not None, "the workers never came back into discovery"
-    assert discovered_at - killed_at < RECOVERY_S
+    assert discovered_at - killed_at < REJOIN_S
     assert await wait_for(lambda: httpx.get(served.url + "/health", timeout=5).status_code == 200, 10)
     await check_pools(served, expected=2)

@@ -30,6 +30,7 @@ SERVE = (
 LOW, HIGH = 1, 8
 
 
+@pytest.mark.timeout(600)  # two vLLM starts under load: 130 s alone, 220-310 s beside the suite
 def test_the_planner_adds_and_drains_a_vllm_worker_without_failing_a_request(tmp_path: Path) -> None:
     # vLLM's eager decode here takes 30-45 ms a token: an ITL target it can meet with room,
     # or the pool that decodes never counts as idle enough to shrink.
