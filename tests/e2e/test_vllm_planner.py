@@ -30,7 +30,7 @@ SERVE = (
 LOW, HIGH = 1, 8
 
 
-@pytest.mark.timeout(600)  # two vLLM starts under load: 130 s alone, 220-310 s beside the suite
+@pytest.mark.timeout(1200)  # two vLLM starts under load: 130 s alone, 220-360 s beside the suite
 def test_the_planner_adds_and_drains_a_vllm_worker_without_failing_a_request(tmp_path: Path) -> None:
     # vLLM's eager decode here takes 30-45 ms a token: an ITL target it can meet with room,
     # or the pool that decodes never counts as idle enough to shrink.
@@ -46,12 +46,15 @@ def test_the_planner_adds_and_drains_a_vllm_worker_without_failing_a_request(tmp
             await phase(c, load, HIGH, url, ["add"], 240.0)
             # The added vLLM worker starts (tens of seconds) before anything else is decided.
             assert await asyncio.to_thread(wait_until, lambda: len(children(served, b"worker_main")) == 2, 10)
-            await phase(c, load, LOW, url, ["add", "remove"], 240.0)
+            # The removal then waits, by design, for the load to stay low as long as that start
+            # took (a worker removed too early takes that long to come back): twice a vLLM start,
+            # 100-150 s apiece beside the rest of the suite on 2 cores.
+            await phase(c, load, LOW, url, ["add", "remove"], 600.0)
             await c.close()
 
         asyncio.run(run())
         st = status(url)
-        assert kinds(url) == ["add", "remove"], st["decisions"]
+        assert kinds(url) == ["add", "remove"], (st["decisions"], st["wants"], st["holding"])
         assert load.failed == [] and load.ok > 0, load.failed[:5]
         assert st["errors"] == 0
         assert wait_until(lambda: len(children(served, b"worker_main")) == 1, 60)
