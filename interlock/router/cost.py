@@ -107,6 +107,22 @@ trace at x7.5-x10 and the agent workload; but at x12 (8 workers far past saturat
 seconds long everywhere) the hit ratio falls from 90% to 88% of the pooled bound, so it is not
 the default (BENCHMARKS.md, Router at scale).
 
+Idle replicas (``idle_replicas``, on by default): on a worker with nothing decoding, queued or
+waiting, a miss is not charged for the next request (``behind - 1``; the fleet's backlog still
+counts) when two or more workers hold the prompt's longest cached prefix and some hold less.
+There the miss delays no one, and the copy it makes of a prefix several workers serve takes a
+share of its traffic from then on; pricing it as a miss that delays the next request treats a
+one-off prefill as a cost paid again on every request. Behind one shared system prompt the
+workers that took it in the first second kept every request until each had several decoding:
+at 20 req/s on 8 workers, 4 to 6 workers served the whole run and the others stayed idle
+(busiest worker 1.42-2.09x the mean in flight over five seeds of that workload; 1.09-1.19x with
+it, TTFT p99 52-54 -> 46-52 ms, ITL p99 27-29 -> 11-27 ms; at 10 req/s 2.8-4.0x -> 1.06-1.22x,
+TTFT p99 44-50 -> 33-38 ms, ITL p99 27-29 -> 7-12 ms). A prefix one worker holds (a session's own context) keeps the charge: its
+copy would serve that session alone (charged nowhere, the agent workload at x1.25 fell from 97% to 95%
+of the pooled bound, TTFT p99 176 -> 263 ms; gated so, 97% and 228 ms). The conversation trace
+and the RAG workload, whose workers are rarely idle at the loads measured, moved within their
+run-to-run spread (BENCHMARKS.md, Saturation and RAG).
+
 KV tiers: ``lower_blocks_w`` more blocks right after the device-pool prefix that worker ``w``
 holds in host memory or on disk are not computed but loaded (the engine always loads them);
 they count as hits in ``uncached_w`` and cost ``lower_blocks_w * load_s_per_block_w``, the
@@ -182,6 +198,9 @@ class CostParams:
     """Charge a miss once more per ``chunk_tokens`` of the fleet's mean queued prefill (the
     requests a miss delays while the fleet's queues drain); off: only the worker's own waiting
     requests count."""
+    idle_replicas: bool = True
+    """A miss on an idle worker of a prefix that two or more workers hold is not charged for
+    the next request (see "Idle replicas" above); off: charged everywhere."""
     temperature: float = 0.0
     tie_tolerance_s: float = 1e-3
     price_room: bool = True
@@ -240,8 +259,9 @@ def ttft_costs(
     over 1,024 workers."""
     uncached = _uncached(params, prompt_tokens, overlap_blocks, uncached_tokens, lower_blocks)
     work = queued_prefill + uncached
+    idle = _idle_replicas(params, uncached, queued_prefill, waiting, decoding)
     cost = _prefill_s(
-        params, work, uncached, queued_prefill, per_token_s, step_overhead_s, waiting, backlog_workers
+        params, work, uncached, queued_prefill, per_token_s, step_overhead_s, waiting, backlog_workers, idle
     )
     if params.stall_weight and decoding is not None:
         cost += _stall_s(params, uncached, step_overhead_s, decoding)
@@ -287,9 +307,11 @@ def _prefill_s(
     step_overhead_s: np.ndarray,
     waiting: np.ndarray | None,
     backlog_workers: int | None,
+    idle: np.ndarray | None = None,
 ) -> np.ndarray:
     """The work ahead of the first token and the miss charged per request it delays, at each
-    worker's per-token speed, plus a step overhead per chunk of work (a new array)."""
+    worker's per-token speed, plus a step overhead per chunk of work (a new array). ``idle``
+    (with ``waiting``): 1.0 where the next request is not charged (``_idle_replicas``)."""
     behind = 1.0  # the next request, and one per chunk of the fleet's mean queue
     if params.backlog_charge:
         fleet = len(queued_prefill) if backlog_workers is None else backlog_workers
@@ -297,7 +319,10 @@ def _prefill_s(
     if waiting is None:
         cost = work + (params.miss_weight * behind) * uncached
     else:
-        cost = params.miss_weight * (behind + waiting)  # the miss, once per request it delays
+        ahead = behind + waiting
+        if idle is not None:
+            ahead -= idle  # x - 0.0 is x: the other workers' cost is the same to the bit
+        cost = params.miss_weight * ahead  # the miss, once per request it delays
         cost *= uncached
         cost += work
     cost *= per_token_s
@@ -309,6 +334,25 @@ def _prefill_s(
         steps *= step_overhead_s
         cost += steps
     return cost
+
+
+def _idle_replicas(
+    params: CostParams,
+    uncached: np.ndarray,
+    queued_prefill: np.ndarray,
+    waiting: np.ndarray | None,
+    decoding: np.ndarray | None,
+) -> np.ndarray | None:
+    """1.0 on the workers with nothing decoding, queued or waiting, where two or more workers
+    hold the prompt's longest cached prefix and some hold less (a shared prefix: see "Idle
+    replicas"); None where no worker qualifies or the figures are not given."""
+    if not params.idle_replicas or waiting is None or decoding is None or not len(uncached):
+        return None
+    best = uncached.min()
+    if not best < uncached.max() or int(np.count_nonzero(uncached == best)) < 2:
+        return None
+    idle = (decoding == 0) & (queued_prefill == 0) & (waiting == 0)
+    return idle.astype(np.float64) if idle.any() else None
 
 
 def _stall_s(

@@ -47,12 +47,13 @@ MAX_RANKED = 64
 """The most candidates the kernel ranks (``RouterConfig.num_candidates`` above it: numpy)."""
 _PACKED = (ctypes.c_void_p,) * 3
 """``route_kv_packed``: int64 addresses, doubles, int64s, in ``route_kv``'s order (``decide``;
-the int64s: n, rotation, k, backlog_charge, fleet; what was added since at the end of each)."""
+the int64s: n, rotation, k, backlog_charge, fleet, idle_replicas; what was added since at the end
+of each)."""
 _MAX_REMEMBERED = 64
 _lock = threading.Lock()
 
 
-MIRRORED = "3667d2c30bc97e5c"
+MIRRORED = "7eabb0868ddf7b2c"
 """``cost_fingerprint()`` of the cost code ``route_kv.c`` mirrors. Where ``cost.py`` changes
 (a new term, a new weight), the compiled decision is switched off (``mirrors_cost``) until
 ``route_kv.c`` is brought in line and this updated: the router then decides with numpy, never
@@ -68,6 +69,7 @@ _MIRRORED_PARAMS = frozenset(
         "decode_weight",
         "stall_weight",
         "backlog_charge",
+        "idle_replicas",
         "temperature",
         "tie_tolerance_s",
         "price_room",
@@ -79,13 +81,14 @@ _MIRRORED_PARAMS = frozenset(
 
 def cost_fingerprint() -> str:
     """A hash of the code (docstrings left out) of ``cost.ttft_costs`` and the terms it adds
-    up (``_uncached``, ``_prefill_s``, ``_stall_s``, ``_room_wait``), ``cheapest`` and
+    up (``_uncached``, ``_prefill_s``, ``_idle_replicas``, ``_stall_s``, ``_room_wait``), ``cheapest`` and
     ``choose``, and of ``CostParams``' fields."""
     digest = hashlib.sha256()
     for fn in (
         cost.ttft_costs,
         cost._uncached,
         cost._prefill_s,
+        cost._idle_replicas,
         cost._stall_s,
         cost._room_wait,
         cost.cheapest,
@@ -142,7 +145,7 @@ class RouteKernel:
         self._fn = lib.route_kv_packed if lib is not None else None
         self._ptrs = np.zeros(19, dtype=np.int64)
         self._reals = np.zeros(10)
-        self._ints = np.zeros(5, dtype=np.int64)
+        self._ints = np.zeros(6, dtype=np.int64)
         self._args = (self._ptrs.ctypes.data, self._reals.ctypes.data, self._ints.ctypes.data)
         self._addr: dict[int, tuple[np.ndarray, int]] = {}
         self._cost = np.zeros(0)
@@ -158,8 +161,8 @@ class RouteKernel:
         self._n = 0
         self._cost_at = self._scratch_at = 0
         self._params: CostParams | None = None
-        self._consts: tuple[float, float, float, float, float, int, float, bool, float] = (
-            0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, False, 0.0,
+        self._consts: tuple[float, float, float, float, float, int, float, bool, float, bool] = (
+            0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, False, 0.0, False,
         )  # fmt: skip
         """``decide_indexed``'s cost constants, for ``_params``."""
 
@@ -284,6 +287,7 @@ class RouteKernel:
             params.tie_tolerance_s,
             params.backlog_charge,
             params.stall_weight,
+            params.idle_replicas,
         )
 
     def _grow(self, n: int) -> None:
@@ -325,7 +329,7 @@ class RouteKernel:
             params.tie_tolerance_s,
             params.stall_weight,
         )
-        self._ints[:] = (n, rotation, k, params.backlog_charge, fleet)
+        self._ints[:] = (n, rotation, k, params.backlog_charge, fleet, params.idle_replicas)
 
     def _pack_vectors(
         self,

@@ -113,6 +113,45 @@ def test_a_prefill_is_charged_the_steps_it_stalls_each_decoding_request() -> Non
     )
 
 
+def test_a_miss_on_an_idle_worker_of_a_prefix_others_share_is_not_charged_for_the_next_request() -> None:
+    # four workers: two hold the prompt's 900-token prefix and decode, one is idle, one is busy
+    p = CostParams(
+        block_size=100,
+        chunk_tokens=2000,
+        miss_weight=3.0,
+        decode_weight=0.0,
+        stall_weight=0.0,
+        backlog_charge=False,
+    )
+    n = 4
+    kw = dict(
+        overlap_blocks=np.array([9, 9, 0, 0]),
+        queued_prefill=np.zeros(n),
+        per_token_s=np.full(n, 1e-4),
+        step_overhead_s=np.full(n, 0.01),
+        decode_step_s=np.full(n, 0.02),
+        kv_usage=np.zeros(n),
+        waiting=np.zeros(n),
+        decoding=np.array([3.0, 3.0, 0.0, 1.0]),
+    )
+    c = ttft_costs(p, prompt_tokens=1000, **kw)
+    # the holders: 100 tokens, charged for the next request too; the busy worker: 1000 tokens,
+    # the same; the idle one: 1000 tokens, charged for itself only (no one waits behind it)
+    assert np.allclose(c, [(100 + 3 * 100) * 1e-4 + 0.01] * 2 + [1000 * 1e-4 + 0.01, 4 * 1000 * 1e-4 + 0.01])
+    off = ttft_costs(replace(p, idle_replicas=False), prompt_tokens=1000, **kw)
+    assert np.allclose(off[2], off[3]) and np.array_equal(off[[0, 1, 3]], c[[0, 1, 3]])
+    # one worker holds the prefix (a session's own context): the copy would serve it alone
+    alone = dict(kw, overlap_blocks=np.array([9, 0, 0, 0]))
+    assert np.array_equal(
+        ttft_costs(p, prompt_tokens=1000, **alone),
+        ttft_costs(replace(p, idle_replicas=False), prompt_tokens=1000, **alone),
+    )
+    # something queued or waiting there: not idle
+    for busy in ({"queued_prefill": np.array([0, 0, 16.0, 0])}, {"waiting": np.array([0, 0, 1.0, 0])}):
+        c = ttft_costs(p, prompt_tokens=1000, **{**kw, **busy})
+        assert c[2] > (1000 + 3 * 1000) * 1e-4
+
+
 def test_kv_usage_above_watermark_raises_cost() -> None:
     p = CostParams(kv_watermark=0.7, kv_penalty=4.0)
     c = costs(p, kv_usage=np.array([0.5, 0.85, 1.0]))

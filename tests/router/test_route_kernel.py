@@ -44,10 +44,20 @@ def cases(draw: st.DrawFn) -> dict:
         backlog_charge=draw(st.booleans()),
         stall_weight=draw(st.sampled_from([0.0, 1.0, 0.5])),
         tie_tolerance_s=draw(st.sampled_from([0.0, 1e-3, 1.0])),
+        idle_replicas=draw(st.booleans()),
     )
     lower = draw(st.booleans())
     overlaps = np.array(draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)), dtype=np.int32)
+    if draw(st.booleans()):  # a prefix several workers hold (cost._idle_replicas)
+        overlaps[np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))] = overlaps.max()
     queued = vec(st.sampled_from([0.0, 16.0, 300.0, 9000.0, 0.1, 1e15 / 3]))
+    waiting = vec(FEW) if draw(st.booleans()) else None
+    decoding = vec(st.sampled_from([0.0, 1.0, 3.0])) if draw(st.booleans()) else None
+    if draw(st.booleans()):  # idle workers: nothing queued, waiting or decoding
+        quiet = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        for v in (queued, waiting, decoding):
+            if v is not None:
+                v[quiet] = 0.0
     return {
         **left_slots(draw, queued),
         "n": n,
@@ -62,8 +72,8 @@ def cases(draw: st.DrawFn) -> dict:
         "decode_step": vec(st.sampled_from([0.01, 0.03])),
         "decode_tokens": draw(st.sampled_from([0, 1, 200])),
         "kv": vec(st.sampled_from([0.0, 0.5, 0.8, 1.0])),
-        "waiting": vec(FEW) if draw(st.booleans()) else None,
-        "decoding": vec(st.sampled_from([0.0, 1.0, 3.0])) if draw(st.booleans()) else None,
+        "waiting": waiting,
+        "decoding": decoding,
         "load_s": vec(st.sampled_from([1e-4, 1e-3])),
         "room": draw(st.booleans()),
         "free": vec(st.sampled_from([0.0, 10.0, 1e6, np.inf])),
@@ -173,6 +183,43 @@ def test_the_kernel_decides_as_numpy_to_the_last_bit(c: dict) -> None:
         assert (ranked, slot) == (want_ranked, want_slot)
     else:
         assert want_slot == -1 or not want_ranked or np.isnan(costs).any()
+
+
+@needs_kernel
+def test_idle_workers_that_could_copy_a_shared_prefix_cost_the_same_in_both_passes() -> None:
+    """``cost._idle_replicas`` in the kernel's AVX2 first pass (room priced, a decode term, no
+    tiers, no KV penalty) and its scalar loop (with lower tiers) alike, on states where it
+    applies: a prefix two or more workers hold, workers with nothing queued, waiting or
+    decoding."""
+    assert LIB is not None
+    kernel = RouteKernel(LIB)
+    rng = np.random.default_rng(7)
+    discounted = 0
+    for trial in range(300):
+        n = int(rng.integers(2, 23))
+        quiet = rng.random(n) < 0.4
+        overlaps = rng.integers(0, 5, n).astype(np.int32)
+        overlaps[rng.random(n) < 0.5] = 6  # the longest prefix, most often held by several
+        queued, waiting, decoding = (np.where(quiet, 0.0, rng.choice([16.0, 300.0], n)) for _ in range(3))
+        c = {
+            "n": n, "params": CostParams(block_size=16, chunk_tokens=512), "prompt": 200,
+            "overlaps": overlaps, "lower": rng.integers(0, 3, n).astype(np.int32) if trial % 3 == 0 else None,
+            "queued": queued, "fleet": None, "per_token": rng.choice([1e-4, 3e-4], n),
+            "overhead": rng.choice([0.01, 0.02], n), "decode_step": rng.choice([0.01, 0.03], n),
+            "decode_tokens": 200, "kv": np.zeros(n), "waiting": waiting, "decoding": decoding,
+            "load_s": np.full(n, 1e-3), "room": True, "free": np.full(n, 1e6), "used": np.full(n, 20.0),
+            "weight": None, "eligible": None, "busy": np.zeros(n), "rotation": trial, "k": 4,
+        }  # fmt: skip
+        want_costs, want_ranked, want_slot = numpy_decision(c)
+        costs, ranked, slot = kernel_decision(kernel, c)
+        assert costs.tobytes() == want_costs.tobytes(), trial
+        assert (ranked, slot) == (want_ranked, want_slot)
+        plain = numpy_decision(
+            {**c, "params": CostParams(block_size=16, chunk_tokens=512, idle_replicas=False)}
+        )[0]
+        discounted += int((costs < plain).any())
+        assert ((costs < plain) <= quiet).all()  # only idle workers are charged less
+    assert discounted > 100  # the discount applied in most trials
 
 
 @needs_kernel

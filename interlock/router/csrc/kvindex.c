@@ -1265,7 +1265,7 @@ static int decode_terms(PyObject* o, int64_t n, DecodeTerms* out) {
  * The whole kv decision: the lookup of `hashes`, the uncached tokens and overlap of every
  * slot (scatter_runs), then route_kv over the first n slots.
  *   consts  = (chunk_tokens, miss_weight, decode_weight, kv_penalty, kv_watermark, block_size,
- *              tie_tolerance_s, backlog_charge, stall_weight) of CostParams;
+ *              tie_tolerance_s, backlog_charge, stall_weight, idle_replicas) of CostParams;
  *   vectors = (queued, per_token, overhead, waiting, decode_step, kv_usage, free, used, busy,
  *             decoding) (LoadTracker.cost_vectors; waiting, free, used and decoding may be None:
  *             free and used None, no wait for room; decoding None, no stall); decode_step a
@@ -1279,8 +1279,8 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   Index* ix = get_index(args[0]);
   if (!ix) return NULL;
   PyObject *consts = args[2], *vectors = args[9], *outs = args[12];
-  if (!PyTuple_Check(consts) || PyTuple_GET_SIZE(consts) != 9)
-    return PyErr_Format(PyExc_TypeError, "decide: consts must be a tuple of 9 numbers");
+  if (!PyTuple_Check(consts) || PyTuple_GET_SIZE(consts) != 10)
+    return PyErr_Format(PyExc_TypeError, "decide: consts must be a tuple of 10 numbers");
   if (!PyTuple_Check(vectors) || PyTuple_GET_SIZE(vectors) != 10)
     return PyErr_Format(PyExc_TypeError, "decide: vectors must be a tuple of 10");
   if (!PyTuple_Check(outs) || PyTuple_GET_SIZE(outs) != 4)
@@ -1295,6 +1295,8 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   int backlog = PyObject_IsTrue(PyTuple_GET_ITEM(consts, 7));
   if (backlog < 0) return NULL;
   double stall_weight = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, 8));
+  int idle_replicas = PyObject_IsTrue(PyTuple_GET_ITEM(consts, 9));
+  if (idle_replicas < 0) return NULL;
   int64_t n = PyLong_AsLongLong(args[3]);
   int64_t prompt = PyLong_AsLongLong(args[4]);
   int64_t rotation = PyLong_AsLongLong(args[5]);
@@ -1344,7 +1346,7 @@ static PyObject* kvi_decide(PyObject* self, PyObject* const* args, Py_ssize_t na
   int room = free_b && used_b;
   int64_t ranked[64], m = 0;
   int64_t slot = route_kv(n, uncached, queued, per_token, overhead, chunk, miss_weight, backlog, fleet, waiting,
-                          &decode, decode_scale, decoding, stall_weight, NULL, NULL, kv_usage, kv_penalty, watermark, span, room ? free_b : NULL,
+                          &decode, decode_scale, decoding, stall_weight, idle_replicas, NULL, NULL, kv_usage, kv_penalty, watermark, span, room ? free_b : NULL,
                           room ? used_b : NULL, (double)(drain_tokens > 1 ? drain_tokens : 1), (double)bs, weight,
                           eligible, busy, tolerance, rotation, k, cost, scratch, ranked, &m);
   PyObject* list = PyList_New(slot >= 0 ? m : 0);

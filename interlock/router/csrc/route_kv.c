@@ -12,6 +12,10 @@
  * With `backlog` (CostParams.backlog_charge) a miss is charged `behind` = 1 + mean(queued) /
  * chunk times instead of once, the mean summed as numpy sums (pairwise_sum below) and divided
  * by `fleet`, the workers registered (ttft_costs' backlog_workers; the slots without one hold 0).
+ * With `idle_replicas` (cost._idle_replicas) and `waiting` and `decoding` given, where two or more
+ * workers share the least uncached count and some have more (no NaN), a worker with nothing
+ * decoding, queued or waiting is charged its miss once fewer: (behind + waiting) - 1.0, the
+ * others (behind + waiting) - 0.0, which is the same double.
  */
 #include <math.h>
 #include <stdint.h>
@@ -88,13 +92,15 @@ __attribute__((target("avx2"), always_inline)) static inline int first_pass_avx2
     int64_t n, const double* restrict uncached, const double* restrict queued, const double* restrict per_token,
     const double* restrict overhead, double inv_chunk, double miss_weight, double behind, const double* restrict waiting,
     const double* restrict decode_v, double decode_mul, const int has_add, double decode_add, double decode_scale,
-    const int stall, const double* restrict decoding, double stall_weight, int stall_one_step,
+    const int stall, const double* restrict decoding, double stall_weight, int stall_one_step, int idle,
     const double* restrict free_blocks, double inv_block, double* restrict cost, double* restrict scratch) {
   int lack = 0, nan_short = 0;
   for (int64_t i = 0; i < n; i++) {
     double u = uncached[i];
     double work = queued[i] + u;
-    double c = miss_weight * (behind + waiting[i]);
+    double a = behind + waiting[i];
+    if (idle) a -= decoding[i] == 0.0 && queued[i] == 0.0 && waiting[i] == 0.0 ? 1.0 : 0.0;
+    double c = miss_weight * a;
     c *= u;
     c += work;
     c *= per_token[i];
@@ -122,14 +128,15 @@ __attribute__((target("avx2"), always_inline)) static inline int first_pass_avx2
   int64_t n, const double* restrict uncached, const double* restrict queued, const double* restrict per_token,   \
       const double* restrict overhead, double inv_chunk, double miss_weight, double behind,                      \
       const double* restrict waiting, const double* restrict decode_v, double decode_mul, double decode_add,     \
-      double decode_scale, const double* restrict decoding, double stall_weight, int stall_one_step,             \
+      double decode_scale, const double* restrict decoding, double stall_weight, int stall_one_step, int idle,   \
       const double* restrict free_blocks, double inv_block, double* restrict cost, double* restrict scratch
 /* one loop per (stall, add) pair: each a straight loop the compiler vectorises */
 #define FIRST_PASS(name, stall, has_add)                                                                       \
   __attribute__((target("avx2"))) static int name(FIRST_PASS_ARGS) {                                           \
     return first_pass_avx2_body(n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, behind,       \
                                 waiting, decode_v, decode_mul, has_add, decode_add, decode_scale, stall,        \
-                                decoding, stall_weight, stall_one_step, free_blocks, inv_block, cost, scratch); \
+                                decoding, stall_weight, stall_one_step, idle, free_blocks, inv_block, cost,     \
+                                scratch);                                                                       \
   }
 FIRST_PASS(first_pass_avx2, 0, 0)
 FIRST_PASS(first_pass_avx2_add, 0, 1)
@@ -221,7 +228,7 @@ int64_t route_kv(
     const double* uncached, const double* queued, const double* per_token, const double* overhead,
     double chunk, double miss_weight, int backlog, int64_t fleet, const double* waiting,
     const DecodeTerms* decode, double decode_scale, const double* decoding, double stall_weight,
-    const double* lower, const double* load_s,
+    int idle_replicas, const double* lower, const double* load_s,
     const double* kv_usage, double kv_penalty, double watermark, double watermark_span,
     const double* free_blocks, const double* used_blocks, double drain_scale, double block_size,
     const double* weight, const uint8_t* eligible, const double* busy,
@@ -243,12 +250,30 @@ int64_t route_kv(
   int stall_one_step = 1;
   if (stall)
     for (int64_t i = 0; i < n; i++) stall_one_step &= uncached[i] <= chunk;
+  /* cost._idle_replicas: the least uncached count held by two or more, some holding more */
+  int idle = 0;
+  if (idle_replicas && waiting && decoding && n > 0) {
+    double lo = uncached[0], hi = uncached[0];
+    int64_t at_lo = 0;
+    int nan_u = 0;
+    for (int64_t i = 0; i < n; i++) {
+      double u = uncached[i];
+      nan_u |= u != u;
+      if (u < lo) {
+        lo = u;
+        at_lo = 0;
+      }
+      if (u > hi) hi = u;
+      at_lo += u == lo;
+    }
+    idle = !nan_u && lo < hi && at_lo >= 2;
+  }
   if (waiting && decode_scale != 0.0 && !lower && kv_penalty == 0.0 && room && inv_chunk != 0.0 &&
       inv_block != 0.0 && has_avx2()) {
     int f = (stall ? (decode->has_add ? first_pass_avx2_stall_add : first_pass_avx2_stall)
                    : (decode->has_add ? first_pass_avx2_add : first_pass_avx2))(
         n, uncached, queued, per_token, overhead, inv_chunk, miss_weight, behind, waiting, decode->v, decode->mul,
-        decode->add, decode_scale, decoding, stall_weight, stall_one_step, free_blocks, inv_block, cost, scratch);
+        decode->add, decode_scale, decoding, stall_weight, stall_one_step, idle, free_blocks, inv_block, cost, scratch);
     lack = f & 1;
     nan_short = f >> 1;
     first = n;
@@ -258,7 +283,9 @@ int64_t route_kv(
     double work = queued[i] + u;
     double c;
     if (waiting) {
-      c = miss_weight * (behind + waiting[i]);
+      double a = behind + waiting[i];
+      if (idle) a -= decoding[i] == 0.0 && queued[i] == 0.0 && waiting[i] == 0.0 ? 1.0 : 0.0;
+      c = miss_weight * a;
       c *= u;
       c += work;
     } else {
@@ -359,12 +386,12 @@ int64_t route_kv(
 /* The same with its arguments packed (one ctypes call converts 3 arguments, not 30): the
  * addresses in `ptrs`, the doubles in `reals`, the integers in `ints`, each in the order of
  * route_kv's parameters (route_kernel.py fills them), but for those added since, at the end:
- * ints[3] backlog, ptrs[18] decoding, reals[9] stall_weight, ints[4] fleet. */
+ * ints[3] backlog, ptrs[18] decoding, reals[9] stall_weight, ints[4] fleet, ints[5] idle_replicas. */
 int64_t route_kv_packed(const int64_t* ptrs, const double* reals, const int64_t* ints) {
 #define P(i) ((const double*)(intptr_t)ptrs[i])
   const DecodeTerms decode = {P(5), 1.0, 0.0, 0};
   return route_kv(ints[0], P(0), P(1), P(2), P(3), reals[0], reals[1], (int)ints[3], ints[4], P(4), &decode, reals[2], P(18),
-                  reals[9], P(6), P(7), P(8), reals[3], reals[4], reals[5], P(9), P(10), reals[6], reals[7], P(11),
+                  reals[9], (int)ints[5], P(6), P(7), P(8), reals[3], reals[4], reals[5], P(9), P(10), reals[6], reals[7], P(11),
                   (const uint8_t*)(intptr_t)ptrs[12], P(13), reals[8], ints[1], ints[2],
                   (double*)(intptr_t)ptrs[14], (double*)(intptr_t)ptrs[15],
                   (int64_t*)(intptr_t)ptrs[16], (int64_t*)(intptr_t)ptrs[17]);
