@@ -243,8 +243,16 @@ FEW = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 7.0, 100.0])
 def decisions(draw: st.DrawFn) -> dict:
     n = WORKERS
     vec = lambda elem: np.array(draw(st.lists(elem, min_size=n, max_size=n)), dtype=np.float64)  # noqa: E731
+    queued = vec(st.sampled_from([0.0, 16.0, 9000.0, 0.1, 1e15 / 3]))
+    waiting = vec(FEW) if draw(st.booleans()) else None
+    decoding = vec(st.sampled_from([0.0, 1.0, 3.0])) if draw(st.booleans()) else None
+    if draw(st.booleans()):  # idle workers: nothing queued, waiting or decoding (cost._idle_replicas)
+        quiet = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        for v in (queued, waiting, decoding):
+            if v is not None:
+                v[quiet] = 0.0
     return {
-        **left_slots(draw, vec(st.sampled_from([0.0, 16.0, 9000.0, 0.1, 1e15 / 3]))),
+        **left_slots(draw, queued),
         "params": CostParams(
             block_size=draw(st.sampled_from([1, 16])),
             chunk_tokens=draw(st.sampled_from([64, 100, 8192])),
@@ -255,6 +263,7 @@ def decisions(draw: st.DrawFn) -> dict:
             backlog_charge=draw(st.booleans()),
             stall_weight=draw(st.sampled_from([0.0, 1.0, 0.5])),
             tie_tolerance_s=draw(st.sampled_from([0.0, 1e-3, 1.0])),
+            idle_replicas=draw(st.booleans()),
         ),
         "prompt": draw(st.integers(1, 700)),
         "per_token": vec(st.sampled_from([1e-4, 5e-4])),
@@ -262,8 +271,8 @@ def decisions(draw: st.DrawFn) -> dict:
         "decode_step": vec(st.sampled_from([0.01, 0.03])),
         "decode_tokens": draw(st.sampled_from([0, 1, 200])),
         "kv": vec(st.sampled_from([0.0, 0.8, 1.0])),
-        "waiting": vec(FEW) if draw(st.booleans()) else None,
-        "decoding": vec(st.sampled_from([0.0, 1.0, 3.0])) if draw(st.booleans()) else None,
+        "waiting": waiting,
+        "decoding": decoding,
         "room": draw(st.booleans()),
         "free": vec(st.sampled_from([0.0, 10.0, np.inf])),
         "used": vec(st.sampled_from([0.0, 20.0, 500.0])),
@@ -280,10 +289,36 @@ def decisions(draw: st.DrawFn) -> dict:
 @settings(max_examples=150, deadline=None)
 @given(events(), decisions(), st.sampled_from(CHAINS), st.integers(0, 30))
 def test_the_compiled_decision_equals_numpy_over_the_dict(evs, c, chain, cut) -> None:
+    check_decision(evs, c, chain[:cut] + [7])
+
+
+def test_the_compiled_decision_prices_idle_replicas_as_numpy() -> None:
+    """``cost._idle_replicas`` through the compiled index's decision: a prefix ten workers hold,
+    a third of the workers idle."""
+    rng = np.random.default_rng(3)
+    chain = CHAINS[0]
+    evs = [(w, stored(tuple(chain[:12]))) for w in range(0, 30, 3)] + [(40, stored(tuple(chain[:5])))]
+    for trial in range(60):
+        quiet = rng.random(WORKERS) < 0.35
+        queued, waiting, decoding = (
+            np.where(quiet, 0.0, rng.choice([16.0, 300.0], WORKERS)) for _ in range(3)
+        )
+        c = {
+            "queued": queued, "fleet": None, "params": CostParams(block_size=16, idle_replicas=trial % 4 != 0),
+            "prompt": 400, "per_token": rng.choice([1e-4, 5e-4], WORKERS), "overhead": np.full(WORKERS, 0.01),
+            "decode_step": np.full(WORKERS, 0.02), "decode_tokens": 200, "kv": np.zeros(WORKERS),
+            "waiting": waiting, "decoding": decoding, "room": trial % 2 == 0, "free": np.full(WORKERS, 1e6),
+            "used": np.full(WORKERS, 20.0), "weight": None, "eligible": None, "busy": np.zeros(WORKERS),
+            "rotation": trial, "k": 4,
+        }  # fmt: skip
+        check_decision(evs, c, [*chain[:20], 7])
+
+
+def check_decision(evs: list[tuple[int, object]], c: dict, hashes: list[int]) -> None:
+    """The compiled index's whole decision equals numpy's, bit for bit."""
     compiled, plain = both()
     apply_all(compiled, evs)
     apply_all(plain, evs)
-    hashes = chain[:cut] + [7]
     p: CostParams = c["params"]
     overlaps = plain.overlaps(hashes, WORKERS)
     costs, want_ranked, want = numpy_decision(
