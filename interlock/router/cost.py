@@ -5,19 +5,20 @@ Pure functions over per-worker vectors (numpy), no state. For worker ``w``::
     uncached_w = max(prompt_tokens - overlap_w * block_size, 1)    # prefix hits are free
     work_w     = queued_prefill_w + uncached_w                      # tokens ahead of our 1st token
     backlog    = sum(queued_prefill) / workers / chunk_tokens      # the fleet's mean, one number
-    ttft_w     = (work_w + miss_weight * ((1 + backlog) + waiting_w) * uncached_w) * per_token_s_w
+    ttft_w     = (work_w + miss_weight * ((1 + backlog) + waiting_w - idle_w) * uncached_w) * per_token_s_w
                + ceil(work_w / chunk_tokens) * step_overhead_s_w    # per-step cost, decodes included
                + stall_weight * decoding_w * ceil(uncached_w / chunk_tokens) * step_overhead_s_w
                + decode_weight * decode_tokens * decode_step_s_w    # optional: the decode phase too
 
 ``per_token_s`` and ``step_overhead_s`` are each worker's measured speed, a line fitted to its
-load reports (``speed.StepTimeFit``).
+load reports (``speed.StepTimeFit``). ``idle_w`` is 1 on a worker with nothing decoding, queued or
+waiting when two or more workers hold the prompt's longest cached prefix, else 0 ("Idle replicas").
 
 Why seconds instead of Dynamo's weighted block counts: a cache hit is worth exactly the prefill
 time it saves on *that* worker, and a queue costs exactly the time to drain it, so hits and load
 trade off in one unit without a tuning knob, and a slow or busy worker is priced as such.
 
-``miss_weight`` (default 3) charges a miss again for each request its prefill will delay, which
+``miss_weight`` (default 4) charges a miss again for each request its prefill will delay, which
 a pure TTFT estimate ignores: the next request, and those that join the worker's queue before it
 drains, about as many as wait there now (Little's law; ``waiting_w``, the worker's own queue as
 it reported it). Charged for the next request only, a saturated fleet traded hits for queue
@@ -28,7 +29,13 @@ request, TTFT p99 71 s to 40 s). The weight itself is measured, not derived (the
 adds is also a replica that evicts someone else's prefix): on the conversation trace at x9 /
 x10, 1 gave 87% / 83% of the pooled bound, 2 90% / 86%, 3 91% / 88%, 4 92% / 89%, TTFT p99 about
 2.0 / 2.4 s throughout; on the agent workload 4 raised TTFT p99 at four of five loads (x3: 494 ms
-against 459 at 3).
+against 459 at 3). 3 until 2026-12-08, when 4 also let the herd behind a shared prompt back (1.68x
+at 20 req/s); with idle replicas (below) it does not (1.13-1.21x over five seeds), and 4 against 3
+keeps the RAG workload at or above 90% of the pooled bound at every load from x3 to x20 (x3 / x20
+89.1 / 89.8% -> 90.6 / 90.5%, TTFT p99 243 -> 239 ms at x3 but 1,493 -> 2,007 at x20, where
+Dynamo's is 160 s), the agent workload at 98-99% (TTFT p99 lower at four of five loads, x2.5 231
+-> 281 ms) and the conversation trace as it was (TTFT p99 x7.5-x12 1,892 / 2,209 / 2,733 /
+14,613 -> 1,898 / 2,151 / 2,848 / 13,156 ms).
 
 ``backlog`` (``backlog_charge``, on by default) charges a miss once more per chunk of prompt
 the fleet's workers have queued on average: a miss's prefill also delays requests that arrive
@@ -185,7 +192,7 @@ class CostParams:
     """KV usage above which the pressure multiplier applies (see "Pressure" above)."""
     kv_penalty: float = 0.0
     """The pressure multiplier's slope (0: off)."""
-    miss_weight: float = 3.0
+    miss_weight: float = 4.0
     """Extra weight on this request's own uncached prefill, per request it will delay (one,
     plus those waiting in the worker's queue): the work a miss adds to the whole system,
     beyond this request's TTFT."""

@@ -164,6 +164,9 @@ def test_ttft_costs_shortcuts_equal_the_formula(
     behind = 1.0 + queued.mean() / chunk  # the fleet's backlog in chunks
     if waiting is not None:
         behind = behind + waiting
+        shared = uncached.min() < uncached.max() and (uncached == uncached.min()).sum() >= 2
+        if decoding is not None and shared:  # idle replicas: the next request not charged
+            behind = behind - ((decoding == 0) & (queued == 0) & (waiting == 0))
     want = (work + params.miss_weight * behind * uncached) * per_token
     want += np.ceil(work / chunk) * overhead
     if decoding is not None:
