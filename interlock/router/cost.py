@@ -123,7 +123,7 @@ one-off prefill as a cost paid again on every request. Behind one shared system 
 workers that took it in the first second kept every request until each had several decoding:
 at 20 req/s on 8 workers, 4 to 6 workers served the whole run and the others stayed idle
 (busiest worker 1.42-2.09x the mean in flight over five seeds of that workload; 1.09-1.19x with
-it, TTFT p99 52-54 -> 46-52 ms, ITL p99 27-29 -> 11-27 ms; at 10 req/s 2.8-4.0x -> 1.06-1.22x,
+it, measured at ``miss_weight`` 3, TTFT p99 52-54 -> 46-52 ms, ITL p99 27-29 -> 11-27 ms; at 10 req/s 2.8-4.0x -> 1.06-1.22x,
 TTFT p99 44-50 -> 33-38 ms, ITL p99 27-29 -> 7-12 ms). A prefix one worker holds (a session's own context) keeps the charge: its
 copy would serve that session alone (charged nowhere, the agent workload at x1.25 fell from 97% to 95%
 of the pooled bound, TTFT p99 176 -> 263 ms; gated so, 97% and 228 ms). The conversation trace
