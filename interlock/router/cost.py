@@ -122,13 +122,14 @@ share of its traffic from then on; pricing it as a miss that delays the next req
 one-off prefill as a cost paid again on every request. Behind one shared system prompt the
 workers that took it in the first second kept every request until each had several decoding:
 at 20 req/s on 8 workers, 4 to 6 workers served the whole run and the others stayed idle
-(busiest worker 1.42-2.09x the mean in flight over five seeds of that workload; 1.09-1.19x with
-it, measured at ``miss_weight`` 3, TTFT p99 52-54 -> 46-52 ms, ITL p99 27-29 -> 11-27 ms; at 10 req/s 2.8-4.0x -> 1.06-1.22x,
-TTFT p99 44-50 -> 33-38 ms, ITL p99 27-29 -> 7-12 ms). A prefix one worker holds (a session's own context) keeps the charge: its
-copy would serve that session alone (charged nowhere, the agent workload at x1.25 fell from 97% to 95%
-of the pooled bound, TTFT p99 176 -> 263 ms; gated so, 97% and 228 ms). The conversation trace
-and the RAG workload, whose workers are rarely idle at the loads measured, moved within their
-run-to-run spread (BENCHMARKS.md, Saturation and RAG).
+(busiest worker 1.42-2.09x the mean in flight over five seeds of that workload; with it, at
+``miss_weight`` 3, 1.09-1.19x, TTFT p99 52-54 -> 46-52 ms, ITL p99 27-29 -> 11-27 ms; at 10 req/s
+2.8-4.0x -> 1.06-1.22x, TTFT p99 44-50 -> 33-38 ms, ITL p99 27-29 -> 7-12 ms). A prefix one
+worker holds (a session's own context) keeps the charge: its copy would serve that session
+alone (charged nowhere, the agent workload at x1.25 fell from 97% to 95% of the pooled bound,
+TTFT p99 176 -> 263 ms; gated so, 97% and 228 ms). On the conversation trace and the RAG
+workload, whose workers are rarely idle at the loads measured, TTFT p99 moved both ways, by at
+most 9% (BENCHMARKS.md, Saturation and RAG).
 
 KV tiers: ``lower_blocks_w`` more blocks right after the device-pool prefix that worker ``w``
 holds in host memory or on disk are not computed but loaded (the engine always loads them);
