@@ -124,5 +124,8 @@ async def test_runtimes_move_to_another_server_of_the_cluster_when_theirs_hangs(
                     break
         publisher.cancel()
         print(f"both runtimes on the other server {moved_s:.1f} s after the hang began")
-        assert [e.kind for e in watch.take()] in ([], ["added"])  # never removed; maybe re-synced
+        # never removed; "added" again after the move (a re-sync or a re-registration): once
+        # usually, twice in one CI run under a full suite's load
+        kinds = [e.kind for e in watch.take()]
+        assert set(kinds) <= {"added"}, kinds
         watch.stop()
